@@ -1,0 +1,1 @@
+"""In/out interceptor chains and the spyne/zeep adapters."""

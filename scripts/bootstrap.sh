@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Make a fresh machine ready: system packages (PostgreSQL server, Java) when
+# missing, a virtualenv in .venv with the project and its test dependencies.
+# Idempotent: a second run only checks.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+
+need_apt=()
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && ! command -v postgres >/dev/null 2>&1; then
+    need_apt+=(postgresql)
+fi
+if ! command -v java >/dev/null 2>&1; then
+    need_apt+=(default-jre-headless)
+fi
+if [ "${#need_apt[@]}" -gt 0 ]; then
+    echo "bootstrap: installing ${need_apt[*]} with apt-get" >&2
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    # Debian starts a cluster on install; the project runs its own servers.
+    $SUDO systemctl stop postgresql >/dev/null 2>&1 || $SUDO service postgresql stop >/dev/null 2>&1 || true
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+stamp=".venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)-${WSRM_EXTRAS:-test}"
+if [ ! -f "$stamp" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+    .venv/bin/python -m pip install -q -e ".[${WSRM_EXTRAS:-test}]"
+    rm -f .venv/.installed-*
+    touch "$stamp"
+fi

@@ -1,0 +1,180 @@
+"""Transaction branch identifiers (X/Open XA ``XID``).
+
+An :class:`Xid` is what every resource manager sees of a global transaction:
+a format id, a global transaction id (gtrid) shared by every branch, and a
+branch qualifier (bqual) that tells the branches apart.  This project stamps its
+own :data:`FORMAT_ID` and puts the node name at the front of the gtrid, so that
+recovery on one node can tell its own in-doubt branches from those of another
+transaction manager (or another node of this one) sharing the same database:
+it must never roll back a branch it did not create.
+
+PostgreSQL knows prepared transactions by a text ``gid``.  psycopg2 writes an
+XA xid as ``formatID_base64(gtrid)_base64(bqual)``; :meth:`Xid.to_pg_gid` and
+:meth:`Xid.from_pg_gid` speak exactly that form, so branches prepared by this
+package, by psycopg2's own ``tpc_*`` API or by a Java XA driver interoperate.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+import socket
+from dataclasses import dataclass
+
+__all__ = [
+    "FORMAT_ID",
+    "MAXGTRIDSIZE",
+    "MAXBQUALSIZE",
+    "Xid",
+    "InvalidXidError",
+    "default_node_name",
+]
+
+#: ``b"WSRX"`` read as a big-endian int32: the format id of this project's xids.
+FORMAT_ID: int = 0x57535258
+MAXGTRIDSIZE: int = 64
+MAXBQUALSIZE: int = 64
+
+_NODE_SEP = b"|"
+_NODE_RE = re.compile(r"^[A-Za-z0-9._\-]{1,32}$")
+_PG_GID_RE = re.compile(r"^(-?\d+)_([A-Za-z0-9+/=]*)_([A-Za-z0-9+/=]*)$")
+
+
+class InvalidXidError(ValueError):
+    """An xid part is too long, of the wrong type, or a gid cannot be parsed."""
+
+
+def default_node_name() -> str:
+    """A node name stable across restarts of the same host (the hostname, trimmed)."""
+    name = re.sub(r"[^A-Za-z0-9._\-]", "-", socket.gethostname())[:32]
+    return name or "node"
+
+
+def _as_bytes(value: bytes | str, what: str, limit: int) -> bytes:
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    elif isinstance(value, (bytearray, memoryview)):
+        value = bytes(value)
+    elif not isinstance(value, bytes):
+        raise InvalidXidError(f"{what} must be bytes or str, not {type(value).__name__}")
+    if len(value) > limit:
+        raise InvalidXidError(f"{what} is {len(value)} bytes long; XA allows at most {limit}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Xid:
+    """An immutable, hashable XA transaction branch identifier."""
+
+    format_id: int
+    gtrid: bytes
+    bqual: bytes = b""
+
+    def __init__(self, format_id: int, gtrid: bytes | str, bqual: bytes | str = b"") -> None:
+        if not isinstance(format_id, int) or isinstance(format_id, bool):
+            raise InvalidXidError(f"format_id must be an int, not {type(format_id).__name__}")
+        if not -1 <= format_id <= 0x7FFFFFFF:
+            raise InvalidXidError(f"format_id {format_id} does not fit a signed 32-bit XA format id")
+        gt = _as_bytes(gtrid, "gtrid", MAXGTRIDSIZE)
+        if not gt:
+            raise InvalidXidError("gtrid must not be empty")
+        object.__setattr__(self, "format_id", format_id)
+        object.__setattr__(self, "gtrid", gt)
+        object.__setattr__(self, "bqual", _as_bytes(bqual, "bqual", MAXBQUALSIZE))
+
+    # -- construction -------------------------------------------------------
+
+    @classmethod
+    def new_global(cls, node: str | None = None) -> "Xid":
+        """A fresh global id ``node|<128 random bits>`` with an empty bqual.
+
+        Random rather than sequential so two processes of one node (or a node
+        restarted with an empty log) can never reuse a gtrid.
+        """
+        node = node or default_node_name()
+        if not _NODE_RE.match(node):
+            raise InvalidXidError(f"node name {node!r} must be 1-32 chars of [A-Za-z0-9._-]")
+        return cls(FORMAT_ID, node.encode() + _NODE_SEP + os.urandom(16).hex().encode())
+
+    def branch(self, bqual: bytes | str) -> "Xid":
+        """The branch of this global transaction with the given qualifier."""
+        return Xid(self.format_id, self.gtrid, bqual)
+
+    def global_xid(self) -> "Xid":
+        """The xid with the branch qualifier stripped (names the global transaction)."""
+        return Xid(self.format_id, self.gtrid, b"")
+
+    # -- ownership -----------------------------------------------------------
+
+    @property
+    def node(self) -> str | None:
+        """The node that created this xid, or None when it is not one of ours."""
+        if self.format_id != FORMAT_ID or _NODE_SEP not in self.gtrid:
+            return None
+        try:
+            return self.gtrid.split(_NODE_SEP, 1)[0].decode("ascii")
+        except UnicodeDecodeError:
+            return None
+
+    def is_ours(self, node: str | None = None) -> bool:
+        """True when this xid was created by this project (and by ``node``, if given)."""
+        owner = self.node
+        return owner is not None and (node is None or owner == node)
+
+    # -- PostgreSQL gid form ---------------------------------------------------
+
+    def to_pg_gid(self) -> str:
+        """The gid psycopg2 uses for this xid in ``PREPARE TRANSACTION``."""
+        return "%d_%s_%s" % (
+            self.format_id,
+            base64.b64encode(self.gtrid).decode("ascii"),
+            base64.b64encode(self.bqual).decode("ascii"),
+        )
+
+    @classmethod
+    def from_pg_gid(cls, gid: str) -> "Xid | None":
+        """Parse a gid written by :meth:`to_pg_gid` (or psycopg2, or a JDBC driver).
+
+        Returns None for a gid that is not in XA form (a plain-string gid of
+        someone else's ``PREPARE TRANSACTION 'foo'``): such a branch is never ours.
+        """
+        m = _PG_GID_RE.match(gid)
+        if not m:
+            return None
+        try:
+            gtrid = base64.b64decode(m.group(2), validate=True)
+            bqual = base64.b64decode(m.group(3), validate=True)
+            return cls(int(m.group(1)), gtrid, bqual)
+        except (binascii.Error, InvalidXidError):
+            return None
+
+    # -- text form for logs and operators -------------------------------------
+
+    def __str__(self) -> str:
+        return f"{self.format_id:#x}:{_printable(self.gtrid)}:{_printable(self.bqual)}"
+
+    def __repr__(self) -> str:
+        return f"Xid({self.format_id:#x}, {self.gtrid!r}, {self.bqual!r})"
+
+    def to_text(self) -> str:
+        """A lossless text form (the PostgreSQL gid) for logs, files and CLI arguments."""
+        return self.to_pg_gid()
+
+    @classmethod
+    def from_text(cls, text: str) -> "Xid":
+        xid = cls.from_pg_gid(text)
+        if xid is None:
+            raise InvalidXidError(f"{text!r} is not an xid in formatID_base64_base64 form")
+        return xid
+
+
+def _printable(b: bytes) -> str:
+    try:
+        s = b.decode("ascii")
+        if s.isprintable():
+            return s
+    except UnicodeDecodeError:
+        pass
+    return b.hex()

@@ -1,0 +1,1 @@
+"""WS-ReliableMessaging engine, independent of any SOAP framework."""
