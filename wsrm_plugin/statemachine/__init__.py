@@ -1,0 +1,121 @@
+"""The three WS-RM state machines of seed 004 (WSO2 Mercury), as pure code.
+
+State lives in the store, not in objects: every event is a short transaction
+that reads a sequence's state, applies ``transition(state, event)``, does the
+returned actions and writes the new state back; workers read states and do
+their *duties* (``duties(state)``).  Nothing here does I/O, so the same rules
+serve the memory, SQLite and PostgreSQL stores, inside a user's XA transaction
+or not.
+
+* :mod:`.rms` - the source sequence (CreateSequence, (re)transmission, close, terminate);
+* :mod:`.rmd` - the destination sequence (accepting, acking, close, terminate);
+* :mod:`.invoker` - the buffer between the destination and the application;
+* :mod:`.ackranges` - message numbers as merged ranges (acks, duplicates, completeness).
+
+A refused event raises :class:`InvalidTransition`, whose ``fault`` names the
+WS-RM fault to answer with when there is one; an event that changes nothing
+(a duplicate, a second ack for all) is a transition with ``noop`` true.
+"""
+
+from __future__ import annotations
+
+from functools import singledispatch
+from typing import Any
+
+from .ackranges import AckRanges
+from .common import MAX_MESSAGE_NUMBER, FactorState, InvalidState, InvalidTransition, Reason, Transition
+from .invoker import (
+    InvokerAction,
+    InvokerDuty,
+    InvokerEvent,
+    InvokerState,
+    invoker_duties,
+    invoker_transition,
+)
+from .rmd import RMDAction, RMDDuty, RMDEvent, RMDState, Reception, rmd_duties, rmd_receive, rmd_transition
+from .rms import (
+    AckOutcome,
+    RMSAction,
+    RMSDuty,
+    RMSEvent,
+    RMSState,
+    rms_acknowledge,
+    rms_duties,
+    rms_transition,
+)
+
+__all__ = [
+    "MAX_MESSAGE_NUMBER",
+    "AckOutcome",
+    "AckRanges",
+    "FactorState",
+    "InvalidState",
+    "InvalidTransition",
+    "InvokerAction",
+    "InvokerDuty",
+    "InvokerEvent",
+    "InvokerState",
+    "RMDAction",
+    "RMDDuty",
+    "RMDEvent",
+    "RMDState",
+    "RMSAction",
+    "RMSDuty",
+    "RMSEvent",
+    "RMSState",
+    "Reason",
+    "Reception",
+    "Transition",
+    "duties",
+    "invoker_duties",
+    "invoker_transition",
+    "rmd_duties",
+    "rmd_receive",
+    "rmd_transition",
+    "rms_acknowledge",
+    "rms_duties",
+    "rms_transition",
+    "transition",
+]
+
+
+@singledispatch
+def transition(state: Any, event: Any) -> Transition[Any]:
+    """Apply ``event`` to any of the three states (dispatches on the state's type)."""
+    raise TypeError(f"no state machine for {type(state).__name__}; expected RMSState, RMDState or InvokerState")
+
+
+@transition.register
+def _(state: RMSState, event: RMSEvent) -> Transition[RMSState]:
+    return rms_transition(state, event)
+
+
+@transition.register
+def _(state: RMDState, event: RMDEvent) -> Transition[RMDState]:
+    return rmd_transition(state, event)
+
+
+@transition.register
+def _(state: InvokerState, event: InvokerEvent) -> Transition[InvokerState]:
+    return invoker_transition(state, event)
+
+
+@singledispatch
+def duties(state: Any, **options: Any) -> frozenset[Any]:
+    """The worker duties of any of the three states (``close_first`` applies to RMS only)."""
+    raise TypeError(f"no state machine for {type(state).__name__}; expected RMSState, RMDState or InvokerState")
+
+
+@duties.register
+def _(state: RMSState, *, close_first: bool = False) -> frozenset[RMSDuty]:
+    return rms_duties(state, close_first=close_first)
+
+
+@duties.register
+def _(state: RMDState) -> frozenset[RMDDuty]:
+    return rmd_duties(state)
+
+
+@duties.register
+def _(state: InvokerState) -> frozenset[InvokerDuty]:
+    return invoker_duties(state)
