@@ -1,6 +1,32 @@
-"""A small XA transaction manager with a durable recovery log (see README)."""
+"""A small XA transaction manager with a durable recovery log (see README).
 
+The pieces, each in its own module: :mod:`.xid` and :mod:`.xa` (the X/Open
+contract), :mod:`.transaction` (one transaction and the commit protocol),
+:mod:`.manager` (thread-bound transactions), :mod:`.log` (the recovery log),
+:mod:`.recovery` (finishing in-doubt branches), :mod:`.memory` (an in-memory
+XA resource), :mod:`.errors`.
+"""
+
+from .errors import (
+    HeuristicCommitError, HeuristicError, HeuristicHazardError, HeuristicMixedError,
+    HeuristicRollbackError, IllegalStateError, LogLockedError, NotSupportedError,
+    RecoveryLogError, RollbackError, TransactionError, TransactionTimeoutError,
+)
+from .log import LogEntry, MemoryLog, RecoveryLog
+from .manager import TransactionManager
+from .memory import MemoryResource, MemoryStore
+from .recovery import InDoubt, RecoveryManager, RecoveryReport
+from .transaction import CHECKPOINTS, Status, Synchronization, Transaction
 from .xa import XAException, XAResource
 from .xid import FORMAT_ID, Xid
 
-__all__ = ["FORMAT_ID", "XAException", "XAResource", "Xid"]
+__all__ = [
+    "FORMAT_ID", "XAException", "XAResource", "Xid",
+    "TransactionManager", "Transaction", "Status", "Synchronization", "CHECKPOINTS",
+    "RecoveryLog", "MemoryLog", "LogEntry", "RecoveryManager", "RecoveryReport", "InDoubt",
+    "MemoryResource", "MemoryStore",
+    "TransactionError", "RollbackError", "TransactionTimeoutError", "HeuristicError",
+    "HeuristicMixedError", "HeuristicRollbackError", "HeuristicCommitError",
+    "HeuristicHazardError", "IllegalStateError", "NotSupportedError", "RecoveryLogError",
+    "LogLockedError",
+]

@@ -1,0 +1,260 @@
+"""The transaction manager: thread-bound transactions, like JTA's ``TransactionManager``.
+
+Each thread has at most one current transaction.  ``begin`` binds one,
+``commit``/``rollback`` complete and unbind it, ``suspend``/``resume`` move it
+(to another thread, if need be).  Resources that work "in the current
+transaction" (the PostgreSQL data source, the message stores) look it up with
+:meth:`TransactionManager.get_transaction` and enlist themselves.
+
+::
+
+    tm = TransactionManager(node="shop-1", log="/var/lib/shop/tx.log")
+    with tm.transaction():
+        ...   # enlist resources, do work; commits here, rolls back on exception
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator
+
+from .errors import IllegalStateError, NotSupportedError
+from .log import MemoryLog, RecoveryLog, TransactionLog
+from .recovery import RecoveryManager
+from .transaction import Checkpoint, Status, Transaction
+from .xa import XAResource
+from .xid import Xid, default_node_name
+
+__all__ = ["TransactionManager"]
+
+log = logging.getLogger(__name__)
+
+
+class TransactionManager:
+    """Begins, binds and completes transactions; owns the recovery log.
+
+    ``node`` names this manager in every gtrid it creates, so recovery only
+    ever touches its own branches: it must be unique among the managers that
+    share a resource (and stable across restarts).  ``log`` is a
+    :class:`RecoveryLog` or a path to one; ``None`` means decisions are kept
+    in memory only and a crash between the decision and phase 2 leaves
+    branches that recovery will roll back -- accept that explicitly.
+    ``checkpoint`` is the crash-test hook documented in :mod:`.transaction`.
+
+    Timeouts are enforced where they matter, without a reaper thread: an
+    expired transaction reports MARKED_ROLLBACK, refuses new enlistments,
+    and its commit rolls back (:class:`TransactionTimeoutError`); prepare
+    stops as soon as the deadline has passed.  A reaper could do no more,
+    since it must never call a resource the owning thread is using.
+
+    ``safety_interval`` is the recovery manager's grace period before it
+    presumes an unlogged prepared branch of this node aborted; ``retries``
+    and ``retry_delay`` shape how long phase 2 insists on an unreachable
+    resource before leaving the branch to recovery.
+    """
+
+    def __init__(self, node: str | None = None,
+                 log: RecoveryLog | TransactionLog | str | os.PathLike[str] | None = None,
+                 default_timeout: float = 60.0, checkpoint: Checkpoint | None = None, *,
+                 safety_interval: float = 60.0, retries: int = 3,
+                 retry_delay: float = 0.05) -> None:
+        self.node = node or default_node_name()
+        Xid.new_global(self.node)  # validates the node name now, not at the first begin
+        self.default_timeout = default_timeout
+        self._checkpoint = checkpoint
+        self._retries = retries
+        self._retry_delay = retry_delay
+        self._owns_log = False
+        if log is None:
+            _log_warning(f"TransactionManager {self.node!r} has no recovery log: commit decisions "
+                         "live in memory and are lost in a crash (pass log=<path> for crash safety)")
+            self.log: TransactionLog = MemoryLog()
+        elif isinstance(log, (str, os.PathLike)):
+            self.log = RecoveryLog(log)
+            self._owns_log = True
+        else:
+            self.log = log
+        self._local = threading.local()
+        self._mutex = threading.Lock()
+        self._in_flight: dict[bytes, Transaction] = {}
+        self._resources: list[XAResource] = []
+        self._recovery = RecoveryManager(self.log, self._resources, self.node, safety_interval,
+                                         in_flight=self._in_flight_gtrids)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<TransactionManager node={self.node!r} log={self.log!r}>"
+
+    # -- the current thread's transaction -------------------------------------------
+
+    def begin(self, timeout: float | None = None, *, xid: Xid | None = None) -> Transaction:
+        """Start a transaction and bind it to the calling thread.
+
+        ``timeout`` (seconds; default ``default_timeout``, 0 for none) sets
+        the deadline after which it can only roll back.  ``xid`` picks the
+        global xid (for a job that names its own gtrid); by default a fresh
+        random one of this node.
+        """
+        if self._closed:
+            raise IllegalStateError("the transaction manager is closed")
+        current = self.get_transaction()
+        if current is not None:
+            raise NotSupportedError(f"thread already has transaction {current.xid}; nested "
+                                    "transactions are not supported (suspend() it first)")
+        gxid = xid or Xid.new_global(self.node)
+        if gxid.bqual:
+            raise ValueError(f"{gxid} has a branch qualifier; begin() needs a global xid")
+        if self.log.is_pending(gxid):
+            raise IllegalStateError(f"the recovery log still has {gxid} pending; a new "
+                                    "transaction cannot reuse its gtrid")
+        tx = Transaction(gxid, log=self.log,
+                         timeout=self.default_timeout if timeout is None else timeout,
+                         checkpoint=self._checkpoint, retries=self._retries,
+                         retry_delay=self._retry_delay, on_end=self._ended)
+        with self._mutex:
+            if gxid.gtrid in self._in_flight:
+                raise IllegalStateError(f"transaction {gxid} is already running")
+            self._in_flight[gxid.gtrid] = tx
+        self._local.tx = tx
+        return tx
+
+    def get_transaction(self) -> Transaction | None:
+        """The calling thread's transaction, or None (a finished one is unbound)."""
+        tx = getattr(self._local, "tx", None)
+        if tx is not None and tx.finished:
+            self._local.tx = tx = None
+        return tx
+
+    def get_status(self) -> Status:
+        tx = self.get_transaction()
+        return tx.status if tx is not None else Status.NO_TRANSACTION
+
+    def commit(self) -> None:
+        """Commit the calling thread's transaction and unbind it (see Transaction.commit)."""
+        tx = self._require("commit")
+        try:
+            tx.commit()
+        finally:
+            self._local.tx = None
+
+    def rollback(self) -> None:
+        """Roll back the calling thread's transaction and unbind it."""
+        tx = self._require("roll back")
+        try:
+            tx.rollback()
+        finally:
+            self._local.tx = None
+
+    def set_rollback_only(self) -> None:
+        self._require("mark rollback-only").set_rollback_only()
+
+    def suspend(self) -> Transaction | None:
+        """Unbind the current transaction (its resources end with TMSUSPEND) and return it."""
+        tx = self.get_transaction()
+        if tx is None:
+            return None
+        self._local.tx = None
+        tx._suspend_all()
+        return tx
+
+    def resume(self, tx: Transaction) -> None:
+        """Bind a suspended transaction to the calling thread (resources get TMRESUME)."""
+        if self.get_transaction() is not None:
+            raise IllegalStateError(f"thread already has transaction {self.get_transaction().xid}; "
+                                    "suspend() it before resuming another")
+        if tx.finished or tx.status not in (Status.ACTIVE, Status.MARKED_ROLLBACK):
+            raise IllegalStateError(f"cannot resume transaction {tx.xid}: it is {tx.status.name}")
+        with self._mutex:
+            if self._in_flight.get(tx.xid.gtrid) is not tx:
+                raise IllegalStateError(f"transaction {tx.xid} does not belong to this manager")
+        tx._resume_all()
+        self._local.tx = tx
+
+    @contextlib.contextmanager
+    def transaction(self, timeout: float | None = None) -> Iterator[Transaction]:
+        """``with tm.transaction() as tx:`` -- commit on normal exit, roll back on an
+        exception (which is re-raised).  A body that completes the transaction
+        itself is left alone."""
+        tx = self.begin(timeout)
+        try:
+            yield tx
+        except BaseException as exc:
+            if self.get_transaction() is tx:
+                try:
+                    self.rollback()
+                except Exception as rb_exc:  # noqa: BLE001 -- don't hide the body's error
+                    log.error("rollback of %s after %r failed: %s", tx.xid, exc, rb_exc)
+                    exc.add_note(f"and the rollback of {tx.xid} failed: {rb_exc!r}")
+            raise
+        if self.get_transaction() is tx:
+            self.commit()
+
+    def _require(self, what: str) -> Transaction:
+        tx = self.get_transaction()
+        if tx is None:
+            raise IllegalStateError(f"cannot {what}: no transaction on this thread "
+                                    "(call begin() first)")
+        return tx
+
+    def _ended(self, tx: Transaction) -> None:
+        with self._mutex:
+            if self._in_flight.get(tx.xid.gtrid) is tx:
+                del self._in_flight[tx.xid.gtrid]
+
+    def _in_flight_gtrids(self) -> set[bytes]:
+        with self._mutex:
+            return set(self._in_flight)
+
+    # -- recovery -----------------------------------------------------------------
+
+    def register_resource(self, resource: XAResource) -> None:
+        """Tell recovery about a resource (it must work after a restart, with a fresh
+        connection).  Register every resource the manager's transactions use."""
+        with self._mutex:
+            if not any(r is resource for r in self._resources):
+                self._resources.append(resource)
+
+    @property
+    def recovery(self) -> RecoveryManager:
+        return self._recovery
+
+    def close(self) -> None:
+        """Stop background recovery and close the log (if this manager opened it).
+
+        Transactions still running are not touched: their prepared branches,
+        if any, are found by the next recovery.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._recovery.stop()
+        with self._mutex:
+            running = len(self._in_flight)
+        if running:
+            log.warning("closing transaction manager %r with %d transaction(s) still running",
+                        self.node, running)
+        if self._owns_log:
+            self.log.close()
+
+    def __enter__(self) -> "TransactionManager":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _log_warning(message: str) -> None:
+    """Log ``message`` at WARNING once per process (a test suite creates many managers)."""
+    with _warned_lock:
+        if message in _warned:
+            return
+        _warned.add(message)
+    log.warning(message)
+

@@ -1,0 +1,676 @@
+"""One global transaction: its branches, synchronizations and the commit protocol.
+
+Two-phase commit with *presumed abort*, as in Narayana/Atomikos:
+
+1. ``before_completion`` of every :class:`Synchronization` (an exception there
+   marks the transaction rollback-only);
+2. ``end(TMSUCCESS)`` on every enlisted resource;
+3. one branch -> ``commit(xid, one_phase=True)``, nothing logged;
+4. several -> ``prepare`` each; a "no" vote, an error, or the deadline passing
+   rolls every branch back (:class:`RollbackError`).  Read-only votes drop out
+   of phase 2; if all were read-only nothing is logged at all;
+5. the commit decision (global xid, every prepared branch and its resource
+   name) is written to the recovery log and fsynced BEFORE any phase-2 call;
+6. ``commit`` each prepared branch.  Transient failures (``XAER_RMFAIL``, a
+   lost connection) are retried a few times, then the branch is left to the
+   recovery manager: the decision is logged, so it will be finished, and the
+   caller is NOT told the transaction rolled back -- it did not;
+7. a "done" record once every branch answered; ``after_completion(status)``.
+
+Heuristic outcomes (a resource deciding on its own) raise the distinct
+:mod:`~txmanager.errors` exceptions and stay in the log until forgotten.
+
+Crash-test hook: the manager's ``checkpoint(point, index)`` callable is called
+at exactly these points of a commit (an exception it raises propagates at once
+with no clean-up at all, as if the process had died there):
+
+==========================  ==================================================
+``before_commit_one_phase``  one branch, about to commit it in one phase (0)
+``before_prepare``           several branches, none prepared yet (0)
+``prepared``                 after each successful prepare (index = branch no.)
+``before_log``               every branch voted yes, decision not written (0)
+``logged``                   decision written and fsynced (0)
+``committed``                after each successful phase-2 commit (branch no.)
+``before_done``              every branch answered, "done" not written (0)
+==========================  ==================================================
+
+Branch numbers are the order of enlistment, 0..n-1 (joined resources share
+their branch's number).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from enum import IntEnum
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from .errors import (
+    HeuristicCommitError, HeuristicError, HeuristicHazardError, HeuristicMixedError,
+    HeuristicRollbackError, IllegalStateError, RollbackError, TransactionError,
+    TransactionTimeoutError,
+)
+from .xa import (
+    TMFAIL, TMJOIN, TMNOFLAGS, TMRESUME, TMSUCCESS, TMSUSPEND, XA_HEURCOM, XA_HEURHAZ,
+    XA_HEURMIX, XA_HEURRB, XA_OK, XA_RDONLY, XA_RETRY, XAER_NOTA, XAER_RMFAIL,
+    XAException, XAResource, error_name,
+)
+from .xid import Xid
+
+if TYPE_CHECKING:
+    from .log import TransactionLog
+
+__all__ = ["Status", "Synchronization", "Transaction", "CHECKPOINTS", "Checkpoint"]
+
+log = logging.getLogger(__name__)
+
+Checkpoint = Callable[[str, int], None]
+CHECKPOINTS = ("before_commit_one_phase", "before_prepare", "prepared", "before_log", "logged",
+               "committed", "before_done")
+
+#: Codes after which the same commit may succeed later: retry, then leave to recovery.
+#: (XAER_RMERR is not one: on commit it means the RM gave the branch up.)
+_TRANSIENT = frozenset((XAER_RMFAIL, XA_RETRY))
+
+
+class Status(IntEnum):
+    """Transaction status, with JTA's names and values (``javax.transaction.Status``)."""
+
+    ACTIVE = 0
+    MARKED_ROLLBACK = 1
+    PREPARED = 2
+    COMMITTED = 3
+    ROLLEDBACK = 4
+    UNKNOWN = 5
+    NO_TRANSACTION = 6
+    PREPARING = 7
+    COMMITTING = 8
+    ROLLING_BACK = 9
+
+
+@runtime_checkable
+class Synchronization(Protocol):
+    """Callbacks around completion (JTA ``Synchronization``).
+
+    ``before_completion`` runs before prepare, only when the transaction is
+    about to try to commit; it may still do transactional work (flush a cache)
+    and may raise to force a rollback.  ``after_completion`` runs once the
+    outcome is known, with the final :class:`Status`; its exceptions are
+    logged and swallowed, since the outcome can no longer change.
+    """
+
+    def before_completion(self) -> None: ...
+
+    def after_completion(self, status: Status) -> None: ...
+
+
+class _Branch:
+    """One transaction branch: an xid and the resource that prepares and commits it."""
+
+    __slots__ = ("index", "xid", "resource", "vote", "rolled_back")
+
+    def __init__(self, index: int, xid: Xid, resource: XAResource) -> None:
+        self.index = index
+        self.xid = xid
+        self.resource = resource
+        self.vote: int | None = None
+        self.rolled_back = False  # the resource already rolled it back (XA_RB* answer)
+
+    @property
+    def name(self) -> str:
+        return getattr(self.resource, "resource_name", type(self.resource).__name__)
+
+
+class _Enlistment:
+    """One resource's association with a branch (several may share a branch by TMJOIN)."""
+
+    __slots__ = ("resource", "branch", "state")
+
+    def __init__(self, resource: XAResource, branch: _Branch) -> None:
+        self.resource = resource
+        self.branch = branch
+        self.state = "active"  # active | suspended | ended | failed
+
+
+class Transaction:
+    """A global transaction.  Created by :meth:`TransactionManager.begin`.
+
+    The methods may be called from any thread, but like a JTA transaction it
+    is meant to be used by one thread at a time (the manager's thread binding,
+    ``suspend``/``resume`` move it between threads).  ``set_rollback_only`` and
+    ``status`` are safe from any thread at any time.
+    """
+
+    def __init__(self, xid: Xid, *, log: "TransactionLog", timeout: float | None = None,
+                 checkpoint: Checkpoint | None = None, retries: int = 3,
+                 retry_delay: float = 0.05, on_end: Callable[["Transaction"], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if xid.bqual:
+            raise ValueError(f"{xid} is a branch xid; a transaction needs a global xid")
+        self.xid = xid
+        self._log = log
+        self._clock = clock
+        self.timeout = timeout if timeout and timeout > 0 else None
+        self.deadline = clock() + self.timeout if self.timeout else None
+        self._checkpoint = checkpoint
+        self._retries = retries
+        self._retry_delay = retry_delay
+        self._on_end = on_end
+        self._lock = threading.RLock()
+        self._phase = Status.ACTIVE
+        self._rollback_only = False
+        self._timed_out = False
+        self._cause: BaseException | None = None
+        self._completing = False
+        self._finished = False
+        self._branches: list[_Branch] = []
+        self._enlisted: list[_Enlistment] = []
+        self._syncs: list[Synchronization] = []
+
+    def __repr__(self) -> str:
+        return f"<Transaction {self.xid} {self.status.name}>"
+
+    # -- state -------------------------------------------------------------------
+
+    @property
+    def status(self) -> Status:
+        phase = self._phase
+        if phase == Status.ACTIVE and (self._rollback_only or self.is_expired()):
+            return Status.MARKED_ROLLBACK
+        return phase
+
+    def is_expired(self) -> bool:
+        """True once the deadline has passed (the transaction can then only roll back)."""
+        return self.deadline is not None and self._clock() > self.deadline
+
+    @property
+    def finished(self) -> bool:
+        """True once commit or rollback has run to its end (whatever the outcome)."""
+        return self._finished
+
+    @property
+    def rollback_cause(self) -> BaseException | None:
+        """Why the transaction was marked rollback-only, when something said why."""
+        return self._cause
+
+    @property
+    def branches(self) -> tuple[tuple[Xid, XAResource], ...]:
+        """(branch xid, resource) of every branch, in enlistment order."""
+        return tuple((b.xid, b.resource) for b in self._branches)
+
+    def set_rollback_only(self) -> None:
+        """Make rollback the only possible outcome."""
+        if self._phase not in (Status.ACTIVE, Status.PREPARING):
+            raise IllegalStateError(f"transaction {self.xid} is {self._phase.name}; "
+                                    "too late to mark it rollback-only")
+        self._rollback_only = True
+
+    def _mark_rollback(self, cause: BaseException | None) -> None:
+        self._rollback_only = True
+        if cause is not None and self._cause is None:
+            self._cause = cause
+
+    def _check_active(self, what: str) -> None:
+        """Raise unless new work may join the transaction now."""
+        if self._phase != Status.ACTIVE:
+            raise IllegalStateError(f"cannot {what}: transaction {self.xid} is {self._phase.name}")
+        if self.is_expired():
+            self._timed_out = True
+            self._rollback_only = True
+        if self._timed_out:
+            raise TransactionTimeoutError(
+                f"cannot {what}: transaction {self.xid} timed out after {self.timeout}s "
+                "and can only roll back", xid=self.xid)
+        if self._rollback_only:
+            raise RollbackError(f"cannot {what}: transaction {self.xid} is marked rollback-only",
+                                xid=self.xid, cause=self._cause)
+
+    # -- resources ------------------------------------------------------------------
+
+    def enlist_resource(self, resource: XAResource) -> bool:
+        """Make ``resource``'s work part of this transaction.
+
+        A resource seen for the first time gets a new branch, or joins
+        (``TMJOIN``) the branch of an enlisted resource of the same resource
+        manager (``is_same_rm``).  A suspended resource is resumed
+        (``TMRESUME``), a delisted one re-joins its branch.  Returns False
+        when the resource is already active in this transaction.
+        """
+        with self._lock:
+            self._check_active("enlist a resource")
+            enl = self._enlistment(resource)
+            if enl is not None:
+                if enl.state == "active":
+                    return False
+                if enl.state == "failed":
+                    raise RollbackError(f"{enl.branch.name} was delisted with TMFAIL; "
+                                        "the transaction can only roll back", xid=self.xid)
+                flag = TMRESUME if enl.state == "suspended" else TMJOIN
+                self._start(resource, enl.branch.xid, flag)
+                enl.state = "active"
+                return True
+            for branch in self._branches:
+                if branch.resource is not resource and _same_rm(branch.resource, resource):
+                    try:
+                        self._start(resource, branch.xid, TMJOIN)
+                    except TransactionError as e:
+                        log.debug("join of %s to %s refused (%s); starting a new branch",
+                                  resource, branch.xid, e)
+                        continue
+                    self._enlisted.append(_Enlistment(resource, branch))
+                    return True
+            branch = _Branch(len(self._branches), self.xid.branch(str(len(self._branches))),
+                             resource)
+            self._pass_timeout(resource)
+            self._start(resource, branch.xid, TMNOFLAGS)
+            self._branches.append(branch)
+            self._enlisted.append(_Enlistment(resource, branch))
+            return True
+
+    def delist_resource(self, resource: XAResource, flag: int = TMSUCCESS) -> bool:
+        """End ``resource``'s association: TMSUCCESS (work done), TMSUSPEND, or TMFAIL
+        (the work failed: the transaction is marked rollback-only).
+
+        Returns False when the resource answered that its branch is already
+        rolled back (the transaction is then marked rollback-only).
+        """
+        if flag not in (TMSUCCESS, TMFAIL, TMSUSPEND):
+            raise ValueError(f"delist flag must be TMSUCCESS, TMFAIL or TMSUSPEND, not {flag:#x}")
+        with self._lock:
+            if self._phase != Status.ACTIVE:
+                raise IllegalStateError(
+                    f"cannot delist: transaction {self.xid} is {self._phase.name}")
+            enl = self._enlistment(resource)
+            if enl is None:
+                raise IllegalStateError(f"{resource!r} is not enlisted in transaction {self.xid}")
+            if enl.state != "active" and not (enl.state == "suspended" and flag != TMSUSPEND):
+                raise IllegalStateError(f"{resource!r} is {enl.state} in transaction {self.xid}, "
+                                        "not active")
+            return self._end(enl, flag)
+
+    def register_synchronization(self, sync: Synchronization) -> None:
+        """Call ``sync`` around completion (may also be called from ``before_completion``)."""
+        with self._lock:
+            self._check_active("register a synchronization")
+            self._syncs.append(sync)
+
+    def _enlistment(self, resource: XAResource) -> _Enlistment | None:
+        for enl in self._enlisted:
+            if enl.resource is resource:
+                return enl
+        return None
+
+    def _start(self, resource: XAResource, xid: Xid, flag: int) -> None:
+        try:
+            resource.start(xid, flag)
+        except XAException as e:
+            if e.is_rollback:
+                self._mark_rollback(e)
+                raise RollbackError(f"{_name(resource)} rolled back branch {xid} at start",
+                                    xid=self.xid, cause=e) from e
+            raise TransactionError(f"{_name(resource)} refused to start branch {xid}: {e}") from e
+
+    def _end(self, enl: _Enlistment, flag: int) -> bool:
+        try:
+            enl.resource.end(enl.branch.xid, flag)
+        except XAException as e:
+            enl.state = "failed"
+            self._mark_rollback(e)
+            if e.is_rollback:
+                return False
+            raise TransactionError(f"{_name(enl.resource)} failed to end branch "
+                                   f"{enl.branch.xid}: {e}") from e
+        if flag == TMSUSPEND:
+            enl.state = "suspended"
+        elif flag == TMFAIL:
+            enl.state = "failed"
+            self._mark_rollback(None)
+        else:
+            enl.state = "ended"
+        return True
+
+    def _end_all(self) -> None:
+        """End every open association before completion; failures force a rollback."""
+        for enl in self._enlisted:
+            if enl.state in ("active", "suspended"):
+                try:
+                    self._end(enl, TMFAIL if self._rollback_only else TMSUCCESS)
+                except TransactionError as e:
+                    log.warning("%s", e)
+
+    def _suspend_all(self) -> list[XAResource]:
+        """End active associations with TMSUSPEND (for the manager's ``suspend``)."""
+        with self._lock:
+            suspended = []
+            for enl in self._enlisted:
+                if enl.state == "active":
+                    self._end(enl, TMSUSPEND)
+                    suspended.append(enl.resource)
+            return suspended
+
+    def _resume_all(self) -> None:
+        """Resume associations suspended by ``_suspend_all`` (TMRESUME)."""
+        with self._lock:
+            for enl in self._enlisted:
+                if enl.state == "suspended":
+                    self._start(enl.resource, enl.branch.xid, TMRESUME)
+                    enl.state = "active"
+
+    def _pass_timeout(self, resource: XAResource) -> None:
+        if self.deadline is None:
+            return
+        seconds = max(1, math.ceil(self.deadline - self._clock()))
+        try:
+            resource.set_transaction_timeout(seconds)
+        except (XAException, AttributeError) as e:
+            log.debug("%s does not take a transaction timeout: %s", _name(resource), e)
+
+    # -- completion ------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Commit, or raise :class:`RollbackError` saying why it rolled back.
+
+        Returns normally when the commit decision was made, even if a resource
+        could not be reached for phase 2 (the recovery manager finishes it).
+        """
+        self._enter_completion("commit")
+        try:
+            self._commit()
+        finally:
+            self._leave_completion()
+
+    def rollback(self) -> None:
+        """Roll back every branch.  Raises only for a heuristic outcome."""
+        self._enter_completion("roll back")
+        try:
+            self._end_all()
+            self._phase = Status.ROLLING_BACK
+            self._finish_rollback(self._branches, None, explicit=True)
+        finally:
+            self._leave_completion()
+
+    def _enter_completion(self, what: str) -> None:
+        with self._lock:
+            if self._completing or self._phase != Status.ACTIVE:
+                state = "completing" if self._completing else self._phase.name
+                raise IllegalStateError(f"cannot {what} transaction {self.xid}: it is {state}")
+            self._completing = True
+
+    def _leave_completion(self) -> None:
+        if self._on_end is not None:
+            try:
+                self._on_end(self)
+            except Exception:  # noqa: BLE001 -- bookkeeping must not hide the outcome
+                log.exception("transaction end callback failed")
+
+    def _commit(self) -> None:
+        if not self._rollback_only and not self.is_expired():
+            self._before_completion()
+        if self.is_expired():
+            self._timed_out = True
+            self._rollback_only = True
+        self._end_all()
+        with self._lock:
+            self._phase = Status.PREPARING
+        if self._rollback_only:
+            self._phase = Status.ROLLING_BACK
+            self._finish_rollback(self._branches, self._cause)
+        branches = self._branches
+        if not branches:
+            self._finish(Status.COMMITTED)
+        elif len(branches) == 1:
+            self._commit_one_phase(branches[0])
+        else:
+            self._commit_two_phase(branches)
+
+    def _before_completion(self) -> None:
+        i = 0
+        while i < len(self._syncs):  # a sync may register more syncs
+            try:
+                self._syncs[i].before_completion()
+            except Exception as e:
+                log.warning("before_completion of %r failed; rolling back %s: %s",
+                            self._syncs[i], self.xid, e)
+                self._mark_rollback(e)
+                return
+            i += 1
+
+    def _commit_one_phase(self, branch: _Branch) -> None:
+        self._cp("before_commit_one_phase", 0)
+        self._phase = Status.COMMITTING
+        try:
+            branch.resource.commit(branch.xid, one_phase=True)
+        except XAException as e:
+            if e.is_rollback or e.code == XAER_NOTA:
+                branch.rolled_back = True
+                self._phase = Status.ROLLING_BACK
+                self._finish_rollback([], e)
+            if e.code == XA_HEURCOM:
+                self._forget(branch)
+            else:
+                code = e.code if e.is_heuristic else XA_HEURHAZ
+                self._record_heuristic(branch, code)
+                self._raise_heuristic(True, [(branch.xid, code)], agreeing=0, cause=e)
+        except Exception as e:  # noqa: BLE001 -- a lost connection: outcome unknown
+            self._record_heuristic(branch, XA_HEURHAZ)
+            self._raise_heuristic(True, [(branch.xid, XA_HEURHAZ)], agreeing=0, cause=e)
+        self._finish(Status.COMMITTED)
+
+    def _commit_two_phase(self, branches: list[_Branch]) -> None:
+        self._cp("before_prepare", 0)
+        for branch in branches:
+            if self._rollback_only or self.is_expired():
+                break
+            try:
+                vote = branch.resource.prepare(branch.xid)
+            except XAException as e:
+                branch.rolled_back = e.is_rollback
+                self._abort(f"{branch.name} voted no on {branch.xid}", e)
+            except Exception as e:  # noqa: BLE001 -- a lost connection, a bug in the resource
+                self._abort(f"prepare of {branch.xid} on {branch.name} failed", e)
+            if vote not in (XA_OK, XA_RDONLY):
+                self._abort(f"{branch.name} answered prepare of {branch.xid} with "
+                            f"{error_name(vote)}", None)
+            branch.vote = vote
+            self._cp("prepared", branch.index)
+        if self.is_expired():
+            self._timed_out = True
+        if self._timed_out or self._rollback_only:
+            self._abort("rollback-only during prepare", self._cause)
+        self._phase = Status.PREPARED
+        prepared = [b for b in branches if b.vote == XA_OK]
+        if not prepared:  # all read-only: nothing to log, nothing to commit
+            self._finish(Status.COMMITTED)
+            return
+        self._cp("before_log", 0)
+        if self._rollback_only:
+            self._abort("marked rollback-only during prepare", self._cause)
+        try:
+            self._log.log_commit_decision(self.xid, [(b.xid, b.name) for b in prepared])
+        except Exception as e:  # noqa: BLE001 -- no durable decision means no commit
+            self._abort("the commit decision could not be logged", e)
+        self._cp("logged", 0)
+        self._phase = Status.COMMITTING
+        heuristics: list[tuple[Xid, int]] = []
+        left: list[_Branch] = []
+        agreeing = 0
+        for branch in prepared:
+            outcome = self._commit_prepared(branch)
+            if outcome is None:
+                agreeing += 1
+                self._cp("committed", branch.index)
+            elif outcome == "left":
+                left.append(branch)
+                agreeing += 1  # decided; recovery will commit it
+            else:
+                heuristics.append((branch.xid, outcome))
+        self._cp("before_done", 0)
+        if left:
+            log.warning("transaction %s committed, but %s could not be reached; the recovery "
+                        "manager will commit %s", self.xid, ", ".join(b.name for b in left),
+                        ", ".join(str(b.xid) for b in left))
+        else:
+            try:
+                self._log.log_done(self.xid)
+            except Exception as e:  # noqa: BLE001 -- harmless: recovery re-commits, hears NOTA
+                log.warning("could not log 'done' for %s (recovery will tidy up): %s",
+                            self.xid, e)
+        if heuristics:
+            self._raise_heuristic(True, heuristics, agreeing)
+        self._finish(Status.COMMITTED)
+
+    def _commit_prepared(self, branch: _Branch) -> int | str | None:
+        """Phase 2 for one branch: None when committed, "left" for recovery, or a
+        heuristic code (already written to the log)."""
+        failed_before = False
+        for attempt in range(self._retries + 1):
+            try:
+                branch.resource.commit(branch.xid, one_phase=False)
+                return None
+            except XAException as e:
+                if e.code == XA_HEURCOM:
+                    self._forget(branch)
+                    return None
+                if e.code == XAER_NOTA and failed_before:
+                    return None  # committed by the attempt whose answer was lost
+                if e.code in _TRANSIENT:
+                    error: Exception = e
+                else:
+                    code = (e.code if e.is_heuristic else XA_HEURRB if e.is_rollback
+                            else XA_HEURHAZ)
+                    log.error("commit of %s on %s answered %s: heuristic %s", branch.xid,
+                              branch.name, error_name(e.code), error_name(code))
+                    self._record_heuristic(branch, code)
+                    return code
+            except Exception as e:  # noqa: BLE001 -- a lost connection: try again
+                error = e
+            failed_before = True
+            if attempt < self._retries:
+                log.info("commit of %s on %s failed (%s); retrying", branch.xid, branch.name,
+                         error)
+                time.sleep(min(self._retry_delay * 2 ** attempt, 2.0))
+        log.warning("commit of %s on %s still failing (%s); leaving it to recovery",
+                    branch.xid, branch.name, error)
+        return "left"
+
+    def _abort(self, why: str, cause: BaseException | None) -> None:
+        """Roll back after a failed prepare phase, then raise (never returns)."""
+        if cause is None and self._timed_out:
+            why = f"timed out after {self.timeout}s"
+        log.info("rolling back %s: %s%s", self.xid, why, f" ({cause})" if cause else "")
+        self._mark_rollback(cause)
+        self._phase = Status.ROLLING_BACK
+        self._finish_rollback(self._branches, cause, why=why)
+
+    def _finish_rollback(self, branches: list[_Branch], cause: BaseException | None, *,
+                         why: str | None = None, explicit: bool = False) -> None:
+        """Roll back ``branches``, run after_completion, and raise -- unless ``explicit``
+        (an application's rollback()) and nothing heuristic happened."""
+        heuristics: list[tuple[Xid, int]] = []
+        agreeing = 0
+        for branch in branches:
+            if branch.vote == XA_RDONLY:
+                continue  # no work, nothing to roll back, no outcome to count
+            if branch.rolled_back:  # the resource rolled it back itself (voted no)
+                agreeing += 1
+                continue
+            code = self._rollback_branch(branch)
+            if code is None:
+                agreeing += 1
+            else:
+                heuristics.append((branch.xid, code))
+        if heuristics:
+            self._raise_heuristic(False, heuristics, agreeing, cause=cause)
+        self._finish(Status.ROLLEDBACK)
+        if explicit:
+            return
+        if self._timed_out:
+            raise TransactionTimeoutError(
+                f"transaction {self.xid} timed out after {self.timeout}s and was rolled back",
+                xid=self.xid, cause=cause)
+        reason = why or (f"{cause}" if cause else "it was marked rollback-only")
+        raise RollbackError(f"transaction {self.xid} rolled back: {reason}",
+                            xid=self.xid, cause=cause) from cause
+
+    def _rollback_branch(self, branch: _Branch) -> int | None:
+        """Roll back one branch: None when done (or left to presumed abort), else a
+        heuristic code, already logged."""
+        for attempt in range(self._retries + 1):
+            try:
+                branch.resource.rollback(branch.xid)
+                return None
+            except XAException as e:
+                if e.code == XAER_NOTA or e.is_rollback:
+                    return None
+                if e.code == XA_HEURRB:
+                    self._forget(branch)
+                    return None
+                if e.is_heuristic:
+                    self._record_heuristic(branch, e.code)
+                    return e.code
+                error: Exception = e
+            except Exception as e:  # noqa: BLE001 -- a lost connection: try again
+                error = e
+            if attempt < self._retries:
+                time.sleep(min(self._retry_delay * 2 ** attempt, 2.0))
+        log.warning("rollback of %s on %s failed (%s); if it was prepared, recovery will roll "
+                    "it back (presumed abort)", branch.xid, branch.name, error)
+        return None
+
+    def _record_heuristic(self, branch: _Branch, code: int) -> None:
+        try:
+            self._log.log_heuristic(self.xid, branch.xid, code, branch.name)
+        except Exception as e:  # noqa: BLE001 -- still raise the heuristic to the caller
+            log.error("could not log heuristic %s of %s: %s", error_name(code), branch.xid, e)
+
+    def _forget(self, branch: _Branch) -> None:
+        """A heuristic that matches the decision: nothing to report, let the RM forget it."""
+        try:
+            branch.resource.forget(branch.xid)
+        except Exception as e:  # noqa: BLE001 -- the RM keeps a harmless record
+            log.info("forget of %s on %s failed: %s", branch.xid, branch.name, e)
+
+    def _raise_heuristic(self, commit: bool, heuristics: list[tuple[Xid, int]], agreeing: int,
+                         cause: BaseException | None = None) -> None:
+        codes = {code for _, code in heuristics}
+        contrary = XA_HEURRB if commit else XA_HEURCOM
+        if XA_HEURMIX in codes or (contrary in codes and agreeing > 0):
+            cls: type[HeuristicError] = HeuristicMixedError
+            status = Status.UNKNOWN
+        elif codes == {contrary}:
+            cls = HeuristicRollbackError if commit else HeuristicCommitError
+            status = Status.ROLLEDBACK if commit else Status.COMMITTED
+        else:
+            cls, status = HeuristicHazardError, Status.UNKNOWN
+        decision = "commit" if commit else "rollback"
+        self._finish(status)
+        raise cls(f"transaction {self.xid} was to {decision}, but resources decided otherwise; "
+                  "see the recovery log, then forget() the heuristic", xid=self.xid,
+                  outcomes=heuristics) from cause
+
+    def _finish(self, status: Status) -> None:
+        self._phase = status
+        self._finished = True
+        for sync in self._syncs:
+            try:
+                sync.after_completion(status)
+            except Exception:  # noqa: BLE001 -- the outcome is final
+                log.exception("after_completion of %r failed", sync)
+
+    def _cp(self, point: str, index: int) -> None:
+        if self._checkpoint is not None:
+            self._checkpoint(point, index)
+
+
+def _name(resource: object) -> str:
+    return getattr(resource, "resource_name", None) or type(resource).__name__
+
+
+def _same_rm(a: XAResource, b: XAResource) -> bool:
+    try:
+        return bool(a.is_same_rm(b))
+    except Exception:  # noqa: BLE001 -- a resource that cannot tell is not the same
+        return False
