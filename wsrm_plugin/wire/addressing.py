@@ -1,0 +1,358 @@
+"""WS-Addressing message headers and endpoint references, both 2004/08 and 2005/08.
+
+WS-RM rides on WS-Addressing: sequences are created by messages with
+``wsa:Action``, acknowledgements go to an ``AcksTo`` endpoint reference,
+responses are correlated with ``wsa:RelatesTo``.  Peers use either version
+(gSOAP and WCF pair WS-RM 1.0 with 2005/08), so reading detects the version
+from the headers and writing takes it as an argument; the objects themselves
+are version-neutral.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from lxml import etree
+
+from .faults import InvalidAddressingHeader, MalformedMessageError, MessageAddressingHeaderRequired
+from .namespaces import (
+    ADDRESSING_VERSIONS, PREFIXES, WSA_2004_08, WSA_2005_08, AddressingVersion, SoapVersion,
+    mc_anonymous_id,
+)
+from .xmlsafe import children, resolve_qname, text_of
+
+__all__ = ["EndpointReference", "AddressingHeaders", "new_message_id", "HEADER_NAMES"]
+
+#: Local names of the message addressing headers (same in both versions).
+HEADER_NAMES = ("To", "Action", "MessageID", "RelatesTo", "ReplyTo", "FaultTo", "From")
+_SINGLE = ("To", "Action", "MessageID", "ReplyTo", "FaultTo", "From")
+_IS_REF_PARAM = etree.QName(WSA_2005_08.ns, "IsReferenceParameter").text
+
+
+def new_message_id() -> str:
+    """A fresh, globally unique wsa:MessageID."""
+    return f"urn:uuid:{uuid.uuid4()}"
+
+
+def _as_addressing(version: AddressingVersion | str | None) -> AddressingVersion:
+    if version is None:
+        return WSA_2005_08
+    if isinstance(version, AddressingVersion):
+        return version
+    found = AddressingVersion.for_namespace(version)
+    if found is None:
+        raise ValueError(f"unknown WS-Addressing namespace {version!r}")
+    return found
+
+
+def _c14n(elements: Iterable[etree._Element]) -> list[bytes]:
+    return [etree.tostring(e, method="c14n", exclusive=True) for e in elements]
+
+
+@dataclass(eq=False)
+class EndpointReference:
+    """An endpoint reference: an address plus reference parameters to echo as headers.
+
+    ``reference_properties`` only exists in 2004/08; written as 2005/08 they
+    become reference parameters (the migration the W3C version prescribes).
+    """
+
+    address: str
+    reference_parameters: list[etree._Element] = field(default_factory=list)
+    reference_properties: list[etree._Element] = field(default_factory=list)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EndpointReference):
+            return NotImplemented
+        return (self.address == other.address
+                and _c14n(self.reference_parameters) == _c14n(other.reference_parameters)
+                and _c14n(self.reference_properties) == _c14n(other.reference_properties))
+
+    @property
+    def is_anonymous(self) -> bool:
+        """True for either version's anonymous URI (reply on the back-channel)."""
+        return any(self.address == v.anonymous for v in ADDRESSING_VERSIONS)
+
+    @property
+    def is_none(self) -> bool:
+        """True for 2005/08's "none" address: messages to it are discarded."""
+        return self.address == WSA_2005_08.none
+
+    @property
+    def mc_id(self) -> str | None:
+        """The id of a WS-MakeConnection anonymous address, else None."""
+        return mc_anonymous_id(self.address)
+
+    def header_parameters(self) -> list[etree._Element]:
+        """Copies of everything that must be echoed as headers to this endpoint."""
+        return [copy.deepcopy(e) for e in (*self.reference_properties, *self.reference_parameters)]
+
+    def to_xml(self, tag: etree.QName | str,
+               version: AddressingVersion | str | None = None) -> etree._Element:
+        """Render as element ``tag`` (wsa:ReplyTo, wsrm:AcksTo, ...) in WS-A ``version``."""
+        wsa = _as_addressing(version)
+        if not self.address:
+            raise ValueError("an endpoint reference needs an address")
+        tag = etree.QName(tag)
+        nsmap = {"wsa": wsa.ns}
+        if tag.namespace and tag.namespace != wsa.ns:
+            nsmap[PREFIXES.get(tag.namespace, "ns0")] = tag.namespace
+        element = etree.Element(tag, nsmap=nsmap)
+        etree.SubElement(element, wsa.qname("Address")).text = self.address
+        if wsa is WSA_2004_08:
+            if self.reference_properties:
+                props = etree.SubElement(element, wsa.qname("ReferenceProperties"))
+                props.extend(copy.deepcopy(e) for e in self.reference_properties)
+            params = self.reference_parameters
+        else:
+            params = [*self.reference_properties, *self.reference_parameters]
+        if params:
+            holder = etree.SubElement(element, wsa.qname("ReferenceParameters"))
+            holder.extend(copy.deepcopy(e) for e in params)
+        return element
+
+    @classmethod
+    def from_xml(cls, element: etree._Element) -> tuple[EndpointReference, AddressingVersion]:
+        """Read an EPR-typed element; the WS-A version is that of its Address child.
+
+        Raises MalformedMessageError if there is no usable Address; header
+        parsing turns that into the WS-A fault.
+        """
+        wsa = None
+        address = None
+        params: list[etree._Element] = []
+        props: list[etree._Element] = []
+        for child in children(element):
+            qname = etree.QName(child)
+            if wsa is None:
+                if qname.localname == "Address":
+                    wsa = AddressingVersion.for_namespace(qname.namespace)
+                    if wsa is not None:
+                        address = text_of(child)
+                continue
+            if qname.namespace != wsa.ns:
+                continue
+            if qname.localname == "ReferenceParameters":
+                params.extend(copy.deepcopy(e) for e in children(child))
+            elif qname.localname == "ReferenceProperties" and wsa is WSA_2004_08:
+                props.extend(copy.deepcopy(e) for e in children(child))
+        if wsa is None or not address:
+            raise MalformedMessageError(
+                f"endpoint reference {etree.QName(element).localname} has no wsa:Address")
+        return cls(address, params, props), wsa
+
+
+@dataclass(eq=False)
+class AddressingHeaders:
+    """The message addressing properties of one message.
+
+    ``relationship_type`` None means the default "reply".  ``reference_parameters``
+    are the headers marked wsa:IsReferenceParameter (on reading) or to be
+    echoed (on writing).  ``version`` is what was read (None if the message
+    had no WS-A headers), and the default for writing.
+    """
+
+    to: str | None = None
+    action: str | None = None
+    message_id: str | None = None
+    relates_to: str | None = None
+    relationship_type: str | None = None
+    reply_to: EndpointReference | None = None
+    fault_to: EndpointReference | None = None
+    from_: EndpointReference | None = None
+    reference_parameters: list[etree._Element] = field(default_factory=list)
+    version: AddressingVersion | None = None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AddressingHeaders):
+            return NotImplemented
+        fields = ("to", "action", "message_id", "relates_to", "relationship_type",
+                  "reply_to", "fault_to", "from_")
+        return (all(getattr(self, f) == getattr(other, f) for f in fields)
+                and _c14n(self.reference_parameters) == _c14n(other.reference_parameters))
+
+    # -- writing --------------------------------------------------------------
+    def to_elements(self, version: AddressingVersion | str | None = None, *,
+                    soap: SoapVersion | None = None) -> list[etree._Element]:
+        """The header blocks, in ``version`` (default: self.version, else 2005/08).
+
+        With ``soap`` given, wsa:Action and wsa:To are marked mustUnderstand,
+        as WCF does: a receiver that ignores WS-A would misroute the message.
+        """
+        wsa = _as_addressing(version or self.version)
+        nsmap = {"wsa": wsa.ns}
+        if soap is not None:
+            nsmap["soap"] = soap.ns
+        elements: list[etree._Element] = []
+
+        def simple(local: str, value: str, extra_ns: dict[str, str] | None = None) -> etree._Element:
+            element = etree.Element(wsa.qname(local), nsmap={**nsmap, **(extra_ns or {})})
+            element.text = value
+            elements.append(element)
+            return element
+
+        if self.to is not None:
+            to = simple("To", self.to)
+            if soap is not None:
+                to.set(soap.qname("mustUnderstand").text, soap.must_understand_true)
+        if self.action is not None:
+            action = simple("Action", self.action)
+            if soap is not None:
+                action.set(soap.qname("mustUnderstand").text, soap.must_understand_true)
+        if self.message_id is not None:
+            simple("MessageID", self.message_id)
+        if self.relates_to is not None:
+            kind = self.relationship_type
+            if kind == wsa.reply_relationship:
+                kind = None
+            if kind and wsa is WSA_2004_08:
+                # 2004/08 types RelationshipType as a QName: bind its prefix.
+                qname = etree.QName(kind)
+                if qname.namespace == wsa.ns:
+                    relates, value = simple("RelatesTo", self.relates_to), f"wsa:{qname.localname}"
+                elif qname.namespace:
+                    relates = simple("RelatesTo", self.relates_to, {"rt": qname.namespace})
+                    value = f"rt:{qname.localname}"
+                else:
+                    relates, value = simple("RelatesTo", self.relates_to), qname.localname
+                relates.set("RelationshipType", value)
+            else:
+                relates = simple("RelatesTo", self.relates_to)
+                if kind:
+                    relates.set("RelationshipType", kind)
+        for local, epr in (("From", self.from_), ("ReplyTo", self.reply_to), ("FaultTo", self.fault_to)):
+            if epr is not None:
+                elements.append(epr.to_xml(wsa.qname(local), wsa))
+        for parameter in self.reference_parameters:
+            parameter = copy.deepcopy(parameter)
+            if wsa is WSA_2005_08:
+                parameter.set(_IS_REF_PARAM, "true")
+            elements.append(parameter)
+        return elements
+
+    def reply_headers(self, action: str, message_id: str | None = None, *,
+                      fault: bool = False) -> AddressingHeaders:
+        """Headers for the reply (or fault, which prefers FaultTo) to this message."""
+        wsa = self.version or WSA_2005_08
+        target = (self.fault_to if fault else None) or self.reply_to
+        return AddressingHeaders(
+            to=target.address if target is not None else wsa.anonymous,
+            action=action,
+            message_id=message_id or new_message_id(),
+            relates_to=self.message_id,
+            reference_parameters=target.header_parameters() if target is not None else [],
+            version=wsa,
+        )
+
+    def require(self, *names: str) -> None:
+        """Raise MessageAddressingHeaderRequired for the first missing property.
+
+        Names are attribute names ("action", "message_id", "reply_to", ...).
+        """
+        wsa = self.version or WSA_2005_08
+        local = {"to": "To", "action": "Action", "message_id": "MessageID",
+                 "relates_to": "RelatesTo", "reply_to": "ReplyTo", "fault_to": "FaultTo",
+                 "from_": "From"}
+        for name in names:
+            if getattr(self, name) is None:
+                raise MessageAddressingHeaderRequired(
+                    f"the message has no wsa:{local[name]} header",
+                    problem_header=wsa.qname(local[name]), version=wsa)
+
+    # -- reading --------------------------------------------------------------
+    @classmethod
+    def from_header(cls, header_elements: Iterable[etree._Element]) -> AddressingHeaders:
+        """Read the WS-A headers among a SOAP Header's children; detects the version.
+
+        Raises InvalidAddressingHeader (with the problem header) for mixed
+        versions, duplicates of single-valued headers, empty values and
+        endpoint references without an address.
+        """
+        found: dict[str, list[etree._Element]] = {}
+        versions: set[AddressingVersion] = set()
+        parameters: list[etree._Element] = []
+        for header in header_elements:
+            if not isinstance(header.tag, str):
+                continue
+            qname = etree.QName(header)
+            wsa = AddressingVersion.for_namespace(qname.namespace)
+            if wsa is not None and qname.localname in HEADER_NAMES:
+                versions.add(wsa)
+                found.setdefault(qname.localname, []).append(header)
+            elif header.get(_IS_REF_PARAM, "").strip() in ("true", "1"):
+                # The marker is a wire artifact of echoing; to_elements adds it back.
+                parameter = copy.deepcopy(header)
+                del parameter.attrib[_IS_REF_PARAM]
+                parameters.append(parameter)
+        if len(versions) > 1:
+            raise InvalidAddressingHeader(
+                "the message mixes WS-Addressing 2004/08 and 2005/08 headers",
+                version=WSA_2005_08)
+        if not versions:
+            return cls(reference_parameters=parameters)
+        wsa = versions.pop()
+        for local in _SINGLE:
+            if len(found.get(local, ())) > 1:
+                raise InvalidAddressingHeader(
+                    f"wsa:{local} appears {len(found[local])} times; at most once is allowed",
+                    subsubcode="InvalidCardinality", problem_header=wsa.qname(local), version=wsa)
+
+        def value(local: str, *, required_text: bool = True) -> str | None:
+            elements = found.get(local)
+            if not elements:
+                return None
+            text = text_of(elements[0])
+            if not text and required_text:
+                raise InvalidAddressingHeader(
+                    f"wsa:{local} is empty", subsubcode="InvalidAddress" if local == "To" else None,
+                    problem_header=wsa.qname(local), version=wsa)
+            return text
+
+        def endpoint(local: str) -> EndpointReference | None:
+            elements = found.get(local)
+            if not elements:
+                return None
+            try:
+                epr, _ = EndpointReference.from_xml(elements[0])
+            except MalformedMessageError as exc:
+                raise InvalidAddressingHeader(
+                    exc.reason, subsubcode="MissingAddressInEPR",
+                    problem_header=wsa.qname(local), version=wsa) from None
+            return epr
+
+        relates_to, relationship = cls._relates_to(found.get("RelatesTo", []), wsa)
+        return cls(
+            to=value("To"), action=value("Action"), message_id=value("MessageID"),
+            relates_to=relates_to, relationship_type=relationship,
+            reply_to=endpoint("ReplyTo"), fault_to=endpoint("FaultTo"), from_=endpoint("From"),
+            reference_parameters=parameters, version=wsa,
+        )
+
+    @staticmethod
+    def _relates_to(elements: list[etree._Element],
+                    wsa: AddressingVersion) -> tuple[str | None, str | None]:
+        """The reply relationship if there is one, else the first RelatesTo."""
+        chosen: tuple[str | None, str | None] = (None, None)
+        for element in elements:
+            raw = element.get("RelationshipType")
+            if raw is None:
+                kind = None
+            elif wsa is WSA_2004_08:
+                qname = resolve_qname(element, raw)
+                kind = qname.text if qname is not None else raw.strip()
+            else:
+                kind = raw.strip()
+            if kind == wsa.reply_relationship:
+                kind = None
+            text = text_of(element)
+            if not text:
+                raise InvalidAddressingHeader(
+                    "wsa:RelatesTo is empty", problem_header=wsa.qname("RelatesTo"), version=wsa)
+            if kind is None:
+                return text, None
+            if chosen[0] is None:
+                chosen = (text, kind)
+        return chosen

@@ -1,0 +1,150 @@
+"""Parse untrusted XML safely, and read elements without tripping on what peers send.
+
+A SOAP message never needs a DTD (SOAP 1.2 forbids one), so any DOCTYPE is
+refused outright, and *before* libxml2 reads it: a check after the parse would
+come after libxml2 had processed the internal subset (entity declarations,
+parameter entities), which is where billion-laughs and XXE tricks live, and
+would depend on libxml2's own limits being right.  The prolog is scanned with
+expat, stopping at the root start tag; expat reports the DOCTYPE before reading
+any declaration in it.  Only then does lxml parse the document, with entity
+resolution, DTD loading and network access all off (a second line of defence),
+and the result is checked once more for a DTD.  Oversized input is refused
+before either parser sees it.
+
+SOAP restricts encodings to UTF-8 and UTF-16 (WS-I BP R1012); expat accepts
+those (and ASCII/Latin-1), and a prolog it can't read is refused as malformed
+rather than handed to a parser with wider tastes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from xml.parsers import expat
+
+from lxml import etree
+
+from .faults import MalformedMessageError, MessageTooLargeError, UnsafeXMLError
+
+__all__ = [
+    "DEFAULT_MAX_SIZE", "parse_xml", "children", "text_of", "resolve_qname",
+]
+
+#: Default limit on a message's size in bytes (4 MiB); callers pass their own.
+DEFAULT_MAX_SIZE = 4 * 1024 * 1024
+
+_local = threading.local()
+
+
+def _parser() -> etree.XMLParser:
+    # lxml parsers keep per-parse state; one per thread is the documented safe use.
+    parser = getattr(_local, "parser", None)
+    if parser is None:
+        parser = etree.XMLParser(
+            resolve_entities=False, no_network=True, load_dtd=False, dtd_validation=False,
+            huge_tree=False, remove_comments=True, remove_pis=True, collect_ids=False,
+            attribute_defaults=False,
+        )
+        _local.parser = parser
+    return parser
+
+
+class _Doctype(Exception):
+    pass
+
+
+class _RootReached(Exception):
+    pass
+
+
+def _refuse_doctype(data: bytes) -> None:
+    """Read the prolog with expat and refuse a DOCTYPE before anything expands it."""
+    scanner = expat.ParserCreate()
+
+    def on_doctype(*_args) -> None:
+        raise _Doctype
+
+    def on_root(*_args) -> None:
+        raise _RootReached
+
+    scanner.StartDoctypeDeclHandler = on_doctype
+    scanner.StartElementHandler = on_root
+    # Belt and braces: none of these should fire before the root, but if one
+    # does it is DTD machinery.
+    scanner.EntityDeclHandler = on_doctype
+    scanner.ExternalEntityRefHandler = on_doctype
+    try:
+        scanner.Parse(data, True)
+    except _Doctype:
+        raise UnsafeXMLError(
+            "DOCTYPE declarations are not allowed in SOAP messages "
+            "(refused before parsing; no entity was expanded or fetched)") from None
+    except _RootReached:
+        return
+    except expat.ExpatError as exc:
+        raise MalformedMessageError(f"malformed XML: {exc}") from None
+    except (ValueError, LookupError) as exc:  # odd encodings declared in the prolog
+        raise MalformedMessageError(f"malformed XML: {exc}") from None
+    raise MalformedMessageError("malformed XML: no root element")
+
+
+def parse_xml(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> etree._Element:
+    """Parse ``data`` (bytes, as received) into its root element.
+
+    Raises MessageTooLargeError if ``len(data) > max_size`` (before parsing),
+    UnsafeXMLError for any DOCTYPE, MalformedMessageError for anything that
+    isn't a well-formed UTF-8/UTF-16 XML document.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"parse_xml wants the received bytes, not {type(data).__name__}")
+    data = bytes(data)
+    if len(data) > max_size:
+        raise MessageTooLargeError(len(data), max_size)
+    _refuse_doctype(data)
+    try:
+        root = etree.fromstring(data, _parser())
+    except etree.XMLSyntaxError as exc:
+        raise MalformedMessageError(f"malformed XML: {exc}") from None
+    except (ValueError, LookupError) as exc:
+        raise MalformedMessageError(f"malformed XML: {exc}") from None
+    docinfo = root.getroottree().docinfo
+    if docinfo.doctype or docinfo.internalDTD is not None:
+        raise UnsafeXMLError("DOCTYPE declarations are not allowed in SOAP messages")
+    return root
+
+
+# -- reading helpers --------------------------------------------------------------
+
+def children(element: etree._Element) -> Iterator[etree._Element]:
+    """Element children only: comments and PIs (from trees we didn't parse) are skipped."""
+    for child in element:
+        if isinstance(child.tag, str):
+            yield child
+
+
+def text_of(element: etree._Element) -> str:
+    """The element's text with XML Schema whitespace collapsed at the ends."""
+    return (element.text or "").strip()
+
+
+def resolve_qname(context: etree._Element, text: str | None) -> etree.QName | None:
+    """Resolve QName-valued content (``wsrm:UnknownSequence``) against ``context``'s scope.
+
+    Returns None when the text is not a usable QName (unbound prefix, bad
+    name), so callers decide how strict to be.  An unprefixed name takes the
+    default namespace, as XML Schema's QName does.
+    """
+    text = (text or "").strip()
+    if not text:
+        return None
+    prefix, _, local = text.rpartition(":")
+    if prefix:
+        namespace = context.nsmap.get(prefix)
+        if namespace is None:
+            return None
+    else:
+        namespace = context.nsmap.get(None)
+    try:
+        return etree.QName(namespace or None, local)
+    except ValueError:
+        return None
