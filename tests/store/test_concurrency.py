@@ -1,0 +1,173 @@
+"""Concurrency: numbering under threads, lock waits, pollers that skip locked rows,
+and purging that keeps the store bounded."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from wsrm_plugin.store import LockTimeoutError, StorageManager, TransactionClosedError
+from wsrm_plugin.store.memory import MemoryStore
+from wsrm_plugin.store.sqlite import SqliteStore
+
+from .conftest import KINDS
+from .test_managers import enqueue, new_rms, put, started
+
+
+def test_message_numbers_are_unique_and_gap_free_under_four_threads(store: StorageManager) -> None:
+    with store.begin() as tx:
+        new_rms(tx)
+    got: dict[int, list[int]] = {i: [] for i in range(4)}
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            for round_ in range(15):
+                tx = store.begin()
+                numbers = [m.number for m in enqueue(tx, n=1 + round_ % 3)]
+                if round_ % 4 == 3:
+                    tx.rollback()  # its numbers go back to the pool
+                else:
+                    tx.commit()
+                    got[i].extend(numbers)
+        except BaseException as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+    everything = sorted(n for numbers in got.values() for n in numbers)
+    assert everything == list(range(1, len(everything) + 1))
+    assert len(everything) == 4 * sum(1 + r % 3 for r in range(15) if r % 4 != 3)
+    with store.begin() as tx:
+        assert [m.number for m in tx.rms_messages.list_for("k1")] == everything
+        assert tx.rms.get("k1").next_number == len(everything) + 1
+
+
+def test_a_locked_sequence_makes_others_wait_then_time_out(open_kind) -> None:
+    store = open_kind(lock_timeout=0.3)
+    with store.begin() as tx:
+        new_rms(tx)
+    holder = store.begin()
+    holder.rms.get("k1")
+    try:
+        with pytest.raises(LockTimeoutError):
+            with store.begin() as other:
+                other.rms_messages.enqueue("k1", b"x", action="a", soap_version="1.2",
+                                           message_id="m")
+    finally:
+        holder.rollback()
+    with store.begin() as tx:  # free again
+        assert enqueue(tx)[0].number == 1
+
+
+def test_waiters_proceed_when_the_holder_commits(store: StorageManager) -> None:
+    with store.begin() as tx:
+        new_rms(tx)
+    holder = store.begin()
+    enqueue(holder, n=2)
+    result: list[int] = []
+
+    def waiter() -> None:
+        with store.begin() as tx:
+            result.extend(m.number for m in enqueue(tx, n=1))
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    t.join(timeout=0.2)
+    assert t.is_alive() and result == []  # waiting for the holder's lock
+    holder.commit()
+    t.join(timeout=30)
+    assert result == [3]
+
+
+@pytest.mark.parametrize("store_url", [KINDS[0], KINDS[2]], indirect=True)
+def test_pollers_skip_what_another_transaction_holds(store: StorageManager) -> None:
+    """Row-level stores; SQLite serializes whole transactions (next test)."""
+    started(store, "a", "sa", messages=2, sent=False)
+    started(store, "b", "sb", messages=1, sent=False)
+    with store.begin() as tx:
+        put(tx, "in-a", 1)
+        put(tx, "in-b", 1)
+    first = store.begin()
+    try:
+        assert first.invoker.claim_next().sequence_id == "in-a"
+        assert {m.sequence_key for m in first.rms_messages.due_messages(limit=2)} == {"a"}
+        with store.begin() as second:
+            assert second.invoker.claim_next().sequence_id == "in-b"
+            assert [(m.sequence_key, m.number) for m in second.rms_messages.due_messages()] == [("b", 1)]
+    finally:
+        first.rollback()
+
+
+def test_sqlite_pollers_serialize(tmp_path) -> None:
+    store = SqliteStore(tmp_path / "s.db", lock_timeout=0.2)
+    started(store, "a", "sa", messages=1, sent=False)
+    first = store.begin()
+    first.rms_messages.due_messages()
+    with pytest.raises(LockTimeoutError, match="held the store"):
+        store.begin()
+    first.commit()
+    with store.begin() as tx:
+        assert len(tx.rms_messages.due_messages()) == 1
+
+
+def _count_rows(store: StorageManager, table: str) -> int:
+    if isinstance(store, MemoryStore):
+        return len(store._snapshot({"rms_message": "rms_message", "invoker_message": "buffer"}[table]))
+    with store.begin() as tx:
+        return int(tx.one(f"SELECT COUNT(*) FROM {table}")[0])
+
+
+def test_purging_keeps_the_store_bounded(store: StorageManager) -> None:
+    """10,000 messages through each side; the rows come back to zero."""
+    started(store, messages=0)
+    batch, total = 500, 10_000
+    most = 0
+    for start in range(1, total + 1, batch):
+        with store.begin() as tx:
+            for n in range(start, start + batch):
+                assert put(tx, "in", n)
+            numbers = [m.number for m in enqueue(tx, n=batch)]
+            assert numbers == list(range(start, start + batch))
+            for n in numbers:
+                tx.rms_messages.record_send_attempt("k1", n, next_send_at=1e12)
+        most = max(most, _count_rows(store, "rms_message"), _count_rows(store, "invoker_message"))
+        with store.begin() as tx:
+            for n in range(start, start + batch):
+                tx.invoker.mark_delivered("in", n)
+            assert len(tx.rms_messages.mark_acked("k1", [(start, start + batch - 1)])) == batch
+            assert tx.rms_messages.purge_acked() == batch
+    assert most == batch
+    assert _count_rows(store, "rms_message") == 0
+    assert _count_rows(store, "invoker_message") == 0
+    with store.begin() as tx:
+        assert tx.invoker.state("in").delivered.ranges == ((1, total),)
+        assert tx.rms.get("k1").next_number == total + 1
+
+
+@pytest.mark.parametrize("store_url", [KINDS[0], KINDS[2]], indirect=True)
+def test_a_lock_timeout_dooms_the_waiting_transaction(open_kind) -> None:
+    """PostgreSQL aborts a transaction whose statement timed out; every store acts alike."""
+    store = open_kind(lock_timeout=0.3)
+    with store.begin() as tx:
+        new_rms(tx, "a")
+        new_rms(tx, "b")
+    holder = store.begin()
+    holder.rms.get("b")
+    waiter = store.begin()
+    waiter.rms.update("a", started=True)
+    with pytest.raises(LockTimeoutError):
+        waiter.rms.get("b")
+    with pytest.raises(TransactionClosedError, match="can only roll back"):
+        waiter.rms.get("a")
+    with pytest.raises(TransactionClosedError, match="rolled back"):
+        waiter.commit()
+    holder.rollback()
+    with store.begin() as tx:
+        assert not tx.rms.get("a").started

@@ -1,0 +1,90 @@
+"""WS-RM message stores: where sequences and messages live (seed 004, 3.4.3).
+
+``open_store(url)`` picks the store:
+
+``memory:``
+    in this process only; fast; a volatile XA participant (:mod:`.memory`);
+``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``
+    the embedded durable default; one writer at a time; durable XA prepare
+    with undo records (:mod:`.sqlite`);
+``postgresql://user@host:port/db`` (or ``postgres://``, or a libpq
+``key=value`` DSN prefixed with ``postgresql:``)
+    row locks and SKIP LOCKED pollers for many workers and processes; XA
+    through PostgreSQL prepared transactions (:mod:`.postgres`).
+
+Options go in the query string: ``?lock_timeout=5`` (seconds a transaction
+waits for a lock), ``pool_size=8``.  The API every store offers is in
+:mod:`.api`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from .api import (
+    BufferedMessage, DuplicateSequenceError, InDoubtBranchesError, InvalidAcknowledgementError,
+    InvokerSequence, LockOrderError, LockTimeoutError, MessageNumberRolloverError, RmdSequence,
+    RmsMessage, RmsSequence, SchemaVersionError, SequenceNotOpenError, StorageManager,
+    StoreClosedError, StoreError, StoreStatus, StoreTransaction, TransactionClosedError,
+    UnknownMessageError, UnknownSequenceError,
+)
+
+__all__ = [
+    "open_store", "StorageManager", "StoreTransaction", "StoreStatus",
+    "RmsSequence", "RmsMessage", "RmdSequence", "BufferedMessage", "InvokerSequence",
+    "StoreError", "DuplicateSequenceError", "UnknownSequenceError", "UnknownMessageError",
+    "InvalidAcknowledgementError", "MessageNumberRolloverError", "SequenceNotOpenError",
+    "LockOrderError", "LockTimeoutError", "InDoubtBranchesError", "TransactionClosedError",
+    "StoreClosedError", "SchemaVersionError",
+]
+
+_OPTIONS = {"lock_timeout": float, "pool_size": int}
+
+
+def _options(query: str, url: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in _OPTIONS:
+            raise ValueError(f"unknown store option {name!r} in {url!r}; known: {sorted(_OPTIONS)}")
+        try:
+            out[name] = _OPTIONS[name](value)
+        except ValueError:
+            raise ValueError(f"store option {name}={value!r} in {url!r} is not a number") from None
+    return out
+
+
+def open_store(url: str, **options: Any) -> StorageManager:
+    """Open (and migrate, for SQL) the store ``url`` names; keyword options override the URL's."""
+    if not isinstance(url, str):
+        raise TypeError(f"store URL must be a string, not {type(url).__name__}")
+    scheme, _, rest = url.partition(":")
+    scheme = scheme.lower()
+    if scheme == "memory":
+        from .memory import MemoryStore
+        name, _, query = rest.partition("?")
+        opts = {**_options(query, url), **options}
+        opts.pop("pool_size", None)
+        return MemoryStore(name=name or "memory", **opts)
+    if scheme == "sqlite":
+        from .sqlite import SqliteStore
+        parts = urlsplit(url)
+        if parts.netloc or not parts.path.startswith("/") or parts.path == "/":
+            raise ValueError(
+                f"SQLite store URL {url!r} must look like sqlite:///relative/file.db or "
+                "sqlite:////absolute/file.db")
+        return SqliteStore(parts.path[1:], **{**_options(parts.query, url), **options})
+    if scheme in ("postgresql", "postgres"):
+        from .postgres import PostgresStore
+        if rest.startswith("//"):
+            parts = urlsplit(url)
+            query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+            ours = {k: v for k, v in query if k in _OPTIONS}
+            libpq = "&".join(f"{k}={v}" for k, v in query if k not in _OPTIONS)
+            dsn = urlunsplit(("postgresql", parts.netloc, parts.path, libpq, ""))
+            opts = _options("&".join(f"{k}={v}" for k, v in ours.items()), url)
+        else:
+            dsn, opts = rest.strip(), {}
+        return PostgresStore(dsn, **{**opts, **options})
+    raise ValueError(
+        f"unsupported store URL {url!r}: use memory:, sqlite:///path.db or postgresql://...")

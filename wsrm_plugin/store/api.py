@@ -1,0 +1,944 @@
+"""The WS-RM storage API: where every sequence's state lives between events.
+
+Seed 004 (WSO2 Mercury, section 3.4.3) keeps the state of the reliable
+messaging engine in a store, not in objects: each event (a message from the
+application, an acknowledgement from the peer, a tick of a worker) is a short
+*transaction* that reads the state, applies the state machine and writes the
+state back.  Because the store is transactional, and because it can take part
+in an XA transaction, a user's "update my database AND enqueue this message"
+commits atomically.
+
+The shape follows Mercury (and CXF's ``RMStore``):
+
+* :class:`StorageManager` opens :class:`StoreTransaction` objects;
+* a transaction gives four managers: :attr:`StoreTransaction.rms` (source
+  sequences), :attr:`StoreTransaction.rms_messages` (the retransmission queue),
+  :attr:`StoreTransaction.rmd` (destination sequences) and
+  :attr:`StoreTransaction.invoker` (the buffer between the destination and the
+  application);
+* records are frozen dataclasses: a manager hands out copies and takes changes
+  through its methods, so nothing changes behind the transaction's back.
+
+Lock order
+----------
+Two transactions that lock the same things in different orders deadlock.
+Seed 004's rule, kept here: **RMD sequence, then invoker buffer, then RMS**.
+A transaction may skip a level, never go back up: every manager method that
+locks says so, and a transaction that asks for a lock of a lower rank after
+a higher one (e.g. an RMD sequence after an RMS sequence) gets
+:class:`LockOrderError` at once, in every store, instead of a deadlock some day
+in production.  Methods that only list or count (``needing_work``,
+``count_unacked``, ``status``...) take no lock and see committed data plus the
+transaction's own changes.
+
+Pollers (``due_messages``, ``claim_next``) skip rows another transaction holds
+(SQL ``FOR UPDATE SKIP LOCKED``), so several workers can share one store.
+
+Time is wall-clock seconds (``time.time()``), because it is stored and must
+mean the same after a restart; every method that stamps a time takes an
+optional ``now`` so tests and workers can pass their own clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from txmanager.xa import XAResource
+
+from ..statemachine.ackranges import AckRanges
+from ..statemachine.common import MAX_MESSAGE_NUMBER
+
+__all__ = [
+    # errors
+    "StoreError", "DuplicateSequenceError", "UnknownSequenceError",
+    "UnknownMessageError", "InvalidAcknowledgementError", "MessageNumberRolloverError",
+    "SequenceNotOpenError", "LockOrderError", "LockTimeoutError", "InDoubtBranchesError",
+    "TransactionClosedError", "SchemaVersionError", "StoreClosedError",
+    # records
+    "RmsSequence", "RmsMessage", "RmdSequence", "BufferedMessage", "InvokerSequence",
+    "RmsSequenceStatus", "RmdSequenceStatus", "StoreStatus",
+    # ranges
+    "AckRanges", "MAX_MESSAGE_NUMBER", "check_number", "format_ranges", "parse_ranges",
+    # API
+    "RANK_RMD", "RANK_INVOKER", "RANK_RMS",
+    "RmsSequenceManager", "RmsMessageManager", "RmdSequenceManager", "InvokerBufferManager",
+    "StoreTransaction", "StorageManager",
+]
+
+log = logging.getLogger(__name__)
+
+
+#: Lock ranks, in the only order a transaction may take them (seed 004).
+RANK_RMD = 0
+RANK_INVOKER = 1
+RANK_RMS = 2
+_RANK_NAMES = {RANK_RMD: "RMD sequence", RANK_INVOKER: "invoker buffer", RANK_RMS: "RMS sequence"}
+
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+class StoreError(Exception):
+    """Base of every error the store raises."""
+
+
+class DuplicateSequenceError(StoreError):
+    """A sequence with that key or identifier already exists."""
+
+
+class UnknownSequenceError(StoreError, KeyError):
+    """No such sequence (the engine answers a peer with the UnknownSequence fault)."""
+
+    def __init__(self, kind: str, ident: str) -> None:
+        self.kind = kind
+        self.ident = ident
+        super().__init__(f"no {kind} sequence {ident!r} in the store")
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class UnknownMessageError(StoreError, KeyError):
+    """No such message in the store (never enqueued, or purged)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class InvalidAcknowledgementError(StoreError):
+    """An acknowledgement names messages this source never sent.
+
+    WS-RM calls this the InvalidAcknowledgement fault; ``numbers`` are the
+    offending message numbers (at most the first 20), and nothing was changed.
+    """
+
+    def __init__(self, sequence_key: str, numbers: Sequence[int], highest_number: int) -> None:
+        self.sequence_key = sequence_key
+        self.numbers = tuple(numbers[:20])
+        self.highest_number = highest_number
+        super().__init__(
+            f"acknowledgement for RMS sequence {sequence_key!r} names message numbers "
+            f"{list(self.numbers)} that were never sent (highest number handed out: "
+            f"{highest_number}); answer the peer with the InvalidAcknowledgement fault")
+
+
+class MessageNumberRolloverError(StoreError):
+    """The sequence has used every message number (WS-RM MessageNumberRollover)."""
+
+
+class SequenceNotOpenError(StoreError):
+    """The source sequence takes no more messages (last message set, closed or faulted)."""
+
+
+class LockOrderError(StoreError):
+    """A transaction asked for locks against the store's lock order (a programming error)."""
+
+
+class LockTimeoutError(StoreError):
+    """A lock could not be had within the store's lock timeout (another transaction holds it).
+
+    The transaction that waited can only roll back (PostgreSQL aborts it; the
+    other stores behave the same): roll it back and retry it.
+    """
+
+
+class InDoubtBranchesError(LockTimeoutError):
+    """Prepared XA branches hold the store; recovery must commit or roll them back first."""
+
+    def __init__(self, message: str, xids: Sequence[Any] = ()) -> None:
+        self.xids = tuple(xids)
+        super().__init__(message)
+
+
+class TransactionClosedError(StoreError):
+    """The store transaction already committed or rolled back."""
+
+
+class StoreClosedError(StoreError):
+    """The storage manager was closed."""
+
+
+class SchemaVersionError(StoreError):
+    """The store's schema is newer than this code understands (or unreadable)."""
+
+
+# --------------------------------------------------------------------------
+# Ranges of message numbers: the state machines' AckRanges, stored as text
+# --------------------------------------------------------------------------
+
+_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def check_number(number: int, what: str = "message number") -> int:
+    """Reject anything that is not a WS-RM message number (1 .. 2**63-1)."""
+    if isinstance(number, bool) or not isinstance(number, int):
+        raise TypeError(f"{what} must be an int, not {type(number).__name__}")
+    if not 1 <= number <= MAX_MESSAGE_NUMBER:
+        raise ValueError(f"{what} {number} is outside 1..{MAX_MESSAGE_NUMBER}")
+    return number
+
+
+def format_ranges(ranges: AckRanges) -> str:
+    """Compact text form, ``"1-5,7,9-12"`` ("" when empty): how the SQL stores keep ranges."""
+    return str(ranges) if ranges else ""
+
+
+def parse_ranges(text: str | None) -> AckRanges:
+    if not text:
+        return AckRanges()
+    out = []
+    for part in text.split(","):
+        m = _RANGE_RE.match(part)
+        if not m:
+            raise StoreError(f"corrupt range list in the store: {text!r}")
+        lo = int(m.group(1))
+        out.append((lo, int(m.group(2)) if m.group(2) else lo))
+    try:
+        return AckRanges.from_ranges(out)
+    except ValueError as exc:
+        raise StoreError(f"corrupt range list in the store: {text!r}: {exc}") from None
+
+
+# --------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------
+
+def _now(now: float | None) -> float:
+    return time.time() if now is None else float(now)
+
+
+class _Record:
+    """Shared helpers of the record dataclasses."""
+
+    #: Fields a manager's ``update`` may change; the others are managed by the store.
+    UPDATABLE: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def check_changes(cls, changes: dict[str, Any]) -> None:
+        unknown = set(changes) - cls.UPDATABLE
+        if unknown:
+            raise TypeError(
+                f"{cls.__name__} fields {sorted(unknown)} cannot be updated this way; "
+                f"updatable: {sorted(cls.UPDATABLE)}")
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class RmsSequence(_Record):
+    """A source (sending) sequence.
+
+    ``key`` is the client's own name for the sequence (CXF's "internal key",
+    e.g. target address + a user-chosen conversation id); ``sequence_id`` is
+    the identifier the destination handed out in CreateSequenceResponse, None
+    until then.  The boolean factors are seed 004's RMS state factors plus
+    WS-RM 1.1's close and the faulted end state.  ``next_control_at`` is when the
+    RMS worker should next look at the sequence for a control message
+    (CreateSequence, CloseSequence, TerminateSequence, a retry of one); the
+    engine sets it, :meth:`RmsSequenceManager.needing_work` lists it.
+    """
+
+    UPDATABLE: ClassVar[frozenset[str]] = frozenset({
+        "target", "acks_to", "sequence_id", "started", "last_message", "last_number",
+        "close_sent", "closed", "terminate_sent", "faulted", "fault_reason",
+        "control_attempts", "next_control_at", "expires", "last_activity",
+    })
+
+    key: str
+    target: str
+    acks_to: str
+    rm_version: str
+    wsa_version: str
+    offered_id: str | None = None
+    sequence_id: str | None = None
+    started: bool = False
+    last_message: bool = False
+    last_number: int | None = None
+    close_sent: bool = False
+    closed: bool = False
+    terminate_sent: bool = False
+    faulted: bool = False
+    fault_reason: str | None = None
+    next_number: int = 1
+    control_attempts: int = 0
+    next_control_at: float | None = None
+    expires: float | None = None
+    created_at: float = 0.0
+    last_activity: float = 0.0
+    #: Retransmissions of messages already purged (the status counter keeps them).
+    purged_retransmissions: int = 0
+
+    @property
+    def highest_number(self) -> int:
+        """The highest message number handed out so far (0 for none)."""
+        return self.next_number - 1
+
+    @property
+    def accepts_messages(self) -> bool:
+        return not (self.last_message or self.closed or self.close_sent
+                    or self.terminate_sent or self.faulted)
+
+
+@dataclass(frozen=True, slots=True)
+class RmsMessage(_Record):
+    """An application message in the retransmission queue of a source sequence.
+
+    ``payload`` is the complete SOAP envelope as sent (the engine rewrites only
+    the headers that change per attempt).  ``reply_callback`` is the import path
+    (``"package.module:function"``) of what handles the response of an in-out
+    call, with ``reply_context`` its opaque bytes: a path and bytes, not a Python
+    object, so the reply can still be handled after a restart.  A message with
+    a reply callback stays ``reply_pending`` (and is not purged) until
+    :meth:`RmsMessageManager.reply_received`.
+    """
+
+    sequence_key: str
+    number: int
+    message_id: str
+    action: str
+    soap_version: str
+    payload: bytes
+    last: bool = False
+    reply_callback: str | None = None
+    reply_context: bytes | None = None
+    reply_pending: bool = False
+    send_count: int = 0
+    next_send_at: float = 0.0
+    last_sent_at: float | None = None
+    acked: bool = False
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RmdSequence(_Record):
+    """A destination (receiving) sequence.
+
+    ``received`` holds the message numbers seen so far as merged ranges (the
+    ranges a SequenceAcknowledgement carries), so a long sequence costs a few
+    bytes, not a row per message.  ``ack_due_at`` is the batched-ack flag: when
+    set, the RMD worker owes AcksTo an acknowledgement at that time.
+    """
+
+    UPDATABLE: ClassVar[frozenset[str]] = frozenset({
+        "acks_to", "last_number", "closed", "terminated", "ack_due_at", "expires",
+        "last_activity",
+    })
+
+    sequence_id: str
+    acks_to: str
+    rm_version: str
+    wsa_version: str
+    principal: str | None = None
+    offered_id: str | None = None
+    received: AckRanges = AckRanges()
+    last_number: int | None = None
+    closed: bool = False
+    terminated: bool = False
+    ack_due_at: float | None = None
+    expires: float | None = None
+    created_at: float = 0.0
+    last_activity: float = 0.0
+
+    @property
+    def first_received(self) -> bool:
+        return bool(self.received)
+
+    @property
+    def last_received(self) -> bool:
+        return self.last_number is not None
+
+    @property
+    def every_received(self) -> bool:
+        """Seed 004's "every message received": the last number is known and nothing is missing."""
+        return self.last_number is not None and self.received.is_complete_up_to(self.last_number)
+
+
+@dataclass(frozen=True, slots=True)
+class BufferedMessage(_Record):
+    """A message received in order or not, waiting for the application."""
+
+    sequence_id: str
+    number: int
+    message_id: str | None
+    action: str
+    soap_version: str
+    payload: bytes
+    reply_to: str | None = None
+    received_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class InvokerSequence(_Record):
+    """What the invoker has handed to the application for one sequence."""
+
+    sequence_id: str
+    delivered: AckRanges = AckRanges()
+    buffered: int = 0
+
+    @property
+    def next_in_order(self) -> int:
+        """The number InOrder delivery waits for next."""
+        return self.delivered.next_expected
+
+    @property
+    def delivered_count(self) -> int:
+        return self.delivered.count
+
+
+@dataclass(frozen=True, slots=True)
+class RmsSequenceStatus:
+    key: str
+    sequence_id: str | None
+    state: str
+    next_number: int
+    unacked: int
+    stored: int
+    retransmissions: int
+    fault_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RmdSequenceStatus:
+    sequence_id: str
+    state: str
+    received: str
+    last_number: int | None
+    buffered: int
+    delivered: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatus:
+    """The counters ``wsrm status`` prints."""
+
+    rms: tuple[RmsSequenceStatus, ...] = ()
+    rmd: tuple[RmdSequenceStatus, ...] = ()
+    prepared_branches: int = 0
+
+    @property
+    def unacked(self) -> int:
+        return sum(s.unacked for s in self.rms)
+
+    @property
+    def retransmissions(self) -> int:
+        return sum(s.retransmissions for s in self.rms)
+
+    @property
+    def faulted(self) -> int:
+        return sum(1 for s in self.rms if s.state == "faulted")
+
+    @property
+    def buffered(self) -> int:
+        return sum(s.buffered for s in self.rmd)
+
+    def by_state(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for s in (*self.rms, *self.rmd):
+            name = ("rms " if isinstance(s, RmsSequenceStatus) else "rmd ") + s.state
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
+
+def rms_state_name(seq: RmsSequence) -> str:
+    if seq.faulted:
+        return "faulted"
+    if seq.terminate_sent:
+        return "terminated"
+    if seq.closed or seq.close_sent:
+        return "closed"
+    if seq.last_message:
+        return "last-message"
+    if seq.sequence_id is not None:
+        return "started"
+    return "creating"
+
+
+def rmd_state_name(seq: RmdSequence) -> str:
+    if seq.terminated:
+        return "terminated"
+    if seq.closed:
+        return "closed"
+    if seq.every_received:
+        return "complete"
+    if seq.last_received:
+        return "last-received"
+    return "receiving" if seq.received else "created"
+
+
+# --------------------------------------------------------------------------
+# Rules every store applies the same way
+# --------------------------------------------------------------------------
+
+def check_key(value: str, what: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, not {value!r}")
+
+
+def check_enqueue(seq: RmsSequence, payload: bytes) -> int:
+    """The number the next message of ``seq`` gets, or why it gets none."""
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise TypeError(f"payload must be the SOAP envelope as bytes, not {type(payload).__name__}")
+    if not seq.accepts_messages:
+        if seq.faulted:
+            why = "is faulted" + (f" ({seq.fault_reason})" if seq.fault_reason else "")
+        elif seq.last_message:
+            why = f"already has its last message (number {seq.last_number})"
+        elif seq.closed or seq.close_sent:
+            why = "is closed"
+        else:
+            why = "is terminated"
+        raise SequenceNotOpenError(
+            f"RMS sequence {seq.key!r} {why}: it takes no more messages; start a new sequence")
+    if seq.next_number > MAX_MESSAGE_NUMBER:
+        raise MessageNumberRolloverError(
+            f"RMS sequence {seq.key!r} has used every message number up to "
+            f"{MAX_MESSAGE_NUMBER}; terminate it and start a new sequence")
+    return seq.next_number
+
+
+def check_ack(seq: RmsSequence, ranges: AckRanges,
+              unsent_between: Callable[[int, int], Iterable[int]]) -> None:
+    """Raise InvalidAcknowledgement when ``ranges`` name a number never sent.
+
+    "Never sent" is either above the highest number handed out, or a stored
+    message not transmitted yet (``unsent_between(lo, hi)`` lists those).  A
+    number below ``next_number`` that is no longer stored was purged, which
+    only happens after it was acknowledged, so a repeated ack of it is fine.
+    """
+    highest = seq.highest_number
+    bad: list[int] = []
+    for lo, hi in ranges.ranges:
+        if hi > highest:
+            first = max(lo, highest + 1)
+            bad.extend(range(first, min(hi, first + 19) + 1))
+    if not bad:
+        for lo, hi in ranges.ranges:
+            bad.extend(unsent_between(lo, hi))
+    if bad:
+        raise InvalidAcknowledgementError(seq.key, sorted(set(bad)), highest)
+
+
+# --------------------------------------------------------------------------
+# Managers
+# --------------------------------------------------------------------------
+
+class _Manager:
+    def __init__(self, tx: "StoreTransaction") -> None:
+        self._tx = tx
+
+
+class RmsSequenceManager(_Manager, ABC):
+    """Source sequences, by internal key or by the peer's sequence identifier."""
+
+    @abstractmethod
+    def create(self, key: str, *, target: str, acks_to: str, rm_version: str,
+               wsa_version: str, offered_id: str | None = None, expires: float | None = None,
+               next_control_at: float | None = None, now: float | None = None) -> RmsSequence:
+        """Create a sequence (locks it). :class:`DuplicateSequenceError` if ``key`` exists.
+
+        ``next_control_at`` defaults to ``now``: a new sequence needs its
+        CreateSequence sent.
+        """
+
+    @abstractmethod
+    def get(self, key: str) -> RmsSequence | None:
+        """The sequence, locked for this transaction, or None."""
+
+    @abstractmethod
+    def get_by_sequence_id(self, sequence_id: str) -> RmsSequence | None:
+        """The sequence whose peer-assigned identifier is ``sequence_id`` (locked), or None."""
+
+    @abstractmethod
+    def update(self, key: str, **changes: Any) -> RmsSequence:
+        """Change state factors (see :attr:`RmsSequence.UPDATABLE`); returns the new record."""
+
+    @abstractmethod
+    def mark_last(self, key: str) -> RmsSequence:
+        """The application sends no more: last_message set, last_number = highest number."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the sequence and every message it still holds."""
+
+    @abstractmethod
+    def needing_work(self, now: float | None = None, limit: int = 100) -> list[RmsSequence]:
+        """Sequences whose ``next_control_at`` or ``expires`` has come (no lock)."""
+
+    @abstractmethod
+    def list_all(self) -> list[RmsSequence]:
+        """Every source sequence (no lock), oldest first."""
+
+    # shared helper
+    def require(self, key: str) -> RmsSequence:
+        seq = self.get(key)
+        if seq is None:
+            raise UnknownSequenceError("RMS", key)
+        return seq
+
+
+class RmsMessageManager(_Manager, ABC):
+    """The retransmission queue of the source sequences.
+
+    A message is locked through its sequence: every method that locks takes
+    the sequence's lock first, then the message rows (one order, no
+    deadlock between a poller and an acknowledgement).
+
+    Message numbers are handed out by :meth:`enqueue` from the sequence's
+    ``next_number`` under the sequence's lock, so they are gap-free and unique
+    under any concurrency: a transaction that rolls back gives its numbers
+    back.  The price: the sequence stays locked until the enqueuing
+    transaction ends, so keep such transactions short.
+    """
+
+    @abstractmethod
+    def enqueue(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
+                message_id: str, last: bool = False, reply_callback: str | None = None,
+                reply_context: bytes | None = None, send_at: float | None = None,
+                now: float | None = None) -> RmsMessage:
+        """Append a message with the next number (locks the sequence).
+
+        ``last=True`` makes it the sequence's last message (WS-RM 1.0
+        LastMessage).  Raises :class:`SequenceNotOpenError` when the sequence
+        already has its last message, is closed, terminated or faulted, and
+        :class:`MessageNumberRolloverError` when the numbers are used up.
+        """
+
+    @abstractmethod
+    def get(self, sequence_key: str, number: int) -> RmsMessage | None:
+        """One message (locks its sequence), or None if unknown or purged.
+
+        :class:`UnknownSequenceError` when the sequence itself does not exist.
+        """
+
+    @abstractmethod
+    def find_by_message_id(self, message_id: str) -> RmsMessage | None:
+        """The message with that wsa:MessageID (no lock): correlates a response."""
+
+    @abstractmethod
+    def mark_acked(self, sequence_key: str, ranges: Iterable[tuple[int, int]],
+                   now: float | None = None) -> list[int]:
+        """Apply an acknowledgement; returns the numbers acknowledged for the first time.
+
+        :class:`InvalidAcknowledgementError` (and nothing changed) when a range
+        names a number never sent: not handed out yet, or still unsent.
+        """
+
+    @abstractmethod
+    def due_messages(self, now: float | None = None, limit: int = 100) -> list[RmsMessage]:
+        """Unacknowledged messages of started, unfaulted sequences with ``next_send_at <= now``.
+
+        The messages returned, and their sequences, are locked for this
+        transaction; sequences another transaction holds are skipped (SKIP
+        LOCKED), so pollers can share a store.  Oldest due first.  Record the
+        attempts and commit before sending: the locks block acknowledgements
+        of those sequences meanwhile.
+        """
+
+    @abstractmethod
+    def record_send_attempt(self, sequence_key: str, number: int, *, next_send_at: float,
+                            now: float | None = None) -> RmsMessage:
+        """Count one (re)transmission and schedule the next one (backoff is the caller's)."""
+
+    @abstractmethod
+    def make_due(self, sequence_key: str, numbers: Iterable[int], at: float | None = None) -> int:
+        """Schedule unacked messages for sending at ``at`` (a Nack, an AckRequested reply...)."""
+
+    @abstractmethod
+    def reply_received(self, sequence_key: str, number: int) -> RmsMessage:
+        """The response of an in-out message arrived: the message may now be purged."""
+
+    @abstractmethod
+    def count_unacked(self, sequence_key: str | None = None) -> int:
+        """Unacknowledged messages of one sequence or of all (no lock)."""
+
+    @abstractmethod
+    def purge_acked(self, sequence_key: str | None = None) -> int:
+        """Delete acknowledged messages that wait for no reply; returns how many.
+
+        Keeps memory and disk bounded: a store that only ever grows would
+        eventually stop the node.  Retransmission counts of the purged messages
+        are folded into :attr:`RmsSequence.purged_retransmissions`.
+        """
+
+    @abstractmethod
+    def list_for(self, sequence_key: str) -> list[RmsMessage]:
+        """Every stored message of a sequence by number (no lock)."""
+
+
+class RmdSequenceManager(_Manager, ABC):
+    """Destination sequences: what was received, what is owed to the peer."""
+
+    @abstractmethod
+    def create(self, sequence_id: str, *, acks_to: str, rm_version: str, wsa_version: str,
+               principal: str | None = None, offered_id: str | None = None,
+               expires: float | None = None, now: float | None = None) -> RmdSequence:
+        """Create (locks it). :class:`DuplicateSequenceError` if the id exists."""
+
+    @abstractmethod
+    def get(self, sequence_id: str) -> RmdSequence | None:
+        """The sequence, locked for this transaction, or None."""
+
+    @abstractmethod
+    def record_received(self, sequence_id: str, number: int, *, last: bool = False,
+                        now: float | None = None) -> bool:
+        """Note message ``number`` received; False when it is a duplicate.
+
+        ``last=True`` (WS-RM 1.0 LastMessage) also records ``last_number``.  Also
+        refreshes ``last_activity``.  The decision whether the message may be
+        accepted at all (closed, beyond the last number...) is the state
+        machine's; the store records.
+        """
+
+    @abstractmethod
+    def update(self, sequence_id: str, **changes: Any) -> RmdSequence:
+        """Change state factors (see :attr:`RmdSequence.UPDATABLE`)."""
+
+    @abstractmethod
+    def request_ack(self, sequence_id: str, due_at: float | None = None) -> RmdSequence:
+        """Owe the peer an acknowledgement by ``due_at`` (keeps an earlier due time)."""
+
+    @abstractmethod
+    def ack_sent(self, sequence_id: str) -> RmdSequence:
+        """The acknowledgement went out (or was piggybacked): clear the flag."""
+
+    @abstractmethod
+    def needing_ack(self, now: float | None = None, limit: int = 100) -> list[RmdSequence]:
+        """Sequences whose acknowledgement is due (no lock)."""
+
+    @abstractmethod
+    def list_all(self) -> list[RmdSequence]:
+        """Every destination sequence (no lock), oldest first."""
+
+    @abstractmethod
+    def delete(self, sequence_id: str) -> None:
+        """Forget the sequence (its invoker buffer is the invoker manager's: ``discard``)."""
+
+    def require(self, sequence_id: str) -> RmdSequence:
+        seq = self.get(sequence_id)
+        if seq is None:
+            raise UnknownSequenceError("RMD", sequence_id)
+        return seq
+
+
+class InvokerBufferManager(_Manager, ABC):
+    """Messages received and not yet handed to the application.
+
+    A message leaves the buffer when :meth:`mark_delivered` commits, in the
+    same transaction as the application's work: that is what makes delivery
+    exactly-once when the store and the application's database share an XA
+    transaction.
+    """
+
+    @abstractmethod
+    def put(self, sequence_id: str, number: int, payload: bytes, *, action: str,
+            soap_version: str, message_id: str | None = None, reply_to: str | None = None,
+            now: float | None = None) -> bool:
+        """Buffer a message (locks the sequence's buffer); False if it is already
+        buffered or was delivered (a duplicate)."""
+
+    @abstractmethod
+    def next_deliverable(self, sequence_id: str, *, in_order: bool = True) -> BufferedMessage | None:
+        """The message to deliver next for this sequence (locks its buffer), or None.
+
+        InOrder: exactly the number after the delivered prefix, else None (the
+        gap must fill first).  Otherwise: the lowest buffered number.
+        """
+
+    @abstractmethod
+    def claim_next(self, *, in_order: bool = True) -> BufferedMessage | None:
+        """The invoker worker's poll: a deliverable message of any sequence whose
+        buffer no other transaction holds (SKIP LOCKED); locks that buffer."""
+
+    @abstractmethod
+    def mark_delivered(self, sequence_id: str, number: int) -> None:
+        """Remove the message from the buffer and record its number as delivered."""
+
+    @abstractmethod
+    def state(self, sequence_id: str) -> InvokerSequence:
+        """Delivered ranges and buffered count of a sequence (no lock)."""
+
+    @abstractmethod
+    def count(self, sequence_id: str | None = None) -> int:
+        """Buffered messages of one sequence or of all (no lock)."""
+
+    @abstractmethod
+    def discard(self, sequence_id: str) -> int:
+        """Drop a sequence's buffer and delivery record; returns buffered messages dropped."""
+
+
+# --------------------------------------------------------------------------
+# Transactions and the storage manager
+# --------------------------------------------------------------------------
+
+class StoreTransaction(ABC):
+    """One unit of work on the store; use it as a context manager.
+
+    ``with store.begin() as tx:`` commits when the block ends normally and
+    rolls back when it raises.  Locks taken by the managers are held until the
+    end (two-phase locking, as in seed 004).
+    """
+
+    rms: RmsSequenceManager
+    rms_messages: RmsMessageManager
+    rmd: RmdSequenceManager
+    invoker: InvokerBufferManager
+
+    def __init__(self) -> None:
+        self._max_rank = -1
+        self._held: set[tuple[int, Any]] = set()
+        self._closed = False
+        #: The error that doomed this transaction (a lock timeout, a failed
+        #: statement): PostgreSQL aborts the transaction then, so every store
+        #: lets it only roll back, and a commit cannot silently lose work.
+        self.failed: BaseException | None = None
+
+    # -- lock order bookkeeping (every store) ----------------------------------
+
+    def _check_lock_order(self, rank: int, key: Any) -> bool:
+        """Raise :class:`LockOrderError` for a lock against the order; True if new."""
+        if (rank, key) in self._held:
+            return False
+        if rank < self._max_rank:
+            raise LockOrderError(
+                f"this transaction already holds an {_RANK_NAMES[self._max_rank]} lock and now "
+                f"asks for the {_RANK_NAMES[rank]} {key!r}: locks must be taken in the order "
+                "RMD sequence, invoker buffer, RMS sequence (seed 004) to rule out deadlocks; "
+                f"touch the {_RANK_NAMES[rank]} first")
+        return True
+
+    def _note_lock(self, rank: int, key: Any) -> None:
+        self._held.add((rank, key))
+        self._max_rank = max(self._max_rank, rank)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransactionClosedError("this store transaction has already ended; begin a new one")
+        if self.failed is not None:
+            raise TransactionClosedError(
+                f"an earlier step of this store transaction failed ({self.failed}); it can only "
+                "roll back: roll it back and retry the whole transaction")
+
+    def _doom(self, exc: BaseException) -> None:
+        if self.failed is None:
+            self.failed = exc
+
+    def _refuse_commit_if_failed(self) -> None:
+        """Commit of a doomed transaction: roll back instead and say so."""
+        if self.failed is not None and not self._closed:
+            cause = self.failed
+            self.rollback()
+            raise TransactionClosedError(
+                f"not committed: an earlier step of this store transaction failed ({cause}); "
+                "it was rolled back, retry the whole transaction") from cause
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @abstractmethod
+    def commit(self) -> None: ...
+
+    @abstractmethod
+    def rollback(self) -> None: ...
+
+    def __enter__(self) -> "StoreTransaction":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._closed:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.rollback()
+
+
+class StorageManager(ABC):
+    """A store: opens transactions, offers an XA resource, reports status.
+
+    Open one with :func:`wsrm_plugin.store.open_store`.
+    """
+
+    url: str
+    #: Seconds a transaction waits for a lock before :class:`LockTimeoutError`.
+    lock_timeout: float
+
+    @abstractmethod
+    def begin(self, *, xa: Any = None) -> StoreTransaction:
+        """A new transaction.
+
+        With ``xa=`` a transaction manager (``txmanager.TransactionManager``)
+        that has a current transaction, the store's XA resource is enlisted in
+        it and the returned transaction is that branch: its work commits or
+        rolls back with the user's other resources, so ``commit()`` and
+        ``rollback()`` belong to the transaction manager and the ``with`` block
+        does not end it.  With no current transaction the store falls back to
+        a local transaction.
+        """
+
+    @abstractmethod
+    def xa_resource(self) -> XAResource:
+        """The XA resource of this store (register it with the recovery manager)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def status(self) -> StoreStatus:
+        """Counters for operators (``wsrm status``), read in a transaction of their own."""
+        with self.begin() as tx:
+            return _status_of(tx, prepared=len(self.xa_resource().recover()))
+
+    def __enter__(self) -> "StorageManager":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+
+def _status_of(tx: StoreTransaction, prepared: int = 0) -> StoreStatus:
+    rms = []
+    for seq in tx.rms.list_all():
+        msgs = tx.rms_messages.list_for(seq.key)
+        rms.append(RmsSequenceStatus(
+            key=seq.key, sequence_id=seq.sequence_id, state=rms_state_name(seq),
+            next_number=seq.next_number,
+            unacked=sum(1 for m in msgs if not m.acked), stored=len(msgs),
+            retransmissions=seq.purged_retransmissions + sum(max(m.send_count - 1, 0) for m in msgs),
+            fault_reason=seq.fault_reason))
+    rmd = []
+    for seq in tx.rmd.list_all():
+        inv = tx.invoker.state(seq.sequence_id)
+        rmd.append(RmdSequenceStatus(
+            sequence_id=seq.sequence_id, state=rmd_state_name(seq),
+            received=format_ranges(seq.received), last_number=seq.last_number,
+            buffered=inv.buffered, delivered=inv.delivered_count))
+    return StoreStatus(rms=tuple(rms), rmd=tuple(rmd), prepared_branches=prepared)
+
+
+def refuse_if_global(tx: Any) -> None:
+    """A branch's store transaction is ended by the transaction manager only."""
+    if getattr(tx, "_global", None) is not None:
+        raise StoreError(
+            f"this store transaction is a branch of global transaction {tx._global.xid}: "
+            "commit or roll back through the transaction manager, not the store")
+
+
+def exit_global(tx: Any, exc_type: Any) -> None:
+    """Leaving ``with store.begin(xa=tm)``: the TM ends the branch; an error dooms it."""
+    if exc_type is not None:
+        try:
+            tx._global.set_rollback_only()
+        except Exception:  # the TM may already be rolling back
+            log.debug("could not mark %s rollback-only", tx._global, exc_info=True)

@@ -1,0 +1,622 @@
+"""The in-memory store: fast, per-sequence locking, nothing survives the process.
+
+This is seed 004's in-memory design (Mercury's ``InMemoryStorageManager``):
+each sequence is guarded by its own lock, taken when a transaction first
+touches the sequence and held until the transaction ends (two-phase locking),
+in the order RMD, invoker buffer, RMS.  Changes are staged in the transaction
+and applied to the shared tables at commit, all at once, so a rollback only
+drops the stage and a reader never sees half a transaction.
+
+As an XA resource it is a *volatile* participant: work is staged per xid,
+``prepare`` keeps the stage and the locks, ``commit`` applies it.  Prepared
+branches live in this process only: :meth:`MemoryXAResource.recover` lists
+those of the running process (so a recovery manager in the same process can
+finish them) and nothing after a restart, because nothing is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from txmanager.xa import XA_OK, XA_RDONLY
+from txmanager.xid import Xid
+
+from . import api
+from .branches import BranchResource
+from .api import (
+    RANK_INVOKER, RANK_RMD, RANK_RMS, BufferedMessage, DuplicateSequenceError,
+    InvokerSequence, LockTimeoutError, RmdSequence, RmsMessage,
+    RmsSequence, StoreClosedError, UnknownMessageError, UnknownSequenceError, _now,
+)
+
+__all__ = ["MemoryStore", "MemoryTransaction", "MemoryXAResource"]
+
+log = logging.getLogger(__name__)
+
+_DELETED = object()
+
+# Table names; the key of each row is given with it.
+_RMS = "rms"          # key -> RmsSequence
+_MSG = "rms_message"  # (sequence key, number) -> RmsMessage
+_RMD = "rmd"          # sequence id -> RmdSequence
+_INV = "invoker"      # sequence id -> InvokerSequence (delivered ranges; buffered not kept)
+_BUF = "buffer"       # (sequence id, number) -> BufferedMessage
+
+
+class MemoryStore(api.StorageManager):
+    """A volatile store in this process's memory (``open_store("memory:")``)."""
+
+    def __init__(self, *, name: str = "memory", lock_timeout: float = 30.0) -> None:
+        self.url = f"memory:{name}" if name != "memory" else "memory:"
+        self.name = name
+        self.lock_timeout = lock_timeout
+        self._cond = threading.Condition()
+        self._tables: dict[str, dict[Any, Any]] = {t: {} for t in (_RMS, _MSG, _RMD, _INV, _BUF)}
+        self._owners: dict[tuple[int, Any], MemoryTransaction] = {}
+        self._resource = MemoryXAResource(self)
+        self._closed = False
+
+    def begin(self, *, xa: Any = None) -> "MemoryTransaction":
+        if self._closed:
+            raise StoreClosedError(f"{self.url} is closed")
+        if xa is not None:
+            bound = self._resource.bind_current(xa)
+            if bound is not None:
+                return bound
+            log.debug("begin(xa=...): no current transaction, using a local store transaction")
+        return MemoryTransaction(self)
+
+    def xa_resource(self) -> "MemoryXAResource":
+        return self._resource
+
+    def close(self) -> None:
+        self._closed = True
+
+    # -- locks (seed 004: one lock per sequence, held to the end) -------------
+
+    def _acquire(self, tx: "MemoryTransaction", lock: tuple[int, Any], wait: bool) -> bool:
+        deadline = time.monotonic() + self.lock_timeout
+        with self._cond:
+            while True:
+                owner = self._owners.get(lock)
+                if owner is None or owner is tx:
+                    self._owners[lock] = tx
+                    return True
+                if not wait:
+                    return False
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise LockTimeoutError(
+                        f"waited {self.lock_timeout:.1f}s for {lock[1]!r}, held by another "
+                        "transaction (a prepared XA branch or a long transaction); retry later "
+                        "or raise lock_timeout")
+                self._cond.wait(remaining)
+
+    def _finish(self, tx: "MemoryTransaction", apply: bool) -> None:
+        with self._cond:
+            if apply:
+                for (table, key), value in tx._changes.items():
+                    if value is _DELETED:
+                        self._tables[table].pop(key, None)
+                    else:
+                        self._tables[table][key] = value
+            for lock in [k for k, owner in self._owners.items() if owner is tx]:
+                del self._owners[lock]
+            self._cond.notify_all()
+
+    def _snapshot(self, table: str) -> dict[Any, Any]:
+        with self._cond:
+            return dict(self._tables[table])
+
+    def _committed(self, table: str, key: Any) -> Any:
+        with self._cond:
+            return self._tables[table].get(key)
+
+
+class MemoryTransaction(api.StoreTransaction):
+    """A transaction of the :class:`MemoryStore`: a stage of changes plus the locks it holds."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__()
+        self._store = store
+        self._changes: dict[tuple[str, Any], Any] = {}
+        self._global: Any = None  # the global transaction when bound to XA
+        self.rms = _Rms(self)
+        self.rms_messages = _RmsMessages(self)
+        self.rmd = _Rmd(self)
+        self.invoker = _Invoker(self)
+
+    # -- plumbing for the managers --------------------------------------------
+
+    def _lock(self, rank: int, key: Any, *, wait: bool = True) -> bool:
+        self._check_open()
+        if not self._check_lock_order(rank, key):
+            return True
+        try:
+            if not self._store._acquire(self, (rank, key), wait):
+                return False
+        except LockTimeoutError as exc:
+            self._doom(exc)
+            raise
+        self._note_lock(rank, key)
+        return True
+
+    def _read(self, table: str, key: Any) -> Any:
+        self._check_open()
+        value = self._changes.get((table, key))
+        if value is None:
+            return self._store._committed(table, key)
+        return None if value is _DELETED else value
+
+    def _write(self, table: str, key: Any, value: Any) -> None:
+        self._changes[(table, key)] = value
+
+    def _delete(self, table: str, key: Any) -> None:
+        self._changes[(table, key)] = _DELETED
+
+    def _scan(self, table: str) -> dict[Any, Any]:
+        """Committed rows overlaid with this transaction's own changes."""
+        self._check_open()
+        rows = self._store._snapshot(table)
+        for (t, key), value in self._changes.items():
+            if t != table:
+                continue
+            if value is _DELETED:
+                rows.pop(key, None)
+            else:
+                rows[key] = value
+        return rows
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self._changes)
+
+    # -- ending -----------------------------------------------------------------
+
+    def commit(self) -> None:
+        api.refuse_if_global(self)
+        self._refuse_commit_if_failed()
+        self._check_open()
+        self._end(apply=True)
+
+    def rollback(self) -> None:
+        if self._closed:
+            return
+        api.refuse_if_global(self)
+        self._end(apply=False)
+
+    def _end(self, apply: bool) -> None:
+        self._closed = True
+        self._store._finish(self, apply)
+        self._changes = {}
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._global is not None:
+            api.exit_global(self, exc_type)
+            return
+        super().__exit__(exc_type, exc, tb)
+
+
+# --------------------------------------------------------------------------
+# Managers
+# --------------------------------------------------------------------------
+
+class _Rms(api.RmsSequenceManager):
+    _tx: MemoryTransaction
+
+    def create(self, key: str, *, target: str, acks_to: str, rm_version: str,
+               wsa_version: str, offered_id: str | None = None, expires: float | None = None,
+               next_control_at: float | None = None, now: float | None = None) -> RmsSequence:
+        tx = self._tx
+        api.check_key(key, "sequence key")
+        tx._lock(RANK_RMS, key)
+        if tx._read(_RMS, key) is not None:
+            raise DuplicateSequenceError(f"an RMS sequence with key {key!r} already exists")
+        t = _now(now)
+        seq = RmsSequence(key=key, target=target, acks_to=acks_to, rm_version=rm_version,
+                          wsa_version=wsa_version, offered_id=offered_id, expires=expires,
+                          next_control_at=t if next_control_at is None else next_control_at,
+                          created_at=t, last_activity=t)
+        tx._write(_RMS, key, seq)
+        return seq
+
+    def get(self, key: str) -> RmsSequence | None:
+        self._tx._lock(RANK_RMS, key)
+        return self._tx._read(_RMS, key)
+
+    def get_by_sequence_id(self, sequence_id: str) -> RmsSequence | None:
+        for key, seq in self._tx._scan(_RMS).items():
+            if seq.sequence_id == sequence_id:
+                found = self.get(key)  # lock, then read again: it may have changed meanwhile
+                if found is not None and found.sequence_id == sequence_id:
+                    return found
+        return None
+
+    def update(self, key: str, **changes: Any) -> RmsSequence:
+        RmsSequence.check_changes(changes)
+        seq = self.require(key)
+        sid = changes.get("sequence_id")
+        if sid is not None and sid != seq.sequence_id:
+            for other in self._tx._scan(_RMS).values():
+                if other.sequence_id == sid and other.key != key:
+                    raise DuplicateSequenceError(
+                        f"sequence id {sid!r} already belongs to RMS sequence {other.key!r}")
+        new = replace(seq, **changes)
+        self._tx._write(_RMS, key, new)
+        return new
+
+    def mark_last(self, key: str) -> RmsSequence:
+        seq = self.require(key)
+        new = replace(seq, last_message=True, last_number=seq.highest_number)
+        self._tx._write(_RMS, key, new)
+        return new
+
+    def delete(self, key: str) -> None:
+        self.require(key)
+        tx = self._tx
+        for mkey in [k for k in tx._scan(_MSG) if k[0] == key]:
+            tx._delete(_MSG, mkey)
+        tx._delete(_RMS, key)
+
+    def needing_work(self, now: float | None = None, limit: int = 100) -> list[RmsSequence]:
+        t = _now(now)
+        due = [s for s in self._tx._scan(_RMS).values()
+               if (s.next_control_at is not None and s.next_control_at <= t)
+               or (s.expires is not None and s.expires <= t)]
+        due.sort(key=lambda s: (s.next_control_at if s.next_control_at is not None else s.expires,
+                                s.key))
+        return due[:limit]
+
+    def list_all(self) -> list[RmsSequence]:
+        return sorted(self._tx._scan(_RMS).values(), key=lambda s: (s.created_at, s.key))
+
+
+class _RmsMessages(api.RmsMessageManager):
+    _tx: MemoryTransaction
+
+    def _seq(self, key: str) -> RmsSequence:
+        self._tx._lock(RANK_RMS, key)
+        seq = self._tx._read(_RMS, key)
+        if seq is None:
+            raise UnknownSequenceError("RMS", key)
+        return seq
+
+    def enqueue(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
+                message_id: str, last: bool = False, reply_callback: str | None = None,
+                reply_context: bytes | None = None, send_at: float | None = None,
+                now: float | None = None) -> RmsMessage:
+        seq = self._seq(sequence_key)
+        number = api.check_enqueue(seq, payload)
+        t = _now(now)
+        msg = RmsMessage(
+            sequence_key=sequence_key, number=number, message_id=message_id, action=action,
+            soap_version=soap_version, payload=bytes(payload), last=last,
+            reply_callback=reply_callback, reply_context=reply_context,
+            reply_pending=reply_callback is not None,
+            next_send_at=t if send_at is None else send_at, created_at=t)
+        self._tx._write(_MSG, (sequence_key, number), msg)
+        changes: dict[str, Any] = {"next_number": number + 1}
+        if last:
+            changes.update(last_message=True, last_number=number)
+        self._tx._write(_RMS, sequence_key, replace(seq, **changes))
+        return msg
+
+    def get(self, sequence_key: str, number: int) -> RmsMessage | None:
+        self._seq(sequence_key)
+        return self._tx._read(_MSG, (sequence_key, number))
+
+    def find_by_message_id(self, message_id: str) -> RmsMessage | None:
+        for msg in self._tx._scan(_MSG).values():
+            if msg.message_id == message_id:
+                return msg
+        return None
+
+    def mark_acked(self, sequence_key: str, ranges: Iterable[tuple[int, int]],
+                   now: float | None = None) -> list[int]:
+        seq = self._seq(sequence_key)
+        ranges = api.AckRanges.from_ranges(ranges)
+        tx = self._tx
+        stored = {k[1]: m for k, m in tx._scan(_MSG).items() if k[0] == sequence_key}
+        api.check_ack(seq, ranges, lambda lo, hi: [
+            n for n, m in stored.items() if lo <= n <= hi and m.send_count == 0])
+        newly = []
+        for number, msg in sorted(stored.items()):
+            if not msg.acked and number in ranges:
+                tx._write(_MSG, (sequence_key, number), replace(msg, acked=True))
+                newly.append(number)
+        tx._write(_RMS, sequence_key, replace(seq, last_activity=_now(now)))
+        return newly
+
+    def due_messages(self, now: float | None = None, limit: int = 100) -> list[RmsMessage]:
+        t = _now(now)
+        tx = self._tx
+        seqs = tx._scan(_RMS)
+        due = sorted((m for m in tx._scan(_MSG).values() if not m.acked and m.next_send_at <= t),
+                     key=lambda m: (m.next_send_at, m.sequence_key, m.number))
+        out: list[RmsMessage] = []
+        skipped: set[str] = set()
+        for msg in due:
+            if len(out) >= limit:
+                break
+            seq = seqs.get(msg.sequence_key)
+            if (seq is None or seq.sequence_id is None or seq.faulted
+                    or msg.sequence_key in skipped):
+                continue
+            if not tx._lock(RANK_RMS, msg.sequence_key, wait=False):
+                skipped.add(msg.sequence_key)  # SKIP LOCKED
+                continue
+            current = tx._read(_MSG, (msg.sequence_key, msg.number))
+            if current is not None and not current.acked and current.next_send_at <= t:
+                out.append(current)
+        return out
+
+    def record_send_attempt(self, sequence_key: str, number: int, *, next_send_at: float,
+                            now: float | None = None) -> RmsMessage:
+        msg = self._require(sequence_key, number)
+        new = replace(msg, send_count=msg.send_count + 1, last_sent_at=_now(now),
+                      next_send_at=next_send_at)
+        self._tx._write(_MSG, (sequence_key, number), new)
+        return new
+
+    def make_due(self, sequence_key: str, numbers: Iterable[int], at: float | None = None) -> int:
+        self._seq(sequence_key)
+        t = _now(at)
+        changed = 0
+        for n in set(numbers):
+            msg = self._tx._read(_MSG, (sequence_key, n))
+            if msg is not None and not msg.acked:
+                self._tx._write(_MSG, (sequence_key, n), replace(msg, next_send_at=t))
+                changed += 1
+        return changed
+
+    def reply_received(self, sequence_key: str, number: int) -> RmsMessage:
+        msg = self._require(sequence_key, number)
+        new = replace(msg, reply_pending=False)
+        self._tx._write(_MSG, (sequence_key, number), new)
+        return new
+
+    def count_unacked(self, sequence_key: str | None = None) -> int:
+        return sum(1 for (k, _), m in self._tx._scan(_MSG).items()
+                   if not m.acked and (sequence_key is None or k == sequence_key))
+
+    def purge_acked(self, sequence_key: str | None = None) -> int:
+        tx = self._tx
+        purgeable: dict[str, list[RmsMessage]] = {}
+        for (key, _), msg in tx._scan(_MSG).items():
+            if msg.acked and not msg.reply_pending and sequence_key in (None, key):
+                purgeable.setdefault(key, []).append(msg)
+        purged = 0
+        for key in sorted(purgeable):
+            if sequence_key is None and not tx._lock(RANK_RMS, key, wait=False):
+                continue  # busy: purge it next time
+            seq = self._seq(key)
+            msgs = [m for m in (tx._read(_MSG, (key, m.number)) for m in purgeable[key])
+                    if m is not None and m.acked and not m.reply_pending]
+            for m in msgs:
+                tx._delete(_MSG, (key, m.number))
+            extra = sum(max(m.send_count - 1, 0) for m in msgs)
+            if extra:
+                tx._write(_RMS, key, replace(seq, purged_retransmissions=seq.purged_retransmissions + extra))
+            purged += len(msgs)
+        return purged
+
+    def list_for(self, sequence_key: str) -> list[RmsMessage]:
+        return [m for (k, _), m in sorted(self._tx._scan(_MSG).items()) if k == sequence_key]
+
+    def _require(self, sequence_key: str, number: int) -> RmsMessage:
+        msg = self.get(sequence_key, number)
+        if msg is None:
+            raise UnknownMessageError(
+                f"no message {number} of RMS sequence {sequence_key!r} in the store")
+        return msg
+
+
+class _Rmd(api.RmdSequenceManager):
+    _tx: MemoryTransaction
+
+    def create(self, sequence_id: str, *, acks_to: str, rm_version: str, wsa_version: str,
+               principal: str | None = None, offered_id: str | None = None,
+               expires: float | None = None, now: float | None = None) -> RmdSequence:
+        api.check_key(sequence_id, "sequence id")
+        self._tx._lock(RANK_RMD, sequence_id)
+        if self._tx._read(_RMD, sequence_id) is not None:
+            raise DuplicateSequenceError(f"an RMD sequence {sequence_id!r} already exists")
+        t = _now(now)
+        seq = RmdSequence(sequence_id=sequence_id, acks_to=acks_to, rm_version=rm_version,
+                          wsa_version=wsa_version, principal=principal, offered_id=offered_id,
+                          expires=expires, created_at=t, last_activity=t)
+        self._tx._write(_RMD, sequence_id, seq)
+        return seq
+
+    def get(self, sequence_id: str) -> RmdSequence | None:
+        self._tx._lock(RANK_RMD, sequence_id)
+        return self._tx._read(_RMD, sequence_id)
+
+    def record_received(self, sequence_id: str, number: int, *, last: bool = False,
+                        now: float | None = None) -> bool:
+        api.check_number(number)
+        seq = self.require(sequence_id)
+        received = seq.received.add(number)
+        new = received is not seq.received
+        changes: dict[str, Any] = {"received": received, "last_activity": _now(now)}
+        if last:
+            changes["last_number"] = number
+        self._tx._write(_RMD, sequence_id, replace(seq, **changes))
+        return new
+
+    def update(self, sequence_id: str, **changes: Any) -> RmdSequence:
+        RmdSequence.check_changes(changes)
+        new = replace(self.require(sequence_id), **changes)
+        self._tx._write(_RMD, sequence_id, new)
+        return new
+
+    def request_ack(self, sequence_id: str, due_at: float | None = None) -> RmdSequence:
+        seq = self.require(sequence_id)
+        due = _now(due_at)
+        if seq.ack_due_at is not None and seq.ack_due_at <= due:
+            return seq
+        return self.update(sequence_id, ack_due_at=due)
+
+    def ack_sent(self, sequence_id: str) -> RmdSequence:
+        return self.update(sequence_id, ack_due_at=None)
+
+    def needing_ack(self, now: float | None = None, limit: int = 100) -> list[RmdSequence]:
+        t = _now(now)
+        due = [s for s in self._tx._scan(_RMD).values()
+               if s.ack_due_at is not None and s.ack_due_at <= t]
+        return sorted(due, key=lambda s: (s.ack_due_at, s.sequence_id))[:limit]
+
+    def list_all(self) -> list[RmdSequence]:
+        return sorted(self._tx._scan(_RMD).values(), key=lambda s: (s.created_at, s.sequence_id))
+
+    def delete(self, sequence_id: str) -> None:
+        self.require(sequence_id)
+        self._tx._delete(_RMD, sequence_id)
+
+
+class _Invoker(api.InvokerBufferManager):
+    _tx: MemoryTransaction
+
+    def _inv(self, sequence_id: str) -> InvokerSequence:
+        return self._tx._read(_INV, sequence_id) or InvokerSequence(sequence_id=sequence_id)
+
+    def put(self, sequence_id: str, number: int, payload: bytes, *, action: str,
+            soap_version: str, message_id: str | None = None, reply_to: str | None = None,
+            now: float | None = None) -> bool:
+        api.check_number(number)
+        tx = self._tx
+        tx._lock(RANK_INVOKER, sequence_id)
+        inv = self._inv(sequence_id)
+        if number in inv.delivered or tx._read(_BUF, (sequence_id, number)):
+            return False
+        tx._write(_BUF, (sequence_id, number), BufferedMessage(
+            sequence_id=sequence_id, number=number, message_id=message_id, action=action,
+            soap_version=soap_version, payload=bytes(payload), reply_to=reply_to,
+            received_at=_now(now)))
+        if tx._read(_INV, sequence_id) is None:
+            tx._write(_INV, sequence_id, inv)
+        return True
+
+    def _next(self, sequence_id: str, in_order: bool,
+              buffered: dict[Any, BufferedMessage]) -> BufferedMessage | None:
+        numbers = sorted(n for (s, n) in buffered if s == sequence_id)
+        if not numbers:
+            return None
+        if in_order:
+            want = self._inv(sequence_id).next_in_order
+            return buffered.get((sequence_id, want))
+        return buffered[(sequence_id, numbers[0])]
+
+    def next_deliverable(self, sequence_id: str, *, in_order: bool = True) -> BufferedMessage | None:
+        self._tx._lock(RANK_INVOKER, sequence_id)
+        return self._next(sequence_id, in_order, self._tx._scan(_BUF))
+
+    def claim_next(self, *, in_order: bool = True) -> BufferedMessage | None:
+        tx = self._tx
+        buffered = tx._scan(_BUF)
+        for sequence_id in sorted({s for (s, _) in buffered}):
+            if self._next(sequence_id, in_order, buffered) is None:
+                continue
+            if not tx._lock(RANK_INVOKER, sequence_id, wait=False):
+                continue  # SKIP LOCKED: another invoker delivers this sequence
+            found = self._next(sequence_id, in_order, tx._scan(_BUF))
+            if found is not None:
+                return found
+        return None
+
+    def mark_delivered(self, sequence_id: str, number: int) -> None:
+        tx = self._tx
+        tx._lock(RANK_INVOKER, sequence_id)
+        if tx._read(_BUF, (sequence_id, number)) is None:
+            raise UnknownMessageError(
+                f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
+        tx._delete(_BUF, (sequence_id, number))
+        inv = self._inv(sequence_id)
+        tx._write(_INV, sequence_id, replace(
+            inv, delivered=inv.delivered.add(number)))
+
+    def state(self, sequence_id: str) -> InvokerSequence:
+        inv = self._tx._scan(_INV).get(sequence_id) or InvokerSequence(sequence_id=sequence_id)
+        return replace(inv, buffered=self.count(sequence_id))
+
+    def count(self, sequence_id: str | None = None) -> int:
+        return sum(1 for (s, _) in self._tx._scan(_BUF) if sequence_id in (None, s))
+
+    def discard(self, sequence_id: str) -> int:
+        tx = self._tx
+        tx._lock(RANK_INVOKER, sequence_id)
+        keys = [k for k in tx._scan(_BUF) if k[0] == sequence_id]
+        for k in keys:
+            tx._delete(_BUF, k)
+        tx._delete(_INV, sequence_id)
+        return len(keys)
+
+
+# --------------------------------------------------------------------------
+# XA
+# --------------------------------------------------------------------------
+
+class MemoryXAResource(BranchResource):
+    """The memory store as a volatile XA participant (see the module docstring).
+
+    A prepared branch keeps its stage and its locks until phase 2.
+    :meth:`recover` lists the branches prepared in this process: a recovery
+    manager in the same process can still finish them; after a restart there
+    is nothing left to recover.
+    """
+
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(store)
+        self._prepared: dict[Xid, MemoryTransaction] = {}
+
+    def _open_branch_tx(self, xid: Xid) -> MemoryTransaction:
+        assert isinstance(self._store, MemoryStore)
+        return MemoryTransaction(self._store)
+
+    def _store_finish(self, tx: Any, commit: bool) -> None:
+        tx._end(apply=commit)
+
+    def prepare(self, xid: Xid) -> int:
+        if xid in self._prepared:
+            raise self._protocol_error(xid, "is already prepared")
+        branch = self._get(xid)
+        self._refuse_failed(branch)
+        if not branch.tx.has_changes:
+            self._abort(branch)
+            return XA_RDONLY
+        with self._lock:
+            self._branches.pop(xid, None)
+            self._prepared[xid] = branch.tx  # stage and locks stay until phase 2
+        return XA_OK
+
+    def commit(self, xid: Xid, one_phase: bool = False) -> None:
+        with self._lock:
+            prepared = self._prepared.pop(xid, None) if not one_phase else None
+        if prepared is not None:
+            prepared._end(apply=True)
+            return
+        if xid in self._prepared:
+            raise self._protocol_error(xid, "is prepared: commit it in two phases")
+        branch = self._get(xid)
+        if not one_phase:
+            raise self._protocol_error(xid, "is not prepared: prepare it or commit one-phase")
+        self._refuse_failed(branch)
+        self._pop(xid)
+        branch.tx._end(apply=True)
+
+    def rollback(self, xid: Xid) -> None:
+        with self._lock:
+            prepared = self._prepared.pop(xid, None)
+        if prepared is not None:
+            prepared._end(apply=False)
+            return
+        self._abort(self._get(xid))
+
+    def recover(self, flags: int = 0) -> list[Xid]:
+        with self._lock:
+            return list(self._prepared)

@@ -1,0 +1,231 @@
+"""The PostgreSQL store: row locks, SKIP LOCKED pollers, real prepared transactions.
+
+Every store transaction runs on a session of its own.  Locks are PostgreSQL's
+row locks (``SELECT ... FOR UPDATE``), taken in the store's lock order, so
+workers in many threads and processes share one database; pollers
+(``due_messages``, ``claim_next``, ``purge_acked``) skip rows another
+transaction holds.  ``lock_timeout`` is set on each session, so a wait ends
+in :class:`~.api.LockTimeoutError` instead of hanging (a deadlock, which the
+lock order rules out among store transactions, surfaces the same way).
+
+Local transactions are plain BEGIN/COMMIT.  Under XA the session is a
+:class:`txmanager.postgres.PostgresXAResource` branch: ``PREPARE TRANSACTION``
+keeps the store's changes and row locks durable in the server, ``COMMIT
+PREPARED`` finishes them, from this process or any other (an executor may die
+right after it prepared).  Unlike the SQLite store, prepared branches only
+block the rows they touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions as ext
+
+from txmanager.postgres import PostgresXAResource, default_resource_name
+from txmanager.xid import Xid
+
+from . import api
+from .api import LockTimeoutError, StoreClosedError
+from .sql import POSTGRES, SqlTransaction, migrate
+
+__all__ = ["PostgresStore"]
+
+log = logging.getLogger(__name__)
+
+#: pg_advisory_xact_lock key serializing schema migrations ("WSRM" as int32).
+_MIGRATION_LOCK = 0x5753524D
+
+_LOCK_ERRORS = {
+    "55P03": "a lock was not granted within lock_timeout",
+    "40P01": "PostgreSQL detected a deadlock",
+    "40001": "a serialization failure",
+}
+
+
+class PostgresStore(api.StorageManager):
+    """A store in a PostgreSQL database (``open_store("postgresql://...")``)."""
+
+    def __init__(self, dsn: str, *, lock_timeout: float = 30.0, pool_size: int = 4) -> None:
+        self.dsn = dsn
+        self.lock_timeout = lock_timeout
+        self.pool_size = pool_size
+        self.resource_name = "wsrm-store:" + default_resource_name(dsn)
+        self.url = "postgresql:" + default_resource_name(dsn).removeprefix("pg:")
+        params = ext.parse_dsn(dsn)
+        options = params.get("options", "")
+        self._connect_options = f"{options} -c lock_timeout={max(int(lock_timeout * 1000), 1)}".strip()
+        self._idle: list[PostgresXAResource] = []
+        self._enlisted: dict[Xid, SqlTransaction] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._recovery: PostgresXAResource | None = None
+        self.schema_version_found = self._migrate()
+
+    def _connect(self) -> Any:
+        return psycopg2.connect(self.dsn, options=self._connect_options)
+
+    def _migrate(self) -> int:
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            found = migrate(conn, POSTGRES, self.url)
+            conn.commit()
+            return found
+        finally:
+            conn.close()
+
+    def schema_version(self) -> int:
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT MAX(version) FROM schema_version")
+                return int(cur.fetchone()[0])
+        finally:
+            conn.close()
+
+    # -- sessions (one PostgresXAResource each, pooled) -----------------------------------------
+
+    def _acquire(self) -> PostgresXAResource:
+        if self._closed:
+            raise StoreClosedError(f"{self.url} is closed")
+        with self._lock:
+            while self._idle:
+                resource = self._idle.pop()
+                if resource._session is not None and not resource._session.closed:
+                    return resource
+                resource.close()
+        return PostgresXAResource(self._connect, resource_name=self.resource_name)
+
+    def _release(self, resource: PostgresXAResource) -> None:
+        conn = resource._session
+        reusable = (
+            not resource.in_branch and conn is not None and not conn.closed
+            and conn.status == ext.STATUS_READY
+            and conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
+        )
+        with self._lock:
+            if reusable and not self._closed and len(self._idle) < self.pool_size:
+                self._idle.append(resource)
+                return
+        resource.close()
+
+    # -- transactions ----------------------------------------------------------------------------
+
+    def begin(self, *, xa: Any = None) -> SqlTransaction:
+        if xa is not None:
+            get = getattr(xa, "get_transaction", None)
+            if get is None:
+                raise TypeError(f"xa= expects a txmanager.TransactionManager, not {type(xa).__name__}")
+            gtx = get()
+            if gtx is not None:
+                return self._branch_tx(gtx)
+            log.debug("begin(xa=...): no current transaction, using a local store transaction")
+        resource = self._acquire()
+        try:
+            tx = SqlTransaction(self, resource.connection, POSTGRES)
+        except psycopg2.Error:
+            self._release(resource)
+            raise
+        tx._resource = resource  # type: ignore[attr-defined]
+        return tx
+
+    def _branch_tx(self, gtx: Any) -> SqlTransaction:
+        """The store's branch of ``gtx``: one session per global transaction, like a JTA DataSource."""
+        key = gtx.xid
+        with self._lock:
+            tx = self._enlisted.get(key)
+        if tx is not None and not tx.closed:
+            return tx
+        resource = self._acquire()
+        tx = SqlTransaction(self, resource.connection, POSTGRES)
+        tx._resource = resource  # type: ignore[attr-defined]
+        tx._global = gtx
+        with self._lock:
+            self._enlisted[key] = tx
+        try:
+            gtx.register_synchronization(_BranchOver(self, key))
+            if not gtx.enlist_resource(resource):
+                raise api.StoreError(f"the transaction {gtx.xid} refused to enlist {self.resource_name}")
+        except BaseException:
+            self._branch_over(key)
+            raise
+        return tx
+
+    def _branch_over(self, key: Xid) -> None:
+        with self._lock:
+            tx = self._enlisted.pop(key, None)
+        if tx is not None:
+            tx.mark_closed()
+            self._release(tx._resource)  # type: ignore[attr-defined]
+
+    def _finish(self, tx: SqlTransaction, commit: bool) -> None:
+        conn = tx.conn
+        tx.mark_closed()
+        try:
+            if commit:
+                conn.commit()
+            elif not conn.closed:
+                conn.rollback()
+        except psycopg2.Error as exc:
+            translated = self._translate(exc)
+            if not conn.closed:
+                try:
+                    conn.rollback()
+                except psycopg2.Error:
+                    pass
+            if translated is not None:
+                raise translated from exc
+            raise
+        finally:
+            self._release(tx._resource)  # type: ignore[attr-defined]
+
+    def _translate(self, exc: BaseException) -> Exception | None:
+        why = _LOCK_ERRORS.get(getattr(exc, "pgcode", None) or "")
+        if why is None:
+            return None
+        return LockTimeoutError(
+            f"{self.url}: {why} ({' '.join(str(exc).split())}); the transaction is rolled back, "
+            "retry it")
+
+    # -- XA and the rest ----------------------------------------------------------------------------
+
+    def xa_resource(self) -> PostgresXAResource:
+        """A resource for the recovery manager: it finds this database's prepared branches."""
+        with self._lock:
+            if self._recovery is None:
+                self._recovery = PostgresXAResource(self.dsn, resource_name=self.resource_name)
+            return self._recovery
+
+    def close(self) -> None:
+        """Close every session; a branch left prepared stays in the server for recovery."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            enlisted, self._enlisted = list(self._enlisted.values()), {}
+            recovery, self._recovery = self._recovery, None
+        for tx in enlisted:
+            tx.mark_closed()
+            idle.append(tx._resource)  # type: ignore[attr-defined]
+        for resource in idle:
+            resource.close()
+        if recovery is not None:
+            recovery.close()
+
+
+class _BranchOver:
+    """Synchronization giving the branch's session back once the global transaction is over."""
+
+    def __init__(self, store: PostgresStore, key: Xid) -> None:
+        self._store = store
+        self._key = key
+
+    def before_completion(self) -> None:
+        pass
+
+    def after_completion(self, status: Any) -> None:
+        self._store._branch_over(self._key)

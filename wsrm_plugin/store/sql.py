@@ -1,0 +1,919 @@
+"""The SQL logic both SQL stores share (SQLite and PostgreSQL).
+
+Every statement is written once, with ``?`` placeholders and the row locks
+spelled through a :class:`Dialect`; what differs between the two databases is
+confined there: placeholder style, column types (blob, bigint, boolean,
+double), ``FOR UPDATE`` / ``SKIP LOCKED`` (SQLite has neither: the SQLite store
+serializes whole transactions instead, see :mod:`.sqlite`).  Upserts use
+``INSERT ... ON CONFLICT DO NOTHING``, which both understand.
+
+The tables follow seed 004's database design (one set of tables per manager,
+touched in the lock order RMD, invoker buffer, RMS):
+
+``rms_sequence`` / ``rms_message``
+    source sequences and their retransmission queue;
+``rmd_sequence``
+    destination sequences, received numbers kept as compact ranges text;
+``invoker_sequence`` / ``invoker_message``
+    what was delivered (ranges, plus the in-order prefix so a poller finds the
+    next deliverable message in SQL) and what waits to be;
+``schema_version``
+    one row per applied migration; a store is migrated when it is opened.
+
+For the SQLite store's XA support a transaction can also *capture undo*:
+before any write, the before-image of every row it touches (or "did not
+exist") is kept, keyed by table and primary key; see :class:`SqlTransaction`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import api
+from .api import (
+    RANK_INVOKER, RANK_RMD, RANK_RMS, BufferedMessage, DuplicateSequenceError, InvokerSequence,
+    RmdSequence, RmsMessage, RmsSequence, SchemaVersionError, UnknownMessageError,
+    UnknownSequenceError, _now,
+)
+
+__all__ = ["Dialect", "SQLITE", "POSTGRES", "SqlTransaction", "migrate", "LATEST_VERSION",
+           "encode_undo", "decode_undo"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the SQL databases, and nothing else."""
+
+    name: str
+    placeholder: str
+    blob: str
+    bigint: str
+    double: str
+    boolean: str
+    #: appended to a SELECT that locks its rows
+    for_update: str
+    #: appended to a polling SELECT: lock the rows of ``{alias}``, skip those others hold
+    skip_locked: str
+    #: the SQLite store keeps prepared XA branches in its own table
+    xa_table: bool
+
+    def sql(self, text: str) -> str:
+        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
+
+    def lock_of(self, alias: str) -> str:
+        return self.skip_locked.format(alias=alias)
+
+
+SQLITE = Dialect(name="sqlite", placeholder="?", blob="BLOB", bigint="INTEGER", double="REAL",
+                 boolean="INTEGER", for_update="", skip_locked="", xa_table=True)
+POSTGRES = Dialect(name="postgresql", placeholder="%s", blob="BYTEA", bigint="BIGINT",
+                   double="DOUBLE PRECISION", boolean="BOOLEAN", for_update=" FOR UPDATE",
+                   skip_locked=" FOR UPDATE OF {alias} SKIP LOCKED", xa_table=False)
+
+
+# --------------------------------------------------------------------------
+# Schema and migrations
+# --------------------------------------------------------------------------
+
+def _migration_1(d: Dialect) -> list[str]:
+    B, I, D, BL = d.boolean, d.bigint, d.double, d.blob
+    out = [
+        f"""CREATE TABLE rms_sequence (
+            seq_key TEXT PRIMARY KEY,
+            sequence_id TEXT UNIQUE,
+            target TEXT NOT NULL,
+            acks_to TEXT NOT NULL,
+            rm_version TEXT NOT NULL,
+            wsa_version TEXT NOT NULL,
+            offered_id TEXT,
+            started {B} NOT NULL DEFAULT FALSE,
+            last_message {B} NOT NULL DEFAULT FALSE,
+            last_number {I},
+            close_sent {B} NOT NULL DEFAULT FALSE,
+            closed {B} NOT NULL DEFAULT FALSE,
+            terminate_sent {B} NOT NULL DEFAULT FALSE,
+            faulted {B} NOT NULL DEFAULT FALSE,
+            fault_reason TEXT,
+            highest_number {I} NOT NULL DEFAULT 0,
+            control_attempts INTEGER NOT NULL DEFAULT 0,
+            next_control_at {D},
+            expires {D},
+            created_at {D} NOT NULL,
+            last_activity {D} NOT NULL,
+            purged_retransmissions {I} NOT NULL DEFAULT 0
+        )""",
+        f"""CREATE TABLE rms_message (
+            seq_key TEXT NOT NULL,
+            number {I} NOT NULL,
+            message_id TEXT NOT NULL,
+            action TEXT NOT NULL,
+            soap_version TEXT NOT NULL,
+            payload {BL} NOT NULL,
+            last {B} NOT NULL DEFAULT FALSE,
+            reply_callback TEXT,
+            reply_context {BL},
+            reply_pending {B} NOT NULL DEFAULT FALSE,
+            send_count INTEGER NOT NULL DEFAULT 0,
+            next_send_at {D} NOT NULL,
+            last_sent_at {D},
+            acked {B} NOT NULL DEFAULT FALSE,
+            created_at {D} NOT NULL,
+            PRIMARY KEY (seq_key, number)
+        )""",
+        "CREATE INDEX rms_message_due ON rms_message (next_send_at) WHERE NOT acked",
+        "CREATE INDEX rms_message_msgid ON rms_message (message_id)",
+        f"""CREATE TABLE rmd_sequence (
+            sequence_id TEXT PRIMARY KEY,
+            acks_to TEXT NOT NULL,
+            rm_version TEXT NOT NULL,
+            wsa_version TEXT NOT NULL,
+            principal TEXT,
+            offered_id TEXT,
+            received TEXT NOT NULL DEFAULT '',
+            last_number {I},
+            closed {B} NOT NULL DEFAULT FALSE,
+            terminated {B} NOT NULL DEFAULT FALSE,
+            ack_due_at {D},
+            expires {D},
+            created_at {D} NOT NULL,
+            last_activity {D} NOT NULL
+        )""",
+        "CREATE INDEX rmd_sequence_ack ON rmd_sequence (ack_due_at) WHERE ack_due_at IS NOT NULL",
+        f"""CREATE TABLE invoker_sequence (
+            sequence_id TEXT PRIMARY KEY,
+            delivered TEXT NOT NULL DEFAULT '',
+            delivered_upto {I} NOT NULL DEFAULT 0
+        )""",
+        f"""CREATE TABLE invoker_message (
+            sequence_id TEXT NOT NULL,
+            number {I} NOT NULL,
+            message_id TEXT,
+            action TEXT NOT NULL,
+            soap_version TEXT NOT NULL,
+            payload {BL} NOT NULL,
+            reply_to TEXT,
+            received_at {D} NOT NULL,
+            PRIMARY KEY (sequence_id, number)
+        )""",
+    ]
+    if d.xa_table:
+        out.append(f"""CREATE TABLE xa_prepared (
+            xid TEXT PRIMARY KEY,
+            undo {BL} NOT NULL,
+            prepared_at {D} NOT NULL
+        )""")
+    return out
+
+
+#: (version, statements for a dialect).  Append new versions; never edit old ones.
+MIGRATIONS = [(1, _migration_1)]
+LATEST_VERSION = MIGRATIONS[-1][0]
+
+
+def current_version(cur: Any, d: Dialect) -> int:
+    cur.execute(d.sql("SELECT MAX(version) FROM schema_version"))
+    row = cur.fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def migrate(conn: Any, d: Dialect, where: str) -> int:
+    """Bring the schema up to :data:`LATEST_VERSION` inside the caller's transaction.
+
+    Idempotent: on an up-to-date store it only reads ``schema_version``.  The
+    caller serializes concurrent openers (SQLite: the store's file lock;
+    PostgreSQL: an advisory lock) and commits.  Returns the version found.
+    """
+    cur = conn.cursor()
+    cur.execute(f"CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, "
+                f"applied_at {d.double} NOT NULL)")
+    found = current_version(cur, d)
+    if found > LATEST_VERSION:
+        raise SchemaVersionError(
+            f"{where} has schema version {found}, newer than this code's {LATEST_VERSION}: "
+            "upgrade wsrm-plugin (or open a store written by this version)")
+    for version, statements in MIGRATIONS:
+        if version <= found:
+            continue
+        log.info("migrating %s to schema version %d", where, version)
+        for statement in statements(d):
+            cur.execute(statement)
+        cur.execute(d.sql("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)"),
+                    (version, time.time()))
+    cur.close()
+    return found
+
+
+# --------------------------------------------------------------------------
+# Row <-> record
+# --------------------------------------------------------------------------
+
+_RMS_COLS = ("seq_key", "target", "acks_to", "rm_version", "wsa_version", "offered_id",
+             "sequence_id", "started", "last_message", "last_number", "close_sent", "closed",
+             "terminate_sent", "faulted", "fault_reason", "highest_number", "control_attempts",
+             "next_control_at", "expires", "created_at", "last_activity",
+             "purged_retransmissions")
+_MSG_COLS = ("seq_key", "number", "message_id", "action", "soap_version", "payload", "last",
+             "reply_callback", "reply_context", "reply_pending", "send_count", "next_send_at",
+             "last_sent_at", "acked", "created_at")
+_RMD_COLS = ("sequence_id", "acks_to", "rm_version", "wsa_version", "principal", "offered_id",
+             "received", "last_number", "closed", "terminated", "ack_due_at", "expires",
+             "created_at", "last_activity")
+_BUF_COLS = ("sequence_id", "number", "message_id", "action", "soap_version", "payload",
+             "reply_to", "received_at")
+
+#: Primary keys, for undo capture.
+PRIMARY_KEYS = {
+    "rms_sequence": ("seq_key",),
+    "rms_message": ("seq_key", "number"),
+    "rmd_sequence": ("sequence_id",),
+    "invoker_sequence": ("sequence_id",),
+    "invoker_message": ("sequence_id", "number"),
+}
+
+_RMS_BOOLS = {"started", "last_message", "close_sent", "closed", "terminate_sent", "faulted"}
+
+
+def _cols(cols: Sequence[str], alias: str = "") -> str:
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(prefix + c for c in cols)
+
+
+def _blob(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+def _rms(row: Sequence[Any]) -> RmsSequence:
+    v = dict(zip(_RMS_COLS, row))
+    for b in _RMS_BOOLS:
+        v[b] = bool(v[b])
+    v["key"] = v.pop("seq_key")
+    v["next_number"] = v.pop("highest_number") + 1
+    return RmsSequence(**v)
+
+
+def _msg(row: Sequence[Any]) -> RmsMessage:
+    v = dict(zip(_MSG_COLS, row))
+    v["sequence_key"] = v.pop("seq_key")
+    v["payload"] = _blob(v["payload"])
+    v["reply_context"] = _blob(v["reply_context"])
+    for b in ("last", "reply_pending", "acked"):
+        v[b] = bool(v[b])
+    return RmsMessage(**v)
+
+
+def _rmd(row: Sequence[Any]) -> RmdSequence:
+    v = dict(zip(_RMD_COLS, row))
+    v["received"] = api.parse_ranges(v["received"])
+    v["closed"] = bool(v["closed"])
+    v["terminated"] = bool(v["terminated"])
+    return RmdSequence(**v)
+
+
+def _buf(row: Sequence[Any]) -> BufferedMessage:
+    v = dict(zip(_BUF_COLS, row))
+    v["payload"] = _blob(v["payload"])
+    return BufferedMessage(**v)
+
+
+# --------------------------------------------------------------------------
+# Undo records (SQLite XA)
+# --------------------------------------------------------------------------
+
+UndoLog = dict[tuple[str, tuple[Any, ...]], "dict[str, Any] | None"]
+
+
+def _enc(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"$b": base64.b64encode(bytes(value)).decode("ascii")}
+    return value
+
+
+def _dec(value: Any) -> Any:
+    if isinstance(value, dict):
+        return base64.b64decode(value["$b"])
+    return value
+
+
+def encode_undo(undo: UndoLog) -> bytes:
+    """Before-images as JSON (bytes base64-encoded): readable by an operator, no pickle."""
+    items = [[table, [_enc(k) for k in pk], None if image is None
+              else {c: _enc(v) for c, v in image.items()}]
+             for (table, pk), image in undo.items()]
+    return json.dumps(items, separators=(",", ":")).encode("utf-8")
+
+
+def decode_undo(data: bytes) -> UndoLog:
+    out: UndoLog = {}
+    for table, pk, image in json.loads(bytes(data).decode("utf-8")):
+        if table not in PRIMARY_KEYS:
+            raise api.StoreError(f"corrupt undo record: unknown table {table!r}")
+        out[(table, tuple(_dec(k) for k in pk))] = (
+            None if image is None else {c: _dec(v) for c, v in image.items()})
+    return out
+
+
+# --------------------------------------------------------------------------
+# The transaction and its managers
+# --------------------------------------------------------------------------
+
+class SqlTransaction(api.StoreTransaction):
+    """A store transaction on one DB-API connection.
+
+    ``finish(tx, commit)`` is the owning store's callback that ends the
+    database transaction and gives the connection back.  When ``capture_undo``
+    is set, :attr:`undo` collects the before-image of every row the
+    transaction writes, the first time it writes it (the SQLite store's XA
+    prepare keeps them durably).
+    """
+
+    def __init__(self, store: Any, conn: Any, dialect: Dialect, *, capture_undo: bool = False) -> None:
+        super().__init__()
+        self._store = store
+        self.conn = conn
+        self.d = dialect
+        self.undo: UndoLog | None = {} if capture_undo else None
+        self._global: Any = None
+        self._wrote = False
+        self.rms = _Rms(self)
+        self.rms_messages = _RmsMessages(self)
+        self.rmd = _Rmd(self)
+        self.invoker = _Invoker(self)
+
+    # -- statements -----------------------------------------------------------------
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        self._check_open()
+        cur = self.conn.cursor()
+        try:
+            cur.execute(self.d.sql(sql), tuple(params))
+        except Exception as exc:
+            cur.close()
+            translated = self._store._translate(exc)
+            self._doom(translated or exc)
+            if translated is not None:
+                raise translated from exc
+            raise
+        return cur
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        cur = self.execute(sql, params)
+        row = cur.fetchone()
+        cur.close()
+        return row
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        cur = self.execute(sql, params)
+        rows = cur.fetchall()
+        cur.close()
+        return rows
+
+    def write(self, sql: str, params: Sequence[Any] = ()) -> int:
+        self._wrote = True
+        cur = self.execute(sql, params)
+        count = cur.rowcount
+        cur.close()
+        return count
+
+    def lock(self, rank: int, key: Any) -> None:
+        """Lock-order bookkeeping; the row lock itself is the statement's FOR UPDATE."""
+        self._check_open()
+        if self._check_lock_order(rank, key):
+            self._note_lock(rank, key)
+
+    @property
+    def has_changes(self) -> bool:
+        return self._wrote
+
+    # -- undo capture -------------------------------------------------------------------
+
+    def capture(self, table: str, where: str, params: Sequence[Any]) -> None:
+        """Keep the before-image of the rows ``where`` selects (first write wins)."""
+        if self.undo is None:
+            return
+        cur = self.execute(f"SELECT * FROM {table} WHERE {where}", params)
+        names = [c[0] for c in cur.description]
+        pk_idx = [names.index(c) for c in PRIMARY_KEYS[table]]
+        for row in cur.fetchall():
+            key = (table, tuple(row[i] for i in pk_idx))
+            if key not in self.undo:
+                self.undo[key] = dict(zip(names, row))
+        cur.close()
+
+    def capture_key(self, table: str, *pk: Any) -> None:
+        """Before inserting or changing one row by key: its image, or "absent"."""
+        if self.undo is None or (table, pk) in self.undo:
+            return
+        self.capture(table, " AND ".join(f"{c} = ?" for c in PRIMARY_KEYS[table]), pk)
+        self.undo.setdefault((table, pk), None)
+
+    # -- ending -----------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        api.refuse_if_global(self)
+        self._refuse_commit_if_failed()
+        self._check_open()
+        self._store._finish(self, commit=True)
+
+    def rollback(self) -> None:
+        if self._closed:
+            return
+        api.refuse_if_global(self)
+        self._store._finish(self, commit=False)
+
+    def mark_closed(self) -> None:
+        self._closed = True
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._global is not None:
+            api.exit_global(self, exc_type)
+            return
+        super().__exit__(exc_type, exc, tb)
+
+
+def _in_list(values: Sequence[Any]) -> str:
+    return ", ".join("?" for _ in values)
+
+
+class _Rms(api.RmsSequenceManager):
+    _tx: SqlTransaction
+
+    def create(self, key: str, *, target: str, acks_to: str, rm_version: str,
+               wsa_version: str, offered_id: str | None = None, expires: float | None = None,
+               next_control_at: float | None = None, now: float | None = None) -> RmsSequence:
+        api.check_key(key, "sequence key")
+        tx = self._tx
+        tx.lock(RANK_RMS, key)
+        t = _now(now)
+        tx.capture_key("rms_sequence", key)
+        n = tx.write(
+            "INSERT INTO rms_sequence (seq_key, target, acks_to, rm_version, wsa_version, "
+            "offered_id, next_control_at, expires, created_at, last_activity) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (seq_key) DO NOTHING",
+            (key, target, acks_to, rm_version, wsa_version, offered_id,
+             t if next_control_at is None else next_control_at, expires, t, t))
+        if n == 0:
+            raise DuplicateSequenceError(f"an RMS sequence with key {key!r} already exists")
+        return self.require(key)
+
+    def get(self, key: str) -> RmsSequence | None:
+        tx = self._tx
+        tx.lock(RANK_RMS, key)
+        row = tx.one(f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?"
+                     + tx.d.for_update, (key,))
+        return _rms(row) if row else None
+
+    def get_by_sequence_id(self, sequence_id: str) -> RmsSequence | None:
+        tx = self._tx
+        tx.lock(RANK_RMS, ("sequence_id", sequence_id))
+        row = tx.one(f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE sequence_id = ?"
+                     + tx.d.for_update, (sequence_id,))
+        if row is None:
+            return None
+        seq = _rms(row)
+        tx.lock(RANK_RMS, seq.key)
+        return seq
+
+    def update(self, key: str, **changes: Any) -> RmsSequence:
+        RmsSequence.check_changes(changes)
+        seq = self.require(key)
+        if not changes:
+            return seq
+        tx = self._tx
+        sid = changes.get("sequence_id")
+        if sid is not None and sid != seq.sequence_id:
+            row = tx.one("SELECT seq_key FROM rms_sequence WHERE sequence_id = ? AND seq_key <> ?",
+                         (sid, key))
+            if row:
+                raise DuplicateSequenceError(
+                    f"sequence id {sid!r} already belongs to RMS sequence {row[0]!r}")
+        tx.capture_key("rms_sequence", key)
+        names = sorted(changes)
+        tx.write(f"UPDATE rms_sequence SET {', '.join(f'{n} = ?' for n in names)} WHERE seq_key = ?",
+                 [*(changes[n] for n in names), key])
+        return self.require(key)
+
+    def mark_last(self, key: str) -> RmsSequence:
+        self.require(key)
+        tx = self._tx
+        tx.capture_key("rms_sequence", key)
+        tx.write("UPDATE rms_sequence SET last_message = TRUE, last_number = highest_number "
+                 "WHERE seq_key = ?", (key,))
+        return self.require(key)
+
+    def delete(self, key: str) -> None:
+        self.require(key)
+        tx = self._tx
+        tx.capture("rms_message", "seq_key = ?", (key,))
+        tx.write("DELETE FROM rms_message WHERE seq_key = ?", (key,))
+        tx.capture_key("rms_sequence", key)
+        tx.write("DELETE FROM rms_sequence WHERE seq_key = ?", (key,))
+
+    def needing_work(self, now: float | None = None, limit: int = 100) -> list[RmsSequence]:
+        t = _now(now)
+        rows = self._tx.all(
+            f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence "
+            "WHERE (next_control_at IS NOT NULL AND next_control_at <= ?) "
+            "OR (expires IS NOT NULL AND expires <= ?) "
+            "ORDER BY COALESCE(next_control_at, expires), seq_key LIMIT ?", (t, t, limit))
+        return [_rms(r) for r in rows]
+
+    def list_all(self) -> list[RmsSequence]:
+        rows = self._tx.all(f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence ORDER BY created_at, seq_key")
+        return [_rms(r) for r in rows]
+
+
+class _RmsMessages(api.RmsMessageManager):
+    _tx: SqlTransaction
+
+    def _seq(self, key: str) -> RmsSequence:
+        seq = self._tx.rms.get(key)
+        if seq is None:
+            raise UnknownSequenceError("RMS", key)
+        return seq
+
+    def enqueue(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
+                message_id: str, last: bool = False, reply_callback: str | None = None,
+                reply_context: bytes | None = None, send_at: float | None = None,
+                now: float | None = None) -> RmsMessage:
+        seq = self._seq(sequence_key)
+        number = api.check_enqueue(seq, payload)
+        t = _now(now)
+        tx = self._tx
+        tx.capture_key("rms_message", sequence_key, number)
+        tx.write(
+            "INSERT INTO rms_message (seq_key, number, message_id, action, soap_version, payload, "
+            "last, reply_callback, reply_context, reply_pending, next_send_at, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (sequence_key, number, message_id, action, soap_version, bytes(payload), last,
+             reply_callback, None if reply_context is None else bytes(reply_context),
+             reply_callback is not None, t if send_at is None else send_at, t))
+        tx.capture_key("rms_sequence", sequence_key)
+        if last:
+            tx.write("UPDATE rms_sequence SET highest_number = ?, last_message = TRUE, "
+                     "last_number = ? WHERE seq_key = ?", (number, number, sequence_key))
+        else:
+            tx.write("UPDATE rms_sequence SET highest_number = ? WHERE seq_key = ?",
+                     (number, sequence_key))
+        return RmsMessage(
+            sequence_key=sequence_key, number=number, message_id=message_id, action=action,
+            soap_version=soap_version, payload=bytes(payload), last=last,
+            reply_callback=reply_callback,
+            reply_context=None if reply_context is None else bytes(reply_context),
+            reply_pending=reply_callback is not None,
+            next_send_at=t if send_at is None else float(send_at), created_at=t)
+
+    def _row(self, sequence_key: str, number: int, lock: bool = False) -> RmsMessage | None:
+        tx = self._tx
+        row = tx.one(f"SELECT {_cols(_MSG_COLS)} FROM rms_message WHERE seq_key = ? AND number = ?"
+                     + (tx.d.for_update if lock else ""), (sequence_key, number))
+        return _msg(row) if row else None
+
+    def get(self, sequence_key: str, number: int) -> RmsMessage | None:
+        self._seq(sequence_key)  # sequence row first, then its messages: one order for all
+        return self._row(sequence_key, number, lock=True)
+
+    def _require(self, sequence_key: str, number: int) -> RmsMessage:
+        msg = self.get(sequence_key, number)
+        if msg is None:
+            raise UnknownMessageError(
+                f"no message {number} of RMS sequence {sequence_key!r} in the store")
+        return msg
+
+    def find_by_message_id(self, message_id: str) -> RmsMessage | None:
+        row = self._tx.one(f"SELECT {_cols(_MSG_COLS)} FROM rms_message WHERE message_id = ? "
+                           "ORDER BY created_at LIMIT 1", (message_id,))
+        return _msg(row) if row else None
+
+    def mark_acked(self, sequence_key: str, ranges: Iterable[tuple[int, int]],
+                   now: float | None = None) -> list[int]:
+        seq = self._seq(sequence_key)
+        merged = api.AckRanges.from_ranges(ranges)
+        tx = self._tx
+
+        def unsent(lo: int, hi: int) -> list[int]:
+            return [r[0] for r in tx.all(
+                "SELECT number FROM rms_message WHERE seq_key = ? AND number BETWEEN ? AND ? "
+                "AND send_count = 0 ORDER BY number LIMIT 20", (sequence_key, lo, hi))]
+
+        api.check_ack(seq, merged, unsent)
+        newly: list[int] = []
+        for lo, hi in merged.ranges:
+            where = "seq_key = ? AND number BETWEEN ? AND ? AND NOT acked"
+            params = (sequence_key, lo, hi)
+            numbers = [r[0] for r in tx.all(f"SELECT number FROM rms_message WHERE {where} "
+                                            "ORDER BY number", params)]
+            if numbers:
+                tx.capture("rms_message", where, params)
+                tx.write(f"UPDATE rms_message SET acked = TRUE WHERE {where}", params)
+                newly.extend(numbers)
+        tx.capture_key("rms_sequence", sequence_key)
+        tx.write("UPDATE rms_sequence SET last_activity = ? WHERE seq_key = ?",
+                 (_now(now), sequence_key))
+        return newly
+
+    def due_messages(self, now: float | None = None, limit: int = 100) -> list[RmsMessage]:
+        tx = self._tx
+        tx.lock(RANK_RMS, "due messages")
+        rows = tx.all(
+            f"SELECT {_cols(_MSG_COLS, 'm')} FROM rms_message m "
+            "JOIN rms_sequence s ON s.seq_key = m.seq_key "
+            "WHERE NOT m.acked AND m.next_send_at <= ? AND s.sequence_id IS NOT NULL "
+            "AND NOT s.faulted ORDER BY m.next_send_at, m.seq_key, m.number LIMIT ?"
+            + tx.d.lock_of("s, m"), (_now(now), limit))
+        return [_msg(r) for r in rows]
+
+    def record_send_attempt(self, sequence_key: str, number: int, *, next_send_at: float,
+                            now: float | None = None) -> RmsMessage:
+        self._seq(sequence_key)
+        tx = self._tx
+        tx.capture_key("rms_message", sequence_key, number)
+        if not tx.write("UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, "
+                        "next_send_at = ? WHERE seq_key = ? AND number = ?",
+                        (_now(now), next_send_at, sequence_key, number)):
+            raise UnknownMessageError(
+                f"no message {number} of RMS sequence {sequence_key!r} in the store")
+        found = self._row(sequence_key, number)
+        assert found is not None
+        return found
+
+    def make_due(self, sequence_key: str, numbers: Iterable[int], at: float | None = None) -> int:
+        self._seq(sequence_key)
+        wanted = sorted(set(numbers))
+        if not wanted:
+            return 0
+        tx = self._tx
+        t = _now(at)
+        changed = 0
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i:i + 500]
+            where = f"seq_key = ? AND number IN ({_in_list(chunk)}) AND NOT acked"
+            params = (sequence_key, *chunk)
+            tx.capture("rms_message", where, params)
+            changed += tx.write(f"UPDATE rms_message SET next_send_at = ? WHERE {where}", (t, *params))
+        return changed
+
+    def reply_received(self, sequence_key: str, number: int) -> RmsMessage:
+        self._require(sequence_key, number)
+        tx = self._tx
+        tx.capture_key("rms_message", sequence_key, number)
+        tx.write("UPDATE rms_message SET reply_pending = FALSE WHERE seq_key = ? AND number = ?",
+                 (sequence_key, number))
+        found = self._row(sequence_key, number)
+        assert found is not None
+        return found
+
+    def count_unacked(self, sequence_key: str | None = None) -> int:
+        if sequence_key is None:
+            row = self._tx.one("SELECT COUNT(*) FROM rms_message WHERE NOT acked")
+        else:
+            row = self._tx.one("SELECT COUNT(*) FROM rms_message WHERE seq_key = ? AND NOT acked",
+                               (sequence_key,))
+        return int(row[0])
+
+    def purge_acked(self, sequence_key: str | None = None) -> int:
+        tx = self._tx
+        purgeable = "acked AND NOT reply_pending"
+        if sequence_key is None:
+            keys = [r[0] for r in tx.all(
+                f"SELECT DISTINCT seq_key FROM rms_message WHERE {purgeable} ORDER BY seq_key")]
+        else:
+            keys = [sequence_key]
+        purged = 0
+        for key in keys:
+            tx.lock(RANK_RMS, key)
+            if sequence_key is None and tx.d.skip_locked:
+                row = tx.one("SELECT seq_key FROM rms_sequence WHERE seq_key = ?"
+                             + tx.d.lock_of("rms_sequence"), (key,))
+                if row is None:
+                    continue  # another transaction holds it: purge it next time
+            else:
+                self._seq(key)
+            where = f"seq_key = ? AND {purgeable}"
+            count, extra = tx.one(
+                f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN send_count > 1 THEN send_count - 1 "
+                f"ELSE 0 END), 0) FROM rms_message WHERE {where}", (key,))
+            if not count:
+                continue
+            tx.capture("rms_message", where, (key,))
+            tx.write(f"DELETE FROM rms_message WHERE {where}", (key,))
+            if extra:
+                tx.capture_key("rms_sequence", key)
+                tx.write("UPDATE rms_sequence SET purged_retransmissions = "
+                         "purged_retransmissions + ? WHERE seq_key = ?", (int(extra), key))
+            purged += int(count)
+        return purged
+
+    def list_for(self, sequence_key: str) -> list[RmsMessage]:
+        rows = self._tx.all(f"SELECT {_cols(_MSG_COLS)} FROM rms_message WHERE seq_key = ? "
+                            "ORDER BY number", (sequence_key,))
+        return [_msg(r) for r in rows]
+
+
+class _Rmd(api.RmdSequenceManager):
+    _tx: SqlTransaction
+
+    def create(self, sequence_id: str, *, acks_to: str, rm_version: str, wsa_version: str,
+               principal: str | None = None, offered_id: str | None = None,
+               expires: float | None = None, now: float | None = None) -> RmdSequence:
+        api.check_key(sequence_id, "sequence id")
+        tx = self._tx
+        tx.lock(RANK_RMD, sequence_id)
+        t = _now(now)
+        tx.capture_key("rmd_sequence", sequence_id)
+        n = tx.write(
+            "INSERT INTO rmd_sequence (sequence_id, acks_to, rm_version, wsa_version, principal, "
+            "offered_id, expires, created_at, last_activity) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (sequence_id) DO NOTHING",
+            (sequence_id, acks_to, rm_version, wsa_version, principal, offered_id, expires, t, t))
+        if n == 0:
+            raise DuplicateSequenceError(f"an RMD sequence {sequence_id!r} already exists")
+        return self.require(sequence_id)
+
+    def get(self, sequence_id: str) -> RmdSequence | None:
+        tx = self._tx
+        tx.lock(RANK_RMD, sequence_id)
+        row = tx.one(f"SELECT {_cols(_RMD_COLS)} FROM rmd_sequence WHERE sequence_id = ?"
+                     + tx.d.for_update, (sequence_id,))
+        return _rmd(row) if row else None
+
+    def _set(self, sequence_id: str, changes: dict[str, Any]) -> RmdSequence:
+        tx = self._tx
+        tx.capture_key("rmd_sequence", sequence_id)
+        names = sorted(changes)
+        values = [api.format_ranges(changes[n]) if n == "received" else changes[n] for n in names]
+        tx.write(f"UPDATE rmd_sequence SET {', '.join(f'{n} = ?' for n in names)} "
+                 "WHERE sequence_id = ?", [*values, sequence_id])
+        return self.require(sequence_id)
+
+    def record_received(self, sequence_id: str, number: int, *, last: bool = False,
+                        now: float | None = None) -> bool:
+        api.check_number(number)
+        seq = self.require(sequence_id)
+        received = seq.received.add(number)
+        new = received is not seq.received
+        changes: dict[str, Any] = {"received": received, "last_activity": _now(now)}
+        if last:
+            changes["last_number"] = number
+        self._set(sequence_id, changes)
+        return new
+
+    def update(self, sequence_id: str, **changes: Any) -> RmdSequence:
+        RmdSequence.check_changes(changes)
+        seq = self.require(sequence_id)
+        return self._set(sequence_id, changes) if changes else seq
+
+    def request_ack(self, sequence_id: str, due_at: float | None = None) -> RmdSequence:
+        seq = self.require(sequence_id)
+        due = _now(due_at)
+        if seq.ack_due_at is not None and seq.ack_due_at <= due:
+            return seq
+        return self._set(sequence_id, {"ack_due_at": due})
+
+    def ack_sent(self, sequence_id: str) -> RmdSequence:
+        self.require(sequence_id)
+        return self._set(sequence_id, {"ack_due_at": None})
+
+    def needing_ack(self, now: float | None = None, limit: int = 100) -> list[RmdSequence]:
+        rows = self._tx.all(
+            f"SELECT {_cols(_RMD_COLS)} FROM rmd_sequence WHERE ack_due_at IS NOT NULL "
+            "AND ack_due_at <= ? ORDER BY ack_due_at, sequence_id LIMIT ?", (_now(now), limit))
+        return [_rmd(r) for r in rows]
+
+    def list_all(self) -> list[RmdSequence]:
+        rows = self._tx.all(f"SELECT {_cols(_RMD_COLS)} FROM rmd_sequence "
+                            "ORDER BY created_at, sequence_id")
+        return [_rmd(r) for r in rows]
+
+    def delete(self, sequence_id: str) -> None:
+        self.require(sequence_id)
+        tx = self._tx
+        tx.capture_key("rmd_sequence", sequence_id)
+        tx.write("DELETE FROM rmd_sequence WHERE sequence_id = ?", (sequence_id,))
+
+
+class _Invoker(api.InvokerBufferManager):
+    _tx: SqlTransaction
+
+    def _lock_sequence(self, sequence_id: str, create: bool) -> tuple[api.AckRanges, int] | None:
+        """Lock the sequence's invoker row (creating it if asked); its delivered ranges."""
+        tx = self._tx
+        tx.lock(RANK_INVOKER, sequence_id)
+        sql = ("SELECT delivered, delivered_upto FROM invoker_sequence WHERE sequence_id = ?"
+               + tx.d.for_update)
+        row = tx.one(sql, (sequence_id,))
+        if row is None and create:
+            tx.capture_key("invoker_sequence", sequence_id)
+            tx.write("INSERT INTO invoker_sequence (sequence_id) VALUES (?) "
+                     "ON CONFLICT (sequence_id) DO NOTHING", (sequence_id,))
+            row = tx.one(sql, (sequence_id,))
+        return None if row is None else (api.parse_ranges(row[0]), int(row[1]))
+
+    def put(self, sequence_id: str, number: int, payload: bytes, *, action: str,
+            soap_version: str, message_id: str | None = None, reply_to: str | None = None,
+            now: float | None = None) -> bool:
+        api.check_number(number)
+        state = self._lock_sequence(sequence_id, create=True)
+        assert state is not None
+        if number in state[0]:
+            return False
+        tx = self._tx
+        tx.capture_key("invoker_message", sequence_id, number)
+        n = tx.write(
+            "INSERT INTO invoker_message (sequence_id, number, message_id, action, soap_version, "
+            "payload, reply_to, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (sequence_id, number) DO NOTHING",
+            (sequence_id, number, message_id, action, soap_version, bytes(payload), reply_to,
+             _now(now)))
+        return n > 0
+
+    def _next_row(self, sequence_id: str, in_order: bool, upto: int) -> BufferedMessage | None:
+        tx = self._tx
+        if in_order:
+            row = tx.one(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message "
+                         "WHERE sequence_id = ? AND number = ?", (sequence_id, upto + 1))
+        else:
+            row = tx.one(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message WHERE sequence_id = ? "
+                         "ORDER BY number LIMIT 1", (sequence_id,))
+        return _buf(row) if row else None
+
+    def next_deliverable(self, sequence_id: str, *, in_order: bool = True) -> BufferedMessage | None:
+        state = self._lock_sequence(sequence_id, create=False)
+        if state is None:
+            return None
+        return self._next_row(sequence_id, in_order, state[1])
+
+    def claim_next(self, *, in_order: bool = True) -> BufferedMessage | None:
+        tx = self._tx
+        tx.lock(RANK_INVOKER, "claim")
+        if in_order:
+            row = tx.one(
+                "SELECT s.sequence_id, s.delivered_upto FROM invoker_sequence s "
+                "JOIN invoker_message b ON b.sequence_id = s.sequence_id "
+                "AND b.number = s.delivered_upto + 1 ORDER BY b.received_at, s.sequence_id LIMIT 1"
+                + tx.d.lock_of("s"))
+        else:
+            row = tx.one(
+                "SELECT s.sequence_id, s.delivered_upto FROM invoker_sequence s WHERE EXISTS "
+                "(SELECT 1 FROM invoker_message b WHERE b.sequence_id = s.sequence_id) "
+                "ORDER BY s.sequence_id LIMIT 1" + tx.d.lock_of("s"))
+        if row is None:
+            return None
+        tx.lock(RANK_INVOKER, row[0])
+        return self._next_row(row[0], in_order, int(row[1]))
+
+    def mark_delivered(self, sequence_id: str, number: int) -> None:
+        state = self._lock_sequence(sequence_id, create=False)
+        tx = self._tx
+        where = "sequence_id = ? AND number = ?"
+        tx.capture_key("invoker_message", sequence_id, number)
+        if state is None or tx.write(f"DELETE FROM invoker_message WHERE {where}",
+                                     (sequence_id, number)) == 0:
+            raise UnknownMessageError(
+                f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
+        delivered = state[0].add(number)
+        tx.capture_key("invoker_sequence", sequence_id)
+        tx.write("UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? WHERE sequence_id = ?",
+                 (api.format_ranges(delivered), delivered.next_expected - 1, sequence_id))
+
+    def state(self, sequence_id: str) -> InvokerSequence:
+        row = self._tx.one("SELECT delivered FROM invoker_sequence WHERE sequence_id = ?",
+                           (sequence_id,))
+        return InvokerSequence(sequence_id=sequence_id,
+                               delivered=api.parse_ranges(row[0] if row else None),
+                               buffered=self.count(sequence_id))
+
+    def count(self, sequence_id: str | None = None) -> int:
+        if sequence_id is None:
+            row = self._tx.one("SELECT COUNT(*) FROM invoker_message")
+        else:
+            row = self._tx.one("SELECT COUNT(*) FROM invoker_message WHERE sequence_id = ?",
+                               (sequence_id,))
+        return int(row[0])
+
+    def discard(self, sequence_id: str) -> int:
+        self._lock_sequence(sequence_id, create=False)
+        tx = self._tx
+        tx.capture("invoker_message", "sequence_id = ?", (sequence_id,))
+        n = tx.write("DELETE FROM invoker_message WHERE sequence_id = ?", (sequence_id,))
+        tx.capture_key("invoker_sequence", sequence_id)
+        tx.write("DELETE FROM invoker_sequence WHERE sequence_id = ?", (sequence_id,))
+        return n
+
+
+def apply_undo(tx: SqlTransaction, undo: UndoLog) -> None:
+    """Put every row back as it was before the branch (SQLite XA rollback)."""
+    for (table, pk), image in undo.items():
+        cols = PRIMARY_KEYS[table]
+        tx.write(f"DELETE FROM {table} WHERE {' AND '.join(f'{c} = ?' for c in cols)}", pk)
+        if image is not None:
+            names = list(image)
+            tx.write(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({_in_list(names)})",
+                     [image[n] for n in names])

@@ -1,0 +1,427 @@
+"""The SQLite store: the embedded default for durable use.
+
+Concurrency
+-----------
+SQLite has one writer at a time and no row locks, so this store does not
+pretend otherwise: a store transaction owns the whole file from its first
+statement to its end.  Ownership is an exclusive ``flock`` on a sidecar file
+(``<db>.lock``) -- which also works between processes and is released by the
+kernel when a process dies -- behind a per-process ``threading.Lock`` so
+threads of one process queue cheaply.  Inside, ``BEGIN IMMEDIATE`` and WAL
+with ``synchronous=FULL`` make every commit durable.  The lock order rule and
+its :class:`~.api.LockOrderError` still apply, so code written against this
+store runs unchanged on the row-locking PostgreSQL store.
+
+The cost: a long transaction holds up every other one (an XA transaction that
+runs a slow service holds the store for as long).  When many workers or
+processes must write concurrently, use the PostgreSQL store.
+
+XA: durable prepare with an undo record
+---------------------------------------
+SQLite has no ``PREPARE TRANSACTION``.  A branch here runs as an ordinary
+store transaction that also *captures undo*: before its first write to a
+row, the row's before-image (or "absent") is kept.  ``prepare`` writes those
+images, keyed by the xid, into the ``xa_prepared`` table and COMMITS: the
+branch's changes and the means to undo them become durable together, in one
+SQLite commit.  Phase 2 then needs no work of the branch itself:
+
+* commit = delete the undo record;
+* rollback = put the before-images back, delete the undo record;
+
+each in one short transaction, from any process (a recovery manager after a
+restart, a Spark driver committing an executor's branch).
+
+Between prepare and phase 2 the branch's changes are in the tables but not
+decided, so nobody else may see or build on them: while ``xa_prepared`` has a
+row, ordinary transactions wait (polling, up to ``lock_timeout``) and then
+raise :class:`~.api.InDoubtBranchesError` naming the xids.  The row, not the
+file lock, is what holds the store, so the rule survives ``kill -9``: after a
+crash the kernel drops the file lock, the undo record stays, and the store
+refuses work until recovery commits or rolls back the branch
+(:meth:`SqliteXAResource.recover` lists it).  Readers of ``status()`` are
+not blocked: they read the committed file without the lock.
+
+Consequence: one prepared branch at a time blocks the store, so several
+processes that each prepare a branch on the same SQLite store and wait for a
+common decision (Spark partitions) would wait on each other; use PostgreSQL
+there.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import sqlite3
+import threading
+import time
+from typing import Any
+
+from txmanager.xa import (
+    TMENDRSCAN, TMSTARTRSCAN, XA_OK, XA_RBOTHER, XA_RDONLY, XAER_DUPID, XAER_NOTA, XAER_RMERR,
+    XAER_RMFAIL, XAException,
+)
+from txmanager.xid import Xid
+
+from . import api
+from .api import InDoubtBranchesError, LockTimeoutError, StoreClosedError
+from .branches import BranchResource
+from .sql import (
+    LATEST_VERSION, SQLITE, SqlTransaction, apply_undo, decode_undo, encode_undo, migrate,
+)
+
+__all__ = ["SqliteStore", "SqliteXAResource"]
+
+log = logging.getLogger(__name__)
+
+
+class _FileGate:
+    """Exclusive ownership of one store file: a thread lock, then an flock.
+
+    One gate per file and process (see :func:`_gate_for`): the thread lock
+    makes threads of this process wait efficiently; the flock, on a file
+    descriptor of this process's own, excludes other processes.
+    """
+
+    def __init__(self, lock_path: str) -> None:
+        self.lock_path = lock_path
+        self._thread_lock = threading.Lock()
+        self._fd: int | None = None
+        self.holder: str | None = None
+
+    def acquire(self, deadline: float, what: str) -> None:
+        remaining = max(deadline - time.monotonic(), 0.0)
+        if not self._thread_lock.acquire(timeout=remaining):
+            raise LockTimeoutError(
+                f"{what}: another transaction of this process ({self.holder}) has held the store "
+                "for longer than lock_timeout; end it first (two store objects on one file in one "
+                "transaction deadlock: share one SqliteStore per file)")
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            delay = 0.001
+            while True:
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                        raise
+                if time.monotonic() >= deadline:
+                    raise LockTimeoutError(
+                        f"{what}: another process holds the store file {self.lock_path} for longer "
+                        "than lock_timeout; retry later or raise lock_timeout")
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+            self.holder = threading.current_thread().name
+        except BaseException:
+            self._thread_lock.release()
+            raise
+
+    def release(self) -> None:
+        self.holder = None
+        try:
+            if self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._thread_lock.release()
+
+
+_gates: dict[tuple[int, str], _FileGate] = {}
+_gates_lock = threading.Lock()
+
+
+def _gate_for(path: str) -> _FileGate:
+    # keyed by pid too: a forked child must not share its parent's flock
+    key = (os.getpid(), path)
+    with _gates_lock:
+        gate = _gates.get(key)
+        if gate is None:
+            gate = _gates[key] = _FileGate(path + ".lock")
+        return gate
+
+
+class SqliteStore(api.StorageManager):
+    """A durable store in one SQLite file (``open_store("sqlite:///path/to/file.db")``)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, lock_timeout: float = 30.0,
+                 pool_size: int = 4) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        parent = os.path.dirname(self.path)
+        if not os.path.isdir(parent):
+            raise api.StoreError(f"cannot open store {self.path}: directory {parent} does not exist")
+        self.url = "sqlite:///" + self.path
+        self.lock_timeout = lock_timeout
+        self.pool_size = pool_size
+        self._gate = _gate_for(os.path.realpath(self.path))
+        self._idle: list[sqlite3.Connection] = []
+        self._pool_lock = threading.Lock()
+        self._closed = False
+        self.schema_version_found = self._migrate()
+        self._resource = SqliteXAResource(self)
+
+    # -- connections ------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                               timeout=self.lock_timeout)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        return conn
+
+    def _take(self) -> sqlite3.Connection:
+        with self._pool_lock:
+            if self._idle:
+                return self._idle.pop()
+        return self._connect()
+
+    def _give(self, conn: sqlite3.Connection) -> None:
+        with self._pool_lock:
+            if not self._closed and len(self._idle) < self.pool_size and not conn.in_transaction:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def _migrate(self) -> int:
+        """Migrate under the file lock, but only when needed: opening an up-to-date
+        store must not wait for (or be refused by) another process's transaction."""
+        try:
+            found = int(self._peek("SELECT MAX(version) FROM schema_version")[0][0] or 0)
+        except sqlite3.OperationalError:  # no schema_version table yet: a new file
+            found = 0
+        if found == LATEST_VERSION:
+            return found
+        self._gate.acquire(time.monotonic() + self.lock_timeout, f"opening {self.path}")
+        conn = self._connect()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                found = migrate(conn, SQLITE, self.path)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        finally:
+            conn.close()
+            self._gate.release()
+        return found
+
+    # -- transactions --------------------------------------------------------------------
+
+    def begin(self, *, xa: Any = None) -> SqlTransaction:
+        if xa is not None:
+            bound = self._resource.bind_current(xa)
+            if bound is not None:
+                return bound
+            log.debug("begin(xa=...): no current transaction, using a local store transaction")
+        return self._open(capture_undo=False)
+
+    def _open(self, *, capture_undo: bool, allow_in_doubt: bool = False) -> SqlTransaction:
+        """A transaction owning the file; waits while prepared branches hold the store."""
+        if self._closed:
+            raise StoreClosedError(f"{self.url} is closed")
+        deadline = time.monotonic() + self.lock_timeout
+        delay = 0.002
+        while True:
+            self._gate.acquire(deadline, f"store {self.path}")
+            conn: sqlite3.Connection | None = None
+            try:
+                conn = self._take()
+                conn.execute("BEGIN IMMEDIATE")
+                in_doubt = [] if allow_in_doubt else [r[0] for r in conn.execute(
+                    "SELECT xid FROM xa_prepared ORDER BY prepared_at LIMIT 10")]
+                if not in_doubt:
+                    return SqlTransaction(self, conn, SQLITE, capture_undo=capture_undo)
+                conn.execute("ROLLBACK")
+            except BaseException:
+                if conn is not None:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    self._give(conn)
+                self._gate.release()
+                raise
+            self._give(conn)
+            self._gate.release()
+            if time.monotonic() >= deadline:
+                raise InDoubtBranchesError(
+                    f"store {self.path} holds prepared XA branches {in_doubt} that no one has "
+                    "committed or rolled back: run recovery (the transaction manager's "
+                    "RecoveryManager, or store.xa_resource().commit/rollback(xid)) first",
+                    [Xid.from_text(x) for x in in_doubt])
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _finish(self, tx: SqlTransaction, commit: bool) -> None:
+        conn = tx.conn
+        tx.mark_closed()
+        try:
+            if commit:
+                try:
+                    conn.execute("COMMIT")
+                except sqlite3.Error:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            elif conn.in_transaction:
+                conn.execute("ROLLBACK")
+        finally:
+            self._give(conn)
+            self._gate.release()
+
+    @staticmethod
+    def _translate(exc: BaseException) -> Exception | None:
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            return LockTimeoutError(f"SQLite reports the store busy: {exc}")
+        return None
+
+    # -- reading without the lock (status, recover) ---------------------------------------
+
+    def _peek(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        conn = self._connect()
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def status(self) -> api.StoreStatus:
+        """Counters read from the committed file, without waiting for any transaction."""
+        conn = self._connect()
+        reader = _Reader()
+        try:
+            conn.execute("BEGIN")
+            prepared = conn.execute("SELECT COUNT(*) FROM xa_prepared").fetchone()[0]
+            status = api._status_of(SqlTransaction(reader, conn, SQLITE), prepared=int(prepared))
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+        return status
+
+    def schema_version(self) -> int:
+        return int(self._peek("SELECT MAX(version) FROM schema_version")[0][0])
+
+    # -- XA --------------------------------------------------------------------------------------
+
+    def xa_resource(self) -> "SqliteXAResource":
+        return self._resource
+
+    def close(self) -> None:
+        with self._pool_lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+class _Reader:
+    """Owner of a read-only status transaction: nothing to release."""
+
+    _translate = staticmethod(SqliteStore._translate)
+
+    def _finish(self, tx: SqlTransaction, commit: bool) -> None:
+        tx.mark_closed()
+
+
+class SqliteXAResource(BranchResource):
+    """The SQLite store as a durable XA resource manager (see the module docstring)."""
+
+    _store: SqliteStore
+
+    def _open_branch_tx(self, xid: Xid) -> SqlTransaction:
+        try:
+            tx = self._store._open(capture_undo=True)
+        except LockTimeoutError as exc:
+            raise XAException(XAER_RMERR, f"{self.resource_name}: cannot start {xid}: {exc}") from exc
+        if tx.one("SELECT 1 FROM xa_prepared WHERE xid = ?", (xid.to_text(),)):
+            self._store._finish(tx, commit=False)
+            raise XAException(XAER_DUPID, f"{xid} is already prepared in {self.resource_name}")
+        return tx
+
+    def _store_finish(self, tx: Any, commit: bool) -> None:
+        self._store._finish(tx, commit)
+
+    def prepare(self, xid: Xid) -> int:
+        branch = self._get(xid)
+        self._refuse_failed(branch)
+        tx: SqlTransaction = branch.tx
+        self._pop(xid)
+        if not tx.undo:
+            self._store._finish(tx, commit=False)
+            return XA_RDONLY
+        try:
+            tx.write("INSERT INTO xa_prepared (xid, undo, prepared_at) VALUES (?, ?, ?)",
+                     (xid.to_text(), encode_undo(tx.undo), time.time()))
+            self._store._finish(tx, commit=True)  # changes + undo durable in one SQLite commit
+        except Exception as exc:
+            if not tx.closed:
+                self._store._finish(tx, commit=False)
+            raise XAException(XA_RBOTHER, f"{self.resource_name}: prepare of {xid} failed: {exc}") from exc
+        return XA_OK
+
+    def commit(self, xid: Xid, one_phase: bool = False) -> None:
+        with self._lock:
+            branch = self._branches.get(xid)
+        if branch is not None:
+            if not one_phase:
+                raise self._protocol_error(xid, "is not prepared: prepare it or commit one-phase")
+            self._refuse_failed(branch)
+            self._pop(xid)
+            try:
+                self._store._finish(branch.tx, commit=True)
+            except sqlite3.Error as exc:
+                raise XAException(XA_RBOTHER, f"{self.resource_name}: commit of {xid} failed: {exc}") from exc
+            return
+        if one_phase:
+            if self._is_prepared(xid):
+                raise self._protocol_error(xid, "is prepared: commit it in two phases")
+            raise XAException(XAER_NOTA, f"{self.resource_name} has no branch {xid}")
+        self._resolve(xid, commit=True)
+
+    def rollback(self, xid: Xid) -> None:
+        with self._lock:
+            branch = self._branches.get(xid)
+        if branch is not None:
+            self._abort(branch)
+            return
+        self._resolve(xid, commit=False)
+
+    def _resolve(self, xid: Xid, *, commit: bool) -> None:
+        """Phase 2 of a prepared branch: drop its undo record, or apply it first."""
+        try:
+            tx = self._store._open(capture_undo=False, allow_in_doubt=True)
+        except LockTimeoutError as exc:
+            raise XAException(XAER_RMFAIL, f"{self.resource_name}: store busy: {exc}") from exc
+        try:
+            row = tx.one("SELECT undo FROM xa_prepared WHERE xid = ?", (xid.to_text(),))
+            if row is None:
+                raise XAException(XAER_NOTA, f"{self.resource_name} has no prepared branch {xid}")
+            if not commit:
+                apply_undo(tx, decode_undo(row[0]))
+            tx.write("DELETE FROM xa_prepared WHERE xid = ?", (xid.to_text(),))
+        except BaseException:
+            self._store._finish(tx, commit=False)
+            raise
+        try:
+            self._store._finish(tx, commit=True)
+        except sqlite3.Error as exc:
+            raise XAException(XAER_RMFAIL, f"{self.resource_name}: phase 2 of {xid} failed: {exc}") from exc
+        log.debug("%s: %s %s", self.resource_name, "committed" if commit else "rolled back", xid)
+
+    def _is_prepared(self, xid: Xid) -> bool:
+        return bool(self._store._peek("SELECT 1 FROM xa_prepared WHERE xid = ?", (xid.to_text(),)))
+
+    def recover(self, flags: int = TMSTARTRSCAN | TMENDRSCAN) -> list[Xid]:
+        """Every branch prepared in this file and not finished, by any process."""
+        out = []
+        for (text,) in self._store._peek("SELECT xid FROM xa_prepared ORDER BY prepared_at"):
+            xid = Xid.from_pg_gid(text)
+            if xid is None:
+                log.warning("%s: unreadable xid %r in xa_prepared", self.resource_name, text)
+                continue
+            out.append(xid)
+        return out
+
+    def prepared_age(self, xid: Xid) -> float | None:
+        """Seconds since the branch was prepared (the recovery manager's safety interval)."""
+        rows = self._store._peek("SELECT prepared_at FROM xa_prepared WHERE xid = ?", (xid.to_text(),))
+        return max(time.time() - rows[0][0], 0.0) if rows else None
