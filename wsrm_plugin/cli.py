@@ -1,4 +1,8 @@
-"""The ``wsrm`` command."""
+"""The ``wsrm`` command: demos and operator tools.
+
+Subcommands import their modules lazily so ``wsrm --help`` stays fast and a
+missing optional dependency only breaks the subcommand that needs it.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,41 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wsrm", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="count", default=0)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging (-v info, -vv debug)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from txmanager import demo as txdemo, operator
+
+    for name, help_text in (
+        ("demo", "the main job: the end-to-end demo on embedded defaults"),
+        ("txdemo", "two PostgreSQL banks, crashes at every 2PC point, recovery"),
+    ):
+        p = sub.add_parser(name, help=help_text, description=txdemo.__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        txdemo.add_arguments(p)
+        p.set_defaults(run=lambda a: txdemo.run(a.dsn, a.transfers))
+
+    p = sub.add_parser("recover", help="list and resolve in-doubt transactions",
+                       description=operator.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    operator.add_arguments(p)
+    p.set_defaults(run=operator.run)
+
+    from wsrm_plugin import proxy
+
+    p = sub.add_parser("proxy", help="lossy loopback HTTP proxy for fault injection",
+                       description=proxy.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    proxy.add_arguments(p)
+    p.set_defaults(run=proxy.run)
+
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING - 10 * args.verbose)
-    return 0
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return int(args.run(args) or 0)
 
 
 if __name__ == "__main__":
