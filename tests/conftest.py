@@ -1,0 +1,93 @@
+"""Fixtures shared by the whole suite: one throwaway PostgreSQL server per session.
+
+The server is real (initdb + postgres on 127.0.0.1, see
+:mod:`txmanager.pgserver`); each test that needs a database gets a fresh one,
+dropped afterwards together with any prepared transaction left in it, so a
+failing test cannot leak locks or use up ``max_prepared_transactions`` for
+the tests after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg2
+import pytest
+
+from txmanager.pgserver import ThrowawayPostgres, find_bindir
+
+log = logging.getLogger(__name__)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Nothing to register: the markers live in pyproject.toml."""
+
+
+def start_throwaway_server(**kwargs) -> ThrowawayPostgres:
+    """A started server, or a test failure that says how to install PostgreSQL (never a skip)."""
+    try:
+        find_bindir()
+    except Exception as exc:  # noqa: BLE001 -- report it as the test failure it is
+        pytest.fail(f"PostgreSQL is needed by this test: {exc}", pytrace=False)
+    server = ThrowawayPostgres(**kwargs)
+    try:
+        server.start()
+    except BaseException:
+        server.close()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[ThrowawayPostgres]:
+    """The session's server.  A test that kills it must start it again (prepared
+    transactions survive that); :func:`pg_dsn_factory` also restarts a dead one."""
+    server = start_throwaway_server()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _drop(server: ThrowawayPostgres, name: str) -> None:
+    conn = psycopg2.connect(server.dsn(name), connect_timeout=10)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")
+            for (gid,) in cur.fetchall():
+                cur.execute("ROLLBACK PREPARED %s", (gid,))
+    finally:
+        conn.close()
+    server.drop_database(name)
+
+
+@pytest.fixture
+def pg_dsn_factory(pg_server: ThrowawayPostgres) -> Iterator[Callable[..., str]]:
+    """``make(prefix="t") -> dsn`` of a new, uniquely named database; all dropped at teardown."""
+    created: list[str] = []
+
+    def make(prefix: str = "t") -> str:
+        if not pg_server.running:
+            pg_server.start()
+        name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+        dsn = pg_server.create_database(name)
+        created.append(name)
+        return dsn
+
+    yield make
+    if not pg_server.running:
+        pg_server.start()
+    for name in created:
+        try:
+            _drop(pg_server, name)
+        except psycopg2.Error as exc:  # a test that still holds a session: harmless leftover
+            log.warning("could not drop test database %s: %s", name, exc)
+
+
+@pytest.fixture
+def fresh_db(pg_dsn_factory: Callable[..., str]) -> str:
+    """The DSN of a new empty database on the session's server."""
+    return pg_dsn_factory()

@@ -1,0 +1,247 @@
+"""XADataSource under the real TransactionManager, against real databases."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg2
+import pytest
+
+from txmanager import RollbackError, TransactionManager
+from txmanager.postgres import PostgresXAResource, XADataSource
+
+pytestmark = pytest.mark.postgres
+
+
+class Crash(BaseException):
+    """Raised by a checkpoint hook: the commit stops dead there, as in a kill -9."""
+
+
+def run(dsn: str, sql: str, params=()):
+    conn = psycopg2.connect(dsn)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall() if cur.description else None
+    finally:
+        conn.close()
+
+
+def values(dsn: str) -> list[str]:
+    return [v for (v,) in run(dsn, "SELECT v FROM t ORDER BY id")]
+
+
+def prepared_gids(dsn: str) -> list[str]:
+    return [g for (g,) in run(dsn, "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")]
+
+
+def insert(conn, value: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO t (v) VALUES (%s)", (value,))
+
+
+@pytest.fixture
+def dbs(pg_dsn_factory):
+    made = [pg_dsn_factory("ds_a"), pg_dsn_factory("ds_b")]
+    for dsn in made:
+        run(dsn, "CREATE TABLE t (id serial PRIMARY KEY, v text NOT NULL)")
+    return made
+
+
+@pytest.fixture
+def tm(tmp_path):
+    manager = TransactionManager(node="dstest", log=tmp_path / "tx.log")
+    yield manager
+    manager.close()
+
+
+@pytest.fixture
+def sources(dbs, tm):
+    made = [XADataSource(dsn, tm, resource_name=f"ds-{i}") for i, dsn in enumerate(dbs)]
+    yield made
+    for ds in made:
+        ds.close()
+
+
+def test_a_transaction_over_two_databases_commits_both(dbs, tm, sources):
+    a, b = sources
+    with tm.transaction() as tx:
+        with a.connection() as ca:
+            insert(ca, "debit")
+        with b.connection() as cb:
+            insert(cb, "credit")
+        assert len(tx.branches) == 2
+    assert values(dbs[0]) == ["debit"] and values(dbs[1]) == ["credit"]
+    assert prepared_gids(dbs[0]) == prepared_gids(dbs[1]) == []
+
+
+def test_an_exception_rolls_back_both_databases(dbs, tm, sources):
+    a, b = sources
+    with pytest.raises(ZeroDivisionError):
+        with tm.transaction():
+            with a.connection() as ca:
+                insert(ca, "debit")
+            with b.connection() as cb:
+                insert(cb, "credit")
+            1 / 0
+    assert values(dbs[0]) == values(dbs[1]) == []
+
+
+def test_one_thread_one_transaction_one_connection_one_branch(dbs, tm, sources):
+    a, _ = sources
+    with tm.transaction() as tx:
+        with a.connection() as first:
+            insert(first, "one")
+        with a.connection() as second:
+            insert(second, "two")
+        assert first is second
+        assert len(tx.branches) == 1, "both blocks are the same branch (committed in one phase)"
+    assert values(dbs[0]) == ["one", "two"]
+
+
+def test_the_connection_returns_to_the_pool_when_the_transaction_completes(dbs, tm, sources):
+    a, _ = sources
+    with tm.transaction():
+        with a.connection() as conn:
+            insert(conn, "x")
+            pid = conn.get_backend_pid()
+        assert a._idle == [], "the branch is still open after the with block"
+    assert len(a._idle) == 1
+    with tm.transaction():
+        with a.connection() as again:
+            assert again.get_backend_pid() == pid, "the pooled session is reused"
+            insert(again, "y")
+    assert values(dbs[0]) == ["x", "y"]
+
+
+def test_a_failed_statement_rolls_the_transaction_back_and_the_session_is_reusable(dbs, tm, sources):
+    a, b = sources
+    with pytest.raises(RollbackError):
+        with tm.transaction():
+            with b.connection() as cb:
+                insert(cb, "credit")
+            with a.connection() as ca:
+                insert(ca, "before the error")
+                try:
+                    with ca.cursor() as cur:
+                        cur.execute("INSERT INTO t (v) VALUES (NULL)")
+                except psycopg2.errors.NotNullViolation:
+                    pass  # swallowed by the application: the branch must still roll back
+    assert values(dbs[0]) == values(dbs[1]) == []
+    with tm.transaction():
+        with a.connection() as ca:
+            insert(ca, "after")
+    assert values(dbs[0]) == ["after"]
+
+
+def test_outside_a_transaction_the_connection_is_a_local_one(dbs, sources):
+    a, _ = sources
+    with a.connection() as conn:
+        insert(conn, "committed at the end of the block")
+    with pytest.raises(RuntimeError):
+        with a.connection() as conn:
+            insert(conn, "rolled back")
+            raise RuntimeError("boom")
+    assert values(dbs[0]) == ["committed at the end of the block"]
+
+
+def test_threads_get_their_own_connections(dbs, tm, sources):
+    a, _ = sources
+    pids: list[int] = []
+    errors: list[BaseException] = []
+    inside = threading.Barrier(2, timeout=60)
+
+    def work(n: int) -> None:
+        try:
+            with tm.transaction():
+                with a.connection() as conn:
+                    insert(conn, f"thread {n}")
+                    pids.append(conn.get_backend_pid())
+                    inside.wait()  # both transactions open at once
+        except BaseException as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert len(set(pids)) == 2
+    assert sorted(values(dbs[0])) == ["thread 0", "thread 1"]
+
+
+def test_pool_size_zero_closes_each_session_after_its_transaction(dbs, tm):
+    ds = XADataSource(dbs[0], tm, pool_size=0)
+    try:
+        with tm.transaction():
+            with ds.connection() as conn:
+                insert(conn, "x")
+        assert conn.closed
+    finally:
+        ds.close()
+
+
+def test_read_only_branches_drop_out_of_phase_two(dbs, tm):
+    a = XADataSource(dbs[0], tm, read_only_check=True)
+    b = XADataSource(dbs[1], tm, read_only_check=True)
+    run(dbs[1], "INSERT INTO t (v) VALUES ('looked up')")
+    try:
+        with tm.transaction():
+            with b.connection() as cb, cb.cursor() as cur:
+                cur.execute("SELECT v FROM t")
+                assert cur.fetchall() == [("looked up",)]
+            with a.connection() as ca:
+                insert(ca, "written")
+        assert values(dbs[0]) == ["written"]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_crash_after_the_decision_is_finished_by_recovery_in_a_new_manager(dbs, tmp_path):
+    log_path = tmp_path / "crash.log"
+
+    def crash_when_logged(point: str, index: int) -> None:
+        if point == "logged":
+            raise Crash(point)
+
+    tm1 = TransactionManager(node="crashy", log=log_path, checkpoint=crash_when_logged)
+    a1, b1 = (XADataSource(dsn, tm1, resource_name=f"bank-{i}") for i, dsn in enumerate(dbs))
+    with pytest.raises(Crash):
+        with tm1.transaction():
+            with a1.connection() as ca:
+                insert(ca, "debit")
+            with b1.connection() as cb:
+                insert(cb, "credit")
+    assert len(prepared_gids(dbs[0])) == len(prepared_gids(dbs[1])) == 1, "both branches in doubt"
+    # The "dead" process: its sessions go away, its prepared branches stay.
+    for ds in (a1, b1):
+        for _tx, resource in list(ds._enlisted.values()):
+            resource.close()
+        ds.close()
+    tm1.close()
+
+    tm2 = TransactionManager(node="crashy", log=log_path)
+    try:
+        a2, b2 = (XADataSource(dsn, tm2, resource_name=f"bank-{i}") for i, dsn in enumerate(dbs))
+        report = tm2.recovery.recover_once()
+        assert not report.errors, report.summary()
+        assert values(dbs[0]) == ["debit"] and values(dbs[1]) == ["credit"]
+        assert prepared_gids(dbs[0]) == prepared_gids(dbs[1]) == []
+        a2.close()
+        b2.close()
+    finally:
+        tm2.close()
+
+
+def test_the_recovery_resource_works_with_fresh_connections(dbs, tm, sources):
+    a, _ = sources
+    resource = a.xa_resource_for_recovery()
+    try:
+        assert isinstance(resource, PostgresXAResource)
+        assert resource.resource_name == a.resource_name == "ds-0"
+        assert resource.recover() == []
+    finally:
+        resource.close()
