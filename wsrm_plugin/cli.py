@@ -1,7 +1,7 @@
 """The ``wsrm`` command: demos and operator tools.
 
-Subcommands import their modules lazily so ``wsrm --help`` stays fast and a
-missing optional dependency only breaks the subcommand that needs it.
+Each subcommand's options and behaviour live in its own module
+(``add_arguments(parser)`` and ``run(args)``), so this file only assembles them.
 """
 
 from __future__ import annotations
