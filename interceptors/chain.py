@@ -1,0 +1,791 @@
+"""The interceptor chain: ordered handlers every SOAP message passes, both ways.
+
+This is Axis2's handler chain (seed 004, 3.4.2: Mercury is "an Axis2 module",
+two handlers plus workers) and CXF's ``PhaseInterceptorChain``: a message goes
+through interceptors grouped in :class:`Phase` s.  A received message runs the
+phases in their order (TRANSPORT, ADDRESSING, RELIABLE_MESSAGING, DISPATCH);
+a message being sent runs the exact mirror (DISPATCH first, TRANSPORT last),
+like a stack of WSGI middlewares: whatever decoded a header on the way in is
+the last to see the message on the way out, so it encodes there.  Within a
+phase, ``before``/``after`` name peers (in the in order; mirrored on the way
+out); the rest keep their registration order.
+
+An interceptor can take a message out of the flow:
+
+* ``message.abort(response)`` consumes it: it is not delivered (the service is
+  not called, the request is not sent), and ``response`` is what the other
+  side gets instead (a WS-RM CreateSequenceResponse, a bare 202).
+* ``message.suspend(response)`` does the same but remembers where: a worker
+  later calls :meth:`InterceptorChain.resume` to run "the rest of the
+  handlers" (Mercury's RMS and invoker workers do exactly that after the
+  message sat in a store).
+
+The same chain serves a spyne server and a zeep client; the adapters
+(:mod:`interceptors.spyne_adapter`, :mod:`interceptors.zeep_adapter`) turn
+their frameworks' requests into :class:`Message` objects and honour aborts.
+Third parties extend a chain with interceptors or pluggy hooks
+(:mod:`interceptors.hookspecs`), installed under the ``wsrm_interceptors``
+entry point group.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import importlib.metadata
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import pluggy
+from lxml import etree
+
+from wsrm_plugin.wire.namespaces import SOAP11, SoapVersion
+from wsrm_plugin.wire.xmlsafe import DEFAULT_MAX_SIZE, children, parse_xml
+
+from . import hookspecs
+
+if TYPE_CHECKING:
+    from wsrm_plugin.wire.addressing import AddressingHeaders
+
+__all__ = [
+    "ENTRY_POINT_GROUP", "Phase", "Direction", "Role", "HttpHeaders", "Response", "Exchange",
+    "Message", "InterceptorLike", "Interceptor", "InterceptorChain", "action_from_http", "serialize",
+    "ChainError", "ChainConfigurationError", "MessageConsumed",
+]
+
+log = logging.getLogger(__name__)
+
+#: The importlib.metadata entry point group third-party interceptors and plugins are found in.
+ENTRY_POINT_GROUP = "wsrm_interceptors"
+
+
+class ChainError(Exception):
+    """Base of the errors the chain itself raises (not the ones interceptors raise)."""
+
+
+class ChainConfigurationError(ChainError, ValueError):
+    """The chain cannot be built as asked: a duplicate name, an impossible order, a bad plugin."""
+
+
+class MessageConsumed(ChainError):
+    """An interceptor consumed a message that its caller needs (a client's reply)."""
+
+
+class Phase(enum.IntEnum):
+    """Where an interceptor runs; the values give the in order, the out chain runs them backwards.
+
+    TRANSPORT sees the raw HTTP side (headers, size, security); ADDRESSING reads
+    and writes WS-Addressing; RELIABLE_MESSAGING is where WS-RM takes, stores
+    and acknowledges messages; DISPATCH is closest to the application.
+    """
+
+    TRANSPORT = 100
+    ADDRESSING = 200
+    RELIABLE_MESSAGING = 300
+    DISPATCH = 400
+
+
+class Direction(enum.Enum):
+    """IN: the message was received; OUT: it is being sent."""
+
+    IN = "in"
+    OUT = "out"
+
+
+class Role(enum.Enum):
+    """Which side of the exchange runs the chain: the CLIENT sends requests, the SERVER answers."""
+
+    CLIENT = "client"
+    SERVER = "server"
+
+
+class HttpHeaders(MutableMapping[str, str]):
+    """HTTP headers with case-insensitive names that keep the spelling they were set with."""
+
+    def __init__(self, headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None) -> None:
+        self._items: dict[str, tuple[str, str]] = {}
+        if headers is not None:
+            self.update(headers)
+
+    def __getitem__(self, name: str) -> str:
+        return self._items[name.lower()][1]
+
+    def __setitem__(self, name: str, value: str) -> None:
+        if not isinstance(value, str):
+            raise TypeError(f"HTTP header {name!r} needs a str value, not {type(value).__name__}")
+        self._items[name.lower()] = (name, value)
+
+    def __delitem__(self, name: str) -> None:
+        del self._items[name.lower()]
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, _ in self._items.values())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"HttpHeaders({dict(self.items())!r})"
+
+
+def _soap_version_of(envelope: etree._Element | None) -> SoapVersion | None:
+    if envelope is None or not isinstance(envelope.tag, str):
+        return None
+    return SoapVersion.for_namespace(etree.QName(envelope).namespace)
+
+
+def action_from_http(headers: Mapping[str, str], version: SoapVersion | None) -> str | None:
+    """The SOAP action the HTTP headers carry: SOAPAction (1.1) or Content-Type's action (1.2)."""
+    if version is None or version is SOAP11:
+        action = headers.get("SOAPAction")
+        if action is not None or version is SOAP11:
+            return (action.strip().strip('"') or None) if action is not None else None
+    for param in (headers.get("Content-Type") or "").split(";")[1:]:
+        key, _, value = param.strip().partition("=")
+        if key.lower() == "action":
+            return value.strip().strip('"') or None
+    return None
+
+
+def serialize(envelope: etree._Element) -> bytes:
+    """The bytes an envelope travels as: UTF-8 with a declaration (what both frameworks send)."""
+    return etree.tostring(envelope, xml_declaration=True, encoding="utf-8")
+
+
+@dataclass
+class Response:
+    """What the other side receives when an interceptor answers in place of the normal flow.
+
+    ``status`` defaults to 200 with an envelope and 202 (Accepted, nothing to
+    say) without.  Content-Type follows the envelope's SOAP version unless
+    ``http_headers`` sets it.
+    """
+
+    status: int | None = None
+    envelope: etree._Element | None = None
+    http_headers: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status is not None and not 100 <= self.status <= 599:
+            raise ValueError(f"HTTP status {self.status} is not a status code (100..599)")
+        if self.envelope is not None and _soap_version_of(self.envelope) is None:
+            raise ValueError(
+                f"a Response envelope must be a SOAP 1.1 or 1.2 Envelope, not {self.envelope.tag!r}")
+
+    @property
+    def status_code(self) -> int:
+        if self.status is not None:
+            return self.status
+        return 200 if self.envelope is not None else 202
+
+    @property
+    def status_line(self) -> str:
+        """``"202 Accepted"``: the form WSGI's start_response wants."""
+        try:
+            phrase = HTTPStatus(self.status_code).phrase
+        except ValueError:
+            phrase = "Unknown"
+        return f"{self.status_code} {phrase}"
+
+    def body(self) -> bytes:
+        return serialize(self.envelope) if self.envelope is not None else b""
+
+    def headers(self, body: bytes | None = None) -> HttpHeaders:
+        """The HTTP headers to send, Content-Type and Content-Length filled in.
+
+        Pass the :meth:`body` already rendered to save serializing it twice.
+        """
+        headers = HttpHeaders(self.http_headers)
+        version = _soap_version_of(self.envelope)
+        if version is not None and "Content-Type" not in headers:
+            headers["Content-Type"] = f"{version.content_type}; charset=utf-8"
+        headers["Content-Length"] = str(len(self.body() if body is None else body))
+        return headers
+
+
+@dataclass(eq=False)
+class Exchange:
+    """One request and its response, so the reply's interceptors can see the request.
+
+    ``properties`` is for interceptors that need to pass something from the
+    request to its response (CXF's Exchange); ``Message.context`` is per message.
+    """
+
+    request: Message | None = None
+    response: Message | None = None
+    properties: dict[str, Any] = field(default_factory=dict)
+
+
+_RUNNING, _ABORTED, _SUSPENDED = "running", "aborted", "suspended"
+
+
+class Message:
+    """One SOAP message in flight, as the interceptors see it.
+
+    ``envelope`` is the lxml Envelope element (None for an empty HTTP body, such
+    as a one-way operation's 202).  Interceptors may change it in place or
+    replace it.  ``address`` is the endpoint URL (the target on a client, the
+    request URL on a server); ``action`` the SOAP action if the transport said
+    one; ``operation`` the operation name where the framework knows it.
+    ``addressing`` is filled by the WS-Addressing interceptor.  ``fault`` is the
+    exception a fault response answers (set by the server adapter, so
+    interceptors can pick the fault's WS-A action); ``error`` is what an
+    interceptor raised while the chain ran this message.
+    """
+
+    def __init__(self, envelope: etree._Element | None, direction: Direction, role: Role, *,
+                 http_headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+                 address: str | None = None, action: str | None = None,
+                 operation: str | None = None, http_status: int | None = None,
+                 exchange: Exchange | None = None, context: dict[str, Any] | None = None,
+                 resume_point: str | None = None) -> None:
+        if not isinstance(direction, Direction):
+            raise TypeError(f"direction must be a Direction, not {direction!r}")
+        if not isinstance(role, Role):
+            raise TypeError(f"role must be a Role, not {role!r}")
+        if envelope is not None and _soap_version_of(envelope) is None:
+            raise ValueError(
+                f"a Message envelope must be a SOAP 1.1 or 1.2 Envelope, not {envelope.tag!r}")
+        self.envelope = envelope
+        self.direction = direction
+        self.role = role
+        self.http_headers = HttpHeaders(http_headers)
+        self.address = address
+        self.action = action
+        self.operation = operation
+        self.http_status = http_status
+        self.context: dict[str, Any] = context if context is not None else {}
+        self.addressing: AddressingHeaders | None = None
+        self.fault: BaseException | None = None
+        self.error: BaseException | None = None
+        self.response: Response | None = None
+        self.resume_point = resume_point
+        self.current: str | None = None
+        self.stopped_by: str | None = None
+        self._state = _RUNNING
+        self.exchange = exchange if exchange is not None else Exchange()
+        if self.is_request:
+            self.exchange.request = self
+        else:
+            self.exchange.response = self
+
+    def __repr__(self) -> str:
+        return (f"<Message {self.direction.value} {self.role.value} {self.operation or ''}"
+                f" {self._state}>")
+
+    # -- what kind of message ---------------------------------------------------
+    @property
+    def is_request(self) -> bool:
+        """A client's outgoing or a server's incoming message (else a response)."""
+        return (self.direction is Direction.OUT) == (self.role is Role.CLIENT)
+
+    @property
+    def request(self) -> Message | None:
+        """The request this message answers (itself for a request)."""
+        return self.exchange.request
+
+    @property
+    def soap_version(self) -> SoapVersion | None:
+        return _soap_version_of(self.envelope)
+
+    @property
+    def body_element(self) -> etree._Element | None:
+        """The first child of the Body (the payload or the Fault), or None."""
+        body = self._part("Body")
+        if body is None:
+            return None
+        return next(children(body), None)
+
+    @property
+    def is_fault(self) -> bool:
+        body = self.body_element
+        version = self.soap_version
+        return body is not None and version is not None and body.tag == version.qname("Fault").text
+
+    # -- headers ----------------------------------------------------------------
+    def _part(self, local: str) -> etree._Element | None:
+        version = self.soap_version
+        if version is None:
+            return None
+        tag = version.qname(local).text
+        for child in children(self.envelope):
+            if child.tag == tag:
+                return child
+        return None
+
+    def header_elements(self) -> list[etree._Element]:
+        """The SOAP header blocks, in document order (a new list; the elements are live)."""
+        header = self._part("Header")
+        return list(children(header)) if header is not None else []
+
+    def add_header(self, element: etree._Element, *, first: bool = False) -> etree._Element:
+        """Append (or prepend) a header block, creating the Header if there is none."""
+        version = self.soap_version
+        if version is None:
+            raise ChainError("this message has no SOAP envelope to add a header to")
+        header = self._part("Header")
+        if header is None:
+            header = etree.Element(version.qname("Header"))
+            self.envelope.insert(0, header)
+        if first:
+            header.insert(0, element)
+        else:
+            header.append(element)
+        return element
+
+    def remove_header(self, element: etree._Element) -> None:
+        header = self._part("Header")
+        if header is None or element.getparent() is not header:
+            raise ValueError("that element is not a header block of this message")
+        header.remove(element)
+
+    # -- leaving the flow ---------------------------------------------------------
+    def abort(self, response: Response | None = None) -> None:
+        """Consume this message: the chain stops and the message is not delivered.
+
+        ``response`` is what the sender gets instead (server in: the HTTP
+        answer; client out: what the client sees as the reply; server out:
+        replaces the service's answer; client in: its envelope becomes the
+        reply, and without one the caller gets MessageConsumed).  None means
+        an empty 202.
+        """
+        self._stop(_ABORTED, response)
+
+    def suspend(self, response: Response | None = None) -> None:
+        """Like :meth:`abort`, but :meth:`InterceptorChain.resume` can finish the chain later.
+
+        Only an interceptor can suspend (the chain resumes after it by name).
+        """
+        if self.current is None:
+            raise ChainError(
+                "suspend() needs to know which interceptor to resume after: call it from an "
+                "interceptor's handler (hooks can abort, not suspend)")
+        self.resume_point = self.current
+        self._stop(_SUSPENDED, response)
+
+    def _stop(self, state: str, response: Response | None) -> None:
+        if response is not None and not isinstance(response, Response):
+            raise TypeError(f"response must be an interceptors.Response, not {type(response).__name__}")
+        self._state = state
+        self.response = response
+
+    @property
+    def stopped(self) -> bool:
+        """True once aborted or suspended: the adapter must not deliver the message."""
+        return self._state != _RUNNING
+
+    @property
+    def aborted(self) -> bool:
+        return self._state == _ABORTED
+
+    @property
+    def suspended(self) -> bool:
+        return self._state == _SUSPENDED
+
+    # -- storing and rebuilding (for workers that resume later) --------------------
+    def to_bytes(self) -> bytes:
+        if self.envelope is None:
+            raise ChainError("this message has no envelope to serialize")
+        return serialize(self.envelope)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, direction: Direction, role: Role, *,
+                   max_size: int = DEFAULT_MAX_SIZE, **kwargs: Any) -> Message:
+        """Rebuild a message from stored or received bytes, parsed safely (no DTD, size-limited)."""
+        return cls(parse_xml(data, max_size=max_size), direction, role, **kwargs)
+
+
+@runtime_checkable
+class InterceptorLike(Protocol):
+    """What the chain needs of an interceptor; subclass :class:`Interceptor` to get the defaults."""
+
+    name: str
+    phase: Phase
+    before: Iterable[str]
+    after: Iterable[str]
+
+    def handle_in(self, message: Message) -> None: ...
+
+    def handle_out(self, message: Message) -> None: ...
+
+    def handle_fault(self, message: Message, error: BaseException) -> None: ...
+
+
+class Interceptor:
+    """Base class of interceptors: override what you need.
+
+    ``name`` must be unique in a chain (it is what ``before``/``after`` and
+    :meth:`InterceptorChain.resume` refer to); it defaults to the class name.
+    ``handle_fault`` is called, most recent first, on every interceptor that
+    had handled a message when a later one (or it) raised, so it can undo
+    (CXF's unwind).
+    """
+
+    name: str = ""
+    phase: Phase = Phase.DISPATCH
+    before: Iterable[str] = ()
+    after: Iterable[str] = ()
+
+    def __init__(self, *, name: str | None = None, phase: Phase | None = None,
+                 before: Iterable[str] | None = None, after: Iterable[str] | None = None) -> None:
+        if name is not None:
+            self.name = name
+        elif not self.name:
+            self.name = type(self).__name__
+        if phase is not None:
+            self.phase = phase
+        if before is not None:
+            self.before = before
+        if after is not None:
+            self.after = after
+
+    def handle_in(self, message: Message) -> None:
+        """Called for each received message; the default does nothing."""
+
+    def handle_out(self, message: Message) -> None:
+        """Called for each message being sent; the default does nothing."""
+
+    def handle_fault(self, message: Message, error: BaseException) -> None:
+        """Called when handling ``message`` failed after this interceptor ran; default: nothing."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} {self.phase.name}>"
+
+
+def _names(value: Iterable[str] | str | None, owner: str, attribute: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)  # a lone name, not its letters
+    names = tuple(value)
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ChainConfigurationError(
+                f"interceptor {owner!r}: {attribute} must list interceptor names, got {name!r}")
+    return names
+
+
+@dataclass(frozen=True)
+class _Entry:
+    interceptor: InterceptorLike
+    name: str
+    phase: Phase
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    index: int
+
+
+def _entry(interceptor: object, index: int) -> _Entry:
+    name = getattr(interceptor, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ChainConfigurationError(
+            f"{interceptor!r} has no usable name: an interceptor needs a non-empty str .name")
+    phase = getattr(interceptor, "phase", None)
+    if not isinstance(phase, Phase):
+        raise ChainConfigurationError(
+            f"interceptor {name!r}: phase must be an interceptors.Phase, not {phase!r}")
+    if not any(callable(getattr(interceptor, h, None)) for h in ("handle_in", "handle_out")):
+        raise ChainConfigurationError(
+            f"interceptor {name!r} has neither handle_in nor handle_out: it would never run")
+    return _Entry(interceptor, name, phase,
+                  _names(getattr(interceptor, "before", ()), name, "before"),
+                  _names(getattr(interceptor, "after", ()), name, "after"), index)
+
+
+_Plan = tuple[tuple[Phase, tuple[_Entry, ...]], ...]
+
+
+def _order(entries: list[_Entry]) -> _Plan:
+    """Group by phase, each group sorted to honour before/after, ties by registration order.
+
+    A constraint naming an interceptor that is not in the chain is ignored (it
+    orders against an optional peer).  One naming an interceptor in another
+    phase must agree with the phase order, or no order can satisfy it.
+    """
+    by_name = {e.name: e for e in entries}
+    edges: dict[str, set[str]] = {e.name: set() for e in entries}  # name -> must come after it
+    for entry in entries:
+        pairs = [(entry.name, other) for other in entry.before]
+        pairs += [(other, entry.name) for other in entry.after]
+        for first, second in pairs:
+            if first == second:
+                raise ChainConfigurationError(
+                    f"interceptor {entry.name!r} cannot be before or after itself")
+            if first not in by_name or second not in by_name:
+                continue
+            a, b = by_name[first], by_name[second]
+            if a.phase == b.phase:
+                edges[first].add(second)
+            elif a.phase > b.phase:
+                raise ChainConfigurationError(
+                    f"interceptor {entry.name!r} wants {first!r} ({a.phase.name}) to run before "
+                    f"{second!r} ({b.phase.name}), but phase {b.phase.name} comes first; "
+                    "move one of them to another phase")
+    plan = []
+    for phase in Phase:
+        group = [e for e in entries if e.phase is phase]
+        incoming = {e.name: 0 for e in group}
+        for e in group:
+            for later in edges[e.name]:
+                incoming[later] += 1
+        ready = [(e.index, e.name) for e in group if incoming[e.name] == 0]
+        heapq.heapify(ready)
+        ordered = []
+        while ready:
+            _, name = heapq.heappop(ready)
+            ordered.append(by_name[name])
+            for later in edges[name]:
+                incoming[later] -= 1
+                if incoming[later] == 0:
+                    heapq.heappush(ready, (by_name[later].index, later))
+        if len(ordered) != len(group):
+            stuck = sorted(n for n, count in incoming.items() if count > 0)
+            raise ChainConfigurationError(
+                f"before/after constraints in phase {phase.name} form a cycle among {stuck}; "
+                "drop one of the constraints")
+        plan.append((phase, tuple(ordered)))
+    return tuple(plan)
+
+
+def _mirror(plan: _Plan) -> _Plan:
+    return tuple((phase, tuple(reversed(group))) for phase, group in reversed(plan))
+
+
+class InterceptorChain:
+    """An ordered set of interceptors plus a pluggy plugin manager, shared by many messages.
+
+    Safe to use from many threads at once: running a message reads an
+    immutable snapshot of the order; adding or removing interceptors builds a
+    new snapshot.  ``load_entry_points=True`` loads everything installed under
+    the ``wsrm_interceptors`` entry point group (see :meth:`load_entry_points`).
+    """
+
+    def __init__(self, interceptors: Iterable[InterceptorLike] = (), *,
+                 plugins: Iterable[object] = (), load_entry_points: bool = False,
+                 entry_point_group: str = ENTRY_POINT_GROUP) -> None:
+        self._lock = threading.RLock()
+        self._entries: list[_Entry] = []
+        self._counter = 0
+        self._in: _Plan = _order([])
+        self._out: _Plan = _mirror(self._in)
+        self._loaded_entry_points: set[tuple[str, str]] = set()
+        self.plugins = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.plugins.add_hookspecs(hookspecs)
+        self.add(*interceptors)
+        # Historic: plugins registered from now on are asked for their interceptors too.
+        self.plugins.hook.wsrm_register_interceptors.call_historic(kwargs={"chain": self})
+        for plugin in plugins:
+            self.register_plugin(plugin)
+        if load_entry_points:
+            self.load_entry_points(entry_point_group)
+
+    # -- membership -------------------------------------------------------------
+    def add(self, *interceptors: InterceptorLike) -> None:
+        """Add interceptors; raises ChainConfigurationError (and adds none) if the order breaks."""
+        with self._lock:
+            entries = list(self._entries)
+            names = {e.name for e in entries}
+            for interceptor in interceptors:
+                entry = _entry(interceptor, self._counter)
+                self._counter += 1
+                if entry.name in names:
+                    raise ChainConfigurationError(
+                        f"an interceptor named {entry.name!r} is already in the chain; "
+                        "give the new one another name")
+                names.add(entry.name)
+                entries.append(entry)
+            self._install(entries)
+
+    def remove(self, name: str) -> InterceptorLike:
+        """Take the interceptor called ``name`` out; KeyError if there is none."""
+        with self._lock:
+            for entry in self._entries:
+                if entry.name == name:
+                    self._install([e for e in self._entries if e is not entry])
+                    return entry.interceptor
+        raise KeyError(f"no interceptor named {name!r} in this chain")
+
+    def _install(self, entries: list[_Entry]) -> None:
+        plan = _order(entries)
+        self._entries = entries
+        self._in, self._out = plan, _mirror(plan)
+
+    def get(self, name: str) -> InterceptorLike | None:
+        for entry in self._entries:
+            if entry.name == name:
+                return entry.interceptor
+        return None
+
+    def __contains__(self, name: object) -> bool:
+        return any(entry.name == name for entry in self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[InterceptorLike]:
+        """The interceptors in the in order."""
+        return iter(self.in_order())
+
+    def in_order(self) -> list[InterceptorLike]:
+        return [e.interceptor for _, group in self._in for e in group]
+
+    def out_order(self) -> list[InterceptorLike]:
+        return [e.interceptor for _, group in self._out for e in group]
+
+    def names(self, direction: Direction = Direction.IN) -> list[str]:
+        plan = self._in if direction is Direction.IN else self._out
+        return [e.name for _, group in plan for e in group]
+
+    def has_phase(self, phase: Phase) -> bool:
+        """Does any interceptor run in ``phase`` (the spyne adapter asks RELIABLE_MESSAGING)?"""
+        return any(e.phase is phase for e in self._entries)
+
+    # -- plugins ----------------------------------------------------------------
+    def register_plugin(self, plugin: object, name: str | None = None) -> None:
+        """Register a pluggy plugin (module or object with :data:`hookimpl` functions)."""
+        try:
+            self.plugins.register(plugin, name=name)
+        except ValueError as exc:  # pluggy: already registered / name taken
+            raise ChainConfigurationError(f"cannot register plugin {name or plugin!r}: {exc}") from exc
+        except pluggy.PluginValidationError as exc:
+            raise ChainConfigurationError(
+                f"plugin {name or plugin!r} does not match the wsrm hook specifications: {exc}") from exc
+
+    def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> list[str]:
+        """Load what installed distributions declare under ``group``; returns the names loaded.
+
+        An entry point may name an interceptor class (instantiated without
+        arguments), an interceptor instance, or a pluggy plugin (a module or
+        object implementing hooks of :mod:`interceptors.hookspecs`).  Loading
+        twice is harmless: entry points already loaded are skipped.
+        """
+        loaded = []
+        for point in importlib.metadata.entry_points(group=group):
+            key = (point.name, point.value)
+            if key in self._loaded_entry_points:
+                continue  # the same distribution seen twice on sys.path
+            try:
+                target = point.load()
+            except Exception as exc:
+                raise ChainConfigurationError(
+                    f"entry point {point.name} = {point.value} (group {group}) failed to load: "
+                    f"{exc}; fix or uninstall the distribution that declares it") from exc
+            self._adopt(target, point)
+            self._loaded_entry_points.add(key)
+            loaded.append(point.name)
+            log.info("loaded interceptor entry point %s = %s", point.name, point.value)
+        return loaded
+
+    def _adopt(self, target: object, point: importlib.metadata.EntryPoint) -> None:
+        where = f"entry point {point.name} = {point.value}"
+        if isinstance(target, type) and isinstance(getattr(target, "phase", None), Phase):
+            try:
+                target = target()
+            except TypeError as exc:
+                raise ChainConfigurationError(
+                    f"{where}: interceptor class {target.__name__} must be constructible without "
+                    f"arguments to be loaded from an entry point ({exc}); point to an instance "
+                    "or a plugin instead") from exc
+        if isinstance(getattr(target, "phase", None), Phase):
+            self.add(target)
+            return
+        self.register_plugin(target, name=f"entrypoint:{point.name}")
+        if not self.plugins.get_hookcallers(target):
+            self.plugins.unregister(target)
+            raise ChainConfigurationError(
+                f"{where} is neither an interceptor (no Phase) nor a plugin implementing a "
+                "wsrm hook (no @interceptors.hookimpl function)")
+
+    # -- running ----------------------------------------------------------------
+    def handle_in(self, message: Message, *, after: str | None = None) -> Message:
+        """Run a received message through the in order (optionally resuming after ``after``)."""
+        if message.direction is not Direction.IN:
+            raise ChainError(f"handle_in got an outgoing message {message!r}")
+        return self._run(message, self._in, self.plugins.hook.wsrm_in_message, "handle_in", after)
+
+    def handle_out(self, message: Message, *, after: str | None = None) -> Message:
+        """Run an outgoing message through the out order (the mirror of the in order)."""
+        if message.direction is not Direction.OUT:
+            raise ChainError(f"handle_out got a received message {message!r}")
+        return self._run(message, self._out, self.plugins.hook.wsrm_out_message, "handle_out", after)
+
+    def run(self, message: Message) -> Message:
+        """handle_in or handle_out, by the message's direction."""
+        if message.direction is Direction.IN:
+            return self.handle_in(message)
+        return self.handle_out(message)
+
+    def resume(self, message: Message, after: str | None = None) -> Message:
+        """Run the rest of the chain after ``after`` (default: where the message was suspended).
+
+        This is what a worker calls once a stored message's time has come;
+        the adapters' ``deliver``/``resume_send`` call it and then deliver.
+        """
+        after = after or message.resume_point
+        if after is None:
+            raise ChainError(
+                f"{message!r} was not suspended; say which interceptor to resume after")
+        message._state = _RUNNING
+        message.response = None
+        message.stopped_by = None
+        if message.direction is Direction.IN:
+            return self.handle_in(message, after=after)
+        return self.handle_out(message, after=after)
+
+    def _run(self, message: Message, plan: _Plan, hook: pluggy.HookCaller, handler: str,
+             after: str | None) -> Message:
+        skipping = after is not None
+        if skipping and after not in self:
+            raise ChainError(f"cannot resume after {after!r}: no interceptor of that name in the chain")
+        done: list[_Entry] = []
+        try:
+            for phase, group in plan:
+                if skipping and not any(e.name == after for e in group):
+                    continue  # a phase wholly before the resume point
+                for entry in group:
+                    if skipping:
+                        skipping = entry.name != after
+                        continue
+                    run = getattr(entry.interceptor, handler, None)
+                    if run is None:
+                        continue
+                    message.current = entry.name
+                    done.append(entry)
+                    run(message)
+                    message.current = None
+                    if message.stopped:
+                        message.stopped_by = entry.name
+                        log.debug("%s stopped by %s", message, entry.name)
+                        return message
+                if hook.get_hookimpls():
+                    hook(message=message, phase=phase)
+                    if message.stopped:
+                        message.stopped_by = f"wsrm_{'in' if handler == 'handle_in' else 'out'}_message hook"
+                        log.debug("%s stopped by a %s hook", message, phase.name)
+                        return message
+        except Exception as exc:
+            message.current = None
+            message.error = exc
+            self._unwind(message, done, exc)
+            raise
+        return message
+
+    def _unwind(self, message: Message, done: list[_Entry], error: Exception) -> None:
+        for entry in reversed(done):
+            on_fault: Callable[[Message, BaseException], None] | None = getattr(
+                entry.interceptor, "handle_fault", None)
+            if on_fault is None:
+                continue
+            try:
+                on_fault(message, error)
+            except Exception:
+                log.exception("interceptor %s failed in handle_fault (ignored; the original "
+                              "error is reported)", entry.name)
+        try:
+            self.plugins.hook.wsrm_fault(message=message, error=error)
+        except Exception:
+            log.exception("a wsrm_fault hook failed (ignored; the original error is reported)")

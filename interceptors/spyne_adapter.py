@@ -1,0 +1,348 @@
+"""Put an interceptor chain in front of a spyne service: ``engage(application) -> WSGI app``.
+
+The Axis2 way of making a service reliable is to engage a module; here it is::
+
+    from interceptors.spyne_adapter import engage
+    wsgi_app = engage(Application([MyService], tns=..., in_protocol=Soap11(), out_protocol=Soap11()))
+
+The returned :class:`ChainMiddleware` is a WSGI application wrapping spyne's
+``WsgiApplication``.  Every POSTed envelope is parsed safely (size limit, no
+DTD) and run through the in chain; an interceptor may consume it and answer
+itself (WS-RM answers CreateSequence, or takes a message into its store and
+answers 202) and spyne never sees it.  Otherwise spyne gets the (possibly
+changed) envelope, and its answer goes through the out chain before it is
+sent.  A SOAP fault raised by an interceptor is answered as that fault, in the
+request's SOAP version, through the out chain (so it gets its WS-A headers).
+Other requests (GET ?wsdl) go straight to spyne.
+
+Two spyne defects are fixed on the way: the WSDL of one-way operations
+references undefined header messages (zeep refuses it), and one-way
+operations answer 200 with an empty response element where WS-I BP (R2750)
+wants 202 Accepted with no envelope.  The WSDL can also advertise the WS-RM
+policy (:class:`~interceptors.wsdl.RMPolicyAssertion`).
+
+A worker that took a message out of the flow (``message.suspend()``) hands it
+back with :meth:`ChainMiddleware.deliver`, from any thread and without HTTP.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import urlsplit
+from wsgiref.util import request_uri, setup_testing_defaults
+
+from spyne import Application
+from spyne.server.wsgi import WsgiApplication
+
+from wsrm_plugin.wire.faults import MalformedMessageError, MessageTooLargeError, SoapFault
+from wsrm_plugin.wire.namespaces import SOAP11, SOAP12, SoapVersion
+from wsrm_plugin.wire.soap import Envelope, fault_envelope
+from wsrm_plugin.wire.xmlsafe import DEFAULT_MAX_SIZE, parse_xml
+
+from .chain import (
+    Direction, InterceptorChain, Message, Phase, Response, Role, action_from_http,
+)
+from .wsdl import RMPolicyAssertion, attach_policy, drop_undefined_header_messages
+
+__all__ = ["ENVIRON_KEY", "ChainMiddleware", "engage", "current_message"]
+
+log = logging.getLogger(__name__)
+
+#: The WSGI environ key under which spyne's request environ holds the current :class:`Message`.
+ENVIRON_KEY = "wsrm.message"
+_ONE_WAY_KEY = "wsrm.one_way"
+_ENGAGED = "_wsrm_interceptors_engaged"
+
+StartResponse = Callable[..., Any]
+
+
+def current_message(ctx: Any) -> Message | None:
+    """The chain's message for a spyne method context (``ctx`` in an ``@rpc`` method).
+
+    Lets service code read what the interceptors found (``message.addressing``,
+    ``message.context``).
+    """
+    environ = getattr(getattr(ctx, "transport", None), "req_env", None)
+    return environ.get(ENVIRON_KEY) if isinstance(environ, dict) else None
+
+
+def _version_from_content_type(content_type: str | None) -> SoapVersion:
+    return SOAP12 if "application/soap+xml" in (content_type or "").lower() else SOAP11
+
+
+def _utf8(content_type: str | None, version: SoapVersion) -> str:
+    """The request's Content-Type with charset=utf-8: the chain re-serializes envelopes as UTF-8."""
+    if not content_type:
+        return f"{version.content_type}; charset=utf-8"
+    parts = [p.strip() for p in content_type.split(";")]
+    params = [p for p in parts[1:] if p and not p.lower().startswith("charset=")]
+    return "; ".join([parts[0], *params, "charset=utf-8"])
+
+
+def _headers_from_environ(environ: dict[str, Any]) -> list[tuple[str, str]]:
+    headers = []
+    for key, value in environ.items():
+        if key.startswith("HTTP_"):
+            headers.append(("-".join(w.capitalize() for w in key[5:].split("_")), value))
+    if environ.get("CONTENT_TYPE"):
+        headers.append(("Content-Type", environ["CONTENT_TYPE"]))
+    if environ.get("CONTENT_LENGTH"):
+        headers.append(("Content-Length", environ["CONTENT_LENGTH"]))
+    return headers
+
+
+def _fault_status(version: SoapVersion, fault: SoapFault) -> int:
+    """SOAP 1.2's HTTP binding: 400 for Sender faults, else 500; SOAP 1.1 (WS-I BP): 500."""
+    return 400 if version is SOAP12 and fault.is_sender_fault else 500
+
+
+class ChainMiddleware:
+    """The WSGI application :func:`engage` returns: the chain in front of spyne.
+
+    ``application`` is spyne's ``WsgiApplication``; ``max_message_size``
+    bounds request bodies (bytes), checked before parsing.
+    """
+
+    def __init__(self, application: WsgiApplication, chain: InterceptorChain, *,
+                 max_message_size: int = DEFAULT_MAX_SIZE) -> None:
+        self.application = application
+        self.chain = chain
+        self.max_message_size = max_message_size
+
+    # -- WSGI --------------------------------------------------------------------
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD", "GET").upper() != "POST":
+            return self.application(environ, start_response)
+        version = _version_from_content_type(environ.get("CONTENT_TYPE"))
+        try:
+            request = self._read(environ)
+        except SoapFault as fault:
+            log.info("refused a request to %s: %s", request_uri(environ, False), fault)
+            return self._send(Response(_fault_status(version, fault), fault_envelope(fault, version)),
+                              start_response)
+        return self._send(self._process(request, environ, after=None), start_response)
+
+    def _read(self, environ: dict[str, Any]) -> Message:
+        raw_length = environ.get("CONTENT_LENGTH") or "0"
+        if not raw_length.strip().isdigit():
+            raise MalformedMessageError(f"Content-Length {raw_length!r} is not a byte count")
+        length = int(raw_length)
+        if length > self.max_message_size:
+            raise MessageTooLargeError(length, self.max_message_size)
+        stream = environ["wsgi.input"]
+        if length:
+            data = stream.read(length)
+        elif environ.get("wsgi.input_terminated"):  # chunked, the server knows where it ends
+            data = stream.read(self.max_message_size + 1)
+        else:
+            data = b""
+        if not data:
+            raise MalformedMessageError("the request has no body; a SOAP envelope was expected")
+        root = parse_xml(data, max_size=self.max_message_size)
+        envelope = Envelope.from_element(root)  # VersionMismatch / malformed structure
+        headers = _headers_from_environ(environ)
+        message = Message(root, Direction.IN, Role.SERVER, http_headers=headers,
+                          address=request_uri(environ, include_query=False))
+        message.action = action_from_http(message.http_headers, envelope.version)
+        return message
+
+    def _send(self, response: Response, start_response: StartResponse) -> list[bytes]:
+        body = response.body()
+        start_response(response.status_line, list(response.headers(body).items()))
+        return [body]
+
+    # -- the flow ----------------------------------------------------------------
+    def deliver(self, message: Message, *, after: str | None = None,
+                environ: dict[str, Any] | None = None) -> Response:
+        """Finish a suspended request: the rest of the in chain, spyne, the out chain.
+
+        For workers (the WS-RM invoker): ``message`` may be rebuilt from
+        stored bytes (:meth:`Message.from_bytes` with ``resume_point`` set, or
+        pass ``after``; with neither, the whole in chain runs).  Runs spyne in
+        the calling thread with a synthetic WSGI environ unless ``environ`` is
+        given.  Returns what the client would have been sent.
+        """
+        if message.direction is not Direction.IN or message.role is not Role.SERVER:
+            raise ValueError(f"deliver() takes a server's received message, not {message!r}")
+        return self._process(message, environ, after=after or message.resume_point)
+
+    def _process(self, request: Message, environ: dict[str, Any] | None,
+                 after: str | None) -> Response:
+        try:
+            if after is not None:
+                self.chain.resume(request, after)
+            else:
+                self.chain.handle_in(request)
+        except Exception as exc:
+            return self._fault(request, exc)
+        if request.stopped:
+            return request.response or Response()
+        return self._invoke(request, environ)
+
+    def _invoke(self, request: Message, environ: dict[str, Any] | None) -> Response:
+        status, headers, body, one_way = self._call_spyne(request, environ)
+        try:
+            envelope = parse_xml(body, max_size=max(len(body), 1)) if body.strip() else None
+            if envelope is not None:
+                Envelope.from_element(envelope)
+        except SoapFault as exc:
+            log.error("spyne answered %s with HTTP %s and no readable envelope: %s",
+                      request, status, exc)
+            return self._fault(request, RuntimeError("unreadable service response"))
+        if one_way and status == 200:
+            envelope, status = None, 202  # WS-I BP R2750: nothing to say to a one-way call
+        headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+        if envelope is None:
+            headers = [(k, v) for k, v in headers if k.lower() != "content-type"]
+        reply = Message(envelope, Direction.OUT, Role.SERVER, http_headers=headers,
+                        http_status=status, exchange=request.exchange, address=request.address,
+                        operation=request.operation)
+        try:
+            self.chain.handle_out(reply)
+        except Exception as exc:
+            return self._fault(request, exc, through_out_chain=False)
+        if reply.stopped:
+            return reply.response or Response()
+        return self._response_of(reply)
+
+    @staticmethod
+    def _response_of(reply: Message) -> Response:
+        status = reply.http_status
+        if reply.envelope is None and status in (None, 200):
+            status = 202
+        elif reply.envelope is not None and status in (None, 202, 204):
+            status = 200
+        headers = {k: v for k, v in reply.http_headers.items() if k.lower() != "content-length"}
+        return Response(status, reply.envelope, headers)
+
+    def _call_spyne(self, request: Message, environ: dict[str, Any] | None
+                    ) -> tuple[int, list[tuple[str, str]], bytes, bool]:
+        body = request.to_bytes()
+        env = self._environ_for(request, environ)
+        env["wsgi.input"] = io.BytesIO(body)
+        env["CONTENT_LENGTH"] = str(len(body))
+        env[ENVIRON_KEY] = request
+        env.pop(_ONE_WAY_KEY, None)
+        captured: dict[str, Any] = {}
+        written: list[bytes] = []
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None):
+            captured["status"], captured["headers"] = status, headers
+            return written.append
+
+        result = self.application(env, start_response)
+        try:
+            written.extend(result)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+        if "status" not in captured:
+            raise RuntimeError("spyne returned without calling start_response")
+        status = int(captured["status"].split(" ", 1)[0])
+        return status, captured["headers"], b"".join(written), bool(env.get(_ONE_WAY_KEY))
+
+    @staticmethod
+    def _environ_for(request: Message, environ: dict[str, Any] | None) -> dict[str, Any]:
+        if environ is not None:
+            env = {k: v for k, v in environ.items() if not k.startswith("HTTP_")}
+        else:
+            env = {}
+            if request.address:
+                url = urlsplit(request.address)
+                env.update(SERVER_NAME=url.hostname or "127.0.0.1",
+                           SERVER_PORT=str(url.port or (443 if url.scheme == "https" else 80)),
+                           PATH_INFO=url.path or "/")
+                env["wsgi.url_scheme"] = url.scheme or "http"
+            setup_testing_defaults(env)
+            env = {k: v for k, v in env.items() if not k.startswith("HTTP_")}
+        env["REQUEST_METHOD"] = "POST"
+        env.pop("QUERY_STRING", None)
+        version = request.soap_version or SOAP11
+        for name, value in request.http_headers.items():
+            key = name.upper().replace("-", "_")
+            if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+                env[f"HTTP_{key}"] = value
+        env["CONTENT_TYPE"] = _utf8(request.http_headers.get("Content-Type"), version)
+        return env
+
+    def _fault(self, request: Message, error: Exception, *, through_out_chain: bool = True) -> Response:
+        if isinstance(error, SoapFault):
+            fault = error
+            log.info("answering %s with a fault: %s", request, fault)
+        else:
+            log.error("could not process %s", request, exc_info=error)
+            fault = SoapFault("the server could not process the message (see the server's log)",
+                              code="Receiver")
+        version = request.soap_version or SOAP11
+        status = _fault_status(version, fault)
+        reply = Message(fault_envelope(fault, version), Direction.OUT, Role.SERVER,
+                        http_status=status, exchange=request.exchange, address=request.address)
+        reply.fault = fault
+        if through_out_chain:
+            try:
+                self.chain.handle_out(reply)
+            except Exception:
+                log.exception("the out chain failed on the fault for %s; sending it as it is", request)
+                reply.envelope = fault_envelope(fault, version)
+            else:
+                if reply.stopped:
+                    return reply.response or Response()
+        return Response(status, reply.envelope)
+
+
+def engage(application: Application, chain: InterceptorChain | None = None, *,
+           rm_policy: RMPolicyAssertion | bool | None = None, fix_one_way_wsdl: bool = True,
+           max_message_size: int = DEFAULT_MAX_SIZE,
+           wsgi_application: WsgiApplication | None = None) -> ChainMiddleware:
+    """Make ``application`` run through ``chain``; returns the WSGI app to serve.
+
+    ``chain`` defaults to :func:`interceptors.default_chain` (WS-Addressing
+    plus whatever is installed under the ``wsrm_interceptors`` entry point
+    group).  ``rm_policy``: an :class:`RMPolicyAssertion` to publish, True for
+    the default one (WS-RM 1.1 + wsam:Addressing), False for none, None (the
+    default) to publish the default one exactly when the chain has a
+    RELIABLE_MESSAGING interceptor when the WSDL is built.  Pass
+    ``wsgi_application`` to wrap a spyne ``WsgiApplication`` you configured
+    yourself (its WSDL must not have been built yet).
+    """
+    if chain is None:
+        from . import default_chain
+        chain = default_chain()
+    if wsgi_application is None:
+        wsgi_application = WsgiApplication(application)
+    elif wsgi_application.app is not application:
+        raise ValueError("wsgi_application serves another spyne Application than the one given")
+    wsdl = wsgi_application.doc.wsdl11
+    if wsdl is not None and wsdl.get_interface_document() is not None:
+        raise ValueError("the WSDL of this WsgiApplication was already built; engage() must "
+                         "run before the first ?wsdl request so it can fix and extend it")
+    if isinstance(rm_policy, bool):
+        rm_policy = RMPolicyAssertion() if rm_policy else False
+
+    if wsdl is not None and not getattr(wsdl, _ENGAGED, False):
+        def on_wsdl_built(document: Any) -> None:
+            definitions = document.root_elt
+            if fix_one_way_wsdl:
+                drop_undefined_header_messages(definitions)
+            policy = rm_policy
+            if policy is None:
+                policy = RMPolicyAssertion() if chain.has_phase(Phase.RELIABLE_MESSAGING) else False
+            if policy:
+                attach_policy(definitions, policy)
+
+        wsdl.event_manager.add_listener("wsdl_document_built", on_wsdl_built)
+        setattr(wsdl, _ENGAGED, True)
+
+    if not getattr(application, _ENGAGED, False):
+        def note_one_way(ctx: Any) -> None:
+            environ = getattr(ctx.transport, "req_env", None)
+            if isinstance(environ, dict) and ENVIRON_KEY in environ:
+                environ[_ONE_WAY_KEY] = bool(getattr(ctx.descriptor, "is_async", False))
+
+        application.event_manager.add_listener("method_call", note_one_way)
+        setattr(application, _ENGAGED, True)
+    return ChainMiddleware(wsgi_application, chain, max_message_size=max_message_size)
