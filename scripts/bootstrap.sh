@@ -14,6 +14,13 @@ fi
 if ! command -v java >/dev/null 2>&1; then
     need_apt+=(default-jre-headless)
 fi
+# gSOAP's WS-RM plugin: the real peer of the interoperability tests.
+if [ ! -f /usr/share/gsoap/plugin/wsrmapi.c ] || ! command -v soapcpp2 >/dev/null 2>&1; then
+    need_apt+=(gsoap libgsoap-dev)
+fi
+for tool in make gcc pkg-config; do
+    command -v "$tool" >/dev/null 2>&1 || need_apt+=("$( [ "$tool" = gcc ] && echo build-essential || echo "$tool")")
+done
 if [ "${#need_apt[@]}" -gt 0 ]; then
     echo "bootstrap: installing ${need_apt[*]} with apt-get" >&2
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

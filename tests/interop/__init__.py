@@ -1,0 +1,1 @@
+"""Interop tests: the project against WS-RM implementations it did not write."""
