@@ -33,7 +33,8 @@ if TYPE_CHECKING:  # imports for the annotations only: chain imports this module
     from .chain import InterceptorChain, Message, Phase
 
 __all__ = ["PROJECT_NAME", "hookspec", "hookimpl",
-           "wsrm_register_interceptors", "wsrm_in_message", "wsrm_out_message", "wsrm_fault"]
+           "wsrm_register_interceptors", "wsrm_in_message", "wsrm_out_message", "wsrm_fault",
+           "wsrm_lifecycle_started"]
 
 #: The pluggy project name: markers of another project (pytest's) are not ours.
 PROJECT_NAME = "wsrm"
@@ -79,4 +80,15 @@ def wsrm_fault(message: Message, error: BaseException) -> None:
     which answers the peer with a SOAP fault (server) or raises it to the
     caller (client).  Must not raise: an exception here is logged and ignored
     so the original error is the one reported.
+    """
+
+
+@hookspec
+def wsrm_lifecycle_started(engine: object, report: object) -> None:
+    """A node finished its start-up pass (:class:`wsrm_plugin.lifecycle.LifecycleListener`).
+
+    Called after transaction recovery, callback restoration, resumption and
+    orphan termination, before the engine's workers start; ``report`` is the
+    :class:`~wsrm_plugin.lifecycle.LifecycleReport`.  Use it to alert on
+    missing callbacks or heuristic outcomes before traffic flows again.
     """

@@ -1,0 +1,213 @@
+"""The WS-RM interceptor (phase RELIABLE_MESSAGING): the chain's bridge to a ReliableEngine.
+
+Seed 004's Mercury is two handlers plus workers; this is the handler half on
+a server.  On the way in:
+
+* anything that speaks WS-RM (a protocol body such as CreateSequence, an
+  application message with a wsrm:Sequence header, acknowledgements,
+  AckRequested) is handed to :meth:`ReliableEngine.handle
+  <wsrm_plugin.engine.ReliableEngine.handle>`: protocol answers go back on the
+  HTTP response, an application message is stored in the destination's
+  invoker buffer and answered 202 (with its acknowledgement when AcksTo is
+  anonymous).  The service does NOT run now: the message is taken out of the
+  flow (``message.suspend``) and the engine's invoker worker finishes it later;
+* an application message without a Sequence header, when RM is required, is
+  refused with WSRMRequired (1.1) or a Sender fault saying the same (1.0).
+
+Later, in the invoker worker's transaction, :class:`ChainDeliverer` rebuilds
+the stored message and resumes the chain after this interceptor
+(:meth:`ChainMiddleware.deliver <interceptors.spyne_adapter.ChainMiddleware.deliver>`),
+so spyne runs the method in that thread, inside the transaction.  On the way
+out this interceptor then catches what the method produced: a response is
+enqueued on the offered (response) sequence in the same transaction instead
+of being lost on a back-channel that is long closed; a SOAP fault makes the
+delivery roll back and is sent reliably afterwards by the engine
+(:class:`~wsrm_plugin.engine.ApplicationFault`).
+
+The public surface is small on purpose (the client-role interceptor may reuse
+it): :func:`carries_rm`, :func:`response_of`, :func:`current_delivery`,
+:class:`ReliableMessagingInterceptor` and :class:`ChainDeliverer`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from lxml import etree
+
+from wsrm_plugin.engine import ApplicationFault, DeliveryContext, ReliableEngine
+from wsrm_plugin.engine.transport import Reply
+from wsrm_plugin.wire.faults import SoapFault, WSRMRequired
+from wsrm_plugin.wire.namespaces import RM_VERSIONS, SOAP11, SoapVersion
+from wsrm_plugin.wire.xmlsafe import parse_xml
+
+from .addressing import apply_addressing
+from .chain import Direction, Exchange, Interceptor, Message, Phase, Response, Role
+
+if TYPE_CHECKING:
+    from .spyne_adapter import ChainMiddleware
+
+__all__ = [
+    "DELIVERY_KEY", "ReliableMessagingInterceptor", "ChainDeliverer", "carries_rm", "response_of",
+    "current_delivery",
+]
+
+log = logging.getLogger(__name__)
+
+#: ``Exchange.properties`` key of the :class:`DeliveryContext` of a message the invoker is delivering.
+DELIVERY_KEY = "wsrm.delivery"
+_FAULT_KEY = "wsrm.service_fault"
+_RM_NAMESPACES = frozenset(v.ns for v in RM_VERSIONS)
+_local = threading.local()
+
+
+def _namespace(element: etree._Element) -> str | None:
+    return etree.QName(element).namespace if isinstance(element.tag, str) else None
+
+
+def carries_rm(message: Message) -> bool:
+    """Does ``message`` say anything in WS-RM (a header block or a body of either WS-RM version)?"""
+    if any(_namespace(h) in _RM_NAMESPACES for h in message.header_elements()):
+        return True
+    body = message.body_element
+    return body is not None and _namespace(body) in _RM_NAMESPACES
+
+
+def response_of(reply: Reply, max_size: int) -> Response:
+    """The chain :class:`Response` for an engine :class:`Reply` (its body parsed safely)."""
+    envelope = parse_xml(reply.body, max_size=max(max_size, len(reply.body))) if reply.body else None
+    headers = {"Content-Type": reply.content_type} if reply.content_type and envelope is not None else {}
+    return Response(reply.status, envelope, headers)
+
+
+def current_delivery() -> DeliveryContext | None:
+    """The invoker delivery running in this thread, if any (for code that has no spyne ctx)."""
+    return getattr(_local, "delivery", None)
+
+
+class ReliableMessagingInterceptor(Interceptor):
+    """Server-role WS-RM: received messages go to ``engine``; replies of deliveries go reliably.
+
+    ``required``: refuse application messages that are not in a sequence
+    (the WS-RM policy the WSDL publishes says RM is required).  When the
+    engine has no ``endpoint_address`` yet (the address offered sequences'
+    AcksTo names), the first request's URL becomes it.
+    """
+
+    name = "wsrm"
+    phase = Phase.RELIABLE_MESSAGING
+
+    def __init__(self, engine: ReliableEngine, *, required: bool = True, name: str | None = None) -> None:
+        super().__init__(name=name)
+        self.engine = engine
+        self.required = required
+
+    # -- in ------------------------------------------------------------------------------------
+    def handle_in(self, message: Message) -> None:
+        if message.role is not Role.SERVER:
+            return  # the client side is interceptors.reliable_client's job
+        if not carries_rm(message):
+            if self.required:
+                raise self._rm_required()
+            return  # an optional-RM service: a plain call runs at once, unreliably
+        if self.engine.endpoint_address is None and message.address:
+            self.engine.endpoint_address = message.address
+            log.info("WS-RM endpoint address taken from the first request: %s", message.address)
+        reply = self.engine.handle(message.to_bytes(), content_type=message.http_headers.get("Content-Type"))
+        # suspend, not abort: what the invoker delivers later resumes right after this interceptor
+        message.suspend(response_of(reply, self.engine.policy.max_message_size))
+
+    def _rm_required(self) -> SoapFault:
+        version = self.engine.policy.rm_version
+        if version.is_11:
+            return WSRMRequired(None, "this service requires WS-ReliableMessaging: send the message "
+                                "in a sequence (CreateSequence first)", version=version)
+        return SoapFault("this service requires WS-ReliableMessaging 1.0: send the message in a "
+                         "sequence (wsrm:Sequence header, CreateSequence first)", code="Sender")
+
+    # -- out -----------------------------------------------------------------------------------
+    def handle_out(self, message: Message) -> None:
+        if message.role is not Role.SERVER:
+            return
+        delivery: DeliveryContext | None = message.exchange.properties.get(DELIVERY_KEY)
+        if delivery is None or message.envelope is None:
+            return  # an ordinary response, or nothing to say (one-way)
+        if message.is_fault:
+            # rolled back by the deliverer, then sent on the response sequence by the engine
+            message.exchange.properties[_FAULT_KEY] = message.to_bytes()
+            message.abort()
+            return
+        apply_addressing(message)  # the reply's own MessageID, kept by every retransmission
+        try:
+            delivery.reply(message.to_bytes())
+        except ValueError as exc:
+            log.error("the response to message %s cannot be sent reliably and is dropped: %s",
+                      delivery.message_id, exc)
+        message.abort()
+
+
+def _http_headers(soap: SoapVersion, action: str | None) -> list[tuple[str, str]]:
+    if soap is SOAP11:
+        return [("Content-Type", "text/xml; charset=utf-8"), ("SOAPAction", f'"{action or ""}"')]
+    content_type = f"{soap.content_type}; charset=utf-8"
+    if action:
+        content_type += f'; action="{action}"'
+    return [("Content-Type", content_type)]
+
+
+class ChainDeliverer:
+    """The engine's application: run a stored message through the rest of the chain and spyne.
+
+    Called by the invoker worker inside the delivery transaction; a SOAP
+    fault from the service raises :class:`ApplicationFault` so everything the
+    delivery did rolls back (Sender faults are not retried: the request is wrong).
+    """
+
+    def __init__(self, middleware: ChainMiddleware, interceptor: ReliableMessagingInterceptor) -> None:
+        self.middleware = middleware
+        self.interceptor = interceptor
+
+    def __call__(self, payload: bytes, context: DeliveryContext) -> None:
+        soap = SoapVersion.for_namespace(context.soap_version) or SOAP11
+        exchange = Exchange(properties={DELIVERY_KEY: context})
+        request = Message.from_bytes(payload, Direction.IN, Role.SERVER,
+                                     max_size=max(len(payload), 1),
+                                     http_headers=_http_headers(soap, context.action),
+                                     address=self.interceptor.engine.endpoint_address,
+                                     action=context.action, exchange=exchange)
+        previous = current_delivery()
+        _local.delivery = context
+        try:
+            self.middleware.deliver(request, after=self.interceptor.name)
+        finally:
+            _local.delivery = previous
+        fault: bytes | None = exchange.properties.get(_FAULT_KEY)
+        if fault is not None:
+            raise _application_fault(fault, soap)
+
+
+def _application_fault(envelope: bytes, soap: SoapVersion) -> ApplicationFault:
+    root = parse_xml(envelope, max_size=max(len(envelope), 1))
+    fault = root.find(f"{soap.qname('Body').text}/{soap.qname('Fault').text}")
+    code, reason = "", "the service answered with a SOAP fault"
+    if fault is not None:
+        if soap is SOAP11:
+            code = (fault.findtext("faultcode") or "").strip()
+            reason = (fault.findtext("faultstring") or reason).strip()
+        else:
+            code = (fault.findtext(f"{soap.qname('Code').text}/{soap.qname('Value').text}") or "").strip()
+            reason = " ".join(fault.itertext()).strip() or reason
+    local = code.rpartition(":")[2]
+    sender = local in ("Client", "Sender") or local.startswith("Client.")
+    # a plain fault envelope: the engine adds the WS-A headers of a reply on the response sequence
+    plain = _without_headers(root)
+    return ApplicationFault(plain, f"service fault {code}: {reason}", retryable=not sender)
+
+
+def _without_headers(root: etree._Element) -> bytes:
+    for child in list(root):
+        if isinstance(child.tag, str) and etree.QName(child).localname == "Header":
+            root.remove(child)
+    return etree.tostring(root, xml_declaration=True, encoding="utf-8")

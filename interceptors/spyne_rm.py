@@ -1,0 +1,171 @@
+"""Make an existing spyne service reliable with one call: :func:`reliable_service`.
+
+::
+
+    service = reliable_service(Application([OrderService], tns=..., in_protocol=Soap11(),
+                                           out_protocol=Soap11()),
+                               store="sqlite:///var/rm.db", policy=RMPolicy(), tm=tm)
+    service.serve("0.0.0.0", 8080)      # or hand service.wsgi_app to gunicorn/waitress, then start()
+    service.start()                     # the engine's workers: acks, replies, the invoker
+
+What happens to a request: the chain's WS-RM interceptor
+(:class:`~interceptors.reliable.ReliableMessagingInterceptor`) stores it in
+the engine's destination and answers 202; the engine's invoker worker later
+runs the spyne method in its own thread, inside one transaction that also
+takes the message out of the store and enqueues the method's reply on the
+offered sequence.  With ``tm`` (a ``txmanager.TransactionManager``) that is an
+XA transaction and the method's database work joins it::
+
+    @rpc(Unicode)
+    def place(ctx, item):
+        with orders_ds.connection() as conn:     # txmanager.postgres.XADataSource: enlisted
+            conn.cursor().execute("INSERT INTO orders VALUES (%s)", (item,))
+        delivery = delivery_context(ctx)          # sequence id, message number, ...
+
+A method that raises rolls all of it back; its SOAP fault then goes back on
+the response sequence in a new transaction (retried up to the policy's
+``max_delivery_attempts`` first, except Client/Sender faults).
+
+The WSDL gets spyne's one-way defect fixed and the WS-RM policy assertion.
+Several processes may serve one PostgreSQL store: each invoker claims work
+with SKIP LOCKED, a sequence at a time, so order and exactly-once hold.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from spyne import Application
+
+from wsrm_plugin.engine import DeliveryAssurance, DeliveryContext, FailedDelivery, ReliableEngine, RMPolicy
+from wsrm_plugin.engine.transport import HttpServer
+from wsrm_plugin.store import StorageManager
+
+from . import default_chain
+from .chain import InterceptorChain
+from .reliable import DELIVERY_KEY, ChainDeliverer, ReliableMessagingInterceptor, current_delivery
+from .spyne_adapter import ChainMiddleware, current_message, engage
+from .wsdl import RMPolicyAssertion
+
+__all__ = ["ReliableService", "reliable_service", "delivery_context", "policy_assertion"]
+
+log = logging.getLogger(__name__)
+
+
+def delivery_context(ctx: Any = None) -> DeliveryContext | None:
+    """The WS-RM delivery a spyne method is running for (``ctx`` is the method's ctx).
+
+    None when the method was not called by the invoker (a plain, unreliable
+    call to an RM-optional service).  Without ``ctx`` the current thread's
+    delivery is returned.
+    """
+    if ctx is not None:
+        message = current_message(ctx)
+        if message is not None:
+            found = message.exchange.properties.get(DELIVERY_KEY)
+            if found is not None:
+                return found
+    return current_delivery()
+
+
+def policy_assertion(policy: RMPolicy) -> RMPolicyAssertion:
+    """What the WSDL says about an engine policy: its WS-RM version and (1.1) delivery assurance."""
+    if not policy.rm_version.is_11:
+        return RMPolicyAssertion(version=policy.rm_version)
+    delivery = policy.delivery
+    if delivery & DeliveryAssurance.EXACTLY_ONCE == DeliveryAssurance.EXACTLY_ONCE:
+        name = "ExactlyOnce"
+    elif delivery & DeliveryAssurance.AT_LEAST_ONCE:
+        name = "AtLeastOnce"
+    else:
+        name = "AtMostOnce"
+    return RMPolicyAssertion(version=policy.rm_version, delivery_assurance=name,
+                             in_order=bool(delivery & DeliveryAssurance.IN_ORDER))
+
+
+class ReliableService:
+    """A spyne Application behind WS-RM: the WSGI app to serve and the engine behind it.
+
+    ``wsgi_app`` is a WSGI application (so is the service itself); serve it
+    with anything, or with :meth:`serve`.  The engine's workers run between
+    :meth:`start` and :meth:`stop`; messages received while they are stopped
+    wait in the store.  ``endpoint_address`` is this service's public URL (the
+    AcksTo of the reply sequences it opens); by default the URL :meth:`serve`
+    listens on, else the first request's URL.
+    """
+
+    def __init__(self, application: Application, store: str | StorageManager = "memory:",
+                 policy: RMPolicy | None = None, *, tm: Any = None, required: bool = True,
+                 chain: InterceptorChain | None = None, endpoint_address: str | None = None,
+                 on_delivery_failure: Callable[[FailedDelivery], None] | None = None,
+                 publish_policy: RMPolicyAssertion | bool = True, name: str = "wsrm-server") -> None:
+        self.policy = policy or RMPolicy()
+        # the deliverer needs the middleware, which needs the engine: bind it late
+        self.engine = ReliableEngine(store, self.policy, tm=tm, endpoint_address=endpoint_address,
+                                     application=lambda payload, context: self._deliver(payload, context),
+                                     on_delivery_failure=on_delivery_failure, name=name)
+        self.interceptor = ReliableMessagingInterceptor(self.engine, required=required)
+        self.chain = chain if chain is not None else default_chain()
+        self.chain.add(self.interceptor)
+        if publish_policy is True:
+            publish_policy = policy_assertion(self.policy)
+        self.wsgi_app: ChainMiddleware = engage(application, self.chain, rm_policy=publish_policy,
+                                                max_message_size=self.policy.max_message_size)
+        self._deliver = ChainDeliverer(self.wsgi_app, self.interceptor)
+        self._servers: list[HttpServer] = []
+        self._recovered = False
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        return self.wsgi_app(environ, start_response)
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0, *, path: str = "/", threads: int = 4) -> HttpServer:
+        """Serve the service with waitress in a background thread; returns the server (``.url``)."""
+        server = HttpServer(self.wsgi_app, host, port, threads=threads, path=path,
+                            max_body=max(4 * self.policy.max_message_size, 16 * 1024 * 1024)).start()
+        self._servers.append(server)
+        if self.engine.endpoint_address is None:
+            self.engine.endpoint_address = server.url
+        return server
+
+    @property
+    def url(self) -> str | None:
+        return self.engine.endpoint_address
+
+    def start(self) -> ReliableService:
+        """Resolve in-doubt transactions (with a ``tm``), then start the engine's workers.
+
+        After a crash the store may hold branches prepared by the previous
+        process; they block the store until the manager's log decides them, so
+        recovery runs once before any worker touches the store.  Branches with
+        no logged decision are rolled back only once older than the manager's
+        safety interval (a later recovery pass gets them).
+        """
+        tm = self.engine.tm
+        if tm is not None and not self._recovered:
+            tm.register_resource(self.engine.store.xa_resource())
+            report = tm.recovery.recover_once()
+            log.info("recovery before start: %s", report)
+            self._recovered = True
+        self.engine.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the servers :meth:`serve` started, then the engine (and its store, if it opened it)."""
+        for server in self._servers:
+            server.stop(timeout)
+        self._servers.clear()
+        self.engine.stop(timeout)
+
+    def __enter__(self) -> ReliableService:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def reliable_service(application: Application, store: str | StorageManager = "memory:",
+                     policy: RMPolicy | None = None, *, tm: Any = None, **options: Any) -> ReliableService:
+    """Engage WS-RM on ``application``; see :class:`ReliableService` for ``options``."""
+    return ReliableService(application, store, policy, tm=tm, **options)

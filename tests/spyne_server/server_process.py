@@ -1,0 +1,51 @@
+"""A reliable spyne server in its own process, for the crash and multi-process tests.
+
+``python -m tests.spyne_server.server_process --store URL --port N --dsn DSN --node NAME --tm-log PATH``
+serves the test service (its methods insert into ``orders`` through an
+XADataSource, in the invoker's XA transaction), prints ``READY <url>`` and
+runs until killed or until its stdin closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from interceptors.spyne_rm import reliable_service
+from txmanager import TransactionManager
+from txmanager.postgres import XADataSource
+
+from . import service
+from .conftest import fast_policy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--tm-log", required=True)
+    parser.add_argument("--delay", type=float, default=0.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+    # safety_interval=0: the only other process that used this node name is dead
+    tm = TransactionManager(node=args.node, log=args.tm_log, safety_interval=0)
+    ds = XADataSource(args.dsn, tm)
+    service.configure(ds=ds, node=args.node, delay=args.delay)
+    server = reliable_service(service.application(), args.store, fast_policy(), tm=tm)
+    http = server.serve("127.0.0.1", args.port)
+    server.start()
+    print(f"READY {http.url}", flush=True)
+    try:
+        sys.stdin.read()  # the test closes stdin to stop us cleanly
+    finally:
+        server.stop(timeout=5)
+        ds.close()
+        tm.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""One-way and request-response calls to a reliable spyne service, driven by a reliable engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.engine.support import wait_for
+from wsrm_plugin.wire import parse_envelope
+
+from . import service
+from .conftest import Envelopes, action, fast_policy
+
+TNS = service.TNS
+
+
+def _store(kind: str, tmp_path: Path, name: str) -> str:
+    return "memory:" if kind == "memory" else f"sqlite:///{tmp_path}/{name}.db"
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+@pytest.mark.parametrize("rm_version", ["1.0", "1.1"])
+def test_one_way_messages_are_delivered_exactly_once_in_order(servers, clients, tmp_path, kind, rm_version):
+    policy = fast_policy(rm_version=rm_version)
+    server = servers(_store(kind, tmp_path, "server"), policy)
+    client = clients(_store(kind, tmp_path, "client"), policy)
+    build = Envelopes(server.url)
+    items = [f"item-{i}" for i in range(8)]
+    for item in items:
+        client.send(server.url, build("record", item), action=action("record"))
+
+    assert wait_for(lambda: len(service.recorded()) >= len(items)), service.recorded()
+    assert wait_for(lambda: client.status().unacked == 0)
+    assert service.recorded() == items
+    sequences = {seq for seq, _ in service.DELIVERIES}
+    assert len(sequences) == 1
+    assert [number for _, number in service.DELIVERIES] == list(range(1, len(items) + 1))
+    assert server.engine.status().delivered == len(items)
+
+
+def _collector():
+    answers: list[tuple[bytes, object]] = []
+    return answers, lambda envelope, context: answers.append((envelope, context))
+
+
+def _echo_text(envelope: bytes) -> str | None:
+    return parse_envelope(envelope).root.findtext(f".//{{{TNS}}}echoResult")
+
+
+@pytest.mark.parametrize("rm_version", ["1.0", "1.1"])
+def test_replies_come_back_on_the_offered_sequence(servers, clients, rm_version):
+    policy = fast_policy(rm_version=rm_version)
+    server = servers("memory:", policy)
+    answers, application = _collector()
+    client = clients("memory:", policy, application=application)
+    build = Envelopes(server.url)
+    receipts = [client.send(server.url, build("echo", f"q{i}"), action=action("echo"), expect_reply=True)
+                for i in range(5)]
+
+    assert wait_for(lambda: len(answers) >= 5), answers
+    assert [_echo_text(envelope) for envelope, _ in answers] == [f"re:q{i}" for i in range(5)]
+    assert [context.relates_to for _, context in answers] == [r.message_id for r in receipts]
+    # the replies travelled on one sequence: the one the client offered
+    assert len({context.sequence_id for _, context in answers}) == 1
+    assert service.recorded() == [f"q{i}" for i in range(5)]
+
+
+def test_a_service_fault_goes_back_on_the_response_sequence(servers, clients):
+    server = servers("memory:", fast_policy(max_delivery_attempts=2))
+    answers, application = _collector()
+    client = clients("memory:", application=application)
+    build = Envelopes(server.url)
+    for text in ["a", "fail-b", "c"]:
+        client.send(server.url, build("echo", text), action=action("echo"), expect_reply=True)
+
+    assert wait_for(lambda: len(answers) >= 3), answers
+    assert [_echo_text(envelope) for envelope, _ in answers] == ["re:a", None, "re:c"]
+    fault_envelope, context = answers[1]
+    fault = parse_envelope(fault_envelope).fault()
+    # the service's own fault (spyne's code and reason), not a generic one
+    assert "the service refuses fail-b" in fault.reason
+    assert b"Server.Refused" in fault_envelope
+    assert context.relates_to is not None
+    assert service.recorded() == ["a", "c"]
+    assert server.engine.status().delivery_failures == 1
+
+
+def test_a_client_fault_is_answered_at_once_not_retried(servers, clients):
+    server = servers("memory:", fast_policy(max_delivery_attempts=3))
+    answers, application = _collector()
+    client = clients("memory:", application=application)
+    build = Envelopes(server.url)
+    for text in ["bad-x", "fail-y"]:
+        client.send(server.url, build("echo", text), action=action("echo"), expect_reply=True)
+
+    assert wait_for(lambda: len(answers) >= 2), answers
+    assert [b"Client.BadItem" in envelope for envelope, _ in answers] == [True, False]
+    # the request itself is wrong: one attempt; a server fault is retried up to the policy's limit
+    assert service.CALLS == ["bad-x", "fail-y", "fail-y", "fail-y"]

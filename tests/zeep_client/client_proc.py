@@ -1,0 +1,40 @@
+"""A reliable zeep client process for the crash test (killed with SIGKILL, then restarted).
+
+``python -m tests.zeep_client.client_proc WSDL_FILE STORE_URL PORT send N`` enqueues N in-out calls
+with a persisted callback, prints ``sent`` and waits to be killed; ``... resume 0`` only starts (the
+lifecycle listener restores callbacks and resumes), prints the lifecycle report as JSON and waits.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import zeep
+
+from wsrm_plugin.engine import RMPolicy
+from wsrm_plugin.zeep_client import reliable_client
+
+POLICY = RMPolicy(base_retransmission_interval=0.2, exponential_backoff=False, poll_interval=0.05,
+                  http_timeout=5.0)
+
+
+def main() -> None:
+    wsdl, store, port, mode, count = sys.argv[1:6]
+    rc = reliable_client(zeep.Client(wsdl), store, POLICY, listen=("127.0.0.1", int(port)), key="orders",
+                         name="crash-client")
+    if mode == "send":
+        for i in range(int(count)):
+            rc.service.echo(f"q{i}", _callback="tests.zeep_client.service:append_reply", _context=f"c{i}")
+        print("sent", flush=True)
+    else:
+        report = rc.lifecycle_report
+        print(json.dumps({"restored": report.callbacks_restored, "missing": report.callbacks_missing,
+                          "pending": report.replies_pending}), flush=True)
+    while True:
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Dual channel, anonymous (back-channel acks, no listener) and WS-MakeConnection polling."""
+
+from __future__ import annotations
+
+import pytest
+import zeep
+
+from tests.engine.support import wait_for
+from wsrm_plugin.engine import HttpTransport, ReliableEngine
+from wsrm_plugin.makeconnection import Mailbox
+from wsrm_plugin.wire.namespaces import WSMC_ANONYMOUS_PREFIX
+from wsrm_plugin.zeep_client import reliable_client
+
+from . import service
+from .conftest import fast_policy
+
+
+@pytest.fixture
+def mc_server():
+    """The spyne service's engine with a MakeConnection mailbox in front and behind."""
+    service.reset()
+    receiver = service.SpyneReceiver()
+    mailbox = Mailbox()
+    engine = ReliableEngine("memory:", fast_policy(), application=receiver, name="mc-server",
+                            transport=mailbox.transport(HttpTransport(timeout=5.0)))
+    engine.serve(middleware=lambda app: receiver.middleware(mailbox.middleware(app)))
+    engine.start()
+    yield engine, mailbox
+    engine.stop(timeout=5)
+
+
+def test_anonymous_client_gets_acks_on_the_back_channel(clients, server):
+    rc = clients(key="anon")
+    assert rc.listener_address is None
+    for i in range(3):
+        rc.service.record(f"a{i}")
+    assert wait_for(lambda: service.RECEIVED == ["a0", "a1", "a2"])
+    assert wait_for(lambda: rc.engine.status().unacked == 0)  # acks came back on the HTTP responses
+    with pytest.raises(ValueError, match="address to come back to"):
+        rc.service.echo("needs a listener")
+
+
+def test_dual_channel_client_takes_decoupled_acks_and_replies_on_its_listener(clients, server):
+    rc = clients(listen=("127.0.0.1", 0), policy=fast_policy(decoupled_acks=True))
+    assert rc.listener_address.startswith("http://127.0.0.1:")
+    rc.service.record("dual")
+    assert rc.service.echo("dual").result(timeout=30) == "re:dual"
+    assert wait_for(lambda: rc.engine.status().unacked == 0)
+    with rc.engine.store.begin() as tx:
+        seqs = tx.rms.list_all()
+    assert seqs and all(s.acks_to == rc.listener_address for s in seqs)
+    assert rc.close() >= 1
+    assert wait_for(lambda: not rc.engine.store.status().rms and not server.store.status().rmd)
+
+
+def test_make_connection_polling_delivers_replies_to_a_client_without_listener(mc_server):
+    server, mailbox = mc_server
+    zc = zeep.Client(server.endpoint_address + "?wsdl")
+    rc = reliable_client(zc, "memory:", fast_policy(), make_connection=True, name="poller", poll_interval=0.05)
+    try:
+        assert rc.listener_address.startswith(WSMC_ANONYMOUS_PREFIX)
+        futures = [rc.service.echo(f"p{i}") for i in range(4)]
+        assert [f.result(timeout=30) for f in futures] == [f"re:p{i}" for i in range(4)]
+        assert rc.poller.received >= 4
+        # the client's acknowledgements reached the server: nothing left to retransmit or park
+        assert wait_for(lambda: server.status().unacked == 0)
+        assert mailbox.pending(rc.listener_address[len(WSMC_ANONYMOUS_PREFIX):]) == 0
+    finally:
+        rc.stop(timeout=5)
+
+
+def test_make_connection_with_a_foreign_address_is_a_sender_fault(mc_server):
+    import urllib.error
+    import urllib.request
+
+    from wsrm_plugin.engine.envelopes import protocol_message
+    from wsrm_plugin.wire import SOAP12, WSA_2005_08, parse_envelope
+    from wsrm_plugin.wire.mc import MakeConnection
+    from wsrm_plugin.wire.namespaces import MAKE_CONNECTION_ACTION
+
+    server, _ = mc_server
+    body = protocol_message(SOAP12, WSA_2005_08, to=server.endpoint_address, action=MAKE_CONNECTION_ACTION,
+                            body=MakeConnection("http://example.org/not-mc").to_xml())
+    request = urllib.request.Request(server.endpoint_address, data=body, method="POST",
+                                     headers={"Content-Type": "application/soap+xml; charset=utf-8"})
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=10)
+    assert caught.value.code == 400
+    fault = parse_envelope(caught.value.read()).fault()
+    assert fault.code == "Sender" and "not a WS-MC anonymous URI" in fault.reason

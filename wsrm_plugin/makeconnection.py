@@ -1,0 +1,236 @@
+"""WS-MakeConnection 200702 for engines: replies to clients that cannot accept connections.
+
+A client behind a firewall names itself with the WS-MC anonymous URI
+(``http://docs.oasis-open.org/ws-rx/wsmc/200702/anonymous?id=...``) as its
+ReplyTo and Offer endpoint, and polls the server with ``MakeConnection``.
+
+* Server end: :class:`Mailbox`.  ``mailbox.transport(inner)`` wraps the
+  engine's transport so what the engine sends to a WS-MC anonymous address is
+  parked in a per-id mailbox instead of posted (the engine still counts it as
+  sent and retransmits it until acknowledged, so a poll response lost on the
+  way is harmless); ``mailbox.middleware(app)`` answers ``MakeConnection``
+  POSTs with the oldest parked message (``wsmc:MessagePending`` says whether
+  more wait) or an empty 202, and passes every other request to ``app``.
+* Client end: :class:`Poller`, a thread that POSTs MakeConnection to the
+  servers the client called, hands each message it gets back to the client's
+  engine (``engine.handle``) and posts the engine's answer (the
+  acknowledgement) back to the server, since a poll response has no
+  back-channel of its own.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from lxml import etree
+
+from .engine.envelopes import protocol_message
+from .engine.transport import Response, Transport, TransportError
+from .wire import AddressingHeaders, SoapFault, parse_envelope, to_bytes
+from .wire.mc import MakeConnection, MessagePending
+from .wire.namespaces import MAKE_CONNECTION_ACTION, WSMC_NS, mc_anonymous_id, mc_anonymous_uri
+from .wire.xmlsafe import DEFAULT_MAX_SIZE
+
+__all__ = ["Mailbox", "Poller", "mc_address_for"]
+
+log = logging.getLogger(__name__)
+
+_MAKE_CONNECTION = etree.QName(WSMC_NS, "MakeConnection").text
+_MESSAGE_PENDING = etree.QName(WSMC_NS, "MessagePending").text
+
+
+def mc_address_for(name: str) -> str:
+    """A stable WS-MC anonymous address for client ``name`` (the same after a restart)."""
+    return mc_anonymous_uri(str(uuid.uuid5(uuid.NAMESPACE_URL, f"wsrm-client:{name}")))
+
+
+class _MailboxTransport:
+    def __init__(self, mailbox: Mailbox, inner: Transport) -> None:
+        self._mailbox = mailbox
+        self._inner = inner
+
+    def send(self, address: str, envelope: bytes, headers: Mapping[str, str]) -> Response:
+        mc_id = mc_anonymous_id(address)
+        if mc_id is None:
+            return self._inner.send(address, envelope, headers)
+        self._mailbox.park(mc_id, envelope)
+        return Response(202)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class Mailbox:
+    """The server end: messages for polling clients, by WS-MC id, oldest first.
+
+    A retransmission replaces the parked copy with the same wsa:MessageID, so
+    an idle client does not find the same message queued many times.
+    ``max_per_client`` bounds what one id may hold (the oldest is dropped;
+    the engine retransmits it later), so a client that never polls cannot
+    fill the server's memory.
+    """
+
+    def __init__(self, *, max_per_client: int = 1000, max_message_size: int = DEFAULT_MAX_SIZE) -> None:
+        self.max_per_client = max_per_client
+        self.max_message_size = max_message_size
+        self._boxes: dict[str, OrderedDict[str, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def transport(self, inner: Transport) -> Transport:
+        """``inner`` for ordinary addresses, this mailbox for WS-MC anonymous ones."""
+        return _MailboxTransport(self, inner)  # type: ignore[return-value]
+
+    def park(self, mc_id: str, envelope: bytes) -> None:
+        message_id = AddressingHeaders.from_header(parse_envelope(envelope, max_size=1 << 30).headers).message_id
+        with self._lock:
+            box = self._boxes.setdefault(mc_id, OrderedDict())
+            key = message_id or uuid.uuid4().hex
+            box.pop(key, None)
+            box[key] = envelope
+            while len(box) > self.max_per_client:
+                box.popitem(last=False)
+        log.debug("parked %s for WS-MC client %s", message_id, mc_id)
+
+    def pending(self, mc_id: str) -> int:
+        with self._lock:
+            return len(self._boxes.get(mc_id, ()))
+
+    def take(self, mc_id: str) -> tuple[bytes | None, bool]:
+        """The oldest message for ``mc_id`` and whether more wait."""
+        with self._lock:
+            box = self._boxes.get(mc_id)
+            if not box:
+                return None, False
+            _, envelope = box.popitem(last=False)
+            return envelope, bool(box)
+
+    def middleware(self, app: Callable[..., Any]) -> Callable[..., Any]:
+        """WSGI middleware answering MakeConnection polls; everything else goes to ``app``."""
+
+        def wsgi(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+            if environ.get("REQUEST_METHOD") != "POST":
+                return app(environ, start_response)
+            try:
+                length = int(environ.get("CONTENT_LENGTH") or "")
+            except ValueError:
+                return app(environ, start_response)
+            if not 0 <= length <= self.max_message_size:
+                return app(environ, start_response)  # let the endpoint refuse it properly
+            data = environ["wsgi.input"].read(length)
+            environ["wsgi.input"] = io.BytesIO(data)
+            if b"MakeConnection" not in data:
+                return app(environ, start_response)  # cheap pre-check: not a poll
+            try:
+                envelope = parse_envelope(data, max_size=self.max_message_size)
+            except SoapFault:
+                return app(environ, start_response)
+            body = envelope.body_element
+            if body is None or body.tag != _MAKE_CONNECTION:
+                return app(environ, start_response)
+            try:
+                poll = MakeConnection.from_xml(body)
+            except SoapFault as fault:
+                return _respond(start_response, 400, fault_bytes(fault, envelope.version), envelope.version)
+            mc_id = mc_anonymous_id(poll.address)
+            if mc_id is None:
+                fault = SoapFault(f"MakeConnection address {poll.address!r} is not a WS-MC anonymous URI",
+                                  code="Sender")
+                return _respond(start_response, 400, fault_bytes(fault, envelope.version), envelope.version)
+            message, more = self.take(mc_id)
+            if message is None:
+                start_response("202 Accepted", [("Content-Length", "0")])
+                return [b""]
+            reply = parse_envelope(message, max_size=1 << 30)
+            header = reply.root.find(reply.version.qname("Header").text)
+            if header is None:
+                header = etree.Element(reply.version.qname("Header"))
+                reply.root.insert(0, header)
+            header.append(MessagePending(more).to_xml())
+            return _respond(start_response, 200, to_bytes(reply.root), reply.version)
+
+        return wsgi
+
+
+def fault_bytes(fault: SoapFault, soap: Any) -> bytes:
+    from .wire import fault_envelope
+    return to_bytes(fault_envelope(fault, soap))
+
+
+def _respond(start_response: Callable[..., Any], status: int, body: bytes, soap: Any) -> list[bytes]:
+    reason = {200: "OK", 400: "Bad Request"}[status]
+    start_response(f"{status} {reason}", [("Content-Length", str(len(body))),
+                                          ("Content-Type", soap.http_headers()["Content-Type"])])
+    return [body]
+
+
+class Poller:
+    """The client end: polls ``targets()`` for messages to ``address`` and feeds them to ``engine``."""
+
+    def __init__(self, engine: Any, address: str, targets: Callable[[], Iterable[str]], *,
+                 interval: float = 0.2) -> None:
+        if mc_anonymous_id(address) is None:
+            raise ValueError(f"{address!r} is not a WS-MC anonymous URI (use mc_address_for(name))")
+        self.engine = engine
+        self.address = address
+        self.targets = targets
+        self.interval = interval
+        self.received = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Poller:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="wsrm-mc-poller", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            more = False
+            for target in list(self.targets()):
+                try:
+                    more = self.poll(target) or more
+                except Exception:  # noqa: BLE001 -- a poll failing must not end polling
+                    log.exception("MakeConnection poll of %s failed; polling again later", target)
+            if not more:
+                self._stop.wait(self.interval)
+
+    def poll(self, target: str) -> bool:
+        """One poll of ``target``; True when the server says more messages wait."""
+        policy = self.engine.policy
+        request = protocol_message(policy.soap_version, policy.addressing, to=target,
+                                   action=MAKE_CONNECTION_ACTION, body=MakeConnection(self.address).to_xml())
+        headers = policy.soap_version.http_headers(MAKE_CONNECTION_ACTION)
+        try:
+            response = self.engine.transport.send(target, request, headers)
+        except TransportError as exc:
+            log.info("MakeConnection to %s failed: %s", target, exc)
+            return False
+        if not response.body:
+            return False
+        envelope = parse_envelope(response.body, max_size=policy.max_message_size)
+        if envelope.is_fault:
+            log.warning("server %s answered MakeConnection with a fault: %s", target, envelope.fault())
+            return False
+        more = any(h.tag == _MESSAGE_PENDING and MessagePending.from_xml(h).pending for h in envelope.headers)
+        self.received += 1
+        answer = self.engine.handle(response.body)
+        if answer.body:  # the acknowledgement the server would have got on a back-channel
+            try:
+                self.engine.transport.send(target, answer.body,
+                                           {"Content-Type": answer.content_type or headers["Content-Type"]})
+            except TransportError as exc:
+                log.info("acknowledgement to %s not delivered (%s); the server will retransmit", target, exc)
+        return more
