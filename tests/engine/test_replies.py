@@ -1,0 +1,93 @@
+"""Request-reply over an offered sequence, reply callbacks, and what a failing service answers."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from wsrm_plugin.wire import parse_envelope
+
+from .conftest import fast_policy
+from .support import ACTION, Recorder, item_text, payload, wait_for
+
+CALLBACK_REPLIES: list[tuple[str | None, bytes | None, str | None]] = []
+_callback_lock = threading.Lock()
+
+
+def on_reply(envelope: bytes, context, reply_context: bytes | None) -> None:
+    """Imported by path ("tests.engine.test_replies:on_reply") by the client's invoker."""
+    with _callback_lock:
+        CALLBACK_REPLIES.append((item_text(envelope), reply_context, context.relates_to))
+
+
+def echo_service(envelope: bytes, context) -> None:
+    context.reply(payload("re:" + item_text(envelope)), action="urn:wsrm-engine-test:reply")
+
+
+def _empty(engine) -> bool:
+    status = engine.store.status()
+    return not status.rms and not status.rmd
+
+
+@pytest.mark.parametrize("rm_version", ["1.0", "1.1"])
+def test_replies_come_back_on_the_offered_sequence(engines, store_for, rm_version):
+    policy = fast_policy(rm_version=rm_version)
+    server = engines(store_for("memory", "s"), policy, serve=True, application=echo_service, name="server")
+    answers = Recorder()
+    client = engines(store_for("memory", "c"), policy, serve=True, application=answers, name="client")
+    target = server.endpoint_address
+    receipts = [client.send(target, payload(f"q{i}"), action=ACTION, expect_reply=True) for i in range(5)]
+
+    assert wait_for(lambda: answers.snapshot() == [f"re:q{i}" for i in range(5)]), answers.snapshot()
+    assert [ctx.relates_to for ctx in answers.contexts] == [r.message_id for r in receipts]
+    assert len({ctx.sequence_id for ctx in answers.contexts}) == 1
+
+    client.close(target)
+    # the request sequence ends, then the server ends the reply sequence it was offered
+    assert wait_for(lambda: _empty(client) and _empty(server), timeout=30), (client.store.status(),
+                                                                            server.store.status())
+
+
+def test_reply_callback_gets_the_reply_instead_of_the_application(engines, store_for):
+    server = engines(store_for("memory", "s"), serve=True, application=echo_service, name="server")
+    application = Recorder()
+    client = engines(store_for("sqlite", "c"), serve=True, application=application, name="client")
+    receipt = client.send(server.endpoint_address, payload("ping"), action=ACTION,
+                          reply_callback="tests.engine.test_replies:on_reply", reply_context=b"order-42")
+    assert wait_for(lambda: ("re:ping", b"order-42", receipt.message_id) in CALLBACK_REPLIES)
+    assert application.snapshot() == []
+
+
+def test_expect_reply_needs_an_endpoint(engines, store_for):
+    client = engines(store_for("memory", "c"))
+    with pytest.raises(ValueError, match="serve"):
+        client.send("http://127.0.0.1:9/", payload("x"), action=ACTION, expect_reply=True)
+    assert not client.store.status().rms
+
+
+def test_a_failing_service_answers_with_a_fault_on_the_reply_sequence(engines, store_for):
+    failures = []
+    server_app = Recorder(fail_on=lambda text: text == "bad")
+
+    def service(envelope, context):
+        server_app(envelope, context)
+        echo_service(envelope, context)
+
+    server = engines(store_for("memory", "s"), fast_policy(max_delivery_attempts=2), serve=True,
+                     application=service, on_delivery_failure=failures.append, name="server")
+    answers: list[tuple[bytes, object]] = []
+    client = engines(store_for("memory", "c"), serve=True, application=lambda env, ctx: answers.append((env, ctx)),
+                     name="client")
+    target = server.endpoint_address
+    sent = [client.send(target, payload(text), action=ACTION, expect_reply=True) for text in ("ok", "bad", "ok2")]
+
+    assert wait_for(lambda: len(answers) == 3, timeout=30), answers
+    assert [item_text(env) for env, _ in answers] == ["re:ok", None, "re:ok2"]
+    envelope, context = answers[1]
+    assert context.relates_to == sent[1].message_id
+    fault = parse_envelope(envelope).fault()
+    assert fault.code == "Receiver" and "refuses 'bad'" in fault.reason
+    assert server_app.calls == 4  # ok, bad twice (each attempt rolled back), ok2
+    assert server_app.snapshot() == ["ok", "ok2"]
+    assert failures == []  # answered with a fault: nobody else needs telling

@@ -1,0 +1,133 @@
+"""The RMD worker: standalone acknowledgements, and the end of destination sequences.
+
+When a sequence's AcksTo is anonymous its acknowledgements ride the HTTP
+responses and this worker has nothing to send for it.  When AcksTo is an
+address, every received message leaves the sequence owing an
+acknowledgement by ``now + acknowledgement_interval`` (0: at once); the
+retransmission worker piggybacks it on a message going to that address when
+there is one, and this worker sends whatever is still owed when it falls due
+as a SequenceAcknowledgement message of its own.
+
+Housekeeping also lives here: a sequence with no activity for the
+inactivity timeout (or past its Expires) is ended, and a terminated sequence
+is deleted once the invoker has nothing left to deliver from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..store import StorageManager
+from ..wire import SequenceAcknowledgement
+from ..wire.namespaces import AddressingVersion
+from .destination import Destination
+from .envelopes import protocol_message
+from .inbound import Inbound
+from .logs import for_sequence
+from .policy import RMPolicy
+from .source import Source, rm_version_of
+from .transport import Transport, TransportError
+
+__all__ = ["AcknowledgementWorker"]
+
+log = logging.getLogger(__name__)
+
+_BATCH = 100
+
+
+class AcknowledgementWorker:
+    """One round of the RMD worker: ``step()`` (run by a :class:`~.workers.Worker`)."""
+
+    def __init__(self, store: StorageManager, policy: RMPolicy, destination: Destination, inbound: Inbound,
+                 transport: Transport, *, source: Source, housekeeping_interval: float = 1.0) -> None:
+        self.store = store
+        self.source = source
+        self.policy = policy
+        self.destination = destination
+        self.inbound = inbound
+        self.transport = transport
+        self.housekeeping_interval = housekeeping_interval
+        self._next_housekeeping = 0.0
+        self.acks_sent = 0
+        self.released = 0
+
+    def request_housekeeping(self) -> None:
+        self._next_housekeeping = 0.0
+
+    def step(self) -> bool:
+        now = time.time()
+        worked = self._send_acks(now)
+        if now >= self._next_housekeeping:
+            self._next_housekeeping = now + self.housekeeping_interval
+            worked = self._housekeeping(now) or worked
+        return worked
+
+    def _send_acks(self, now: float) -> bool:
+        with self.store.begin() as tx:
+            due = tx.rmd.needing_ack(now, limit=_BATCH)
+        for seq in due:
+            if self.destination.acks_on_back_channel(seq):
+                with self.store.begin() as tx:
+                    if tx.rmd.get(seq.sequence_id) is not None:
+                        tx.rmd.ack_sent(seq.sequence_id)
+                continue
+            ack = self.destination.ack_for(seq)
+            if ack is None:
+                continue
+            self._send(seq, ack, now)
+        return bool(due)
+
+    def _send(self, seq, ack: SequenceAcknowledgement, now: float) -> None:
+        rm = rm_version_of(seq)
+        soap = self.policy.soap_version
+        wsa = AddressingVersion.for_namespace(seq.wsa_version) or rm.addressing
+        action = rm.sequence_acknowledgement_action
+        data = protocol_message(soap, wsa, to=seq.acks_to, action=action, headers=[ack.to_xml(rm, soap)])
+        slog = for_sequence(log, seq.sequence_id)
+        try:
+            response = self.transport.send(seq.acks_to, data, soap.http_headers(action))
+        except TransportError as exc:
+            slog.info("acknowledgement to %s not delivered (will retry): %s", seq.acks_to, exc)
+            with self.store.begin() as tx:
+                if tx.rmd.get(seq.sequence_id) is not None:
+                    tx.rmd.update(seq.sequence_id, ack_due_at=now + self.policy.base_retransmission_interval)
+            return
+        self.acks_sent += 1
+        if response.body:
+            self.inbound.read_response(response.body)
+        self.destination.ack_delivered(seq)
+        slog.debug("acknowledged %s to %s", ack.ranges, seq.acks_to)
+
+    def _housekeeping(self, now: float) -> bool:
+        with self.store.begin() as tx:
+            sequences = tx.rmd.list_all()
+        worked = False
+        timeout = self.policy.inactivity_timeout
+        for seq in sequences:
+            if seq.terminated:
+                worked = self._release(seq.sequence_id) or worked
+            elif (timeout is not None and seq.last_activity + timeout <= now) or \
+                    (seq.expires is not None and seq.expires <= now):
+                worked = self.destination.expire(seq.sequence_id) or worked
+        return worked
+
+    def _release(self, sequence_id: str) -> bool:
+        """Delete a terminated sequence once nothing more can be delivered from it."""
+        with self.store.begin() as tx:
+            seq = tx.rmd.get(sequence_id)
+            if seq is None or not seq.terminated:
+                return False
+            if tx.invoker.next_deliverable(sequence_id, in_order=self.policy.in_order) is not None:
+                return False  # the invoker is still delivering
+            dropped = tx.invoker.discard(sequence_id)
+            tx.rmd.delete(sequence_id)
+            self.source.end_reply_sequence(tx, sequence_id)
+        self.destination.forget(sequence_id)
+        self.released += 1
+        slog = for_sequence(log, sequence_id)
+        if dropped:
+            slog.warning("released with %d undeliverable message(s) behind a gap", dropped)
+        else:
+            slog.debug("released")
+        return True

@@ -1,0 +1,342 @@
+"""The RM Destination: opens sequences for peers, takes their messages, owes them acknowledgements.
+
+Each incoming protocol event is one short store transaction: read the
+destination sequence, apply the state machine (which decides duplicates,
+closed sequences, numbers past the last one), record the number and put
+the message in the invoker buffer, all or nothing.  A refusal rolls the
+transaction back and becomes the WS-RM fault the peer gets, so nothing
+accepted before is ever lost or changed by a bad message.
+
+Acknowledgements are not sent from here: when AcksTo is anonymous they ride
+the HTTP response (the caller asks :meth:`ack_for`); otherwise the sequence
+is marked as owing one and the acknowledgement worker sends it.
+
+Security, because a destination keeps state on behalf of strangers:
+identifiers are unguessable (``urn:uuid:`` + uuid4, from ``os.urandom``);
+when the transport authenticated the peer, a sequence takes messages, acks,
+Close and Terminate only from the principal that created it; the numbers of
+open sequences (per peer and in total) and of messages held are limited.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..statemachine import InvalidTransition, RMDEvent, rmd_receive, rmd_transition
+from ..store import RmdSequence, StorageManager, StoreTransaction
+from ..wire import (
+    AddressingHeaders, AddressingVersion, CloseSequence, CreateSequence, CreateSequenceRefused,
+    CreateSequenceResponse, EndpointReference, RMVersion, SequenceAcknowledgement, SequenceHeader,
+    TerminateSequence, UnknownSequence, WSA_2005_08,
+)
+from ..wire.namespaces import RM_VERSIONS
+from .faults import busy_fault, fault_for_transition
+from .logs import for_sequence
+from .policy import RMPolicy
+from .source import reply_sequence_key
+from .states import received_ranges, rmd_changes, rmd_state
+
+__all__ = ["Destination", "Accepted"]
+
+log = logging.getLogger(__name__)
+
+_RM_BY_NS = {v.ns: v for v in RM_VERSIONS}
+_REMEMBERED_CREATES = 1024
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The outcome of an application message: whether it was new, and the ack for the back-channel.
+
+    ``ack`` is None when acknowledgements go to an addressable AcksTo instead.
+    """
+
+    sequence_id: str
+    number: int
+    duplicate: bool
+    ack: SequenceAcknowledgement | None = None
+
+
+class Destination:
+    """The receiving half of an engine (CXF's ``Destination``)."""
+
+    def __init__(self, store: StorageManager, policy: RMPolicy, *, endpoint: Callable[[], str | None],
+                 wake_invoker: Callable[[], None], wake_acks: Callable[[], None],
+                 wake_release: Callable[[], None] | None = None) -> None:
+        self.store = store
+        self.policy = policy
+        self._endpoint = endpoint
+        self._wake_invoker = wake_invoker
+        self._wake_acks = wake_acks
+        self._wake_release = wake_release or wake_acks
+        #: Peer of each open sequence created by an unauthenticated peer (by address): the
+        #: per-peer limit needs it, and the store keeps only authenticated principals.
+        self._peers: dict[str, str] = {}
+        #: Recent CreateSequence answers by (wsa:MessageID, peer), for duplicates.
+        self._answered: OrderedDict[tuple[str, str], CreateSequenceResponse] = OrderedDict()
+        self._peers_lock = threading.Lock()
+        self._create_lock = threading.Lock()
+        self.refused_sequences = 0
+
+    # -- CreateSequence --------------------------------------------------------------------------
+
+    def create_sequence(self, request: CreateSequence, version: RMVersion, addressing: AddressingHeaders,
+                        *, principal: str | None, remote_addr: str | None) -> CreateSequenceResponse:
+        """Open a destination sequence (and accept an Offer); raises CreateSequenceRefused."""
+        with self._create_lock:  # so two copies of one CreateSequence can't both create
+            return self._create_sequence(request, version, addressing, principal, remote_addr)
+
+    def _create_sequence(self, request: CreateSequence, version: RMVersion, addressing: AddressingHeaders,
+                         principal: str | None, remote_addr: str | None) -> CreateSequenceResponse:
+        wsa = addressing.version or version.addressing
+        peer = f"user:{principal}" if principal else f"addr:{remote_addr or '?'}"
+        repeated = self._answered_before(addressing.message_id, peer)
+        if repeated is not None:
+            return repeated
+        sequence_id = f"urn:uuid:{uuid.uuid4()}"
+        now = time.time()
+        with self.store.begin() as tx:
+            self._check_limits(tx, version, peer, principal)
+            reply_address = self._offer_target(tx, request, addressing)
+            expires = request.expires_after
+            tx.rmd.create(sequence_id, acks_to=request.acks_to.address, rm_version=version.ns,
+                          wsa_version=wsa.ns, principal=principal,
+                          offered_id=request.offer.identifier if reply_address else None,
+                          expires=now + expires.total_seconds() if expires else None, now=now)
+            accept = None
+            if reply_address is not None:
+                accept = self._accept_offer(tx, request.offer.identifier, reply_address, version, wsa,
+                                            sequence_id)
+        with self._peers_lock:
+            self._peers[sequence_id] = peer
+        for_sequence(log, sequence_id).info("sequence created for %s (AcksTo %s)", peer, request.acks_to.address)
+        response = CreateSequenceResponse(sequence_id, accept=accept)
+        if addressing.message_id:
+            with self._peers_lock:
+                self._answered[(addressing.message_id, peer)] = response
+                while len(self._answered) > _REMEMBERED_CREATES:
+                    self._answered.popitem(last=False)
+        return response
+
+    def _answered_before(self, message_id: str | None, peer: str) -> CreateSequenceResponse | None:
+        """The response already given to this very CreateSequence (a network duplicate), if its
+        sequence is still there: answering it again avoids an orphan sequence per duplicate.
+        Only the same peer gets it, so a replayed MessageID reveals nothing to a stranger."""
+        if not message_id:
+            return None
+        with self._peers_lock:
+            response = self._answered.get((message_id, peer))
+        if response is None:
+            return None
+        with self.store.begin() as tx:
+            if tx.rmd.get(response.identifier) is None:
+                return None
+        for_sequence(log, response.identifier).debug("CreateSequence %s repeated: same answer", message_id)
+        return response
+
+    def _check_limits(self, tx: StoreTransaction, version: RMVersion, peer: str, principal: str | None) -> None:
+        open_ids = [s.sequence_id for s in tx.rmd.list_all() if not s.terminated]
+        with self._peers_lock:
+            mine = sum(1 for sid in open_ids if self._peers.get(sid) == peer)
+        if principal is not None:
+            mine = max(mine, sum(1 for s in tx.rmd.list_all() if not s.terminated and s.principal == principal))
+        limit = None
+        if len(open_ids) >= self.policy.max_open_sequences:
+            limit = f"{len(open_ids)} sequences are open (limit {self.policy.max_open_sequences})"
+        elif mine >= self.policy.max_open_sequences_per_peer:
+            limit = f"{peer} has {mine} open sequences (limit {self.policy.max_open_sequences_per_peer})"
+        if limit is not None:
+            self.refused_sequences += 1
+            log.warning("CreateSequence refused: %s", limit)
+            raise CreateSequenceRefused(None, f"CreateSequence refused: {limit}; terminate sequences first",
+                                        version=version, sender=False)
+
+    def _offer_target(self, tx: StoreTransaction, request: CreateSequence,
+                      addressing: AddressingHeaders) -> str | None:
+        """Where replies on the offered sequence would go, or None when the offer is declined."""
+        offer = request.offer
+        if offer is None or not self.policy.accept_offers:
+            return None
+        # 1.0 offers name no endpoint: replies then go where each request's ReplyTo says.
+        address = (offer.endpoint.address if offer.endpoint is not None
+                   else addressing.reply_to.address if addressing.reply_to is not None else None)
+        if address is None:
+            address = (addressing.version or WSA_2005_08).anonymous
+        # a scan without locks: the RMS lock may only be taken after the RMD's (lock order)
+        if any(s.sequence_id == offer.identifier for s in tx.rms.list_all()):
+            log.warning("offer %s declined: the identifier is already in use", offer.identifier)
+            return None
+        return address
+
+    def _accept_offer(self, tx: StoreTransaction, offered_id: str, reply_address: str, version: RMVersion,
+                      wsa: AddressingVersion, sequence_id: str) -> EndpointReference:
+        key = reply_sequence_key(sequence_id)
+        acks_to = (self._endpoint() if self.policy.decoupled_acks else None) or wsa.anonymous
+        tx.rms.create(key, target=reply_address, acks_to=acks_to, rm_version=version.ns, wsa_version=wsa.ns,
+                      next_control_at=None)
+        tx.rms.update(key, sequence_id=offered_id, started=True)
+        return EndpointReference(acks_to)
+
+    # -- application messages --------------------------------------------------------------------
+
+    def _sequence(self, tx: StoreTransaction, identifier: str, version: RMVersion,
+                  principal: str | None) -> RmdSequence:
+        seq = tx.rmd.get(identifier)
+        if seq is None:
+            raise UnknownSequence(identifier, version=version)
+        if seq.principal is not None and seq.principal != principal:
+            # Not "access denied": a stranger learns nothing about sequences that are not theirs.
+            for_sequence(log, identifier).warning("refused a message from %r: the sequence belongs to %r",
+                                                  principal, seq.principal)
+            raise UnknownSequence(identifier, version=version)
+        return seq
+
+    def receive(self, header: SequenceHeader, version: RMVersion, envelope: bytes,
+                addressing: AddressingHeaders, *, principal: str | None, soap_ns: str,
+                ack_requested: bool = False) -> Accepted:
+        """Record an application message and buffer it for the application (duplicates: neither)."""
+        identifier, number = header.identifier, header.message_number
+        slog = for_sequence(log, identifier, number)
+        now = time.time()
+        with self.store.begin() as tx:
+            seq = self._sequence(tx, identifier, version, principal)
+            try:
+                reception = rmd_receive(rmd_state(seq), number, last=header.last_message,
+                                        received=received_ranges(seq), last_number=seq.last_number)
+            except InvalidTransition as exc:
+                slog.info("refused: %s", exc)
+                raise fault_for_transition(exc, version, identifier) from None
+            # the message that fills the gap is never refused: refusing it would hold the rest for ever
+            so_far = received_ranges(seq)
+            fills_gap = self.policy.in_order and number == so_far.next_expected < so_far.highest
+            if not reception.duplicate and not fills_gap:
+                held = tx.invoker.count(identifier)
+                if held >= self.policy.max_unacknowledged_held:
+                    slog.warning("refused: %d messages already held for delivery", held)
+                    raise busy_fault(f"sequence {identifier} holds {held} undelivered messages "
+                                     f"(limit {self.policy.max_unacknowledged_held}); retransmit later")
+            tx.rmd.record_received(identifier, number, last=header.last_message, now=now)
+            changes = rmd_changes(reception.transition)
+            if changes:
+                tx.rmd.update(identifier, **changes)
+            if not reception.duplicate:
+                reply_to = addressing.reply_to.address if addressing.reply_to is not None else None
+                tx.invoker.put(identifier, number, envelope, action=addressing.action or "",
+                               soap_version=soap_ns, message_id=addressing.message_id, reply_to=reply_to,
+                               now=now)
+            if not self._anonymous(seq.acks_to):
+                delay = 0.0 if ack_requested else self.policy.acknowledgement_interval
+                tx.rmd.request_ack(identifier, due_at=now + delay)
+        if reception.duplicate:
+            slog.debug("duplicate: acknowledged again, not delivered")
+        else:
+            slog.debug("accepted")
+            self._wake_invoker()
+        ack = None
+        if self._anonymous(seq.acks_to):
+            after = reception.transition.state
+            ack = SequenceAcknowledgement(identifier, list(reception.received.ranges),
+                                          final=version.is_11 and (after.closed or after.terminate_received))
+        else:
+            self._wake_acks()
+        return Accepted(identifier, number, reception.duplicate, ack)
+
+    def ack_requested(self, identifier: str, version: RMVersion, *, principal: str | None) -> RmdSequence:
+        """An AckRequested: returns the sequence; a non-anonymous AcksTo gets an ack at once."""
+        with self.store.begin() as tx:
+            seq = self._sequence(tx, identifier, version, principal)
+            if not self._anonymous(seq.acks_to):
+                tx.rmd.request_ack(identifier, due_at=time.time())
+        if not self._anonymous(seq.acks_to):
+            self._wake_acks()
+        return seq
+
+    # -- closing ------------------------------------------------------------------------------------
+
+    def close(self, request: CloseSequence, version: RMVersion, *, principal: str | None) -> RmdSequence:
+        """CloseSequence (1.1): no new messages; returns the sequence for the final acknowledgement."""
+        return self._end_event(request.identifier, version, principal, RMDEvent.CLOSE_RECEIVED)
+
+    def terminate(self, request: TerminateSequence, version: RMVersion, *, principal: str | None) -> RmdSequence:
+        seq = self._end_event(request.identifier, version, principal, RMDEvent.TMR)
+        self._wake_release()  # the RMD worker deletes terminated sequences once delivery is done
+        return seq
+
+    def _end_event(self, identifier: str, version: RMVersion, principal: str | None,
+                   event: RMDEvent) -> RmdSequence:
+        with self.store.begin() as tx:
+            seq = self._sequence(tx, identifier, version, principal)
+            try:
+                transition = rmd_transition(rmd_state(seq), event)
+            except InvalidTransition as exc:
+                raise fault_for_transition(exc, version, identifier) from None
+            changes = rmd_changes(transition)
+            if changes:
+                seq = tx.rmd.update(identifier, **changes)
+        for_sequence(log, identifier).info("%s (received %s)", event.value, received_ranges(seq))
+        return seq
+
+    def expire(self, identifier: str) -> bool:
+        """End a sequence the peer abandoned (inactivity timeout or Expires); True if it ended."""
+        with self.store.begin() as tx:
+            seq = tx.rmd.get(identifier)
+            if seq is None:
+                return False
+            transition = rmd_transition(rmd_state(seq), RMDEvent.INACTIVITY_TIMEOUT)
+            if transition.noop:
+                return False
+            tx.rmd.update(identifier, **rmd_changes(transition))
+        for_sequence(log, identifier).warning("sequence ended: no activity (received %s)", received_ranges(seq))
+        return True
+
+    def forget(self, identifier: str) -> None:
+        with self._peers_lock:
+            self._peers.pop(identifier, None)
+
+    # -- acknowledgements ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _anonymous(address: str | None) -> bool:
+        return not address or EndpointReference(address).is_anonymous
+
+    def acks_on_back_channel(self, seq: RmdSequence) -> bool:
+        """Acknowledgements of ``seq`` go in HTTP responses (its AcksTo is anonymous)."""
+        return self._anonymous(seq.acks_to)
+
+    def ack_for(self, seq: RmdSequence) -> SequenceAcknowledgement | None:
+        """The acknowledgement of ``seq`` as it stands (None for 1.0 before any message)."""
+        version = _RM_BY_NS[seq.rm_version]
+        final = version.is_11 and (seq.closed or seq.terminated)
+        if not seq.received and not version.is_11:
+            return None
+        return SequenceAcknowledgement(seq.sequence_id, list(received_ranges(seq).ranges), final=final)
+
+    def ack_delivered(self, sent: RmdSequence) -> None:
+        """The acknowledgement built from ``sent`` reached AcksTo: owe nothing more, unless
+        something arrived since (then the newer acknowledgement is still owed)."""
+        with self.store.begin() as tx:
+            seq = tx.rmd.get(sent.sequence_id)
+            if seq is None or seq.ack_due_at is None:
+                return
+            if (seq.received, seq.closed, seq.terminated) == (sent.received, sent.closed, sent.terminated):
+                tx.rmd.ack_sent(sent.sequence_id)
+
+    def create_offered(self, tx: StoreTransaction, offered_id: str, acks_to: str, version: RMVersion) -> None:
+        """Client side of an accepted Offer: the destination sequence the replies will arrive on."""
+        if tx.rmd.get(offered_id) is None:
+            tx.rmd.create(offered_id, acks_to=acks_to, rm_version=version.ns,
+                          wsa_version=self.policy.addressing.ns)
+            for_sequence(log, offered_id).info("offered sequence accepted by the peer (AcksTo %s)", acks_to)
+
+    def current_ack(self, identifier: str) -> SequenceAcknowledgement | None:
+        """The acknowledgement of sequence ``identifier`` from committed state (no lock held after)."""
+        with self.store.begin() as tx:
+            seq = tx.rmd.get(identifier)
+        return self.ack_for(seq) if seq is not None else None
+

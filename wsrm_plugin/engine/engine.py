@@ -1,0 +1,225 @@
+"""ReliableEngine: a store, a policy, three workers and an HTTP endpoint, put together.
+
+::
+
+    engine = ReliableEngine("sqlite:///rm.db", RMPolicy(), application=handle)
+    server = engine.serve("127.0.0.1", 8080)     # the RMEndpoint, on waitress
+    engine.start()                               # the RMS, RMD and invoker workers
+    engine.send("http://peer:8080/", envelope, action="urn:example:order")
+    ...
+    engine.stop()
+
+One engine is both an RM Source (what it sends) and an RM Destination (what
+it receives); both keep all their state in the store, so ``stop()`` and a
+later ``start()`` (or a crash and a restart) continue where things were.
+The engine knows nothing of spyne or zeep: its unit of work is a SOAP
+envelope as bytes, and its application is a callable
+``(envelope, DeliveryContext)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..store import StorageManager, open_store
+from .acknowledgement import AcknowledgementWorker
+from .destination import Destination
+from .inbound import Inbound
+from .invoker import Application, FailedDelivery, InvokerWorker
+from .policy import RMPolicy
+from .retransmission import RetransmissionWorker
+from .source import SendReceipt, SequenceFault, Source
+from .transport import HttpServer, HttpTransport, Reply, RMEndpoint, Transport
+from .workers import Worker
+
+__all__ = ["ReliableEngine", "EngineStatus"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """Counters for operators and tests: the store's view plus what this process did."""
+
+    rms_sequences: int
+    rmd_sequences: int
+    unacked: int
+    buffered: int
+    faulted_sequences: int
+    messages_sent: int
+    retransmissions: int
+    send_failures: int
+    delivered: int
+    delivery_failures: int
+    faults_sent: int
+    refused_sequences: int
+    by_state: dict[str, int]
+
+
+class ReliableEngine:
+    """A WS-RM node: RM Source and RM Destination over one store.
+
+    ``store`` is a store URL (``memory:``, ``sqlite:///file.db``,
+    ``postgresql://...``; the engine then owns and closes it) or an open
+    :class:`~wsrm_plugin.store.StorageManager`.  ``tm`` (a
+    ``txmanager.TransactionManager``) makes ``send`` join the caller's XA
+    transaction and runs each delivery in one.  ``application`` handles
+    delivered messages; ``on_sequence_fault`` hears about source sequences
+    that failed (with their undelivered messages), ``on_delivery_failure``
+    about messages the application kept failing on.  ``endpoint_address`` is
+    this node's public address (AcksTo, Offer endpoint); :meth:`serve` sets it
+    when not given.
+    """
+
+    def __init__(self, store: str | StorageManager, policy: RMPolicy | None = None, *, tm: Any = None,
+                 transport: Transport | None = None, application: Application | None = None,
+                 endpoint_address: str | None = None,
+                 on_sequence_fault: Callable[[SequenceFault], None] | None = None,
+                 on_delivery_failure: Callable[[FailedDelivery], None] | None = None,
+                 name: str = "wsrm") -> None:
+        self.policy = policy or RMPolicy()
+        self._owns_store = isinstance(store, str)
+        self.store = open_store(store) if isinstance(store, str) else store
+        self._owns_transport = transport is None
+        self.transport = transport or HttpTransport(timeout=self.policy.http_timeout)
+        self.tm = tm
+        self.name = name
+        self.endpoint_address = endpoint_address
+        self._ambient = threading.local()
+        self._servers: list[HttpServer] = []
+
+        policy = self.policy
+        endpoint = lambda: self.endpoint_address  # noqa: E731 -- read late: serve() may set it
+        self.source = Source(self.store, policy, tm=tm, endpoint=endpoint, wake=self._wake_sender,
+                             ambient=self._ambient, on_fault=on_sequence_fault)
+        self.destination = Destination(self.store, policy, endpoint=endpoint, wake_invoker=self._wake_invoker,
+                                       wake_acks=self._wake_acks, wake_release=self._wake_release)
+        self.inbound = Inbound(self.source, self.destination, policy)
+        self.retransmission = RetransmissionWorker(self.store, policy, self.source, self.destination,
+                                                   self.inbound, self.transport)
+        self.acknowledgement = AcknowledgementWorker(self.store, policy, self.destination, self.inbound,
+                                                     self.transport, source=self.source)
+        self.invoker = InvokerWorker(self.store, policy, source=self.source, ambient=self._ambient,
+                                     application=application, tm=tm, on_failure=on_delivery_failure,
+                                     after_commit=self._wake_sender)
+        self._workers = [
+            Worker(f"{name}-rms", self.retransmission.step, policy.poll_interval),
+            Worker(f"{name}-rmd", self.acknowledgement.step, policy.poll_interval),
+            *(Worker(f"{name}-invoker-{i}", self.invoker.step, policy.poll_interval)
+              for i in range(policy.invoker_threads)),
+        ]
+        self.endpoint = RMEndpoint(self, policy.max_message_size)
+
+    # -- waking the workers ---------------------------------------------------------------------
+
+    def _wake_sender(self) -> None:
+        self._workers[0].wake()
+
+    def _wake_acks(self) -> None:
+        self._workers[1].wake()
+
+    def _wake_release(self) -> None:
+        self.acknowledgement.request_housekeeping()
+        self._workers[1].wake()
+
+    def _wake_invoker(self) -> None:
+        for worker in self._workers[2:]:
+            worker.wake()
+
+    # -- the application's API ------------------------------------------------------------------
+
+    def send(self, target: str, envelope: bytes, *, action: str | None = None, key: str = "",
+             expect_reply: bool = False, message_id: str | None = None,
+             reply_callback: str | None = None, reply_context: bytes | None = None) -> SendReceipt:
+        """Enqueue ``envelope`` for reliable delivery to ``target`` (see :meth:`Source.send`)."""
+        return self.source.send(target, envelope, action=action, key=key, expect_reply=expect_reply,
+                                message_id=message_id, reply_callback=reply_callback,
+                                reply_context=reply_context)
+
+    def close(self, target: str, key: str = "") -> int:
+        """End the sequences to ``target`` under ``key`` once their messages are acknowledged."""
+        return self.source.close(target, key)
+
+    terminate = close
+
+    def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
+               remote_addr: str | None = None) -> Reply:
+        """Process one received envelope (what the HTTP endpoint and adapters call)."""
+        return self.inbound.handle(data, principal=principal, content_type=content_type,
+                                   remote_addr=remote_addr)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> ReliableEngine:
+        """Start the workers (idempotent)."""
+        for worker in self._workers:
+            worker.start()
+        return self
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0, *, path: str = "/",
+              middleware: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+              threads: int = 4) -> HttpServer:
+        """Serve the RM endpoint with waitress; the first server's URL becomes the endpoint address."""
+        app: Callable[..., Any] = self.endpoint if middleware is None else middleware(self.endpoint)
+        server = HttpServer(app, host, port, threads=threads, path=path,
+                            max_body=max(4 * self.policy.max_message_size, 16 * 1024 * 1024)).start()
+        self._servers.append(server)
+        if self.endpoint_address is None:
+            self.endpoint_address = server.url
+        return server
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop workers and servers; with ``terminate_on_shutdown`` end the source sequences first.
+
+        Waiting for termination needs the peer: at most ``timeout`` seconds,
+        after which what is left stays in the store for the next start.
+        """
+        if self.policy.terminate_on_shutdown and any(w.running for w in self._workers):
+            self.source.close_all()
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and self.status().rms_sequences:
+                time.sleep(min(self.policy.poll_interval, 0.05))
+        for worker in self._workers:
+            worker.stop(timeout)
+        for server in self._servers:
+            server.stop(timeout)
+        self._servers.clear()
+        if self._owns_transport:
+            self.transport.close()
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> ReliableEngine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- observing ---------------------------------------------------------------------------------
+
+    def status(self) -> EngineStatus:
+        store = self.store.status()
+        return EngineStatus(
+            rms_sequences=len(store.rms), rmd_sequences=len(store.rmd), unacked=store.unacked,
+            buffered=store.buffered, faulted_sequences=self.source.faulted_sequences,
+            messages_sent=self.retransmission.messages_sent,
+            retransmissions=self.retransmission.retransmissions,
+            send_failures=self.retransmission.send_failures,
+            delivered=self.invoker.delivered, delivery_failures=self.invoker.failed,
+            faults_sent=self.inbound.faults_sent, refused_sequences=self.destination.refused_sequences,
+            by_state=store.by_state())
+
+    def wait_until(self, predicate: Callable[[EngineStatus], bool], timeout: float) -> bool:
+        """Poll :meth:`status` until ``predicate`` holds; False after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if predicate(self.status()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)

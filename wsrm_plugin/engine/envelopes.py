@@ -1,0 +1,116 @@
+"""Building the envelopes the engine sends, and stamping stored ones at each transmission.
+
+An application message is stored once, with its WS-Addressing headers, when
+the application sends it; what changes per attempt (the wsrm:Sequence
+header, which needs the identifier the peer hands out later, an
+AckRequested, acknowledgements riding along) is added by :func:`stamp` just
+before the bytes go out.  Protocol messages (CreateSequence, acks, Close,
+Terminate, their responses) are built whole by :func:`protocol_message`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from lxml import etree
+
+from ..wire import (
+    AddressingHeaders, AddressingVersion, EndpointReference, Envelope, SoapVersion, build_envelope,
+    new_message_id, parse_envelope, to_bytes,
+)
+from ..wire.namespaces import RM_VERSIONS
+from ..wire.rm import RM_HEADER_NAMES
+
+__all__ = ["OutgoingMessage", "prepare_outgoing", "protocol_message", "stamp", "read_trusted"]
+
+#: Our own stored envelopes were size-checked when they were sent; re-reading them needs no limit
+#: beyond a sanity bound.
+_TRUSTED_MAX = 1 << 30
+_RM_HEADER_TAGS = frozenset(etree.QName(v.ns, name).text for v in RM_VERSIONS for name in RM_HEADER_NAMES)
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """An application envelope ready to be stored: with WS-A headers, and what they say."""
+
+    payload: bytes
+    soap: SoapVersion
+    action: str
+    message_id: str
+
+
+def read_trusted(data: bytes) -> Envelope:
+    """Parse an envelope this engine stored itself (still with the safe parser)."""
+    return parse_envelope(data, max_size=_TRUSTED_MAX)
+
+
+def _header_parent(envelope: Envelope) -> etree._Element:
+    root = envelope.root
+    header = root.find(envelope.version.qname("Header").text)
+    if header is None:
+        header = etree.Element(envelope.version.qname("Header"))
+        root.insert(0, header)
+    return header
+
+
+def prepare_outgoing(data: bytes, *, to: str, action: str | None, message_id: str | None,
+                     reply_to: str | None, relates_to: str | None, wsa: AddressingVersion,
+                     max_size: int) -> OutgoingMessage:
+    """Add the WS-Addressing headers the application left out (To, Action, MessageID, ReplyTo).
+
+    Headers the envelope already has (a zeep WS-A plugin writes its own) are
+    kept and their version used; ``action`` is required when the envelope has
+    no wsa:Action.
+    """
+    envelope = parse_envelope(data, max_size=max_size)
+    present = AddressingHeaders.from_header(envelope.headers)
+    version = present.version or wsa
+    if action is not None and present.action is not None and action != present.action:
+        raise ValueError(f"action {action!r} disagrees with the envelope's wsa:Action {present.action!r}")
+    chosen_action = present.action or action
+    if not chosen_action:
+        raise ValueError("an action is needed: pass action= or put a wsa:Action header in the envelope")
+    chosen_id = present.message_id or message_id or new_message_id()
+    missing = AddressingHeaders(
+        to=None if present.to else to,
+        action=None if present.action else chosen_action,
+        message_id=None if present.message_id else chosen_id,
+        relates_to=None if present.relates_to else relates_to,
+        reply_to=EndpointReference(reply_to) if reply_to and present.reply_to is None else None,
+        version=version,
+    )
+    header = _header_parent(envelope)
+    for position, element in enumerate(missing.to_elements(version, soap=envelope.version)):
+        header.insert(position, element)
+    return OutgoingMessage(to_bytes(envelope.root), envelope.version, chosen_action, chosen_id)
+
+
+def stamp(payload: bytes, headers: Iterable[etree._Element]) -> bytes:
+    """``payload`` with ``headers`` first in its Header, replacing older WS-RM headers."""
+    envelope = read_trusted(payload)
+    header = _header_parent(envelope)
+    for old in [h for h in header if isinstance(h.tag, str) and h.tag in _RM_HEADER_TAGS]:
+        header.remove(old)
+    for position, element in enumerate(headers):
+        header.insert(position, element)
+    return to_bytes(envelope.root)
+
+
+def protocol_message(soap: SoapVersion, wsa: AddressingVersion, *, to: str, action: str,
+                     body: etree._Element | None = None, headers: Iterable[etree._Element] = (),
+                     relates_to: str | None = None, reply_to: str | None = None,
+                     reference_parameters: Iterable[etree._Element] = (),
+                     message_id: str | None = None) -> bytes:
+    """A whole protocol message: WS-A headers, then ``headers``, then ``body``.
+
+    ``message_id`` is for retransmissions that must stay recognisable as the
+    same message; by default every message gets a fresh one.
+    """
+    addressing = AddressingHeaders(
+        to=to, action=action, message_id=message_id or new_message_id(), relates_to=relates_to,
+        reply_to=EndpointReference(reply_to) if reply_to else None,
+        reference_parameters=list(reference_parameters), version=wsa,
+    )
+    blocks = [*addressing.to_elements(wsa, soap=soap), *headers]
+    return to_bytes(build_envelope(soap, blocks, body))

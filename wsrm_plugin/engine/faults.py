@@ -1,0 +1,47 @@
+"""Refusals of the state machines and the store, as the WS-RM faults a peer understands.
+
+The state machines name a fault by its spec name (``Reason.fault``); the
+store raises its own errors.  Both become :mod:`wsrm_plugin.wire.faults`
+exceptions here, in the sequence's WS-RM version.  A fault the version does
+not define is replaced by its nearest relative (1.0 has no SequenceClosed: a
+closed 1.0 sequence is as good as terminated to its peer).
+"""
+
+from __future__ import annotations
+
+from ..statemachine import InvalidTransition
+from ..wire import RMVersion, SoapFault, WSRMFault
+from ..wire.faults import RM_FAULT_CLASSES
+
+__all__ = ["rm_fault", "fault_for_transition", "busy_fault"]
+
+_NEAREST = {
+    "SequenceClosed": "SequenceTerminated",        # 1.0
+    "LastMessageNumberExceeded": "SequenceClosed",  # 1.1
+    "WSRMRequired": None,                           # 1.0: a plain Sender fault
+}
+
+
+def rm_fault(fault_code: str, version: RMVersion, identifier: str | None, reason: str | None = None) -> SoapFault:
+    """The ``fault_code`` fault in ``version`` (or its nearest relative there)."""
+    code: str | None = fault_code
+    while code is not None and code not in version.fault_codes:
+        code = _NEAREST.get(code)
+    if code is None:
+        return SoapFault(reason or f"{fault_code} (WS-RM {version.name} has no such fault)", code="Sender")
+    cls = RM_FAULT_CLASSES.get(code)
+    if cls is None:
+        return WSRMFault(code, reason, identifier, version=version)
+    return cls(identifier, reason, version=version)
+
+
+def fault_for_transition(exc: InvalidTransition, version: RMVersion, identifier: str) -> SoapFault:
+    """The fault answering a refused network event (a Receiver fault when the spec names none)."""
+    if exc.fault is None:
+        return SoapFault(f"refused: {exc}", code="Receiver")
+    return rm_fault(exc.fault, version, identifier, str(exc))
+
+
+def busy_fault(reason: str) -> SoapFault:
+    """The destination cannot take the message now; the source should retransmit later."""
+    return SoapFault(reason, code="Receiver")

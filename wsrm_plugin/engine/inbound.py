@@ -1,0 +1,294 @@
+"""Reading a received envelope and routing each WS-RM part to the Source or the Destination.
+
+One envelope may carry several things at once: an application message with
+its wsrm:Sequence header, acknowledgements for sequences going the other
+way, AckRequested headers, or a protocol body (CreateSequence...).  They are
+read all at once (:func:`read_message`, which refuses anything malformed,
+oversized or unsafe before it reaches the store) and then applied:
+acknowledgements first (they only ever free things), then the body, then the
+message.
+
+:class:`Inbound` does this for requests (:meth:`Inbound.handle`, what the
+HTTP endpoint calls, answering with an envelope, 202 or a fault) and for
+the responses the workers get back (:meth:`Inbound.read_response`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from lxml import etree
+
+from ..store import LockTimeoutError, StoreError
+from ..wire import (
+    AckRequested, AddressingHeaders, CloseSequence, CloseSequenceResponse, CreateSequence,
+    CreateSequenceResponse, Envelope, RMVersion, SequenceAcknowledgement, SequenceHeader, SoapFault,
+    SoapVersion, TerminateSequence, TerminateSequenceResponse, WSRMFault, WSRMRequired, new_message_id,
+    parse_envelope, parse_rm_element, to_bytes,
+)
+from ..wire.soap import build_envelope
+from .destination import Destination
+from .faults import busy_fault
+from .policy import RMPolicy
+from .source import Source
+from .transport import Reply, soap_version_for_content_type
+
+__all__ = ["Inbound", "Message", "read_message", "ResponseContent"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Message:
+    """A received envelope, read: addressing, WS-RM headers and body, and any fault it carries."""
+
+    raw: bytes
+    envelope: Envelope
+    addressing: AddressingHeaders
+    sequence: tuple[SequenceHeader, RMVersion] | None = None
+    acks: list[tuple[SequenceAcknowledgement, RMVersion]] = field(default_factory=list)
+    ack_requests: list[tuple[AckRequested, RMVersion]] = field(default_factory=list)
+    body: tuple[object, RMVersion] | None = None
+    fault: SoapFault | None = None
+
+    @property
+    def soap(self) -> SoapVersion:
+        return self.envelope.version
+
+    @property
+    def rm_version(self) -> RMVersion | None:
+        for part in (self.sequence, self.body, *self.acks, *self.ack_requests):
+            if part is not None:
+                return part[1]
+        return None
+
+
+def read_message(data: bytes, max_size: int) -> Message:
+    """Parse and classify ``data``; raises the SoapFault to answer when it is not acceptable."""
+    envelope = parse_envelope(data, max_size=max_size)
+    addressing = AddressingHeaders.from_header(envelope.headers)
+    message = Message(data, envelope, addressing)
+    for header in envelope.headers:
+        parsed = parse_rm_element(header)
+        if parsed is None:
+            continue
+        element, version = parsed
+        if isinstance(element, SequenceHeader):
+            if message.sequence is not None:
+                raise SoapFault("more than one wsrm:Sequence header", code="Sender")
+            message.sequence = (element, version)
+        elif isinstance(element, SequenceAcknowledgement):
+            message.acks.append((element, version))
+        elif isinstance(element, AckRequested):
+            message.ack_requests.append((element, version))
+    if envelope.is_fault:
+        message.fault = envelope.fault()
+    elif envelope.body_element is not None:
+        message.body = parse_rm_element(envelope.body_element)
+    return message
+
+
+@dataclass(frozen=True)
+class ResponseContent:
+    """What a response to one of our requests said, after its acknowledgements were applied."""
+
+    body: object | None = None
+    fault: SoapFault | None = None
+
+
+class Inbound:
+    """Routes received envelopes to the engine's Source and Destination."""
+
+    def __init__(self, source: Source, destination: Destination, policy: RMPolicy) -> None:
+        self.source = source
+        self.destination = destination
+        self.policy = policy
+        self.faults_sent = 0
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
+               remote_addr: str | None = None) -> Reply:
+        """Answer one received request: an envelope (200), nothing to say (202), or a fault."""
+        try:
+            message = read_message(data, self.policy.max_message_size)
+        except SoapFault as fault:
+            self.faults_sent += 1
+            log.info("refused a request from %s: %s", remote_addr, fault)
+            if isinstance(fault, WSRMFault) and fault.version is None:
+                fault.version = self.policy.rm_version
+            return Reply.fault(fault, soap_version_for_content_type(content_type))
+        try:
+            return self._dispatch(message, principal, remote_addr)
+        except SoapFault as fault:
+            self.faults_sent += 1
+            return self._fault_reply(fault, message)
+        except LockTimeoutError as exc:
+            log.warning("store busy, asking the peer to retry: %s", exc)
+            return self._fault_reply(busy_fault("the destination is busy; retransmit later"), message, status=503)
+        except StoreError:
+            log.exception("store error while handling a request")
+            return self._fault_reply(busy_fault("the destination could not store the message; retransmit later"),
+                                     message, status=503)
+        except Exception:  # noqa: BLE001 -- a bug must still answer with a fault, not a broken response
+            log.exception("unexpected error while handling message %s", message.addressing.message_id)
+            return self._fault_reply(SoapFault("internal error in the WS-RM destination", code="Receiver"),
+                                     message)
+
+    def _dispatch(self, message: Message, principal: str | None, remote_addr: str | None) -> Reply:
+        answer_headers: list[etree._Element] = []
+        answer_body: tuple[etree._Element, str] | None = None  # (element, action)
+        soap = message.soap
+
+        # A bad acknowledgement riding on a message must not get the message refused: the
+        # sender would retransmit it, with the same acknowledgement, for ever.
+        standalone = message.sequence is None and message.body is None and not message.ack_requests
+        for ack, version in message.acks:
+            try:
+                self.source.on_ack(ack, version)
+            except SoapFault as fault:
+                if standalone:
+                    raise
+                log.warning("piggybacked acknowledgement ignored: %s", fault)
+
+        if message.fault is not None and message.sequence is None:
+            # a fault with a Sequence header is a reliable reply (a service's fault): delivered below
+            self._on_received_fault(message.fault)
+            return Reply.accepted()
+
+        acked: set[str] = set()
+        if message.body is not None:
+            body, version = message.body
+            wsa = message.addressing.version or version.addressing
+            if isinstance(body, CreateSequence):
+                response = self.destination.create_sequence(body, version, message.addressing,
+                                                            principal=principal, remote_addr=remote_addr)
+                answer_body = (response.to_xml(version, wsa), version.create_sequence_response_action)
+            elif isinstance(body, CloseSequence):
+                seq = self.destination.close(body, version, principal=principal)
+                answer_body = (CloseSequenceResponse(body.identifier).to_xml(version),
+                               version.action("CloseSequenceResponse"))
+                answer_headers.append(self.destination.ack_for(seq).to_xml(version, soap))
+                acked.add(body.identifier)
+            elif isinstance(body, TerminateSequence):
+                seq = self.destination.terminate(body, version, principal=principal)
+                ack = self.destination.ack_for(seq)
+                if ack is not None:
+                    answer_headers.append(ack.to_xml(version, soap))
+                    acked.add(body.identifier)
+                if version.is_11:
+                    answer_body = (TerminateSequenceResponse(body.identifier).to_xml(version),
+                                   version.action("TerminateSequenceResponse"))
+            elif isinstance(body, (CreateSequenceResponse, CloseSequenceResponse, TerminateSequenceResponse)):
+                self._on_decoupled_response(body, version, message.addressing)
+                return Reply.accepted()
+
+        if message.sequence is not None:
+            header, version = message.sequence
+            accepted = self.destination.receive(
+                header, version, message.raw, message.addressing, principal=principal,
+                soap_ns=soap.ns, ack_requested=any(a.identifier == header.identifier
+                                                   for a, _ in message.ack_requests))
+            if accepted.ack is not None:
+                answer_headers.append(accepted.ack.to_xml(version, soap))
+                acked.add(header.identifier)
+
+        for request, version in message.ack_requests:
+            if request.identifier in acked:
+                continue
+            seq = self.destination.ack_requested(request.identifier, version, principal=principal)
+            if self.destination.acks_on_back_channel(seq):
+                ack = self.destination.ack_for(seq)
+                if ack is not None:
+                    answer_headers.append(ack.to_xml(version, soap))
+                    acked.add(request.identifier)
+
+        if message.body is None and message.sequence is None and not message.acks and not message.ack_requests:
+            version = self.policy.rm_version
+            raise WSRMRequired(None, "this endpoint takes WS-ReliableMessaging messages only",
+                               version=version) if version.is_11 else \
+                SoapFault("this endpoint takes WS-ReliableMessaging messages only (no wsrm:Sequence header)",
+                          code="Sender")
+
+        if answer_body is None and not answer_headers:
+            return Reply.accepted()
+        version = message.rm_version or self.policy.rm_version
+        wsa = message.addressing.version or version.addressing
+        if answer_body is not None:
+            element, action = answer_body
+            addressing = message.addressing.reply_headers(action)
+        else:
+            element, action = None, version.sequence_acknowledgement_action
+            addressing = AddressingHeaders(to=wsa.anonymous, action=action, message_id=new_message_id(),
+                                           version=wsa)
+        envelope = build_envelope(soap, [*addressing.to_elements(wsa, soap=soap), *answer_headers], element)
+        return Reply.envelope(to_bytes(envelope), soap, action)
+
+    def _fault_reply(self, fault: SoapFault, message: Message, status: int | None = None) -> Reply:
+        if isinstance(fault, WSRMFault) and fault.version is None:
+            fault.version = message.rm_version or self.policy.rm_version
+        wsa = message.addressing.version
+        headers: list[etree._Element] = []
+        if wsa is not None:
+            action = fault.fault_action(wsa)
+            headers = message.addressing.reply_headers(action, fault=True).to_elements(wsa, soap=message.soap)
+        log.info("answering %s from message %s", fault, message.addressing.message_id)
+        reply = Reply.fault(fault, message.soap, headers)
+        if status is not None:
+            return Reply(status, reply.body, reply.content_type)
+        return reply
+
+    def _on_decoupled_response(self, body: object, version: RMVersion, addressing: AddressingHeaders) -> None:
+        """A response a peer sent to our endpoint instead of the back-channel (we ask with an
+        anonymous ReplyTo, but a peer may use AcksTo or send it late): match it and apply it."""
+        if isinstance(body, CreateSequenceResponse):
+            key = self.source.key_for_create_response(addressing.relates_to)
+            if key is not None:
+                self.source.on_create_sequence_response(key, body, version,
+                                                        create_offered=self.destination.create_offered)
+                return
+        else:
+            key = self.source.key_for_sequence(body.identifier)
+            if key is not None:
+                if isinstance(body, CloseSequenceResponse):
+                    self.source.on_closed(key)
+                else:
+                    self.source.on_terminated(key)
+                return
+        log.info("unmatched %s (relates to %s) ignored", type(body).__name__, addressing.relates_to)
+
+    def _on_received_fault(self, fault: SoapFault) -> None:
+        if isinstance(fault, WSRMFault):
+            self.source.on_fault(fault)
+        else:
+            log.warning("a peer sent us a fault: %s", fault)
+
+    # -- responses to what we sent ------------------------------------------------------------------
+
+    def read_response(self, data: bytes, *, store_key: str | None = None,
+                      apply_faults: bool = True) -> ResponseContent:
+        """Apply what a response says (acks; faults about ``store_key`` unless not
+        ``apply_faults``); return its body or fault for the caller to judge."""
+        try:
+            message = read_message(data, self.policy.max_message_size)
+        except SoapFault as fault:
+            log.warning("unreadable response (%s); treating it as lost", fault)
+            return ResponseContent()
+        for ack, version in message.acks:
+            try:
+                self.source.on_ack(ack, version)
+            except SoapFault as fault:
+                log.warning("acknowledgement in a response refused: %s", fault)
+        if message.fault is not None:
+            if not apply_faults:
+                pass
+            elif isinstance(message.fault, WSRMFault):
+                self.source.on_fault(message.fault, store_key)
+            else:
+                log.warning("peer answered with a fault: %s", message.fault)
+            return ResponseContent(fault=message.fault)
+        if message.sequence is not None:
+            log.warning("a response carried a reliable message (a reply on the back-channel); "
+                        "this engine takes replies on an addressable endpoint only: ignored")
+        return ResponseContent(body=message.body[0] if message.body is not None else None)

@@ -1,0 +1,260 @@
+"""The invoker worker: hands received messages to the application, in order, exactly once.
+
+Delivery is one transaction: take the next deliverable message from the
+invoker buffer, run the application's handler, remove the message from the
+buffer, commit.  With a transaction manager that transaction is an XA
+transaction, so the application's own database work (enlisted by the
+handler in the same current transaction) commits or rolls back with the
+removal: the message is processed exactly once across crashes.  Anything
+the handler sends (``context.reply``, or the engine's ``send``) joins that
+transaction too.
+
+When the handler raises, the transaction rolls back and the message is
+tried again, up to ``max_delivery_attempts``; then, in a new transaction,
+it is taken out of the buffer and either answered with a SOAP fault on the
+response sequence (when the request came with an accepted Offer and a
+ReplyTo) or reported to the application's failure hook.  Never an endless
+redelivery loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..store import BufferedMessage, StorageManager, StoreTransaction
+from ..wire import RM10, AddressingHeaders, EndpointReference, SoapFault, SoapVersion, fault_envelope, to_bytes
+from .envelopes import read_trusted
+from .logs import for_sequence
+from .policy import RMPolicy
+from .source import SendReceipt, Source
+
+__all__ = ["ApplicationFault", "DeliveryContext", "FailedDelivery", "InvokerWorker", "Application"]
+
+log = logging.getLogger(__name__)
+
+_LAST_MESSAGE_ACTION = RM10.action("LastMessage")
+
+
+@dataclass
+class DeliveryContext:
+    """What the application's handler learns about the message it is given, and how to answer.
+
+    ``transaction`` is the store transaction the delivery runs in (a branch
+    of the XA transaction when the engine has a transaction manager).
+    """
+
+    sequence_id: str
+    message_number: int
+    message_id: str | None
+    action: str
+    reply_to: str | None
+    relates_to: str | None
+    soap_version: str
+    transaction: StoreTransaction
+    _source: Source = field(repr=False)
+    replies: list[SendReceipt] = field(default_factory=list)
+
+    def reply(self, envelope: bytes, *, action: str | None = None) -> SendReceipt:
+        """Send ``envelope`` as the response to this message, reliably, on the offered sequence.
+
+        It is enqueued in the delivery's transaction: it goes out only if the
+        delivery commits.
+        """
+        if not self.reply_to or EndpointReference(self.reply_to).is_anonymous:
+            raise ValueError(f"message {self.message_id} has no addressable ReplyTo to answer")
+        receipt = self._source.enqueue_reply(self.transaction, self.sequence_id, envelope, reply_to=self.reply_to,
+                                             relates_to=self.message_id, action=action)
+        if receipt is None:
+            raise ValueError(f"sequence {self.sequence_id} has no accepted offered sequence for replies; "
+                             "the client must offer one (send with expect_reply)")
+        self.replies.append(receipt)
+        return receipt
+
+
+@dataclass(frozen=True)
+class FailedDelivery:
+    """A message the application could not process within its attempts (given up)."""
+
+    sequence_id: str
+    message_number: int
+    message_id: str | None
+    action: str
+    payload: bytes
+    error: BaseException
+
+
+Application = Callable[[bytes, DeliveryContext], Any]
+
+
+class ApplicationFault(Exception):
+    """Raised by a handler whose service answered with a SOAP fault.
+
+    The delivery rolls back like for any error; when it is given up, this
+    ``envelope`` (the service's own fault, not a generic one) is what goes
+    back on the response sequence.  ``retryable=False`` gives up at once: a
+    Sender fault says the request itself is wrong, so running it again cannot help.
+    """
+
+    def __init__(self, envelope: bytes, reason: str = "the service answered with a SOAP fault", *,
+                 retryable: bool = True) -> None:
+        super().__init__(reason)
+        self.envelope = envelope
+        self.retryable = retryable
+
+
+def _import_callback(path: str) -> Callable[..., Any]:
+    module, _, name = path.partition(":")
+    if not module or not name:
+        raise ValueError(f"reply callback {path!r} must look like 'package.module:function'")
+    target: Any = importlib.import_module(module)
+    for part in name.split("."):
+        target = getattr(target, part)
+    return target
+
+
+class InvokerWorker:
+    """One delivery per ``step()`` (run by :class:`~.workers.Worker` threads)."""
+
+    def __init__(self, store: StorageManager, policy: RMPolicy, *, source: Source, ambient: threading.local,
+                 application: Application | None, tm: Any = None,
+                 on_failure: Callable[[FailedDelivery], None] | None = None,
+                 after_commit: Callable[[], None] = lambda: None) -> None:
+        self.store = store
+        self.policy = policy
+        self.source = source
+        self.tm = tm
+        self._ambient = ambient
+        self.application = application
+        self._on_failure = on_failure
+        self._after_commit = after_commit
+        self._attempts: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+        self.delivered = 0
+        self.failed = 0
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[StoreTransaction]:
+        if self.tm is None:
+            with self.store.begin() as tx:
+                yield tx
+            return
+        with self.tm.transaction():
+            with self.store.begin(xa=self.tm) as tx:
+                yield tx
+
+    def _anything_buffered(self) -> bool:
+        with self.store.begin() as tx:
+            return tx.invoker.count() > 0
+
+    def step(self) -> bool:
+        if self.application is None:
+            return False
+        if self.tm is not None and not self._anything_buffered():
+            return False  # don't open an XA transaction just to find nothing
+        claimed: BufferedMessage | None = None
+        try:
+            with self._transaction() as tx:
+                claimed = tx.invoker.claim_next(in_order=self.policy.in_order)
+                if claimed is None:
+                    return False
+                handed_over = self._deliver(tx, claimed)
+        except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
+            if claimed is None:
+                raise
+            return self._failed(claimed, exc)
+        with self._lock:
+            self._attempts.pop((claimed.sequence_id, claimed.number), None)
+        if handed_over:
+            self.delivered += 1
+        self._after_commit()
+        return True
+
+    def _deliver(self, tx: StoreTransaction, msg: BufferedMessage) -> bool:
+        """Hand ``msg`` over in ``tx``; False for a protocol marker the application never sees."""
+        slog = for_sequence(log, msg.sequence_id, msg.number)
+        if msg.action == _LAST_MESSAGE_ACTION:
+            tx.invoker.mark_delivered(msg.sequence_id, msg.number)
+            slog.debug("LastMessage marker consumed")
+            return False
+        addressing = AddressingHeaders.from_header(read_trusted(msg.payload).headers)
+        context = DeliveryContext(
+            sequence_id=msg.sequence_id, message_number=msg.number, message_id=msg.message_id,
+            action=msg.action, reply_to=msg.reply_to, relates_to=addressing.relates_to,
+            soap_version=msg.soap_version, transaction=tx, _source=self.source)
+        self._ambient.tx = tx
+        try:
+            if not self._deliver_reply(tx, msg, context):
+                self.application(msg.payload, context)
+        finally:
+            self._ambient.tx = None
+        tx.invoker.mark_delivered(msg.sequence_id, msg.number)
+        slog.debug("delivered")
+        return True
+
+    def _deliver_reply(self, tx: StoreTransaction, msg: BufferedMessage, context: DeliveryContext) -> bool:
+        """A response to a request sent with a ``reply_callback``: hand it to that callback."""
+        if context.relates_to is None:
+            return False
+        request = tx.rms_messages.find_by_message_id(context.relates_to)
+        if request is None or request.reply_callback is None:
+            return False
+        callback = _import_callback(request.reply_callback)
+        callback(msg.payload, context, request.reply_context)
+        tx.rms_messages.reply_received(request.sequence_key, request.number)
+        return True
+
+    def _failed(self, msg: BufferedMessage, exc: BaseException) -> bool:
+        key = (msg.sequence_id, msg.number)
+        slog = for_sequence(log, msg.sequence_id, msg.number)
+        with self._lock:
+            attempts = self._attempts[key] = self._attempts.get(key, 0) + 1
+        retryable = not isinstance(exc, ApplicationFault) or exc.retryable
+        if retryable and attempts < self.policy.max_delivery_attempts:
+            slog.warning("delivery attempt %d of %d failed (rolled back, will retry): %r",
+                         attempts, self.policy.max_delivery_attempts, exc)
+            return False  # wait a poll interval before trying again
+        slog.error("giving up after %d delivery attempts: %r", attempts, exc)
+        replied = False
+        with self._transaction() as tx:
+            current = tx.invoker.next_deliverable(msg.sequence_id, in_order=self.policy.in_order)
+            if current is None or current.number != msg.number:
+                return True  # someone else settled it meanwhile
+            tx.invoker.mark_delivered(msg.sequence_id, msg.number)
+            replied = self._reply_with_fault(tx, msg, exc)
+        with self._lock:
+            self._attempts.pop(key, None)
+        self.failed += 1
+        self._after_commit()
+        if not replied:
+            self._report(FailedDelivery(msg.sequence_id, msg.number, msg.message_id, msg.action, msg.payload, exc))
+        return True
+
+    def _reply_with_fault(self, tx: StoreTransaction, msg: BufferedMessage, exc: BaseException) -> bool:
+        if not msg.reply_to or EndpointReference(msg.reply_to).is_anonymous:
+            return False
+        soap = SoapVersion.for_namespace(msg.soap_version) or self.policy.soap_version
+        if isinstance(exc, ApplicationFault):
+            envelope = exc.envelope
+        else:
+            fault = SoapFault(f"the service failed to process the message: {exc}", code="Receiver")
+            envelope = to_bytes(fault_envelope(fault, soap))
+        receipt = self.source.enqueue_reply(tx, msg.sequence_id, envelope, reply_to=msg.reply_to,
+                                            relates_to=msg.message_id,
+                                            action=self.policy.addressing.soap_fault_action)
+        return receipt is not None
+
+    def _report(self, failure: FailedDelivery) -> None:
+        if self._on_failure is None:
+            log.error("no on_delivery_failure hook: message %s #%d dropped after failing",
+                      failure.sequence_id, failure.message_number)
+            return
+        try:
+            self._on_failure(failure)
+        except Exception:  # noqa: BLE001
+            log.exception("the delivery failure hook itself failed")

@@ -1,0 +1,206 @@
+"""The knobs of a reliable engine, in one frozen dataclass (CXF's RMAssertion + RMManager settings).
+
+Users of CXF, Sandesha2 and WCF expect the same handful of settings: the
+delivery assurance, how often and how long to retransmit, when to
+acknowledge, when to give up on a silent peer, how big a sequence may grow.
+They live here, validated once, so the workers never have to wonder whether a
+number makes sense.  Times are seconds (floats).
+
+The security limits are not optional extras: a WS-RM destination keeps state
+for every sequence a peer opens and every message it holds back for ordering,
+so without limits any client can exhaust the server's memory or disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+
+from ..wire import (
+    RM10, RM11, SOAP11, SOAP12, WSA_2004_08, WSA_2005_08, AddressingVersion, RMVersion, SoapVersion,
+)
+from ..wire.xmlsafe import DEFAULT_MAX_SIZE
+
+__all__ = ["AckRequestMode", "DeliveryAssurance", "RMPolicy"]
+
+
+class DeliveryAssurance(enum.Flag):
+    """The delivery assurances of WS-RM Policy (CXF and Metro names); combine with ``|``.
+
+    ``EXACTLY_ONCE`` is ``AT_MOST_ONCE | AT_LEAST_ONCE``; ``IN_ORDER`` adds
+    ordering to any of them.  Without ``AT_LEAST_ONCE`` the source sends each
+    message once and never retransmits it; without ``IN_ORDER`` the
+    destination hands messages over as they arrive.  The destination never
+    delivers a duplicate, whatever the assurance (stronger than AtLeastOnce
+    asks, and free).
+    """
+
+    AT_MOST_ONCE = 1
+    AT_LEAST_ONCE = 2
+    EXACTLY_ONCE = 3
+    IN_ORDER = 4
+
+
+class AckRequestMode(enum.Enum):
+    """When the source adds an AckRequested header to an application message."""
+
+    NEVER = "never"
+    #: On retransmissions only: a message sent again is overdue, so the peer should
+    #: answer at once rather than after its acknowledgement interval.
+    RETRANSMISSIONS = "retransmissions"
+    ALWAYS = "always"
+
+
+_WSA_BY_NAME = {"2004/08": WSA_2004_08, "2005/08": WSA_2005_08}
+_RM_BY_NAME = {"1.0": RM10, "1.1": RM11}
+_SOAP_BY_NAME = {"1.1": SOAP11, "1.2": SOAP12}
+
+
+def _version(value, table: dict, what: str):
+    if isinstance(value, str):
+        try:
+            return table[value]
+        except KeyError:
+            raise ValueError(f"{what} {value!r} is not one of {sorted(table)}") from None
+    if value not in table.values():
+        raise ValueError(f"{what} must be one of {sorted(table)}, not {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RMPolicy:
+    """Reliable messaging settings for one engine (both its source and its destination side).
+
+    Versions may be given as objects (``RM11``) or names (``"1.1"``,
+    ``"2005/08"``); ``wsa_version`` defaults to the RM version's usual
+    partner (1.0 with 2004/08, 1.1 with 2005/08).
+    """
+
+    # -- what is promised ------------------------------------------------------------
+    delivery: DeliveryAssurance = DeliveryAssurance.EXACTLY_ONCE | DeliveryAssurance.IN_ORDER
+
+    # -- the source: retransmission ----------------------------------------------------
+    #: Seconds before an unacknowledged message (or unanswered control message) is sent again.
+    base_retransmission_interval: float = 3.0
+    #: Double the interval after each attempt (capped by ``max_retransmission_interval``).
+    exponential_backoff: bool = True
+    max_retransmission_interval: float = 60.0
+    #: Retransmissions allowed per message or control message before the sequence is faulted
+    #: and the application told; None retries for ever.
+    max_retries: int | None = None
+    ack_request: AckRequestMode = AckRequestMode.RETRANSMISSIONS
+    #: Flow control: at most this many messages of a sequence sent and not yet acknowledged
+    #: (retransmissions are not held back); None means no window.
+    max_unacknowledged: int | None = None
+    #: Messages per sequence before the source rolls over to a new sequence; None: no limit.
+    max_sequence_length: int | None = None
+    #: 1.1: send CloseSequence (and get the final acknowledgement) before TerminateSequence.
+    close_before_terminate: bool = True
+    #: On ``stop()``, close every open source sequence and wait (up to the stop timeout)
+    #: for them to terminate.
+    terminate_on_shutdown: bool = False
+    #: Offered sequences (for replies) are accepted from peers that offer one.
+    accept_offers: bool = True
+
+    # -- the destination: acknowledgement and lifetime ---------------------------------------
+    #: Ask peers to send acknowledgements to this engine's endpoint (AcksTo = the served
+    #: address) instead of on the HTTP back-channel of each message (AcksTo anonymous).
+    decoupled_acks: bool = False
+    #: 0 acknowledges at once; otherwise acknowledgements to an addressable AcksTo are
+    #: batched for this long (acks on the HTTP back-channel are always immediate: free).
+    acknowledgement_interval: float = 0.0
+    #: A destination sequence with no message for this long is terminated (None: never).
+    inactivity_timeout: float | None = 600.0
+    #: Times a message is handed to the application before it is given up as failed.
+    max_delivery_attempts: int = 3
+
+    # -- wire -------------------------------------------------------------------------------
+    rm_version: RMVersion = RM11
+    wsa_version: AddressingVersion | None = None
+    soap_version: SoapVersion = SOAP12
+
+    # -- security limits (destination) --------------------------------------------------------
+    max_open_sequences: int = 1000
+    max_open_sequences_per_peer: int = 100
+    #: Messages a destination sequence may hold received and not yet delivered (out-of-order
+    #: messages waiting for a gap, or a slow application); beyond it messages are refused
+    #: unacknowledged, so the source retransmits them later.
+    max_unacknowledged_held: int = 10_000
+    max_message_size: int = DEFAULT_MAX_SIZE
+
+    # -- plumbing -------------------------------------------------------------------------------
+    #: How often idle workers look at the store anyway (work is normally signalled at once).
+    poll_interval: float = 0.2
+    #: Messages the source claims and sends per round.
+    send_batch: int = 50
+    #: HTTP timeout (connect and read) for messages the engine sends.
+    http_timeout: float = 10.0
+    invoker_threads: int = 1
+
+    def __post_init__(self) -> None:
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        set_("rm_version", _version(self.rm_version, _RM_BY_NAME, "rm_version"))
+        set_("soap_version", _version(self.soap_version, _SOAP_BY_NAME, "soap_version"))
+        if self.wsa_version is not None:
+            set_("wsa_version", _version(self.wsa_version, _WSA_BY_NAME, "wsa_version"))
+        if isinstance(self.ack_request, str):
+            set_("ack_request", AckRequestMode(self.ack_request))
+        if not isinstance(self.delivery, DeliveryAssurance):
+            raise TypeError(f"delivery must be a DeliveryAssurance, not {self.delivery!r}")
+        if not self.delivery & DeliveryAssurance.EXACTLY_ONCE:
+            raise ValueError("delivery needs AT_MOST_ONCE and/or AT_LEAST_ONCE (IN_ORDER only adds order)")
+        for name in ("base_retransmission_interval", "max_retransmission_interval", "poll_interval",
+                     "http_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, not {getattr(self, name)!r}")
+        if self.max_retransmission_interval < self.base_retransmission_interval:
+            raise ValueError("max_retransmission_interval must be >= base_retransmission_interval")
+        if self.acknowledgement_interval < 0:
+            raise ValueError("acknowledgement_interval must be >= 0 (0 acknowledges at once)")
+        if self.inactivity_timeout is not None and not self.inactivity_timeout > 0:
+            raise ValueError("inactivity_timeout must be > 0 seconds or None (never)")
+        for name in ("max_retries",):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be an int >= 0 or None, not {value!r}")
+        for name in ("max_unacknowledged", "max_sequence_length"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an int >= 1 or None, not {value!r}")
+        for name in ("max_open_sequences", "max_open_sequences_per_peer", "max_unacknowledged_held",
+                     "max_message_size", "send_batch", "invoker_threads", "max_delivery_attempts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, not {value!r}")
+
+    # -- derived ----------------------------------------------------------------------------------
+
+    @property
+    def addressing(self) -> AddressingVersion:
+        """The WS-Addressing version to write: ``wsa_version``, else the RM version's partner."""
+        return self.wsa_version or self.rm_version.addressing
+
+    @property
+    def in_order(self) -> bool:
+        return bool(self.delivery & DeliveryAssurance.IN_ORDER)
+
+    @property
+    def retransmits(self) -> bool:
+        return bool(self.delivery & DeliveryAssurance.AT_LEAST_ONCE)
+
+    def retry_delay(self, attempts: int) -> float:
+        """Seconds to wait after the ``attempts``-th transmission before the next one."""
+        if attempts < 1:
+            return 0.0
+        if not self.exponential_backoff:
+            return self.base_retransmission_interval
+        exponent = min(attempts - 1, 30)  # 2**30 intervals is beyond any cap
+        return min(self.base_retransmission_interval * 2 ** exponent, self.max_retransmission_interval)
+
+    def retries_exhausted(self, attempts: int) -> bool:
+        """True when ``attempts`` transmissions already used up the retry budget."""
+        return self.max_retries is not None and attempts > self.max_retries
+
+    def replace(self, **changes) -> RMPolicy:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,287 @@
+"""The RMS worker (CXF's RetransmissionQueue): everything the source side puts on the wire.
+
+Each round has two parts, both driven only by what the store says:
+
+* **control**: for every sequence whose ``next_control_at`` has come, the
+  state's duties name the one protocol message owed (CreateSequence,
+  CloseSequence, TerminateSequence) or that the sequence can be released;
+* **transmission**: unacknowledged messages whose ``next_send_at`` has come
+  are claimed, their attempt recorded with the next retry time (base
+  interval, exponential backoff), and only then sent.
+
+The rule that keeps this safe: no store transaction is held across a network
+call.  A round records what it is about to send and commits; the send
+happens outside; the answer is applied in a new transaction.  A crash or a
+lost answer at any point leaves a state whose duty is to send again, and the
+destination discards duplicates.  When the retry budget is spent the
+sequence is faulted and the application told (:meth:`Source.report_and_release`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..statemachine import RMSDuty, rms_duties
+from ..store import RmdSequence, RmsMessage, RmsSequence, StorageManager
+from ..wire import (
+    RM10, AckRequested, CloseSequence, CloseSequenceResponse, CreateSequence, CreateSequenceResponse,
+    EndpointReference, Offer, SequenceHeader, SoapVersion, TerminateSequence, TerminateSequenceResponse,
+    WSRMFault,
+)
+from ..wire.namespaces import AddressingVersion
+from .destination import Destination
+from .envelopes import protocol_message, stamp
+from .inbound import Inbound, ResponseContent
+from .logs import for_sequence
+from .policy import AckRequestMode, RMPolicy
+from .source import Source, rm_version_of
+from .states import rms_state
+from .transport import Transport, TransportError
+
+__all__ = ["RetransmissionWorker"]
+
+log = logging.getLogger(__name__)
+
+#: "Never again" for a message the AtMostOnce-only assurance sends once (a float the stores keep).
+_NEVER = 4e18
+#: Sequences looked at per round; the rest wait for the next one.
+_CONTROL_BATCH = 50
+
+
+@dataclass
+class _Planned:
+    message: RmsMessage
+    sequence: RmsSequence
+    request_ack: bool = False
+    piggyback: list[RmdSequence] = field(default_factory=list)
+
+
+class RetransmissionWorker:
+    """One round of the RMS worker: ``step()`` (run by a :class:`~.workers.Worker`)."""
+
+    def __init__(self, store: StorageManager, policy: RMPolicy, source: Source, destination: Destination,
+                 inbound: Inbound, transport: Transport) -> None:
+        self.store = store
+        self.policy = policy
+        self.source = source
+        self.destination = destination
+        self.inbound = inbound
+        self.transport = transport
+        self.messages_sent = 0
+        self.retransmissions = 0
+        self.send_failures = 0
+
+    def step(self) -> bool:
+        now = time.time()
+        controlled = self._control(now)
+        sent = self._transmit(now)
+        return controlled or sent
+
+    # -- control messages -----------------------------------------------------------------------
+
+    def _control(self, now: float) -> bool:
+        with self.store.begin() as tx:
+            due = tx.rms.needing_work(now, limit=_CONTROL_BATCH)
+        worked = False
+        for seq in due:
+            worked = self._control_one(seq.key, now) or worked
+        return worked
+
+    def _control_one(self, key: str, now: float) -> bool:
+        policy = self.policy
+        with self.store.begin() as tx:
+            seq = tx.rms.get(key)
+            if seq is None:
+                return False
+            slog = for_sequence(log, seq.sequence_id, key=key)
+            live = not (seq.faulted or seq.terminate_sent)
+            if live and seq.expires is not None and seq.expires <= now:
+                tx.rms.update(key, expires=None)
+                self.source.fault_in(tx, tx.rms.get(key), "the sequence expired")
+                return True
+            if seq.next_control_at is None or seq.next_control_at > now:
+                return False
+            action = self._control_action(seq, tx.rms_messages.count_unacked(key))
+            if action is None:  # messages in flight, or an open sequence: acks and close() set the next time
+                tx.rms.update(key, next_control_at=None)
+                return False
+            if action != "release":
+                attempts = seq.control_attempts
+                if policy.retries_exhausted(attempts):
+                    if action == "terminate":
+                        slog.warning("TerminateSequence unanswered after %d attempts; releasing the "
+                                     "sequence anyway (every message was acknowledged)", attempts)
+                        action = "give-up"
+                    else:
+                        self.source.fault_in(tx, seq, f"no answer to {action} sequence after {attempts} attempts")
+                        return True
+                else:
+                    tx.rms.update(key, control_attempts=attempts + 1,
+                                  next_control_at=now + policy.retry_delay(attempts + 1),
+                                  **({"close_sent": True} if action == "close" else {}))
+        if action == "release":
+            if seq.faulted:
+                if not self.source.report_and_release(key):
+                    with self.store.begin() as tx:
+                        if tx.rms.get(key) is not None:
+                            tx.rms.update(key, next_control_at=now + policy.retry_delay(1))
+            else:
+                self.source.on_terminated(key)
+            return True
+        if action == "give-up":
+            self.source.on_terminated(key)
+            return True
+        getattr(self, f"_send_{action}")(seq)
+        return True
+
+    def _control_action(self, seq: RmsSequence, unacked: int) -> str | None:
+        """The control duty of the sequence's state: release, create, close, terminate or None."""
+        close_first = rm_version_of(seq).is_11 and self.policy.close_before_terminate
+        duties = rms_duties(rms_state(seq, unacked), close_first=close_first)
+        for duty, action in ((RMSDuty.RELEASE, "release"), (RMSDuty.SEND_CREATE_SEQUENCE, "create"),
+                             (RMSDuty.SEND_CLOSE, "close"), (RMSDuty.SEND_TERMINATE, "terminate")):
+            if duty in duties:
+                return action
+        return None
+
+    def _soap_wsa(self, seq: RmsSequence) -> tuple[SoapVersion, AddressingVersion]:
+        wsa = AddressingVersion.for_namespace(seq.wsa_version) or self.policy.addressing
+        return self.policy.soap_version, wsa
+
+    def _exchange(self, seq: RmsSequence, action: str, body: Any, *,
+                  message_id: str | None = None) -> ResponseContent | None:
+        """Send a control message; the response's content (None when nothing usable came back)."""
+        soap, wsa = self._soap_wsa(seq)
+        rm = rm_version_of(seq)
+        data = protocol_message(soap, wsa, to=seq.target, action=action, body=body.to_xml(rm) if not
+                                isinstance(body, CreateSequence) else body.to_xml(rm, wsa),
+                                reply_to=wsa.anonymous, message_id=message_id)
+        slog = for_sequence(log, seq.sequence_id, key=seq.key)
+        try:
+            response = self.transport.send(seq.target, data, soap.http_headers(action))
+        except TransportError as exc:
+            self.send_failures += 1
+            slog.info("%s not delivered (will retry): %s", type(body).__name__, exc)
+            return None
+        if not response.body:
+            return None
+        return self.inbound.read_response(response.body, store_key=seq.key)
+
+    def _send_create(self, seq: RmsSequence) -> None:
+        rm = rm_version_of(seq)
+        acks_to = EndpointReference(seq.acks_to)
+        offer = None
+        if seq.offered_id:
+            reply_to = EndpointReference(self.source.endpoint_address or seq.acks_to)
+            offer = Offer(seq.offered_id, endpoint=reply_to if rm.is_11 else None)
+        content = self._exchange(seq, rm.create_sequence_action, CreateSequence(acks_to, offer=offer),
+                                 message_id=self.source.create_message_id(seq))
+        if content is not None and isinstance(content.body, CreateSequenceResponse):
+            self.source.on_create_sequence_response(seq.key, content.body, rm,
+                                                    create_offered=self.destination.create_offered)
+
+    def _send_close(self, seq: RmsSequence) -> None:
+        rm = rm_version_of(seq)
+        last = seq.last_number or None
+        content = self._exchange(seq, rm.action("CloseSequence"), CloseSequence(seq.sequence_id, last))
+        if content is not None and isinstance(content.body, CloseSequenceResponse):
+            self.source.on_closed(seq.key)
+
+    def _send_terminate(self, seq: RmsSequence) -> None:
+        rm = rm_version_of(seq)
+        last = (seq.last_number or None) if rm.is_11 else None
+        soap, wsa = self._soap_wsa(seq)
+        body = TerminateSequence(seq.sequence_id, last)
+        data = protocol_message(soap, wsa, to=seq.target, action=rm.terminate_sequence_action,
+                                body=body.to_xml(rm), reply_to=wsa.anonymous)
+        try:
+            response = self.transport.send(seq.target, data, soap.http_headers(rm.terminate_sequence_action))
+        except TransportError as exc:
+            self.send_failures += 1
+            for_sequence(log, seq.sequence_id, key=seq.key).info("TerminateSequence not delivered: %s", exc)
+            return
+        content = self.inbound.read_response(response.body, apply_faults=False) if response.body else None
+        gone = isinstance(getattr(content, "fault", None), WSRMFault) and \
+            content.fault.fault_code in ("UnknownSequence", "SequenceTerminated")
+        if isinstance(getattr(content, "body", None), TerminateSequenceResponse) or gone or \
+                (not rm.is_11 and 200 <= response.status < 300):
+            self.source.on_terminated(seq.key)
+
+    # -- application messages -----------------------------------------------------------------------
+
+    def _transmit(self, now: float) -> bool:
+        plan = self._claim(now)
+        for item in plan:
+            self._send_message(item)
+        return bool(plan)
+
+    def _claim(self, now: float) -> list[_Planned]:
+        policy = self.policy
+        plan: list[_Planned] = []
+        with self.store.begin() as tx:
+            owed_acks: dict[str, list[RmdSequence]] = {}
+            for rmd in tx.rmd.needing_ack(now=_NEVER, limit=100):  # no lock: piggyback candidates
+                if not self.destination.acks_on_back_channel(rmd):
+                    owed_acks.setdefault(rmd.acks_to, []).append(rmd)
+            sequences: dict[str, RmsSequence | None] = {}
+            in_flight: dict[str, int] = {}
+            for msg in tx.rms_messages.due_messages(now, limit=policy.send_batch):
+                key = msg.sequence_key
+                if key not in sequences:
+                    sequences[key] = tx.rms.get(key)
+                seq = sequences[key]
+                if seq is None or not seq.started or seq.faulted or seq.sequence_id is None:
+                    continue
+                if msg.send_count and policy.retries_exhausted(msg.send_count):
+                    self.source.fault_in(tx, seq, f"message {msg.number} unacknowledged after "
+                                                f"{msg.send_count} transmissions")
+                    sequences[key] = None
+                    continue
+                if msg.send_count == 0 and policy.max_unacknowledged is not None:
+                    if key not in in_flight:
+                        in_flight[key] = sum(1 for m in tx.rms_messages.list_for(key)
+                                             if m.send_count and not m.acked)
+                    if in_flight[key] >= policy.max_unacknowledged:
+                        continue
+                    in_flight[key] += 1
+                attempt = msg.send_count + 1
+                next_at = now + policy.retry_delay(attempt) if policy.retransmits else _NEVER
+                tx.rms_messages.record_send_attempt(key, msg.number, next_send_at=next_at, now=now)
+                plan.append(_Planned(msg, seq, piggyback=owed_acks.pop(seq.target, [])))
+        mode = policy.ack_request
+        for item in plan:
+            item.request_ack = mode is AckRequestMode.ALWAYS or (
+                mode is AckRequestMode.RETRANSMISSIONS and item.message.send_count > 0)
+        return plan
+
+    def _send_message(self, item: _Planned) -> None:
+        msg, seq = item.message, item.sequence
+        rm = rm_version_of(seq)
+        soap = SoapVersion.for_namespace(msg.soap_version) or self.policy.soap_version
+        headers = [SequenceHeader(seq.sequence_id, msg.number, last_message=msg.last and rm is RM10).to_xml(rm, soap)]
+        if item.request_ack:
+            headers.append(AckRequested(seq.sequence_id).to_xml(rm, soap))
+        for rmd in item.piggyback:
+            ack = self.destination.ack_for(rmd)
+            if ack is not None:
+                headers.append(ack.to_xml(rm_version_of(rmd), soap))
+        data = stamp(msg.payload, headers)
+        slog = for_sequence(log, seq.sequence_id, msg.number)
+        try:
+            response = self.transport.send(seq.target, data, soap.http_headers(msg.action))
+        except TransportError as exc:
+            self.send_failures += 1
+            slog.debug("not delivered (attempt %d, will retry): %s", msg.send_count + 1, exc)
+            return
+        self.messages_sent += 1
+        if msg.send_count:
+            self.retransmissions += 1
+            slog.debug("retransmitted (attempt %d): HTTP %d", msg.send_count + 1, response.status)
+        if response.body:
+            self.inbound.read_response(response.body, store_key=seq.key)
+        if item.piggyback and 200 <= response.status < 300:
+            for rmd in item.piggyback:
+                self.destination.ack_delivered(rmd)

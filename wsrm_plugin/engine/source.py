@@ -1,0 +1,538 @@
+"""The RM Source: application messages into source sequences, and what the peer says about them.
+
+``send`` enqueues an application envelope into the RMS store inside the
+caller's transaction: the XA transaction of a ``txmanager`` when the caller
+has one (so "update my database AND send this message" commits atomically),
+the invoker's transaction when an application handler sends from inside a
+delivery, else a short local one.  Nothing goes on the wire here: the
+retransmission worker (:mod:`.retransmission`) sends what the store holds,
+which is what makes a crash or a lost connection harmless.
+
+Sequences are created lazily, one per (target, internal key) as CXF does,
+and rolled over to a new one after ``max_sequence_length`` messages.  The
+other methods apply what the peer said (CreateSequenceResponse,
+acknowledgements, Close/Terminate responses, faults) as state-machine
+events, each in its own short store transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..statemachine import InvalidTransition, RMSEvent, rms_transition
+from ..store import (
+    InvalidAcknowledgementError, RmsSequence, StorageManager, StoreTransaction,
+)
+from ..wire import (
+    RM10, CreateSequenceResponse, EndpointReference, InvalidAcknowledgement, RMVersion, SequenceAcknowledgement,
+    UnknownSequence, WSRMFault, build_envelope, to_bytes,
+)
+from ..wire.namespaces import RM_VERSIONS, AddressingVersion
+from .envelopes import prepare_outgoing
+from .logs import for_sequence
+from .policy import RMPolicy
+from .states import rms_changes, rms_state
+
+__all__ = ["Source", "SendReceipt", "SequenceFault", "FailedMessage", "SequenceKey"]
+
+log = logging.getLogger(__name__)
+
+_RM_BY_NS = {v.ns: v for v in RM_VERSIONS}
+#: RM faults after which the peer will never accept the sequence again.
+_FATAL_FAULTS = frozenset({"UnknownSequence", "SequenceTerminated", "SequenceClosed",
+                           "MessageNumberRollover", "CreateSequenceRefused", "LastMessageNumberExceeded"})
+
+
+@dataclass(frozen=True)
+class SendReceipt:
+    """Where an enqueued message went: its sequence (store key), number and wsa:MessageID."""
+
+    sequence_key: str
+    number: int
+    message_id: str
+
+
+@dataclass(frozen=True)
+class FailedMessage:
+    """An application message a faulted sequence could not deliver."""
+
+    number: int
+    message_id: str
+    action: str
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class SequenceFault:
+    """What the application hears when a source sequence fails (retries exhausted, refused...)."""
+
+    sequence_key: str
+    target: str
+    sequence_id: str | None
+    reason: str
+    messages: tuple[FailedMessage, ...]
+
+
+@dataclass(frozen=True)
+class SequenceKey:
+    """The parts of a source sequence's store key: target, the caller's key, generation, offer."""
+
+    target: str
+    key: str
+    generation: int
+    offered: bool
+
+    def encode(self) -> str:
+        return json.dumps([self.target, self.key, self.generation, "offer" if self.offered else "one-way"],
+                          separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str) -> SequenceKey | None:
+        """None for keys this class did not write (e.g. sequences accepted from an Offer)."""
+        if not text.startswith("["):
+            return None
+        try:
+            target, key, generation, kind = json.loads(text)
+        except (ValueError, TypeError):
+            return None
+        return cls(target, key, int(generation), kind == "offer")
+
+
+def reply_sequence_key(rmd_sequence_id: str) -> str:
+    """The store key of the source sequence accepted from the Offer of destination sequence ``id``."""
+    return f"reply:{rmd_sequence_id}"
+
+
+def rm_version_of(seq: Any) -> RMVersion:
+    return _RM_BY_NS[seq.rm_version]
+
+
+class Source:
+    """The sending half of an engine (CXF's ``Source``)."""
+
+    def __init__(self, store: StorageManager, policy: RMPolicy, *, tm: Any = None,
+                 endpoint: Callable[[], str | None], wake: Callable[[], None],
+                 ambient: threading.local,
+                 on_fault: Callable[[SequenceFault], None] | None = None) -> None:
+        self.store = store
+        self.policy = policy
+        self.tm = tm
+        self._endpoint = endpoint
+        self._wake = wake
+        self._ambient = ambient
+        self._on_fault = on_fault
+        self._current: dict[tuple[str, str, bool], str] = {}
+        self._lock = threading.Lock()
+        self._secret = uuid.uuid4()
+        self.faulted_sequences = 0
+
+    # -- transactions ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[StoreTransaction]:
+        """The caller's transaction (invoker delivery, or XA), else a local one."""
+        ambient = getattr(self._ambient, "tx", None)
+        if ambient is not None and not ambient.closed:
+            yield ambient
+            return
+        with self.store.begin(xa=self.tm) as tx:
+            yield tx
+
+    def _wake_after_commit(self) -> None:
+        """Wake the sender once the caller's transaction commits (at once if it already did)."""
+        if getattr(self._ambient, "tx", None) is not None:
+            return  # the invoker wakes the workers after its commit
+        gtx = self.tm.get_transaction() if self.tm is not None else None
+        if gtx is None:
+            self._wake()
+            return
+        wake = self._wake
+
+        class _WakeAfter:
+            def before_completion(self) -> None:
+                pass
+
+            def after_completion(self, status: Any) -> None:
+                wake()
+
+        gtx.register_synchronization(_WakeAfter())
+
+    @property
+    def endpoint_address(self) -> str | None:
+        """This engine's own address (replies to offered sequences come there), if it serves one."""
+        return self._endpoint()
+
+    def _acks_to(self) -> str:
+        """Where the peer should send acknowledgements: the back-channel unless decoupled."""
+        endpoint = self._endpoint() if self.policy.decoupled_acks else None
+        return endpoint or self.policy.addressing.anonymous
+
+    # -- the application's side ---------------------------------------------------------------
+
+    def send(self, target: str, envelope: bytes, *, action: str | None = None, key: str = "",
+             expect_reply: bool = False, message_id: str | None = None,
+             reply_callback: str | None = None, reply_context: bytes | None = None) -> SendReceipt:
+        """Enqueue ``envelope`` for ``target`` reliably; returns where it went.
+
+        ``expect_reply`` puts the message on a sequence created with an Offer
+        (the peer sends responses on the offered sequence to this engine's
+        endpoint, so the engine must serve one).  ``reply_callback``
+        (``"module:function"``) is called with the reply when it arrives.
+        """
+        if not isinstance(envelope, (bytes, bytearray)):
+            raise TypeError(f"envelope must be the SOAP envelope as bytes, not {type(envelope).__name__}")
+        if not isinstance(target, str) or not target.strip():
+            raise ValueError(f"target must be the peer's address (e.g. http://host:port/path), not {target!r}")
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a string naming the conversation, not {type(key).__name__}")
+        reply_to = None
+        if expect_reply or reply_callback:
+            reply_to = self._endpoint()
+            if reply_to is None:
+                raise ValueError("a reply needs an address to come back to: serve() the engine or pass "
+                                 "endpoint_address= before sending with expect_reply")
+            expect_reply = True
+        outgoing = prepare_outgoing(bytes(envelope), to=target, action=action, message_id=message_id,
+                                    reply_to=reply_to, relates_to=None, wsa=self.policy.addressing,
+                                    max_size=self.policy.max_message_size)
+        with self.transaction() as tx:
+            seq = self._open_sequence(tx, target, key, expect_reply)
+            receipt = self._enqueue(tx, seq, outgoing.payload, outgoing.action, outgoing.soap.ns,
+                                    outgoing.message_id, reply_callback, reply_context)
+        self._wake_after_commit()
+        return receipt
+
+    def _enqueue(self, tx: StoreTransaction, seq: RmsSequence, payload: bytes, action: str, soap_ns: str,
+                 message_id: str, reply_callback: str | None = None,
+                 reply_context: bytes | None = None) -> SendReceipt:
+        limit = self.policy.max_sequence_length
+        rm = rm_version_of(seq)
+        rolls_over = limit is not None and seq.next_number >= limit
+        msg = tx.rms_messages.enqueue(
+            seq.key, payload, action=action, soap_version=soap_ns, message_id=message_id,
+            last=rolls_over and rm is RM10, reply_callback=reply_callback, reply_context=reply_context)
+        if rolls_over and rm is not RM10:
+            tx.rms.mark_last(seq.key)
+        if rolls_over:
+            for_sequence(log, seq.sequence_id, msg.number, seq.key).info(
+                "sequence reached max_sequence_length %d; the next message starts a new one", limit)
+        return SendReceipt(seq.key, msg.number, message_id)
+
+    def enqueue_reply(self, tx: StoreTransaction, rmd_sequence_id: str, envelope: bytes, *,
+                      reply_to: str, relates_to: str | None, action: str | None) -> SendReceipt | None:
+        """Enqueue a response on the sequence offered with destination sequence ``rmd_sequence_id``.
+
+        Runs in the invoker's transaction; None when that sequence has no
+        accepted offer (the caller then treats the response as undeliverable).
+        """
+        seq = tx.rms.get(reply_sequence_key(rmd_sequence_id))
+        if seq is None or not seq.accepts_messages:
+            return None
+        if seq.target != reply_to:  # WS-RM 1.0 offers name no endpoint: replies go to ReplyTo
+            seq = tx.rms.update(seq.key, target=reply_to)
+        wsa = self.policy.addressing
+        outgoing = prepare_outgoing(envelope, to=reply_to, action=action, message_id=None, reply_to=None,
+                                    relates_to=relates_to, wsa=_wsa_of(seq) or wsa,
+                                    max_size=self.policy.max_message_size)
+        return self._enqueue(tx, seq, outgoing.payload, outgoing.action, outgoing.soap.ns, outgoing.message_id)
+
+    def _open_sequence(self, tx: StoreTransaction, target: str, key: str, offered: bool) -> RmsSequence:
+        ident = (target, key, offered)
+        with self._lock:
+            cached = self._current.get(ident)
+        if cached is not None:
+            seq = tx.rms.get(cached)
+            if seq is not None and seq.accepts_messages:
+                return seq
+        best: RmsSequence | None = None
+        generation = best_generation = 0
+        for candidate in tx.rms.list_all():
+            parsed = SequenceKey.decode(candidate.key)
+            if parsed is None or (parsed.target, parsed.key, parsed.offered) != ident:
+                continue
+            generation = max(generation, parsed.generation)
+            if candidate.accepts_messages and parsed.generation > best_generation:
+                best, best_generation = candidate, parsed.generation
+        seq = tx.rms.get(best.key) if best is not None else None
+        if seq is None or not seq.accepts_messages:
+            store_key = SequenceKey(target, key, generation + 1, offered).encode()
+            seq = tx.rms.create(
+                store_key, target=target, acks_to=self._acks_to(), rm_version=self.policy.rm_version.ns,
+                wsa_version=self.policy.addressing.ns,
+                offered_id=f"urn:uuid:{uuid.uuid4()}" if offered else None)
+            for_sequence(log, key=store_key).debug("new source sequence for %s", target)
+        with self._lock:
+            self._current[ident] = seq.key
+        return seq
+
+    def close(self, target: str, key: str = "") -> int:
+        """No more messages on the current sequences to ``target`` under ``key``.
+
+        Each is closed (1.1: CloseSequence) and terminated once every message
+        is acknowledged; returns how many sequences that concerned.
+        """
+        with self.transaction() as tx:
+            count = 0
+            for seq in tx.rms.list_all():
+                parsed = SequenceKey.decode(seq.key)
+                if parsed is None or (parsed.target, parsed.key) != (target, key):
+                    continue
+                if self._end(tx, seq.key):
+                    count += 1
+        self._wake_after_commit()
+        return count
+
+    #: WS-RM terminates a sequence after closing it; both verbs end the sequence gracefully.
+    terminate = close
+
+    def close_all(self) -> int:
+        """Close every open source sequence (terminate on shutdown)."""
+        with self.transaction() as tx:
+            count = sum(1 for seq in tx.rms.list_all() if self._end(tx, seq.key))
+        self._wake_after_commit()
+        return count
+
+    def end_reply_sequence(self, tx: StoreTransaction, rmd_sequence_id: str) -> None:
+        """The request sequence ``rmd_sequence_id`` is gone: end the sequence offered with it.
+
+        It is closed and terminated like any other once its replies are
+        acknowledged; one that never carried a reply to an address is simply
+        dropped (there is nobody to tell).
+        """
+        key = reply_sequence_key(rmd_sequence_id)
+        seq = tx.rms.get(key)
+        if seq is None:
+            return
+        if seq.highest_number == 0 and (EndpointReference(seq.target).is_anonymous or
+                                        EndpointReference(seq.target).is_none):
+            tx.rms.delete(key)
+            return
+        self._end(tx, key)
+
+    def _end(self, tx: StoreTransaction, store_key: str) -> bool:
+        seq = tx.rms.get(store_key)
+        if seq is None or not seq.accepts_messages:
+            return False
+        rm = rm_version_of(seq)
+        if rm is RM10:
+            # 1.0 tells the destination the end with a message: an empty LastMessage.
+            envelope = to_bytes(build_envelope(self.policy.soap_version))
+            target_wsa = _wsa_of(seq) or self.policy.addressing
+            outgoing = prepare_outgoing(envelope, to=seq.target, action=RM10.action("LastMessage"),
+                                        message_id=None, reply_to=None, relates_to=None, wsa=target_wsa,
+                                        max_size=self.policy.max_message_size)
+            tx.rms_messages.enqueue(seq.key, outgoing.payload, action=outgoing.action,
+                                    soap_version=outgoing.soap.ns, message_id=outgoing.message_id, last=True)
+        else:
+            seq = tx.rms.mark_last(seq.key)
+            if seq.started and tx.rms_messages.count_unacked(seq.key) == 0:
+                tx.rms.update(seq.key, next_control_at=time.time())
+        return True
+
+    # -- what the peer says ------------------------------------------------------------------------
+
+    def create_message_id(self, seq: RmsSequence) -> str:
+        """One wsa:MessageID for every (re)transmission of a sequence's CreateSequence.
+
+        A retransmitted request is the same message: the destination answers a
+        repeated MessageID with the sequence it already created instead of an
+        orphan one, and a CreateSequenceResponse sent to our endpoint later is
+        matched back by its RelatesTo.  Derived from a per-process secret, so
+        nobody else can predict it and fish for another client's sequence.
+        """
+        return f"urn:uuid:{uuid.uuid5(self._secret, f'{seq.key}|{seq.created_at!r}')}"
+
+    def key_for_create_response(self, relates_to: str | None) -> str | None:
+        """The sequence whose CreateSequence a (decoupled) response relates to, if any."""
+        if not relates_to:
+            return None
+        with self.store.begin() as tx:
+            for seq in tx.rms.list_all():
+                if not seq.started and self.create_message_id(seq) == relates_to:
+                    return seq.key
+        return None
+
+    def key_for_sequence(self, sequence_id: str) -> str | None:
+        with self.store.begin() as tx:
+            for seq in tx.rms.list_all():
+                if seq.sequence_id == sequence_id:
+                    return seq.key
+        return None
+
+    def on_create_sequence_response(self, store_key: str, response: CreateSequenceResponse,
+                                    version: RMVersion, *, create_offered: Callable[..., None]) -> None:
+        """The peer opened the sequence: record its identifier; accept the offered sequence."""
+        now = time.time()
+        with self.store.begin() as tx:
+            preview = tx.rms.list_all()  # no lock: only to learn the offer before locking in order
+            offered_id = next((s.offered_id for s in preview if s.key == store_key), None)
+            if response.accept is not None and offered_id is not None:
+                create_offered(tx, offered_id, response.accept.address, version)
+            seq = tx.rms.get(store_key)
+            if seq is None:
+                return
+            slog = for_sequence(log, response.identifier, key=store_key)
+            state = rms_state(seq, tx.rms_messages.count_unacked(store_key))
+            transition = rms_transition(state, RMSEvent.CRR)
+            if transition.noop:
+                slog.debug("late CreateSequenceResponse ignored (%s)", state)
+                return
+            expires = response.expires_after
+            tx.rms.update(store_key, sequence_id=response.identifier, control_attempts=0,
+                          next_control_at=now if seq.last_message else None,
+                          expires=now + expires.total_seconds() if expires else None,
+                          **rms_changes(transition))
+            if offered_id is not None and response.accept is None:
+                slog.warning("the peer declined the offered sequence %s: replies will not be reliable", offered_id)
+            slog.info("sequence created by %s", seq.target)
+
+    def on_ack(self, ack: SequenceAcknowledgement, version: RMVersion) -> None:
+        """Apply an acknowledgement; raises the fault to answer when it is wrong."""
+        now = time.time()
+        with self.store.begin() as tx:
+            seq = tx.rms.get_by_sequence_id(ack.identifier)
+            if seq is None:
+                raise UnknownSequence(ack.identifier, version=version)
+            slog = for_sequence(log, ack.identifier)
+            if not seq.started or seq.faulted or seq.terminate_sent:
+                return
+            if ack.nacks:
+                again = tx.rms_messages.make_due(seq.key, ack.nacks, at=now)
+                slog.debug("Nack for %s: %d message(s) due again", ack.nacks, again)
+                return
+            try:
+                newly = tx.rms_messages.mark_acked(seq.key, ack.ranges, now=now)
+            except InvalidAcknowledgementError as exc:
+                raise InvalidAcknowledgement(ack.identifier, str(exc), version=version) from None
+            unacked = tx.rms_messages.count_unacked(seq.key)
+            before = rms_state(seq, unacked + len(newly))
+            event = RMSEvent.ACKALL if unacked == 0 else RMSEvent.ACK
+            rms_transition(before, event)
+            if newly:
+                tx.rms_messages.purge_acked(seq.key)
+            if ack.final and unacked:
+                self.fault_in(tx, seq, f"the destination closed the sequence with {unacked} message(s) "
+                            "unacknowledged")
+            elif event is RMSEvent.ACKALL and seq.last_message:
+                tx.rms.update(seq.key, next_control_at=now)
+        if newly:
+            slog.debug("acknowledged %s (%d new)", SequenceAcknowledgement.ranges_from_numbers(newly), len(newly))
+        if event is RMSEvent.ACKALL and seq.last_message:
+            self._wake()
+
+    def on_closed(self, store_key: str) -> None:
+        """CloseSequenceResponse: the destination's set of messages is final."""
+        self._control_event(store_key, RMSEvent.CLOSE_RESPONSE)
+
+    def on_terminated(self, store_key: str) -> None:
+        """TerminateSequence went out (and, in 1.1, was answered): the sequence can go."""
+        with self.store.begin() as tx:
+            seq = tx.rms.get(store_key)
+            if seq is None:
+                return
+            try:
+                transition = rms_transition(rms_state(seq, tx.rms_messages.count_unacked(store_key)),
+                                            RMSEvent.TERMINATE_SENT)
+            except InvalidTransition as exc:
+                for_sequence(log, seq.sequence_id, key=store_key).warning("terminate not recorded: %s", exc)
+                return
+            tx.rms.update(store_key, **rms_changes(transition))
+            tx.rms.delete(store_key)
+        for_sequence(log, seq.sequence_id, key=store_key).info("sequence terminated and purged")
+        with self._lock:
+            for ident, cached in list(self._current.items()):
+                if cached == store_key:
+                    del self._current[ident]
+
+    def _control_event(self, store_key: str, event: RMSEvent) -> None:
+        with self.store.begin() as tx:
+            seq = tx.rms.get(store_key)
+            if seq is None:
+                return
+            try:
+                transition = rms_transition(rms_state(seq, tx.rms_messages.count_unacked(store_key)), event)
+            except InvalidTransition as exc:
+                for_sequence(log, seq.sequence_id, key=store_key).warning("%s ignored: %s", event.name, exc)
+                return
+            if not transition.noop:
+                tx.rms.update(store_key, control_attempts=0, next_control_at=time.time(),
+                              **rms_changes(transition))
+        self._wake()
+
+    def on_fault(self, fault: WSRMFault, store_key: str | None = None) -> None:
+        """A WS-RM fault about one of our sequences; the fatal ones fault the sequence."""
+        with self.store.begin() as tx:
+            seq = tx.rms.get_by_sequence_id(fault.identifier) if fault.identifier else None
+            if seq is None and store_key is not None:
+                seq = tx.rms.get(store_key)
+            if seq is None:
+                log.info("WS-RM fault %s about no sequence of ours: %s", fault.fault_code, fault.reason)
+                return
+            if fault.fault_code not in _FATAL_FAULTS:
+                for_sequence(log, seq.sequence_id, key=seq.key).warning(
+                    "peer answered with %s: %s", fault.fault_code, fault.reason)
+                return
+            self.fault_in(tx, seq, f"{fault.fault_code}: {fault.reason}")
+        self._wake()
+
+    def fault_sequence(self, store_key: str, reason: str) -> None:
+        """Give up on a sequence (retries exhausted): the worker then reports and releases it."""
+        with self.store.begin() as tx:
+            seq = tx.rms.get(store_key)
+            if seq is not None:
+                self.fault_in(tx, seq, reason)
+        self._wake()
+
+    def fault_in(self, tx: StoreTransaction, seq: RmsSequence, reason: str) -> None:
+        """Fault ``seq`` inside ``tx`` (the worker then reports and releases it)."""
+        transition = rms_transition(rms_state(seq, tx.rms_messages.count_unacked(seq.key)), RMSEvent.FAULT)
+        if transition.noop:
+            return
+        tx.rms.update(seq.key, fault_reason=reason, next_control_at=time.time(), **rms_changes(transition))
+        self.faulted_sequences += 1
+        for_sequence(log, seq.sequence_id, key=seq.key).error("sequence faulted: %s", reason)
+
+    def report_and_release(self, store_key: str) -> bool:
+        """Tell the application about a faulted sequence's messages, then delete it.
+
+        The hook runs before the delete, so a crash in between reports again
+        after the restart rather than losing the report (at least once).
+        Returns False when the hook failed (the worker tries again later).
+        """
+        with self.store.begin() as tx:
+            seq = tx.rms.get(store_key)
+            if seq is None or not seq.faulted:
+                return True
+            failed = tuple(FailedMessage(m.number, m.message_id, m.action, m.payload)
+                           for m in tx.rms_messages.list_for(store_key) if not m.acked)
+        report = SequenceFault(store_key, seq.target, seq.sequence_id, seq.fault_reason or "faulted", failed)
+        if self._on_fault is not None:
+            try:
+                self._on_fault(report)
+            except Exception:  # noqa: BLE001 -- the application's hook must not kill the worker
+                for_sequence(log, seq.sequence_id, key=store_key).exception(
+                    "the sequence fault hook failed; it will be called again")
+                return False
+        else:
+            for_sequence(log, seq.sequence_id, key=store_key).error(
+                "no on_sequence_fault hook: %d undelivered message(s) dropped with the sequence", len(failed))
+        with self.store.begin() as tx:
+            if tx.rms.get(store_key) is not None:
+                tx.rms.delete(store_key)
+        with self._lock:
+            for ident, cached in list(self._current.items()):
+                if cached == store_key:
+                    del self._current[ident]
+        return True
+
+
+def _wsa_of(seq: RmsSequence) -> AddressingVersion | None:
+    return AddressingVersion.for_namespace(seq.wsa_version)

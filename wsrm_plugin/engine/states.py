@@ -1,0 +1,72 @@
+"""Store records <-> state-machine states, so every event goes through the one set of rules.
+
+The store keeps a sequence as columns (``started``, ``closed``, ``received``
+ranges...); :mod:`wsrm_plugin.statemachine` reasons in seed 004's factor
+states.  These functions are the whole translation: read a record into a
+state, apply the event with the pure transition function, write back only
+the factors that changed.  A store row that maps to an impossible state
+raises :class:`~wsrm_plugin.statemachine.InvalidState` instead of being acted on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..statemachine import AckRanges, RMDState, RMSState, Transition
+from ..store import RmdSequence, RmsSequence
+
+__all__ = ["rms_state", "rms_changes", "rmd_state", "rmd_changes", "received_ranges"]
+
+
+def rms_state(seq: RmsSequence, unacked: int) -> RMSState:
+    """The RMS state of ``seq`` with ``unacked`` messages still unacknowledged in the store.
+
+    A faulted sequence may still hold the messages it failed (until they are
+    reported): they no longer count as "in buffer".
+    """
+    return RMSState(
+        sequence_started=seq.started,
+        messages_in_buffer=unacked > 0 and not seq.faulted,
+        last_message_received=seq.last_message,
+        terminate_sent=seq.terminate_sent,
+        closed=seq.closed,
+        faulted=seq.faulted,
+    )
+
+
+def rms_changes(transition: Transition[RMSState]) -> dict[str, Any]:
+    """Store updates for the stored factors a transition changed (MIB and LMR are
+    kept by the message queue and ``mark_last``, not here)."""
+    before, after = transition.previous, transition.state
+    changes: dict[str, Any] = {}
+    for factor, column in (("sequence_started", "started"), ("closed", "closed"),
+                           ("terminate_sent", "terminate_sent"), ("faulted", "faulted")):
+        if getattr(after, factor) != getattr(before, factor):
+            changes[column] = getattr(after, factor)
+    return changes
+
+
+def received_ranges(seq: RmdSequence) -> AckRanges:
+    received = seq.received
+    return received if isinstance(received, AckRanges) else AckRanges.from_ranges(received)
+
+
+def rmd_state(seq: RmdSequence) -> RMDState:
+    return RMDState(
+        first_message_received=seq.first_received,
+        last_message_received=seq.last_received,
+        every_message_received=seq.every_received,
+        terminate_received=seq.terminated,
+        closed=seq.closed,
+    )
+
+
+def rmd_changes(transition: Transition[RMDState]) -> dict[str, Any]:
+    """Store updates for closed/terminated (the other factors follow from ``received``)."""
+    before, after = transition.previous, transition.state
+    changes: dict[str, Any] = {}
+    if after.closed != before.closed:
+        changes["closed"] = after.closed
+    if after.terminate_received != before.terminate_received:
+        changes["terminated"] = after.terminate_received
+    return changes

@@ -1,0 +1,405 @@
+"""How envelopes travel: a small client interface and the WSGI endpoint that receives them.
+
+The engine only ever needs "POST these bytes to that address and give me
+what came back", so :class:`Transport` is that one method; tests and
+adapters plug in their own.  :class:`HttpTransport` is the default: plain
+``http.client`` with one keep-alive connection per thread and peer (a
+worker sends many small messages to the same peer; a fresh TCP connection
+for each would dominate the cost).
+
+The server side is :class:`RMEndpoint`, a WSGI application that hands
+request bodies to the engine and turns its answer into HTTP: 202 for "taken,
+nothing to say", 200 with an envelope, or a SOAP fault with the status the
+SOAP HTTP bindings prescribe.  It refuses an oversized body from its
+Content-Length, before reading a byte of it.  :class:`HttpServer` runs any
+WSGI application on waitress (HTTP/1.1 keep-alive) in a background thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import http.client
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from ..wire import SOAP11, SOAP12, MessageTooLargeError, SoapFault, SoapVersion, fault_envelope, to_bytes
+
+__all__ = [
+    "Response", "Reply", "Transport", "TransportError", "HttpTransport", "RMEndpoint",
+    "HttpServer", "BasicAuth", "http_status_for", "soap_version_for_content_type",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Response:
+    """What came back from a peer: the HTTP status and body (b"" when there was none)."""
+
+    status: int
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """2xx, or a SOAP fault (500/400 with a body): the peer got and read the message."""
+        return 200 <= self.status < 300
+
+
+class TransportError(OSError):
+    """The message could not be delivered to the peer (refused, reset, timed out, bad URL).
+
+    Nothing is known about whether the peer got it: WS-RM's retransmission is
+    what makes that harmless.
+    """
+
+
+class Transport(Protocol):
+    """Sends one envelope and returns the peer's response (the whole contract)."""
+
+    def send(self, address: str, envelope: bytes, headers: Mapping[str, str]) -> Response: ...
+
+    def close(self) -> None: ...
+
+
+class HttpTransport:
+    """POST over ``http.client``: one keep-alive connection per thread and peer.
+
+    ``timeout`` bounds connecting and each read; a response body beyond
+    ``max_response_size`` is a :class:`TransportError` (a peer cannot make us
+    buffer without limit).  ``auth`` (user, password)
+    adds HTTP basic authentication to every request (the destination then
+    ties its sequences to that principal).  A request that fails on a reused
+    connection (the peer closed it while idle) is tried once more on a fresh
+    one; retrying a POST is safe here because WS-RM discards duplicates.
+    """
+
+    def __init__(self, *, timeout: float = 10.0, auth: tuple[str, str] | None = None,
+                 headers: Mapping[str, str] | None = None, max_response_size: int = 64 * 1024 * 1024) -> None:
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
+        self.timeout = timeout
+        self.max_response_size = max_response_size
+        self._extra = dict(headers or {})
+        if auth is not None:
+            user, password = auth
+            token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+            self._extra["Authorization"] = f"Basic {token}"
+        self._local = threading.local()
+        self._all: list[http.client.HTTPConnection] = []
+        self._all_lock = threading.Lock()
+
+    def _connections(self) -> dict[tuple[str, str, int], http.client.HTTPConnection]:
+        conns = getattr(self._local, "conns", None)
+        if conns is None:
+            conns = self._local.conns = {}
+        return conns
+
+    @staticmethod
+    def _split(address: str) -> tuple[tuple[str, str, int], str]:
+        parts = urlsplit(address)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise TransportError(f"cannot send to {address!r}: only http:// and https:// addresses are supported")
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError as exc:
+            raise TransportError(f"bad port in {address!r}: {exc}") from None
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
+        return (parts.scheme, parts.hostname, port), path
+
+    def _connection(self, peer: tuple[str, str, int]) -> tuple[http.client.HTTPConnection, bool]:
+        conns = self._connections()
+        conn = conns.get(peer)
+        if conn is not None:
+            return conn, True
+        scheme, host, port = peer
+        cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+        conn = cls(host, port, timeout=self.timeout)
+        conns[peer] = conn
+        with self._all_lock:
+            self._all.append(conn)
+        return conn, False
+
+    def _drop(self, peer: tuple[str, str, int]) -> None:
+        conn = self._connections().pop(peer, None)
+        if conn is not None:
+            conn.close()
+            with self._all_lock:
+                if conn in self._all:
+                    self._all.remove(conn)
+
+    def send(self, address: str, envelope: bytes, headers: Mapping[str, str]) -> Response:
+        peer, path = self._split(address)
+        all_headers = {**self._extra, **headers, "Content-Length": str(len(envelope))}
+        for attempt in (1, 2):
+            conn, reused = self._connection(peer)
+            try:
+                conn.request("POST", path, body=envelope, headers=all_headers)
+                response = conn.getresponse()
+                body = response.read(self.max_response_size + 1)
+                if len(body) > self.max_response_size:
+                    self._drop(peer)
+                    raise TransportError(f"the response from {address} exceeds {self.max_response_size} bytes")
+                result = Response(response.status, body, dict(response.getheaders()))
+                if response.will_close:
+                    self._drop(peer)
+                return result
+            except TransportError:
+                raise
+            except (http.client.HTTPException, OSError) as exc:
+                self._drop(peer)
+                stale = reused and isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError,
+                                                    BrokenPipeError))
+                if attempt == 1 and stale:
+                    log.debug("connection to %s:%s went stale; retrying once on a new one", *peer[1:])
+                    continue
+                raise TransportError(f"POST {address} failed: {exc!r}") from exc
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close every connection this transport opened, in every thread."""
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+
+# -- the server side ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Reply:
+    """The engine's answer to one received envelope, before HTTP."""
+
+    status: int = 202
+    body: bytes = b""
+    content_type: str | None = None
+
+    @classmethod
+    def accepted(cls) -> Reply:
+        return cls(202)
+
+    @classmethod
+    def envelope(cls, body: bytes, soap: SoapVersion, action: str | None = None, status: int = 200) -> Reply:
+        return cls(status, body, soap.http_headers(action)["Content-Type"])
+
+    @classmethod
+    def fault(cls, fault: SoapFault, soap: SoapVersion, headers: Iterable[Any] = ()) -> Reply:
+        body = to_bytes(fault_envelope(fault, soap, headers))
+        return cls(http_status_for(fault, soap), body, soap.http_headers()["Content-Type"])
+
+
+def http_status_for(fault: SoapFault, soap: SoapVersion) -> int:
+    """The SOAP HTTP binding's status: 1.1 always 500; 1.2 400 for Sender faults, else 500."""
+    if isinstance(fault, MessageTooLargeError):
+        return 413
+    if soap is SOAP12 and fault.code in ("Sender", "VersionMismatch", "MustUnderstand"):
+        return 400 if fault.code == "Sender" else 500
+    return 500
+
+
+def soap_version_for_content_type(content_type: str | None) -> SoapVersion:
+    """Best guess of the sender's SOAP version before its envelope is read (for early faults)."""
+    return SOAP12 if (content_type or "").lower().startswith("application/soap+xml") else SOAP11
+
+
+class EnvelopeHandler(Protocol):
+    def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
+               remote_addr: str | None = None) -> Reply: ...
+
+
+class RMEndpoint:
+    """A WSGI application feeding POSTed envelopes to an engine (``handler.handle``).
+
+    The authenticated principal is the WSGI ``REMOTE_USER`` (set by
+    whatever authenticates in front: :class:`BasicAuth`, a reverse proxy, a
+    framework).  Bodies larger than ``max_size`` are refused from the
+    Content-Length header with 413 and a SOAP fault, unread; a request
+    without a Content-Length is refused with 411 (HTTP/1.1 servers such as
+    waitress supply it for chunked bodies).
+    """
+
+    def __init__(self, handler: EnvelopeHandler, max_size: int) -> None:
+        self.handler = handler
+        self.max_size = max_size
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        if method != "POST":
+            return _plain(start_response, "405 Method Not Allowed",
+                          b"POST a SOAP envelope here\n", [("Allow", "POST")])
+        content_type = environ.get("CONTENT_TYPE")
+        soap = soap_version_for_content_type(content_type)
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or "")
+        except ValueError:
+            return _plain(start_response, "411 Length Required", b"a Content-Length is required\n")
+        if length < 0:
+            return _plain(start_response, "400 Bad Request", b"negative Content-Length\n")
+        if length > self.max_size:
+            log.warning("refused a %d-byte request from %s (limit %d) without reading it",
+                        length, environ.get("REMOTE_ADDR"), self.max_size)
+            reply = Reply.fault(MessageTooLargeError(length, self.max_size), soap)
+            return _respond(start_response, reply)
+        data = _read_exactly(environ["wsgi.input"], length)
+        reply = self.handler.handle(data, principal=environ.get("REMOTE_USER") or None,
+                                    content_type=content_type, remote_addr=environ.get("REMOTE_ADDR"))
+        return _respond(start_response, reply)
+
+
+def _read_exactly(stream: Any, length: int) -> bytes:
+    chunks, remaining = [], length
+    while remaining > 0:
+        chunk = stream.read(min(remaining, 65536))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+_REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 403: "Forbidden", 413: "Payload Too Large",
+            500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def _respond(start_response: Callable[..., Any], reply: Reply) -> list[bytes]:
+    status = f"{reply.status} {_REASONS.get(reply.status, http.client.responses.get(reply.status, ''))}"
+    headers = [("Content-Length", str(len(reply.body)))]
+    if reply.content_type:
+        headers.append(("Content-Type", reply.content_type))
+    start_response(status, headers)
+    return [reply.body]
+
+
+def _plain(start_response: Callable[..., Any], status: str, body: bytes,
+           extra: list[tuple[str, str]] | None = None) -> list[bytes]:
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
+                            ("Content-Length", str(len(body))), *(extra or [])])
+    return [body]
+
+
+class BasicAuth:
+    """WSGI middleware: HTTP basic authentication against a user -> password map.
+
+    Sets ``REMOTE_USER`` for the application on success and answers 401
+    otherwise.  Meant for tests and small deployments; behind a real
+    authenticating proxy, let it set ``REMOTE_USER`` instead.
+    """
+
+    def __init__(self, app: Callable[..., Any], users: Mapping[str, str], realm: str = "wsrm") -> None:
+        self.app = app
+        self.users = dict(users)
+        self.realm = realm
+
+    def _user(self, header: str) -> str | None:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "basic":
+            return None
+        try:
+            user, _, password = base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        expected = self.users.get(user)
+        if expected is None or not hmac.compare_digest(expected.encode(), password.encode()):
+            return None
+        return user
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        user = self._user(environ.get("HTTP_AUTHORIZATION", ""))
+        if user is None:
+            return _plain(start_response, "401 Unauthorized", b"authentication required\n",
+                          [("WWW-Authenticate", f'Basic realm="{self.realm}"')])
+        environ["REMOTE_USER"] = user
+        return self.app(environ, start_response)
+
+
+class HttpServer:
+    """A WSGI application served by waitress in a background thread (HTTP/1.1 keep-alive).
+
+    ``port=0`` picks a free port; :attr:`url` is the base address once
+    started.  ``max_body`` is waitress's own hard limit (the endpoint's
+    SOAP-level limit should be below it, so clients get a SOAP fault).
+    """
+
+    def __init__(self, app: Callable[..., Any], host: str = "127.0.0.1", port: int = 0, *,
+                 threads: int = 4, max_body: int = 64 * 1024 * 1024, path: str = "/") -> None:
+        self.app = app
+        self.host = host
+        self.requested_port = port
+        self.threads = threads
+        self.max_body = max_body
+        self.path = path if path.startswith("/") else "/" + path
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> HttpServer:
+        import waitress
+
+        if self._server is not None:
+            raise RuntimeError("server already started")
+        self._server = waitress.create_server(
+            self.app, host=self.host, port=self.requested_port, threads=self.threads,
+            max_request_body_size=self.max_body, channel_timeout=120, connection_limit=1000,
+            clear_untrusted_proxy_headers=True, ident="wsrm")
+        self._thread = threading.Thread(target=self._server.run, name=f"wsrm-http-{self.port}", daemon=True)
+        self._thread.start()
+        log.info("serving on %s", self.url)
+        return self
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("server not started")
+        return int(self._server.effective_port)
+
+    @property
+    def url(self) -> str:
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        return f"http://{host}:{self.port}{self.path}"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Close the listening socket and every connection, and stop waitress's threads."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        from waitress import wasyncore
+
+        done = threading.Event()
+
+        def close_everything() -> None:  # runs in the server's own loop thread
+            wasyncore.close_all(server._map)
+            done.set()
+
+        try:
+            server.trigger.pull_trigger(close_everything)
+        except OSError:
+            wasyncore.close_all(server._map)
+        done.wait(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        server.task_dispatcher.shutdown(timeout=timeout)
+        log.info("stopped serving on port %s", self.requested_port)
+
+    def __enter__(self) -> HttpServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (for tests that need a dead address)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -1,0 +1,72 @@
+"""The thread every engine worker runs in: do a step, sleep until woken or the poll interval ends.
+
+Work is normally signalled (``wake()`` after a commit that created some), so
+a worker reacts at once; the poll interval only bounds how late it notices
+work nobody signalled (a retransmission falling due, another process writing
+to a shared store).  A step that raises is logged and retried after the
+interval: a worker never dies of one bad message or one store hiccup.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+__all__ = ["Worker"]
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    """Runs ``step`` in a daemon thread; ``step`` returns True when it did something
+    (then it runs again at once) and False when idle (then the worker waits)."""
+
+    def __init__(self, name: str, step: Callable[[], bool], interval: float) -> None:
+        self.name = name
+        self._step = step
+        self.interval = interval
+        self._wakeup = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.errors = 0
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Ask the thread to finish its step and end; False if it is still running after ``timeout``."""
+        thread = self._thread
+        if thread is None:
+            return True
+        self._stopping.set()
+        self._wakeup.set()
+        thread.join(timeout)
+        if thread.is_alive():
+            log.warning("worker %s did not stop within %.1fs", self.name, timeout)
+            return False
+        self._thread = None
+        return True
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._wakeup.clear()
+            try:
+                busy = self._step()
+            except Exception:  # noqa: BLE001 -- log, wait, try again: the state is in the store
+                self.errors += 1
+                log.exception("worker %s: step failed; retrying in %.2fs", self.name, self.interval)
+                busy = False
+            if not busy and not self._stopping.is_set():
+                self._wakeup.wait(self.interval)
