@@ -44,6 +44,7 @@ import pluggy
 from lxml import etree
 
 from wsrm_plugin.wire.namespaces import SOAP11, SoapVersion
+from wsrm_plugin.wire.soap import to_bytes
 from wsrm_plugin.wire.xmlsafe import DEFAULT_MAX_SIZE, children, parse_xml
 
 from . import hookspecs
@@ -152,8 +153,11 @@ def action_from_http(headers: Mapping[str, str], version: SoapVersion | None) ->
 
 
 def serialize(envelope: etree._Element) -> bytes:
-    """The bytes an envelope travels as: UTF-8 with a declaration (what both frameworks send)."""
-    return etree.tostring(envelope, xml_declaration=True, encoding="utf-8")
+    """The bytes an envelope travels as: UTF-8 with a declaration (what both frameworks send).
+
+    The wire module's serializer, so an empty Body is written ``<Body></Body>`` (gSOAP needs it).
+    """
+    return to_bytes(envelope)
 
 
 @dataclass

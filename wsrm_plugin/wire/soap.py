@@ -158,6 +158,17 @@ def fault_envelope(fault: SoapFault, version: SoapVersion,
 
 
 def to_bytes(envelope: etree._Element) -> bytes:
+    """UTF-8 with a declaration; an empty Body is written ``<Body></Body>``, never ``<Body/>``.
+
+    gSOAP 2.8's generated readers of header-only messages (an acknowledgement on
+    the back-channel, a standalone SequenceAcknowledgement) fail on the
+    self-closing form with "tag name or namespace mismatch in element Body".
+    """
+    for child in children(envelope):
+        qname = etree.QName(child)
+        if (qname.localname == "Body" and SoapVersion.for_namespace(qname.namespace) is not None
+                and len(child) == 0 and child.text is None):
+            child.text = ""  # same infoset; only the serialization changes
     return etree.tostring(envelope, xml_declaration=True, encoding="utf-8")
 
 
