@@ -10,7 +10,12 @@ a server.  On the way in:
   HTTP response, an application message is stored in the destination's
   invoker buffer and answered 202 (with its acknowledgement when AcksTo is
   anonymous).  The service does NOT run now: the message is taken out of the
-  flow (``message.suspend``) and the engine's invoker worker finishes it later;
+  flow (``message.suspend``) and the engine's invoker worker finishes it later.
+  A request whose ReplyTo is anonymous (a client without a listener) is the
+  exception: this HTTP thread waits, bounded, for that delivery and answers
+  with its reply (:mod:`wsrm_plugin.engine.backchannel`).  The peer's
+  authenticated principal (``REMOTE_USER``, a TLS client certificate) goes to
+  the engine, so a sequence only takes messages from its creator;
 * an application message without a Sequence header, when RM is required, is
   refused with WSRMRequired (1.1) or a Sender fault saying the same (1.0).
 
@@ -51,7 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DELIVERY_KEY", "ReliableMessagingInterceptor", "ChainDeliverer", "carries_rm", "response_of",
-    "current_delivery",
+    "current_delivery", "principal_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,6 +85,26 @@ def response_of(reply: Reply, max_size: int) -> Response:
     envelope = parse_xml(reply.body, max_size=max(max_size, len(reply.body))) if reply.body else None
     headers = {"Content-Type": reply.content_type} if reply.content_type and envelope is not None else {}
     return Response(reply.status, envelope, headers)
+
+
+def principal_of(message: Message) -> tuple[str | None, str | None]:
+    """(principal, remote address) of a received request, from its WSGI environ.
+
+    The principal is what authenticated the peer in front of the service:
+    ``REMOTE_USER`` (HTTP authentication, set by a middleware or a reverse
+    proxy), else the subject of a verified TLS client certificate
+    (``SSL_CLIENT_S_DN``, as mod_ssl and cheroot set it).  A sequence then
+    takes messages, acknowledgements, Close and Terminate from that
+    principal only.
+    """
+    from .spyne_adapter import WSGI_ENVIRON_KEY
+
+    environ = message.context.get(WSGI_ENVIRON_KEY) or {}
+    principal = environ.get("REMOTE_USER") or None
+    if principal is None and environ.get("SSL_CLIENT_S_DN") and \
+            environ.get("SSL_CLIENT_VERIFY", "SUCCESS") == "SUCCESS":
+        principal = f"cert:{environ['SSL_CLIENT_S_DN']}"
+    return principal, environ.get("REMOTE_ADDR") or None
 
 
 def current_delivery() -> DeliveryContext | None:
@@ -115,7 +140,9 @@ class ReliableMessagingInterceptor(Interceptor):
         if self.engine.endpoint_address is None and message.address:
             self.engine.endpoint_address = message.address
             log.info("WS-RM endpoint address taken from the first request: %s", message.address)
-        reply = self.engine.handle(message.to_bytes(), content_type=message.http_headers.get("Content-Type"))
+        principal, remote_addr = principal_of(message)
+        reply = self.engine.handle(message.to_bytes(), principal=principal, remote_addr=remote_addr,
+                                   content_type=message.http_headers.get("Content-Type"))
         # suspend, not abort: what the invoker delivers later resumes right after this interceptor
         message.suspend(response_of(reply, self.engine.policy.max_message_size))
 

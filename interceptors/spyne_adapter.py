@@ -47,12 +47,14 @@ from .chain import (
 )
 from .wsdl import RMPolicyAssertion, attach_policy, drop_undefined_header_messages
 
-__all__ = ["ENVIRON_KEY", "ChainMiddleware", "engage", "current_message"]
+__all__ = ["ENVIRON_KEY", "WSGI_ENVIRON_KEY", "ChainMiddleware", "engage", "current_message"]
 
 log = logging.getLogger(__name__)
 
 #: The WSGI environ key under which spyne's request environ holds the current :class:`Message`.
 ENVIRON_KEY = "wsrm.message"
+#: The ``Message.context`` key of the WSGI environ a received request came with.
+WSGI_ENVIRON_KEY = "wsgi.environ"
 _ONE_WAY_KEY = "wsrm.one_way"
 _ENGAGED = "_wsrm_interceptors_engaged"
 
@@ -145,7 +147,8 @@ class ChainMiddleware:
         envelope = Envelope.from_element(root)  # VersionMismatch / malformed structure
         headers = _headers_from_environ(environ)
         message = Message(root, Direction.IN, Role.SERVER, http_headers=headers,
-                          address=request_uri(environ, include_query=False))
+                          address=request_uri(environ, include_query=False),
+                          context={WSGI_ENVIRON_KEY: environ})  # who sent it: REMOTE_USER, TLS, address
         message.action = action_from_http(message.http_headers, envelope.version)
         return message
 

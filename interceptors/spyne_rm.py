@@ -41,6 +41,7 @@ from spyne import Application
 
 from wsrm_plugin.engine import DeliveryAssurance, DeliveryContext, FailedDelivery, ReliableEngine, RMPolicy
 from wsrm_plugin.engine.transport import HttpServer
+from wsrm_plugin.lifecycle import LifecycleListener, LifecycleReport
 from wsrm_plugin.store import StorageManager
 
 from . import default_chain
@@ -93,15 +94,28 @@ class ReliableService:
     :meth:`start` and :meth:`stop`; messages received while they are stopped
     wait in the store.  ``endpoint_address`` is this service's public URL (the
     AcksTo of the reply sequences it opens); by default the URL :meth:`serve`
-    listens on, else the first request's URL.
+    listens on, else the first request's URL.  ``recovery_interval`` (seconds,
+    with a ``tm``) runs the transaction manager's recovery in the background
+    while the service runs, so a branch a crashed transaction left prepared
+    in the store is resolved (rolled back past the manager's safety
+    interval) without a restart; None runs it only at :meth:`start`.
     """
 
     def __init__(self, application: Application, store: str | StorageManager = "memory:",
                  policy: RMPolicy | None = None, *, tm: Any = None, required: bool = True,
                  chain: InterceptorChain | None = None, endpoint_address: str | None = None,
                  on_delivery_failure: Callable[[FailedDelivery], None] | None = None,
-                 publish_policy: RMPolicyAssertion | bool = True, name: str = "wsrm-server") -> None:
+                 publish_policy: RMPolicyAssertion | bool = True, name: str = "wsrm-server",
+                 recovery_interval: float | None = None) -> None:
+        if recovery_interval is not None and not recovery_interval > 0:
+            raise ValueError(f"recovery_interval must be > 0 seconds or None, not {recovery_interval!r}")
+        if recovery_interval is not None and tm is None:
+            raise ValueError("recovery_interval needs a transaction manager (tm=...): without one "
+                             "there are no transactions to recover")
         self.policy = policy or RMPolicy()
+        self.recovery_interval = recovery_interval
+        self.lifecycle_report: LifecycleReport | None = None
+        self._runs_recovery = False
         # the deliverer needs the middleware, which needs the engine: bind it late
         self.engine = ReliableEngine(store, self.policy, tm=tm, endpoint_address=endpoint_address,
                                      application=lambda payload, context: self._deliver(payload, context),
@@ -115,7 +129,7 @@ class ReliableService:
                                                 max_message_size=self.policy.max_message_size)
         self._deliver = ChainDeliverer(self.wsgi_app, self.interceptor)
         self._servers: list[HttpServer] = []
-        self._recovered = False
+        self._lifecycle = LifecycleListener(self.engine, tm=tm, active_keys=None, hooks=self.chain.plugins.hook)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         return self.wsgi_app(environ, start_response)
@@ -134,25 +148,34 @@ class ReliableService:
         return self.engine.endpoint_address
 
     def start(self) -> ReliableService:
-        """Resolve in-doubt transactions (with a ``tm``), then start the engine's workers.
+        """Run the lifecycle listener, then the engine's workers (and background recovery).
 
         After a crash the store may hold branches prepared by the previous
         process; they block the store until the manager's log decides them, so
-        recovery runs once before any worker touches the store.  Branches with
-        no logged decision are rolled back only once older than the manager's
-        safety interval (a later recovery pass gets them).
+        the listener (:class:`~wsrm_plugin.lifecycle.LifecycleListener`) runs
+        recovery once before any worker touches the store, then resumes the
+        sequences in flight; its report is :attr:`lifecycle_report`.  Branches
+        with no logged decision are rolled back only once older than the
+        manager's safety interval: by the background recovery
+        (``recovery_interval``), or at the next start.
         """
-        tm = self.engine.tm
-        if tm is not None and not self._recovered:
-            tm.register_resource(self.engine.store.xa_resource())
-            report = tm.recovery.recover_once()
-            log.info("recovery before start: %s", report)
-            self._recovered = True
+        if self.lifecycle_report is None:
+            self.lifecycle_report = self._lifecycle.on_start()
         self.engine.start()
+        tm = self.engine.tm
+        if self.recovery_interval is not None and not self._runs_recovery:
+            if tm.recovery.running:
+                log.info("the transaction manager's recovery already runs in the background")
+            else:
+                tm.recovery.start(self.recovery_interval)
+                self._runs_recovery = True
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the servers :meth:`serve` started, then the engine (and its store, if it opened it)."""
+        if self._runs_recovery:
+            self.engine.tm.recovery.stop(timeout)
+            self._runs_recovery = False
         for server in self._servers:
             server.stop(timeout)
         self._servers.clear()

@@ -19,9 +19,12 @@ and the engine's worker delivers it, retransmitting until acknowledged.
 
 Replies of in-out calls come back reliably on the sequence the client
 offered, to the client's listener (``listen``: the engine's HTTP endpoint,
-the AcksTo/ReplyTo of a dual-channel client).  Without a listener only
-one-way calls are possible; acknowledgements then come on the HTTP
-back-channel (anonymous AcksTo).  The reply is deserialized with the zeep
+the AcksTo/ReplyTo of a dual-channel client).  Without a listener the
+client offers with the anonymous address and asks for replies with an
+anonymous ReplyTo: acknowledgements and replies then come in the HTTP
+responses to its requests (the server waits, bounded, for the reply; a
+request whose response was lost is retransmitted and answered with the
+stored reply), and the client acknowledges each reply at once.  The reply is deserialized with the zeep
 client's binding and handed to the persisted callback (an import path, so
 it is found again after a restart) and to the call's future, if the
 process that made the call is still the one running.
@@ -272,9 +275,10 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
                     start: bool = True, **engine_options: Any) -> ReliableClient:
     """Make every call of ``client`` reliable (see the module docstring); returns the started client.
 
-    ``listen=(host, port)`` serves the client's AcksTo/ReplyTo endpoint (needed
-    for in-out operations; use a fixed port with a durable store so replies
-    to calls made before a restart still find the client).
+    ``listen=(host, port)`` serves the client's AcksTo/ReplyTo endpoint (use
+    a fixed port with a durable store so replies to calls made before a
+    restart still find the client); without it, replies come on the HTTP
+    back-channel.
     ``endpoint_address`` is the public URL of that listener when it differs
     from the bound one (NAT, proxy).  ``callback`` is the default reply
     callback for in-out calls made straight on ``client.service``.

@@ -59,11 +59,16 @@ def test_reply_callback_gets_the_reply_instead_of_the_application(engines, store
     assert application.snapshot() == []
 
 
-def test_expect_reply_needs_an_endpoint(engines, store_for):
+def test_expect_reply_without_an_endpoint_asks_for_the_back_channel(engines, store_for):
+    """No endpoint: the reply is asked for with the anonymous ReplyTo (tests/anonymous covers the rest)."""
+    from wsrm_plugin.wire import AddressingHeaders, parse_envelope
+
     client = engines(store_for("memory", "c"))
-    with pytest.raises(ValueError, match="serve"):
-        client.send("http://127.0.0.1:9/", payload("x"), action=ACTION, expect_reply=True)
-    assert not client.store.status().rms
+    receipt = client.send("http://127.0.0.1:9/", payload("x"), action=ACTION, expect_reply=True)
+    with client.store.begin() as tx:
+        stored = tx.rms_messages.find_by_message_id(receipt.message_id)
+    reply_to = AddressingHeaders.from_header(parse_envelope(stored.payload).headers).reply_to
+    assert reply_to is not None and reply_to.is_anonymous
 
 
 def test_a_failing_service_answers_with_a_fault_on_the_reply_sequence(engines, store_for):

@@ -15,6 +15,7 @@ The parts, after Apache CXF's ``rt/ws/rm``:
 * :mod:`.retransmission` - the RMS worker (CreateSequence, (re)transmission, Close, Terminate);
 * :mod:`.acknowledgement` - the RMD worker (standalone acks, inactivity, release);
 * :mod:`.invoker` - the invoker worker (delivery in a transaction);
+* :mod:`.backchannel` - replies in HTTP responses, for clients without a listener;
 * :mod:`.transport` - ``Transport``/``HttpTransport`` and the WSGI ``RMEndpoint``;
 * :mod:`.engine` - :class:`ReliableEngine`, all of it together.
 """

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..statemachine import InvalidTransition, RMDEvent, rmd_receive, rmd_transition
+from ..statemachine.ackranges import AckRanges
 from ..store import RmdSequence, StorageManager, StoreTransaction
 from ..wire import (
     AddressingHeaders, AddressingVersion, CloseSequence, CreateSequence, CreateSequenceRefused,
@@ -39,7 +40,7 @@ from ..wire.namespaces import RM_VERSIONS
 from .faults import busy_fault, fault_for_transition
 from .logs import for_sequence
 from .policy import RMPolicy
-from .source import reply_sequence_key
+from .source import back_channel_replies, reply_sequence_key
 from .states import received_ranges, rmd_changes, rmd_state
 
 __all__ = ["Destination", "Accepted"]
@@ -61,6 +62,8 @@ class Accepted:
     number: int
     duplicate: bool
     ack: SequenceAcknowledgement | None = None
+    #: The sequence came with an accepted Offer (its replies may be owed on the back-channel).
+    offered: bool = False
 
 
 class Destination:
@@ -241,11 +244,16 @@ class Destination:
         ack = None
         if self._anonymous(seq.acks_to):
             after = reception.transition.state
-            ack = SequenceAcknowledgement(identifier, list(reception.received.ranges),
-                                          final=version.is_11 and (after.closed or after.terminate_received))
+            ranges = reception.received
+            if seq.offered_id is not None:
+                with self.store.begin() as tx:
+                    ranges = ranges.difference(self._withheld(tx, identifier, ranges))
+            if ranges or version.is_11:  # 1.0 has no acknowledgement of nothing (<None/>)
+                ack = SequenceAcknowledgement(identifier, list(ranges.ranges),
+                                              final=version.is_11 and (after.closed or after.terminate_received))
         else:
             self._wake_acks()
-        return Accepted(identifier, number, reception.duplicate, ack)
+        return Accepted(identifier, number, reception.duplicate, ack, offered=seq.offered_id is not None)
 
     def ack_requested(self, identifier: str, version: RMVersion, *, principal: str | None) -> RmdSequence:
         """An AckRequested: returns the sequence; a non-anonymous AcksTo gets an ack at once."""
@@ -313,9 +321,54 @@ class Destination:
         """The acknowledgement of ``seq`` as it stands (None for 1.0 before any message)."""
         version = _RM_BY_NS[seq.rm_version]
         final = version.is_11 and (seq.closed or seq.terminated)
-        if not seq.received and not version.is_11:
+        ranges = received_ranges(seq)
+        if seq.offered_id is not None and ranges:
+            with self.store.begin() as tx:
+                ranges = ranges.difference(self._withheld(tx, seq.sequence_id, ranges))
+        if not ranges and not version.is_11:
             return None
-        return SequenceAcknowledgement(seq.sequence_id, list(received_ranges(seq).ranges), final=final)
+        return SequenceAcknowledgement(seq.sequence_id, list(ranges.ranges), final=final)
+
+    # -- replies on the back-channel ---------------------------------------------------------------
+
+    def _withheld(self, tx: StoreTransaction, identifier: str, received: AckRanges) -> AckRanges:
+        """Received requests not to acknowledge yet: those whose reply the client may still lack.
+
+        When the offered sequence goes back on the HTTP back-channel (a client
+        without a listener), the reply to request n only reaches the client in
+        a response to request n.  So n stays unacknowledged until it is
+        delivered and its reply (if any) is acknowledged: a client whose
+        response got lost retransmits n and gets the stored reply again.
+        """
+        replies = back_channel_replies(tx, identifier)
+        if replies is None:
+            return AckRanges()
+        delivered = tx.invoker.state(identifier).delivered
+        return received.difference(delivered).union(AckRanges.of(replies))
+
+    def back_channel(self, identifier: str, *, tx: StoreTransaction | None = None) -> bool:
+        """Do replies to destination sequence ``identifier`` go back in HTTP responses?"""
+        if tx is None:
+            with self.store.begin() as own:
+                return self.back_channel(identifier, tx=own)
+        return back_channel_replies(tx, identifier) is not None
+
+    def end_offered(self, offered_id: str) -> None:
+        """Client side: end the offered sequence whose replies came in HTTP responses.
+
+        The peer cannot terminate it (it has no address of ours), so it ends
+        with the request sequence it was offered with.
+        """
+        with self.store.begin() as tx:
+            seq = tx.rmd.get(offered_id)
+            if seq is None or seq.terminated:
+                return
+            transition = rmd_transition(rmd_state(seq), RMDEvent.TMR)
+            changes = rmd_changes(transition)
+            if changes:
+                tx.rmd.update(offered_id, **changes)
+        for_sequence(log, offered_id).info("offered sequence ended with its request sequence")
+        self._wake_release()
 
     def ack_delivered(self, sent: RmdSequence) -> None:
         """The acknowledgement built from ``sent`` reached AcksTo: owe nothing more, unless

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..store import StorageManager, open_store
 from .acknowledgement import AcknowledgementWorker
+from .backchannel import BackChannel
 from .destination import Destination
 from .inbound import Inbound
 from .invoker import Application, FailedDelivery, InvokerWorker
@@ -96,17 +97,19 @@ class ReliableEngine:
         policy = self.policy
         endpoint = lambda: self.endpoint_address  # noqa: E731 -- read late: serve() may set it
         self.source = Source(self.store, policy, tm=tm, endpoint=endpoint, wake=self._wake_sender,
-                             ambient=self._ambient, on_fault=on_sequence_fault)
+                             ambient=self._ambient, on_fault=on_sequence_fault,
+                             end_offered=lambda offered_id: self.destination.end_offered(offered_id))
         self.destination = Destination(self.store, policy, endpoint=endpoint, wake_invoker=self._wake_invoker,
                                        wake_acks=self._wake_acks, wake_release=self._wake_release)
-        self.inbound = Inbound(self.source, self.destination, policy)
+        self.back_channel = BackChannel(self.store, policy, self.destination)
+        self.inbound = Inbound(self.source, self.destination, policy, self.back_channel)
         self.retransmission = RetransmissionWorker(self.store, policy, self.source, self.destination,
                                                    self.inbound, self.transport)
         self.acknowledgement = AcknowledgementWorker(self.store, policy, self.destination, self.inbound,
                                                      self.transport, source=self.source)
         self.invoker = InvokerWorker(self.store, policy, source=self.source, ambient=self._ambient,
                                      application=application, tm=tm, on_failure=on_delivery_failure,
-                                     after_commit=self._wake_sender)
+                                     after_commit=self._after_delivery)
         self._workers = [
             Worker(f"{name}-rms", self.retransmission.step, policy.poll_interval),
             Worker(f"{name}-rmd", self.acknowledgement.step, policy.poll_interval),
@@ -119,6 +122,10 @@ class ReliableEngine:
 
     def _wake_sender(self) -> None:
         self._workers[0].wake()
+
+    def _after_delivery(self) -> None:
+        self._wake_sender()
+        self.back_channel.delivered()
 
     def _wake_acks(self) -> None:
         self._workers[1].wake()

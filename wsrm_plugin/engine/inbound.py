@@ -28,10 +28,11 @@ from ..wire import (
     parse_envelope, parse_rm_element, to_bytes,
 )
 from ..wire.soap import build_envelope
+from .backchannel import BackChannel, Outcome
 from .destination import Destination
 from .faults import busy_fault
 from .policy import RMPolicy
-from .source import Source
+from .source import Source, is_back_channel
 from .transport import Reply, soap_version_for_content_type
 
 __all__ = ["Inbound", "Message", "read_message", "ResponseContent"]
@@ -95,15 +96,19 @@ class ResponseContent:
 
     body: object | None = None
     fault: SoapFault | None = None
+    #: It is a reliable message (a reply on the back-channel): hand it to :meth:`Inbound.handle`.
+    reliable: bool = False
 
 
 class Inbound:
     """Routes received envelopes to the engine's Source and Destination."""
 
-    def __init__(self, source: Source, destination: Destination, policy: RMPolicy) -> None:
+    def __init__(self, source: Source, destination: Destination, policy: RMPolicy,
+                 back_channel: BackChannel | None = None) -> None:
         self.source = source
         self.destination = destination
         self.policy = policy
+        self.back_channel = back_channel
         self.faults_sent = 0
 
     # -- requests ----------------------------------------------------------------------------
@@ -193,6 +198,16 @@ class Inbound:
             if accepted.ack is not None:
                 answer_headers.append(accepted.ack.to_xml(version, soap))
                 acked.add(header.identifier)
+            reply_to = message.addressing.reply_to
+            if accepted.offered and self.back_channel is not None and \
+                    is_back_channel(reply_to.address if reply_to else None):
+                answer = self.back_channel.reply_for(header.identifier, header.message_number, soap)
+                if answer.outcome is Outcome.REPLY:
+                    return Reply.envelope(answer.envelope, answer.soap or soap, answer.action)
+                if answer.outcome is Outcome.TIMED_OUT:
+                    return Reply.accepted()  # no acknowledgement: the retransmission gets the reply
+                if answer.outcome is Outcome.DELIVERED and accepted.ack is not None:
+                    answer_headers[-1] = self.destination.current_ack(header.identifier).to_xml(version, soap)
 
         for request, version in message.ack_requests:
             if request.identifier in acked:
@@ -275,6 +290,8 @@ class Inbound:
         except SoapFault as fault:
             log.warning("unreadable response (%s); treating it as lost", fault)
             return ResponseContent()
+        if message.sequence is not None:
+            return ResponseContent(reliable=True)  # a reply on the back-channel: the caller handles it
         for ack, version in message.acks:
             try:
                 self.source.on_ack(ack, version)
@@ -288,7 +305,4 @@ class Inbound:
             else:
                 log.warning("peer answered with a fault: %s", message.fault)
             return ResponseContent(fault=message.fault)
-        if message.sequence is not None:
-            log.warning("a response carried a reliable message (a reply on the back-channel); "
-                        "this engine takes replies on an addressable endpoint only: ignored")
         return ResponseContent(body=message.body[0] if message.body is not None else None)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..store import BufferedMessage, StorageManager, StoreTransaction
-from ..wire import RM10, AddressingHeaders, EndpointReference, SoapFault, SoapVersion, fault_envelope, to_bytes
+from ..wire import RM10, AddressingHeaders, SoapFault, SoapVersion, fault_envelope, to_bytes
 from .envelopes import read_trusted
 from .logs import for_sequence
 from .policy import RMPolicy
@@ -64,15 +64,16 @@ class DeliveryContext:
         """Send ``envelope`` as the response to this message, reliably, on the offered sequence.
 
         It is enqueued in the delivery's transaction: it goes out only if the
-        delivery commits.
+        delivery commits.  With an anonymous ReplyTo (a client without a
+        listener) it goes back in the HTTP response to the request.
         """
-        if not self.reply_to or EndpointReference(self.reply_to).is_anonymous:
-            raise ValueError(f"message {self.message_id} has no addressable ReplyTo to answer")
         receipt = self._source.enqueue_reply(self.transaction, self.sequence_id, envelope, reply_to=self.reply_to,
-                                             relates_to=self.message_id, action=action)
+                                             relates_to=self.message_id, action=action,
+                                             answers=self.message_number)
         if receipt is None:
-            raise ValueError(f"sequence {self.sequence_id} has no accepted offered sequence for replies; "
-                             "the client must offer one (send with expect_reply)")
+            raise ValueError(f"sequence {self.sequence_id} has no accepted offered sequence for replies "
+                             f"to {self.reply_to or 'the anonymous ReplyTo'}; the client must offer one "
+                             "(send with expect_reply) whose endpoint is its ReplyTo")
         self.replies.append(receipt)
         return receipt
 
@@ -116,6 +117,16 @@ def _import_callback(path: str) -> Callable[..., Any]:
     for part in name.split("."):
         target = getattr(target, part)
     return target
+
+
+def _may_have_relates_to(payload: bytes) -> bool:
+    """False only when ``payload`` surely has no wsa:RelatesTo, without parsing it.
+
+    An element name is never escaped, so an ASCII-compatible envelope without
+    the bytes ``RelatesTo`` has none; anything else (UTF-16...) is parsed.
+    """
+    start = payload[3:] if payload.startswith(b"\xef\xbb\xbf") else payload
+    return not start.lstrip().startswith(b"<") or b"RelatesTo" in payload
 
 
 class InvokerWorker:
@@ -172,7 +183,8 @@ class InvokerWorker:
             self._attempts.pop((claimed.sequence_id, claimed.number), None)
         if handed_over:
             self.delivered += 1
-        self._after_commit()
+        if getattr(self._ambient, "wake_sender", True):
+            self._after_commit()
         return True
 
     def _deliver(self, tx: StoreTransaction, msg: BufferedMessage) -> bool:
@@ -182,14 +194,20 @@ class InvokerWorker:
             tx.invoker.mark_delivered(msg.sequence_id, msg.number)
             slog.debug("LastMessage marker consumed")
             return False
-        addressing = AddressingHeaders.from_header(read_trusted(msg.payload).headers)
+        self._ambient.wake_sender = True
+        relates_to = None
+        if _may_have_relates_to(msg.payload):
+            relates_to = AddressingHeaders.from_header(read_trusted(msg.payload).headers).relates_to
         context = DeliveryContext(
             sequence_id=msg.sequence_id, message_number=msg.number, message_id=msg.message_id,
-            action=msg.action, reply_to=msg.reply_to, relates_to=addressing.relates_to,
+            action=msg.action, reply_to=msg.reply_to, relates_to=relates_to,
             soap_version=msg.soap_version, transaction=tx, _source=self.source)
         self._ambient.tx = tx
         try:
             if not self._deliver_reply(tx, msg, context):
+                # the sender is woken after the commit only if the application enqueued something
+                # (Source sets wake_sender again): waking it for nothing costs a store round trip
+                self._ambient.wake_sender = False
                 self.application(msg.payload, context)
         finally:
             self._ambient.tx = None
@@ -236,8 +254,6 @@ class InvokerWorker:
         return True
 
     def _reply_with_fault(self, tx: StoreTransaction, msg: BufferedMessage, exc: BaseException) -> bool:
-        if not msg.reply_to or EndpointReference(msg.reply_to).is_anonymous:
-            return False
         soap = SoapVersion.for_namespace(msg.soap_version) or self.policy.soap_version
         if isinstance(exc, ApplicationFault):
             envelope = exc.envelope
@@ -246,7 +262,8 @@ class InvokerWorker:
             envelope = to_bytes(fault_envelope(fault, soap))
         receipt = self.source.enqueue_reply(tx, msg.sequence_id, envelope, reply_to=msg.reply_to,
                                             relates_to=msg.message_id,
-                                            action=self.policy.addressing.soap_fault_action)
+                                            action=self.policy.addressing.soap_fault_action,
+                                            answers=msg.number)
         return receipt is not None
 
     def _report(self, failure: FailedDelivery) -> None:

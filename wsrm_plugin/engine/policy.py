@@ -114,6 +114,10 @@ class RMPolicy:
     inactivity_timeout: float | None = 600.0
     #: Times a message is handed to the application before it is given up as failed.
     max_delivery_attempts: int = 3
+    #: A request whose ReplyTo is anonymous (a client without a listener) gets its reply in
+    #: the HTTP response: the HTTP thread waits this long for the invoker to produce it, then
+    #: answers 202 and the reply goes out with the client's next retransmission (0: never wait).
+    back_channel_reply_wait: float = 5.0
 
     # -- wire -------------------------------------------------------------------------------
     rm_version: RMVersion = RM11
@@ -156,6 +160,8 @@ class RMPolicy:
                 raise ValueError(f"{name} must be > 0 seconds, not {getattr(self, name)!r}")
         if self.max_retransmission_interval < self.base_retransmission_interval:
             raise ValueError("max_retransmission_interval must be >= base_retransmission_interval")
+        if not self.back_channel_reply_wait >= 0:
+            raise ValueError("back_channel_reply_wait must be >= 0 seconds (0: never wait)")
         if self.acknowledgement_interval < 0:
             raise ValueError("acknowledgement_interval must be >= 0 (0 acknowledges at once)")
         if self.inactivity_timeout is not None and not self.inactivity_timeout > 0:

@@ -28,8 +28,8 @@ from ..statemachine import RMSDuty, rms_duties
 from ..store import RmdSequence, RmsMessage, RmsSequence, StorageManager
 from ..wire import (
     RM10, AckRequested, CloseSequence, CloseSequenceResponse, CreateSequence, CreateSequenceResponse,
-    EndpointReference, Offer, SequenceHeader, SoapVersion, TerminateSequence, TerminateSequenceResponse,
-    WSRMFault,
+    EndpointReference, Offer, SequenceAcknowledgement, SequenceHeader, SoapVersion, TerminateSequence,
+    TerminateSequenceResponse, WSRMFault,
 )
 from ..wire.namespaces import AddressingVersion
 from .destination import Destination
@@ -37,7 +37,7 @@ from .envelopes import protocol_message, stamp
 from .inbound import Inbound, ResponseContent
 from .logs import for_sequence
 from .policy import AckRequestMode, RMPolicy
-from .source import Source, rm_version_of
+from .source import NEVER, Source, is_back_channel, rm_version_of
 from .states import rms_state
 from .transport import Transport, TransportError
 
@@ -210,12 +210,27 @@ class RetransmissionWorker:
                 (not rm.is_11 and 200 <= response.status < 300):
             self.source.on_terminated(seq.key)
 
+    def _last_message_accepted(self, seq: RmsSequence, number: int) -> None:
+        """A 1.0 LastMessage the destination accepted counts as acknowledged (anonymous AcksTo only).
+
+        It carries no application data, and some destinations never acknowledge
+        it on the back-channel: gSOAP 2.8 answers it 202 and sends its acks to
+        an anonymous AcksTo nowhere.  Waiting for that ack would retransmit the
+        LastMessage for ever and never terminate; every application message
+        must still be acknowledged before TerminateSequence goes out.
+        """
+        try:
+            self.source.on_ack(SequenceAcknowledgement(seq.sequence_id, [(number, number)]), RM10)
+        except WSRMFault as fault:  # the sequence went away meanwhile: nothing left to do
+            for_sequence(log, seq.sequence_id, number).debug("LastMessage acceptance not applied: %s", fault)
+
     # -- application messages -----------------------------------------------------------------------
 
     def _transmit(self, now: float) -> bool:
         plan = self._claim(now)
-        for item in plan:
-            self._send_message(item)
+        with self.source.coalesced_acks():  # one store transaction for the batch's acks, not one per message
+            for item in plan:
+                self._send_message(item)
         return bool(plan)
 
     def _claim(self, now: float) -> list[_Planned]:
@@ -234,6 +249,10 @@ class RetransmissionWorker:
                     sequences[key] = tx.rms.get(key)
                 seq = sequences[key]
                 if seq is None or not seq.started or seq.faulted or seq.sequence_id is None:
+                    continue
+                if is_back_channel(seq.target):
+                    # replies that only travel in HTTP responses (a restart made them due): never posted
+                    tx.rms_messages.make_due(key, [msg.number], at=NEVER)
                     continue
                 if msg.send_count and policy.retries_exhausted(msg.send_count):
                     self.source.fault_in(tx, seq, f"message {msg.number} unacknowledged after "
@@ -280,8 +299,39 @@ class RetransmissionWorker:
         if msg.send_count:
             self.retransmissions += 1
             slog.debug("retransmitted (attempt %d): HTTP %d", msg.send_count + 1, response.status)
-        if response.body:
-            self.inbound.read_response(response.body, store_key=seq.key)
+        content = self.inbound.read_response(response.body, store_key=seq.key) if response.body else None
+        if msg.last and rm is RM10 and 200 <= response.status < 300 and getattr(content, "fault", None) is None \
+                and EndpointReference(seq.acks_to).is_anonymous:
+            self._last_message_accepted(seq, msg.number)
+        if content is not None and content.reliable:
+            self._reply_on_back_channel(seq, response.body)
         if item.piggyback and 200 <= response.status < 300:
             for rmd in item.piggyback:
                 self.destination.ack_delivered(rmd)
+
+    def _reply_on_back_channel(self, seq: RmsSequence, data: bytes) -> None:
+        """A reply came in the HTTP response (we offered with an anonymous endpoint).
+
+        It is handled exactly like one received on a listener.  Its
+        acknowledgement has no back-channel here, so it is POSTed to the peer
+        at once, with an AckRequested for ``seq``: the peer holds back the
+        acknowledgement of a request until its reply is acknowledged, and this
+        way it comes back in the same exchange.
+        """
+        self.inbound.handle(data)
+        ack = self.destination.current_ack(seq.offered_id) if seq.offered_id else None
+        if ack is None:
+            return
+        rm = rm_version_of(seq)
+        soap, wsa = self._soap_wsa(seq)
+        action = rm.sequence_acknowledgement_action
+        message = protocol_message(soap, wsa, to=seq.target, action=action,
+                                   headers=[ack.to_xml(rm, soap), AckRequested(seq.sequence_id).to_xml(rm, soap)])
+        try:
+            response = self.transport.send(seq.target, message, soap.http_headers(action))
+        except TransportError as exc:
+            for_sequence(log, seq.sequence_id, key=seq.key).info(
+                "acknowledgement of a back-channel reply not delivered (%s); the reply comes again", exc)
+            return
+        if response.body:
+            self.inbound.read_response(response.body, store_key=seq.key)

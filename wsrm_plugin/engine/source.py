@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..statemachine import InvalidTransition, RMSEvent, rms_transition
+from ..statemachine import AckRanges, InvalidTransition, RMSEvent, rms_transition
 from ..store import (
-    InvalidAcknowledgementError, RmsSequence, StorageManager, StoreTransaction,
+    InvalidAcknowledgementError, RmsMessage, RmsSequence, StorageManager, StoreTransaction,
 )
 from ..wire import (
     RM10, CreateSequenceResponse, EndpointReference, InvalidAcknowledgement, RMVersion, SequenceAcknowledgement,
@@ -41,7 +41,7 @@ from .logs import for_sequence
 from .policy import RMPolicy
 from .states import rms_changes, rms_state
 
-__all__ = ["Source", "SendReceipt", "SequenceFault", "FailedMessage", "SequenceKey"]
+__all__ = ["Source", "SendReceipt", "SequenceFault", "FailedMessage", "SequenceKey", "is_back_channel"]
 
 log = logging.getLogger(__name__)
 
@@ -115,13 +115,53 @@ def rm_version_of(seq: Any) -> RMVersion:
     return _RM_BY_NS[seq.rm_version]
 
 
+#: ``next_send_at`` of replies that only ever travel in HTTP responses (the worker never sends them).
+NEVER = 4e18
+_ANSWERS = b"wsrm-answers:"
+
+
+def is_back_channel(address: str | None) -> bool:
+    """No address to POST to (WS-A anonymous, none, or absent): messages ride HTTP responses."""
+    if not address:
+        return True
+    ref = EndpointReference(address)
+    return ref.is_anonymous or ref.is_none
+
+
+def answers_of(msg: Any) -> int | None:
+    """The request number a back-channel reply answers (recorded in its ``reply_context``)."""
+    context = msg.reply_context
+    if msg.reply_callback is not None or not context or not bytes(context).startswith(_ANSWERS):
+        return None
+    try:
+        return int(bytes(context)[len(_ANSWERS):])
+    except ValueError:
+        return None
+
+
+def back_channel_replies(tx: StoreTransaction, rmd_sequence_id: str) -> dict[int, RmsMessage] | None:
+    """Unacknowledged back-channel replies of ``rmd_sequence_id``'s offered sequence, by the
+    number of the request each answers (no lock); None when its replies go to an address."""
+    key = reply_sequence_key(rmd_sequence_id)
+    seq = next((s for s in tx.rms.list_all() if s.key == key), None)
+    if seq is None or not is_back_channel(seq.target):
+        return None
+    found: dict[int, RmsMessage] = {}
+    for msg in tx.rms_messages.list_for(key):
+        number = answers_of(msg)
+        if number is not None and not msg.acked:
+            found[number] = msg
+    return found
+
+
 class Source:
     """The sending half of an engine (CXF's ``Source``)."""
 
     def __init__(self, store: StorageManager, policy: RMPolicy, *, tm: Any = None,
                  endpoint: Callable[[], str | None], wake: Callable[[], None],
                  ambient: threading.local,
-                 on_fault: Callable[[SequenceFault], None] | None = None) -> None:
+                 on_fault: Callable[[SequenceFault], None] | None = None,
+                 end_offered: Callable[[str], None] | None = None) -> None:
         self.store = store
         self.policy = policy
         self.tm = tm
@@ -129,9 +169,11 @@ class Source:
         self._wake = wake
         self._ambient = ambient
         self._on_fault = on_fault
+        self._end_offered = end_offered
         self._current: dict[tuple[str, str, bool], str] = {}
         self._lock = threading.Lock()
         self._secret = uuid.uuid4()
+        self._coalescing = threading.local()
         self.faulted_sequences = 0
 
     # -- transactions ---------------------------------------------------------------------
@@ -149,6 +191,7 @@ class Source:
     def _wake_after_commit(self) -> None:
         """Wake the sender once the caller's transaction commits (at once if it already did)."""
         if getattr(self._ambient, "tx", None) is not None:
+            self._ambient.wake_sender = True
             return  # the invoker wakes the workers after its commit
         gtx = self.tm.get_transaction() if self.tm is not None else None
         if gtx is None:
@@ -184,7 +227,8 @@ class Source:
 
         ``expect_reply`` puts the message on a sequence created with an Offer
         (the peer sends responses on the offered sequence to this engine's
-        endpoint, so the engine must serve one).  ``reply_callback``
+        endpoint; an engine that serves none asks for them with the WS-A
+        anonymous ReplyTo, in the HTTP responses to its requests).  ``reply_callback``
         (``"module:function"``) is called with the reply when it arrives.
         """
         if not isinstance(envelope, (bytes, bytearray)):
@@ -195,10 +239,7 @@ class Source:
             raise TypeError(f"key must be a string naming the conversation, not {type(key).__name__}")
         reply_to = None
         if expect_reply or reply_callback:
-            reply_to = self._endpoint()
-            if reply_to is None:
-                raise ValueError("a reply needs an address to come back to: serve() the engine or pass "
-                                 "endpoint_address= before sending with expect_reply")
+            reply_to = self._endpoint() or self.policy.addressing.anonymous
             expect_reply = True
         outgoing = prepare_outgoing(bytes(envelope), to=target, action=action, message_id=message_id,
                                     reply_to=reply_to, relates_to=None, wsa=self.policy.addressing,
@@ -213,6 +254,7 @@ class Source:
     def _enqueue(self, tx: StoreTransaction, seq: RmsSequence, payload: bytes, action: str, soap_ns: str,
                  message_id: str, reply_callback: str | None = None,
                  reply_context: bytes | None = None) -> SendReceipt:
+        self._ambient.wake_sender = True  # inside a delivery: the invoker wakes the sender after its commit
         limit = self.policy.max_sequence_length
         rm = rm_version_of(seq)
         rolls_over = limit is not None and seq.next_number >= limit
@@ -227,22 +269,43 @@ class Source:
         return SendReceipt(seq.key, msg.number, message_id)
 
     def enqueue_reply(self, tx: StoreTransaction, rmd_sequence_id: str, envelope: bytes, *,
-                      reply_to: str, relates_to: str | None, action: str | None) -> SendReceipt | None:
+                      reply_to: str | None, relates_to: str | None, action: str | None,
+                      answers: int | None = None) -> SendReceipt | None:
         """Enqueue a response on the sequence offered with destination sequence ``rmd_sequence_id``.
 
         Runs in the invoker's transaction; None when that sequence has no
         accepted offer (the caller then treats the response as undeliverable).
+        A ``reply_to`` that is anonymous (or absent: WS-A's default) asks for
+        the reply on the HTTP back-channel: possible only when the offered
+        sequence itself goes there.  Such a reply is never sent by the worker;
+        it waits in the store until the request's HTTP thread (or a
+        retransmission of the request, ``answers`` = its message number)
+        takes it, and until the client acknowledges it.
         """
         seq = tx.rms.get(reply_sequence_key(rmd_sequence_id))
         if seq is None or not seq.accepts_messages:
             return None
-        if seq.target != reply_to:  # WS-RM 1.0 offers name no endpoint: replies go to ReplyTo
+        back_channel = is_back_channel(reply_to)
+        if back_channel and not is_back_channel(seq.target):
+            for_sequence(log, seq.sequence_id, key=seq.key).warning(
+                "a reply for the anonymous ReplyTo cannot go on the offered sequence, which goes to %s",
+                seq.target)
+            return None
+        if not back_channel and seq.target != reply_to:  # 1.0 offers name no endpoint: replies go to ReplyTo
             seq = tx.rms.update(seq.key, target=reply_to)
+        to = seq.target if back_channel else reply_to
         wsa = self.policy.addressing
-        outgoing = prepare_outgoing(envelope, to=reply_to, action=action, message_id=None, reply_to=None,
+        outgoing = prepare_outgoing(envelope, to=to, action=action, message_id=None, reply_to=None,
                                     relates_to=relates_to, wsa=_wsa_of(seq) or wsa,
                                     max_size=self.policy.max_message_size)
-        return self._enqueue(tx, seq, outgoing.payload, outgoing.action, outgoing.soap.ns, outgoing.message_id)
+        if not back_channel:
+            return self._enqueue(tx, seq, outgoing.payload, outgoing.action, outgoing.soap.ns,
+                                 outgoing.message_id)
+        msg = tx.rms_messages.enqueue(
+            seq.key, outgoing.payload, action=outgoing.action, soap_version=outgoing.soap.ns,
+            message_id=outgoing.message_id, send_at=NEVER,
+            reply_context=_ANSWERS + str(answers).encode() if answers is not None else None)
+        return SendReceipt(seq.key, msg.number, outgoing.message_id)
 
     def _open_sequence(self, tx: StoreTransaction, target: str, key: str, offered: bool) -> RmsSequence:
         ident = (target, key, offered)
@@ -311,8 +374,12 @@ class Source:
         seq = tx.rms.get(key)
         if seq is None:
             return
-        if seq.highest_number == 0 and (EndpointReference(seq.target).is_anonymous or
-                                        EndpointReference(seq.target).is_none):
+        if is_back_channel(seq.target):
+            # Its replies only ever travel in responses to the requests, and the requests are over.
+            left = tx.rms_messages.count_unacked(key)
+            if left:
+                for_sequence(log, seq.sequence_id, key=key).warning(
+                    "request sequence ended with %d back-channel reply(ies) never acknowledged", left)
             tx.rms.delete(key)
             return
         self._end(tx, key)
@@ -321,6 +388,8 @@ class Source:
         seq = tx.rms.get(store_key)
         if seq is None or not seq.accepts_messages:
             return False
+        if is_back_channel(seq.target):
+            return False  # nowhere to send Close/Terminate: it ends with its request sequence
         rm = rm_version_of(seq)
         if rm is RM10:
             # 1.0 tells the destination the end with a message: an empty LastMessage.
@@ -394,8 +463,47 @@ class Source:
                 slog.warning("the peer declined the offered sequence %s: replies will not be reliable", offered_id)
             slog.info("sequence created by %s", seq.target)
 
+    @contextlib.contextmanager
+    def coalesced_acks(self) -> Iterator[None]:
+        """In this block (this thread only), plain acknowledgements are merged and applied once, at its end.
+
+        The sender gets an acknowledgement in nearly every HTTP response, and
+        each one repeats what the previous said plus one number: applying each
+        costs a store transaction (a commit, with a durable store) per message
+        sent.  Their union is exactly what the destination acknowledged, so a
+        batch of sends applies it once.  Nacks and final acknowledgements are
+        applied at once (after what is pending for their sequence).  Errors of
+        the merged acknowledgement are logged, as the sender does for acks in
+        responses.
+        """
+        pending: dict[str, tuple[SequenceAcknowledgement, RMVersion]] = {}
+        self._coalescing.pending = pending
+        try:
+            yield
+        finally:
+            self._coalescing.pending = None
+            for identifier in list(pending):
+                self._flush_ack(pending, identifier)
+
+    def _flush_ack(self, pending: dict[str, tuple[SequenceAcknowledgement, RMVersion]], identifier: str) -> None:
+        held = pending.pop(identifier, None)
+        if held is None:
+            return
+        try:
+            self.on_ack(*held)
+        except WSRMFault as fault:
+            for_sequence(log, identifier).warning("acknowledgement refused: %s", fault)
+
     def on_ack(self, ack: SequenceAcknowledgement, version: RMVersion) -> None:
         """Apply an acknowledgement; raises the fault to answer when it is wrong."""
+        pending = getattr(self._coalescing, "pending", None)
+        if pending is not None:
+            if not ack.nacks and not ack.final:
+                held = pending.get(ack.identifier)
+                ranges = ack.ranges if held is None else AckRanges.from_ranges([*held[0].ranges, *ack.ranges]).ranges
+                pending[ack.identifier] = (SequenceAcknowledgement(ack.identifier, list(ranges)), version)
+                return
+            self._flush_ack(pending, ack.identifier)
         now = time.time()
         with self.store.begin() as tx:
             seq = tx.rms.get_by_sequence_id(ack.identifier)
@@ -447,6 +555,11 @@ class Source:
             tx.rms.update(store_key, **rms_changes(transition))
             tx.rms.delete(store_key)
         for_sequence(log, seq.sequence_id, key=store_key).info("sequence terminated and purged")
+        if seq.offered_id and self._endpoint() is None and self._end_offered is not None:
+            # Replies came in our HTTP responses: the peer has no address to terminate the offered
+            # sequence at, and with the requests acknowledged every reply is in (the peer holds
+            # back a request's acknowledgement until its reply is acknowledged).
+            self._end_offered(seq.offered_id)
         with self._lock:
             for ident, cached in list(self._current.items()):
                 if cached == store_key:

@@ -1,0 +1,107 @@
+"""In-out calls of a zeep client without a listener: replies in the HTTP responses (issue 4)."""
+
+from __future__ import annotations
+
+import collections
+
+from tests.engine.support import wait_for
+from wsrm_plugin.proxy import LossyProxy
+
+from . import service
+from .conftest import fast_policy
+
+CALLBACK = "tests.anonymous.service:on_reply"
+
+
+def _store_empty(engine) -> bool:
+    status = engine.store.status()
+    return not status.rms and not status.rmd
+
+
+def test_in_out_calls_without_a_listener_get_their_replies_on_the_back_channel(servers, clients):
+    server = servers()
+    rc = clients(server.url)
+    assert rc.listener_address is None
+    futures = [rc.service.echo(f"q{i}", _callback=CALLBACK, _context=f"c{i}") for i in range(8)]
+    notes = [rc.service.note(f"n{i}") for i in range(3)]  # one-way calls on their own sequence
+    assert [f.result(timeout=60) for f in futures] == [f"re:q{i}" for i in range(8)]
+    assert service.REPLIES == collections.Counter({(f"re:q{i}", f"c{i}"): 1 for i in range(8)})
+    assert wait_for(lambda: all(service.RAN[n] for n in ("n0", "n1", "n2")))
+    assert service.RAN == collections.Counter({**{f"q{i}": 1 for i in range(8)}, "n0": 1, "n1": 1, "n2": 1})
+    assert len(notes) == 3 and rc.pending_futures() == 0
+    assert server.engine.back_channel.handed_out >= 8
+    # the client acknowledged every reply, so the server acknowledged every request
+    assert wait_for(lambda: server.engine.status().unacked == 0 and rc.engine.status().unacked == 0)
+    # the replies travelled on the sequence the client offered, which ends with its request sequence
+    assert rc.close() == 2
+    assert wait_for(lambda: _store_empty(rc.engine) and _store_empty(server.engine)), (
+        rc.engine.store.status(), server.engine.store.status())
+
+
+def test_every_call_resolves_exactly_once_through_a_proxy_that_loses_responses(servers, clients):
+    server = servers()
+    with LossyProxy(server.url, drop_response=0.3, seed=4) as proxy:
+        rc = clients(server.url, address=proxy.url)
+        futures = [rc.service.echo(f"x{i}", _callback=CALLBACK, _context=f"k{i}") for i in range(20)]
+        assert [f.result(timeout=120) for f in futures] == [f"re:x{i}" for i in range(20)]
+        # exactly once: each reply reached the callback once, each request ran the service once
+        assert service.REPLIES == collections.Counter({(f"re:x{i}", f"k{i}"): 1 for i in range(20)})
+        assert service.RAN == collections.Counter({f"x{i}": 1 for i in range(20)})
+        assert wait_for(lambda: server.engine.status().unacked == 0 and rc.engine.status().unacked == 0,
+                        timeout=60)
+        proxy.drain()
+        assert proxy.stats.responses_dropped > 0
+        # a request whose response was lost was sent again and answered with its stored reply
+        assert server.engine.back_channel.handed_out > 20
+        rc.close()
+        assert wait_for(lambda: _store_empty(rc.engine) and _store_empty(server.engine), timeout=60)
+
+
+def test_a_reply_slower_than_the_wait_comes_with_a_retransmission(servers, clients):
+    service.reset(delay=0.4)
+    server = servers(fast_policy(back_channel_reply_wait=0.05))
+    rc = clients(server.url)
+    futures = [rc.service.echo(f"s{i}") for i in range(3)]
+    assert [f.result(timeout=60) for f in futures] == ["re:s0", "re:s1", "re:s2"]
+    assert service.RAN == collections.Counter({"s0": 1, "s1": 1, "s2": 1})
+    assert rc.engine.status().retransmissions >= 3  # every first answer was an empty 202
+    assert wait_for(lambda: server.engine.status().unacked == 0)
+
+
+def test_the_server_holds_back_the_request_ack_until_the_reply_is_acknowledged(servers):
+    """No client acknowledges: the reply stays stored, the request unacknowledged, and a
+    retransmitted request gets the same reply again."""
+    from wsrm_plugin.engine import ReliableEngine
+
+    from tests.spyne_server.conftest import Envelopes
+    from wsrm_plugin.wire import parse_envelope
+
+    server = servers()
+    # an engine client that never serves and never handles what comes back: it only sends
+    client = ReliableEngine("memory:", fast_policy(base_retransmission_interval=0.3), name="raw")
+    seen: list[bytes] = []
+    original = client.transport.send
+
+    def record(address, envelope, headers):
+        response = original(address, envelope, headers)
+        if response.body and b"echoResponse" in response.body:
+            seen.append(response.body)
+        return response
+
+    client.transport.send = record  # type: ignore[method-assign]
+    client.retransmission._reply_on_back_channel = lambda seq, data: None  # a client that never acks
+    client.start()
+    try:
+        build = Envelopes(server.url)
+        receipt = client.send(server.url, build("echo", "held"), action=f"{service.TNS}/echo",
+                              expect_reply=True)
+        assert wait_for(lambda: len(seen) >= 3, timeout=30)
+        replies = [parse_envelope(body) for body in seen]
+        texts = {r.root.findtext(f".//{{{service.TNS}}}echoResult") for r in replies}
+        assert texts == {"re:held"}
+        assert service.RAN == collections.Counter({"held": 1})
+        with client.store.begin() as tx:
+            assert tx.rms_messages.find_by_message_id(receipt.message_id).acked is False
+        assert server.engine.status().unacked == 1  # the reply, kept until acknowledged
+    finally:
+        client.stop(timeout=5)

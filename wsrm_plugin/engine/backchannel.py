@@ -1,0 +1,133 @@
+"""Replies on the HTTP back-channel: in-out calls from clients that have no listener.
+
+A client that cannot accept connections offers a sequence whose endpoint is
+the WS-Addressing anonymous URI and sends its requests with an anonymous
+ReplyTo.  Its replies can then only travel in the HTTP responses to its own
+requests, as CXF and WCF do it:
+
+* the HTTP thread that stored request n waits (at most the policy's
+  ``back_channel_reply_wait``) for the invoker to deliver it, then answers
+  with the reply the delivery enqueued, stamped with its wsrm:Sequence
+  header on the offered sequence and the acknowledgement of the request
+  sequence; no reply (a one-way operation) gives just the acknowledgement,
+  and a timeout an empty 202;
+* the reply stays in the offered sequence's RMS until the client
+  acknowledges it, and the destination holds back the acknowledgement of
+  request n until then (:meth:`Destination._withheld
+  <.destination.Destination._withheld>`).  So a client whose response was
+  lost, or that got the 202, retransmits n, and the duplicate gets the stored
+  reply again: it is found by the request's message number.
+
+The worker never posts such replies (there is no address); they leave the
+store when acknowledged, or with the request sequence.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from ..statemachine import AckRanges
+from ..store import StorageManager
+from ..wire import SequenceAcknowledgement, SequenceHeader, SoapVersion
+from .destination import Destination
+from .envelopes import stamp
+from .logs import for_sequence
+from .policy import RMPolicy
+from .source import NEVER, back_channel_replies, reply_sequence_key, rm_version_of
+
+__all__ = ["BackChannel", "Outcome", "BackChannelReply"]
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(enum.Enum):
+    REPLY = "reply"              #: the reply is ready: answer with it
+    DELIVERED = "delivered"      #: delivered with no reply owed (one-way, or already acknowledged)
+    TIMED_OUT = "timed out"      #: still being processed: answer 202, the retransmission gets it
+    NOT_APPLICABLE = "n/a"       #: the sequence's replies go to an address
+
+
+@dataclass(frozen=True)
+class BackChannelReply:
+    outcome: Outcome
+    envelope: bytes = b""
+    soap: SoapVersion | None = None
+    action: str | None = None
+
+
+class BackChannel:
+    """Waits for, and hands out, the replies of requests whose ReplyTo is anonymous."""
+
+    def __init__(self, store: StorageManager, policy: RMPolicy, destination: Destination) -> None:
+        self.store = store
+        self.policy = policy
+        self.destination = destination
+        self._changed = threading.Condition()
+        self.handed_out = 0
+
+    def delivered(self) -> None:
+        """The invoker committed a delivery: wake the HTTP threads that wait for one."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def reply_for(self, identifier: str, number: int, soap: SoapVersion) -> BackChannelReply:
+        """The answer to request ``number`` of destination sequence ``identifier``, waiting for it.
+
+        Waits at most the policy's ``back_channel_reply_wait`` (looking at
+        least once: a retransmitted request finds its stored reply at once).
+        Other processes sharing the store are noticed by polling.
+        """
+        deadline = time.monotonic() + self.policy.back_channel_reply_wait
+        while True:
+            with self._changed:
+                outcome = self._look(identifier, number)
+                remaining = deadline - time.monotonic()
+                if outcome is not Outcome.TIMED_OUT or remaining <= 0:
+                    break
+                self._changed.wait(min(remaining, self.policy.poll_interval))
+        if outcome is Outcome.REPLY:
+            return self._hand_out(identifier, number, soap)
+        return BackChannelReply(outcome)
+
+    def _look(self, identifier: str, number: int) -> Outcome:
+        with self.store.begin() as tx:
+            replies = back_channel_replies(tx, identifier)
+            if replies is None:
+                return Outcome.NOT_APPLICABLE
+            if number in replies:
+                return Outcome.REPLY
+            if number in tx.invoker.state(identifier).delivered:
+                return Outcome.DELIVERED
+        return Outcome.TIMED_OUT
+
+    def _hand_out(self, identifier: str, number: int, soap: SoapVersion) -> BackChannelReply:
+        key = reply_sequence_key(identifier)
+        with self.store.begin() as tx:
+            seq = tx.rms.get(key)
+            replies = back_channel_replies(tx, identifier) if seq is not None else None
+            reply = (replies or {}).get(number)
+            if seq is None or reply is None or seq.sequence_id is None:
+                return BackChannelReply(Outcome.DELIVERED)  # acknowledged (or ended) meanwhile
+            # counted as sent: the client may acknowledge it now (and the worker never sends it)
+            tx.rms_messages.record_send_attempt(key, reply.number, next_send_at=NEVER)
+        rm = rm_version_of(seq)
+        reply_soap = SoapVersion.for_namespace(reply.soap_version) or soap
+        headers = [SequenceHeader(seq.sequence_id, reply.number).to_xml(rm, reply_soap)]
+        ack = self.destination.current_ack(identifier)
+        ranges = AckRanges.from_ranges(ack.ranges if ack is not None else ())
+        if number not in ranges:
+            # Request ``number`` travels with its reply here: lose one, lose both, so it may be
+            # acknowledged in this response.  Some sources (gSOAP's 1.0 client) read
+            # acknowledgements only on responses to application messages, and would otherwise
+            # never learn that their last request arrived.
+            ack = SequenceAcknowledgement(identifier, list(ranges.add(number).ranges),
+                                          final=ack.final if ack is not None else False)
+        headers.append(ack.to_xml(rm, reply_soap))
+        self.handed_out += 1
+        for_sequence(log, seq.sequence_id, reply.number).debug(
+            "reply to message %d of %s handed out on the back-channel", number, identifier)
+        return BackChannelReply(Outcome.REPLY, stamp(reply.payload, headers), reply_soap, reply.action)
