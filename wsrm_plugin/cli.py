@@ -19,14 +19,22 @@ def main(argv: list[str] | None = None) -> int:
 
     from txmanager import demo as txdemo, operator
 
-    for name, help_text in (
-        ("demo", "the main job: the end-to-end demo on embedded defaults"),
-        ("txdemo", "two PostgreSQL banks, crashes at every 2PC point, recovery"),
-    ):
-        p = sub.add_parser(name, help=help_text, description=txdemo.__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-        txdemo.add_arguments(p)
-        p.set_defaults(run=lambda a: txdemo.run(a.dsn, a.transfers))
+    from wsrm_plugin import demo, status
+
+    p = sub.add_parser("demo", help="the main job: the end-to-end WS-RM demo on embedded defaults",
+                       description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_arguments(p)
+    p.set_defaults(run=demo.run)
+
+    p = sub.add_parser("status", help="sequences and counters of a message store (or Prometheus metrics)",
+                       description=status.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    status.add_arguments(p)
+    p.set_defaults(run=status.run)
+
+    p = sub.add_parser("txdemo", help="two PostgreSQL banks, crashes at every 2PC point, recovery",
+                       description=txdemo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    txdemo.add_arguments(p)
+    p.set_defaults(run=lambda a: txdemo.run(a.dsn, a.transfers))
 
     p = sub.add_parser("recover", help="list and resolve in-doubt transactions",
                        description=operator.__doc__,

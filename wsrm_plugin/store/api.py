@@ -404,6 +404,7 @@ class RmsSequenceStatus:
     stored: int
     retransmissions: int
     fault_reason: str | None = None
+    last_activity: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,6 +415,7 @@ class RmdSequenceStatus:
     last_number: int | None
     buffered: int
     delivered: int
+    last_activity: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -916,14 +918,14 @@ def _status_of(tx: StoreTransaction, prepared: int = 0) -> StoreStatus:
             next_number=seq.next_number,
             unacked=sum(1 for m in msgs if not m.acked), stored=len(msgs),
             retransmissions=seq.purged_retransmissions + sum(max(m.send_count - 1, 0) for m in msgs),
-            fault_reason=seq.fault_reason))
+            fault_reason=seq.fault_reason, last_activity=seq.last_activity))
     rmd = []
     for seq in tx.rmd.list_all():
         inv = tx.invoker.state(seq.sequence_id)
         rmd.append(RmdSequenceStatus(
             sequence_id=seq.sequence_id, state=rmd_state_name(seq),
             received=format_ranges(seq.received), last_number=seq.last_number,
-            buffered=inv.buffered, delivered=inv.delivered_count))
+            buffered=inv.buffered, delivered=inv.delivered_count, last_activity=seq.last_activity))
     return StoreStatus(rms=tuple(rms), rmd=tuple(rmd), prepared_branches=prepared)
 
 

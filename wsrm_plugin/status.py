@@ -1,0 +1,153 @@
+"""``wsrm status``: what a message store holds, for an operator.
+
+::
+
+    wsrm status --store sqlite:///var/lib/orders/rm.db
+    wsrm status --store postgresql://rm@db/orders --prometheus
+    wsrm status --store sqlite:///rm.db --serve-metrics 9464     # GET /metrics until Ctrl-C
+
+The table lists every sequence in the store: its side (``source``: messages
+this node sends; ``destination``: messages it receives), identifier, state,
+unacknowledged messages, retransmissions and last activity.  The counters
+below it are the ones to alert on: unacknowledged messages (a peer not
+answering), retransmissions (a lossy network), faulted sequences (messages
+given up: the application was told) and in-doubt transactions (XA branches
+prepared in the store and not yet decided: they block it until recovery runs,
+see ``wsrm recover``).
+
+The status is read without taking the store's locks, so it is safe against
+a running engine, even one stuck behind in-doubt branches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from dataclasses import dataclass
+from typing import IO
+
+from .store import StorageManager, StoreStatus, open_store
+
+__all__ = ["SequenceRow", "StoreReport", "report", "format_report", "add_arguments", "run"]
+
+
+@dataclass(frozen=True)
+class SequenceRow:
+    side: str  # "source" | "destination"
+    sequence_id: str  # the peer-visible identifier ("(creating)" for a source not yet answered)
+    state: str
+    unacked: int | None  # source only: messages not yet acknowledged
+    retransmissions: int | None  # source only
+    messages: str  # source: highest number sent; destination: ranges received
+    last_activity: float  # wall-clock seconds, 0 when never
+
+
+@dataclass(frozen=True)
+class StoreReport:
+    """A store's sequences and counters, as ``wsrm status`` shows them."""
+
+    store: str
+    sequences: tuple[SequenceRow, ...]
+    unacknowledged: int
+    retransmissions: int
+    faulted_sequences: int
+    in_doubt_transactions: int
+    buffered: int
+    by_state: dict[str, int]
+
+    @classmethod
+    def of(cls, url: str, status: StoreStatus) -> StoreReport:
+        rows = [SequenceRow("source", s.sequence_id or f"(creating: {s.key})", s.state, s.unacked,
+                            s.retransmissions, str(s.next_number - 1), s.last_activity) for s in status.rms]
+        rows += [SequenceRow("destination", s.sequence_id, s.state, None, None, s.received or "-",
+                             s.last_activity) for s in status.rmd]
+        return cls(store=url, sequences=tuple(rows), unacknowledged=status.unacked,
+                   retransmissions=status.retransmissions, faulted_sequences=status.faulted,
+                   in_doubt_transactions=status.prepared_branches, buffered=status.buffered,
+                   by_state=status.by_state())
+
+
+def report(store: StorageManager) -> StoreReport:
+    """Read ``store``'s status (without waiting for its locks)."""
+    return StoreReport.of(_safe_url(store.url), store.status())
+
+
+def _safe_url(url: str) -> str:
+    """The store URL without a password, for printing."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def _when(ts: float) -> str:
+    if not ts:
+        return "-"
+    return datetime.datetime.fromtimestamp(ts).isoformat(sep=" ", timespec="seconds")
+
+
+def format_report(r: StoreReport) -> str:
+    header = ("side", "id", "state", "unacked", "retransmissions", "messages", "last activity")
+    rows = [(s.side, s.sequence_id, s.state, "-" if s.unacked is None else str(s.unacked),
+             "-" if s.retransmissions is None else str(s.retransmissions), s.messages,
+             _when(s.last_activity)) for s in r.sequences]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    out = [f"store {r.store}", ""]
+    if rows:
+        out += [line(header), line(tuple("-" * w for w in widths)), *map(line, rows)]
+    else:
+        out.append("no sequences")
+    out += [
+        "",
+        f"unacknowledged messages   {r.unacknowledged}",
+        f"retransmissions           {r.retransmissions}",
+        f"faulted sequences         {r.faulted_sequences}",
+        f"in-doubt transactions     {r.in_doubt_transactions}"
+        + ("   (run `wsrm recover`)" if r.in_doubt_transactions else ""),
+        f"messages awaiting delivery {r.buffered}",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", required=True,
+                   help="the store URL: sqlite:///path.db, postgresql://..., memory: (empty, for tests)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--prometheus", action="store_true",
+                      help="print the Prometheus text exposition format instead of the table")
+    what.add_argument("--serve-metrics", type=int, metavar="PORT",
+                      help="serve the metrics at http://HOST:PORT/metrics until interrupted")
+    p.add_argument("--host", default="127.0.0.1", help="address for --serve-metrics (default 127.0.0.1)")
+
+
+def run(args: argparse.Namespace, out: IO[str] | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        store = open_store(args.store)
+    except (ValueError, OSError) as exc:
+        sys.stderr.write(f"wsrm status: cannot open {args.store!r}: {exc}\n")
+        return 2
+    except Exception as exc:  # a store error (unreachable database, newer schema...)
+        sys.stderr.write(f"wsrm status: cannot open {args.store!r}: {type(exc).__name__}: {exc}\n")
+        return 2
+    try:
+        if args.serve_metrics is not None:
+            from .metrics import serve_forever
+
+            serve_forever(store, args.host, args.serve_metrics, out=out)
+            return 0
+        r = report(store)
+        if args.prometheus:
+            from .metrics import exposition
+
+            out.write(exposition(r))
+        else:
+            out.write(format_report(r))
+        return 0
+    finally:
+        store.close()
