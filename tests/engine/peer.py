@@ -10,7 +10,11 @@ Each hand-over to the application is a row in the SQLite ``--log`` file
 row goes to a PostgreSQL table ``delivered`` instead, in the same XA
 transaction as the removal from the invoker buffer (``--tm-log`` is the
 transaction manager's recovery log, ``--node`` its name): exactly once even
-across kill -9, which a separate SQLite log cannot promise.
+across kill -9, which a separate SQLite log cannot promise.  With
+``--record-in-store`` (SQL stores) the row goes to an ``app_delivered`` table
+in the store's own database, in the delivery's local store transaction: what
+an application whose tables share the store's database gets, and exactly once
+across kill -9 without XA.
 
 Client: send ``--count`` messages (``<prefix><i>`` for i from ``--start``),
 optionally ``--close`` the sequence, and wait until the RMS store is empty::
@@ -20,7 +24,18 @@ optionally ``--close`` the sequence, and wait until the RMS store is empty::
 prints one JSON line with the final status and exits 0 when drained, 1 when
 ``--drain-timeout`` passed first.  ``--count 0`` just finishes what an earlier
 (killed) client left in its store.  With ``--record-dsn`` each send is one XA
-transaction with an insert into the ``sent`` table.
+transaction with an insert into the ``sent`` table.  It prints ``STARTED`` once
+its engine runs (a kill test times its kills from there).
+
+``--resume`` makes a client restarted after kill -9 with the same arguments
+send only what the killed one had not handed over yet, so every message is
+enqueued exactly once: with ``--record-dsn`` the ``sent`` rows (committed with
+the enqueue, both or neither) say how many were; without, the open source
+sequence in the store does (message ``i`` is its number ``i + 1``), and the
+file ``--progress`` records, durably and before the Close, that all were.
+``--die-at-checkpoint P`` SIGKILLs the process at each transaction-manager
+checkpoint (between prepare, decision and commit) with probability ``P``:
+the crash windows of two-phase commit that kills from outside rarely hit.
 """
 
 from __future__ import annotations
@@ -28,6 +43,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import random
 import signal
 import sys
 import threading
@@ -54,7 +71,8 @@ def _transaction_manager(args: argparse.Namespace, store: Any) -> tuple[Any, Any
     from txmanager import TransactionManager
     from txmanager.postgres import XADataSource
 
-    tm = TransactionManager(node=args.node, log=args.tm_log, safety_interval=args.safety_interval)
+    tm = TransactionManager(node=args.node, log=args.tm_log, safety_interval=args.safety_interval,
+                            checkpoint=_checkpoint_killer(args.die_at_checkpoint))
     tm.register_resource(store.xa_resource())
     ds = XADataSource(args.record_dsn, tm)
     with ds.connection() as conn, conn.cursor() as cur:  # local: schema set-up
@@ -66,15 +84,56 @@ def _transaction_manager(args: argparse.Namespace, store: Any) -> tuple[Any, Any
     return tm, ds
 
 
+def _checkpoint_killer(probability: float) -> Any:
+    """The TM crash hook: SIGKILL this process at a checkpoint with ``probability``.
+
+    Seeded afresh at each start: a restarted peer that drew the same numbers
+    would die at the same checkpoint again, every time.
+    """
+    if not probability:
+        return None
+    rng = random.Random()
+
+    def checkpoint(point: str, index: int) -> None:
+        if rng.random() < probability:
+            log.warning("dying at transaction checkpoint %s:%d", point, index)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return checkpoint
+
+
+#: The application's own table in the store's database (``--record-in-store``).
+_APP_TABLE = {
+    "sqlite": "CREATE TABLE IF NOT EXISTS app_delivered (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+              "sequence_id TEXT, number INTEGER, message_id TEXT, item TEXT, at REAL)",
+    "postgresql": "CREATE TABLE IF NOT EXISTS app_delivered (id BIGSERIAL PRIMARY KEY, sequence_id TEXT, "
+                  "number BIGINT, message_id TEXT, item TEXT, at DOUBLE PRECISION)",
+}
+
+
+def _create_app_table(store: Any) -> None:
+    with store.begin() as tx:
+        dialect = getattr(getattr(tx, "d", None), "name", None)
+        if dialect not in _APP_TABLE:
+            raise SystemExit(f"--record-in-store needs an SQL store (sqlite or postgresql), not {store!r}")
+        tx.execute(_APP_TABLE[dialect])
+
+
 def run_server(args: argparse.Namespace) -> int:
     from wsrm_plugin.store import open_store
 
     store = open_store(args.store)
     tm, ds = _transaction_manager(args, store)
     record_log = DeliveryLog(args.log) if args.log else None
+    if args.record_in_store:
+        _create_app_table(store)
 
     def application(envelope: bytes, context: Any) -> None:
         item = item_text(envelope)
+        if args.record_in_store:  # the delivery's own store transaction: commits with the dequeue
+            context.transaction.execute(
+                "INSERT INTO app_delivered (sequence_id, number, message_id, item, at) VALUES (?, ?, ?, ?, ?)",
+                (context.sequence_id, context.message_number, context.message_id, item, time.time()))
         if ds is not None:
             with ds.connection() as conn, conn.cursor() as cur:
                 cur.execute("INSERT INTO delivered (sequence_id, number, message_id, item, at) "
@@ -97,14 +156,63 @@ def run_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def _handed_over(args: argparse.Namespace, store: Any, ds: Any) -> int:
+    """How many of this run's messages an earlier (killed) client already enqueued."""
+    if ds is not None:  # the sent rows committed with their enqueue
+        with ds.connection() as conn, conn.cursor() as cur:
+            cur.execute("SELECT item FROM sent")
+            sent = [row[0] for row in cur.fetchall()]
+        expected = {f"{args.prefix}{i}" for i in range(args.start, args.start + len(sent))}
+        if set(sent) != expected or len(sent) != len(expected):
+            raise SystemExit(f"the sent table is not a prefix of this run's items: {sorted(sent)[:20]}")
+        return len(sent)
+    if _progress_done(args.progress, args.count):
+        return args.count
+    from wsrm_plugin.engine.source import SequenceKey
+
+    with store.begin() as tx:
+        for seq in tx.rms.list_all():
+            parsed = SequenceKey.decode(seq.key)
+            if parsed and (parsed.target, parsed.key) == (args.target, args.key) and seq.accepts_messages:
+                return seq.highest_number
+    return 0
+
+
+def _progress_done(path: str | None, count: int) -> bool:
+    try:
+        with open(path or "", encoding="utf-8") as f:
+            return f.read().strip() == f"enqueued {count}"
+    except FileNotFoundError:
+        return False
+
+
+def _write_progress(path: str, count: int) -> None:
+    """Durably note that all ``count`` messages are enqueued (before the Close ends the sequence)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(f"enqueued {count}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def run_client(args: argparse.Namespace) -> int:
     from wsrm_plugin.store import open_store
 
     store = open_store(args.store)
     tm, ds = _transaction_manager(args, store)
     engine = ReliableEngine(store, _policy(args), tm=tm, name="peer-client").start()
+    print("STARTED", flush=True)
     try:
-        for i in range(args.start, args.start + args.count):
+        done = _handed_over(args, store, ds) if args.resume else 0
+        if done:
+            log.info("resuming: %d of %d messages were enqueued before", done, args.count)
+        for i in range(args.start + done, args.start + args.count):
             item = f"{args.prefix}{i}"
             if tm is None:
                 engine.send(args.target, payload(item), action=ACTION, key=args.key)
@@ -113,6 +221,8 @@ def run_client(args: argparse.Namespace) -> int:
                 with ds.connection() as conn, conn.cursor() as cur:
                     cur.execute("INSERT INTO sent (item) VALUES (%s)", (item,))
                 engine.send(args.target, payload(item), action=ACTION, key=args.key)
+        if args.progress and not _progress_done(args.progress, args.count):
+            _write_progress(args.progress, args.count)
         if args.close:
             engine.close(args.target, args.key)
         drained = engine.wait_until(lambda s: s.rms_sequences == 0 if args.close else s.unacked == 0,
@@ -127,6 +237,88 @@ def run_client(args: argparse.Namespace) -> int:
         store.close()
         if tm is not None:
             tm.close()
+
+
+class PeerProcess:
+    """A peer started as ``python -m tests.engine.peer ARGS`` by a test, restartable after kill -9.
+
+    Its output is read by threads so the pipes never fill; ``restart()``
+    starts the same command again (same store, same port), which is what a
+    supervisor does after a crash.
+    """
+
+    def __init__(self, *args: str, cwd: str | os.PathLike[str] | None = None) -> None:
+        self.args = [str(a) for a in args]
+        self.cwd = cwd or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self.starts = 0
+        self.proc: Any = None
+        self.start()
+
+    def start(self) -> PeerProcess:
+        import collections
+        import subprocess
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.engine.peer", *self.args], cwd=self.cwd,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.errors: collections.deque[str] = collections.deque(maxlen=200)
+        self.starts += 1
+        for stream, into in ((self.proc.stdout, self.lines), (self.proc.stderr, self.errors)):
+            threading.Thread(target=self._pump, args=(stream, into), daemon=True).start()
+        return self
+
+    @staticmethod
+    def _pump(stream: Any, into: Any) -> None:
+        for line in stream:
+            into.append(line.rstrip("\n"))
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_line(self, prefix: str, timeout: float = 60.0) -> str | None:
+        """The first output line starting with ``prefix``; None if the process ended or time ran out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if line.startswith(prefix):
+                    return line
+            if self.proc.poll() is not None:
+                time.sleep(0.1)  # let the pump threads catch up with the last lines
+                return next((l for l in self.lines if l.startswith(prefix)), None)
+            time.sleep(0.02)
+        return None
+
+    def ready_url(self, timeout: float = 60.0) -> str:
+        line = self.wait_line("READY ", timeout)
+        if line is None:
+            raise RuntimeError(f"peer {self.args} did not start (exit {self.proc.poll()}): {self.tail()}")
+        return line.split(" ", 1)[1]
+
+    def status(self) -> dict[str, Any] | None:
+        """A client's final JSON status line, if it printed one."""
+        for line in reversed(self.lines):
+            if line.startswith("{"):
+                return json.loads(line)
+        return None
+
+    def tail(self, lines: int = 20) -> str:
+        return "\n".join(list(self.errors)[-lines:])
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no flush, like a power cut of the application."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+    def restart(self) -> PeerProcess:
+        self.kill()
+        return self.start()
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
 
 
 def _wait_for_signal() -> None:
@@ -149,11 +341,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tm-log", help="the transaction manager's recovery log file")
     p.add_argument("--node", default="peer", help="transaction manager node name (unique per process role)")
     p.add_argument("--safety-interval", type=float, default=5.0)
+    p.add_argument("--die-at-checkpoint", type=float, default=0.0, metavar="P",
+                   help="SIGKILL self at each transaction checkpoint with probability P (crash tests)")
     p.add_argument("-v", "--verbose", action="count", default=0)
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=0)
     server.add_argument("--log", help="SQLite file recording each delivery")
+    server.add_argument("--record-in-store", action="store_true",
+                        help="record each delivery in the store's database, in the delivery's transaction")
     client = p.add_argument_group("client")
     client.add_argument("--target")
     client.add_argument("--count", type=int, default=0)
@@ -162,6 +358,10 @@ def parser() -> argparse.ArgumentParser:
     client.add_argument("--key", default="")
     client.add_argument("--close", action="store_true")
     client.add_argument("--drain-timeout", type=float, default=60.0)
+    client.add_argument("--resume", action="store_true",
+                        help="enqueue only what an earlier run with the same arguments did not")
+    client.add_argument("--progress", help="file noting durably that every message was enqueued "
+                        "(needed by --resume without --record-dsn)")
     return p
 
 
@@ -171,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(process)d %(threadName)s %(name)s %(levelname)s %(message)s")
     if args.record_dsn and not args.tm_log:
         raise SystemExit("--record-dsn needs --tm-log (the commit decisions must survive a crash)")
+    if args.resume and not args.record_dsn and not args.progress:
+        raise SystemExit("--resume without --record-dsn needs --progress FILE (it records that every "
+                         "message was enqueued, which the store forgets once the sequence ends)")
     if args.role == "server":
         return run_server(args)
     if not args.target:
