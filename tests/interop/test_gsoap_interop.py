@@ -256,5 +256,9 @@ def test_zeep_client_through_a_lossy_network_delivers_each_note_once(version: st
         proxy.drain()
         stats = proxy.stats
     assert stats.dropped and stats.responses_dropped and stats.duplicated, f"too little was lost: {stats}"
-    assert rc.engine.status().retransmissions > 0
+    # The source saw the loss: a failed send, or a message sent again. (Which one
+    # depends on timing: with parallel sends, an ack for a later message can cover
+    # a message whose response was lost, so it need not be sent again.)
+    status = rc.engine.status()
+    assert status.retransmissions + status.send_failures > 0
     assert_gsoap_delivered_once_in_order(gsoap_server, sent)

@@ -193,6 +193,7 @@ class ReliableEngine:
                 time.sleep(min(self.policy.poll_interval, 0.05))
         for worker in self._workers:
             worker.stop(timeout)
+        self.retransmission.close()
         for server in self._servers:
             server.stop(timeout)
         self._servers.clear()

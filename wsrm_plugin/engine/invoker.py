@@ -23,6 +23,7 @@ import contextlib
 import importlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,9 @@ __all__ = ["ApplicationFault", "DeliveryContext", "FailedDelivery", "InvokerWork
 log = logging.getLogger(__name__)
 
 _LAST_MESSAGE_ACTION = RM10.action("LastMessage")
+#: A batch of deliveries stops taking more messages after this long (it holds the
+#: sequence's buffer, and a SQLite store's whole file, until it commits).
+_BATCH_SECONDS = 0.05
 
 
 @dataclass
@@ -129,6 +133,15 @@ def _may_have_relates_to(payload: bytes) -> bool:
     return not start.lstrip().startswith(b"<") or b"RelatesTo" in payload
 
 
+class _BatchBroken(Exception):
+    """A message of a batch doomed the whole transaction (a failed statement, not the application)."""
+
+    def __init__(self, message: BufferedMessage, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.message = message
+        self.error = error
+
+
 class InvokerWorker:
     """One delivery per ``step()`` (run by :class:`~.workers.Worker` threads)."""
 
@@ -169,23 +182,73 @@ class InvokerWorker:
         if self.tm is not None and not self._anything_buffered():
             return False  # don't open an XA transaction just to find nothing
         claimed: BufferedMessage | None = None
+        done: list[tuple[BufferedMessage, bool]] = []
+        later: tuple[BufferedMessage, BaseException] | None = None
+        wake = False
         try:
             with self._transaction() as tx:
                 claimed = tx.invoker.claim_next(in_order=self.policy.in_order)
                 if claimed is None:
                     return False
-                handed_over = self._deliver(tx, claimed)
+                done.append((claimed, self._deliver(tx, claimed)))
+                wake = getattr(self._ambient, "wake_sender", True)
+                if self._batches(tx):
+                    later, wake = self._deliver_more(tx, claimed.sequence_id, done, wake)
+        except _BatchBroken as broken:  # all of the batch rolled back: the one that broke it is retried
+            return self._failed(broken.message, broken.error)
         except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
             if claimed is None:
                 raise
             return self._failed(claimed, exc)
         with self._lock:
-            self._attempts.pop((claimed.sequence_id, claimed.number), None)
-        if handed_over:
-            self.delivered += 1
-        if getattr(self._ambient, "wake_sender", True):
+            for msg, _ in done:
+                self._attempts.pop((msg.sequence_id, msg.number), None)
+        self.delivered += sum(1 for _, handed_over in done if handed_over)
+        if wake:
             self._after_commit()
+        if later is not None:
+            return self._failed(*later)
         return True
+
+    def _batches(self, tx: StoreTransaction) -> bool:
+        """Deliver more than one message in this transaction?
+
+        Only without a transaction manager: an XA delivery is a unit of the
+        application's own work, and its commit is what the application
+        decides on.  Without one, the work that is exactly-once is the work
+        done in the store transaction (``context.transaction``), and each
+        message's share of it sits in its own savepoint: a message that fails
+        is rolled back alone while the ones before it commit, exactly as if
+        each had been delivered in its own transaction, so a batch changes
+        nothing but the number of commits (one durable flush for several
+        messages, and one hold of a SQLite store's file lock instead of
+        several: the batch is short, bounded by ``delivery_batch`` and
+        :data:`_BATCH_SECONDS`).
+        """
+        return self.tm is None and self.policy.delivery_batch > 1 and tx.supports_savepoints
+
+    def _deliver_more(self, tx: StoreTransaction, sequence_id: str, done: list[tuple[BufferedMessage, bool]],
+                      wake: bool) -> tuple[tuple[BufferedMessage, BaseException] | None, bool]:
+        """The sequence's next deliverable messages, each in a savepoint of ``tx``.
+
+        Returns the message that failed (rolled back to its savepoint, for
+        :meth:`_failed` after the commit) and whether to wake the sender.
+        """
+        deadline = time.monotonic() + _BATCH_SECONDS
+        while len(done) < self.policy.delivery_batch and time.monotonic() < deadline:
+            msg = tx.invoker.next_deliverable(sequence_id, in_order=self.policy.in_order)
+            if msg is None:
+                break
+            try:
+                with tx.savepoint():
+                    handed_over = self._deliver(tx, msg)
+            except Exception as exc:  # noqa: BLE001 -- settled after the commit, like a lone delivery
+                if tx.failed is not None:  # the transaction itself broke: all of it rolls back
+                    raise _BatchBroken(msg, exc) from exc
+                return (msg, exc), wake
+            done.append((msg, handed_over))
+            wake = wake or getattr(self._ambient, "wake_sender", True)
+        return None, wake
 
     def _deliver(self, tx: StoreTransaction, msg: BufferedMessage) -> bool:
         """Hand ``msg`` over in ``tx``; False for a protocol marker the application never sees."""

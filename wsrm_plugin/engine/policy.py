@@ -138,9 +138,15 @@ class RMPolicy:
     poll_interval: float = 0.2
     #: Messages the source claims and sends per round.
     send_batch: int = 50
+    #: HTTP requests of a round in flight at once (one keep-alive connection each), so the
+    #: peer's durable receives overlap; the window (``max_unacknowledged``) still bounds them.
+    send_concurrency: int = 4
     #: HTTP timeout (connect and read) for messages the engine sends.
     http_timeout: float = 10.0
     invoker_threads: int = 1
+    #: Without a transaction manager, messages of one sequence the invoker delivers in one
+    #: store transaction (each in its own savepoint: a failure is settled alone); 1: one each.
+    delivery_batch: int = 16
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -175,7 +181,8 @@ class RMPolicy:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an int >= 1 or None, not {value!r}")
         for name in ("max_open_sequences", "max_open_sequences_per_peer", "max_unacknowledged_held",
-                     "max_message_size", "send_batch", "invoker_threads", "max_delivery_attempts"):
+                     "max_message_size", "send_batch", "invoker_threads", "max_delivery_attempts",
+                     "delivery_batch", "send_concurrency"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, not {value!r}")

@@ -20,7 +20,9 @@ sequence is faulted and the application told (:meth:`Source.report_and_release`)
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +75,8 @@ class RetransmissionWorker:
         self.messages_sent = 0
         self.retransmissions = 0
         self.send_failures = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     def step(self) -> bool:
         now = time.time()
@@ -228,10 +232,45 @@ class RetransmissionWorker:
 
     def _transmit(self, now: float) -> bool:
         plan = self._claim(now)
-        with self.source.coalesced_acks():  # one store transaction for the batch's acks, not one per message
-            for item in plan:
-                self._send_message(item)
+        by_sequence: dict[str, list[_Planned]] = {}
+        for item in plan:
+            by_sequence.setdefault(item.sequence.key, []).append(item)
+        for items in by_sequence.values():  # one sequence after the other, as claimed
+            lanes = min(self.policy.send_concurrency, len(items))
+            if lanes <= 1:
+                self._send_lane(items)
+                continue
+            # Pipelining: a sequence's messages go out over ``lanes`` keep-alive connections
+            # at once (the transport keeps one per thread and peer), so the peer's durable
+            # receive of one overlaps the others' transfer and parsing instead of adding up.
+            # They were claimed (and the window checked) together; dealt round robin, they
+            # arrive nearly in order, and the destination orders them anyway.  A sequence's
+            # sends all end before the next sequence's begin (a rolled-over sequence's messages
+            # are received after the previous one's), and the round ends when every send has.
+            pool = self._lanes()
+            futures = [pool.submit(self._send_lane, items[i::lanes]) for i in range(lanes)]
+            for future in futures:
+                future.result()
         return bool(plan)
+
+    def _send_lane(self, items: list[_Planned]) -> None:
+        with self.source.coalesced_acks():  # one store transaction for the lane's acks, not one per message
+            for item in items:
+                self._send_message(item)
+
+    def _lanes(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.policy.send_concurrency,
+                                                thread_name_prefix="wsrm-send")
+            return self._pool
+
+    def close(self) -> None:
+        """End the sending threads (the engine calls this once its workers stopped)."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def _claim(self, now: float) -> list[_Planned]:
         policy = self.policy
@@ -289,6 +328,8 @@ class RetransmissionWorker:
                 headers.append(ack.to_xml(rm_version_of(rmd), soap))
         data = stamp(msg.payload, headers)
         slog = for_sequence(log, seq.sequence_id, msg.number)
+        if msg.send_count:  # every attempt after the first counts, whatever its outcome
+            self.retransmissions += 1
         try:
             response = self.transport.send(seq.target, data, soap.http_headers(msg.action))
         except TransportError as exc:
@@ -297,7 +338,6 @@ class RetransmissionWorker:
             return
         self.messages_sent += 1
         if msg.send_count:
-            self.retransmissions += 1
             slog.debug("retransmitted (attempt %d): HTTP %d", msg.send_count + 1, response.status)
         content = self.inbound.read_response(response.body, store_key=seq.key) if response.body else None
         if msg.last and rm is RM10 and 200 <= response.status < 300 and getattr(content, "fault", None) is None \

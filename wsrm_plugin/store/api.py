@@ -846,6 +846,21 @@ class StoreTransaction(ABC):
     def closed(self) -> bool:
         return self._closed
 
+    #: True when :meth:`savepoint` works (the memory and SQL stores).
+    supports_savepoints: ClassVar[bool] = False
+
+    def savepoint(self) -> Any:
+        """A context manager: when its block raises, only the block's changes are undone.
+
+        The transaction stays open (and keeps every lock it took) so the work
+        before the savepoint can still commit.  The invoker uses it to deliver
+        several messages in one transaction and still settle a failing one
+        exactly as if it had been delivered alone.  A block whose failure
+        doomed the transaction (a failed statement) cannot be undone alone:
+        the transaction stays doomed and can only roll back.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no savepoints")
+
     @abstractmethod
     def commit(self) -> None: ...
 

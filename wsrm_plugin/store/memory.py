@@ -16,10 +16,11 @@ finish them) and nothing after a restart, because nothing is left.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -175,6 +176,19 @@ class MemoryTransaction(api.StoreTransaction):
     @property
     def has_changes(self) -> bool:
         return bool(self._changes)
+
+    supports_savepoints = True
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        self._check_open()
+        before = dict(self._changes)
+        try:
+            yield
+        except BaseException:
+            if not self._closed and self.failed is None:
+                self._changes = before
+            raise
 
     # -- ending -----------------------------------------------------------------
 

@@ -28,10 +28,11 @@ exist") is kept, keyed by table and primary key; see :class:`SqlTransaction`.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -342,6 +343,7 @@ class SqlTransaction(api.StoreTransaction):
         self.undo: UndoLog | None = {} if capture_undo else None
         self._global: Any = None
         self._wrote = False
+        self._savepoints = 0
         self.rms = _Rms(self)
         self.rms_messages = _RmsMessages(self)
         self.rmd = _Rmd(self)
@@ -391,6 +393,26 @@ class SqlTransaction(api.StoreTransaction):
     @property
     def has_changes(self) -> bool:
         return self._wrote
+
+    supports_savepoints = True
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """SQL SAVEPOINT (SQLite and PostgreSQL alike); the undo capture is rewound with it."""
+        self._check_open()
+        self._savepoints += 1
+        name = f"wsrm_sp{self._savepoints}"
+        undo = dict(self.undo) if self.undo is not None else None
+        self.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            if not self._closed and self.failed is None:
+                self.execute(f"ROLLBACK TO SAVEPOINT {name}")
+                self.execute(f"RELEASE SAVEPOINT {name}")
+                self.undo = undo
+            raise
+        self.execute(f"RELEASE SAVEPOINT {name}")
 
     # -- undo capture -------------------------------------------------------------------
 
