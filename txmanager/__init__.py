@@ -16,13 +16,13 @@ from .log import LogEntry, MemoryLog, RecoveryLog
 from .manager import TransactionManager
 from .memory import MemoryResource, MemoryStore
 from .recovery import InDoubt, RecoveryManager, RecoveryReport
-from .transaction import CHECKPOINTS, Status, Synchronization, Transaction
+from .transaction import CHECKPOINTS, PreparedBranch, Status, Synchronization, Transaction
 from .xa import XAException, XAResource
 from .xid import FORMAT_ID, Xid
 
 __all__ = [
     "FORMAT_ID", "XAException", "XAResource", "Xid",
-    "TransactionManager", "Transaction", "Status", "Synchronization", "CHECKPOINTS",
+    "TransactionManager", "Transaction", "PreparedBranch", "Status", "Synchronization", "CHECKPOINTS",
     "RecoveryLog", "MemoryLog", "LogEntry", "RecoveryManager", "RecoveryReport", "InDoubt",
     "MemoryResource", "MemoryStore",
     "TransactionError", "RollbackError", "TransactionTimeoutError", "HeuristicError",

@@ -19,13 +19,14 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Sequence
 
-from .errors import IllegalStateError, NotSupportedError
+from .errors import HeuristicError, IllegalStateError, NotSupportedError
 from .log import MemoryLog, RecoveryLog, TransactionLog
 from .recovery import RecoveryManager
-from .transaction import Checkpoint, Status, Transaction
-from .xa import XAResource
+from .transaction import Checkpoint, PreparedBranch, Status, Transaction
+from .xa import XAER_NOTA, XAException, XAResource
 from .xid import Xid, default_node_name
 
 __all__ = ["TransactionManager"]
@@ -90,32 +91,42 @@ class TransactionManager:
 
     # -- the current thread's transaction -------------------------------------------
 
-    def begin(self, timeout: float | None = None, *, xid: Xid | None = None) -> Transaction:
+    def begin(self, timeout: float | None = None, *, xid: Xid | None = None,
+              branch_prefix: bytes | str = b"") -> Transaction:
         """Start a transaction and bind it to the calling thread.
 
         ``timeout`` (seconds; default ``default_timeout``, 0 for none) sets
         the deadline after which it can only roll back.  ``xid`` picks the
         global xid (for a job that names its own gtrid); by default a fresh
-        random one of this node.
+        random one of this node.  ``branch_prefix`` goes in front of every
+        branch qualifier: processes that share one gtrid (the tasks of a Spark
+        job) each pass their own, so their branches never collide.
         """
         if self._closed:
             raise IllegalStateError("the transaction manager is closed")
-        current = self.get_transaction()
-        if current is not None:
+        current = getattr(self._local, "tx", None)
+        if current is not None and not current._finished:
             raise NotSupportedError(f"thread already has transaction {current.xid}; nested "
                                     "transactions are not supported (suspend() it first)")
-        gxid = xid or Xid.new_global(self.node)
-        if gxid.bqual:
-            raise ValueError(f"{gxid} has a branch qualifier; begin() needs a global xid")
-        if self.log.is_pending(gxid):
-            raise IllegalStateError(f"the recovery log still has {gxid} pending; a new "
-                                    "transaction cannot reuse its gtrid")
+        if xid is None:
+            # 128 fresh random bits: no need to ask the log or the running
+            # transactions whether the gtrid is taken.
+            gxid = Xid.new_global(self.node)
+        else:
+            gxid = xid
+            if gxid.bqual:
+                raise ValueError(f"{gxid} has a branch qualifier; begin() needs a global xid")
+            if self.log.is_pending(gxid):
+                raise IllegalStateError(f"the recovery log still has {gxid} pending; a new "
+                                        "transaction cannot reuse its gtrid")
         tx = Transaction(gxid, log=self.log,
                          timeout=self.default_timeout if timeout is None else timeout,
                          checkpoint=self._checkpoint, retries=self._retries,
-                         retry_delay=self._retry_delay, on_end=self._ended)
+                         retry_delay=self._retry_delay, on_end=self._ended,
+                         branch_prefix=(branch_prefix.encode() if isinstance(branch_prefix, str)
+                                        else branch_prefix))
         with self._mutex:
-            if gxid.gtrid in self._in_flight:
+            if xid is not None and gxid.gtrid in self._in_flight:
                 raise IllegalStateError(f"transaction {gxid} is already running")
             self._in_flight[gxid.gtrid] = tx
         self._local.tx = tx
@@ -124,7 +135,7 @@ class TransactionManager:
     def get_transaction(self) -> Transaction | None:
         """The calling thread's transaction, or None (a finished one is unbound)."""
         tx = getattr(self._local, "tx", None)
-        if tx is not None and tx.finished:
+        if tx is not None and tx._finished:
             self._local.tx = tx = None
         return tx
 
@@ -173,24 +184,11 @@ class TransactionManager:
         tx._resume_all()
         self._local.tx = tx
 
-    @contextlib.contextmanager
-    def transaction(self, timeout: float | None = None) -> Iterator[Transaction]:
+    def transaction(self, timeout: float | None = None) -> "_TransactionScope":
         """``with tm.transaction() as tx:`` -- commit on normal exit, roll back on an
         exception (which is re-raised).  A body that completes the transaction
-        itself is left alone."""
-        tx = self.begin(timeout)
-        try:
-            yield tx
-        except BaseException as exc:
-            if self.get_transaction() is tx:
-                try:
-                    self.rollback()
-                except Exception as rb_exc:  # noqa: BLE001 -- don't hide the body's error
-                    log.error("rollback of %s after %r failed: %s", tx.xid, exc, rb_exc)
-                    exc.add_note(f"and the rollback of {tx.xid} failed: {rb_exc!r}")
-            raise
-        if self.get_transaction() is tx:
-            self.commit()
+        itself is left alone.  Also usable as a decorator."""
+        return _TransactionScope(self, timeout)
 
     def _require(self, what: str) -> Transaction:
         tx = self.get_transaction()
@@ -207,6 +205,85 @@ class TransactionManager:
     def _in_flight_gtrids(self) -> set[bytes]:
         with self._mutex:
             return set(self._in_flight)
+
+    # -- transactions decided here, prepared elsewhere ------------------------------
+
+    def begin_detached(self, xid: Xid | None = None) -> Xid:
+        """A global transaction whose branches other processes do and prepare.
+
+        The returned global xid goes to the workers (each ``begin(xid=...,
+        branch_prefix=...)`` then :meth:`Transaction.prepare_and_detach`); their
+        :class:`PreparedBranch` lists come back, and this manager decides with
+        :meth:`commit_prepared` or :meth:`rollback_prepared`.  Until then the
+        gtrid counts as running here, so this manager's recovery leaves its
+        prepared branches alone however long the workers take.
+        """
+        if self._closed:
+            raise IllegalStateError("the transaction manager is closed")
+        gxid = xid if xid is not None else Xid.new_global(self.node)
+        if gxid.bqual:
+            raise ValueError(f"{gxid} has a branch qualifier; begin_detached() needs a global xid")
+        if self.log.is_pending(gxid):
+            raise IllegalStateError(f"the recovery log still has {gxid} pending; a new "
+                                    "transaction cannot reuse its gtrid")
+        with self._mutex:
+            if gxid.gtrid in self._in_flight:
+                raise IllegalStateError(f"transaction {gxid} is already running")
+            self._in_flight[gxid.gtrid] = _Detached(gxid)  # type: ignore[assignment]
+        return gxid
+
+    def commit_prepared(self, gxid: Xid, branches: Sequence[PreparedBranch]) -> list[PreparedBranch]:
+        """Log the commit decision for exactly ``branches`` (fsynced), then commit them.
+
+        Every branch must be prepared already.  A branch whose resource cannot
+        be reached now stays in the log for recovery, which commits it later:
+        those are returned (an empty list means everything committed).  Each
+        branch's resource must be registered (:meth:`register_resource`) under
+        its ``resource_name``.  Other prepared branches of the same gtrid (a
+        failed attempt's) are not in the decision: recovery rolls them back.
+        """
+        gxid = gxid.global_xid()
+        for b in branches:
+            if b.xid.global_xid() != gxid:
+                raise ValueError(f"branch {b.xid} is not a branch of {gxid}")
+        if not branches:
+            self._release_detached(gxid)
+            return []
+        resources = {b.resource_name: self._resource_named(b.resource_name) for b in branches}
+        self.log.log_commit_decision(gxid, [(b.xid, b.resource_name) for b in branches])
+        self._release_detached(gxid)
+        left = [b for b in branches
+                if not _finish_prepared(resources[b.resource_name], b.xid, True, self._retries,
+                                        self._retry_delay)]
+        if left:
+            log.warning("transaction %s committed, but %d branch(es) could not be reached; the "
+                        "recovery manager will commit them", gxid, len(left))
+        else:
+            self.log.log_done(gxid)
+        return left
+
+    def rollback_prepared(self, gxid: Xid, branches: Sequence[PreparedBranch]) -> list[PreparedBranch]:
+        """Roll back ``branches`` (nothing is logged: presumed abort).  Returns those that
+        could not be reached now; recovery rolls them back later."""
+        gxid = gxid.global_xid()
+        self._release_detached(gxid)
+        return [b for b in branches
+                if not _finish_prepared(self._resource_named(b.resource_name), b.xid, False,
+                                        self._retries, self._retry_delay)]
+
+    def _release_detached(self, gxid: Xid) -> None:
+        with self._mutex:
+            if isinstance(self._in_flight.get(gxid.gtrid), _Detached):
+                del self._in_flight[gxid.gtrid]
+
+    def _resource_named(self, name: str) -> XAResource:
+        with self._mutex:
+            for resource in self._resources:
+                if getattr(resource, "resource_name", None) == name:
+                    return resource
+        raise IllegalStateError(f"no resource named {name!r} is registered with transaction "
+                                f"manager {self.node!r}: register_resource() it before deciding "
+                                "its branches")
 
     # -- recovery -----------------------------------------------------------------
 
@@ -244,6 +321,92 @@ class TransactionManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Detached:
+    """Placeholder in the running set for a transaction prepared elsewhere (begin_detached)."""
+
+    __slots__ = ("xid",)
+    _finished = False
+
+    def __init__(self, xid: Xid) -> None:
+        self.xid = xid
+
+
+def _finish_prepared(resource: XAResource, xid: Xid, commit: bool, retries: int,
+                     delay: float) -> bool:
+    """Phase 2 of one prepared branch; False when it must be left to recovery.
+
+    XAER_NOTA counts as done: after a lost answer the first attempt may have
+    finished it, and for a rollback the branch may never have been prepared.
+    """
+    verb = "commit" if commit else "rollback"
+    for attempt in range(retries + 1):
+        try:
+            if commit:
+                resource.commit(xid, one_phase=False)
+            else:
+                resource.rollback(xid)
+            return True
+        except XAException as e:
+            if e.code == XAER_NOTA or (not commit and e.is_rollback):
+                if commit and attempt == 0:
+                    log.warning("commit of %s: %s no longer holds it (%s)", xid,
+                                getattr(resource, "resource_name", resource), e)
+                return True
+            if e.is_heuristic:
+                raise HeuristicError(f"{verb} of {xid} ended heuristically ({e}); see the "
+                                     "recovery log", xid=xid, outcomes=[(xid, e.code)]) from e
+            error: Exception = e
+        except Exception as e:  # noqa: BLE001 -- a lost connection: try again
+            error = e
+        if attempt < retries:
+            time.sleep(min(delay * 2 ** attempt, 2.0))
+    log.warning("%s of %s still failing (%s); leaving it to recovery", verb, xid, error)
+    return False
+
+
+class _TransactionScope(contextlib.ContextDecorator):
+    """What :meth:`TransactionManager.transaction` returns.
+
+    A plain class rather than a ``@contextmanager`` generator: that machinery
+    (a generator, two ``next`` calls, a helper object) was a visible share of
+    a one-phase transaction's own cost.
+    """
+
+    __slots__ = ("_tm", "_timeout", "_tx")
+
+    def __init__(self, tm: TransactionManager, timeout: float | None) -> None:
+        self._tm = tm
+        self._timeout = timeout
+        self._tx: Transaction | None = None
+
+    def _recreate_cm(self) -> "_TransactionScope":
+        return _TransactionScope(self._tm, self._timeout)  # a fresh one per decorated call
+
+    def __enter__(self) -> Transaction:
+        self._tx = tx = self._tm.begin(self._timeout)
+        return tx
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        tm, tx = self._tm, self._tx
+        self._tx = None
+        assert tx is not None
+        local = tm._local
+        if getattr(local, "tx", None) is not tx or tx._finished:
+            return  # the body committed, rolled back or suspended it itself
+        if exc_type is None:
+            try:
+                tx.commit()
+            finally:
+                local.tx = None
+            return
+        try:
+            tm.rollback()
+        except Exception as rb_exc:  # noqa: BLE001 -- don't hide the body's error
+            log.error("rollback of %s after %r failed: %s", tx.xid, exc, rb_exc)
+            exc.add_note(f"and the rollback of {tx.xid} failed: {rb_exc!r}")
 
 
 _warned: set[str] = set()

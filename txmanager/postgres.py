@@ -27,12 +27,12 @@ Facts this module is built on (checked against PostgreSQL 15 and psycopg2 2.9):
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from threading import get_ident
 from typing import Any, Protocol
 
 import psycopg2
@@ -65,7 +65,14 @@ def default_resource_name(dsn: str) -> str:
     return f"pg:{dbname}@{p.get('host', 'localhost')}:{p.get('port', 5432)}"
 
 
-class _State(enum.Enum):
+class _State:
+    """A branch's XA state on its session.
+
+    Plain string constants rather than an Enum: on Python 3.11 reading an
+    Enum member costs seven times a class attribute, and the states are read
+    several times per transaction.
+    """
+
     ACTIVE = "active"            # associated with the caller: SQL may run
     SUSPENDED = "suspended"      # end(TMSUSPEND): may resume
     IDLE = "idle"                # end(TMSUCCESS): may prepare, commit one-phase or join
@@ -73,10 +80,14 @@ class _State(enum.Enum):
     PREPARED = "prepared"
 
 
-@dataclass
 class _Branch:
-    xid: Xid
-    state: _State
+    """The session's branch: its xid and its XA state."""
+
+    __slots__ = ("xid", "state")
+
+    def __init__(self, xid: Xid, state: str) -> None:
+        self.xid = xid
+        self.state = state
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,24 @@ def _rollback_code(pgcode: str | None) -> int:
     if pgcode.startswith("08"):
         return XA_RBCOMMFAIL
     return XA_RBOTHER
+
+
+def _psycopg_xid(xid: Xid) -> "ext.Xid | str":
+    """What to hand to ``tpc_begin`` for ``xid``.
+
+    Given the gid string, psycopg2 parses it back into an Xid (a regular
+    expression and two base64 decodes, run as Python calls: measured at 2.5
+    microseconds, a few percent of a one-phase transaction); an Xid built from
+    the parts costs a tenth of that and writes the same gid.  psycopg2 only
+    takes printable ASCII parts and a non-negative format id; any other xid
+    goes as its gid.
+    """
+    gtrid, bqual = xid.gtrid, xid.bqual
+    if xid.format_id >= 0 and gtrid.isascii() and bqual.isascii():
+        g, b = gtrid.decode("ascii"), bqual.decode("ascii")
+        if g.isprintable() and b.isprintable():
+            return ext.Xid(xid.format_id, g, b)
+    return xid.to_pg_gid()
 
 
 def _describe(exc: BaseException) -> str:
@@ -178,7 +207,7 @@ class PostgresXAResource:
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
-        branch = f" {self._branch.xid} {self._branch.state.value}" if self._branch else ""
+        branch = f" {self._branch.xid} {self._branch.state}" if self._branch else ""
         return f"<PostgresXAResource {self.resource_name}{branch}>"
 
     # -- connections -------------------------------------------------------------
@@ -260,7 +289,7 @@ class PostgresXAResource:
 
     def _current(self, xid: Xid) -> _Branch:
         b = self._branch
-        if b is None or b.xid != xid:
+        if b is None or (b.xid is not xid and b.xid != xid):
             where = f"it carries {b.xid}" if b else "it carries no branch"
             raise XAException(XAER_NOTA, f"{xid} is not a branch of this session ({where})")
         return b
@@ -299,7 +328,7 @@ class PostgresXAResource:
             self._give_up(b, XA_RBCOMMFAIL)
             raise XAException(XA_RBCOMMFAIL, f"{self.resource_name}: the session of {b.xid} is gone; "
                                              "PostgreSQL rolled the branch back")
-        if conn.info.transaction_status == ext.TRANSACTION_STATUS_INERROR:
+        if conn.get_transaction_status() == ext.TRANSACTION_STATUS_INERROR:
             raise self._refuse(b, XA_RBROLLBACK, "a statement of the branch failed")
         return conn
 
@@ -316,7 +345,7 @@ class PostgresXAResource:
                     raise XAException(XA_RBROLLBACK, f"{xid} is marked rollback-only and cannot be joined")
                 if b.state is not wanted:
                     verb = "join" if flags == TMJOIN else "resume"
-                    raise XAException(XAER_PROTO, f"cannot {verb} {xid}: it is {b.state.value}")
+                    raise XAException(XAER_PROTO, f"cannot {verb} {xid}: it is {b.state}")
                 b.state = _State.ACTIVE
             else:
                 raise XAException(XAER_INVAL, f"start flags {flags:#x}: use TMNOFLAGS, TMJOIN or TMRESUME")
@@ -327,34 +356,39 @@ class PostgresXAResource:
                 raise XAException(XAER_DUPID, f"{xid} is already started on this session")
             raise XAException(
                 XAER_PROTO,
-                f"this session still carries {self._branch.xid} ({self._branch.state.value}); a PostgreSQL "
+                f"this session still carries {self._branch.xid} ({self._branch.state}); a PostgreSQL "
                 "session runs one transaction at a time: finish that branch or use another resource",
             )
-        conn = self._open_session()
-        if conn.status != ext.STATUS_READY or conn.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
+        conn = self._session
+        if conn is None or conn.closed:
+            conn = self._open_session()
+        if conn.status != ext.STATUS_READY or conn.get_transaction_status() != ext.TRANSACTION_STATUS_IDLE:
             raise XAException(
                 XAER_OUTSIDE,
                 f"{self.resource_name}: the session has a local transaction open (SQL ran outside "
                 "start/end); commit or roll it back before starting a branch",
             )
         try:
-            conn.tpc_begin(xid.to_pg_gid())
+            conn.tpc_begin(_psycopg_xid(xid))
         except psycopg2.Error as exc:
             lost = self._is_session_lost(conn, exc)
             self._drop_session()
             raise XAException(XAER_RMFAIL if lost else XAER_RMERR,
                               f"{self.resource_name}: cannot start {xid}: {_describe(exc)}") from exc
-        self._ended.pop(xid, None)
+        if self._ended:
+            self._ended.pop(xid, None)
         self._branch = _Branch(xid, _State.ACTIVE)
 
     def end(self, xid: Xid, flags: int = TMSUCCESS) -> None:
         with self._lock:
-            b = self._current(xid)
+            b = self._branch
+            if b is None or b.xid is not xid:  # the TM passes the very xid it started
+                b = self._current(xid)
             if flags not in (TMSUCCESS, TMFAIL, TMSUSPEND):
                 raise XAException(XAER_INVAL, f"end flags {flags:#x}: use TMSUCCESS, TMFAIL or TMSUSPEND")
             allowed = (_State.ACTIVE,) if flags == TMSUSPEND else (_State.ACTIVE, _State.SUSPENDED)
             if b.state not in allowed:
-                raise XAException(XAER_PROTO, f"cannot end {xid}: it is {b.state.value}")
+                raise XAException(XAER_PROTO, f"cannot end {xid}: it is {b.state}")
             if flags == TMSUSPEND:
                 b.state = _State.SUSPENDED
             elif flags == TMFAIL:
@@ -364,7 +398,7 @@ class PostgresXAResource:
                 conn = self._session
                 if conn is None or conn.closed:
                     self._check_usable(b)  # raises XA_RBCOMMFAIL
-                if conn is not None and conn.info.transaction_status == ext.TRANSACTION_STATUS_INERROR:
+                if conn is not None and conn.get_transaction_status() == ext.TRANSACTION_STATUS_INERROR:
                     b.state = _State.ROLLBACK_ONLY
                     raise XAException(XA_RBROLLBACK, f"{xid}: a statement of the branch failed; "
                                                      "it can only be rolled back")
@@ -377,7 +411,7 @@ class PostgresXAResource:
             if b.state is _State.ROLLBACK_ONLY:
                 raise self._refuse(b, XA_RBROLLBACK, "it was marked rollback-only")
             if b.state is not _State.IDLE:
-                raise XAException(XAER_PROTO, f"cannot prepare {xid}: it is {b.state.value} "
+                raise XAException(XAER_PROTO, f"cannot prepare {xid}: it is {b.state} "
                                               "(end it with TMSUCCESS first)")
             conn = self._check_usable(b)
             if self.read_only_check and self._wrote_nothing(b, conn):
@@ -425,7 +459,7 @@ class PostgresXAResource:
     def commit(self, xid: Xid, one_phase: bool = False) -> None:
         with self._lock:
             b = self._branch
-            if b is not None and b.xid == xid:
+            if b is not None and (b.xid is xid or b.xid == xid):
                 if one_phase:
                     self._commit_one_phase(b)
                 else:
@@ -446,8 +480,10 @@ class PostgresXAResource:
             raise self._refuse(b, XA_RBROLLBACK, "it was marked rollback-only")
         if b.state is not _State.IDLE:
             hint = "commit it with one_phase=False" if b.state is _State.PREPARED else "end it first"
-            raise XAException(XAER_PROTO, f"cannot commit {b.xid} in one phase: it is {b.state.value}; {hint}")
-        conn = self._check_usable(b)
+            raise XAException(XAER_PROTO, f"cannot commit {b.xid} in one phase: it is {b.state}; {hint}")
+        conn = self._session
+        if conn is None or conn.closed or conn.get_transaction_status() == ext.TRANSACTION_STATUS_INERROR:
+            conn = self._check_usable(b)  # raises the XA_RB* the branch deserves
         try:
             conn.tpc_commit()
         except psycopg2.Error as exc:
@@ -461,7 +497,7 @@ class PostgresXAResource:
 
     def _commit_prepared_here(self, b: _Branch) -> None:
         if b.state is not _State.PREPARED:
-            raise XAException(XAER_PROTO, f"cannot commit {b.xid} in two phases: it is {b.state.value} "
+            raise XAException(XAER_PROTO, f"cannot commit {b.xid} in two phases: it is {b.state} "
                                           "(prepare it first, or pass one_phase=True)")
         self._finish_on_session(b, commit=True)
 
@@ -604,8 +640,11 @@ class PostgresXAResource:
         """Close both connections.  An unprepared branch rolls back; a prepared one stays for recovery."""
         with self._lock:
             if self._branch is not None:
-                log.warning("%s: closing with branch %s %s", self.resource_name,
-                            self._branch.xid, self._branch.state.value)
+                # a prepared branch is expected here after Transaction.prepare_and_detach:
+                # another process decides it; anything else is work being thrown away
+                level = logging.INFO if self._branch.state is _State.PREPARED else logging.WARNING
+                log.log(level, "%s: closing with branch %s %s", self.resource_name,
+                        self._branch.xid, self._branch.state)
                 self._branch = None
             self._drop_session()
             conn, self._control = self._control, None
@@ -634,6 +673,8 @@ class _ReturnToPool:
     connection until the transaction manager commits or rolls it back.
     """
 
+    __slots__ = ("_ds", "_key")
+
     def __init__(self, ds: "XADataSource", key: tuple[int, int]) -> None:
         self._ds = ds
         self._key = key
@@ -643,6 +684,36 @@ class _ReturnToPool:
 
     def after_completion(self, status: Any) -> None:
         self._ds._transaction_over(self._key)
+
+
+class _ConnectionScope:
+    """What ``XADataSource.connection()`` returns.
+
+    A plain class rather than a ``@contextmanager`` generator: the generator
+    machinery was a visible part of a one-phase transaction's own cost.
+    """
+
+    __slots__ = ("_ds", "_local")
+
+    def __init__(self, ds: "XADataSource") -> None:
+        self._ds = ds
+        self._local: contextlib.AbstractContextManager[Connection] | None = None
+
+    def __enter__(self) -> Connection:
+        ds = self._ds
+        if ds._closed:
+            raise RuntimeError(f"{ds!r} is closed")
+        tx = ds.tm.get_transaction()
+        if tx is None:
+            self._local = ds._local_connection()
+            return self._local.__enter__()
+        return ds._enlisted_connection(tx)
+
+    def __exit__(self, *exc_info: Any) -> bool | None:
+        if self._local is not None:
+            local, self._local = self._local, None
+            return local.__exit__(*exc_info)
+        return None
 
 
 class XADataSource:
@@ -695,22 +766,23 @@ class XADataSource:
     def __repr__(self) -> str:
         return f"<XADataSource {self.resource_name} idle={len(self._idle)} enlisted={len(self._enlisted)}>"
 
-    @contextlib.contextmanager
-    def connection(self) -> Iterator[Connection]:
-        if self._closed:
-            raise RuntimeError(f"{self!r} is closed")
-        tx = self.tm.get_transaction()
-        if tx is None:
-            with self._local_connection() as conn:
-                yield conn
-            return
-        key = (threading.get_ident(), id(tx))
-        with self._lock:
-            entry = self._enlisted.get(key)
+    def connection(self) -> contextlib.AbstractContextManager[Connection]:
+        """``with ds.connection() as conn``: the connection of the thread's transaction
+        branch here, or a local one outside a transaction (see the class docstring)."""
+        return _ConnectionScope(self)
+
+    def _enlisted_connection(self, tx: _Transaction) -> Connection:
+        """The connection of ``tx``'s branch in this database, enlisting one the first time.
+
+        The bookkeeping is single dict operations, atomic under the GIL, so the
+        hot path takes no lock of its own: one key is only ever used by one
+        thread (its ident is part of it).
+        """
+        key = (get_ident(), id(tx))
+        entry = self._enlisted.get(key)
         if entry is None:
             resource = self._acquire()
-            with self._lock:
-                self._enlisted[key] = (tx, resource)
+            self._enlisted[key] = (tx, resource)
             try:
                 tx.register_synchronization(_ReturnToPool(self, key))
                 if not tx.enlist_resource(resource):
@@ -720,7 +792,10 @@ class XADataSource:
                 raise
         else:
             resource = entry[1]
-        yield resource.connection
+        conn = resource._session
+        if conn is None or conn.closed:
+            conn = resource.connection
+        return conn
 
     @contextlib.contextmanager
     def _local_connection(self) -> Iterator[Connection]:
@@ -762,30 +837,34 @@ class XADataSource:
     # -- pool ------------------------------------------------------------------------------
 
     def _acquire(self) -> PostgresXAResource:
-        with self._lock:
-            while self._idle:
-                resource = self._idle.pop()
-                if resource._session is not None and not resource._session.closed:
-                    return resource
-                resource.close()
+        idle = self._idle
+        while idle:
+            try:
+                resource = idle.pop()  # atomic: two threads never get the same one
+            except IndexError:
+                break
+            conn = resource._session
+            if conn is not None and not conn.closed:
+                return resource
+            resource.close()
         return PostgresXAResource(self.dsn, resource_name=self.resource_name,
                                   read_only_check=self.read_only_check)
 
     def _release(self, resource: PostgresXAResource) -> None:
         conn = resource._session
         reusable = (
-            not resource.in_branch and conn is not None and not conn.closed
+            resource._branch is None and conn is not None and not conn.closed
             and conn.status == ext.STATUS_READY
-            and conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
+            and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE
         )
-        with self._lock:
-            if reusable and not self._closed and len(self._idle) < self.pool_size:
-                self._idle.append(resource)
-                return
+        if reusable:
+            with self._lock:  # the size check and the append go together
+                if not self._closed and len(self._idle) < self.pool_size:
+                    self._idle.append(resource)
+                    return
         resource.close()
 
     def _transaction_over(self, key: tuple[int, int]) -> None:
-        with self._lock:
-            entry = self._enlisted.pop(key, None)
+        entry = self._enlisted.pop(key, None)
         if entry is not None:
             self._release(entry[1])

@@ -140,10 +140,12 @@ class RecoveryManager:
                 entry = pending.get(gxid)
                 if entry is not None and xid in entry.heuristics:
                     continue  # reported from the log below
-                if entry is not None and entry.committing:
+                if entry is not None and entry.committing and _decided(entry, xid):
                     if self._complete(resource, xid, True, report) != "failed":
                         finished.add(xid)
                     continue
+                # A branch the decision does not name (a failed or speculative
+                # attempt of a job decided with commit_prepared) is presumed aborted.
                 if not xid.is_ours(self.node):
                     report.foreign.append(xid)
                     continue
@@ -320,7 +322,7 @@ class RecoveryManager:
                 raise IllegalStateError(f"{xid} is not prepared in any registered resource")
             gxid = xid.global_xid()
             entry = self.log.pending().get(gxid)
-            logged_commit = entry is not None and entry.committing
+            logged_commit = entry is not None and entry.committing and _decided(entry, xid)
             if logged_commit != commit:
                 log.warning("operator decides to %s %s although the log says %s",
                             "commit" if commit else "roll back", xid,
@@ -378,9 +380,15 @@ class RecoveryManager:
 def _decision(entry: LogEntry | None, xid: Xid) -> str:
     if entry is not None and xid in entry.heuristics:
         return f"heuristic {error_name(entry.heuristics[xid])}"
-    if entry is not None and entry.committing:
+    if entry is not None and entry.committing and _decided(entry, xid):
         return "commit"
     return "none"
+
+
+def _decided(entry: LogEntry, xid: Xid) -> bool:
+    """True when the commit decision names this branch (a log without branch
+    names -- none is written so -- is taken to cover the whole transaction)."""
+    return not entry.branches or any(bxid == xid for bxid, _ in entry.branches)
 
 
 def _name(resource: object) -> str:

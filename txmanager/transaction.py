@@ -40,11 +40,12 @@ their branch's number).
 
 from __future__ import annotations
 
+import _thread
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -63,7 +64,7 @@ from .xid import Xid
 if TYPE_CHECKING:
     from .log import TransactionLog
 
-__all__ = ["Status", "Synchronization", "Transaction", "CHECKPOINTS", "Checkpoint"]
+__all__ = ["Status", "Synchronization", "Transaction", "CHECKPOINTS", "Checkpoint", "PreparedBranch"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,14 @@ CHECKPOINTS = ("before_commit_one_phase", "before_prepare", "prepared", "before_
 #: Codes after which the same commit may succeed later: retry, then leave to recovery.
 #: (XAER_RMERR is not one: on commit it means the RM gave the branch up.)
 _TRANSIENT = frozenset((XAER_RMFAIL, XA_RETRY))
+
+
+def _bqual(index: int) -> bytes:
+    return str(index).encode()
+
+
+#: The branch qualifiers "0".."15" as bytes, made once rather than per branch.
+_BQUALS = tuple(_bqual(i) for i in range(16))
 
 
 class Status(IntEnum):
@@ -91,6 +100,15 @@ class Status(IntEnum):
     ROLLING_BACK = 9
 
 
+# Module-level aliases for the hot paths: on Python 3.11 reading an Enum member
+# (Status.ACTIVE) costs seven times reading a global.
+_ACTIVE = Status.ACTIVE
+_PREPARING = Status.PREPARING
+_PREPARED = Status.PREPARED
+_COMMITTING = Status.COMMITTING
+_COMMITTED = Status.COMMITTED
+
+
 @runtime_checkable
 class Synchronization(Protocol):
     """Callbacks around completion (JTA ``Synchronization``).
@@ -105,6 +123,28 @@ class Synchronization(Protocol):
     def before_completion(self) -> None: ...
 
     def after_completion(self, status: Status) -> None: ...
+
+
+@dataclass(frozen=True)
+class PreparedBranch:
+    """A branch prepared by :meth:`Transaction.prepare_and_detach`, for whoever decides it.
+
+    Plain data (the xid's text form and the resource's name), so it can
+    travel from the process that did the work to the one that commits it (a
+    Spark executor's result to the driver): phase 2 of a prepared branch can
+    run on any connection to its resource manager.
+    """
+
+    xid: Xid
+    resource_name: str
+
+    def to_text(self) -> tuple[str, str]:
+        return (self.xid.to_text(), self.resource_name)
+
+    @classmethod
+    def from_text(cls, data: tuple[str, str] | list[str]) -> "PreparedBranch":
+        xid_text, name = data
+        return cls(Xid.from_text(xid_text), name)
 
 
 class _Branch:
@@ -147,10 +187,13 @@ class Transaction:
     def __init__(self, xid: Xid, *, log: "TransactionLog", timeout: float | None = None,
                  checkpoint: Checkpoint | None = None, retries: int = 3,
                  retry_delay: float = 0.05, on_end: Callable[["Transaction"], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, branch_prefix: bytes = b"") -> None:
         if xid.bqual:
             raise ValueError(f"{xid} is a branch xid; a transaction needs a global xid")
         self.xid = xid
+        # Several processes working under one gtrid (a Spark job's tasks) need
+        # branch qualifiers that cannot collide: each names its own prefix.
+        self._branch_prefix = branch_prefix
         self._log = log
         self._clock = clock
         self.timeout = timeout if timeout and timeout > 0 else None
@@ -159,8 +202,8 @@ class Transaction:
         self._retries = retries
         self._retry_delay = retry_delay
         self._on_end = on_end
-        self._lock = threading.RLock()
-        self._phase = Status.ACTIVE
+        self._lock = _thread.RLock()  # threading.RLock() is a Python-level factory of this
+        self._phase = _ACTIVE
         self._rollback_only = False
         self._timed_out = False
         self._cause: BaseException | None = None
@@ -214,7 +257,13 @@ class Transaction:
             self._cause = cause
 
     def _check_active(self, what: str) -> None:
-        """Raise unless new work may join the transaction now."""
+        """Raise unless new work may join the transaction now.
+
+        The hot paths (``enlist_resource``, ``register_synchronization``)
+        first test the same conditions inline and call this only when one
+        holds: a Python call per enlistment is a measurable share of a short
+        transaction.
+        """
         if self._phase != Status.ACTIVE:
             raise IllegalStateError(f"cannot {what}: transaction {self.xid} is {self._phase.name}")
         if self.is_expired():
@@ -240,8 +289,11 @@ class Transaction:
         when the resource is already active in this transaction.
         """
         with self._lock:
-            self._check_active("enlist a resource")
-            enl = self._enlistment(resource)
+            deadline = self.deadline
+            if (self._phase is not _ACTIVE or self._rollback_only or self._timed_out
+                    or (deadline is not None and self._clock() > deadline)):
+                self._check_active("enlist a resource")
+            enl = self._enlistment(resource) if self._enlisted else None
             if enl is not None:
                 if enl.state == "active":
                     return False
@@ -262,10 +314,20 @@ class Transaction:
                         continue
                     self._enlisted.append(_Enlistment(resource, branch))
                     return True
-            branch = _Branch(len(self._branches), self.xid.branch(str(len(self._branches))),
-                             resource)
-            self._pass_timeout(resource)
-            self._start(resource, branch.xid, TMNOFLAGS)
+            index = len(self._branches)
+            bqual = _BQUALS[index] if index < 16 else _bqual(index)
+            if self._branch_prefix:
+                bqual = self._branch_prefix + bqual
+            branch = _Branch(index, self.xid.branch(bqual), resource)
+            if deadline is not None:  # pass the time left on to the resource
+                try:
+                    resource.set_transaction_timeout(max(1, math.ceil(deadline - self._clock())))
+                except (XAException, AttributeError) as e:
+                    log.debug("%s does not take a transaction timeout: %s", _name(resource), e)
+            try:
+                resource.start(branch.xid, TMNOFLAGS)
+            except XAException as e:
+                self._start_failed(resource, branch.xid, e)
             self._branches.append(branch)
             self._enlisted.append(_Enlistment(resource, branch))
             return True
@@ -294,7 +356,10 @@ class Transaction:
     def register_synchronization(self, sync: Synchronization) -> None:
         """Call ``sync`` around completion (may also be called from ``before_completion``)."""
         with self._lock:
-            self._check_active("register a synchronization")
+            deadline = self.deadline
+            if (self._phase is not _ACTIVE or self._rollback_only or self._timed_out
+                    or (deadline is not None and self._clock() > deadline)):
+                self._check_active("register a synchronization")
             self._syncs.append(sync)
 
     def _enlistment(self, resource: XAResource) -> _Enlistment | None:
@@ -307,11 +372,15 @@ class Transaction:
         try:
             resource.start(xid, flag)
         except XAException as e:
-            if e.is_rollback:
-                self._mark_rollback(e)
-                raise RollbackError(f"{_name(resource)} rolled back branch {xid} at start",
-                                    xid=self.xid, cause=e) from e
-            raise TransactionError(f"{_name(resource)} refused to start branch {xid}: {e}") from e
+            self._start_failed(resource, xid, e)
+
+    def _start_failed(self, resource: XAResource, xid: Xid, e: XAException) -> None:
+        """Raise what a refused ``start`` means for the transaction."""
+        if e.is_rollback:
+            self._mark_rollback(e)
+            raise RollbackError(f"{_name(resource)} rolled back branch {xid} at start",
+                                xid=self.xid, cause=e) from e
+        raise TransactionError(f"{_name(resource)} refused to start branch {xid}: {e}") from e
 
     def _end(self, enl: _Enlistment, flag: int) -> bool:
         try:
@@ -359,15 +428,6 @@ class Transaction:
                     self._start(enl.resource, enl.branch.xid, TMRESUME)
                     enl.state = "active"
 
-    def _pass_timeout(self, resource: XAResource) -> None:
-        if self.deadline is None:
-            return
-        seconds = max(1, math.ceil(self.deadline - self._clock()))
-        try:
-            resource.set_transaction_timeout(seconds)
-        except (XAException, AttributeError) as e:
-            log.debug("%s does not take a transaction timeout: %s", _name(resource), e)
-
     # -- completion ------------------------------------------------------------------
 
     def commit(self) -> None:
@@ -379,6 +439,59 @@ class Transaction:
         self._enter_completion("commit")
         try:
             self._commit()
+        finally:
+            self._leave_completion()
+
+    def prepare_and_detach(self) -> list[PreparedBranch]:
+        """Phase 1 only: prepare every branch and hand the decision to someone else.
+
+        For work done in one process and decided in another (a Spark task
+        prepares, the driver commits the attempts Spark accepted): runs
+        ``before_completion``, ends and prepares every branch, and returns the
+        branches that voted yes (read-only ones are already finished).  Nothing
+        is logged here -- the decider logs its decision
+        (:meth:`TransactionManager.commit_prepared`); until then the branches
+        stay prepared and are presumed aborted by recovery.  A "no" vote, an
+        error or a timeout rolls every branch back and raises
+        :class:`RollbackError`, as commit would.  Afterwards the transaction is
+        finished with status PREPARED (``after_completion(Status.PREPARED)``:
+        the local connections may be released, the outcome is not known here).
+        """
+        self._enter_completion("prepare")
+        try:
+            if not self._rollback_only and not self.is_expired() and self._syncs:
+                self._before_completion()
+            if self.is_expired():
+                self._timed_out = True
+                self._rollback_only = True
+            self._end_all()
+            with self._lock:
+                self._phase = Status.PREPARING
+            if self._rollback_only:
+                self._phase = Status.ROLLING_BACK
+                self._finish_rollback(self._branches, self._cause)
+            for branch in self._branches:
+                if self._rollback_only or self.is_expired():
+                    break
+                try:
+                    vote = branch.resource.prepare(branch.xid)
+                except XAException as e:
+                    branch.rolled_back = e.is_rollback
+                    self._abort(f"{branch.name} voted no on {branch.xid}", e)
+                except Exception as e:  # noqa: BLE001 -- a lost connection, a bug in the resource
+                    self._abort(f"prepare of {branch.xid} on {branch.name} failed", e)
+                if vote not in (XA_OK, XA_RDONLY):
+                    self._abort(f"{branch.name} answered prepare of {branch.xid} with "
+                                f"{error_name(vote)}", None)
+                branch.vote = vote
+                self._cp("prepared", branch.index)
+            if self.is_expired():
+                self._timed_out = True
+            if self._timed_out or self._rollback_only:
+                self._abort("rollback-only during prepare", self._cause)
+            prepared = [PreparedBranch(b.xid, b.name) for b in self._branches if b.vote == XA_OK]
+            self._finish(Status.PREPARED)
+            return prepared
         finally:
             self._leave_completion()
 
@@ -394,7 +507,7 @@ class Transaction:
 
     def _enter_completion(self, what: str) -> None:
         with self._lock:
-            if self._completing or self._phase != Status.ACTIVE:
+            if self._completing or self._phase is not _ACTIVE:
                 state = "completing" if self._completing else self._phase.name
                 raise IllegalStateError(f"cannot {what} transaction {self.xid}: it is {state}")
             self._completing = True
@@ -407,20 +520,22 @@ class Transaction:
                 log.exception("transaction end callback failed")
 
     def _commit(self) -> None:
-        if not self._rollback_only and not self.is_expired():
+        deadline, clock = self.deadline, self._clock
+        if (not self._rollback_only and self._syncs
+                and not (deadline is not None and clock() > deadline)):
             self._before_completion()
-        if self.is_expired():
+        if deadline is not None and clock() > deadline:
             self._timed_out = True
             self._rollback_only = True
         self._end_all()
         with self._lock:
-            self._phase = Status.PREPARING
+            self._phase = _PREPARING
         if self._rollback_only:
             self._phase = Status.ROLLING_BACK
             self._finish_rollback(self._branches, self._cause)
         branches = self._branches
         if not branches:
-            self._finish(Status.COMMITTED)
+            self._finish(_COMMITTED)
         elif len(branches) == 1:
             self._commit_one_phase(branches[0])
         else:
@@ -439,8 +554,9 @@ class Transaction:
             i += 1
 
     def _commit_one_phase(self, branch: _Branch) -> None:
-        self._cp("before_commit_one_phase", 0)
-        self._phase = Status.COMMITTING
+        if self._checkpoint is not None:
+            self._checkpoint("before_commit_one_phase", 0)
+        self._phase = _COMMITTING
         try:
             branch.resource.commit(branch.xid, one_phase=True)
         except XAException as e:
@@ -457,10 +573,12 @@ class Transaction:
         except Exception as e:  # noqa: BLE001 -- a lost connection: outcome unknown
             self._record_heuristic(branch, XA_HEURHAZ)
             self._raise_heuristic(True, [(branch.xid, XA_HEURHAZ)], agreeing=0, cause=e)
-        self._finish(Status.COMMITTED)
+        self._finish(_COMMITTED)
 
     def _commit_two_phase(self, branches: list[_Branch]) -> None:
-        self._cp("before_prepare", 0)
+        cp = self._checkpoint  # tested inline: a hook point per branch and phase
+        if cp is not None:
+            cp("before_prepare", 0)
         for branch in branches:
             if self._rollback_only or self.is_expired():
                 break
@@ -475,25 +593,28 @@ class Transaction:
                 self._abort(f"{branch.name} answered prepare of {branch.xid} with "
                             f"{error_name(vote)}", None)
             branch.vote = vote
-            self._cp("prepared", branch.index)
+            if cp is not None:
+                cp("prepared", branch.index)
         if self.is_expired():
             self._timed_out = True
         if self._timed_out or self._rollback_only:
             self._abort("rollback-only during prepare", self._cause)
-        self._phase = Status.PREPARED
+        self._phase = _PREPARED
         prepared = [b for b in branches if b.vote == XA_OK]
         if not prepared:  # all read-only: nothing to log, nothing to commit
-            self._finish(Status.COMMITTED)
+            self._finish(_COMMITTED)
             return
-        self._cp("before_log", 0)
+        if cp is not None:
+            cp("before_log", 0)
         if self._rollback_only:
             self._abort("marked rollback-only during prepare", self._cause)
         try:
             self._log.log_commit_decision(self.xid, [(b.xid, b.name) for b in prepared])
         except Exception as e:  # noqa: BLE001 -- no durable decision means no commit
             self._abort("the commit decision could not be logged", e)
-        self._cp("logged", 0)
-        self._phase = Status.COMMITTING
+        if cp is not None:
+            cp("logged", 0)
+        self._phase = _COMMITTING
         heuristics: list[tuple[Xid, int]] = []
         left: list[_Branch] = []
         agreeing = 0
@@ -501,13 +622,15 @@ class Transaction:
             outcome = self._commit_prepared(branch)
             if outcome is None:
                 agreeing += 1
-                self._cp("committed", branch.index)
+                if cp is not None:
+                    cp("committed", branch.index)
             elif outcome == "left":
                 left.append(branch)
                 agreeing += 1  # decided; recovery will commit it
             else:
                 heuristics.append((branch.xid, outcome))
-        self._cp("before_done", 0)
+        if cp is not None:
+            cp("before_done", 0)
         if left:
             log.warning("transaction %s committed, but %s could not be reached; the recovery "
                         "manager will commit %s", self.xid, ", ".join(b.name for b in left),
@@ -520,7 +643,7 @@ class Transaction:
                             self.xid, e)
         if heuristics:
             self._raise_heuristic(True, heuristics, agreeing)
-        self._finish(Status.COMMITTED)
+        self._finish(_COMMITTED)
 
     def _commit_prepared(self, branch: _Branch) -> int | str | None:
         """Phase 2 for one branch: None when committed, "left" for recovery, or a

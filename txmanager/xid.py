@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import itertools
 import os
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "FORMAT_ID",
@@ -64,13 +66,51 @@ def _as_bytes(value: bytes | str, what: str, limit: int) -> bytes:
     return value
 
 
+def _b64(data: bytes) -> str:
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
+@functools.lru_cache(maxsize=64)
+def _gtrid_prefix(node: str) -> bytes:
+    """``node|`` for a valid node name: checked once per name, not once per transaction."""
+    if not isinstance(node, str) or not _NODE_RE.match(node):
+        raise InvalidXidError(f"node name {node!r} must be 1-32 chars of [A-Za-z0-9._-]")
+    return node.encode() + _NODE_SEP
+
+
+# The unique part of a gtrid: 64 random bits drawn once per process, then a
+# counter (14 hex digits, more transactions than a process will ever run).
+# As unique as fresh random bits per transaction -- a restarted process or
+# another process of the node draws other random bits -- without a getrandom
+# system call per transaction.  30 hex digits, so a 32-character node name
+# still fits XA's 64 bytes.
+_unique_prefix = b""
+_unique_counter = itertools.count()
+
+
+def _draw_unique_prefix() -> None:
+    global _unique_prefix, _unique_counter
+    _unique_prefix = binascii.hexlify(os.urandom(8))
+    _unique_counter = itertools.count()
+
+
+_draw_unique_prefix()
+os.register_at_fork(after_in_child=_draw_unique_prefix)  # a forked child must not repeat us
+
+
 @dataclass(frozen=True, slots=True)
 class Xid:
-    """An immutable, hashable XA transaction branch identifier."""
+    """An immutable, hashable XA transaction branch identifier.
+
+    Besides the three XA parts an xid carries a cache of its PostgreSQL gid
+    (not part of equality or hashing): a branch's gid is needed at start, in
+    the recovery log and at commit, and building it is two base64 encodings.
+    """
 
     format_id: int
     gtrid: bytes
     bqual: bytes = b""
+    _gid: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __init__(self, format_id: int, gtrid: bytes | str, bqual: bytes | str = b"") -> None:
         if not isinstance(format_id, int) or isinstance(format_id, bool):
@@ -80,31 +120,64 @@ class Xid:
         gt = _as_bytes(gtrid, "gtrid", MAXGTRIDSIZE)
         if not gt:
             raise InvalidXidError("gtrid must not be empty")
-        object.__setattr__(self, "format_id", format_id)
-        object.__setattr__(self, "gtrid", gt)
-        object.__setattr__(self, "bqual", _as_bytes(bqual, "bqual", MAXBQUALSIZE))
+        _set_format_id(self, format_id)
+        _set_gtrid(self, gt)
+        _set_bqual(self, _as_bytes(bqual, "bqual", MAXBQUALSIZE))
+        _set_gid(self, None)
+
+    @classmethod
+    def _trusted(cls, format_id: int, gtrid: bytes, bqual: bytes, gid: str | None = None) -> "Xid":
+        """An xid from parts already known to be valid bytes within the limits.
+
+        The transaction manager builds an xid per transaction and one per
+        branch from parts it made itself; validating them again was a
+        measurable share of a one-phase transaction.  Never call this with
+        parts from outside (user input, a database, a file): use ``Xid(...)``.
+        """
+        self = _new_object(cls)
+        _set_format_id(self, format_id)
+        _set_gtrid(self, gtrid)
+        _set_bqual(self, bqual)
+        _set_gid(self, gid)
+        return self
 
     # -- construction -------------------------------------------------------
 
     @classmethod
     def new_global(cls, node: str | None = None) -> "Xid":
-        """A fresh global id ``node|<128 random bits>`` with an empty bqual.
+        """A fresh global id ``node|<64 random bits><counter>`` with an empty bqual.
 
-        Random rather than sequential so two processes of one node (or a node
-        restarted with an empty log) can never reuse a gtrid.
+        The random bits (drawn per process) rather than a plain sequence make
+        sure two processes of one node, or a node restarted with an empty log,
+        can never reuse a gtrid.
         """
-        node = node or default_node_name()
-        if not _NODE_RE.match(node):
-            raise InvalidXidError(f"node name {node!r} must be 1-32 chars of [A-Za-z0-9._-]")
-        return cls(FORMAT_ID, node.encode() + _NODE_SEP + os.urandom(16).hex().encode())
+        xid = _new_object(cls)  # what _trusted does, without the extra call
+        _set_format_id(xid, FORMAT_ID)
+        _set_gtrid(xid, _gtrid_prefix(node or default_node_name()) + _unique_prefix
+                   + b"%014x" % next(_unique_counter))
+        _set_bqual(xid, b"")
+        _set_gid(xid, None)
+        return xid
 
     def branch(self, bqual: bytes | str) -> "Xid":
         """The branch of this global transaction with the given qualifier."""
-        return Xid(self.format_id, self.gtrid, bqual)
+        if type(bqual) is bytes and len(bqual) <= MAXBQUALSIZE:
+            bq = bqual
+        else:
+            bq = _as_bytes(bqual, "bqual", MAXBQUALSIZE)
+        gid = self._gid
+        if gid is not None and not self.bqual:
+            gid += _b64(bq)  # a global xid's gid ends in "_" (the empty bqual)
+        xid = _new_object(Xid)  # what _trusted does, without the extra call
+        _set_format_id(xid, self.format_id)
+        _set_gtrid(xid, self.gtrid)
+        _set_bqual(xid, bq)
+        _set_gid(xid, gid)
+        return xid
 
     def global_xid(self) -> "Xid":
         """The xid with the branch qualifier stripped (names the global transaction)."""
-        return Xid(self.format_id, self.gtrid, b"")
+        return Xid._trusted(self.format_id, self.gtrid, b"")
 
     # -- ownership -----------------------------------------------------------
 
@@ -126,12 +199,12 @@ class Xid:
     # -- PostgreSQL gid form ---------------------------------------------------
 
     def to_pg_gid(self) -> str:
-        """The gid psycopg2 uses for this xid in ``PREPARE TRANSACTION``."""
-        return "%d_%s_%s" % (
-            self.format_id,
-            base64.b64encode(self.gtrid).decode("ascii"),
-            base64.b64encode(self.bqual).decode("ascii"),
-        )
+        """The gid psycopg2 uses for this xid in ``PREPARE TRANSACTION`` (computed once)."""
+        gid = self._gid
+        if gid is None:
+            gid = f"{self.format_id:d}_{_b64(self.gtrid)}_{_b64(self.bqual)}"
+            _set_gid(self, gid)
+        return gid
 
     @classmethod
     def from_pg_gid(cls, gid: str) -> "Xid | None":
@@ -168,6 +241,15 @@ class Xid:
         if xid is None:
             raise InvalidXidError(f"{text!r} is not an xid in formatID_base64_base64 form")
         return xid
+
+
+_new_object = object.__new__
+# The slots' own setters: they bypass the frozen dataclass's __setattr__, which
+# is there to stop users, not this module.
+_set_format_id = Xid.format_id.__set__  # type: ignore[attr-defined]
+_set_gtrid = Xid.gtrid.__set__  # type: ignore[attr-defined]
+_set_bqual = Xid.bqual.__set__  # type: ignore[attr-defined]
+_set_gid = Xid._gid.__set__  # type: ignore[attr-defined]
 
 
 def _printable(b: bytes) -> str:

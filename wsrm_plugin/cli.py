@@ -50,6 +50,20 @@ def main(argv: list[str] | None = None) -> int:
     proxy.add_arguments(p)
     p.set_defaults(run=proxy.run)
 
+    from wsrm_plugin.spark import cli as spark_cli
+
+    p = sub.add_parser("send", help="run the RMS sender over a shared store (Spark jobs' messages)",
+                       description=spark_cli.send.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    spark_cli.send.add_arguments(p)
+    p.set_defaults(run=spark_cli.send.run)
+
+    p = sub.add_parser("spark-recover", help="finish a Spark job after a crash (commit or roll back "
+                       "its prepared branches)", description=spark_cli.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    spark_cli.add_recover_arguments(p)
+    p.set_defaults(run=spark_cli.run_recover)
+
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),

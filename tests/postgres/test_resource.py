@@ -7,10 +7,11 @@ import sys
 import textwrap
 
 import psycopg2
+import psycopg2.extensions
 import pytest
 
 from tests.conftest import start_throwaway_server
-from txmanager.postgres import PostgresXAResource, default_resource_name
+from txmanager.postgres import PostgresXAResource, _psycopg_xid, default_resource_name
 from txmanager.xa import (
     TMENDRSCAN, TMFAIL, TMJOIN, TMNOFLAGS, TMRESUME, TMSTARTRSCAN, TMSUCCESS, TMSUSPEND, XA_OK,
     XA_RBCOMMFAIL, XA_RBINTEGRITY, XA_RBROLLBACK, XA_RDONLY, XAER_DUPID, XAER_INVAL, XAER_NOTA,
@@ -94,6 +95,28 @@ def test_two_phase_commit(db, resources):
     assert values(db) == ["two-phase"]
     assert prepared_gids(db) == []
     assert not r.in_branch
+
+
+@pytest.mark.parametrize("xid,as_object", [
+    (Xid(FORMAT_ID, b"pgtest|printable ~ ascii", b"0"), True),
+    (Xid(FORMAT_ID, b"pgtest|\x00\xff\x7f binary", b"\x01\n"), False),
+    (Xid(7, "pgtest|caf\u00e9", "\u00e9"), False),
+], ids=["printable", "binary", "utf-8"])
+def test_any_xid_prepares_under_its_documented_gid(db, resources, xid, as_object):
+    """Printable ASCII xids reach psycopg2 as its Xid object (no gid parsing),
+    others as their gid string; the server sees the same gid either way."""
+    handed = _psycopg_xid(xid)
+    assert isinstance(handed, psycopg2.extensions.Xid) is as_object
+    assert str(handed) == xid.to_pg_gid()
+    r = resources()
+    r.start(xid)
+    insert(r, "any")
+    r.end(xid, TMSUCCESS)
+    assert r.prepare(xid) == XA_OK
+    assert prepared_gids(db) == [xid.to_pg_gid()]
+    assert xid in resources().recover()
+    r.commit(xid)
+    assert prepared_gids(db) == [] and values(db) == ["any"]
 
 
 def test_one_phase_commit_skips_prepare(db, resources):

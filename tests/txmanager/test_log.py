@@ -148,7 +148,10 @@ def test_torn_tail_at_every_byte_keeps_earlier_records(tmp_path, caplog):
             lg = RecoveryLog(torn, fsync=False)
         try:
             assert set(lg.pending()) == set(gs[:2]), f"cut at {cut}"
-            assert (cut > last) == any("ignoring" in r.message for r in caplog.records)
+            # A tail of zero bytes reads as unused allocation (the clean end of a
+            # log that was not closed); a torn tail with any other byte is damage.
+            damaged = data[last:cut].strip(b"\0") != b""
+            assert damaged == any("ignoring" in r.message for r in caplog.records)
             extra = gxid()
             lg.log_commit_decision(extra, branches(extra))  # appends after the cut-off tail
         finally:
@@ -178,6 +181,135 @@ def test_a_flipped_byte_stops_reading_at_that_record(tmp_path, caplog, where):
         lg.log_commit_decision(g, branches(g))
     with RecoveryLog(path) as lg:
         assert set(lg.pending()) == {gs[0], g}
+
+
+def _open_log_image(path, records: int = 3) -> tuple[bytes, list[Xid], int]:
+    """The bytes a killed process leaves behind: decisions logged, the log never
+    closed (so the room allocated ahead is still there, as zeros)."""
+    lg = RecoveryLog(path, preallocate=4096)
+    gs = [gxid() for _ in range(records)]
+    for g in gs:
+        lg.log_commit_decision(g, branches(g))
+    image, size = path.read_bytes(), lg.size()
+    lg.close()
+    return image, gs, size
+
+
+def test_appends_write_into_room_allocated_ahead(tmp_path):
+    path = tmp_path / "tx.log"
+    with RecoveryLog(path, preallocate=4096) as lg:
+        g = gxid()
+        lg.log_commit_decision(g, branches(g))
+        allocated = path.stat().st_size
+        assert allocated == 4096 > lg.size()
+        for _ in range(5):
+            g = gxid()
+            lg.log_commit_decision(g, branches(g))
+            lg.log_done(g)
+        assert path.stat().st_size == allocated, "appends inside the allocation keep the size"
+        while lg.size() < allocated:
+            g = gxid()
+            lg.log_commit_decision(g, branches(g))
+        assert path.stat().st_size == 2 * 4096, "the next chunk is allocated when needed"
+        written = lg.size()
+    assert path.stat().st_size == written, "close gives the unused room back"
+
+
+def test_without_preallocation_the_file_is_exactly_the_records(tmp_path):
+    path = tmp_path / "tx.log"
+    with RecoveryLog(path, preallocate=0) as lg:
+        g = gxid()
+        lg.log_commit_decision(g, branches(g))
+        assert path.stat().st_size == lg.size()
+    with pytest.raises(ValueError, match="preallocate"):
+        RecoveryLog(tmp_path / "other.log", preallocate=-1)
+
+
+def test_unused_allocation_of_a_log_never_closed_is_its_clean_end(tmp_path, caplog):
+    path = tmp_path / "tx.log"
+    image, gs, size = _open_log_image(path)
+    assert len(image) > size and image[size:].count(0) == len(image) - size
+    killed = tmp_path / "killed.log"
+    killed.write_bytes(image)
+    with caplog.at_level(logging.WARNING, logger="txmanager.log"):
+        lg = RecoveryLog(killed, preallocate=4096)
+    with lg:
+        assert set(lg.pending()) == set(gs)
+        assert lg.size() == size
+        assert not caplog.records, "zeros after the last record are not damage"
+        assert not list(tmp_path.glob("*.corrupt-*"))
+        g = gxid()
+        lg.log_commit_decision(g, branches(g))  # writes over the zeros, in place
+    assert log_records(killed)[-1]["g"] == g.to_text()
+    with RecoveryLog(killed) as again:
+        assert set(again.pending()) == set(gs) | {g}
+
+
+@pytest.mark.parametrize("damage", ["torn record", "bytes after a gap of zeros"])
+def test_damage_inside_the_allocated_room_is_still_found(tmp_path, caplog, damage):
+    """A record torn by a crash, followed by the zeros of the allocation; or
+    zeros where a record should start, and something after them: both are
+    reported and cut off, and the saved copy leaves out the trailing zeros."""
+    path = tmp_path / "tx.log"
+    image, gs, size = _open_log_image(path)
+    extra = gxid()
+    frame = bytes(_frame_of(extra))
+    if damage == "torn record":
+        bad = frame[:len(frame) // 2]
+        at = size
+    else:
+        bad = frame
+        at = size + 100
+    killed = bytearray(image)
+    killed[at:at + len(bad)] = bad
+    path2 = tmp_path / "killed.log"
+    path2.write_bytes(bytes(killed))
+    with caplog.at_level(logging.WARNING, logger="txmanager.log"):
+        lg = RecoveryLog(path2)
+    with lg:
+        assert set(lg.pending()) == set(gs)
+        assert any(f"at byte {size}" in r.message for r in caplog.records)
+        saved = list(tmp_path.glob("killed.log.corrupt-*"))
+        assert len(saved) == 1 and saved[0].read_bytes() == bytes(killed[size:at + len(bad)])
+        g = gxid()
+        lg.log_commit_decision(g, branches(g))
+    with RecoveryLog(path2) as lg:
+        assert set(lg.pending()) == set(gs) | {g}
+
+
+def _frame_of(g: Xid) -> bytes:
+    """A well-formed commit record of ``g``, framed as the log frames it."""
+    import json
+    payload = json.dumps({"t": "commit", "g": g.to_text(), "b": [], "at": 1.0},
+                         separators=(",", ":")).encode()
+    length = struct.pack(">I", len(payload))
+    return length + struct.pack(">I", zlib.crc32(length + payload)) + payload
+
+
+def test_records_are_the_json_the_format_documents(tmp_path):
+    """The hand-built records are exactly json.dumps of the documented objects."""
+    import json
+    path = tmp_path / "tx.log"
+    g = gxid()
+    with RecoveryLog(path) as lg:
+        lg.log_commit_decision(g, [(g.branch("0"), 'odd "name" \u00e9'), (g.branch("1"), "r1")])
+        lg.log_heuristic(g, g.branch("1"), XA_HEURRB, None)
+        lg.log_heuristic(g, g.branch("0"), XA_HEURMIX, "r0")
+        lg.log_done(g)
+        lg.forget(g)
+    data = path.read_bytes()
+    off, payloads = len(MAGIC), []
+    while off < len(data):
+        (length,) = struct.unpack_from(">I", data, off)
+        payloads.append(data[off + 8:off + 8 + length])
+        off += 8 + length
+    records = [json.loads(p) for p in payloads]
+    assert [json.dumps(r, separators=(",", ":")).encode() for r in records] == payloads
+    assert records[0]["b"] == [[g.branch("0").to_text(), 'odd "name" \u00e9'],
+                               [g.branch("1").to_text(), "r1"]]
+    assert records[1] == {"t": "heur", "g": g.to_text(), "x": g.branch("1").to_text(),
+                          "c": XA_HEURRB, "r": None}
+    assert [r["t"] for r in records] == ["commit", "heur", "heur", "done", "forget"]
 
 
 def test_garbage_after_the_records_is_ignored(tmp_path, caplog):

@@ -298,3 +298,16 @@ def test_many_threads_commit_concurrently_through_one_log(tm, log_path, a, b):
     assert tm.log.pending() == {}
     with_records = log_records(log_path)
     assert sorted(r["t"] for r in with_records) == ["commit"] * 200 + ["done"] * 200
+
+
+def test_transaction_also_works_as_a_decorator(tm, a):
+    @tm.transaction()
+    def transfer(value):
+        work(tm.get_transaction(), a, "k", value)
+        return tm.get_transaction()
+
+    first = transfer(1)
+    second = transfer(2)  # a fresh transaction per call
+    assert first is not second
+    assert first.status == second.status == Status.COMMITTED
+    assert a.snapshot() == {"k": 2} and tm.get_transaction() is None

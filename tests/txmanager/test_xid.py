@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import pickle
+
 import psycopg2.extensions
 import pytest
 from hypothesis import given, strategies as st
@@ -68,3 +72,51 @@ def test_gid_and_text_forms_round_trip(fmt, gtrid, bqual):
     x = Xid(fmt, gtrid, bqual)
     assert Xid.from_pg_gid(x.to_pg_gid()) == x == Xid.from_text(x.to_text())
     assert str(x) and repr(x).startswith("Xid(")
+
+
+@given(st.integers(0, 2**31 - 1), st.binary(min_size=1, max_size=64), st.binary(max_size=64),
+       st.booleans())
+def test_the_cached_gid_is_the_gid_of_the_parts(fmt, gtrid, bqual, global_gid_first):
+    """The gid is computed once per xid and handed down to branches; whichever
+    way it was obtained, it is exactly the gid of the three parts."""
+    g = Xid(fmt, gtrid)
+    if global_gid_first:
+        g.to_pg_gid()
+    branch = g.branch(bqual)
+    fresh = Xid(fmt, gtrid, bqual)
+    assert branch.to_pg_gid() == fresh.to_pg_gid() == "%d_%s_%s" % (
+        fmt, base64.b64encode(gtrid).decode(), base64.b64encode(bqual).decode())
+    assert branch.to_pg_gid() is branch.to_pg_gid()
+    assert branch == fresh and hash(branch) == hash(fresh) and repr(branch) == repr(fresh)
+    assert branch.global_xid() == g
+
+
+def test_an_xid_with_its_gid_cached_pickles_and_stays_frozen():
+    x = Xid.new_global("node-1").branch("0")
+    x.to_pg_gid()
+    y = pickle.loads(pickle.dumps(x))
+    assert y == x and y.to_pg_gid() == x.to_pg_gid()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        x.bqual = b"1"  # type: ignore[misc]
+
+
+def test_the_longest_node_name_still_makes_a_valid_gtrid():
+    x = Xid.new_global("n" * 32)
+    assert len(x.gtrid) <= 64 and x.node == "n" * 32
+    assert Xid(x.format_id, x.gtrid) == x  # passes the validating constructor too
+
+
+def test_a_forked_child_never_repeats_its_parents_gtrids():
+    import os
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report the gtrids it makes, then leave at once
+        os.close(read)
+        os.write(write, b"\n".join(Xid.new_global("node-1").gtrid for _ in range(100)))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        child = set(f.read().split(b"\n"))
+    os.waitpid(pid, 0)
+    parent = {Xid.new_global("node-1").gtrid for _ in range(100)}
+    assert len(child) == 100 and not child & parent
