@@ -3,5 +3,5 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-WSRM_EXTRAS="${WSRM_EXTRAS:-test}" scripts/bootstrap.sh
+WSRM_EXTRAS="${WSRM_EXTRAS:-test,spark}" scripts/bootstrap.sh
 exec .venv/bin/python -m pytest "$@"
