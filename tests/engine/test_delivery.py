@@ -16,11 +16,17 @@ from .conftest import fast_policy
 from .support import ACTION, Recorder, item_text, payload, wait_for
 
 
-def test_a_failing_message_is_given_up_after_its_attempts_and_reported(engines, store_for):
+#: One message per store transaction (the default), and batches whose members each run in
+#: a savepoint, so that a failing member is settled alone, exactly as without batching.
+BATCHES = pytest.mark.parametrize("batch", [1, 16], ids=["one-by-one", "batched"])
+
+
+@BATCHES
+def test_a_failing_message_is_given_up_after_its_attempts_and_reported(engines, store_for, batch):
     failures = []
     app = Recorder(fail_on=lambda text: text == "poison")
-    server = engines(store_for("sqlite", "s"), fast_policy(max_delivery_attempts=3), serve=True, application=app,
-                     on_delivery_failure=failures.append, name="server")
+    server = engines(store_for("sqlite", "s"), fast_policy(max_delivery_attempts=3, delivery_batch=batch),
+                     serve=True, application=app, on_delivery_failure=failures.append, name="server")
     client = engines(store_for("memory", "c"), name="client")
     for text in ("a", "poison", "b"):
         client.send(server.endpoint_address, payload(text), action=ACTION)
@@ -36,7 +42,8 @@ def test_a_failing_message_is_given_up_after_its_attempts_and_reported(engines, 
     assert wait_for(lambda: not server.store.status().rmd, timeout=30)
 
 
-def test_a_message_that_fails_once_is_delivered_on_retry(engines, store_for):
+@BATCHES
+def test_a_message_that_fails_once_is_delivered_on_retry(engines, store_for, batch):
     flaky = {"left": 1}
 
     def app(envelope, context):
@@ -47,7 +54,8 @@ def test_a_message_that_fails_once_is_delivered_on_retry(engines, store_for):
 
     seen: list[str | None] = []
     failures = []
-    server = engines(store_for("memory", "s"), serve=True, application=app, on_delivery_failure=failures.append)
+    server = engines(store_for("memory", "s"), fast_policy(delivery_batch=batch), serve=True, application=app,
+                     on_delivery_failure=failures.append)
     client = engines(store_for("memory", "c"))
     for text in ("x", "y"):
         client.send(server.endpoint_address, payload(text), action=ACTION)

@@ -256,9 +256,16 @@ class Destination:
         return Accepted(identifier, number, reception.duplicate, ack, offered=seq.offered_id is not None)
 
     def ack_requested(self, identifier: str, version: RMVersion, *, principal: str | None) -> RmdSequence:
-        """An AckRequested: returns the sequence; a non-anonymous AcksTo gets an ack at once."""
+        """An AckRequested: returns the sequence; a non-anonymous AcksTo gets an ack at once.
+
+        Like any message on the sequence it is activity (WS-RM): a source whose
+        backlog keeps it from sending on this sequence for a while asks for an
+        acknowledgement so that the inactivity timeout does not end it.
+        """
         with self.store.begin() as tx:
             seq = self._sequence(tx, identifier, version, principal)
+            if not seq.terminated:
+                seq = tx.rmd.update(identifier, last_activity=time.time())
             if not self._anonymous(seq.acks_to):
                 tx.rmd.request_ack(identifier, due_at=time.time())
         if not self._anonymous(seq.acks_to):

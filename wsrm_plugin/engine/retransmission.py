@@ -51,6 +51,11 @@ log = logging.getLogger(__name__)
 _NEVER = 4e18
 #: Sequences looked at per round; the rest wait for the next one.
 _CONTROL_BATCH = 50
+#: A sequence with messages still to deliver that has exchanged nothing with its peer for this
+#: fraction of the inactivity timeout gets an AckRequested, which resets the peer's timer.
+_KEEP_ALIVE_FRACTION = 0.4
+#: The peer's inactivity timeout assumed when this engine's own policy has none (RMPolicy's default).
+_DEFAULT_PEER_INACTIVITY = 600.0
 
 
 @dataclass
@@ -77,12 +82,80 @@ class RetransmissionWorker:
         self.send_failures = 0
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        #: Last successful exchange with the peer per sequence key (the store's
+        #: ``last_activity`` only moves with acknowledgements).
+        self._exchanged: dict[str, float] = {}
+        self._next_keep_alive = 0.0
+        self.keep_alives_sent = 0
 
     def step(self) -> bool:
         now = time.time()
         controlled = self._control(now)
         sent = self._transmit(now)
-        return controlled or sent
+        kept = self._keep_alive(time.time())
+        return controlled or sent or kept
+
+    # -- keep-alive -----------------------------------------------------------------------------
+
+    @property
+    def keep_alive_after(self) -> float:
+        """Seconds of silence on a sequence with messages still to deliver before an AckRequested."""
+        timeout = self.policy.inactivity_timeout or _DEFAULT_PEER_INACTIVITY
+        return timeout * _KEEP_ALIVE_FRACTION
+
+    def _keep_alive(self, now: float) -> bool:
+        """AckRequested for busy sequences the peer has not heard from for a while.
+
+        A large backlog spread over many sequences can keep a sequence's
+        messages waiting longer than the destination's inactivity timeout
+        (its timer runs from the CreateSequence or the last message); the
+        destination would end it and fault every message left.  Any message on
+        the sequence resets that timer, so an AckRequested does (and its
+        acknowledgement is welcome anyway).  Our own ``inactivity_timeout``
+        stands for the peer's, which is not on the wire.
+        """
+        after = self.keep_alive_after
+        if now < self._next_keep_alive:
+            return False
+        self._next_keep_alive = now + max(self.policy.poll_interval, after / 4)
+        idle: list[RmsSequence] = []
+        with self.store.begin() as tx:
+            sequences = tx.rms.list_all()
+            for key in set(self._exchanged) - {seq.key for seq in sequences}:
+                self._exchanged.pop(key, None)  # released sequences
+            for seq in sequences:
+                if not seq.started or seq.sequence_id is None or seq.faulted or seq.terminate_sent \
+                        or is_back_channel(seq.target):
+                    continue
+                last = max(seq.last_activity, self._exchanged.get(seq.key, 0.0))
+                if last + after <= now and tx.rms_messages.count_unacked(seq.key):
+                    idle.append(seq)
+        for seq in idle:
+            self._send_ack_requested(seq)
+        return bool(idle)
+
+    def _exchanged_with(self, key: str) -> None:
+        self._exchanged[key] = time.time()
+
+    def _send_ack_requested(self, seq: RmsSequence) -> None:
+        rm = rm_version_of(seq)
+        soap, wsa = self._soap_wsa(seq)
+        action = rm.ack_requested_action
+        data = protocol_message(soap, wsa, to=seq.target, action=action,
+                                headers=[AckRequested(seq.sequence_id).to_xml(rm, soap)])
+        slog = for_sequence(log, seq.sequence_id, key=seq.key)
+        try:
+            response = self.transport.send(seq.target, data, soap.http_headers(action))
+        except TransportError as exc:
+            self.send_failures += 1
+            slog.info("keep-alive AckRequested not delivered (will retry): %s", exc)
+            return
+        self.keep_alives_sent += 1
+        if 200 <= response.status < 300:
+            self._exchanged_with(seq.key)
+        slog.info("messages still waiting to go out: AckRequested sent so the peer keeps the sequence")
+        if response.body:
+            self.inbound.read_response(response.body, store_key=seq.key)
 
     # -- control messages -----------------------------------------------------------------------
 
@@ -170,6 +243,8 @@ class RetransmissionWorker:
             self.send_failures += 1
             slog.info("%s not delivered (will retry): %s", type(body).__name__, exc)
             return None
+        if 200 <= response.status < 300:
+            self._exchanged_with(seq.key)
         if not response.body:
             return None
         return self.inbound.read_response(response.body, store_key=seq.key)
@@ -282,7 +357,13 @@ class RetransmissionWorker:
                     owed_acks.setdefault(rmd.acks_to, []).append(rmd)
             sequences: dict[str, RmsSequence | None] = {}
             in_flight: dict[str, int] = {}
-            for msg in tx.rms_messages.due_messages(now, limit=policy.send_batch):
+            # Round robin across the sequences with due messages (each sequence's first due
+            # message, then the seconds...): oldest-first would drain one sequence's backlog
+            # while the others' destinations end them as inactive.  The round stays bounded by
+            # send_batch; no per-sequence cap below it, which could hide a sequence's
+            # retransmissions behind its unsent messages held back by the window.
+            for msg in tx.rms_messages.due_messages(now, limit=policy.send_batch,
+                                                    per_sequence=policy.send_batch):
                 key = msg.sequence_key
                 if key not in sequences:
                     sequences[key] = tx.rms.get(key)
@@ -337,6 +418,8 @@ class RetransmissionWorker:
             slog.debug("not delivered (attempt %d, will retry): %s", msg.send_count + 1, exc)
             return
         self.messages_sent += 1
+        if 200 <= response.status < 300:  # a proxy's 503 does not reach the destination's timer
+            self._exchanged_with(seq.key)
         if msg.send_count:
             slog.debug("retransmitted (attempt %d): HTTP %d", msg.send_count + 1, response.status)
         content = self.inbound.read_response(response.body, store_key=seq.key) if response.body else None

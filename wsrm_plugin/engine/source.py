@@ -619,6 +619,10 @@ class Source:
         The hook runs before the delete, so a crash in between reports again
         after the restart rather than losing the report (at least once).
         Returns False when the hook failed (the worker tries again later).
+        Without an ``on_sequence_fault`` hook, a sequence that still holds
+        unacknowledged messages is never deleted: it is logged at ERROR and
+        kept, faulted, with its messages (its ``fault_reason`` says so), so no
+        message is ever dropped silently.
         """
         with self.store.begin() as tx:
             seq = tx.rms.get(store_key)
@@ -634,17 +638,40 @@ class Source:
                 for_sequence(log, seq.sequence_id, key=store_key).exception(
                     "the sequence fault hook failed; it will be called again")
                 return False
-        else:
+        elif failed:
+            # Nobody to hand them to: keep them rather than lose them silently.  The sequence
+            # stays in the store, faulted, its messages unacknowledged (``wsrm status`` shows
+            # it as faulted with its unacked count) until an operator deals with it.
             for_sequence(log, seq.sequence_id, key=store_key).error(
-                "no on_sequence_fault hook: %d undelivered message(s) dropped with the sequence", len(failed))
+                "sequence faulted (%s) with %d unacknowledged message(s) and no on_sequence_fault hook: "
+                "the messages are kept in the store as failed (see `wsrm status`), not delivered",
+                seq.fault_reason or "faulted", len(failed))
+            with self.store.begin() as tx:
+                if tx.rms.get(store_key) is not None:
+                    tx.rms.update(store_key, next_control_at=None, expires=None,
+                                  fault_reason=_kept_reason(seq.fault_reason, len(failed)))
+            self._forget_current(store_key)
+            return True
         with self.store.begin() as tx:
             if tx.rms.get(store_key) is not None:
                 tx.rms.delete(store_key)
+        self._forget_current(store_key)
+        return True
+
+    def _forget_current(self, store_key: str) -> None:
         with self._lock:
             for ident, cached in list(self._current.items()):
                 if cached == store_key:
                     del self._current[ident]
-        return True
+
+
+#: How :meth:`Source.report_and_release` marks a faulted sequence whose messages it kept.
+KEPT_MARK = "messages kept: no on_sequence_fault hook"
+
+
+def _kept_reason(reason: str | None, count: int) -> str:
+    reason = reason or "faulted"
+    return reason if KEPT_MARK in reason else f"{reason} [{count} {KEPT_MARK}]"
 
 
 def _wsa_of(seq: RmsSequence) -> AddressingVersion | None:

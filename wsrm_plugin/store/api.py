@@ -635,8 +635,14 @@ class RmsMessageManager(_Manager, ABC):
         """
 
     @abstractmethod
-    def due_messages(self, now: float | None = None, limit: int = 100) -> list[RmsMessage]:
+    def due_messages(self, now: float | None = None, limit: int = 100, *,
+                     per_sequence: int | None = None) -> list[RmsMessage]:
         """Unacknowledged messages of started, unfaulted sequences with ``next_send_at <= now``.
+
+        ``per_sequence`` makes the poll fair: at most that many messages of
+        each sequence, taken round robin (every sequence's oldest due message,
+        then every sequence's second...), so one sequence's backlog cannot
+        starve the others (their destinations would end them as inactive).
 
         The messages returned, and their sequences, are locked for this
         transaction; sequences another transaction holds are skipped (SKIP

@@ -346,12 +346,22 @@ class _RmsMessages(api.RmsMessageManager):
         tx._write(_RMS, sequence_key, replace(seq, last_activity=_now(now)))
         return newly
 
-    def due_messages(self, now: float | None = None, limit: int = 100) -> list[RmsMessage]:
+    def due_messages(self, now: float | None = None, limit: int = 100, *,
+                     per_sequence: int | None = None) -> list[RmsMessage]:
         t = _now(now)
         tx = self._tx
         seqs = tx._scan(_RMS)
         due = sorted((m for m in tx._scan(_MSG).values() if not m.acked and m.next_send_at <= t),
                      key=lambda m: (m.next_send_at, m.sequence_key, m.number))
+        if per_sequence is not None:  # round robin: every sequence's first due message, then the seconds...
+            rank: dict[str, int] = {}
+            ranked = []
+            for m in sorted(due, key=lambda m: (m.sequence_key, m.next_send_at, m.number)):
+                rank[m.sequence_key] = rank.get(m.sequence_key, 0) + 1
+                if rank[m.sequence_key] <= per_sequence:
+                    ranked.append((rank[m.sequence_key], m))
+            due = [m for _, m in sorted(ranked, key=lambda r: (r[0], r[1].next_send_at, r[1].sequence_key,
+                                                               r[1].number))]
         out: list[RmsMessage] = []
         skipped: set[str] = set()
         for msg in due:

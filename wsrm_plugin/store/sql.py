@@ -641,9 +641,21 @@ class _RmsMessages(api.RmsMessageManager):
                  (_now(now), sequence_key))
         return newly
 
-    def due_messages(self, now: float | None = None, limit: int = 100) -> list[RmsMessage]:
+    def due_messages(self, now: float | None = None, limit: int = 100, *,
+                     per_sequence: int | None = None) -> list[RmsMessage]:
         tx = self._tx
         tx.lock(RANK_RMS, "due messages")
+        if per_sequence is not None:  # round robin: every sequence's first due message, then the seconds...
+            rows = tx.all(
+                f"SELECT {_cols(_MSG_COLS, 'm')} FROM rms_message m "
+                "JOIN rms_sequence s ON s.seq_key = m.seq_key "
+                "JOIN (SELECT seq_key, number, ROW_NUMBER() OVER (PARTITION BY seq_key "
+                "ORDER BY next_send_at, number) AS rn FROM rms_message "
+                "WHERE NOT acked AND next_send_at <= ?) r ON r.seq_key = m.seq_key AND r.number = m.number "
+                "WHERE r.rn <= ? AND NOT m.acked AND m.next_send_at <= ? AND s.sequence_id IS NOT NULL "
+                "AND NOT s.faulted ORDER BY r.rn, m.next_send_at, m.seq_key, m.number LIMIT ?"
+                + tx.d.lock_of("s, m"), (_now(now), per_sequence, _now(now), limit))
+            return [_msg(r) for r in rows]
         rows = tx.all(
             f"SELECT {_cols(_MSG_COLS, 'm')} FROM rms_message m "
             "JOIN rms_sequence s ON s.seq_key = m.seq_key "

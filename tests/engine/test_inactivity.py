@@ -1,0 +1,119 @@
+"""A backlog must not get a sequence ended for inactivity, and a fault must never drop messages silently.
+
+The destination ends a sequence it has heard nothing on for ``inactivity_timeout``.
+A source with a large backlog over many sequences must therefore (a) serve
+them round robin, not drain one while the others starve, and (b) send an
+AckRequested on a sequence it cannot serve for a while, which the destination
+counts as activity.  And when a source sequence does fault with messages
+unacknowledged and nobody registered ``on_sequence_fault``, the messages stay
+in the store (faulted), with an ERROR, instead of vanishing.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import threading
+import time
+
+from wsrm_plugin.engine.transport import free_port
+
+from .conftest import fast_policy
+from .support import ACTION, Recorder, payload, wait_for
+
+INACTIVITY = 1.5
+_APPLICATION_MESSAGE = re.compile(rb"<(\w+:)?Sequence[\s>]")
+
+
+def _ended_for_inactivity(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "no activity" in r.getMessage()]
+
+
+def slow(delay: float):
+    """A WSGI middleware: the server takes ``delay`` seconds over every request."""
+
+    def wrap(app):
+        def slow_app(environ, start_response):
+            time.sleep(delay)
+            return app(environ, start_response)
+        return slow_app
+    return wrap
+
+
+def test_backlog_over_many_sequences_is_delivered_without_inactivity_ends(engines, caplog):
+    caplog.set_level(logging.INFO, logger="wsrm_plugin")
+    recorder = Recorder()
+    server = engines("memory:", fast_policy(inactivity_timeout=INACTIVITY), serve=True,
+                     middleware=slow(0.025), application=recorder)
+    client = engines("memory:", fast_policy(inactivity_timeout=INACTIVITY, send_concurrency=1, send_batch=10))
+    keys, per_key = 6, 30
+    expected = [f"k{k}-{i}" for k in range(keys) for i in range(per_key)]
+    for k in range(keys):  # key after key: oldest-first sending would leave the last keys waiting
+        for i in range(per_key):
+            client.send(server.endpoint_address, payload(f"k{k}-{i}"), action=ACTION, key=f"k{k}")
+
+    assert wait_for(lambda: len(recorder.snapshot()) >= len(expected), timeout=120)
+    assert wait_for(lambda: client.store.status().unacked == 0, timeout=30)
+    assert _ended_for_inactivity(caplog) == []
+    assert sorted(recorder.snapshot()) == sorted(expected)  # every message, exactly once
+    for k in range(keys):  # in order within each sequence
+        assert [t for t in recorder.snapshot() if t.startswith(f"k{k}-")] == [f"k{k}-{i}" for i in range(per_key)]
+    assert client.status().faulted_sequences == 0
+
+
+def test_a_sequence_that_cannot_send_is_kept_alive_with_ack_requested(engines, caplog):
+    """Application messages are lost for twice the inactivity timeout; only AckRequested gets through."""
+    caplog.set_level(logging.INFO, logger="wsrm_plugin")
+    gate = threading.Event()
+    reached: list[bytes] = []
+
+    def lossy(app):
+        def lossy_app(environ, start_response):
+            body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+            if not gate.is_set() and _APPLICATION_MESSAGE.search(body):
+                start_response("503 Service Unavailable", [("Content-Length", "0")])
+                return [b""]
+            reached.append(body)
+            environ["wsgi.input"] = io.BytesIO(body)
+            return app(environ, start_response)
+        return lossy_app
+
+    recorder = Recorder()
+    server = engines("memory:", fast_policy(inactivity_timeout=INACTIVITY), serve=True,
+                     middleware=lossy, application=recorder)
+    client = engines("memory:", fast_policy(inactivity_timeout=INACTIVITY, base_retransmission_interval=0.3))
+    for i in range(3):
+        client.send(server.endpoint_address, payload(f"m{i}"), action=ACTION)
+
+    assert wait_for(lambda: client.retransmission.keep_alives_sent >= 2, timeout=30)
+    assert wait_for(lambda: time.sleep(0.1) or any(b"AckRequested" in b and not _APPLICATION_MESSAGE.search(b)
+                                                   for b in reached), timeout=5)
+    time.sleep(2 * INACTIVITY)  # the sequence would have been ended by now without the keep-alive
+    assert _ended_for_inactivity(caplog) == []
+    gate.set()
+    assert wait_for(lambda: len(recorder.snapshot()) == 3, timeout=30)
+    assert recorder.snapshot() == ["m0", "m1", "m2"]
+    assert wait_for(lambda: client.store.status().unacked == 0, timeout=30)
+    assert client.status().faulted_sequences == 0
+
+
+def test_fault_without_hook_keeps_the_messages_and_logs_an_error(engines, caplog):
+    caplog.set_level(logging.INFO, logger="wsrm_plugin")
+    client = engines("memory:", fast_policy(max_retries=1, base_retransmission_interval=0.05))
+    target = f"http://127.0.0.1:{free_port()}/"  # nobody listens: CreateSequence is never answered
+    for i in range(3):
+        client.send(target, payload(f"m{i}"), action=ACTION)
+
+    def kept_error() -> bool:
+        return any(r.levelno == logging.ERROR and "3 unacknowledged message(s)" in r.getMessage()
+                   for r in caplog.records)
+
+    assert wait_for(kept_error, timeout=30)
+    time.sleep(0.5)  # several worker rounds: the sequence must stay
+    [seq] = client.store.status().rms
+    assert seq.state == "faulted" and seq.unacked == 3 and seq.stored == 3
+    assert "no on_sequence_fault hook" in seq.fault_reason
+    assert client.status().faulted_sequences == 1
+    # reported once, not on every round
+    assert sum(1 for r in caplog.records if "no on_sequence_fault hook" in r.getMessage()) == 1
