@@ -114,4 +114,4 @@ def test_delivery_and_the_applications_database_commit_together(engines, store_f
     assert db.snapshot() == {"t0": 1, "t1": 2, "t2": 3, "t3": 4}
     assert attempts == {"t0": 1, "t1": 1, "t2": 2, "t3": 1}
     assert wait_for(lambda: not server.store.status().rmd, timeout=30)
-    assert server.status().delivered == 4
+    assert wait_for(lambda: server.status().delivered == 4, timeout=15)  # counted after the commit
