@@ -89,6 +89,10 @@ class RMPolicy:
     #: Retransmissions allowed per message or control message before the sequence is faulted
     #: and the application told; None retries for ever.
     max_retries: int | None = None
+    #: TerminateSequence goes out at most this many times, then the sequence is released
+    #: anyway: it is only sent once every message is acknowledged, so a destination that
+    #: never answers it (gone, or answering something else) must not keep it for ever.
+    max_terminate_attempts: int = 10
     ack_request: AckRequestMode = AckRequestMode.RETRANSMISSIONS
     #: Flow control: at most this many messages of a sequence sent and not yet acknowledged
     #: (retransmissions are not held back); None means no window.
@@ -179,6 +183,8 @@ class RMPolicy:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"{name} must be an int >= 0 or None, not {value!r}")
+        if not isinstance(self.max_terminate_attempts, int) or self.max_terminate_attempts < 1:
+            raise ValueError(f"max_terminate_attempts must be an int >= 1, not {self.max_terminate_attempts!r}")
         for name in ("max_unacknowledged", "max_sequence_length"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

@@ -47,6 +47,9 @@ __all__ = ["RetransmissionWorker"]
 
 log = logging.getLogger(__name__)
 
+#: Faults by which a destination says it no longer holds the sequence at all.
+_GONE = frozenset({"UnknownSequence", "SequenceTerminated"})
+
 #: "Never again" for a message the AtMostOnce-only assurance sends once (a float the stores keep).
 _NEVER = 4e18
 #: Sequences looked at per round; the rest wait for the next one.
@@ -187,7 +190,8 @@ class RetransmissionWorker:
                 return False
             if action != "release":
                 attempts = seq.control_attempts
-                if policy.retries_exhausted(attempts):
+                if policy.retries_exhausted(attempts) or \
+                        (action == "terminate" and attempts >= policy.max_terminate_attempts):
                     if action == "terminate":
                         slog.warning("TerminateSequence unanswered after %d attempts; releasing the "
                                      "sequence anyway (every message was acknowledged)", attempts)
@@ -228,8 +232,8 @@ class RetransmissionWorker:
         wsa = AddressingVersion.for_namespace(seq.wsa_version) or self.policy.addressing
         return self.policy.soap_version, wsa
 
-    def _exchange(self, seq: RmsSequence, action: str, body: Any, *,
-                  message_id: str | None = None) -> ResponseContent | None:
+    def _exchange(self, seq: RmsSequence, action: str, body: Any, *, message_id: str | None = None,
+                  apply_faults: bool = True) -> ResponseContent | None:
         """Send a control message; the response's content (None when nothing usable came back)."""
         soap, wsa = self._soap_wsa(seq)
         rm = rm_version_of(seq)
@@ -247,7 +251,7 @@ class RetransmissionWorker:
             self._exchanged_with(seq.key)
         if not response.body:
             return None
-        return self.inbound.read_response(response.body, store_key=seq.key)
+        return self.inbound.read_response(response.body, store_key=seq.key, apply_faults=apply_faults)
 
     def _send_create(self, seq: RmsSequence) -> None:
         rm = rm_version_of(seq)
@@ -265,9 +269,29 @@ class RetransmissionWorker:
     def _send_close(self, seq: RmsSequence) -> None:
         rm = rm_version_of(seq)
         last = seq.last_number or None
-        content = self._exchange(seq, rm.action("CloseSequence"), CloseSequence(seq.sequence_id, last))
-        if content is not None and isinstance(content.body, CloseSequenceResponse):
+        content = self._exchange(seq, rm.action("CloseSequence"), CloseSequence(seq.sequence_id, last),
+                                 apply_faults=False)
+        if content is None:
+            return
+        if isinstance(content.body, CloseSequenceResponse):
             self.source.on_closed(seq.key)
+            return
+        fault = content.fault
+        if not isinstance(fault, WSRMFault):
+            if fault is not None:
+                for_sequence(log, seq.sequence_id, key=seq.key).warning(
+                    "CloseSequence answered with a fault (will retry): %s", fault)
+            return
+        # A retried Close (its first response lost) may find the sequence closed, or already
+        # gone: Close is only sent once every message is acknowledged, so neither loses anything.
+        if fault.fault_code == "SequenceClosed":
+            self.source.on_closed(seq.key)
+        elif fault.fault_code in _GONE:
+            for_sequence(log, seq.sequence_id, key=seq.key).info(
+                "CloseSequence answered %s: the destination is done with the sequence", fault.fault_code)
+            self.source.on_terminated(seq.key)
+        else:
+            self.source.on_fault(fault, seq.key)
 
     def _send_terminate(self, seq: RmsSequence) -> None:
         rm = rm_version_of(seq)
@@ -283,10 +307,15 @@ class RetransmissionWorker:
             for_sequence(log, seq.sequence_id, key=seq.key).info("TerminateSequence not delivered: %s", exc)
             return
         content = self.inbound.read_response(response.body, apply_faults=False) if response.body else None
-        gone = isinstance(getattr(content, "fault", None), WSRMFault) and \
-            content.fault.fault_code in ("UnknownSequence", "SequenceTerminated")
+        gone = isinstance(getattr(content, "fault", None), WSRMFault) and content.fault.fault_code in _GONE
+        # 1.0 has no TerminateSequenceResponse: a 2xx is all there is. In 1.1 a 2xx without a
+        # body is what a destination that already forgot the sequence may answer a retried
+        # Terminate with (gSOAP 2.8 answers 202): it took the message, and every message was
+        # acknowledged before it went out, so waiting for more would only keep the sequence.
+        ok = 200 <= response.status < 300 and getattr(content, "fault", None) is None
+        bare = content is None or content.body is None
         if isinstance(getattr(content, "body", None), TerminateSequenceResponse) or gone or \
-                (not rm.is_11 and 200 <= response.status < 300):
+                (ok and (bare or not rm.is_11)):
             self.source.on_terminated(seq.key)
 
     def _last_message_accepted(self, seq: RmsSequence, number: int) -> None:
