@@ -10,6 +10,7 @@ and lets a reader check each state against the protocol rule that allows it.
 from __future__ import annotations
 
 import dataclasses
+from abc import ABC, abstractmethod
 import itertools
 from dataclasses import dataclass
 from enum import Enum
@@ -142,7 +143,7 @@ class Transition(Generic[S]):
         return self.state == self.previous and not self.actions
 
 
-class FactorState:
+class FactorState(ABC):
     """Base for the frozen dataclasses whose boolean fields are a machine's factors.
 
     Subclasses declare ``ABBREVIATIONS`` (field -> the seed's abbreviation) and
@@ -163,8 +164,9 @@ class FactorState:
             raise InvalidState(type(self), factors, broken)
 
     @classmethod
+    @abstractmethod
     def _broken_rules(cls, **factors: bool) -> tuple[str, ...]:
-        raise NotImplementedError
+        """The rules these factors break; each machine states its own."""
 
     @classmethod
     def broken_rules(cls, **factors: bool) -> tuple[str, ...]:

@@ -865,7 +865,7 @@ class StoreTransaction(ABC):
         doomed the transaction (a failed statement) cannot be undone alone:
         the transaction stays doomed and can only roll back.
         """
-        raise NotImplementedError(f"{type(self).__name__} has no savepoints")
+        raise StoreError(f"{type(self).__name__} has no savepoints: check supports_savepoints before calling savepoint()")
 
     @abstractmethod
     def commit(self) -> None: ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 from typing import Any
 
 from txmanager.xa import (
@@ -50,7 +51,7 @@ class _DrivenBranch:
         self._branch.rollback_only = True
 
 
-class BranchResource:
+class BranchResource(ABC):
     """The XA verbs up to ``prepare``; subclasses decide what prepare and phase 2 mean.
 
     Subclasses implement :meth:`_open_branch_tx` (a store transaction for a new
@@ -65,8 +66,9 @@ class BranchResource:
         self._branches: dict[Xid, Branch] = {}
         self._lock = threading.Lock()
 
+    @abstractmethod
     def _open_branch_tx(self, xid: Xid) -> Any:
-        raise NotImplementedError
+        """A store transaction of its own for the new branch ``xid``."""
 
     # -- store.begin(xa=tm) -------------------------------------------------------------
 
@@ -120,8 +122,9 @@ class BranchResource:
         if not branch.tx.closed:
             self._store_finish(branch.tx, commit=False)
 
+    @abstractmethod
     def _store_finish(self, tx: Any, commit: bool) -> None:
-        raise NotImplementedError
+        """End a branch's store transaction (commit or roll back) and release what it held."""
 
     def _refuse_failed(self, branch: Branch) -> None:
         failed = getattr(branch.tx, "failed", None)
