@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +44,10 @@ from txmanager.pgserver import ThrowawayPostgres  # noqa: E402
 from txmanager.postgres import XADataSource  # noqa: E402
 from wsrm_plugin.engine import RMPolicy  # noqa: E402
 from wsrm_plugin.spark import Sender, register  # noqa: E402
+from wsrm_plugin.store import open_store  # noqa: E402
+
+#: Threads of the service's HTTP server (waitress).
+_HTTP_THREADS = 8
 
 
 def _sql(dsn: str, statement: str) -> list[tuple]:
@@ -62,6 +67,25 @@ def _wait_count(dsn: str, table: str, count: int, timeout: float) -> float:
             return time.monotonic()
         time.sleep(0.1)
     raise TimeoutError(f"{table} did not reach {count} rows in {timeout}s")
+
+
+def _progress(server, server_db: str, every: float, started: float) -> threading.Event:
+    """Print, every ``every`` seconds, what the service recorded and what waits in its invoker buffer.
+
+    A growing buffer means delivery (the invoker's XA transactions) is the
+    bottleneck; an empty one means the messages arrive no faster (sender side).
+    """
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(every):
+            status = server.engine.status()
+            recorded = _sql(server_db, "SELECT count(*) FROM orders")[0][0]
+            print(f"  {time.monotonic() - started:6.1f}s recorded {recorded} buffered {status.buffered} "
+                  f"delivered {status.delivered}", flush=True)
+
+    threading.Thread(target=run, name="bench-progress", daemon=True).start()
+    return stop
 
 
 def plain_partition(url: str, dsn: str):
@@ -92,6 +116,11 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--senders", type=int, default=4, help="sender engines sharing the store")
+    parser.add_argument("--modes", default="plain,reliable", help="which jobs to run, comma separated")
+    parser.add_argument("--progress", type=float, default=0.0,
+                        help="every this many seconds, print the reliable server's backlog (0: never)")
+    parser.add_argument("--delivery-batch", type=int, default=50,
+                        help="messages the reliable server delivers per XA transaction (1: one each)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "task queue depth": expected here
@@ -108,7 +137,7 @@ def main() -> int:
         df = spark.range(args.rows, numPartitions=args.partitions).selectExpr(
             "format_string('order-%07d', id) AS item").cache()
         df.count()
-        for mode in ("plain", "reliable"):
+        for mode in args.modes.split(","):
             client_db, server_db = pg.create_database(f"cli_{mode}"), pg.create_database(f"srv_{mode}")
             rms = pg.create_database(f"rms_{mode}")
             _sql(client_db, "CREATE TABLE sent (item text NOT NULL)")
@@ -119,11 +148,18 @@ def main() -> int:
             # inactivity_timeout=None: with a backlog of ~100k messages the sender reaches the
             # last partition's sequence more than the default 600 s after its CreateSequence, and
             # the destination would end it as inactive (seen: 12,500 messages dropped).
+            # delivery_batch: one two-phase commit (two prepared branches, a log fsync) per batch of
+            # a sequence's messages instead of per message; it is the destination's throughput.
             policy = RMPolicy(soap_version="1.1", base_retransmission_interval=2.0, send_batch=200,
-                              invoker_threads=4, inactivity_timeout=None)
-            server = reliable_service(service.application(), "postgresql:" + rms if mode == "plain"
-                                      else "postgresql:" + server_db, policy, tm=tm, required=False)
-            server.serve(threads=8)
+                              invoker_threads=4, inactivity_timeout=None,
+                              delivery_batch=args.delivery_batch)
+            # The store's connection pool sized for the threads that use it at once (8 HTTP
+            # threads receiving, the invoker threads, the workers): with the default of 4 idle
+            # sessions most transactions opened a new PostgreSQL connection (a backend fork each).
+            server_store = open_store("postgresql:" + (rms if mode == "plain" else server_db),
+                                      pool_size=_HTTP_THREADS + policy.invoker_threads + 4)
+            server = reliable_service(service.application(), server_store, policy, tm=tm, required=False)
+            server.serve(threads=_HTTP_THREADS)
             server.start()
             started = time.monotonic()
             if mode == "plain":
@@ -132,7 +168,10 @@ def main() -> int:
                 delivered = _wait_count(server_db, "orders", args.rows, 600)
             else:
                 # senders run while the job runs; they share the store (SKIP LOCKED pollers)
-                senders = [Sender("postgresql:" + rms, policy).start() for _ in range(args.senders)]
+                sender_stores = [open_store("postgresql:" + rms, pool_size=policy.send_concurrency + 4)
+                                 for _ in range(args.senders)]
+                senders = [Sender(store, policy).start() for store in sender_stores]
+                stop_progress = _progress(server, server_db, args.progress, started) if args.progress else None
                 (df.write.format("wsrm").mode("append")
                    .option("target", server.url).option("operation", "record").option("fields", "item")
                    .option("store", "postgresql:" + rms).option("log", str(work / "driver-tm.log"))
@@ -140,9 +179,13 @@ def main() -> int:
                    .save())
                 job_done = time.monotonic()
                 delivered = _wait_count(server_db, "orders", args.rows, 1800)
-                for sender in senders:
+                for sender, store in zip(senders, sender_stores):
                     sender.stop()
+                    store.close()
+                if stop_progress is not None:
+                    stop_progress.set()
             server.stop()
+            server_store.close()
             ds.close()
             tm.close()
             sent = _sql(client_db, "SELECT count(*) FROM sent")[0][0]
@@ -152,6 +195,8 @@ def main() -> int:
                              "rows": sent, "recorded": recorded[0], "distinct_recorded": recorded[1]}
             print(mode, json.dumps({k: round(v, 1) for k, v in results[mode].items()}), flush=True)
         spark.stop()
+    if len(results) < 2:
+        return 0
     ratio_rows = results["reliable"]["rows_per_s"] / results["plain"]["rows_per_s"]
     ratio_delivered = results["reliable"]["delivered_per_s"] / results["plain"]["delivered_per_s"]
     print(f"ratio reliable/plain: job rows/s {ratio_rows:.2f}, delivered messages/s {ratio_delivered:.2f}")

@@ -15,6 +15,10 @@ it is taken out of the buffer and either answered with a SOAP fault on the
 response sequence (when the request came with an accepted Offer and a
 ReplyTo) or reported to the application's failure hook.  Never an endless
 redelivery loop.
+
+With ``delivery_batch`` > 1 one transaction delivers several consecutive
+messages of a sequence (see :meth:`InvokerWorker._batches`): the same
+outcome per message, fewer commits.
 """
 
 from __future__ import annotations
@@ -158,6 +162,11 @@ class InvokerWorker:
         self._on_failure = on_failure
         self._after_commit = after_commit
         self._attempts: dict[tuple[str, int], int] = {}
+        #: Messages delivered alone, never in a batch (sequence -> numbers): each broke a batch,
+        #: or was in one whose commit failed.
+        self._isolated: dict[str, set[int]] = {}
+        #: Isolated messages whose attempts ran out, to give up once they are next in line.
+        self._doomed: dict[tuple[str, int], BaseException] = {}
         self._lock = threading.Lock()
         self.delivered = 0
         self.failed = 0
@@ -184,25 +193,35 @@ class InvokerWorker:
         claimed: BufferedMessage | None = None
         done: list[tuple[BufferedMessage, bool]] = []
         later: tuple[BufferedMessage, BaseException] | None = None
+        given_up: tuple[BufferedMessage, BaseException, bool] | None = None
         wake = False
         try:
             with self._transaction() as tx:
                 claimed = tx.invoker.claim_next(in_order=self.policy.in_order)
                 if claimed is None:
                     return False
-                done.append((claimed, self._deliver(tx, claimed)))
-                wake = getattr(self._ambient, "wake_sender", True)
-                if self._batches(tx):
-                    later, wake = self._deliver_more(tx, claimed.sequence_id, done, wake)
+                doomed = self._doomed.get((claimed.sequence_id, claimed.number))
+                if doomed is not None:  # its attempts ran out inside a batch: settle it now, it is first
+                    given_up = (claimed, doomed, self._give_up(tx, claimed, doomed))
+                else:
+                    done.append((claimed, self._deliver(tx, claimed)))
+                    wake = getattr(self._ambient, "wake_sender", True)
+                    if self._batches(tx) and not self._is_isolated(claimed):
+                        later, wake = self._deliver_more(tx, claimed.sequence_id, done, wake)
         except _BatchBroken as broken:  # all of the batch rolled back: the one that broke it is retried
-            return self._failed(broken.message, broken.error)
+            return self._batch_broken(broken.message, broken.error)
         except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
             if claimed is None:
                 raise
+            if len(done) > 1:  # the commit of a batch failed: which message caused it is unknown
+                return self._commit_failed([msg for msg, _ in done], exc)
             return self._failed(claimed, exc)
+        if given_up is not None:
+            self._settle_given_up(*given_up)
+            return True
         with self._lock:
             for msg, _ in done:
-                self._attempts.pop((msg.sequence_id, msg.number), None)
+                self._forget(msg)
         self.delivered += sum(1 for _, handed_over in done if handed_over)
         if wake:
             self._after_commit()
@@ -211,44 +230,131 @@ class InvokerWorker:
         return True
 
     def _batches(self, tx: StoreTransaction) -> bool:
-        """Deliver more than one message in this transaction?
+        """Deliver more than one message of a sequence in this transaction?
 
-        Only without a transaction manager: an XA delivery is a unit of the
-        application's own work, and its commit is what the application
-        decides on.  Without one, the work that is exactly-once is the work
-        done in the store transaction (``context.transaction``), and each
+        Each transaction has a fixed cost that dominates a small message: a
+        durable flush, and under a transaction manager a two-phase commit
+        (the store's branch and the application's, each a prepared
+        transaction, plus the recovery log's fsync).  A batch pays it once
+        for up to ``delivery_batch`` messages (and holds the sequence's
+        buffer, or a SQLite store's whole file, only briefly: it is also
+        bounded by :data:`_BATCH_SECONDS`).
+
+        Without a transaction manager the exactly-once work is the work done
+        in the store transaction (``context.transaction``), and each
         message's share of it sits in its own savepoint: a message that fails
         is rolled back alone while the ones before it commit, exactly as if
-        each had been delivered in its own transaction, so a batch changes
-        nothing but the number of commits (one durable flush for several
-        messages, and one hold of a SQLite store's file lock instead of
-        several: the batch is short, bounded by ``delivery_batch`` and
-        :data:`_BATCH_SECONDS`).
+        each had been delivered in its own transaction.
+
+        With one, the application's own enlisted connections cannot be
+        rolled back to a savepoint, so a batch is all-or-nothing: when any
+        message's handler raises, the whole XA transaction rolls back, which
+        is as if none of the batch had been delivered (nothing of it is
+        committed anywhere).  The message that raised is then *isolated*:
+        the messages before it are delivered again (they had succeeded) and
+        it gets a transaction of its own, so its attempts, give-up, fault
+        reply and failure hook are exactly those of one-by-one delivery.
         """
-        return self.tm is None and self.policy.delivery_batch > 1 and tx.supports_savepoints
+        if self.policy.delivery_batch <= 1:
+            return False
+        return self.tm is not None or tx.supports_savepoints
 
     def _deliver_more(self, tx: StoreTransaction, sequence_id: str, done: list[tuple[BufferedMessage, bool]],
                       wake: bool) -> tuple[tuple[BufferedMessage, BaseException] | None, bool]:
-        """The sequence's next deliverable messages, each in a savepoint of ``tx``.
+        """The sequence's next deliverable messages, in ``tx`` (each in a savepoint without XA).
 
         Returns the message that failed (rolled back to its savepoint, for
         :meth:`_failed` after the commit) and whether to wake the sender.
+        Raises :class:`_BatchBroken` when the failure took the whole
+        transaction with it (always, under XA).  An isolated message is
+        never taken: it is delivered on its own.
         """
         deadline = time.monotonic() + _BATCH_SECONDS
         while len(done) < self.policy.delivery_batch and time.monotonic() < deadline:
             msg = tx.invoker.next_deliverable(sequence_id, in_order=self.policy.in_order)
-            if msg is None:
+            if msg is None or self._is_isolated(msg):
                 break
             try:
-                with tx.savepoint():
+                with tx.savepoint() if self.tm is None else contextlib.nullcontext():
                     handed_over = self._deliver(tx, msg)
             except Exception as exc:  # noqa: BLE001 -- settled after the commit, like a lone delivery
-                if tx.failed is not None:  # the transaction itself broke: all of it rolls back
+                if self.tm is not None or tx.failed is not None:  # all of the transaction rolls back
                     raise _BatchBroken(msg, exc) from exc
                 return (msg, exc), wake
             done.append((msg, handed_over))
             wake = wake or getattr(self._ambient, "wake_sender", True)
         return None, wake
+
+    # -- messages that broke a batch ------------------------------------------------------------
+
+    def _is_isolated(self, msg: BufferedMessage) -> bool:
+        with self._lock:
+            return msg.number in self._isolated.get(msg.sequence_id, ())
+
+    def _isolate(self, msg: BufferedMessage) -> None:
+        """Deliver ``msg`` alone from now on (caller holds the lock)."""
+        self._isolated.setdefault(msg.sequence_id, set()).add(msg.number)
+
+    def _forget(self, msg: BufferedMessage) -> None:
+        """``msg`` is settled (delivered or given up): drop what was kept about it (caller holds the lock)."""
+        key = (msg.sequence_id, msg.number)
+        self._attempts.pop(key, None)
+        self._doomed.pop(key, None)
+        numbers = self._isolated.get(msg.sequence_id)
+        if numbers is not None:
+            numbers.discard(msg.number)
+            if not numbers:
+                del self._isolated[msg.sequence_id]
+
+    def _batch_broken(self, msg: BufferedMessage, exc: BaseException) -> bool:
+        """A batch rolled back because of ``msg``: count the attempt, and deliver it alone next time.
+
+        It cannot be given up yet: the messages before it are back in the
+        buffer and must be delivered first.  Once its attempts ran out it is
+        *doomed*: given up, without running the application again, as soon
+        as it is the next message of its sequence.
+        """
+        if self._out_of_attempts(msg, exc):
+            self._doom(msg, exc)
+        else:
+            with self._lock:
+                self._isolate(msg)
+        return False
+
+    def _doom(self, msg: BufferedMessage, exc: BaseException) -> None:
+        """Give ``msg`` up when it is next in line, without running the application again."""
+        with self._lock:
+            self._isolate(msg)
+            self._doomed[(msg.sequence_id, msg.number)] = exc
+
+    def _commit_failed(self, batch: list[BufferedMessage], exc: BaseException) -> bool:
+        """The commit of a batch failed, so no single message is to blame: retry each on its own.
+
+        No attempt is counted (none of them is known to have failed); one by
+        one, the message that really causes the failure is found and counted.
+        """
+        log.warning("a batch of %d deliveries of sequence %s failed to commit (rolled back, will deliver "
+                    "them one by one): %r", len(batch), batch[0].sequence_id, exc)
+        with self._lock:
+            for msg in batch:
+                self._isolate(msg)
+        return False
+
+    # -- failures -------------------------------------------------------------------------------
+
+    def _out_of_attempts(self, msg: BufferedMessage, exc: BaseException) -> bool:
+        """Count a failed attempt at ``msg``; True when it is to be given up."""
+        slog = for_sequence(log, msg.sequence_id, msg.number)
+        key = (msg.sequence_id, msg.number)
+        with self._lock:
+            attempts = self._attempts[key] = self._attempts.get(key, 0) + 1
+        retryable = not isinstance(exc, ApplicationFault) or exc.retryable
+        if retryable and attempts < self.policy.max_delivery_attempts:
+            slog.warning("delivery attempt %d of %d failed (rolled back, will retry): %r",
+                         attempts, self.policy.max_delivery_attempts, exc)
+            return False
+        slog.error("giving up after %d delivery attempts: %r", attempts, exc)
+        return True
 
     def _deliver(self, tx: StoreTransaction, msg: BufferedMessage) -> bool:
         """Hand ``msg`` over in ``tx``; False for a protocol marker the application never sees."""
@@ -291,30 +397,34 @@ class InvokerWorker:
         return True
 
     def _failed(self, msg: BufferedMessage, exc: BaseException) -> bool:
-        key = (msg.sequence_id, msg.number)
-        slog = for_sequence(log, msg.sequence_id, msg.number)
-        with self._lock:
-            attempts = self._attempts[key] = self._attempts.get(key, 0) + 1
-        retryable = not isinstance(exc, ApplicationFault) or exc.retryable
-        if retryable and attempts < self.policy.max_delivery_attempts:
-            slog.warning("delivery attempt %d of %d failed (rolled back, will retry): %r",
-                         attempts, self.policy.max_delivery_attempts, exc)
+        if not self._out_of_attempts(msg, exc):
             return False  # wait a poll interval before trying again
-        slog.error("giving up after %d delivery attempts: %r", attempts, exc)
-        replied = False
         with self._transaction() as tx:
             current = tx.invoker.next_deliverable(msg.sequence_id, in_order=self.policy.in_order)
+            if current is not None and current.number < msg.number:  # still buffered, others first
+                self._doom(msg, exc)
+                return True
             if current is None or current.number != msg.number:
+                with self._lock:
+                    self._forget(msg)
                 return True  # someone else settled it meanwhile
-            tx.invoker.mark_delivered(msg.sequence_id, msg.number)
-            replied = self._reply_with_fault(tx, msg, exc)
+            replied = self._give_up(tx, msg, exc)
+        self._settle_given_up(msg, exc, replied)
+        return True
+
+    def _give_up(self, tx: StoreTransaction, msg: BufferedMessage, exc: BaseException) -> bool:
+        """Take ``msg`` out of the buffer in ``tx`` and answer it with a fault; False if nobody can be answered."""
+        tx.invoker.mark_delivered(msg.sequence_id, msg.number)
+        return self._reply_with_fault(tx, msg, exc)
+
+    def _settle_given_up(self, msg: BufferedMessage, exc: BaseException, replied: bool) -> None:
+        """After the give-up committed: count it, wake the sender, tell the application's hook."""
         with self._lock:
-            self._attempts.pop(key, None)
+            self._forget(msg)
         self.failed += 1
         self._after_commit()
         if not replied:
             self._report(FailedDelivery(msg.sequence_id, msg.number, msg.message_id, msg.action, msg.payload, exc))
-        return True
 
     def _reply_with_fault(self, tx: StoreTransaction, msg: BufferedMessage, exc: BaseException) -> bool:
         soap = SoapVersion.for_namespace(msg.soap_version) or self.policy.soap_version

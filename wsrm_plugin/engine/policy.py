@@ -148,8 +148,10 @@ class RMPolicy:
     #: HTTP timeout (connect and read) for messages the engine sends.
     http_timeout: float = 10.0
     invoker_threads: int = 1
-    #: Without a transaction manager, messages of one sequence the invoker delivers in one
-    #: store transaction (each in its own savepoint: a failure is settled alone); 1: one each.
+    #: Messages of one sequence the invoker delivers in one transaction; 1: one each.  Without
+    #: a transaction manager each sits in its own savepoint (a failure is settled alone); with
+    #: one the batch is one XA transaction, rolled back whole when a message fails, after which
+    #: that message is delivered alone (see ``InvokerWorker._batches``).
     #: Off by default: a crash repeats the whole batch's NON-transactional side effects
     #: (a file written, a mail sent), so raising it widens the at-least-once window of an
     #: application that does work outside the store.  Work in the store stays exactly once.
