@@ -162,9 +162,9 @@ class InvokerWorker:
         self._on_failure = on_failure
         self._after_commit = after_commit
         self._attempts: dict[tuple[str, int], int] = {}
-        #: Messages delivered alone, never in a batch (sequence -> numbers): each broke a batch,
+        #: Messages delivered alone, never in a batch (sequence id, number): each broke a batch,
         #: or was in one whose commit failed.
-        self._isolated: dict[str, set[int]] = {}
+        self._isolated: set[tuple[str, int]] = set()
         #: Isolated messages whose attempts ran out, to give up once they are next in line.
         self._doomed: dict[tuple[str, int], BaseException] = {}
         self._lock = threading.Lock()
@@ -289,22 +289,18 @@ class InvokerWorker:
 
     def _is_isolated(self, msg: BufferedMessage) -> bool:
         with self._lock:
-            return msg.number in self._isolated.get(msg.sequence_id, ())
+            return (msg.sequence_id, msg.number) in self._isolated
 
     def _isolate(self, msg: BufferedMessage) -> None:
         """Deliver ``msg`` alone from now on (caller holds the lock)."""
-        self._isolated.setdefault(msg.sequence_id, set()).add(msg.number)
+        self._isolated.add((msg.sequence_id, msg.number))
 
     def _forget(self, msg: BufferedMessage) -> None:
         """``msg`` is settled (delivered or given up): drop what was kept about it (caller holds the lock)."""
         key = (msg.sequence_id, msg.number)
         self._attempts.pop(key, None)
         self._doomed.pop(key, None)
-        numbers = self._isolated.get(msg.sequence_id)
-        if numbers is not None:
-            numbers.discard(msg.number)
-            if not numbers:
-                del self._isolated[msg.sequence_id]
+        self._isolated.discard(key)
 
     def _batch_broken(self, msg: BufferedMessage, exc: BaseException) -> bool:
         """A batch rolled back because of ``msg``: count the attempt, and deliver it alone next time.

@@ -41,7 +41,7 @@ from .logs import for_sequence
 from .policy import AckRequestMode, RMPolicy
 from .source import NEVER, Source, is_back_channel, rm_version_of
 from .states import rms_state
-from .transport import Transport, TransportError
+from .transport import Response, Transport, TransportError
 
 __all__ = ["RetransmissionWorker"]
 
@@ -232,24 +232,29 @@ class RetransmissionWorker:
         wsa = AddressingVersion.for_namespace(seq.wsa_version) or self.policy.addressing
         return self.policy.soap_version, wsa
 
-    def _exchange(self, seq: RmsSequence, action: str, body: Any, *, message_id: str | None = None,
-                  apply_faults: bool = True) -> ResponseContent | None:
-        """Send a control message; the response's content (None when nothing usable came back)."""
+    def _post(self, seq: RmsSequence, action: str, body: Any, *, message_id: str | None = None) -> Response | None:
+        """Send a control message on its own; its HTTP response, or None when the transport failed."""
         soap, wsa = self._soap_wsa(seq)
         rm = rm_version_of(seq)
         data = protocol_message(soap, wsa, to=seq.target, action=action, body=body.to_xml(rm) if not
                                 isinstance(body, CreateSequence) else body.to_xml(rm, wsa),
                                 reply_to=wsa.anonymous, message_id=message_id)
-        slog = for_sequence(log, seq.sequence_id, key=seq.key)
         try:
             response = self.transport.send(seq.target, data, soap.http_headers(action))
         except TransportError as exc:
             self.send_failures += 1
-            slog.info("%s not delivered (will retry): %s", type(body).__name__, exc)
+            for_sequence(log, seq.sequence_id, key=seq.key).info(
+                "%s not delivered (will retry): %s", type(body).__name__, exc)
             return None
         if 200 <= response.status < 300:
             self._exchanged_with(seq.key)
-        if not response.body:
+        return response
+
+    def _exchange(self, seq: RmsSequence, action: str, body: Any, *, message_id: str | None = None,
+                  apply_faults: bool = True) -> ResponseContent | None:
+        """Send a control message; the response's content (None when nothing usable came back)."""
+        response = self._post(seq, action, body, message_id=message_id)
+        if response is None or not response.body:
             return None
         return self.inbound.read_response(response.body, store_key=seq.key, apply_faults=apply_faults)
 
@@ -296,26 +301,22 @@ class RetransmissionWorker:
     def _send_terminate(self, seq: RmsSequence) -> None:
         rm = rm_version_of(seq)
         last = (seq.last_number or None) if rm.is_11 else None
-        soap, wsa = self._soap_wsa(seq)
-        body = TerminateSequence(seq.sequence_id, last)
-        data = protocol_message(soap, wsa, to=seq.target, action=rm.terminate_sequence_action,
-                                body=body.to_xml(rm), reply_to=wsa.anonymous)
-        try:
-            response = self.transport.send(seq.target, data, soap.http_headers(rm.terminate_sequence_action))
-        except TransportError as exc:
-            self.send_failures += 1
-            for_sequence(log, seq.sequence_id, key=seq.key).info("TerminateSequence not delivered: %s", exc)
+        response = self._post(seq, rm.terminate_sequence_action, TerminateSequence(seq.sequence_id, last))
+        if response is None:
             return
         content = self.inbound.read_response(response.body, apply_faults=False) if response.body else None
-        gone = isinstance(getattr(content, "fault", None), WSRMFault) and content.fault.fault_code in _GONE
-        # 1.0 has no TerminateSequenceResponse: a 2xx is all there is. In 1.1 a 2xx without a
-        # body is what a destination that already forgot the sequence may answer a retried
-        # Terminate with (gSOAP 2.8 answers 202): it took the message, and every message was
-        # acknowledged before it went out, so waiting for more would only keep the sequence.
-        ok = 200 <= response.status < 300 and getattr(content, "fault", None) is None
-        bare = content is None or content.body is None
-        if isinstance(getattr(content, "body", None), TerminateSequenceResponse) or gone or \
-                (ok and (bare or not rm.is_11)):
+        fault = content.fault if content is not None else None
+        body = content.body if content is not None else None
+        if fault is not None:
+            ended = isinstance(fault, WSRMFault) and fault.fault_code in _GONE
+        else:
+            # 1.0 has no TerminateSequenceResponse: a 2xx is all there is. In 1.1 a 2xx without a
+            # body is what a destination that already forgot the sequence may answer a retried
+            # Terminate with (gSOAP 2.8 answers 202): it took the message, and every message was
+            # acknowledged before it went out, so waiting for more would only keep the sequence.
+            ended = isinstance(body, TerminateSequenceResponse) or (
+                200 <= response.status < 300 and (body is None or not rm.is_11))
+        if ended:
             self.source.on_terminated(seq.key)
 
     def _last_message_accepted(self, seq: RmsSequence, number: int) -> None:
