@@ -105,6 +105,67 @@ def test_pollers_skip_what_another_transaction_holds(store: StorageManager) -> N
         first.rollback()
 
 
+@pytest.mark.parametrize("store_url", [KINDS[2]], indirect=True)
+def test_reception_does_not_wait_for_a_delivery_of_the_same_sequence(open_kind) -> None:
+    """A delivery holds its sequence from claim to (two-phase) commit; a receive must not queue behind it."""
+    store = open_kind(lock_timeout=0.5)
+    with store.begin() as tx:
+        put(tx, "in", 1)
+    delivery = store.begin()
+    try:
+        claimed = delivery.invoker.claim_next()
+        assert (claimed.sequence_id, claimed.number) == ("in", 1)
+        delivery.invoker.mark_delivered("in", 1)
+        with store.begin() as receive:  # would raise LockTimeoutError if it waited for the delivery
+            assert put(receive, "in", 2)
+            assert put(receive, "in", 3)
+        delivery.commit()
+    finally:
+        if not delivery.closed:
+            delivery.rollback()
+    with store.begin() as tx:
+        state = tx.invoker.state("in")
+        assert list(state.delivered.ranges) == [(1, 1)] and state.buffered == 2
+        assert tx.invoker.claim_next().number == 2
+
+
+@pytest.mark.parametrize("store_url", [KINDS[2]], indirect=True)
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+def test_a_duplicate_that_races_its_own_delivery_is_not_buffered_again(store: StorageManager,
+                                                                         outcome: str) -> None:
+    """The unlocked put reads "not delivered" while a delivery of that very number is in flight.
+
+    Its insert meets the row the delivery is deleting and waits for the
+    outcome; after a commit the second read of the delivered ranges sees the
+    number and the insert is undone, after a rollback the row is still there.
+    Either way: one copy, never two.
+    """
+    with store.begin() as tx:
+        put(tx, "in", 1)
+    delivery = store.begin()
+    delivery.invoker.claim_next()
+    delivery.invoker.mark_delivered("in", 1)
+    result: list[bool] = []
+
+    def duplicate() -> None:
+        with store.begin() as tx:
+            result.append(put(tx, "in", 1))
+
+    t = threading.Thread(target=duplicate)
+    t.start()
+    t.join(timeout=0.5)
+    assert t.is_alive() and result == []  # its insert waits for the delivery's outcome
+    getattr(delivery, outcome)()
+    t.join(timeout=30)
+    assert result == [False]
+    with store.begin() as tx:
+        state = tx.invoker.state("in")
+        if outcome == "commit":
+            assert list(state.delivered.ranges) == [(1, 1)] and state.buffered == 0
+        else:
+            assert list(state.delivered.ranges) == [] and state.buffered == 1
+
+
 def test_sqlite_pollers_serialize(tmp_path) -> None:
     store = SqliteStore(tmp_path / "s.db", lock_timeout=0.2)
     started(store, "a", "sa", messages=1, sent=False)

@@ -420,3 +420,29 @@ def test_lock_order_is_enforced(store: StorageManager) -> None:
         tx.invoker.next_deliverable("s1")
         with pytest.raises(LockOrderError):
             new_rmd(tx, "s3")
+
+
+def test_due_messages_round_robin_across_sequences(store: StorageManager) -> None:
+    """Every sequence's first due message, then the seconds...; at most ``per_sequence`` each.
+
+    Messages not yet due or acknowledged, and sequences not started or
+    faulted, are never claimed.
+    """
+    started(store, "a", "sa", messages=4, sent=False)
+    started(store, "b", "sb", messages=2, sent=False)
+    started(store, "c", "sc", messages=3, sent=False)
+    started(store, "f", "sf", messages=2, sent=False)
+    with store.begin() as tx:
+        new_rms(tx, "u")  # not started: no sequence id yet
+        enqueue(tx, "u", 2)
+        tx.rms.update("f", faulted=True, fault_reason="test")
+        tx.rms_messages.record_send_attempt("a", 1, next_send_at=1e12)  # sent, not due again yet
+        tx.rms_messages.record_send_attempt("c", 1, next_send_at=0.0)
+        tx.rms_messages.record_send_attempt("c", 2, next_send_at=0.0)
+        tx.rms_messages.mark_acked("c", [(1, 1)])
+    with store.begin() as tx:
+        due = tx.rms_messages.due_messages(limit=100, per_sequence=2)
+        picked = [(m.sequence_key, m.number) for m in due]
+        assert sorted(picked[:3]) == [("a", 2), ("b", 1), ("c", 2)]  # each sequence's first
+        assert sorted(picked[3:]) == [("a", 3), ("b", 2), ("c", 3)]  # then the seconds, no thirds
+        assert len(tx.rms_messages.due_messages(limit=4, per_sequence=2)) == 4

@@ -70,8 +70,39 @@ def test_concurrent_first_opens_migrate_once(store_url) -> None:
         t.join(timeout=60)
     try:
         assert not errors, errors
-        assert sorted(s.schema_version_found for s in stores) == [0, 1, 1, 1]
-        assert version_rows(stores[0]) == [1]
+        assert sorted(s.schema_version_found for s in stores) == [0] + [LATEST_VERSION] * 3
+        assert version_rows(stores[0]) == list(range(1, LATEST_VERSION + 1))
     finally:
         for s in stores:
             s.close()
+
+
+@pytest.mark.parametrize("store_url", SQL_KINDS, indirect=True)
+def test_a_version_1_store_is_upgraded_in_place_when_opened(store_url, monkeypatch) -> None:
+    """Version 2 only adds the sender's indexes: the messages a version 1 store holds stay, and are claimable."""
+    from wsrm_plugin.store import sql
+
+    with monkeypatch.context() as old_code:
+        old_code.setattr(sql, "MIGRATIONS", sql.MIGRATIONS[:1])
+        old_code.setattr(sql, "LATEST_VERSION", 1)
+        old = open_store(store_url())
+        with old.begin() as tx:
+            new_rms(tx)
+            tx.rms.update("k1", sequence_id="seq-1", started=True, next_control_at=None)
+            enqueue(tx, n=3)
+        assert version_rows(old) == [1]
+        old.close()
+    upgraded = open_store(store_url())
+    try:
+        assert upgraded.schema_version_found == 1
+        assert version_rows(upgraded) == list(range(1, LATEST_VERSION + 1))
+        with upgraded.begin() as tx:
+            if store_url().startswith("sqlite"):
+                rows = tx.all("SELECT name FROM sqlite_master WHERE type = 'index'")
+            else:
+                rows = tx.all("SELECT indexname FROM pg_indexes WHERE tablename = 'rms_message'")
+            assert {"rms_message_unacked", "rms_message_acked"} <= {r[0] for r in rows}
+            due = tx.rms_messages.due_messages(limit=10, per_sequence=2)
+            assert [(m.sequence_key, m.number) for m in due] == [("k1", 1), ("k1", 2)]
+    finally:
+        upgraded.close()

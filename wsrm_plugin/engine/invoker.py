@@ -181,14 +181,28 @@ class InvokerWorker:
             with self.store.begin(xa=self.tm) as tx:
                 yield tx
 
-    def _anything_buffered(self) -> bool:
+    def _anything_claimable(self) -> bool:
+        """Would a delivery find a message no other invoker thread holds?  A plain, read-only look.
+
+        An XA transaction that finds nothing still costs a branch begin and a
+        commit on every resource; with several invoker threads most of them
+        would find every busy sequence held by another.  The look itself is
+        skipped after a step that delivered (its sequence likely has more).
+        """
+        if getattr(self._ambient, "invoker_busy", False):
+            return True
         with self.store.begin() as tx:
-            return tx.invoker.count() > 0
+            return tx.invoker.claim_next(in_order=self.policy.in_order) is not None
 
     def step(self) -> bool:
         if self.application is None:
             return False
-        if self.tm is not None and not self._anything_buffered():
+        busy = self._step()
+        self._ambient.invoker_busy = busy
+        return busy
+
+    def _step(self) -> bool:
+        if self.tm is not None and not self._anything_claimable():
             return False  # don't open an XA transaction just to find nothing
         claimed: BufferedMessage | None = None
         done: list[tuple[BufferedMessage, bool]] = []

@@ -39,7 +39,7 @@ from .envelopes import protocol_message, stamp
 from .inbound import Inbound, ResponseContent
 from .logs import for_sequence
 from .policy import AckRequestMode, RMPolicy
-from .source import NEVER, Source, is_back_channel, rm_version_of
+from .source import NEVER, SequenceKey, Source, is_back_channel, rm_version_of
 from .states import rms_state
 from .transport import Response, Transport, TransportError
 
@@ -67,6 +67,20 @@ class _Planned:
     sequence: RmsSequence
     request_ack: bool = False
     piggyback: list[RmdSequence] = field(default_factory=list)
+
+
+def _chain_of(sequence_key: str) -> Any:
+    """Sequences that continue one another (rolled over: same target, caller's key and kind)."""
+    parsed = SequenceKey.decode(sequence_key)
+    return sequence_key if parsed is None else (parsed.target, parsed.key, parsed.offered)
+
+
+def _in_generation_order(chain: dict[str, list[_Planned]]) -> list[list[_Planned]]:
+    """A chain's sequences, each with its claimed messages, the older generation first."""
+    def generation(key: str) -> int:
+        parsed = SequenceKey.decode(key)
+        return 0 if parsed is None else parsed.generation
+    return [chain[key] for key in sorted(chain, key=generation)]
 
 
 class RetransmissionWorker:
@@ -337,26 +351,43 @@ class RetransmissionWorker:
 
     def _transmit(self, now: float) -> bool:
         plan = self._claim(now)
-        by_sequence: dict[str, list[_Planned]] = {}
+        chains: dict[Any, dict[str, list[_Planned]]] = {}
         for item in plan:
+            by_sequence = chains.setdefault(_chain_of(item.sequence.key), {})
             by_sequence.setdefault(item.sequence.key, []).append(item)
-        for items in by_sequence.values():  # one sequence after the other, as claimed
-            lanes = min(self.policy.send_concurrency, len(items))
-            if lanes <= 1:
-                self._send_lane(items)
-                continue
-            # Pipelining: a sequence's messages go out over ``lanes`` keep-alive connections
-            # at once (the transport keeps one per thread and peer), so the peer's durable
-            # receive of one overlaps the others' transfer and parsing instead of adding up.
-            # They were claimed (and the window checked) together; dealt round robin, they
-            # arrive nearly in order, and the destination orders them anyway.  A sequence's
-            # sends all end before the next sequence's begin (a rolled-over sequence's messages
-            # are received after the previous one's), and the round ends when every send has.
+        if len(chains) > 1 and self.policy.send_concurrency > 1:
+            # Several independent sequences: each gets a lane of its own, and they go out at
+            # once.  The destination records a sequence's messages one at a time (its
+            # acknowledgement state is one row), so parallel requests on one sequence mostly
+            # wait for each other there; on different sequences their durable receives overlap.
             pool = self._lanes()
-            futures = [pool.submit(self._send_lane, items[i::lanes]) for i in range(lanes)]
+            futures = [pool.submit(self._send_lane, [item for items in _in_generation_order(chain)
+                                                     for item in items])
+                       for chain in chains.values()]
             for future in futures:
                 future.result()
+            return True
+        for chain in chains.values():
+            for items in _in_generation_order(chain):  # a rolled-over sequence before its successor
+                self._send_pipelined(items)
         return bool(plan)
+
+    def _send_pipelined(self, items: list[_Planned]) -> None:
+        """One sequence's messages over up to ``send_concurrency`` keep-alive connections at once.
+
+        The peer's durable receive of one overlaps the others' transfer and
+        parsing instead of adding up.  They were claimed (and the window
+        checked) together; dealt round robin, they arrive nearly in order, and
+        the destination orders them anyway.  Returns once every send has ended.
+        """
+        lanes = min(self.policy.send_concurrency, len(items))
+        if lanes <= 1:
+            self._send_lane(items)
+            return
+        pool = self._lanes()
+        futures = [pool.submit(self._send_lane, items[i::lanes]) for i in range(lanes)]
+        for future in futures:
+            future.result()
 
     def _send_lane(self, items: list[_Planned]) -> None:
         with self.source.coalesced_acks():  # one store transaction for the lane's acks, not one per message

@@ -53,7 +53,12 @@ class Sender:
     def __init__(self, store: str | StorageManager, policy: RMPolicy | None = None) -> None:
         self.policy = policy or RMPolicy(soap_version="1.1")
         self._owns_store = isinstance(store, str)
-        self.store = open_store(store) if isinstance(store, str) else store
+        if isinstance(store, str):
+            # one pooled session per request in flight plus the workers' own; a smaller pool
+            # closes and reopens sessions all the time (a PostgreSQL backend fork each)
+            sized = {} if "pool_size=" in store else {"pool_size": self.policy.send_concurrency + 4}
+            store = open_store(store, **sized)
+        self.store = store
         self.engine = ReliableEngine(self.store, self.policy, name="wsrm-sender")
 
     def start(self) -> "Sender":
@@ -138,12 +143,21 @@ def add_arguments(parser: Any) -> None:
                         help="SOAP version of the protocol messages (match the service)")
     parser.add_argument("--retransmission-interval", type=float, default=None,
                         help="base retransmission interval in seconds")
+    parser.add_argument("--send-concurrency", type=int, default=None,
+                        help="messages in flight at once (default %d); each waits for the service's "
+                             "durable receive, so this, not CPU, bounds a sender" % RMPolicy.send_concurrency)
+    parser.add_argument("--send-batch", type=int, default=None,
+                        help="due messages claimed per store transaction (default %d)" % RMPolicy.send_batch)
 
 
 def run(args: Any) -> int:
     extra: dict[str, Any] = {}
     if args.retransmission_interval:
         extra["base_retransmission_interval"] = args.retransmission_interval
+    if args.send_concurrency:
+        extra["send_concurrency"] = args.send_concurrency
+    if args.send_batch:
+        extra["send_batch"] = args.send_batch
     return run_sender(args.store, policy=RMPolicy(soap_version=args.soap_version, **extra),
                       until_acked=args.until_acked, timeout=args.timeout,
                       report_every=args.report_every)

@@ -750,8 +750,11 @@ class InvokerBufferManager(_Manager, ABC):
     def put(self, sequence_id: str, number: int, payload: bytes, *, action: str,
             soap_version: str, message_id: str | None = None, reply_to: str | None = None,
             now: float | None = None) -> bool:
-        """Buffer a message (locks the sequence's buffer); False if it is already
-        buffered or was delivered (a duplicate)."""
+        """Buffer a message; False if it is already buffered or was delivered (a duplicate).
+
+        It need not wait for a delivery of the same sequence to commit (the
+        SQL stores do not): reception goes on while the application works.
+        """
 
     @abstractmethod
     def next_deliverable(self, sequence_id: str, *, in_order: bool = True) -> BufferedMessage | None:

@@ -65,6 +65,8 @@ class Dialect:
     skip_locked: str
     #: the SQLite store keeps prepared XA branches in its own table
     xa_table: bool
+    #: LATERAL joins (a top-N per sequence without ranking every due message)
+    lateral: bool = False
 
     def sql(self, text: str) -> str:
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
@@ -77,7 +79,7 @@ SQLITE = Dialect(name="sqlite", placeholder="?", blob="BLOB", bigint="INTEGER", 
                  boolean="INTEGER", for_update="", skip_locked="", xa_table=True)
 POSTGRES = Dialect(name="postgresql", placeholder="%s", blob="BYTEA", bigint="BIGINT",
                    double="DOUBLE PRECISION", boolean="BOOLEAN", for_update=" FOR UPDATE",
-                   skip_locked=" FOR UPDATE OF {alias} SKIP LOCKED", xa_table=False)
+                   skip_locked=" FOR UPDATE OF {alias} SKIP LOCKED", xa_table=False, lateral=True)
 
 
 # --------------------------------------------------------------------------
@@ -174,8 +176,21 @@ def _migration_1(d: Dialect) -> list[str]:
     return out
 
 
+def _migration_2(d: Dialect) -> list[str]:
+    """Indexes that keep the sender's statements independent of the backlog's size.
+
+    A Spark job enqueues tens of thousands of messages at once.  Without
+    these, each claim ranked every due message, and each acknowledgement
+    counted and purged a sequence by reading all of its rows.
+    """
+    return [
+        "CREATE INDEX rms_message_unacked ON rms_message (seq_key, next_send_at, number) WHERE NOT acked",
+        "CREATE INDEX rms_message_acked ON rms_message (seq_key) WHERE acked",
+    ]
+
+
 #: (version, statements for a dialect).  Append new versions; never edit old ones.
-MIGRATIONS = [(1, _migration_1)]
+MIGRATIONS = [(1, _migration_1), (2, _migration_2)]
 LATEST_VERSION = MIGRATIONS[-1][0]
 
 
@@ -383,6 +398,16 @@ class SqlTransaction(api.StoreTransaction):
         count = cur.rowcount
         cur.close()
         return count
+
+    def write_returning(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """An UPDATE ... RETURNING: the changed row (or None) without a second round trip."""
+        self._wrote = True
+        return self.one(sql, params)
+
+    def write_all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """A write with RETURNING: every changed row's returned values."""
+        self._wrote = True
+        return self.all(sql, params)
 
     def lock(self, rank: int, key: Any) -> None:
         """Lock-order bookkeeping; the row lock itself is the statement's FOR UPDATE."""
@@ -645,6 +670,18 @@ class _RmsMessages(api.RmsMessageManager):
                      per_sequence: int | None = None) -> list[RmsMessage]:
         tx = self._tx
         tx.lock(RANK_RMS, "due messages")
+        if per_sequence is not None and tx.d.lateral:
+            # the same round robin, reading only each sequence's first ``per_sequence`` due messages
+            rows = tx.all(
+                f"SELECT {_cols(_MSG_COLS, 'm')} FROM rms_sequence s "
+                "CROSS JOIN LATERAL (SELECT number, ROW_NUMBER() OVER (ORDER BY next_send_at, number) AS rn "
+                "FROM rms_message WHERE seq_key = s.seq_key AND NOT acked AND next_send_at <= ? "
+                "ORDER BY next_send_at, number LIMIT ?) r "
+                "JOIN rms_message m ON m.seq_key = s.seq_key AND m.number = r.number "
+                "WHERE NOT m.acked AND m.next_send_at <= ? AND s.sequence_id IS NOT NULL "
+                "AND NOT s.faulted ORDER BY r.rn, m.next_send_at, m.seq_key, m.number LIMIT ?"
+                + tx.d.lock_of("s, m"), (_now(now), per_sequence, _now(now), limit))
+            return [_msg(r) for r in rows]
         if per_sequence is not None:  # round robin: every sequence's first due message, then the seconds...
             rows = tx.all(
                 f"SELECT {_cols(_MSG_COLS, 'm')} FROM rms_message m "
@@ -669,14 +706,14 @@ class _RmsMessages(api.RmsMessageManager):
         self._seq(sequence_key)
         tx = self._tx
         tx.capture_key("rms_message", sequence_key, number)
-        if not tx.write("UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, "
-                        "next_send_at = ? WHERE seq_key = ? AND number = ?",
-                        (_now(now), next_send_at, sequence_key, number)):
+        row = tx.write_returning(
+            "UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, "
+            f"next_send_at = ? WHERE seq_key = ? AND number = ? RETURNING {_cols(_MSG_COLS)}",
+            (_now(now), next_send_at, sequence_key, number))
+        if row is None:
             raise UnknownMessageError(
                 f"no message {number} of RMS sequence {sequence_key!r} in the store")
-        found = self._row(sequence_key, number)
-        assert found is not None
-        return found
+        return _msg(row)
 
     def make_due(self, sequence_key: str, numbers: Iterable[int], at: float | None = None) -> int:
         self._seq(sequence_key)
@@ -731,13 +768,12 @@ class _RmsMessages(api.RmsMessageManager):
             else:
                 self._seq(key)
             where = f"seq_key = ? AND {purgeable}"
-            count, extra = tx.one(
-                f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN send_count > 1 THEN send_count - 1 "
-                f"ELSE 0 END), 0) FROM rms_message WHERE {where}", (key,))
+            tx.capture("rms_message", where, (key,))
+            counts = tx.write_all(f"DELETE FROM rms_message WHERE {where} RETURNING send_count", (key,))
+            count = len(counts)
             if not count:
                 continue
-            tx.capture("rms_message", where, (key,))
-            tx.write(f"DELETE FROM rms_message WHERE {where}", (key,))
+            extra = sum(sent - 1 for (sent,) in counts if sent > 1)
             if extra:
                 tx.capture_key("rms_sequence", key)
                 tx.write("UPDATE rms_sequence SET purged_retransmissions = "
@@ -783,9 +819,11 @@ class _Rmd(api.RmdSequenceManager):
         tx.capture_key("rmd_sequence", sequence_id)
         names = sorted(changes)
         values = [api.format_ranges(changes[n]) if n == "received" else changes[n] for n in names]
-        tx.write(f"UPDATE rmd_sequence SET {', '.join(f'{n} = ?' for n in names)} "
-                 "WHERE sequence_id = ?", [*values, sequence_id])
-        return self.require(sequence_id)
+        row = tx.write_returning(f"UPDATE rmd_sequence SET {', '.join(f'{n} = ?' for n in names)} "
+                                 f"WHERE sequence_id = ? RETURNING {_cols(_RMD_COLS)}", [*values, sequence_id])
+        if row is None:
+            raise UnknownSequenceError("RMD", sequence_id)
+        return _rmd(row)
 
     def record_received(self, sequence_id: str, number: int, *, last: bool = False,
                         now: float | None = None) -> bool:
@@ -853,12 +891,22 @@ class _Invoker(api.InvokerBufferManager):
     def put(self, sequence_id: str, number: int, payload: bytes, *, action: str,
             soap_version: str, message_id: str | None = None, reply_to: str | None = None,
             now: float | None = None) -> bool:
+        """Buffer a message without locking the sequence's invoker row.
+
+        A delivery holds that row from its claim to the end of its (two-phase)
+        commit; a receive that waited for it would serialize reception behind
+        delivery, one sequence at a time.  So the delivered ranges are read
+        without a lock, and read again after the insert: in READ COMMITTED the
+        second read sees any delivery of this number that committed
+        meanwhile (an insert that met the row such a delivery was deleting
+        waited for it), and the insert is undone.  The first read only spares
+        the insert in the common case of a late duplicate.
+        """
         api.check_number(number)
-        state = self._lock_sequence(sequence_id, create=True)
-        assert state is not None
-        if number in state[0]:
-            return False
         tx = self._tx
+        tx.lock(RANK_INVOKER, sequence_id)
+        if number in self._delivered(sequence_id, create=True):
+            return False
         tx.capture_key("invoker_message", sequence_id, number)
         n = tx.write(
             "INSERT INTO invoker_message (sequence_id, number, message_id, action, soap_version, "
@@ -866,7 +914,25 @@ class _Invoker(api.InvokerBufferManager):
             "ON CONFLICT (sequence_id, number) DO NOTHING",
             (sequence_id, number, message_id, action, soap_version, bytes(payload), reply_to,
              _now(now)))
-        return n > 0
+        if n == 0:
+            return False
+        if number in self._delivered(sequence_id, create=False):
+            tx.write("DELETE FROM invoker_message WHERE sequence_id = ? AND number = ?",
+                     (sequence_id, number))
+            return False
+        return True
+
+    def _delivered(self, sequence_id: str, create: bool) -> api.AckRanges:
+        """The sequence's delivered ranges as last committed, without a row lock (see :meth:`put`)."""
+        tx = self._tx
+        sql = "SELECT delivered FROM invoker_sequence WHERE sequence_id = ?"
+        row = tx.one(sql, (sequence_id,))
+        if row is None and create:
+            tx.capture_key("invoker_sequence", sequence_id)
+            tx.write("INSERT INTO invoker_sequence (sequence_id) VALUES (?) "
+                     "ON CONFLICT (sequence_id) DO NOTHING", (sequence_id,))
+            row = tx.one(sql, (sequence_id,))
+        return api.parse_ranges(row[0] if row else None)
 
     def _next_row(self, sequence_id: str, in_order: bool, upto: int) -> BufferedMessage | None:
         tx = self._tx
