@@ -359,6 +359,10 @@ class SqlTransaction(api.StoreTransaction):
         self._global: Any = None
         self._wrote = False
         self._savepoints = 0
+        #: invoker rows this transaction holds locked, as it last wrote or read them: sequence id
+        #: -> (delivered ranges, in-order prefix).  Nobody else can change a row while it is held,
+        #: so a batch of deliveries reads each once.  Cleared when a savepoint rolls back.
+        self.held_invoker: dict[str, tuple[api.AckRanges, int]] = {}
         self.rms = _Rms(self)
         self.rms_messages = _RmsMessages(self)
         self.rmd = _Rmd(self)
@@ -436,6 +440,7 @@ class SqlTransaction(api.StoreTransaction):
                 self.execute(f"ROLLBACK TO SAVEPOINT {name}")
                 self.execute(f"RELEASE SAVEPOINT {name}")
                 self.undo = undo
+                self.held_invoker.clear()  # its writes are undone, and the locks it took released
             raise
         self.execute(f"RELEASE SAVEPOINT {name}")
 
@@ -874,19 +879,19 @@ class _Rmd(api.RmdSequenceManager):
 class _Invoker(api.InvokerBufferManager):
     _tx: SqlTransaction
 
-    def _lock_sequence(self, sequence_id: str, create: bool) -> tuple[api.AckRanges, int] | None:
-        """Lock the sequence's invoker row (creating it if asked); its delivered ranges."""
+    def _lock_sequence(self, sequence_id: str) -> tuple[api.AckRanges, int] | None:
+        """Lock the sequence's invoker row; its delivered ranges and in-order prefix."""
         tx = self._tx
         tx.lock(RANK_INVOKER, sequence_id)
-        sql = ("SELECT delivered, delivered_upto FROM invoker_sequence WHERE sequence_id = ?"
-               + tx.d.for_update)
-        row = tx.one(sql, (sequence_id,))
-        if row is None and create:
-            tx.capture_key("invoker_sequence", sequence_id)
-            tx.write("INSERT INTO invoker_sequence (sequence_id) VALUES (?) "
-                     "ON CONFLICT (sequence_id) DO NOTHING", (sequence_id,))
-            row = tx.one(sql, (sequence_id,))
-        return None if row is None else (api.parse_ranges(row[0]), int(row[1]))
+        held = tx.held_invoker.get(sequence_id)
+        if held is not None:
+            return held
+        row = tx.one("SELECT delivered, delivered_upto FROM invoker_sequence WHERE sequence_id = ?"
+                     + tx.d.for_update, (sequence_id,))
+        if row is None:
+            return None
+        held = tx.held_invoker[sequence_id] = (api.parse_ranges(row[0]), int(row[1]))
+        return held
 
     def put(self, sequence_id: str, number: int, payload: bytes, *, action: str,
             soap_version: str, message_id: str | None = None, reply_to: str | None = None,
@@ -945,7 +950,7 @@ class _Invoker(api.InvokerBufferManager):
         return _buf(row) if row else None
 
     def next_deliverable(self, sequence_id: str, *, in_order: bool = True) -> BufferedMessage | None:
-        state = self._lock_sequence(sequence_id, create=False)
+        state = self._lock_sequence(sequence_id)
         if state is None:
             return None
         return self._next_row(sequence_id, in_order, state[1])
@@ -955,22 +960,23 @@ class _Invoker(api.InvokerBufferManager):
         tx.lock(RANK_INVOKER, "claim")
         if in_order:
             row = tx.one(
-                "SELECT s.sequence_id, s.delivered_upto FROM invoker_sequence s "
+                "SELECT s.sequence_id, s.delivered_upto, s.delivered FROM invoker_sequence s "
                 "JOIN invoker_message b ON b.sequence_id = s.sequence_id "
                 "AND b.number = s.delivered_upto + 1 ORDER BY b.received_at, s.sequence_id LIMIT 1"
                 + tx.d.lock_of("s"))
         else:
             row = tx.one(
-                "SELECT s.sequence_id, s.delivered_upto FROM invoker_sequence s WHERE EXISTS "
+                "SELECT s.sequence_id, s.delivered_upto, s.delivered FROM invoker_sequence s WHERE EXISTS "
                 "(SELECT 1 FROM invoker_message b WHERE b.sequence_id = s.sequence_id) "
                 "ORDER BY s.sequence_id LIMIT 1" + tx.d.lock_of("s"))
         if row is None:
             return None
         tx.lock(RANK_INVOKER, row[0])
+        tx.held_invoker[row[0]] = (api.parse_ranges(row[2]), int(row[1]))
         return self._next_row(row[0], in_order, int(row[1]))
 
     def mark_delivered(self, sequence_id: str, number: int) -> None:
-        state = self._lock_sequence(sequence_id, create=False)
+        state = self._lock_sequence(sequence_id)
         tx = self._tx
         where = "sequence_id = ? AND number = ?"
         tx.capture_key("invoker_message", sequence_id, number)
@@ -979,9 +985,11 @@ class _Invoker(api.InvokerBufferManager):
             raise UnknownMessageError(
                 f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
         delivered = state[0].add(number)
+        upto = delivered.next_expected - 1
         tx.capture_key("invoker_sequence", sequence_id)
         tx.write("UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? WHERE sequence_id = ?",
-                 (api.format_ranges(delivered), delivered.next_expected - 1, sequence_id))
+                 (api.format_ranges(delivered), upto, sequence_id))
+        tx.held_invoker[sequence_id] = (delivered, upto)
 
     def state(self, sequence_id: str) -> InvokerSequence:
         row = self._tx.one("SELECT delivered FROM invoker_sequence WHERE sequence_id = ?",
@@ -999,12 +1007,13 @@ class _Invoker(api.InvokerBufferManager):
         return int(row[0])
 
     def discard(self, sequence_id: str) -> int:
-        self._lock_sequence(sequence_id, create=False)
+        self._lock_sequence(sequence_id)
         tx = self._tx
         tx.capture("invoker_message", "sequence_id = ?", (sequence_id,))
         n = tx.write("DELETE FROM invoker_message WHERE sequence_id = ?", (sequence_id,))
         tx.capture_key("invoker_sequence", sequence_id)
         tx.write("DELETE FROM invoker_sequence WHERE sequence_id = ?", (sequence_id,))
+        tx.held_invoker.pop(sequence_id, None)
         return n
 
 
