@@ -446,3 +446,24 @@ def test_due_messages_round_robin_across_sequences(store: StorageManager) -> Non
         assert sorted(picked[:3]) == [("a", 2), ("b", 1), ("c", 2)]  # each sequence's first
         assert sorted(picked[3:]) == [("a", 3), ("b", 2), ("c", 3)]  # then the seconds, no thirds
         assert len(tx.rms_messages.due_messages(limit=4, per_sequence=2)) == 4
+
+
+def test_a_delivery_rolled_back_to_its_savepoint_is_deliverable_again(store: StorageManager) -> None:
+    """What a transaction remembers of the buffers it holds is rewound with the savepoint."""
+    with store.begin() as tx:
+        for n in (1, 2):
+            put(tx, "in", n)
+    with store.begin() as tx:
+        assert tx.invoker.claim_next().number == 1
+        tx.invoker.mark_delivered("in", 1)
+        with pytest.raises(RuntimeError):
+            with tx.savepoint():
+                assert tx.invoker.next_deliverable("in").number == 2
+                tx.invoker.mark_delivered("in", 2)
+                assert tx.invoker.next_deliverable("in") is None
+                raise RuntimeError("the application failed on 2")
+        assert tx.invoker.next_deliverable("in").number == 2  # 2 is back, 1 stays delivered
+        tx.invoker.mark_delivered("in", 2)
+    with store.begin() as tx:
+        assert list(tx.invoker.state("in").delivered.ranges) == [(1, 2)]
+        assert tx.invoker.count("in") == 0
