@@ -121,6 +121,7 @@ def main() -> int:
     parser.add_argument("--senders", type=int, default=2, help="`wsrm send` processes sharing the store")
     parser.add_argument("--send-concurrency", type=int, default=8, help="requests in flight per sender")
     parser.add_argument("--modes", default="plain,reliable", help="which jobs to run, comma separated")
+    parser.add_argument("--shared-buffers", default="256MB", help="the PostgreSQL server's shared_buffers")
     parser.add_argument("--progress", type=float, default=0.0,
                         help="every this many seconds, print the reliable server's backlog (0: never)")
     parser.add_argument("--delivery-batch", type=int, default=50,
@@ -130,7 +131,9 @@ def main() -> int:
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "task queue depth": expected here
     work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     results: dict[str, dict[str, float]] = {}
-    with ThrowawayPostgres() as pg:
+    # 256MB of shared buffers (PostgreSQL's own default is 128MB): the test server's 32MB is too
+    # small for a store holding 100,000 messages and their indexes, and both jobs share the server
+    with ThrowawayPostgres(settings={"shared_buffers": args.shared_buffers}) as pg:
         from pyspark.sql import SparkSession
 
         spark = (SparkSession.builder.master(f"local[{args.cores}]").appName("bench-spark")

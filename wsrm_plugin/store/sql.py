@@ -675,27 +675,22 @@ class _RmsMessages(api.RmsMessageManager):
                      per_sequence: int | None = None) -> list[RmsMessage]:
         tx = self._tx
         tx.lock(RANK_RMS, "due messages")
-        if per_sequence is not None and tx.d.lateral:
-            # the same round robin, reading only each sequence's first ``per_sequence`` due messages
-            rows = tx.all(
-                f"SELECT {_cols(_MSG_COLS, 'm')} FROM rms_sequence s "
-                "CROSS JOIN LATERAL (SELECT number, ROW_NUMBER() OVER (ORDER BY next_send_at, number) AS rn "
-                "FROM rms_message WHERE seq_key = s.seq_key AND NOT acked AND next_send_at <= ? "
-                "ORDER BY next_send_at, number LIMIT ?) r "
-                "JOIN rms_message m ON m.seq_key = s.seq_key AND m.number = r.number "
-                "WHERE NOT m.acked AND m.next_send_at <= ? AND s.sequence_id IS NOT NULL "
-                "AND NOT s.faulted ORDER BY r.rn, m.next_send_at, m.seq_key, m.number LIMIT ?"
-                + tx.d.lock_of("s, m"), (_now(now), per_sequence, _now(now), limit))
-            return [_msg(r) for r in rows]
         if per_sequence is not None:  # round robin: every sequence's first due message, then the seconds...
+            if tx.d.lateral:  # reading only each sequence's first ``per_sequence`` due messages
+                ranked = ("FROM rms_sequence s CROSS JOIN LATERAL (SELECT number, ROW_NUMBER() OVER "
+                          "(ORDER BY next_send_at, number) AS rn FROM rms_message WHERE seq_key = s.seq_key "
+                          "AND NOT acked AND next_send_at <= ? ORDER BY next_send_at, number LIMIT ?) r "
+                          "JOIN rms_message m ON m.seq_key = s.seq_key AND m.number = r.number WHERE TRUE")
+            else:  # ranking every due message
+                ranked = ("FROM rms_message m JOIN rms_sequence s ON s.seq_key = m.seq_key "
+                          "JOIN (SELECT seq_key, number, ROW_NUMBER() OVER (PARTITION BY seq_key "
+                          "ORDER BY next_send_at, number) AS rn FROM rms_message "
+                          "WHERE NOT acked AND next_send_at <= ?) r "
+                          "ON r.seq_key = m.seq_key AND r.number = m.number WHERE r.rn <= ?")
             rows = tx.all(
-                f"SELECT {_cols(_MSG_COLS, 'm')} FROM rms_message m "
-                "JOIN rms_sequence s ON s.seq_key = m.seq_key "
-                "JOIN (SELECT seq_key, number, ROW_NUMBER() OVER (PARTITION BY seq_key "
-                "ORDER BY next_send_at, number) AS rn FROM rms_message "
-                "WHERE NOT acked AND next_send_at <= ?) r ON r.seq_key = m.seq_key AND r.number = m.number "
-                "WHERE r.rn <= ? AND NOT m.acked AND m.next_send_at <= ? AND s.sequence_id IS NOT NULL "
-                "AND NOT s.faulted ORDER BY r.rn, m.next_send_at, m.seq_key, m.number LIMIT ?"
+                f"SELECT {_cols(_MSG_COLS, 'm')} {ranked} AND NOT m.acked AND m.next_send_at <= ? "
+                "AND s.sequence_id IS NOT NULL AND NOT s.faulted "
+                "ORDER BY r.rn, m.next_send_at, m.seq_key, m.number LIMIT ?"
                 + tx.d.lock_of("s, m"), (_now(now), per_sequence, _now(now), limit))
             return [_msg(r) for r in rows]
         rows = tx.all(
