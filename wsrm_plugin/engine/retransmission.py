@@ -69,18 +69,24 @@ class _Planned:
     piggyback: list[RmdSequence] = field(default_factory=list)
 
 
-def _chain_of(sequence_key: str) -> Any:
-    """Sequences that continue one another (rolled over: same target, caller's key and kind)."""
-    parsed = SequenceKey.decode(sequence_key)
-    return sequence_key if parsed is None else (parsed.target, parsed.key, parsed.offered)
+def _chains(plan: list[_Planned]) -> list[list[list[_Planned]]]:
+    """The round's messages by sequence, sequences by chain: those that continue one another.
 
-
-def _in_generation_order(chain: dict[str, list[_Planned]]) -> list[list[_Planned]]:
-    """A chain's sequences, each with its claimed messages, the older generation first."""
-    def generation(key: str) -> int:
+    A chain is the sequences rolled over from one another (same target,
+    caller's key and kind), the older generation first; any other sequence
+    is a chain of its own.  Each sequence's messages stay in claim order.
+    """
+    by_sequence: dict[str, list[_Planned]] = {}
+    for item in plan:
+        by_sequence.setdefault(item.sequence.key, []).append(item)
+    chains: dict[Any, list[tuple[int, list[_Planned]]]] = {}
+    for key, items in by_sequence.items():
         parsed = SequenceKey.decode(key)
-        return 0 if parsed is None else parsed.generation
-    return [chain[key] for key in sorted(chain, key=generation)]
+        if parsed is None:
+            chains[key] = [(0, items)]
+        else:
+            chains.setdefault((parsed.target, parsed.key, parsed.offered), []).append((parsed.generation, items))
+    return [[items for _, items in sorted(generations, key=lambda g: g[0])] for generations in chains.values()]
 
 
 class RetransmissionWorker:
@@ -351,24 +357,16 @@ class RetransmissionWorker:
 
     def _transmit(self, now: float) -> bool:
         plan = self._claim(now)
-        chains: dict[Any, dict[str, list[_Planned]]] = {}
-        for item in plan:
-            by_sequence = chains.setdefault(_chain_of(item.sequence.key), {})
-            by_sequence.setdefault(item.sequence.key, []).append(item)
+        chains = _chains(plan)
         if len(chains) > 1 and self.policy.send_concurrency > 1:
             # Several independent sequences: each gets a lane of its own, and they go out at
             # once.  The destination records a sequence's messages one at a time (its
             # acknowledgement state is one row), so parallel requests on one sequence mostly
             # wait for each other there; on different sequences their durable receives overlap.
-            pool = self._lanes()
-            futures = [pool.submit(self._send_lane, [item for items in _in_generation_order(chain)
-                                                     for item in items])
-                       for chain in chains.values()]
-            for future in futures:
-                future.result()
+            self._run_lanes([[item for items in chain for item in items] for chain in chains])
             return True
-        for chain in chains.values():
-            for items in _in_generation_order(chain):  # a rolled-over sequence before its successor
+        for chain in chains:
+            for items in chain:  # a rolled-over sequence before its successor
                 self._send_pipelined(items)
         return bool(plan)
 
@@ -378,15 +376,18 @@ class RetransmissionWorker:
         The peer's durable receive of one overlaps the others' transfer and
         parsing instead of adding up.  They were claimed (and the window
         checked) together; dealt round robin, they arrive nearly in order, and
-        the destination orders them anyway.  Returns once every send has ended.
+        the destination orders them anyway.
         """
         lanes = min(self.policy.send_concurrency, len(items))
         if lanes <= 1:
             self._send_lane(items)
-            return
+        else:
+            self._run_lanes([items[i::lanes] for i in range(lanes)])
+
+    def _run_lanes(self, lanes: list[list[_Planned]]) -> None:
+        """Send each lane on a thread of the pool; returns once every send has ended."""
         pool = self._lanes()
-        futures = [pool.submit(self._send_lane, items[i::lanes]) for i in range(lanes)]
-        for future in futures:
+        for future in [pool.submit(self._send_lane, lane) for lane in lanes]:
             future.result()
 
     def _send_lane(self, items: list[_Planned]) -> None:

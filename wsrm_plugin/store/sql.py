@@ -403,13 +403,8 @@ class SqlTransaction(api.StoreTransaction):
         cur.close()
         return count
 
-    def write_returning(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        """An UPDATE ... RETURNING: the changed row (or None) without a second round trip."""
-        self._wrote = True
-        return self.one(sql, params)
-
     def write_all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        """A write with RETURNING: every changed row's returned values."""
+        """A write with RETURNING: every changed row's values, without a second round trip."""
         self._wrote = True
         return self.all(sql, params)
 
@@ -706,14 +701,14 @@ class _RmsMessages(api.RmsMessageManager):
         self._seq(sequence_key)
         tx = self._tx
         tx.capture_key("rms_message", sequence_key, number)
-        row = tx.write_returning(
+        rows = tx.write_all(
             "UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, "
             f"next_send_at = ? WHERE seq_key = ? AND number = ? RETURNING {_cols(_MSG_COLS)}",
             (_now(now), next_send_at, sequence_key, number))
-        if row is None:
+        if not rows:
             raise UnknownMessageError(
                 f"no message {number} of RMS sequence {sequence_key!r} in the store")
-        return _msg(row)
+        return _msg(rows[0])
 
     def make_due(self, sequence_key: str, numbers: Iterable[int], at: float | None = None) -> int:
         self._seq(sequence_key)
@@ -819,11 +814,11 @@ class _Rmd(api.RmdSequenceManager):
         tx.capture_key("rmd_sequence", sequence_id)
         names = sorted(changes)
         values = [api.format_ranges(changes[n]) if n == "received" else changes[n] for n in names]
-        row = tx.write_returning(f"UPDATE rmd_sequence SET {', '.join(f'{n} = ?' for n in names)} "
-                                 f"WHERE sequence_id = ? RETURNING {_cols(_RMD_COLS)}", [*values, sequence_id])
-        if row is None:
+        rows = tx.write_all(f"UPDATE rmd_sequence SET {', '.join(f'{n} = ?' for n in names)} "
+                            f"WHERE sequence_id = ? RETURNING {_cols(_RMD_COLS)}", [*values, sequence_id])
+        if not rows:
             raise UnknownSequenceError("RMD", sequence_id)
-        return _rmd(row)
+        return _rmd(rows[0])
 
     def record_received(self, sequence_id: str, number: int, *, last: bool = False,
                         now: float | None = None) -> bool:
