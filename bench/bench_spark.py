@@ -91,6 +91,17 @@ def _progress(server, server_db: str, every: float, started: float) -> threading
     return stop
 
 
+def _print_statements(dsn: str, top: int, messages: int) -> None:
+    """The job's costliest statements (server execution time), and how often each ran per message."""
+    rows = _sql(dsn, "SELECT calls, total_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 150) "
+                     "FROM pg_stat_statements ORDER BY total_exec_time DESC")
+    total_ms = sum(r[1] for r in rows)
+    print(f"  SQL: {sum(r[0] for r in rows) / messages:.1f} statements and {total_ms / messages:.3f} ms "
+          "of execution per message; the costliest:")
+    for calls, ms, query in rows[:top]:
+        print(f"  {calls / messages:7.2f}/msg {ms / messages * 1000:8.1f} us/msg  {query}")
+
+
 def plain_partition(url: str, dsn: str):
     """foreachPartition body: insert the rows, then one plain zeep call per row."""
 
@@ -124,6 +135,8 @@ def main() -> int:
     parser.add_argument("--shared-buffers", default="256MB", help="the PostgreSQL server's shared_buffers")
     parser.add_argument("--progress", type=float, default=0.0,
                         help="every this many seconds, print the reliable server's backlog (0: never)")
+    parser.add_argument("--statements", type=int, default=0,
+                        help="print each job's N costliest SQL statements (pg_stat_statements), per message")
     parser.add_argument("--delivery-batch", type=int, default=50,
                         help="messages the reliable server delivers per XA transaction (1: one each)")
     args = parser.parse_args()
@@ -133,7 +146,12 @@ def main() -> int:
     results: dict[str, dict[str, float]] = {}
     # 256MB of shared buffers (PostgreSQL's own default is 128MB): the test server's 32MB is too
     # small for a store holding 100,000 messages and their indexes, and both jobs share the server
-    with ThrowawayPostgres(settings={"shared_buffers": args.shared_buffers}) as pg:
+    settings = {"shared_buffers": args.shared_buffers}
+    if args.statements:
+        settings["shared_preload_libraries"] = "pg_stat_statements"
+    with ThrowawayPostgres(settings=settings) as pg:
+        if args.statements:
+            _sql(pg.dsn(), "CREATE EXTENSION pg_stat_statements")
         from pyspark.sql import SparkSession
 
         spark = (SparkSession.builder.master(f"local[{args.cores}]").appName("bench-spark")
@@ -173,6 +191,8 @@ def main() -> int:
             server = reliable_service(service.application(), server_store, policy, tm=tm, required=False)
             server.serve(threads=_HTTP_THREADS)
             server.start()
+            if args.statements:
+                _sql(pg.dsn(), "SELECT pg_stat_statements_reset()")
             started = time.monotonic()
             if mode == "plain":
                 df.foreachPartition(plain_partition(server.url, client_db))
@@ -213,6 +233,8 @@ def main() -> int:
                              "delivered_per_s": args.rows / (delivered - started),
                              "rows": sent, "recorded": recorded[0], "distinct_recorded": recorded[1]}
             print(mode, json.dumps({k: round(v, 1) for k, v in results[mode].items()}), flush=True)
+            if args.statements:
+                _print_statements(pg.dsn(), args.statements, args.rows)
         spark.stop()
     if len(results) < 2:
         return 0

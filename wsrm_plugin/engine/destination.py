@@ -219,7 +219,7 @@ class Destination:
             so_far = received_ranges(seq)
             fills_gap = self.policy.in_order and number == so_far.next_expected < so_far.highest
             if not reception.duplicate and not fills_gap:
-                held = tx.invoker.count(identifier)
+                held = tx.invoker.held(identifier, so_far)
                 if held >= self.policy.max_unacknowledged_held:
                     slog.warning("refused: %d messages already held for delivery", held)
                     raise busy_fault(f"sequence {identifier} holds {held} undelivered messages "

@@ -419,6 +419,7 @@ class RetransmissionWorker:
                     owed_acks.setdefault(rmd.acks_to, []).append(rmd)
             sequences: dict[str, RmsSequence | None] = {}
             in_flight: dict[str, int] = {}
+            attempts: dict[tuple[str, float], list[int]] = {}  # (sequence, next send) -> numbers
             # Round robin across the sequences with due messages (each sequence's first due
             # message, then the seconds...): oldest-first would drain one sequence's backlog
             # while the others' destinations end them as inactive.  The round stays bounded by
@@ -450,8 +451,10 @@ class RetransmissionWorker:
                     in_flight[key] += 1
                 attempt = msg.send_count + 1
                 next_at = now + policy.retry_delay(attempt) if policy.retransmits else _NEVER
-                tx.rms_messages.record_send_attempt(key, msg.number, next_send_at=next_at, now=now)
+                attempts.setdefault((key, next_at), []).append(msg.number)
                 plan.append(_Planned(msg, seq, piggyback=owed_acks.pop(seq.target, [])))
+            for (key, next_at), numbers in attempts.items():
+                tx.rms_messages.record_send_attempts(key, numbers, next_send_at=next_at, now=now)
         mode = policy.ack_request
         for item in plan:
             item.request_ack = mode is AckRequestMode.ALWAYS or (

@@ -656,6 +656,22 @@ class RmsMessageManager(_Manager, ABC):
                             now: float | None = None) -> RmsMessage:
         """Count one (re)transmission and schedule the next one (backoff is the caller's)."""
 
+    def record_send_attempts(self, sequence_key: str, numbers: Iterable[int], *, next_send_at: float,
+                             now: float | None = None) -> int:
+        """:meth:`record_send_attempt` for several messages of a sequence at once; how many were found.
+
+        The sender's claim counts a whole round this way: one statement per
+        sequence, not one per message, for the store's busiest table.
+        """
+        found = 0
+        for number in numbers:
+            try:
+                self.record_send_attempt(sequence_key, number, next_send_at=next_send_at, now=now)
+            except UnknownMessageError:
+                continue
+            found += 1
+        return found
+
     @abstractmethod
     def make_due(self, sequence_key: str, numbers: Iterable[int], at: float | None = None) -> int:
         """Schedule unacked messages for sending at ``at`` (a Nack, an AckRequested reply...)."""
@@ -780,6 +796,16 @@ class InvokerBufferManager(_Manager, ABC):
     @abstractmethod
     def count(self, sequence_id: str | None = None) -> int:
         """Buffered messages of one sequence or of all (no lock)."""
+
+    def held(self, sequence_id: str, received: AckRanges) -> int:
+        """Of the ``received`` numbers of a sequence, how many wait for delivery (no lock).
+
+        The destination's flow control asks this on every receive.  A store
+        that keeps the delivered ranges answers from them (received minus
+        delivered) instead of counting buffered rows, a count that grows with
+        the very backlog it is there to bound.
+        """
+        return self.count(sequence_id)
 
     @abstractmethod
     def discard(self, sequence_id: str) -> int:

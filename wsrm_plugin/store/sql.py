@@ -33,7 +33,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import api
@@ -363,6 +363,11 @@ class SqlTransaction(api.StoreTransaction):
         #: -> (delivered ranges, in-order prefix).  Nobody else can change a row while it is held,
         #: so a batch of deliveries reads each once.  Cleared when a savepoint rolls back.
         self.held_invoker: dict[str, tuple[api.AckRanges, int]] = {}
+        #: RMD rows this transaction holds locked, as it last read or wrote them (a receive reads
+        #: its sequence's row once, not again for each change).  Cleared when a savepoint rolls back.
+        self.held_rmd: dict[str, RmdSequence] = {}
+        #: The same for RMS rows (an enqueue reads its sequence once per batch of sends).
+        self.held_rms: dict[str, RmsSequence] = {}
         self.rms = _Rms(self)
         self.rms_messages = _RmsMessages(self)
         self.rmd = _Rmd(self)
@@ -436,6 +441,8 @@ class SqlTransaction(api.StoreTransaction):
                 self.execute(f"RELEASE SAVEPOINT {name}")
                 self.undo = undo
                 self.held_invoker.clear()  # its writes are undone, and the locks it took released
+                self.held_rmd.clear()
+                self.held_rms.clear()
             raise
         self.execute(f"RELEASE SAVEPOINT {name}")
 
@@ -455,7 +462,15 @@ class SqlTransaction(api.StoreTransaction):
         cur.close()
 
     def capture_key(self, table: str, *pk: Any) -> None:
-        """Before inserting or changing one row by key: its image, or "absent"."""
+        """Before inserting or changing one row by key: its image, or "absent".
+
+        Every write of a sequence row comes through here first, so this is
+        also where the transaction forgets the copy it holds of that row.
+        """
+        if table == "rms_sequence":
+            self.held_rms.pop(pk[0], None)
+        elif table == "rmd_sequence":
+            self.held_rmd.pop(pk[0], None)
         if self.undo is None or (table, pk) in self.undo:
             return
         self.capture(table, " AND ".join(f"{c} = ?" for c in PRIMARY_KEYS[table]), pk)
@@ -513,9 +528,15 @@ class _Rms(api.RmsSequenceManager):
     def get(self, key: str) -> RmsSequence | None:
         tx = self._tx
         tx.lock(RANK_RMS, key)
+        held = tx.held_rms.get(key)
+        if held is not None:  # locked by this transaction since it read it: nobody else changed it
+            return held
         row = tx.one(f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?"
                      + tx.d.for_update, (key,))
-        return _rms(row) if row else None
+        if row is None:
+            return None
+        seq = tx.held_rms[key] = _rms(row)
+        return seq
 
     def get_by_sequence_id(self, sequence_id: str) -> RmsSequence | None:
         tx = self._tx
@@ -606,9 +627,12 @@ class _RmsMessages(api.RmsMessageManager):
         if last:
             tx.write("UPDATE rms_sequence SET highest_number = ?, last_message = TRUE, "
                      "last_number = ? WHERE seq_key = ?", (number, number, sequence_key))
+            tx.held_rms[sequence_key] = replace(seq, next_number=number + 1, last_message=True,
+                                                last_number=number)
         else:
             tx.write("UPDATE rms_sequence SET highest_number = ? WHERE seq_key = ?",
                      (number, sequence_key))
+            tx.held_rms[sequence_key] = replace(seq, next_number=number + 1)
         return RmsMessage(
             sequence_key=sequence_key, number=number, message_id=message_id, action=action,
             soap_version=soap_version, payload=bytes(payload), last=last,
@@ -710,6 +734,21 @@ class _RmsMessages(api.RmsMessageManager):
                 f"no message {number} of RMS sequence {sequence_key!r} in the store")
         return _msg(rows[0])
 
+    def record_send_attempts(self, sequence_key: str, numbers: Iterable[int], *, next_send_at: float,
+                             now: float | None = None) -> int:
+        self._seq(sequence_key)
+        tx = self._tx
+        wanted = sorted(set(numbers))
+        changed = 0
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i:i + 500]
+            where = f"seq_key = ? AND number IN ({_in_list(chunk)})"
+            params = (sequence_key, *chunk)
+            tx.capture("rms_message", where, params)
+            changed += tx.write("UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, "
+                                f"next_send_at = ? WHERE {where}", (_now(now), next_send_at, *params))
+        return changed
+
     def make_due(self, sequence_key: str, numbers: Iterable[int], at: float | None = None) -> int:
         self._seq(sequence_key)
         wanted = sorted(set(numbers))
@@ -805,9 +844,15 @@ class _Rmd(api.RmdSequenceManager):
     def get(self, sequence_id: str) -> RmdSequence | None:
         tx = self._tx
         tx.lock(RANK_RMD, sequence_id)
+        held = tx.held_rmd.get(sequence_id)
+        if held is not None:  # locked by this transaction since it read it: nobody else changed it
+            return held
         row = tx.one(f"SELECT {_cols(_RMD_COLS)} FROM rmd_sequence WHERE sequence_id = ?"
                      + tx.d.for_update, (sequence_id,))
-        return _rmd(row) if row else None
+        if row is None:
+            return None
+        seq = tx.held_rmd[sequence_id] = _rmd(row)
+        return seq
 
     def _set(self, sequence_id: str, changes: dict[str, Any]) -> RmdSequence:
         tx = self._tx
@@ -818,7 +863,8 @@ class _Rmd(api.RmdSequenceManager):
                             f"WHERE sequence_id = ? RETURNING {_cols(_RMD_COLS)}", [*values, sequence_id])
         if not rows:
             raise UnknownSequenceError("RMD", sequence_id)
-        return _rmd(rows[0])
+        seq = tx.held_rmd[sequence_id] = _rmd(rows[0])
+        return seq
 
     def record_received(self, sequence_id: str, number: int, *, last: bool = False,
                         now: float | None = None) -> bool:
@@ -894,14 +940,13 @@ class _Invoker(api.InvokerBufferManager):
         without a lock, and read again after the insert: in READ COMMITTED the
         second read sees any delivery of this number that committed
         meanwhile (an insert that met the row such a delivery was deleting
-        waited for it), and the insert is undone.  The first read only spares
-        the insert in the common case of a late duplicate.
+        waited for it), and the insert is undone.  No read before the insert:
+        the destination puts only numbers its received ranges did not have, so
+        a delivered one is the rare case, and undoing its insert is cheap.
         """
         api.check_number(number)
         tx = self._tx
         tx.lock(RANK_INVOKER, sequence_id)
-        if number in self._delivered(sequence_id, create=True):
-            return False
         tx.capture_key("invoker_message", sequence_id, number)
         n = tx.write(
             "INSERT INTO invoker_message (sequence_id, number, message_id, action, soap_version, "
@@ -911,11 +956,14 @@ class _Invoker(api.InvokerBufferManager):
              _now(now)))
         if n == 0:
             return False
-        if number in self._delivered(sequence_id, create=False):
+        if number in self._delivered(sequence_id, create=True):
             tx.write("DELETE FROM invoker_message WHERE sequence_id = ? AND number = ?",
                      (sequence_id, number))
             return False
         return True
+
+    def held(self, sequence_id: str, received: api.AckRanges) -> int:
+        return received.difference(self._delivered(sequence_id, create=False)).count
 
     def _delivered(self, sequence_id: str, create: bool) -> api.AckRanges:
         """The sequence's delivered ranges as last committed, without a row lock (see :meth:`put`)."""
