@@ -467,3 +467,59 @@ def test_a_delivery_rolled_back_to_its_savepoint_is_deliverable_again(store: Sto
     with store.begin() as tx:
         assert list(tx.invoker.state("in").delivered.ranges) == [(1, 2)]
         assert tx.invoker.count("in") == 0
+
+
+def test_record_send_attempts_counts_a_round_at_once(store: StorageManager) -> None:
+    started(store, messages=3, sent=False)
+    with store.begin() as tx:
+        assert tx.rms_messages.record_send_attempts("k1", [1, 3, 9], next_send_at=50.0, now=10.0) == 2
+        assert tx.rms_messages.record_send_attempts("k1", [3], next_send_at=60.0, now=20.0) == 1
+    with store.begin() as tx:
+        got = {m.number: (m.send_count, m.last_sent_at, m.next_send_at) for m in tx.rms_messages.list_for("k1")}
+    assert got[1] == (1, 10.0, 50.0) and got[3] == (2, 20.0, 60.0)
+    assert got[2][0] == 0  # not named, not counted
+
+
+def test_held_is_what_was_received_and_not_yet_delivered(store: StorageManager) -> None:
+    from wsrm_plugin.store.api import AckRanges
+
+    with store.begin() as tx:
+        for n in (1, 2, 3, 5):
+            put(tx, "in", n)
+    received = AckRanges.from_ranges([(1, 3), (5, 5)])
+    with store.begin() as tx:
+        assert tx.invoker.held("in", received) == 4
+        assert tx.invoker.claim_next().number == 1
+        tx.invoker.mark_delivered("in", 1)
+        tx.invoker.mark_delivered("in", 2)
+    with store.begin() as tx:
+        assert tx.invoker.held("in", received) == tx.invoker.count("in") == 2
+
+
+def test_a_transaction_sees_its_own_changes_to_the_sequences_it_holds(store: StorageManager) -> None:
+    """What a transaction remembers of the sequence rows it locked follows its writes and savepoints."""
+    with store.begin() as tx:
+        new_rmd(tx)
+        new_rms(tx)
+    with store.begin() as tx:  # locks in the order RMD, then RMS
+        assert tx.rmd.get("s1").received.count == 0
+        tx.rmd.record_received("s1", 1)
+        assert list(tx.rmd.get("s1").received.ranges) == [(1, 1)]
+        assert tx.rms.get("k1").next_number == 1
+        enqueue(tx, n=2)
+        assert tx.rms.get("k1").next_number == 3
+        tx.rms.update("k1", sequence_id="seq-1", started=True)
+        assert tx.rms.get("k1").sequence_id == "seq-1"
+        with pytest.raises(RuntimeError):
+            with tx.savepoint():
+                tx.rmd.record_received("s1", 2)
+                enqueue(tx, n=1, last=True)
+                assert tx.rms.get("k1").last_message and tx.rms.get("k1").next_number == 4
+                raise RuntimeError("undone")
+        assert tx.rms.get("k1").next_number == 3 and not tx.rms.get("k1").last_message
+        assert list(tx.rmd.get("s1").received.ranges) == [(1, 1)]
+        assert enqueue(tx, n=1)[0].number == 3
+    with store.begin() as tx:
+        tx.rmd.delete("s1")
+        assert tx.rmd.get("s1") is None
+        assert tx.rms.get("k1").next_number == 4

@@ -118,8 +118,19 @@ def commit_job(options: SinkOptions, results: Sequence[PartitionResult]) -> JobO
         outcome.committed = [b.xid for b in branches if b not in left]
         accepted = {b.xid for b in branches}
         outcome.rolled_back = _roll_back_others(resources, gxid, accepted)
+    if outcome.committed and outcome.messages:
+        _analyze(options.store)
     log.info("%s", outcome.summary())
     return outcome
+
+
+def _analyze(store: str) -> None:
+    """The job was a bulk load of the store: give the sender's queries statistics that say so."""
+    try:
+        with open_store(store) as opened:
+            opened.analyze()
+    except Exception:  # noqa: BLE001 -- the job is committed; only the senders' first rounds are slower
+        log.warning("could not refresh the statistics of %s after the job's commit", store, exc_info=True)
 
 
 def abort_job(options: SinkOptions, results: Sequence[PartitionResult] = ()) -> JobOutcome:

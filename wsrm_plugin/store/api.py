@@ -944,6 +944,16 @@ class StorageManager(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def analyze(self) -> None:
+        """Refresh the database's planner statistics of the message tables, after a bulk load.
+
+        A job that commits a hundred thousand messages at once leaves the
+        statistics describing a nearly empty queue until autovacuum notices
+        (up to a minute); meanwhile the sender's claim is planned for a few
+        rows and reads the whole backlog on every round.  Stores without a
+        cost-based planner do nothing.
+        """
+
     def status(self) -> StoreStatus:
         """Counters for operators (``wsrm status``), read in a transaction of their own."""
         with self.begin() as tx:

@@ -79,6 +79,15 @@ class PostgresStore(api.StorageManager):
         finally:
             conn.close()
 
+    def analyze(self) -> None:
+        conn = self._connect()
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("ANALYZE rms_sequence, rms_message")
+        finally:
+            conn.close()
+
     def schema_version(self) -> int:
         conn = self._connect()
         try:

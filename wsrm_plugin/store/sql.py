@@ -366,6 +366,10 @@ class SqlTransaction(api.StoreTransaction):
         #: RMD rows this transaction holds locked, as it last read or wrote them (a receive reads
         #: its sequence's row once, not again for each change).  Cleared when a savepoint rolls back.
         self.held_rmd: dict[str, RmdSequence] = {}
+        #: Buffered messages read ahead for a batch of in-order deliveries: sequence id -> number
+        #: -> message, for sequences whose invoker row this transaction holds.  Only a delivery
+        #: removes a buffered message, so what was read stays true.  Cleared with held_invoker.
+        self.read_ahead: dict[str, dict[int, BufferedMessage]] = {}
         #: The same for RMS rows (an enqueue reads its sequence once per batch of sends).
         self.held_rms: dict[str, RmsSequence] = {}
         self.rms = _Rms(self)
@@ -442,6 +446,7 @@ class SqlTransaction(api.StoreTransaction):
                 self.undo = undo
                 self.held_invoker.clear()  # its writes are undone, and the locks it took released
                 self.held_rmd.clear()
+                self.read_ahead.clear()
                 self.held_rms.clear()
             raise
         self.execute(f"RELEASE SAVEPOINT {name}")
@@ -912,6 +917,10 @@ class _Rmd(api.RmdSequenceManager):
         tx.write("DELETE FROM rmd_sequence WHERE sequence_id = ?", (sequence_id,))
 
 
+#: How many buffered messages of a sequence a batch of deliveries reads at once.
+_READ_AHEAD = 50
+
+
 class _Invoker(api.InvokerBufferManager):
     _tx: SqlTransaction
 
@@ -980,8 +989,17 @@ class _Invoker(api.InvokerBufferManager):
     def _next_row(self, sequence_id: str, in_order: bool, upto: int) -> BufferedMessage | None:
         tx = self._tx
         if in_order:
-            row = tx.one(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message "
-                         "WHERE sequence_id = ? AND number = ?", (sequence_id, upto + 1))
+            ahead = tx.read_ahead.get(sequence_id)
+            if ahead is None:  # the sequence's first message in this transaction: that one only
+                tx.read_ahead[sequence_id] = {}
+                row = tx.one(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message "
+                             "WHERE sequence_id = ? AND number = ?", (sequence_id, upto + 1))
+                return _buf(row) if row else None
+            if upto + 1 not in ahead:  # a second one: a batch, read the next ones at once
+                rows = tx.all(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message WHERE sequence_id = ? "
+                              "AND number BETWEEN ? AND ?", (sequence_id, upto + 1, upto + _READ_AHEAD))
+                ahead = tx.read_ahead[sequence_id] = {msg.number: msg for msg in map(_buf, rows)}
+            return ahead.get(upto + 1)
         else:
             row = tx.one(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message WHERE sequence_id = ? "
                          "ORDER BY number LIMIT 1", (sequence_id,))
@@ -1022,6 +1040,7 @@ class _Invoker(api.InvokerBufferManager):
                                      (sequence_id, number)) == 0:
             raise UnknownMessageError(
                 f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
+        tx.read_ahead.get(sequence_id, {}).pop(number, None)
         delivered = state[0].add(number)
         upto = delivered.next_expected - 1
         tx.capture_key("invoker_sequence", sequence_id)
@@ -1052,6 +1071,7 @@ class _Invoker(api.InvokerBufferManager):
         tx.capture_key("invoker_sequence", sequence_id)
         tx.write("DELETE FROM invoker_sequence WHERE sequence_id = ?", (sequence_id,))
         tx.held_invoker.pop(sequence_id, None)
+        tx.read_ahead.pop(sequence_id, None)
         return n
 
 

@@ -1,0 +1,93 @@
+"""What the SQL stores send to the database on the hot paths: each sequence row read once per
+transaction, a batch of deliveries reading its messages ahead, a sender's round counted in one
+statement per sequence.  Counted on the transaction's own ``execute`` (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import pytest
+
+from wsrm_plugin.store import StorageManager
+
+from .conftest import KINDS
+from .test_managers import enqueue, new_rmd, new_rms, put, started
+
+pytestmark = pytest.mark.parametrize("store_url", KINDS[1:], indirect=True)
+
+
+def statements(tx) -> list[str]:
+    """Every statement ``tx`` executes from now on, appended to the returned list."""
+    seen: list[str] = []
+    execute = tx.execute
+
+    def counting(sql, params=()):
+        seen.append(" ".join(sql.split()))
+        return execute(sql, params)
+
+    tx.execute = counting
+    return seen
+
+
+def count(seen: list[str], prefix: str) -> int:
+    return sum(1 for s in seen if s.startswith(prefix))
+
+
+def test_a_receive_reads_its_destination_sequence_once(store: StorageManager) -> None:
+    with store.begin() as tx:
+        new_rmd(tx)
+    with store.begin() as tx:
+        seen = statements(tx)
+        tx.rmd.get("s1")
+        tx.rmd.record_received("s1", 1)
+        tx.rmd.request_ack("s1", due_at=5.0)
+        assert tx.rmd.get("s1").ack_due_at == 5.0
+    reads = [s for s in seen if s.startswith("SELECT") and "FROM rmd_sequence" in s]
+    assert len(reads) == 1, seen
+
+
+def test_an_enqueue_batch_reads_its_source_sequence_once(store: StorageManager) -> None:
+    with store.begin() as tx:
+        new_rms(tx)
+    with store.begin() as tx:
+        seen = statements(tx)
+        numbers = [m.number for m in enqueue(tx, n=20)]
+    assert numbers == list(range(1, 21))
+    assert len([s for s in seen if s.startswith("SELECT") and "FROM rms_sequence" in s]) == 1, seen
+    assert count(seen, "INSERT INTO rms_message") == 20
+
+
+def test_a_batch_of_deliveries_reads_its_messages_ahead(store: StorageManager) -> None:
+    with store.begin() as tx:
+        for n in range(1, 31):
+            put(tx, "in", n)
+    with store.begin() as tx:
+        seen = statements(tx)
+        msg = tx.invoker.claim_next()
+        delivered = []
+        while msg is not None:
+            delivered.append(msg.number)
+            tx.invoker.mark_delivered("in", msg.number)
+            msg = tx.invoker.next_deliverable("in")
+    assert delivered == list(range(1, 31))
+    # the claim's own row, then the rest in one read (and one more that finds the buffer empty)
+    assert len([s for s in seen if s.startswith("SELECT") and "FROM invoker_message" in s]) <= 4, seen
+
+
+def test_a_message_put_after_the_read_ahead_is_still_delivered(store: StorageManager) -> None:
+    with store.begin() as tx:
+        for n in (1, 2):
+            put(tx, "in", n)
+    with store.begin() as tx:
+        assert tx.invoker.claim_next().number == 1
+        tx.invoker.mark_delivered("in", 1)
+        assert tx.invoker.next_deliverable("in").number == 2  # read ahead: only 2 was there
+        tx.invoker.mark_delivered("in", 2)
+        put(tx, "in", 3)  # (a receive in another transaction, in production)
+        assert tx.invoker.next_deliverable("in").number == 3
+
+
+def test_a_senders_round_is_counted_in_one_statement_per_sequence(store: StorageManager) -> None:
+    started(store, messages=40, sent=False)
+    with store.begin() as tx:
+        seen = statements(tx)
+        assert tx.rms_messages.record_send_attempts("k1", range(1, 41), next_send_at=1e12) == 40
+    assert count(seen, "UPDATE rms_message") == 1, seen
