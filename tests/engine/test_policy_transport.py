@@ -45,6 +45,7 @@ def test_backoff_doubles_up_to_the_cap():
     (dict(max_unacknowledged=0), "max_unacknowledged"),
     (dict(max_open_sequences=0), "max_open_sequences"),
     (dict(acknowledgement_interval=-1), "acknowledgement_interval"),
+    (dict(delivery_batch_seconds=0), "delivery_batch_seconds"),
     (dict(delivery=DeliveryAssurance.IN_ORDER), "AT_MOST_ONCE"),
     (dict(ack_request="sometimes"), "sometimes"),
 ])

@@ -44,7 +44,9 @@ def test_a_receive_reads_its_destination_sequence_once(store: StorageManager) ->
     assert len(reads) == 1, seen
 
 
-def test_an_enqueue_batch_reads_its_source_sequence_once(store: StorageManager) -> None:
+def test_an_enqueue_batch_reads_and_writes_its_source_sequence_once(store: StorageManager) -> None:
+    """One row version per batch: one per message would stay alive until the commit, and every
+    later lookup of the row in the transaction would walk them all (quadratic partitions)."""
     with store.begin() as tx:
         new_rms(tx)
     with store.begin() as tx:
@@ -53,6 +55,28 @@ def test_an_enqueue_batch_reads_its_source_sequence_once(store: StorageManager) 
     assert numbers == list(range(1, 21))
     assert len([s for s in seen if s.startswith("SELECT") and "FROM rms_sequence" in s]) == 1, seen
     assert count(seen, "INSERT INTO rms_message") == 20
+    assert count(seen, "UPDATE rms_sequence") == 1, seen
+    with store.begin() as tx:
+        assert tx.rms.get("k1").next_number == 21
+
+
+def test_a_statement_on_the_sequences_sees_the_numbers_handed_out(store: StorageManager) -> None:
+    with store.begin() as tx:
+        new_rms(tx)
+    with store.begin() as tx:
+        enqueue(tx, n=3)
+        [listed] = tx.rms.list_all()  # SQL of its own, not the remembered row
+        assert listed.next_number == 4
+        with pytest.raises(RuntimeError):
+            with tx.savepoint():
+                enqueue(tx, n=2)
+                assert tx.rms.list_all()[0].next_number == 6
+                raise RuntimeError("undone")
+        assert tx.rms.list_all()[0].next_number == 4
+        enqueue(tx, n=1, last=True)
+    with store.begin() as tx:
+        seq = tx.rms.get("k1")
+    assert (seq.next_number, seq.last_message, seq.last_number) == (5, True, 4)
 
 
 def test_a_batch_of_deliveries_reads_its_messages_ahead(store: StorageManager) -> None:

@@ -43,6 +43,7 @@ def test_one_phase_commit_when_the_store_is_alone(store: StorageManager, tm) -> 
     assert visible(store) == {"k1"}
     with store.begin() as tx:
         assert [m.number for m in tx.rms_messages.list_for("k1")] == [1, 2]
+        assert tx.rms.get("k1").next_number == 3  # the numbers the branch handed out, written with it
 
 
 def test_two_phase_commit_with_another_resource(store: StorageManager, tmp_path) -> None:
@@ -65,6 +66,7 @@ def test_two_phase_commit_with_another_resource(store: StorageManager, tmp_path)
         assert db.snapshot() == {"order-1": "placed"}
         with store.begin() as tx:
             assert [m.number for m in tx.rms_messages.list_for("k1")] == [1, 2]
+            assert enqueue(tx, n=1)[0].number == 3
         assert store.xa_resource().recover() == []
     finally:
         tm.close()

@@ -44,9 +44,6 @@ __all__ = ["ApplicationFault", "DeliveryContext", "FailedDelivery", "InvokerWork
 log = logging.getLogger(__name__)
 
 _LAST_MESSAGE_ACTION = RM10.action("LastMessage")
-#: A batch of deliveries stops taking more messages after this long (it holds the
-#: sequence's buffer, and a SQLite store's whole file, until it commits).
-_BATCH_SECONDS = 0.05
 
 
 @dataclass
@@ -252,7 +249,7 @@ class InvokerWorker:
         transaction, plus the recovery log's fsync).  A batch pays it once
         for up to ``delivery_batch`` messages (and holds the sequence's
         buffer, or a SQLite store's whole file, only briefly: it is also
-        bounded by :data:`_BATCH_SECONDS`).
+        bounded by ``policy.delivery_batch_seconds``).
 
         Without a transaction manager the exactly-once work is the work done
         in the store transaction (``context.transaction``), and each
@@ -283,7 +280,7 @@ class InvokerWorker:
         transaction with it (always, under XA).  An isolated message is
         never taken: it is delivered on its own.
         """
-        deadline = time.monotonic() + _BATCH_SECONDS
+        deadline = time.monotonic() + self.policy.delivery_batch_seconds
         while len(done) < self.policy.delivery_batch and time.monotonic() < deadline:
             msg = tx.invoker.next_deliverable(sequence_id, in_order=self.policy.in_order)
             if msg is None or self._is_isolated(msg):

@@ -156,6 +156,11 @@ class RMPolicy:
     #: (a file written, a mail sent), so raising it widens the at-least-once window of an
     #: application that does work outside the store.  Work in the store stays exactly once.
     delivery_batch: int = 1
+    #: A batch stops taking messages after this many seconds: until it commits it holds its
+    #: sequence's buffer (and a SQLite store's whole file).  On PostgreSQL, where receiving
+    #: never waits for a delivery, a longer batch spreads its two-phase commit over more
+    #: messages; on a busy machine 0.05 s ends most batches after a handful.
+    delivery_batch_seconds: float = 0.05
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -177,6 +182,8 @@ class RMPolicy:
             raise ValueError("max_retransmission_interval must be >= base_retransmission_interval")
         if not self.back_channel_reply_wait >= 0:
             raise ValueError("back_channel_reply_wait must be >= 0 seconds (0: never wait)")
+        if not self.delivery_batch_seconds > 0:
+            raise ValueError(f"delivery_batch_seconds must be > 0, not {self.delivery_batch_seconds!r}")
         if self.acknowledgement_interval < 0:
             raise ValueError("acknowledgement_interval must be >= 0 (0 acknowledges at once)")
         if self.inactivity_timeout is not None and not self.inactivity_timeout > 0:

@@ -234,7 +234,11 @@ class _BranchOver:
         self._key = key
 
     def before_completion(self) -> None:
-        pass
+        """The branch's last statements, before it is prepared (or committed in one phase)."""
+        with self._store._lock:
+            tx = self._store._enlisted.get(self._key)
+        if tx is not None and not tx.closed:
+            tx.flush()
 
     def after_completion(self, status: Any) -> None:
         self._store._branch_over(self._key)

@@ -372,6 +372,9 @@ class SqlTransaction(api.StoreTransaction):
         self.read_ahead: dict[str, dict[int, BufferedMessage]] = {}
         #: The same for RMS rows (an enqueue reads its sequence once per batch of sends).
         self.held_rms: dict[str, RmsSequence] = {}
+        #: Numbers enqueue handed out and not yet written to their rms_sequence row: key ->
+        #: (highest number, the last one).  See :meth:`flush`.
+        self._numbered: dict[str, tuple[int, bool]] = {}
         self.rms = _Rms(self)
         self.rms_messages = _RmsMessages(self)
         self.rmd = _Rmd(self)
@@ -381,6 +384,8 @@ class SqlTransaction(api.StoreTransaction):
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         self._check_open()
+        if self._numbered and "rms_sequence" in sql:
+            self.flush()  # the statement reads or writes what enqueue has only remembered so far
         cur = self.conn.cursor()
         try:
             cur.execute(self.d.sql(sql), tuple(params))
@@ -436,6 +441,7 @@ class SqlTransaction(api.StoreTransaction):
         self._savepoints += 1
         name = f"wsrm_sp{self._savepoints}"
         undo = dict(self.undo) if self.undo is not None else None
+        numbered = dict(self._numbered)
         self.execute(f"SAVEPOINT {name}")
         try:
             yield
@@ -444,12 +450,36 @@ class SqlTransaction(api.StoreTransaction):
                 self.execute(f"ROLLBACK TO SAVEPOINT {name}")
                 self.execute(f"RELEASE SAVEPOINT {name}")
                 self.undo = undo
+                self._numbered = numbered  # a flush inside the savepoint is undone too
                 self.held_invoker.clear()  # its writes are undone, and the locks it took released
                 self.held_rmd.clear()
                 self.read_ahead.clear()
                 self.held_rms.clear()
             raise
         self.execute(f"RELEASE SAVEPOINT {name}")
+
+    def number(self, key: str, number: int, last: bool) -> None:
+        """Remember that enqueue handed out ``number`` on sequence ``key`` (written by :meth:`flush`)."""
+        _, was_last = self._numbered.get(key, (0, False))
+        self._numbered[key] = (number, last or was_last)
+
+    def flush(self) -> None:
+        """Write the sequence rows' highest numbers that enqueue only remembered.
+
+        Writing the row on every enqueue, in a transaction that enqueues
+        thousands of messages (a Spark partition), leaves one row version per
+        message behind, all alive until the commit: each later lookup of the
+        row walks them, and the partition's enqueues take quadratic time.  The
+        stores flush before they commit or prepare, and a statement that
+        reads the sequence table flushes first.
+        """
+        pending, self._numbered = self._numbered, {}
+        for key, (number, last) in pending.items():
+            if last:
+                self.write("UPDATE rms_sequence SET highest_number = ?, last_message = TRUE, "
+                           "last_number = ? WHERE seq_key = ?", (number, number, key))
+            else:
+                self.write("UPDATE rms_sequence SET highest_number = ? WHERE seq_key = ?", (number, key))
 
     # -- undo capture -------------------------------------------------------------------
 
@@ -487,6 +517,7 @@ class SqlTransaction(api.StoreTransaction):
         api.refuse_if_global(self)
         self._refuse_commit_if_failed()
         self._check_open()
+        self.flush()
         self._store._finish(self, commit=True)
 
     def rollback(self) -> None:
@@ -629,15 +660,9 @@ class _RmsMessages(api.RmsMessageManager):
              reply_callback, None if reply_context is None else bytes(reply_context),
              reply_callback is not None, t if send_at is None else send_at, t))
         tx.capture_key("rms_sequence", sequence_key)
-        if last:
-            tx.write("UPDATE rms_sequence SET highest_number = ?, last_message = TRUE, "
-                     "last_number = ? WHERE seq_key = ?", (number, number, sequence_key))
-            tx.held_rms[sequence_key] = replace(seq, next_number=number + 1, last_message=True,
-                                                last_number=number)
-        else:
-            tx.write("UPDATE rms_sequence SET highest_number = ? WHERE seq_key = ?",
-                     (number, sequence_key))
-            tx.held_rms[sequence_key] = replace(seq, next_number=number + 1)
+        tx.number(sequence_key, number, last)
+        tx.held_rms[sequence_key] = (replace(seq, next_number=number + 1, last_message=True, last_number=number)
+                                     if last else replace(seq, next_number=number + 1))
         return RmsMessage(
             sequence_key=sequence_key, number=number, message_id=message_id, action=action,
             soap_version=soap_version, payload=bytes(payload), last=last,

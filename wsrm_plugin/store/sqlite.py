@@ -349,6 +349,7 @@ class SqliteXAResource(BranchResource):
             self._store._finish(tx, commit=False)
             return XA_RDONLY
         try:
+            tx.flush()
             tx.write("INSERT INTO xa_prepared (xid, undo, prepared_at) VALUES (?, ?, ?)",
                      (xid.to_text(), encode_undo(tx.undo), time.time()))
             self._store._finish(tx, commit=True)  # changes + undo durable in one SQLite commit
@@ -366,6 +367,11 @@ class SqliteXAResource(BranchResource):
                 raise self._protocol_error(xid, "is not prepared: prepare it or commit one-phase")
             self._refuse_failed(branch)
             self._pop(xid)
+            try:
+                branch.tx.flush()
+            except Exception as exc:
+                self._store._finish(branch.tx, commit=False)
+                raise XAException(XA_RBOTHER, f"{self.resource_name}: commit of {xid} failed: {exc}") from exc
             try:
                 self._store._finish(branch.tx, commit=True)
             except sqlite3.Error as exc:
