@@ -458,7 +458,7 @@ class SqlTransaction(api.StoreTransaction):
             raise
         self.execute(f"RELEASE SAVEPOINT {name}")
 
-    def number(self, key: str, number: int, last: bool) -> None:
+    def hand_out(self, key: str, number: int, last: bool) -> None:
         """Remember that enqueue handed out ``number`` on sequence ``key`` (written by :meth:`flush`)."""
         _, was_last = self._numbered.get(key, (0, False))
         self._numbered[key] = (number, last or was_last)
@@ -660,7 +660,7 @@ class _RmsMessages(api.RmsMessageManager):
              reply_callback, None if reply_context is None else bytes(reply_context),
              reply_callback is not None, t if send_at is None else send_at, t))
         tx.capture_key("rms_sequence", sequence_key)
-        tx.number(sequence_key, number, last)
+        tx.hand_out(sequence_key, number, last)
         tx.held_rms[sequence_key] = (replace(seq, next_number=number + 1, last_message=True, last_number=number)
                                      if last else replace(seq, next_number=number + 1))
         return RmsMessage(
