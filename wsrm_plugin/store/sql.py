@@ -767,32 +767,25 @@ class _RmsMessages(api.RmsMessageManager):
     def record_send_attempts(self, sequence_key: str, numbers: Iterable[int], *, next_send_at: float,
                              now: float | None = None) -> int:
         self._seq(sequence_key)
-        tx = self._tx
-        wanted = sorted(set(numbers))
-        changed = 0
-        for i in range(0, len(wanted), 500):
-            chunk = wanted[i:i + 500]
-            where = f"seq_key = ? AND number IN ({_in_list(chunk)})"
-            params = (sequence_key, *chunk)
-            tx.capture("rms_message", where, params)
-            changed += tx.write("UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, "
-                                f"next_send_at = ? WHERE {where}", (_now(now), next_send_at, *params))
-        return changed
+        return self._update_each(sequence_key, numbers, "send_count = send_count + 1, last_sent_at = ?, "
+                                 "next_send_at = ?", (_now(now), next_send_at))
 
     def make_due(self, sequence_key: str, numbers: Iterable[int], at: float | None = None) -> int:
         self._seq(sequence_key)
-        wanted = sorted(set(numbers))
-        if not wanted:
-            return 0
+        return self._update_each(sequence_key, numbers, "next_send_at = ?", (_now(at),), " AND NOT acked")
+
+    def _update_each(self, sequence_key: str, numbers: Iterable[int], assignments: str,
+                     values: tuple[Any, ...], condition: str = "") -> int:
+        """UPDATE the named messages of a sequence, 500 numbers a statement; how many changed."""
         tx = self._tx
-        t = _now(at)
+        wanted = sorted(set(numbers))
         changed = 0
         for i in range(0, len(wanted), 500):
             chunk = wanted[i:i + 500]
-            where = f"seq_key = ? AND number IN ({_in_list(chunk)}) AND NOT acked"
+            where = f"seq_key = ? AND number IN ({_in_list(chunk)}){condition}"
             params = (sequence_key, *chunk)
             tx.capture("rms_message", where, params)
-            changed += tx.write(f"UPDATE rms_message SET next_send_at = ? WHERE {where}", (t, *params))
+            changed += tx.write(f"UPDATE rms_message SET {assignments} WHERE {where}", (*values, *params))
         return changed
 
     def reply_received(self, sequence_key: str, number: int) -> RmsMessage:
