@@ -523,3 +523,14 @@ def test_a_transaction_sees_its_own_changes_to_the_sequences_it_holds(store: Sto
         tx.rmd.delete("s1")
         assert tx.rmd.get("s1") is None
         assert tx.rms.get("k1").next_number == 4
+
+
+def test_has_unacked_says_whether_a_sequence_is_done(store: StorageManager) -> None:
+    started(store, messages=2)
+    with store.begin() as tx:
+        assert tx.rms_messages.has_unacked("k1")
+        tx.rms_messages.mark_acked("k1", [(1, 1)])
+        assert tx.rms_messages.has_unacked("k1")
+        tx.rms_messages.mark_acked("k1", [(2, 2)])
+        assert not tx.rms_messages.has_unacked("k1")
+        assert not tx.rms_messages.has_unacked("no-such-sequence")

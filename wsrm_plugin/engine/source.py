@@ -402,7 +402,7 @@ class Source:
                                     soap_version=outgoing.soap.ns, message_id=outgoing.message_id, last=True)
         else:
             seq = tx.rms.mark_last(seq.key)
-            if seq.started and tx.rms_messages.count_unacked(seq.key) == 0:
+            if seq.started and not tx.rms_messages.has_unacked(seq.key):
                 tx.rms.update(seq.key, next_control_at=time.time())
         return True
 
@@ -520,13 +520,14 @@ class Source:
                 newly = tx.rms_messages.mark_acked(seq.key, ack.ranges, now=now)
             except InvalidAcknowledgementError as exc:
                 raise InvalidAcknowledgement(ack.identifier, str(exc), version=version) from None
-            unacked = tx.rms_messages.count_unacked(seq.key)
-            before = rms_state(seq, unacked + len(newly))
-            event = RMSEvent.ACKALL if unacked == 0 else RMSEvent.ACK
+            pending = tx.rms_messages.has_unacked(seq.key)
+            before = rms_state(seq, int(pending) + len(newly))
+            event = RMSEvent.ACK if pending else RMSEvent.ACKALL
             rms_transition(before, event)
             if newly:
                 tx.rms_messages.purge_acked(seq.key)
-            if ack.final and unacked:
+            if ack.final and pending:
+                unacked = tx.rms_messages.count_unacked(seq.key)
                 self.fault_in(tx, seq, f"the destination closed the sequence with {unacked} message(s) "
                             "unacknowledged")
             elif event is RMSEvent.ACKALL and seq.last_message:

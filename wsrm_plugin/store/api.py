@@ -684,6 +684,15 @@ class RmsMessageManager(_Manager, ABC):
     def count_unacked(self, sequence_key: str | None = None) -> int:
         """Unacknowledged messages of one sequence or of all (no lock)."""
 
+    def has_unacked(self, sequence_key: str) -> bool:
+        """Does the sequence still have an unacknowledged message?  (No lock.)
+
+        What every acknowledgement asks (is the sequence done?): the SQL
+        stores answer from one index entry, where counting walks a backlog
+        that a big job makes tens of thousands long.
+        """
+        return self.count_unacked(sequence_key) > 0
+
     @abstractmethod
     def purge_acked(self, sequence_key: str | None = None) -> int:
         """Delete acknowledged messages that wait for no reply; returns how many.

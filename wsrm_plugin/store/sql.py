@@ -806,6 +806,10 @@ class _RmsMessages(api.RmsMessageManager):
                                (sequence_key,))
         return int(row[0])
 
+    def has_unacked(self, sequence_key: str) -> bool:
+        return self._tx.one("SELECT 1 FROM rms_message WHERE seq_key = ? AND NOT acked LIMIT 1",
+                            (sequence_key,)) is not None
+
     def purge_acked(self, sequence_key: str | None = None) -> int:
         tx = self._tx
         purgeable = "acked AND NOT reply_pending"
