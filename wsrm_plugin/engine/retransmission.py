@@ -204,7 +204,7 @@ class RetransmissionWorker:
                 return True
             if seq.next_control_at is None or seq.next_control_at > now:
                 return False
-            action = self._control_action(seq, int(tx.rms_messages.has_unacked(key)))
+            action = self._control_action(seq, tx.rms_messages.has_unacked(key))
             if action is None:  # messages in flight, or an open sequence: acks and close() set the next time
                 tx.rms.update(key, next_control_at=None)
                 return False

@@ -449,7 +449,7 @@ class Source:
             if seq is None:
                 return
             slog = for_sequence(log, response.identifier, key=store_key)
-            state = rms_state(seq, tx.rms_messages.count_unacked(store_key))
+            state = rms_state(seq, tx.rms_messages.has_unacked(store_key))
             transition = rms_transition(state, RMSEvent.CRR)
             if transition.noop:
                 slog.debug("late CreateSequenceResponse ignored (%s)", state)
@@ -548,7 +548,7 @@ class Source:
             if seq is None:
                 return
             try:
-                transition = rms_transition(rms_state(seq, tx.rms_messages.count_unacked(store_key)),
+                transition = rms_transition(rms_state(seq, tx.rms_messages.has_unacked(store_key)),
                                             RMSEvent.TERMINATE_SENT)
             except InvalidTransition as exc:
                 for_sequence(log, seq.sequence_id, key=store_key).warning("terminate not recorded: %s", exc)
@@ -572,7 +572,7 @@ class Source:
             if seq is None:
                 return
             try:
-                transition = rms_transition(rms_state(seq, tx.rms_messages.count_unacked(store_key)), event)
+                transition = rms_transition(rms_state(seq, tx.rms_messages.has_unacked(store_key)), event)
             except InvalidTransition as exc:
                 for_sequence(log, seq.sequence_id, key=store_key).warning("%s ignored: %s", event.name, exc)
                 return
@@ -607,7 +607,7 @@ class Source:
 
     def fault_in(self, tx: StoreTransaction, seq: RmsSequence, reason: str) -> None:
         """Fault ``seq`` inside ``tx`` (the worker then reports and releases it)."""
-        transition = rms_transition(rms_state(seq, tx.rms_messages.count_unacked(seq.key)), RMSEvent.FAULT)
+        transition = rms_transition(rms_state(seq, tx.rms_messages.has_unacked(seq.key)), RMSEvent.FAULT)
         if transition.noop:
             return
         tx.rms.update(seq.key, fault_reason=reason, next_control_at=time.time(), **rms_changes(transition))

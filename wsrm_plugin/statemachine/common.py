@@ -10,8 +10,8 @@ and lets a reader check each state against the protocol rule that allows it.
 from __future__ import annotations
 
 import dataclasses
-from abc import ABC, abstractmethod
 import itertools
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar, Generic, Iterator, Self, TypeVar

@@ -451,12 +451,16 @@ class SqlTransaction(api.StoreTransaction):
                 self.execute(f"RELEASE SAVEPOINT {name}")
                 self.undo = undo
                 self._numbered = numbered  # a flush inside the savepoint is undone too
-                self.held_invoker.clear()  # its writes are undone, and the locks it took released
-                self.held_rmd.clear()
-                self.read_ahead.clear()
-                self.held_rms.clear()
+                self._forget_held()  # its writes are undone, and the locks it took released
             raise
         self.execute(f"RELEASE SAVEPOINT {name}")
+
+    def _forget_held(self) -> None:
+        """Drop every copy of a held row (and every message read ahead): they may be stale now."""
+        self.held_invoker.clear()
+        self.held_rmd.clear()
+        self.held_rms.clear()
+        self.read_ahead.clear()
 
     def hand_out(self, key: str, number: int, last: bool) -> None:
         """Remember that enqueue handed out ``number`` on sequence ``key`` (written by :meth:`flush`)."""
