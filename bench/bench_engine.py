@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
         try:
             if "postgresql" in kinds and not args.no_throughput:
-                from txmanager.pgserver import ThrowawayPostgres
+                from wsrm_plugin.tools.pgserver import ThrowawayPostgres
 
                 pg = ThrowawayPostgres()
                 pg.start()

@@ -40,10 +40,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get
 
 import psycopg2  # noqa: E402
 
-from interceptors.spyne_rm import reliable_service  # noqa: E402
+from interceptors.spyne_server.service import reliable_service  # noqa: E402
 from tests.spyne_server import service  # noqa: E402
 from txmanager import TransactionManager  # noqa: E402
-from txmanager.pgserver import ThrowawayPostgres  # noqa: E402
+from wsrm_plugin.tools.pgserver import ThrowawayPostgres  # noqa: E402
 from txmanager.postgres import XADataSource  # noqa: E402
 from wsrm_plugin.engine import RMPolicy  # noqa: E402
 from wsrm_plugin.spark import register  # noqa: E402

@@ -23,8 +23,8 @@ import uuid
 import psycopg2
 
 from txmanager import TransactionManager
-from txmanager.bank import create_bank
-from txmanager.pgserver import ThrowawayPostgres
+from wsrm_plugin.tools.bank import create_bank
+from wsrm_plugin.tools.pgserver import ThrowawayPostgres
 from txmanager.postgres import XADataSource
 
 UPDATE = "UPDATE account SET balance = balance + %s WHERE id = %s"

@@ -12,7 +12,7 @@ Scenarios (each from a fresh server process, fresh stores and databases):
 
 The server runs in its own process (as in a deployment: the client's and
 the server's Python code do not share one GIL).  Each scenario runs once
-without loss and once through a :class:`~wsrm_plugin.proxy.LossyProxy` (in a
+without loss and once through a :class:`~wsrm_plugin.tools.proxy.LossyProxy` (in a
 third process) that loses ``--loss`` of the HTTP exchanges, half of them as
 lost requests and half as lost responses (the server acted, the sender does
 not know: retransmissions then arrive as duplicates).
@@ -160,7 +160,7 @@ def server_main(conn: Any, scenario: str, options: dict[str, Any]) -> None:
         closers.append(server.stop)
         url = server.url
     else:
-        from interceptors.spyne_rm import reliable_service
+        from interceptors.spyne_server.service import reliable_service
 
         tm = None
         if scenario == "memory":
@@ -204,7 +204,7 @@ def server_main(conn: Any, scenario: str, options: dict[str, Any]) -> None:
 def proxy_main(conn: Any, target: str, loss: float, seed: int) -> None:
     """A LossyProxy losing ``loss`` of the exchanges: half the requests, half the responses."""
     logging.basicConfig(level=logging.ERROR)
-    from wsrm_plugin.proxy import LossyProxy
+    from wsrm_plugin.tools.proxy import LossyProxy
 
     proxy = LossyProxy(target, drop=loss / 2, drop_response=loss / 2, seed=seed).start()
     conn.send(proxy.url)
@@ -326,7 +326,7 @@ def run_scenario(scenario: str, lossy: bool, args: argparse.Namespace, pg: Any,
             count, last_new = _wait_delivered(server, args.calls, timeout=5)
             elapsed = max(last_new, client_done) - t0 if lossy else last_new - t0
         else:
-            from wsrm_plugin.zeep_client import reliable_client
+            from interceptors.zeep_client.client import reliable_client
 
             if scenario == "memory":
                 store = "memory:"
@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
 
     pg = None
     if "xa" in scenarios:
-        from txmanager.pgserver import ThrowawayPostgres
+        from wsrm_plugin.tools.pgserver import ThrowawayPostgres
 
         pg = ThrowawayPostgres(max_connections=200).start()
     print(f"zeep -> spyne, {args.calls} one-way calls per scenario; loss {args.loss:.0%} "

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from wsrm_plugin.engine import RMPolicy
-from wsrm_plugin.proxy import LossyProxy
+from wsrm_plugin.tools.proxy import LossyProxy
 
 HERE = Path(__file__).resolve().parent
 

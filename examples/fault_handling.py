@@ -33,8 +33,8 @@ from spyne import Application, Fault, ServiceBase, Unicode, rpc
 from spyne.protocol.soap import Soap11
 
 import replies
-from interceptors.spyne_rm import reliable_service
-from wsrm_plugin.zeep_client import reliable_client
+from interceptors.spyne_server.service import reliable_service
+from interceptors.zeep_client.client import reliable_client
 
 from _support import example_policy, lossy_proxy, quiet_logging, report, wait_for
 

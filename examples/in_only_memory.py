@@ -29,8 +29,8 @@ import zeep
 from spyne import Application, ServiceBase, Unicode, rpc
 from spyne.protocol.soap import Soap11
 
-from interceptors.spyne_rm import delivery_context, reliable_service
-from wsrm_plugin.zeep_client import reliable_client
+from interceptors.spyne_server.service import delivery_context, reliable_service
+from interceptors.zeep_client.client import reliable_client
 
 from _support import example_policy, lossy_proxy, quiet_logging, report, wait_for
 

@@ -77,7 +77,7 @@ def run_server(workdir: Path, port: int, delay: float) -> None:
     from spyne import Application, Integer, ServiceBase, Unicode, rpc
     from spyne.protocol.soap import Soap11
 
-    from interceptors.spyne_rm import reliable_service
+    from interceptors.spyne_server.service import reliable_service
 
     class PersistenceInOnlyService(ServiceBase):
         @rpc(Integer, Unicode, _is_async=True)
@@ -111,7 +111,7 @@ def run_server(workdir: Path, port: int, delay: float) -> None:
 def run_client(workdir: Path, delay: float) -> None:
     import zeep
 
-    from wsrm_plugin.zeep_client import reliable_client
+    from interceptors.zeep_client.client import reliable_client
 
     client = zeep.Client(str(workdir / "service.wsdl"))
     # same store, key and name after a restart: the lifecycle listener resumes the sequence

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from wsrm_plugin.zeep_client import ReliableReply
+from interceptors.zeep_client.client import ReliableReply
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,9 @@ import psycopg2  # noqa: E402
 from spyne import Application, ServiceBase, Unicode, rpc  # noqa: E402
 from spyne.protocol.soap import Soap11  # noqa: E402
 
-from interceptors.spyne_rm import reliable_service  # noqa: E402
+from interceptors.spyne_server.service import reliable_service  # noqa: E402
 from txmanager import TransactionManager  # noqa: E402
-from txmanager.pgserver import ThrowawayPostgres  # noqa: E402
+from wsrm_plugin.tools.pgserver import ThrowawayPostgres  # noqa: E402
 from txmanager.postgres import XADataSource  # noqa: E402
 from wsrm_plugin.engine import RMPolicy  # noqa: E402
 from wsrm_plugin.spark import Sender, register  # noqa: E402

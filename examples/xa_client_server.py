@@ -109,7 +109,7 @@ def run_server(workdir: Path, dsn: str, port: int, delay: float) -> None:
     from spyne import Application, Integer, ServiceBase, Unicode, rpc
     from spyne.protocol.soap import Soap11
 
-    from interceptors.spyne_rm import reliable_service
+    from interceptors.spyne_server.service import reliable_service
     from txmanager import TransactionManager
     from txmanager.postgres import XADataSource
 
@@ -145,7 +145,7 @@ def run_client(workdir: Path, dsn: str, delay: float) -> None:
 
     from txmanager import TransactionManager
     from txmanager.postgres import XADataSource
-    from wsrm_plugin.zeep_client import reliable_client
+    from interceptors.zeep_client.client import reliable_client
 
     tm = TransactionManager(node="xa-client", log=workdir / "client-tm.log", safety_interval=0)
     application_client = XADataSource(dsn, tm)  # registered for recovery before the client starts
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 def with_database(args: argparse.Namespace, workdir: Path) -> int:
     if args.dsn:
         return run(args, args.dsn, workdir)
-    from txmanager.pgserver import ThrowawayPostgres
+    from wsrm_plugin.tools.pgserver import ThrowawayPostgres
 
     with ThrowawayPostgres() as pg:
         return run(args, pg.create_database("wsrm_xa_example"), workdir)

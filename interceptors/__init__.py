@@ -5,8 +5,8 @@ imported from their modules, so a client does not pull in spyne (nor a server
 zeep)::
 
     from interceptors import InterceptorChain, AddressingInterceptor
-    from interceptors.spyne_adapter import engage           # server
-    from interceptors.zeep_adapter import engage_client     # client
+    from interceptors.spyne_server.adapter import engage           # server
+    from interceptors.zeep_client.adapter import engage_client     # client
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ __all__ = [
 def default_chain(*, load_entry_points: bool = True, **addressing: object) -> InterceptorChain:
     """WS-Addressing plus every interceptor installed under the ``wsrm_interceptors`` group.
 
-    What :func:`~interceptors.spyne_adapter.engage` and
-    :func:`~interceptors.zeep_adapter.engage_client` use when given no chain;
+    What :func:`~interceptors.spyne_server.adapter.engage` and
+    :func:`~interceptors.zeep_client.adapter.engage_client` use when given no chain;
     ``addressing`` are :class:`AddressingInterceptor` options.
     """
     return InterceptorChain([AddressingInterceptor(**addressing)],  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ An interceptor can take a message out of the flow:
   message sat in a store).
 
 The same chain serves a spyne server and a zeep client; the adapters
-(:mod:`interceptors.spyne_adapter`, :mod:`interceptors.zeep_adapter`) turn
+(:mod:`interceptors.spyne_server.adapter`, :mod:`interceptors.zeep_client.adapter`) turn
 their frameworks' requests into :class:`Message` objects and honour aborts.
 Third parties extend a chain with interceptors or pluggy hooks
 (:mod:`interceptors.hookspecs`), installed under the ``wsrm_interceptors``

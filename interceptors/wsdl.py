@@ -1,7 +1,7 @@
 """Post-processing of a published WSDL 1.1: spyne's one-way defect, and the WS-RM policy.
 
 Both work on the lxml ``wsdl:definitions`` element, so they are independent of
-spyne; :mod:`interceptors.spyne_adapter` calls them from spyne's
+spyne; :mod:`interceptors.spyne_server.adapter` calls them from spyne's
 ``wsdl_document_built`` event.
 
 spyne 2.14 writes ``soap:header`` references to ``ReplyToHeader`` and

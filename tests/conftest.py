@@ -1,7 +1,7 @@
 """Fixtures shared by the whole suite: one throwaway PostgreSQL server per session.
 
 The server is real (initdb + postgres on 127.0.0.1, see
-:mod:`txmanager.pgserver`); each test that needs a database gets a fresh one,
+:mod:`wsrm_plugin.tools.pgserver`); each test that needs a database gets a fresh one,
 dropped afterwards together with any prepared transaction left in it, so a
 failing test cannot leak locks or use up ``max_prepared_transactions`` for
 the tests after it.
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import psycopg2
 import pytest
 
-from txmanager.pgserver import ThrowawayPostgres, find_bindir
+from wsrm_plugin.tools.pgserver import ThrowawayPostgres, find_bindir
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="more logging (-v info, -vv debug)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from txmanager import demo as txdemo, operator
+    from txmanager import operator
 
-    from wsrm_plugin import demo, status
+    from wsrm_plugin import status
+    from wsrm_plugin.tools import demo, txdemo
 
     p = sub.add_parser("demo", help="the main job: the end-to-end WS-RM demo on embedded defaults",
                        description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     operator.add_arguments(p)
     p.set_defaults(run=operator.run)
 
-    from wsrm_plugin import proxy
+    from wsrm_plugin.tools import proxy
 
     p = sub.add_parser("proxy", help="lossy loopback HTTP proxy for fault injection",
                        description=proxy.__doc__,

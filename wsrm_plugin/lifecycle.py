@@ -88,7 +88,7 @@ class LifecycleListener:
         return report
 
     def _restore_callbacks(self, report: LifecycleReport) -> None:
-        from interceptors.reliable_client import DISPATCH_PATH, decode_reply_context, import_callback
+        from interceptors.zeep_client.reliable import DISPATCH_PATH, decode_reply_context, import_callback
 
         paths: set[str] = set()
         with self.engine.store.begin() as tx:

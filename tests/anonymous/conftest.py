@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import zeep
 
-from interceptors.spyne_rm import ReliableService, reliable_service
+from interceptors.spyne_server.service import ReliableService, reliable_service
 from wsrm_plugin.engine import RMPolicy
-from wsrm_plugin.zeep_client import ReliableClient, reliable_client
+from interceptors.zeep_client.client import ReliableClient, reliable_client
 
 from . import service
 

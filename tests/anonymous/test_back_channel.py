@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 
 from tests.engine.support import wait_for
-from wsrm_plugin.proxy import LossyProxy
+from wsrm_plugin.tools.proxy import LossyProxy
 
 from . import service
 from .conftest import fast_policy

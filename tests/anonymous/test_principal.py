@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from interceptors.spyne_rm import reliable_service
+from interceptors.spyne_server.service import reliable_service
 from tests.engine.support import wait_for
 from tests.spyne_server.conftest import Envelopes
 from wsrm_plugin.engine import BasicAuth, HttpServer, HttpTransport, ReliableEngine

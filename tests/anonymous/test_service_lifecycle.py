@@ -67,7 +67,7 @@ def test_background_recovery_unblocks_the_store_without_a_restart(servers, tmp_p
 
 
 def test_recovery_interval_needs_a_transaction_manager():
-    from interceptors.spyne_rm import reliable_service
+    from interceptors.spyne_server.service import reliable_service
 
     with pytest.raises(ValueError, match="transaction manager"):
         reliable_service(service.application(), "memory:", fast_policy(), recovery_interval=1.0)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from wsrm_plugin.demo import verify
+from wsrm_plugin.tools.demo import verify
 
 ROOT = Path(__file__).resolve().parents[2]
 WSRM = [sys.executable, "-m", "wsrm_plugin.cli"]

@@ -13,7 +13,7 @@ from wsgiref.util import setup_testing_defaults
 import pytest
 
 from wsrm_plugin.cli import main
-from wsrm_plugin.demo import free_port
+from wsrm_plugin.tools.demo import free_port
 from wsrm_plugin.metrics import CONTENT_TYPE, exposition, metrics_app, serve_forever
 from wsrm_plugin.status import report
 from wsrm_plugin.store import open_store

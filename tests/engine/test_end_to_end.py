@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from wsrm_plugin.engine import ReliableEngine
-from wsrm_plugin.proxy import LossyProxy
+from wsrm_plugin.tools.proxy import LossyProxy
 from wsrm_plugin.wire import SOAP11
 
 from .conftest import fast_policy

@@ -1,6 +1,6 @@
 """Soak: two engines in separate processes, 1000 messages through a lossy network, every store.
 
-The client peer sends to a :class:`~wsrm_plugin.proxy.LossyProxy` (in this
+The client peer sends to a :class:`~wsrm_plugin.tools.proxy.LossyProxy` (in this
 process) that drops 20 %, duplicates 10 % and reorders 20 % of the requests
 on their way to the server peer.  The server's application records every
 hand-over, duplicates included, so the check is on what really happened:
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from wsrm_plugin.proxy import LossyProxy
+from wsrm_plugin.tools.proxy import LossyProxy
 
 from .peer import PeerProcess
 from .support import wait_for

@@ -18,8 +18,8 @@ import psycopg2
 import pytest
 
 from txmanager import TransactionManager
-from txmanager.bank import audit, create_bank, transfer
-from txmanager.demo import ACCOUNTS, BALANCE, recover_in_fresh_process, run_worker
+from wsrm_plugin.tools.bank import audit, create_bank, transfer
+from wsrm_plugin.tools.txdemo import ACCOUNTS, BALANCE, recover_in_fresh_process, run_worker
 from txmanager.errors import RollbackError
 from txmanager.postgres import XADataSource
 

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from txmanager.bank import audit, create_bank
-from txmanager.demo import ACCOUNTS, BALANCE, run_worker
+from wsrm_plugin.tools.bank import audit, create_bank
+from wsrm_plugin.tools.txdemo import ACCOUNTS, BALANCE, run_worker
 from txmanager.xid import Xid
 
 pytestmark = pytest.mark.postgres

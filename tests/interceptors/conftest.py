@@ -19,7 +19,7 @@ import pytest
 from spyne import Application, ServiceBase, Unicode, rpc
 from spyne.protocol.soap import Soap11, Soap12
 
-from interceptors.spyne_adapter import current_message
+from interceptors.spyne_server.adapter import current_message
 
 TNS = "urn:test:interceptors"
 

@@ -13,8 +13,8 @@ from interceptors import (
     AddressingInterceptor, Direction, Interceptor, InterceptorChain, Message, MessageConsumed,
     Phase, Response, Role,
 )
-from interceptors.spyne_adapter import engage
-from interceptors.zeep_adapter import engage_client, resume_send
+from interceptors.spyne_server.adapter import engage
+from interceptors.zeep_client.adapter import engage_client, resume_send
 from wsrm_plugin.wire.addressing import AddressingHeaders
 from wsrm_plugin.wire.namespaces import SOAP11, SOAP12, WSA_2005_08
 from wsrm_plugin.wire.soap import Envelope, build_envelope

@@ -11,7 +11,7 @@ from lxml import etree
 from spyne.server.wsgi import WsgiApplication
 
 from interceptors import Interceptor, InterceptorChain, Phase
-from interceptors.spyne_adapter import engage
+from interceptors.spyne_server.adapter import engage
 from interceptors.wsdl import (
     WSAM_NS, WSDL_NS, WSP_12_NS, WSP_15_NS, WSRMP_10_NS, WSRMP_11_NS, WSU_NS, RMPolicyAssertion,
 )

@@ -16,7 +16,7 @@ from typing import NamedTuple
 from spyne import Application, ServiceBase, Unicode, rpc
 from spyne.protocol.soap import Soap11, Soap12
 
-from interceptors.spyne_rm import delivery_context
+from interceptors.spyne_server.service import delivery_context
 from tests.interop.gsoap_peer import NAMESPACE
 
 __all__ = ["EchoService", "application", "reset", "runs", "Run"]

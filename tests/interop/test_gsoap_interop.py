@@ -2,11 +2,11 @@
 
 Both directions, WS-RM 1.1 and 1.0, real processes and real HTTP on 127.0.0.1:
 
-* the gSOAP CLIENT sends to OUR spyne server (:func:`~interceptors.spyne_rm.reliable_service`
+* the gSOAP CLIENT sends to OUR spyne server (:func:`~interceptors.spyne_server.service.reliable_service`
   around a spyne service shaped like ``gsoap/echo.h``): every message must be
   acknowledged to gSOAP's satisfaction (its exit status, its acked count) and run
   by the spyne method exactly once, in order;
-* OUR zeep client (:func:`~wsrm_plugin.zeep_client.reliable_client` over the WSDL
+* OUR zeep client (:func:`~interceptors.zeep_client.client.reliable_client` over the WSDL
   the peer build produced) sends to the gSOAP SERVER: every message must be
   acknowledged (our source sequence terminated with nothing left unacknowledged)
   and delivered by gSOAP exactly once, in order; in-out ``Echo`` calls offer a
@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from tests.engine.support import wait_for
-from interceptors.spyne_rm import ReliableService, reliable_service
+from interceptors.spyne_server.service import ReliableService, reliable_service
 from wsrm_plugin.engine import RMPolicy, SendReceipt
-from wsrm_plugin.proxy import LossyProxy
-from wsrm_plugin.zeep_client import ReliableClient, reliable_client
+from wsrm_plugin.tools.proxy import LossyProxy
+from interceptors.zeep_client.client import ReliableClient, reliable_client
 
 from . import interop_service as service
 from .gsoap_peer import (

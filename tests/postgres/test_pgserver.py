@@ -16,7 +16,7 @@ import psycopg2.errors
 import pytest
 
 from tests.conftest import start_throwaway_server
-from txmanager.pgserver import (
+from wsrm_plugin.tools.pgserver import (
     PostgresNotInstalledError, PostgresServerError, ThrowawayPostgres, find_bindir, is_process_alive,
 )
 

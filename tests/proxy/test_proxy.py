@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from wsrm_plugin import proxy as proxy_mod
-from wsrm_plugin.proxy import LossyProxy, NotLoopbackError, ProxiedRequest
+from wsrm_plugin.tools import proxy as proxy_mod
+from wsrm_plugin.tools.proxy import LossyProxy, NotLoopbackError, ProxiedRequest
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -571,7 +571,7 @@ def test_main_in_a_thread_starts_and_stops(target: Target) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_cli_subprocess_stops_cleanly_on_signal(target: Target, sig: int) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wsrm_plugin.proxy", "--target", target.url, "--port", "0",
+        [sys.executable, "-m", "wsrm_plugin.tools.proxy", "--target", target.url, "--port", "0",
          "--drop", "0.1", "--seed", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: queue.Queue[str] = queue.Queue()

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from interceptors.spyne_rm import ReliableService, reliable_service
+from interceptors.spyne_server.service import ReliableService, reliable_service
 from tests.spyne_server import service
 from txmanager import TransactionManager
 from txmanager.postgres import XADataSource

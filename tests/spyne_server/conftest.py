@@ -9,7 +9,7 @@ import pytest
 import zeep
 from lxml import etree
 
-from interceptors.spyne_rm import ReliableService, reliable_service
+from interceptors.spyne_server.service import ReliableService, reliable_service
 from wsrm_plugin.engine import ReliableEngine, RMPolicy
 
 from . import service

@@ -12,7 +12,7 @@ import argparse
 import logging
 import sys
 
-from interceptors.spyne_rm import reliable_service
+from interceptors.spyne_server.service import reliable_service
 from txmanager import TransactionManager
 from txmanager.postgres import XADataSource
 

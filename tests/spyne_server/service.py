@@ -13,7 +13,7 @@ from typing import Any
 from spyne import Application, Fault, ServiceBase, Unicode, rpc
 from spyne.protocol.soap import Soap11
 
-from interceptors.spyne_rm import delivery_context
+from interceptors.spyne_server.service import delivery_context
 
 TNS = "urn:wsrm-spyne-test"
 

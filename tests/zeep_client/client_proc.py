@@ -14,7 +14,7 @@ import time
 import zeep
 
 from wsrm_plugin.engine import RMPolicy
-from wsrm_plugin.zeep_client import reliable_client
+from interceptors.zeep_client.client import reliable_client
 
 POLICY = RMPolicy(base_retransmission_interval=0.2, exponential_backoff=False, poll_interval=0.05,
                   http_timeout=5.0)

@@ -9,7 +9,7 @@ import pytest
 import zeep
 
 from wsrm_plugin.engine import ReliableEngine, RMPolicy
-from wsrm_plugin.zeep_client import ReliableClient, reliable_client
+from interceptors.zeep_client.client import ReliableClient, reliable_client
 
 from . import service
 

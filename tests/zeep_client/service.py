@@ -20,7 +20,7 @@ from spyne.protocol.soap import Soap11
 from spyne.server.wsgi import WsgiApplication
 
 from interceptors import InterceptorChain
-from interceptors.spyne_adapter import engage
+from interceptors.spyne_server.adapter import engage
 from wsrm_plugin.wire import EndpointReference
 
 TNS = "urn:wsrm-zeep-client-test"

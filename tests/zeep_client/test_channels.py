@@ -9,7 +9,7 @@ from tests.engine.support import wait_for
 from wsrm_plugin.engine import HttpTransport, ReliableEngine
 from wsrm_plugin.makeconnection import Mailbox
 from wsrm_plugin.wire.namespaces import WSMC_ANONYMOUS_PREFIX
-from wsrm_plugin.zeep_client import reliable_client
+from interceptors.zeep_client.client import reliable_client
 
 from . import service
 from .conftest import fast_policy

@@ -41,18 +41,18 @@ from typing import Any
 import zeep
 
 from interceptors.chain import InterceptorChain
-from interceptors.reliable_client import (
+from interceptors.zeep_client.reliable import (
     CallOptions, ReliableClientInterceptor, ReliableReply, current_call, deserialize_reply,
     import_callback, register_client, unregister_client,
 )
-from interceptors.zeep_adapter import engage_client
+from interceptors.zeep_client.adapter import engage_client
 
-from .engine import ReliableEngine, RMPolicy, SendReceipt
-from .engine.source import SequenceKey
-from .lifecycle import LifecycleListener, LifecycleReport
-from .makeconnection import Poller, mc_address_for
-from .wire.namespaces import mc_anonymous_id
-from .store import StorageManager
+from wsrm_plugin.engine import ReliableEngine, RMPolicy, SendReceipt
+from wsrm_plugin.engine.source import SequenceKey
+from wsrm_plugin.lifecycle import LifecycleListener, LifecycleReport
+from wsrm_plugin.makeconnection import Poller, mc_address_for
+from wsrm_plugin.wire.namespaces import mc_anonymous_id
+from wsrm_plugin.store import StorageManager
 
 __all__ = ["reliable_client", "ReliableClient", "ReliableReply", "ReplyNotDelivered"]
 

@@ -9,7 +9,7 @@
     service.start()                     # the engine's workers: acks, replies, the invoker
 
 What happens to a request: the chain's WS-RM interceptor
-(:class:`~interceptors.reliable.ReliableMessagingInterceptor`) stores it in
+(:class:`~interceptors.spyne_server.reliable.ReliableMessagingInterceptor`) stores it in
 the engine's destination and answers 202; the engine's invoker worker later
 runs the spyne method in its own thread, inside one transaction that also
 takes the message out of the store and enqueues the method's reply on the
@@ -44,11 +44,11 @@ from wsrm_plugin.engine.transport import HttpServer
 from wsrm_plugin.lifecycle import LifecycleListener, LifecycleReport
 from wsrm_plugin.store import StorageManager
 
-from . import default_chain
-from .chain import InterceptorChain
-from .reliable import DELIVERY_KEY, ChainDeliverer, ReliableMessagingInterceptor, current_delivery
-from .spyne_adapter import ChainMiddleware, current_message, engage
-from .wsdl import RMPolicyAssertion
+from interceptors import default_chain
+from interceptors.chain import InterceptorChain
+from interceptors.spyne_server.reliable import DELIVERY_KEY, ChainDeliverer, ReliableMessagingInterceptor, current_delivery
+from interceptors.spyne_server.adapter import ChainMiddleware, current_message, engage
+from interceptors.wsdl import RMPolicyAssertion
 
 __all__ = ["ReliableService", "reliable_service", "delivery_context", "policy_assertion"]
 

@@ -21,7 +21,7 @@ a server.  On the way in:
 
 Later, in the invoker worker's transaction, :class:`ChainDeliverer` rebuilds
 the stored message and resumes the chain after this interceptor
-(:meth:`ChainMiddleware.deliver <interceptors.spyne_adapter.ChainMiddleware.deliver>`),
+(:meth:`ChainMiddleware.deliver <interceptors.spyne_server.adapter.ChainMiddleware.deliver>`),
 so spyne runs the method in that thread, inside the transaction.  On the way
 out this interceptor then catches what the method produced: a response is
 enqueued on the offered (response) sequence in the same transaction instead
@@ -48,11 +48,11 @@ from wsrm_plugin.wire.faults import SoapFault, WSRMRequired
 from wsrm_plugin.wire.namespaces import RM_VERSIONS, SOAP11, SoapVersion
 from wsrm_plugin.wire.xmlsafe import parse_xml
 
-from .addressing import apply_addressing
-from .chain import Direction, Exchange, Interceptor, Message, Phase, Response, Role
+from interceptors.addressing import apply_addressing
+from interceptors.chain import Direction, Exchange, Interceptor, Message, Phase, Response, Role
 
 if TYPE_CHECKING:
-    from .spyne_adapter import ChainMiddleware
+    from interceptors.spyne_server.adapter import ChainMiddleware
 
 __all__ = [
     "DELIVERY_KEY", "ReliableMessagingInterceptor", "ChainDeliverer", "carries_rm", "response_of",
@@ -97,7 +97,7 @@ def principal_of(message: Message) -> tuple[str | None, str | None]:
     takes messages, acknowledgements, Close and Terminate from that
     principal only.
     """
-    from .spyne_adapter import WSGI_ENVIRON_KEY
+    from interceptors.spyne_server.adapter import WSGI_ENVIRON_KEY
 
     environ = message.context.get(WSGI_ENVIRON_KEY) or {}
     principal = environ.get("REMOTE_USER") or None
@@ -132,7 +132,7 @@ class ReliableMessagingInterceptor(Interceptor):
     # -- in ------------------------------------------------------------------------------------
     def handle_in(self, message: Message) -> None:
         if message.role is not Role.SERVER:
-            return  # the client side is interceptors.reliable_client's job
+            return  # the client side is interceptors.zeep_client.reliable's job
         if not carries_rm(message):
             if self.required:
                 raise self._rm_required()

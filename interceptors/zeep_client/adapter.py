@@ -32,7 +32,7 @@ from zeep.exceptions import TransportError
 
 from wsrm_plugin.wire.xmlsafe import DEFAULT_MAX_SIZE, parse_xml
 
-from .chain import (
+from interceptors.chain import (
     ChainError, Direction, Exchange, InterceptorChain, Message, MessageConsumed, Response, Role,
 )
 
@@ -146,7 +146,7 @@ def engage_client(client: zeep.Client, chain: InterceptorChain | None = None) ->
     same chain twice is a no-op; another chain on an engaged client is an error.
     """
     if chain is None:
-        from . import default_chain
+        from interceptors import default_chain
         chain = default_chain()
     existing = plugin_of(client)
     if existing is not None:

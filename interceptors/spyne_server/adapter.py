@@ -2,7 +2,7 @@
 
 The Axis2 way of making a service reliable is to engage a module; here it is::
 
-    from interceptors.spyne_adapter import engage
+    from interceptors.spyne_server.adapter import engage
     wsgi_app = engage(Application([MyService], tns=..., in_protocol=Soap11(), out_protocol=Soap11()))
 
 The returned :class:`ChainMiddleware` is a WSGI application wrapping spyne's
@@ -42,10 +42,10 @@ from wsrm_plugin.wire.namespaces import SOAP11, SOAP12, SoapVersion
 from wsrm_plugin.wire.soap import Envelope, fault_envelope
 from wsrm_plugin.wire.xmlsafe import DEFAULT_MAX_SIZE, parse_xml
 
-from .chain import (
+from interceptors.chain import (
     Direction, InterceptorChain, Message, Phase, Response, Role, action_from_http,
 )
-from .wsdl import RMPolicyAssertion, attach_policy, drop_undefined_header_messages
+from interceptors.wsdl import RMPolicyAssertion, attach_policy, drop_undefined_header_messages
 
 __all__ = ["ENVIRON_KEY", "WSGI_ENVIRON_KEY", "ChainMiddleware", "engage", "current_message"]
 
@@ -313,7 +313,7 @@ def engage(application: Application, chain: InterceptorChain | None = None, *,
     yourself (its WSDL must not have been built yet).
     """
     if chain is None:
-        from . import default_chain
+        from interceptors import default_chain
         chain = default_chain()
     if wsgi_application is None:
         wsgi_application = WsgiApplication(application)

@@ -19,7 +19,7 @@ own binding, so the callback gets the same object ``client.service.Op``
 would have returned (or the zeep ``Fault``).
 
 Per-call options (a callback, a context, the future to resolve) travel from
-:class:`~wsrm_plugin.zeep_client.ReliableClient` to the interceptor through a
+:class:`~interceptors.zeep_client.client.ReliableClient` to the interceptor through a
 context variable, so one engaged zeep client can be used from many threads.
 """
 
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from wsrm_plugin.wire.xmlsafe import parse_xml
 
-from .chain import Direction, Interceptor, Message, Phase, Response, Role
+from interceptors.chain import Direction, Interceptor, Message, Phase, Response, Role
 
 if TYPE_CHECKING:
     from wsrm_plugin.engine import DeliveryContext, ReliableEngine, SendReceipt
@@ -50,7 +50,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: The import path persisted as every in-out message's ``reply_callback``.
-DISPATCH_PATH = "interceptors.reliable_client:dispatch_reply"
+DISPATCH_PATH = "interceptors.zeep_client.reliable:dispatch_reply"
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ _clients_lock = threading.Lock()
 
 
 def register_client(name: str, client: Any) -> None:
-    """Make ``client`` (a :class:`~wsrm_plugin.zeep_client.ReliableClient`) receive replies for ``name``.
+    """Make ``client`` (a :class:`~interceptors.zeep_client.client.ReliableClient`) receive replies for ``name``.
 
     The name is persisted with every in-out message, so a client re-created
     under the same name after a restart receives the replies to calls made

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import psycopg2
 
-from .manager import TransactionManager
-from .postgres import XADataSource
+from txmanager.manager import TransactionManager
+from txmanager.postgres import XADataSource
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from typing import TextIO
 
 import psycopg2
 
-from .bank import audit, create_bank
-from .operator import recover_postgres
-from .pgserver import ThrowawayPostgres
+from wsrm_plugin.tools.bank import audit, create_bank
+from txmanager.operator import recover_postgres
+from wsrm_plugin.tools.pgserver import ThrowawayPostgres
 
 #: (kill point, what the round shows): one round per protocol point.
 ROUNDS: list[tuple[str, str]] = [
@@ -48,7 +48,7 @@ def run_worker(
 ) -> int:
     """Run the crash worker in a child process; returns its exit status (-9 if killed)."""
     cmd = [
-        sys.executable, "-m", "txmanager.crashworker", "--dsn-a", dsn_a, "--dsn-b", dsn_b,
+        sys.executable, "-m", "wsrm_plugin.tools.crashworker", "--dsn-a", dsn_a, "--dsn-b", dsn_b,
         "--log", log_path, "--node", node, "--transfers", str(transfers),
         "--accounts", str(ACCOUNTS), "--prefix", prefix, "--kill-tx", str(kill_tx),
     ]

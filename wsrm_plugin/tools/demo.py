@@ -1,7 +1,7 @@
 """The WS-RM demo: a zeep client sends messages to a spyne service over a lossy network.
 
 It is what ``wsrm demo`` (and ``scripts/demo.sh``) runs.  The server and the
-client are two processes (:mod:`wsrm_plugin.demo_peer`): the server is a
+client are two processes (:mod:`wsrm_plugin.tools.demo_peer`): the server is a
 spyne service made reliable with ``reliable_service``, the client a zeep
 client made reliable with ``reliable_client``, each with its own message
 store.  Between them the built-in ``LossyProxy`` drops requests and
@@ -57,8 +57,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from .demo_peer import REPLY_TABLE, SERVER_TABLE, item_name
-from .proxy import LossyProxy
+from wsrm_plugin.tools.demo_peer import REPLY_TABLE, SERVER_TABLE, item_name
+from wsrm_plugin.tools.proxy import LossyProxy
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class Peer:
 
     def __init__(self, role: str, options: dict[str, Any], log_path: str) -> None:
         self.role = role
-        self.command = [sys.executable, "-m", "wsrm_plugin.demo_peer", role]
+        self.command = [sys.executable, "-m", "wsrm_plugin.tools.demo_peer", role]
         for name, value in options.items():
             if value is True:
                 self.command.append(f"--{name.replace('_', '-')}")
@@ -303,7 +303,7 @@ def _databases(names: list[str], dsn: str | None) -> Iterator[dict[str, str]]:
         yield {}
         return
     if dsn is None:
-        from txmanager.pgserver import ThrowawayPostgres
+        from wsrm_plugin.tools.pgserver import ThrowawayPostgres
 
         with ThrowawayPostgres() as pg:
             for name in names:

@@ -971,7 +971,7 @@ def _delay_arg(text: str) -> tuple[float, float]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``wsrm proxy`` options (also used by ``python -m wsrm_plugin.proxy``)."""
+    """The ``wsrm proxy`` options (also used by ``python -m wsrm_plugin.tools.proxy``)."""
     p.add_argument("--target", required=True, metavar="URL",
                    help="the server to forward to, e.g. http://127.0.0.1:8000/svc (loopback only)")
     p.add_argument("--listen", default="127.0.0.1", metavar="HOST",

@@ -3,8 +3,8 @@
 They run as separate processes so the demo can SIGKILL and restart either of
 them mid-run::
 
-    python -m wsrm_plugin.demo_peer server --store URL --port N --records SPEC [--tm-log P --node N]
-    python -m wsrm_plugin.demo_peer client --wsdl FILE --store URL --messages N --records SPEC ...
+    python -m wsrm_plugin.tools.demo_peer server --store URL --port N --records SPEC [--tm-log P --node N]
+    python -m wsrm_plugin.tools.demo_peer client --wsdl FILE --store URL --messages N --records SPEC ...
 
 Where each side keeps its *application* records decides what a crash can do
 to them, so the demo spells it out (``--records``):
@@ -45,7 +45,7 @@ from typing import Any
 from spyne import Application, ServiceBase, Unicode, rpc
 from spyne.protocol.soap import Soap11
 
-from .engine import RMPolicy
+from wsrm_plugin.engine import RMPolicy
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,8 @@ class Records:
         self.kind, _, where = spec.partition(":")
         self._lock = threading.Lock()
         if self.kind == "store":
-            from .store.postgres import PostgresStore
-            from .store.sqlite import SqliteStore
+            from wsrm_plugin.store.postgres import PostgresStore
+            from wsrm_plugin.store.sqlite import SqliteStore
 
             if not isinstance(store, (SqliteStore, PostgresStore)):
                 raise ValueError("--records store needs a SQL store (sqlite or postgresql), "
@@ -161,7 +161,7 @@ _records: Records | None = None
 
 
 def _record_delivery(ctx: Any, item: str) -> None:
-    from interceptors.spyne_rm import delivery_context
+    from interceptors.spyne_server.service import delivery_context
 
     delivery = delivery_context(ctx)
     assert _records is not None, "the demo server's records are not configured"
@@ -206,7 +206,7 @@ def _transaction_manager(args: argparse.Namespace) -> Any:
 
 def run_server(args: argparse.Namespace) -> None:
     global _records
-    from interceptors.spyne_rm import reliable_service
+    from interceptors.spyne_server.service import reliable_service
 
     tm = _transaction_manager(args)
     service = reliable_service(application(), args.store, POLICY, tm=tm)
@@ -236,7 +236,7 @@ def run_client(args: argparse.Namespace) -> None:
     global _records
     import zeep
 
-    from .zeep_client import reliable_client
+    from interceptors.zeep_client.client import reliable_client
 
     tm = _transaction_manager(args)
     listen = ("127.0.0.1", args.listen_port) if args.listen_port else None
@@ -276,13 +276,13 @@ def run_client(args: argparse.Namespace) -> None:
 
 def _call(rc: Any, item: str, in_out: bool) -> None:
     if in_out:
-        rc.service.echo(item, _callback="wsrm_plugin.demo_peer:on_reply", _context=item)
+        rc.service.echo(item, _callback="wsrm_plugin.tools.demo_peer:on_reply", _context=item)
     else:
         rc.service.record(item)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m wsrm_plugin.demo_peer", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m wsrm_plugin.tools.demo_peer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="role", required=True)
     for role in ("server", "client"):
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     # Run as the importable module, not as __main__: the reply callback is found by its import path
-    # ("wsrm_plugin.demo_peer:on_reply") and must see the records this process configured.
-    from wsrm_plugin.demo_peer import main as _main
+    # ("wsrm_plugin.tools.demo_peer:on_reply") and must see the records this process configured.
+    from wsrm_plugin.tools.demo_peer import main as _main
 
     _main()

@@ -1,6 +1,6 @@
 """A process that runs bank transfers and dies (SIGKILL) where it is told to.
 
-The crash tests and the demo start it as ``python -m txmanager.crashworker`` and
+The crash tests and the demo start it as ``python -m wsrm_plugin.tools.crashworker`` and
 then recover in a fresh process.  Dying by SIGKILL, rather than by an exception,
 is the point: no ``finally``, no atexit, no flush, exactly like a power cut of
 the application (the kernel still has what was written, which is why the log
@@ -24,9 +24,9 @@ import signal
 import sys
 import threading
 
-from .bank import random_transfers
-from .manager import TransactionManager
-from .postgres import XADataSource
+from wsrm_plugin.tools.bank import random_transfers
+from txmanager.manager import TransactionManager
+from txmanager.postgres import XADataSource
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class _Killer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m txmanager.crashworker", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m wsrm_plugin.tools.crashworker", description=__doc__)
     p.add_argument("--dsn-a", required=True)
     p.add_argument("--dsn-b", required=True)
     p.add_argument("--log", required=True, help="recovery log path")
