@@ -359,8 +359,8 @@ class Destination:
         for_sequence(log, identifier).warning("sequence ended: no activity (received %s)", received_ranges(seq))
         return True
 
-    def source_owner(self, identifier: str) -> str | None:
-        """The principal a source sequence of ours serves (None: no one in particular).
+    def source_owner(self, identifier: str) -> tuple[bool, str | None]:
+        """(is it a source sequence of ours, the principal it serves -- None: no one in particular).
 
         A reply sequence accepted from an Offer belongs to the principal of the
         destination sequence it was offered with; sequences this engine opened
@@ -368,7 +368,7 @@ class Destination:
         """
         with self._peers_lock:
             if identifier in self._owners:
-                return self._owners[identifier]
+                return True, self._owners[identifier]
         with self.store.begin() as tx:  # RMS alone: the RMD is read in its own transaction (lock order)
             found = tx.rms.get_by_sequence_id(identifier)
         key = found.key if found is not None else None
@@ -382,7 +382,7 @@ class Destination:
                 self._owners[identifier] = owner
                 while len(self._owners) > _REMEMBERED_OWNERS:
                     self._owners.popitem(last=False)
-        return owner
+        return key is not None, owner
 
     def forget(self, identifier: str) -> None:
         with self._peers_lock:

@@ -174,7 +174,8 @@ class Inbound:
             # a fault with a Sequence header is a reliable reply (a service's fault): delivered below
             fault = message.fault
             if isinstance(fault, WSRMFault) and fault.identifier:
-                self._check_owner(fault.identifier, fault.version or self.policy.rm_version, principal)
+                self._check_owner(fault.identifier, fault.version or self.policy.rm_version, principal,
+                                  known=True)
             self._on_received_fault(fault)
             return Reply.accepted()
 
@@ -258,7 +259,8 @@ class Inbound:
         envelope = build_envelope(soap, [*addressing.to_elements(wsa, soap=soap), *answer_headers], element)
         return Reply.envelope(to_bytes(envelope), soap, action)
 
-    def _check_owner(self, identifier: str, version: RMVersion, principal: str | None) -> None:
+    def _check_owner(self, identifier: str, version: RMVersion, principal: str | None, *,
+                     known: bool = False) -> None:
         """Refuse a message about one of our source sequences from anyone but the peer it serves.
 
         Application messages, AckRequested, Close and Terminate name destination
@@ -266,9 +268,12 @@ class Inbound:
         the same check for what names a source sequence -- acknowledgements, WS-RM
         faults, Close/TerminateSequenceResponse: the reply sequence offered with a
         destination sequence belongs to that sequence's principal.  A stranger gets
-        UnknownSequence, as for a sequence that does not exist: it learns nothing.
+        UnknownSequence, as for a sequence that does not exist (``known``: that is
+        refused too, here; elsewhere the Source does it): it learns nothing.
         """
-        owner = self.destination.source_owner(identifier)
+        exists, owner = self.destination.source_owner(identifier)
+        if known and not exists:
+            raise UnknownSequence(identifier, version=version)
         if owner is not None and owner != principal:
             log.warning("refused a message about source sequence %s from %r: it belongs to %r",
                         identifier, principal, owner)
@@ -305,6 +310,8 @@ class Inbound:
                 else:
                     self.source.on_terminated(key)
                 return
+            # a response about a sequence we do not have (or do not have for this peer): say so
+            raise UnknownSequence(body.identifier, version=version)
         log.info("unmatched %s (relates to %s) ignored", type(body).__name__, addressing.relates_to)
 
     def _on_received_fault(self, fault: SoapFault) -> None:
