@@ -14,7 +14,7 @@ from tests.spyne_server.conftest import Envelopes
 from wsrm_plugin.engine import BasicAuth, HttpServer, HttpTransport, ReliableEngine
 from wsrm_plugin.engine.envelopes import prepare_outgoing, protocol_message, stamp
 from wsrm_plugin.wire import (
-    RM11, SOAP11, WSA_2005_08, AckRequested, AddressingHeaders, CloseSequence, CloseSequenceResponse,
+    RM11, SOAP11, SOAP12, WSA_2005_08, AckRequested, AddressingHeaders, CloseSequence, CloseSequenceResponse,
     SequenceAcknowledgement, SequenceHeader, SequenceTerminated, TerminateSequence, TerminateSequenceResponse,
     fault_envelope, new_message_id, parse_envelope, to_bytes,
 )
@@ -176,3 +176,53 @@ def test_a_stranger_cannot_acknowledge_close_terminate_or_fault_anothers_sequenc
         assert [b"re:a1" in r for r in replies] == [True, False] and b"re:a2" in replies[1]
     finally:
         alice.stop(timeout=5)
+
+
+def test_make_connection_hands_a_peers_parked_replies_to_that_peer_only():
+    """WS-MakeConnection (issue 10, item 4): bob polling alice's WS-MC address gets nothing (202, as
+    when nothing waits) and takes nothing; alice's own poll gets her reply."""
+    from tests.engine.support import item_text, payload
+    from wsrm_plugin.makeconnection import Mailbox, mc_address_for
+    from wsrm_plugin.wire import MakeConnection
+    from wsrm_plugin.wire.namespaces import MAKE_CONNECTION_ACTION, mc_anonymous_id
+
+    def echo(envelope: bytes, context) -> None:
+        context.reply(payload("re:" + item_text(envelope)), action="urn:wsrm-engine-test:reply")
+
+    mailbox = Mailbox()
+    server = ReliableEngine("memory:", fast_policy(soap_version="1.2"), application=echo, name="mc-server",
+                            transport=mailbox.transport(HttpTransport(timeout=5.0)))
+    mailbox.owner_of = server.destination.owner_of
+    server.serve(middleware=lambda app: BasicAuth(mailbox.middleware(app), USERS))
+    server.start()
+    address = mc_address_for("alice")
+    alice = ReliableEngine("memory:", fast_policy(soap_version="1.2"), name="alice", endpoint_address=address,
+                           transport=HttpTransport(timeout=10, auth=("alice", USERS["alice"])))
+    alice.start()
+    try:
+        url = server.endpoint_address
+        alice.send(url, payload("a1"), action="urn:wsrm-engine-test:deliver", expect_reply=True)
+        mc_id = mc_anonymous_id(address)
+        assert wait_for(lambda: mailbox.pending(mc_id) >= 1)
+
+        def poll(user: str) -> tuple[int, bytes]:
+            message = protocol_message(SOAP12, WSA_2005_08, to=url, action=MAKE_CONNECTION_ACTION,
+                                       body=MakeConnection(address).to_xml())
+            parts = urlsplit(url)
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+            token = base64.b64encode(f"{user}:{USERS[user]}".encode()).decode()
+            try:
+                conn.request("POST", parts.path or "/", body=message, headers={
+                    "Content-Type": "application/soap+xml; charset=utf-8", "Authorization": f"Basic {token}"})
+                response = conn.getresponse()
+                return response.status, response.read()
+            finally:
+                conn.close()
+
+        assert poll("bob") == (202, b"")
+        assert mailbox.pending(mc_id) >= 1  # still there for alice
+        status, body = poll("alice")
+        assert status == 200 and b"re:a1" in body
+    finally:
+        alice.stop(timeout=5)
+        server.stop(timeout=5)

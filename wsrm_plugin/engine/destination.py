@@ -384,6 +384,16 @@ class Destination:
                     self._owners.popitem(last=False)
         return key is not None, owner
 
+    def owner_of(self, identifier: str) -> str | None:
+        """The principal any sequence of ours belongs to: a destination sequence's creator, or the
+        peer a source sequence serves (see :meth:`source_owner`); None when no one in particular."""
+        exists, owner = self.source_owner(identifier)
+        if exists:
+            return owner
+        with self.store.begin() as tx:
+            seq = tx.rmd.get(identifier)
+        return seq.principal if seq is not None else None
+
     def forget(self, identifier: str) -> None:
         with self._peers_lock:
             self._peers.pop(identifier, None)
