@@ -186,3 +186,35 @@ def test_a_server_process_stays_within_its_budget(tmp_path: Path):
         assert delivered() == [f"m{n}" for n in range(1, last + 1)]  # exactly once, in order
     finally:
         peer.stop()
+
+
+def test_one_authenticated_peer_at_its_budget_does_not_block_another(engines):
+    """Per-peer budgets by principal: alice's backlog is refused at her budget while bob's is taken."""
+    import base64
+
+    from wsrm_plugin.engine import BasicAuth
+
+    users = {"alice": "a-pw", "bob": "b-pw"}
+    received = Recorder()
+    size = len(_big("http://127.0.0.1:1/", "urn:uuid:" + "0" * 36, 10))
+    policy = fast_policy(max_message_size=2 * MIB, max_held_bytes_per_sequence=64 * MIB,
+                         max_held_bytes_per_peer=2 * size + size // 2, max_held_bytes=64 * MIB)
+    server = engines("memory:", policy, serve=True, middleware=lambda app: BasicAuth(app, users),
+                     application=received)
+    url = server.endpoint_address
+
+    def auth(user: str) -> dict[str, str]:
+        token = base64.b64encode(f"{user}:{users[user]}".encode()).decode()
+        return {"headers": {"Authorization": f"Basic {token}"}}
+
+    alice = [open_sequence(url, RM11, **auth("alice")) for _ in range(2)]
+    bob = open_sequence(url, RM11, **auth("bob"))
+    assert post(url, _big(url, alice[0], 2, "a"), **auth("alice")).status == 200
+    assert post(url, _big(url, alice[1], 2, "c"), **auth("alice")).status == 200
+    refused = post(url, _big(url, alice[1], 3, "c"), **auth("alice"))  # alice: 2 held over her 2 sequences
+    _refused(refused)
+    assert "user:alice holds" in refused.fault().reason
+    for number in (2, 3):  # bob is not held back by alice's backlog
+        assert post(url, _big(url, bob, number, "b"), **auth("bob")).status == 200
+    assert send_ok(url, RM11, bob, 1, "b1:", **auth("bob")) == [(1, 3)]
+    assert wait_for(lambda: _names(received.snapshot()) == ["b1", "b2", "b3"])
