@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.support import (
-    ACTION, RM10, RM11, SOAP11, SOAP12, Recorder, application_message, create_sequence, post, wait_for,
+    RM10, RM11, SOAP11, SOAP12, Recorder, application_message, create_sequence, post, wait_for,
 )
 from tests.spyne_server.conftest import Envelopes
 from wsrm_plugin.engine import ReliableEngine
