@@ -84,6 +84,8 @@ def response_of(reply: Reply, max_size: int) -> Response:
     """The chain :class:`Response` for an engine :class:`Reply` (its body parsed safely)."""
     envelope = parse_xml(reply.body, max_size=max(max_size, len(reply.body))) if reply.body else None
     headers = {"Content-Type": reply.content_type} if reply.content_type and envelope is not None else {}
+    if reply.retry_after is not None:
+        headers["Retry-After"] = str(reply.retry_after)
     return Response(reply.status, envelope, headers)
 
 

@@ -24,13 +24,14 @@ from ..store import LockTimeoutError, StoreError
 from ..wire import (
     AckRequested, AddressingHeaders, CloseSequence, CloseSequenceResponse, CreateSequence,
     CreateSequenceResponse, Envelope, RMVersion, SequenceAcknowledgement, SequenceHeader, SoapFault,
-    SoapVersion, TerminateSequence, TerminateSequenceResponse, WSRMFault, WSRMRequired, new_message_id,
+    SoapVersion, TerminateSequence, TerminateSequenceResponse, UnknownSequence, WSRMFault, WSRMRequired,
+    new_message_id,
     parse_envelope, parse_rm_element, to_bytes,
 )
 from ..wire.soap import build_envelope
 from .backchannel import BackChannel, Outcome
 from .destination import Destination
-from .faults import busy_fault
+from .faults import UnsupportedMediaType, busy_fault
 from .policy import RMPolicy
 from .source import Source, is_back_channel
 from .transport import Reply, soap_version_for_content_type
@@ -124,6 +125,15 @@ class Inbound:
             if isinstance(fault, WSRMFault) and fault.version is None:
                 fault.version = self.policy.rm_version
             return Reply.fault(fault, soap_version_for_content_type(content_type))
+        if content_type is not None and soap_version_for_content_type(content_type) is not message.soap:
+            # SOAP 1.2's HTTP binding: the media type names the version.  A mismatch is refused
+            # before anything is recorded (else the message is acknowledged, then fails delivery).
+            self.faults_sent += 1
+            fault = UnsupportedMediaType(
+                f"a SOAP {message.soap.name} envelope was sent as {content_type.split(';')[0].strip()!r}; "
+                f"SOAP {message.soap.name} is sent as {message.soap.content_type!r}")
+            log.info("refused a request from %s: %s", remote_addr, fault)
+            return Reply.fault(fault, message.soap)
         try:
             return self._dispatch(message, principal, remote_addr)
         except SoapFault as fault:
@@ -131,11 +141,13 @@ class Inbound:
             return self._fault_reply(fault, message)
         except LockTimeoutError as exc:
             log.warning("store busy, asking the peer to retry: %s", exc)
-            return self._fault_reply(busy_fault("the destination is busy; retransmit later"), message, status=503)
-        except StoreError:
-            log.exception("store error while handling a request")
-            return self._fault_reply(busy_fault("the destination could not store the message; retransmit later"),
-                                     message, status=503)
+            return self._fault_reply(busy_fault("the destination is busy; retransmit later", 1), message)
+        except StoreError as exc:
+            # disk full, database down...: nothing was recorded, so the peer must send it again
+            log.warning("the store cannot take the message now, asking the peer to retry in %ds: %s",
+                        self.policy.retry_after, exc)
+            return self._fault_reply(busy_fault("the destination could not store the message; retransmit later",
+                                                self.policy.retry_after), message)
         except Exception:  # noqa: BLE001 -- a bug must still answer with a fault, not a broken response
             log.exception("unexpected error while handling message %s", message.addressing.message_id)
             return self._fault_reply(SoapFault("internal error in the WS-RM destination", code="Receiver"),
@@ -151,6 +163,7 @@ class Inbound:
         standalone = message.sequence is None and message.body is None and not message.ack_requests
         for ack, version in message.acks:
             try:
+                self._check_owner(ack.identifier, version, principal)
                 self.source.on_ack(ack, version)
             except SoapFault as fault:
                 if standalone:
@@ -159,7 +172,11 @@ class Inbound:
 
         if message.fault is not None and message.sequence is None:
             # a fault with a Sequence header is a reliable reply (a service's fault): delivered below
-            self._on_received_fault(message.fault)
+            fault = message.fault
+            if isinstance(fault, WSRMFault) and fault.identifier:
+                self._check_owner(fault.identifier, fault.version or self.policy.rm_version, principal,
+                                  known=True)
+            self._on_received_fault(fault)
             return Reply.accepted()
 
         acked: set[str] = set()
@@ -186,6 +203,8 @@ class Inbound:
                     answer_body = (TerminateSequenceResponse(body.identifier).to_xml(version),
                                    version.action("TerminateSequenceResponse"))
             elif isinstance(body, (CreateSequenceResponse, CloseSequenceResponse, TerminateSequenceResponse)):
+                if not isinstance(body, CreateSequenceResponse):
+                    self._check_owner(body.identifier, version, principal)
                 self._on_decoupled_response(body, version, message.addressing)
                 return Reply.accepted()
 
@@ -240,6 +259,26 @@ class Inbound:
         envelope = build_envelope(soap, [*addressing.to_elements(wsa, soap=soap), *answer_headers], element)
         return Reply.envelope(to_bytes(envelope), soap, action)
 
+    def _check_owner(self, identifier: str, version: RMVersion, principal: str | None, *,
+                     known: bool = False) -> None:
+        """Refuse a message about one of our source sequences from anyone but the peer it serves.
+
+        Application messages, AckRequested, Close and Terminate name destination
+        sequences and are checked there (:meth:`Destination._sequence`).  This is
+        the same check for what names a source sequence -- acknowledgements, WS-RM
+        faults, Close/TerminateSequenceResponse: the reply sequence offered with a
+        destination sequence belongs to that sequence's principal.  A stranger gets
+        UnknownSequence, as for a sequence that does not exist (``known``: that is
+        refused too, here; elsewhere the Source does it): it learns nothing.
+        """
+        exists, owner = self.destination.source_owner(identifier)
+        if known and not exists:
+            raise UnknownSequence(identifier, version=version)
+        if owner is not None and owner != principal:
+            log.warning("refused a message about source sequence %s from %r: it belongs to %r",
+                        identifier, principal, owner)
+            raise UnknownSequence(identifier, version=version)
+
     def _fault_reply(self, fault: SoapFault, message: Message, status: int | None = None) -> Reply:
         if isinstance(fault, WSRMFault) and fault.version is None:
             fault.version = message.rm_version or self.policy.rm_version
@@ -251,7 +290,7 @@ class Inbound:
         log.info("answering %s from message %s", fault, message.addressing.message_id)
         reply = Reply.fault(fault, message.soap, headers)
         if status is not None:
-            return Reply(status, reply.body, reply.content_type)
+            return Reply(status, reply.body, reply.content_type, reply.retry_after)
         return reply
 
     def _on_decoupled_response(self, body: object, version: RMVersion, addressing: AddressingHeaders) -> None:
@@ -271,6 +310,8 @@ class Inbound:
                 else:
                     self.source.on_terminated(key)
                 return
+            # a response about a sequence we do not have (or do not have for this peer): say so
+            raise UnknownSequence(body.identifier, version=version)
         log.info("unmatched %s (relates to %s) ignored", type(body).__name__, addressing.relates_to)
 
     def _on_received_fault(self, fault: SoapFault) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store import BufferedMessage, StorageManager, StoreTransaction
+from ..store import BufferedMessage, StorageManager, StoreTransaction, StoreUnavailableError
 from ..wire import RM10, AddressingHeaders, SoapFault, SoapVersion, fault_envelope, to_bytes
 from .envelopes import read_trusted
 from .logs import for_sequence
@@ -112,6 +112,16 @@ class ApplicationFault(Exception):
         super().__init__(reason)
         self.envelope = envelope
         self.retryable = retryable
+
+
+def _store_unavailable(exc: BaseException | None) -> bool:
+    """Was ``exc`` caused by a store that cannot write now (also when a commit wrapped it)?"""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, StoreUnavailableError):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _import_callback(path: str) -> Callable[..., Any]:
@@ -352,6 +362,12 @@ class InvokerWorker:
     def _out_of_attempts(self, msg: BufferedMessage, exc: BaseException) -> bool:
         """Count a failed attempt at ``msg``; True when it is to be given up."""
         slog = for_sequence(log, msg.sequence_id, msg.number)
+        if _store_unavailable(exc):
+            # the store, not the message, failed (disk full, database down): the message's
+            # attempts are for the application's failures, so this one is not counted
+            slog.warning("delivery rolled back, the store cannot take writes now (will retry, "
+                         "no attempt counted): %s", exc)
+            return False
         key = (msg.sequence_id, msg.number)
         with self._lock:
             attempts = self._attempts[key] = self._attempts.get(key, 0) + 1

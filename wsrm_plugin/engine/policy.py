@@ -135,6 +135,18 @@ class RMPolicy:
     #: messages waiting for a gap, or a slow application); beyond it messages are refused
     #: unacknowledged, so the source retransmits them later.
     max_unacknowledged_held: int = 10_000
+    #: Bytes of received, undelivered messages a destination may hold for one sequence, for
+    #: all the sequences of one peer, and in total (WCF bounds its buffer in messages,
+    #: ``MaxTransferWindowSize``; a broker in bytes, Artemis' ``max-size-bytes``).  A message
+    #: beyond one of them is refused unacknowledged (HTTP 503 with Retry-After, a Receiver
+    #: fault that leaves the sequence as it was), so the source retransmits it later; the
+    #: message that fills an InOrder gap is always taken (refusing it would hold the rest for ever).
+    max_held_bytes_per_sequence: int = 64 * 1024 * 1024
+    max_held_bytes_per_peer: int = 256 * 1024 * 1024
+    max_held_bytes: int = 1024 * 1024 * 1024
+    #: Seconds a refused sender is told to wait (HTTP Retry-After) when the destination is
+    #: full or its store cannot take a message now (disk full, database down).
+    retry_after: int = 5
     max_message_size: int = DEFAULT_MAX_SIZE
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -200,10 +212,16 @@ class RMPolicy:
                 raise ValueError(f"{name} must be an int >= 1 or None, not {value!r}")
         for name in ("max_open_sequences", "max_open_sequences_per_peer", "max_unacknowledged_held",
                      "max_message_size", "send_batch", "invoker_threads", "max_delivery_attempts",
-                     "delivery_batch", "send_concurrency"):
+                     "delivery_batch", "send_concurrency", "max_held_bytes_per_sequence",
+                     "max_held_bytes_per_peer", "max_held_bytes", "retry_after"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, not {value!r}")
+
+        for name in ("max_held_bytes_per_sequence", "max_held_bytes_per_peer", "max_held_bytes"):
+            if getattr(self, name) < self.max_message_size:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be >= max_message_size "
+                                 f"({self.max_message_size}): a message alone must fit")
 
     # -- derived ----------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..statemachine import RMSDuty, rms_duties
-from ..store import RmdSequence, RmsMessage, RmsSequence, StorageManager
+from ..store import RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreError
 from ..wire import (
     RM10, AckRequested, CloseSequence, CloseSequenceResponse, CreateSequence, CreateSequenceResponse,
     EndpointReference, Offer, SequenceAcknowledgement, SequenceHeader, SoapVersion, TerminateSequence,
@@ -485,6 +485,8 @@ class RetransmissionWorker:
         self.messages_sent += 1
         if 200 <= response.status < 300:  # a proxy's 503 does not reach the destination's timer
             self._exchanged_with(seq.key)
+        elif response.status == 503:
+            self._retry_after(seq, msg, response)
         if msg.send_count:
             slog.debug("retransmitted (attempt %d): HTTP %d", msg.send_count + 1, response.status)
         content = self.inbound.read_response(response.body, store_key=seq.key) if response.body else None
@@ -496,6 +498,26 @@ class RetransmissionWorker:
         if item.piggyback and 200 <= response.status < 300:
             for rmd in item.piggyback:
                 self.destination.ack_delivered(rmd)
+
+    def _retry_after(self, seq: RmsSequence, msg: Any, response: Any) -> None:
+        """A 503 (the destination is full or its store failing): the message stays unacknowledged
+        and goes again on its backoff, or after the peer's Retry-After (seconds) when that is
+        later -- capped by ``max_retransmission_interval``, so a peer cannot park it for ever."""
+        headers = {k.lower(): v for k, v in (getattr(response, "headers", None) or {}).items()}
+        try:
+            wait = float(headers.get("retry-after", ""))
+        except ValueError:
+            return  # absent, or an HTTP-date: the backoff alone decides
+        wait = min(max(wait, 0.0), self.policy.max_retransmission_interval)
+        if not self.policy.retransmits or wait <= self.policy.retry_delay(msg.send_count + 1):
+            return
+        try:
+            with self.store.begin() as tx:
+                tx.rms_messages.make_due(seq.key, [msg.number], at=time.time() + wait)
+        except StoreError as exc:  # only a later retransmission is lost: the backoff still applies
+            log.info("Retry-After not recorded: %s", exc)
+            return
+        for_sequence(log, seq.sequence_id, msg.number).info("peer busy (HTTP 503): next attempt in %.1fs", wait)
 
     def _reply_on_back_channel(self, seq: RmsSequence, data: bytes) -> None:
         """A reply came in the HTTP response (we offered with an anonymous endpoint).

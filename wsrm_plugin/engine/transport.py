@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from ..wire import SOAP11, SOAP12, MessageTooLargeError, SoapFault, SoapVersion, fault_envelope, to_bytes
+from .faults import BusyFault, UnsupportedMediaType
 
 __all__ = [
     "Response", "Reply", "Transport", "TransportError", "HttpTransport", "RMEndpoint",
@@ -185,6 +186,8 @@ class Reply:
     status: int = 202
     body: bytes = b""
     content_type: str | None = None
+    #: Seconds for an HTTP ``Retry-After`` header (a 503: the peer should retransmit later).
+    retry_after: int | None = None
 
     @classmethod
     def accepted(cls) -> Reply:
@@ -197,13 +200,24 @@ class Reply:
     @classmethod
     def fault(cls, fault: SoapFault, soap: SoapVersion, headers: Iterable[Any] = ()) -> Reply:
         body = to_bytes(fault_envelope(fault, soap, headers))
-        return cls(http_status_for(fault, soap), body, soap.http_headers()["Content-Type"])
+        return cls(http_status_for(fault, soap), body, soap.http_headers()["Content-Type"],
+                   retry_after=getattr(fault, "retry_after", None))
 
 
 def http_status_for(fault: SoapFault, soap: SoapVersion) -> int:
-    """The SOAP HTTP binding's status: 1.1 always 500; 1.2 400 for Sender faults, else 500."""
+    """The HTTP status of a fault: the same for the engine's endpoint and the spyne front end.
+
+    413 for a body over the size limit, 503 (with Retry-After) when the
+    destination cannot take a message now, 415 when the Content-Type names
+    another SOAP version than the envelope's; otherwise the SOAP HTTP
+    binding's: 1.1 always 500; 1.2 400 for Sender faults, else 500.
+    """
     if isinstance(fault, MessageTooLargeError):
         return 413
+    if isinstance(fault, BusyFault):
+        return 503
+    if isinstance(fault, UnsupportedMediaType):
+        return 415
     if soap is SOAP12 and fault.code in ("Sender", "VersionMismatch", "MustUnderstand"):
         return 400 if fault.code == "Sender" else 500
     return 500
@@ -270,7 +284,7 @@ def _read_exactly(stream: Any, length: int) -> bytes:
 
 
 _REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 403: "Forbidden", 413: "Payload Too Large",
-            500: "Internal Server Error", 503: "Service Unavailable"}
+            415: "Unsupported Media Type", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 def _respond(start_response: Callable[..., Any], reply: Reply) -> list[bytes]:
@@ -278,6 +292,8 @@ def _respond(start_response: Callable[..., Any], reply: Reply) -> list[bytes]:
     headers = [("Content-Length", str(len(reply.body)))]
     if reply.content_type:
         headers.append(("Content-Type", reply.content_type))
+    if reply.retry_after is not None:
+        headers.append(("Retry-After", str(reply.retry_after)))
     start_response(status, headers)
     return [reply.body]
 

@@ -26,8 +26,8 @@ from .api import (
     BufferedMessage, DuplicateSequenceError, InDoubtBranchesError, InvalidAcknowledgementError,
     InvokerSequence, LockOrderError, LockTimeoutError, MessageNumberRolloverError, RmdSequence,
     RmsMessage, RmsSequence, SchemaVersionError, SequenceNotOpenError, StorageManager,
-    StoreClosedError, StoreError, StoreStatus, StoreTransaction, TransactionClosedError,
-    UnknownMessageError, UnknownSequenceError,
+    StoreClosedError, StoreError, StoreStatus, StoreTransaction, StoreUnavailableError,
+    TransactionClosedError, UnknownMessageError, UnknownSequenceError,
 )
 
 __all__ = [
@@ -36,7 +36,7 @@ __all__ = [
     "StoreError", "DuplicateSequenceError", "UnknownSequenceError", "UnknownMessageError",
     "InvalidAcknowledgementError", "MessageNumberRolloverError", "SequenceNotOpenError",
     "LockOrderError", "LockTimeoutError", "InDoubtBranchesError", "TransactionClosedError",
-    "StoreClosedError", "SchemaVersionError",
+    "StoreClosedError", "SchemaVersionError", "StoreUnavailableError",
 ]
 
 _OPTIONS = {"lock_timeout": float, "pool_size": int}

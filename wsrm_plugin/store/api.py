@@ -149,6 +149,16 @@ class LockTimeoutError(StoreError):
     """
 
 
+class StoreUnavailableError(StoreError):
+    """The store cannot take writes now: its disk is full, its database is down or unreachable.
+
+    Nothing was changed (the transaction rolled back).  Not the caller's
+    fault and not the message's: a destination answers "retry later" (HTTP
+    503) and an invoker tries the delivery again without counting it as a
+    failed attempt of the message.
+    """
+
+
 class InDoubtBranchesError(LockTimeoutError):
     """Prepared XA branches hold the store; recovery must commit or roll them back first."""
 
@@ -815,6 +825,16 @@ class InvokerBufferManager(_Manager, ABC):
         the very backlog it is there to bound.
         """
         return self.count(sequence_id)
+
+    @abstractmethod
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of the messages buffered, by sequence (sequences with none are left out; no lock).
+
+        The destination's byte budgets ask this on every new message: a count
+        limit alone lets a peer park gigabytes behind a gap.  The stores sum
+        the payload lengths the database already keeps (SQLite and PostgreSQL
+        read a blob's length without reading the blob), so no schema change.
+        """
 
     @abstractmethod
     def discard(self, sequence_id: str) -> int:

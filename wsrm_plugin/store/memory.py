@@ -571,6 +571,12 @@ class _Invoker(api.InvokerBufferManager):
     def count(self, sequence_id: str | None = None) -> int:
         return sum(1 for (s, _) in self._tx._scan(_BUF) if sequence_id in (None, s))
 
+    def held_bytes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (sequence_id, _), msg in self._tx._scan(_BUF).items():
+            out[sequence_id] = out.get(sequence_id, 0) + len(msg.payload)
+        return out
+
     def discard(self, sequence_id: str) -> int:
         tx = self._tx
         tx._lock(RANK_INVOKER, sequence_id)

@@ -29,7 +29,7 @@ from txmanager.postgres import PostgresXAResource, default_resource_name
 from txmanager.xid import Xid
 
 from . import api
-from .api import LockTimeoutError, StoreClosedError
+from .api import LockTimeoutError, StoreClosedError, StoreUnavailableError
 from .sql import POSTGRES, SqlTransaction, migrate
 
 __all__ = ["PostgresStore"]
@@ -44,6 +44,13 @@ _LOCK_ERRORS = {
     "40P01": "PostgreSQL detected a deadlock",
     "40001": "a serialization failure",
 }
+
+
+#: SQLSTATE classes and codes that say the server cannot work now, whatever the statement:
+#: 08 connection exception, 53 insufficient resources (53100 disk full), 57P01-57P03 shutdown
+#: or cannot connect now, 58 system error (I/O).
+_UNAVAILABLE_CLASSES = {"08", "53", "58"}
+_UNAVAILABLE_CODES = {"57P01", "57P02", "57P03"}
 
 
 class PostgresStore(api.StorageManager):
@@ -137,8 +144,11 @@ class PostgresStore(api.StorageManager):
         resource = self._acquire()
         try:
             tx = SqlTransaction(self, resource.connection, POSTGRES)
-        except psycopg2.Error:
+        except psycopg2.Error as exc:
             self._release(resource)
+            translated = self._translate(exc)
+            if translated is not None:
+                raise translated from exc
             raise
         tx._resource = resource  # type: ignore[attr-defined]
         return tx
@@ -194,7 +204,13 @@ class PostgresStore(api.StorageManager):
             self._release(tx._resource)  # type: ignore[attr-defined]
 
     def _translate(self, exc: BaseException) -> Exception | None:
-        why = _LOCK_ERRORS.get(getattr(exc, "pgcode", None) or "")
+        code = getattr(exc, "pgcode", None) or ""
+        if code[:2] in _UNAVAILABLE_CLASSES or code in _UNAVAILABLE_CODES or \
+                (isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and not code):
+            # no code: the connection itself failed (server down, restarted, network)
+            return StoreUnavailableError(f"{self.url} cannot take writes now ({' '.join(str(exc).split())}); "
+                                         "the transaction is rolled back, retry it later")
+        why = _LOCK_ERRORS.get(code)
         if why is None:
             return None
         return LockTimeoutError(

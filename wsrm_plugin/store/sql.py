@@ -1089,6 +1089,10 @@ class _Invoker(api.InvokerBufferManager):
                                (sequence_id,))
         return int(row[0])
 
+    def held_bytes(self) -> dict[str, int]:
+        rows = self._tx.all("SELECT sequence_id, SUM(LENGTH(payload)) FROM invoker_message GROUP BY sequence_id")
+        return {row[0]: int(row[1]) for row in rows if row[1]}
+
     def discard(self, sequence_id: str) -> int:
         self._lock_sequence(sequence_id)
         tx = self._tx

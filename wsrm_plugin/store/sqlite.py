@@ -65,7 +65,7 @@ from txmanager.xa import (
 from txmanager.xid import Xid
 
 from . import api
-from .api import InDoubtBranchesError, LockTimeoutError, StoreClosedError
+from .api import InDoubtBranchesError, LockTimeoutError, StoreClosedError, StoreUnavailableError
 from .branches import BranchResource
 from .sql import (
     LATEST_VERSION, SQLITE, SqlTransaction, apply_undo, decode_undo, encode_undo, migrate,
@@ -74,6 +74,17 @@ from .sql import (
 __all__ = ["SqliteStore", "SqliteXAResource"]
 
 log = logging.getLogger(__name__)
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """SQLite (or the OS under it) says the disk is full or failing: not the statement's fault."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    text = str(exc).lower()
+    return "disk is full" in text or "disk i/o error" in text or "readonly database" in text \
+        or "unable to open database" in text
 
 
 class _FileGate:
@@ -234,12 +245,14 @@ class SqliteStore(api.StorageManager):
                 if not in_doubt:
                     return SqlTransaction(self, conn, SQLITE, capture_undo=capture_undo)
                 conn.execute("ROLLBACK")
-            except BaseException:
+            except BaseException as exc:
                 if conn is not None:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     self._give(conn)
                 self._gate.release()
+                if _unavailable(exc):
+                    raise StoreUnavailableError(f"store {self.path} cannot take writes now: {exc}") from exc
                 raise
             self._give(conn)
             self._gate.release()
@@ -259,9 +272,11 @@ class SqliteStore(api.StorageManager):
             if commit:
                 try:
                     conn.execute("COMMIT")
-                except sqlite3.Error:
+                except sqlite3.Error as exc:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
+                    if _unavailable(exc):
+                        raise StoreUnavailableError(f"store {self.path} cannot take writes now: {exc}") from exc
                     raise
             elif conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -273,6 +288,8 @@ class SqliteStore(api.StorageManager):
     def _translate(exc: BaseException) -> Exception | None:
         if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
             return LockTimeoutError(f"SQLite reports the store busy: {exc}")
+        if _unavailable(exc):
+            return StoreUnavailableError(f"the SQLite store cannot take writes now: {exc}")
         return None
 
     # -- reading without the lock (status, recover) ---------------------------------------
