@@ -22,6 +22,7 @@ logs and retransmits after.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +52,8 @@ class ZeepSessionTransport:
         self.client = client
         self.timeout = timeout
         self.max_response_size = max_response_size
+        self._lock = threading.Lock()
+        self._tls_failing: set[str] = set()
 
     def _zeep_transport(self) -> Any:
         transport = self.client.transport
@@ -65,9 +68,20 @@ class ZeepSessionTransport:
         zeep_transport = self._zeep_transport()
         timeout = getattr(zeep_transport, "operation_timeout", None) or self.timeout
         try:
-            response = zeep_transport.session.post(address, data=envelope, headers=dict(headers),
-                                                   timeout=timeout, stream=True)
+            session = zeep_transport.session
+            # verify passed explicitly: requests lets REQUESTS_CA_BUNDLE override a session's
+            # own verify (psf/requests#3829); the session's choice is the user's.
+            response = session.post(address, data=envelope, headers=dict(headers), timeout=timeout,
+                                    stream=True, verify=session.verify)
         except requests.exceptions.SSLError as exc:
+            # Not a lost packet: retransmitting will not fix a certificate the session refuses,
+            # so say so loudly (once per peer until a send succeeds; the engine keeps retrying).
+            with self._lock:
+                first = address not in self._tls_failing
+                self._tls_failing.add(address)
+            (log.warning if first else log.debug)(
+                "TLS to %s failed: %s; reliable messages to it wait in the store, retried, "
+                "until the zeep session's verify/cert settings accept the peer", address, exc)
             raise TransportError(f"POST {address} failed: TLS: {exc} (the zeep session's verify/cert "
                                  "settings are used for every reliable message)") from exc
         except requests.exceptions.ProxyError as exc:
@@ -79,6 +93,9 @@ class ZeepSessionTransport:
         except BaseException:
             response.close()
             raise
+        if self._tls_failing:
+            with self._lock:
+                self._tls_failing.discard(address)
         return Response(response.status_code, body, dict(response.headers))
 
     def _read(self, response: requests.Response, address: str) -> bytes:
