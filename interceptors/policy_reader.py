@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 from lxml import etree
 
@@ -92,13 +93,14 @@ class PublishedRMPolicy:
         (given to the constructor or to :meth:`RMPolicy.replace`).
         """
         explicit = policy.explicit_fields
-        changes: dict[str, object] = {}
+        changes: dict[str, Any] = {}
         if "rm_version" not in explicit and policy.rm_version is not self.rm_version:
             changes["rm_version"] = self.rm_version
         if "delivery" not in explicit and (self.delivery is not None or self.in_order is not None):
-            base = self.delivery if self.delivery is not None else policy.delivery & DeliveryAssurance.EXACTLY_ONCE
+            assurance = (self.delivery if self.delivery is not None
+                         else policy.delivery & DeliveryAssurance.EXACTLY_ONCE)
             in_order = self.in_order if self.in_order is not None else policy.in_order
-            changes["delivery"] = base | DeliveryAssurance.IN_ORDER if in_order else base
+            changes["delivery"] = assurance | DeliveryAssurance.IN_ORDER if in_order else assurance
         for name in ("inactivity_timeout", "base_retransmission_interval", "exponential_backoff",
                      "acknowledgement_interval"):
             value = getattr(self, name)
@@ -164,8 +166,8 @@ def _attached(subject: etree._Element, policies: dict[str, etree._Element]) -> I
             continue
         if qname.localname == "Policy":
             yield child
-        elif qname.localname == "PolicyReference" and child.get("URI"):
-            policy = _resolve(child.get("URI"), policies)
+        elif qname.localname == "PolicyReference" and (reference := child.get("URI")):
+            policy = _resolve(reference, policies)
             if policy is not None:
                 yield policy
 
@@ -177,12 +179,12 @@ def _expand(policy: etree._Element, policies: dict[str, etree._Element], depth: 
             continue
         yield element
         qname = etree.QName(element)
-        if qname.namespace in WSP_NAMESPACES and qname.localname == "PolicyReference" and element.get("URI"):
+        uri = element.get("URI")
+        if qname.namespace in WSP_NAMESPACES and qname.localname == "PolicyReference" and uri:
             if depth >= _MAX_DEPTH:
-                log.warning("WS-Policy references nested deeper than %d; %s not followed",
-                            _MAX_DEPTH, element.get("URI"))
+                log.warning("WS-Policy references nested deeper than %d; %s not followed", _MAX_DEPTH, uri)
                 continue
-            target = _resolve(element.get("URI"), policies)
+            target = _resolve(uri, policies)
             if target is not None:
                 yield from _expand(target, policies, depth + 1)
 
@@ -228,7 +230,7 @@ def _read_assertion(assertion: etree._Element, alternative: Iterable[etree._Elem
 def _binding_subjects(definitions: etree._Element, binding: etree.QName | str | None) -> list[etree._Element]:
     """The binding element (and the ports using it) whose attached policies apply."""
     tns = definitions.get("targetNamespace")
-    qname = etree.QName(binding) if binding is not None else None
+    qname = etree.QName(binding) if binding is not None else None  # type: ignore[arg-type]
     subjects: list[etree._Element] = []
     names: set[str] = set()
     for element in definitions.findall(f"{{{WSDL_NS}}}binding"):

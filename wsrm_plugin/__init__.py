@@ -45,7 +45,13 @@ _EXPORTS: dict[str, str] = {
     "StorageManager": "wsrm_plugin.store",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "__version__",
+    "reliable_service", "ReliableService", "delivery_context",
+    "reliable_client", "ReliableClient", "ReliableReply", "ReplyNotDelivered", "ZeepSessionTransport",
+    "RMPolicy", "DeliveryAssurance", "AckRequestMode", "ReliableEngine", "SendReceipt", "SequenceFault",
+    "DeliveryContext", "FailedDelivery", "PublishedRMPolicy", "read_rm_policy", "open_store", "StorageManager",
+]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on demand
     from interceptors.policy_reader import PublishedRMPolicy, read_rm_policy

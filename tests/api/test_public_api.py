@@ -35,6 +35,10 @@ def test_both_sides_and_the_knobs_come_from_one_place():
     assert RMPolicy().delivery == DeliveryAssurance.EXACTLY_ONCE | DeliveryAssurance.IN_ORDER
 
 
+def test_all_names_exactly_the_lazy_exports():
+    assert sorted(wsrm_plugin.__all__) == sorted(["__version__", *wsrm_plugin._EXPORTS])
+
+
 def test_dir_and_all_list_the_public_names():
     for name in ("reliable_service", "reliable_client", "RMPolicy", "DeliveryAssurance", "__version__"):
         assert name in wsrm_plugin.__all__

@@ -38,7 +38,7 @@ def test_the_documented_defaults_are_the_real_ones():
 
 def test_every_row_says_what_the_knob_does_and_names_cxf_and_wcf():
     for name, (_, cells) in rows().items():
-        what, wsdl, cxf, wcf = cells
+        what, _wsdl, cxf, wcf = cells
         assert len(what) > 15, name
         assert cxf and wcf, f"{name}: the CXF and WCF columns need a name or a dash"
 

@@ -36,7 +36,7 @@ def wsdl(binding_extra: str = "", top: str = "", port_extra: str = "", other_bin
 
 B = etree.QName("urn:t", "B")
 
-RM10_POLICY = f"""<wsp04:Policy wsu:Id="rm10"><rmp10:RMAssertion>
+RM10_POLICY = """<wsp04:Policy wsu:Id="rm10"><rmp10:RMAssertion>
     <rmp10:InactivityTimeout Milliseconds="600000"/><rmp10:BaseRetransmissionInterval Milliseconds="3000"/>
     <rmp10:ExponentialBackoff/><rmp10:AcknowledgementInterval Milliseconds="200"/>
   </rmp10:RMAssertion></wsp04:Policy>"""
@@ -81,7 +81,7 @@ def test_an_inline_policy_a_policy_uris_attribute_and_a_port_attachment_count():
 
 
 def test_a_nested_reference_is_followed_and_wcf_timers_beside_a_1_1_assertion_are_read():
-    top = f"""<wsp:Policy wsu:Id="outer"><wsp:ExactlyOne><wsp:All><wsp:PolicyReference URI="#inner"/>
+    top = """<wsp:Policy wsu:Id="outer"><wsp:ExactlyOne><wsp:All><wsp:PolicyReference URI="#inner"/>
         <netrmp:InactivityTimeout Milliseconds="30000"/></wsp:All></wsp:ExactlyOne></wsp:Policy>
         <wsp:Policy wsu:Id="inner"><rmp11:RMAssertion><wsp:Policy/></rmp11:RMAssertion></wsp:Policy>"""
     found = read_rm_policy(wsdl('<wsp:PolicyReference URI="#outer"/>', top=top), B)

@@ -115,7 +115,7 @@ def test_a_service_publishing_1_1_is_spoken_to_in_1_1(service_factory):
 
 
 def test_without_wsdl_policy_the_client_keeps_its_own_version(service_factory):
-    _, recorder, url = service_factory(RMPolicy(rm_version="1.0", soap_version="1.1", **FAST))
+    _, _, url = service_factory(RMPolicy(rm_version="1.0", soap_version="1.1", **FAST))
     rc = reliable_client(zeep.Client(url + "?wsdl"), "memory:", RMPolicy(**FAST), wsdl_policy=False, start=False)
     assert rc.engine.policy.rm_version is RM11
     rc.stop(timeout=5)
