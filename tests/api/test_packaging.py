@@ -25,8 +25,9 @@ def test_python_m_wsrm_plugin_prints_the_version():
 
 
 def test_the_wsrm_command_prints_the_same_version():
-    out = _run(sys.executable, "-c", "import sys; from wsrm_plugin.cli import main; sys.exit(main())",
-               "--version")
+    script = pathlib.Path(sys.executable).parent / "wsrm"  # the console script `pip install` made
+    assert script.exists(), f"no {script}: install the project (pip install -e .)"
+    out = _run(str(script), "--version")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"wsrm {wsrm_plugin.__version__}"
 

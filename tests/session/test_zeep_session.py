@@ -190,9 +190,12 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 class TlsFront:
     """Terminates TLS on a loopback port and relays the bytes to a plain HTTP backend."""
 
-    def __init__(self, backend_port: int, cert: str, key: str) -> None:
+    def __init__(self, backend_port: int, cert: str, key: str, *, client_ca: str | None = None) -> None:
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.load_cert_chain(cert, key)
+        if client_ca is not None:  # mutual TLS: a client must present a certificate signed by client_ca
+            self.context.verify_mode = ssl.CERT_REQUIRED
+            self.context.load_verify_locations(client_ca)
         self.backend_port = backend_port
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
@@ -279,5 +282,31 @@ def test_reliable_messages_use_the_sessions_tls_verification(service, certificat
             rc.stop(timeout=5)
         # every POST reached the service through the TLS front (the client only knows its https URL)
         assert front.handshakes >= 1 and counting.posts >= 3
+    finally:
+        front.stop()
+
+
+def test_reliable_messages_present_the_sessions_client_certificate(service, certificate, no_proxy_from_env):
+    cert, key = certificate
+    counting, server, svc = service("https")
+    front = TlsFront(server.port, cert, key, client_ca=cert)
+    try:
+        svc.engine.endpoint_address = front.url
+        session = requests.Session()
+        session.verify = cert
+        session.cert = (cert, key)                 # what the front requires
+        client = zeep.Client(front.url + "?wsdl", transport=zeep.Transport(session=session))
+        rc = reliable_client(client, "memory:", RMPolicy(**FAST))
+        try:
+            session.cert = None                    # without it the front refuses every send...
+            session.close()                        # (no pooled connection from the WSDL load left)
+            rc.service.note("needs a certificate")
+            assert _wait(lambda: front.refused >= 2)
+            assert RECORDED == []
+            session.cert = (cert, key)             # ...with it, the stored message goes through
+            assert _wait(lambda: RECORDED == ["needs a certificate"]), RECORDED
+        finally:
+            rc.stop(timeout=5)
+        assert counting.posts >= 2
     finally:
         front.stop()
