@@ -239,7 +239,9 @@ class RMPolicy:
         """The fields the user set (constructor arguments and :meth:`replace` changes).
 
         What a service's WSDL publishes (its WS-RM policy assertion) may
-        override every other field, never these.
+        override every other field, never these.  ``dataclasses.replace``
+        marks every field explicit (it passes them all); :meth:`replace` only
+        the changed ones.
         """
         return getattr(self, "_explicit", frozenset())
 
