@@ -252,6 +252,7 @@ class RMPolicy:
 
 
 _generated_init = RMPolicy.__init__
+_INIT_FIELDS = tuple(f.name for f in dataclasses.fields(RMPolicy) if f.init)  # positional order
 
 
 @functools.wraps(_generated_init)
@@ -259,8 +260,7 @@ def _remembering_init(self: RMPolicy, *args, **kwargs) -> None:
     # Which knobs the user chose is worth keeping: a default may yield to the service's
     # published policy, a choice may not (see explicit_fields).  Not a dataclass field, so
     # it takes no part in equality, hashing or repr.
-    names = [f.name for f in dataclasses.fields(RMPolicy) if f.init]
-    object.__setattr__(self, "_explicit", frozenset(names[:len(args)]) | frozenset(kwargs))
+    object.__setattr__(self, "_explicit", frozenset(_INIT_FIELDS[:len(args)]) | frozenset(kwargs))
     _generated_init(self, *args, **kwargs)
 
 
