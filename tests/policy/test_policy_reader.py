@@ -132,4 +132,5 @@ def test_explicit_fields_follow_the_constructor_and_replace():
     assert policy.explicit_fields == {"rm_version"}
     assert policy.replace(max_retries=2).explicit_fields == {"rm_version", "max_retries"}
     assert RMPolicy().explicit_fields == frozenset()
+    assert RMPolicy(ALO, 1.0).explicit_fields == {"delivery", "base_retransmission_interval"}  # positional
     assert RMPolicy(rm_version="1.1") == RMPolicy()         # equality ignores who chose
