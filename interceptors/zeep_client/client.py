@@ -46,6 +46,8 @@ from interceptors.zeep_client.reliable import (
     import_callback, register_client, unregister_client,
 )
 from interceptors.zeep_client.adapter import engage_client
+from interceptors.zeep_client.session import ZeepSessionTransport
+from interceptors.zeep_client.wsdl_policy import policy_from_wsdl
 
 from wsrm_plugin.engine import ReliableEngine, RMPolicy, SendReceipt
 from wsrm_plugin.engine.source import SequenceKey
@@ -272,7 +274,7 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
                     callback: str | None = None, chain: InterceptorChain | None = None,
                     endpoint_address: str | None = None, active_keys: Iterable[str] | None = None,
                     make_connection: bool = False, poll_interval: float = 0.2,
-                    start: bool = True, **engine_options: Any) -> ReliableClient:
+                    start: bool = True, wsdl_policy: bool = True, **engine_options: Any) -> ReliableClient:
     """Make every call of ``client`` reliable (see the module docstring); returns the started client.
 
     ``listen=(host, port)`` serves the client's AcksTo/ReplyTo endpoint (use
@@ -289,7 +291,20 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
     for ``name`` and fetched by polling the server with MakeConnection every
     ``poll_interval`` seconds (the server must run a
     :class:`~wsrm_plugin.makeconnection.Mailbox`).
+
+    ``wsdl_policy=True`` takes the WS-RM version, delivery assurance and
+    timers from the WS-RM policy assertion of the service's WSDL, except
+    what ``policy`` sets explicitly (:mod:`.wsdl_policy`).  Every message
+    goes out through ``client``'s own HTTP session (its TLS verification,
+    client certificate, proxies, auth, ``operation_timeout``:
+    :class:`~interceptors.zeep_client.session.ZeepSessionTransport`) unless
+    a ``transport`` is given.
     """
+    if wsdl_policy:
+        policy = policy_from_wsdl(client, policy)
+    engine_options.setdefault("transport", ZeepSessionTransport(
+        client, timeout=(policy or RMPolicy()).http_timeout,
+        max_response_size=4 * (policy or RMPolicy()).max_message_size))
     if make_connection and listen is not None:
         raise ValueError("make_connection is for clients without a listener: pass listen=None")
     if make_connection and endpoint_address is None:

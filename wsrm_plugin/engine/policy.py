@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from dataclasses import dataclass
 
 from ..wire import (
@@ -251,5 +252,34 @@ class RMPolicy:
         """True when ``attempts`` transmissions already used up the retry budget."""
         return self.max_retries is not None and attempts > self.max_retries
 
+    @property
+    def explicit_fields(self) -> frozenset[str]:
+        """The fields the user set (constructor arguments and :meth:`replace` changes).
+
+        What a service's WSDL publishes (its WS-RM policy assertion) may
+        override every other field, never these.  ``dataclasses.replace``
+        marks every field explicit (it passes them all); :meth:`replace` only
+        the changed ones.
+        """
+        return getattr(self, "_explicit", frozenset())
+
     def replace(self, **changes) -> RMPolicy:
-        return dataclasses.replace(self, **changes)
+        new = dataclasses.replace(self, **changes)
+        object.__setattr__(new, "_explicit", self.explicit_fields | frozenset(changes))
+        return new
+
+
+_generated_init = RMPolicy.__init__
+_INIT_FIELDS = tuple(f.name for f in dataclasses.fields(RMPolicy) if f.init)  # positional order
+
+
+@functools.wraps(_generated_init)
+def _remembering_init(self: RMPolicy, *args, **kwargs) -> None:
+    # Which knobs the user chose is worth keeping: a default may yield to the service's
+    # published policy, a choice may not (see explicit_fields).  Not a dataclass field, so
+    # it takes no part in equality, hashing or repr.
+    object.__setattr__(self, "_explicit", frozenset(_INIT_FIELDS[:len(args)]) | frozenset(kwargs))
+    _generated_init(self, *args, **kwargs)
+
+
+RMPolicy.__init__ = _remembering_init  # type: ignore[method-assign]
