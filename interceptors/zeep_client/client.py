@@ -12,8 +12,9 @@
         rc.service.Cancel(order=8)
     rc.close(); rc.stop()
 
-Calls made straight on ``client.service`` are enqueued too (they return None).
-Nothing is sent in the caller's thread: the call is stored in the RM Source
+The zeep client passed in stays a plain zeep client: ``client.service.Op(...)``
+still calls the service synchronously and returns its answer (the reliable
+client works on its own copy, ``rc.zeep``).  Nothing is sent in the caller's thread: the call is stored in the RM Source
 (in the caller's transaction, when a ``txmanager`` transaction is current)
 and the engine's worker delivers it, retransmitting until acknowledged.
 
@@ -28,12 +29,32 @@ stored reply), and the client acknowledges each reply at once.  The reply is des
 client's binding and handed to the persisted callback (an import path, so
 it is found again after a restart) and to the call's future, if the
 process that made the call is still the one running.
+
+Failures reach the caller:
+
+* a call is refused at once, with nothing stored, when its arguments do not
+  fit the WSDL (zeep's ``ValidationError``), when a ``txmanager`` transaction
+  is current that the client cannot join (:class:`TransactionNotJoined`:
+  pass ``tm=``), or when the service refused to open a sequence
+  (:class:`SequenceRefused`, until the faulted sequence is resent);
+* when a sequence is faulted (the peer refused it, or ``max_retries`` ran
+  out), the futures of its in-out calls fail with :class:`SequenceFaulted`
+  (:class:`SequenceRefused` for a refusal) and their persisted callbacks get
+  a :class:`ReliableReply` whose ``fault`` is that exception.  The messages
+  stay in the store, faulted, with the reason (``wsrm status``), until
+  :meth:`ReliableClient.resend_faulted` or ``wsrm resend`` sends them again
+  on a new sequence; an ``on_sequence_fault`` hook (see
+  :class:`ReliableClient`) takes them over instead;
+* :meth:`ReliableClient.flush` waits until everything is acknowledged and
+  says what is not; ``stop()`` on a memory store refuses to drop unsent messages.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
@@ -46,21 +67,56 @@ from interceptors.zeep_client.reliable import (
     import_callback, register_client, unregister_client,
 )
 from interceptors.zeep_client.adapter import engage_client
+from interceptors.zeep_client.validate import validate_request
 
 from wsrm_plugin.engine import ReliableEngine, RMPolicy, SendReceipt
-from wsrm_plugin.engine.source import SequenceKey
+from wsrm_plugin.engine.resend import ResendResult
+from wsrm_plugin.engine.source import (
+    CREATE_REFUSED, SequenceFault, SequenceFaulted, SequenceKey, SequenceRefused,
+)
 from wsrm_plugin.lifecycle import LifecycleListener, LifecycleReport
 from wsrm_plugin.makeconnection import Poller, mc_address_for
 from wsrm_plugin.wire.namespaces import mc_anonymous_id
 from wsrm_plugin.store import StorageManager
 
-__all__ = ["reliable_client", "ReliableClient", "ReliableReply", "ReplyNotDelivered"]
+__all__ = ["reliable_client", "ReliableClient", "ReliableReply", "ReplyNotDelivered", "TransactionNotJoined",
+           "NotAcknowledged", "UnsentMessages", "SequenceFaulted", "SequenceRefused"]
 
 log = logging.getLogger(__name__)
 
 
 class ReplyNotDelivered(Exception):
     """Set on a call's future when its enqueueing transaction rolled back (nothing was sent)."""
+
+
+class TransactionNotJoined(RuntimeError):
+    """A call was made inside a transaction the reliable client cannot join.
+
+    Enqueueing it outside would send the message even when the transaction
+    rolls back: the atomicity the caller relies on would be lost silently.
+    """
+
+
+class NotAcknowledged(TimeoutError):
+    """:meth:`ReliableClient.flush` ended with messages not acknowledged.
+
+    ``left`` maps each sequence (its id, or its store key while it is being
+    created) to its unacknowledged message count; ``faulted`` maps the faulted
+    ones to their reason (those will not be acknowledged without a resend).
+    """
+
+    def __init__(self, message: str, left: dict[str, int], faulted: dict[str, str]) -> None:
+        super().__init__(message)
+        self.left = left
+        self.faulted = faulted
+
+
+class UnsentMessages(RuntimeError):
+    """``stop()`` on a volatile (memory) store that still holds unacknowledged messages."""
+
+    def __init__(self, message: str, left: dict[str, int]) -> None:
+        super().__init__(message)
+        self.left = left
 
 
 class _ResolveOnRollback:
@@ -113,6 +169,13 @@ class ReliableClient:
     in the store (replies are dispatched to the client of that name) and must
     be the same after a restart; ``key`` separates its sequences from other
     clients' sharing the store.
+
+    Faulted sequences: ``reliable_client(..., on_sequence_fault=hook)``
+    passes ``hook(fault: SequenceFault)`` to the engine; it is called once a
+    sequence is given up, with its reason and unacknowledged messages, after
+    this client failed the calls' futures and callbacks, and the messages
+    are then the hook's (deleted from the store).  Without a hook they stay
+    in the store for :meth:`resend_faulted` / ``wsrm resend``.
     """
 
     def __init__(self, client: zeep.Client, engine: ReliableEngine, *, name: str, key: str = "",
@@ -129,10 +192,12 @@ class ReliableClient:
         self._targets: set[str] = set()
         self._lock = threading.Lock()
         self._started = False
+        self._refused: dict[str, SequenceFault] = {}  # target -> the refusal, until resent
         self.lifecycle_report: LifecycleReport | None = None
         self.interceptor = ReliableClientInterceptor(
             engine, client_name=name, key=key, is_one_way=self.is_one_way, default_callback=callback,
-            on_enqueued=self._enqueued)
+            on_enqueued=self._enqueued, check=self._check_call)
+        engine.source.fault_listeners.append(self._on_sequence_fault)
         self.chain = chain if chain is not None else InterceptorChain([], load_entry_points=False)
         self.chain.add(self.interceptor)
         engage_client(client, self.chain)
@@ -194,6 +259,102 @@ class ReliableClient:
                                "(is another interceptor consuming the request first?)")
         return options.receipt if one_way else options.future  # type: ignore[return-value]
 
+    def _check_call(self, message: Any) -> None:
+        """Refuse, before anything is stored, a call that would be lost or fail later."""
+        self._check_transaction()
+        with self._lock:
+            refusal = self._refused.get(message.address)
+        if refusal is not None:
+            raise SequenceRefused(
+                f"{refusal.target} refused to open a reliable sequence ({refusal.reason}); calls are refused "
+                f"until the cause is fixed and the faulted sequence {refusal.sequence_key} is resent "
+                "(rc.resend_faulted(), `wsrm resend`)", sequence_key=refusal.sequence_key,
+                sequence_id=refusal.sequence_id, target=refusal.target)
+        validate_request(self.zeep.wsdl.types, message.envelope)
+
+    def _check_transaction(self) -> None:
+        from txmanager.manager import current_transactions
+
+        current = current_transactions()
+        if not current:
+            return
+        if self.tm is None:
+            manager, tx = current[0]
+            raise TransactionNotJoined(
+                f"transaction {tx.xid} of {manager!r} is current in this thread, but reliable client "
+                f"{self.name!r} was built without tm=: the call would be enqueued outside it and sent even if "
+                "it rolls back.  Pass tm=<that TransactionManager> to reliable_client(), or make the call "
+                "outside the transaction (tm.suspend() first)")
+        if self.tm.get_transaction() is None:
+            manager, tx = current[0]
+            raise TransactionNotJoined(
+                f"transaction {tx.xid} of {manager!r} is current in this thread, not one of the client's "
+                f"transaction manager {self.tm!r}: the call could not join it")
+
+    def _on_sequence_fault(self, fault: SequenceFault) -> None:
+        """A sequence of this engine faulted: fail its calls' futures and callbacks (worker thread)."""
+        from interceptors.zeep_client.reliable import DISPATCH_PATH, decode_reply_context
+
+        parsed = SequenceKey.decode(fault.sequence_key)
+        if parsed is None or parsed.key != self.key:
+            return
+        error = fault.error()
+        if fault.refused:
+            with self._lock:
+                self._refused[fault.target] = fault
+        for failed in fault.messages:
+            with self._lock:
+                future = self._futures.pop(failed.message_id, None)
+            if future is not None and not future.done():
+                future.set_exception(error)
+            if failed.reply_callback != DISPATCH_PATH:
+                continue
+            try:
+                info = decode_reply_context(failed.reply_context)
+            except ValueError:
+                continue
+            if info.get("client") != self.name or not info.get("callback"):
+                continue
+            reply = ReliableReply(operation=info["operation"], request_message_id=failed.message_id,
+                                  envelope=b"", fault=error, user_context=info.get("context"))
+            try:
+                import_callback(info["callback"])(reply)
+            except Exception:  # noqa: BLE001 -- the other callers must still be told
+                log.exception("reply callback %s failed on the faulted call %s", info["callback"],
+                              failed.message_id)
+
+    def resend_faulted(self, sequence: str | None = None) -> list[ResendResult]:
+        """Send this client's faulted sequences' messages again on new sequences (the cause is fixed).
+
+        ``sequence`` (an id or store key) picks one; by default every faulted
+        sequence of this client's key.  Calls refused because the service
+        refused a sequence are accepted again.
+        """
+        from wsrm_plugin.engine.resend import faulted_sequences
+
+        if sequence is not None:
+            keys = [sequence]
+        else:
+            keys = [k for k, _, _ in faulted_sequences(self.engine.store)
+                    if (p := SequenceKey.decode(k)) is not None and p.key == self.key]
+        results = [self.engine.resend_faulted(k) for k in keys]
+        with self._lock:
+            for result in results:
+                parsed = SequenceKey.decode(result.faulted_key)
+                if parsed is not None:
+                    self._refused.pop(parsed.target, None)
+        return results
+
+    def _load_refusals(self) -> None:
+        """A restarted client refuses calls to a target that refused a sequence, as before the restart."""
+        with self.engine.store.begin() as tx:
+            for seq in tx.rms.list_all():
+                parsed = SequenceKey.decode(seq.key)
+                if seq.faulted and parsed is not None and parsed.key == self.key \
+                        and (seq.fault_reason or "").startswith(CREATE_REFUSED):
+                    self._refused[seq.target] = SequenceFault(seq.key, seq.target, seq.sequence_id,
+                                                              seq.fault_reason or "", ())
+
     def _enqueued(self, target: str, receipt: SendReceipt, options: CallOptions) -> None:
         with self._lock:
             self._targets.add(target)
@@ -229,6 +390,7 @@ class ReliableClient:
         """Run the lifecycle listener (recovery first), then the engine's workers."""
         if not self._started:
             self.lifecycle_report = self._lifecycle.on_start()
+            self._load_refusals()
             self.engine.start()
             if self.poller is not None:
                 self.poller.start()
@@ -243,17 +405,87 @@ class ReliableClient:
 
     terminate = close
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the engine; stored messages stay for the next start.  Pending futures are cancelled."""
+    def unacknowledged(self) -> tuple[dict[str, int], dict[str, str]]:
+        """This client's unacknowledged messages by sequence, and its faulted sequences' reasons."""
+        left: dict[str, int] = {}
+        faulted: dict[str, str] = {}
+        for seq in self.engine.store.status().rms:
+            parsed = SequenceKey.decode(seq.key)
+            if parsed is None or parsed.key != self.key:
+                continue
+            name = seq.sequence_id or f"(creating: {seq.key})"
+            if seq.unacked:
+                left[name] = seq.unacked
+            if seq.state == "faulted":
+                faulted[name] = seq.fault_reason or "faulted"
+        return left, faulted
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every message this client enqueued is acknowledged by the service.
+
+        Returns when none is left; raises :class:`NotAcknowledged` (saying
+        how many are left on which sequence) after ``timeout`` seconds, or at
+        once when a sequence holding some is faulted: those will not be
+        acknowledged until resent.  Replies to in-out calls are not waited
+        for (their futures are).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            left, faulted = self.unacknowledged()
+            if not left:
+                return
+            if faulted or time.monotonic() >= deadline:
+                total = sum(left.values())
+                what = ", ".join(f"{n} on {name}" + (f" (faulted: {faulted[name]})" if name in faulted else "")
+                                 for name, n in sorted(left.items()))
+                why = "faulted sequences hold them" if faulted else f"not acknowledged within {timeout:g} s"
+                raise NotAcknowledged(f"{total} message(s) left, {why}: {what}", left, faulted)
+            time.sleep(min(self.engine.policy.poll_interval, 0.05))
+
+    def stop(self, timeout: float = 10.0, *, discard_unsent: bool = False) -> None:
+        """Stop the engine; stored messages stay for the next start.  Pending futures are cancelled.
+
+        With a volatile store (``memory:``) nothing stays: messages not yet
+        acknowledged would be lost, so ``stop`` raises :class:`UnsentMessages`
+        (call :meth:`flush` first) unless ``discard_unsent=True``, which drops
+        them and logs each one it drops.
+        """
+        if self._started and self.engine.store.url.startswith("memory"):
+            self._before_volatile_stop(discard_unsent)
         if self.poller is not None:
             self.poller.stop(timeout)
         self.engine.stop(timeout)
         unregister_client(self.name, self)
+        if self._on_sequence_fault in self.engine.source.fault_listeners:
+            self.engine.source.fault_listeners.remove(self._on_sequence_fault)
         with self._lock:
             futures, self._futures = list(self._futures.values()), {}
         for future in futures:
             future.cancel()
         self._started = False
+
+    def _before_volatile_stop(self, discard: bool) -> None:
+        left, _ = self.unacknowledged()
+        if not left:
+            return
+        total = sum(left.values())
+        if not discard:
+            raise UnsentMessages(
+                f"stopping would discard {total} unacknowledged message(s) held only in memory "
+                f"({', '.join(f'{n} on {k}' for k, n in sorted(left.items()))}): call flush() first, "
+                "or stop(discard_unsent=True) to drop them", left)
+        with self.engine.store.begin() as tx:
+            for seq in tx.rms.list_all():
+                parsed = SequenceKey.decode(seq.key)
+                if parsed is None or parsed.key != self.key:
+                    continue
+                for msg in tx.rms_messages.list_for(seq.key):
+                    if not msg.acked:
+                        log.warning("reliable client %s stopping: discarding unacknowledged message %d (%s, "
+                                    "action %s) of sequence %s to %s", self.name, msg.number, msg.message_id,
+                                    msg.action, seq.sequence_id or seq.key, seq.target)
+        log.warning("reliable client %s stopped with %d unacknowledged message(s) discarded (memory store)",
+                    self.name, total)
 
     def __enter__(self) -> ReliableClient:
         return self.start()
@@ -301,13 +533,26 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
         if listen is not None:
             host, port = listen
             engine.serve(host, port)
-        rc = ReliableClient(client, engine, name=name or key or "default", key=key, callback=callback,
+        rc = ReliableClient(_own_copy(client), engine, name=name or key or "default", key=key, callback=callback,
                             chain=chain, tm=tm, active_keys=active_keys, make_connection=make_connection,
                             poll_interval=poll_interval)
     except BaseException:
         engine.stop()
         raise
     return rc.start() if start else rc
+
+
+def _own_copy(client: zeep.Client) -> zeep.Client:
+    """A zeep client sharing ``client``'s WSDL and transport, for the reliable client's chain.
+
+    The chain consumes every request it sees (enqueued, answered with an
+    empty 202); engaged on the user's own client it would turn their plain
+    calls into None.  The copy leaves that client as it was.
+    """
+    own = copy.copy(client)
+    own.plugins = list(client.plugins)
+    own._default_service = None  # bound to the original client: bind again, to the copy
+    return own
 
 
 def _unrelated_message(name: str) -> Callable[[bytes, Any], None]:

@@ -182,7 +182,8 @@ class ReliableClientInterceptor(Interceptor):
     ``client_name`` is the name replies are dispatched to; ``key`` separates
     this client's sequences from others' in a shared store (CXF's internal
     key); ``default_callback`` is used for in-out calls made straight through
-    ``zeep_client.service`` without per-call options.
+    ``zeep_client.service`` without per-call options.  ``check(message)``
+    runs first and raises to refuse a call (nothing is stored).
     """
 
     name = "ReliableClient"
@@ -190,7 +191,8 @@ class ReliableClientInterceptor(Interceptor):
 
     def __init__(self, engine: ReliableEngine, *, client_name: str, key: str = "",
                  is_one_way: Callable[[str | None], bool], default_callback: str | None = None,
-                 on_enqueued: Callable[[str, SendReceipt, CallOptions], None] | None = None) -> None:
+                 on_enqueued: Callable[[str, SendReceipt, CallOptions], None] | None = None,
+                 check: Callable[[Message], None] | None = None) -> None:
         super().__init__()
         self.engine = engine
         self.client_name = client_name
@@ -198,12 +200,15 @@ class ReliableClientInterceptor(Interceptor):
         self.is_one_way = is_one_way
         self.default_callback = default_callback
         self._on_enqueued = on_enqueued
+        self._check = check
 
     def handle_out(self, message: Message) -> None:
         if message.direction is not Direction.OUT or message.role is not Role.CLIENT:
             return
         if not message.address:
             raise ValueError(f"request {message.operation or ''} has no address to send to")
+        if self._check is not None:
+            self._check(message)  # refuse a call that cannot be kept before anything is stored
         options = _call.get() or CallOptions()
         one_way = options.one_way if options.one_way is not None else self.is_one_way(message.operation)
         callback = options.callback or self.default_callback

@@ -14,7 +14,7 @@ import threading
 from typing import Any
 from wsgiref.util import setup_testing_defaults
 
-from spyne import Application, ServiceBase, Unicode, rpc
+from spyne import Application, Integer, ServiceBase, Unicode, rpc
 from spyne.model.fault import Fault
 from spyne.protocol.soap import Soap11
 from spyne.server.wsgi import WsgiApplication
@@ -28,6 +28,7 @@ TNS = "urn:wsrm-zeep-client-test"
 #: What the service ran, by text, in the order it ran (one server per test at a time).
 RECEIVED: list[str] = []
 ECHOED: list[str] = []
+RESERVED: list[tuple[int, int, int]] = []
 _lock = threading.Lock()
 
 
@@ -35,6 +36,7 @@ def reset() -> None:
     with _lock:
         RECEIVED.clear()
         ECHOED.clear()
+        RESERVED.clear()
 
 
 class OrderService(ServiceBase):
@@ -50,6 +52,16 @@ class OrderService(ServiceBase):
         with _lock:
             ECHOED.append(text)
         return "re:" + text
+
+
+    @rpc(Integer, Integer, Integer, _is_async=True)
+    def reserve(ctx, item, quantity, customer):  # noqa: N805
+        with _lock:
+            RESERVED.append((item, quantity, customer))
+
+    @rpc(Unicode, _returns=Integer)
+    def stock(ctx, item):  # noqa: N805
+        return 7 if item == "apples" else 0
 
 
 def spyne_app() -> Application:
@@ -85,6 +97,13 @@ class SpyneReceiver:
             context.reply(body, action="http://www.w3.org/2005/08/addressing/soap/fault")
         else:
             context.reply(body, action=f"{context.action}Response")
+
+
+def plain_front() -> Any:
+    """The OrderService as a plain SOAP service: no WS-RM in front of it (CreateSequence is a Sender fault)."""
+    wsgi = WsgiApplication(spyne_app())
+    return engage(wsgi.app, InterceptorChain([], load_entry_points=False), rm_policy=False,
+                  wsgi_application=wsgi)
 
 
 # -- reply callbacks, imported by path by the client's invoker ------------------------------------
