@@ -60,6 +60,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import zeep
+from zeep.proxy import ServiceProxy
 
 from interceptors.chain import InterceptorChain
 from interceptors.zeep_client.reliable import (
@@ -268,7 +269,7 @@ class ReliableClient:
             raise SequenceRefused(
                 f"{refusal.target} refused to open a reliable sequence ({refusal.reason}); calls are refused "
                 f"until the cause is fixed and the faulted sequence {refusal.sequence_key} is resent "
-                "(rc.resend_faulted(), `wsrm resend`)", sequence_key=refusal.sequence_key,
+                "(rc.resend_faulted(), `wsrm resend`)", reason=refusal.reason, sequence_key=refusal.sequence_key,
                 sequence_id=refusal.sequence_id, target=refusal.target)
         validate_request(self.zeep.wsdl.types, message.envelope)
 
@@ -551,7 +552,9 @@ def _own_copy(client: zeep.Client) -> zeep.Client:
     """
     own = copy.copy(client)
     own.plugins = list(client.plugins)
-    own._default_service = None  # bound to the original client: bind again, to the copy
+    bound = client._default_service
+    if bound is not None:  # bound to the original client: the same binding and options, bound to the copy
+        own._default_service = ServiceProxy(own, bound._binding, **dict(bound._binding_options))
     return own
 
 

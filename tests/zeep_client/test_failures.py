@@ -81,6 +81,7 @@ def test_a_faulted_sequence_tells_the_caller_and_is_resent_once_the_service_is_b
         assert "no answer to create sequence after 4 attempts" in str(error)  # the first and 3 retries
         assert wait_for(lambda: service.REPLIES[(f"fault:{error}", "c1")] == 1)
 
+        assert wait_for(lambda: report(rc.engine.store).faulted_sequences == 2)
         shown = format_report(report(rc.engine.store))
         # two sequences: the one-way call's, and the in-out call's (it offers one for the reply)
         assert "faulted sequences         2" in shown

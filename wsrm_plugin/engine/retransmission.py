@@ -96,10 +96,13 @@ def create_refusal(response: Response, content: ResponseContent | None) -> str |
     never seen here), was busy or broken for a while (a 5xx without a SOAP
     fault, a Receiver fault, 408/429) or said nothing usable.  A fault that
     blames the request (Sender/Client, MustUnderstand, VersionMismatch: a
-    service without WS-RM, CreateSequenceRefused) or another 4xx will be
-    answered the same way for ever.
+    service without WS-RM) or another 4xx will be answered the same way for
+    ever; so is a CreateSequenceRefused (even a Receiver one: the destination
+    says no, and a refused sequence's messages wait for the operator's resend).
     """
     fault = content.fault if content is not None else None
+    if isinstance(fault, WSRMFault) and fault.fault_code == "CreateSequenceRefused":
+        return str(fault)  # the destination's own word, whatever its fault code
     if fault is not None:
         return None if fault.code == "Receiver" else str(fault)
     if 400 <= response.status < 500 and response.status not in (408, 429):

@@ -89,10 +89,10 @@ class SequenceFaulted(Exception):
     be sent again on a new sequence (``ReliableEngine.resend_faulted``, ``wsrm resend``).
     """
 
-    def __init__(self, reason: str, *, sequence_key: str | None = None, sequence_id: str | None = None,
-                 target: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    def __init__(self, message: str, *, reason: str | None = None, sequence_key: str | None = None,
+                 sequence_id: str | None = None, target: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason if reason is not None else message
         self.sequence_key = sequence_key
         self.sequence_id = sequence_id
         self.target = target
@@ -121,7 +121,8 @@ class SequenceFault:
     def error(self) -> SequenceFaulted:
         """The exception a caller waiting on one of these messages receives."""
         cls = SequenceRefused if self.refused else SequenceFaulted
-        return cls(f"sequence to {self.target} faulted: {self.reason}", sequence_key=self.sequence_key,
+        return cls(f"sequence to {self.target} faulted: {self.reason}", reason=self.reason,
+                   sequence_key=self.sequence_key,
                    sequence_id=self.sequence_id, target=self.target)
 
 
