@@ -51,6 +51,7 @@ Failures reach the caller:
 
 from __future__ import annotations
 
+import collections
 import copy
 import logging
 import threading
@@ -88,6 +89,10 @@ log = logging.getLogger(__name__)
 
 class ReplyNotDelivered(Exception):
     """Set on a call's future when its enqueueing transaction rolled back (nothing was sent)."""
+
+
+#: How many replies' callback runs a client remembers to flag a second run in the same process.
+_DISPATCHED_KEPT = 10_000
 
 
 class TransactionNotJoined(RuntimeError):
@@ -194,6 +199,10 @@ class ReliableClient:
         self._lock = threading.Lock()
         self._started = False
         self._refused: dict[str, SequenceFault] = {}  # target -> the refusal, until resent
+        #: Replies that may have reached a callback before: received before this start and not
+        #: delivered then (sequence id -> numbers), and those whose callback this process started.
+        self._waiting_at_start: dict[str, Any] = {}
+        self._dispatched: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.lifecycle_report: LifecycleReport | None = None
         self.interceptor = ReliableClientInterceptor(
             engine, client_name=name, key=key, is_one_way=self.is_one_way, default_callback=callback,
@@ -370,7 +379,8 @@ class ReliableClient:
         operation = info["operation"]
         result, fault = deserialize_reply(self.zeep, operation, envelope, self.engine.policy.max_message_size)
         reply = ReliableReply(operation=operation, request_message_id=context.relates_to, envelope=envelope,
-                              result=result, fault=fault, user_context=info.get("context"), context=context)
+                              result=result, fault=fault, user_context=info.get("context"), context=context,
+                              redelivered=self._maybe_handled_before(context))
         if info.get("callback"):
             import_callback(info["callback"])(reply)  # raising rolls the delivery back: retried
         with self._lock:
@@ -380,6 +390,25 @@ class ReliableClient:
                 future.set_exception(fault)
             else:
                 future.set_result(result)
+
+    def _maybe_handled_before(self, context: Any) -> bool:
+        """Could a callback have run for this reply already (see ReliableReply.redelivered)?"""
+        received, delivered = self._waiting_at_start.get(context.sequence_id, ((), ()))
+        before_start = context.message_number in received and context.message_number not in delivered
+        key = f"{context.sequence_id}#{context.message_number}"
+        with self._lock:
+            again = key in self._dispatched
+            self._dispatched[key] = None
+            while len(self._dispatched) > _DISPATCHED_KEPT:
+                self._dispatched.popitem(last=False)
+        return before_start or again
+
+    def _note_waiting_replies(self) -> None:
+        """The received replies not yet delivered when this client starts: a dead process may have
+        run their callbacks without committing the delivery."""
+        with self.engine.store.begin() as tx:
+            for rmd in tx.rmd.list_all():
+                self._waiting_at_start[rmd.sequence_id] = (rmd.received, tx.invoker.state(rmd.sequence_id).delivered)
 
     def pending_futures(self) -> int:
         with self._lock:
@@ -392,6 +421,7 @@ class ReliableClient:
         if not self._started:
             self.lifecycle_report = self._lifecycle.on_start()
             self._load_refusals()
+            self._note_waiting_replies()
             self.engine.start()
             if self.poller is not None:
                 self.poller.start()

@@ -59,9 +59,23 @@ class ReliableReply:
 
     ``result`` is what ``client.service.Op(...)`` would have returned; when
     the service answered with a SOAP fault, ``fault`` is the zeep ``Fault``
-    and ``result`` is None.  ``context`` is the engine's DeliveryContext: the
+    and ``result`` is None (when the call's sequence was given up, ``fault``
+    is a :class:`~wsrm_plugin.engine.source.SequenceFaulted` and
+    ``envelope`` is empty).  ``context`` is the engine's DeliveryContext: the
     callback runs inside the delivery's transaction (``context.transaction``),
     so raising makes the engine roll back and deliver the reply again.
+
+    Exactly once: the reply is consumed in the transaction the callback
+    runs in, so what the callback does *in that transaction* happens exactly
+    once with it (with ``tm=``, the delivery is an XA transaction: a database
+    connection enlisted there commits or rolls back with the reply).  What it
+    does outside (a file, an HTTP call, a non-XA database) can run again when
+    the process dies between the callback and that commit; every such second
+    run has ``redelivered=True``: the reply may have been handled before, and
+    ``request_message_id`` is the key to check it by (an idempotent
+    callback).  ``redelivered`` is also True for a reply received before the
+    client started that the previous process never got to: conservatively,
+    "maybe", never a false "no".
     """
 
     operation: str
@@ -71,6 +85,7 @@ class ReliableReply:
     fault: BaseException | None = None
     user_context: str | None = None
     context: Any = field(default=None, repr=False)
+    redelivered: bool = False
 
     def value(self) -> Any:
         """The result, or raise the fault (like a synchronous call would)."""

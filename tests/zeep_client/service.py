@@ -128,3 +128,27 @@ def append_reply(reply: Any) -> None:
         f.write(line)
         f.flush()
         os.fsync(f.fileno())
+
+
+def append_reply_idempotent(reply: Any) -> None:
+    """A callback written as ReliableReply's docstring says: on a redelivery, it checks by
+    ``request_message_id`` whether it already did its work.  With $WSRM_HANG_IN_CALLBACK it creates
+    that file after its first write and hangs there, before the delivery commits (the test kills it)."""
+    import os
+    import time
+
+    path = os.environ["WSRM_REPLY_FILE"]
+    if getattr(reply, "redelivered", False):
+        with open(path + ".redelivered", "a", encoding="utf-8") as f:
+            f.write(f"{reply.request_message_id}\n")
+        done = open(path, encoding="utf-8").read().splitlines() if os.path.exists(path) else []
+        if any(line.split(" ", 1)[0] == reply.request_message_id for line in done):
+            return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"{reply.request_message_id} {reply.result} {reply.user_context}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    hang = os.environ.get("WSRM_HANG_IN_CALLBACK")
+    if hang:
+        open(hang, "w").close()
+        time.sleep(3600)
