@@ -203,6 +203,7 @@ class ReliableClient:
         #: delivered then (sequence id -> numbers), and those whose callback this process started.
         self._waiting_at_start: dict[str, Any] = {}
         self._dispatched: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._told: set[str] = set()  # faulted sequences whose calls were told
         self.lifecycle_report: LifecycleReport | None = None
         self.interceptor = ReliableClientInterceptor(
             engine, client_name=name, key=key, is_one_way=self.is_one_way, default_callback=callback,
@@ -274,6 +275,10 @@ class ReliableClient:
         self._check_transaction()
         with self._lock:
             refusal = self._refused.get(message.address)
+        if refusal is not None and not self._still_refused(refusal):
+            with self._lock:
+                self._refused.pop(message.address, None)
+            refusal = None
         if refusal is not None:
             raise SequenceRefused(
                 f"{refusal.target} refused to open a reliable sequence ({refusal.reason}); calls are refused "
@@ -281,6 +286,12 @@ class ReliableClient:
                 "(rc.resend_faulted(), `wsrm resend`)", reason=refusal.reason, sequence_key=refusal.sequence_key,
                 sequence_id=refusal.sequence_id, target=refusal.target)
         validate_request(self.zeep.wsdl.types, message.envelope)
+
+    def _still_refused(self, refusal: SequenceFault) -> bool:
+        """Is the refused sequence still in the store, faulted (not resent, maybe by `wsrm resend`)?"""
+        with self.engine.store.begin() as tx:
+            seq = tx.rms.get(refusal.sequence_key)
+        return seq is not None and seq.faulted
 
     def _check_transaction(self) -> None:
         from txmanager.manager import current_transactions
@@ -308,6 +319,10 @@ class ReliableClient:
         parsed = SequenceKey.decode(fault.sequence_key)
         if parsed is None or parsed.key != self.key:
             return
+        with self._lock:
+            if fault.sequence_key in self._told:  # the engine's hook failed and the report is repeated
+                return
+            self._told.add(fault.sequence_key)
         error = fault.error()
         if fault.refused:
             with self._lock:
@@ -476,13 +491,14 @@ class ReliableClient:
     def stop(self, timeout: float = 10.0, *, discard_unsent: bool = False) -> None:
         """Stop the engine; stored messages stay for the next start.  Pending futures are cancelled.
 
-        With a volatile store (``memory:``) nothing stays: messages not yet
-        acknowledged would be lost, so ``stop`` raises :class:`UnsentMessages`
-        (call :meth:`flush` first) unless ``discard_unsent=True``, which drops
-        them and logs each one it drops.
+        With a volatile store (``memory:``) nothing stays: ``stop`` first waits
+        up to ``timeout`` seconds for the messages not yet acknowledged (as
+        :meth:`flush`), then raises :class:`UnsentMessages` rather than lose
+        them, unless ``discard_unsent=True``, which drops them at once and logs
+        each one it drops.
         """
         if self._started and self.engine.store.url.startswith("memory"):
-            self._before_volatile_stop(discard_unsent)
+            self._before_volatile_stop(discard_unsent, timeout)
         if self.poller is not None:
             self.poller.stop(timeout)
         self.engine.stop(timeout)
@@ -495,16 +511,20 @@ class ReliableClient:
             future.cancel()
         self._started = False
 
-    def _before_volatile_stop(self, discard: bool) -> None:
+    def _before_volatile_stop(self, discard: bool, timeout: float) -> None:
+        if not discard:
+            try:
+                self.flush(timeout)
+            except NotAcknowledged as exc:
+                raise UnsentMessages(
+                    f"stopping would discard {sum(exc.left.values())} unacknowledged message(s) held only in "
+                    f"memory ({exc}); flush() longer, fix the cause, or stop(discard_unsent=True) to drop them",
+                    exc.left) from None
+            return
         left, _ = self.unacknowledged()
         if not left:
             return
         total = sum(left.values())
-        if not discard:
-            raise UnsentMessages(
-                f"stopping would discard {total} unacknowledged message(s) held only in memory "
-                f"({', '.join(f'{n} on {k}' for k, n in sorted(left.items()))}): call flush() first, "
-                "or stop(discard_unsent=True) to drop them", left)
         with self.engine.store.begin() as tx:
             for seq in tx.rms.list_all():
                 parsed = SequenceKey.decode(seq.key)

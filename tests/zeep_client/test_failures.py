@@ -155,7 +155,7 @@ def test_flush_waits_for_every_acknowledgement_and_stop_keeps_what_memory_would_
         dead.flush(timeout=0.5)
     assert sum(left.value.left.values()) == 3
     with pytest.raises(UnsentMessages, match="3 unacknowledged"):
-        dead.stop(timeout=5)
+        dead.stop(timeout=0.5)  # waits that long for them, then refuses to lose them
     with caplog.at_level(logging.WARNING, logger="interceptors.zeep_client.client"):
         dead.stop(timeout=5, discard_unsent=True)
     assert sum("discarding unacknowledged message" in r.getMessage() for r in caplog.records) == 3

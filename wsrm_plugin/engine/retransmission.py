@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from lxml import etree
+
 from ..statemachine import RMSDuty, rms_duties
 from ..store import RmdSequence, RmsMessage, RmsSequence, StorageManager
 from ..wire import (
@@ -107,6 +109,11 @@ def create_refusal(response: Response, content: ResponseContent | None) -> str |
         return None if fault.code == "Receiver" else str(fault)
     if 400 <= response.status < 500 and response.status not in (408, 429):
         return f"HTTP {response.status}"
+    body = content.body if content is not None else None
+    if 200 <= response.status < 300 and body is not None:  # it answered, but not to WS-RM
+        tag = getattr(body, "tag", None)
+        return f"answered with {etree.QName(tag).localname if isinstance(tag, str) else type(body).__name__}, " \
+               "not a CreateSequenceResponse"
     return None
 
 
