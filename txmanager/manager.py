@@ -337,7 +337,7 @@ class _Detached:
 
 #: Every live manager, so code that was not given one can still tell that the calling thread is
 #: inside a transaction it would silently stay out of (see :func:`current_transactions`).
-_MANAGERS: "weakref.WeakSet[TransactionManager]" = weakref.WeakSet()
+_MANAGERS: weakref.WeakSet[TransactionManager] = weakref.WeakSet()
 
 
 def current_transactions() -> list[tuple[TransactionManager, Transaction]]:

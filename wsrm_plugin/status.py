@@ -118,8 +118,8 @@ def format_report(r: StoreReport) -> str:
         f"messages awaiting delivery {r.buffered}",
     ]
     if r.faults:
-        out += ["", "faulted sequences (their unacknowledged messages are kept; once the cause is fixed, "
-                "`wsrm resend --store URL --sequence ID` sends them again on a new sequence):"]
+        out += ["", ("faulted sequences (their unacknowledged messages are kept; once the cause is fixed, "
+                     "`wsrm resend --store URL --sequence ID` sends them again on a new sequence):")]
         out += [f"  {sequence}: {reason}" for sequence, reason in r.faults]
     return "\n".join(out) + "\n"
 

@@ -64,22 +64,37 @@ import zeep
 from zeep.proxy import ServiceProxy
 
 from interceptors.chain import InterceptorChain
-from interceptors.zeep_client.reliable import (
-    CallOptions, ReliableClientInterceptor, ReliableReply, current_call, deserialize_reply,
-    import_callback, register_client, unregister_client,
-)
 from interceptors.zeep_client.adapter import engage_client
+from interceptors.zeep_client.errors import (
+    NotAcknowledged,
+    ReplyNotDelivered,
+    TransactionNotJoined,
+    UnsentMessages,
+)
+from interceptors.zeep_client.reliable import (
+    CallOptions,
+    ReliableClientInterceptor,
+    ReliableReply,
+    current_call,
+    deserialize_reply,
+    import_callback,
+    register_client,
+    unregister_client,
+)
 from interceptors.zeep_client.validate import validate_request
-
 from wsrm_plugin.engine import ReliableEngine, RMPolicy, SendReceipt
 from wsrm_plugin.engine.resend import ResendResult
 from wsrm_plugin.engine.source import (
-    CREATE_REFUSED, SequenceFault, SequenceFaulted, SequenceKey, SequenceRefused,
+    CREATE_REFUSED,
+    SequenceFault,
+    SequenceFaulted,
+    SequenceKey,
+    SequenceRefused,
 )
 from wsrm_plugin.lifecycle import LifecycleListener, LifecycleReport
 from wsrm_plugin.makeconnection import Poller, mc_address_for
-from wsrm_plugin.wire.namespaces import mc_anonymous_id
 from wsrm_plugin.store import StorageManager
+from wsrm_plugin.wire.namespaces import mc_anonymous_id
 
 __all__ = ["reliable_client", "ReliableClient", "ReliableReply", "ReplyNotDelivered", "TransactionNotJoined",
            "NotAcknowledged", "UnsentMessages", "SequenceFaulted", "SequenceRefused"]
@@ -87,42 +102,8 @@ __all__ = ["reliable_client", "ReliableClient", "ReliableReply", "ReplyNotDelive
 log = logging.getLogger(__name__)
 
 
-class ReplyNotDelivered(Exception):
-    """Set on a call's future when its enqueueing transaction rolled back (nothing was sent)."""
-
-
 #: How many replies' callback runs a client remembers to flag a second run in the same process.
 _DISPATCHED_KEPT = 10_000
-
-
-class TransactionNotJoined(RuntimeError):
-    """A call was made inside a transaction the reliable client cannot join.
-
-    Enqueueing it outside would send the message even when the transaction
-    rolls back: the atomicity the caller relies on would be lost silently.
-    """
-
-
-class NotAcknowledged(TimeoutError):
-    """:meth:`ReliableClient.flush` ended with messages not acknowledged.
-
-    ``left`` maps each sequence (its id, or its store key while it is being
-    created) to its unacknowledged message count; ``faulted`` maps the faulted
-    ones to their reason (those will not be acknowledged without a resend).
-    """
-
-    def __init__(self, message: str, left: dict[str, int], faulted: dict[str, str]) -> None:
-        super().__init__(message)
-        self.left = left
-        self.faulted = faulted
-
-
-class UnsentMessages(RuntimeError):
-    """``stop()`` on a volatile (memory) store that still holds unacknowledged messages."""
-
-    def __init__(self, message: str, left: dict[str, int]) -> None:
-        super().__init__(message)
-        self.left = left
 
 
 class _ResolveOnRollback:
@@ -314,7 +295,10 @@ class ReliableClient:
 
     def _on_sequence_fault(self, fault: SequenceFault) -> None:
         """A sequence of this engine faulted: fail its calls' futures and callbacks (worker thread)."""
-        from interceptors.zeep_client.reliable import DISPATCH_PATH, decode_reply_context
+        from interceptors.zeep_client.reliable import (
+            DISPATCH_PATH,
+            decode_reply_context,
+        )
 
         parsed = SequenceKey.decode(fault.sequence_key)
         if parsed is None or parsed.key != self.key:
@@ -344,7 +328,7 @@ class ReliableClient:
                                   envelope=b"", fault=error, user_context=info.get("context"))
             try:
                 import_callback(info["callback"])(reply)
-            except Exception:  # noqa: BLE001 -- the other callers must still be told
+            except Exception:  # the other callers must still be told
                 log.exception("reply callback %s failed on the faulted call %s", info["callback"],
                               failed.message_id)
 

@@ -43,7 +43,8 @@ def validate_request(schema: Any, envelope: etree._Element) -> None:
             continue
         try:
             element = schema.get_element(node.tag)
-        except Exception:  # noqa: BLE001 -- not a global element (rpc style): nothing to check against
+        except Exception as exc:  # noqa: BLE001 -- not a global element (rpc style): nothing to check against
+            log.debug("request body element %s is no global schema element (%s): not checked", node.tag, exc)
             continue
         _check(element, node, [etree.QName(node).localname])
 

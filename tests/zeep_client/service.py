@@ -141,7 +141,10 @@ def append_reply_idempotent(reply: Any) -> None:
     if getattr(reply, "redelivered", False):
         with open(path + ".redelivered", "a", encoding="utf-8") as f:
             f.write(f"{reply.request_message_id}\n")
-        done = open(path, encoding="utf-8").read().splitlines() if os.path.exists(path) else []
+        done = []
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                done = f.read().splitlines()
         if any(line.split(" ", 1)[0] == reply.request_message_id for line in done):
             return
     with open(path, "a", encoding="utf-8") as f:
@@ -150,5 +153,6 @@ def append_reply_idempotent(reply: Any) -> None:
         os.fsync(f.fileno())
     hang = os.environ.get("WSRM_HANG_IN_CALLBACK")
     if hang:
-        open(hang, "w").close()
+        with open(hang, "w"):
+            pass
         time.sleep(3600)

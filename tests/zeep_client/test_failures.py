@@ -17,15 +17,19 @@ import pytest
 import zeep
 import zeep.exceptions
 
+from interceptors.zeep_client.client import (
+    NotAcknowledged,
+    SequenceFaulted,
+    SequenceRefused,
+    UnsentMessages,
+    reliable_client,
+)
 from tests.engine.support import wait_for
 from wsrm_plugin import cli
 from wsrm_plugin.engine import HttpServer, ReliableEngine
 from wsrm_plugin.engine.transport import free_port
-from wsrm_plugin.status import format_report, report
 from wsrm_plugin.metrics import exposition
-from interceptors.zeep_client.client import (
-    NotAcknowledged, SequenceFaulted, SequenceRefused, UnsentMessages, reliable_client,
-)
+from wsrm_plugin.status import format_report, report
 
 from . import service
 from .conftest import fast_policy
