@@ -421,6 +421,8 @@ class ReliableClient:
             self.lifecycle_report = self._lifecycle.on_start()
             self._load_refusals()
             self._note_waiting_replies()
+            if self._on_sequence_fault not in self.engine.source.fault_listeners:  # started again after stop()
+                self.engine.source.fault_listeners.append(self._on_sequence_fault)
             self.engine.start()
             if self.poller is not None:
                 self.poller.start()
