@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import IO
 
 from .engine.resend import faulted_sequences, resend_faulted
@@ -41,6 +42,9 @@ def run(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     if args.store.startswith("memory"):
         sys.stderr.write("wsrm resend: a memory store lives in its process only; call "
                          "ReliableEngine.resend_faulted() there\n")
+        return 2
+    if args.store.startswith("sqlite:///") and not Path(args.store[len("sqlite:///"):]).exists():
+        sys.stderr.write(f"wsrm resend: {args.store!r}: no such store file (a mistyped path?)\n")
         return 2
     try:
         store = open_store(args.store)

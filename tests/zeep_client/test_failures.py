@@ -127,6 +127,7 @@ def test_a_service_without_ws_rm_refuses_the_sequence_at_once_and_calls_raise(tm
 
     plain = HttpServer(counting, "127.0.0.1", 0).start()
     rc = reliable_client(zeep.Client(plain.url + "?wsdl"), "memory:", fast_policy())
+    server = None
     try:
         future = rc.service.echo("q1")
         error = future.exception(timeout=60)
@@ -139,9 +140,26 @@ def test_a_service_without_ws_rm_refuses_the_sequence_at_once_and_calls_raise(tm
             rc.service.record("r1")  # the next call is refused at the call site, nothing stored
         assert sum(s.unacked for s in rc.engine.store.status().rms) == 1
         assert "CreateSequence refused" in format_report(report(rc.engine.store))
+
+        port = plain.port
+        plain.stop(5)  # the operator puts WS-RM in front of the service, then resends
+        plain = None
+        receiver = service.SpyneReceiver()
+        server = ReliableEngine("memory:", fast_policy(), application=receiver, name="server")
+        server.serve("127.0.0.1", port, middleware=receiver.middleware)
+        server.start()
+        service.reset()
+        [result] = rc.resend_faulted()
+        assert result.reason.startswith("CreateSequence refused") and len(result.receipts) == 1
+        rc.service.record("r2")  # accepted again
+        rc.flush(timeout=60)
+        assert service.ECHOED == ["q1"] and service.RECEIVED == ["r2"]
     finally:
         rc.stop(timeout=5, discard_unsent=True)
-        plain.stop(5)
+        if plain is not None:
+            plain.stop(5)
+        if server is not None:
+            server.stop(timeout=5)
 
 
 def test_flush_waits_for_every_acknowledgement_and_stop_keeps_what_memory_would_lose(clients, server, caplog):
