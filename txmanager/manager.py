@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 
 from .errors import HeuristicError, IllegalStateError, NotSupportedError
@@ -85,6 +86,7 @@ class TransactionManager:
         self._recovery = RecoveryManager(self.log, self._resources, self.node, safety_interval,
                                          in_flight=self._in_flight_gtrids)
         self._closed = False
+        _MANAGERS.add(self)
 
     def __repr__(self) -> str:
         return f"<TransactionManager node={self.node!r} log={self.log!r}>"
@@ -331,6 +333,26 @@ class _Detached:
 
     def __init__(self, xid: Xid) -> None:
         self.xid = xid
+
+
+#: Every live manager, so code that was not given one can still tell that the calling thread is
+#: inside a transaction it would silently stay out of (see :func:`current_transactions`).
+_MANAGERS: weakref.WeakSet[TransactionManager] = weakref.WeakSet()
+
+
+def current_transactions() -> list[tuple[TransactionManager, Transaction]]:
+    """The calling thread's current transactions, across every live manager of the process.
+
+    A component that can join a transaction only through the manager it was
+    given (a reliable client built without ``tm=``) asks this before working
+    outside one: a transaction it cannot join is a mistake to report, not to ignore.
+    """
+    found = []
+    for manager in list(_MANAGERS):
+        tx = manager.get_transaction()
+        if tx is not None:
+            found.append((manager, tx))
+    return found
 
 
 def _finish_prepared(resource: XAResource, xid: Xid, commit: bool, retries: int,

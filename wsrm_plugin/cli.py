@@ -34,6 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     status.add_arguments(p)
     p.set_defaults(run=status.run)
 
+    from wsrm_plugin import resend
+
+    p = sub.add_parser("resend", help="send a faulted sequence's messages again on a new sequence",
+                       description=resend.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    resend.add_arguments(p)
+    p.set_defaults(run=resend.run)
+
     p = sub.add_parser("txdemo", help="two PostgreSQL banks, crashes at every 2PC point, recovery",
                        description=txdemo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     txdemo.add_arguments(p)

@@ -66,6 +66,11 @@ def exposition(r: StoreReport) -> str:
         if s.unacked is not None:
             lines.append(f'wsrm_sequence_unacknowledged_messages{{sequence="{_label(s.sequence_id)}"}} '
                          f"{s.unacked}")
+    if r.faults:
+        lines += ["# HELP wsrm_faulted_sequence Faulted source sequences, with the reason they were given up",
+                  "# TYPE wsrm_faulted_sequence gauge"]
+        for sequence, reason in r.faults:
+            lines.append(f'wsrm_faulted_sequence{{sequence="{_label(sequence)}",reason="{_label(reason)}"}} 1')
     return "\n".join(lines) + "\n"
 
 

@@ -10,8 +10,10 @@ The table lists every sequence in the store: its side (``source``: messages
 this node sends; ``destination``: messages it receives), identifier, state,
 unacknowledged messages, retransmissions and last activity.  The counters
 below it are the ones to alert on: unacknowledged messages (a peer not
-answering), retransmissions (a lossy network), faulted sequences (messages
-given up: the application was told) and in-doubt transactions (XA branches
+answering), retransmissions (a lossy network), faulted sequences (given up,
+each listed with its reason; the application was told through its calls'
+futures and callbacks and the ``on_sequence_fault`` hook, and ``wsrm resend``
+sends their messages again) and in-doubt transactions (XA branches
 prepared in the store and not yet decided: they block it until recovery runs,
 see ``wsrm recover``).
 
@@ -55,6 +57,8 @@ class StoreReport:
     in_doubt_transactions: int
     buffered: int
     by_state: dict[str, int]
+    #: (sequence, reason) of each faulted source sequence: why it was given up
+    faults: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, url: str, status: StoreStatus) -> StoreReport:
@@ -65,7 +69,9 @@ class StoreReport:
         return cls(store=url, sequences=tuple(rows), unacknowledged=status.unacked,
                    retransmissions=status.retransmissions, faulted_sequences=status.faulted,
                    in_doubt_transactions=status.prepared_branches, buffered=status.buffered,
-                   by_state=status.by_state())
+                   by_state=status.by_state(),
+                   faults=tuple((s.sequence_id or f"(creating: {s.key})", s.fault_reason or "faulted")
+                                for s in status.rms if s.state == "faulted"))
 
 
 def report(store: StorageManager) -> StoreReport:
@@ -111,6 +117,10 @@ def format_report(r: StoreReport) -> str:
         + ("   (run `wsrm recover`)" if r.in_doubt_transactions else ""),
         f"messages awaiting delivery {r.buffered}",
     ]
+    if r.faults:
+        out += ["", ("faulted sequences (their unacknowledged messages are kept; once the cause is fixed, "
+                     "`wsrm resend --store URL --sequence ID` sends them again on a new sequence):")]
+        out += [f"  {sequence}: {reason}" for sequence, reason in r.faults]
     return "\n".join(out) + "\n"
 
 

@@ -33,6 +33,7 @@ from .destination import Destination
 from .inbound import Inbound
 from .invoker import Application, FailedDelivery, InvokerWorker
 from .policy import RMPolicy
+from .resend import ResendResult, resend_faulted
 from .retransmission import RetransmissionWorker
 from .source import SendReceipt, SequenceFault, Source
 from .transport import HttpServer, HttpTransport, Reply, RMEndpoint, Transport
@@ -70,9 +71,16 @@ class ReliableEngine:
     :class:`~wsrm_plugin.store.StorageManager`.  ``tm`` (a
     ``txmanager.TransactionManager``) makes ``send`` join the caller's XA
     transaction and runs each delivery in one.  ``application`` handles
-    delivered messages; ``on_sequence_fault`` hears about source sequences
-    that failed (with their undelivered messages), ``on_delivery_failure``
-    about messages the application kept failing on.  ``endpoint_address`` is
+    delivered messages; ``on_delivery_failure`` hears about messages the
+    application kept failing on.
+
+    ``on_sequence_fault(fault: SequenceFault)`` is called once a source
+    sequence is given up (retries exhausted, the peer refused to open it or
+    faulted it) with its reason and its unacknowledged messages; when it
+    returns, the sequence and its messages are deleted: they are the hook's
+    to keep.  Without the hook they stay in the store, faulted (``wsrm status``
+    shows the reason), until :meth:`resend_faulted` (or ``wsrm resend``) sends
+    them again on a new sequence once the cause is fixed.  ``endpoint_address`` is
     this node's public address (AcksTo, Offer endpoint); :meth:`serve` sets it
     when not given.
     """
@@ -147,6 +155,18 @@ class ReliableEngine:
         return self.source.send(target, envelope, action=action, key=key, expect_reply=expect_reply,
                                 message_id=message_id, reply_callback=reply_callback,
                                 reply_context=reply_context)
+
+    def resend_faulted(self, sequence: str) -> ResendResult:
+        """Send a faulted sequence's unacknowledged messages again on a new sequence (see :mod:`.resend`).
+
+        For when the cause of the fault is fixed; ``sequence`` is its
+        identifier or store key (``wsrm status``; ``wsrm resend`` does the same
+        from the command line).
+        """
+        result = resend_faulted(self.store, sequence)
+        self.source._forget_current(result.faulted_key)
+        self._wake_sender()
+        return result
 
     def close(self, target: str, key: str = "") -> int:
         """End the sequences to ``target`` under ``key`` once their messages are acknowledged."""

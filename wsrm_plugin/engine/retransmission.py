@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from lxml import etree
+
 from ..statemachine import RMSDuty, rms_duties
 from ..store import RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreError
 from ..wire import (
@@ -39,7 +41,7 @@ from .envelopes import protocol_message, stamp
 from .inbound import Inbound, ResponseContent
 from .logs import for_sequence
 from .policy import AckRequestMode, RMPolicy
-from .source import NEVER, SequenceKey, Source, is_back_channel, rm_version_of
+from .source import CREATE_REFUSED, NEVER, SequenceKey, Source, is_back_channel, rm_version_of
 from .states import rms_state
 from .transport import Response, Transport, TransportError
 
@@ -87,6 +89,32 @@ def _chains(plan: list[_Planned]) -> list[list[list[_Planned]]]:
         else:
             chains.setdefault((parsed.target, parsed.key, parsed.offered), []).append((parsed.generation, items))
     return [[items for _, items in sorted(generations, key=lambda g: g[0])] for generations in chains.values()]
+
+
+def create_refusal(response: Response, content: ResponseContent | None) -> str | None:
+    """Why an answer to CreateSequence is a definitive refusal, or None when retrying may help.
+
+    Retrying helps only when the peer could not answer (a transport error,
+    never seen here), was busy or broken for a while (a 5xx without a SOAP
+    fault, a Receiver fault, 408/429) or said nothing usable.  A fault that
+    blames the request (Sender/Client, MustUnderstand, VersionMismatch: a
+    service without WS-RM) or another 4xx will be answered the same way for
+    ever; so is a CreateSequenceRefused (even a Receiver one: the destination
+    says no, and a refused sequence's messages wait for the operator's resend).
+    """
+    fault = content.fault if content is not None else None
+    if isinstance(fault, WSRMFault) and fault.fault_code == "CreateSequenceRefused":
+        return str(fault)  # the destination's own word, whatever its fault code
+    if fault is not None:
+        return None if fault.code == "Receiver" else str(fault)
+    if 400 <= response.status < 500 and response.status not in (408, 429):
+        return f"HTTP {response.status}"
+    body = content.body if content is not None else None
+    if 200 <= response.status < 300 and body is not None:  # it answered, but not to WS-RM
+        tag = getattr(body, "tag", None)
+        return f"answered with {etree.QName(tag).localname if isinstance(tag, str) else type(body).__name__}, " \
+               "not a CreateSequenceResponse"
+    return None
 
 
 class RetransmissionWorker:
@@ -285,11 +313,22 @@ class RetransmissionWorker:
         if seq.offered_id:
             reply_to = EndpointReference(self.source.endpoint_address or seq.acks_to)
             offer = Offer(seq.offered_id, endpoint=reply_to if rm.is_11 else None)
-        content = self._exchange(seq, rm.create_sequence_action, CreateSequence(acks_to, offer=offer),
-                                 message_id=self.source.create_message_id(seq))
+        response = self._post(seq, rm.create_sequence_action, CreateSequence(acks_to, offer=offer),
+                              message_id=self.source.create_message_id(seq))
+        if response is None:
+            return  # a transport error: tried again
+        content = self.inbound.read_response(response.body, store_key=seq.key, apply_faults=False) \
+            if response.body else None
         if content is not None and isinstance(content.body, CreateSequenceResponse):
             self.source.on_create_sequence_response(seq.key, content.body, rm,
                                                     create_offered=self.destination.create_offered)
+            return
+        refusal = create_refusal(response, content)
+        if refusal is not None:
+            self.source.fault_sequence(seq.key, f"{CREATE_REFUSED} by {seq.target}: {refusal}")
+        elif content is not None and content.fault is not None:
+            for_sequence(log, None, key=seq.key).warning(
+                "CreateSequence to %s answered with a fault (will retry): %s", seq.target, content.fault)
 
     def _send_close(self, seq: RmsSequence) -> None:
         rm = rm_version_of(seq)

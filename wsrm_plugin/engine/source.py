@@ -41,7 +41,8 @@ from .logs import for_sequence
 from .policy import RMPolicy
 from .states import rms_changes, rms_state
 
-__all__ = ["Source", "SendReceipt", "SequenceFault", "FailedMessage", "SequenceKey", "is_back_channel"]
+__all__ = ["Source", "SendReceipt", "SequenceFault", "FailedMessage", "SequenceKey", "is_back_channel",
+           "SequenceFaulted", "SequenceRefused", "CREATE_REFUSED"]
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,44 @@ class SendReceipt:
 
 @dataclass(frozen=True)
 class FailedMessage:
-    """An application message a faulted sequence could not deliver."""
+    """An application message a faulted sequence could not deliver.
+
+    ``reply_callback``/``reply_context`` are those of an in-out call, so
+    whoever waits for its reply can be told it will not come.
+    """
 
     number: int
     message_id: str
     action: str
     payload: bytes
+    reply_callback: str | None = None
+    reply_context: bytes | None = None
+
+
+#: How a sequence's ``fault_reason`` starts when the peer definitively refused to open it.
+CREATE_REFUSED = "CreateSequence refused"
+
+
+class SequenceFaulted(Exception):
+    """A message's sequence was given up (the faulted-sequence failure a caller receives).
+
+    ``reason`` is the stored fault reason (what ``wsrm status`` shows).  Its
+    unacknowledged messages stay in the store; once the cause is fixed they can
+    be sent again on a new sequence (``ReliableEngine.resend_faulted``, ``wsrm resend``).
+    """
+
+    def __init__(self, message: str, *, reason: str | None = None, sequence_key: str | None = None,
+                 sequence_id: str | None = None, target: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason if reason is not None else message
+        self.sequence_key = sequence_key
+        self.sequence_id = sequence_id
+        self.target = target
+
+
+class SequenceRefused(SequenceFaulted):
+    """The peer definitively refused to open a sequence: a SOAP Sender fault (a service
+    without WS-RM), CreateSequenceRefused, a 4xx answer.  Retrying cannot help."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +112,18 @@ class SequenceFault:
     sequence_id: str | None
     reason: str
     messages: tuple[FailedMessage, ...]
+
+    @property
+    def refused(self) -> bool:
+        """The peer refused to open the sequence at all (nothing was delivered)."""
+        return self.reason.startswith(CREATE_REFUSED)
+
+    def error(self) -> SequenceFaulted:
+        """The exception a caller waiting on one of these messages receives."""
+        cls = SequenceRefused if self.refused else SequenceFaulted
+        return cls(f"sequence to {self.target} faulted: {self.reason}", reason=self.reason,
+                   sequence_key=self.sequence_key,
+                   sequence_id=self.sequence_id, target=self.target)
 
 
 @dataclass(frozen=True)
@@ -175,6 +220,9 @@ class Source:
         self._secret = uuid.uuid4()
         self._coalescing = threading.local()
         self.faulted_sequences = 0
+        #: Observers told of every faulted sequence before the ``on_fault`` hook (they do not take
+        #: the messages over: the reliable zeep client fails its futures and callbacks there).
+        self.fault_listeners: list[Callable[[SequenceFault], None]] = []
 
     # -- transactions ---------------------------------------------------------------------
 
@@ -629,9 +677,16 @@ class Source:
             seq = tx.rms.get(store_key)
             if seq is None or not seq.faulted:
                 return True
-            failed = tuple(FailedMessage(m.number, m.message_id, m.action, m.payload)
+            failed = tuple(FailedMessage(m.number, m.message_id, m.action, m.payload, m.reply_callback,
+                                         m.reply_context)
                            for m in tx.rms_messages.list_for(store_key) if not m.acked)
         report = SequenceFault(store_key, seq.target, seq.sequence_id, seq.fault_reason or "faulted", failed)
+        if KEPT_MARK not in (seq.fault_reason or ""):  # not told again about a sequence already kept
+            for listener in list(self.fault_listeners):
+                try:
+                    listener(report)
+                except Exception:  # noqa: BLE001 -- an observer must not stop the report
+                    for_sequence(log, seq.sequence_id, key=store_key).exception("a sequence fault listener failed")
         if self._on_fault is not None:
             try:
                 self._on_fault(report)
