@@ -165,6 +165,18 @@ def is_post(request: ProxiedRequest) -> bool:
 # Address checks
 
 
+_ACTION_PARAM = re.compile(r';\s*action\s*=\s*"?([^";]*)"?', re.IGNORECASE)
+
+
+def soap_action(request: ProxiedRequest) -> str:
+    """The request's SOAP action: SOAP 1.1's SOAPAction header or SOAP 1.2's ``action`` parameter."""
+    header = request.header("SOAPAction")
+    if header is not None and header.strip('" '):
+        return header.strip().strip('"')
+    match = _ACTION_PARAM.search(request.header("Content-Type") or "")
+    return match.group(1) if match else ""
+
+
 def require_loopback(host: str, what: str = "address") -> None:
     """Refuse anything but 127.0.0.0/8, ::1 and ``localhost`` (never resolved)."""
     if host.lower() == "localhost":
@@ -674,6 +686,7 @@ class LossyProxy:
 
         self._lock = threading.Lock()
         self._counts = {f.name: 0 for f in fields(ProxyStats)}
+        self._by_action: dict[str, int] = {}
         self._seq = itertools.count(1)
         self._held: list[_Held] = []
         self._stopping = threading.Event()
@@ -763,6 +776,17 @@ class LossyProxy:
         with self._lock:
             return ProxyStats(**self._counts)
 
+    def received_by_action(self) -> dict[str, int]:
+        """POST requests read from clients, by SOAP action ("" when a request names none).
+
+        What a sender's counters can be checked against: every CreateSequence
+        beyond a sequence's first is a retry, every copy of an application
+        message beyond its first a retransmission, whatever the proxy then did
+        with it.
+        """
+        with self._lock:
+            return dict(self._by_action)
+
     def flush(self) -> None:
         """Forward every held-back request now (they still arrive late)."""
         with self._lock:
@@ -826,6 +850,9 @@ class LossyProxy:
             return
 
         self._count("received")
+        action = soap_action(request)
+        with self._lock:
+            self._by_action[action] = self._by_action.get(action, 0) + 1
         d = self._decide()
         if d.drop:
             log.debug("#%d %s: drop (%s)", seq, request.path, self.drop_mode)
