@@ -28,6 +28,11 @@ stored reply), and the client acknowledges each reply at once.  The reply is des
 client's binding and handed to the persisted callback (an import path, so
 it is found again after a restart) and to the call's future, if the
 process that made the call is still the one running.
+
+A client that must be able to restart while its server is down builds its
+zeep client with :class:`~interceptors.zeep_client.wsdl_cache.StoredWsdlTransport`
+(``zeep.Client(url, transport=StoredWsdlTransport(store))``): the WSDL is kept
+in the store and read from there when the server cannot be reached.
 """
 
 from __future__ import annotations
