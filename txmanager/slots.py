@@ -31,6 +31,7 @@ transactions with the holder's resources, holding the orphan's lock meanwhile.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
@@ -78,6 +79,7 @@ class NodeSlots:
         self._pattern = re.compile(re.escape(prefix) + r"-(\d+)\.log")
         self._sweeper: threading.Thread | None = None
         self._stop = threading.Event()
+        self._free_since: dict[int, float] = {}
 
     def node(self, index: int) -> str:
         return f"{self.prefix}-{index}"
@@ -90,21 +92,27 @@ class NodeSlots:
         found = [int(m.group(1)) for p in self.directory.iterdir() if (m := self._pattern.fullmatch(p.name))]
         return sorted(found)
 
-    def _candidates(self) -> Iterable[int]:
-        if self.size is not None:
-            return range(self.size)
-        return range(max(self.existing(), default=-1) + 2)  # every known slot, then a new one
-
-    def claim(self, timeout: float = 60.0, **tm_options: Any) -> TransactionManager:
+    def claim(self, timeout: float = 60.0, *, new_slot_after: float = 1.0, **tm_options: Any) -> TransactionManager:
         """A transaction manager on the lowest free slot, waiting up to ``timeout`` seconds for one.
 
+        Without a ``size``, a new slot is opened only when every known slot
+        stayed held for ``new_slot_after`` seconds: a dead worker's slot may be
+        held for a moment by another process checking it, and its respawned
+        successor should take it back rather than start a new log.
         ``tm_options`` go to :class:`~txmanager.TransactionManager`
         (``safety_interval`` defaults to 0, see the module docstring).
         """
         tm_options.setdefault("safety_interval", 0.0)
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
         while True:
-            for index in self._candidates():
+            waited = time.monotonic() - started
+            if self.size is not None:
+                candidates: Iterable[int] = range(self.size)
+            else:
+                known = self.existing()
+                top = max(known, default=-1) + 1
+                candidates = range(top + 1 if waited >= new_slot_after or not known else top)
+            for index in candidates:
                 try:
                     tm = TransactionManager(node=self.node(index), log=self.log_path(index), **tm_options)
                 except LogLockedError:
@@ -112,28 +120,46 @@ class NodeSlots:
                 log.info("process %d holds transaction-manager slot %s (log %s)", os.getpid(),
                          tm.node, self.log_path(index))
                 return tm
-            if time.monotonic() >= deadline:
+            if waited >= timeout:
                 raise NoFreeSlotError(f"all {self.size} slots {self.prefix}-0..{self.prefix}-{self.size - 1} in "
                                       f"{self.directory} are held by live processes: run at most {self.size} "
                                       "processes, or raise the size")
             time.sleep(0.1)
 
-    def recover_orphans(self, resources: Iterable[XAResource], exclude: str | None = None) -> dict[str, RecoveryReport]:
+    def is_free(self, index: int) -> bool:
+        """No live process holds slot ``index`` (its log's lock is taken and released at once)."""
+        fd = os.open(f"{self.log_path(index)}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)  # closing releases the lock
+        return True
+
+    def recover_orphans(self, resources: Iterable[XAResource], exclude: str | None = None,
+                        grace: float = 0.0) -> dict[str, RecoveryReport]:
         """Resolve the transactions of every slot no live process holds; the reports by node.
 
-        Each orphan's log is held (locked) while its recovery runs, so a
-        process starting meanwhile takes another slot or waits.
+        ``grace``: only slots seen free for that many seconds (by earlier
+        calls on this object), so that a respawning worker takes its
+        predecessor's slot back first.  Each orphan's log is held (locked)
+        while its recovery runs, so a process starting meanwhile waits.
         """
         reports: dict[str, RecoveryReport] = {}
         resources = list(resources)
+        now = time.monotonic()
         for index in self.existing():
             node = self.node(index)
-            if node == exclude:
+            if node == exclude or not self.is_free(index):
+                self._free_since.pop(index, None)
+                continue
+            if now - self._free_since.setdefault(index, now) < grace:
                 continue
             try:
                 orphan_log = RecoveryLog(self.log_path(index))
             except LogLockedError:
-                continue  # a live process holds it: its own recovery is its business
+                continue  # taken meanwhile: its new holder recovers it
             try:
                 report = RecoveryManager(orphan_log, resources, node, safety_interval=0.0).recover_once()
             finally:
@@ -143,16 +169,21 @@ class NodeSlots:
             reports[node] = report
         return reports
 
-    def start_sweeper(self, tm: TransactionManager, interval: float = 10.0) -> None:
-        """Every ``interval`` seconds, :meth:`recover_orphans` with ``tm``'s resources (a daemon thread)."""
+    def start_sweeper(self, tm: TransactionManager, interval: float = 10.0, grace: float | None = None) -> None:
+        """Every ``interval`` seconds, :meth:`recover_orphans` with ``tm``'s resources (a daemon thread).
+
+        ``grace`` (default: ``interval``, at least 5 s) leaves a free slot to
+        the worker that replaces its dead holder before sweeping it.
+        """
         if self._sweeper is not None:
             return
         self._stop.clear()
+        wait = max(interval, 5.0) if grace is None else grace
 
         def sweep() -> None:
             while not self._stop.wait(interval):
                 try:
-                    self.recover_orphans(list(tm._resources), exclude=tm.node)
+                    self.recover_orphans(list(tm._resources), exclude=tm.node, grace=wait)
                 except Exception:  # noqa: BLE001 -- a sweep that fails is retried at the next one
                     log.exception("recovering orphan slots failed; retrying in %s s", interval)
 

@@ -4,6 +4,8 @@ worker_class = "gthread"
 threads = 4
 graceful_timeout = 10
 timeout = 60
+# no control socket: several test deployments run at once, and it is one fixed path per user
+control_socket_disable = True
 
 
 def worker_exit(server, worker):  # noqa: ARG001 -- gunicorn's hook signature
