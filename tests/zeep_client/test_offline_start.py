@@ -88,3 +88,21 @@ def test_first_start_without_the_server_says_why(tmp_path: Path) -> None:
             zeep.Client(url, transport=transport)
     finally:
         transport.close()
+
+
+@pytest.mark.postgres
+def test_the_copy_is_kept_in_a_postgresql_store_too(pg_dsn_factory) -> None:
+    """The table is created on first use; a newer fetch replaces the copy; two processes' stores agree."""
+    store = f"postgresql:{pg_dsn_factory('wsdlcache')}"
+    first, second = StoredWsdlTransport(store), StoredWsdlTransport(store)
+    try:
+        assert first.get("http://127.0.0.1:1/?wsdl") is None
+        first.put("http://127.0.0.1:1/?wsdl", b"<definitions/>")
+        first.put("http://127.0.0.1:1/?wsdl", b"<definitions name='v2'/>")
+        content, _ = second.get("http://127.0.0.1:1/?wsdl")
+        assert content == b"<definitions name='v2'/>"
+        # the server is down (nothing listens on port 1): the stored copy answers
+        assert second.load("http://127.0.0.1:1/?wsdl") == b"<definitions name='v2'/>"
+    finally:
+        first.close()
+        second.close()
