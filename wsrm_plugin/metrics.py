@@ -33,7 +33,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _GAUGES = (
     ("wsrm_unacknowledged_messages", "Messages sent and not yet acknowledged by the peer",
      lambda r: r.unacknowledged),
-    ("wsrm_retransmissions", "Retransmissions of the source sequences in the store",
+    ("wsrm_retransmissions", "Retransmissions of the source sequences still in the store (an ended sequence "
+     "takes its count with it; ReliableEngine.status() counts a process's retransmissions for good)",
      lambda r: r.retransmissions),
     ("wsrm_faulted_sequences", "Source sequences given up (their messages reported to the application)",
      lambda r: r.faulted_sequences),

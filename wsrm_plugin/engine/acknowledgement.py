@@ -94,8 +94,10 @@ class AcknowledgementWorker:
                     tx.rmd.update(seq.sequence_id, ack_due_at=now + self.policy.base_retransmission_interval)
             return
         self.acks_sent += 1
-        if response.body:
-            self.inbound.read_response(response.body)
+        if response.body and response.is_xml:
+            self.inbound.read_response(response.body, origin=f"{response.describe(seq.acks_to)} to an acknowledgement")
+        elif not 200 <= response.status < 300:
+            slog.warning("acknowledgement answered with %s", response.describe(seq.acks_to))
         self.destination.ack_delivered(seq)
         slog.debug("acknowledged %s to %s", ack.ranges, seq.acks_to)
 

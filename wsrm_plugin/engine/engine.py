@@ -61,6 +61,8 @@ class EngineStatus:
     faults_sent: int
     refused_sequences: int
     by_state: dict[str, int]
+    #: Control messages (CreateSequence, CloseSequence, TerminateSequence) this process sent again.
+    control_retries: int = 0
 
 
 class ReliableEngine:
@@ -240,7 +242,7 @@ class ReliableEngine:
             send_failures=self.retransmission.send_failures,
             delivered=self.invoker.delivered, delivery_failures=self.invoker.failed,
             faults_sent=self.inbound.faults_sent, refused_sequences=self.destination.refused_sequences,
-            by_state=store.by_state())
+            by_state=store.by_state(), control_retries=self.retransmission.control_retries)
 
     def wait_until(self, predicate: Callable[[EngineStatus], bool], timeout: float) -> bool:
         """Poll :meth:`status` until ``predicate`` holds; False after ``timeout`` seconds."""

@@ -323,13 +323,17 @@ class Inbound:
     # -- responses to what we sent ------------------------------------------------------------------
 
     def read_response(self, data: bytes, *, store_key: str | None = None,
-                      apply_faults: bool = True) -> ResponseContent:
+                      apply_faults: bool = True, origin: str | None = None) -> ResponseContent:
         """Apply what a response says (acks; faults about ``store_key`` unless not
-        ``apply_faults``); return its body or fault for the caller to judge."""
+        ``apply_faults``); return its body or fault for the caller to judge.
+
+        ``origin`` says what answered what (``HTTP 200 OK from URL to message 4``)
+        for the log line of a response that cannot be read.
+        """
         try:
             message = read_message(data, self.policy.max_message_size)
         except SoapFault as fault:
-            log.warning("unreadable response (%s); treating it as lost", fault)
+            log.warning("unreadable response%s (%s); treating it as lost", f" ({origin})" if origin else "", fault)
             return ResponseContent()
         if message.sequence is not None:
             return ResponseContent(reliable=True)  # a reply on the back-channel: the caller handles it

@@ -129,8 +129,12 @@ class RetransmissionWorker:
         self.inbound = inbound
         self.transport = transport
         self.messages_sent = 0
+        #: Application messages sent again (every attempt after a message's first, whatever its outcome).
         self.retransmissions = 0
+        #: Control messages (CreateSequence, CloseSequence, TerminateSequence) sent again.
+        self.control_retries = 0
         self.send_failures = 0
+        self._counter_lock = threading.Lock()  # sending lanes count from several threads
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         #: Last successful exchange with the peer per sequence key (the store's
@@ -205,8 +209,31 @@ class RetransmissionWorker:
         if 200 <= response.status < 300:
             self._exchanged_with(seq.key)
         slog.info("messages still waiting to go out: AckRequested sent so the peer keeps the sequence")
-        if response.body:
-            self.inbound.read_response(response.body, store_key=seq.key)
+        self._read(seq, response, "AckRequested", store_key=seq.key)
+
+    def _bump(self, **counts: int) -> None:
+        with self._counter_lock:
+            for name, n in counts.items():
+                if n:
+                    setattr(self, name, getattr(self, name) + n)
+
+    def _read(self, seq: RmsSequence, response: Response, what: str, number: int | None = None,
+              **kwargs: Any) -> ResponseContent | None:
+        """The response's content (None when it had none), after logging an answer that is no SOAP.
+
+        An HTTP error with a proxy's or server's text page says more by its
+        status and URL than a parse error of its body would.
+        """
+        if response.body and response.is_xml:
+            origin = f"{response.describe(seq.target)} to {what}"
+            return self.inbound.read_response(response.body, origin=origin, **kwargs)
+        if not 200 <= response.status < 300:
+            for_sequence(log, seq.sequence_id, number, key=seq.key).warning(
+                "%s answered with %s; treating it as lost (will retry)", what, response.describe(seq.target))
+        elif response.body:
+            for_sequence(log, seq.sequence_id, number, key=seq.key).warning(
+                "%s answered with %s, which is no SOAP envelope; ignored", what, response.describe(seq.target))
+        return None
 
     # -- control messages -----------------------------------------------------------------------
 
@@ -248,6 +275,8 @@ class RetransmissionWorker:
                         self.source.fault_in(tx, seq, f"no answer to {action} sequence after {attempts} attempts")
                         return True
                 else:
+                    if attempts:
+                        self._bump(control_retries=1)
                     tx.rms.update(key, control_attempts=attempts + 1,
                                   next_control_at=now + policy.retry_delay(attempts + 1),
                                   **({"close_sent": True} if action == "close" else {}))
@@ -290,10 +319,11 @@ class RetransmissionWorker:
         try:
             response = self.transport.send(seq.target, data, soap.http_headers(action))
         except TransportError as exc:
-            self.send_failures += 1
+            self._bump(send_failures=1, control_retries=exc.attempts - 1)
             for_sequence(log, seq.sequence_id, key=seq.key).info(
                 "%s not delivered (will retry): %s", type(body).__name__, exc)
             return None
+        self._bump(control_retries=response.attempts - 1)
         if 200 <= response.status < 300:
             self._exchanged_with(seq.key)
         return response
@@ -302,9 +332,9 @@ class RetransmissionWorker:
                   apply_faults: bool = True) -> ResponseContent | None:
         """Send a control message; the response's content (None when nothing usable came back)."""
         response = self._post(seq, action, body, message_id=message_id)
-        if response is None or not response.body:
+        if response is None:
             return None
-        return self.inbound.read_response(response.body, store_key=seq.key, apply_faults=apply_faults)
+        return self._read(seq, response, type(body).__name__, store_key=seq.key, apply_faults=apply_faults)
 
     def _send_create(self, seq: RmsSequence) -> None:
         rm = rm_version_of(seq)
@@ -363,7 +393,7 @@ class RetransmissionWorker:
         response = self._post(seq, rm.terminate_sequence_action, TerminateSequence(seq.sequence_id, last))
         if response is None:
             return
-        content = self.inbound.read_response(response.body, apply_faults=False) if response.body else None
+        content = self._read(seq, response, "TerminateSequence", apply_faults=False)
         fault = content.fault if content is not None else None
         body = content.body if content is not None else None
         if fault is not None:
@@ -513,22 +543,23 @@ class RetransmissionWorker:
                 headers.append(ack.to_xml(rm_version_of(rmd), soap))
         data = stamp(msg.payload, headers)
         slog = for_sequence(log, seq.sequence_id, msg.number)
-        if msg.send_count:  # every attempt after the first counts, whatever its outcome
-            self.retransmissions += 1
+        # Every copy after the first counts, whatever its outcome, including the one the transport
+        # itself sends again when a kept-alive connection turned out closed.
+        first = 0 if msg.send_count else 1
         try:
             response = self.transport.send(seq.target, data, soap.http_headers(msg.action))
         except TransportError as exc:
-            self.send_failures += 1
+            self._bump(send_failures=1, retransmissions=exc.attempts - first)
             slog.debug("not delivered (attempt %d, will retry): %s", msg.send_count + 1, exc)
             return
-        self.messages_sent += 1
+        self._bump(messages_sent=1, retransmissions=response.attempts - first)
         if 200 <= response.status < 300:  # a proxy's 503 does not reach the destination's timer
             self._exchanged_with(seq.key)
         elif response.status == 503:
             self._retry_after(seq, msg, response)
         if msg.send_count:
             slog.debug("retransmitted (attempt %d): HTTP %d", msg.send_count + 1, response.status)
-        content = self.inbound.read_response(response.body, store_key=seq.key) if response.body else None
+        content = self._read(seq, response, f"message {msg.number}", msg.number, store_key=seq.key)
         if msg.last and rm is RM10 and 200 <= response.status < 300 and getattr(content, "fault", None) is None \
                 and EndpointReference(seq.acks_to).is_anonymous:
             self._last_message_accepted(seq, msg.number)
@@ -582,5 +613,4 @@ class RetransmissionWorker:
             for_sequence(log, seq.sequence_id, key=seq.key).info(
                 "acknowledgement of a back-channel reply not delivered (%s); the reply comes again", exc)
             return
-        if response.body:
-            self.inbound.read_response(response.body, store_key=seq.key)
+        self._read(seq, response, "SequenceAcknowledgement", store_key=seq.key)

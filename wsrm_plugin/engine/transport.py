@@ -47,11 +47,44 @@ class Response:
     status: int
     body: bytes = b""
     headers: Mapping[str, str] = field(default_factory=dict)
+    #: Where the request went (set by :class:`HttpTransport`; "" when a transport does not say).
+    url: str = ""
+    #: Copies of the request put on the wire: 2 when a stale keep-alive connection made the
+    #: transport send it again (the peer may have got both; the sender's counters include it).
+    attempts: int = 1
 
     @property
     def ok(self) -> bool:
         """2xx, or a SOAP fault (500/400 with a body): the peer got and read the message."""
         return 200 <= self.status < 300
+
+    @property
+    def is_xml(self) -> bool:
+        """The body is meant as XML (its content type says so, or it starts like XML).
+
+        A proxy's or web server's error page (``502 Bad Gateway`` in text or
+        HTML) is not: reading it as a SOAP envelope only yields a misleading
+        "malformed XML" instead of the status that says what happened.
+        """
+        ctype = next((v for k, v in self.headers.items() if k.lower() == "content-type"), "").lower()
+        if "xml" in ctype:
+            return True
+        if ctype and not ctype.startswith("application/octet-stream"):
+            return False
+        return self.body.lstrip()[:1] == b"<"
+
+    def describe(self, address: str | None = None) -> str:
+        """``HTTP 502 Bad Gateway from URL`` and, for a body that is not XML, its first line.
+
+        What an operator needs to tell a broken proxy from a refusing peer.
+        """
+        reason = http.client.responses.get(self.status, "")
+        text = f"HTTP {self.status}{' ' + reason if reason else ''} from {address or self.url or 'the peer'}"
+        if self.body and not self.is_xml:
+            first = self.body.strip().splitlines()[0][:200].decode("utf-8", "replace") if self.body.strip() else ""
+            if first:
+                text += f": {first!r}"
+        return text
 
 
 class TransportError(OSError):
@@ -60,6 +93,9 @@ class TransportError(OSError):
     Nothing is known about whether the peer got it: WS-RM's retransmission is
     what makes that harmless.
     """
+
+    #: Copies of the request that went out before giving up (see :attr:`Response.attempts`).
+    attempts: int = 1
 
 
 class Transport(Protocol):
@@ -149,8 +185,10 @@ class HttpTransport:
                 body = response.read(self.max_response_size + 1)
                 if len(body) > self.max_response_size:
                     self._drop(peer)
-                    raise TransportError(f"the response from {address} exceeds {self.max_response_size} bytes")
-                result = Response(response.status, body, dict(response.getheaders()))
+                    error = TransportError(f"the response from {address} exceeds {self.max_response_size} bytes")
+                    error.attempts = attempt
+                    raise error
+                result = Response(response.status, body, dict(response.getheaders()), address, attempt)
                 if response.will_close:
                     self._drop(peer)
                 return result
@@ -163,7 +201,9 @@ class HttpTransport:
                 if attempt == 1 and stale:
                     log.debug("connection to %s:%s went stale; retrying once on a new one", *peer[1:])
                     continue
-                raise TransportError(f"POST {address} failed: {exc!r}") from exc
+                error = TransportError(f"POST {address} failed: {exc!r}")
+                error.attempts = attempt
+                raise error from exc
         raise AssertionError("unreachable")
 
     def close(self) -> None:
