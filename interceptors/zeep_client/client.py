@@ -47,6 +47,7 @@ Failures reach the caller:
   :class:`ReliableClient`) takes them over instead;
 * :meth:`ReliableClient.flush` waits until everything is acknowledged and
   says what is not; ``stop()`` on a memory store refuses to drop unsent messages.
+
 A client that must be able to restart while its server is down builds its
 zeep client with :class:`~interceptors.zeep_client.wsdl_cache.StoredWsdlTransport`
 (``zeep.Client(url, transport=StoredWsdlTransport(store))``): the WSDL is kept

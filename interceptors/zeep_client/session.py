@@ -96,7 +96,7 @@ class ZeepSessionTransport:
         if self._tls_failing:
             with self._lock:
                 self._tls_failing.discard(address)
-        return Response(response.status_code, body, dict(response.headers))
+        return Response(response.status_code, body, dict(response.headers), url=address)
 
     def _read(self, response: requests.Response, address: str) -> bytes:
         chunks: list[bytes] = []

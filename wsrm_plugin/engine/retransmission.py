@@ -347,8 +347,7 @@ class RetransmissionWorker:
                               message_id=self.source.create_message_id(seq))
         if response is None:
             return  # a transport error: tried again
-        content = self.inbound.read_response(response.body, store_key=seq.key, apply_faults=False) \
-            if response.body else None
+        content = self._read(seq, response, "CreateSequence", store_key=seq.key, apply_faults=False)
         if content is not None and isinstance(content.body, CreateSequenceResponse):
             self.source.on_create_sequence_response(seq.key, content.body, rm,
                                                     create_offered=self.destination.create_offered)
