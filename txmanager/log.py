@@ -156,6 +156,8 @@ class _Ledger:
         self._entries: dict[Xid, dict[str, Any]] = {}
         #: Descriptions of unreadable parts of the log (non-empty: safe mode).
         self.damage: list[str] = []
+        #: The node (transaction manager) that writes this log, once it said so.
+        self.node: str | None = None
 
     def mark_damaged(self, what: str) -> None:
         self.damage.append(what)
@@ -227,6 +229,8 @@ class _Ledger:
             self.mark_damaged(str(rec["what"]))
         elif kind == "repaired":
             self.repaired()
+        elif kind == "node":
+            self.node = str(rec["n"])
         else:
             return False
         return True
@@ -243,8 +247,9 @@ class _Ledger:
 
     def live_payloads(self) -> list[bytes]:
         """The fewest records that rebuild the current state (for compaction)."""
-        out: list[bytes] = [
-            f'{{"t":"damage","what":{_q(what)}}}'.encode() for what in self.damage]
+        out: list[bytes] = [] if self.node is None else [
+            f'{{"t":"node","n":{_q(self.node)}}}'.encode()]
+        out.extend(f'{{"t":"damage","what":{_q(what)}}}'.encode() for what in self.damage)
         for g, e in self._entries.items():
             if e["committing"]:
                 out.append(_commit_payload(g, e["branches"].items(), e["at"]))
@@ -455,6 +460,28 @@ class RecoveryLog:
         compaction) does not forget it."""
         with self._mutex:
             return list(self._ledger.damage)
+
+    def node(self) -> str | None:
+        """The node whose log this is (None for a log that never said: format 1, or new)."""
+        with self._mutex:
+            return self._ledger.node
+
+    def claim_node(self, node: str) -> None:
+        """Name the node that writes this log (durably, once); a log that names
+        another node is refused: its in-doubt branches carry the other name, so
+        this manager's recovery would never presume them aborted, and the other
+        name's manager would find no log."""
+        with self._mutex:
+            known = self._ledger.node
+        if known == node:
+            return
+        if known is not None:
+            raise RecoveryLogError(
+                f"recovery log {self.path} belongs to node {known!r}, not {node!r}: each "
+                "transaction manager keeps its own node name and log across restarts "
+                "(fix node= or the log path)")
+        self._submit(f'{{"t":"node","n":{_q(node)}}}'.encode(), True,
+                     lambda: setattr(self._ledger, "node", node))
 
     def end_safe_mode(self) -> list[str]:
         """An operator's word that the damage has been dealt with; returns what it was."""
