@@ -656,7 +656,8 @@ class RecoveryLog:
             with open(copy, "wb") as f:
                 f.write(data.rstrip(b"\0"))
                 f.flush()
-                os.fsync(f.fileno())
+                if self._fsync:
+                    os.fsync(f.fileno())
         except OSError as e:
             copy = f"(no copy: {e})"
         spans = ", ".join(f"bytes {a}-{b} ({why})" for a, b, why in bad)
