@@ -12,7 +12,10 @@ import pytest
 
 from tests.conftest import start_throwaway_server
 from txmanager import (
-    MemoryResource, PreparedTransactionsDisabledError, RecoveryLogError, TransactionManager,
+    MemoryResource,
+    PreparedTransactionsDisabledError,
+    RecoveryLogError,
+    TransactionManager,
 )
 from txmanager.postgres import PostgresXAResource, XADataSource
 
@@ -99,7 +102,8 @@ def test_a_log_that_names_another_node_is_refused(tmp_path):
 
 
 def _recover(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([WSRM, "recover", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([WSRM, "recover", *args], capture_output=True, text=True, timeout=60,
+                          check=False)
 
 
 def test_wsrm_recover_with_a_mistyped_log_path_creates_nothing(tmp_path):

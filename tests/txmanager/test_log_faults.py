@@ -14,7 +14,13 @@ import time
 
 import pytest
 
-from txmanager import MemoryResource, RecoveryLog, RollbackError, TransactionManager, Xid
+from txmanager import (
+    MemoryResource,
+    RecoveryLog,
+    RollbackError,
+    TransactionManager,
+    Xid,
+)
 
 from .conftest import Crash, crash_at, log_records, work
 
