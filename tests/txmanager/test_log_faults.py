@@ -41,7 +41,8 @@ class _GroupingLog(RecoveryLog):
         if self._first:
             self._first = False
             deadline = time.monotonic() + 30
-            while len(self._queue) < self._waiters and time.monotonic() < deadline:
+            while len(self._queue) < self._waiters:
+                assert time.monotonic() < deadline, "the other decisions never queued up"
                 time.sleep(0.001)
         # What the disk will have once this flush returns: every record written so far.
         self._events.append(("synced", {r["g"] for r in log_records(self.path)}))
@@ -299,3 +300,43 @@ def test_a_full_disk_rolls_back_undecidable_transactions_and_loses_nothing(small
         assert a.snapshot()["pending"] == b.snapshot()["pending"] == 1
     finally:
         tm.close()
+
+
+def test_concurrent_two_phase_commits_through_the_manager_share_fsyncs(tmp_path):
+    """The same through the transaction manager: 8 threads, each a two-resource
+    transaction; their 8 decisions take 2 flushes, and every one commits."""
+    n = 8
+    lg = _GroupingLog(tmp_path / "tx.log", waiters=n - 1, events=[])
+    lg._first = False  # the manager's own first record (its node name) is not the test's batch
+    tm = TransactionManager(node="group", log=lg, retry_delay=0.001)
+    lg._first = True
+    pairs = [(MemoryResource(f"a{k}"), MemoryResource(f"b{k}")) for k in range(n)]
+    barrier = threading.Barrier(n)
+    errors: list[BaseException] = []
+    before = lg.fsyncs
+
+    def transfer(k: int) -> None:
+        a, b = pairs[k]
+        try:
+            tx = tm.begin()
+            work(tx, a, "k", k)
+            work(tx, b, "k", k)
+            barrier.wait()
+            tm.commit()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=transfer, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        assert not errors
+        assert lg.fsyncs - before == 2, f"{lg.fsyncs - before} fsyncs for {n} decisions"
+        for k, (a, b) in enumerate(pairs):
+            assert a.snapshot() == b.snapshot() == {"k": k}
+        assert tm.log.pending() == {}
+    finally:
+        tm.close()
+        lg.close()
