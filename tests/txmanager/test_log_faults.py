@@ -269,6 +269,8 @@ def test_a_full_disk_rolls_back_undecidable_transactions_and_loses_nothing(small
                 break
             committed.append(i)
         assert refused, "the disk filled up"
+        print(f"disk full: {len(committed)} committed on the full disk (room left in the "
+              f"log's last page), then transaction {refused[0]} refused and rolled back")
         i = refused[0]
         assert f"k{i}" not in a.snapshot() and f"k{i}" not in b.snapshot(), \
             "the transaction whose decision could not be written was rolled back"
