@@ -41,7 +41,9 @@ class TransactionManager:
     ``node`` names this manager in every gtrid it creates, so recovery only
     ever touches its own branches: it must be unique among the managers that
     share a resource (and stable across restarts).  ``log`` is a
-    :class:`RecoveryLog` or a path to one; ``None`` means decisions are kept
+    :class:`RecoveryLog` or a path to one (created if missing; a missing
+    directory, or a log that names another node, raises
+    :class:`~txmanager.errors.RecoveryLogError` here, not at the first commit); ``None`` means decisions are kept
     in memory only and a crash between the decision and phase 2 leaves
     branches that recovery will roll back -- accept that explicitly.
     ``checkpoint`` is the crash-test hook documented in :mod:`.transaction`.
@@ -79,6 +81,14 @@ class TransactionManager:
             self._owns_log = True
         else:
             self.log = log
+        claim = getattr(self.log, "claim_node", None)
+        if callable(claim):
+            try:
+                claim(self.node)
+            except BaseException:
+                if self._owns_log:
+                    self.log.close()
+                raise
         self._local = threading.local()
         self._mutex = threading.Lock()
         self._in_flight: dict[bytes, Transaction] = {}

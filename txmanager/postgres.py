@@ -44,11 +44,45 @@ from .xa import (
     XA_RBTIMEOUT, XA_RBTRANSIENT, XA_RDONLY, XAER_DUPID, XAER_INVAL, XAER_NOTA, XAER_OUTSIDE,
     XAER_PROTO, XAER_RMERR, XAER_RMFAIL, XAException, XAResource,
 )
+from .errors import PreparedTransactionsDisabledError
 from .xid import Xid
 
-__all__ = ["PostgresXAResource", "XADataSource", "default_resource_name"]
+__all__ = ["PostgresXAResource", "XADataSource", "default_resource_name",
+           "check_prepared_transactions"]
 
 log = logging.getLogger(__name__)
+
+#: Databases (by resource name) whose ``max_prepared_transactions`` was seen > 0.
+_prepared_ok: set[str] = set()
+_prepared_ok_lock = threading.Lock()
+
+
+def check_prepared_transactions(conn: Connection, resource_name: str) -> None:
+    """Refuse a database on which PREPARE TRANSACTION cannot work.
+
+    PostgreSQL ships with ``max_prepared_transactions = 0``; a transaction
+    manager on such a server accepts work and then fails every two-phase
+    commit.  Checked once per database and process, on ``conn`` (left as it
+    was found: the SHOW runs in autocommit mode)."""
+    if resource_name in _prepared_ok:
+        return
+    was = conn.autocommit
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW max_prepared_transactions")
+            row = cur.fetchone()
+    finally:
+        conn.autocommit = was
+    value = int(row[0]) if row else 0
+    if value <= 0:
+        raise PreparedTransactionsDisabledError(
+            f"PostgreSQL database {resource_name} has max_prepared_transactions = {value}: "
+            "two-phase commit is disabled there; set max_prepared_transactions (at least the "
+            "number of concurrent transactions, e.g. = max_connections) in postgresql.conf and "
+            "restart PostgreSQL")
+    with _prepared_ok_lock:
+        _prepared_ok.add(resource_name)
 
 Connection = ext.connection
 ConnectionFactory = Callable[[], Connection]
@@ -218,6 +252,12 @@ class PostgresXAResource:
         with self._lock:
             if self._session is None or self._session.closed:
                 conn = self._connect()
+                try:
+                    check_prepared_transactions(conn, self.resource_name)
+                except BaseException:
+                    with contextlib.suppress(psycopg2.Error):
+                        conn.close()
+                    raise
                 conn.autocommit = False
                 self._session = conn
             return self._session
@@ -759,6 +799,7 @@ class XADataSource:
         self._lock = threading.Lock()
         self._closed = False
         self._recovery_resource: PostgresXAResource | None = None
+        self._check_at_start()
         if register_for_recovery:
             self._recovery_resource = self.xa_resource_for_recovery()
             tm.register_resource(self._recovery_resource)
@@ -812,6 +853,22 @@ class XADataSource:
             conn.commit()
         finally:
             self._release(resource)
+
+    def _check_at_start(self) -> None:
+        """Fail now, with one clear exception, if the database cannot prepare.
+
+        A database that cannot be reached now is checked when it first
+        connects instead (a server may start before its database)."""
+        try:
+            conn = psycopg2.connect(self.dsn)
+        except psycopg2.Error as e:
+            log.warning("%s: cannot connect to check max_prepared_transactions now (%s); "
+                        "checking at the first connection", self.resource_name, _describe(e))
+            return
+        try:
+            check_prepared_transactions(conn, self.resource_name)
+        finally:
+            conn.close()
 
     def xa_resource_for_recovery(self) -> PostgresXAResource:
         """A resource for the recovery manager: same name, its own connections, opened on demand."""
