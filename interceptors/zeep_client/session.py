@@ -28,7 +28,7 @@ from typing import Any
 
 import requests
 
-from wsrm_plugin.engine.transport import Response, TransportError
+from wsrm_plugin.engine.transport import HttpTransport, Response, TransportError
 
 __all__ = ["ZeepSessionTransport"]
 
@@ -54,6 +54,7 @@ class ZeepSessionTransport:
         self.max_response_size = max_response_size
         self._lock = threading.Lock()
         self._tls_failing: set[str] = set()
+        self._fast: dict[float, HttpTransport] = {}  # by timeout
 
     def _zeep_transport(self) -> Any:
         transport = self.client.transport
@@ -67,8 +68,10 @@ class ZeepSessionTransport:
     def send(self, address: str, envelope: bytes, headers: Mapping[str, str]) -> Response:
         zeep_transport = self._zeep_transport()
         timeout = getattr(zeep_transport, "operation_timeout", None) or self.timeout
+        session = zeep_transport.session
+        if _nothing_to_honour(session, address):
+            return self._fast_transport(timeout).send(address, envelope, headers)
         try:
-            session = zeep_transport.session
             # verify passed explicitly: requests lets REQUESTS_CA_BUNDLE override a session's
             # own verify (psf/requests#3829); the session's choice is the user's.
             response = session.post(address, data=envelope, headers=dict(headers), timeout=timeout,
@@ -111,5 +114,36 @@ class ZeepSessionTransport:
             raise TransportError(f"reading the response from {address} failed: {exc!r}") from exc
         return b"".join(chunks)
 
+    def _fast_transport(self, timeout: float) -> HttpTransport:
+        with self._lock:
+            fast = self._fast.get(timeout)
+            if fast is None:
+                fast = self._fast[timeout] = HttpTransport(timeout=timeout,
+                                                           max_response_size=self.max_response_size)
+            return fast
+
     def close(self) -> None:
-        """Nothing to do: the session is the zeep client's, closed by its owner."""
+        """Close the fast path's connections; the session is the zeep client's, closed by its owner."""
+        with self._lock:
+            fast, self._fast = list(self._fast.values()), {}
+        for transport in fast:
+            transport.close()
+
+
+_DEFAULT_HEADERS = {"user-agent", "accept-encoding", "accept", "connection"}
+
+
+def _nothing_to_honour(session: Any, address: str) -> bool:
+    """Whether posting with ``session`` would be a plain HTTP POST (see the module's docstring)."""
+    if type(session) is not requests.Session or not address.startswith("http://"):
+        return False
+    if session.auth is not None or session.proxies or session.cert is not None or len(session.cookies):
+        return False
+    if any(session.hooks.get(name) for name in session.hooks):
+        return False
+    if any(key.lower() not in _DEFAULT_HEADERS for key in session.headers):
+        return False
+    adapter = session.get_adapter(address)  # zeep mounts file:// too; only this address's counts
+    if type(adapter) is not requests.adapters.HTTPAdapter or adapter.max_retries.total != 0:
+        return False
+    return not (session.trust_env and requests.utils.get_environ_proxies(address))

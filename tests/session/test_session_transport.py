@@ -116,3 +116,40 @@ def test_a_refused_connection_is_a_transport_error():
 def test_a_bad_timeout_is_refused_at_once():
     with pytest.raises(ValueError, match="timeout must be > 0"):
         ZeepSessionTransport(FakeClient(None), timeout=0)
+
+
+def test_only_a_session_with_nothing_to_honour_takes_the_fast_path(monkeypatch):
+    """zeep's default session posts through the engine's keep-alive transport; any setting a user
+    makes (proxy, auth, certificate, header, adapter, an https peer, an environment proxy) keeps
+    the requests path, so that setting is honoured."""
+    import requests
+    import zeep.transports
+
+    from interceptors.zeep_client.session import _nothing_to_honour
+
+    url = "http://127.0.0.1:8080/svc"
+    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+
+    def fresh():
+        return zeep.transports.Transport().session
+
+    assert _nothing_to_honour(fresh(), url)
+    assert not _nothing_to_honour(fresh(), "https://127.0.0.1:8443/svc")
+    changes = [
+        lambda s: s.proxies.update(http="http://127.0.0.1:3128"),
+        lambda s: setattr(s, "auth", ("user", "secret")),
+        lambda s: setattr(s, "cert", "/tmp/client.pem"),
+        lambda s: s.headers.update({"X-Tenant": "a"}),
+        lambda s: s.cookies.set("session", "1"),
+        lambda s: s.hooks["response"].append(lambda r, **kw: r),
+        lambda s: s.mount("http://", requests.adapters.HTTPAdapter(max_retries=3)),
+    ]
+    for change in changes:
+        session = fresh()
+        change(session)
+        assert not _nothing_to_honour(session, url)
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:3128")
+    assert not _nothing_to_honour(fresh(), url)
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    assert _nothing_to_honour(fresh(), url)
