@@ -185,6 +185,9 @@ class InvokerWorker:
         #: Isolated messages whose application fault is to be answered once they are next in
         #: line (a failure to process is marked in the store instead: see :meth:`_processing_failed`).
         self._doomed: dict[tuple[str, int], BaseException] = {}
+        #: The exception of a message whose last cycle ended inside a batch, for the failure hook
+        #: (after a restart the hook gets the error's description from the store instead).
+        self._last_errors: dict[tuple[str, int], BaseException] = {}
         self._lock = threading.Lock()
         self.delivered = 0
         #: Messages given up: answered with a fault, or moved to the poison store.
@@ -241,7 +244,8 @@ class InvokerWorker:
                 if doomed is not None:  # its attempts ran out inside a batch: settle it now, it is first
                     settled = self._give_up(tx, claimed, doomed)
                 elif claimed.cycle > self.policy.max_retry_cycles:  # its last cycle ended in a batch
-                    settled = self._poison(tx, claimed, _RecordedFailure(claimed.last_error))
+                    error = self._last_errors.get((claimed.sequence_id, claimed.number))
+                    settled = self._poison(tx, claimed, error or _RecordedFailure(claimed.last_error))
                 else:
                     done.append((claimed, self._deliver(tx, claimed)))
                     wake = getattr(self._ambient, "wake_sender", True)
@@ -338,6 +342,7 @@ class InvokerWorker:
         """``msg`` is settled (delivered or given up): drop what was kept about it (caller holds the lock)."""
         key = (msg.sequence_id, msg.number)
         self._doomed.pop(key, None)
+        self._last_errors.pop(key, None)
         self._isolated.discard(key)
 
     def _batch_broken(self, msg: BufferedMessage, exc: BaseException) -> bool:
@@ -460,6 +465,8 @@ class InvokerWorker:
             settled()
             return True
         if step.poisoned:
+            with self._lock:
+                self._last_errors[(msg.sequence_id, msg.number)] = exc
             slog.warning("last delivery attempt failed (%s); moved to the poison store once the "
                          "messages before it are delivered", error)
         elif step.attempts == 0:
