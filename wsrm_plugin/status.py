@@ -11,9 +11,11 @@ this node sends; ``destination``: messages it receives), identifier, state,
 unacknowledged messages, retransmissions and last activity.  The counters
 below it are the ones to alert on: unacknowledged messages (a peer not
 answering), retransmissions (a lossy network), faulted sequences (messages
-given up: the application was told) and in-doubt transactions (XA branches
+given up: the application was told), in-doubt transactions (XA branches
 prepared in the store and not yet decided: they block it until recovery runs,
-see ``wsrm recover``).
+see ``wsrm recover``), messages waiting for a retry (their delivery failed:
+the application or its database is in trouble) and poison messages (every
+retry cycle failed: they wait for an operator, see ``wsrm poison``).
 
 The status is read without taking the store's locks, so it is safe against
 a running engine, even one stuck behind in-doubt branches.
@@ -55,6 +57,10 @@ class StoreReport:
     in_doubt_transactions: int
     buffered: int
     by_state: dict[str, int]
+    #: Buffered messages whose delivery failed and that wait for their next attempt.
+    waiting_for_retry: int = 0
+    #: Messages in the poison store (``wsrm poison list``).
+    poison: int = 0
 
     @classmethod
     def of(cls, url: str, status: StoreStatus) -> StoreReport:
@@ -65,7 +71,7 @@ class StoreReport:
         return cls(store=url, sequences=tuple(rows), unacknowledged=status.unacked,
                    retransmissions=status.retransmissions, faulted_sequences=status.faulted,
                    in_doubt_transactions=status.prepared_branches, buffered=status.buffered,
-                   by_state=status.by_state())
+                   by_state=status.by_state(), waiting_for_retry=status.retrying, poison=status.poisoned)
 
 
 def report(store: StorageManager) -> StoreReport:
@@ -110,6 +116,8 @@ def format_report(r: StoreReport) -> str:
         f"in-doubt transactions     {r.in_doubt_transactions}"
         + ("   (run `wsrm recover`)" if r.in_doubt_transactions else ""),
         f"messages awaiting delivery {r.buffered}",
+        f"waiting for a retry       {r.waiting_for_retry}",
+        f"poison messages           {r.poison}" + ("   (run `wsrm poison list`)" if r.poison else ""),
     ]
     return "\n".join(out) + "\n"
 
