@@ -68,6 +68,8 @@ _FAULT_KEY = "wsrm.service_fault"
 #: Exchange property: the method raised a spyne ``Fault`` of its own (a declared application fault).
 _DECLARED_KEY = "wsrm.declared_fault"
 _LISTENING = "_wsrm_declared_fault_listener"
+#: Exchange property: what a method raised that was not a spyne ``Fault`` (for the poison store).
+_ERROR_KEY = "wsrm.method_error"
 _RM_NAMESPACES = frozenset(v.ns for v in RM_VERSIONS)
 _local = threading.local()
 
@@ -221,7 +223,8 @@ class ChainDeliverer:
                 raise _application_fault(fault, soap)
             # not the method's own answer: spyne could not read the request, or the method
             # raised something else (a database down, a bug): retried, then kept as poison
-            raise ServiceFailure(f"the service failed to process the message: {_fault_text(fault, soap)}")
+            raised = exchange.properties.get(_ERROR_KEY)
+            raise ServiceFailure(f"the service failed to process the message: {raised or _fault_text(fault, soap)}")
 
 
 class ServiceFailure(RuntimeError):
@@ -243,8 +246,13 @@ def _listen_for_declared_faults(application: object) -> None:
 
     def on_exception(ctx: object) -> None:
         message = current_message(ctx)
-        if message is not None and isinstance(sys.exc_info()[1], Fault):
+        raised = sys.exc_info()[1]
+        if message is None or raised is None:
+            return
+        if isinstance(raised, Fault):
             message.exchange.properties[_DECLARED_KEY] = True
+        else:  # spyne's fault says only "Internal Error": keep what the method really raised
+            message.exchange.properties[_ERROR_KEY] = f"{type(raised).__name__}: {raised}"
 
     events.add_listener("method_exception_object", on_exception)
     setattr(application, _LISTENING, True)
