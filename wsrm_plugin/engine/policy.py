@@ -154,11 +154,11 @@ class RMPolicy:
     max_delivery_attempts: int = 3
     #: Seconds before the second attempt of a cycle; each further one waits
     #: ``delivery_retry_multiplier`` times longer, at most ``max_delivery_retry_delay``.
-    #: WCF retries at once (no knob); Artemis: ``redelivery-delay``; CXF: the destination's
-    #: ``baseRetransmissionInterval``.
+    #: WCF retries at once (no knob); Artemis: ``redelivery-delay``; ActiveMQ Classic:
+    #: ``initialRedeliveryDelay``.
     delivery_retry_delay: float = 0.2
     #: Growth of the delay between attempts of a cycle (1: constant).  Artemis:
-    #: ``redelivery-delay-multiplier``; CXF: ``exponentialBackoff`` (a factor of 2).
+    #: ``redelivery-delay-multiplier``; ActiveMQ Classic: ``backOffMultiplier``.
     delivery_retry_multiplier: float = 2.0
     #: Cap of the delay between attempts of a cycle.  Artemis: ``max-redelivery-delay``.
     max_delivery_retry_delay: float = 10.0
@@ -170,8 +170,9 @@ class RMPolicy:
     retry_cycle_delay: float = 60.0
     #: What the rest of a sequence does once one of its messages is in the poison store:
     #: ``"hold"`` (default): nothing after it is delivered until an operator retries or
-    #: discards it (InOrder is kept; an ERROR names the message); ``"continue"``: the others are
-    #: delivered without it (with InOrder, the order minus the poisoned message).  WCF:
+    #: discards it (InOrder is kept; an ERROR names the message; without InOrder there is no
+    #: order to keep and the others go on); ``"continue"``: the others are delivered without it
+    #: (with InOrder, the order minus the poisoned message).  WCF:
     #: ``ReceiveErrorHandling`` Fault (the queue stops) versus Move (to the poison subqueue,
     #: the rest goes on); the message itself is always kept (Move), never Drop.  Artemis:
     #: a message sent to its ``dead-letter-address`` no longer blocks its queue (continue).
