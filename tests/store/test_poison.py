@@ -149,7 +149,7 @@ def test_a_version_2_store_is_upgraded_to_3_with_its_buffered_messages(store_url
     """Version 3 adds the retry columns to invoker_message and the poison_message table."""
     from wsrm_plugin.store import sql
 
-    assert LATEST_VERSION == 3
+    assert LATEST_VERSION >= 3
     with monkeypatch.context() as old_code:
         old_code.setattr(sql, "MIGRATIONS", sql.MIGRATIONS[:2])
         old_code.setattr(sql, "LATEST_VERSION", 2)
@@ -164,7 +164,8 @@ def test_a_version_2_store_is_upgraded_to_3_with_its_buffered_messages(store_url
     try:
         assert upgraded.schema_version_found == 2
         with upgraded.begin() as tx:
-            assert [r[0] for r in tx.all("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3]
+            versions = [r[0] for r in tx.all("SELECT version FROM schema_version ORDER BY version")]
+            assert versions == list(range(1, LATEST_VERSION + 1))
             msg = tx.invoker.claim_next(now=T0)
             assert (msg.number, msg.attempts, msg.cycle, msg.next_attempt_at, msg.payload) == (1, 0, 0, None, b"<m1/>")
             tx.invoker.record_failure("s1", 1, attempts=1, cycle=0, next_attempt_at=None, error="e")
