@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from wsrm_plugin.store import StorageManager, UnknownMessageError, open_store
+from wsrm_plugin.store import sqlite as _sqlite  # noqa: F401 -- imported before any patching (it binds LATEST_VERSION)
 from wsrm_plugin.store.sql import LATEST_VERSION
 
 from .conftest import KINDS
