@@ -40,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
                        description=resend.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     resend.add_arguments(p)
     p.set_defaults(run=resend.run)
+    from wsrm_plugin import poison
+
+    p = sub.add_parser("poison", help="list, show, retry or discard messages in the poison store",
+                       description=poison.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    poison.add_arguments(p)
+    p.set_defaults(run=poison.run)
 
     p = sub.add_parser("txdemo", help="two PostgreSQL banks, crashes at every 2PC point, recovery",
                        description=txdemo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

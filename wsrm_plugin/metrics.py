@@ -42,6 +42,10 @@ _GAUGES = (
      lambda r: r.in_doubt_transactions),
     ("wsrm_buffered_messages", "Received messages waiting for delivery to the application",
      lambda r: r.buffered),
+    ("wsrm_retrying_messages", "Buffered messages whose delivery failed, waiting for their next attempt",
+     lambda r: r.waiting_for_retry),
+    ("wsrm_poison_messages", "Messages given up after every retry cycle, kept for an operator (wsrm poison)",
+     lambda r: r.poison),
 )
 
 

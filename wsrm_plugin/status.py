@@ -15,7 +15,9 @@ each listed with its reason; the application was told through its calls'
 futures and callbacks and the ``on_sequence_fault`` hook, and ``wsrm resend``
 sends their messages again) and in-doubt transactions (XA branches
 prepared in the store and not yet decided: they block it until recovery runs,
-see ``wsrm recover``).
+see ``wsrm recover``), messages waiting for a retry (their delivery failed:
+the application or its database is in trouble) and poison messages (every
+retry cycle failed: they wait for an operator, see ``wsrm poison``).
 
 The status is read without taking the store's locks, so it is safe against
 a running engine, even one stuck behind in-doubt branches.
@@ -59,6 +61,10 @@ class StoreReport:
     by_state: dict[str, int]
     #: (sequence, reason) of each faulted source sequence: why it was given up
     faults: tuple[tuple[str, str], ...] = ()
+    #: Buffered messages whose delivery failed and that wait for their next attempt.
+    waiting_for_retry: int = 0
+    #: Messages in the poison store (``wsrm poison list``).
+    poison: int = 0
 
     @classmethod
     def of(cls, url: str, status: StoreStatus) -> StoreReport:
@@ -69,7 +75,7 @@ class StoreReport:
         return cls(store=url, sequences=tuple(rows), unacknowledged=status.unacked,
                    retransmissions=status.retransmissions, faulted_sequences=status.faulted,
                    in_doubt_transactions=status.prepared_branches, buffered=status.buffered,
-                   by_state=status.by_state(),
+                   by_state=status.by_state(), waiting_for_retry=status.retrying, poison=status.poisoned,
                    faults=tuple((s.sequence_id or f"(creating: {s.key})", s.fault_reason or "faulted")
                                 for s in status.rms if s.state == "faulted"))
 
@@ -116,6 +122,8 @@ def format_report(r: StoreReport) -> str:
         f"in-doubt transactions     {r.in_doubt_transactions}"
         + ("   (run `wsrm recover`)" if r.in_doubt_transactions else ""),
         f"messages awaiting delivery {r.buffered}",
+        f"waiting for a retry       {r.waiting_for_retry}",
+        f"poison messages           {r.poison}" + ("   (run `wsrm poison list`)" if r.poison else ""),
     ]
     if r.faults:
         out += ["", ("faulted sequences (their unacknowledged messages are kept; once the cause is fixed, "

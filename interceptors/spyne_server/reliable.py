@@ -37,6 +37,7 @@ it): :func:`carries_rm`, :func:`response_of`, :func:`current_delivery`,
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DELIVERY_KEY", "ReliableMessagingInterceptor", "ChainDeliverer", "carries_rm", "response_of",
-    "current_delivery", "principal_of",
+    "current_delivery", "principal_of", "ServiceFailure",
 ]
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,11 @@ log = logging.getLogger(__name__)
 #: ``Exchange.properties`` key of the :class:`DeliveryContext` of a message the invoker is delivering.
 DELIVERY_KEY = "wsrm.delivery"
 _FAULT_KEY = "wsrm.service_fault"
+#: Exchange property: the method raised a spyne ``Fault`` of its own (a declared application fault).
+_DECLARED_KEY = "wsrm.declared_fault"
+_LISTENING = "_wsrm_declared_fault_listener"
+#: Exchange property: what a method raised that was not a spyne ``Fault`` (for the poison store).
+_ERROR_KEY = "wsrm.method_error"
 _RM_NAMESPACES = frozenset(v.ns for v in RM_VERSIONS)
 _local = threading.local()
 
@@ -197,6 +203,7 @@ class ChainDeliverer:
     def __init__(self, middleware: ChainMiddleware, interceptor: ReliableMessagingInterceptor) -> None:
         self.middleware = middleware
         self.interceptor = interceptor
+        _listen_for_declared_faults(getattr(middleware.application, "app", None))
 
     def __call__(self, payload: bytes, context: DeliveryContext) -> None:
         soap = SoapVersion.for_namespace(context.soap_version) or SOAP11
@@ -214,7 +221,50 @@ class ChainDeliverer:
             _local.delivery = previous
         fault: bytes | None = exchange.properties.get(_FAULT_KEY)
         if fault is not None:
-            raise _application_fault(fault, soap)
+            if exchange.properties.get(_DECLARED_KEY):
+                raise _application_fault(fault, soap)
+            # not the method's own answer: spyne could not read the request, or the method
+            # raised something else (a database down, a bug): retried, then kept as poison
+            raised = exchange.properties.get(_ERROR_KEY)
+            raise ServiceFailure(f"the service failed to process the message: {raised or _fault_text(fault, soap)}")
+
+
+class ServiceFailure(RuntimeError):
+    """The service produced a fault that is not its declared answer: a failure to process."""
+
+
+def _listen_for_declared_faults(application: object) -> None:
+    """Tell a method's own ``spyne.Fault`` from any other error spyne turned into a fault.
+
+    spyne answers both with a fault envelope; in its ``method_exception_object``
+    event the exception being handled is the one the method raised.
+    """
+    events = getattr(application, "event_manager", None)
+    if events is None or getattr(application, _LISTENING, False):
+        return
+    from spyne import Fault
+
+    from interceptors.spyne_server.adapter import current_message
+
+    def on_exception(ctx: object) -> None:
+        message = current_message(ctx)
+        raised = sys.exc_info()[1]
+        if message is None or raised is None:
+            return
+        if isinstance(raised, Fault):
+            message.exchange.properties[_DECLARED_KEY] = True
+        else:  # spyne's fault says only "Internal Error": keep what the method really raised
+            message.exchange.properties[_ERROR_KEY] = f"{type(raised).__name__}: {raised}"
+
+    events.add_listener("method_exception_object", on_exception)
+    setattr(application, _LISTENING, True)
+
+
+def _fault_text(envelope: bytes, soap: SoapVersion) -> str:
+    try:
+        return str(_application_fault(envelope, soap))
+    except Exception:  # noqa: BLE001 -- an unreadable fault is still a failure
+        return "an unreadable fault"
 
 
 def _application_fault(envelope: bytes, soap: SoapVersion) -> ApplicationFault:

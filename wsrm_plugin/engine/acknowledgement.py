@@ -121,7 +121,9 @@ class AcknowledgementWorker:
             if seq is None or not seq.terminated:
                 return False
             if tx.invoker.next_deliverable(sequence_id, in_order=self.policy.in_order) is not None:
-                return False  # the invoker is still delivering
+                return False  # the invoker is still delivering (or retrying a failed delivery)
+            if any(p.held for p in tx.invoker.list_poison(sequence_id)):
+                return False  # held behind a poison message until an operator retries or discards it
             dropped = tx.invoker.discard(sequence_id)
             tx.rmd.delete(sequence_id)
             self.source.end_reply_sequence(tx, sequence_id)

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..store import StorageManager, open_store
+from .. import poison
+from ..store import PoisonMessage, StorageManager, open_store
 from .acknowledgement import AcknowledgementWorker
 from .backchannel import BackChannel
 from .destination import Destination
@@ -63,6 +64,12 @@ class EngineStatus:
     by_state: dict[str, int]
     #: Control messages (CreateSequence, CloseSequence, TerminateSequence) this process sent again.
     control_retries: int = 0
+    #: Failed delivery attempts this process rolled back and scheduled again.
+    delivery_retries: int = 0
+    #: Buffered messages waiting for a retry after a failed delivery (the store's count).
+    retrying: int = 0
+    #: Messages in the poison store (the store's count).
+    poisoned: int = 0
 
 
 class ReliableEngine:
@@ -241,8 +248,31 @@ class ReliableEngine:
             retransmissions=self.retransmission.retransmissions,
             send_failures=self.retransmission.send_failures,
             delivered=self.invoker.delivered, delivery_failures=self.invoker.failed,
+            delivery_retries=self.invoker.retries, retrying=store.retrying, poisoned=store.poisoned,
             faults_sent=self.inbound.faults_sent, refused_sequences=self.destination.refused_sequences,
             by_state=store.by_state(), control_retries=self.retransmission.control_retries)
+
+    # -- the poison store (see wsrm_plugin.poison) ---------------------------------------------
+
+    def poison_messages(self, sequence_id: str | None = None) -> list[PoisonMessage]:
+        """Messages given up after their last retry cycle, kept until an operator decides."""
+        return poison.list_poison(self.store, sequence_id)
+
+    def poison_message(self, poison_id: str) -> PoisonMessage:
+        """One poison message by its ``"<sequence id>#<number>"`` id."""
+        return poison.get_poison(self.store, poison_id)
+
+    def retry_poison(self, poison_id: str) -> PoisonMessage:
+        """Put a poison message back for delivery (in order, in its sequence), its attempts reset."""
+        found = poison.retry_poison(self.store, poison_id)
+        self._wake_invoker()
+        return found
+
+    def discard_poison(self, poison_id: str) -> PoisonMessage:
+        """Delete a poison message for good; its sequence goes on without it."""
+        found = poison.discard_poison(self.store, poison_id)
+        self._wake_invoker()
+        return found
 
     def wait_until(self, predicate: Callable[[EngineStatus], bool], timeout: float) -> bool:
         """Poll :meth:`status` until ``predicate`` holds; False after ``timeout`` seconds."""

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from .api import (
-    BufferedMessage, DuplicateSequenceError, InDoubtBranchesError, InvalidAcknowledgementError,
+    BufferedMessage, PoisonMessage, DuplicateSequenceError, InDoubtBranchesError, InvalidAcknowledgementError,
     InvokerSequence, LockOrderError, LockTimeoutError, MessageNumberRolloverError, RmdSequence,
     RmsMessage, RmsSequence, SchemaVersionError, SequenceNotOpenError, StorageManager,
     StoreClosedError, StoreError, StoreStatus, StoreTransaction, StoreUnavailableError,
@@ -32,7 +32,7 @@ from .api import (
 
 __all__ = [
     "open_store", "StorageManager", "StoreTransaction", "StoreStatus",
-    "RmsSequence", "RmsMessage", "RmdSequence", "BufferedMessage", "InvokerSequence",
+    "RmsSequence", "RmsMessage", "RmdSequence", "BufferedMessage", "InvokerSequence", "PoisonMessage",
     "StoreError", "DuplicateSequenceError", "UnknownSequenceError", "UnknownMessageError",
     "InvalidAcknowledgementError", "MessageNumberRolloverError", "SequenceNotOpenError",
     "LockOrderError", "LockTimeoutError", "InDoubtBranchesError", "TransactionClosedError",
