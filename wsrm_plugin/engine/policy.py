@@ -336,6 +336,8 @@ class RMPolicy:
         the changed ones.
         """
         return getattr(self, "_explicit", frozenset())
+
+    @property
     def holds_on_poison(self) -> bool:
         return self.poison_handling == "hold"
 
