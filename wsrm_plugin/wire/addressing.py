@@ -233,7 +233,7 @@ class AddressingHeaders:
             elements.append(parameter)
         return elements
 
-    def reply_headers(self, action: str, message_id: str | None = None, *,
+    def reply_headers(self, action: str | None, message_id: str | None = None, *,
                       fault: bool = False) -> AddressingHeaders:
         """Headers for the reply (or fault, which prefers FaultTo) to this message."""
         wsa = self.version or WSA_2005_08
