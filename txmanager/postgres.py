@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from threading import get_ident
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import psycopg2
 import psycopg2.extensions as ext
@@ -84,7 +84,7 @@ def check_prepared_transactions(conn: Connection, resource_name: str) -> None:
     with _prepared_ok_lock:
         _prepared_ok.add(resource_name)
 
-Connection = ext.connection
+Connection: TypeAlias = ext.connection  # Any while psycopg2 ships no hints
 ConnectionFactory = Callable[[], Connection]
 
 

@@ -47,7 +47,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from txmanager.xa import XAResource
 
@@ -931,7 +931,7 @@ class StoreTransaction(ABC):
     @abstractmethod
     def rollback(self) -> None: ...
 
-    def __enter__(self) -> "StoreTransaction":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -988,7 +988,7 @@ class StorageManager(ABC):
         with self.begin() as tx:
             return _status_of(tx, prepared=len(self.xa_resource().recover()))
 
-    def __enter__(self) -> "StorageManager":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
