@@ -193,7 +193,7 @@ def attach_policy(definitions: etree._Element, assertion: RMPolicyAssertion) -> 
     """
     if definitions.tag != f"{{{WSDL_NS}}}definitions":
         raise ValueError(f"expected a wsdl:definitions element, got {definitions.tag!r}")
-    for old in definitions.findall(f"{{*}}Policy"):
+    for old in definitions.findall("{*}Policy"):
         if old.get(f"{{{WSU_NS}}}Id") == assertion.policy_id:
             definitions.remove(old)
     policy = assertion.to_element()

@@ -196,7 +196,7 @@ def recover_job(*, log_path: str, store: str, database: str | None, job: str,
     with _driver_tm(log_path, node, resources) as tm:
         pending = tm.log.pending()
         decided: dict[Xid, PreparedBranch] = {}
-        for gxid, entry in pending.items():
+        for entry in pending.values():
             if entry.committing and any(job_matches(x, job) for x, _ in entry.branches):
                 for bxid, name in entry.branches:
                     decided[bxid] = PreparedBranch(bxid, name)

@@ -923,7 +923,8 @@ class StoreTransaction(ABC):
         doomed the transaction (a failed statement) cannot be undone alone:
         the transaction stays doomed and can only roll back.
         """
-        raise StoreError(f"{type(self).__name__} has no savepoints: check supports_savepoints before calling savepoint()")
+        raise StoreError(f"{type(self).__name__} has no savepoints: "
+                         "check supports_savepoints before calling savepoint()")
 
     @abstractmethod
     def commit(self) -> None: ...
@@ -982,6 +983,7 @@ class StorageManager(ABC):
         rows and reads the whole backlog on every round.  Stores without a
         cost-based planner do nothing.
         """
+        return  # deliberately not abstract: the default is to do nothing
 
     def status(self) -> StoreStatus:
         """Counters for operators (``wsrm status``), read in a transaction of their own."""

@@ -25,7 +25,6 @@ from typing import TextIO
 import psycopg2
 
 from wsrm_plugin.tools.bank import audit, create_bank
-from txmanager.operator import recover_postgres
 from wsrm_plugin.tools.pgserver import ThrowawayPostgres
 
 #: (kill point, what the round shows): one round per protocol point.

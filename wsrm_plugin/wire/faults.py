@@ -550,7 +550,8 @@ class _KnownMCFault(WSMCFault):
 
 class UnsupportedSelection(_KnownMCFault):
     FAULT_CODE = "UnsupportedSelection"
-    DEFAULT_REASON = "The extension element used in the message selection is not supported by the MakeConnection receiver."
+    DEFAULT_REASON = ("The extension element used in the message selection is not supported "
+                      "by the MakeConnection receiver.")
 
 
 class MissingSelection(_KnownMCFault):
