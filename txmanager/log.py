@@ -630,8 +630,9 @@ class RecoveryLog:
         off = len(MAGIC)
         while off < end:
             got = frame_at(data, off)
-            reason = got if isinstance(got, str) else None
-            if reason is None:
+            if isinstance(got, str):
+                reason = got
+            else:
                 payload, nxt = got
                 try:
                     self._ledger.apply(json.loads(payload))

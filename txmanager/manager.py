@@ -185,8 +185,9 @@ class TransactionManager:
 
     def resume(self, tx: Transaction) -> None:
         """Bind a suspended transaction to the calling thread (resources get TMRESUME)."""
-        if self.get_transaction() is not None:
-            raise IllegalStateError(f"thread already has transaction {self.get_transaction().xid}; "
+        current = self.get_transaction()
+        if current is not None:
+            raise IllegalStateError(f"thread already has transaction {current.xid}; "
                                     "suspend() it before resuming another")
         if tx.finished or tx.status not in (Status.ACTIVE, Status.MARKED_ROLLBACK):
             raise IllegalStateError(f"cannot resume transaction {tx.xid}: it is {tx.status.name}")
@@ -426,9 +427,10 @@ class _TransactionScope(contextlib.ContextDecorator):
         self._tx = None
         assert tx is not None
         local = tm._local
-        if getattr(local, "tx", None) is not tx or tx._finished:
+        bound: Transaction | None = getattr(local, "tx", None)
+        if bound is not tx or tx._finished:
             return  # the body committed, rolled back or suspended it itself
-        if exc_type is None:
+        if exc is None:
             try:
                 tx.commit()
             finally:

@@ -66,7 +66,7 @@ def _check_node(rlog: RecoveryLog, node: str | None) -> str:
     if named is None:
         # A log of format 1 (or one never used) does not say; its pending
         # decisions do (their global xids carry the node name).
-        owners = {g.node for g in rlog.pending()} - {None}
+        owners = {g.node for g in rlog.pending() if g.node is not None}
         if node is None:
             if len(owners) == 1:
                 return owners.pop()
@@ -130,6 +130,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
 
 def _run(rm: RecoveryManager, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     rlog = rm.log
+    assert isinstance(rlog, RecoveryLog)  # recovery_manager_for opened it
     damage = rlog.damaged()
     where = (f"log {args.log} (node {rm.node}, {len(rlog.pending())} decision(s) pending"
              f"{', SAFE MODE: log damaged' if damage else ''}); databases: "
@@ -165,8 +166,8 @@ def _run(rm: RecoveryManager, args: argparse.Namespace, out: TextIO, err: TextIO
     if args.commit or args.rollback:
         try:
             xid = Xid.from_text(args.commit or args.rollback)
-        except ValueError as e:
-            err.write(f"wsrm recover: not an xid: {e}\n")
+        except ValueError as exc:
+            err.write(f"wsrm recover: not an xid: {exc}\n")
             return EXIT_USAGE
         outcome = rm.resolve(xid, commit=bool(args.commit))
         out.write(f"{outcome} {xid.to_text()}\n")

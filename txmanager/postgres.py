@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from threading import get_ident
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import psycopg2
 import psycopg2.extensions as ext
@@ -84,7 +84,7 @@ def check_prepared_transactions(conn: Connection, resource_name: str) -> None:
     with _prepared_ok_lock:
         _prepared_ok.add(resource_name)
 
-Connection = ext.connection
+Connection: TypeAlias = ext.connection  # Any while psycopg2 ships no hints
 ConnectionFactory = Callable[[], Connection]
 
 
@@ -468,7 +468,7 @@ class PostgresXAResource:
                         f"{self.resource_name}: connection lost during PREPARE of {xid}: it may be "
                         f"prepared; roll it back (or let recovery do it): {_describe(exc)}",
                     ) from exc
-                raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc)
+                raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
             b.state = _State.PREPARED
             return XA_OK
 
@@ -485,14 +485,14 @@ class PostgresXAResource:
                 self._give_up(b, XA_RBCOMMFAIL)
                 raise XAException(XA_RBCOMMFAIL, f"{self.resource_name}: connection lost before "
                                                  f"PREPARE of {b.xid}: {_describe(exc)}") from exc
-            raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc)
+            raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
 
     def _commit_read_only(self, b: _Branch, conn: Connection) -> None:
         try:
             conn.tpc_commit()
         except psycopg2.Error as exc:
             if not self._is_session_lost(conn, exc):
-                raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc)
+                raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
             self._drop_session()  # it wrote nothing: losing it loses nothing
         self._branch = None
 
@@ -532,7 +532,7 @@ class PostgresXAResource:
                 self._give_up(b, XAER_RMFAIL)
                 raise XAException(XAER_RMFAIL, f"{self.resource_name}: connection lost during COMMIT of "
                                                f"{b.xid}: its outcome is unknown: {_describe(exc)}") from exc
-            raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc)
+            raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
         self._branch = None
 
     def _commit_prepared_here(self, b: _Branch) -> None:

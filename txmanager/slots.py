@@ -121,6 +121,10 @@ class NodeSlots:
                          tm.node, self.log_path(index))
                 return tm
             if waited >= timeout:
+                if self.size is None:  # a timeout shorter than new_slot_after: no new slot was tried yet
+                    raise NoFreeSlotError(f"every known slot {self.prefix}-* in {self.directory} is held by live "
+                                          f"processes and none became free in {timeout}s (a new slot is opened "
+                                          f"after {new_slot_after}s)")
                 raise NoFreeSlotError(f"all {self.size} slots {self.prefix}-0..{self.prefix}-{self.size - 1} in "
                                       f"{self.directory} are held by live processes: run at most {self.size} "
                                       "processes, or raise the size")

@@ -89,7 +89,7 @@ class Mailbox:
 
     def transport(self, inner: Transport) -> Transport:
         """``inner`` for ordinary addresses, this mailbox for WS-MC anonymous ones."""
-        return _MailboxTransport(self, inner)  # type: ignore[return-value]
+        return _MailboxTransport(self, inner)
 
     def park(self, mc_id: str, envelope: bytes) -> None:
         parsed = parse_envelope(envelope, max_size=1 << 30)
@@ -170,9 +170,9 @@ class Mailbox:
                 return _respond(start_response, 400, fault_bytes(fault, envelope.version), envelope.version)
             mc_id = mc_anonymous_id(poll.address)
             if mc_id is None:
-                fault = SoapFault(f"MakeConnection address {poll.address!r} is not a WS-MC anonymous URI",
-                                  code="Sender")
-                return _respond(start_response, 400, fault_bytes(fault, envelope.version), envelope.version)
+                refusal = SoapFault(f"MakeConnection address {poll.address!r} is not a WS-MC anonymous URI",
+                                    code="Sender")
+                return _respond(start_response, 400, fault_bytes(refusal, envelope.version), envelope.version)
             principal = environ.get("REMOTE_USER") or None
             if not self.may_poll(mc_id, principal):
                 # like a poll that finds nothing: a stranger learns nothing, and takes nothing

@@ -108,7 +108,7 @@ def format_report(r: StoreReport) -> str:
              "-" if s.retransmissions is None else str(s.retransmissions), s.messages,
              _when(s.last_activity)) for s in r.sequences]
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
     out = [f"store {r.store}", ""]
     if rows:
         out += [line(header), line(tuple("-" * w for w in widths)), *map(line, rows)]

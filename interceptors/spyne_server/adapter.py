@@ -374,7 +374,7 @@ def engage(application: Application, chain: InterceptorChain | None = None, *,
             policy = rm_policy
             if policy is None:
                 policy = RMPolicyAssertion() if chain.has_phase(Phase.RELIABLE_MESSAGING) else False
-            if policy:
+            if isinstance(policy, RMPolicyAssertion):  # True became one above; False: none
                 attach_policy(definitions, policy)
 
         wsdl.event_manager.add_listener("wsdl_document_built", on_wsdl_built)

@@ -277,7 +277,7 @@ def _application_fault(envelope: bytes, soap: SoapVersion) -> ApplicationFault:
             reason = (fault.findtext("faultstring") or reason).strip()
         else:
             code = (fault.findtext(f"{soap.qname('Code').text}/{soap.qname('Value').text}") or "").strip()
-            reason = " ".join(fault.itertext()).strip() or reason
+            reason = " ".join(fault.itertext()).strip() or reason  # type: ignore[arg-type]  # lxml-stubs: str here
     local = code.rpartition(":")[2]
     sender = local in ("Client", "Sender") or local.startswith("Client.")
     # a plain fault envelope: the engine adds the WS-A headers of a reply on the response sequence

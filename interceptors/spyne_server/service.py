@@ -50,7 +50,9 @@ from wsrm_plugin.store import StorageManager
 
 from interceptors import default_chain
 from interceptors.chain import InterceptorChain
-from interceptors.spyne_server.reliable import DELIVERY_KEY, ChainDeliverer, ReliableMessagingInterceptor, current_delivery
+from interceptors.spyne_server.reliable import (
+    DELIVERY_KEY, ChainDeliverer, ReliableMessagingInterceptor, current_delivery,
+)
 from interceptors.spyne_server.adapter import ChainMiddleware, current_message, engage
 from interceptors.wsdl import RMPolicyAssertion
 

@@ -89,7 +89,7 @@ class StoredWsdlTransport(zeep.Transport):
         return content
 
     def _stored_copy(self, url: str, exc: BaseException) -> bytes:
-        stored = self.get(url)
+        stored = self.stored_copy(url)
         if stored is None:
             raise WsdlUnavailableError(
                 f"cannot fetch {url} ({exc}) and {self.store} holds no copy of it: the first start of "
@@ -101,7 +101,7 @@ class StoredWsdlTransport(zeep.Transport):
 
     # -- the copies ---------------------------------------------------------------------------------
 
-    def get(self, url: str) -> tuple[bytes, float] | None:
+    def stored_copy(self, url: str) -> tuple[bytes, float] | None:
         """The stored copy of ``url`` and when it was fetched, or None."""
         with self.store.begin() as tx:
             if not isinstance(tx, SqlTransaction):

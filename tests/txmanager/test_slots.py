@@ -68,6 +68,17 @@ def test_a_bounded_set_of_slots_says_when_all_are_held(tmp_path: Path) -> None:
         tm.close()
 
 
+def test_unbounded_slots_timing_out_before_a_new_slot_say_so(tmp_path: Path) -> None:
+    """Without a size, a timeout shorter than new_slot_after once raised TypeError (None - 1)."""
+    slots = NodeSlots(tmp_path, "node")
+    tm = slots.claim()
+    try:
+        with pytest.raises(NoFreeSlotError, match="held by live processes"):
+            slots.claim(timeout=0.2, new_slot_after=30.0)
+    finally:
+        tm.close()
+
+
 def test_a_missing_slot_directory_is_an_error_not_created(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         NodeSlots(tmp_path / "nope", "node")

@@ -96,13 +96,49 @@ def test_the_copy_is_kept_in_a_postgresql_store_too(pg_dsn_factory) -> None:
     store = f"postgresql:{pg_dsn_factory('wsdlcache')}"
     first, second = StoredWsdlTransport(store), StoredWsdlTransport(store)
     try:
-        assert first.get("http://127.0.0.1:1/?wsdl") is None
+        assert first.stored_copy("http://127.0.0.1:1/?wsdl") is None
         first.put("http://127.0.0.1:1/?wsdl", b"<definitions/>")
         first.put("http://127.0.0.1:1/?wsdl", b"<definitions name='v2'/>")
-        content, _ = second.get("http://127.0.0.1:1/?wsdl")
+        content, _ = second.stored_copy("http://127.0.0.1:1/?wsdl")
         assert content == b"<definitions name='v2'/>"
         # the server is down (nothing listens on port 1): the stored copy answers
         assert second.load("http://127.0.0.1:1/?wsdl") == b"<definitions name='v2'/>"
     finally:
         first.close()
         second.close()
+
+
+def test_stored_wsdl_transport_keeps_zeeps_http_get(tmp_path: Path) -> None:
+    """zeep's HTTP GET bindings call ``transport.get(address, params, headers)``.
+
+    The transport once named its store lookup ``get(url)``, shadowing zeep's method: every
+    HTTP GET operation through it failed with a TypeError.
+    """
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *_args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    transport = StoredWsdlTransport(f"sqlite:///{tmp_path}/get.db")
+    try:
+        response = transport.get(f"http://127.0.0.1:{server.server_port}/op", {"a": "1"}, {"X-T": "y"})
+        assert response.status_code == 200 and response.content == b"ok"
+        assert seen == ["/op?a=1"]
+    finally:
+        transport.close()
+        server.shutdown()
+        server.server_close()

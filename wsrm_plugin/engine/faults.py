@@ -9,6 +9,8 @@ closed 1.0 sequence is as good as terminated to its peer).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..statemachine import InvalidTransition
 from ..wire import RMVersion, SoapFault, WSRMFault
 from ..wire.faults import RM_FAULT_CLASSES
@@ -29,7 +31,8 @@ def rm_fault(fault_code: str, version: RMVersion, identifier: str | None, reason
         code = _NEAREST.get(code)
     if code is None:
         return SoapFault(reason or f"{fault_code} (WS-RM {version.name} has no such fault)", code="Sender")
-    cls = RM_FAULT_CLASSES.get(code)
+    # a registered subclass takes (identifier, reason, ...), not the base class's fault_code first
+    cls: Callable[..., WSRMFault] | None = RM_FAULT_CLASSES.get(code)
     if cls is None:
         return WSRMFault(code, reason, identifier, version=version)
     return cls(identifier, reason, version=version)

@@ -129,11 +129,11 @@ class Inbound:
             # SOAP 1.2's HTTP binding: the media type names the version.  A mismatch is refused
             # before anything is recorded (else the message is acknowledged, then fails delivery).
             self.faults_sent += 1
-            fault = UnsupportedMediaType(
+            refusal = UnsupportedMediaType(
                 f"a SOAP {message.soap.name} envelope was sent as {content_type.split(';')[0].strip()!r}; "
                 f"SOAP {message.soap.name} is sent as {message.soap.content_type!r}")
-            log.info("refused a request from %s: %s", remote_addr, fault)
-            return Reply.fault(fault, message.soap)
+            log.info("refused a request from %s: %s", remote_addr, refusal)
+            return Reply.fault(refusal, message.soap)
         try:
             return self._dispatch(message, principal, remote_addr)
         except SoapFault as fault:
@@ -172,11 +172,11 @@ class Inbound:
 
         if message.fault is not None and message.sequence is None:
             # a fault with a Sequence header is a reliable reply (a service's fault): delivered below
-            fault = message.fault
-            if isinstance(fault, WSRMFault) and fault.identifier:
-                self._check_owner(fault.identifier, fault.version or self.policy.rm_version, principal,
+            received = message.fault
+            if isinstance(received, WSRMFault) and received.identifier:
+                self._check_owner(received.identifier, received.version or self.policy.rm_version, principal,
                                   known=True)
-            self._on_received_fault(fault)
+            self._on_received_fault(received)
             return Reply.accepted()
 
         acked: set[str] = set()
@@ -191,13 +191,15 @@ class Inbound:
                 seq = self.destination.close(body, version, principal=principal)
                 answer_body = (CloseSequenceResponse(body.identifier).to_xml(version),
                                version.action("CloseSequenceResponse"))
-                answer_headers.append(self.destination.ack_for(seq).to_xml(version, soap))
-                acked.add(body.identifier)
+                final = self.destination.ack_for(seq)  # never None: CloseSequence is 1.1
+                if final is not None:
+                    answer_headers.append(final.to_xml(version, soap))
+                    acked.add(body.identifier)
             elif isinstance(body, TerminateSequence):
                 seq = self.destination.terminate(body, version, principal=principal)
-                ack = self.destination.ack_for(seq)
-                if ack is not None:
-                    answer_headers.append(ack.to_xml(version, soap))
+                final = self.destination.ack_for(seq)
+                if final is not None:
+                    answer_headers.append(final.to_xml(version, soap))
                     acked.add(body.identifier)
                 if version.is_11:
                     answer_body = (TerminateSequenceResponse(body.identifier).to_xml(version),
@@ -226,16 +228,18 @@ class Inbound:
                 if answer.outcome is Outcome.TIMED_OUT:
                     return Reply.accepted()  # no acknowledgement: the retransmission gets the reply
                 if answer.outcome is Outcome.DELIVERED and accepted.ack is not None:
-                    answer_headers[-1] = self.destination.current_ack(header.identifier).to_xml(version, soap)
+                    current = self.destination.current_ack(header.identifier)
+                    if current is not None:  # else the sequence is gone since: the first ack stands
+                        answer_headers[-1] = current.to_xml(version, soap)
 
         for request, version in message.ack_requests:
             if request.identifier in acked:
                 continue
             seq = self.destination.ack_requested(request.identifier, version, principal=principal)
             if self.destination.acks_on_back_channel(seq):
-                ack = self.destination.ack_for(seq)
-                if ack is not None:
-                    answer_headers.append(ack.to_xml(version, soap))
+                requested = self.destination.ack_for(seq)
+                if requested is not None:
+                    answer_headers.append(requested.to_xml(version, soap))
                     acked.add(request.identifier)
 
         if message.body is None and message.sequence is None and not message.acks and not message.ack_requests:
@@ -293,7 +297,8 @@ class Inbound:
             return Reply(status, reply.body, reply.content_type, reply.retry_after)
         return reply
 
-    def _on_decoupled_response(self, body: object, version: RMVersion, addressing: AddressingHeaders) -> None:
+    def _on_decoupled_response(self, body: CreateSequenceResponse | CloseSequenceResponse | TerminateSequenceResponse,
+                               version: RMVersion, addressing: AddressingHeaders) -> None:
         """A response a peer sent to our endpoint instead of the back-channel (we ask with an
         anonymous ReplyTo, but a peer may use AcksTo or send it late): match it and apply it."""
         if isinstance(body, CreateSequenceResponse):

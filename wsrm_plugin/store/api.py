@@ -47,7 +47,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from txmanager.xa import XAResource
 
@@ -1043,7 +1043,8 @@ class StoreTransaction(ABC):
         doomed the transaction (a failed statement) cannot be undone alone:
         the transaction stays doomed and can only roll back.
         """
-        raise StoreError(f"{type(self).__name__} has no savepoints: check supports_savepoints before calling savepoint()")
+        raise StoreError(f"{type(self).__name__} has no savepoints: "
+                         "check supports_savepoints before calling savepoint()")
 
     @abstractmethod
     def commit(self) -> None: ...
@@ -1051,7 +1052,7 @@ class StoreTransaction(ABC):
     @abstractmethod
     def rollback(self) -> None: ...
 
-    def __enter__(self) -> "StoreTransaction":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -1102,13 +1103,14 @@ class StorageManager(ABC):
         rows and reads the whole backlog on every round.  Stores without a
         cost-based planner do nothing.
         """
+        return  # deliberately not abstract: the default is to do nothing
 
     def status(self) -> StoreStatus:
         """Counters for operators (``wsrm status``), read in a transaction of their own."""
         with self.begin() as tx:
             return _status_of(tx, prepared=len(self.xa_resource().recover()))
 
-    def __enter__(self) -> "StorageManager":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:

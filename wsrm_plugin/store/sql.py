@@ -91,7 +91,7 @@ POSTGRES = Dialect(name="postgresql", placeholder="%s", blob="BYTEA", bigint="BI
 # --------------------------------------------------------------------------
 
 def _migration_1(d: Dialect) -> list[str]:
-    B, I, D, BL = d.boolean, d.bigint, d.double, d.blob
+    B, I, D, BL = d.boolean, d.bigint, d.double, d.blob  # noqa: E741 -- the DDL's column-type shorthands
     out = [
         f"""CREATE TABLE rms_sequence (
             seq_key TEXT PRIMARY KEY,
@@ -311,7 +311,7 @@ def _blob(value: Any) -> bytes | None:
 
 
 def _rms(row: Sequence[Any]) -> RmsSequence:
-    v = dict(zip(_RMS_COLS, row))
+    v = dict(zip(_RMS_COLS, row, strict=True))
     for b in _RMS_BOOLS:
         v[b] = bool(v[b])
     v["key"] = v.pop("seq_key")
@@ -320,7 +320,7 @@ def _rms(row: Sequence[Any]) -> RmsSequence:
 
 
 def _msg(row: Sequence[Any]) -> RmsMessage:
-    v = dict(zip(_MSG_COLS, row))
+    v = dict(zip(_MSG_COLS, row, strict=True))
     v["sequence_key"] = v.pop("seq_key")
     v["payload"] = _blob(v["payload"])
     v["reply_context"] = _blob(v["reply_context"])
@@ -330,7 +330,7 @@ def _msg(row: Sequence[Any]) -> RmsMessage:
 
 
 def _rmd(row: Sequence[Any]) -> RmdSequence:
-    v = dict(zip(_RMD_COLS, row))
+    v = dict(zip(_RMD_COLS, row, strict=True))
     v["received"] = api.parse_ranges(v["received"])
     v["closed"] = bool(v["closed"])
     v["terminated"] = bool(v["terminated"])
@@ -338,7 +338,7 @@ def _rmd(row: Sequence[Any]) -> RmdSequence:
 
 
 def _buf(row: Sequence[Any]) -> BufferedMessage:
-    v = dict(zip(_BUF_COLS, row))
+    v = dict(zip(_BUF_COLS, row, strict=True))
     v["payload"] = _blob(v["payload"])
     v["cycle"] = v.pop("retry_cycle")
     return BufferedMessage(**v)
@@ -556,7 +556,7 @@ class SqlTransaction(api.StoreTransaction):
         for row in cur.fetchall():
             key = (table, tuple(row[i] for i in pk_idx))
             if key not in self.undo:
-                self.undo[key] = dict(zip(names, row))
+                self.undo[key] = dict(zip(names, row, strict=True))
         cur.close()
 
     def capture_key(self, table: str, *pk: Any) -> None:

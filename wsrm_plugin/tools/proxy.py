@@ -433,7 +433,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def setup(self) -> None:
-        self.timeout = self.server.proxy.idle_timeout
+        self.timeout = self.server.proxy.idle_timeout  # type: ignore[misc]  # typeshed: a ClassVar; setup() reads it per instance
         super().setup()
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 -- base name
@@ -543,9 +543,10 @@ class _Server(ThreadingHTTPServer):
     def server_bind(self) -> None:
         # HTTPServer.server_bind calls getfqdn(), a reverse DNS lookup: not needed.
         socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
+        host, self.server_port = self.server_address[:2]
+        self.server_name = str(host)
 
-    def process_request(self, request, client_address) -> None:  # type: ignore[override]
+    def process_request(self, request, client_address) -> None:
         thread = threading.Thread(
             target=self._serve_connection, args=(request, client_address),
             name=f"wsrm-proxy-{self.server_port}-conn-{next(self._conn_seq)}", daemon=True)
@@ -563,7 +564,7 @@ class _Server(ThreadingHTTPServer):
             with self._conn_lock:
                 self._conns.pop(request, None)
 
-    def handle_error(self, request, client_address) -> None:  # type: ignore[override]
+    def handle_error(self, request, client_address) -> None:
         exc = sys.exc_info()[1]
         if isinstance(exc, OSError):
             log.debug("connection from %s ended: %r", client_address, exc)
@@ -1072,7 +1073,9 @@ def _install_signal_handlers(stop: threading.Event, show: threading.Event) -> Ca
         wanted.append((signal.SIGUSR1, show))
     previous = {sig: signal.getsignal(sig) for sig, _ in wanted}
     for sig, event in wanted:
-        signal.signal(sig, lambda signum, frame, event=event: event.set())
+        def on_signal(signum: int, frame: object, event: threading.Event = event) -> None:
+            event.set()
+        signal.signal(sig, on_signal)
 
     def restore() -> None:
         for sig, handler in previous.items():
