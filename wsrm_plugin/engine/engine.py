@@ -109,7 +109,8 @@ class ReliableEngine:
                                                      self.transport, source=self.source)
         self.invoker = InvokerWorker(self.store, policy, source=self.source, ambient=self._ambient,
                                      application=application, tm=tm, on_failure=on_delivery_failure,
-                                     after_commit=self._after_delivery)
+                                     after_commit=self._wake_sender,
+                                     on_delivered=self.back_channel.delivered)
         self._workers = [
             Worker(f"{name}-rms", self.retransmission.step, policy.poll_interval),
             Worker(f"{name}-rmd", self.acknowledgement.step, policy.poll_interval),
@@ -122,10 +123,6 @@ class ReliableEngine:
 
     def _wake_sender(self) -> None:
         self._workers[0].wake()
-
-    def _after_delivery(self) -> None:
-        self._wake_sender()
-        self.back_channel.delivered()
 
     def _wake_acks(self) -> None:
         self._workers[1].wake()
