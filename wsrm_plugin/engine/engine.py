@@ -137,7 +137,7 @@ class ReliableEngine:
 
     # -- the application's API ------------------------------------------------------------------
 
-    def send(self, target: str, envelope: bytes, *, action: str | None = None, key: str = "",
+    def send(self, target: str, envelope: Any, *, action: str | None = None, key: str = "",
              expect_reply: bool = False, message_id: str | None = None,
              reply_callback: str | None = None, reply_context: bytes | None = None) -> SendReceipt:
         """Enqueue ``envelope`` for reliable delivery to ``target`` (see :meth:`Source.send`)."""
@@ -152,10 +152,13 @@ class ReliableEngine:
     terminate = close
 
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
-               remote_addr: str | None = None) -> Reply:
-        """Process one received envelope (what the HTTP endpoint and adapters call)."""
+               remote_addr: str | None = None, parsed: Any = None) -> Reply:
+        """Process one received envelope (what the HTTP endpoint and adapters call).
+
+        ``parsed``: the envelope's lxml tree when the caller parsed ``data`` already (safely).
+        """
         return self.inbound.handle(data, principal=principal, content_type=content_type,
-                                   remote_addr=remote_addr)
+                                   remote_addr=remote_addr, parsed=parsed)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
