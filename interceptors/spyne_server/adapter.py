@@ -226,6 +226,8 @@ class ChainMiddleware:
 
     def _invoke(self, request: Message, environ: dict[str, Any] | None) -> Response:
         status, headers, body, one_way = self._call_spyne(request, environ)
+        if one_way and status == 200:
+            body = b""  # WS-I BP R2750: nothing to say to a one-way call (so nothing to parse)
         try:
             envelope = parse_xml(body, max_size=max(len(body), 1)) if body.strip() else None
             if envelope is not None:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 from lxml import etree
 
 from wsrm_plugin.engine import ApplicationFault, DeliveryContext, ReliableEngine
+from wsrm_plugin.engine.parsed import TREES
 from wsrm_plugin.engine.transport import Reply
 from wsrm_plugin.wire.faults import SoapFault, WSRMRequired
 from wsrm_plugin.wire.namespaces import RM_VERSIONS, SOAP11, SoapVersion
@@ -87,8 +88,10 @@ def carries_rm(message: Message) -> bool:
 
 
 def response_of(reply: Reply, max_size: int) -> Response:
-    """The chain :class:`Response` for an engine :class:`Reply` (its body parsed safely)."""
-    envelope = parse_xml(reply.body, max_size=max(max_size, len(reply.body))) if reply.body else None
+    """The chain :class:`Response` for an engine :class:`Reply` (its tree, else its body parsed safely)."""
+    envelope = reply.tree
+    if envelope is None and reply.body:
+        envelope = parse_xml(reply.body, max_size=max(max_size, len(reply.body)))
     headers = {"Content-Type": reply.content_type} if reply.content_type and envelope is not None else {}
     if reply.retry_after is not None:
         headers["Retry-After"] = str(reply.retry_after)
@@ -149,8 +152,14 @@ class ReliableMessagingInterceptor(Interceptor):
             self.engine.endpoint_address = message.address
             log.info("WS-RM endpoint address taken from the first request: %s", message.address)
         principal, remote_addr = principal_of(message)
-        reply = self.engine.handle(message.to_bytes(), principal=principal, remote_addr=remote_addr,
-                                   content_type=message.http_headers.get("Content-Type"))
+        data = message.to_bytes()
+        # The chain stops here, and the engine reads the tree only before it stores the message:
+        # the delivery (with an in-memory store, of these very bytes) takes it instead of a parse.
+        # Filed first, since the invoker may deliver before handle() returns.
+        TREES.remember(data, message.envelope)
+        reply = self.engine.handle(data, principal=principal, remote_addr=remote_addr,
+                                   content_type=message.http_headers.get("Content-Type"),
+                                   parsed=message.envelope)
         # suspend, not abort: what the invoker delivers later resumes right after this interceptor
         message.suspend(response_of(reply, self.engine.policy.max_message_size))
 
@@ -208,11 +217,15 @@ class ChainDeliverer:
     def __call__(self, payload: bytes, context: DeliveryContext) -> None:
         soap = SoapVersion.for_namespace(context.soap_version) or SOAP11
         exchange = Exchange(properties={DELIVERY_KEY: context})
-        request = Message.from_bytes(payload, Direction.IN, Role.SERVER,
-                                     max_size=max(len(payload), 1),
-                                     http_headers=_http_headers(soap, context.action),
-                                     address=self.interceptor.engine.endpoint_address,
-                                     action=context.action, exchange=exchange)
+        options = dict(http_headers=_http_headers(soap, context.action),
+                       address=self.interceptor.engine.endpoint_address, action=context.action,
+                       exchange=exchange)
+        tree = TREES.take(payload)
+        if tree is not None:  # received by this process moments ago: its tree, not a second parse
+            request = Message(tree, Direction.IN, Role.SERVER, **options)
+        else:
+            request = Message.from_bytes(payload, Direction.IN, Role.SERVER,
+                                         max_size=max(len(payload), 1), **options)
         previous = current_delivery()
         _local.delivery = context
         try:

@@ -234,7 +234,11 @@ class ReliableClientInterceptor(Interceptor):
             reply_callback = DISPATCH_PATH
             reply_context = encode_reply_context(self.client_name, message.operation or "", callback,
                                                  options.user_context)
-        receipt = self.engine.send(message.address, message.to_bytes(), action=_action_of(message),
+        if message.envelope is None:
+            message.to_bytes()  # raises the chain's error for a message with no envelope
+        # the tree itself: the engine adds its headers in place and hands it to the first transmission
+        # (no parse on the way); the message is consumed here, nobody else reads it
+        receipt = self.engine.send(message.address, message.envelope, action=_action_of(message),
                                    key=self.key, expect_reply=not one_way, reply_callback=reply_callback,
                                    reply_context=reply_context)
         options.receipt = receipt

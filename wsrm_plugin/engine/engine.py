@@ -126,7 +126,8 @@ class ReliableEngine:
                                                      self.transport, source=self.source)
         self.invoker = InvokerWorker(self.store, policy, source=self.source, ambient=self._ambient,
                                      application=application, tm=tm, on_failure=on_delivery_failure,
-                                     after_commit=self._after_delivery)
+                                     after_commit=self._wake_sender,
+                                     on_delivered=self.back_channel.delivered)
         self._workers = [
             Worker(f"{name}-rms", self.retransmission.step, policy.poll_interval),
             Worker(f"{name}-rmd", self.acknowledgement.step, policy.poll_interval),
@@ -139,10 +140,6 @@ class ReliableEngine:
 
     def _wake_sender(self) -> None:
         self._workers[0].wake()
-
-    def _after_delivery(self) -> None:
-        self._wake_sender()
-        self.back_channel.delivered()
 
     def _wake_acks(self) -> None:
         self._workers[1].wake()
@@ -157,7 +154,7 @@ class ReliableEngine:
 
     # -- the application's API ------------------------------------------------------------------
 
-    def send(self, target: str, envelope: bytes, *, action: str | None = None, key: str = "",
+    def send(self, target: str, envelope: Any, *, action: str | None = None, key: str = "",
              expect_reply: bool = False, message_id: str | None = None,
              reply_callback: str | None = None, reply_context: bytes | None = None) -> SendReceipt:
         """Enqueue ``envelope`` for reliable delivery to ``target`` (see :meth:`Source.send`)."""
@@ -184,10 +181,13 @@ class ReliableEngine:
     terminate = close
 
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
-               remote_addr: str | None = None) -> Reply:
-        """Process one received envelope (what the HTTP endpoint and adapters call)."""
+               remote_addr: str | None = None, parsed: Any = None) -> Reply:
+        """Process one received envelope (what the HTTP endpoint and adapters call).
+
+        ``parsed``: the envelope's lxml tree when the caller parsed ``data`` already (safely).
+        """
         return self.inbound.handle(data, principal=principal, content_type=content_type,
-                                   remote_addr=remote_addr)
+                                   remote_addr=remote_addr, parsed=parsed)
 
     # -- lifecycle -------------------------------------------------------------------------------
 

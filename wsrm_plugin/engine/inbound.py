@@ -23,9 +23,9 @@ from lxml import etree
 from ..store import LockTimeoutError, StoreError
 from ..wire import (
     AckRequested, AddressingHeaders, CloseSequence, CloseSequenceResponse, CreateSequence,
-    CreateSequenceResponse, Envelope, RMVersion, SequenceAcknowledgement, SequenceHeader, SoapFault,
-    SoapVersion, TerminateSequence, TerminateSequenceResponse, UnknownSequence, WSRMFault, WSRMRequired,
-    new_message_id,
+    CreateSequenceResponse, Envelope, MessageTooLargeError, RMVersion, SequenceAcknowledgement,
+    SequenceHeader, SoapFault, SoapVersion, TerminateSequence, TerminateSequenceResponse, UnknownSequence,
+    WSRMFault, WSRMRequired, new_message_id,
     parse_envelope, parse_rm_element, to_bytes,
 )
 from ..wire.soap import build_envelope
@@ -66,9 +66,17 @@ class Message:
         return None
 
 
-def read_message(data: bytes, max_size: int) -> Message:
-    """Parse and classify ``data``; raises the SoapFault to answer when it is not acceptable."""
-    envelope = parse_envelope(data, max_size=max_size)
+def read_message(data: bytes, max_size: int, parsed: etree._Element | None = None) -> Message:
+    """Parse and classify ``data``; raises the SoapFault to answer when it is not acceptable.
+
+    ``parsed``: ``data``'s tree, already parsed safely by the caller (read, not parsed again).
+    """
+    if parsed is None:
+        envelope = parse_envelope(data, max_size=max_size)
+    else:
+        if len(data) > max_size:
+            raise MessageTooLargeError(len(data), max_size)
+        envelope = Envelope.from_element(parsed)
     addressing = AddressingHeaders.from_header(envelope.headers)
     message = Message(data, envelope, addressing)
     for header in envelope.headers:
@@ -115,10 +123,14 @@ class Inbound:
     # -- requests ----------------------------------------------------------------------------
 
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
-               remote_addr: str | None = None) -> Reply:
-        """Answer one received request: an envelope (200), nothing to say (202), or a fault."""
+               remote_addr: str | None = None, parsed: etree._Element | None = None) -> Reply:
+        """Answer one received request: an envelope (200), nothing to say (202), or a fault.
+
+        ``parsed`` is ``data``'s tree when the caller parsed it already (safely:
+        :func:`~wsrm_plugin.wire.xmlsafe.parse_xml`); it is only read.
+        """
         try:
-            message = read_message(data, self.policy.max_message_size)
+            message = read_message(data, self.policy.max_message_size, parsed)
         except SoapFault as fault:
             self.faults_sent += 1
             log.info("refused a request from %s: %s", remote_addr, fault)
@@ -261,7 +273,7 @@ class Inbound:
             addressing = AddressingHeaders(to=wsa.anonymous, action=action, message_id=new_message_id(),
                                            version=wsa)
         envelope = build_envelope(soap, [*addressing.to_elements(wsa, soap=soap), *answer_headers], element)
-        return Reply.envelope(to_bytes(envelope), soap, action)
+        return Reply.envelope(to_bytes(envelope), soap, action, tree=envelope)
 
     def _check_owner(self, identifier: str, version: RMVersion, principal: str | None, *,
                      known: bool = False) -> None:

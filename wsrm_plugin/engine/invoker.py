@@ -180,7 +180,8 @@ class InvokerWorker:
     def __init__(self, store: StorageManager, policy: RMPolicy, *, source: Source, ambient: threading.local,
                  application: Application | None, tm: Any = None,
                  on_failure: Callable[[FailedDelivery], None] | None = None,
-                 after_commit: Callable[[], None] = lambda: None) -> None:
+                 after_commit: Callable[[], None] = lambda: None,
+                 on_delivered: Callable[[], None] = lambda: None) -> None:
         self.store = store
         self.policy = policy
         self.source = source
@@ -189,6 +190,9 @@ class InvokerWorker:
         self.application = application
         self._on_failure = on_failure
         self._after_commit = after_commit
+        #: told after every commit that handed something over (the back-channel's HTTP threads
+        #: wait for it), whether or not the sender has work
+        self._on_delivered = on_delivered
         #: Messages delivered alone, never in a batch (sequence id, number): each broke a batch,
         #: or was in one whose commit failed.
         self._isolated: set[tuple[str, int]] = set()
@@ -278,6 +282,8 @@ class InvokerWorker:
         self.delivered += sum(1 for _, handed_over in done if handed_over)
         if wake:
             self._after_commit()
+        if done:
+            self._on_delivered()
         if later is not None:
             return self._failed(*later)
         return True
@@ -541,6 +547,7 @@ class InvokerWorker:
                     self._forget(msg)
                 self.failed += 1
                 self._after_commit()
+                self._on_delivered()  # the fault reply is stored: a back-channel may wait for it
             return answered
         return self._poison(tx, msg, exc)
 

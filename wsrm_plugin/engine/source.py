@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from lxml import etree
+
 from ..statemachine import AckRanges, InvalidTransition, RMSEvent, rms_transition
 from ..store import (
     InvalidAcknowledgementError, RmsMessage, RmsSequence, StorageManager, StoreTransaction,
@@ -268,7 +270,7 @@ class Source:
 
     # -- the application's side ---------------------------------------------------------------
 
-    def send(self, target: str, envelope: bytes, *, action: str | None = None, key: str = "",
+    def send(self, target: str, envelope: bytes | etree._Element, *, action: str | None = None, key: str = "",
              expect_reply: bool = False, message_id: str | None = None,
              reply_callback: str | None = None, reply_context: bytes | None = None) -> SendReceipt:
         """Enqueue ``envelope`` for ``target`` reliably; returns where it went.
@@ -278,8 +280,10 @@ class Source:
         endpoint; an engine that serves none asks for them with the WS-A
         anonymous ReplyTo, in the HTTP responses to its requests).  ``reply_callback``
         (``"module:function"``) is called with the reply when it arrives.
+        ``envelope`` may also be the envelope's lxml tree (a SOAP client's own):
+        it is not parsed again, and becomes the stored message (changed in place).
         """
-        if not isinstance(envelope, (bytes, bytearray)):
+        if not isinstance(envelope, (bytes, bytearray, etree._Element)):
             raise TypeError(f"envelope must be the SOAP envelope as bytes, not {type(envelope).__name__}")
         if not isinstance(target, str) or not target.strip():
             raise ValueError(f"target must be the peer's address (e.g. http://host:port/path), not {target!r}")
@@ -289,7 +293,7 @@ class Source:
         if expect_reply or reply_callback:
             reply_to = self._endpoint() or self.policy.addressing.anonymous
             expect_reply = True
-        outgoing = prepare_outgoing(bytes(envelope), to=target, action=action, message_id=message_id,
+        outgoing = prepare_outgoing(envelope if isinstance(envelope, etree._Element) else bytes(envelope), to=target, action=action, message_id=message_id,
                                     reply_to=reply_to, relates_to=None, wsa=self.policy.addressing,
                                     max_size=self.policy.max_message_size)
         with self.transaction() as tx:

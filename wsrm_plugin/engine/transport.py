@@ -228,14 +228,18 @@ class Reply:
     content_type: str | None = None
     #: Seconds for an HTTP ``Retry-After`` header (a 503: the peer should retransmit later).
     retry_after: int | None = None
+    #: the lxml tree ``body`` serializes, when the engine built it (an adapter that wants the tree
+    #: takes it instead of parsing ``body``); nobody else holds it
+    tree: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def accepted(cls) -> Reply:
         return cls(202)
 
     @classmethod
-    def envelope(cls, body: bytes, soap: SoapVersion, action: str | None = None, status: int = 200) -> Reply:
-        return cls(status, body, soap.http_headers(action)["Content-Type"])
+    def envelope(cls, body: bytes, soap: SoapVersion, action: str | None = None, status: int = 200,
+                 tree: Any = None) -> Reply:
+        return cls(status, body, soap.http_headers(action)["Content-Type"], tree)
 
     @classmethod
     def fault(cls, fault: SoapFault, soap: SoapVersion, headers: Iterable[Any] = ()) -> Reply:
