@@ -153,13 +153,16 @@ class ReliableMessagingInterceptor(Interceptor):
             log.info("WS-RM endpoint address taken from the first request: %s", message.address)
         principal, remote_addr = principal_of(message)
         data = message.to_bytes()
+        envelope = message.envelope
+        if envelope is None:  # to_bytes() raises first: a message without one carries no WS-RM
+            raise SoapFault("a WS-RM message needs a SOAP envelope", code="Sender")
         # The chain stops here, and the engine reads the tree only before it stores the message:
         # the delivery (with an in-memory store, of these very bytes) takes it instead of a parse.
         # Filed first, since the invoker may deliver before handle() returns.
-        TREES.remember(data, message.envelope)
+        TREES.remember(data, envelope)
         reply = self.engine.handle(data, principal=principal, remote_addr=remote_addr,
                                    content_type=message.http_headers.get("Content-Type"),
-                                   parsed=message.envelope)
+                                   parsed=envelope)
         # suspend, not abort: what the invoker delivers later resumes right after this interceptor
         message.suspend(response_of(reply, self.engine.policy.max_message_size))
 
@@ -217,15 +220,12 @@ class ChainDeliverer:
     def __call__(self, payload: bytes, context: DeliveryContext) -> None:
         soap = SoapVersion.for_namespace(context.soap_version) or SOAP11
         exchange = Exchange(properties={DELIVERY_KEY: context})
-        options = dict(http_headers=_http_headers(soap, context.action),
-                       address=self.interceptor.engine.endpoint_address, action=context.action,
-                       exchange=exchange)
-        tree = TREES.take(payload)
-        if tree is not None:  # received by this process moments ago: its tree, not a second parse
-            request = Message(tree, Direction.IN, Role.SERVER, **options)
-        else:
-            request = Message.from_bytes(payload, Direction.IN, Role.SERVER,
-                                         max_size=max(len(payload), 1), **options)
+        tree = TREES.take(payload)  # received by this process moments ago: its tree, not a second parse
+        if tree is None:
+            tree = parse_xml(payload, max_size=max(len(payload), 1))
+        request = Message(tree, Direction.IN, Role.SERVER, http_headers=_http_headers(soap, context.action),
+                          address=self.interceptor.engine.endpoint_address, action=context.action,
+                          exchange=exchange)
         previous = current_delivery()
         _local.delivery = context
         try:

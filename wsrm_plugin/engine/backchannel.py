@@ -119,7 +119,7 @@ class BackChannel:
         headers = [SequenceHeader(seq.sequence_id, reply.number).to_xml(rm, reply_soap)]
         ack = self.destination.current_ack(identifier)
         ranges = AckRanges.from_ranges(ack.ranges if ack is not None else ())
-        if number not in ranges:
+        if ack is None or number not in ranges:
             # Request ``number`` travels with its reply here: lose one, lose both, so it may be
             # acknowledged in this response.  Some sources (gSOAP's 1.0 client) read
             # acknowledgements only on responses to application messages, and would otherwise

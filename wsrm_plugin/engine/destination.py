@@ -113,15 +113,15 @@ class Destination:
         with self.store.begin() as tx:
             self._check_limits(tx, version, peer, principal)
             reply_address = self._offer_target(tx, request, addressing)
+            offered_id = (request.offer.identifier
+                          if reply_address is not None and request.offer is not None else None)
             expires = request.expires_after
             tx.rmd.create(sequence_id, acks_to=request.acks_to.address, rm_version=version.ns,
-                          wsa_version=wsa.ns, principal=principal,
-                          offered_id=request.offer.identifier if reply_address else None,
+                          wsa_version=wsa.ns, principal=principal, offered_id=offered_id,
                           expires=now + expires.total_seconds() if expires else None, now=now)
             accept = None
-            if reply_address is not None:
-                accept = self._accept_offer(tx, request.offer.identifier, reply_address, version, wsa,
-                                            sequence_id)
+            if reply_address is not None and offered_id is not None:
+                accept = self._accept_offer(tx, offered_id, reply_address, version, wsa, sequence_id)
         with self._peers_lock:
             self._peers[sequence_id] = peer
         for_sequence(log, sequence_id).info("sequence created for %s (AcksTo %s)", peer, request.acks_to.address)

@@ -80,10 +80,10 @@ def read_message(data: bytes, max_size: int, parsed: etree._Element | None = Non
     addressing = AddressingHeaders.from_header(envelope.headers)
     message = Message(data, envelope, addressing)
     for header in envelope.headers:
-        parsed = parse_rm_element(header)
-        if parsed is None:
+        rm = parse_rm_element(header)
+        if rm is None:
             continue
-        element, version = parsed
+        element, version = rm
         if isinstance(element, SequenceHeader):
             if message.sequence is not None:
                 raise SoapFault("more than one wsrm:Sequence header", code="Sender")

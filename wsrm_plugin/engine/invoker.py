@@ -416,6 +416,8 @@ class InvokerWorker:
                 # the sender is woken after the commit only if the application enqueued something
                 # (Source sets wake_sender again): waking it for nothing costs a store round trip
                 self._ambient.wake_sender = False
+                if self.application is None:  # step() delivers nothing without one
+                    raise RuntimeError("no application to deliver to")
                 self.application(msg.payload, context)
         finally:
             self._ambient.tx = None

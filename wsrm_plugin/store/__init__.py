@@ -78,9 +78,9 @@ def open_store(url: str, **options: Any) -> StorageManager:
         from .postgres import PostgresStore
         if rest.startswith("//"):
             parts = urlsplit(url)
-            query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
-            ours = {k: v for k, v in query if k in _OPTIONS}
-            libpq = "&".join(f"{k}={v}" for k, v in query if k not in _OPTIONS)
+            pairs = parse_qsl(parts.query, keep_blank_values=True)
+            ours = {k: v for k, v in pairs if k in _OPTIONS}
+            libpq = "&".join(f"{k}={v}" for k, v in pairs if k not in _OPTIONS)
             dsn = urlunsplit(("postgresql", parts.netloc, parts.path, libpq, ""))
             opts = _options("&".join(f"{k}={v}" for k, v in ours.items()), url)
         else:

@@ -511,8 +511,7 @@ class StoreStatus:
 
     def by_state(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for s in (*self.rms, *self.rmd):
-            name = ("rms " if isinstance(s, RmsSequenceStatus) else "rmd ") + s.state
+        for name in (*(f"rms {s.state}" for s in self.rms), *(f"rmd {s.state}" for s in self.rmd)):
             counts[name] = counts.get(name, 0) + 1
         return counts
 
@@ -1131,14 +1130,14 @@ def _status_of(tx: StoreTransaction, prepared: int = 0) -> StoreStatus:
             retransmissions=seq.purged_retransmissions + sum(max(m.send_count - 1, 0) for m in msgs),
             fault_reason=seq.fault_reason, last_activity=seq.last_activity))
     rmd = []
-    for seq in tx.rmd.list_all():
-        inv = tx.invoker.state(seq.sequence_id)
+    for dseq in tx.rmd.list_all():
+        inv = tx.invoker.state(dseq.sequence_id)
         rmd.append(RmdSequenceStatus(
-            sequence_id=seq.sequence_id, state=rmd_state_name(seq),
-            received=format_ranges(seq.received), last_number=seq.last_number,
-            buffered=inv.buffered, delivered=inv.delivered_count, last_activity=seq.last_activity,
-            retrying=tx.invoker.count_retrying(seq.sequence_id),
-            poisoned=tx.invoker.count_poison(seq.sequence_id)))
+            sequence_id=dseq.sequence_id, state=rmd_state_name(dseq),
+            received=format_ranges(dseq.received), last_number=dseq.last_number,
+            buffered=inv.buffered, delivered=inv.delivered_count, last_activity=dseq.last_activity,
+            retrying=tx.invoker.count_retrying(dseq.sequence_id),
+            poisoned=tx.invoker.count_poison(dseq.sequence_id)))
     return StoreStatus(rms=tuple(rms), rmd=tuple(rmd), prepared_branches=prepared,
                        retrying=tx.invoker.count_retrying(), poisoned=tx.invoker.count_poison())
 

@@ -104,7 +104,8 @@ class BranchResource(ABC):
             mine = [b for b in self._branches.values()
                     if b.xid.gtrid == gxid.gtrid and b.xid.format_id == gxid.format_id]
         active = [b for b in mine if b.active]
-        return (active or mine or [None])[-1]
+        found = active or mine
+        return found[-1] if found else None
 
     def _get(self, xid: Xid) -> Branch:
         with self._lock:

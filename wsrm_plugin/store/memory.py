@@ -334,14 +334,14 @@ class _RmsMessages(api.RmsMessageManager):
     def mark_acked(self, sequence_key: str, ranges: Iterable[tuple[int, int]],
                    now: float | None = None) -> list[int]:
         seq = self._seq(sequence_key)
-        ranges = api.AckRanges.from_ranges(ranges)
+        acked = api.AckRanges.from_ranges(ranges)
         tx = self._tx
         stored = {k[1]: m for k, m in tx._scan(_MSG).items() if k[0] == sequence_key}
-        api.check_ack(seq, ranges, lambda lo, hi: [
+        api.check_ack(seq, acked, lambda lo, hi: [
             n for n, m in stored.items() if lo <= n <= hi and m.send_count == 0])
         newly = []
         for number, msg in sorted(stored.items()):
-            if not msg.acked and number in ranges:
+            if not msg.acked and number in acked:
                 tx._write(_MSG, (sequence_key, number), replace(msg, acked=True))
                 newly.append(number)
         tx._write(_RMS, sequence_key, replace(seq, last_activity=_now(now)))

@@ -202,7 +202,7 @@ def _migration_3(d: Dialect) -> list[str]:
     budget again.  A message given up after its last cycle moves to
     ``poison_message``, never deleted by the engine.
     """
-    I, D, BL, B = d.bigint, d.double, d.blob, d.boolean
+    BIG, D, BL, B = d.bigint, d.double, d.blob, d.boolean
     return [
         "ALTER TABLE invoker_message ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE invoker_message ADD COLUMN retry_cycle INTEGER NOT NULL DEFAULT 0",
@@ -212,7 +212,7 @@ def _migration_3(d: Dialect) -> list[str]:
         "WHERE attempts > 0 OR retry_cycle > 0",
         f"""CREATE TABLE poison_message (
             sequence_id TEXT NOT NULL,
-            number {I} NOT NULL,
+            number {BIG} NOT NULL,
             message_id TEXT,
             action TEXT NOT NULL,
             soap_version TEXT NOT NULL,
@@ -345,7 +345,7 @@ def _buf(row: Sequence[Any]) -> BufferedMessage:
 
 
 def _poison(row: Sequence[Any]) -> api.PoisonMessage:
-    v = dict(zip(_POISON_COLS, row))
+    v = dict(zip(_POISON_COLS, row, strict=True))
     v["payload"] = _blob(v["payload"])
     v["held"] = bool(v["held"])
     return api.PoisonMessage(**v)
