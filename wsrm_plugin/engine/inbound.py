@@ -306,7 +306,7 @@ class Inbound:
         log.info("answering %s from message %s", fault, message.addressing.message_id)
         reply = Reply.fault(fault, message.soap, headers)
         if status is not None:
-            return Reply(status, reply.body, reply.content_type, reply.retry_after)
+            return Reply(status, reply.body, reply.content_type, retry_after=reply.retry_after)
         return reply
 
     def _on_decoupled_response(self, body: CreateSequenceResponse | CloseSequenceResponse | TerminateSequenceResponse,

@@ -239,7 +239,7 @@ class Reply:
     @classmethod
     def envelope(cls, body: bytes, soap: SoapVersion, action: str | None = None, status: int = 200,
                  tree: Any = None) -> Reply:
-        return cls(status, body, soap.http_headers(action)["Content-Type"], tree)
+        return cls(status, body, soap.http_headers(action)["Content-Type"], tree=tree)
 
     @classmethod
     def fault(cls, fault: SoapFault, soap: SoapVersion, headers: Iterable[Any] = ()) -> Reply:
