@@ -844,17 +844,7 @@ def _frame_at_v2(data: bytes, off: int) -> tuple[bytes, int] | str:
     """The payload of the format-2 record at ``off`` and where the next starts, or why not."""
     if data[off:off + len(MARK)] != MARK:
         return "bytes that are not a record"
-    head = off + len(MARK)
-    if len(data) - head < _FRAME.size:
-        return "a torn record header"
-    length, crc = _FRAME.unpack_from(data, head)
-    body = head + _FRAME.size
-    if length > MAX_RECORD or body + length > len(data):
-        return f"a record announcing {length} bytes that are not there"
-    payload = data[body:body + length]
-    if zlib.crc32(payload, zlib.crc32(_LEN.pack(length))) != crc:
-        return "a record with a bad checksum"
-    return payload, body + length
+    return _frame_at_v1(data, off + len(MARK))  # after its marker, a record is framed as in format 1
 
 
 def _resync_v2(data: bytes, start: int, end: int) -> int:
