@@ -908,6 +908,14 @@ class InvokerBufferManager(_Manager, ABC):
     def get(self, sequence_id: str, number: int) -> BufferedMessage | None:
         """A buffered message (locks its sequence's buffer), or None."""
 
+    def _require(self, sequence_id: str, number: int) -> BufferedMessage:
+        """:meth:`get`, raising :class:`UnknownMessageError` where it finds nothing."""
+        msg = self.get(sequence_id, number)
+        if msg is None:
+            raise UnknownMessageError(
+                f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
+        return msg
+
     @abstractmethod
     def record_failure(self, sequence_id: str, number: int, *, attempts: int, cycle: int,
                        next_attempt_at: float | None, error: str) -> BufferedMessage:

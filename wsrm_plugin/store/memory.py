@@ -596,13 +596,6 @@ class _Invoker(api.InvokerBufferManager):
         self._tx._lock(RANK_INVOKER, sequence_id)
         return self._tx._read(_BUF, (sequence_id, number))
 
-    def _require(self, sequence_id: str, number: int) -> BufferedMessage:
-        msg = self.get(sequence_id, number)
-        if msg is None:
-            raise UnknownMessageError(
-                f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
-        return msg
-
     def record_failure(self, sequence_id: str, number: int, *, attempts: int, cycle: int,
                        next_attempt_at: float | None, error: str) -> BufferedMessage:
         msg = replace(self._require(sequence_id, number), attempts=attempts, cycle=cycle,

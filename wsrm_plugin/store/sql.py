@@ -1183,13 +1183,6 @@ class _Invoker(api.InvokerBufferManager):
                            "AND number = ?", (sequence_id, number))
         return _buf(row) if row else None
 
-    def _require(self, sequence_id: str, number: int) -> BufferedMessage:
-        msg = self.get(sequence_id, number)
-        if msg is None:
-            raise UnknownMessageError(
-                f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
-        return msg
-
     def record_failure(self, sequence_id: str, number: int, *, attempts: int, cycle: int,
                        next_attempt_at: float | None, error: str) -> BufferedMessage:
         msg = self._require(sequence_id, number)
