@@ -6,8 +6,12 @@ Each round has two parts, both driven only by what the store says:
   state's duties name the one protocol message owed (CreateSequence,
   CloseSequence, TerminateSequence) or that the sequence can be released;
 * **transmission**: unacknowledged messages whose ``next_send_at`` has come
-  are claimed, their attempt recorded with the next retry time (base
-  interval, exponential backoff), and only then sent.
+  are claimed, their attempt recorded with the next retry time (the peer's
+  measured retransmission timeout, never below the base interval, doubled
+  per attempt), and only then sent.  What the round's answers say is then
+  applied at once (:mod:`.pacing`): numbers proven lost are sent again in the
+  next round, not when their timers fire, and a sequence whose peer discards
+  out-of-order messages is sent in order, one message at a time.
 
 The rule that keeps this safe: no store transaction is held across a network
 call.  A round records what it is about to send and commits; the send
@@ -26,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..statemachine import RMSDuty, rms_duties
+from ..statemachine import AckRanges, RMSDuty, rms_duties
 from ..store import RmdSequence, RmsMessage, RmsSequence, StorageManager
 from ..wire import (
     RM10, AckRequested, CloseSequence, CloseSequenceResponse, CreateSequence, CreateSequenceResponse,
@@ -38,8 +42,9 @@ from .destination import Destination
 from .envelopes import protocol_message, stamp
 from .inbound import Inbound, ResponseContent
 from .logs import for_sequence
+from .pacing import Exchange, RttEstimator, SequenceFlow
 from .policy import AckRequestMode, RMPolicy
-from .source import NEVER, SequenceKey, Source, is_back_channel, rm_version_of
+from .source import AT_ONCE, NEVER, SequenceKey, Source, is_back_channel, rm_version_of
 from .states import rms_state
 from .transport import Response, Transport, TransportError
 
@@ -77,7 +82,7 @@ def _chains(plan: list[_Planned]) -> list[list[list[_Planned]]]:
     is a chain of its own.  Each sequence's messages stay in claim order.
     """
     by_sequence: dict[str, list[_Planned]] = {}
-    for item in plan:
+    for item in sorted(plan, key=lambda i: i.message.number):  # each sequence in number order
         by_sequence.setdefault(item.sequence.key, []).append(item)
     chains: dict[Any, list[tuple[int, list[_Planned]]]] = {}
     for key, items in by_sequence.items():
@@ -110,6 +115,12 @@ class RetransmissionWorker:
         self._exchanged: dict[str, float] = {}
         self._next_keep_alive = 0.0
         self.keep_alives_sent = 0
+        #: What the answers taught about each peer and each sequence (:mod:`.pacing`).
+        self._peers: dict[str, RttEstimator] = {}
+        self._flows: dict[str, SequenceFlow] = {}
+        self._pacing_lock = threading.Lock()
+        self.fast_retransmits = 0
+        self.loss_probes = 0
 
     def step(self) -> bool:
         now = time.time()
@@ -144,8 +155,12 @@ class RetransmissionWorker:
         idle: list[RmsSequence] = []
         with self.store.begin() as tx:
             sequences = tx.rms.list_all()
-            for key in set(self._exchanged) - {seq.key for seq in sequences}:
+            live = {seq.key for seq in sequences}
+            for key in set(self._exchanged) - live:
                 self._exchanged.pop(key, None)  # released sequences
+            with self._pacing_lock:
+                for key in set(self._flows) - live:
+                    self._flows.pop(key, None)
             for seq in sequences:
                 if not seq.started or seq.sequence_id is None or seq.faulted or seq.terminate_sent \
                         or is_back_channel(seq.target):
@@ -358,42 +373,121 @@ class RetransmissionWorker:
     def _transmit(self, now: float) -> bool:
         plan = self._claim(now)
         chains = _chains(plan)
-        if len(chains) > 1 and self.policy.send_concurrency > 1:
-            # Several independent sequences: each gets a lane of its own, and they go out at
-            # once.  The destination records a sequence's messages one at a time (its
-            # acknowledgement state is one row), so parallel requests on one sequence mostly
-            # wait for each other there; on different sequences their durable receives overlap.
-            self._run_lanes([[item for items in chain for item in items] for chain in chains])
-            return True
-        for chain in chains:
-            for items in chain:  # a rolled-over sequence before its successor
-                self._send_pipelined(items)
-        return bool(plan)
+        exchanges: list[tuple[_Planned, Exchange]] = []
+        try:
+            if len(chains) > 1 and self.policy.send_concurrency > 1:
+                # Several independent sequences: each gets a lane of its own, and they go out at
+                # once.  The destination records a sequence's messages one at a time (its
+                # acknowledgement state is one row), so parallel requests on one sequence mostly
+                # wait for each other there; on different sequences their durable receives overlap.
+                self._run_lanes([[item for items in chain for item in items] for chain in chains], exchanges)
+                return True
+            for chain in chains:
+                for items in chain:  # a rolled-over sequence before its successor
+                    self._send_pipelined(items, exchanges)
+            return bool(plan)
+        finally:
+            if exchanges:
+                self._settle(exchanges)
 
-    def _send_pipelined(self, items: list[_Planned]) -> None:
+    def _send_pipelined(self, items: list[_Planned], exchanges: list[tuple[_Planned, Exchange]]) -> None:
         """One sequence's messages over up to ``send_concurrency`` keep-alive connections at once.
 
         The peer's durable receive of one overlaps the others' transfer and
         parsing instead of adding up.  They were claimed (and the window
         checked) together; dealt round robin, they arrive nearly in order, and
-        the destination orders them anyway.
+        a destination that buffers orders them anyway.  One that discards
+        out-of-order messages gets them one at a time, in order.
         """
         lanes = min(self.policy.send_concurrency, len(items))
+        if lanes > 1 and self._flow(items[0].sequence.key).ordered:
+            lanes = 1
         if lanes <= 1:
-            self._send_lane(items)
+            self._send_lane(items, exchanges)
         else:
-            self._run_lanes([items[i::lanes] for i in range(lanes)])
+            self._run_lanes([items[i::lanes] for i in range(lanes)], exchanges)
 
-    def _run_lanes(self, lanes: list[list[_Planned]]) -> None:
+    def _run_lanes(self, lanes: list[list[_Planned]], exchanges: list[tuple[_Planned, Exchange]]) -> None:
         """Send each lane on a thread of the pool; returns once every send has ended."""
         pool = self._lanes()
-        for future in [pool.submit(self._send_lane, lane) for lane in lanes]:
+        for future in [pool.submit(self._send_lane, lane, exchanges) for lane in lanes]:
             future.result()
 
-    def _send_lane(self, items: list[_Planned]) -> None:
+    def _send_lane(self, items: list[_Planned], exchanges: list[tuple[_Planned, Exchange]]) -> None:
         with self.source.coalesced_acks():  # one store transaction for the lane's acks, not one per message
             for item in items:
-                self._send_message(item)
+                exchanges.append((item, self._send_message(item)))
+
+    # -- pacing: what the answers say ------------------------------------------------------------
+
+    def _flow(self, key: str) -> SequenceFlow:
+        with self._pacing_lock:
+            flow = self._flows.get(key)
+            if flow is None:
+                flow = self._flows[key] = SequenceFlow(batch=self.policy.send_batch)
+            return flow
+
+    def _peer(self, target: str) -> RttEstimator:
+        with self._pacing_lock:
+            peer = self._peers.get(target)
+            if peer is None:
+                peer = self._peers[target] = RttEstimator()
+            return peer
+
+    def flow_of(self, key: str) -> SequenceFlow | None:
+        """What the sender learnt about a sequence's peer (None before its first round)."""
+        with self._pacing_lock:
+            return self._flows.get(key)
+
+    def retransmission_timeout(self, target: str) -> float:
+        """The current retransmission timeout for ``target`` (before a message's own backoff)."""
+        return self._peer(target).timeout(self.policy.base_retransmission_interval,
+                                          self.policy.max_retransmission_interval)
+
+    def _retry_delay(self, target: str, attempts: int) -> float:
+        """Seconds after the ``attempts``-th transmission before the timer sends it again.
+
+        The policy's backoff applied to the peer's measured timeout instead of
+        the fixed base interval (which stays the floor).
+        """
+        if attempts < 1:
+            return 0.0
+        policy = self.policy
+        rto = self.retransmission_timeout(target)
+        if not policy.exponential_backoff:
+            return rto
+        return min(rto * 2 ** min(attempts - 1, 30), policy.max_retransmission_interval)
+
+    def _settle(self, exchanges: list[tuple[_Planned, Exchange]]) -> None:
+        """Apply a round's evidence: resend what was proven lost now, probe the silent ends soon."""
+        by_sequence: dict[str, tuple[RmsSequence, list[Exchange]]] = {}
+        for item, exchange in exchanges:
+            by_sequence.setdefault(item.sequence.key, (item.sequence, []))[1].append(exchange)
+        plans: list[tuple[RmsSequence, set[int], set[int], SequenceFlow]] = []
+        for key, (seq, made) in by_sequence.items():
+            flow = self._flow(key)
+            was_ordered = flow.ordered
+            verdict = flow.after_round(made)
+            if flow.ordered != was_ordered:
+                for_sequence(log, seq.sequence_id, key=key).info(
+                    "the peer %s: sending this sequence %s", "discards out-of-order messages" if flow.ordered
+                    else "kept up in order", "in order, one message at a time" if flow.ordered else "pipelined")
+            probe = set(verdict.probe) if self._peer(seq.target).alive else set()
+            if verdict.resend or probe:
+                plans.append((seq, set(verdict.resend), probe, flow))
+        if not plans:
+            return
+        now = time.time()
+        with self.store.begin() as tx:
+            for seq, resend, probe, _ in plans:
+                if resend:
+                    self.fast_retransmits += tx.rms_messages.make_due(seq.key, resend, at=AT_ONCE)
+                if probe:
+                    delay = self._peer(seq.target).probe_delay()
+                    self.loss_probes += tx.rms_messages.make_due(seq.key, probe, at=now + delay)
+        for seq, resend, probe, _ in plans:
+            for_sequence(log, seq.sequence_id, key=seq.key).debug(
+                "sending again at once %s, probing %s", sorted(resend), sorted(probe))
 
     def _lanes(self) -> ThreadPoolExecutor:
         with self._pool_lock:
@@ -425,8 +519,8 @@ class RetransmissionWorker:
             # while the others' destinations end them as inactive.  The round stays bounded by
             # send_batch; no per-sequence cap below it, which could hide a sequence's
             # retransmissions behind its unsent messages held back by the window.
-            for msg in tx.rms_messages.due_messages(now, limit=policy.send_batch,
-                                                    per_sequence=policy.send_batch):
+            for msg in self._paced(tx.rms_messages.due_messages(now, limit=policy.send_batch,
+                                                                per_sequence=policy.send_batch)):
                 key = msg.sequence_key
                 if key not in sequences:
                     sequences[key] = tx.rms.get(key)
@@ -450,7 +544,7 @@ class RetransmissionWorker:
                         continue
                     in_flight[key] += 1
                 attempt = msg.send_count + 1
-                next_at = now + policy.retry_delay(attempt) if policy.retransmits else _NEVER
+                next_at = now + self._retry_delay(seq.target, attempt) if policy.retransmits else _NEVER
                 attempts.setdefault((key, next_at), []).append(msg.number)
                 plan.append(_Planned(msg, seq, piggyback=owed_acks.pop(seq.target, [])))
             for (key, next_at), numbers in attempts.items():
@@ -461,7 +555,23 @@ class RetransmissionWorker:
                 mode is AckRequestMode.RETRANSMISSIONS and item.message.send_count > 0)
         return plan
 
-    def _send_message(self, item: _Planned) -> None:
+    def _paced(self, due: list[RmsMessage]) -> list[RmsMessage]:
+        """The due messages this round may claim: of a sequence sent in order, its lowest numbers,
+        as many as its flow's window; the others as they came."""
+        ordered: dict[str, list[RmsMessage]] = {}
+        out: list[RmsMessage] = []
+        for msg in due:
+            flow = self.flow_of(msg.sequence_key)
+            if flow is not None and flow.ordered:
+                ordered.setdefault(msg.sequence_key, []).append(msg)
+            else:
+                out.append(msg)
+        for key, msgs in ordered.items():
+            flow = self.flow_of(key)
+            out.extend(sorted(msgs, key=lambda m: m.number)[:flow.claim_limit() if flow else len(msgs)])
+        return out
+
+    def _send_message(self, item: _Planned) -> Exchange:
         msg, seq = item.message, item.sequence
         rm = rm_version_of(seq)
         soap = SoapVersion.for_namespace(msg.soap_version) or self.policy.soap_version
@@ -476,12 +586,16 @@ class RetransmissionWorker:
         slog = for_sequence(log, seq.sequence_id, msg.number)
         if msg.send_count:  # every attempt after the first counts, whatever its outcome
             self.retransmissions += 1
+        peer = self._peer(seq.target)
+        started = time.monotonic()
         try:
             response = self.transport.send(seq.target, data, soap.http_headers(msg.action))
         except TransportError as exc:
             self.send_failures += 1
+            peer.failed()
             slog.debug("not delivered (attempt %d, will retry): %s", msg.send_count + 1, exc)
-            return
+            return Exchange(msg.number, started, time.monotonic(), answered=False)
+        ended = time.monotonic()
         self.messages_sent += 1
         if 200 <= response.status < 300:  # a proxy's 503 does not reach the destination's timer
             self._exchanged_with(seq.key)
@@ -496,6 +610,20 @@ class RetransmissionWorker:
         if item.piggyback and 200 <= response.status < 300:
             for rmd in item.piggyback:
                 self.destination.ack_delivered(rmd)
+        ack = None
+        if content is not None and content.fault is None:
+            for candidate in content.acks:
+                if candidate.identifier == seq.sequence_id and not candidate.nacks:
+                    ranges = AckRanges.from_ranges(candidate.ranges)
+                    ack = ranges if ack is None else ack.union(ranges)
+        # A 5xx without an acknowledgement (a proxy's 502, an overloaded server) is no answer from
+        # the destination: it counts as a failed exchange, not as a round trip.
+        answered = ack is not None or response.status < 500
+        if answered:
+            peer.sample(ended - started)
+        else:
+            peer.failed()
+        return Exchange(msg.number, started, ended, answered=answered, ack=ack)
 
     def _reply_on_back_channel(self, seq: RmsSequence, data: bytes) -> None:
         """A reply came in the HTTP response (we offered with an anonymous endpoint).
