@@ -31,7 +31,7 @@ number sent after it.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..statemachine import AckRanges
 
@@ -39,10 +39,11 @@ __all__ = ["Exchange", "RttEstimator", "SequenceFlow", "Verdict"]
 
 #: RFC 6298's gains and clock granularity (seconds).
 _ALPHA, _BETA, _GRANULARITY = 1 / 8, 1 / 4, 0.001
-#: Messages of a discarding peer's sequence sent in order without a loss before pipelining is
-#: tried again; doubled each time the peer proves it still discards.
-_FIRST_RESUME = 64
-_MAX_RESUME = 1 << 20
+#: Messages sent one way before the other way is tried for a round; doubled each time the try
+#: loses.  The other way must deliver this much faster to be kept.
+_FIRST_PROBE = 32
+_MAX_PROBE = 1 << 20
+_MARGIN = 1.25
 #: Numbers remembered as sent and unacknowledged per sequence (acks normally prune them).
 _MAX_OUTSTANDING = 4096
 
@@ -104,6 +105,8 @@ class Exchange:
     answered: bool
     #: The acknowledgement of this sequence in the response, if any.
     ack: AckRanges | None = None
+    #: A 2xx answer without an acknowledgement (gSOAP's bare 202 for a message it dropped).
+    bare: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,47 +123,101 @@ class Verdict:
 
 @dataclass
 class SequenceFlow:
-    """What the source knows of one sequence's peer; updated once per sending round."""
+    """What the source knows of one sequence's peer; updated once per sending round.
+
+    Two ways to send a sequence: *pipelined* (a round's messages over several
+    connections at once) and *ordered* (one at a time, in number order, in
+    bursts of ``window``).  Which one is right depends on the peer: one that
+    buffers gains from pipelining; one that discards out-of-order messages
+    loses them (proved by its acknowledgements: ordered at once), and one
+    that holds them until the gap fills (gSOAP with a hold time) answers
+    slowly.  So a sequence starts ordered, measures the delivery rate of each
+    way and, first as soon as the ordered rate is known and then every
+    ``probe_after`` messages, tries the other way for one round; it keeps the
+    faster one (by a margin), and waits twice as long before the next try
+    each time the try loses.
+    """
 
     batch: int
-    #: Send in order, one message at a time (the peer discards out-of-order messages).
-    ordered: bool = False
+    concurrency: int = 4
+    #: Send in order, one message at a time (the peer discards or holds out-of-order messages).
+    #: A sequence starts so (safe with every peer) and tries pipelining once its rate is known.
+    ordered: bool = True
     #: Messages claimed per round while ordered (grows while nothing is lost).
     window: int = 2
-    clean: int = 0
-    resume_after: int = _FIRST_RESUME
+    #: Messages sent in the current way since the last decision.
+    since: int = 0
+    probe_after: int = _FIRST_PROBE
+    #: This round tries the other way (decided on at the round's end).
+    probing: bool = False
+    probes: int = 0
+    #: Messages per second delivered by each way (key: ordered), smoothed.
+    rates: dict[bool, float] = field(default_factory=dict)
     #: Number -> when its last transmission ended, for numbers sent and not known acknowledged.
     outstanding: dict[int, float] = field(default_factory=dict)
     discards_seen: int = 0
     fast_retransmits: int = 0
+    #: Everything the peer acknowledged in its responses so far.
+    known: AckRanges = field(default_factory=AckRanges)
+    #: The peer puts acknowledgements in its responses (an anonymous AcksTo).
+    acks_in_responses: bool = False
+    _round: tuple[bool, float] | None = None
 
     def claim_limit(self) -> int:
-        return self.window if self.ordered else self.batch
+        if self.ordered:
+            return self.window
+        return min(self.batch, 2 * self.concurrency) if self.probing else self.batch
+
+    def note_round(self, *, ordered: bool, seconds: float) -> None:
+        """This round's messages of the sequence took ``seconds`` to send, one way or the other."""
+        self._round = (ordered, seconds)
+
+    def _note_rate(self, sent: list[int], acked: AckRanges) -> None:
+        """Messages per second the round delivered: acknowledged ones when the answers say, else sent."""
+        if self._round is None:
+            return
+        ordered, seconds = self._round
+        self._round = None
+        if len(sent) < 2 or seconds <= 0:
+            return  # one message says nothing about pipelining
+        delivered = sum(1 for n in sent if n in acked) if self.acks_in_responses else len(sent)
+        rate = delivered / seconds
+        old = self.rates.get(ordered)
+        self.rates[ordered] = rate if old is None else (old + rate) / 2
 
     def after_round(self, exchanges: list[Exchange]) -> Verdict:
         """Learn from a round's exchanges (all ended); what to send again now."""
         for ex in sorted(exchanges, key=lambda e: e.ended):
             self.outstanding[ex.number] = ex.ended
         answered = [ex for ex in exchanges if ex.answered and ex.ack is not None]
-        acked = AckRanges()
+        acked = self.known
         for ex in answered:
             acked = acked.union(ex.ack)
+        self.known = acked
+        if answered:
+            self.acks_in_responses = True
+        if self.acks_in_responses:
+            # A peer that acknowledges in its responses answered without one: it did not take
+            # the message (gSOAP drops an out-of-order message with a bare 202).  What it holds
+            # is what it acknowledged last.
+            answered += [replace(ex, ack=acked) for ex in exchanges if ex.bare]
         for number in [n for n in self.outstanding if n in acked]:
             del self.outstanding[number]
         # Numbers below the highest acknowledged that nobody here sent (a restart): long over.
         for lower, upper in acked.missing_up_to(acked.highest).ranges:
             for number in range(lower, min(upper, lower + self.batch - 1) + 1):
                 self.outstanding.setdefault(number, 0.0)
+        self._note_rate([ex.number for ex in exchanges], acked)
         discarding = any(ex.number not in ex.ack and ex.ack.next_expected < ex.number for ex in answered)
         lost = {n for n, ended in self.outstanding.items()
                 if any(ex.started >= ended and n not in ex.ack for ex in answered)}
-        resend: set[int] = set()
         if discarding:
-            if not self.ordered:  # pipelining (again) proved wrong: in order, and wait longer to retry
-                if self.discards_seen:
-                    self.resume_after = min(self.resume_after * 2, _MAX_RESUME)
-                self.ordered, self.window, self.clean = True, 2, 0
             self.discards_seen += 1
+            if not self.ordered:  # pipelining loses messages with this peer: in order from now on
+                if self.probing or self.discards_seen > 1:
+                    self.probe_after = min(self.probe_after * 2, _MAX_PROBE)
+                self.ordered, self.window, self.since, self.probing = True, 2, 0, False
+        resend: set[int] = set()
         if self.ordered and (lost or discarding):
             first = min(lost | set(self.outstanding), default=0)
             if first:
@@ -173,20 +230,27 @@ class SequenceFlow:
                  if not ex.answered and ex.number in self.outstanding and ex.number not in resend
                  and ex.ended > last_evidence}
         if self.ordered:
-            if resend or probe or not exchanges:
+            if resend or probe:
                 self.window = max(2, self.window // 2)
-                self.clean = 0 if resend else self.clean
             else:
                 self.window = min(self.window * 2, self.batch)
-                self.clean += len(exchanges)
-                if self.clean >= self.resume_after and not self.outstanding:
-                    self.ordered, self.clean = False, 0  # try pipelining again
+        self._choose_way(len(exchanges))
         if len(self.outstanding) > _MAX_OUTSTANDING:
             for number in sorted(self.outstanding)[:len(self.outstanding) - _MAX_OUTSTANDING]:
                 del self.outstanding[number]
         return Verdict(frozenset(resend), frozenset(probe), discarding)
 
-    def forget(self, numbers: set[int]) -> None:
-        """Numbers acknowledged (or dropped) by other means."""
-        for number in numbers:
-            self.outstanding.pop(number, None)
+    def _choose_way(self, sent: int) -> None:
+        self.since += sent
+        if self.probing:  # the round just sent tried the other way: keep the faster
+            self.probing = False
+            tried, kept = self.rates.get(self.ordered), self.rates.get(not self.ordered)
+            if tried is None or kept is None or tried < _MARGIN * kept:
+                self.ordered = not self.ordered
+                self.probe_after = min(self.probe_after * 2, _MAX_PROBE)
+            self.since = 0
+        elif self.since >= self.probe_after or (self.probes == 0 and self.ordered in self.rates):
+            # the first try comes as soon as the ordered way's rate is known
+            self.probing, self.ordered, self.since = True, not self.ordered, 0
+            self.probes += 1
+            self.window = max(self.window, self.concurrency)

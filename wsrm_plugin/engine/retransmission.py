@@ -27,7 +27,8 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..statemachine import AckRanges, RMSDuty, rms_duties
@@ -64,6 +65,8 @@ _CONTROL_BATCH = 50
 _KEEP_ALIVE_FRACTION = 0.4
 #: The peer's inactivity timeout assumed when this engine's own policy has none (RMPolicy's default).
 _DEFAULT_PEER_INACTIVITY = 600.0
+#: Times one in-order lane goes back to a gap before it leaves the rest to the next rounds.
+_MAX_GO_BACKS = 16
 
 
 @dataclass
@@ -399,13 +402,16 @@ class RetransmissionWorker:
         a destination that buffers orders them anyway.  One that discards
         out-of-order messages gets them one at a time, in order.
         """
-        lanes = min(self.policy.send_concurrency, len(items))
-        if lanes > 1 and self._flow(items[0].sequence.key).ordered:
-            lanes = 1
-        if lanes <= 1:
+        flow = self._flow(items[0].sequence.key)
+        lanes = 1 if flow.ordered else min(self.policy.send_concurrency, len(items))
+        started = time.monotonic()
+        if flow.ordered:
+            self._send_in_order(items, flow, exchanges)
+        elif lanes <= 1:
             self._send_lane(items, exchanges)
         else:
             self._run_lanes([items[i::lanes] for i in range(lanes)], exchanges)
+        flow.note_round(ordered=flow.ordered, seconds=time.monotonic() - started)
 
     def _run_lanes(self, lanes: list[list[_Planned]], exchanges: list[tuple[_Planned, Exchange]]) -> None:
         """Send each lane on a thread of the pool; returns once every send has ended."""
@@ -418,13 +424,77 @@ class RetransmissionWorker:
             for item in items:
                 exchanges.append((item, self._send_message(item)))
 
+    def _send_in_order(self, items: list[_Planned], flow: SequenceFlow,
+                       exchanges: list[tuple[_Planned, Exchange]]) -> None:
+        """One sequence's messages one at a time, going back to the gap as soon as an answer shows one.
+
+        For a peer that discards (or holds) a message sent after a gap, every
+        message sent past a gap is wasted (or waits for the peer's hold time),
+        so the lane goes back at once: a failed exchange is sent again, and an
+        answer that leaves the message out sends the numbers from the gap
+        again, each attempt recorded before it goes out, as every send is.
+        """
+        queue = deque(items)
+        backs = 0
+        with self.source.coalesced_acks():
+            while queue:
+                item = queue.popleft()
+                exchange = self._send_message(item)
+                exchanges.append((item, exchange))
+                if backs >= _MAX_GO_BACKS:
+                    continue
+                gap = self._gap(item, exchange, flow)
+                if gap is None:
+                    continue
+                if not exchange.answered and not self._peer(item.sequence.target).alive:
+                    backs = _MAX_GO_BACKS  # a silent peer: leave the rest to the timers
+                    continue
+                backs += 1
+                skip = exchange.ack or AckRanges()
+                again = self._reclaim(item.sequence, [n for n in range(gap, item.message.number + 1) if n not in skip]
+                                      [:flow.window])
+                queue.extendleft(reversed(again))
+
+    def _gap(self, item: _Planned, exchange: Exchange, flow: SequenceFlow) -> int | None:
+        """The number to go back to after ``exchange``, or None when the peer took the message."""
+        if not exchange.answered:
+            return item.message.number
+        ack = exchange.ack
+        if ack is None:
+            if not (exchange.bare and flow.acks_in_responses):
+                return None
+            ack = flow.known  # a bare answer from a peer that acknowledges: it did not take it
+        if item.message.number in ack:
+            return None
+        return min(ack.next_expected, item.message.number)
+
+    def _reclaim(self, seq: RmsSequence, numbers: list[int]) -> list[_Planned]:
+        """Record another attempt of ``numbers`` (those still unacknowledged) to send them now."""
+        if not numbers:
+            return []
+        now = time.time()
+        planned: list[_Planned] = []
+        with self.store.begin() as tx:
+            for number in numbers:
+                msg = tx.rms_messages.get(seq.key, number)
+                if msg is None or msg.acked or msg.send_count == 0:
+                    continue
+                attempt = msg.send_count + 1
+                msg = tx.rms_messages.record_send_attempt(
+                    seq.key, number, next_send_at=now + self._retry_delay(seq.target, attempt), now=now)
+                planned.append(_Planned(replace(msg, send_count=attempt - 1), seq, request_ack=
+                                        self.policy.ack_request is not AckRequestMode.NEVER))
+        self.fast_retransmits += len(planned)
+        return planned
+
     # -- pacing: what the answers say ------------------------------------------------------------
 
     def _flow(self, key: str) -> SequenceFlow:
         with self._pacing_lock:
             flow = self._flows.get(key)
             if flow is None:
-                flow = self._flows[key] = SequenceFlow(batch=self.policy.send_batch)
+                flow = self._flows[key] = SequenceFlow(batch=self.policy.send_batch,
+                                                       concurrency=self.policy.send_concurrency)
             return flow
 
     def _peer(self, target: str) -> RttEstimator:
@@ -470,8 +540,9 @@ class RetransmissionWorker:
             verdict = flow.after_round(made)
             if flow.ordered != was_ordered:
                 for_sequence(log, seq.sequence_id, key=key).info(
-                    "the peer %s: sending this sequence %s", "discards out-of-order messages" if flow.ordered
-                    else "kept up in order", "in order, one message at a time" if flow.ordered else "pipelined")
+                    "sending this sequence %s (%s)", "in order, one message at a time" if flow.ordered
+                    else "pipelined", "the peer discarded a message sent after a gap" if verdict.discarding
+                    else f"delivery rates {flow.rates}")
             probe = set(verdict.probe) if self._peer(seq.target).alive else set()
             if verdict.resend or probe:
                 plans.append((seq, set(verdict.resend), probe, flow))
@@ -562,7 +633,7 @@ class RetransmissionWorker:
         out: list[RmsMessage] = []
         for msg in due:
             flow = self.flow_of(msg.sequence_key)
-            if flow is not None and flow.ordered:
+            if flow is not None and flow.claim_limit() < self.policy.send_batch:
                 ordered.setdefault(msg.sequence_key, []).append(msg)
             else:
                 out.append(msg)
@@ -623,7 +694,8 @@ class RetransmissionWorker:
             peer.sample(ended - started)
         else:
             peer.failed()
-        return Exchange(msg.number, started, ended, answered=answered, ack=ack)
+        return Exchange(msg.number, started, ended, answered=answered, ack=ack,
+                        bare=ack is None and 200 <= response.status < 300)
 
     def _reply_on_back_channel(self, seq: RmsSequence, data: bytes) -> None:
         """A reply came in the HTTP response (we offered with an anonymous endpoint).
