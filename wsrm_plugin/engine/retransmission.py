@@ -447,8 +447,7 @@ class RetransmissionWorker:
                 if gap is None:
                     continue
                 if not exchange.answered and not self._peer(item.sequence.target).alive:
-                    backs = _MAX_GO_BACKS  # a silent peer: leave the rest to the timers
-                    continue
+                    continue  # a silent peer: no point in sending it again at once
                 backs += 1
                 skip = exchange.ack or AckRanges()
                 again = self._reclaim(item.sequence, [n for n in range(gap, item.message.number + 1) if n not in skip]
@@ -518,15 +517,20 @@ class RetransmissionWorker:
         """Seconds after the ``attempts``-th transmission before the timer sends it again.
 
         The policy's backoff applied to the peer's measured timeout instead of
-        the fixed base interval (which stays the floor).
+        the fixed base interval (which stays the floor).  The timeout doubles
+        with the message's attempts only while the peer stays silent (its
+        exchanges failing in a row): a message that was merely unlucky on a
+        lossy link to a peer that answers is not pushed minutes away.
         """
         if attempts < 1:
             return 0.0
         policy = self.policy
-        rto = self.retransmission_timeout(target)
+        peer = self._peer(target)
+        rto = peer.timeout(policy.base_retransmission_interval, policy.max_retransmission_interval)
         if not policy.exponential_backoff:
             return rto
-        return min(rto * 2 ** min(attempts - 1, 30), policy.max_retransmission_interval)
+        exponent = min(attempts - 1, max(peer.failures_in_row, 0 if peer.srtt is not None else 30), 30)
+        return min(rto * 2 ** exponent, policy.max_retransmission_interval)
 
     def _settle(self, exchanges: list[tuple[_Planned, Exchange]]) -> None:
         """Apply a round's evidence: resend what was proven lost now, probe the silent ends soon."""
