@@ -97,6 +97,17 @@ def _chains(plan: list[_Planned]) -> list[list[list[_Planned]]]:
     return [[items for _, items in sorted(generations, key=lambda g: g[0])] for generations in chains.values()]
 
 
+def _chain_of(key: str) -> Any:
+    """What the sequences rolled over from one another share (None for other sequences)."""
+    parsed = SequenceKey.decode(key)
+    return None if parsed is None else (parsed.target, parsed.key, parsed.offered)
+
+
+def _generation(key: str) -> int:
+    parsed = SequenceKey.decode(key)
+    return 0 if parsed is None else parsed.generation
+
+
 class RetransmissionWorker:
     """One round of the RMS worker: ``step()`` (run by a :class:`~.workers.Worker`)."""
 
@@ -636,14 +647,20 @@ class RetransmissionWorker:
         ordered: dict[str, list[RmsMessage]] = {}
         out: list[RmsMessage] = []
         for msg in due:
-            flow = self.flow_of(msg.sequence_key)
-            if flow is not None and flow.claim_limit() < self.policy.send_batch:
+            if self._flow(msg.sequence_key).claim_limit() < self.policy.send_batch:
                 ordered.setdefault(msg.sequence_key, []).append(msg)
             else:
                 out.append(msg)
-        for key, msgs in ordered.items():
-            flow = self.flow_of(key)
-            out.extend(sorted(msgs, key=lambda m: m.number)[:flow.claim_limit() if flow else len(msgs)])
+        held_back: set[Any] = set()  # chains (rolled over sequences) with a generation held back
+        for key in sorted(ordered, key=_generation):
+            chain = _chain_of(key)
+            if chain in held_back:
+                continue  # a successor must not overtake its predecessor's held-back messages
+            msgs = sorted(ordered[key], key=lambda m: m.number)
+            limit = self._flow(key).claim_limit()
+            out.extend(msgs[:limit])
+            if len(msgs) > limit and chain is not None:
+                held_back.add(chain)
         return out
 
     def _send_message(self, item: _Planned) -> Exchange:
