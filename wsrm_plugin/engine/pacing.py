@@ -8,17 +8,18 @@ memory (nothing here is durable: a restart starts from the safe defaults):
   4 RTTVAR), so a slow peer is not flooded with retransmissions its answers
   were already on the way for.  ``base_retransmission_interval`` stays the
   floor, ``max_retransmission_interval`` the cap, and a message's own timer
-  still doubles with each attempt (a silent peer).
+  still doubles with each attempt while the peer stays silent.
 * :class:`SequenceFlow`, per source sequence: whether the peer keeps
   out-of-order messages.  A destination may discard a message that is not the
-  next in order (gSOAP's does: it delivers only last+1, acknowledging what it
-  has); pipelining a sequence to such a peer loses most of what is sent, and
-  every message sent after a gap waits for its own timer.  The flow starts
-  pipelined; the first acknowledgement in the response to message m that
-  leaves m out while an earlier number is missing proves the peer discards, and
-  the sequence is then sent one message at a time in number order, in bursts
-  that grow while nothing is lost (go-back-N).  After enough clean messages it
-  tries pipelining again, waiting twice as long each time it proves wrong.
+  next in order (gSOAP's does: it delivers only last+1 and answers a later one
+  with a bare 202), or hold it until the gap fills; pipelining a sequence to
+  such a peer loses (or stalls) most of what is sent.  A sequence starts in
+  order, one message at a time, in bursts that grow while nothing is lost
+  (go-back-N); it tries pipelining once its in-order rate is known and keeps
+  whichever way delivers faster, trying the other again after twice as many
+  messages each time it loses.  An answer to message m that leaves m out
+  while an earlier number is missing proves the peer discards: back to in
+  order at once.
 
 Ack-driven fast retransmission comes from the same evidence: a number
 missing from an acknowledgement given in answer to an exchange that started
