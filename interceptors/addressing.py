@@ -125,6 +125,7 @@ def apply_addressing(message: Message, version: AddressingVersion | str | None =
             headers.version = preset.version or _version(version)
         else:
             wsa = request.version
+            action: str | None  # None when neither side named one: the reply then has no wsa:Action
             if message.is_fault:
                 action = preset.action or _fault_action(message, wsa)
             else:

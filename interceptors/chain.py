@@ -38,7 +38,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import pluggy
 from lxml import etree
@@ -313,7 +313,7 @@ class Message:
     # -- headers ----------------------------------------------------------------
     def _part(self, local: str) -> etree._Element | None:
         version = self.soap_version
-        if version is None:
+        if version is None or self.envelope is None:
             return None
         tag = version.qname(local).text
         for child in children(self.envelope):
@@ -329,7 +329,7 @@ class Message:
     def add_header(self, element: etree._Element, *, first: bool = False) -> etree._Element:
         """Append (or prepend) a header block, creating the Header if there is none."""
         version = self.soap_version
-        if version is None:
+        if version is None or self.envelope is None:
             raise ChainError("this message has no SOAP envelope to add a header to")
         header = self._part("Header")
         if header is None:
@@ -495,7 +495,7 @@ def _entry(interceptor: object, index: int) -> _Entry:
     if not any(callable(getattr(interceptor, h, None)) for h in ("handle_in", "handle_out")):
         raise ChainConfigurationError(
             f"interceptor {name!r} has neither handle_in nor handle_out: it would never run")
-    return _Entry(interceptor, name, phase,
+    return _Entry(cast(InterceptorLike, interceptor), name, phase,  # duck-typed above
                   _names(getattr(interceptor, "before", ()), name, "before"),
                   _names(getattr(interceptor, "after", ()), name, "after"), index)
 
@@ -687,15 +687,16 @@ class InterceptorChain:
     def _adopt(self, target: object, point: importlib.metadata.EntryPoint) -> None:
         where = f"entry point {point.name} = {point.value}"
         if isinstance(target, type) and isinstance(getattr(target, "phase", None), Phase):
+            cls = target
             try:
-                target = target()
+                target = cls()
             except TypeError as exc:
                 raise ChainConfigurationError(
-                    f"{where}: interceptor class {target.__name__} must be constructible without "
+                    f"{where}: interceptor class {cls.__name__} must be constructible without "
                     f"arguments to be loaded from an entry point ({exc}); point to an instance "
                     "or a plugin instead") from exc
         if isinstance(getattr(target, "phase", None), Phase):
-            self.add(target)
+            self.add(cast(InterceptorLike, target))  # _entry() checks the rest
             return
         self.register_plugin(target, name=f"entrypoint:{point.name}")
         if not self.plugins.get_hookcallers(target):

@@ -65,7 +65,9 @@ def drop_undefined_header_messages(definitions: etree._Element) -> list[str]:
             target = resolve_qname(header, header.get("message"))
             if target is None or target.namespace != tns or target.localname in defined:
                 continue
-            header.getparent().remove(header)
+            parent = header.getparent()
+            if parent is not None:  # iter() found it below definitions, so it has one
+                parent.remove(header)
             dropped.append(target.localname)
     if dropped:
         log.debug("dropped soap:header references to undefined messages %s", sorted(set(dropped)))
@@ -116,7 +118,7 @@ class RMPolicyAssertion:
                    "acknowledgement_interval_ms": self.acknowledgement_interval_ms}
         for name, value in timings.items():
             _milliseconds(name, value)
-        if self.version.is_11:
+        if self.rm.is_11:
             given = [n for n, v in timings.items() if v is not None]
             if self.exponential_backoff:
                 given.append("exponential_backoff")
@@ -130,13 +132,19 @@ class RMPolicyAssertion:
             raise ValueError(f"policy_id must be an NCName-like id, not {self.policy_id!r}")
 
     @property
+    def rm(self) -> RMVersion:
+        """``version`` as ``__post_init__`` normalised it (a string is accepted on input only)."""
+        assert isinstance(self.version, RMVersion)
+        return self.version
+
+    @property
     def policy_ns(self) -> str:
         """WS-Policy 1.5 for RM 1.1; the 2004/09 submission that RM Policy 1.0 was written for."""
-        return WSP_15_NS if self.version.is_11 else WSP_12_NS
+        return WSP_15_NS if self.rm.is_11 else WSP_12_NS
 
     @property
     def assertion_ns(self) -> str:
-        return WSRMP_11_NS if self.version.is_11 else WSRMP_10_NS
+        return WSRMP_11_NS if self.rm.is_11 else WSRMP_10_NS
 
     def to_element(self) -> etree._Element:
         """The ``wsp:Policy`` element, with ``wsu:Id`` so bindings can reference it."""
@@ -145,7 +153,7 @@ class RMPolicyAssertion:
         policy.set(f"{{{WSU_NS}}}Id", self.policy_id)
         rmp = self.assertion_ns
         assertion = etree.SubElement(policy, f"{{{rmp}}}RMAssertion", nsmap={"wsrmp": rmp})
-        if self.version.is_11:
+        if self.rm.is_11:
             nested = etree.SubElement(assertion, f"{{{wsp}}}Policy")  # required, may be empty
             if self.delivery_assurance or self.in_order:
                 assurance = etree.SubElement(nested, f"{{{rmp}}}DeliveryAssurance")
@@ -185,7 +193,7 @@ def attach_policy(definitions: etree._Element, assertion: RMPolicyAssertion) -> 
     """
     if definitions.tag != f"{{{WSDL_NS}}}definitions":
         raise ValueError(f"expected a wsdl:definitions element, got {definitions.tag!r}")
-    for old in definitions.findall(f"{{*}}Policy"):
+    for old in definitions.findall("{*}Policy"):
         if old.get(f"{{{WSU_NS}}}Id") == assertion.policy_id:
             definitions.remove(old)
     policy = assertion.to_element()

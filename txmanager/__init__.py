@@ -10,7 +10,7 @@ XA resource), :mod:`.errors`.
 from .errors import (
     HeuristicCommitError, HeuristicError, HeuristicHazardError, HeuristicMixedError,
     HeuristicRollbackError, IllegalStateError, LogLockedError, NotSupportedError,
-    RecoveryLogError, RollbackError, TransactionError, TransactionTimeoutError,
+    PreparedTransactionsDisabledError, RecoveryLogError, RollbackError, TransactionError, TransactionTimeoutError,
 )
 from .log import LogEntry, MemoryLog, RecoveryLog
 from .manager import TransactionManager
@@ -28,5 +28,5 @@ __all__ = [
     "TransactionError", "RollbackError", "TransactionTimeoutError", "HeuristicError",
     "HeuristicMixedError", "HeuristicRollbackError", "HeuristicCommitError",
     "HeuristicHazardError", "IllegalStateError", "NotSupportedError", "RecoveryLogError",
-    "LogLockedError",
+    "LogLockedError", "PreparedTransactionsDisabledError",
 ]

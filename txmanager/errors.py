@@ -35,6 +35,7 @@ __all__ = [
     "NotSupportedError",
     "RecoveryLogError",
     "LogLockedError",
+    "PreparedTransactionsDisabledError",
 ]
 
 
@@ -107,3 +108,11 @@ class RecoveryLogError(TransactionError):
 
 class LogLockedError(RecoveryLogError):
     """Another process (or another open in this one) holds the recovery log."""
+
+
+class PreparedTransactionsDisabledError(TransactionError):
+    """A database cannot take part in two-phase commit: PostgreSQL's
+    ``max_prepared_transactions`` is 0 (its default), so PREPARE TRANSACTION
+    fails.  Raised when the data source or resource is created or first
+    connects -- before any work is accepted -- rather than at the first
+    commit, after messages were acknowledged."""

@@ -8,34 +8,54 @@ follows once every branch answered, and heuristic outcomes are kept until an
 operator forgets them.  After a crash the recovery manager replays the log to
 learn which in-doubt branches to commit.
 
-File format: an 11-byte magic header, then records, each framed as::
+File format (version 2): an 11-byte header ``WSRX-TMLOG2``, then records,
+each framed as::
 
-    length (uint32 BE) | crc32(length bytes + payload) (uint32 BE) | payload (JSON)
+    marker b"\xf7TxR" | length (uint32 BE) | crc32(length bytes + payload) (uint32 BE) | payload
 
-then, while the log is open, zero bytes up to the end of the file.  The file
-is written in order by one process (each record with one ``pwrite`` at the
-end of the previous one), so a crash can only tear the LAST record.
+then, while the log is open, zero bytes up to the end of the file.  The
+payload is a JSON object in ASCII; the marker's first byte is not ASCII, so a
+marker is never inside an intact payload.  That is what lets a reader find
+the next record after a damaged one: after a bad frame it scans for the next
+marker and checks that frame's checksum.  Every intact record is read, however
+many damaged ones precede it (format 1, ``WSRX-TMLOG1``, had no marker and
+stopped at the first bad record, cutting away everything after it; it is still
+read, resynchronising on the opening of a record's JSON, and rewritten in
+format 2 when opened).
 
 Why the zero bytes: the space for records is allocated ahead, in chunks
 (``posix_fallocate``), so that an append does not change the file's size and
 the ``fdatasync`` of a commit decision has no new file size to commit.
 Measured on this project's ext4 disk: a third off each sync (median about
 140 -> 95 microseconds), the largest single cost of a two-phase commit.  So
-a region of zeros where a record would start is the clean end of the log
-(the unused allocation of a log that was not closed), not damage; ``close``
-gives the unused space back.  A record never ends in a zero byte (its
-payload is a JSON object), so "the rest of the file is zeros" is exact.  And
-as every ``fdatasync`` flushes all earlier records too, a durable record
-never follows a hole: zeros with data after them are damage, reported as
-such.
+a region of zeros after the last record is the clean end of the log (the
+unused allocation of a log that was not closed), not damage; ``close`` gives
+the unused space back.  A record never ends in a zero byte (its payload is a
+JSON object), so "the rest of the file is zeros" is exact.
 
-On open the records are read in order and reading stops at the first one
-whose frame or checksum is wrong: after a bad record its length field cannot
-be trusted, so nothing behind it can be framed safely.  The dropped bytes are
-logged at WARNING, copied to ``<path>.corrupt-<time>-<offset>`` for an
-operator, and truncated away before anything new is appended.  Start-up
-never fails because of a damaged tail; it fails only for a file that is not
-a recovery log at all (wrong magic), so a wrong path cannot destroy data.
+Damage (anything between the header and the clean end that is not an intact
+record: a flipped byte, a torn or truncated record, a hole) never stops the
+start and never costs an intact record.  It does switch the log to SAFE MODE,
+as Narayana's object store marks an unreadable record rather than guessing:
+the missing bytes may have held a commit decision, so presumed abort would be
+a guess that can break atomicity.  In safe mode recovery commits what the
+intact records decided, presumes nothing about the rest of this node's
+prepared branches, and reports them in doubt for ``wsrm recover``.  At start
+the damaged file is copied to ``<path>.damaged-<time>`` and the log rewritten
+(crash-safe, as a compaction) with its intact live records and a "damage"
+record, so safe mode survives restarts and compactions until an operator
+ends it (``wsrm recover --end-safe-mode``, :meth:`RecoveryLog.end_safe_mode`).
+A torn last record counts as damage too: a process killed by SIGKILL never
+tears a record (its ``pwrite`` is complete or not made), so a torn record
+means an OS crash or a damaged disk, and there is no way to tell a torn
+record that was never acknowledged from the damaged remains of one that was.
+
+Compaction writes ``<path>.compact-<pid>``, fsyncs it, renames it over the
+log and fsyncs the directory: at every instant ``<path>`` is the old log or
+the complete new one; a temporary file left by a crash is removed at start.
+
+Concurrent decisions share one write and one ``fdatasync`` (group commit,
+leader/follower: see :meth:`RecoveryLog._submit`).
 
 Only one process may append to a log: an exclusive ``fcntl.flock`` on
 ``<path>.lock`` is held while it is open.
@@ -52,7 +72,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -60,11 +80,15 @@ from .errors import LogLockedError, RecoveryLogError
 from .xa import XA_HEURCOM, XA_HEURHAZ, XA_HEURMIX, XA_HEURRB
 from .xid import Xid
 
-__all__ = ["LogEntry", "TransactionLog", "RecoveryLog", "MemoryLog", "MAGIC"]
+__all__ = ["LogEntry", "TransactionLog", "RecoveryLog", "MemoryLog", "MAGIC", "MAGIC_V1", "MARK"]
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"WSRX-TMLOG1"
+MAGIC = b"WSRX-TMLOG2"
+#: The header of format 1 (no record marker), still read and upgraded on open.
+MAGIC_V1 = b"WSRX-TMLOG1"
+#: Starts every record of format 2 (not ASCII: never inside a payload).
+MARK = b"\xf7TxR"
 _FRAME = struct.Struct(">II")
 _LEN = struct.Struct(">I")
 #: A frame announcing more than this is corruption, not a record.
@@ -111,6 +135,7 @@ class TransactionLog(Protocol):
     def forget(self, gxid: Xid) -> None: ...
     def pending(self) -> dict[Xid, LogEntry]: ...
     def is_pending(self, gxid: Xid) -> bool: ...
+    def damaged(self) -> list[str]: ...
     def close(self) -> None: ...
 
 
@@ -129,6 +154,16 @@ class _Ledger:
 
     def __init__(self) -> None:
         self._entries: dict[Xid, dict[str, Any]] = {}
+        #: Descriptions of unreadable parts of the log (non-empty: safe mode).
+        self.damage: list[str] = []
+        #: The node (transaction manager) that writes this log, once it said so.
+        self.node: str | None = None
+
+    def mark_damaged(self, what: str) -> None:
+        self.damage.append(what)
+
+    def repaired(self) -> None:
+        self.damage.clear()
 
     def commit(self, gxid: Xid, branches: Sequence[tuple[Xid, str]], at: float) -> None:
         entry = self._entries.get(gxid)
@@ -164,6 +199,10 @@ class _Ledger:
 
     def apply(self, rec: Mapping[str, Any]) -> None:
         """Apply one decoded record; raises ValueError/KeyError/TypeError when it is malformed."""
+        if not isinstance(rec, dict):
+            raise TypeError(f"a record is a JSON object, not {type(rec).__name__}")
+        if self._apply_global(rec):
+            return
         kind = rec["t"]
         gxid = Xid.from_text(rec["g"])
         if kind == "commit":
@@ -183,6 +222,19 @@ class _Ledger:
         else:
             raise ValueError(f"unknown record type {kind!r}")
 
+    def _apply_global(self, rec: Mapping[str, Any]) -> bool:
+        """The records about the log itself; True when ``rec`` was one."""
+        kind = rec.get("t")
+        if kind == "damage":
+            self.mark_damaged(str(rec["what"]))
+        elif kind == "repaired":
+            self.repaired()
+        elif kind == "node":
+            self.node = str(rec["n"])
+        else:
+            return False
+        return True
+
     def is_pending(self, gxid: Xid) -> bool:
         return gxid in self._entries
 
@@ -195,7 +247,9 @@ class _Ledger:
 
     def live_payloads(self) -> list[bytes]:
         """The fewest records that rebuild the current state (for compaction)."""
-        out: list[bytes] = []
+        out: list[bytes] = [] if self.node is None else [
+            f'{{"t":"node","n":{_q(self.node)}}}'.encode()]
+        out.extend(f'{{"t":"damage","what":{_q(what)}}}'.encode() for what in self.damage)
         for g, e in self._entries.items():
             if e["committing"]:
                 out.append(_commit_payload(g, e["branches"].items(), e["at"]))
@@ -285,11 +339,28 @@ class MemoryLog:
         with self._mutex:
             return self._ledger.is_pending(gxid)
 
+    def damaged(self) -> list[str]:
+        """Never damaged (and never durable)."""
+        return []
+
     def close(self) -> None:
         pass
 
 
 # -- the durable log -------------------------------------------------------------
+
+
+class _Pending:
+    """One record waiting for the group writer (see :meth:`RecoveryLog._submit`)."""
+
+    __slots__ = ("frame", "sync", "apply", "finished", "error")
+
+    def __init__(self, frame: bytes, sync: bool, apply: Callable[[], None]) -> None:
+        self.frame = frame
+        self.sync = sync
+        self.apply = apply
+        self.finished = False
+        self.error: OSError | None = None
 
 
 class RecoveryLog:
@@ -300,14 +371,20 @@ class RecoveryLog:
     compacted (rewritten with only the live records) once it grows past
     ``compact_threshold`` bytes.  ``preallocate`` is the size of the chunks in
     which room for records is allocated ahead (see the module docstring for
-    why); 0 appends by growing the file.  Thread-safe; one process at a time.
+    why); 0 appends by growing the file.  ``create=False`` refuses to create a
+    log that is not there (an operator tool must not invent an empty log from
+    a mistyped path).  Thread-safe (concurrent decisions share one fsync);
+    one process at a time.
+
+    ``fsyncs`` counts the flushes this object made (data and directory), so a
+    benchmark or a test can see group commit at work.
     """
 
     durable = True
 
     def __init__(self, path: str | os.PathLike[str], fsync: bool = True, *,
                  compact_threshold: int = DEFAULT_COMPACT_THRESHOLD,
-                 preallocate: int = DEFAULT_PREALLOCATE) -> None:
+                 preallocate: int = DEFAULT_PREALLOCATE, create: bool = True) -> None:
         if preallocate < 0:
             raise ValueError("preallocate must be >= 0")
         self.path = os.fspath(path)
@@ -316,13 +393,20 @@ class RecoveryLog:
         self._next_compact = compact_threshold
         self._chunk = preallocate
         self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
+        self._queue: list[_Pending] = []
+        self._leading = False
         self._ledger = _Ledger()
         self._fd: int | None = None
         self._size = 0       # where the next record goes
         self._allocated = 0  # the file's size on disk: >= _size, zeros past _size
+        self.fsyncs = 0
+        self.format_version = 2
+        _check_location(self.path, create)
         self._lock_fd = self._acquire_lock()
         try:
-            self._fd = self._open_and_replay()
+            self._clean_leftovers()
+            self._fd = self._open_and_replay(create)
         except BaseException:
             os.close(self._lock_fd)
             raise
@@ -331,40 +415,31 @@ class RecoveryLog:
     # -- public API ----------------------------------------------------------
 
     def log_commit_decision(self, gxid: Xid, branches: Sequence[tuple[Xid, str]]) -> None:
-        """Durably record "commit these branches"; returns only once it is on disk."""
+        """Durably record "commit these branches"; returns only once it is on disk.
+
+        Concurrent callers share one write and one fsync (group commit)."""
         _check_global(gxid)
         branches = tuple(branches)  # read twice: for the record and for the ledger
         at = time.time()
         payload = _commit_payload(gxid, branches, at)
-        with self._mutex:
-            self._write_locked(payload, sync=True)
-            self._ledger.commit(gxid, branches, at)
+        self._submit(payload, True, lambda: self._ledger.commit(gxid, branches, at))
 
     def log_done(self, gxid: Xid) -> None:
         """Every branch answered.  Not fsynced: if lost, recovery re-commits and
         hears XAER_NOTA, which it counts as done."""
-        payload = _marker_payload("done", gxid)
-        with self._mutex:
-            self._write_locked(payload, sync=False)
-            self._ledger.done(gxid)
-            self._maybe_compact_locked()
+        self._submit(_marker_payload("done", gxid), False, lambda: self._ledger.done(gxid))
 
     def log_heuristic(self, gxid: Xid, xid: Xid, code: int,
                       resource_name: str | None = None) -> None:
         """Remember a heuristic outcome until :meth:`forget`; fsynced, an operator needs it."""
         _check_heuristic(code)
         payload = _heuristic_payload(gxid, xid, code, resource_name)
-        with self._mutex:
-            self._write_locked(payload, sync=True)
-            self._ledger.heuristic(gxid, xid, code, resource_name)
+        self._submit(payload, True,
+                     lambda: self._ledger.heuristic(gxid, xid, code, resource_name))
 
     def forget(self, gxid: Xid) -> None:
         """Drop the heuristic records of ``gxid`` (the operator has dealt with them)."""
-        payload = _marker_payload("forget", gxid)
-        with self._mutex:
-            self._write_locked(payload, sync=False)
-            self._ledger.forget(gxid)
-            self._maybe_compact_locked()
+        self._submit(_marker_payload("forget", gxid), False, lambda: self._ledger.forget(gxid))
 
     def pending(self) -> dict[Xid, LogEntry]:
         """Decisions without "done", and heuristics not forgotten, by global xid."""
@@ -375,6 +450,50 @@ class RecoveryLog:
         with self._mutex:
             return self._ledger.is_pending(gxid)
 
+    def damaged(self) -> list[str]:
+        """What could not be read in this log, oldest first; empty when it is sound.
+
+        While it is not empty, recovery is in SAFE MODE: an unreadable record
+        may have been a commit decision, so no branch of this node is presumed
+        aborted; an operator resolves them (``wsrm recover``) and then calls
+        :meth:`end_safe_mode`.  Kept in the log itself, so a restart (or a
+        compaction) does not forget it."""
+        with self._mutex:
+            return list(self._ledger.damage)
+
+    def node(self) -> str | None:
+        """The node whose log this is (None for a log that never said: format 1, or new)."""
+        with self._mutex:
+            return self._ledger.node
+
+    def claim_node(self, node: str) -> None:
+        """Name the node that writes this log (durably, once); a log that names
+        another node is refused: its in-doubt branches carry the other name, so
+        this manager's recovery would never presume them aborted, and the other
+        name's manager would find no log."""
+        with self._mutex:
+            known = self._ledger.node
+        if known == node:
+            return
+        if known is not None:
+            raise RecoveryLogError(
+                f"recovery log {self.path} belongs to node {known!r}, not {node!r}: each "
+                "transaction manager keeps its own node name and log across restarts "
+                "(fix node= or the log path)")
+        self._submit(f'{{"t":"node","n":{_q(node)}}}'.encode(), True,
+                     lambda: setattr(self._ledger, "node", node))
+
+    def end_safe_mode(self) -> list[str]:
+        """An operator's word that the damage has been dealt with; returns what it was."""
+        with self._mutex:
+            was = list(self._ledger.damage)
+        if was:
+            self._submit(f'{{"t":"repaired","at":{time.time()!r}}}'.encode(), True,
+                         self._ledger.repaired)
+            log.warning("recovery log %s: safe mode ended by the operator (damage was: %s)",
+                        self.path, "; ".join(was))
+        return was
+
     def size(self) -> int:
         """Bytes of records in the file (header included; the unused allocation is not counted)."""
         with self._mutex:
@@ -382,12 +501,16 @@ class RecoveryLog:
 
     def compact(self) -> None:
         """Rewrite the file with only the live records (atomically, by rename)."""
-        with self._mutex:
+        with self._cond:
+            while self._leading:
+                self._cond.wait()
             self._compact_locked()
 
     def close(self) -> None:
         """Close the file, giving back the room allocated ahead for records."""
-        with self._mutex:
+        with self._cond:
+            while self._leading or self._queue:
+                self._cond.wait()
             if self._fd is not None:
                 if self._allocated > self._size:
                     try:
@@ -427,14 +550,39 @@ class RecoveryLog:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return fd
 
-    def _open_and_replay(self) -> int:
+    def _clean_leftovers(self) -> None:
+        """Remove what an interrupted compaction left behind.
+
+        A compaction writes ``<path>.compact-<pid>`` completely, fsyncs it and
+        only then renames it over the log, so whatever the instant of a crash,
+        ``<path>`` is either the old log or the complete new one: a leftover
+        temporary file is never the only copy of anything."""
+        folder, base = os.path.split(os.path.abspath(self.path))
+        leftovers = [n for n in os.listdir(folder) if n.startswith(base + ".compact-")]
+        if not leftovers:
+            return
+        if not os.path.exists(self.path):
+            raise RecoveryLogError(
+                f"recovery log {self.path} is missing but {', '.join(leftovers)} (left by an "
+                "interrupted compaction) is there; refusing to start -- check the path, or "
+                "rename that file to the log's name if the log was deleted by mistake")
+        for name in leftovers:
+            os.unlink(os.path.join(folder, name))
+        log.warning("recovery log %s: removed %s left by an interrupted compaction "
+                    "(the log itself is complete)", self.path, ", ".join(leftovers))
+
+    def _open_and_replay(self, create: bool) -> int:
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(self.path, flags, 0o600)
+        except FileNotFoundError:
+            raise RecoveryLogError(f"there is no recovery log at {self.path} "
+                                   "(check the path)") from None
         except OSError as e:
             raise RecoveryLogError(f"cannot open recovery log {self.path}: {e}") from e
         try:
             data = _read_all(fd)
-            if len(data) < len(MAGIC) and MAGIC.startswith(data):
+            if len(data) < len(MAGIC) and (MAGIC.startswith(data) or MAGIC_V1.startswith(data)):
                 # New file, or a crash while it was being created.
                 os.ftruncate(fd, 0)
                 _pwrite_all(fd, MAGIC, 0)
@@ -442,85 +590,176 @@ class RecoveryLog:
                 self._sync_dir()
                 self._size = self._allocated = len(MAGIC)
                 return fd
-            if not data.startswith(MAGIC):
+            if data.startswith(MAGIC):
+                self.format_version = 2
+            elif data.startswith(MAGIC_V1):
+                self.format_version = 1
+            else:
                 raise RecoveryLogError(
                     f"{self.path} is not a transaction recovery log (bad header); "
                     "refusing to touch it -- check the log path")
             zeros_from = len(data.rstrip(b"\0"))
-            end, reason = self._replay(data, zeros_from)
-            self._size = end
+            bad = self._replay(data, zeros_from, self.format_version)
+            self._size = zeros_from if bad else max(len(MAGIC), zeros_from)
             self._allocated = len(data)
-            if end < zeros_from:
-                self._drop_tail(fd, data[end:zeros_from], end, reason)
+            if bad:
+                self._record_damage(data, bad)
+            if bad or self.format_version == 1:
+                fd = self._rewrite_at_open(fd, upgrading=self.format_version == 1)
+            if self._ledger.damage:
+                log.error("recovery log %s is DAMAGED -- SAFE MODE: intact decisions are used, "
+                          "but no in-doubt branch of this node will be presumed aborted; list "
+                          "and resolve them with `wsrm recover --log %s`, then end safe mode "
+                          "with `wsrm recover --log %s --end-safe-mode` (damage: %s)",
+                          self.path, self.path, self.path, "; ".join(self._ledger.damage))
             return fd
         except BaseException:
             os.close(fd)
             raise
 
-    def _replay(self, data: bytes, zeros_from: int) -> tuple[int, str]:
-        """Apply every good record; return where the good part ends and why it ends.
+    def _replay(self, data: bytes, end: int, version: int) -> list[tuple[int, int, str]]:
+        """Apply every intact record before ``end``; return the unreadable spans.
 
-        Everything from ``zeros_from`` on is zero bytes: unused allocation,
-        where reading stops without complaint.
-        """
+        After a bad record the reader looks for the next place where a
+        well-formed record starts (the marker of format 2; the opening of a
+        record's JSON in format 1) and goes on from there: one damaged byte
+        costs one record, never the ones after it."""
+        frame_at = _frame_at_v2 if version == 2 else _frame_at_v1
+        resync = _resync_v2 if version == 2 else _resync_v1
+        bad: list[tuple[int, int, str]] = []
         off = len(MAGIC)
-        while off < zeros_from:
-            if len(data) - off < _FRAME.size:
-                return off, "a torn record header"
-            length, crc = _FRAME.unpack_from(data, off)
-            body = off + _FRAME.size
-            if length > MAX_RECORD or body + length > len(data):
-                return off, f"a record announcing {length} bytes that are not there"
-            payload = data[body:body + length]
-            if zlib.crc32(payload, zlib.crc32(_LEN.pack(length))) != crc:
-                return off, "a record with a bad checksum"
-            try:
-                self._ledger.apply(json.loads(payload))
-            except (ValueError, KeyError, TypeError) as e:
-                return off, f"a record that does not parse ({e})"
-            off = body + length
-        return off, ""
+        while off < end:
+            got = frame_at(data, off)
+            if isinstance(got, str):
+                reason = got
+            else:
+                payload, nxt = got
+                try:
+                    self._ledger.apply(json.loads(payload))
+                except (ValueError, KeyError, TypeError) as e:
+                    reason = f"a record that does not parse ({e})"
+                else:
+                    off = nxt
+                    continue
+            resume = resync(data, off + 1, end)
+            bad.append((off, resume, reason))
+            off = resume
+        return bad
 
-    def _drop_tail(self, fd: int, damaged: bytes, end: int, reason: str) -> None:
-        """Cut the log at ``end``; ``damaged`` is what follows up to the last non-zero byte."""
-        saved = f"{self.path}.corrupt-{int(time.time())}-{end}"
+    def _record_damage(self, data: bytes, bad: list[tuple[int, int, str]]) -> None:
+        """Keep a copy of the damaged file and mark the ledger damaged (SAFE MODE)."""
+        copy = f"{self.path}.damaged-{int(time.time())}"
+        n = 0
+        while os.path.exists(copy):
+            n += 1
+            copy = f"{self.path}.damaged-{int(time.time())}-{n}"
         try:
-            with open(saved, "wb") as f:
-                f.write(damaged)
+            with open(copy, "wb") as f:
+                f.write(data.rstrip(b"\0"))
+                f.flush()
+                if self._fsync:
+                    os.fsync(f.fileno())
         except OSError as e:
-            saved = f"(not saved: {e})"
-        log.warning("recovery log %s: found %s at byte %d; ignoring the %d bytes from there "
-                    "to the end (a crash tears only the last record; if this was not a crash, "
-                    "decisions after it are lost) -- copy kept in %s",
-                    self.path, reason, end, len(damaged), saved)
-        os.ftruncate(fd, end)
-        self._allocated = end
-        self._sync(fd)
+            copy = f"(no copy: {e})"
+        spans = ", ".join(f"bytes {a}-{b} ({why})" for a, b, why in bad)
+        what = (f"{len(bad)} unreadable span(s) found {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                f"{spans}; original kept as {copy}")
+        self._ledger.mark_damaged(what)
 
-    # -- appending -----------------------------------------------------------
-
-    def _write_locked(self, payload: bytes, *, sync: bool) -> None:
-        """Write one record after the last one (and flush it when ``sync``)."""
-        fd = self._fd
-        if fd is None:
-            raise RecoveryLogError(f"recovery log {self.path} is closed")
-        frame = _frame(payload)
-        end = self._size + len(frame)
-        if end > self._allocated and self._chunk:
-            self._preallocate(fd, end)
+    def _rewrite_at_open(self, fd: int, *, upgrading: bool) -> int:
+        """Replace the file by its live records in the current format (crash-safe)."""
+        old_fd = self._fd
+        self._fd = fd
         try:
-            written = os.pwrite(fd, frame, self._size)
-            if written != len(frame):  # a short write (a full disk?): finish it, or fail
-                _pwrite_all(fd, frame[written:], self._size + written)
-            if sync and self._fsync:
-                os.fdatasync(fd)
-        except OSError as e:
-            self._undo_partial_write()
+            self._compact_locked()
+        except RecoveryLogError as e:
+            self._fd = old_fd
+            if upgrading:
+                raise RecoveryLogError(f"cannot upgrade recovery log {self.path} to the "
+                                       f"current format: {e}") from e
+            # Safe mode holds anyway: the damage is found again at the next start.
+            log.warning("recovery log %s: could not rewrite it after the damage (%s); "
+                        "appending after the damaged bytes", self.path, e)
+            return fd
+        if upgrading:
+            log.info("recovery log %s upgraded to format %d", self.path, 2)
+            self.format_version = 2
+        new_fd = self._fd
+        self._fd = old_fd
+        assert new_fd is not None
+        return new_fd
+
+    # -- appending (group commit) --------------------------------------------
+
+    def _submit(self, payload: bytes, sync: bool, apply: Callable[[], None]) -> None:
+        """Write one record (durably when ``sync``), then apply it to the ledger.
+
+        Leader/follower group commit: the first caller to find no write in
+        progress becomes the leader, takes every record queued at that
+        instant, writes them with one ``pwrite`` and one ``fdatasync``, and
+        wakes the others.  Callers that arrive while it writes queue up for
+        the next leader.  Nobody returns before the write (and flush) that
+        carried their record succeeded; when it failed, every record of the
+        batch is cut off again and every caller gets the error.  The ledger
+        changes only after the write succeeded, so a compaction can never
+        copy a decision that is not durable."""
+        item = _Pending(_frame(payload), sync, apply)
+        with self._cond:
+            if self._fd is None:
+                raise RecoveryLogError(f"recovery log {self.path} is closed")
+            self._queue.append(item)
+            while self._leading and not item.finished:
+                self._cond.wait()
+            if not item.finished:
+                self._leading = True
+                batch, self._queue = self._queue, []
+                start = self._size
+                fd = self._fd
+        if not item.finished:
+            self._lead(fd, batch, start)
+        if item.error is not None:
             raise RecoveryLogError(
-                f"cannot write to recovery log {self.path}: {e}") from e
-        self._size = end
-        if end > self._allocated:
-            self._allocated = end
+                f"cannot write to recovery log {self.path}: {item.error}") from item.error
+
+    def _lead(self, fd: int | None, batch: list[_Pending], start: int) -> None:
+        error: OSError | None = None
+        end = start
+        try:
+            if fd is None:
+                raise OSError(errno.EBADF, "the log was closed")
+            frames = b"".join(p.frame for p in batch)
+            end = start + len(frames)
+            if end > self._allocated and self._chunk:
+                self._preallocate(fd, end)
+            written = os.pwrite(fd, frames, start)
+            if written != len(frames):  # a short write (a full disk?): finish it, or fail
+                _pwrite_all(fd, frames[written:], start + written)
+            if self._fsync and any(p.sync for p in batch):
+                self._before_sync()
+                os.fdatasync(fd)
+                self.fsyncs += 1
+        except OSError as e:
+            error = e
+            if fd is not None:
+                self._undo_partial_write(fd, start)
+        with self._cond:
+            try:
+                if error is None:
+                    self._size = end
+                    if end > self._allocated:
+                        self._allocated = end
+                    for p in batch:
+                        p.apply()
+                    self._maybe_compact_locked()
+            finally:
+                for p in batch:
+                    p.error = error
+                    p.finished = True
+                self._leading = False
+                self._cond.notify_all()
+
+    def _before_sync(self) -> None:
+        """Called by the leader just before its flush (a test waits here to build a group)."""
 
     def _preallocate(self, fd: int, end: int) -> None:
         """Allocate room up to past ``end``, a whole number of chunks from the start."""
@@ -534,16 +773,15 @@ class RecoveryLog:
             return
         self._allocated = target
 
-    def _undo_partial_write(self) -> None:
-        """Cut off a half-written record, so later records stay readable."""
-        assert self._fd is not None
+    def _undo_partial_write(self, fd: int, size: int) -> None:
+        """Cut off a half-written batch, so no caller told "failed" has a record on disk."""
         try:
-            os.ftruncate(self._fd, self._size)
-            self._allocated = self._size
-            self._sync(self._fd)
+            os.ftruncate(fd, size)
+            self._allocated = size
+            self._sync(fd)
         except OSError as e:
             log.error("recovery log %s: could not cut a failed write back to %d bytes: %s",
-                      self.path, self._size, e)
+                      self.path, size, e)
 
     def _maybe_compact_locked(self) -> None:
         if self._size > self._next_compact:
@@ -554,6 +792,10 @@ class RecoveryLog:
                 self._next_compact = 2 * self._size
 
     def _compact_locked(self) -> None:
+        """Write the live records to a new file, fsync it, rename it over the log,
+        fsync the directory.  A crash at any instant leaves either the old log
+        or the complete new one under the log's name (plus, perhaps, a
+        temporary file that the next start removes)."""
         if self._fd is None:
             raise RecoveryLogError(f"recovery log {self.path} is closed")
         tmp = f"{self.path}.compact-{os.getpid()}"
@@ -582,15 +824,87 @@ class RecoveryLog:
     def _sync(self, fd: int) -> None:
         if self._fsync:
             os.fdatasync(fd)
+            self.fsyncs += 1
 
     def _sync_dir(self) -> None:
         if self._fsync:
             _fsync_dir(self.path)
+            self.fsyncs += 1
+
+
+# -- framing ---------------------------------------------------------------------
 
 
 def _frame(payload: bytes) -> bytes:
     length = _LEN.pack(len(payload))
-    return length + _LEN.pack(zlib.crc32(payload, zlib.crc32(length))) + payload
+    return MARK + length + _LEN.pack(zlib.crc32(payload, zlib.crc32(length))) + payload
+
+
+def _frame_at_v2(data: bytes, off: int) -> tuple[bytes, int] | str:
+    """The payload of the format-2 record at ``off`` and where the next starts, or why not."""
+    if data[off:off + len(MARK)] != MARK:
+        return "bytes that are not a record"
+    head = off + len(MARK)
+    if len(data) - head < _FRAME.size:
+        return "a torn record header"
+    length, crc = _FRAME.unpack_from(data, head)
+    body = head + _FRAME.size
+    if length > MAX_RECORD or body + length > len(data):
+        return f"a record announcing {length} bytes that are not there"
+    payload = data[body:body + length]
+    if zlib.crc32(payload, zlib.crc32(_LEN.pack(length))) != crc:
+        return "a record with a bad checksum"
+    return payload, body + length
+
+
+def _resync_v2(data: bytes, start: int, end: int) -> int:
+    """Where the next record may start: the next marker (payloads are ASCII, the
+    marker is not, so a marker inside an intact record is impossible)."""
+    at = data.find(MARK, start, end)
+    return end if at < 0 else at
+
+
+def _frame_at_v1(data: bytes, off: int) -> tuple[bytes, int] | str:
+    """The same for format 1 (no marker: ``length | crc | payload``)."""
+    if len(data) - off < _FRAME.size:
+        return "a torn record header"
+    length, crc = _FRAME.unpack_from(data, off)
+    body = off + _FRAME.size
+    if length > MAX_RECORD or body + length > len(data):
+        return f"a record announcing {length} bytes that are not there"
+    payload = data[body:body + length]
+    if zlib.crc32(payload, zlib.crc32(_LEN.pack(length))) != crc:
+        return "a record with a bad checksum"
+    return payload, body + length
+
+
+_V1_OPENING = b'{"t":"'
+
+
+def _resync_v1(data: bytes, start: int, end: int) -> int:
+    """Format 1 has no marker, but every payload opens with ``{"t":"``: the next
+    place where a frame ending in such an opening checks out."""
+    at = start + _FRAME.size
+    while True:
+        at = data.find(_V1_OPENING, at, end)
+        if at < 0:
+            return end
+        cand = at - _FRAME.size
+        if cand >= start and not isinstance(_frame_at_v1(data, cand), str):
+            return cand
+        at += 1
+
+
+def _check_location(path: str, create: bool) -> None:
+    """A precise error for a log whose directory (or, when not creating, file) is not there."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise RecoveryLogError(f"the directory of recovery log {path} does not exist "
+                               f"({folder}): create it, or fix the path")
+    if not create and not os.path.exists(path):
+        raise RecoveryLogError(f"there is no recovery log at {path} (check the path)")
+    if os.path.isdir(path):
+        raise RecoveryLogError(f"recovery log {path} is a directory; give the path of a file")
 
 
 def _read_all(fd: int) -> bytes:

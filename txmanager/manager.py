@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 
 from .errors import HeuristicError, IllegalStateError, NotSupportedError
@@ -40,7 +41,9 @@ class TransactionManager:
     ``node`` names this manager in every gtrid it creates, so recovery only
     ever touches its own branches: it must be unique among the managers that
     share a resource (and stable across restarts).  ``log`` is a
-    :class:`RecoveryLog` or a path to one; ``None`` means decisions are kept
+    :class:`RecoveryLog` or a path to one (created if missing; a missing
+    directory, or a log that names another node, raises
+    :class:`~txmanager.errors.RecoveryLogError` here, not at the first commit); ``None`` means decisions are kept
     in memory only and a crash between the decision and phase 2 leaves
     branches that recovery will roll back -- accept that explicitly.
     ``checkpoint`` is the crash-test hook documented in :mod:`.transaction`.
@@ -78,6 +81,14 @@ class TransactionManager:
             self._owns_log = True
         else:
             self.log = log
+        claim = getattr(self.log, "claim_node", None)
+        if callable(claim):
+            try:
+                claim(self.node)
+            except BaseException:
+                if self._owns_log:
+                    self.log.close()
+                raise
         self._local = threading.local()
         self._mutex = threading.Lock()
         self._in_flight: dict[bytes, Transaction] = {}
@@ -85,6 +96,7 @@ class TransactionManager:
         self._recovery = RecoveryManager(self.log, self._resources, self.node, safety_interval,
                                          in_flight=self._in_flight_gtrids)
         self._closed = False
+        _MANAGERS.add(self)
 
     def __repr__(self) -> str:
         return f"<TransactionManager node={self.node!r} log={self.log!r}>"
@@ -173,8 +185,9 @@ class TransactionManager:
 
     def resume(self, tx: Transaction) -> None:
         """Bind a suspended transaction to the calling thread (resources get TMRESUME)."""
-        if self.get_transaction() is not None:
-            raise IllegalStateError(f"thread already has transaction {self.get_transaction().xid}; "
+        current = self.get_transaction()
+        if current is not None:
+            raise IllegalStateError(f"thread already has transaction {current.xid}; "
                                     "suspend() it before resuming another")
         if tx.finished or tx.status not in (Status.ACTIVE, Status.MARKED_ROLLBACK):
             raise IllegalStateError(f"cannot resume transaction {tx.xid}: it is {tx.status.name}")
@@ -333,6 +346,26 @@ class _Detached:
         self.xid = xid
 
 
+#: Every live manager, so code that was not given one can still tell that the calling thread is
+#: inside a transaction it would silently stay out of (see :func:`current_transactions`).
+_MANAGERS: weakref.WeakSet[TransactionManager] = weakref.WeakSet()
+
+
+def current_transactions() -> list[tuple[TransactionManager, Transaction]]:
+    """The calling thread's current transactions, across every live manager of the process.
+
+    A component that can join a transaction only through the manager it was
+    given (a reliable client built without ``tm=``) asks this before working
+    outside one: a transaction it cannot join is a mistake to report, not to ignore.
+    """
+    found = []
+    for manager in list(_MANAGERS):
+        tx = manager.get_transaction()
+        if tx is not None:
+            found.append((manager, tx))
+    return found
+
+
 def _finish_prepared(resource: XAResource, xid: Xid, commit: bool, retries: int,
                      delay: float) -> bool:
     """Phase 2 of one prepared branch; False when it must be left to recovery.
@@ -394,9 +427,10 @@ class _TransactionScope(contextlib.ContextDecorator):
         self._tx = None
         assert tx is not None
         local = tm._local
-        if getattr(local, "tx", None) is not tx or tx._finished:
+        bound: Transaction | None = getattr(local, "tx", None)
+        if bound is not tx or tx._finished:
             return  # the body committed, rolled back or suspended it itself
-        if exc_type is None:
+        if exc is None:
             try:
                 tx.commit()
             finally:

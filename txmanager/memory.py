@@ -297,7 +297,7 @@ class MemoryResource:
         store = self.store
         with store.mutex:
             branch = self._known(xid)
-            if branch.state == _HEURISTIC:
+            if branch.heuristic is not None:  # completed heuristically (state _HEURISTIC)
                 raise XAException(branch.heuristic, f"branch {xid} was completed heuristically")
             if one_phase:
                 branch = self._idle_branch(xid)
@@ -318,7 +318,7 @@ class MemoryResource:
         store = self.store
         with store.mutex:
             branch = self._known(xid)
-            if branch.state == _HEURISTIC:
+            if branch.heuristic is not None:  # completed heuristically (state _HEURISTIC)
                 raise XAException(branch.heuristic, f"branch {xid} was completed heuristically")
             if branch.associations:
                 raise XAException(XAER_PROTO, f"branch {xid} is still associated; end() it first")

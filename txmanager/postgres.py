@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from threading import get_ident
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import psycopg2
 import psycopg2.extensions as ext
@@ -44,13 +44,47 @@ from .xa import (
     XA_RBTIMEOUT, XA_RBTRANSIENT, XA_RDONLY, XAER_DUPID, XAER_INVAL, XAER_NOTA, XAER_OUTSIDE,
     XAER_PROTO, XAER_RMERR, XAER_RMFAIL, XAException, XAResource,
 )
+from .errors import PreparedTransactionsDisabledError
 from .xid import Xid
 
-__all__ = ["PostgresXAResource", "XADataSource", "default_resource_name"]
+__all__ = ["PostgresXAResource", "XADataSource", "check_prepared_transactions", "database_identity",
+           "default_resource_name", "offer_session", "session_for_database"]
 
 log = logging.getLogger(__name__)
 
-Connection = ext.connection
+#: Databases (by resource name) whose ``max_prepared_transactions`` was seen > 0.
+_prepared_ok: set[str] = set()
+_prepared_ok_lock = threading.Lock()
+
+
+def check_prepared_transactions(conn: Connection, resource_name: str) -> None:
+    """Refuse a database on which PREPARE TRANSACTION cannot work.
+
+    PostgreSQL ships with ``max_prepared_transactions = 0``; a transaction
+    manager on such a server accepts work and then fails every two-phase
+    commit.  Checked once per database and process, on ``conn`` (left as it
+    was found: the SHOW runs in autocommit mode)."""
+    if resource_name in _prepared_ok:
+        return
+    was = conn.autocommit
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW max_prepared_transactions")
+            row = cur.fetchone()
+    finally:
+        conn.autocommit = was
+    value = int(row[0]) if row else 0
+    if value <= 0:
+        raise PreparedTransactionsDisabledError(
+            f"PostgreSQL database {resource_name} has max_prepared_transactions = {value}: "
+            "two-phase commit is disabled there; set max_prepared_transactions (at least the "
+            "number of concurrent transactions, e.g. = max_connections) in postgresql.conf and "
+            "restart PostgreSQL")
+    with _prepared_ok_lock:
+        _prepared_ok.add(resource_name)
+
+Connection: TypeAlias = ext.connection  # Any while psycopg2 ships no hints
 ConnectionFactory = Callable[[], Connection]
 
 
@@ -63,6 +97,72 @@ def default_resource_name(dsn: str) -> str:
     p = ext.parse_dsn(dsn)
     dbname = p.get("dbname") or p.get("user") or "?"
     return f"pg:{dbname}@{p.get('host', 'localhost')}:{p.get('port', 5432)}"
+
+
+#: What names a database for "is it the same one?": the cluster (its system identifier, written
+#: by initdb), the server's run (its start time: a promoted copy of the cluster shares the
+#: identifier but not the start) and the database.  The same from any DSN, host alias or socket.
+_IDENTITY_SQL = ("SELECT system_identifier::text || '/' || "
+                 "extract(epoch FROM pg_postmaster_start_time())::text || '/' || current_database() "
+                 "FROM pg_control_system()")
+
+
+def database_identity(conn: Connection) -> str | None:
+    """Which database ``conn`` talks to, the same for every session of it; None when unknown.
+
+    Called on a fresh session (it ends the transaction the query opens).  A
+    server that will not say (``pg_control_system()`` revoked) gives None:
+    then nothing is shared unless the user names the database explicitly
+    (``database_identity=`` of :class:`XADataSource` and the PostgreSQL store).
+    """
+    try:
+        with conn.cursor() as cur:
+            cur.execute(_IDENTITY_SQL)
+            row = cur.fetchone()
+        conn.rollback()
+        return str(row[0]) if row else None
+    except psycopg2.Error as exc:
+        log.info("cannot tell which database this session talks to (%s): its branches are not "
+                 "shared", _describe(exc))
+        with contextlib.suppress(psycopg2.Error):
+            conn.rollback()
+        return None
+
+
+# Sessions shared inside one global transaction, by database identity.  Two users of the same
+# database (the application's XADataSource and the WS-RM store) then run their work in ONE branch:
+# the transaction manager commits a transaction with one branch in one phase (no PREPARE, no log
+# write), and one PostgreSQL transaction is exactly as atomic across a crash as two prepared ones
+# under a logged decision.  Kept on the transaction object itself, so it ends with it.
+_SESSIONS_ATTR = "_postgres_sessions_by_database"
+
+
+def session_for_database(tx: Any, identity: str | None) -> "PostgresXAResource | None":
+    """The resource whose session carries ``tx``'s branch in database ``identity``, if one does."""
+    if identity is None:
+        return None
+    sessions = getattr(tx, _SESSIONS_ATTR, None)
+    if not sessions:
+        return None
+    resource = sessions.get(identity)
+    if resource is None or not resource.in_branch:
+        return None
+    conn = resource._session
+    return resource if conn is not None and not conn.closed else None
+
+
+def offer_session(tx: Any, identity: str | None, resource: "PostgresXAResource") -> None:
+    """Let other users of database ``identity`` join ``resource``'s branch of ``tx``."""
+    if identity is None:
+        return
+    sessions = getattr(tx, _SESSIONS_ATTR, None)
+    if sessions is None:
+        sessions = {}
+        try:
+            setattr(tx, _SESSIONS_ATTR, sessions)
+        except AttributeError:  # a transaction object that takes no attributes: nothing shared
+            return
+    sessions.setdefault(identity, resource)
 
 
 class _State:
@@ -218,6 +318,12 @@ class PostgresXAResource:
         with self._lock:
             if self._session is None or self._session.closed:
                 conn = self._connect()
+                try:
+                    check_prepared_transactions(conn, self.resource_name)
+                except BaseException:
+                    with contextlib.suppress(psycopg2.Error):
+                        conn.close()
+                    raise
                 conn.autocommit = False
                 self._session = conn
             return self._session
@@ -428,7 +534,7 @@ class PostgresXAResource:
                         f"{self.resource_name}: connection lost during PREPARE of {xid}: it may be "
                         f"prepared; roll it back (or let recovery do it): {_describe(exc)}",
                     ) from exc
-                raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc)
+                raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
             b.state = _State.PREPARED
             return XA_OK
 
@@ -445,14 +551,14 @@ class PostgresXAResource:
                 self._give_up(b, XA_RBCOMMFAIL)
                 raise XAException(XA_RBCOMMFAIL, f"{self.resource_name}: connection lost before "
                                                  f"PREPARE of {b.xid}: {_describe(exc)}") from exc
-            raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc)
+            raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
 
     def _commit_read_only(self, b: _Branch, conn: Connection) -> None:
         try:
             conn.tpc_commit()
         except psycopg2.Error as exc:
             if not self._is_session_lost(conn, exc):
-                raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc)
+                raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
             self._drop_session()  # it wrote nothing: losing it loses nothing
         self._branch = None
 
@@ -492,7 +598,7 @@ class PostgresXAResource:
                 self._give_up(b, XAER_RMFAIL)
                 raise XAException(XAER_RMFAIL, f"{self.resource_name}: connection lost during COMMIT of "
                                                f"{b.xid}: its outcome is unknown: {_describe(exc)}") from exc
-            raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc)
+            raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
         self._branch = None
 
     def _commit_prepared_here(self, b: _Branch) -> None:
@@ -735,6 +841,15 @@ class XADataSource:
     :meth:`xa_resource_for_recovery` with the manager, as Atomikos' data
     source beans do: whatever the manager's transactions leave in doubt here,
     its recovery finds.
+
+    One database, one branch: when another user of the same database (the
+    PostgreSQL WS-RM store) already runs a branch of the transaction, the
+    connection handed out is that branch's session, and the other way round;
+    a transaction touching only that database then commits in one phase.
+    "The same database" is what :func:`database_identity` reads from the
+    server; where it cannot, ``database_identity="name"`` given alike to the
+    data source and the store says so.  ``share_sessions=False`` keeps a
+    branch of its own (two-phase commit with the others).
     """
 
     def __init__(
@@ -746,19 +861,28 @@ class XADataSource:
         pool_size: int = 4,
         read_only_check: bool = False,
         register_for_recovery: bool = True,
+        database_identity: str | None = None,
+        share_sessions: bool = True,
     ) -> None:
         if pool_size < 0:
             raise ValueError("pool_size must be >= 0")
         self.dsn = dsn
+        self.share_sessions = share_sessions
+        self._identity_given = database_identity is not None
+        #: the database this source's sessions talk to (refreshed by every new session)
+        self.identity: str | None = database_identity
         self.tm = tm
         self.resource_name = resource_name or default_resource_name(dsn)
         self.pool_size = pool_size
         self.read_only_check = read_only_check
         self._idle: list[PostgresXAResource] = []
         self._enlisted: dict[tuple[int, int], tuple[Any, PostgresXAResource]] = {}
+        #: keys of transactions whose connection is another user's shared session
+        self._borrowed: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._closed = False
         self._recovery_resource: PostgresXAResource | None = None
+        self._check_at_start()
         if register_for_recovery:
             self._recovery_resource = self.xa_resource_for_recovery()
             tm.register_resource(self._recovery_resource)
@@ -771,6 +895,12 @@ class XADataSource:
         branch here, or a local one outside a transaction (see the class docstring)."""
         return _ConnectionScope(self)
 
+    def _connect(self) -> Connection:
+        conn = psycopg2.connect(self.dsn)
+        if self.share_sessions and not self._identity_given:
+            self.identity = database_identity(conn)
+        return conn
+
     def _enlisted_connection(self, tx: _Transaction) -> Connection:
         """The connection of ``tx``'s branch in this database, enlisting one the first time.
 
@@ -781,7 +911,16 @@ class XADataSource:
         key = (get_ident(), id(tx))
         entry = self._enlisted.get(key)
         if entry is None:
+            shared = session_for_database(tx, self.identity) if self.share_sessions else None
+            if shared is not None:
+                return self._join(tx, key, shared)
             resource = self._acquire()
+            if self.share_sessions and self.identity is None and not self._identity_given:
+                resource.connection  # noqa: B018 -- the first session tells the identity
+                shared = session_for_database(tx, self.identity)
+                if shared is not None:
+                    self._release(resource)
+                    return self._join(tx, key, shared)
             self._enlisted[key] = (tx, resource)
             try:
                 tx.register_synchronization(_ReturnToPool(self, key))
@@ -790,11 +929,26 @@ class XADataSource:
             except BaseException:
                 self._transaction_over(key)
                 raise
+            if self.share_sessions:
+                offer_session(tx, self.identity, resource)
         else:
             resource = entry[1]
         conn = resource._session
         if conn is None or conn.closed:
             conn = resource.connection
+        return conn
+
+    def _join(self, tx: _Transaction, key: tuple[int, int], shared: PostgresXAResource) -> Connection:
+        """Work in the branch another user of this database runs: its session, not ours to pool."""
+        self._enlisted[key] = (tx, shared)
+        self._borrowed.add(key)
+        try:
+            tx.register_synchronization(_ReturnToPool(self, key))
+        except BaseException:
+            self._transaction_over(key)
+            raise
+        conn = shared._session
+        assert conn is not None
         return conn
 
     @contextlib.contextmanager
@@ -812,6 +966,22 @@ class XADataSource:
             conn.commit()
         finally:
             self._release(resource)
+
+    def _check_at_start(self) -> None:
+        """Fail now, with one clear exception, if the database cannot prepare.
+
+        A database that cannot be reached now is checked when it first
+        connects instead (a server may start before its database)."""
+        try:
+            conn = psycopg2.connect(self.dsn)
+        except psycopg2.Error as e:
+            log.warning("%s: cannot connect to check max_prepared_transactions now (%s); "
+                        "checking at the first connection", self.resource_name, _describe(e))
+            return
+        try:
+            check_prepared_transactions(conn, self.resource_name)
+        finally:
+            conn.close()
 
     def xa_resource_for_recovery(self) -> PostgresXAResource:
         """A resource for the recovery manager: same name, its own connections, opened on demand."""
@@ -847,7 +1017,7 @@ class XADataSource:
             if conn is not None and not conn.closed:
                 return resource
             resource.close()
-        return PostgresXAResource(self.dsn, resource_name=self.resource_name,
+        return PostgresXAResource(self._connect, resource_name=self.resource_name,
                                   read_only_check=self.read_only_check)
 
     def _release(self, resource: PostgresXAResource) -> None:
@@ -866,5 +1036,8 @@ class XADataSource:
 
     def _transaction_over(self, key: tuple[int, int]) -> None:
         entry = self._enlisted.pop(key, None)
+        if key in self._borrowed:
+            self._borrowed.discard(key)
+            return  # the session belongs to whoever lent it
         if entry is not None:
             self._release(entry[1])

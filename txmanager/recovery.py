@@ -15,6 +15,14 @@ Atomikos' recovery does, under presumed abort:
 * branches of other nodes or other transaction managers: left alone, reported;
 * heuristic outcomes: reported, kept in the log until :meth:`forget`.
 
+SAFE MODE: when the log reports damage (a record that could not be read,
+see :mod:`.log`), a prepared branch of this node that the log does not name
+may belong to a commit decision that was in the unreadable bytes.  Presuming
+it aborted could undo half of a committed transaction, so it is left prepared
+and reported as ``held``; an operator decides it (``wsrm recover --commit /
+--rollback``) and then ends safe mode.  Decisions the intact records name are
+still carried out.
+
 A pass is idempotent: run twice, the second finds nothing to do.
 Transactions still running in the owning :class:`TransactionManager` are
 skipped (``in_flight``), so recovery never races the manager's own phase 2.
@@ -50,6 +58,7 @@ class RecoveryReport:
     done: list[Xid] = field(default_factory=list)        # decisions now finished ("done" logged)
     unfinished: list[Xid] = field(default_factory=list)  # decisions with branches still to commit
     waiting: list[Xid] = field(default_factory=list)     # ours, unlogged, within the safety interval
+    held: list[Xid] = field(default_factory=list)        # ours, unlogged, log damaged: operator decides
     foreign: list[Xid] = field(default_factory=list)     # another TM's branches: not touched
     heuristics: list[tuple[Xid, int]] = field(default_factory=list)  # in the log, not forgotten
     forgotten: list[Xid] = field(default_factory=list)
@@ -126,6 +135,7 @@ class RecoveryManager:
         """Resolve what can be resolved now; see the module docstring."""
         with self._run_lock:
             report = RecoveryReport()
+            damaged = bool(_damage(self.log))
             scan = self._scan(report)
             # Read the running set and the log AFTER the scan: a branch seen
             # prepared belongs to a transaction that is either still running
@@ -149,6 +159,9 @@ class RecoveryManager:
                 if not xid.is_ours(self.node):
                     report.foreign.append(xid)
                     continue
+                if damaged:
+                    report.held.append(xid)
+                    continue
                 if self._age(resource, xid) < self.safety_interval:
                     report.waiting.append(xid)
                     continue
@@ -167,7 +180,7 @@ class RecoveryManager:
                         report.forgotten.append(gxid)
                     except TransactionError as e:
                         report.errors.append(str(e))
-            if report.acted or report.errors or report.heuristics:
+            if report.acted or report.errors or report.heuristics or report.held:
                 log.info("recovery pass: %s", report.summary())
             return report
 
@@ -289,20 +302,29 @@ class RecoveryManager:
         self.log.forget(gxid)
         log.info("recovery: forgot heuristic outcome of %s", gxid)
 
-    def in_doubt(self) -> list[InDoubt]:
+    def in_doubt(self, errors: list[str] | None = None) -> list[InDoubt]:
         """Every branch prepared in a registered resource, and every logged branch
-        whose resource cannot be asked, with what the log says about it."""
+        whose resource cannot be asked, with what the log says about it.
+        Resources that could not be asked are added to ``errors`` when given (an
+        empty answer is then not "nothing in doubt")."""
         with self._run_lock:
-            return self._in_doubt()
+            return self._in_doubt(errors)
 
-    def _in_doubt(self) -> list[InDoubt]:
-        scan = self._scan()
+    def _in_doubt(self, errors: list[str] | None = None) -> list[InDoubt]:
+        report = RecoveryReport()
+        scan = self._scan(report)
+        if errors is not None:
+            errors.extend(report.errors)
         pending = self.log.pending()
+        damaged = bool(_damage(self.log))
         out: list[InDoubt] = []
         for xid, resource in scan.holders.items():
             entry = pending.get(xid.global_xid())
-            out.append(InDoubt(xid, _name(resource), _decision(entry, xid),
-                               self._age(resource, xid), xid.is_ours(self.node)))
+            ours = xid.is_ours(self.node)
+            decision = _decision(entry, xid)
+            if decision == "none" and ours and damaged:
+                decision = "unknown (recovery log damaged: safe mode, the operator decides)"
+            out.append(InDoubt(xid, _name(resource), decision, self._age(resource, xid), ours))
         for entry in pending.values():
             for bxid, name in entry.branches:
                 if name in scan.by_name or bxid in scan.holders:
@@ -375,6 +397,12 @@ class RecoveryManager:
                 log.exception("recovery pass failed")
             if self._stop.wait(interval):
                 break
+
+
+def _damage(log_: TransactionLog) -> list[str]:
+    """The log's damage report (a log without one is taken as sound)."""
+    damaged = getattr(log_, "damaged", None)
+    return list(damaged()) if callable(damaged) else []
 
 
 def _decision(entry: LogEntry | None, xid: Xid) -> str:

@@ -624,7 +624,7 @@ class Transaction:
                 agreeing += 1
                 if cp is not None:
                     cp("committed", branch.index)
-            elif outcome == "left":
+            elif isinstance(outcome, str):  # "left"
                 left.append(branch)
                 agreeing += 1  # decided; recovery will commit it
             else:

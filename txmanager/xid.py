@@ -245,11 +245,12 @@ class Xid:
 
 _new_object = object.__new__
 # The slots' own setters: they bypass the frozen dataclass's __setattr__, which
-# is there to stop users, not this module.
-_set_format_id = Xid.format_id.__set__  # type: ignore[attr-defined]
-_set_gtrid = Xid.gtrid.__set__  # type: ignore[attr-defined]
-_set_bqual = Xid.bqual.__set__  # type: ignore[attr-defined]
-_set_gid = Xid._gid.__set__  # type: ignore[attr-defined]
+# is there to stop users, not this module.  Read from the class's namespace: the
+# slot descriptors, which attribute access on the class would type as the fields.
+_set_format_id = vars(Xid)["format_id"].__set__
+_set_gtrid = vars(Xid)["gtrid"].__set__
+_set_bqual = vars(Xid)["bqual"].__set__
+_set_gid = vars(Xid)["_gid"].__set__
 
 
 def _printable(b: bytes) -> str:

@@ -15,6 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wsrm", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging (-v info, -vv debug)")
+    from wsrm_plugin import __version__
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     from txmanager import operator
@@ -31,6 +33,19 @@ def main(argv: list[str] | None = None) -> int:
                        description=status.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     status.add_arguments(p)
     p.set_defaults(run=status.run)
+
+    from wsrm_plugin import resend
+
+    p = sub.add_parser("resend", help="send a faulted sequence's messages again on a new sequence",
+                       description=resend.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    resend.add_arguments(p)
+    p.set_defaults(run=resend.run)
+    from wsrm_plugin import poison
+
+    p = sub.add_parser("poison", help="list, show, retry or discard messages in the poison store",
+                       description=poison.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    poison.add_arguments(p)
+    p.set_defaults(run=poison.run)
 
     p = sub.add_parser("txdemo", help="two PostgreSQL banks, crashes at every 2PC point, recovery",
                        description=txdemo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

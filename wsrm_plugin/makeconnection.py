@@ -32,7 +32,7 @@ from lxml import etree
 
 from .engine.envelopes import protocol_message
 from .engine.transport import Response, Transport, TransportError
-from .wire import AddressingHeaders, SoapFault, parse_envelope, to_bytes
+from .wire import AddressingHeaders, SoapFault, parse_envelope, parse_rm_element, to_bytes
 from .wire.mc import MakeConnection, MessagePending
 from .wire.namespaces import MAKE_CONNECTION_ACTION, WSMC_NS, mc_anonymous_id, mc_anonymous_uri
 from .wire.xmlsafe import DEFAULT_MAX_SIZE
@@ -76,19 +76,31 @@ class Mailbox:
     fill the server's memory.
     """
 
-    def __init__(self, *, max_per_client: int = 1000, max_message_size: int = DEFAULT_MAX_SIZE) -> None:
+    def __init__(self, *, max_per_client: int = 1000, max_message_size: int = DEFAULT_MAX_SIZE,
+                 owner_of: Callable[[str], str | None] | None = None) -> None:
         self.max_per_client = max_per_client
         self.max_message_size = max_message_size
+        #: The principal a sequence belongs to (``engine.destination.owner_of``): a box whose
+        #: messages belong to a principal is emptied by that principal's polls only.
+        self.owner_of = owner_of
         self._boxes: dict[str, OrderedDict[str, bytes]] = {}
+        self._owners: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def transport(self, inner: Transport) -> Transport:
         """``inner`` for ordinary addresses, this mailbox for WS-MC anonymous ones."""
-        return _MailboxTransport(self, inner)  # type: ignore[return-value]
+        return _MailboxTransport(self, inner)
 
     def park(self, mc_id: str, envelope: bytes) -> None:
-        message_id = AddressingHeaders.from_header(parse_envelope(envelope, max_size=1 << 30).headers).message_id
+        parsed = parse_envelope(envelope, max_size=1 << 30)
+        message_id = AddressingHeaders.from_header(parsed.headers).message_id
+        owner = self._owner(parsed.headers)
         with self._lock:
+            if owner is not None:
+                bound = self._owners.setdefault(mc_id, owner)
+                if bound != owner:
+                    log.warning("WS-MC address %s serves %r; a message of %r's sequence is parked there too",
+                                mc_id, bound, owner)
             box = self._boxes.setdefault(mc_id, OrderedDict())
             key = message_id or uuid.uuid4().hex
             box.pop(key, None)
@@ -96,6 +108,25 @@ class Mailbox:
             while len(box) > self.max_per_client:
                 box.popitem(last=False)
         log.debug("parked %s for WS-MC client %s", message_id, mc_id)
+
+    def _owner(self, headers: Iterable[etree._Element]) -> str | None:
+        """The principal of the sequence a parked message names (its Sequence or acknowledgement)."""
+        if self.owner_of is None:
+            return None
+        for header in headers:
+            parsed = parse_rm_element(header)
+            identifier = getattr(parsed[0], "identifier", None) if parsed is not None else None
+            if identifier:
+                owner = self.owner_of(identifier)
+                if owner is not None:
+                    return owner
+        return None
+
+    def may_poll(self, mc_id: str, principal: str | None) -> bool:
+        """May ``principal`` take the messages parked for ``mc_id``?  Only its owner, once it has one."""
+        with self._lock:
+            owner = self._owners.get(mc_id)
+        return owner is None or owner == principal
 
     def pending(self, mc_id: str) -> int:
         with self._lock:
@@ -139,9 +170,16 @@ class Mailbox:
                 return _respond(start_response, 400, fault_bytes(fault, envelope.version), envelope.version)
             mc_id = mc_anonymous_id(poll.address)
             if mc_id is None:
-                fault = SoapFault(f"MakeConnection address {poll.address!r} is not a WS-MC anonymous URI",
-                                  code="Sender")
-                return _respond(start_response, 400, fault_bytes(fault, envelope.version), envelope.version)
+                refusal = SoapFault(f"MakeConnection address {poll.address!r} is not a WS-MC anonymous URI",
+                                    code="Sender")
+                return _respond(start_response, 400, fault_bytes(refusal, envelope.version), envelope.version)
+            principal = environ.get("REMOTE_USER") or None
+            if not self.may_poll(mc_id, principal):
+                # like a poll that finds nothing: a stranger learns nothing, and takes nothing
+                log.warning("MakeConnection for %s from %r refused: its messages belong to another peer",
+                            mc_id, principal)
+                start_response("202 Accepted", [("Content-Length", "0")])
+                return [b""]
             message, more = self.take(mc_id)
             if message is None:
                 start_response("202 Accepted", [("Content-Length", "0")])

@@ -33,7 +33,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _GAUGES = (
     ("wsrm_unacknowledged_messages", "Messages sent and not yet acknowledged by the peer",
      lambda r: r.unacknowledged),
-    ("wsrm_retransmissions", "Retransmissions of the source sequences in the store",
+    ("wsrm_retransmissions", "Retransmissions of the source sequences still in the store (an ended sequence "
+     "takes its count with it; ReliableEngine.status() counts a process's retransmissions for good)",
      lambda r: r.retransmissions),
     ("wsrm_faulted_sequences", "Source sequences given up (their messages reported to the application)",
      lambda r: r.faulted_sequences),
@@ -41,6 +42,10 @@ _GAUGES = (
      lambda r: r.in_doubt_transactions),
     ("wsrm_buffered_messages", "Received messages waiting for delivery to the application",
      lambda r: r.buffered),
+    ("wsrm_retrying_messages", "Buffered messages whose delivery failed, waiting for their next attempt",
+     lambda r: r.waiting_for_retry),
+    ("wsrm_poison_messages", "Messages given up after every retry cycle, kept for an operator (wsrm poison)",
+     lambda r: r.poison),
 )
 
 
@@ -66,6 +71,11 @@ def exposition(r: StoreReport) -> str:
         if s.unacked is not None:
             lines.append(f'wsrm_sequence_unacknowledged_messages{{sequence="{_label(s.sequence_id)}"}} '
                          f"{s.unacked}")
+    if r.faults:
+        lines += ["# HELP wsrm_faulted_sequence Faulted source sequences, with the reason they were given up",
+                  "# TYPE wsrm_faulted_sequence gauge"]
+        for sequence, reason in r.faults:
+            lines.append(f'wsrm_faulted_sequence{{sequence="{_label(sequence)}",reason="{_label(reason)}"}} 1')
     return "\n".join(lines) + "\n"
 
 

@@ -10,10 +10,14 @@ The table lists every sequence in the store: its side (``source``: messages
 this node sends; ``destination``: messages it receives), identifier, state,
 unacknowledged messages, retransmissions and last activity.  The counters
 below it are the ones to alert on: unacknowledged messages (a peer not
-answering), retransmissions (a lossy network), faulted sequences (messages
-given up: the application was told) and in-doubt transactions (XA branches
+answering), retransmissions (a lossy network), faulted sequences (given up,
+each listed with its reason; the application was told through its calls'
+futures and callbacks and the ``on_sequence_fault`` hook, and ``wsrm resend``
+sends their messages again) and in-doubt transactions (XA branches
 prepared in the store and not yet decided: they block it until recovery runs,
-see ``wsrm recover``).
+see ``wsrm recover``), messages waiting for a retry (their delivery failed:
+the application or its database is in trouble) and poison messages (every
+retry cycle failed: they wait for an operator, see ``wsrm poison``).
 
 The status is read without taking the store's locks, so it is safe against
 a running engine, even one stuck behind in-doubt branches.
@@ -55,6 +59,12 @@ class StoreReport:
     in_doubt_transactions: int
     buffered: int
     by_state: dict[str, int]
+    #: (sequence, reason) of each faulted source sequence: why it was given up
+    faults: tuple[tuple[str, str], ...] = ()
+    #: Buffered messages whose delivery failed and that wait for their next attempt.
+    waiting_for_retry: int = 0
+    #: Messages in the poison store (``wsrm poison list``).
+    poison: int = 0
 
     @classmethod
     def of(cls, url: str, status: StoreStatus) -> StoreReport:
@@ -65,7 +75,9 @@ class StoreReport:
         return cls(store=url, sequences=tuple(rows), unacknowledged=status.unacked,
                    retransmissions=status.retransmissions, faulted_sequences=status.faulted,
                    in_doubt_transactions=status.prepared_branches, buffered=status.buffered,
-                   by_state=status.by_state())
+                   by_state=status.by_state(), waiting_for_retry=status.retrying, poison=status.poisoned,
+                   faults=tuple((s.sequence_id or f"(creating: {s.key})", s.fault_reason or "faulted")
+                                for s in status.rms if s.state == "faulted"))
 
 
 def report(store: StorageManager) -> StoreReport:
@@ -96,7 +108,7 @@ def format_report(r: StoreReport) -> str:
              "-" if s.retransmissions is None else str(s.retransmissions), s.messages,
              _when(s.last_activity)) for s in r.sequences]
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
     out = [f"store {r.store}", ""]
     if rows:
         out += [line(header), line(tuple("-" * w for w in widths)), *map(line, rows)]
@@ -110,7 +122,13 @@ def format_report(r: StoreReport) -> str:
         f"in-doubt transactions     {r.in_doubt_transactions}"
         + ("   (run `wsrm recover`)" if r.in_doubt_transactions else ""),
         f"messages awaiting delivery {r.buffered}",
+        f"waiting for a retry       {r.waiting_for_retry}",
+        f"poison messages           {r.poison}" + ("   (run `wsrm poison list`)" if r.poison else ""),
     ]
+    if r.faults:
+        out += ["", ("faulted sequences (their unacknowledged messages are kept; once the cause is fixed, "
+                     "`wsrm resend --store URL --sequence ID` sends them again on a new sequence):")]
+        out += [f"  {sequence}: {reason}" for sequence, reason in r.faults]
     return "\n".join(out) + "\n"
 
 

@@ -34,11 +34,14 @@ from typing import Any
 from urllib.parse import urlsplit
 from wsgiref.util import request_uri, setup_testing_defaults
 
+from lxml import etree
 from spyne import Application
 from spyne.server.wsgi import WsgiApplication
 
+from wsrm_plugin.engine.faults import UnsupportedMediaType
+from wsrm_plugin.engine.transport import http_status_for
 from wsrm_plugin.wire.faults import MalformedMessageError, MessageTooLargeError, SoapFault
-from wsrm_plugin.wire.namespaces import SOAP11, SOAP12, SoapVersion
+from wsrm_plugin.wire.namespaces import RM_VERSIONS, SOAP11, SOAP12, WSMC_NS, SoapVersion
 from wsrm_plugin.wire.soap import Envelope, fault_envelope
 from wsrm_plugin.wire.xmlsafe import DEFAULT_MAX_SIZE, parse_xml
 
@@ -75,6 +78,17 @@ def _version_from_content_type(content_type: str | None) -> SoapVersion:
     return SOAP12 if "application/soap+xml" in (content_type or "").lower() else SOAP11
 
 
+_PROTOCOL_NAMESPACES = frozenset([*(v.ns for v in RM_VERSIONS), WSMC_NS])
+
+
+def _for_the_service(envelope: Envelope) -> bool:
+    """Is the body an operation of the service (not a WS-RM/WS-MC protocol body, not empty)?"""
+    body = envelope.body_element
+    if body is None or not isinstance(body.tag, str):
+        return False
+    return etree.QName(body).namespace not in _PROTOCOL_NAMESPACES
+
+
 def _utf8(content_type: str | None, version: SoapVersion) -> str:
     """The request's Content-Type with charset=utf-8: the chain re-serializes envelopes as UTF-8."""
     if not content_type:
@@ -97,8 +111,16 @@ def _headers_from_environ(environ: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _fault_status(version: SoapVersion, fault: SoapFault) -> int:
-    """SOAP 1.2's HTTP binding: 400 for Sender faults, else 500; SOAP 1.1 (WS-I BP): 500."""
-    return 400 if version is SOAP12 and fault.is_sender_fault else 500
+    """The engine's own endpoint's mapping (:func:`~wsrm_plugin.engine.transport.http_status_for`),
+    so a peer sees the same status whichever front end it reached: 413 for a body over the
+    limit, 503 to retry later, 415 for a Content-Type naming the other SOAP version, else
+    SOAP 1.2's 400 for Sender faults and 500 for the rest (SOAP 1.1, WS-I BP: 500)."""
+    return http_status_for(fault, version)
+
+
+def _retry_after(fault: SoapFault) -> dict[str, str]:
+    seconds = getattr(fault, "retry_after", None)
+    return {"Retry-After": str(seconds)} if seconds is not None else {}
 
 
 class ChainMiddleware:
@@ -123,8 +145,8 @@ class ChainMiddleware:
             request = self._read(environ)
         except SoapFault as fault:
             log.info("refused a request to %s: %s", request_uri(environ, False), fault)
-            return self._send(Response(_fault_status(version, fault), fault_envelope(fault, version)),
-                              start_response)
+            return self._send(Response(_fault_status(version, fault), fault_envelope(fault, version),
+                                       _retry_after(fault)), start_response)
         return self._send(self._process(request, environ, after=None), start_response)
 
     def _read(self, environ: dict[str, Any]) -> Message:
@@ -145,12 +167,29 @@ class ChainMiddleware:
             raise MalformedMessageError("the request has no body; a SOAP envelope was expected")
         root = parse_xml(data, max_size=self.max_message_size)
         envelope = Envelope.from_element(root)  # VersionMismatch / malformed structure
+        content_type = environ.get("CONTENT_TYPE")
+        if content_type and _version_from_content_type(content_type) is not envelope.version:
+            raise UnsupportedMediaType(
+                f"a SOAP {envelope.version.name} envelope was sent as {content_type.split(';')[0].strip()!r}; "
+                f"SOAP {envelope.version.name} is sent as {envelope.version.content_type!r}")
+        served = self._served_version()
+        if served is not None and envelope.version is not served and _for_the_service(envelope):
+            # spyne would fail on it only when the invoker delivers it, long after it was acknowledged
+            # (WS-RM's own messages -- CreateSequence, acknowledgements -- may use either version)
+            raise SoapFault(f"this service speaks SOAP {served.name}, not SOAP {envelope.version.name}",
+                            code="VersionMismatch")
         headers = _headers_from_environ(environ)
         message = Message(root, Direction.IN, Role.SERVER, http_headers=headers,
                           address=request_uri(environ, include_query=False),
                           context={WSGI_ENVIRON_KEY: environ})  # who sent it: REMOTE_USER, TLS, address
         message.action = action_from_http(message.http_headers, envelope.version)
         return message
+
+    def _served_version(self) -> SoapVersion | None:
+        """The SOAP version spyne's in protocol reads (None: not a SOAP protocol spyne names)."""
+        protocol = getattr(getattr(self.application, "app", None), "in_protocol", None)
+        name = type(protocol).__name__ if protocol is not None else ""
+        return {"Soap11": SOAP11, "Soap12": SOAP12}.get(name)
 
     def _send(self, response: Response, start_response: StartResponse) -> list[bytes]:
         body = response.body()
@@ -187,6 +226,8 @@ class ChainMiddleware:
 
     def _invoke(self, request: Message, environ: dict[str, Any] | None) -> Response:
         status, headers, body, one_way = self._call_spyne(request, environ)
+        if one_way and status == 200:
+            body = b""  # WS-I BP R2750: nothing to say to a one-way call (so nothing to parse)
         try:
             envelope = parse_xml(body, max_size=max(len(body), 1)) if body.strip() else None
             if envelope is not None:
@@ -283,6 +324,7 @@ class ChainMiddleware:
         version = request.soap_version or SOAP11
         status = _fault_status(version, fault)
         reply = Message(fault_envelope(fault, version), Direction.OUT, Role.SERVER,
+                        http_headers=_retry_after(fault),
                         http_status=status, exchange=request.exchange, address=request.address)
         reply.fault = fault
         if through_out_chain:
@@ -294,7 +336,7 @@ class ChainMiddleware:
             else:
                 if reply.stopped:
                     return reply.response or Response()
-        return Response(status, reply.envelope)
+        return Response(status, reply.envelope, _retry_after(fault))
 
 
 def engage(application: Application, chain: InterceptorChain | None = None, *,
@@ -334,7 +376,7 @@ def engage(application: Application, chain: InterceptorChain | None = None, *,
             policy = rm_policy
             if policy is None:
                 policy = RMPolicyAssertion() if chain.has_phase(Phase.RELIABLE_MESSAGING) else False
-            if policy:
+            if isinstance(policy, RMPolicyAssertion):  # True became one above; False: none
                 attach_policy(definitions, policy)
 
         wsdl.event_manager.add_listener("wsdl_document_built", on_wsdl_built)

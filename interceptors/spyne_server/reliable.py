@@ -37,12 +37,14 @@ it): :func:`carries_rm`, :func:`response_of`, :func:`current_delivery`,
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from typing import TYPE_CHECKING
 
 from lxml import etree
 
 from wsrm_plugin.engine import ApplicationFault, DeliveryContext, ReliableEngine
+from wsrm_plugin.engine.parsed import TREES
 from wsrm_plugin.engine.transport import Reply
 from wsrm_plugin.wire.faults import SoapFault, WSRMRequired
 from wsrm_plugin.wire.namespaces import RM_VERSIONS, SOAP11, SoapVersion
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DELIVERY_KEY", "ReliableMessagingInterceptor", "ChainDeliverer", "carries_rm", "response_of",
-    "current_delivery", "principal_of",
+    "current_delivery", "principal_of", "ServiceFailure",
 ]
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,11 @@ log = logging.getLogger(__name__)
 #: ``Exchange.properties`` key of the :class:`DeliveryContext` of a message the invoker is delivering.
 DELIVERY_KEY = "wsrm.delivery"
 _FAULT_KEY = "wsrm.service_fault"
+#: Exchange property: the method raised a spyne ``Fault`` of its own (a declared application fault).
+_DECLARED_KEY = "wsrm.declared_fault"
+_LISTENING = "_wsrm_declared_fault_listener"
+#: Exchange property: what a method raised that was not a spyne ``Fault`` (for the poison store).
+_ERROR_KEY = "wsrm.method_error"
 _RM_NAMESPACES = frozenset(v.ns for v in RM_VERSIONS)
 _local = threading.local()
 
@@ -81,9 +88,13 @@ def carries_rm(message: Message) -> bool:
 
 
 def response_of(reply: Reply, max_size: int) -> Response:
-    """The chain :class:`Response` for an engine :class:`Reply` (its body parsed safely)."""
-    envelope = parse_xml(reply.body, max_size=max(max_size, len(reply.body))) if reply.body else None
+    """The chain :class:`Response` for an engine :class:`Reply` (its tree, else its body parsed safely)."""
+    envelope = reply.tree
+    if envelope is None and reply.body:
+        envelope = parse_xml(reply.body, max_size=max(max_size, len(reply.body)))
     headers = {"Content-Type": reply.content_type} if reply.content_type and envelope is not None else {}
+    if reply.retry_after is not None:
+        headers["Retry-After"] = str(reply.retry_after)
     return Response(reply.status, envelope, headers)
 
 
@@ -141,8 +152,14 @@ class ReliableMessagingInterceptor(Interceptor):
             self.engine.endpoint_address = message.address
             log.info("WS-RM endpoint address taken from the first request: %s", message.address)
         principal, remote_addr = principal_of(message)
-        reply = self.engine.handle(message.to_bytes(), principal=principal, remote_addr=remote_addr,
-                                   content_type=message.http_headers.get("Content-Type"))
+        data = message.to_bytes()
+        # The chain stops here, and the engine reads the tree only before it stores the message:
+        # the delivery (with an in-memory store, of these very bytes) takes it instead of a parse.
+        # Filed first, since the invoker may deliver before handle() returns.
+        TREES.remember(data, message.envelope)
+        reply = self.engine.handle(data, principal=principal, remote_addr=remote_addr,
+                                   content_type=message.http_headers.get("Content-Type"),
+                                   parsed=message.envelope)
         # suspend, not abort: what the invoker delivers later resumes right after this interceptor
         message.suspend(response_of(reply, self.engine.policy.max_message_size))
 
@@ -195,15 +212,20 @@ class ChainDeliverer:
     def __init__(self, middleware: ChainMiddleware, interceptor: ReliableMessagingInterceptor) -> None:
         self.middleware = middleware
         self.interceptor = interceptor
+        _listen_for_declared_faults(getattr(middleware.application, "app", None))
 
     def __call__(self, payload: bytes, context: DeliveryContext) -> None:
         soap = SoapVersion.for_namespace(context.soap_version) or SOAP11
         exchange = Exchange(properties={DELIVERY_KEY: context})
-        request = Message.from_bytes(payload, Direction.IN, Role.SERVER,
-                                     max_size=max(len(payload), 1),
-                                     http_headers=_http_headers(soap, context.action),
-                                     address=self.interceptor.engine.endpoint_address,
-                                     action=context.action, exchange=exchange)
+        options = dict(http_headers=_http_headers(soap, context.action),
+                       address=self.interceptor.engine.endpoint_address, action=context.action,
+                       exchange=exchange)
+        tree = TREES.take(payload)
+        if tree is not None:  # received by this process moments ago: its tree, not a second parse
+            request = Message(tree, Direction.IN, Role.SERVER, **options)
+        else:
+            request = Message.from_bytes(payload, Direction.IN, Role.SERVER,
+                                         max_size=max(len(payload), 1), **options)
         previous = current_delivery()
         _local.delivery = context
         try:
@@ -212,7 +234,50 @@ class ChainDeliverer:
             _local.delivery = previous
         fault: bytes | None = exchange.properties.get(_FAULT_KEY)
         if fault is not None:
-            raise _application_fault(fault, soap)
+            if exchange.properties.get(_DECLARED_KEY):
+                raise _application_fault(fault, soap)
+            # not the method's own answer: spyne could not read the request, or the method
+            # raised something else (a database down, a bug): retried, then kept as poison
+            raised = exchange.properties.get(_ERROR_KEY)
+            raise ServiceFailure(f"the service failed to process the message: {raised or _fault_text(fault, soap)}")
+
+
+class ServiceFailure(RuntimeError):
+    """The service produced a fault that is not its declared answer: a failure to process."""
+
+
+def _listen_for_declared_faults(application: object) -> None:
+    """Tell a method's own ``spyne.Fault`` from any other error spyne turned into a fault.
+
+    spyne answers both with a fault envelope; in its ``method_exception_object``
+    event the exception being handled is the one the method raised.
+    """
+    events = getattr(application, "event_manager", None)
+    if events is None or getattr(application, _LISTENING, False):
+        return
+    from spyne import Fault
+
+    from interceptors.spyne_server.adapter import current_message
+
+    def on_exception(ctx: object) -> None:
+        message = current_message(ctx)
+        raised = sys.exc_info()[1]
+        if message is None or raised is None:
+            return
+        if isinstance(raised, Fault):
+            message.exchange.properties[_DECLARED_KEY] = True
+        else:  # spyne's fault says only "Internal Error": keep what the method really raised
+            message.exchange.properties[_ERROR_KEY] = f"{type(raised).__name__}: {raised}"
+
+    events.add_listener("method_exception_object", on_exception)
+    setattr(application, _LISTENING, True)
+
+
+def _fault_text(envelope: bytes, soap: SoapVersion) -> str:
+    try:
+        return str(_application_fault(envelope, soap))
+    except Exception:  # noqa: BLE001 -- an unreadable fault is still a failure
+        return "an unreadable fault"
 
 
 def _application_fault(envelope: bytes, soap: SoapVersion) -> ApplicationFault:
@@ -225,7 +290,7 @@ def _application_fault(envelope: bytes, soap: SoapVersion) -> ApplicationFault:
             reason = (fault.findtext("faultstring") or reason).strip()
         else:
             code = (fault.findtext(f"{soap.qname('Code').text}/{soap.qname('Value').text}") or "").strip()
-            reason = " ".join(fault.itertext()).strip() or reason
+            reason = " ".join(fault.itertext()).strip() or reason  # type: ignore[arg-type]  # lxml-stubs: str here
     local = code.rpartition(":")[2]
     sender = local in ("Client", "Sender") or local.startswith("Client.")
     # a plain fault envelope: the engine adds the WS-A headers of a reply on the response sequence

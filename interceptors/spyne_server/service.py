@@ -22,9 +22,13 @@ XA transaction and the method's database work joins it::
             conn.cursor().execute("INSERT INTO orders VALUES (%s)", (item,))
         delivery = delivery_context(ctx)          # sequence id, message number, ...
 
-A method that raises rolls all of it back; its SOAP fault then goes back on
-the response sequence in a new transaction (retried up to the policy's
-``max_delivery_attempts`` first, except Client/Sender faults).
+A method that raises rolls all of it back.  Its own ``spyne.Fault`` (a
+declared application fault) then goes back on the response sequence in a
+new transaction (retried up to the policy's ``max_delivery_attempts`` first,
+except Client/Sender faults).  Any other exception (a database down, a bug),
+or a request spyne cannot read, is a failure to process: the message stays
+in the store, is retried with backoff and in retry cycles, and finally kept
+in the poison store for an operator (``wsrm poison``).
 
 The WSDL gets spyne's one-way defect fixed and the WS-RM policy assertion.
 Several processes may serve one PostgreSQL store: each invoker claims work
@@ -46,7 +50,9 @@ from wsrm_plugin.store import StorageManager
 
 from interceptors import default_chain
 from interceptors.chain import InterceptorChain
-from interceptors.spyne_server.reliable import DELIVERY_KEY, ChainDeliverer, ReliableMessagingInterceptor, current_delivery
+from interceptors.spyne_server.reliable import (
+    DELIVERY_KEY, ChainDeliverer, ReliableMessagingInterceptor, current_delivery,
+)
 from interceptors.spyne_server.adapter import ChainMiddleware, current_message, engage
 from interceptors.wsdl import RMPolicyAssertion
 

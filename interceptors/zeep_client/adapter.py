@@ -68,7 +68,7 @@ class ChainPlugin(zeep.Plugin):
                     "but the client's transport cannot hold it back: install the chain with "
                     "engage_client(client, chain), not by adding ChainPlugin to client.plugins")
             return envelope, http_headers
-        return message.envelope, dict(message.http_headers)
+        return _envelope_of(message), dict(message.http_headers)
 
     def ingress(self, envelope: etree._Element, http_headers: Mapping[str, str],
                 operation: Any) -> tuple[etree._Element, Mapping[str, str]]:
@@ -88,7 +88,7 @@ class ChainPlugin(zeep.Plugin):
                 f"an in interceptor consumed the reply to {message.operation or 'the request'}; "
                 "there is no result to return (answer with message.abort(Response(envelope=...)) "
                 "to give the caller one)")
-        return message.envelope, http_headers
+        return _envelope_of(message), http_headers
 
 
 def _requests_response(response: Response, address: str) -> requests.Response:
@@ -201,3 +201,11 @@ def resume_send(client: zeep.Client, message: Message, after: str | None = None,
     if reply.stopped:
         return None
     return reply
+
+
+def _envelope_of(message: Message) -> etree._Element:
+    """The envelope the chain leaves; zeep has nothing to send or parse without one."""
+    if message.envelope is None:
+        which = "request" if message.direction is Direction.OUT else "reply"
+        raise ChainError(f"the interceptors left the {which} without an envelope and did not stop it")
+    return message.envelope

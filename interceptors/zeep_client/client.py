@@ -12,8 +12,9 @@
         rc.service.Cancel(order=8)
     rc.close(); rc.stop()
 
-Calls made straight on ``client.service`` are enqueued too (they return None).
-Nothing is sent in the caller's thread: the call is stored in the RM Source
+The zeep client passed in stays a plain zeep client: ``client.service.Op(...)``
+still calls the service synchronously and returns its answer (the reliable
+client works on its own copy, ``rc.zeep``).  Nothing is sent in the caller's thread: the call is stored in the RM Source
 (in the caller's transaction, when a ``txmanager`` transaction is current)
 and the engine's worker delivers it, retransmitting until acknowledged.
 
@@ -28,39 +29,88 @@ stored reply), and the client acknowledges each reply at once.  The reply is des
 client's binding and handed to the persisted callback (an import path, so
 it is found again after a restart) and to the call's future, if the
 process that made the call is still the one running.
+
+Failures reach the caller:
+
+* a call is refused at once, with nothing stored, when its arguments do not
+  fit the WSDL (zeep's ``ValidationError``), when a ``txmanager`` transaction
+  is current that the client cannot join (:class:`TransactionNotJoined`:
+  pass ``tm=``), or when the service refused to open a sequence
+  (:class:`SequenceRefused`, until the faulted sequence is resent);
+* when a sequence is faulted (the peer refused it, or ``max_retries`` ran
+  out), the futures of its in-out calls fail with :class:`SequenceFaulted`
+  (:class:`SequenceRefused` for a refusal) and their persisted callbacks get
+  a :class:`ReliableReply` whose ``fault`` is that exception.  The messages
+  stay in the store, faulted, with the reason (``wsrm status``), until
+  :meth:`ReliableClient.resend_faulted` or ``wsrm resend`` sends them again
+  on a new sequence; an ``on_sequence_fault`` hook (see
+  :class:`ReliableClient`) takes them over instead;
+* :meth:`ReliableClient.flush` waits until everything is acknowledged and
+  says what is not; ``stop()`` on a memory store refuses to drop unsent messages.
+
+A client that must be able to restart while its server is down builds its
+zeep client with :class:`~interceptors.zeep_client.wsdl_cache.StoredWsdlTransport`
+(``zeep.Client(url, transport=StoredWsdlTransport(store))``): the WSDL is kept
+in the store and read from there when the server cannot be reached.
 """
 
 from __future__ import annotations
 
+import collections
+import copy
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
 import zeep
+from zeep.proxy import ServiceProxy
 
 from interceptors.chain import InterceptorChain
-from interceptors.zeep_client.reliable import (
-    CallOptions, ReliableClientInterceptor, ReliableReply, current_call, deserialize_reply,
-    import_callback, register_client, unregister_client,
-)
 from interceptors.zeep_client.adapter import engage_client
-
+from interceptors.zeep_client.session import ZeepSessionTransport
+from interceptors.zeep_client.wsdl_policy import policy_from_wsdl
+from interceptors.zeep_client.errors import (
+    NotAcknowledged,
+    ReplyNotDelivered,
+    TransactionNotJoined,
+    UnsentMessages,
+)
+from interceptors.zeep_client.reliable import (
+    CallOptions,
+    ReliableClientInterceptor,
+    ReliableReply,
+    current_call,
+    deserialize_reply,
+    import_callback,
+    register_client,
+    unregister_client,
+)
+from interceptors.zeep_client.validate import validate_request
 from wsrm_plugin.engine import ReliableEngine, RMPolicy, SendReceipt
-from wsrm_plugin.engine.source import SequenceKey
+from wsrm_plugin.engine.resend import ResendResult
+from wsrm_plugin.engine.source import (
+    CREATE_REFUSED,
+    SequenceFault,
+    SequenceFaulted,
+    SequenceKey,
+    SequenceRefused,
+)
 from wsrm_plugin.lifecycle import LifecycleListener, LifecycleReport
 from wsrm_plugin.makeconnection import Poller, mc_address_for
-from wsrm_plugin.wire.namespaces import mc_anonymous_id
 from wsrm_plugin.store import StorageManager
+from wsrm_plugin.wire.namespaces import mc_anonymous_id
 
-__all__ = ["reliable_client", "ReliableClient", "ReliableReply", "ReplyNotDelivered"]
+__all__ = ["reliable_client", "ReliableClient", "ReliableReply", "ReplyNotDelivered", "TransactionNotJoined",
+           "NotAcknowledged", "UnsentMessages", "SequenceFaulted", "SequenceRefused"]
 
 log = logging.getLogger(__name__)
 
 
-class ReplyNotDelivered(Exception):
-    """Set on a call's future when its enqueueing transaction rolled back (nothing was sent)."""
+#: How many replies' callback runs a client remembers to flag a second run in the same process.
+_DISPATCHED_KEPT = 10_000
 
 
 class _ResolveOnRollback:
@@ -113,6 +163,13 @@ class ReliableClient:
     in the store (replies are dispatched to the client of that name) and must
     be the same after a restart; ``key`` separates its sequences from other
     clients' sharing the store.
+
+    Faulted sequences: ``reliable_client(..., on_sequence_fault=hook)``
+    passes ``hook(fault: SequenceFault)`` to the engine; it is called once a
+    sequence is given up, with its reason and unacknowledged messages, after
+    this client failed the calls' futures and callbacks, and the messages
+    are then the hook's (deleted from the store).  Without a hook they stay
+    in the store for :meth:`resend_faulted` / ``wsrm resend``.
     """
 
     def __init__(self, client: zeep.Client, engine: ReliableEngine, *, name: str, key: str = "",
@@ -129,10 +186,17 @@ class ReliableClient:
         self._targets: set[str] = set()
         self._lock = threading.Lock()
         self._started = False
+        self._refused: dict[str, SequenceFault] = {}  # target -> the refusal, until resent
+        #: Replies that may have reached a callback before: received before this start and not
+        #: delivered then (sequence id -> numbers), and those whose callback this process started.
+        self._waiting_at_start: dict[str, Any] = {}
+        self._dispatched: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._told: set[str] = set()  # faulted sequences whose calls were told
         self.lifecycle_report: LifecycleReport | None = None
         self.interceptor = ReliableClientInterceptor(
             engine, client_name=name, key=key, is_one_way=self.is_one_way, default_callback=callback,
-            on_enqueued=self._enqueued)
+            on_enqueued=self._enqueued, check=self._check_call)
+        engine.source.fault_listeners.append(self._on_sequence_fault)
         self.chain = chain if chain is not None else InterceptorChain([], load_entry_points=False)
         self.chain.add(self.interceptor)
         engage_client(client, self.chain)
@@ -194,6 +258,119 @@ class ReliableClient:
                                "(is another interceptor consuming the request first?)")
         return options.receipt if one_way else options.future  # type: ignore[return-value]
 
+    def _check_call(self, message: Any) -> None:
+        """Refuse, before anything is stored, a call that would be lost or fail later."""
+        self._check_transaction()
+        with self._lock:
+            refusal = self._refused.get(message.address)
+        if refusal is not None and not self._still_refused(refusal):
+            with self._lock:
+                self._refused.pop(message.address, None)
+            refusal = None
+        if refusal is not None:
+            raise SequenceRefused(
+                f"{refusal.target} refused to open a reliable sequence ({refusal.reason}); calls are refused "
+                f"until the cause is fixed and the faulted sequence {refusal.sequence_key} is resent "
+                "(rc.resend_faulted(), `wsrm resend`)", reason=refusal.reason, sequence_key=refusal.sequence_key,
+                sequence_id=refusal.sequence_id, target=refusal.target)
+        validate_request(self.zeep.wsdl.types, message.envelope)
+
+    def _still_refused(self, refusal: SequenceFault) -> bool:
+        """Is the refused sequence still in the store, faulted (not resent, maybe by `wsrm resend`)?"""
+        with self.engine.store.begin() as tx:
+            seq = tx.rms.get(refusal.sequence_key)
+        return seq is not None and seq.faulted
+
+    def _check_transaction(self) -> None:
+        from txmanager.manager import current_transactions
+
+        current = current_transactions()
+        if not current:
+            return
+        if self.tm is None:
+            manager, tx = current[0]
+            raise TransactionNotJoined(
+                f"transaction {tx.xid} of {manager!r} is current in this thread, but reliable client "
+                f"{self.name!r} was built without tm=: the call would be enqueued outside it and sent even if "
+                "it rolls back.  Pass tm=<that TransactionManager> to reliable_client(), or make the call "
+                "outside the transaction (tm.suspend() first)")
+        if self.tm.get_transaction() is None:
+            manager, tx = current[0]
+            raise TransactionNotJoined(
+                f"transaction {tx.xid} of {manager!r} is current in this thread, not one of the client's "
+                f"transaction manager {self.tm!r}: the call could not join it")
+
+    def _on_sequence_fault(self, fault: SequenceFault) -> None:
+        """A sequence of this engine faulted: fail its calls' futures and callbacks (worker thread)."""
+        from interceptors.zeep_client.reliable import (
+            DISPATCH_PATH,
+            decode_reply_context,
+        )
+
+        parsed = SequenceKey.decode(fault.sequence_key)
+        if parsed is None or parsed.key != self.key:
+            return
+        with self._lock:
+            if fault.sequence_key in self._told:  # the engine's hook failed and the report is repeated
+                return
+            self._told.add(fault.sequence_key)
+        error = fault.error()
+        if fault.refused:
+            with self._lock:
+                self._refused[fault.target] = fault
+        for failed in fault.messages:
+            with self._lock:
+                future = self._futures.pop(failed.message_id, None)
+            if future is not None and not future.done():
+                future.set_exception(error)
+            if failed.reply_callback != DISPATCH_PATH:
+                continue
+            try:
+                info = decode_reply_context(failed.reply_context)
+            except ValueError:
+                continue
+            if info.get("client") != self.name or not info.get("callback"):
+                continue
+            reply = ReliableReply(operation=info["operation"], request_message_id=failed.message_id,
+                                  envelope=b"", fault=error, user_context=info.get("context"))
+            try:
+                import_callback(info["callback"])(reply)
+            except Exception:  # the other callers must still be told
+                log.exception("reply callback %s failed on the faulted call %s", info["callback"],
+                              failed.message_id)
+
+    def resend_faulted(self, sequence: str | None = None) -> list[ResendResult]:
+        """Send this client's faulted sequences' messages again on new sequences (the cause is fixed).
+
+        ``sequence`` (an id or store key) picks one; by default every faulted
+        sequence of this client's key.  Calls refused because the service
+        refused a sequence are accepted again.
+        """
+        from wsrm_plugin.engine.resend import faulted_sequences
+
+        if sequence is not None:
+            keys = [sequence]
+        else:
+            keys = [k for k, _, _ in faulted_sequences(self.engine.store)
+                    if (p := SequenceKey.decode(k)) is not None and p.key == self.key]
+        results = [self.engine.resend_faulted(k) for k in keys]
+        with self._lock:
+            for result in results:
+                parsed = SequenceKey.decode(result.faulted_key)
+                if parsed is not None:
+                    self._refused.pop(parsed.target, None)
+        return results
+
+    def _load_refusals(self) -> None:
+        """A restarted client refuses calls to a target that refused a sequence, as before the restart."""
+        with self.engine.store.begin() as tx:
+            for seq in tx.rms.list_all():
+                parsed = SequenceKey.decode(seq.key)
+                if seq.faulted and parsed is not None and parsed.key == self.key \
+                        and (seq.fault_reason or "").startswith(CREATE_REFUSED):
+                    self._refused[seq.target] = SequenceFault(seq.key, seq.target, seq.sequence_id,
+                                                              seq.fault_reason or "", ())
+
     def _enqueued(self, target: str, receipt: SendReceipt, options: CallOptions) -> None:
         with self._lock:
             self._targets.add(target)
@@ -208,7 +385,8 @@ class ReliableClient:
         operation = info["operation"]
         result, fault = deserialize_reply(self.zeep, operation, envelope, self.engine.policy.max_message_size)
         reply = ReliableReply(operation=operation, request_message_id=context.relates_to, envelope=envelope,
-                              result=result, fault=fault, user_context=info.get("context"), context=context)
+                              result=result, fault=fault, user_context=info.get("context"), context=context,
+                              redelivered=self._maybe_handled_before(context))
         if info.get("callback"):
             import_callback(info["callback"])(reply)  # raising rolls the delivery back: retried
         with self._lock:
@@ -218,6 +396,25 @@ class ReliableClient:
                 future.set_exception(fault)
             else:
                 future.set_result(result)
+
+    def _maybe_handled_before(self, context: Any) -> bool:
+        """Could a callback have run for this reply already (see ReliableReply.redelivered)?"""
+        received, delivered = self._waiting_at_start.get(context.sequence_id, ((), ()))
+        before_start = context.message_number in received and context.message_number not in delivered
+        key = f"{context.sequence_id}#{context.message_number}"
+        with self._lock:
+            again = key in self._dispatched
+            self._dispatched[key] = None
+            while len(self._dispatched) > _DISPATCHED_KEPT:
+                self._dispatched.popitem(last=False)
+        return before_start or again
+
+    def _note_waiting_replies(self) -> None:
+        """The received replies not yet delivered when this client starts: a dead process may have
+        run their callbacks without committing the delivery."""
+        with self.engine.store.begin() as tx:
+            for rmd in tx.rmd.list_all():
+                self._waiting_at_start[rmd.sequence_id] = (rmd.received, tx.invoker.state(rmd.sequence_id).delivered)
 
     def pending_futures(self) -> int:
         with self._lock:
@@ -229,6 +426,10 @@ class ReliableClient:
         """Run the lifecycle listener (recovery first), then the engine's workers."""
         if not self._started:
             self.lifecycle_report = self._lifecycle.on_start()
+            self._load_refusals()
+            self._note_waiting_replies()
+            if self._on_sequence_fault not in self.engine.source.fault_listeners:  # started again after stop()
+                self.engine.source.fault_listeners.append(self._on_sequence_fault)
             self.engine.start()
             if self.poller is not None:
                 self.poller.start()
@@ -243,17 +444,92 @@ class ReliableClient:
 
     terminate = close
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the engine; stored messages stay for the next start.  Pending futures are cancelled."""
+    def unacknowledged(self) -> tuple[dict[str, int], dict[str, str]]:
+        """This client's unacknowledged messages by sequence, and its faulted sequences' reasons."""
+        left: dict[str, int] = {}
+        faulted: dict[str, str] = {}
+        for seq in self.engine.store.status().rms:
+            parsed = SequenceKey.decode(seq.key)
+            if parsed is None or parsed.key != self.key:
+                continue
+            name = seq.sequence_id or f"(creating: {seq.key})"
+            if seq.unacked:
+                left[name] = seq.unacked
+            if seq.state == "faulted":
+                faulted[name] = seq.fault_reason or "faulted"
+        return left, faulted
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every message this client enqueued is acknowledged by the service.
+
+        Returns when none is left; raises :class:`NotAcknowledged` (saying
+        how many are left on which sequence) after ``timeout`` seconds, or at
+        once when a sequence holding some is faulted: those will not be
+        acknowledged until resent.  Replies to in-out calls are not waited
+        for (their futures are).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            left, faulted = self.unacknowledged()
+            if not left:
+                return
+            if faulted or time.monotonic() >= deadline:
+                total = sum(left.values())
+                what = ", ".join(f"{n} on {name}" + (f" (faulted: {faulted[name]})" if name in faulted else "")
+                                 for name, n in sorted(left.items()))
+                why = "faulted sequences hold them" if faulted else f"not acknowledged within {timeout:g} s"
+                raise NotAcknowledged(f"{total} message(s) left, {why}: {what}", left, faulted)
+            time.sleep(min(self.engine.policy.poll_interval, 0.05))
+
+    def stop(self, timeout: float = 10.0, *, discard_unsent: bool = False) -> None:
+        """Stop the engine; stored messages stay for the next start.  Pending futures are cancelled.
+
+        With a volatile store (``memory:``) nothing stays: ``stop`` first waits
+        up to ``timeout`` seconds for the messages not yet acknowledged (as
+        :meth:`flush`), then raises :class:`UnsentMessages` rather than lose
+        them, unless ``discard_unsent=True``, which drops them at once and logs
+        each one it drops.
+        """
+        if self._started and self.engine.store.url.startswith("memory"):
+            self._before_volatile_stop(discard_unsent, timeout)
         if self.poller is not None:
             self.poller.stop(timeout)
         self.engine.stop(timeout)
         unregister_client(self.name, self)
+        if self._on_sequence_fault in self.engine.source.fault_listeners:
+            self.engine.source.fault_listeners.remove(self._on_sequence_fault)
         with self._lock:
             futures, self._futures = list(self._futures.values()), {}
         for future in futures:
             future.cancel()
         self._started = False
+
+    def _before_volatile_stop(self, discard: bool, timeout: float) -> None:
+        if not discard:
+            try:
+                self.flush(timeout)
+            except NotAcknowledged as exc:
+                raise UnsentMessages(
+                    f"stopping would discard {sum(exc.left.values())} unacknowledged message(s) held only in "
+                    f"memory ({exc}); flush() longer, fix the cause, or stop(discard_unsent=True) to drop them",
+                    exc.left) from None
+            return
+        left, _ = self.unacknowledged()
+        if not left:
+            return
+        total = sum(left.values())
+        with self.engine.store.begin() as tx:
+            for seq in tx.rms.list_all():
+                parsed = SequenceKey.decode(seq.key)
+                if parsed is None or parsed.key != self.key:
+                    continue
+                for msg in tx.rms_messages.list_for(seq.key):
+                    if not msg.acked:
+                        log.warning("reliable client %s stopping: discarding unacknowledged message %d (%s, "
+                                    "action %s) of sequence %s to %s", self.name, msg.number, msg.message_id,
+                                    msg.action, seq.sequence_id or seq.key, seq.target)
+        log.warning("reliable client %s stopped with %d unacknowledged message(s) discarded (memory store)",
+                    self.name, total)
 
     def __enter__(self) -> ReliableClient:
         return self.start()
@@ -272,7 +548,7 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
                     callback: str | None = None, chain: InterceptorChain | None = None,
                     endpoint_address: str | None = None, active_keys: Iterable[str] | None = None,
                     make_connection: bool = False, poll_interval: float = 0.2,
-                    start: bool = True, **engine_options: Any) -> ReliableClient:
+                    start: bool = True, wsdl_policy: bool = True, **engine_options: Any) -> ReliableClient:
     """Make every call of ``client`` reliable (see the module docstring); returns the started client.
 
     ``listen=(host, port)`` serves the client's AcksTo/ReplyTo endpoint (use
@@ -289,7 +565,20 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
     for ``name`` and fetched by polling the server with MakeConnection every
     ``poll_interval`` seconds (the server must run a
     :class:`~wsrm_plugin.makeconnection.Mailbox`).
+
+    ``wsdl_policy=True`` takes the WS-RM version, delivery assurance and
+    timers from the WS-RM policy assertion of the service's WSDL, except
+    what ``policy`` sets explicitly (:mod:`.wsdl_policy`).  Every message
+    goes out through ``client``'s own HTTP session (its TLS verification,
+    client certificate, proxies, auth, ``operation_timeout``:
+    :class:`~interceptors.zeep_client.session.ZeepSessionTransport`) unless
+    a ``transport`` is given.
     """
+    if wsdl_policy:
+        policy = policy_from_wsdl(client, policy)
+    engine_options.setdefault("transport", ZeepSessionTransport(
+        client, timeout=(policy or RMPolicy()).http_timeout,
+        max_response_size=4 * (policy or RMPolicy()).max_message_size))
     if make_connection and listen is not None:
         raise ValueError("make_connection is for clients without a listener: pass listen=None")
     if make_connection and endpoint_address is None:
@@ -301,13 +590,28 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
         if listen is not None:
             host, port = listen
             engine.serve(host, port)
-        rc = ReliableClient(client, engine, name=name or key or "default", key=key, callback=callback,
+        rc = ReliableClient(_own_copy(client), engine, name=name or key or "default", key=key, callback=callback,
                             chain=chain, tm=tm, active_keys=active_keys, make_connection=make_connection,
                             poll_interval=poll_interval)
     except BaseException:
         engine.stop()
         raise
     return rc.start() if start else rc
+
+
+def _own_copy(client: zeep.Client) -> zeep.Client:
+    """A zeep client sharing ``client``'s WSDL and transport, for the reliable client's chain.
+
+    The chain consumes every request it sees (enqueued, answered with an
+    empty 202); engaged on the user's own client it would turn their plain
+    calls into None.  The copy leaves that client as it was.
+    """
+    own = copy.copy(client)
+    own.plugins = list(client.plugins)
+    bound = client._default_service
+    if bound is not None:  # bound to the original client: the same binding and options, bound to the copy
+        own._default_service = ServiceProxy(own, bound._binding, **dict(bound._binding_options))
+    return own
 
 
 def _unrelated_message(name: str) -> Callable[[bytes, Any], None]:

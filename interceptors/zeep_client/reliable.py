@@ -59,9 +59,23 @@ class ReliableReply:
 
     ``result`` is what ``client.service.Op(...)`` would have returned; when
     the service answered with a SOAP fault, ``fault`` is the zeep ``Fault``
-    and ``result`` is None.  ``context`` is the engine's DeliveryContext: the
+    and ``result`` is None (when the call's sequence was given up, ``fault``
+    is a :class:`~wsrm_plugin.engine.source.SequenceFaulted` and
+    ``envelope`` is empty).  ``context`` is the engine's DeliveryContext: the
     callback runs inside the delivery's transaction (``context.transaction``),
     so raising makes the engine roll back and deliver the reply again.
+
+    Exactly once: the reply is consumed in the transaction the callback
+    runs in, so what the callback does *in that transaction* happens exactly
+    once with it (with ``tm=``, the delivery is an XA transaction: a database
+    connection enlisted there commits or rolls back with the reply).  What it
+    does outside (a file, an HTTP call, a non-XA database) can run again when
+    the process dies between the callback and that commit; every such second
+    run has ``redelivered=True``: the reply may have been handled before, and
+    ``request_message_id`` is the key to check it by (an idempotent
+    callback).  ``redelivered`` is also True for a reply received before the
+    client started that the previous process never got to: conservatively,
+    "maybe", never a false "no".
     """
 
     operation: str
@@ -71,6 +85,7 @@ class ReliableReply:
     fault: BaseException | None = None
     user_context: str | None = None
     context: Any = field(default=None, repr=False)
+    redelivered: bool = False
 
     def value(self) -> Any:
         """The result, or raise the fault (like a synchronous call would)."""
@@ -182,7 +197,8 @@ class ReliableClientInterceptor(Interceptor):
     ``client_name`` is the name replies are dispatched to; ``key`` separates
     this client's sequences from others' in a shared store (CXF's internal
     key); ``default_callback`` is used for in-out calls made straight through
-    ``zeep_client.service`` without per-call options.
+    ``zeep_client.service`` without per-call options.  ``check(message)``
+    runs first and raises to refuse a call (nothing is stored).
     """
 
     name = "ReliableClient"
@@ -190,7 +206,8 @@ class ReliableClientInterceptor(Interceptor):
 
     def __init__(self, engine: ReliableEngine, *, client_name: str, key: str = "",
                  is_one_way: Callable[[str | None], bool], default_callback: str | None = None,
-                 on_enqueued: Callable[[str, SendReceipt, CallOptions], None] | None = None) -> None:
+                 on_enqueued: Callable[[str, SendReceipt, CallOptions], None] | None = None,
+                 check: Callable[[Message], None] | None = None) -> None:
         super().__init__()
         self.engine = engine
         self.client_name = client_name
@@ -198,12 +215,15 @@ class ReliableClientInterceptor(Interceptor):
         self.is_one_way = is_one_way
         self.default_callback = default_callback
         self._on_enqueued = on_enqueued
+        self._check = check
 
     def handle_out(self, message: Message) -> None:
         if message.direction is not Direction.OUT or message.role is not Role.CLIENT:
             return
         if not message.address:
             raise ValueError(f"request {message.operation or ''} has no address to send to")
+        if self._check is not None:
+            self._check(message)  # refuse a call that cannot be kept before anything is stored
         options = _call.get() or CallOptions()
         one_way = options.one_way if options.one_way is not None else self.is_one_way(message.operation)
         callback = options.callback or self.default_callback
@@ -214,7 +234,11 @@ class ReliableClientInterceptor(Interceptor):
             reply_callback = DISPATCH_PATH
             reply_context = encode_reply_context(self.client_name, message.operation or "", callback,
                                                  options.user_context)
-        receipt = self.engine.send(message.address, message.to_bytes(), action=_action_of(message),
+        if message.envelope is None:
+            message.to_bytes()  # raises the chain's error for a message with no envelope
+        # the tree itself: the engine adds its headers in place and hands it to the first transmission
+        # (no parse on the way); the message is consumed here, nobody else reads it
+        receipt = self.engine.send(message.address, message.envelope, action=_action_of(message),
                                    key=self.key, expect_reply=not one_way, reply_callback=reply_callback,
                                    reply_context=reply_context)
         options.receipt = receipt

@@ -105,3 +105,22 @@ def test_the_server_holds_back_the_request_ack_until_the_reply_is_acknowledged(s
         assert server.engine.status().unacked == 1  # the reply, kept until acknowledged
     finally:
         client.stop(timeout=5)
+
+
+def test_back_channel_replies_do_not_wait_for_the_poll_interval(servers, clients):
+    """Every wake-up is signalled: a stored request wakes the invoker, a stored reply ends the
+    HTTP thread's wait.  With a 2 s poll interval on both sides, 20 sequential in-out calls over
+    the anonymous back-channel would take at least 40 s if any step waited for a poll; the bound
+    of 10 s is one only polling can miss (a loaded machine still answers a call in far less)."""
+    import time
+
+    slow_polls = fast_policy(poll_interval=2.0)
+    server = servers(slow_polls)
+    rc = clients(server.url, policy=slow_polls)
+    rc.service.echo("warm-up").result(timeout=60)  # the sequence and its offer are set up
+    started = time.monotonic()
+    for i in range(20):
+        assert rc.service.echo(f"p{i}").result(timeout=60) == f"re:p{i}"
+    elapsed = time.monotonic() - started
+    assert elapsed < 10.0, f"20 calls took {elapsed:.1f} s with poll_interval 2 s"
+    assert service.RAN == collections.Counter({"warm-up": 1, **{f"p{i}": 1 for i in range(20)}})

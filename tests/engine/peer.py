@@ -59,9 +59,15 @@ log = logging.getLogger("tests.engine.peer")
 
 
 def _policy(args: argparse.Namespace) -> RMPolicy:
+    limits: dict[str, Any] = {}
+    if getattr(args, "max_message_size", None):
+        limits["max_message_size"] = args.max_message_size
+    if getattr(args, "held_bytes", None):
+        limits.update(max_held_bytes=args.held_bytes, max_held_bytes_per_peer=args.held_bytes,
+                      max_held_bytes_per_sequence=args.held_bytes)
     return RMPolicy(rm_version=args.rm, base_retransmission_interval=args.base_interval,
                     exponential_backoff=False, max_retries=args.max_retries, poll_interval=0.05,
-                    http_timeout=5.0)
+                    http_timeout=5.0, **limits)
 
 
 def _transaction_manager(args: argparse.Namespace, store: Any) -> tuple[Any, Any]:
@@ -348,6 +354,8 @@ def parser() -> argparse.ArgumentParser:
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=0)
     server.add_argument("--log", help="SQLite file recording each delivery")
+    server.add_argument("--held-bytes", type=int, help="the destination's byte budgets (all three)")
+    server.add_argument("--max-message-size", type=int)
     server.add_argument("--record-in-store", action="store_true",
                         help="record each delivery in the store's database, in the delivery's transaction")
     client = p.add_argument_group("client")

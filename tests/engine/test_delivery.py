@@ -25,18 +25,24 @@ BATCHES = pytest.mark.parametrize("batch", [1, 16], ids=["one-by-one", "batched"
 def test_a_failing_message_is_given_up_after_its_attempts_and_reported(engines, store_for, batch):
     failures = []
     app = Recorder(fail_on=lambda text: text == "poison")
-    server = engines(store_for("sqlite", "s"), fast_policy(max_delivery_attempts=3, delivery_batch=batch),
+    policy = fast_policy(max_delivery_attempts=3, delivery_batch=batch, delivery_retry_delay=0.05,
+                         max_retry_cycles=1, retry_cycle_delay=0.2, poison_handling="continue")
+    server = engines(store_for("sqlite", "s"), policy,
                      serve=True, application=app, on_delivery_failure=failures.append, name="server")
     client = engines(store_for("memory", "c"), name="client")
     for text in ("a", "poison", "b"):
         client.send(server.endpoint_address, payload(text), action=ACTION)
     client.close(server.endpoint_address)
 
-    assert wait_for(lambda: app.snapshot() == ["a", "b"], timeout=30), app.snapshot()
-    assert app.calls == 5  # a, poison x3 (each rolled back), b: no endless redelivery
+    assert wait_for(lambda: app.snapshot() == ["a", "b"] and failures, timeout=30), app.snapshot()
+    assert app.calls == 8  # a, poison 3 x 2 cycles (each rolled back), b: no endless redelivery
     [failure] = failures
     assert item_text(failure.payload) == "poison" and failure.message_number == 2
     assert isinstance(failure.error, RuntimeError)
+    # given up, not dropped: it waits in the poison store for an operator
+    [kept] = server.poison_messages()
+    assert kept.poison_id == failure.poison_id and kept.number == 2 and kept.total_attempts == 6
+    assert item_text(kept.payload) == "poison" and not kept.held
     # the counter goes up after the delivery's commit, which may follow the application's call
     assert wait_for(lambda: server.status().delivered == 2), server.status()
     assert server.status().delivery_failures == 1

@@ -165,7 +165,8 @@ def test_a_failure_mid_batch_rolls_the_batch_back_and_the_messages_before_it_sti
 @pytest.mark.parametrize("attempts", [1, 3])
 def test_a_message_that_always_fails_is_given_up_after_its_attempts_and_the_rest_delivered(world_for, attempts):
     poison = "m07"
-    world = world_for(fail=lambda item, attempt: item == poison, max_delivery_attempts=attempts)
+    world = world_for(fail=lambda item, attempt: item == poison, max_delivery_attempts=attempts,
+                      max_retry_cycles=0, poison_handling="continue")
     expected = [item for item in ITEMS if item != poison]
 
     assert wait_for(lambda: delivered_all(world, expected), timeout=60), rows(world.app_db)
@@ -175,6 +176,8 @@ def test_a_message_that_always_fails_is_given_up_after_its_attempts_and_the_rest
     assert isinstance(failure.error, RuntimeError)
     # exactly max_delivery_attempts calls, though its first failure was inside a batch
     assert world.ledger.calls[poison] == attempts
+    # kept in the poison store, not dropped
+    assert [(p.number, p.total_attempts) for p in world.server.poison_messages()] == [(7, attempts)]
     committed_gtrids = {gtrid for _, gtrid in rows(world.app_db)}
     assert not committed_gtrids & world.ledger.failed_gtrids
     assert len(committed_gtrids) < len(expected)

@@ -203,13 +203,32 @@ def test_random_sigkills_of_either_peer_lose_and_repeat_nothing(kind, tmp_path, 
 @pytest.mark.postgres
 @pytest.mark.parametrize("server_kind,client_kind", [("sqlite", "postgresql"), ("postgresql", "sqlite")])
 def test_xa_both_or_neither_across_random_sigkills(server_kind, client_kind, tmp_path, request, pg_dsn_factory):
-    import psycopg2
-
-    count, kills = 150, 12
-    seed = random.SystemRandom().randrange(2**32)
     server_app, client_app = pg_dsn_factory("xasrvapp"), pg_dsn_factory("xacliapp")
     server_store = store_url(server_kind, "xasrv", tmp_path, request)
     client_store = store_url(client_kind, "xacli", tmp_path, request)
+    _xa_kill_run(tmp_path, server_app, client_app, server_store, client_store, count=150, kills=12)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_one_database_one_phase_across_random_sigkills(tmp_path, pg_dsn_factory):
+    """Each store in its application's database: every transaction is ONE branch, committed in one
+    phase (no PREPARE, no logged decision), and kills at random instants still lose, repeat and
+    leave in doubt nothing."""
+    server_app, client_app = pg_dsn_factory("xasrvone"), pg_dsn_factory("xaclione")
+    _xa_kill_run(tmp_path, server_app, client_app, "postgresql:" + server_app, "postgresql:" + client_app,
+                 count=150, kills=20)
+    # one phase throughout: no transaction ever logged a commit decision
+    for log_file in ("srv.tmlog", "cli.tmlog"):
+        path = tmp_path / log_file
+        assert not path.exists() or b"commit" not in path.read_bytes().lower(), log_file
+
+
+def _xa_kill_run(tmp_path: Path, server_app: str, client_app: str, server_store: str, client_store: str,
+                 *, count: int, kills: int) -> None:
+    import psycopg2
+
+    seed = random.SystemRandom().randrange(2**32)
     common = ["--safety-interval", "0", "--die-at-checkpoint", "0.004", "--base-interval", "0.1"]
     run = start_run(["--store", server_store, "--record-dsn", server_app, "--tm-log", tmp_path / "srv.tmlog",
                      "--node", "xa-server", *common],
@@ -230,6 +249,7 @@ def test_xa_both_or_neither_across_random_sigkills(server_kind, client_kind, tmp
     finally:
         run.stop()
     context = f"seed {seed}, {run.describe()}"
+    assert sum(run.kills.values()) >= kills, context
     # the client: each sent row committed with its enqueue (a row without its message would be
     # missing below, a message without its row would be enqueued again on resume: a duplicate)
     assert_exactly_once_in_order(rows(client_app, "sent"), count, "sent table; " + context)

@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from wsrm_plugin.wire import parse_envelope
+from wsrm_plugin.engine import ApplicationFault
+from wsrm_plugin.wire import SOAP12, SoapFault, fault_envelope, parse_envelope, to_bytes
 
 from .conftest import fast_policy
 from .support import ACTION, Recorder, item_text, payload, wait_for
@@ -76,7 +77,10 @@ def test_a_failing_service_answers_with_a_fault_on_the_reply_sequence(engines, s
     server_app = Recorder(fail_on=lambda text: text == "bad")
 
     def service(envelope, context):
-        server_app(envelope, context)
+        try:
+            server_app(envelope, context)
+        except RuntimeError as exc:  # the service's declared fault (not a failure to process)
+            raise ApplicationFault(to_bytes(fault_envelope(SoapFault(str(exc), code="Receiver"), SOAP12))) from exc
         echo_service(envelope, context)
 
     server = engines(store_for("memory", "s"), fast_policy(max_delivery_attempts=2), serve=True,

@@ -114,5 +114,6 @@ def test_a_refused_create_sequence_faults_at_once(engines, store_for):
     client.send(target, payload("second"), action=ACTION, key="two")
     assert hook.called.wait(30)
     [report] = hook.reports
-    assert report.reason.startswith("CreateSequenceRefused")
+    assert report.reason.startswith(f"CreateSequence refused by {target}") and "CreateSequenceRefused" in report.reason
+    assert report.refused
     assert [item_text(m.payload) for m in report.messages] == ["second"]

@@ -45,3 +45,21 @@ def test_job_ids_tell_runs_and_attempts_apart():
         new_job_xid("n" * 32, "j" * 24)
     with pytest.raises(ValueError, match="not been started"):
         SinkOptions.from_options(GOOD).job_xid
+
+
+def test_recovery_on_a_store_that_is_not_postgresql_is_refused_precisely(tmp_path):
+    """``wsrm spark-recover --store`` reaches job_resources unchecked: it once failed with
+    AttributeError ('SqliteStore' object has no attribute 'dsn')."""
+    from wsrm_plugin.spark.coordinator import job_resources
+
+    with pytest.raises(ValueError, match="message store is PostgreSQL"):
+        job_resources(f"sqlite:///{tmp_path}/rm.db", None)
+
+
+def test_the_rm_version_option_becomes_the_policys_version():
+    from wsrm_plugin.spark.partition import _rm_version
+    from wsrm_plugin.wire.namespaces import RM10, RM11
+
+    assert (_rm_version("1.0"), _rm_version("1.1")) == (RM10, RM11)
+    with pytest.raises(ValueError, match="rm_version must be one of"):
+        _rm_version("1.2")

@@ -9,6 +9,7 @@ runs until killed or until its stdin closes.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 
@@ -28,14 +29,17 @@ def main() -> None:
     parser.add_argument("--node", required=True)
     parser.add_argument("--tm-log", required=True)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--policy", default="{}", help="JSON: RMPolicy knobs over the fast policy")
+    parser.add_argument("--broken", action="append", default=[], help="an item the method fails to process")
+    parser.add_argument("--calls-file", help="where calls of broken items are counted")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
     # safety_interval=0: the only other process that used this node name is dead
     tm = TransactionManager(node=args.node, log=args.tm_log, safety_interval=0)
     ds = XADataSource(args.dsn, tm)
-    service.configure(ds=ds, node=args.node, delay=args.delay)
-    server = reliable_service(service.application(), args.store, fast_policy(), tm=tm)
+    service.configure(ds=ds, node=args.node, delay=args.delay, broken=args.broken, calls_file=args.calls_file)
+    server = reliable_service(service.application(), args.store, fast_policy(**json.loads(args.policy)), tm=tm)
     http = server.serve("127.0.0.1", args.port)
     server.start()
     print(f"READY {http.url}", flush=True)

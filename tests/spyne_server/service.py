@@ -21,14 +21,26 @@ _lock = threading.Lock()
 RECORDED: list[str] = []
 DELIVERIES: list[tuple[str, int]] = []  # (sequence id, message number) seen by the methods
 CALLS: list[str] = []  # every call, attempts that rolled back included
-_config: dict[str, Any] = {"ds": None, "node": None, "delay": 0.0}
+_config: dict[str, Any] = {"ds": None, "node": None, "delay": 0.0, "broken": frozenset(), "calls_file": None}
 
 #: The table the methods insert into when given a data source.
 SCHEMA = "CREATE TABLE orders (id serial PRIMARY KEY, item text NOT NULL, node text)"
 
 
-def configure(*, ds: Any = None, node: str | None = None, delay: float = 0.0) -> None:
-    _config.update(ds=ds, node=node, delay=delay)
+def configure(*, ds: Any = None, node: str | None = None, delay: float = 0.0, broken: Any = (),
+              calls_file: str | None = None) -> None:
+    """``broken``: items the methods fail to process (a plain exception, not a declared fault),
+    each call of them appended to ``calls_file`` (so calls are counted across processes)."""
+    _config.update(ds=ds, node=node, delay=delay, broken=frozenset(broken), calls_file=calls_file)
+
+
+def _maybe_broken(item: str) -> None:
+    if item not in _config["broken"]:
+        return
+    if _config["calls_file"]:
+        with open(_config["calls_file"], "a", encoding="utf-8") as f:
+            f.write(item + "\n")
+    raise RuntimeError(f"cannot process {item}: the method has a bug")
 
 
 def reset() -> None:
@@ -65,6 +77,7 @@ class OrderService(ServiceBase):
     @rpc(Unicode, _is_async=True)
     def record(ctx, item):
         """One-way: remember the item (and insert it when a data source is configured)."""
+        _maybe_broken(item)
         _insert(item)
         if item.startswith("fail"):
             raise Fault("Server.Refused", f"the service refuses {item}")

@@ -34,21 +34,24 @@ def work(tx, resource: MemoryResource, key: str, value) -> None:
     tx.delist_resource(resource)
 
 
-def log_records(path) -> list[dict]:
+def log_records(path, *, meta: bool = False) -> list[dict]:
     """Read the log file's records with an independent reader of the documented
-    format (the log may be open and locked by a manager: reading is fine)."""
+    format 2 (the log may be open and locked by a manager: reading is fine).
+    Records about the log itself (its node, damage) only when ``meta``."""
     from txmanager.log import MAGIC
     with open(path, "rb") as f:
         data = f.read()
     assert data.startswith(MAGIC)
     off, out = len(MAGIC), []
-    while off + 8 <= len(data):
-        length, crc = struct.unpack_from(">II", data, off)
-        payload = data[off + 8: off + 8 + length]
+    while off + 12 <= len(data) and data[off:off + 4] == b"\xf7TxR":
+        length, crc = struct.unpack_from(">II", data, off + 4)
+        payload = data[off + 12: off + 12 + length]
         if len(payload) != length or zlib.crc32(struct.pack(">I", length) + payload) != crc:
             break
         out.append(json.loads(payload))
-        off += 8 + length
+        off += 12 + length
+    if not meta:
+        out = [r for r in out if r["t"] not in ("node", "damage", "repaired")]
     return out
 
 

@@ -135,7 +135,9 @@ def _three_records(path) -> tuple[list[Xid], list[int]]:
     return gs, starts
 
 
-def test_torn_tail_at_every_byte_keeps_earlier_records(tmp_path, caplog):
+def test_torn_tail_at_every_byte_keeps_earlier_records_and_is_damage(tmp_path, caplog):
+    """A torn last record: every earlier record is kept, and (except for a tail of
+    zero bytes, the unused allocation) it is damage: safe mode."""
     path = tmp_path / "tx.log"
     gs, starts = _three_records(path)
     data = path.read_bytes()
@@ -148,39 +150,43 @@ def test_torn_tail_at_every_byte_keeps_earlier_records(tmp_path, caplog):
             lg = RecoveryLog(torn, fsync=False)
         try:
             assert set(lg.pending()) == set(gs[:2]), f"cut at {cut}"
-            # A tail of zero bytes reads as unused allocation (the clean end of a
-            # log that was not closed); a torn tail with any other byte is damage.
             damaged = data[last:cut].strip(b"\0") != b""
-            assert damaged == any("ignoring" in r.message for r in caplog.records)
+            assert bool(lg.damaged()) == damaged, f"cut at {cut}"
+            assert damaged == any("SAFE MODE" in r.message for r in caplog.records)
             extra = gxid()
-            lg.log_commit_decision(extra, branches(extra))  # appends after the cut-off tail
+            lg.log_commit_decision(extra, branches(extra))
         finally:
             lg.close()
         with RecoveryLog(torn, fsync=False) as again:
             assert set(again.pending()) == {gs[0], gs[1], extra}, f"cut at {cut}"
+            assert bool(again.damaged()) == damaged, "safe mode outlives a restart"
 
 
-@pytest.mark.parametrize("where", ["payload", "length", "checksum"])
-def test_a_flipped_byte_stops_reading_at_that_record(tmp_path, caplog, where):
-    """Decision: the first bad record ends the log; what follows cannot be framed
-    safely.  The dropped bytes are kept in a side file for an operator."""
+@pytest.mark.parametrize("where", ["marker", "payload", "length", "checksum"])
+def test_a_flipped_byte_costs_that_record_only(tmp_path, caplog, where):
+    """Reading resumes at the next record's marker: the decisions after the bad
+    record are kept; the damaged original is kept for an operator; safe mode."""
     path = tmp_path / "tx.log"
     gs, starts = _three_records(path)
     data = bytearray(path.read_bytes())
-    pos = {"length": starts[1] + 2, "checksum": starts[1] + 5, "payload": starts[1] + 20}[where]
+    pos = {"marker": starts[1] + 1, "length": starts[1] + 6, "checksum": starts[1] + 9,
+           "payload": starts[1] + 20}[where]
     data[pos] ^= 0x40
     path.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING, logger="txmanager.log"):
         lg = RecoveryLog(path)
     with lg:
-        assert set(lg.pending()) == {gs[0]}
-        assert any(f"at byte {starts[1]}" in r.message for r in caplog.records)
-        saved = list(tmp_path.glob("tx.log.corrupt-*"))
-        assert len(saved) == 1 and saved[0].read_bytes() == bytes(data[starts[1]:])
+        assert set(lg.pending()) == {gs[0], gs[2]}
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and "SAFE MODE" in errors[0].message
+        assert f"bytes {starts[1]}-{starts[2]}" in errors[0].message
+        saved = list(tmp_path.glob("tx.log.damaged-*"))
+        assert len(saved) == 1 and saved[0].read_bytes() == bytes(data)
         g = gxid()
         lg.log_commit_decision(g, branches(g))
     with RecoveryLog(path) as lg:
-        assert set(lg.pending()) == {gs[0], g}
+        assert set(lg.pending()) == {gs[0], gs[2], g}
+        assert lg.damaged()
 
 
 def _open_log_image(path, records: int = 3) -> tuple[bytes, list[Xid], int]:
@@ -249,7 +255,8 @@ def test_unused_allocation_of_a_log_never_closed_is_its_clean_end(tmp_path, capl
 def test_damage_inside_the_allocated_room_is_still_found(tmp_path, caplog, damage):
     """A record torn by a crash, followed by the zeros of the allocation; or
     zeros where a record should start, and something after them: both are
-    reported and cut off, and the saved copy leaves out the trailing zeros."""
+    damage (safe mode), the intact records are all kept, the copy is saved
+    without the trailing zeros."""
     path = tmp_path / "tx.log"
     image, gs, size = _open_log_image(path)
     extra = gxid()
@@ -257,9 +264,11 @@ def test_damage_inside_the_allocated_room_is_still_found(tmp_path, caplog, damag
     if damage == "torn record":
         bad = frame[:len(frame) // 2]
         at = size
+        expected = set(gs)
     else:
         bad = frame
         at = size + 100
+        expected = set(gs) | {extra}  # an intact record after a hole is read
     killed = bytearray(image)
     killed[at:at + len(bad)] = bad
     path2 = tmp_path / "killed.log"
@@ -267,14 +276,15 @@ def test_damage_inside_the_allocated_room_is_still_found(tmp_path, caplog, damag
     with caplog.at_level(logging.WARNING, logger="txmanager.log"):
         lg = RecoveryLog(path2)
     with lg:
-        assert set(lg.pending()) == set(gs)
-        assert any(f"at byte {size}" in r.message for r in caplog.records)
-        saved = list(tmp_path.glob("killed.log.corrupt-*"))
-        assert len(saved) == 1 and saved[0].read_bytes() == bytes(killed[size:at + len(bad)])
+        assert set(lg.pending()) == expected
+        assert any(f"bytes {size}-" in r.message for r in caplog.records)
+        saved = list(tmp_path.glob("killed.log.damaged-*"))
+        assert len(saved) == 1 and saved[0].read_bytes() == bytes(killed[:at + len(bad)])
         g = gxid()
         lg.log_commit_decision(g, branches(g))
     with RecoveryLog(path2) as lg:
-        assert set(lg.pending()) == set(gs) | {g}
+        assert set(lg.pending()) == expected | {g}
+        assert lg.damaged()
 
 
 def _frame_of(g: Xid) -> bytes:
@@ -283,7 +293,7 @@ def _frame_of(g: Xid) -> bytes:
     payload = json.dumps({"t": "commit", "g": g.to_text(), "b": [], "at": 1.0},
                          separators=(",", ":")).encode()
     length = struct.pack(">I", len(payload))
-    return length + struct.pack(">I", zlib.crc32(length + payload)) + payload
+    return b"\xf7TxR" + length + struct.pack(">I", zlib.crc32(length + payload)) + payload
 
 
 def test_records_are_the_json_the_format_documents(tmp_path):
@@ -300,9 +310,10 @@ def test_records_are_the_json_the_format_documents(tmp_path):
     data = path.read_bytes()
     off, payloads = len(MAGIC), []
     while off < len(data):
-        (length,) = struct.unpack_from(">I", data, off)
-        payloads.append(data[off + 8:off + 8 + length])
-        off += 8 + length
+        assert data[off:off + 4] == b"\xf7TxR"
+        (length,) = struct.unpack_from(">I", data, off + 4)
+        payloads.append(data[off + 12:off + 12 + length])
+        off += 12 + length
     records = [json.loads(p) for p in payloads]
     assert [json.dumps(r, separators=(",", ":")).encode() for r in records] == payloads
     assert records[0]["b"] == [[g.branch("0").to_text(), 'odd "name" \u00e9'],
@@ -320,6 +331,7 @@ def test_garbage_after_the_records_is_ignored(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="txmanager.log"):
         with RecoveryLog(path) as lg:
             assert set(lg.pending()) == set(gs)
+            assert lg.damaged()
     assert caplog.records, "the damage is reported"
 
 
@@ -328,10 +340,11 @@ def test_a_checksummed_but_meaningless_record_also_stops_reading(tmp_path):
     gs, _ = _three_records(path)
     payload = b'{"t":"nonsense","g":"x"}'
     with open(path, "ab") as f:
-        f.write(struct.pack(">II", len(payload),
-                            zlib.crc32(struct.pack(">I", len(payload)) + payload)) + payload)
+        f.write(b"\xf7TxR" + struct.pack(">II", len(payload),
+                zlib.crc32(struct.pack(">I", len(payload)) + payload)) + payload)
     with RecoveryLog(path) as lg:
         assert set(lg.pending()) == set(gs)
+        assert lg.damaged(), "a record that means nothing is not trusted either"
 
 
 # -- compaction ------------------------------------------------------------------------

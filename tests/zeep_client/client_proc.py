@@ -1,7 +1,8 @@
 """A reliable zeep client process for the crash test (killed with SIGKILL, then restarted).
 
 ``python -m tests.zeep_client.client_proc WSDL_FILE STORE_URL PORT send N`` enqueues N in-out calls
-with a persisted callback, prints ``sent`` and waits to be killed; ``... resume 0`` only starts (the
+with a persisted callback (``append_reply``, or the import path given as a 6th argument), prints
+``sent`` and waits to be killed; ``... resume 0`` only starts (the
 lifecycle listener restores callbacks and resumes), prints the lifecycle report as JSON and waits.
 """
 
@@ -22,11 +23,12 @@ POLICY = RMPolicy(base_retransmission_interval=0.2, exponential_backoff=False, p
 
 def main() -> None:
     wsdl, store, port, mode, count = sys.argv[1:6]
+    callback = sys.argv[6] if len(sys.argv) > 6 else "tests.zeep_client.service:append_reply"
     rc = reliable_client(zeep.Client(wsdl), store, POLICY, listen=("127.0.0.1", int(port)), key="orders",
                          name="crash-client")
     if mode == "send":
         for i in range(int(count)):
-            rc.service.echo(f"q{i}", _callback="tests.zeep_client.service:append_reply", _context=f"c{i}")
+            rc.service.echo(f"q{i}", _callback=callback, _context=f"c{i}")
         print("sent", flush=True)
     else:
         report = rc.lifecycle_report

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import zeep
 
-from wsrm_plugin.engine import ReliableEngine, RMPolicy
+from wsrm_plugin.engine import HttpServer, ReliableEngine, RMPolicy
 from interceptors.zeep_client.client import ReliableClient, reliable_client
 
 from . import service
@@ -34,6 +34,15 @@ def server() -> Iterator[ReliableEngine]:
 
 
 @pytest.fixture
+def plain_server() -> Iterator[str]:
+    """The same spyne service without WS-RM (what a reliable client meets when pointed at the wrong
+    service); yields its address."""
+    server = HttpServer(service.plain_front(), "127.0.0.1", 0).start()
+    yield server.url
+    server.stop(5)
+
+
+@pytest.fixture
 def clients(server: ReliableEngine) -> Iterator[Callable[..., ReliableClient]]:
     """``make(store="memory:", **options)``: a started reliable zeep client of ``server``, stopped at teardown."""
     made: list[ReliableClient] = []
@@ -46,4 +55,4 @@ def clients(server: ReliableEngine) -> Iterator[Callable[..., ReliableClient]]:
 
     yield make
     for rc in reversed(made):
-        rc.stop(timeout=5)
+        rc.stop(timeout=5, discard_unsent=True)  # a test that needs everything sent flushes

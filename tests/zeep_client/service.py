@@ -14,7 +14,7 @@ import threading
 from typing import Any
 from wsgiref.util import setup_testing_defaults
 
-from spyne import Application, ServiceBase, Unicode, rpc
+from spyne import Application, Integer, ServiceBase, Unicode, rpc
 from spyne.model.fault import Fault
 from spyne.protocol.soap import Soap11
 from spyne.server.wsgi import WsgiApplication
@@ -28,6 +28,7 @@ TNS = "urn:wsrm-zeep-client-test"
 #: What the service ran, by text, in the order it ran (one server per test at a time).
 RECEIVED: list[str] = []
 ECHOED: list[str] = []
+RESERVED: list[tuple[int, int, int]] = []
 _lock = threading.Lock()
 
 
@@ -35,6 +36,7 @@ def reset() -> None:
     with _lock:
         RECEIVED.clear()
         ECHOED.clear()
+        RESERVED.clear()
 
 
 class OrderService(ServiceBase):
@@ -50,6 +52,16 @@ class OrderService(ServiceBase):
         with _lock:
             ECHOED.append(text)
         return "re:" + text
+
+
+    @rpc(Integer, Integer, Integer, _is_async=True)
+    def reserve(ctx, item, quantity, customer):  # noqa: N805
+        with _lock:
+            RESERVED.append((item, quantity, customer))
+
+    @rpc(Unicode, _returns=Integer)
+    def stock(ctx, item):  # noqa: N805
+        return 7 if item == "apples" else 0
 
 
 def spyne_app() -> Application:
@@ -87,6 +99,13 @@ class SpyneReceiver:
             context.reply(body, action=f"{context.action}Response")
 
 
+def plain_front() -> Any:
+    """The OrderService as a plain SOAP service: no WS-RM in front of it (CreateSequence is a Sender fault)."""
+    wsgi = WsgiApplication(spyne_app())
+    return engage(wsgi.app, InterceptorChain([], load_entry_points=False), rm_policy=False,
+                  wsgi_application=wsgi)
+
+
 # -- reply callbacks, imported by path by the client's invoker ------------------------------------
 
 REPLIES: collections.Counter = collections.Counter()
@@ -109,3 +128,31 @@ def append_reply(reply: Any) -> None:
         f.write(line)
         f.flush()
         os.fsync(f.fileno())
+
+
+def append_reply_idempotent(reply: Any) -> None:
+    """A callback written as ReliableReply's docstring says: on a redelivery, it checks by
+    ``request_message_id`` whether it already did its work.  With $WSRM_HANG_IN_CALLBACK it creates
+    that file after its first write and hangs there, before the delivery commits (the test kills it)."""
+    import os
+    import time
+
+    path = os.environ["WSRM_REPLY_FILE"]
+    if getattr(reply, "redelivered", False):
+        with open(path + ".redelivered", "a", encoding="utf-8") as f:
+            f.write(f"{reply.request_message_id}\n")
+        done = []
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                done = f.read().splitlines()
+        if any(line.split(" ", 1)[0] == reply.request_message_id for line in done):
+            return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"{reply.request_message_id} {reply.result} {reply.user_context}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    hang = os.environ.get("WSRM_HANG_IN_CALLBACK")
+    if hang:
+        with open(hang, "w"):
+            pass
+        time.sleep(3600)

@@ -26,10 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 CALLBACK = "tests.zeep_client.service:append_reply"
 
 
-def _start_client(wsdl: Path, store: str, port: int, mode: str, count: int, reply_file: Path) -> subprocess.Popen:
-    env = {**os.environ, "WSRM_REPLY_FILE": str(reply_file), "PYTHONPATH": str(ROOT)}
+def _start_client(wsdl: Path, store: str, port: int, mode: str, count: int, reply_file: Path, *,
+                  callback: str = CALLBACK, **env: str) -> subprocess.Popen:
+    env = {**os.environ, "WSRM_REPLY_FILE": str(reply_file), "PYTHONPATH": str(ROOT), **env}
     return subprocess.Popen([sys.executable, "-m", "tests.zeep_client.client_proc", str(wsdl), store, str(port),
-                             mode, str(count)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+                             mode, str(count), callback], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
 
 
 def _lines(path: Path) -> list[str]:
@@ -74,6 +75,48 @@ def test_a_killed_client_restarts_and_every_reply_reaches_the_callback_once(tmp_
         assert service.ECHOED == [f"q{i}" for i in range(6)]
     finally:
         gate.set()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        server.stop(timeout=5)
+
+
+def test_a_reply_whose_callback_ran_just_before_a_sigkill_is_handled_once_after_the_restart(tmp_path):
+    """The callback wrote its line; the process died before the delivery committed.  After the
+    restart the reply comes to the callback again, flagged ``redelivered``: it finds its own line
+    by the request's MessageID and does not write a second one."""
+    service.reset()
+    receiver = service.SpyneReceiver()
+    server = ReliableEngine("memory:", fast_policy(), application=receiver, name="server")
+    server.serve(middleware=receiver.middleware)
+    server.start()
+    wsdl = tmp_path / "service.wsdl"
+    wsdl.write_bytes(urllib.request.urlopen(server.endpoint_address + "?wsdl", timeout=10).read())
+    store, port, replies = f"sqlite:///{tmp_path}/client.db", free_port(), tmp_path / "replies.txt"
+    hung = tmp_path / "hung"
+    idempotent = "tests.zeep_client.service:append_reply_idempotent"
+    procs: list[subprocess.Popen] = []
+    try:
+        first = _start_client(wsdl, store, port, "send", 3, replies, callback=idempotent,
+                              WSRM_HANG_IN_CALLBACK=str(hung))
+        procs.append(first)
+        assert first.stdout.readline().strip() == "sent"
+        assert wait_for(hung.exists, timeout=60)  # one callback did its work, its delivery is not committed
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        assert len(_lines(replies)) == 1
+
+        second = _start_client(wsdl, store, port, "resume", 0, replies, callback=idempotent)
+        procs.append(second)
+        json.loads(second.stdout.readline())
+        assert wait_for(lambda: len({line.split()[-1] for line in _lines(replies)}) >= 3, timeout=60)
+        assert wait_for(lambda: server.status().unacked == 0, timeout=60)
+        redelivered = _lines(Path(f"{replies}.redelivered"))
+        assert _lines(replies)[0].split()[0] in redelivered  # the killed one came again, flagged
+        assert sorted(line.split(" ", 1)[1] for line in _lines(replies)) == [f"re:q{i} c{i}" for i in range(3)]
+        assert len({line.split()[0] for line in _lines(replies)}) == 3  # each request's reply handled once
+    finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()

@@ -72,3 +72,25 @@ def test_rollback_keeps_neither_row_nor_message_commit_keeps_both(clients, order
         assert service.ECHOED == ["committed"]
     finally:
         ds.close()
+
+
+def test_a_call_inside_a_transaction_the_client_cannot_join_raises_and_nothing_is_queued(clients, orders, tm,
+                                                                                        tmp_path):
+    from interceptors.zeep_client.client import TransactionNotJoined
+
+    ds = XADataSource(orders, tm)
+    try:
+        rc = clients(f"sqlite:///{tmp_path}/client.db")  # tm= forgotten
+        with pytest.raises(TransactionNotJoined, match="without tm="):
+            with tm.transaction():
+                with ds.connection() as conn, conn.cursor() as cur:
+                    cur.execute("INSERT INTO orders VALUES ('lost-atomicity')")
+                rc.service.record("lost-atomicity")
+                raise Boom()  # never reached: the call itself raised
+        assert _rows(orders) == []
+        assert rc.engine.store.status().rms == ()  # nothing will be sent
+        rc.service.record("outside")  # outside a transaction the client works as before
+        rc.flush(timeout=30)
+        assert service.RECEIVED == ["outside"]
+    finally:
+        ds.close()

@@ -94,8 +94,10 @@ class AcknowledgementWorker:
                     tx.rmd.update(seq.sequence_id, ack_due_at=now + self.policy.base_retransmission_interval)
             return
         self.acks_sent += 1
-        if response.body:
-            self.inbound.read_response(response.body)
+        if response.body and response.is_xml:
+            self.inbound.read_response(response.body, origin=f"{response.describe(seq.acks_to)} to an acknowledgement")
+        elif not 200 <= response.status < 300:
+            slog.warning("acknowledgement answered with %s", response.describe(seq.acks_to))
         self.destination.ack_delivered(seq)
         slog.debug("acknowledged %s to %s", ack.ranges, seq.acks_to)
 
@@ -119,7 +121,9 @@ class AcknowledgementWorker:
             if seq is None or not seq.terminated:
                 return False
             if tx.invoker.next_deliverable(sequence_id, in_order=self.policy.in_order) is not None:
-                return False  # the invoker is still delivering
+                return False  # the invoker is still delivering (or retrying a failed delivery)
+            if any(p.held for p in tx.invoker.list_poison(sequence_id)):
+                return False  # held behind a poison message until an operator retries or discards it
             dropped = tx.invoker.discard(sequence_id)
             tx.rmd.delete(sequence_id)
             self.source.end_reply_sequence(tx, sequence_id)

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 _RM_BY_NS = {v.ns: v for v in RM_VERSIONS}
 _REMEMBERED_CREATES = 1024
+_REMEMBERED_OWNERS = 4096
+_REPLY_KEY_PREFIX = reply_sequence_key("")
 
 
 class _OutOfOrder(Exception):
@@ -91,9 +93,13 @@ class Destination:
         self._peers: dict[str, str] = {}
         #: Recent CreateSequence answers by (wsa:MessageID, peer), for duplicates.
         self._answered: OrderedDict[tuple[str, str], CreateSequenceResponse] = OrderedDict()
+        #: Principal served by each source sequence (see :meth:`source_owner`).
+        self._owners: OrderedDict[str, str | None] = OrderedDict()
         self._peers_lock = threading.Lock()
         self._create_lock = threading.Lock()
         self.refused_sequences = 0
+        #: Messages refused because a byte budget was reached (the source retransmits them).
+        self.refused_for_budget = 0
         #: Messages dropped because they were not the next in order (``out_of_order="discard"``).
         self.discarded_out_of_order = 0
 
@@ -208,7 +214,48 @@ class Destination:
             for_sequence(log, identifier).warning("refused a message from %r: the sequence belongs to %r",
                                                   principal, seq.principal)
             raise UnknownSequence(identifier, version=version)
+        if seq.rm_version != version.ns:
+            # A sequence speaks the version it was created in.  In the other version's namespace
+            # there is no such sequence: UnknownSequence, in the version the peer used (so it can
+            # read it), never an acknowledgement in a version the sequence does not speak.
+            for_sequence(log, identifier).warning("refused a WS-RM %s message: the sequence is WS-RM %s",
+                                                  version.name, _RM_BY_NS[seq.rm_version].name)
+            raise UnknownSequence(identifier, f"sequence {identifier} is not a WS-RM {version.name} sequence",
+                                  version=version)
         return seq
+
+    def _check_budgets(self, tx: StoreTransaction, seq: RmdSequence, size: int, slog: logging.LoggerAdapter) -> None:
+        """Refuse (unacknowledged, 503) a message that would hold more bytes than the policy allows."""
+        policy = self.policy
+        by_sequence = tx.invoker.held_bytes()
+        identifier = seq.sequence_id
+        total = sum(by_sequence.values())
+        mine = by_sequence.get(identifier, 0)
+        what = None
+        if mine + size > policy.max_held_bytes_per_sequence:
+            what = f"sequence {identifier} holds {mine} bytes undelivered (limit {policy.max_held_bytes_per_sequence})"
+        elif total + size > policy.max_held_bytes:
+            what = f"the destination holds {total} bytes undelivered (limit {policy.max_held_bytes})"
+        elif total + size > policy.max_held_bytes_per_peer:  # else no peer can be over its budget
+            peer = self._peer_of(seq)
+            if seq.principal is not None:
+                ids = {s.sequence_id for s in tx.rmd.list_all() if s.principal == seq.principal}
+            else:
+                with self._peers_lock:
+                    ids = {sid for sid, p in self._peers.items() if p == peer}
+            theirs = sum(by_sequence.get(sid, 0) for sid in ids | {identifier})
+            if theirs + size > policy.max_held_bytes_per_peer:
+                what = f"{peer} holds {theirs} bytes undelivered (limit {policy.max_held_bytes_per_peer})"
+        if what is not None:
+            self.refused_for_budget += 1
+            slog.warning("refused a %d-byte message: %s", size, what)
+            raise busy_fault(f"{what}; retransmit later", policy.retry_after)
+
+    def _peer_of(self, seq: RmdSequence) -> str:
+        if seq.principal is not None:
+            return f"user:{seq.principal}"
+        with self._peers_lock:
+            return self._peers.get(seq.sequence_id, "addr:?")
 
     def receive(self, header: SequenceHeader, version: RMVersion, envelope: bytes,
                 addressing: AddressingHeaders, *, principal: str | None, soap_ns: str,
@@ -263,7 +310,9 @@ class Destination:
                 if held >= self.policy.max_unacknowledged_held:
                     slog.warning("refused: %d messages already held for delivery", held)
                     raise busy_fault(f"sequence {identifier} holds {held} undelivered messages "
-                                     f"(limit {self.policy.max_unacknowledged_held}); retransmit later")
+                                     f"(limit {self.policy.max_unacknowledged_held}); retransmit later",
+                                     self.policy.retry_after)
+                self._check_budgets(tx, seq, len(envelope), slog)
             tx.rmd.record_received(identifier, number, last=header.last_message, now=now)
             changes = rmd_changes(reception.transition)
             if changes:
@@ -349,6 +398,41 @@ class Destination:
             tx.rmd.update(identifier, **rmd_changes(transition))
         for_sequence(log, identifier).warning("sequence ended: no activity (received %s)", received_ranges(seq))
         return True
+
+    def source_owner(self, identifier: str) -> tuple[bool, str | None]:
+        """(is it a source sequence of ours, the principal it serves -- None: no one in particular).
+
+        A reply sequence accepted from an Offer belongs to the principal of the
+        destination sequence it was offered with; sequences this engine opened
+        itself name no principal.  Cached: a sequence's owner never changes.
+        """
+        with self._peers_lock:
+            if identifier in self._owners:
+                return True, self._owners[identifier]
+        with self.store.begin() as tx:  # RMS alone: the RMD is read in its own transaction (lock order)
+            found = tx.rms.get_by_sequence_id(identifier)
+        key = found.key if found is not None else None
+        owner, known = None, key is not None
+        if key is not None and key.startswith(_REPLY_KEY_PREFIX):
+            with self.store.begin() as tx:
+                seq = tx.rmd.get(key[len(_REPLY_KEY_PREFIX):])
+            owner, known = (seq.principal, True) if seq is not None else (None, False)
+        if known:
+            with self._peers_lock:
+                self._owners[identifier] = owner
+                while len(self._owners) > _REMEMBERED_OWNERS:
+                    self._owners.popitem(last=False)
+        return key is not None, owner
+
+    def owner_of(self, identifier: str) -> str | None:
+        """The principal any sequence of ours belongs to: a destination sequence's creator, or the
+        peer a source sequence serves (see :meth:`source_owner`); None when no one in particular."""
+        exists, owner = self.source_owner(identifier)
+        if exists:
+            return owner
+        with self.store.begin() as tx:
+            seq = tx.rmd.get(identifier)
+        return seq.principal if seq is not None else None
 
     def forget(self, identifier: str) -> None:
         with self._peers_lock:

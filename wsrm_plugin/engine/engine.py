@@ -26,13 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..store import StorageManager, open_store
+from .. import poison
+from ..store import PoisonMessage, StorageManager, open_store
 from .acknowledgement import AcknowledgementWorker
 from .backchannel import BackChannel
 from .destination import Destination
 from .inbound import Inbound
 from .invoker import Application, FailedDelivery, InvokerWorker
 from .policy import RMPolicy
+from .resend import ResendResult, resend_faulted
 from .retransmission import RetransmissionWorker
 from .source import SendReceipt, SequenceFault, Source
 from .transport import HttpServer, HttpTransport, Reply, RMEndpoint, Transport
@@ -60,6 +62,14 @@ class EngineStatus:
     faults_sent: int
     refused_sequences: int
     by_state: dict[str, int]
+    #: Control messages (CreateSequence, CloseSequence, TerminateSequence) this process sent again.
+    control_retries: int = 0
+    #: Failed delivery attempts this process rolled back and scheduled again.
+    delivery_retries: int = 0
+    #: Buffered messages waiting for a retry after a failed delivery (the store's count).
+    retrying: int = 0
+    #: Messages in the poison store (the store's count).
+    poisoned: int = 0
 
 
 class ReliableEngine:
@@ -70,9 +80,16 @@ class ReliableEngine:
     :class:`~wsrm_plugin.store.StorageManager`.  ``tm`` (a
     ``txmanager.TransactionManager``) makes ``send`` join the caller's XA
     transaction and runs each delivery in one.  ``application`` handles
-    delivered messages; ``on_sequence_fault`` hears about source sequences
-    that failed (with their undelivered messages), ``on_delivery_failure``
-    about messages the application kept failing on.  ``endpoint_address`` is
+    delivered messages; ``on_delivery_failure`` hears about messages the
+    application kept failing on.
+
+    ``on_sequence_fault(fault: SequenceFault)`` is called once a source
+    sequence is given up (retries exhausted, the peer refused to open it or
+    faulted it) with its reason and its unacknowledged messages; when it
+    returns, the sequence and its messages are deleted: they are the hook's
+    to keep.  Without the hook they stay in the store, faulted (``wsrm status``
+    shows the reason), until :meth:`resend_faulted` (or ``wsrm resend``) sends
+    them again on a new sequence once the cause is fixed.  ``endpoint_address`` is
     this node's public address (AcksTo, Offer endpoint); :meth:`serve` sets it
     when not given.
     """
@@ -109,7 +126,8 @@ class ReliableEngine:
                                                      self.transport, source=self.source)
         self.invoker = InvokerWorker(self.store, policy, source=self.source, ambient=self._ambient,
                                      application=application, tm=tm, on_failure=on_delivery_failure,
-                                     after_commit=self._after_delivery)
+                                     after_commit=self._wake_sender,
+                                     on_delivered=self.back_channel.delivered)
         self._workers = [
             Worker(f"{name}-rms", self.retransmission.step, policy.poll_interval),
             Worker(f"{name}-rmd", self.acknowledgement.step, policy.poll_interval),
@@ -122,10 +140,6 @@ class ReliableEngine:
 
     def _wake_sender(self) -> None:
         self._workers[0].wake()
-
-    def _after_delivery(self) -> None:
-        self._wake_sender()
-        self.back_channel.delivered()
 
     def _wake_acks(self) -> None:
         self._workers[1].wake()
@@ -140,13 +154,25 @@ class ReliableEngine:
 
     # -- the application's API ------------------------------------------------------------------
 
-    def send(self, target: str, envelope: bytes, *, action: str | None = None, key: str = "",
+    def send(self, target: str, envelope: Any, *, action: str | None = None, key: str = "",
              expect_reply: bool = False, message_id: str | None = None,
              reply_callback: str | None = None, reply_context: bytes | None = None) -> SendReceipt:
         """Enqueue ``envelope`` for reliable delivery to ``target`` (see :meth:`Source.send`)."""
         return self.source.send(target, envelope, action=action, key=key, expect_reply=expect_reply,
                                 message_id=message_id, reply_callback=reply_callback,
                                 reply_context=reply_context)
+
+    def resend_faulted(self, sequence: str) -> ResendResult:
+        """Send a faulted sequence's unacknowledged messages again on a new sequence (see :mod:`.resend`).
+
+        For when the cause of the fault is fixed; ``sequence`` is its
+        identifier or store key (``wsrm status``; ``wsrm resend`` does the same
+        from the command line).
+        """
+        result = resend_faulted(self.store, sequence)
+        self.source._forget_current(result.faulted_key)
+        self._wake_sender()
+        return result
 
     def close(self, target: str, key: str = "") -> int:
         """End the sequences to ``target`` under ``key`` once their messages are acknowledged."""
@@ -155,10 +181,13 @@ class ReliableEngine:
     terminate = close
 
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
-               remote_addr: str | None = None) -> Reply:
-        """Process one received envelope (what the HTTP endpoint and adapters call)."""
+               remote_addr: str | None = None, parsed: Any = None) -> Reply:
+        """Process one received envelope (what the HTTP endpoint and adapters call).
+
+        ``parsed``: the envelope's lxml tree when the caller parsed ``data`` already (safely).
+        """
         return self.inbound.handle(data, principal=principal, content_type=content_type,
-                                   remote_addr=remote_addr)
+                                   remote_addr=remote_addr, parsed=parsed)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -219,8 +248,31 @@ class ReliableEngine:
             retransmissions=self.retransmission.retransmissions,
             send_failures=self.retransmission.send_failures,
             delivered=self.invoker.delivered, delivery_failures=self.invoker.failed,
+            delivery_retries=self.invoker.retries, retrying=store.retrying, poisoned=store.poisoned,
             faults_sent=self.inbound.faults_sent, refused_sequences=self.destination.refused_sequences,
-            by_state=store.by_state())
+            by_state=store.by_state(), control_retries=self.retransmission.control_retries)
+
+    # -- the poison store (see wsrm_plugin.poison) ---------------------------------------------
+
+    def poison_messages(self, sequence_id: str | None = None) -> list[PoisonMessage]:
+        """Messages given up after their last retry cycle, kept until an operator decides."""
+        return poison.list_poison(self.store, sequence_id)
+
+    def poison_message(self, poison_id: str) -> PoisonMessage:
+        """One poison message by its ``"<sequence id>#<number>"`` id."""
+        return poison.get_poison(self.store, poison_id)
+
+    def retry_poison(self, poison_id: str) -> PoisonMessage:
+        """Put a poison message back for delivery (in order, in its sequence), its attempts reset."""
+        found = poison.retry_poison(self.store, poison_id)
+        self._wake_invoker()
+        return found
+
+    def discard_poison(self, poison_id: str) -> PoisonMessage:
+        """Delete a poison message for good; its sequence goes on without it."""
+        found = poison.discard_poison(self.store, poison_id)
+        self._wake_invoker()
+        return found
 
     def wait_until(self, predicate: Callable[[EngineStatus], bool], timeout: float) -> bool:
         """Poll :meth:`status` until ``predicate`` holds; False after ``timeout`` seconds."""

@@ -19,8 +19,10 @@ from ..wire import (
     AddressingHeaders, AddressingVersion, EndpointReference, Envelope, SoapVersion, build_envelope,
     new_message_id, parse_envelope, to_bytes,
 )
+from ..wire.faults import MessageTooLargeError
 from ..wire.namespaces import RM_VERSIONS
 from ..wire.rm import RM_HEADER_NAMES
+from .parsed import TREES
 
 __all__ = ["OutgoingMessage", "prepare_outgoing", "protocol_message", "stamp", "read_trusted"]
 
@@ -54,7 +56,7 @@ def _header_parent(envelope: Envelope) -> etree._Element:
     return header
 
 
-def prepare_outgoing(data: bytes, *, to: str, action: str | None, message_id: str | None,
+def prepare_outgoing(data: bytes | etree._Element, *, to: str, action: str | None, message_id: str | None,
                      reply_to: str | None, relates_to: str | None, wsa: AddressingVersion,
                      max_size: int) -> OutgoingMessage:
     """Add the WS-Addressing headers the application left out (To, Action, MessageID, ReplyTo).
@@ -62,8 +64,17 @@ def prepare_outgoing(data: bytes, *, to: str, action: str | None, message_id: st
     Headers the envelope already has (a zeep WS-A plugin writes its own) are
     kept and their version used; ``action`` is required when the envelope has
     no wsa:Action.
+
+    ``data`` may be the envelope's tree (a SOAP client's, no parse needed):
+    it is then changed in place and becomes the stored message's tree, handed
+    to the first transmission (:mod:`.parsed`) instead of a parse there.
     """
-    envelope = parse_envelope(data, max_size=max_size)
+    if isinstance(data, etree._Element):
+        envelope = Envelope.from_element(data)
+        size = None
+    else:
+        envelope = parse_envelope(data, max_size=max_size)
+        size = len(data)
     present = AddressingHeaders.from_header(envelope.headers)
     version = present.version or wsa
     if action is not None and present.action is not None and action != present.action:
@@ -83,12 +94,17 @@ def prepare_outgoing(data: bytes, *, to: str, action: str | None, message_id: st
     header = _header_parent(envelope)
     for position, element in enumerate(missing.to_elements(version, soap=envelope.version)):
         header.insert(position, element)
-    return OutgoingMessage(to_bytes(envelope.root), envelope.version, chosen_action, chosen_id)
+    payload = to_bytes(envelope.root)
+    if size is None and len(payload) > max_size:
+        raise MessageTooLargeError(len(payload), max_size)
+    TREES.remember(payload, envelope.root)
+    return OutgoingMessage(payload, envelope.version, chosen_action, chosen_id)
 
 
 def stamp(payload: bytes, headers: Iterable[etree._Element]) -> bytes:
     """``payload`` with ``headers`` first in its Header, replacing older WS-RM headers."""
-    envelope = read_trusted(payload)
+    root = TREES.take(payload)
+    envelope = Envelope.from_element(root) if root is not None else read_trusted(payload)
     header = _header_parent(envelope)
     for old in [h for h in header if isinstance(h.tag, str) and h.tag in _RM_HEADER_TAGS]:
         header.remove(old)

@@ -9,11 +9,13 @@ closed 1.0 sequence is as good as terminated to its peer).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..statemachine import InvalidTransition
 from ..wire import RMVersion, SoapFault, WSRMFault
 from ..wire.faults import RM_FAULT_CLASSES
 
-__all__ = ["rm_fault", "fault_for_transition", "busy_fault"]
+__all__ = ["rm_fault", "fault_for_transition", "busy_fault", "BusyFault", "UnsupportedMediaType"]
 
 _NEAREST = {
     "SequenceClosed": "SequenceTerminated",        # 1.0
@@ -29,7 +31,8 @@ def rm_fault(fault_code: str, version: RMVersion, identifier: str | None, reason
         code = _NEAREST.get(code)
     if code is None:
         return SoapFault(reason or f"{fault_code} (WS-RM {version.name} has no such fault)", code="Sender")
-    cls = RM_FAULT_CLASSES.get(code)
+    # a registered subclass takes (identifier, reason, ...), not the base class's fault_code first
+    cls: Callable[..., WSRMFault] | None = RM_FAULT_CLASSES.get(code)
     if cls is None:
         return WSRMFault(code, reason, identifier, version=version)
     return cls(identifier, reason, version=version)
@@ -42,6 +45,33 @@ def fault_for_transition(exc: InvalidTransition, version: RMVersion, identifier:
     return rm_fault(exc.fault, version, identifier, str(exc))
 
 
-def busy_fault(reason: str) -> SoapFault:
+class BusyFault(SoapFault):
+    """The destination cannot take the message now (full, or its store is failing): retransmit later.
+
+    Answered with HTTP 503 and ``Retry-After`` (RFC 9110 15.6.4), and a
+    Receiver SOAP fault that is NOT a WS-RM fault: WS-RM defines no "try
+    later", and its faults (SequenceTerminated...) would end the sequence.
+    Nothing about the message is recorded, so it is not acknowledged and the
+    source sends it again -- as WCF's destination does with a message beyond
+    its transfer window (dropped unacknowledged), but saying so.
+    """
+
+    code = "Receiver"
+
+    def __init__(self, reason: str, retry_after: int | None = None) -> None:
+        super().__init__(reason, code="Receiver")
+        self.retry_after = retry_after
+
+
+class UnsupportedMediaType(SoapFault):
+    """The Content-Type names another SOAP version than the envelope's (HTTP 415, VersionMismatch)."""
+
+    code = "VersionMismatch"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, code="VersionMismatch")
+
+
+def busy_fault(reason: str, retry_after: int | None = None) -> BusyFault:
     """The destination cannot take the message now; the source should retransmit later."""
-    return SoapFault(reason, code="Receiver")
+    return BusyFault(reason, retry_after)

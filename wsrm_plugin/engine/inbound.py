@@ -23,14 +23,15 @@ from lxml import etree
 from ..store import LockTimeoutError, StoreError
 from ..wire import (
     AckRequested, AddressingHeaders, CloseSequence, CloseSequenceResponse, CreateSequence,
-    CreateSequenceResponse, Envelope, RMVersion, SequenceAcknowledgement, SequenceHeader, SoapFault,
-    SoapVersion, TerminateSequence, TerminateSequenceResponse, WSRMFault, WSRMRequired, new_message_id,
+    CreateSequenceResponse, Envelope, MessageTooLargeError, RMVersion, SequenceAcknowledgement,
+    SequenceHeader, SoapFault, SoapVersion, TerminateSequence, TerminateSequenceResponse, UnknownSequence,
+    WSRMFault, WSRMRequired, new_message_id,
     parse_envelope, parse_rm_element, to_bytes,
 )
 from ..wire.soap import build_envelope
 from .backchannel import BackChannel, Outcome
 from .destination import Destination
-from .faults import busy_fault
+from .faults import UnsupportedMediaType, busy_fault
 from .policy import RMPolicy
 from .source import Source, is_back_channel
 from .transport import Reply, soap_version_for_content_type
@@ -65,9 +66,17 @@ class Message:
         return None
 
 
-def read_message(data: bytes, max_size: int) -> Message:
-    """Parse and classify ``data``; raises the SoapFault to answer when it is not acceptable."""
-    envelope = parse_envelope(data, max_size=max_size)
+def read_message(data: bytes, max_size: int, parsed: etree._Element | None = None) -> Message:
+    """Parse and classify ``data``; raises the SoapFault to answer when it is not acceptable.
+
+    ``parsed``: ``data``'s tree, already parsed safely by the caller (read, not parsed again).
+    """
+    if parsed is None:
+        envelope = parse_envelope(data, max_size=max_size)
+    else:
+        if len(data) > max_size:
+            raise MessageTooLargeError(len(data), max_size)
+        envelope = Envelope.from_element(parsed)
     addressing = AddressingHeaders.from_header(envelope.headers)
     message = Message(data, envelope, addressing)
     for header in envelope.headers:
@@ -117,16 +126,29 @@ class Inbound:
     # -- requests ----------------------------------------------------------------------------
 
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
-               remote_addr: str | None = None) -> Reply:
-        """Answer one received request: an envelope (200), nothing to say (202), or a fault."""
+               remote_addr: str | None = None, parsed: etree._Element | None = None) -> Reply:
+        """Answer one received request: an envelope (200), nothing to say (202), or a fault.
+
+        ``parsed`` is ``data``'s tree when the caller parsed it already (safely:
+        :func:`~wsrm_plugin.wire.xmlsafe.parse_xml`); it is only read.
+        """
         try:
-            message = read_message(data, self.policy.max_message_size)
+            message = read_message(data, self.policy.max_message_size, parsed)
         except SoapFault as fault:
             self.faults_sent += 1
             log.info("refused a request from %s: %s", remote_addr, fault)
             if isinstance(fault, WSRMFault) and fault.version is None:
                 fault.version = self.policy.rm_version
             return Reply.fault(fault, soap_version_for_content_type(content_type))
+        if content_type is not None and soap_version_for_content_type(content_type) is not message.soap:
+            # SOAP 1.2's HTTP binding: the media type names the version.  A mismatch is refused
+            # before anything is recorded (else the message is acknowledged, then fails delivery).
+            self.faults_sent += 1
+            refusal = UnsupportedMediaType(
+                f"a SOAP {message.soap.name} envelope was sent as {content_type.split(';')[0].strip()!r}; "
+                f"SOAP {message.soap.name} is sent as {message.soap.content_type!r}")
+            log.info("refused a request from %s: %s", remote_addr, refusal)
+            return Reply.fault(refusal, message.soap)
         try:
             return self._dispatch(message, principal, remote_addr)
         except SoapFault as fault:
@@ -134,11 +156,13 @@ class Inbound:
             return self._fault_reply(fault, message)
         except LockTimeoutError as exc:
             log.warning("store busy, asking the peer to retry: %s", exc)
-            return self._fault_reply(busy_fault("the destination is busy; retransmit later"), message, status=503)
-        except StoreError:
-            log.exception("store error while handling a request")
-            return self._fault_reply(busy_fault("the destination could not store the message; retransmit later"),
-                                     message, status=503)
+            return self._fault_reply(busy_fault("the destination is busy; retransmit later", 1), message)
+        except StoreError as exc:
+            # disk full, database down...: nothing was recorded, so the peer must send it again
+            log.warning("the store cannot take the message now, asking the peer to retry in %ds: %s",
+                        self.policy.retry_after, exc)
+            return self._fault_reply(busy_fault("the destination could not store the message; retransmit later",
+                                                self.policy.retry_after), message)
         except Exception:  # noqa: BLE001 -- a bug must still answer with a fault, not a broken response
             log.exception("unexpected error while handling message %s", message.addressing.message_id)
             return self._fault_reply(SoapFault("internal error in the WS-RM destination", code="Receiver"),
@@ -154,6 +178,7 @@ class Inbound:
         standalone = message.sequence is None and message.body is None and not message.ack_requests
         for ack, version in message.acks:
             try:
+                self._check_owner(ack.identifier, version, principal)
                 self.source.on_ack(ack, version)
             except SoapFault as fault:
                 if standalone:
@@ -162,7 +187,11 @@ class Inbound:
 
         if message.fault is not None and message.sequence is None:
             # a fault with a Sequence header is a reliable reply (a service's fault): delivered below
-            self._on_received_fault(message.fault)
+            received = message.fault
+            if isinstance(received, WSRMFault) and received.identifier:
+                self._check_owner(received.identifier, received.version or self.policy.rm_version, principal,
+                                  known=True)
+            self._on_received_fault(received)
             return Reply.accepted()
 
         acked: set[str] = set()
@@ -177,18 +206,22 @@ class Inbound:
                 seq = self.destination.close(body, version, principal=principal)
                 answer_body = (CloseSequenceResponse(body.identifier).to_xml(version),
                                version.action("CloseSequenceResponse"))
-                answer_headers.append(self.destination.ack_for(seq).to_xml(version, soap))
-                acked.add(body.identifier)
+                final = self.destination.ack_for(seq)  # never None: CloseSequence is 1.1
+                if final is not None:
+                    answer_headers.append(final.to_xml(version, soap))
+                    acked.add(body.identifier)
             elif isinstance(body, TerminateSequence):
                 seq = self.destination.terminate(body, version, principal=principal)
-                ack = self.destination.ack_for(seq)
-                if ack is not None:
-                    answer_headers.append(ack.to_xml(version, soap))
+                final = self.destination.ack_for(seq)
+                if final is not None:
+                    answer_headers.append(final.to_xml(version, soap))
                     acked.add(body.identifier)
                 if version.is_11:
                     answer_body = (TerminateSequenceResponse(body.identifier).to_xml(version),
                                    version.action("TerminateSequenceResponse"))
             elif isinstance(body, (CreateSequenceResponse, CloseSequenceResponse, TerminateSequenceResponse)):
+                if not isinstance(body, CreateSequenceResponse):
+                    self._check_owner(body.identifier, version, principal)
                 self._on_decoupled_response(body, version, message.addressing)
                 return Reply.accepted()
 
@@ -210,16 +243,18 @@ class Inbound:
                 if answer.outcome is Outcome.TIMED_OUT:
                     return Reply.accepted()  # no acknowledgement: the retransmission gets the reply
                 if answer.outcome is Outcome.DELIVERED and accepted.ack is not None:
-                    answer_headers[-1] = self.destination.current_ack(header.identifier).to_xml(version, soap)
+                    current = self.destination.current_ack(header.identifier)
+                    if current is not None:  # else the sequence is gone since: the first ack stands
+                        answer_headers[-1] = current.to_xml(version, soap)
 
         for request, version in message.ack_requests:
             if request.identifier in acked:
                 continue
             seq = self.destination.ack_requested(request.identifier, version, principal=principal)
             if self.destination.acks_on_back_channel(seq):
-                ack = self.destination.ack_for(seq)
-                if ack is not None:
-                    answer_headers.append(ack.to_xml(version, soap))
+                requested = self.destination.ack_for(seq)
+                if requested is not None:
+                    answer_headers.append(requested.to_xml(version, soap))
                     acked.add(request.identifier)
 
         if message.body is None and message.sequence is None and not message.acks and not message.ack_requests:
@@ -241,7 +276,27 @@ class Inbound:
             addressing = AddressingHeaders(to=wsa.anonymous, action=action, message_id=new_message_id(),
                                            version=wsa)
         envelope = build_envelope(soap, [*addressing.to_elements(wsa, soap=soap), *answer_headers], element)
-        return Reply.envelope(to_bytes(envelope), soap, action)
+        return Reply.envelope(to_bytes(envelope), soap, action, tree=envelope)
+
+    def _check_owner(self, identifier: str, version: RMVersion, principal: str | None, *,
+                     known: bool = False) -> None:
+        """Refuse a message about one of our source sequences from anyone but the peer it serves.
+
+        Application messages, AckRequested, Close and Terminate name destination
+        sequences and are checked there (:meth:`Destination._sequence`).  This is
+        the same check for what names a source sequence -- acknowledgements, WS-RM
+        faults, Close/TerminateSequenceResponse: the reply sequence offered with a
+        destination sequence belongs to that sequence's principal.  A stranger gets
+        UnknownSequence, as for a sequence that does not exist (``known``: that is
+        refused too, here; elsewhere the Source does it): it learns nothing.
+        """
+        exists, owner = self.destination.source_owner(identifier)
+        if known and not exists:
+            raise UnknownSequence(identifier, version=version)
+        if owner is not None and owner != principal:
+            log.warning("refused a message about source sequence %s from %r: it belongs to %r",
+                        identifier, principal, owner)
+            raise UnknownSequence(identifier, version=version)
 
     def _fault_reply(self, fault: SoapFault, message: Message, status: int | None = None) -> Reply:
         if isinstance(fault, WSRMFault) and fault.version is None:
@@ -254,10 +309,11 @@ class Inbound:
         log.info("answering %s from message %s", fault, message.addressing.message_id)
         reply = Reply.fault(fault, message.soap, headers)
         if status is not None:
-            return Reply(status, reply.body, reply.content_type)
+            return Reply(status, reply.body, reply.content_type, reply.retry_after)
         return reply
 
-    def _on_decoupled_response(self, body: object, version: RMVersion, addressing: AddressingHeaders) -> None:
+    def _on_decoupled_response(self, body: CreateSequenceResponse | CloseSequenceResponse | TerminateSequenceResponse,
+                               version: RMVersion, addressing: AddressingHeaders) -> None:
         """A response a peer sent to our endpoint instead of the back-channel (we ask with an
         anonymous ReplyTo, but a peer may use AcksTo or send it late): match it and apply it."""
         if isinstance(body, CreateSequenceResponse):
@@ -274,6 +330,8 @@ class Inbound:
                 else:
                     self.source.on_terminated(key)
                 return
+            # a response about a sequence we do not have (or do not have for this peer): say so
+            raise UnknownSequence(body.identifier, version=version)
         log.info("unmatched %s (relates to %s) ignored", type(body).__name__, addressing.relates_to)
 
     def _on_received_fault(self, fault: SoapFault) -> None:
@@ -285,13 +343,17 @@ class Inbound:
     # -- responses to what we sent ------------------------------------------------------------------
 
     def read_response(self, data: bytes, *, store_key: str | None = None,
-                      apply_faults: bool = True) -> ResponseContent:
+                      apply_faults: bool = True, origin: str | None = None) -> ResponseContent:
         """Apply what a response says (acks; faults about ``store_key`` unless not
-        ``apply_faults``); return its body or fault for the caller to judge."""
+        ``apply_faults``); return its body or fault for the caller to judge.
+
+        ``origin`` says what answered what (``HTTP 200 OK from URL to message 4``)
+        for the log line of a response that cannot be read.
+        """
         try:
             message = read_message(data, self.policy.max_message_size)
         except SoapFault as fault:
-            log.warning("unreadable response (%s); treating it as lost", fault)
+            log.warning("unreadable response%s (%s); treating it as lost", f" ({origin})" if origin else "", fault)
             return ResponseContent()
         if message.sequence is not None:
             return ResponseContent(reliable=True)  # a reply on the back-channel: the caller handles it

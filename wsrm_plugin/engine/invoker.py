@@ -9,12 +9,27 @@ removal: the message is processed exactly once across crashes.  Anything
 the handler sends (``context.reply``, or the engine's ``send``) joins that
 transaction too.
 
-When the handler raises, the transaction rolls back and the message is
-tried again, up to ``max_delivery_attempts``; then, in a new transaction,
-it is taken out of the buffer and either answered with a SOAP fault on the
-response sequence (when the request came with an accepted Offer and a
-ReplyTo) or reported to the application's failure hook.  Never an endless
-redelivery loop.
+When the handler raises, the transaction rolls back and the message stays
+in the store: an accepted message is never deleted unless someone decides
+so.  What follows depends on what was raised (WCF's queued delivery and a
+broker's redelivery policy are the anchors; the knobs are in
+:class:`~.policy.RMPolicy`):
+
+* an :class:`ApplicationFault` (the service's declared SOAP fault) is the
+  service's answer: after ``max_delivery_attempts`` (at once for a Sender
+  fault) a new transaction takes the message out and sends the fault back on
+  the response sequence; when nobody can be answered (a one-way message) the
+  message goes to the poison store instead;
+* anything else is a *failure to process* (a database down, a timeout, a
+  bug): the message is tried again after a growing delay, in retry cycles
+  separated by ``retry_cycle_delay``, its attempt count, cycle and next
+  attempt time written to the store by a transaction of their own (a restart
+  goes on where it was); after the last cycle it moves to the poison store,
+  which ``wsrm poison`` lists, retries and discards.  The sequence waits for
+  it (``poison_handling="hold"``) or goes on without it.
+
+The application's ``on_delivery_failure`` hook hears of every message given
+up without an answer.
 
 With ``delivery_batch`` > 1 one transaction delivers several consecutive
 messages of a sequence (see :meth:`InvokerWorker._batches`): the same
@@ -32,7 +47,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store import BufferedMessage, StorageManager, StoreTransaction
+from ..store import BufferedMessage, LockTimeoutError, StorageManager, StoreTransaction, StoreUnavailableError
 from ..wire import RM10, AddressingHeaders, SoapFault, SoapVersion, fault_envelope, to_bytes
 from .envelopes import read_trusted
 from .logs import for_sequence
@@ -85,7 +100,12 @@ class DeliveryContext:
 
 @dataclass(frozen=True)
 class FailedDelivery:
-    """A message the application could not process within its attempts (given up)."""
+    """A message the application could not process within its attempts (given up).
+
+    ``poison_id`` names it in the poison store (``wsrm poison show``), where it
+    stays until an operator retries or discards it; None for a message the
+    engine could not keep there.
+    """
 
     sequence_id: str
     message_number: int
@@ -93,6 +113,7 @@ class FailedDelivery:
     action: str
     payload: bytes
     error: BaseException
+    poison_id: str | None = None
 
 
 Application = Callable[[bytes, DeliveryContext], Any]
@@ -112,6 +133,16 @@ class ApplicationFault(Exception):
         super().__init__(reason)
         self.envelope = envelope
         self.retryable = retryable
+
+
+def _store_unavailable(exc: BaseException | None) -> bool:
+    """Was ``exc`` caused by a store that cannot write now (also when a commit wrapped it)?"""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, StoreUnavailableError):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _import_callback(path: str) -> Callable[..., Any]:
@@ -149,7 +180,8 @@ class InvokerWorker:
     def __init__(self, store: StorageManager, policy: RMPolicy, *, source: Source, ambient: threading.local,
                  application: Application | None, tm: Any = None,
                  on_failure: Callable[[FailedDelivery], None] | None = None,
-                 after_commit: Callable[[], None] = lambda: None) -> None:
+                 after_commit: Callable[[], None] = lambda: None,
+                 on_delivered: Callable[[], None] = lambda: None) -> None:
         self.store = store
         self.policy = policy
         self.source = source
@@ -158,15 +190,26 @@ class InvokerWorker:
         self.application = application
         self._on_failure = on_failure
         self._after_commit = after_commit
-        self._attempts: dict[tuple[str, int], int] = {}
+        #: told after every commit that handed something over (the back-channel's HTTP threads
+        #: wait for it), whether or not the sender has work
+        self._on_delivered = on_delivered
         #: Messages delivered alone, never in a batch (sequence id, number): each broke a batch,
         #: or was in one whose commit failed.
         self._isolated: set[tuple[str, int]] = set()
-        #: Isolated messages whose attempts ran out, to give up once they are next in line.
+        #: Isolated messages whose application fault is to be answered once they are next in
+        #: line (a failure to process is marked in the store instead: see :meth:`_processing_failed`).
         self._doomed: dict[tuple[str, int], BaseException] = {}
+        #: The exception of a message whose last cycle ended inside a batch, for the failure hook
+        #: (after a restart the hook gets the error's description from the store instead).
+        self._last_errors: dict[tuple[str, int], BaseException] = {}
         self._lock = threading.Lock()
         self.delivered = 0
+        #: Messages given up: answered with a fault, or moved to the poison store.
         self.failed = 0
+        #: Of those, moved to the poison store.
+        self.poisoned = 0
+        #: Failed attempts (each rolled back and scheduled again).
+        self.retries = 0
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[StoreTransaction]:
@@ -204,7 +247,7 @@ class InvokerWorker:
         claimed: BufferedMessage | None = None
         done: list[tuple[BufferedMessage, bool]] = []
         later: tuple[BufferedMessage, BaseException] | None = None
-        given_up: tuple[BufferedMessage, BaseException, bool] | None = None
+        settled: Callable[[], None] | None = None
         wake = False
         try:
             with self._transaction() as tx:
@@ -213,7 +256,10 @@ class InvokerWorker:
                     return False
                 doomed = self._doomed.get((claimed.sequence_id, claimed.number))
                 if doomed is not None:  # its attempts ran out inside a batch: settle it now, it is first
-                    given_up = (claimed, doomed, self._give_up(tx, claimed, doomed))
+                    settled = self._give_up(tx, claimed, doomed)
+                elif claimed.cycle > self.policy.max_retry_cycles:  # its last cycle ended in a batch
+                    error = self._last_errors.get((claimed.sequence_id, claimed.number))
+                    settled = self._poison(tx, claimed, error or _RecordedFailure(claimed.last_error))
                 else:
                     done.append((claimed, self._deliver(tx, claimed)))
                     wake = getattr(self._ambient, "wake_sender", True)
@@ -227,8 +273,8 @@ class InvokerWorker:
             if len(done) > 1:  # the commit of a batch failed: which message caused it is unknown
                 return self._commit_failed([msg for msg, _ in done], exc)
             return self._failed(claimed, exc)
-        if given_up is not None:
-            self._settle_given_up(*given_up)
+        if settled is not None:
+            settled()
             return True
         with self._lock:
             for msg, _ in done:
@@ -236,6 +282,8 @@ class InvokerWorker:
         self.delivered += sum(1 for _, handed_over in done if handed_over)
         if wake:
             self._after_commit()
+        if done:
+            self._on_delivered()
         if later is not None:
             return self._failed(*later)
         return True
@@ -282,9 +330,9 @@ class InvokerWorker:
         """
         deadline = time.monotonic() + self.policy.delivery_batch_seconds
         while len(done) < self.policy.delivery_batch and time.monotonic() < deadline:
-            msg = tx.invoker.next_deliverable(sequence_id, in_order=self.policy.in_order)
-            if msg is None or self._is_isolated(msg):
-                break
+            msg = tx.invoker.next_deliverable(sequence_id, in_order=self.policy.in_order, now=time.time())
+            if msg is None or self._is_isolated(msg) or msg.waiting_for_retry:
+                break  # a message that failed before is delivered alone
             try:
                 with tx.savepoint() if self.tm is None else contextlib.nullcontext():
                     handed_over = self._deliver(tx, msg)
@@ -309,8 +357,8 @@ class InvokerWorker:
     def _forget(self, msg: BufferedMessage) -> None:
         """``msg`` is settled (delivered or given up): drop what was kept about it (caller holds the lock)."""
         key = (msg.sequence_id, msg.number)
-        self._attempts.pop(key, None)
         self._doomed.pop(key, None)
+        self._last_errors.pop(key, None)
         self._isolated.discard(key)
 
     def _batch_broken(self, msg: BufferedMessage, exc: BaseException) -> bool:
@@ -318,18 +366,16 @@ class InvokerWorker:
 
         It cannot be given up yet: the messages before it are back in the
         buffer and must be delivered first.  Once its attempts ran out it is
-        *doomed*: given up, without running the application again, as soon
-        as it is the next message of its sequence.
+        settled (answered, or moved to the poison store) without running the
+        application again, as soon as it is the next message of its sequence.
         """
-        if self._out_of_attempts(msg, exc):
-            self._doom(msg, exc)
-        else:
-            with self._lock:
-                self._isolate(msg)
+        with self._lock:
+            self._isolate(msg)
+        self._failed(msg, exc)
         return False
 
     def _doom(self, msg: BufferedMessage, exc: BaseException) -> None:
-        """Give ``msg`` up when it is next in line, without running the application again."""
+        """Answer ``msg``'s fault when it is next in line, without running the application again."""
         with self._lock:
             self._isolate(msg)
             self._doomed[(msg.sequence_id, msg.number)] = exc
@@ -348,20 +394,6 @@ class InvokerWorker:
         return False
 
     # -- failures -------------------------------------------------------------------------------
-
-    def _out_of_attempts(self, msg: BufferedMessage, exc: BaseException) -> bool:
-        """Count a failed attempt at ``msg``; True when it is to be given up."""
-        slog = for_sequence(log, msg.sequence_id, msg.number)
-        key = (msg.sequence_id, msg.number)
-        with self._lock:
-            attempts = self._attempts[key] = self._attempts.get(key, 0) + 1
-        retryable = not isinstance(exc, ApplicationFault) or exc.retryable
-        if retryable and attempts < self.policy.max_delivery_attempts:
-            slog.warning("delivery attempt %d of %d failed (rolled back, will retry): %r",
-                         attempts, self.policy.max_delivery_attempts, exc)
-            return False
-        slog.error("giving up after %d delivery attempts: %r", attempts, exc)
-        return True
 
     def _deliver(self, tx: StoreTransaction, msg: BufferedMessage) -> bool:
         """Hand ``msg`` over in ``tx``; False for a protocol marker the application never sees."""
@@ -404,34 +436,143 @@ class InvokerWorker:
         return True
 
     def _failed(self, msg: BufferedMessage, exc: BaseException) -> bool:
-        if not self._out_of_attempts(msg, exc):
-            return False  # wait a poll interval before trying again
-        with self._transaction() as tx:
-            current = tx.invoker.next_deliverable(msg.sequence_id, in_order=self.policy.in_order)
-            if current is not None and current.number < msg.number:  # still buffered, others first
-                self._doom(msg, exc)
-                return True
-            if current is None or current.number != msg.number:
+        """After a delivery of ``msg`` rolled back because of ``exc``: count it, schedule or settle it.
+
+        The count goes to the store in a transaction of its own.  When even
+        that fails (the store itself is unavailable) nothing is spent: the
+        message is simply tried again later.  True when it was settled.
+        """
+        if isinstance(exc, LockTimeoutError):  # contention in the store, not the application's doing
+            for_sequence(log, msg.sequence_id, msg.number).warning(
+                "delivery rolled back on a lock timeout (not counted as an attempt): %s", exc)
+            return False
+        if _store_unavailable(exc):
+            # the store, not the message, failed (disk full, database down): the message's
+            # attempts are for the application's failures, so this one is not counted
+            for_sequence(log, msg.sequence_id, msg.number).warning(
+                "delivery rolled back, the store cannot take writes now (will retry, "
+                "no attempt counted): %s", exc)
+            return False
+        try:
+            if isinstance(exc, ApplicationFault):
+                return self._fault_failed(msg, exc)
+            return self._processing_failed(msg, exc)
+        except Exception:  # noqa: BLE001 -- the store is down: retried after a poll interval
+            log.exception("could not record the failed delivery of message %d of sequence %s "
+                          "(it stays in the store and is tried again)", msg.number, msg.sequence_id)
+            return False
+
+    def _first_in_line(self, tx: StoreTransaction, msg: BufferedMessage) -> bool:
+        current = tx.invoker.next_deliverable(msg.sequence_id, in_order=self.policy.in_order)
+        return current is not None and current.number == msg.number
+
+    def _processing_failed(self, msg: BufferedMessage, exc: BaseException) -> bool:
+        """A failure to process: retry later, in this cycle or the next, or poison after the last."""
+        slog = for_sequence(log, msg.sequence_id, msg.number)
+        error = describe_error(exc)
+        settled: Callable[[], None] | None = None
+        with self.store.begin() as tx:
+            current = tx.invoker.get(msg.sequence_id, msg.number)
+            if current is None:  # settled meanwhile (an operator, another invoker)
                 with self._lock:
                     self._forget(msg)
-                return True  # someone else settled it meanwhile
-            replied = self._give_up(tx, msg, exc)
-        self._settle_given_up(msg, exc, replied)
+                return True
+            step = self.policy.after_failure(current.attempts, current.cycle, time.time())
+            current = tx.invoker.record_failure(
+                msg.sequence_id, msg.number, attempts=step.attempts, cycle=step.cycle,
+                next_attempt_at=step.next_attempt_at, error=error)
+            if step.poisoned and self._first_in_line(tx, current):
+                settled = self._poison(tx, current, exc)
+        self.retries += 1
+        if settled is not None:
+            settled()
+            return True
+        if step.poisoned:
+            with self._lock:
+                self._last_errors[(msg.sequence_id, msg.number)] = exc
+            slog.warning("last delivery attempt failed (%s); moved to the poison store once the "
+                         "messages before it are delivered", error)
+        elif step.attempts == 0:
+            slog.warning("retry cycle %d of %d failed (%d attempts, rolled back): %s; next cycle in %.1fs",
+                         step.cycle, self.policy.max_retry_cycles + 1, self.policy.max_delivery_attempts,
+                         error, self.policy.retry_cycle_delay)
+        else:
+            slog.warning("delivery attempt %d of %d (cycle %d of %d) failed (rolled back, will retry "
+                         "in %.1fs): %s", step.attempts, self.policy.max_delivery_attempts, step.cycle + 1,
+                         self.policy.max_retry_cycles + 1, self.policy.delivery_retry_delay_after(step.attempts),
+                         error)
+        return False
+
+    def _fault_failed(self, msg: BufferedMessage, exc: ApplicationFault) -> bool:
+        """The service answered with a SOAP fault: retry it (unless a Sender fault), then answer it."""
+        slog = for_sequence(log, msg.sequence_id, msg.number)
+        error = describe_error(exc)
+        settled: Callable[[], None] | None = None
+        with self._transaction() as tx:
+            current = tx.invoker.get(msg.sequence_id, msg.number)
+            if current is None:
+                with self._lock:
+                    self._forget(msg)
+                return True
+            attempts = current.attempts + 1
+            if exc.retryable and attempts < self.policy.max_delivery_attempts:
+                delay = self.policy.delivery_retry_delay_after(attempts)
+                tx.invoker.record_failure(msg.sequence_id, msg.number, attempts=attempts, cycle=current.cycle,
+                                          next_attempt_at=time.time() + delay, error=error)
+                slog.warning("delivery attempt %d of %d answered with a fault (rolled back, will retry in "
+                             "%.1fs): %s", attempts, self.policy.max_delivery_attempts, delay, error)
+                self.retries += 1
+                return False
+            current = tx.invoker.record_failure(msg.sequence_id, msg.number, attempts=attempts,
+                                                cycle=current.cycle, next_attempt_at=None, error=error)
+            if self._first_in_line(tx, current):
+                slog.error("giving up after %d delivery attempts: %s", attempts, error)
+                settled = self._give_up(tx, current, exc)
+            else:
+                self._doom(msg, exc)
+        if settled is not None:
+            settled()
         return True
 
-    def _give_up(self, tx: StoreTransaction, msg: BufferedMessage, exc: BaseException) -> bool:
-        """Take ``msg`` out of the buffer in ``tx`` and answer it with a fault; False if nobody can be answered."""
-        tx.invoker.mark_delivered(msg.sequence_id, msg.number)
-        return self._reply_with_fault(tx, msg, exc)
+    def _give_up(self, tx: StoreTransaction, msg: BufferedMessage, exc: BaseException) -> Callable[[], None]:
+        """Answer ``msg`` with its fault in ``tx``, or keep it in the poison store when nobody can be answered.
 
-    def _settle_given_up(self, msg: BufferedMessage, exc: BaseException, replied: bool) -> None:
-        """After the give-up committed: count it, wake the sender, tell the application's hook."""
-        with self._lock:
-            self._forget(msg)
-        self.failed += 1
-        self._after_commit()
-        if not replied:
-            self._report(FailedDelivery(msg.sequence_id, msg.number, msg.message_id, msg.action, msg.payload, exc))
+        Returns what to do once ``tx`` committed.
+        """
+        if self._reply_with_fault(tx, msg, exc):
+            tx.invoker.mark_delivered(msg.sequence_id, msg.number)
+
+            def answered() -> None:
+                with self._lock:
+                    self._forget(msg)
+                self.failed += 1
+                self._after_commit()
+                self._on_delivered()  # the fault reply is stored: a back-channel may wait for it
+            return answered
+        return self._poison(tx, msg, exc)
+
+    def _poison(self, tx: StoreTransaction, msg: BufferedMessage, exc: BaseException) -> Callable[[], None]:
+        """Move ``msg`` to the poison store in ``tx``; returns what to do once ``tx`` committed."""
+        hold = self.policy.holds_on_poison
+        poisoned = tx.invoker.poison(msg.sequence_id, msg.number, hold=hold, error=describe_error(exc))
+
+        def after() -> None:
+            with self._lock:
+                self._forget(msg)
+            self.failed += 1
+            self.poisoned += 1
+            slog = for_sequence(log, msg.sequence_id, msg.number)
+            slog.error(
+                "moved to the poison store after %d delivery attempts in %d cycle(s) (last error: %s); %s; "
+                "see `wsrm poison show %s`, then `wsrm poison retry` or `discard` it",
+                poisoned.total_attempts, poisoned.cycles, poisoned.last_error,
+                "its sequence is HELD: nothing after it is delivered until an operator decides" if hold
+                else "the rest of its sequence goes on without it", poisoned.poison_id)
+            if not hold:
+                self._after_commit()
+            self._report(FailedDelivery(msg.sequence_id, msg.number, msg.message_id, msg.action, msg.payload,
+                                        exc, poison_id=poisoned.poison_id))
+        return after
 
     def _reply_with_fault(self, tx: StoreTransaction, msg: BufferedMessage, exc: BaseException) -> bool:
         soap = SoapVersion.for_namespace(msg.soap_version) or self.policy.soap_version
@@ -448,10 +589,21 @@ class InvokerWorker:
 
     def _report(self, failure: FailedDelivery) -> None:
         if self._on_failure is None:
-            log.error("no on_delivery_failure hook: message %s #%d dropped after failing",
-                      failure.sequence_id, failure.message_number)
-            return
+            return  # the poison store keeps it, and the ERROR above named it
         try:
             self._on_failure(failure)
         except Exception:  # noqa: BLE001
             log.exception("the delivery failure hook itself failed")
+
+
+class _RecordedFailure(Exception):
+    """The error of a failed attempt known only from the store (the attempt ran before a restart)."""
+
+    def __init__(self, description: str | None) -> None:
+        super().__init__(description or "a failure recorded in the store")
+
+
+def describe_error(exc: BaseException, limit: int = 2000) -> str:
+    """What the store keeps of an error: its type and message, bounded."""
+    text = str(exc) if isinstance(exc, _RecordedFailure) else f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[:limit] + "..."

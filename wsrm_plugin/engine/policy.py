@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from dataclasses import dataclass
 
 from ..wire import (
@@ -22,7 +23,24 @@ from ..wire import (
 )
 from ..wire.xmlsafe import DEFAULT_MAX_SIZE
 
-__all__ = ["AckRequestMode", "DeliveryAssurance", "RMPolicy"]
+__all__ = ["AckRequestMode", "DeliveryAssurance", "RMPolicy", "RetryStep", "POISON_HANDLING"]
+
+#: The values of :attr:`RMPolicy.poison_handling`.
+POISON_HANDLING = ("hold", "continue")
+
+
+@dataclass(frozen=True)
+class RetryStep:
+    """What follows a failed delivery: its new durable retry state, or the poison store."""
+
+    #: Failed attempts in the current cycle (every attempt when ``poisoned``).
+    attempts: int
+    #: Retry cycles begun after the first.
+    cycle: int
+    #: When to try again (None once ``poisoned``).
+    next_attempt_at: float | None
+    #: True: the last cycle is used up, the message goes to the poison store.
+    poisoned: bool
 
 
 class DeliveryAssurance(enum.Flag):
@@ -120,8 +138,50 @@ class RMPolicy:
     acknowledgement_interval: float = 0.0
     #: A destination sequence with no message for this long is terminated (None: never).
     inactivity_timeout: float | None = 600.0
-    #: Times a message is handed to the application before it is given up as failed.
+    # -- the invoker: failed deliveries, retry cycles, the poison store --------------------------
+    # A delivery that raises rolls back and the message stays in the store.  A *failure to
+    # process* (any exception but a declared SOAP fault: a database down, a timeout, a bug) is
+    # retried ``max_delivery_attempts`` times with a growing delay, then again in up to
+    # ``max_retry_cycles`` further cycles ``retry_cycle_delay`` apart, the count and the next
+    # attempt time durable in the store; after the last cycle the message moves to the poison
+    # store, where only an operator (``wsrm poison retry|discard``) ends its life.  An
+    # *application fault* (the method's declared SOAP fault) is the service's answer: after
+    # ``max_delivery_attempts`` (at once for a Sender fault) it goes back on the response
+    # sequence; a one-way message has nobody to hear it and goes to the poison store.
+    # Anchors: WCF queued delivery (ReceiveRetryCount, MaxRetryCycles, RetryCycleDelay,
+    # ReceiveErrorHandling=Move), CXF's RM destination redelivery (destinationPolicy/retryPolicy
+    # maxRetries, CXF-4209), ActiveMQ Artemis (max-delivery-attempts, redelivery-delay,
+    # redelivery-delay-multiplier, max-redelivery-delay, dead-letter-address).
+
+    #: Times a message is handed to the application in one retry cycle.  WCF:
+    #: ``ReceiveRetryCount`` + 1 (it counts retries, default 5); CXF:
+    #: ``retryPolicy/@maxRetries`` + 1; Artemis: ``max-delivery-attempts`` (of one cycle).
     max_delivery_attempts: int = 3
+    #: Seconds before the second attempt of a cycle; each further one waits
+    #: ``delivery_retry_multiplier`` times longer, at most ``max_delivery_retry_delay``.
+    #: WCF retries at once (no knob); Artemis: ``redelivery-delay``; ActiveMQ Classic:
+    #: ``initialRedeliveryDelay``.
+    delivery_retry_delay: float = 0.2
+    #: Growth of the delay between attempts of a cycle (1: constant).  Artemis:
+    #: ``redelivery-delay-multiplier``; ActiveMQ Classic: ``backOffMultiplier``.
+    delivery_retry_multiplier: float = 2.0
+    #: Cap of the delay between attempts of a cycle.  Artemis: ``max-redelivery-delay``.
+    max_delivery_retry_delay: float = 10.0
+    #: Further cycles of ``max_delivery_attempts`` after the first one; 0: poison after the
+    #: first cycle.  WCF: ``MaxRetryCycles`` (default 2).  CXF and Artemis have one cycle.
+    max_retry_cycles: int = 2
+    #: Seconds between two cycles: long enough for a database to come back.  WCF:
+    #: ``RetryCycleDelay`` (default 30 minutes).
+    retry_cycle_delay: float = 60.0
+    #: What the rest of a sequence does once one of its messages is in the poison store:
+    #: ``"hold"`` (default): nothing after it is delivered until an operator retries or
+    #: discards it (InOrder is kept; an ERROR names the message; without InOrder there is no
+    #: order to keep and the others go on); ``"continue"``: the others are delivered without it
+    #: (with InOrder, the order minus the poisoned message).  WCF:
+    #: ``ReceiveErrorHandling`` Fault (the queue stops) versus Move (to the poison subqueue,
+    #: the rest goes on); the message itself is always kept (Move), never Drop.  Artemis:
+    #: a message sent to its ``dead-letter-address`` no longer blocks its queue (continue).
+    poison_handling: str = "hold"
     #: A request whose ReplyTo is anonymous (a client without a listener) gets its reply in
     #: the HTTP response: the HTTP thread waits this long for the invoker to produce it, then
     #: answers 202 and the reply goes out with the client's next retransmission (0: never wait).
@@ -139,6 +199,18 @@ class RMPolicy:
     #: messages waiting for a gap, or a slow application); beyond it messages are refused
     #: unacknowledged, so the source retransmits them later.
     max_unacknowledged_held: int = 10_000
+    #: Bytes of received, undelivered messages a destination may hold for one sequence, for
+    #: all the sequences of one peer, and in total (WCF bounds its buffer in messages,
+    #: ``MaxTransferWindowSize``; a broker in bytes, Artemis' ``max-size-bytes``).  A message
+    #: beyond one of them is refused unacknowledged (HTTP 503 with Retry-After, a Receiver
+    #: fault that leaves the sequence as it was), so the source retransmits it later; the
+    #: message that fills an InOrder gap is always taken (refusing it would hold the rest for ever).
+    max_held_bytes_per_sequence: int = 64 * 1024 * 1024
+    max_held_bytes_per_peer: int = 256 * 1024 * 1024
+    max_held_bytes: int = 1024 * 1024 * 1024
+    #: Seconds a refused sender is told to wait (HTTP Retry-After) when the destination is
+    #: full or its store cannot take a message now (disk full, database down).
+    retry_after: int = 5
     #: What the destination does with a message that is not the next one in order:
     #: ``"buffer"`` keeps it until the gap is filled (fewer retransmissions); ``"discard"``
     #: drops it unacknowledged, as gSOAP does, so the source sends it again once the gap is
@@ -209,12 +281,33 @@ class RMPolicy:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an int >= 1 or None, not {value!r}")
+        for name in ("delivery_retry_delay", "max_delivery_retry_delay", "retry_cycle_delay"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{name} must be >= 0 seconds, not {value!r}")
+        if self.max_delivery_retry_delay < self.delivery_retry_delay:
+            raise ValueError("max_delivery_retry_delay must be >= delivery_retry_delay")
+        if isinstance(self.delivery_retry_multiplier, bool) or \
+                not isinstance(self.delivery_retry_multiplier, (int, float)) or \
+                not self.delivery_retry_multiplier >= 1:
+            raise ValueError(f"delivery_retry_multiplier must be >= 1, not {self.delivery_retry_multiplier!r}")
+        if isinstance(self.max_retry_cycles, bool) or not isinstance(self.max_retry_cycles, int) or \
+                self.max_retry_cycles < 0:
+            raise ValueError(f"max_retry_cycles must be an int >= 0, not {self.max_retry_cycles!r}")
+        if self.poison_handling not in POISON_HANDLING:
+            raise ValueError(f"poison_handling must be one of {list(POISON_HANDLING)}, not {self.poison_handling!r}")
         for name in ("max_open_sequences", "max_open_sequences_per_peer", "max_unacknowledged_held",
                      "max_message_size", "send_batch", "invoker_threads", "max_delivery_attempts",
-                     "delivery_batch", "send_concurrency"):
+                     "delivery_batch", "send_concurrency", "max_held_bytes_per_sequence",
+                     "max_held_bytes_per_peer", "max_held_bytes", "retry_after"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, not {value!r}")
+
+        for name in ("max_held_bytes_per_sequence", "max_held_bytes_per_peer", "max_held_bytes"):
+            if getattr(self, name) < self.max_message_size:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be >= max_message_size "
+                                 f"({self.max_message_size}): a message alone must fit")
 
     # -- derived ----------------------------------------------------------------------------------
 
@@ -248,5 +341,61 @@ class RMPolicy:
         """True when ``attempts`` transmissions already used up the retry budget."""
         return self.max_retries is not None and attempts > self.max_retries
 
+    @property
+    def explicit_fields(self) -> frozenset[str]:
+        """The fields the user set (constructor arguments and :meth:`replace` changes).
+
+        What a service's WSDL publishes (its WS-RM policy assertion) may
+        override every other field, never these.  ``dataclasses.replace``
+        marks every field explicit (it passes them all); :meth:`replace` only
+        the changed ones.
+        """
+        return getattr(self, "_explicit", frozenset())
+
+    @property
+    def holds_on_poison(self) -> bool:
+        return self.poison_handling == "hold"
+
+    def delivery_retry_delay_after(self, attempts: int) -> float:
+        """Seconds to wait after the ``attempts``-th failed attempt of a cycle."""
+        if attempts < 1:
+            return 0.0
+        exponent = min(attempts - 1, 60)
+        return min(self.delivery_retry_delay * self.delivery_retry_multiplier ** exponent,
+                   self.max_delivery_retry_delay)
+
+    def after_failure(self, attempts: int, cycle: int, now: float) -> RetryStep:
+        """The retry state after one more failed attempt, given the state before it.
+
+        ``attempts`` failed attempts so far in cycle ``cycle``; the result is
+        the next attempt in this cycle, the first of the next cycle after
+        ``retry_cycle_delay``, or the poison store after the last cycle.
+        """
+        attempts += 1
+        if attempts < self.max_delivery_attempts:
+            return RetryStep(attempts, cycle, now + self.delivery_retry_delay_after(attempts), False)
+        if cycle < self.max_retry_cycles:
+            return RetryStep(0, cycle + 1, now + self.retry_cycle_delay, False)
+        total = cycle * self.max_delivery_attempts + attempts
+        return RetryStep(total, cycle + 1, None, True)
+
     def replace(self, **changes) -> RMPolicy:
-        return dataclasses.replace(self, **changes)
+        new = dataclasses.replace(self, **changes)
+        object.__setattr__(new, "_explicit", self.explicit_fields | frozenset(changes))
+        return new
+
+
+_generated_init = RMPolicy.__init__
+_INIT_FIELDS = tuple(f.name for f in dataclasses.fields(RMPolicy) if f.init)  # positional order
+
+
+@functools.wraps(_generated_init)
+def _remembering_init(self: RMPolicy, *args, **kwargs) -> None:
+    # Which knobs the user chose is worth keeping: a default may yield to the service's
+    # published policy, a choice may not (see explicit_fields).  Not a dataclass field, so
+    # it takes no part in equality, hashing or repr.
+    object.__setattr__(self, "_explicit", frozenset(_INIT_FIELDS[:len(args)]) | frozenset(kwargs))
+    _generated_init(self, *args, **kwargs)
+
+
+RMPolicy.__init__ = _remembering_init  # type: ignore[method-assign]

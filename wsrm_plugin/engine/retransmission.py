@@ -31,8 +31,10 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from lxml import etree
+
 from ..statemachine import AckRanges, RMSDuty, rms_duties
-from ..store import RmdSequence, RmsMessage, RmsSequence, StorageManager
+from ..store import RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreError
 from ..wire import (
     RM10, AckRequested, CloseSequence, CloseSequenceResponse, CreateSequence, CreateSequenceResponse,
     EndpointReference, Offer, SequenceAcknowledgement, SequenceHeader, SoapVersion, TerminateSequence,
@@ -45,7 +47,7 @@ from .inbound import Inbound, ResponseContent
 from .logs import for_sequence
 from .pacing import Exchange, RttEstimator, SequenceFlow
 from .policy import AckRequestMode, RMPolicy
-from .source import AT_ONCE, NEVER, SequenceKey, Source, is_back_channel, rm_version_of
+from .source import AT_ONCE, CREATE_REFUSED, NEVER, SequenceKey, Source, is_back_channel, rm_version_of
 from .states import rms_state
 from .transport import Response, Transport, TransportError
 
@@ -108,6 +110,32 @@ def _generation(key: str) -> int:
     return 0 if parsed is None else parsed.generation
 
 
+def create_refusal(response: Response, content: ResponseContent | None) -> str | None:
+    """Why an answer to CreateSequence is a definitive refusal, or None when retrying may help.
+
+    Retrying helps only when the peer could not answer (a transport error,
+    never seen here), was busy or broken for a while (a 5xx without a SOAP
+    fault, a Receiver fault, 408/429) or said nothing usable.  A fault that
+    blames the request (Sender/Client, MustUnderstand, VersionMismatch: a
+    service without WS-RM) or another 4xx will be answered the same way for
+    ever; so is a CreateSequenceRefused (even a Receiver one: the destination
+    says no, and a refused sequence's messages wait for the operator's resend).
+    """
+    fault = content.fault if content is not None else None
+    if isinstance(fault, WSRMFault) and fault.fault_code == "CreateSequenceRefused":
+        return str(fault)  # the destination's own word, whatever its fault code
+    if fault is not None:
+        return None if fault.code == "Receiver" else str(fault)
+    if 400 <= response.status < 500 and response.status not in (408, 429):
+        return f"HTTP {response.status}"
+    body = content.body if content is not None else None
+    if 200 <= response.status < 300 and body is not None:  # it answered, but not to WS-RM
+        tag = getattr(body, "tag", None)
+        return f"answered with {etree.QName(tag).localname if isinstance(tag, str) else type(body).__name__}, " \
+               "not a CreateSequenceResponse"
+    return None
+
+
 class RetransmissionWorker:
     """One round of the RMS worker: ``step()`` (run by a :class:`~.workers.Worker`)."""
 
@@ -120,8 +148,12 @@ class RetransmissionWorker:
         self.inbound = inbound
         self.transport = transport
         self.messages_sent = 0
+        #: Application messages sent again (every attempt after a message's first, whatever its outcome).
         self.retransmissions = 0
+        #: Control messages (CreateSequence, CloseSequence, TerminateSequence) sent again.
+        self.control_retries = 0
         self.send_failures = 0
+        self._counter_lock = threading.Lock()  # sending lanes count from several threads
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         #: Last successful exchange with the peer per sequence key (the store's
@@ -206,8 +238,31 @@ class RetransmissionWorker:
         if 200 <= response.status < 300:
             self._exchanged_with(seq.key)
         slog.info("messages still waiting to go out: AckRequested sent so the peer keeps the sequence")
-        if response.body:
-            self.inbound.read_response(response.body, store_key=seq.key)
+        self._read(seq, response, "AckRequested", store_key=seq.key)
+
+    def _bump(self, **counts: int) -> None:
+        with self._counter_lock:
+            for name, n in counts.items():
+                if n:
+                    setattr(self, name, getattr(self, name) + n)
+
+    def _read(self, seq: RmsSequence, response: Response, what: str, number: int | None = None,
+              **kwargs: Any) -> ResponseContent | None:
+        """The response's content (None when it had none), after logging an answer that is no SOAP.
+
+        An HTTP error with a proxy's or server's text page says more by its
+        status and URL than a parse error of its body would.
+        """
+        if response.body and response.is_xml:
+            origin = f"{response.describe(seq.target)} to {what}"
+            return self.inbound.read_response(response.body, origin=origin, **kwargs)
+        if not 200 <= response.status < 300:
+            for_sequence(log, seq.sequence_id, number, key=seq.key).warning(
+                "%s answered with %s; treating it as lost (will retry)", what, response.describe(seq.target))
+        elif response.body:
+            for_sequence(log, seq.sequence_id, number, key=seq.key).warning(
+                "%s answered with %s, which is no SOAP envelope; ignored", what, response.describe(seq.target))
+        return None
 
     # -- control messages -----------------------------------------------------------------------
 
@@ -249,6 +304,8 @@ class RetransmissionWorker:
                         self.source.fault_in(tx, seq, f"no answer to {action} sequence after {attempts} attempts")
                         return True
                 else:
+                    if attempts:
+                        self._bump(control_retries=1)
                     tx.rms.update(key, control_attempts=attempts + 1,
                                   next_control_at=now + policy.retry_delay(attempts + 1),
                                   **({"close_sent": True} if action == "close" else {}))
@@ -291,10 +348,11 @@ class RetransmissionWorker:
         try:
             response = self.transport.send(seq.target, data, soap.http_headers(action))
         except TransportError as exc:
-            self.send_failures += 1
+            self._bump(send_failures=1, control_retries=exc.attempts - 1)
             for_sequence(log, seq.sequence_id, key=seq.key).info(
                 "%s not delivered (will retry): %s", type(body).__name__, exc)
             return None
+        self._bump(control_retries=response.attempts - 1)
         if 200 <= response.status < 300:
             self._exchanged_with(seq.key)
         return response
@@ -303,9 +361,9 @@ class RetransmissionWorker:
                   apply_faults: bool = True) -> ResponseContent | None:
         """Send a control message; the response's content (None when nothing usable came back)."""
         response = self._post(seq, action, body, message_id=message_id)
-        if response is None or not response.body:
+        if response is None:
             return None
-        return self.inbound.read_response(response.body, store_key=seq.key, apply_faults=apply_faults)
+        return self._read(seq, response, type(body).__name__, store_key=seq.key, apply_faults=apply_faults)
 
     def _send_create(self, seq: RmsSequence) -> None:
         rm = rm_version_of(seq)
@@ -314,11 +372,21 @@ class RetransmissionWorker:
         if seq.offered_id:
             reply_to = EndpointReference(self.source.endpoint_address or seq.acks_to)
             offer = Offer(seq.offered_id, endpoint=reply_to if rm.is_11 else None)
-        content = self._exchange(seq, rm.create_sequence_action, CreateSequence(acks_to, offer=offer),
-                                 message_id=self.source.create_message_id(seq))
+        response = self._post(seq, rm.create_sequence_action, CreateSequence(acks_to, offer=offer),
+                              message_id=self.source.create_message_id(seq))
+        if response is None:
+            return  # a transport error: tried again
+        content = self._read(seq, response, "CreateSequence", store_key=seq.key, apply_faults=False)
         if content is not None and isinstance(content.body, CreateSequenceResponse):
             self.source.on_create_sequence_response(seq.key, content.body, rm,
                                                     create_offered=self.destination.create_offered)
+            return
+        refusal = create_refusal(response, content)
+        if refusal is not None:
+            self.source.fault_sequence(seq.key, f"{CREATE_REFUSED} by {seq.target}: {refusal}")
+        elif content is not None and content.fault is not None:
+            for_sequence(log, None, key=seq.key).warning(
+                "CreateSequence to %s answered with a fault (will retry): %s", seq.target, content.fault)
 
     def _send_close(self, seq: RmsSequence) -> None:
         rm = rm_version_of(seq)
@@ -353,7 +421,7 @@ class RetransmissionWorker:
         response = self._post(seq, rm.terminate_sequence_action, TerminateSequence(seq.sequence_id, last))
         if response is None:
             return
-        content = self.inbound.read_response(response.body, apply_faults=False) if response.body else None
+        content = self._read(seq, response, "TerminateSequence", apply_faults=False)
         fault = content.fault if content is not None else None
         body = content.body if content is not None else None
         if fault is not None:
@@ -494,7 +562,7 @@ class RetransmissionWorker:
                     seq.key, number, next_send_at=now + self._retry_delay(seq.target, attempt), now=now)
                 planned.append(_Planned(replace(msg, send_count=attempt - 1), seq, request_ack=
                                         self.policy.ack_request is not AckRequestMode.NEVER))
-        self.fast_retransmits += len(planned)
+        self._bump(fast_retransmits=len(planned))
         return planned
 
     # -- pacing: what the answers say ------------------------------------------------------------
@@ -676,24 +744,27 @@ class RetransmissionWorker:
                 headers.append(ack.to_xml(rm_version_of(rmd), soap))
         data = stamp(msg.payload, headers)
         slog = for_sequence(log, seq.sequence_id, msg.number)
-        if msg.send_count:  # every attempt after the first counts, whatever its outcome
-            self.retransmissions += 1
+        # Every copy after the first counts, whatever its outcome, including the one the transport
+        # itself sends again when a kept-alive connection turned out closed.
+        first = 0 if msg.send_count else 1
         peer = self._peer(seq.target)
         started = time.monotonic()
         try:
             response = self.transport.send(seq.target, data, soap.http_headers(msg.action))
         except TransportError as exc:
-            self.send_failures += 1
+            self._bump(send_failures=1, retransmissions=exc.attempts - first)
             peer.failed()
             slog.debug("not delivered (attempt %d, will retry): %s", msg.send_count + 1, exc)
             return Exchange(msg.number, started, time.monotonic(), answered=False)
         ended = time.monotonic()
-        self.messages_sent += 1
+        self._bump(messages_sent=1, retransmissions=response.attempts - first)
         if 200 <= response.status < 300:  # a proxy's 503 does not reach the destination's timer
             self._exchanged_with(seq.key)
+        elif response.status == 503:
+            self._retry_after(seq, msg, response)
         if msg.send_count:
             slog.debug("retransmitted (attempt %d): HTTP %d", msg.send_count + 1, response.status)
-        content = self.inbound.read_response(response.body, store_key=seq.key) if response.body else None
+        content = self._read(seq, response, f"message {msg.number}", msg.number, store_key=seq.key)
         if msg.last and rm is RM10 and 200 <= response.status < 300 and getattr(content, "fault", None) is None \
                 and EndpointReference(seq.acks_to).is_anonymous:
             self._last_message_accepted(seq, msg.number)
@@ -709,14 +780,35 @@ class RetransmissionWorker:
                     ranges = AckRanges.from_ranges(candidate.ranges)
                     ack = ranges if ack is None else ack.union(ranges)
         # A 5xx without an acknowledgement (a proxy's 502, an overloaded server) is no answer from
-        # the destination: it counts as a failed exchange, not as a round trip.
-        answered = ack is not None or response.status < 500
+        # the destination: it counts as a failed exchange, not as a round trip.  A 503 is the
+        # destination's own "later" (its Retry-After decides when): not a loss to resend at once.
+        answered = ack is not None or response.status < 500 or response.status == 503
         if answered:
             peer.sample(ended - started)
         else:
             peer.failed()
         return Exchange(msg.number, started, ended, answered=answered, ack=ack,
                         bare=ack is None and 200 <= response.status < 300)
+
+    def _retry_after(self, seq: RmsSequence, msg: Any, response: Any) -> None:
+        """A 503 (the destination is full or its store failing): the message stays unacknowledged
+        and goes again on its backoff, or after the peer's Retry-After (seconds) when that is
+        later -- capped by ``max_retransmission_interval``, so a peer cannot park it for ever."""
+        headers = {k.lower(): v for k, v in (getattr(response, "headers", None) or {}).items()}
+        try:
+            wait = float(headers.get("retry-after", ""))
+        except ValueError:
+            return  # absent, or an HTTP-date: the backoff alone decides
+        wait = min(max(wait, 0.0), self.policy.max_retransmission_interval)
+        if not self.policy.retransmits or wait <= self.policy.retry_delay(msg.send_count + 1):
+            return
+        try:
+            with self.store.begin() as tx:
+                tx.rms_messages.make_due(seq.key, [msg.number], at=time.time() + wait)
+        except StoreError as exc:  # only a later retransmission is lost: the backoff still applies
+            log.info("Retry-After not recorded: %s", exc)
+            return
+        for_sequence(log, seq.sequence_id, msg.number).info("peer busy (HTTP 503): next attempt in %.1fs", wait)
 
     def _reply_on_back_channel(self, seq: RmsSequence, data: bytes) -> None:
         """A reply came in the HTTP response (we offered with an anonymous endpoint).
@@ -742,5 +834,4 @@ class RetransmissionWorker:
             for_sequence(log, seq.sequence_id, key=seq.key).info(
                 "acknowledgement of a back-channel reply not delivered (%s); the reply comes again", exc)
             return
-        if response.body:
-            self.inbound.read_response(response.body, store_key=seq.key)
+        self._read(seq, response, "SequenceAcknowledgement", store_key=seq.key)

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from lxml import etree
+
 from ..statemachine import AckRanges, InvalidTransition, RMSEvent, rms_transition
 from ..store import (
     InvalidAcknowledgementError, RmsMessage, RmsSequence, StorageManager, StoreTransaction,
@@ -41,7 +43,8 @@ from .logs import for_sequence
 from .policy import RMPolicy
 from .states import rms_changes, rms_state
 
-__all__ = ["Source", "SendReceipt", "SequenceFault", "FailedMessage", "SequenceKey", "is_back_channel"]
+__all__ = ["Source", "SendReceipt", "SequenceFault", "FailedMessage", "SequenceKey", "is_back_channel",
+           "SequenceFaulted", "SequenceRefused", "CREATE_REFUSED"]
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +65,44 @@ class SendReceipt:
 
 @dataclass(frozen=True)
 class FailedMessage:
-    """An application message a faulted sequence could not deliver."""
+    """An application message a faulted sequence could not deliver.
+
+    ``reply_callback``/``reply_context`` are those of an in-out call, so
+    whoever waits for its reply can be told it will not come.
+    """
 
     number: int
     message_id: str
     action: str
     payload: bytes
+    reply_callback: str | None = None
+    reply_context: bytes | None = None
+
+
+#: How a sequence's ``fault_reason`` starts when the peer definitively refused to open it.
+CREATE_REFUSED = "CreateSequence refused"
+
+
+class SequenceFaulted(Exception):
+    """A message's sequence was given up (the faulted-sequence failure a caller receives).
+
+    ``reason`` is the stored fault reason (what ``wsrm status`` shows).  Its
+    unacknowledged messages stay in the store; once the cause is fixed they can
+    be sent again on a new sequence (``ReliableEngine.resend_faulted``, ``wsrm resend``).
+    """
+
+    def __init__(self, message: str, *, reason: str | None = None, sequence_key: str | None = None,
+                 sequence_id: str | None = None, target: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason if reason is not None else message
+        self.sequence_key = sequence_key
+        self.sequence_id = sequence_id
+        self.target = target
+
+
+class SequenceRefused(SequenceFaulted):
+    """The peer definitively refused to open a sequence: a SOAP Sender fault (a service
+    without WS-RM), CreateSequenceRefused, a 4xx answer.  Retrying cannot help."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +114,18 @@ class SequenceFault:
     sequence_id: str | None
     reason: str
     messages: tuple[FailedMessage, ...]
+
+    @property
+    def refused(self) -> bool:
+        """The peer refused to open the sequence at all (nothing was delivered)."""
+        return self.reason.startswith(CREATE_REFUSED)
+
+    def error(self) -> SequenceFaulted:
+        """The exception a caller waiting on one of these messages receives."""
+        cls = SequenceRefused if self.refused else SequenceFaulted
+        return cls(f"sequence to {self.target} faulted: {self.reason}", reason=self.reason,
+                   sequence_key=self.sequence_key,
+                   sequence_id=self.sequence_id, target=self.target)
 
 
 @dataclass(frozen=True)
@@ -180,6 +227,9 @@ class Source:
         self._secret = uuid.uuid4()
         self._coalescing = threading.local()
         self.faulted_sequences = 0
+        #: Observers told of every faulted sequence before the ``on_fault`` hook (they do not take
+        #: the messages over: the reliable zeep client fails its futures and callbacks there).
+        self.fault_listeners: list[Callable[[SequenceFault], None]] = []
 
     # -- transactions ---------------------------------------------------------------------
 
@@ -225,7 +275,7 @@ class Source:
 
     # -- the application's side ---------------------------------------------------------------
 
-    def send(self, target: str, envelope: bytes, *, action: str | None = None, key: str = "",
+    def send(self, target: str, envelope: bytes | etree._Element, *, action: str | None = None, key: str = "",
              expect_reply: bool = False, message_id: str | None = None,
              reply_callback: str | None = None, reply_context: bytes | None = None) -> SendReceipt:
         """Enqueue ``envelope`` for ``target`` reliably; returns where it went.
@@ -235,8 +285,10 @@ class Source:
         endpoint; an engine that serves none asks for them with the WS-A
         anonymous ReplyTo, in the HTTP responses to its requests).  ``reply_callback``
         (``"module:function"``) is called with the reply when it arrives.
+        ``envelope`` may also be the envelope's lxml tree (a SOAP client's own):
+        it is not parsed again, and becomes the stored message (changed in place).
         """
-        if not isinstance(envelope, (bytes, bytearray)):
+        if not isinstance(envelope, (bytes, bytearray, etree._Element)):
             raise TypeError(f"envelope must be the SOAP envelope as bytes, not {type(envelope).__name__}")
         if not isinstance(target, str) or not target.strip():
             raise ValueError(f"target must be the peer's address (e.g. http://host:port/path), not {target!r}")
@@ -246,7 +298,7 @@ class Source:
         if expect_reply or reply_callback:
             reply_to = self._endpoint() or self.policy.addressing.anonymous
             expect_reply = True
-        outgoing = prepare_outgoing(bytes(envelope), to=target, action=action, message_id=message_id,
+        outgoing = prepare_outgoing(envelope if isinstance(envelope, etree._Element) else bytes(envelope), to=target, action=action, message_id=message_id,
                                     reply_to=reply_to, relates_to=None, wsa=self.policy.addressing,
                                     max_size=self.policy.max_message_size)
         with self.transaction() as tx:
@@ -643,9 +695,16 @@ class Source:
             seq = tx.rms.get(store_key)
             if seq is None or not seq.faulted:
                 return True
-            failed = tuple(FailedMessage(m.number, m.message_id, m.action, m.payload)
+            failed = tuple(FailedMessage(m.number, m.message_id, m.action, m.payload, m.reply_callback,
+                                         m.reply_context)
                            for m in tx.rms_messages.list_for(store_key) if not m.acked)
         report = SequenceFault(store_key, seq.target, seq.sequence_id, seq.fault_reason or "faulted", failed)
+        if KEPT_MARK not in (seq.fault_reason or ""):  # not told again about a sequence already kept
+            for listener in list(self.fault_listeners):
+                try:
+                    listener(report)
+                except Exception:  # noqa: BLE001 -- an observer must not stop the report
+                    for_sequence(log, seq.sequence_id, key=store_key).exception("a sequence fault listener failed")
         if self._on_fault is not None:
             try:
                 self._on_fault(report)

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from ..wire import SOAP11, SOAP12, MessageTooLargeError, SoapFault, SoapVersion, fault_envelope, to_bytes
+from .faults import BusyFault, UnsupportedMediaType
 
 __all__ = [
     "Response", "Reply", "Transport", "TransportError", "HttpTransport", "RMEndpoint",
@@ -46,11 +47,44 @@ class Response:
     status: int
     body: bytes = b""
     headers: Mapping[str, str] = field(default_factory=dict)
+    #: Where the request went (set by :class:`HttpTransport`; "" when a transport does not say).
+    url: str = ""
+    #: Copies of the request put on the wire: 2 when a stale keep-alive connection made the
+    #: transport send it again (the peer may have got both; the sender's counters include it).
+    attempts: int = 1
 
     @property
     def ok(self) -> bool:
         """2xx, or a SOAP fault (500/400 with a body): the peer got and read the message."""
         return 200 <= self.status < 300
+
+    @property
+    def is_xml(self) -> bool:
+        """The body is meant as XML (its content type says so, or it starts like XML).
+
+        A proxy's or web server's error page (``502 Bad Gateway`` in text or
+        HTML) is not: reading it as a SOAP envelope only yields a misleading
+        "malformed XML" instead of the status that says what happened.
+        """
+        ctype = next((v for k, v in self.headers.items() if k.lower() == "content-type"), "").lower()
+        if "xml" in ctype:
+            return True
+        if ctype and not ctype.startswith("application/octet-stream"):
+            return False
+        return self.body.lstrip()[:1] == b"<"
+
+    def describe(self, address: str | None = None) -> str:
+        """``HTTP 502 Bad Gateway from URL`` and, for a body that is not XML, its first line.
+
+        What an operator needs to tell a broken proxy from a refusing peer.
+        """
+        reason = http.client.responses.get(self.status, "")
+        text = f"HTTP {self.status}{' ' + reason if reason else ''} from {address or self.url or 'the peer'}"
+        if self.body and not self.is_xml:
+            first = self.body.strip().splitlines()[0][:200].decode("utf-8", "replace") if self.body.strip() else ""
+            if first:
+                text += f": {first!r}"
+        return text
 
 
 class TransportError(OSError):
@@ -59,6 +93,9 @@ class TransportError(OSError):
     Nothing is known about whether the peer got it: WS-RM's retransmission is
     what makes that harmless.
     """
+
+    #: Copies of the request that went out before giving up (see :attr:`Response.attempts`).
+    attempts: int = 1
 
 
 class Transport(Protocol):
@@ -148,8 +185,10 @@ class HttpTransport:
                 body = response.read(self.max_response_size + 1)
                 if len(body) > self.max_response_size:
                     self._drop(peer)
-                    raise TransportError(f"the response from {address} exceeds {self.max_response_size} bytes")
-                result = Response(response.status, body, dict(response.getheaders()))
+                    error = TransportError(f"the response from {address} exceeds {self.max_response_size} bytes")
+                    error.attempts = attempt
+                    raise error
+                result = Response(response.status, body, dict(response.getheaders()), address, attempt)
                 if response.will_close:
                     self._drop(peer)
                 return result
@@ -162,7 +201,9 @@ class HttpTransport:
                 if attempt == 1 and stale:
                     log.debug("connection to %s:%s went stale; retrying once on a new one", *peer[1:])
                     continue
-                raise TransportError(f"POST {address} failed: {exc!r}") from exc
+                error = TransportError(f"POST {address} failed: {exc!r}")
+                error.attempts = attempt
+                raise error from exc
         raise AssertionError("unreachable")
 
     def close(self) -> None:
@@ -185,25 +226,42 @@ class Reply:
     status: int = 202
     body: bytes = b""
     content_type: str | None = None
+    #: Seconds for an HTTP ``Retry-After`` header (a 503: the peer should retransmit later).
+    retry_after: int | None = None
+    #: the lxml tree ``body`` serializes, when the engine built it (an adapter that wants the tree
+    #: takes it instead of parsing ``body``); nobody else holds it
+    tree: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def accepted(cls) -> Reply:
         return cls(202)
 
     @classmethod
-    def envelope(cls, body: bytes, soap: SoapVersion, action: str | None = None, status: int = 200) -> Reply:
-        return cls(status, body, soap.http_headers(action)["Content-Type"])
+    def envelope(cls, body: bytes, soap: SoapVersion, action: str | None = None, status: int = 200,
+                 tree: Any = None) -> Reply:
+        return cls(status, body, soap.http_headers(action)["Content-Type"], tree)
 
     @classmethod
     def fault(cls, fault: SoapFault, soap: SoapVersion, headers: Iterable[Any] = ()) -> Reply:
         body = to_bytes(fault_envelope(fault, soap, headers))
-        return cls(http_status_for(fault, soap), body, soap.http_headers()["Content-Type"])
+        return cls(http_status_for(fault, soap), body, soap.http_headers()["Content-Type"],
+                   retry_after=getattr(fault, "retry_after", None))
 
 
 def http_status_for(fault: SoapFault, soap: SoapVersion) -> int:
-    """The SOAP HTTP binding's status: 1.1 always 500; 1.2 400 for Sender faults, else 500."""
+    """The HTTP status of a fault: the same for the engine's endpoint and the spyne front end.
+
+    413 for a body over the size limit, 503 (with Retry-After) when the
+    destination cannot take a message now, 415 when the Content-Type names
+    another SOAP version than the envelope's; otherwise the SOAP HTTP
+    binding's: 1.1 always 500; 1.2 400 for Sender faults, else 500.
+    """
     if isinstance(fault, MessageTooLargeError):
         return 413
+    if isinstance(fault, BusyFault):
+        return 503
+    if isinstance(fault, UnsupportedMediaType):
+        return 415
     if soap is SOAP12 and fault.code in ("Sender", "VersionMismatch", "MustUnderstand"):
         return 400 if fault.code == "Sender" else 500
     return 500
@@ -270,7 +328,7 @@ def _read_exactly(stream: Any, length: int) -> bytes:
 
 
 _REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 403: "Forbidden", 413: "Payload Too Large",
-            500: "Internal Server Error", 503: "Service Unavailable"}
+            415: "Unsupported Media Type", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 def _respond(start_response: Callable[..., Any], reply: Reply) -> list[bytes]:
@@ -278,6 +336,8 @@ def _respond(start_response: Callable[..., Any], reply: Reply) -> list[bytes]:
     headers = [("Content-Length", str(len(reply.body)))]
     if reply.content_type:
         headers.append(("Content-Type", reply.content_type))
+    if reply.retry_after is not None:
+        headers.append(("Retry-After", str(reply.retry_after)))
     start_response(status, headers)
     return [reply.body]
 

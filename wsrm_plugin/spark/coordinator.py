@@ -29,6 +29,7 @@ from txmanager.xa import XAER_NOTA, XAException
 from txmanager.xid import Xid
 
 from ..store import open_store
+from ..store.postgres import PostgresStore
 from .job import PartitionResult, SinkOptions, job_matches, new_job_xid
 
 __all__ = ["JobOutcome", "start_job", "commit_job", "abort_job", "recover_job", "job_resources"]
@@ -67,6 +68,8 @@ def start_job(options: SinkOptions) -> SinkOptions:
 def job_resources(store: str, database: str | None) -> list[PostgresXAResource]:
     """XA resources (named as the executors name them) for the job's two databases."""
     with open_store(store) as opened:
+        if not isinstance(opened, PostgresStore):
+            raise ValueError(f"a Spark job's message store is PostgreSQL (postgresql://...), not {store!r}")
         resources = [PostgresXAResource(opened.dsn, resource_name=opened.resource_name)]
     if database:
         resources.append(PostgresXAResource(database, resource_name=default_resource_name(database)))
@@ -193,7 +196,7 @@ def recover_job(*, log_path: str, store: str, database: str | None, job: str,
     with _driver_tm(log_path, node, resources) as tm:
         pending = tm.log.pending()
         decided: dict[Xid, PreparedBranch] = {}
-        for gxid, entry in pending.items():
+        for entry in pending.values():
             if entry.committing and any(job_matches(x, job) for x, _ in entry.branches):
                 for bxid, name in entry.branches:
                     decided[bxid] = PreparedBranch(bxid, name)

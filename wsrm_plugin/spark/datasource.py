@@ -60,13 +60,23 @@ class WsrmWriter(DataSourceWriter):
                                  attempt=ctx.attemptNumber(), task_attempt_id=ctx.taskAttemptId())
         return WsrmCommitMessage(result)
 
-    def commit(self, messages: list[WsrmCommitMessage | None]) -> None:
-        results = [m.result for m in messages if m is not None]
-        self.outcome = commit_job(self.options, results)
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self.outcome = commit_job(self.options, _results(messages))
 
-    def abort(self, messages: list[WsrmCommitMessage | None]) -> None:
-        results = [m.result for m in messages if m is not None]
-        self.outcome = abort_job(self.options, results)
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self.outcome = abort_job(self.options, _results(messages))
+
+
+def _results(messages: list[WriterCommitMessage | None]) -> list[PartitionResult]:
+    """The partitions' results; None is a task that failed before answering."""
+    results = []
+    for message in messages:
+        if message is None:
+            continue
+        if not isinstance(message, WsrmCommitMessage):
+            raise TypeError(f"not a commit message of this sink: {message!r}")
+        results.append(message.result)
+    return results
 
 
 class WsrmDataSource(DataSource):

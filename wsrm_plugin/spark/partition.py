@@ -27,6 +27,7 @@ from txmanager.postgres import XADataSource
 
 from ..engine import ReliableEngine, RMPolicy
 from ..store import open_store
+from ..wire.namespaces import RM_VERSIONS, RMVersion
 from .job import PartitionResult, SinkOptions, branch_prefix, sequence_key
 
 __all__ = ["write_partition", "EnvelopeBuilder"]
@@ -71,13 +72,21 @@ def _action_of(binding_op: Any, operation: str) -> str:
     return f"{namespace}/{operation}"
 
 
+def _rm_version(name: str) -> RMVersion:
+    """The sink option's "1.0"/"1.1" as the version the policy declares."""
+    for version in RM_VERSIONS:
+        if version.name == name:
+            return version
+    raise ValueError(f"rm_version must be one of {[v.name for v in RM_VERSIONS]}, not {name!r}")
+
+
 class _Executor:
     """What one worker process keeps between tasks for one set of options."""
 
     def __init__(self, options: SinkOptions) -> None:
         self.tm = TransactionManager(node=options.node, log=MemoryLog(), default_timeout=0)
         self.store = open_store(options.store)
-        self.engine = ReliableEngine(self.store, RMPolicy(rm_version=options.rm_version), tm=self.tm,
+        self.engine = ReliableEngine(self.store, RMPolicy(rm_version=_rm_version(options.rm_version)), tm=self.tm,
                                      name="spark-task")
         self.ds = (XADataSource(options.database, self.tm, register_for_recovery=False)
                    if options.database else None)

@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from ..engine import ReliableEngine, RMPolicy
 from ..store import StorageManager, open_store
+from ..wire.namespaces import SOAP11
 
 __all__ = ["Sender", "SenderProgress", "run_sender"]
 
@@ -51,7 +52,7 @@ class Sender:
     """A :class:`ReliableEngine` with no application: only its RM Source workers matter."""
 
     def __init__(self, store: str | StorageManager, policy: RMPolicy | None = None) -> None:
-        self.policy = policy or RMPolicy(soap_version="1.1")
+        self.policy = policy or RMPolicy(soap_version=SOAP11)
         self._owns_store = isinstance(store, str)
         if isinstance(store, str):
             # one pooled session per request in flight plus the workers' own; a smaller pool

@@ -14,7 +14,10 @@ import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, ClassVar, Generic, Iterator, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Iterator, Self, TypeVar, cast
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "MAX_MESSAGE_NUMBER",
@@ -165,13 +168,18 @@ class FactorState(ABC):
 
     @classmethod
     @abstractmethod
-    def _broken_rules(cls, **factors: bool) -> tuple[str, ...]:
-        """The rules these factors break; each machine states its own."""
+    def _broken_rules(cls, *args: Any, **factors: Any) -> tuple[str, ...]:
+        """The rules these factors break; each machine states its own (its factors as keywords)."""
+
+    @classmethod
+    def _factor_names(cls) -> list[str]:
+        # every machine is a dataclass of bool factors; this base class is not one itself
+        return [f.name for f in dataclasses.fields(cast("type[DataclassInstance]", cls))]
 
     @classmethod
     def broken_rules(cls, **factors: bool) -> tuple[str, ...]:
         """The protocol rules a combination of factors breaks (empty: it is a valid state)."""
-        names = [f.name for f in dataclasses.fields(cls)]
+        names = cls._factor_names()
         unknown = set(factors) - set(names)
         if unknown:
             raise TypeError(f"{cls.__name__} has no factor(s) {sorted(unknown)}; factors are {names}")
@@ -186,9 +194,9 @@ class FactorState(ABC):
     @classmethod
     def combinations(cls) -> Iterator[dict[str, bool]]:
         """All 2^k assignments of the factors, valid or not (for checking the model)."""
-        names = [f.name for f in dataclasses.fields(cls)]
+        names = cls._factor_names()
         for values in itertools.product((False, True), repeat=len(names)):
-            yield dict(zip(names, values))
+            yield dict(zip(names, values, strict=True))
 
     @classmethod
     def valid_states(cls) -> tuple[Self, ...]:

@@ -287,7 +287,8 @@ def rms_acknowledge(
             state,
             event,
             Reason.INVALID_ACKNOWLEDGEMENT,
-            f"ack {ack} but only 1..{highest_assigned} were sent" if highest_assigned else f"ack {ack} but nothing was sent",
+            (f"ack {ack} but only 1..{highest_assigned} were sent" if highest_assigned
+             else f"ack {ack} but nothing was sent"),
         )
     transition = rms_transition(state, event)
     if transition.noop:

@@ -23,20 +23,20 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from .api import (
-    BufferedMessage, DuplicateSequenceError, InDoubtBranchesError, InvalidAcknowledgementError,
+    BufferedMessage, PoisonMessage, DuplicateSequenceError, InDoubtBranchesError, InvalidAcknowledgementError,
     InvokerSequence, LockOrderError, LockTimeoutError, MessageNumberRolloverError, RmdSequence,
     RmsMessage, RmsSequence, SchemaVersionError, SequenceNotOpenError, StorageManager,
-    StoreClosedError, StoreError, StoreStatus, StoreTransaction, TransactionClosedError,
-    UnknownMessageError, UnknownSequenceError,
+    StoreClosedError, StoreError, StoreStatus, StoreTransaction, StoreUnavailableError,
+    TransactionClosedError, UnknownMessageError, UnknownSequenceError,
 )
 
 __all__ = [
     "open_store", "StorageManager", "StoreTransaction", "StoreStatus",
-    "RmsSequence", "RmsMessage", "RmdSequence", "BufferedMessage", "InvokerSequence",
+    "RmsSequence", "RmsMessage", "RmdSequence", "BufferedMessage", "InvokerSequence", "PoisonMessage",
     "StoreError", "DuplicateSequenceError", "UnknownSequenceError", "UnknownMessageError",
     "InvalidAcknowledgementError", "MessageNumberRolloverError", "SequenceNotOpenError",
     "LockOrderError", "LockTimeoutError", "InDoubtBranchesError", "TransactionClosedError",
-    "StoreClosedError", "SchemaVersionError",
+    "StoreClosedError", "SchemaVersionError", "StoreUnavailableError",
 ]
 
 _OPTIONS = {"lock_timeout": float, "pool_size": int}

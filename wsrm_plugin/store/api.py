@@ -47,7 +47,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from txmanager.xa import XAResource
 
@@ -61,7 +61,7 @@ __all__ = [
     "SequenceNotOpenError", "LockOrderError", "LockTimeoutError", "InDoubtBranchesError",
     "TransactionClosedError", "SchemaVersionError", "StoreClosedError",
     # records
-    "RmsSequence", "RmsMessage", "RmdSequence", "BufferedMessage", "InvokerSequence",
+    "RmsSequence", "RmsMessage", "RmdSequence", "BufferedMessage", "InvokerSequence", "PoisonMessage",
     "RmsSequenceStatus", "RmdSequenceStatus", "StoreStatus",
     # ranges
     "AckRanges", "MAX_MESSAGE_NUMBER", "check_number", "format_ranges", "parse_ranges",
@@ -146,6 +146,16 @@ class LockTimeoutError(StoreError):
 
     The transaction that waited can only roll back (PostgreSQL aborts it; the
     other stores behave the same): roll it back and retry it.
+    """
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot take writes now: its disk is full, its database is down or unreachable.
+
+    Nothing was changed (the transaction rolled back).  Not the caller's
+    fault and not the message's: a destination answers "retry later" (HTTP
+    503) and an invoker tries the delivery again without counting it as a
+    failed attempt of the message.
     """
 
 
@@ -364,7 +374,15 @@ class RmdSequence(_Record):
 
 @dataclass(frozen=True, slots=True)
 class BufferedMessage(_Record):
-    """A message received in order or not, waiting for the application."""
+    """A message received in order or not, waiting for the application.
+
+    ``attempts``, ``cycle``, ``next_attempt_at`` and ``last_error`` are its
+    delivery history, kept durably so a restart goes on where it was (WCF's
+    retry count and retry cycle of a queued message): failed attempts in the
+    current cycle, retry cycles begun after the first, when it may be tried
+    again (None: at once), and why the last attempt failed.  A message whose
+    ``cycle`` is beyond the policy's last cycle is due for the poison store.
+    """
 
     sequence_id: str
     number: int
@@ -374,6 +392,46 @@ class BufferedMessage(_Record):
     payload: bytes
     reply_to: str | None = None
     received_at: float = 0.0
+    attempts: int = 0
+    cycle: int = 0
+    next_attempt_at: float | None = None
+    last_error: str | None = None
+
+    @property
+    def waiting_for_retry(self) -> bool:
+        """Has it failed at least once and not been delivered yet?"""
+        return self.attempts > 0 or self.cycle > 0
+
+
+@dataclass(frozen=True, slots=True)
+class PoisonMessage(_Record):
+    """A message the application failed to process in every retry cycle (the poison store).
+
+    Kept in the same store as the buffer it came from and never deleted by
+    the engine: an operator retries it (back into its sequence's buffer) or
+    discards it (``wsrm poison``).  ``held`` says whether its sequence waits
+    for it (the hold policy: nothing after it is delivered meanwhile).
+    ``total_attempts`` counts every attempt over every cycle.
+    """
+
+    sequence_id: str
+    number: int
+    message_id: str | None
+    action: str
+    soap_version: str
+    payload: bytes
+    reply_to: str | None = None
+    received_at: float = 0.0
+    total_attempts: int = 0
+    cycles: int = 0
+    last_error: str | None = None
+    poisoned_at: float = 0.0
+    held: bool = True
+
+    @property
+    def poison_id(self) -> str:
+        """The operator's name for it: ``<sequence id>#<number>`` (``wsrm poison show ID``)."""
+        return f"{self.sequence_id}#{self.number}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,6 +474,10 @@ class RmdSequenceStatus:
     buffered: int
     delivered: int
     last_activity: float = 0.0
+    #: Buffered messages that failed at least once and wait for their next attempt.
+    retrying: int = 0
+    #: Messages of the sequence in the poison store.
+    poisoned: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,6 +487,10 @@ class StoreStatus:
     rms: tuple[RmsSequenceStatus, ...] = ()
     rmd: tuple[RmdSequenceStatus, ...] = ()
     prepared_branches: int = 0
+    #: Buffered messages waiting for a retry after a failed delivery (every sequence).
+    retrying: int = 0
+    #: Messages in the poison store (every sequence, also those already released).
+    poisoned: int = 0
 
     @property
     def unacked(self) -> int:
@@ -441,6 +507,7 @@ class StoreStatus:
     @property
     def buffered(self) -> int:
         return sum(s.buffered for s in self.rmd)
+
 
     def by_state(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -782,17 +849,23 @@ class InvokerBufferManager(_Manager, ABC):
         """
 
     @abstractmethod
-    def next_deliverable(self, sequence_id: str, *, in_order: bool = True) -> BufferedMessage | None:
+    def next_deliverable(self, sequence_id: str, *, in_order: bool = True,
+                         now: float | None = None) -> BufferedMessage | None:
         """The message to deliver next for this sequence (locks its buffer), or None.
 
         InOrder: exactly the number after the delivered prefix, else None (the
-        gap must fill first).  Otherwise: the lowest buffered number.
+        gap must fill first).  Otherwise: the lowest buffered number.  With
+        ``now``, a message whose ``next_attempt_at`` is later does not count
+        (InOrder: None; otherwise the lowest number that is due); without it,
+        the next message in line whatever its retry state.
         """
 
     @abstractmethod
-    def claim_next(self, *, in_order: bool = True) -> BufferedMessage | None:
+    def claim_next(self, *, in_order: bool = True, now: float | None = None) -> BufferedMessage | None:
         """The invoker worker's poll: a deliverable message of any sequence whose
-        buffer no other transaction holds (SKIP LOCKED); locks that buffer."""
+        buffer no other transaction holds (SKIP LOCKED); locks that buffer.
+        A message waiting for a retry later than ``now`` (default: the
+        current time) is not deliverable yet."""
 
     @abstractmethod
     def mark_delivered(self, sequence_id: str, number: int) -> None:
@@ -817,8 +890,75 @@ class InvokerBufferManager(_Manager, ABC):
         return self.count(sequence_id)
 
     @abstractmethod
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of the messages buffered, by sequence (sequences with none are left out; no lock).
+
+        The destination's byte budgets ask this on every new message: a count
+        limit alone lets a peer park gigabytes behind a gap.  The stores sum
+        the payload lengths the database already keeps (SQLite and PostgreSQL
+        read a blob's length without reading the blob), so no schema change.
+        """
+
+    @abstractmethod
     def discard(self, sequence_id: str) -> int:
         """Drop a sequence's buffer and delivery record; returns buffered messages dropped."""
+
+    # -- failed deliveries and the poison store -------------------------------------------------
+
+    @abstractmethod
+    def get(self, sequence_id: str, number: int) -> BufferedMessage | None:
+        """A buffered message (locks its sequence's buffer), or None."""
+
+    @abstractmethod
+    def record_failure(self, sequence_id: str, number: int, *, attempts: int, cycle: int,
+                       next_attempt_at: float | None, error: str) -> BufferedMessage:
+        """Write a failed delivery's new retry state (locks the buffer).
+
+        Runs in a transaction of its own after the delivery rolled back, so
+        the count survives the rollback and a restart.
+        """
+
+    @abstractmethod
+    def poison(self, sequence_id: str, number: int, *, hold: bool, error: str | None = None,
+               now: float | None = None) -> PoisonMessage:
+        """Move a buffered message into the poison store (locks the buffer).
+
+        ``hold=False`` records its number as delivered, so the rest of the
+        sequence goes on without it; ``hold=True`` leaves the gap, so InOrder
+        delivery waits for an operator.
+        """
+
+    @abstractmethod
+    def list_poison(self, sequence_id: str | None = None) -> list[PoisonMessage]:
+        """Poison messages, oldest first (no lock)."""
+
+    @abstractmethod
+    def get_poison(self, sequence_id: str, number: int) -> PoisonMessage | None:
+        """One poison message (no lock)."""
+
+    @abstractmethod
+    def retry_poison(self, sequence_id: str, number: int, *, now: float | None = None) -> BufferedMessage:
+        """Put a poison message back into its sequence's buffer with a fresh retry budget.
+
+        It takes its place again: a held sequence resumes with it; a sequence
+        that went on without it delivers it before anything received later.
+        :class:`UnknownMessageError` when there is no such poison message.
+        """
+
+    @abstractmethod
+    def discard_poison(self, sequence_id: str, number: int) -> PoisonMessage:
+        """Delete a poison message for good (an operator's decision); its sequence goes on.
+
+        :class:`UnknownMessageError` when there is no such poison message.
+        """
+
+    @abstractmethod
+    def count_poison(self, sequence_id: str | None = None) -> int:
+        """Poison messages of one sequence or of all (no lock)."""
+
+    @abstractmethod
+    def count_retrying(self, sequence_id: str | None = None) -> int:
+        """Buffered messages waiting for a retry after a failed delivery (no lock)."""
 
 
 # --------------------------------------------------------------------------
@@ -903,7 +1043,8 @@ class StoreTransaction(ABC):
         doomed the transaction (a failed statement) cannot be undone alone:
         the transaction stays doomed and can only roll back.
         """
-        raise StoreError(f"{type(self).__name__} has no savepoints: check supports_savepoints before calling savepoint()")
+        raise StoreError(f"{type(self).__name__} has no savepoints: "
+                         "check supports_savepoints before calling savepoint()")
 
     @abstractmethod
     def commit(self) -> None: ...
@@ -911,7 +1052,7 @@ class StoreTransaction(ABC):
     @abstractmethod
     def rollback(self) -> None: ...
 
-    def __enter__(self) -> "StoreTransaction":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -962,13 +1103,14 @@ class StorageManager(ABC):
         rows and reads the whole backlog on every round.  Stores without a
         cost-based planner do nothing.
         """
+        return  # deliberately not abstract: the default is to do nothing
 
     def status(self) -> StoreStatus:
         """Counters for operators (``wsrm status``), read in a transaction of their own."""
         with self.begin() as tx:
             return _status_of(tx, prepared=len(self.xa_resource().recover()))
 
-    def __enter__(self) -> "StorageManager":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -994,8 +1136,44 @@ def _status_of(tx: StoreTransaction, prepared: int = 0) -> StoreStatus:
         rmd.append(RmdSequenceStatus(
             sequence_id=seq.sequence_id, state=rmd_state_name(seq),
             received=format_ranges(seq.received), last_number=seq.last_number,
-            buffered=inv.buffered, delivered=inv.delivered_count, last_activity=seq.last_activity))
-    return StoreStatus(rms=tuple(rms), rmd=tuple(rmd), prepared_branches=prepared)
+            buffered=inv.buffered, delivered=inv.delivered_count, last_activity=seq.last_activity,
+            retrying=tx.invoker.count_retrying(seq.sequence_id),
+            poisoned=tx.invoker.count_poison(seq.sequence_id)))
+    return StoreStatus(rms=tuple(rms), rmd=tuple(rmd), prepared_branches=prepared,
+                       retrying=tx.invoker.count_retrying(), poisoned=tx.invoker.count_poison())
+
+
+def poison_of(msg: BufferedMessage, *, hold: bool, error: str | None, now: float) -> PoisonMessage:
+    """The poison-store record of a buffered message given up after its last retry cycle."""
+    return PoisonMessage(
+        sequence_id=msg.sequence_id, number=msg.number, message_id=msg.message_id, action=msg.action,
+        soap_version=msg.soap_version, payload=msg.payload, reply_to=msg.reply_to,
+        received_at=msg.received_at, total_attempts=msg.attempts, cycles=msg.cycle,
+        last_error=error if error is not None else msg.last_error, poisoned_at=now, held=hold)
+
+
+def buffered_of(poisoned: PoisonMessage) -> BufferedMessage:
+    """A poison message back in the buffer, with a fresh retry budget."""
+    return BufferedMessage(
+        sequence_id=poisoned.sequence_id, number=poisoned.number, message_id=poisoned.message_id,
+        action=poisoned.action, soap_version=poisoned.soap_version, payload=poisoned.payload,
+        reply_to=poisoned.reply_to, received_at=poisoned.received_at)
+
+
+def delivered_for_retry(delivered: AckRanges | None, number: int) -> AckRanges:
+    """A sequence's delivered ranges once poison message ``number`` is back in the buffer.
+
+    Under the continue policy its number was recorded as delivered; taking it
+    out makes it the next in order again, and once it is delivered the
+    in-order prefix jumps back over everything delivered meanwhile.  A
+    sequence already released (no delivery record) gets every number below
+    it as delivered, so it is the next and only one.
+    """
+    if delivered is None:
+        return AckRanges.from_ranges([(1, number - 1)]) if number > 1 else AckRanges()
+    if number in delivered:
+        return delivered.difference(AckRanges.of([number]))
+    return delivered
 
 
 def refuse_if_global(tx: Any) -> None:

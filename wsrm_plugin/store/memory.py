@@ -31,7 +31,7 @@ from . import api
 from .branches import BranchResource
 from .api import (
     RANK_INVOKER, RANK_RMD, RANK_RMS, BufferedMessage, DuplicateSequenceError,
-    InvokerSequence, LockTimeoutError, RmdSequence, RmsMessage,
+    InvokerSequence, LockTimeoutError, PoisonMessage, RmdSequence, RmsMessage,
     RmsSequence, StoreClosedError, UnknownMessageError, UnknownSequenceError, _now,
 )
 
@@ -47,6 +47,7 @@ _MSG = "rms_message"  # (sequence key, number) -> RmsMessage
 _RMD = "rmd"          # sequence id -> RmdSequence
 _INV = "invoker"      # sequence id -> InvokerSequence (delivered ranges; buffered not kept)
 _BUF = "buffer"       # (sequence id, number) -> BufferedMessage
+_POI = "poison"       # (sequence id, number) -> PoisonMessage
 
 
 class MemoryStore(api.StorageManager):
@@ -57,7 +58,7 @@ class MemoryStore(api.StorageManager):
         self.name = name
         self.lock_timeout = lock_timeout
         self._cond = threading.Condition()
-        self._tables: dict[str, dict[Any, Any]] = {t: {} for t in (_RMS, _MSG, _RMD, _INV, _BUF)}
+        self._tables: dict[str, dict[Any, Any]] = {t: {} for t in (_RMS, _MSG, _RMD, _INV, _BUF, _POI)}
         self._owners: dict[tuple[int, Any], MemoryTransaction] = {}
         self._resource = MemoryXAResource(self)
         self._closed = False
@@ -536,19 +537,22 @@ class _Invoker(api.InvokerBufferManager):
             return buffered.get((sequence_id, want))
         return buffered[(sequence_id, numbers[0])]
 
-    def next_deliverable(self, sequence_id: str, *, in_order: bool = True) -> BufferedMessage | None:
+    def next_deliverable(self, sequence_id: str, *, in_order: bool = True,
+                         now: float | None = None) -> BufferedMessage | None:
         self._tx._lock(RANK_INVOKER, sequence_id)
-        return self._next(sequence_id, in_order, self._tx._scan(_BUF))
+        buffered = self._tx._scan(_BUF)
+        return self._next(sequence_id, in_order, buffered if now is None else _due(buffered, now))
 
-    def claim_next(self, *, in_order: bool = True) -> BufferedMessage | None:
+    def claim_next(self, *, in_order: bool = True, now: float | None = None) -> BufferedMessage | None:
         tx = self._tx
-        buffered = tx._scan(_BUF)
+        now = _now(now)
+        buffered = _due(tx._scan(_BUF), now)
         for sequence_id in sorted({s for (s, _) in buffered}):
             if self._next(sequence_id, in_order, buffered) is None:
                 continue
             if not tx._lock(RANK_INVOKER, sequence_id, wait=False):
                 continue  # SKIP LOCKED: another invoker delivers this sequence
-            found = self._next(sequence_id, in_order, tx._scan(_BUF))
+            found = self._next(sequence_id, in_order, _due(tx._scan(_BUF), now))
             if found is not None:
                 return found
         return None
@@ -571,6 +575,12 @@ class _Invoker(api.InvokerBufferManager):
     def count(self, sequence_id: str | None = None) -> int:
         return sum(1 for (s, _) in self._tx._scan(_BUF) if sequence_id in (None, s))
 
+    def held_bytes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (sequence_id, _), msg in self._tx._scan(_BUF).items():
+            out[sequence_id] = out.get(sequence_id, 0) + len(msg.payload)
+        return out
+
     def discard(self, sequence_id: str) -> int:
         tx = self._tx
         tx._lock(RANK_INVOKER, sequence_id)
@@ -579,6 +589,85 @@ class _Invoker(api.InvokerBufferManager):
             tx._delete(_BUF, k)
         tx._delete(_INV, sequence_id)
         return len(keys)
+
+    # -- failed deliveries and the poison store -------------------------------------------------
+
+    def get(self, sequence_id: str, number: int) -> BufferedMessage | None:
+        self._tx._lock(RANK_INVOKER, sequence_id)
+        return self._tx._read(_BUF, (sequence_id, number))
+
+    def _require(self, sequence_id: str, number: int) -> BufferedMessage:
+        msg = self.get(sequence_id, number)
+        if msg is None:
+            raise UnknownMessageError(
+                f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
+        return msg
+
+    def record_failure(self, sequence_id: str, number: int, *, attempts: int, cycle: int,
+                       next_attempt_at: float | None, error: str) -> BufferedMessage:
+        msg = replace(self._require(sequence_id, number), attempts=attempts, cycle=cycle,
+                      next_attempt_at=next_attempt_at, last_error=error)
+        self._tx._write(_BUF, (sequence_id, number), msg)
+        return msg
+
+    def poison(self, sequence_id: str, number: int, *, hold: bool, error: str | None = None,
+               now: float | None = None) -> PoisonMessage:
+        tx = self._tx
+        msg = self._require(sequence_id, number)
+        poisoned = api.poison_of(msg, hold=hold, error=error, now=_now(now))
+        tx._delete(_BUF, (sequence_id, number))
+        tx._write(_POI, (sequence_id, number), poisoned)
+        if not hold:
+            inv = self._inv(sequence_id)
+            tx._write(_INV, sequence_id, replace(inv, delivered=inv.delivered.add(number)))
+        return poisoned
+
+    def list_poison(self, sequence_id: str | None = None) -> list[PoisonMessage]:
+        rows = [p for (s, _), p in self._tx._scan(_POI).items() if sequence_id in (None, s)]
+        return sorted(rows, key=lambda p: (p.poisoned_at, p.sequence_id, p.number))
+
+    def get_poison(self, sequence_id: str, number: int) -> PoisonMessage | None:
+        return self._tx._read(_POI, (sequence_id, number))
+
+    def _require_poison(self, sequence_id: str, number: int) -> PoisonMessage:
+        self._tx._lock(RANK_INVOKER, sequence_id)
+        poisoned = self._tx._read(_POI, (sequence_id, number))
+        if poisoned is None:
+            raise UnknownMessageError(f"no poison message {number} of sequence {sequence_id!r}")
+        return poisoned
+
+    def retry_poison(self, sequence_id: str, number: int, *, now: float | None = None) -> BufferedMessage:
+        tx = self._tx
+        poisoned = self._require_poison(sequence_id, number)
+        inv = tx._read(_INV, sequence_id)
+        delivered = api.delivered_for_retry(inv.delivered if inv else None, number)
+        msg = api.buffered_of(poisoned)
+        tx._delete(_POI, (sequence_id, number))
+        tx._write(_BUF, (sequence_id, number), msg)
+        tx._write(_INV, sequence_id, replace(inv or InvokerSequence(sequence_id=sequence_id),
+                                             delivered=delivered))
+        return msg
+
+    def discard_poison(self, sequence_id: str, number: int) -> PoisonMessage:
+        tx = self._tx
+        poisoned = self._require_poison(sequence_id, number)
+        tx._delete(_POI, (sequence_id, number))
+        inv = tx._read(_INV, sequence_id)
+        if inv is not None and number not in inv.delivered:
+            tx._write(_INV, sequence_id, replace(inv, delivered=inv.delivered.add(number)))
+        return poisoned
+
+    def count_poison(self, sequence_id: str | None = None) -> int:
+        return sum(1 for (s, _) in self._tx._scan(_POI) if sequence_id in (None, s))
+
+    def count_retrying(self, sequence_id: str | None = None) -> int:
+        return sum(1 for (s, _), m in self._tx._scan(_BUF).items()
+                   if sequence_id in (None, s) and m.waiting_for_retry)
+
+
+def _due(buffered: dict[Any, BufferedMessage], now: float) -> dict[Any, BufferedMessage]:
+    """The buffered messages not waiting for a later retry."""
+    return {k: m for k, m in buffered.items() if m.next_attempt_at is None or m.next_attempt_at <= now}
 
 
 # --------------------------------------------------------------------------

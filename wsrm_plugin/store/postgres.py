@@ -14,6 +14,15 @@ keeps the store's changes and row locks durable in the server, ``COMMIT
 PREPARED`` finishes them, from this process or any other (an executor may die
 right after it prepared).  Unlike the SQLite store, prepared branches only
 block the rows they touched.
+
+One database, one branch: when the application's
+:class:`txmanager.postgres.XADataSource` works in the same database (the
+store's tables beside the application's), a global transaction's store work
+runs on the application's session, in its branch, or the application's on
+the store's, whichever came first.  A transaction with no other resource then
+commits in one phase: no PREPARE, no log record, and the same atomicity, since
+it is one PostgreSQL transaction.  The shared session has the application's
+settings: the store's ``lock_timeout`` does not apply to it.
 """
 
 from __future__ import annotations
@@ -25,11 +34,13 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions as ext
 
-from txmanager.postgres import PostgresXAResource, default_resource_name
+from txmanager.postgres import (
+    PostgresXAResource, database_identity, default_resource_name, offer_session, session_for_database,
+)
 from txmanager.xid import Xid
 
 from . import api
-from .api import LockTimeoutError, StoreClosedError
+from .api import LockTimeoutError, StoreClosedError, StoreUnavailableError
 from .sql import POSTGRES, SqlTransaction, migrate
 
 __all__ = ["PostgresStore"]
@@ -46,11 +57,24 @@ _LOCK_ERRORS = {
 }
 
 
+#: SQLSTATE classes and codes that say the server cannot work now, whatever the statement:
+#: 08 connection exception, 53 insufficient resources (53100 disk full), 57P01-57P03 shutdown
+#: or cannot connect now, 58 system error (I/O).
+_UNAVAILABLE_CLASSES = {"08", "53", "58"}
+_UNAVAILABLE_CODES = {"57P01", "57P02", "57P03"}
+
+
 class PostgresStore(api.StorageManager):
     """A store in a PostgreSQL database (``open_store("postgresql://...")``)."""
 
-    def __init__(self, dsn: str, *, lock_timeout: float = 30.0, pool_size: int = 4) -> None:
+    def __init__(self, dsn: str, *, lock_timeout: float = 30.0, pool_size: int = 4,
+                 database_identity: str | None = None, share_sessions: bool = True) -> None:
         self.dsn = dsn
+        self.share_sessions = share_sessions
+        self._identity_given = database_identity is not None
+        #: the database the store's sessions talk to (refreshed by every new session), see
+        #: :func:`txmanager.postgres.database_identity`
+        self.identity: str | None = database_identity
         self.lock_timeout = lock_timeout
         self.pool_size = pool_size
         self.resource_name = "wsrm-store:" + default_resource_name(dsn)
@@ -66,7 +90,10 @@ class PostgresStore(api.StorageManager):
         self.schema_version_found = self._migrate()
 
     def _connect(self) -> Any:
-        return psycopg2.connect(self.dsn, options=self._connect_options)
+        conn = psycopg2.connect(self.dsn, options=self._connect_options)
+        if self.share_sessions and not self._identity_given:
+            self.identity = database_identity(conn)
+        return conn
 
     def _migrate(self) -> int:
         conn = self._connect()
@@ -137,8 +164,11 @@ class PostgresStore(api.StorageManager):
         resource = self._acquire()
         try:
             tx = SqlTransaction(self, resource.connection, POSTGRES)
-        except psycopg2.Error:
+        except psycopg2.Error as exc:
             self._release(resource)
+            translated = self._translate(exc)
+            if translated is not None:
+                raise translated from exc
             raise
         tx._resource = resource  # type: ignore[attr-defined]
         return tx
@@ -149,6 +179,19 @@ class PostgresStore(api.StorageManager):
         with self._lock:
             tx = self._enlisted.get(key)
         if tx is not None and not tx.closed:
+            return tx
+        shared = session_for_database(gtx, self.identity) if self.share_sessions else None
+        if shared is not None:  # the application's branch in this database: work in it
+            tx = SqlTransaction(self, shared._session, POSTGRES)
+            tx._resource = None  # type: ignore[attr-defined]  # not ours to pool
+            tx._global = gtx
+            with self._lock:
+                self._enlisted[key] = tx
+            try:
+                gtx.register_synchronization(_BranchOver(self, key))
+            except BaseException:
+                self._branch_over(key)
+                raise
             return tx
         resource = self._acquire()
         tx = SqlTransaction(self, resource.connection, POSTGRES)
@@ -163,6 +206,8 @@ class PostgresStore(api.StorageManager):
         except BaseException:
             self._branch_over(key)
             raise
+        if self.share_sessions:
+            offer_session(gtx, self.identity, resource)
         return tx
 
     def _branch_over(self, key: Xid) -> None:
@@ -170,7 +215,8 @@ class PostgresStore(api.StorageManager):
             tx = self._enlisted.pop(key, None)
         if tx is not None:
             tx.mark_closed()
-            self._release(tx._resource)  # type: ignore[attr-defined]
+            if tx._resource is not None:  # type: ignore[attr-defined]
+                self._release(tx._resource)  # type: ignore[attr-defined]
 
     def _finish(self, tx: SqlTransaction, commit: bool) -> None:
         conn = tx.conn
@@ -194,7 +240,13 @@ class PostgresStore(api.StorageManager):
             self._release(tx._resource)  # type: ignore[attr-defined]
 
     def _translate(self, exc: BaseException) -> Exception | None:
-        why = _LOCK_ERRORS.get(getattr(exc, "pgcode", None) or "")
+        code = getattr(exc, "pgcode", None) or ""
+        if code[:2] in _UNAVAILABLE_CLASSES or code in _UNAVAILABLE_CODES or \
+                (isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and not code):
+            # no code: the connection itself failed (server down, restarted, network)
+            return StoreUnavailableError(f"{self.url} cannot take writes now ({' '.join(str(exc).split())}); "
+                                         "the transaction is rolled back, retry it later")
+        why = _LOCK_ERRORS.get(code)
         if why is None:
             return None
         return LockTimeoutError(
@@ -219,7 +271,8 @@ class PostgresStore(api.StorageManager):
             recovery, self._recovery = self._recovery, None
         for tx in enlisted:
             tx.mark_closed()
-            idle.append(tx._resource)  # type: ignore[attr-defined]
+            if tx._resource is not None:  # type: ignore[attr-defined]
+                idle.append(tx._resource)  # type: ignore[attr-defined]
         for resource in idle:
             resource.close()
         if recovery is not None:

@@ -16,7 +16,11 @@ touched in the lock order RMD, invoker buffer, RMS):
     destination sequences, received numbers kept as compact ranges text;
 ``invoker_sequence`` / ``invoker_message``
     what was delivered (ranges, plus the in-order prefix so a poller finds the
-    next deliverable message in SQL) and what waits to be;
+    next deliverable message in SQL) and what waits to be, with each waiting
+    message's delivery history (failed attempts, retry cycle, next attempt);
+``poison_message``
+    messages given up after their last retry cycle, kept until an operator
+    retries or discards them (schema version 3);
 ``schema_version``
     one row per applied migration; a store is migrated when it is opened.
 
@@ -87,7 +91,7 @@ POSTGRES = Dialect(name="postgresql", placeholder="%s", blob="BYTEA", bigint="BI
 # --------------------------------------------------------------------------
 
 def _migration_1(d: Dialect) -> list[str]:
-    B, I, D, BL = d.boolean, d.bigint, d.double, d.blob
+    B, I, D, BL = d.boolean, d.bigint, d.double, d.blob  # noqa: E741 -- the DDL's column-type shorthands
     out = [
         f"""CREATE TABLE rms_sequence (
             seq_key TEXT PRIMARY KEY,
@@ -189,8 +193,44 @@ def _migration_2(d: Dialect) -> list[str]:
     ]
 
 
+def _migration_3(d: Dialect) -> list[str]:
+    """Durable delivery retries and the poison store.
+
+    A failed delivery rolls back, so its attempt count, retry cycle and next
+    attempt time are written by a transaction of their own into the
+    message's row: a restart goes on where it was instead of starting the
+    budget again.  A message given up after its last cycle moves to
+    ``poison_message``, never deleted by the engine.
+    """
+    I, D, BL, B = d.bigint, d.double, d.blob, d.boolean
+    return [
+        "ALTER TABLE invoker_message ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE invoker_message ADD COLUMN retry_cycle INTEGER NOT NULL DEFAULT 0",
+        f"ALTER TABLE invoker_message ADD COLUMN next_attempt_at {D}",
+        "ALTER TABLE invoker_message ADD COLUMN last_error TEXT",
+        "CREATE INDEX invoker_message_retrying ON invoker_message (sequence_id) "
+        "WHERE attempts > 0 OR retry_cycle > 0",
+        f"""CREATE TABLE poison_message (
+            sequence_id TEXT NOT NULL,
+            number {I} NOT NULL,
+            message_id TEXT,
+            action TEXT NOT NULL,
+            soap_version TEXT NOT NULL,
+            payload {BL} NOT NULL,
+            reply_to TEXT,
+            received_at {D} NOT NULL,
+            total_attempts INTEGER NOT NULL DEFAULT 0,
+            cycles INTEGER NOT NULL DEFAULT 0,
+            last_error TEXT,
+            poisoned_at {D} NOT NULL,
+            held {B} NOT NULL DEFAULT TRUE,
+            PRIMARY KEY (sequence_id, number)
+        )""",
+    ]
+
+
 #: (version, statements for a dialect).  Append new versions; never edit old ones.
-MIGRATIONS = [(1, _migration_1), (2, _migration_2)]
+MIGRATIONS = [(1, _migration_1), (2, _migration_2), (3, _migration_3)]
 LATEST_VERSION = MIGRATIONS[-1][0]
 
 
@@ -243,7 +283,10 @@ _RMD_COLS = ("sequence_id", "acks_to", "rm_version", "wsa_version", "principal",
              "received", "last_number", "closed", "terminated", "ack_due_at", "expires",
              "created_at", "last_activity")
 _BUF_COLS = ("sequence_id", "number", "message_id", "action", "soap_version", "payload",
-             "reply_to", "received_at")
+             "reply_to", "received_at", "attempts", "retry_cycle", "next_attempt_at", "last_error")
+_POISON_COLS = ("sequence_id", "number", "message_id", "action", "soap_version", "payload",
+                "reply_to", "received_at", "total_attempts", "cycles", "last_error", "poisoned_at",
+                "held")
 
 #: Primary keys, for undo capture.
 PRIMARY_KEYS = {
@@ -252,6 +295,7 @@ PRIMARY_KEYS = {
     "rmd_sequence": ("sequence_id",),
     "invoker_sequence": ("sequence_id",),
     "invoker_message": ("sequence_id", "number"),
+    "poison_message": ("sequence_id", "number"),
 }
 
 _RMS_BOOLS = {"started", "last_message", "close_sent", "closed", "terminate_sent", "faulted"}
@@ -267,7 +311,7 @@ def _blob(value: Any) -> bytes | None:
 
 
 def _rms(row: Sequence[Any]) -> RmsSequence:
-    v = dict(zip(_RMS_COLS, row))
+    v = dict(zip(_RMS_COLS, row, strict=True))
     for b in _RMS_BOOLS:
         v[b] = bool(v[b])
     v["key"] = v.pop("seq_key")
@@ -276,7 +320,7 @@ def _rms(row: Sequence[Any]) -> RmsSequence:
 
 
 def _msg(row: Sequence[Any]) -> RmsMessage:
-    v = dict(zip(_MSG_COLS, row))
+    v = dict(zip(_MSG_COLS, row, strict=True))
     v["sequence_key"] = v.pop("seq_key")
     v["payload"] = _blob(v["payload"])
     v["reply_context"] = _blob(v["reply_context"])
@@ -286,7 +330,7 @@ def _msg(row: Sequence[Any]) -> RmsMessage:
 
 
 def _rmd(row: Sequence[Any]) -> RmdSequence:
-    v = dict(zip(_RMD_COLS, row))
+    v = dict(zip(_RMD_COLS, row, strict=True))
     v["received"] = api.parse_ranges(v["received"])
     v["closed"] = bool(v["closed"])
     v["terminated"] = bool(v["terminated"])
@@ -294,9 +338,24 @@ def _rmd(row: Sequence[Any]) -> RmdSequence:
 
 
 def _buf(row: Sequence[Any]) -> BufferedMessage:
-    v = dict(zip(_BUF_COLS, row))
+    v = dict(zip(_BUF_COLS, row, strict=True))
     v["payload"] = _blob(v["payload"])
+    v["cycle"] = v.pop("retry_cycle")
     return BufferedMessage(**v)
+
+
+def _poison(row: Sequence[Any]) -> api.PoisonMessage:
+    v = dict(zip(_POISON_COLS, row))
+    v["payload"] = _blob(v["payload"])
+    v["held"] = bool(v["held"])
+    return api.PoisonMessage(**v)
+
+
+def _waiting(msg: BufferedMessage | None, now: float | None) -> BufferedMessage | None:
+    """``msg`` unless it waits for a retry later than ``now`` (no ``now``: never)."""
+    if msg is None or now is None or msg.next_attempt_at is None or msg.next_attempt_at <= now:
+        return msg
+    return None
 
 
 # --------------------------------------------------------------------------
@@ -497,7 +556,7 @@ class SqlTransaction(api.StoreTransaction):
         for row in cur.fetchall():
             key = (table, tuple(row[i] for i in pk_idx))
             if key not in self.undo:
-                self.undo[key] = dict(zip(names, row))
+                self.undo[key] = dict(zip(names, row, strict=True))
         cur.close()
 
     def capture_key(self, table: str, *pk: Any) -> None:
@@ -1012,50 +1071,62 @@ class _Invoker(api.InvokerBufferManager):
             row = tx.one(sql, (sequence_id,))
         return api.parse_ranges(row[0] if row else None)
 
-    def _next_row(self, sequence_id: str, in_order: bool, upto: int) -> BufferedMessage | None:
+    def _next_row(self, sequence_id: str, in_order: bool, upto: int,
+                  now: float | None = None) -> BufferedMessage | None:
         tx = self._tx
         if in_order:
-            ahead = tx.read_ahead.get(sequence_id)
-            if ahead is None:  # the sequence's first message in this transaction: that one only
-                tx.read_ahead[sequence_id] = {}
-                row = tx.one(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message "
-                             "WHERE sequence_id = ? AND number = ?", (sequence_id, upto + 1))
-                return _buf(row) if row else None
-            if upto + 1 not in ahead:  # a second one: a batch, read the next ones at once
-                rows = tx.all(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message WHERE sequence_id = ? "
-                              "AND number BETWEEN ? AND ?", (sequence_id, upto + 1, upto + _READ_AHEAD))
-                ahead = tx.read_ahead[sequence_id] = {msg.number: msg for msg in map(_buf, rows)}
-            return ahead.get(upto + 1)
-        else:
+            return _waiting(self._next_in_order(sequence_id, upto), now)
+        if now is None:
             row = tx.one(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message WHERE sequence_id = ? "
                          "ORDER BY number LIMIT 1", (sequence_id,))
+        else:
+            row = tx.one(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message WHERE sequence_id = ? "
+                         "AND (next_attempt_at IS NULL OR next_attempt_at <= ?) ORDER BY number LIMIT 1",
+                         (sequence_id, now))
         return _buf(row) if row else None
 
-    def next_deliverable(self, sequence_id: str, *, in_order: bool = True) -> BufferedMessage | None:
+    def _next_in_order(self, sequence_id: str, upto: int) -> BufferedMessage | None:
+        tx = self._tx
+        ahead = tx.read_ahead.get(sequence_id)
+        if ahead is None:  # the sequence's first message in this transaction: that one only
+            tx.read_ahead[sequence_id] = {}
+            row = tx.one(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message "
+                         "WHERE sequence_id = ? AND number = ?", (sequence_id, upto + 1))
+            return _buf(row) if row else None
+        if upto + 1 not in ahead:  # a second one: a batch, read the next ones at once
+            rows = tx.all(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message WHERE sequence_id = ? "
+                          "AND number BETWEEN ? AND ?", (sequence_id, upto + 1, upto + _READ_AHEAD))
+            ahead = tx.read_ahead[sequence_id] = {msg.number: msg for msg in map(_buf, rows)}
+        return ahead.get(upto + 1)
+
+    def next_deliverable(self, sequence_id: str, *, in_order: bool = True,
+                         now: float | None = None) -> BufferedMessage | None:
         state = self._lock_sequence(sequence_id)
         if state is None:
             return None
-        return self._next_row(sequence_id, in_order, state[1])
+        return self._next_row(sequence_id, in_order, state[1], now)
 
-    def claim_next(self, *, in_order: bool = True) -> BufferedMessage | None:
+    def claim_next(self, *, in_order: bool = True, now: float | None = None) -> BufferedMessage | None:
         tx = self._tx
         tx.lock(RANK_INVOKER, "claim")
+        now = _now(now)
+        due = "(b.next_attempt_at IS NULL OR b.next_attempt_at <= ?)"
         if in_order:
             row = tx.one(
                 "SELECT s.sequence_id, s.delivered_upto, s.delivered FROM invoker_sequence s "
                 "JOIN invoker_message b ON b.sequence_id = s.sequence_id "
-                "AND b.number = s.delivered_upto + 1 ORDER BY b.received_at, s.sequence_id LIMIT 1"
-                + tx.d.lock_of("s"))
+                f"AND b.number = s.delivered_upto + 1 WHERE {due} "
+                "ORDER BY b.received_at, s.sequence_id LIMIT 1" + tx.d.lock_of("s"), (now,))
         else:
             row = tx.one(
                 "SELECT s.sequence_id, s.delivered_upto, s.delivered FROM invoker_sequence s WHERE EXISTS "
-                "(SELECT 1 FROM invoker_message b WHERE b.sequence_id = s.sequence_id) "
-                "ORDER BY s.sequence_id LIMIT 1" + tx.d.lock_of("s"))
+                f"(SELECT 1 FROM invoker_message b WHERE b.sequence_id = s.sequence_id AND {due}) "
+                "ORDER BY s.sequence_id LIMIT 1" + tx.d.lock_of("s"), (now,))
         if row is None:
             return None
         tx.lock(RANK_INVOKER, row[0])
         tx.held_invoker[row[0]] = (api.parse_ranges(row[2]), int(row[1]))
-        return self._next_row(row[0], in_order, int(row[1]))
+        return self._next_row(row[0], in_order, int(row[1]), now)
 
     def mark_delivered(self, sequence_id: str, number: int) -> None:
         state = self._lock_sequence(sequence_id)
@@ -1089,6 +1160,10 @@ class _Invoker(api.InvokerBufferManager):
                                (sequence_id,))
         return int(row[0])
 
+    def held_bytes(self) -> dict[str, int]:
+        rows = self._tx.all("SELECT sequence_id, SUM(LENGTH(payload)) FROM invoker_message GROUP BY sequence_id")
+        return {row[0]: int(row[1]) for row in rows if row[1]}
+
     def discard(self, sequence_id: str) -> int:
         self._lock_sequence(sequence_id)
         tx = self._tx
@@ -1099,6 +1174,124 @@ class _Invoker(api.InvokerBufferManager):
         tx.held_invoker.pop(sequence_id, None)
         tx.read_ahead.pop(sequence_id, None)
         return n
+
+    # -- failed deliveries and the poison store -------------------------------------------------
+
+    def get(self, sequence_id: str, number: int) -> BufferedMessage | None:
+        self._lock_sequence(sequence_id)
+        row = self._tx.one(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message WHERE sequence_id = ? "
+                           "AND number = ?", (sequence_id, number))
+        return _buf(row) if row else None
+
+    def _require(self, sequence_id: str, number: int) -> BufferedMessage:
+        msg = self.get(sequence_id, number)
+        if msg is None:
+            raise UnknownMessageError(
+                f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
+        return msg
+
+    def record_failure(self, sequence_id: str, number: int, *, attempts: int, cycle: int,
+                       next_attempt_at: float | None, error: str) -> BufferedMessage:
+        msg = self._require(sequence_id, number)
+        tx = self._tx
+        tx.capture_key("invoker_message", sequence_id, number)
+        tx.write("UPDATE invoker_message SET attempts = ?, retry_cycle = ?, next_attempt_at = ?, "
+                 "last_error = ? WHERE sequence_id = ? AND number = ?",
+                 (attempts, cycle, next_attempt_at, error, sequence_id, number))
+        tx.read_ahead.get(sequence_id, {}).pop(number, None)
+        return replace(msg, attempts=attempts, cycle=cycle, next_attempt_at=next_attempt_at, last_error=error)
+
+    def poison(self, sequence_id: str, number: int, *, hold: bool, error: str | None = None,
+               now: float | None = None) -> api.PoisonMessage:
+        msg = self._require(sequence_id, number)
+        tx = self._tx
+        poisoned = api.poison_of(msg, hold=hold, error=error, now=_now(now))
+        self._insert_poison(poisoned)
+        tx.capture_key("invoker_message", sequence_id, number)
+        tx.write("DELETE FROM invoker_message WHERE sequence_id = ? AND number = ?", (sequence_id, number))
+        tx.read_ahead.get(sequence_id, {}).pop(number, None)
+        if not hold:
+            self._set_delivered(sequence_id, tx.held_invoker[sequence_id][0].add(number))
+        return poisoned
+
+    def _insert_poison(self, p: api.PoisonMessage) -> None:
+        tx = self._tx
+        tx.capture_key("poison_message", p.sequence_id, p.number)
+        tx.write(f"INSERT INTO poison_message ({_cols(_POISON_COLS)}) VALUES ({_in_list(_POISON_COLS)})",
+                 (p.sequence_id, p.number, p.message_id, p.action, p.soap_version, p.payload, p.reply_to,
+                  p.received_at, p.total_attempts, p.cycles, p.last_error, p.poisoned_at, p.held))
+
+    def _set_delivered(self, sequence_id: str, delivered: api.AckRanges) -> None:
+        tx = self._tx
+        upto = delivered.next_expected - 1
+        tx.capture_key("invoker_sequence", sequence_id)
+        tx.write("UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? WHERE sequence_id = ?",
+                 (api.format_ranges(delivered), upto, sequence_id))
+        tx.held_invoker[sequence_id] = (delivered, upto)
+        tx.read_ahead.pop(sequence_id, None)
+
+    def list_poison(self, sequence_id: str | None = None) -> list[api.PoisonMessage]:
+        sql = f"SELECT {_cols(_POISON_COLS)} FROM poison_message"
+        if sequence_id is None:
+            rows = self._tx.all(sql + " ORDER BY poisoned_at, sequence_id, number")
+        else:
+            rows = self._tx.all(sql + " WHERE sequence_id = ? ORDER BY poisoned_at, number", (sequence_id,))
+        return [_poison(r) for r in rows]
+
+    def get_poison(self, sequence_id: str, number: int) -> api.PoisonMessage | None:
+        row = self._tx.one(f"SELECT {_cols(_POISON_COLS)} FROM poison_message WHERE sequence_id = ? "
+                           "AND number = ?", (sequence_id, number))
+        return _poison(row) if row else None
+
+    def _take_poison(self, sequence_id: str, number: int) -> api.PoisonMessage:
+        """Lock the sequence's buffer, then delete and return its poison message ``number``."""
+        self._lock_sequence(sequence_id)
+        tx = self._tx
+        poisoned = self.get_poison(sequence_id, number)
+        if poisoned is None:
+            raise UnknownMessageError(f"no poison message {number} of sequence {sequence_id!r}")
+        tx.capture_key("poison_message", sequence_id, number)
+        tx.write("DELETE FROM poison_message WHERE sequence_id = ? AND number = ?", (sequence_id, number))
+        return poisoned
+
+    def retry_poison(self, sequence_id: str, number: int, *, now: float | None = None) -> BufferedMessage:
+        poisoned = self._take_poison(sequence_id, number)
+        tx = self._tx
+        held = tx.held_invoker.get(sequence_id)
+        if held is None:  # the sequence was released meanwhile: a delivery record of its own
+            tx.capture_key("invoker_sequence", sequence_id)
+            tx.write("INSERT INTO invoker_sequence (sequence_id) VALUES (?) "
+                     "ON CONFLICT (sequence_id) DO NOTHING", (sequence_id,))
+            self._lock_sequence(sequence_id)
+        msg = api.buffered_of(poisoned)
+        tx.capture_key("invoker_message", sequence_id, number)
+        tx.write(f"INSERT INTO invoker_message ({_cols(_BUF_COLS)}) VALUES ({_in_list(_BUF_COLS)})",
+                 (msg.sequence_id, msg.number, msg.message_id, msg.action, msg.soap_version, msg.payload,
+                  msg.reply_to, msg.received_at, 0, 0, None, None))
+        self._set_delivered(sequence_id, api.delivered_for_retry(None if held is None else held[0], number))
+        return msg
+
+    def discard_poison(self, sequence_id: str, number: int) -> api.PoisonMessage:
+        poisoned = self._take_poison(sequence_id, number)
+        held = self._tx.held_invoker.get(sequence_id)
+        if held is not None and number not in held[0]:
+            self._set_delivered(sequence_id, held[0].add(number))
+        return poisoned
+
+    def count_poison(self, sequence_id: str | None = None) -> int:
+        if sequence_id is None:
+            row = self._tx.one("SELECT COUNT(*) FROM poison_message")
+        else:
+            row = self._tx.one("SELECT COUNT(*) FROM poison_message WHERE sequence_id = ?", (sequence_id,))
+        return int(row[0])
+
+    def count_retrying(self, sequence_id: str | None = None) -> int:
+        sql = "SELECT COUNT(*) FROM invoker_message WHERE (attempts > 0 OR retry_cycle > 0)"
+        if sequence_id is None:
+            row = self._tx.one(sql)
+        else:
+            row = self._tx.one(sql + " AND sequence_id = ?", (sequence_id,))
+        return int(row[0])
 
 
 def apply_undo(tx: SqlTransaction, undo: UndoLog) -> None:

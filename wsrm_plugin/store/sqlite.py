@@ -7,8 +7,16 @@ pretend otherwise: a store transaction owns the whole file from its first
 statement to its end.  Ownership is an exclusive ``flock`` on a sidecar file
 (``<db>.lock``) -- which also works between processes and is released by the
 kernel when a process dies -- behind a per-process ``threading.Lock`` so
-threads of one process queue cheaply.  Inside, ``BEGIN IMMEDIATE`` and WAL
-with ``synchronous=FULL`` make every commit durable.  The lock order rule and
+threads of one process queue cheaply.  Inside, ``BEGIN IMMEDIATE`` and WAL.
+
+Group commit: a commit writes its WAL frames (``synchronous=NORMAL``: no
+fsync inside SQLite), gives the file to the next transaction, and returns
+only once the WAL file is fsynced (:class:`_GroupSync`).  Transactions that
+commit while one fsync runs share the next: one fsync for every commit
+waiting at that instant (concurrent receives, acknowledged only after their
+commit returned).  A commit that changed no row needs no fsync (a
+schema-only change becomes durable with the next commit that changes a row,
+or the next checkpoint, which SQLite syncs).  The lock order rule and
 its :class:`~.api.LockOrderError` still apply, so code written against this
 store runs unchanged on the row-locking PostgreSQL store.
 
@@ -65,7 +73,7 @@ from txmanager.xa import (
 from txmanager.xid import Xid
 
 from . import api
-from .api import InDoubtBranchesError, LockTimeoutError, StoreClosedError
+from .api import InDoubtBranchesError, LockTimeoutError, StoreClosedError, StoreUnavailableError
 from .branches import BranchResource
 from .sql import (
     LATEST_VERSION, SQLITE, SqlTransaction, apply_undo, decode_undo, encode_undo, migrate,
@@ -74,6 +82,17 @@ from .sql import (
 __all__ = ["SqliteStore", "SqliteXAResource"]
 
 log = logging.getLogger(__name__)
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """SQLite (or the OS under it) says the disk is full or failing: not the statement's fault."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    text = str(exc).lower()
+    return "disk is full" in text or "disk i/o error" in text or "readonly database" in text \
+        or "unable to open database" in text
 
 
 class _FileGate:
@@ -129,6 +148,59 @@ class _FileGate:
 
 
 _gates: dict[tuple[int, str], _FileGate] = {}
+class _GroupSync:
+    """fsyncs of one WAL file shared by every commit that waits at that instant.
+
+    Commits are numbered in commit order (under the file gate); a committer
+    waits until a sync that started after its commit has finished.  One
+    waiter at a time runs the fsync, for everyone committed before it began.
+    """
+
+    def __init__(self, wal_path: str) -> None:
+        self.wal_path = wal_path
+        self._cond = threading.Condition(threading.Lock())
+        self._committed = 0
+        self._synced = 0
+        self._syncing = False
+        self.syncs = 0      #: fsyncs run
+        self.commits = 0    #: commits that needed one
+
+    def note_commit(self) -> int:
+        """Number the commit just done (call while still holding the file)."""
+        with self._cond:
+            self._committed += 1
+            self.commits += 1
+            return self._committed
+
+    def wait_durable(self, seq: int) -> None:
+        with self._cond:
+            while self._synced < seq:
+                if self._syncing:
+                    self._cond.wait()
+                    continue
+                self._syncing = True
+                target = self._committed
+                self._cond.release()
+                try:
+                    self._fsync()
+                finally:
+                    self._cond.acquire()
+                    self._syncing = False
+                    self._cond.notify_all()
+                self._synced = max(self._synced, target)
+
+    def _fsync(self) -> None:
+        try:
+            fd = os.open(self.wal_path, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # no WAL: everything was checkpointed into the database file, which SQLite synced
+        try:
+            os.fsync(fd)
+            self.syncs += 1
+        finally:
+            os.close(fd)
+
+
 _gates_lock = threading.Lock()
 
 
@@ -155,6 +227,7 @@ class SqliteStore(api.StorageManager):
         self.lock_timeout = lock_timeout
         self.pool_size = pool_size
         self._gate = _gate_for(os.path.realpath(self.path))
+        self._sync = _GroupSync(os.path.realpath(self.path) + "-wal")
         self._idle: list[sqlite3.Connection] = []
         self._pool_lock = threading.Lock()
         self._closed = False
@@ -167,7 +240,7 @@ class SqliteStore(api.StorageManager):
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                timeout=self.lock_timeout)
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA synchronous=NORMAL")  # the WAL's fsync is ours: see _GroupSync
         return conn
 
     def _take(self) -> sqlite3.Connection:
@@ -199,12 +272,14 @@ class SqliteStore(api.StorageManager):
             try:
                 found = migrate(conn, SQLITE, self.path)
                 conn.execute("COMMIT")
+                seq = self._sync.note_commit()
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
         finally:
             conn.close()
             self._gate.release()
+        self._sync.wait_durable(seq)
         return found
 
     # -- transactions --------------------------------------------------------------------
@@ -232,14 +307,18 @@ class SqliteStore(api.StorageManager):
                 in_doubt = [] if allow_in_doubt else [r[0] for r in conn.execute(
                     "SELECT xid FROM xa_prepared ORDER BY prepared_at LIMIT 10")]
                 if not in_doubt:
-                    return SqlTransaction(self, conn, SQLITE, capture_undo=capture_undo)
+                    tx = SqlTransaction(self, conn, SQLITE, capture_undo=capture_undo)
+                    tx._changes_at_begin = conn.total_changes  # type: ignore[attr-defined]
+                    return tx
                 conn.execute("ROLLBACK")
-            except BaseException:
+            except BaseException as exc:
                 if conn is not None:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     self._give(conn)
                 self._gate.release()
+                if _unavailable(exc):
+                    raise StoreUnavailableError(f"store {self.path} cannot take writes now: {exc}") from exc
                 raise
             self._give(conn)
             self._gate.release()
@@ -253,26 +332,37 @@ class SqliteStore(api.StorageManager):
             delay = min(delay * 2, 0.05)
 
     def _finish(self, tx: SqlTransaction, commit: bool) -> None:
+        """Commit (durably: returns once the WAL is fsynced) or roll back, and give the file back."""
         conn = tx.conn
         tx.mark_closed()
+        seq = 0
         try:
             if commit:
+                changed = tx._wrote or conn.total_changes != getattr(tx, "_changes_at_begin", -1)
                 try:
                     conn.execute("COMMIT")
-                except sqlite3.Error:
+                except sqlite3.Error as exc:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
+                    if _unavailable(exc):
+                        raise StoreUnavailableError(f"store {self.path} cannot take writes now: {exc}") from exc
                     raise
+                if changed:
+                    seq = self._sync.note_commit()
             elif conn.in_transaction:
                 conn.execute("ROLLBACK")
         finally:
             self._give(conn)
             self._gate.release()
+        if seq:  # outside the file: the next transaction runs (and commits) while this one syncs
+            self._sync.wait_durable(seq)
 
     @staticmethod
     def _translate(exc: BaseException) -> Exception | None:
         if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
             return LockTimeoutError(f"SQLite reports the store busy: {exc}")
+        if _unavailable(exc):
+            return StoreUnavailableError(f"the SQLite store cannot take writes now: {exc}")
         return None
 
     # -- reading without the lock (status, recover) ---------------------------------------

@@ -195,6 +195,13 @@ class Peer:
                 self._events.put(line.strip())
         self._events.put(None)
 
+    @property
+    def process(self) -> subprocess.Popen[str]:
+        """The running child; asking before it was started is the demo's own bug."""
+        if self.child is None:
+            raise DemoError(f"the {self.role} was never started")
+        return self.child
+
     def expect(self, word: str, timeout: float) -> str:
         """Wait for the next line starting with ``word``; returns the rest of it."""
         deadline = time.monotonic() + timeout
@@ -205,7 +212,7 @@ class Peer:
                 raise DemoError(f"the {self.role} did not say {word} within {timeout:.0f} s; "
                                 f"its log:\n{self.log_tail()}") from None
             if line is None:
-                raise DemoError(f"the {self.role} exited ({self.child.wait()}) before saying {word}; "
+                raise DemoError(f"the {self.role} exited ({self.process.wait()}) before saying {word}; "
                                 f"its log:\n{self.log_tail()}")
             if line.split(" ")[0] == word:
                 return line[len(word):].strip()
@@ -229,7 +236,8 @@ class Peer:
             return None
         if self.child.poll() is None:
             with contextlib.suppress(OSError):
-                self.child.stdin.close()
+                if self.child.stdin is not None:
+                    self.child.stdin.close()
             try:
                 self.child.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -240,6 +248,8 @@ class Peer:
         return self.child.returncode
 
     def _close_pipes(self) -> None:
+        if self.child is None:
+            return
         for pipe in (self.child.stdin, self.child.stdout):
             if pipe is not None and not pipe.closed:
                 with contextlib.suppress(OSError):
@@ -472,8 +482,8 @@ class Demo:
             done = self._done(received, replies)
             if done >= plan.messages:
                 break
-            if client.child.poll() is not None:
-                raise DemoError(f"the client exited ({client.child.returncode}); its log:\n{client.log_tail()}")
+            if client.process.poll() is not None:
+                raise DemoError(f"the client exited ({client.process.returncode}); its log:\n{client.log_tail()}")
             if crashes and crashes[0] == "client" and client.enqueued >= max(1, plan.messages // 3):
                 at = client.enqueued
                 client.kill()

@@ -46,6 +46,7 @@ from spyne import Application, ServiceBase, Unicode, rpc
 from spyne.protocol.soap import Soap11
 
 from wsrm_plugin.engine import RMPolicy
+from wsrm_plugin.wire.namespaces import SOAP11
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ CLIENT_KEY = "demo"
 
 #: Short retransmission intervals, so a lossy network costs the demo seconds, not minutes.
 POLICY = RMPolicy(base_retransmission_interval=0.2, exponential_backoff=False, poll_interval=0.05,
-                  http_timeout=5.0, soap_version="1.1")
+                  http_timeout=5.0, soap_version=SOAP11)
 
 SERVER_TABLE = "application_server"
 CLIENT_TABLE = "application_client"

@@ -165,6 +165,18 @@ def is_post(request: ProxiedRequest) -> bool:
 # Address checks
 
 
+_ACTION_PARAM = re.compile(r';\s*action\s*=\s*"?([^";]*)"?', re.IGNORECASE)
+
+
+def soap_action(request: ProxiedRequest) -> str:
+    """The request's SOAP action: SOAP 1.1's SOAPAction header or SOAP 1.2's ``action`` parameter."""
+    header = request.header("SOAPAction")
+    if header is not None and header.strip('" '):
+        return header.strip().strip('"')
+    match = _ACTION_PARAM.search(request.header("Content-Type") or "")
+    return match.group(1) if match else ""
+
+
 def require_loopback(host: str, what: str = "address") -> None:
     """Refuse anything but 127.0.0.0/8, ::1 and ``localhost`` (never resolved)."""
     if host.lower() == "localhost":
@@ -310,8 +322,16 @@ class _UpstreamPool:
 
     def request(self, method: str, path: str, headers: tuple[tuple[str, str], ...],
                 body: bytes) -> _Response:
+        """Forward one exchange; a reused connection that fails before any answer is retried once.
+
+        A target that restarted closed every connection the pool keeps, and
+        the first request on each finds out only when it writes or waits: the
+        request never reached the target, so a fresh connection is safe.  The
+        retry never takes another pooled connection (it is as stale as the
+        first), and the other idle ones are dropped with it.
+        """
         for attempt in (1, 2):
-            conn, reused = self._acquire()
+            conn, reused = self._acquire(fresh=attempt > 1)
             try:
                 conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
                 conn.putheader("Host", self._host_header)
@@ -320,19 +340,24 @@ class _UpstreamPool:
                 if body or method in ("POST", "PUT", "PATCH"):
                     conn.putheader("Content-Length", str(len(body)))
                 conn.endheaders(body or None)
-                resp = conn.getresponse()
-                data = b"" if method == "HEAD" else resp.read()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
+                resp = conn.getresponse()  # raises before any byte of a status line arrived
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                    ConnectionAbortedError) as exc:
                 self._discard(conn)
                 if reused and attempt == 1 and not self._closed:
-                    # The target closed an idle keep-alive connection before
-                    # reading this request: a fresh connection is safe.
-                    log.debug("stale keep-alive connection to the target (%s); retrying", exc)
+                    log.info("a kept-alive connection to the target was closed (%s); dropping the idle "
+                             "ones and retrying on a new connection", exc)
+                    self._discard_idle()
                     continue
                 raise UpstreamError(f"the target closed the connection: {exc}") from exc
             except (OSError, http.client.HTTPException) as exc:
                 self._discard(conn)
                 raise UpstreamError(f"cannot reach the target: {exc!r}") from exc
+            try:
+                data = b"" if method == "HEAD" else resp.read()
+            except (OSError, http.client.HTTPException) as exc:  # the answer began: never resent
+                self._discard(conn)
+                raise UpstreamError(f"the target broke off its response: {exc!r}") from exc
             response = _Response(resp.status, resp.reason, tuple(resp.getheaders()), data)
             if resp.will_close:
                 self._discard(conn)
@@ -341,11 +366,18 @@ class _UpstreamPool:
             return response
         raise AssertionError("unreachable")
 
-    def _acquire(self) -> tuple[http.client.HTTPConnection, bool]:
+    def _discard_idle(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._all.difference_update(idle)
+        for conn in idle:
+            conn.close()
+
+    def _acquire(self, fresh: bool = False) -> tuple[http.client.HTTPConnection, bool]:
         with self._lock:
             if self._closed:
                 raise UpstreamError("the proxy is stopped")
-            if self._idle:
+            if self._idle and not fresh:
                 return self._idle.pop(), True
             conn = http.client.HTTPConnection(self._dial, self._port, timeout=self._timeout)
             self._all.add(conn)
@@ -401,7 +433,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def setup(self) -> None:
-        self.timeout = self.server.proxy.idle_timeout
+        self.timeout = self.server.proxy.idle_timeout  # type: ignore[misc]  # typeshed: a ClassVar; setup() reads it per instance
         super().setup()
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 -- base name
@@ -511,9 +543,10 @@ class _Server(ThreadingHTTPServer):
     def server_bind(self) -> None:
         # HTTPServer.server_bind calls getfqdn(), a reverse DNS lookup: not needed.
         socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
+        host, self.server_port = self.server_address[:2]
+        self.server_name = str(host)
 
-    def process_request(self, request, client_address) -> None:  # type: ignore[override]
+    def process_request(self, request, client_address) -> None:
         thread = threading.Thread(
             target=self._serve_connection, args=(request, client_address),
             name=f"wsrm-proxy-{self.server_port}-conn-{next(self._conn_seq)}", daemon=True)
@@ -531,7 +564,7 @@ class _Server(ThreadingHTTPServer):
             with self._conn_lock:
                 self._conns.pop(request, None)
 
-    def handle_error(self, request, client_address) -> None:  # type: ignore[override]
+    def handle_error(self, request, client_address) -> None:
         exc = sys.exc_info()[1]
         if isinstance(exc, OSError):
             log.debug("connection from %s ended: %r", client_address, exc)
@@ -654,6 +687,7 @@ class LossyProxy:
 
         self._lock = threading.Lock()
         self._counts = {f.name: 0 for f in fields(ProxyStats)}
+        self._by_action: dict[str, int] = {}
         self._seq = itertools.count(1)
         self._held: list[_Held] = []
         self._stopping = threading.Event()
@@ -743,6 +777,17 @@ class LossyProxy:
         with self._lock:
             return ProxyStats(**self._counts)
 
+    def received_by_action(self) -> dict[str, int]:
+        """POST requests read from clients, by SOAP action ("" when a request names none).
+
+        What a sender's counters can be checked against: every CreateSequence
+        beyond a sequence's first is a retry, every copy of an application
+        message beyond its first a retransmission, whatever the proxy then did
+        with it.
+        """
+        with self._lock:
+            return dict(self._by_action)
+
     def flush(self) -> None:
         """Forward every held-back request now (they still arrive late)."""
         with self._lock:
@@ -806,6 +851,9 @@ class LossyProxy:
             return
 
         self._count("received")
+        action = soap_action(request)
+        with self._lock:
+            self._by_action[action] = self._by_action.get(action, 0) + 1
         d = self._decide()
         if d.drop:
             log.debug("#%d %s: drop (%s)", seq, request.path, self.drop_mode)
@@ -1001,14 +1049,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve the target's path prefix at the proxy's root")
     p.add_argument("--no-wsdl-rewrite", dest="rewrite_wsdl", action="store_false",
                    help="do not point WSDLs fetched through the proxy at the proxy")
+    p.add_argument("--stats-interval", type=_interval_arg, default=0.0, metavar="SECONDS",
+                   help="print the counters every SECONDS while running (default: only when "
+                        "stopped; SIGUSR1 prints them at any time)")
 
 
-def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
+def _interval_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"interval {text!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"interval {text!r} must be >= 0 (0: only when stopped)")
+    return value
+
+
+def _install_signal_handlers(stop: threading.Event, show: threading.Event) -> Callable[[], None]:
+    """SIGINT/SIGTERM stop the proxy; SIGUSR1 asks for the counters (as ``dd`` does with SIGUSR1)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig in previous:
-        signal.signal(sig, lambda signum, frame: stop.set())
+    wanted = [(signal.SIGINT, stop), (signal.SIGTERM, stop)]
+    if hasattr(signal, "SIGUSR1"):
+        wanted.append((signal.SIGUSR1, show))
+    previous = {sig: signal.getsignal(sig) for sig, _ in wanted}
+    for sig, event in wanted:
+        def on_signal(signum: int, frame: object, event: threading.Event = event) -> None:
+            event.set()
+        signal.signal(sig, on_signal)
 
     def restore() -> None:
         for sig, handler in previous.items():
@@ -1018,9 +1085,15 @@ def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None,
         out: TextIO | None = None) -> int:
-    """Run the proxy until SIGINT/SIGTERM (or ``stop`` is set), then print its counters."""
+    """Run the proxy until SIGINT/SIGTERM (or ``stop`` is set), then print its counters.
+
+    The counters are also printed every ``--stats-interval`` seconds and on
+    SIGUSR1, so a long run can be watched without stopping it.
+    """
     out = out or sys.stdout
     stop = stop or threading.Event()
+    show = threading.Event()
+    interval = getattr(args, "stats_interval", 0.0) or 0.0
     try:
         proxy = LossyProxy(
             args.target, listen=(args.listen, args.port), drop=args.drop,
@@ -1032,13 +1105,20 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
     except ValueError as exc:
         sys.stderr.write(f"wsrm proxy: error: {exc}\n")
         return 2
-    restore = _install_signal_handlers(stop)
+    restore = _install_signal_handlers(stop, show)
     try:
         with proxy:
             out.write(f"proxying {proxy.url} -> {proxy.target} (seed {proxy.seed})\n")
             out.flush()
-            while not stop.wait(0.5):
-                pass
+            next_show = time.monotonic() + interval if interval else None
+            while not stop.wait(0.1):
+                if next_show is not None and time.monotonic() >= next_show:
+                    next_show += interval
+                    show.set()
+                if show.is_set():
+                    show.clear()
+                    out.write(f"stats: {proxy.stats}\n")
+                    out.flush()
     finally:
         restore()
     out.write(f"stats: {proxy.stats}\n")

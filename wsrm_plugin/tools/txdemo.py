@@ -25,7 +25,6 @@ from typing import TextIO
 import psycopg2
 
 from wsrm_plugin.tools.bank import audit, create_bank
-from txmanager.operator import recover_postgres
 from wsrm_plugin.tools.pgserver import ThrowawayPostgres
 
 #: (kill point, what the round shows): one round per protocol point.
@@ -132,14 +131,14 @@ def run(dsn: str | None = None, transfers: int = 200, out: TextIO = sys.stdout) 
         if pg is not None:
             rounds.append(("committed:0", "PostgreSQL itself killed mid-commit, then restarted"))
         for n, (point, story) in enumerate(rounds):
-            kill_server = pg is not None and n == len(ROUNDS)
+            killed = pg if n == len(ROUNDS) else None  # the extra round, only with a pg
             rc = run_worker(
                 dsn_a, dsn_b, log_path, transfers=20, prefix=f"r{n}", kill_at=point, kill_tx=5,
-                kill_server_pid=pg.pid if kill_server else None, seed=n,
+                kill_server_pid=killed.pid if killed is not None else None, seed=n,
             )
-            if kill_server:
-                pg.wait_killed()
-                pg.start()
+            if killed is not None:
+                killed.wait_killed()
+                killed.start()
             in_doubt = _prepared(dsn_a) + _prepared(dsn_b)
             recovery = recover_in_fresh_process(log_path, [dsn_a, dsn_b])
             report = audit(dsn_a, dsn_b, expected)

@@ -96,7 +96,7 @@ class EndpointReference:
         wsa = _as_addressing(version)
         if not self.address:
             raise ValueError("an endpoint reference needs an address")
-        tag = etree.QName(tag)
+        tag = etree.QName(tag)  # type: ignore[arg-type]  # lxml-stubs: QName() accepts a QName too
         nsmap = {"wsa": wsa.ns}
         if tag.namespace and tag.namespace != wsa.ns:
             nsmap[PREFIXES.get(tag.namespace, "ns0")] = tag.namespace
@@ -233,7 +233,7 @@ class AddressingHeaders:
             elements.append(parameter)
         return elements
 
-    def reply_headers(self, action: str, message_id: str | None = None, *,
+    def reply_headers(self, action: str | None, message_id: str | None = None, *,
                       fault: bool = False) -> AddressingHeaders:
         """Headers for the reply (or fault, which prefers FaultTo) to this message."""
         wsa = self.version or WSA_2005_08

@@ -92,7 +92,7 @@ class SoapFault(WireError):
             self.code = code
         if self.code not in FAULT_CODES:
             raise ValueError(f"SOAP fault code must be one of {FAULT_CODES}, not {self.code!r}")
-        self._subcodes = tuple(etree.QName(q) for q in subcodes)
+        self._subcodes = tuple(etree.QName(q) for q in subcodes)  # type: ignore[arg-type]  # lxml-stubs: QName() accepts a QName too
         self.detail: list[etree._Element] = _copies(detail)
 
     # -- what the fault says ------------------------------------------------
@@ -202,7 +202,7 @@ class MustUnderstandFault(SoapFault):
     """Header blocks marked mustUnderstand that this node does not process."""
 
     def __init__(self, not_understood: Sequence[etree.QName | str], reason: str | None = None) -> None:
-        self.not_understood = [etree.QName(q) for q in not_understood]
+        self.not_understood = [etree.QName(q) for q in not_understood]  # type: ignore[arg-type]  # lxml-stubs: QName() accepts a QName too
         names = ", ".join(q.text for q in self.not_understood) or "?"
         super().__init__(reason or f"header(s) not understood: {names}", code="MustUnderstand")
 
@@ -428,7 +428,8 @@ class WSAddressingFault(SoapFault):
                  detail: Iterable[etree._Element] = ()) -> None:
         self.fault_code = _WSA_2005_NAMES.get(fault_code, fault_code)
         self.subsubcode = subsubcode
-        self.problem_header = etree.QName(problem_header) if problem_header is not None else None
+        self.problem_header = (etree.QName(problem_header)  # type: ignore[arg-type]  # lxml-stubs: QName() accepts a QName too
+                               if problem_header is not None else None)
         self.problem_action = problem_action
         self.version = version
         sender = self.DEFAULT_SENDER if sender is None else sender
@@ -549,7 +550,8 @@ class _KnownMCFault(WSMCFault):
 
 class UnsupportedSelection(_KnownMCFault):
     FAULT_CODE = "UnsupportedSelection"
-    DEFAULT_REASON = "The extension element used in the message selection is not supported by the MakeConnection receiver."
+    DEFAULT_REASON = ("The extension element used in the message selection is not supported "
+                      "by the MakeConnection receiver.")
 
 
 class MissingSelection(_KnownMCFault):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import timedelta
 from typing import ClassVar, TypeVar
 
@@ -249,7 +250,7 @@ class Offer:
             elif local == "IncompleteSequenceBehavior" and version.is_11:
                 behavior = _once(behavior, _behavior_text(child, "Offer"),
                                  "IncompleteSequenceBehavior", "Offer")
-        _require(identifier, "Identifier", "Offer")
+        identifier = _require(identifier, "Identifier", "Offer")
         if version.is_11:
             _require(endpoint, "Endpoint (required by WS-RM 1.1)", "Offer")
         return cls(identifier, endpoint, expires, behavior)
@@ -584,12 +585,13 @@ class _IdentifiedBody:
             elif local == "LastMsgNumber" and cls.HAS_LAST and version.is_11:
                 last_text = _once(last_text, text_of(child), "LastMsgNumber", cls.TAG)
         identifier = _require(identifier, "Identifier", cls.TAG)
+        make: Callable[..., _IdentifiedBody] = cls  # each subclass is a dataclass with its own fields
         if not cls.HAS_LAST:
-            return cls(identifier), version
+            return make(identifier), version
         last = None
         if last_text is not None:
             last = parse_message_number(last_text, identifier, field="LastMsgNumber", version=version)
-        return cls(identifier, last), version
+        return make(identifier, last), version
 
 
 @dataclass

@@ -11,8 +11,9 @@ what the server sent.
 from __future__ import annotations
 
 import copy
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from lxml import etree
 
@@ -75,7 +76,7 @@ class Envelope:
         return found[0] if found else None
 
     def headers_named(self, qname: etree.QName | str) -> list[etree._Element]:
-        tag = etree.QName(qname).text
+        tag = etree.QName(qname).text  # type: ignore[arg-type]  # lxml-stubs: QName() accepts a QName too
         return [h for h in self.headers if h.tag == tag]
 
     @property
@@ -305,7 +306,8 @@ def _classify(parts: _Parts, headers: list[etree._Element]) -> SoapFault:
         if wsa is not None:
             return _wsa_fault(wsa, subcodes, reason, sender, detail)
         if first.namespace == WSMC_NS:
-            cls = WSMC_FAULT_CLASSES.get(first.localname)
+            # a registered subclass takes (reason, *, detail), not the base class's fault_code first
+            cls: Callable[..., WSMCFault] | None = WSMC_FAULT_CLASSES.get(first.localname)
             if cls is not None:
                 return cls(reason or None, detail=detail)
             return WSMCFault(first.localname, reason or None, detail=detail)
@@ -326,17 +328,18 @@ def _rm_fault(rm: RMVersion, fault_code: str, reason: str, sender: bool | None,
               detail: list[etree._Element]) -> WSRMFault:
     identifier_element = _first(detail, rm.qname("Identifier").text)
     identifier = text_of(identifier_element) if identifier_element is not None else None
-    cls = RM_FAULT_CLASSES.get(fault_code)
-    kwargs = dict(sender=sender, version=rm, detail=detail)
+    # a registered subclass takes (identifier, reason, ...), not the base class's fault_code first
+    cls: Callable[..., WSRMFault] | None = RM_FAULT_CLASSES.get(fault_code)
     if cls is None:
-        return WSRMFault(fault_code, reason or None, identifier or None, **kwargs)
+        return WSRMFault(fault_code, reason or None, identifier or None,
+                         sender=sender, version=rm, detail=detail)
     if cls is MessageNumberRollover:
         maximum = _first(detail, rm.qname("MaxMessageNumber").text)
         text = text_of(maximum) if maximum is not None else ""
         number = int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
-        return MessageNumberRollover(identifier or None, reason or None,
-                                     max_message_number=number, **kwargs)
-    return cls(identifier or None, reason or None, **kwargs)
+        return MessageNumberRollover(identifier or None, reason or None, max_message_number=number,
+                                     sender=sender, version=rm, detail=detail)
+    return cls(identifier or None, reason or None, sender=sender, version=rm, detail=detail)
 
 
 def _wsa_fault(wsa: AddressingVersion, subcodes: list[etree.QName], reason: str,
@@ -350,12 +353,13 @@ def _wsa_fault(wsa: AddressingVersion, subcodes: list[etree.QName], reason: str,
                       if header_element is not None else None)
     action_element = _first(detail, wsa.qname("ProblemAction").text)
     action = _child(action_element, wsa.ns, "Action") if action_element is not None else None
-    kwargs = dict(subsubcode=subsubcode, problem_header=problem_header,
-                  problem_action=text_of(action) if action is not None else None,
-                  version=wsa, sender=sender, detail=detail)
+    kwargs: dict[str, Any] = dict(subsubcode=subsubcode, problem_header=problem_header,
+                                  problem_action=text_of(action) if action is not None else None,
+                                  version=wsa, sender=sender, detail=detail)
     canonical = {"InvalidMessageInformationHeader": "InvalidAddressingHeader",
                  "MessageInformationHeaderRequired": "MessageAddressingHeaderRequired"}.get(name, name)
-    cls = WSA_FAULT_CLASSES.get(canonical)
+    # a registered subclass takes (reason, ...), not the base class's fault_code first
+    cls: Callable[..., WSAddressingFault] | None = WSA_FAULT_CLASSES.get(canonical)
     if cls is None:
         return WSAddressingFault(canonical, reason or None, **kwargs)
     return cls(reason or None, **kwargs)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from xml.parsers import expat
+from typing import NoReturn
 
 from lxml import etree
 
@@ -61,10 +62,10 @@ def _refuse_doctype(data: bytes) -> None:
     """Read the prolog with expat and refuse a DOCTYPE before anything expands it."""
     scanner = expat.ParserCreate()
 
-    def on_doctype(*_args) -> None:
+    def on_doctype(*_args: object) -> NoReturn:
         raise _Doctype
 
-    def on_root(*_args) -> None:
+    def on_root(*_args: object) -> NoReturn:
         raise _RootReached
 
     scanner.StartDoctypeDeclHandler = on_doctype
@@ -108,7 +109,7 @@ def parse_xml(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> etree._Element:
     except (ValueError, LookupError) as exc:
         raise MalformedMessageError(f"malformed XML: {exc}") from None
     docinfo = root.getroottree().docinfo
-    if docinfo.doctype or docinfo.internalDTD is not None:
+    if docinfo.doctype or docinfo.internalDTD is not None:  # type: ignore[union-attr]  # lxml-stubs lack DocInfo.doctype
         raise UnsafeXMLError("DOCTYPE declarations are not allowed in SOAP messages")
     return root
 

@@ -1,0 +1,656 @@
+"""Delivered-and-committed one-way calls per second, zeep -> spyne, against what a team writes by hand.
+
+One run, interleaved rounds, every scenario from fresh processes and databases
+on one throwaway PostgreSQL server.  The service of every scenario writes
+each item it runs into its OWN PostgreSQL table (``received``); a message
+counts once that row is committed, and the run is verified from that table
+(every item exactly once; plain scenarios may only lose, never repeat).
+
+Scenarios:
+
+* ``plain``    - zeep calls the plain spyne service (waitress), one call at a time;
+                 the method inserts its row (one local commit);
+* ``plain8``   - the same from 8 client threads (the server's capacity: the ceiling
+                 of any layer on top);
+* ``outbox``   - the hand-written transactional outbox: the client commits its
+                 business row and an outbox row in one local transaction, a relay
+                 thread sends the outbox with plain calls (and deletes what it sent);
+                 the service inserts the message id into ``processed`` ON CONFLICT
+                 DO NOTHING and, if new, its row, in one local transaction;
+* ``memory``   - reliable_client -> reliable_service on ``memory:`` stores (the
+                 method's row: one local commit, as in plain);
+* ``sqlite``   - the same on SQLite stores;
+* ``xa2``      - XA, store and application in different databases: the client's
+                 business row (XADataSource) and the enqueue (PostgreSQL store) in
+                 one global transaction; the server's dequeue and the method's row
+                 in one; two-phase commit with the recovery log on both sides;
+* ``xa1``      - the same with each side's store in its application's database:
+                 one branch, committed in one phase.
+
+Per message the run also reports: fsync/fdatasync calls of the client and
+server processes (counted with ``strace --seccomp-bpf``: SQLite and the
+recovery log), PostgreSQL WAL syncs (pg_stat_wal), PostgreSQL commits
+(pg_stat_database.xact_commit, all databases) and the transaction managers'
+prepared branches, logged decisions and one-phase commits (their checkpoint
+hook).  Ratios are against plain (sequential and concurrent) and the outbox
+of the same round; the median of the rounds is reported.
+
+Run::
+
+    .venv/bin/python bench/bench_compare.py [--calls 1000] [--rounds 3]
+        [--scenarios plain,plain8,outbox,memory,sqlite,xa2,xa1] [--no-strace]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+TNS = "urn:wsrm-bench"
+SCENARIOS = ("plain", "plain8", "outbox", "memory", "sqlite", "xa2", "xa1")
+THREADS = 8
+
+#: (scenario, baseline, aim) from issue 12
+AIMS = [("memory", "plain", 1.0), ("memory", "plain8", 0.7), ("sqlite", "plain", 0.8),
+        ("xa1", "outbox", 0.9), ("xa2", "outbox", 0.6)]
+
+
+# -- the service (server process) ---------------------------------------------------------------
+
+class _Rows:
+    """The service's own table: local commits on a connection per thread, or the XA data source."""
+
+    def __init__(self, dsn: str, ds: Any = None, outbox: bool = False) -> None:
+        self.dsn = dsn
+        self.ds = ds
+        self.outbox = outbox
+        self._local = threading.local()
+
+    def _conn(self) -> Any:
+        import psycopg2
+
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = self._local.conn = psycopg2.connect(self.dsn)
+        return conn
+
+    def record(self, item: str, note: str) -> None:
+        if self.ds is not None:  # in the delivery's global transaction
+            with self.ds.connection() as conn, conn.cursor() as cur:
+                cur.execute("INSERT INTO received (item, note) VALUES (%s, %s)", (item, note))
+            return
+        conn = self._conn()
+        with conn, conn.cursor() as cur:
+            if self.outbox:  # the message id doubles as the item: each is unique
+                cur.execute("INSERT INTO processed (id) VALUES (%s) ON CONFLICT DO NOTHING", (item,))
+                if cur.rowcount == 0:
+                    return  # a duplicate: done before
+            cur.execute("INSERT INTO received (item, note) VALUES (%s, %s)", (item, note))
+
+
+ROWS: _Rows | None = None
+
+
+def _application() -> Any:
+    from spyne import Application, ServiceBase, Unicode, rpc
+    from spyne.protocol.soap import Soap11
+
+    class BenchService(ServiceBase):
+        @rpc(Unicode, Unicode, _is_async=True)
+        def record(ctx, item, note):  # noqa: N805 -- spyne's signature
+            assert ROWS is not None
+            ROWS.record(item, note)
+
+    return Application([BenchService], tns=TNS, name="BenchService",
+                       in_protocol=Soap11(validator="lxml"), out_protocol=Soap11())
+
+
+def _policy(retransmission_interval: float) -> Any:
+    from wsrm_plugin.engine import RMPolicy
+
+    return RMPolicy(soap_version="1.1", base_retransmission_interval=retransmission_interval)
+
+
+class _Points:
+    """The transaction manager's checkpoint hook, as counters."""
+
+    def __init__(self) -> None:
+        self.seen: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def __call__(self, point: str, index: int) -> None:
+        with self._lock:
+            self.seen[point] += 1
+
+
+def _tm(node: str, tmp: Path, points: _Points) -> Any:
+    from txmanager import TransactionManager
+
+    return TransactionManager(node=node, log=tmp / f"{node}.tmlog", checkpoint=points)
+
+
+def server_role(args: argparse.Namespace) -> int:
+    global ROWS
+    from wsrm_plugin.engine.transport import HttpServer
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-server-"))
+    points = _Points()
+    closers: list[Any] = []
+    scenario = args.scenario
+    if scenario in ("plain", "plain8", "outbox"):
+        from spyne.server.wsgi import WsgiApplication
+
+        from interceptors.wsdl import drop_undefined_header_messages
+
+        ROWS = _Rows(args.app_dsn, outbox=scenario == "outbox")
+        wsgi = WsgiApplication(_application())
+        wsgi.doc.wsdl11.event_manager.add_listener(
+            "wsdl_document_built", lambda document: drop_undefined_header_messages(document.root_elt))
+        server = HttpServer(wsgi, threads=THREADS).start()
+        closers.append(server.stop)
+        url = server.url
+    else:
+        from interceptors.spyne_server.service import reliable_service
+
+        tm = None
+        if scenario == "memory":
+            store = "memory:"
+            ROWS = _Rows(args.app_dsn)
+        elif scenario == "sqlite":
+            store = f"sqlite:///{tmp}/server.db"
+            ROWS = _Rows(args.app_dsn)
+        else:
+            from txmanager.postgres import XADataSource
+
+            tm = _tm("bench-server", tmp, points)
+            ds = XADataSource(args.app_dsn, tm)
+            closers.append(ds.close)
+            ROWS = _Rows(args.app_dsn, ds=ds)
+            store = f"postgresql:{args.store_dsn}"
+        service = reliable_service(_application(), store, _policy(args.retransmission_interval), tm=tm)
+        service.serve()
+        service.start()
+        closers.insert(0, lambda: service.stop(timeout=5))
+        if tm is not None:
+            closers.append(tm.close)
+        url = service.url
+    print(f"URL {url}", flush=True)
+    sys.stdin.readline()  # "stop"
+    for close in closers:
+        close()
+    print("STATS " + json.dumps(dict(points.seen)), flush=True)
+    return 0
+
+
+# -- the client process ---------------------------------------------------------------------------
+
+def _items(args: argparse.Namespace) -> list[str]:
+    return [f"{args.run}-{i:06d}" for i in range(args.calls)]
+
+
+def client_role(args: argparse.Namespace) -> int:
+    import zeep
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-client-"))
+    points = _Points()
+    scenario = args.scenario
+    items = _items(args)
+    note = "x" * args.note
+    zc = zeep.Client(args.url + "?wsdl")
+    stoppers: list[Any] = []
+    errors = 0
+    if scenario == "plain":
+        print(f"T0 {time.monotonic()}", flush=True)
+        for item in items:
+            try:
+                zc.service.record(item, note)
+            except Exception:  # noqa: BLE001 -- plain may lose a call
+                errors += 1
+    elif scenario == "plain8":
+        clients = [zeep.Client(args.url + "?wsdl") for _ in range(THREADS)]
+        failed = Counter()
+
+        def worker(n: int) -> None:
+            for item in items[n::THREADS]:
+                try:
+                    clients[n].service.record(item, note)
+                except Exception:  # noqa: BLE001
+                    failed[n] += 1
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(THREADS)]
+        print(f"T0 {time.monotonic()}", flush=True)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        errors = sum(failed.values())
+    elif scenario == "outbox":
+        errors = _outbox_client(args, zc, items, note, stoppers)
+    else:
+        from interceptors.zeep_client.client import reliable_client
+
+        tm = ds = None
+        if scenario == "memory":
+            store = "memory:"
+        elif scenario == "sqlite":
+            store = f"sqlite:///{tmp}/client.db"
+        else:
+            from txmanager.postgres import XADataSource
+
+            tm = _tm("bench-client", tmp, points)
+            ds = XADataSource(args.app_dsn, tm)
+            store = f"postgresql:{args.store_dsn}"
+        rc = reliable_client(zc, store, _policy(args.retransmission_interval), tm=tm, key="bench")
+        stoppers.append(lambda: rc.stop(timeout=5))
+        if ds is not None:
+            stoppers.append(ds.close)
+        if tm is not None:
+            stoppers.append(tm.close)
+        print(f"T0 {time.monotonic()}", flush=True)
+        if tm is None:
+            for item in items:
+                rc.service.record(item, note)
+        else:
+            for item in items:
+                with tm.transaction():
+                    with ds.connection() as conn, conn.cursor() as cur:
+                        cur.execute("INSERT INTO business (item) VALUES (%s)", (item,))
+                    rc.service.record(item, note)
+    print(f"SENT {errors}", flush=True)
+    sys.stdin.readline()  # "stop": everything arrived (or the coordinator gave up)
+    for stop in stoppers:
+        stop()
+    print("STATS " + json.dumps(dict(points.seen)), flush=True)
+    return 0
+
+
+def _outbox_client(args: argparse.Namespace, zc: Any, items: list[str], note: str, stoppers: list[Any]) -> int:
+    """Business row + outbox row in one local transaction; a relay sends the outbox with plain calls."""
+    import psycopg2
+
+    stop = threading.Event()
+    wake = threading.Event()
+    errors = Counter()
+
+    def relay() -> None:
+        conn = psycopg2.connect(args.app_dsn)
+        try:
+            while not stop.is_set():
+                with conn, conn.cursor() as cur:
+                    cur.execute("SELECT id, item, note FROM outbox ORDER BY id LIMIT 100")
+                    batch = cur.fetchall()
+                if not batch:
+                    wake.wait(0.01)
+                    wake.clear()
+                    continue
+                sent = []
+                for row_id, item, row_note in batch:
+                    try:
+                        zc.service.record(item, row_note)
+                        sent.append(row_id)
+                    except Exception:  # noqa: BLE001 -- stays in the outbox, sent again
+                        errors["send"] += 1
+                        break
+                if sent:
+                    with conn, conn.cursor() as cur:
+                        cur.execute("DELETE FROM outbox WHERE id = ANY(%s)", (sent,))
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=relay, name="relay", daemon=True)
+    stoppers.append(lambda: (stop.set(), wake.set(), thread.join(10)))
+    conn = psycopg2.connect(args.app_dsn)
+    print(f"T0 {time.monotonic()}", flush=True)
+    thread.start()
+    try:
+        for item in items:
+            with conn, conn.cursor() as cur:
+                cur.execute("INSERT INTO business (item) VALUES (%s)", (item,))
+                cur.execute("INSERT INTO outbox (item, note) VALUES (%s, %s)", (item, note))
+            wake.set()
+    finally:
+        conn.close()
+    return sum(errors.values())
+
+
+# -- the coordinator --------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    scenario: str
+    calls: int
+    once: int = 0
+    duplicated: int = 0
+    missing: int = 0
+    seconds: float = 0.0
+    errors: int = 0
+    fsyncs: dict[str, int] = field(default_factory=dict)
+    pg: dict[str, int] = field(default_factory=dict)
+    tm: dict[str, int] = field(default_factory=dict)
+    failed: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.once / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ok(self) -> bool:
+        if self.failed or self.duplicated:
+            return False
+        return self.scenario in ("plain", "plain8") or self.once == self.calls
+
+    def per_message(self) -> dict[str, float]:
+        n = max(self.once, 1)
+        return {
+            "fsync(client)": self.fsyncs.get("client", 0) / n,
+            "fsync(server)": self.fsyncs.get("server", 0) / n,
+            "pg WAL syncs": self.pg.get("wal_sync", 0) / n,
+            "pg commits": self.pg.get("xact_commit", 0) / n,
+            "prepared": self.tm.get("prepared", 0) / n,
+            "logged": self.tm.get("before_log", 0) / n,
+            "1PC": self.tm.get("before_commit_one_phase", 0) / n,
+        }
+
+
+class _Child:
+    """A role of this script in its own process, optionally under strace counting fsyncs."""
+
+    def __init__(self, argv: list[str], strace_out: str | None) -> None:
+        cmd = [sys.executable, __file__, *argv]
+        if strace_out is not None:
+            cmd = ["strace", "--seccomp-bpf", "-f", "-qq", "-c", "-e", "trace=fsync,fdatasync",
+                   "-o", strace_out, *cmd]
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.strace_out = strace_out
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self.lines.append("EOF")
+            self._cond.notify_all()
+
+    def expect(self, prefix: str, timeout: float = 120.0) -> str:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines:
+                    if line.startswith(prefix):
+                        return line[len(prefix):].strip()
+                    if line == "EOF":
+                        raise RuntimeError(f"process ended before {prefix!r}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no {prefix!r} within {timeout}s")
+                self._cond.wait(remaining)
+
+    def stop(self) -> dict[str, int]:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write("stop\n")
+            self.proc.stdin.flush()
+            stats = json.loads(self.expect("STATS ", timeout=60))
+        except (OSError, RuntimeError, TimeoutError):
+            stats = {}
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return stats
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def fsyncs(self) -> int:
+        if self.strace_out is None or not os.path.exists(self.strace_out):
+            return 0
+        total = 0
+        with open(self.strace_out, encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if parts and parts[-1] in ("fsync", "fdatasync") and len(parts) >= 5:
+                    total += int(parts[3])
+        return total
+
+
+def _pg_counters(pg: Any) -> dict[str, int]:
+    import psycopg2
+
+    conn = psycopg2.connect(pg.dsn("postgres"))
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_stat_force_next_flush()")
+            cur.execute("SELECT pg_stat_clear_snapshot()")
+            cur.execute("SELECT sum(xact_commit)::bigint FROM pg_stat_database")
+            commits = int(cur.fetchone()[0])
+            cur.execute("SELECT wal_sync FROM pg_stat_wal")
+            wal_sync = int(cur.fetchone()[0])
+        return {"xact_commit": commits, "wal_sync": wal_sync}
+    finally:
+        conn.close()
+
+
+def _execute(dsn: str, *statements: str) -> None:
+    import psycopg2
+
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+    finally:
+        conn.close()
+
+
+def _received(dsn: str) -> tuple[int, int]:
+    import psycopg2
+
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT count(*), count(DISTINCT item) FROM received")
+            total, distinct = cur.fetchone()
+            return int(total), int(distinct)
+    finally:
+        conn.close()
+
+
+def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path) -> Result:
+    import psycopg2
+
+    tag = uuid.uuid4().hex[:8]
+    server_app = pg.create_database(f"srv_app_{tag}")
+    client_app = pg.create_database(f"cli_app_{tag}")
+    server_store = client_store = ""
+    if scenario == "xa2":
+        server_store = pg.create_database(f"srv_store_{tag}")
+        client_store = pg.create_database(f"cli_store_{tag}")
+    elif scenario == "xa1":
+        server_store, client_store = server_app, client_app
+    _execute(server_app, "CREATE TABLE received (item text NOT NULL, note text)",
+             "CREATE TABLE processed (id text PRIMARY KEY)")
+    _execute(client_app, "CREATE TABLE business (id bigserial PRIMARY KEY, item text NOT NULL)",
+             "CREATE TABLE outbox (id bigserial PRIMARY KEY, item text NOT NULL, note text)")
+    if scenario in ("xa1", "xa2"):  # the stores' schemas, outside the measurement
+        from wsrm_plugin.store import open_store
+
+        for dsn in {server_store, client_store}:
+            open_store("postgresql:" + dsn).close()
+    result = Result(scenario, args.calls)
+    strace = not args.no_strace and shutil.which("strace") is not None
+    common = ["--scenario", scenario, "--retransmission-interval", str(args.retransmission_interval)]
+    server = client = None
+    polls = 0  # the coordinator's own read-only transactions, left out of the commit count
+    before = _pg_counters(pg)
+    try:
+        server = _Child(["--role", "server", *common, "--app-dsn", server_app, "--store-dsn", server_store],
+                        str(workdir / f"{scenario}-{tag}-server.strace") if strace else None)
+        url = server.expect("URL ")
+        client = _Child(["--role", "client", *common, "--app-dsn", client_app, "--store-dsn", client_store,
+                         "--url", url, "--calls", str(args.calls), "--note", str(args.note), "--run", tag],
+                        str(workdir / f"{scenario}-{tag}-client.strace") if strace else None)
+        t0 = float(client.expect("T0 ", timeout=120))
+        deadline = time.monotonic() + args.timeout
+        sent_errors = None
+        while True:
+            polls += 1
+            total, distinct = _received(server_app)
+            now = time.monotonic()
+            if distinct >= args.calls:
+                break
+            if sent_errors is None:
+                with client._cond:
+                    done = [line for line in client.lines if line.startswith("SENT ")]
+                if done:
+                    sent_errors = int(done[0].split()[1])
+                    if scenario in ("plain", "plain8") and sent_errors:
+                        time.sleep(0.5)  # what got through is in; the rest is lost
+                        polls += 1
+                        total, distinct = _received(server_app)
+                        now = time.monotonic()
+                        break
+            if now > deadline:
+                result.failed = f"timed out with {distinct} of {args.calls}"
+                break
+            time.sleep(0.01)
+        result.seconds = now - t0
+        result.once = distinct
+        result.duplicated = total - distinct
+        result.missing = args.calls - distinct
+        result.errors = int(client.expect("SENT ", timeout=120))
+    except Exception as exc:  # noqa: BLE001 -- reported as a failed scenario
+        result.failed = f"{type(exc).__name__}: {exc}"
+    finally:
+        stats: Counter[str] = Counter()
+        for name, child in (("client", client), ("server", server)):
+            if child is not None:
+                stats.update(child.stop())
+                result.fsyncs[name] = child.fsyncs()
+        result.tm = dict(stats)
+    after = _pg_counters(pg)
+    result.pg = {k: after[k] - before[k] for k in after}
+    result.pg["xact_commit"] -= polls + 1  # and the first _pg_counters' own
+    if scenario in ("xa1", "xa2"):
+        for dsn in {server_app, client_app, server_store, client_store}:
+            conn = psycopg2.connect(dsn)
+            try:
+                with conn, conn.cursor() as cur:
+                    cur.execute("SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()")
+                    left = cur.fetchone()[0]
+            finally:
+                conn.close()
+            if left:
+                result.failed += f" {left} prepared transaction(s) left"
+    return result
+
+
+def _line(result: Result) -> str:
+    pm = result.per_message()
+    detail = " ".join(f"{k}={v:.2f}" for k, v in pm.items())
+    state = "" if result.ok else f"  FAILED {result.failed} dup={result.duplicated} missing={result.missing}"
+    return (f"  {result.scenario:7s} {result.rate:8.1f} msg/s ({result.seconds:6.2f} s, {result.once} once"
+            f"{', errors ' + str(result.errors) if result.errors else ''})  per msg: {detail}{state}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--role", choices=("coordinator", "server", "client"), default="coordinator")
+    parser.add_argument("--scenario", default="")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--note", type=int, default=64)
+    parser.add_argument("--retransmission-interval", type=float, default=1.0)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--no-strace", action="store_true", help="do not count fsyncs (strace)")
+    parser.add_argument("--app-dsn", default="")
+    parser.add_argument("--store-dsn", default="")
+    parser.add_argument("--url", default="")
+    parser.add_argument("--run", default="")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    if args.role == "server":
+        return server_role(args)
+    if args.role == "client":
+        return client_role(args)
+
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = set(scenarios) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}")
+    from wsrm_plugin.tools.pgserver import ThrowawayPostgres
+
+    pg = ThrowawayPostgres(max_connections=200).start()
+    workdir = Path(tempfile.mkdtemp(prefix="bench-compare-"))
+    print(f"zeep -> spyne, {args.calls} one-way calls per scenario, {args.rounds} interleaved rounds; "
+          f"rates count rows committed in the service's own table", flush=True)
+    results: dict[str, list[Result]] = {s: [] for s in scenarios}
+    ratios: dict[str, list[float]] = {}
+    failures = 0
+    try:
+        for round_no in range(1, args.rounds + 1):
+            print(f"round {round_no}", flush=True)
+            rates: dict[str, float] = {}
+            for scenario in scenarios:
+                result = run_scenario(scenario, args, pg, workdir)
+                results[scenario].append(result)
+                rates[scenario] = result.rate
+                failures += not result.ok
+                print(_line(result), flush=True)
+            for s in scenarios:
+                for base in ("plain", "plain8", "outbox"):
+                    if base in rates and s != base and rates[base] > 0:
+                        ratios.setdefault(f"{s}/{base}", []).append(rates[s] / rates[base])
+        print(f"median over {args.rounds} round(s):")
+        for scenario in scenarios:
+            runs = results[scenario]
+            rate = statistics.median(r.rate for r in runs)
+            per = {k: statistics.median(r.per_message()[k] for r in runs) for k in runs[0].per_message()}
+            print(f"  {scenario:7s} {rate:8.1f} msg/s  per msg: "
+                  + " ".join(f"{k}={v:.2f}" for k, v in per.items()), flush=True)
+        print("median ratios (values per round):")
+        for name, values in ratios.items():
+            print(f"  {name:15s} {statistics.median(values):5.2f}  ({', '.join(f'{v:.2f}' for v in values)})")
+        print("aims:")
+        for scenario, base, aim in AIMS:
+            values = ratios.get(f"{scenario}/{base}")
+            if values:
+                med = statistics.median(values)
+                print(f"  {scenario}/{base} >= {aim}: {med:.2f} {'ok' if med >= aim else 'BELOW'}")
+    finally:
+        pg.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""SQLite group commit: concurrent commits share the WAL's fsync, and none returns before one ran.
+
+Real threads committing real transactions on a real file; the store counts its
+own fsyncs and the commits that needed one.  Without group commit every commit
+fsyncs (SQLite's synchronous=FULL): syncs == commits.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from wsrm_plugin.store.sqlite import SqliteStore
+
+THREADS, EACH = 8, 25
+
+
+def test_concurrent_commits_share_fsyncs_and_each_returns_after_its_fsync(tmp_path, monkeypatch):
+    store = SqliteStore(tmp_path / "group.db")
+    try:
+        with store.begin() as tx:
+            tx.write("CREATE TABLE received (item TEXT PRIMARY KEY)")
+        sync = store._sync
+        real_fsync = os.fsync
+        state = {"fsynced_through": 0}
+        late: list[str] = []
+        lock = threading.Lock()
+
+        def counted_fsync(fd: int) -> None:
+            with sync._cond:
+                committed = sync._committed  # every commit numbered so far is in the WAL
+            real_fsync(fd)
+            with lock:
+                state["fsynced_through"] = max(state["fsynced_through"], committed)
+
+        monkeypatch.setattr(os, "fsync", counted_fsync)
+        commits_before, syncs_before = sync.commits, sync.syncs
+
+        def worker(n: int) -> None:
+            for i in range(EACH):
+                with store.begin() as tx:
+                    tx.write("INSERT INTO received (item) VALUES (?)", (f"t{n}-{i}",))
+                with sync._cond:
+                    mine = sync._committed  # at least this commit's number
+                with lock:
+                    # an fsync that began after this commit was numbered has finished
+                    if state["fsynced_through"] < mine - THREADS:
+                        late.append(f"t{n}-{i}")
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        commits, syncs = sync.commits - commits_before, sync.syncs - syncs_before
+        assert commits == THREADS * EACH
+        assert syncs < commits, f"{syncs} fsyncs for {commits} concurrent commits: nothing shared"
+        assert late == []
+        with store.begin() as tx:
+            assert tx.one("SELECT COUNT(*) FROM received")[0] == THREADS * EACH
+        print(f"{syncs} fsyncs for {commits} commits from {THREADS} threads")
+    finally:
+        store.close()
+
+
+def test_a_transaction_that_changed_nothing_does_not_fsync(tmp_path):
+    store = SqliteStore(tmp_path / "quiet.db")
+    try:
+        before = store._sync.syncs
+        for _ in range(20):
+            with store.begin() as tx:
+                tx.one("SELECT COUNT(*) FROM schema_version")
+        assert store._sync.syncs == before
+        with store.begin() as tx:
+            tx.write("CREATE TABLE t (x INTEGER)")
+            tx.write("INSERT INTO t VALUES (1)")
+        assert store._sync.syncs == before + 1
+    finally:
+        store.close()
