@@ -95,7 +95,7 @@ def test_acks_ride_on_messages_going_to_the_acks_to_endpoint(engines, store_for)
 
     a.send(b.endpoint_address, payload("a0"), action=ACTION)
     assert wait_for(lambda: b.status().unacked == 0), b.status()
-    assert transport_a.piggybacked == 1
+    assert wait_for(lambda: transport_a.piggybacked == 1)  # counted once a0's HTTP response is back
     assert a.acknowledgement.acks_sent == 0
     assert wait_for(lambda: got_b.snapshot() == ["a0"])
 

@@ -53,6 +53,14 @@ _REMEMBERED_OWNERS = 4096
 _REPLY_KEY_PREFIX = reply_sequence_key("")
 
 
+class _OutOfOrder(Exception):
+    """A message a discarding destination drops (not the next in order)."""
+
+    def __init__(self, seq: RmdSequence, expected: int) -> None:
+        super().__init__(f"message {expected} is the next in order")
+        self.seq, self.expected = seq, expected
+
+
 @dataclass(frozen=True)
 class Accepted:
     """The outcome of an application message: whether it was new, and the ack for the back-channel.
@@ -92,6 +100,8 @@ class Destination:
         self.refused_sequences = 0
         #: Messages refused because a byte budget was reached (the source retransmits them).
         self.refused_for_budget = 0
+        #: Messages dropped because they were not the next in order (``out_of_order="discard"``).
+        self.discarded_out_of_order = 0
 
     # -- CreateSequence --------------------------------------------------------------------------
 
@@ -251,6 +261,34 @@ class Destination:
                 addressing: AddressingHeaders, *, principal: str | None, soap_ns: str,
                 ack_requested: bool = False) -> Accepted:
         """Record an application message and buffer it for the application (duplicates: neither)."""
+        try:
+            return self._receive(header, version, envelope, addressing, principal=principal, soap_ns=soap_ns,
+                                 ack_requested=ack_requested)
+        except _OutOfOrder as skipped:
+            return self._discarded(skipped.seq, header.message_number, skipped.expected)
+
+    def _discarded(self, seq: RmdSequence, number: int, expected: int) -> Accepted:
+        """``out_of_order="discard"``: a message that is not the next in order was dropped unrecorded.
+
+        As gSOAP does: the source sends it again after the gap.  The
+        acknowledgement of what is held tells the source where the gap is; an
+        addressable AcksTo gets it at once.
+        """
+        identifier = seq.sequence_id
+        self.discarded_out_of_order += 1
+        for_sequence(log, identifier, number).debug("discarded: not the next in order (%d)", expected)
+        offered = False  # no reply will come for it: not worth waiting for on the back-channel
+        if not self._anonymous(seq.acks_to):
+            with self.store.begin() as tx:
+                if tx.rmd.get(identifier) is not None:
+                    tx.rmd.request_ack(identifier, due_at=time.time())
+            self._wake_acks()
+            return Accepted(identifier, number, True, None, offered=offered)
+        return Accepted(identifier, number, True, self.current_ack(identifier), offered=offered)
+
+    def _receive(self, header: SequenceHeader, version: RMVersion, envelope: bytes,
+                 addressing: AddressingHeaders, *, principal: str | None, soap_ns: str,
+                 ack_requested: bool = False) -> Accepted:
         identifier, number = header.identifier, header.message_number
         slog = for_sequence(log, identifier, number)
         now = time.time()
@@ -264,6 +302,8 @@ class Destination:
                 raise fault_for_transition(exc, version, identifier) from None
             # the message that fills the gap is never refused: refusing it would hold the rest for ever
             so_far = received_ranges(seq)
+            if self.policy.discards_out_of_order and not reception.duplicate and number != so_far.next_expected:
+                raise _OutOfOrder(seq, so_far.next_expected)  # nothing recorded: the transaction rolls back
             fills_gap = self.policy.in_order and number == so_far.next_expected < so_far.highest
             if not reception.duplicate and not fills_gap:
                 held = tx.invoker.held(identifier, so_far)

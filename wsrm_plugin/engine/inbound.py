@@ -107,6 +107,9 @@ class ResponseContent:
     fault: SoapFault | None = None
     #: It is a reliable message (a reply on the back-channel): hand it to :meth:`Inbound.handle`.
     reliable: bool = False
+    #: The acknowledgements it carried (already applied): the sender learns from them what the
+    #: peer kept (:mod:`.pacing`).
+    acks: tuple[SequenceAcknowledgement, ...] = ()
 
 
 class Inbound:
@@ -354,6 +357,7 @@ class Inbound:
             return ResponseContent()
         if message.sequence is not None:
             return ResponseContent(reliable=True)  # a reply on the back-channel: the caller handles it
+        acks = tuple(ack for ack, _ in message.acks)
         for ack, version in message.acks:
             try:
                 self.source.on_ack(ack, version)
@@ -366,5 +370,5 @@ class Inbound:
                 self.source.on_fault(message.fault, store_key)
             else:
                 log.warning("peer answered with a fault: %s", message.fault)
-            return ResponseContent(fault=message.fault)
-        return ResponseContent(body=message.body[0] if message.body is not None else None)
+            return ResponseContent(fault=message.fault, acks=acks)
+        return ResponseContent(body=message.body[0] if message.body is not None else None, acks=acks)

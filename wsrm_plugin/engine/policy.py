@@ -73,6 +73,7 @@ class AckRequestMode(enum.Enum):
 _WSA_BY_NAME = {"2004/08": WSA_2004_08, "2005/08": WSA_2005_08}
 _RM_BY_NAME = {"1.0": RM10, "1.1": RM11}
 _SOAP_BY_NAME = {"1.1": SOAP11, "1.2": SOAP12}
+_OUT_OF_ORDER = ("buffer", "discard")
 
 
 def _version(value, table: dict, what: str):
@@ -99,7 +100,10 @@ class RMPolicy:
     delivery: DeliveryAssurance = DeliveryAssurance.EXACTLY_ONCE | DeliveryAssurance.IN_ORDER
 
     # -- the source: retransmission ----------------------------------------------------
-    #: Seconds before an unacknowledged message (or unanswered control message) is sent again.
+    #: Seconds before an unacknowledged message (or unanswered control message) is sent again:
+    #: the floor of the retransmission timeout, which follows the peer's measured round-trip
+    #: time above it (SRTT + 4 RTTVAR, as TCP).  A message an acknowledgement proves lost is
+    #: sent again at once, whatever its timer.
     base_retransmission_interval: float = 3.0
     #: Double the interval after each attempt (capped by ``max_retransmission_interval``).
     exponential_backoff: bool = True
@@ -207,6 +211,11 @@ class RMPolicy:
     #: Seconds a refused sender is told to wait (HTTP Retry-After) when the destination is
     #: full or its store cannot take a message now (disk full, database down).
     retry_after: int = 5
+    #: What the destination does with a message that is not the next one in order:
+    #: ``"buffer"`` keeps it until the gap is filled (fewer retransmissions); ``"discard"``
+    #: drops it unacknowledged, as gSOAP does, so the source sends it again once the gap is
+    #: filled (nothing held: bounded memory whatever the peers send).
+    out_of_order: str = "buffer"
     max_message_size: int = DEFAULT_MAX_SIZE
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -240,6 +249,8 @@ class RMPolicy:
         set_("soap_version", _version(self.soap_version, _SOAP_BY_NAME, "soap_version"))
         if self.wsa_version is not None:
             set_("wsa_version", _version(self.wsa_version, _WSA_BY_NAME, "wsa_version"))
+        if self.out_of_order not in _OUT_OF_ORDER:
+            raise ValueError(f"out_of_order must be one of {_OUT_OF_ORDER}, not {self.out_of_order!r}")
         if isinstance(self.ack_request, str):
             set_("ack_request", AckRequestMode(self.ack_request))
         if not isinstance(self.delivery, DeliveryAssurance):
@@ -308,6 +319,10 @@ class RMPolicy:
     @property
     def in_order(self) -> bool:
         return bool(self.delivery & DeliveryAssurance.IN_ORDER)
+
+    @property
+    def discards_out_of_order(self) -> bool:
+        return self.out_of_order == "discard"
 
     @property
     def retransmits(self) -> bool:

@@ -6,8 +6,12 @@ Each round has two parts, both driven only by what the store says:
   state's duties name the one protocol message owed (CreateSequence,
   CloseSequence, TerminateSequence) or that the sequence can be released;
 * **transmission**: unacknowledged messages whose ``next_send_at`` has come
-  are claimed, their attempt recorded with the next retry time (base
-  interval, exponential backoff), and only then sent.
+  are claimed, their attempt recorded with the next retry time (the peer's
+  measured retransmission timeout, never below the base interval, doubled
+  per attempt), and only then sent.  What the round's answers say is then
+  applied at once (:mod:`.pacing`): numbers proven lost are sent again in the
+  next round, not when their timers fire, and a sequence whose peer discards
+  out-of-order messages is sent in order, one message at a time.
 
 The rule that keeps this safe: no store transaction is held across a network
 call.  A round records what it is about to send and commits; the send
@@ -23,12 +27,13 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lxml import etree
 
-from ..statemachine import RMSDuty, rms_duties
+from ..statemachine import AckRanges, RMSDuty, rms_duties
 from ..store import RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreError
 from ..wire import (
     RM10, AckRequested, CloseSequence, CloseSequenceResponse, CreateSequence, CreateSequenceResponse,
@@ -40,8 +45,9 @@ from .destination import Destination
 from .envelopes import protocol_message, stamp
 from .inbound import Inbound, ResponseContent
 from .logs import for_sequence
+from .pacing import Exchange, RttEstimator, SequenceFlow
 from .policy import AckRequestMode, RMPolicy
-from .source import CREATE_REFUSED, NEVER, SequenceKey, Source, is_back_channel, rm_version_of
+from .source import AT_ONCE, CREATE_REFUSED, NEVER, SequenceKey, Source, is_back_channel, rm_version_of
 from .states import rms_state
 from .transport import Response, Transport, TransportError
 
@@ -61,6 +67,8 @@ _CONTROL_BATCH = 50
 _KEEP_ALIVE_FRACTION = 0.4
 #: The peer's inactivity timeout assumed when this engine's own policy has none (RMPolicy's default).
 _DEFAULT_PEER_INACTIVITY = 600.0
+#: Times one in-order lane goes back to a gap before it leaves the rest to the next rounds.
+_MAX_GO_BACKS = 16
 
 
 @dataclass
@@ -79,7 +87,7 @@ def _chains(plan: list[_Planned]) -> list[list[list[_Planned]]]:
     is a chain of its own.  Each sequence's messages stay in claim order.
     """
     by_sequence: dict[str, list[_Planned]] = {}
-    for item in plan:
+    for item in sorted(plan, key=lambda i: i.message.number):  # each sequence in number order
         by_sequence.setdefault(item.sequence.key, []).append(item)
     chains: dict[Any, list[tuple[int, list[_Planned]]]] = {}
     for key, items in by_sequence.items():
@@ -89,6 +97,17 @@ def _chains(plan: list[_Planned]) -> list[list[list[_Planned]]]:
         else:
             chains.setdefault((parsed.target, parsed.key, parsed.offered), []).append((parsed.generation, items))
     return [[items for _, items in sorted(generations, key=lambda g: g[0])] for generations in chains.values()]
+
+
+def _chain_of(key: str) -> Any:
+    """What the sequences rolled over from one another share (None for other sequences)."""
+    parsed = SequenceKey.decode(key)
+    return None if parsed is None else (parsed.target, parsed.key, parsed.offered)
+
+
+def _generation(key: str) -> int:
+    parsed = SequenceKey.decode(key)
+    return 0 if parsed is None else parsed.generation
 
 
 def create_refusal(response: Response, content: ResponseContent | None) -> str | None:
@@ -142,6 +161,12 @@ class RetransmissionWorker:
         self._exchanged: dict[str, float] = {}
         self._next_keep_alive = 0.0
         self.keep_alives_sent = 0
+        #: What the answers taught about each peer and each sequence (:mod:`.pacing`).
+        self._peers: dict[str, RttEstimator] = {}
+        self._flows: dict[str, SequenceFlow] = {}
+        self._pacing_lock = threading.Lock()
+        self.fast_retransmits = 0
+        self.loss_probes = 0
 
     def step(self) -> bool:
         now = time.time()
@@ -176,8 +201,12 @@ class RetransmissionWorker:
         idle: list[RmsSequence] = []
         with self.store.begin() as tx:
             sequences = tx.rms.list_all()
-            for key in set(self._exchanged) - {seq.key for seq in sequences}:
+            live = {seq.key for seq in sequences}
+            for key in set(self._exchanged) - live:
                 self._exchanged.pop(key, None)  # released sequences
+            with self._pacing_lock:
+                for key in set(self._flows) - live:
+                    self._flows.pop(key, None)
             for seq in sequences:
                 if not seq.started or seq.sequence_id is None or seq.faulted or seq.terminate_sent \
                         or is_back_channel(seq.target):
@@ -426,42 +455,193 @@ class RetransmissionWorker:
     def _transmit(self, now: float) -> bool:
         plan = self._claim(now)
         chains = _chains(plan)
-        if len(chains) > 1 and self.policy.send_concurrency > 1:
-            # Several independent sequences: each gets a lane of its own, and they go out at
-            # once.  The destination records a sequence's messages one at a time (its
-            # acknowledgement state is one row), so parallel requests on one sequence mostly
-            # wait for each other there; on different sequences their durable receives overlap.
-            self._run_lanes([[item for items in chain for item in items] for chain in chains])
-            return True
-        for chain in chains:
-            for items in chain:  # a rolled-over sequence before its successor
-                self._send_pipelined(items)
-        return bool(plan)
+        exchanges: list[tuple[_Planned, Exchange]] = []
+        try:
+            if len(chains) > 1 and self.policy.send_concurrency > 1:
+                # Several independent sequences: each gets a lane of its own, and they go out at
+                # once.  The destination records a sequence's messages one at a time (its
+                # acknowledgement state is one row), so parallel requests on one sequence mostly
+                # wait for each other there; on different sequences their durable receives overlap.
+                self._run_lanes([[item for items in chain for item in items] for chain in chains], exchanges)
+                return True
+            for chain in chains:
+                for items in chain:  # a rolled-over sequence before its successor
+                    self._send_pipelined(items, exchanges)
+            return bool(plan)
+        finally:
+            if exchanges:
+                self._settle(exchanges)
 
-    def _send_pipelined(self, items: list[_Planned]) -> None:
+    def _send_pipelined(self, items: list[_Planned], exchanges: list[tuple[_Planned, Exchange]]) -> None:
         """One sequence's messages over up to ``send_concurrency`` keep-alive connections at once.
 
         The peer's durable receive of one overlaps the others' transfer and
         parsing instead of adding up.  They were claimed (and the window
         checked) together; dealt round robin, they arrive nearly in order, and
-        the destination orders them anyway.
+        a destination that buffers orders them anyway.  One that discards
+        out-of-order messages gets them one at a time, in order.
         """
-        lanes = min(self.policy.send_concurrency, len(items))
-        if lanes <= 1:
-            self._send_lane(items)
+        flow = self._flow(items[0].sequence.key)
+        lanes = 1 if flow.ordered else min(self.policy.send_concurrency, len(items))
+        started = time.monotonic()
+        if flow.ordered:
+            self._send_in_order(items, flow, exchanges)
+        elif lanes <= 1:
+            self._send_lane(items, exchanges)
         else:
-            self._run_lanes([items[i::lanes] for i in range(lanes)])
+            self._run_lanes([items[i::lanes] for i in range(lanes)], exchanges)
+        flow.note_round(ordered=flow.ordered, seconds=time.monotonic() - started)
 
-    def _run_lanes(self, lanes: list[list[_Planned]]) -> None:
+    def _run_lanes(self, lanes: list[list[_Planned]], exchanges: list[tuple[_Planned, Exchange]]) -> None:
         """Send each lane on a thread of the pool; returns once every send has ended."""
         pool = self._lanes()
-        for future in [pool.submit(self._send_lane, lane) for lane in lanes]:
+        for future in [pool.submit(self._send_lane, lane, exchanges) for lane in lanes]:
             future.result()
 
-    def _send_lane(self, items: list[_Planned]) -> None:
+    def _send_lane(self, items: list[_Planned], exchanges: list[tuple[_Planned, Exchange]]) -> None:
         with self.source.coalesced_acks():  # one store transaction for the lane's acks, not one per message
             for item in items:
-                self._send_message(item)
+                exchanges.append((item, self._send_message(item)))
+
+    def _send_in_order(self, items: list[_Planned], flow: SequenceFlow,
+                       exchanges: list[tuple[_Planned, Exchange]]) -> None:
+        """One sequence's messages one at a time, going back to the gap as soon as an answer shows one.
+
+        For a peer that discards (or holds) a message sent after a gap, every
+        message sent past a gap is wasted (or waits for the peer's hold time),
+        so the lane goes back at once: a failed exchange is sent again, and an
+        answer that leaves the message out sends the numbers from the gap
+        again, each attempt recorded before it goes out, as every send is.
+        """
+        queue = deque(items)
+        backs = 0
+        with self.source.coalesced_acks():
+            while queue:
+                item = queue.popleft()
+                exchange = self._send_message(item)
+                exchanges.append((item, exchange))
+                if backs >= _MAX_GO_BACKS:
+                    continue
+                gap = self._gap(item, exchange, flow)
+                if gap is None:
+                    continue
+                if not exchange.answered and not self._peer(item.sequence.target).alive:
+                    continue  # a silent peer: no point in sending it again at once
+                backs += 1
+                skip = exchange.ack or AckRanges()
+                again = self._reclaim(item.sequence, [n for n in range(gap, item.message.number + 1) if n not in skip]
+                                      [:flow.window])
+                queue.extendleft(reversed(again))
+
+    def _gap(self, item: _Planned, exchange: Exchange, flow: SequenceFlow) -> int | None:
+        """The number to go back to after ``exchange``, or None when the peer took the message."""
+        if not exchange.answered:
+            return item.message.number
+        ack = exchange.ack
+        if ack is None:
+            if not (exchange.bare and flow.acks_in_responses):
+                return None
+            ack = flow.known  # a bare answer from a peer that acknowledges: it did not take it
+        if item.message.number in ack:
+            return None
+        return min(ack.next_expected, item.message.number)
+
+    def _reclaim(self, seq: RmsSequence, numbers: list[int]) -> list[_Planned]:
+        """Record another attempt of ``numbers`` (those still unacknowledged) to send them now."""
+        if not numbers:
+            return []
+        now = time.time()
+        planned: list[_Planned] = []
+        with self.store.begin() as tx:
+            for number in numbers:
+                msg = tx.rms_messages.get(seq.key, number)
+                if msg is None or msg.acked or msg.send_count == 0:
+                    continue
+                attempt = msg.send_count + 1
+                msg = tx.rms_messages.record_send_attempt(
+                    seq.key, number, next_send_at=now + self._retry_delay(seq.target, attempt), now=now)
+                planned.append(_Planned(replace(msg, send_count=attempt - 1), seq, request_ack=
+                                        self.policy.ack_request is not AckRequestMode.NEVER))
+        self._bump(fast_retransmits=len(planned))
+        return planned
+
+    # -- pacing: what the answers say ------------------------------------------------------------
+
+    def _flow(self, key: str) -> SequenceFlow:
+        with self._pacing_lock:
+            flow = self._flows.get(key)
+            if flow is None:
+                flow = self._flows[key] = SequenceFlow(batch=self.policy.send_batch,
+                                                       concurrency=self.policy.send_concurrency)
+            return flow
+
+    def _peer(self, target: str) -> RttEstimator:
+        with self._pacing_lock:
+            peer = self._peers.get(target)
+            if peer is None:
+                peer = self._peers[target] = RttEstimator()
+            return peer
+
+    def flow_of(self, key: str) -> SequenceFlow | None:
+        """What the sender learnt about a sequence's peer (None before its first round)."""
+        with self._pacing_lock:
+            return self._flows.get(key)
+
+    def retransmission_timeout(self, target: str) -> float:
+        """The current retransmission timeout for ``target`` (before a message's own backoff)."""
+        return self._peer(target).timeout(self.policy.base_retransmission_interval,
+                                          self.policy.max_retransmission_interval)
+
+    def _retry_delay(self, target: str, attempts: int) -> float:
+        """Seconds after the ``attempts``-th transmission before the timer sends it again.
+
+        The policy's backoff applied to the peer's measured timeout instead of
+        the fixed base interval (which stays the floor).  The timeout doubles
+        with the message's attempts only while the peer stays silent (its
+        exchanges failing in a row): a message that was merely unlucky on a
+        lossy link to a peer that answers is not pushed minutes away.
+        """
+        if attempts < 1:
+            return 0.0
+        policy = self.policy
+        peer = self._peer(target)
+        rto = peer.timeout(policy.base_retransmission_interval, policy.max_retransmission_interval)
+        if not policy.exponential_backoff:
+            return rto
+        exponent = min(attempts - 1, max(peer.failures_in_row, 0 if peer.srtt is not None else 30), 30)
+        return min(rto * 2 ** exponent, policy.max_retransmission_interval)
+
+    def _settle(self, exchanges: list[tuple[_Planned, Exchange]]) -> None:
+        """Apply a round's evidence: resend what was proven lost now, probe the silent ends soon."""
+        by_sequence: dict[str, tuple[RmsSequence, list[Exchange]]] = {}
+        for item, exchange in exchanges:
+            by_sequence.setdefault(item.sequence.key, (item.sequence, []))[1].append(exchange)
+        plans: list[tuple[RmsSequence, set[int], set[int], SequenceFlow]] = []
+        for key, (seq, made) in by_sequence.items():
+            flow = self._flow(key)
+            was_ordered = flow.ordered
+            verdict = flow.after_round(made)
+            if flow.ordered != was_ordered:
+                for_sequence(log, seq.sequence_id, key=key).info(
+                    "sending this sequence %s (%s)", "in order, one message at a time" if flow.ordered
+                    else "pipelined", "the peer discarded a message sent after a gap" if verdict.discarding
+                    else f"delivery rates {flow.rates}")
+            probe = set(verdict.probe) if self._peer(seq.target).alive else set()
+            if verdict.resend or probe:
+                plans.append((seq, set(verdict.resend), probe, flow))
+        if not plans:
+            return
+        now = time.time()
+        with self.store.begin() as tx:
+            for seq, resend, probe, _ in plans:
+                if resend:
+                    self.fast_retransmits += tx.rms_messages.make_due(seq.key, resend, at=AT_ONCE)
+                if probe:
+                    delay = self._peer(seq.target).probe_delay()
+                    self.loss_probes += tx.rms_messages.make_due(seq.key, probe, at=now + delay)
+        for seq, resend, probe, _ in plans:
+            for_sequence(log, seq.sequence_id, key=seq.key).debug(
+                "sending again at once %s, probing %s", sorted(resend), sorted(probe))
 
     def _lanes(self) -> ThreadPoolExecutor:
         with self._pool_lock:
@@ -493,8 +673,8 @@ class RetransmissionWorker:
             # while the others' destinations end them as inactive.  The round stays bounded by
             # send_batch; no per-sequence cap below it, which could hide a sequence's
             # retransmissions behind its unsent messages held back by the window.
-            for msg in tx.rms_messages.due_messages(now, limit=policy.send_batch,
-                                                    per_sequence=policy.send_batch):
+            for msg in self._paced(tx.rms_messages.due_messages(now, limit=policy.send_batch,
+                                                                per_sequence=policy.send_batch)):
                 key = msg.sequence_key
                 if key not in sequences:
                     sequences[key] = tx.rms.get(key)
@@ -518,7 +698,7 @@ class RetransmissionWorker:
                         continue
                     in_flight[key] += 1
                 attempt = msg.send_count + 1
-                next_at = now + policy.retry_delay(attempt) if policy.retransmits else _NEVER
+                next_at = now + self._retry_delay(seq.target, attempt) if policy.retransmits else _NEVER
                 attempts.setdefault((key, next_at), []).append(msg.number)
                 plan.append(_Planned(msg, seq, piggyback=owed_acks.pop(seq.target, [])))
             for (key, next_at), numbers in attempts.items():
@@ -529,7 +709,29 @@ class RetransmissionWorker:
                 mode is AckRequestMode.RETRANSMISSIONS and item.message.send_count > 0)
         return plan
 
-    def _send_message(self, item: _Planned) -> None:
+    def _paced(self, due: list[RmsMessage]) -> list[RmsMessage]:
+        """The due messages this round may claim: of a sequence sent in order, its lowest numbers,
+        as many as its flow's window; the others as they came."""
+        ordered: dict[str, list[RmsMessage]] = {}
+        out: list[RmsMessage] = []
+        for msg in due:
+            if self._flow(msg.sequence_key).claim_limit() < self.policy.send_batch:
+                ordered.setdefault(msg.sequence_key, []).append(msg)
+            else:
+                out.append(msg)
+        held_back: set[Any] = set()  # chains (rolled over sequences) with a generation held back
+        for key in sorted(ordered, key=_generation):
+            chain = _chain_of(key)
+            if chain in held_back:
+                continue  # a successor must not overtake its predecessor's held-back messages
+            msgs = sorted(ordered[key], key=lambda m: m.number)
+            limit = self._flow(key).claim_limit()
+            out.extend(msgs[:limit])
+            if len(msgs) > limit and chain is not None:
+                held_back.add(chain)
+        return out
+
+    def _send_message(self, item: _Planned) -> Exchange:
         msg, seq = item.message, item.sequence
         rm = rm_version_of(seq)
         soap = SoapVersion.for_namespace(msg.soap_version) or self.policy.soap_version
@@ -545,12 +747,16 @@ class RetransmissionWorker:
         # Every copy after the first counts, whatever its outcome, including the one the transport
         # itself sends again when a kept-alive connection turned out closed.
         first = 0 if msg.send_count else 1
+        peer = self._peer(seq.target)
+        started = time.monotonic()
         try:
             response = self.transport.send(seq.target, data, soap.http_headers(msg.action))
         except TransportError as exc:
             self._bump(send_failures=1, retransmissions=exc.attempts - first)
+            peer.failed()
             slog.debug("not delivered (attempt %d, will retry): %s", msg.send_count + 1, exc)
-            return
+            return Exchange(msg.number, started, time.monotonic(), answered=False)
+        ended = time.monotonic()
         self._bump(messages_sent=1, retransmissions=response.attempts - first)
         if 200 <= response.status < 300:  # a proxy's 503 does not reach the destination's timer
             self._exchanged_with(seq.key)
@@ -567,6 +773,22 @@ class RetransmissionWorker:
         if item.piggyback and 200 <= response.status < 300:
             for rmd in item.piggyback:
                 self.destination.ack_delivered(rmd)
+        ack = None
+        if content is not None and content.fault is None:
+            for candidate in content.acks:
+                if candidate.identifier == seq.sequence_id and not candidate.nacks:
+                    ranges = AckRanges.from_ranges(candidate.ranges)
+                    ack = ranges if ack is None else ack.union(ranges)
+        # A 5xx without an acknowledgement (a proxy's 502, an overloaded server) is no answer from
+        # the destination: it counts as a failed exchange, not as a round trip.  A 503 is the
+        # destination's own "later" (its Retry-After decides when): not a loss to resend at once.
+        answered = ack is not None or response.status < 500 or response.status == 503
+        if answered:
+            peer.sample(ended - started)
+        else:
+            peer.failed()
+        return Exchange(msg.number, started, ended, answered=answered, ack=ack,
+                        bare=ack is None and 200 <= response.status < 300)
 
     def _retry_after(self, seq: RmsSequence, msg: Any, response: Any) -> None:
         """A 503 (the destination is full or its store failing): the message stays unacknowledged

@@ -164,6 +164,11 @@ def rm_version_of(seq: Any) -> RMVersion:
 
 #: ``next_send_at`` of replies that only ever travel in HTTP responses (the worker never sends them).
 NEVER = 4e18
+#: ``next_send_at`` of a message to send again at once (a Nack, a gap an acknowledgement proved):
+#: before every message that is merely due (the store hands out due messages oldest first), so
+#: the gap goes out ahead of newer numbers, which a destination that discards out-of-order
+#: messages would drop.
+AT_ONCE = 1.0
 _ANSWERS = b"wsrm-answers:"
 
 
@@ -564,30 +569,39 @@ class Source:
             slog = for_sequence(log, ack.identifier)
             if not seq.started or seq.faulted or seq.terminate_sent:
                 return
-            if ack.nacks:
-                again = tx.rms_messages.make_due(seq.key, ack.nacks, at=now)
+            if ack.nacks:  # the destination says what it lacks: send it again at once
+                again = tx.rms_messages.make_due(seq.key, ack.nacks, at=AT_ONCE)
                 slog.debug("Nack for %s: %d message(s) due again", ack.nacks, again)
-                return
-            try:
-                newly = tx.rms_messages.mark_acked(seq.key, ack.ranges, now=now)
-            except InvalidAcknowledgementError as exc:
-                raise InvalidAcknowledgement(ack.identifier, str(exc), version=version) from None
-            pending = tx.rms_messages.has_unacked(seq.key)
-            before = rms_state(seq, int(pending) + len(newly))
-            event = RMSEvent.ACK if pending else RMSEvent.ACKALL
-            rms_transition(before, event)
-            if newly:
-                tx.rms_messages.purge_acked(seq.key)
-            if ack.final and pending:
-                unacked = tx.rms_messages.count_unacked(seq.key)
-                self.fault_in(tx, seq, f"the destination closed the sequence with {unacked} message(s) "
-                            "unacknowledged")
-            elif event is RMSEvent.ACKALL and seq.last_message:
-                tx.rms.update(seq.key, next_control_at=now)
+            else:
+                newly, event = self._apply_ack(tx, seq, ack, version, now)
+        if ack.nacks:
+            if again:
+                self._wake()
+            return
         if newly:
             slog.debug("acknowledged %s (%d new)", SequenceAcknowledgement.ranges_from_numbers(newly), len(newly))
         if event is RMSEvent.ACKALL and seq.last_message:
             self._wake()
+
+    def _apply_ack(self, tx: StoreTransaction, seq: RmsSequence, ack: SequenceAcknowledgement,
+                   version: RMVersion, now: float) -> tuple[list[int], RMSEvent]:
+        try:
+            newly = tx.rms_messages.mark_acked(seq.key, ack.ranges, now=now)
+        except InvalidAcknowledgementError as exc:
+            raise InvalidAcknowledgement(ack.identifier, str(exc), version=version) from None
+        pending = tx.rms_messages.has_unacked(seq.key)
+        before = rms_state(seq, int(pending) + len(newly))
+        event = RMSEvent.ACK if pending else RMSEvent.ACKALL
+        rms_transition(before, event)
+        if newly:
+            tx.rms_messages.purge_acked(seq.key)
+        if ack.final and pending:
+            unacked = tx.rms_messages.count_unacked(seq.key)
+            self.fault_in(tx, seq, f"the destination closed the sequence with {unacked} message(s) "
+                        "unacknowledged")
+        elif event is RMSEvent.ACKALL and seq.last_message:
+            tx.rms.update(seq.key, next_control_at=now)
+        return newly, event
 
     def on_closed(self, store_key: str) -> None:
         """CloseSequenceResponse: the destination's set of messages is final."""
