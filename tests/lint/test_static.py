@@ -23,7 +23,6 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=540)
 
 
-@pytest.mark.xfail(strict=True, reason="the lead fixes the residue after the merges")
 def test_mypy_reports_nothing() -> None:
     # [tool.mypy] in pyproject.toml names the packages and the settings; no cache, so a stale
     # one from another branch cannot hide an error

@@ -193,7 +193,8 @@ class SequenceFlow:
         answered = [ex for ex in exchanges if ex.answered and ex.ack is not None]
         acked = self.known
         for ex in answered:
-            acked = acked.union(ex.ack)
+            if ex.ack is not None:
+                acked = acked.union(ex.ack)
         self.known = acked
         if answered:
             self.acks_in_responses = True
@@ -209,9 +210,10 @@ class SequenceFlow:
             for number in range(lower, min(upper, lower + self.batch - 1) + 1):
                 self.outstanding.setdefault(number, 0.0)
         self._note_rate([ex.number for ex in exchanges], acked)
-        discarding = any(ex.number not in ex.ack and ex.ack.next_expected < ex.number for ex in answered)
+        discarding = any(ex.ack is not None and ex.number not in ex.ack and ex.ack.next_expected < ex.number
+                         for ex in answered)
         lost = {n for n, ended in self.outstanding.items()
-                if any(ex.started >= ended and n not in ex.ack for ex in answered)}
+                if any(ex.ack is not None and ex.started >= ended and n not in ex.ack for ex in answered)}
         if discarding:
             self.discards_seen += 1
             if not self.ordered:  # pipelining loses messages with this peer: in order from now on

@@ -110,6 +110,14 @@ def _generation(key: str) -> int:
     return 0 if parsed is None else parsed.generation
 
 
+def _sid(seq: RmsSequence) -> str:
+    """The peer's identifier of ``seq``: every message but CreateSequence names it, and none is
+    sent before the CreateSequenceResponse gave it."""
+    if seq.sequence_id is None:
+        raise RuntimeError(f"source sequence {seq.key!r} is not created yet: it has no identifier to send")
+    return seq.sequence_id
+
+
 def create_refusal(response: Response, content: ResponseContent | None) -> str | None:
     """Why an answer to CreateSequence is a definitive refusal, or None when retrying may help.
 
@@ -226,7 +234,7 @@ class RetransmissionWorker:
         soap, wsa = self._soap_wsa(seq)
         action = rm.ack_requested_action
         data = protocol_message(soap, wsa, to=seq.target, action=action,
-                                headers=[AckRequested(seq.sequence_id).to_xml(rm, soap)])
+                                headers=[AckRequested(_sid(seq)).to_xml(rm, soap)])
         slog = for_sequence(log, seq.sequence_id, key=seq.key)
         try:
             response = self.transport.send(seq.target, data, soap.http_headers(action))
@@ -283,8 +291,8 @@ class RetransmissionWorker:
             slog = for_sequence(log, seq.sequence_id, key=key)
             live = not (seq.faulted or seq.terminate_sent)
             if live and seq.expires is not None and seq.expires <= now:
-                tx.rms.update(key, expires=None)
-                self.source.fault_in(tx, tx.rms.get(key), "the sequence expired")
+                seq = tx.rms.update(key, expires=None)
+                self.source.fault_in(tx, seq, "the sequence expired")
                 return True
             if seq.next_control_at is None or seq.next_control_at > now:
                 return False
@@ -391,7 +399,7 @@ class RetransmissionWorker:
     def _send_close(self, seq: RmsSequence) -> None:
         rm = rm_version_of(seq)
         last = seq.last_number or None
-        content = self._exchange(seq, rm.action("CloseSequence"), CloseSequence(seq.sequence_id, last),
+        content = self._exchange(seq, rm.action("CloseSequence"), CloseSequence(_sid(seq), last),
                                  apply_faults=False)
         if content is None:
             return
@@ -418,7 +426,7 @@ class RetransmissionWorker:
     def _send_terminate(self, seq: RmsSequence) -> None:
         rm = rm_version_of(seq)
         last = (seq.last_number or None) if rm.is_11 else None
-        response = self._post(seq, rm.terminate_sequence_action, TerminateSequence(seq.sequence_id, last))
+        response = self._post(seq, rm.terminate_sequence_action, TerminateSequence(_sid(seq), last))
         if response is None:
             return
         content = self._read(seq, response, "TerminateSequence", apply_faults=False)
@@ -446,7 +454,7 @@ class RetransmissionWorker:
         must still be acknowledged before TerminateSequence goes out.
         """
         try:
-            self.source.on_ack(SequenceAcknowledgement(seq.sequence_id, [(number, number)]), RM10)
+            self.source.on_ack(SequenceAcknowledgement(_sid(seq), [(number, number)]), RM10)
         except WSRMFault as fault:  # the sequence went away meanwhile: nothing left to do
             for_sequence(log, seq.sequence_id, number).debug("LastMessage acceptance not applied: %s", fault)
 
@@ -735,13 +743,13 @@ class RetransmissionWorker:
         msg, seq = item.message, item.sequence
         rm = rm_version_of(seq)
         soap = SoapVersion.for_namespace(msg.soap_version) or self.policy.soap_version
-        headers = [SequenceHeader(seq.sequence_id, msg.number, last_message=msg.last and rm is RM10).to_xml(rm, soap)]
+        headers = [SequenceHeader(_sid(seq), msg.number, last_message=msg.last and rm is RM10).to_xml(rm, soap)]
         if item.request_ack:
-            headers.append(AckRequested(seq.sequence_id).to_xml(rm, soap))
+            headers.append(AckRequested(_sid(seq)).to_xml(rm, soap))
         for rmd in item.piggyback:
-            ack = self.destination.ack_for(rmd)
-            if ack is not None:
-                headers.append(ack.to_xml(rm_version_of(rmd), soap))
+            piggybacked = self.destination.ack_for(rmd)
+            if piggybacked is not None:
+                headers.append(piggybacked.to_xml(rm_version_of(rmd), soap))
         data = stamp(msg.payload, headers)
         slog = for_sequence(log, seq.sequence_id, msg.number)
         # Every copy after the first counts, whatever its outcome, including the one the transport
@@ -773,7 +781,7 @@ class RetransmissionWorker:
         if item.piggyback and 200 <= response.status < 300:
             for rmd in item.piggyback:
                 self.destination.ack_delivered(rmd)
-        ack = None
+        ack: AckRanges | None = None
         if content is not None and content.fault is None:
             for candidate in content.acks:
                 if candidate.identifier == seq.sequence_id and not candidate.nacks:
@@ -827,7 +835,7 @@ class RetransmissionWorker:
         soap, wsa = self._soap_wsa(seq)
         action = rm.sequence_acknowledgement_action
         message = protocol_message(soap, wsa, to=seq.target, action=action,
-                                   headers=[ack.to_xml(rm, soap), AckRequested(seq.sequence_id).to_xml(rm, soap)])
+                                   headers=[ack.to_xml(rm, soap), AckRequested(_sid(seq)).to_xml(rm, soap)])
         try:
             response = self.transport.send(seq.target, message, soap.http_headers(action))
         except TransportError as exc:

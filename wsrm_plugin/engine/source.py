@@ -298,7 +298,8 @@ class Source:
         if expect_reply or reply_callback:
             reply_to = self._endpoint() or self.policy.addressing.anonymous
             expect_reply = True
-        outgoing = prepare_outgoing(envelope if isinstance(envelope, etree._Element) else bytes(envelope), to=target, action=action, message_id=message_id,
+        outgoing = prepare_outgoing(envelope if isinstance(envelope, etree._Element) else bytes(envelope),
+                                    to=target, action=action, message_id=message_id,
                                     reply_to=reply_to, relates_to=None, wsa=self.policy.addressing,
                                     max_size=self.policy.max_message_size)
         with self.transaction() as tx:
@@ -350,7 +351,7 @@ class Source:
             return None
         if not back_channel and seq.target != reply_to:  # 1.0 offers name no endpoint: replies go to ReplyTo
             seq = tx.rms.update(seq.key, target=reply_to)
-        to = seq.target if back_channel else reply_to
+        to = seq.target if back_channel or reply_to is None else reply_to  # None is the back-channel
         wsa = self.policy.addressing
         outgoing = prepare_outgoing(envelope, to=to, action=action, message_id=None, reply_to=None,
                                     relates_to=relates_to, wsa=_wsa_of(seq) or wsa,
