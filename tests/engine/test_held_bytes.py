@@ -218,3 +218,36 @@ def test_one_authenticated_peer_at_its_budget_does_not_block_another(engines):
         assert post(url, _big(url, bob, number, "b"), **auth("bob")).status == 200
     assert send_ok(url, RM11, bob, 1, "b1:", **auth("bob")) == [(1, 3)]
     assert wait_for(lambda: _names(received.snapshot()) == ["b1", "b2", "b3"])
+
+
+def test_far_from_its_budgets_a_destination_does_not_sum_the_buffer_for_every_message(engines, store_url,
+                                                                                       monkeypatch):
+    """Summing the held payloads scans the whole buffer: with 40 messages held behind a gap, far
+    from every budget, the store is asked about once per HELD_BYTES_REFRESH, not 40 times."""
+    import time
+
+    HELD_BYTES_REFRESH = 1.0
+
+    received = Recorder()
+    server = engines(store_url, fast_policy(), serve=True, application=received)
+    with server.store.begin() as tx:
+        invoker_class = type(tx.invoker)
+    asked: list[int] = []
+    real = invoker_class.held_bytes
+
+    def counting(self):
+        figures = real(self)
+        asked.append(sum(figures.values()))
+        return figures
+
+    monkeypatch.setattr(invoker_class, "held_bytes", counting)
+    url = server.endpoint_address
+    identifier = open_sequence(url, RM11)
+    started = time.monotonic()
+    for number in range(2, 42):  # 1 is "lost": 40 held
+        assert post(url, application_message(RM11, url, identifier, number, f"m{number}:")).status == 200
+    elapsed = time.monotonic() - started
+    assert 1 <= len(asked) <= 2 + elapsed / HELD_BYTES_REFRESH, f"{len(asked)} sums in {elapsed:.1f} s"
+    assert send_ok(url, RM11, identifier, 1, "m1:") == [(1, 41)]
+    assert wait_for(lambda: len(received.snapshot()) == 41)
+    assert _names(received.snapshot()) == [f"m{n}" for n in range(1, 42)]

@@ -48,6 +48,10 @@ __all__ = ["Destination", "Accepted"]
 log = logging.getLogger(__name__)
 
 _RM_BY_NS = {v.ns: v for v in RM_VERSIONS}
+
+#: How long the destination trusts its own count of the bytes held undelivered before it asks
+#: the store again: other processes sharing the store (gunicorn workers) add to the real figure.
+HELD_BYTES_REFRESH = 1.0
 _REMEMBERED_CREATES = 1024
 _REMEMBERED_OWNERS = 4096
 _REPLY_KEY_PREFIX = reply_sequence_key("")
@@ -102,6 +106,12 @@ class Destination:
         self.refused_for_budget = 0
         #: Messages dropped because they were not the next in order (``out_of_order="discard"``).
         self.discarded_out_of_order = 0
+        #: An upper bound of the bytes held undelivered, as the store last said plus what this
+        #: process accepted since (deliveries only lower the real figure), and when the store
+        #: said it: while the bound is under every budget no budget needs the store's figures.
+        self._held_bound = 0
+        self._held_asked_at = float("-inf")
+        self._held_lock = threading.Lock()
 
     # -- CreateSequence --------------------------------------------------------------------------
 
@@ -225,8 +235,20 @@ class Destination:
         return seq
 
     def _check_budgets(self, tx: StoreTransaction, seq: RmdSequence, size: int, slog: logging.LoggerAdapter) -> None:
-        """Refuse (unacknowledged, 503) a message that would hold more bytes than the policy allows."""
+        """Refuse (unacknowledged, 503) a message that would hold more bytes than the policy allows.
+
+        Summing the held payloads in the store costs a scan of the buffer, so it is done only
+        when this process's upper bound of the total (see ``_held_bound``) could be over the
+        smallest budget, or is older than :data:`HELD_BYTES_REFRESH`: a busy destination far
+        from its limits asks the store about once a second, not once per message."""
         policy = self.policy
+        smallest = min(policy.max_held_bytes_per_sequence, policy.max_held_bytes_per_peer, policy.max_held_bytes)
+        with self._held_lock:
+            if (time.monotonic() - self._held_asked_at < HELD_BYTES_REFRESH
+                    and self._held_bound + size <= smallest):
+                self._held_bound += size
+                return
+        asked_at = time.monotonic()
         by_sequence = tx.invoker.held_bytes()
         identifier = seq.sequence_id
         total = sum(by_sequence.values())
@@ -246,10 +268,13 @@ class Destination:
             theirs = sum(by_sequence.get(sid, 0) for sid in ids | {identifier})
             if theirs + size > policy.max_held_bytes_per_peer:
                 what = f"{peer} holds {theirs} bytes undelivered (limit {policy.max_held_bytes_per_peer})"
-        if what is not None:
-            self.refused_for_budget += 1
-            slog.warning("refused a %d-byte message: %s", size, what)
-            raise busy_fault(f"{what}; retransmit later", policy.retry_after)
+        if what is None:
+            with self._held_lock:
+                self._held_bound, self._held_asked_at = total + size, asked_at
+            return
+        self.refused_for_budget += 1
+        slog.warning("refused a %d-byte message: %s", size, what)
+        raise busy_fault(f"{what}; retransmit later", policy.retry_after)
 
     def _peer_of(self, seq: RmdSequence) -> str:
         if seq.principal is not None:
