@@ -226,7 +226,7 @@ def test_far_from_its_budgets_a_destination_does_not_sum_the_buffer_for_every_me
     from every budget, the store is asked about once per HELD_BYTES_REFRESH, not 40 times."""
     import time
 
-    HELD_BYTES_REFRESH = 1.0
+    from wsrm_plugin.engine.destination import HELD_BYTES_REFRESH
 
     received = Recorder()
     server = engines(store_url, fast_policy(), serve=True, application=received)
