@@ -68,6 +68,7 @@ def test_messages_behind_a_gap_stop_at_the_sequence_budget(engines, store_url):
         _refused(post(url, _big(url, identifier, number)))
         _refused(post(url, _big(url, identifier, number)))
     assert server.destination.refused_for_budget == 4
+    assert server.status().refused_for_budget == 4  # what an operator sees
     assert received.snapshot() == []
     with server.store.begin() as tx:
         assert sum(tx.invoker.held_bytes().values()) <= budget

@@ -35,6 +35,7 @@ def test_a_discarding_destination_takes_only_the_next_message(engines, store_for
     assert send_ok(url, rm, identifier, 3, "three") == [(1, 3)]
     assert wait_for(lambda: received.snapshot() == ["one", "two", "three"])
     assert server.destination.discarded_out_of_order == 2
+    assert server.status().discarded_out_of_order == 2
 
 
 def test_a_buffering_destination_keeps_what_comes_early(engines, store_for):

@@ -70,6 +70,12 @@ class EngineStatus:
     retrying: int = 0
     #: Messages in the poison store (the store's count).
     poisoned: int = 0
+    #: Messages this process refused (503, unacknowledged: the source sends them again) because
+    #: a byte budget of what is held undelivered was reached.
+    refused_for_budget: int = 0
+    #: Messages this process dropped unrecorded because they were not the next in order
+    #: (``RMPolicy.out_of_order="discard"``; the source sends them again).
+    discarded_out_of_order: int = 0
 
 
 class ReliableEngine:
@@ -250,7 +256,9 @@ class ReliableEngine:
             delivered=self.invoker.delivered, delivery_failures=self.invoker.failed,
             delivery_retries=self.invoker.retries, retrying=store.retrying, poisoned=store.poisoned,
             faults_sent=self.inbound.faults_sent, refused_sequences=self.destination.refused_sequences,
-            by_state=store.by_state(), control_retries=self.retransmission.control_retries)
+            by_state=store.by_state(), control_retries=self.retransmission.control_retries,
+            refused_for_budget=self.destination.refused_for_budget,
+            discarded_out_of_order=self.destination.discarded_out_of_order)
 
     # -- the poison store (see wsrm_plugin.poison) ---------------------------------------------
 
