@@ -75,3 +75,30 @@ def test_a_failure_to_process_is_retried_in_cycles_under_xa_then_kept(engines, s
     assert status.retrying == 0 and status.delivery_retries == 4 and status.delivery_failures == 1
     with pytest.raises(ValueError, match="not a poison message id"):
         server.poison_message("bug")
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_several_invoker_threads_spend_exactly_the_configured_attempts(engines, store_for, kind):
+    """Between a failed delivery's rollback and the transaction that counts the attempt, another
+    invoker thread must not take the message and run the application once more."""
+    import threading
+    from collections import Counter
+
+    attempts: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def app(envelope, context):
+        with lock:
+            attempts[item_text(envelope)] += 1
+        raise RuntimeError("the database is down")
+
+    policy = fast_policy(max_delivery_attempts=3, delivery_retry_delay=0.0, max_retry_cycles=0,
+                         invoker_threads=4, poison_handling="continue")
+    server = engines(store_for(kind, "s"), policy, serve=True, application=app)
+    clients = [engines(store_for("memory", f"c{i}")) for i in range(4)]
+    texts = [f"m{i}" for i in range(24)]
+    for i, text in enumerate(texts):
+        clients[i % 4].send(server.endpoint_address, payload(text), action=ACTION)
+    assert wait_for(lambda: server.status().poisoned == len(texts), timeout=60), server.status()
+    assert {text: attempts[text] for text in texts} == {text: 3 for text in texts}
+    assert all(kept.total_attempts == 3 for kept in server.poison_messages())

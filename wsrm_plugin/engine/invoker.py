@@ -202,6 +202,10 @@ class InvokerWorker:
         #: The exception of a message whose last cycle ended inside a batch, for the failure hook
         #: (after a restart the hook gets the error's description from the store instead).
         self._last_errors: dict[tuple[str, int], BaseException] = {}
+        #: Messages whose delivery failed and whose attempt is not counted in the store yet: the
+        #: rollback frees them before :meth:`_failed` records the attempt, and another invoker
+        #: thread must not run the application on them in between (an attempt nobody counts).
+        self._settling: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self.delivered = 0
         #: Messages given up: answered with a fault, or moved to the poison store.
@@ -254,6 +258,8 @@ class InvokerWorker:
                 claimed = tx.invoker.claim_next(in_order=self.policy.in_order)
                 if claimed is None:
                     return False
+                if self._is_settling(claimed):
+                    return False  # another thread is counting its failed attempt: not ours to run
                 doomed = self._doomed.get((claimed.sequence_id, claimed.number))
                 if doomed is not None:  # its attempts ran out inside a batch: settle it now, it is first
                     settled = self._give_up(tx, claimed, doomed)
@@ -261,10 +267,20 @@ class InvokerWorker:
                     error = self._last_errors.get((claimed.sequence_id, claimed.number))
                     settled = self._poison(tx, claimed, error or _RecordedFailure(claimed.last_error))
                 else:
-                    done.append((claimed, self._deliver(tx, claimed)))
+                    try:
+                        done.append((claimed, self._deliver(tx, claimed)))
+                    except Exception:
+                        self._settle_later(claimed)  # before the rollback frees it
+                        raise
                     wake = getattr(self._ambient, "wake_sender", True)
                     if self._batches(tx) and not self._is_isolated(claimed):
-                        later, wake = self._deliver_more(tx, claimed.sequence_id, done, wake)
+                        try:
+                            later, wake = self._deliver_more(tx, claimed.sequence_id, done, wake)
+                        except _BatchBroken as broken:
+                            self._settle_later(broken.message)
+                            raise
+                        if later is not None:
+                            self._settle_later(later[0])  # before the commit frees it
         except _BatchBroken as broken:  # all of the batch rolled back: the one that broke it is retried
             return self._batch_broken(broken.message, broken.error)
         except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
@@ -345,6 +361,14 @@ class InvokerWorker:
         return None, wake
 
     # -- messages that broke a batch ------------------------------------------------------------
+
+    def _settle_later(self, msg: BufferedMessage) -> None:
+        with self._lock:
+            self._settling.add((msg.sequence_id, msg.number))
+
+    def _is_settling(self, msg: BufferedMessage) -> bool:
+        with self._lock:
+            return (msg.sequence_id, msg.number) in self._settling
 
     def _is_isolated(self, msg: BufferedMessage) -> bool:
         with self._lock:
@@ -438,6 +462,14 @@ class InvokerWorker:
         return True
 
     def _failed(self, msg: BufferedMessage, exc: BaseException) -> bool:
+        """:meth:`_record_failure`, then ``msg`` is free for any invoker thread again."""
+        try:
+            return self._record_failure(msg, exc)
+        finally:
+            with self._lock:
+                self._settling.discard((msg.sequence_id, msg.number))
+
+    def _record_failure(self, msg: BufferedMessage, exc: BaseException) -> bool:
         """After a delivery of ``msg`` rolled back because of ``exc``: count it, schedule or settle it.
 
         The count goes to the store in a transaction of its own.  When even
