@@ -132,7 +132,7 @@ def run(args: argparse.Namespace, out: IO[str] | None = None) -> int:
               "never be processed; `wsrm poison retry` puts it back for delivery instead)", file=err)
         return 2
     try:
-        store = open_store(args.store)
+        store = open_store(args.store, create=False)
     except Exception as exc:  # noqa: BLE001 -- a bad URL or an unreachable store: say which
         print(f"wsrm poison: cannot open store {args.store!r}: {exc}", file=err)
         return 2

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import IO
 
 from .engine.resend import faulted_sequences, resend_faulted
@@ -43,11 +42,8 @@ def run(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         sys.stderr.write("wsrm resend: a memory store lives in its process only; call "
                          "ReliableEngine.resend_faulted() there\n")
         return 2
-    if args.store.startswith("sqlite:///") and not Path(args.store[len("sqlite:///"):]).exists():
-        sys.stderr.write(f"wsrm resend: {args.store!r}: no such store file (a mistyped path?)\n")
-        return 2
     try:
-        store = open_store(args.store)
+        store = open_store(args.store, create=False)
     except Exception as exc:  # noqa: BLE001 -- any reason the store cannot be opened, said in one line
         sys.stderr.write(f"wsrm resend: cannot open {args.store!r}: {type(exc).__name__}: {exc}\n")
         return 2

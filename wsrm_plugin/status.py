@@ -146,7 +146,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     out = out or sys.stdout
     try:
-        store = open_store(args.store)
+        store = open_store(args.store, create=False)
     except (ValueError, OSError) as exc:
         sys.stderr.write(f"wsrm status: cannot open {args.store!r}: {exc}\n")
         return 2

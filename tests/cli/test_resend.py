@@ -28,7 +28,7 @@ def _store_with_sequences(path):
 def test_resend_says_what_is_wrong_and_moves_a_faulted_sequence(tmp_path, capsys):
     missing = tmp_path / "typo.db"
     assert main(["resend", "--store", f"sqlite:///{missing}", "--all"]) == 2
-    assert "no such store file" in capsys.readouterr().err and not missing.exists()
+    assert "no SQLite store at" in capsys.readouterr().err and not missing.exists()
 
     url = _store_with_sequences(tmp_path / "rm.db")
     assert main(["resend", "--store", url, "--sequence", "urn:uuid:nope"]) == 1

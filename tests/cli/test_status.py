@@ -161,3 +161,43 @@ def test_report_of_an_empty_store():
 def test_status_refuses_a_bad_store_url(capsys):
     assert main(["status", "--store", "nosuch:///x"]) == 2
     assert "unsupported store URL" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["status"], ["poison", "list"], ["resend", "--all"]])
+def test_operator_commands_refuse_a_store_that_is_not_there(command, tmp_path, capsys):
+    """A mistyped path must not be created as an empty store and reported as "all fine"."""
+    missing = tmp_path / "servcie-rm.db"  # the typo
+    assert main([*command, "--store", f"sqlite:///{missing}"]) == 2
+    err = capsys.readouterr().err
+    assert "no SQLite store at" in err and str(missing) in err
+    assert not missing.exists()
+
+    assert main([*command, "--store", "memory:"]) == 2
+    assert "memory store" in capsys.readouterr().err
+
+    # an existing file that is not a store is not turned into one either
+    other = tmp_path / "other.db"
+    import sqlite3
+    sqlite3.connect(other).execute("CREATE TABLE unrelated (x)").connection.commit()
+    assert main([*command, "--store", f"sqlite:///{other}"]) == 2
+    assert "no message store" in capsys.readouterr().err
+    tables = {row[0] for row in sqlite3.connect(other).execute("SELECT name FROM sqlite_master")}
+    assert tables == {"unrelated"}
+
+
+def test_status_refuses_a_postgresql_database_without_a_store(pg_dsn_factory, capsys):
+    import psycopg2
+
+    dsn = pg_dsn_factory("nostore")
+    assert main(["status", "--store", "postgresql:" + dsn]) == 2
+    assert "no message store" in capsys.readouterr().err
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'")
+            assert cur.fetchone()[0] == 0  # nothing created
+    finally:
+        conn.close()
+    # and a real store there is read
+    open_store("postgresql:" + dsn).close()
+    assert main(["status", "--store", "postgresql:" + dsn]) == 0

@@ -26,7 +26,7 @@ from .api import (
     BufferedMessage, PoisonMessage, DuplicateSequenceError, InDoubtBranchesError, InvalidAcknowledgementError,
     InvokerSequence, LockOrderError, LockTimeoutError, MessageNumberRolloverError, RmdSequence,
     RmsMessage, RmsSequence, SchemaVersionError, SequenceNotOpenError, StorageManager,
-    StoreClosedError, StoreError, StoreStatus, StoreTransaction, StoreUnavailableError,
+    StoreClosedError, StoreError, StoreNotFoundError, StoreStatus, StoreTransaction, StoreUnavailableError,
     TransactionClosedError, UnknownMessageError, UnknownSequenceError,
 )
 
@@ -36,7 +36,7 @@ __all__ = [
     "StoreError", "DuplicateSequenceError", "UnknownSequenceError", "UnknownMessageError",
     "InvalidAcknowledgementError", "MessageNumberRolloverError", "SequenceNotOpenError",
     "LockOrderError", "LockTimeoutError", "InDoubtBranchesError", "TransactionClosedError",
-    "StoreClosedError", "SchemaVersionError", "StoreUnavailableError",
+    "StoreClosedError", "SchemaVersionError", "StoreUnavailableError", "StoreNotFoundError",
 ]
 
 _OPTIONS = {"lock_timeout": float, "pool_size": int}
@@ -54,12 +54,20 @@ def _options(query: str, url: str) -> dict[str, Any]:
     return out
 
 
-def open_store(url: str, **options: Any) -> StorageManager:
-    """Open (and migrate, for SQL) the store ``url`` names; keyword options override the URL's."""
+def open_store(url: str, *, create: bool = True, **options: Any) -> StorageManager:
+    """Open (and migrate, for SQL) the store ``url`` names; keyword options override the URL's.
+
+    ``create=False`` (the operator commands) raises :class:`StoreNotFoundError` instead of
+    creating a store that is not there, and refuses ``memory:``, which lives only inside the
+    process that opened it: either would answer "no sequences, all fine" to a mistyped URL."""
     if not isinstance(url, str):
         raise TypeError(f"store URL must be a string, not {type(url).__name__}")
     scheme, _, rest = url.partition(":")
     scheme = scheme.lower()
+    if scheme == "memory" and not create:
+        raise StoreNotFoundError(
+            f"{url!r} is a memory store: it lives inside the process that uses it, so this one would "
+            "see an empty store; give the service's sqlite:/// or postgresql:// store URL")
     if scheme == "memory":
         from .memory import MemoryStore
         name, _, query = rest.partition("?")
@@ -73,7 +81,7 @@ def open_store(url: str, **options: Any) -> StorageManager:
             raise ValueError(
                 f"SQLite store URL {url!r} must look like sqlite:///relative/file.db or "
                 "sqlite:////absolute/file.db")
-        return SqliteStore(parts.path[1:], **{**_options(parts.query, url), **options})
+        return SqliteStore(parts.path[1:], create=create, **{**_options(parts.query, url), **options})
     if scheme in ("postgresql", "postgres"):
         from .postgres import PostgresStore
         if rest.startswith("//"):
@@ -85,6 +93,6 @@ def open_store(url: str, **options: Any) -> StorageManager:
             opts = _options("&".join(f"{k}={v}" for k, v in ours.items()), url)
         else:
             dsn, opts = rest.strip(), {}
-        return PostgresStore(dsn, **{**opts, **options})
+        return PostgresStore(dsn, create=create, **{**opts, **options})
     raise ValueError(
         f"unsupported store URL {url!r}: use memory:, sqlite:///path.db or postgresql://...")

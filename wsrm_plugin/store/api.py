@@ -59,7 +59,7 @@ __all__ = [
     "StoreError", "DuplicateSequenceError", "UnknownSequenceError",
     "UnknownMessageError", "InvalidAcknowledgementError", "MessageNumberRolloverError",
     "SequenceNotOpenError", "LockOrderError", "LockTimeoutError", "InDoubtBranchesError",
-    "TransactionClosedError", "SchemaVersionError", "StoreClosedError",
+    "TransactionClosedError", "SchemaVersionError", "StoreClosedError", "StoreNotFoundError",
     # records
     "RmsSequence", "RmsMessage", "RmdSequence", "BufferedMessage", "InvokerSequence", "PoisonMessage",
     "RmsSequenceStatus", "RmdSequenceStatus", "StoreStatus",
@@ -177,6 +177,11 @@ class StoreClosedError(StoreError):
 
 class SchemaVersionError(StoreError):
     """The store's schema is newer than this code understands (or unreadable)."""
+
+
+class StoreNotFoundError(StoreError):
+    """``create=False`` and there is no store there: an operator tool must not invent an
+    empty store from a mistyped path and then report it as healthy."""
 
 
 # --------------------------------------------------------------------------

@@ -68,7 +68,8 @@ class PostgresStore(api.StorageManager):
     """A store in a PostgreSQL database (``open_store("postgresql://...")``)."""
 
     def __init__(self, dsn: str, *, lock_timeout: float = 30.0, pool_size: int = 4,
-                 database_identity: str | None = None, share_sessions: bool = True) -> None:
+                 database_identity: str | None = None, share_sessions: bool = True,
+                 create: bool = True) -> None:
         self.dsn = dsn
         self.share_sessions = share_sessions
         self._identity_given = database_identity is not None
@@ -87,6 +88,7 @@ class PostgresStore(api.StorageManager):
         self._lock = threading.Lock()
         self._closed = False
         self._recovery: PostgresXAResource | None = None
+        self._create = create
         self.schema_version_found = self._migrate()
 
     def _connect(self) -> Any:
@@ -100,7 +102,7 @@ class PostgresStore(api.StorageManager):
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            found = migrate(conn, POSTGRES, self.url)
+            found = migrate(conn, POSTGRES, self.url, create=self._create)
             conn.commit()
             return found
         finally:

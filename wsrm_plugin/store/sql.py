@@ -240,14 +240,23 @@ def current_version(cur: Any, d: Dialect) -> int:
     return int(row[0]) if row and row[0] is not None else 0
 
 
-def migrate(conn: Any, d: Dialect, where: str) -> int:
+def migrate(conn: Any, d: Dialect, where: str, *, create: bool = True) -> int:
     """Bring the schema up to :data:`LATEST_VERSION` inside the caller's transaction.
 
     Idempotent: on an up-to-date store it only reads ``schema_version``.  The
     caller serializes concurrent openers (SQLite: the store's file lock;
     PostgreSQL: an advisory lock) and commits.  Returns the version found.
+    ``create=False`` raises :class:`~.api.StoreNotFoundError` where there is no
+    store yet (the caller rolls back).
     """
     cur = conn.cursor()
+    if not create:
+        try:
+            cur.execute(d.sql("SELECT MAX(version) FROM schema_version"))
+            cur.fetchone()
+        except Exception:  # noqa: BLE001 -- no such table: no store here
+            raise api.StoreNotFoundError(f"there is no message store in {where} (no schema_version "
+                                         "table): check the store URL") from None
     cur.execute(f"CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, "
                 f"applied_at {d.double} NOT NULL)")
     found = current_version(cur, d)

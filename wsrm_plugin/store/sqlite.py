@@ -218,11 +218,13 @@ class SqliteStore(api.StorageManager):
     """A durable store in one SQLite file (``open_store("sqlite:///path/to/file.db")``)."""
 
     def __init__(self, path: str | os.PathLike[str], *, lock_timeout: float = 30.0,
-                 pool_size: int = 4) -> None:
+                 pool_size: int = 4, create: bool = True) -> None:
         self.path = os.path.abspath(os.fspath(path))
         parent = os.path.dirname(self.path)
         if not os.path.isdir(parent):
             raise api.StoreError(f"cannot open store {self.path}: directory {parent} does not exist")
+        if not create and not os.path.isfile(self.path):
+            raise api.StoreNotFoundError(f"there is no SQLite store at {self.path}: check the path")
         self.url = "sqlite:///" + self.path
         self.lock_timeout = lock_timeout
         self.pool_size = pool_size
@@ -231,6 +233,7 @@ class SqliteStore(api.StorageManager):
         self._idle: list[sqlite3.Connection] = []
         self._pool_lock = threading.Lock()
         self._closed = False
+        self._create = create
         self.schema_version_found = self._migrate()
         self._resource = SqliteXAResource(self)
 
@@ -270,7 +273,7 @@ class SqliteStore(api.StorageManager):
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                found = migrate(conn, SQLITE, self.path)
+                found = migrate(conn, SQLITE, self.path, create=self._create)
                 conn.execute("COMMIT")
                 seq = self._sync.note_commit()
             except BaseException:
