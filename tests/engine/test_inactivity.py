@@ -22,7 +22,7 @@ from wsrm_plugin.engine.transport import free_port
 from .conftest import fast_policy
 from .support import ACTION, Recorder, payload, wait_for
 
-INACTIVITY = 1.5
+INACTIVITY = 3.0  # a sequence silent this long is ended; generous, so a loaded machine is not "silent"
 _APPLICATION_MESSAGE = re.compile(rb"<(\w+:)?Sequence[\s>]")
 
 
