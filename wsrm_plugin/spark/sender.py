@@ -57,7 +57,7 @@ class Sender:
         if isinstance(store, str):
             # one pooled session per request in flight plus the workers' own; a smaller pool
             # closes and reopens sessions all the time (a PostgreSQL backend fork each)
-            sized = {} if "pool_size=" in store else {"pool_size": self.policy.send_concurrency + 4}
+            sized: dict[str, Any] = {} if "pool_size=" in store else {"pool_size": self.policy.send_concurrency + 4}
             store = open_store(store, **sized)
         self.store = store
         self.engine = ReliableEngine(self.store, self.policy, name="wsrm-sender")
