@@ -39,6 +39,11 @@ Run::
 
     .venv/bin/python bench/bench_compare.py [--calls 1000] [--rounds 3]
         [--scenarios plain,plain8,outbox,memory,sqlite,xa2,xa1] [--no-strace]
+
+Profiling: ``BENCH_PROFILE=DIR`` attaches ``py-spy record --idle --threads``
+(raw collapsed stacks, waits included) to every client and server process and
+writes ``DIR/<scenario>-<tag>-<role>.txt``; ``BENCH_PROFILER=yappi`` writes
+yappi CPU profiles of all threads (``.pstats``) from inside the processes instead.
 """
 
 from __future__ import annotations
@@ -147,8 +152,28 @@ def _tm(node: str, tmp: Path, points: _Points) -> Any:
     return TransactionManager(node=node, log=tmp / f"{node}.tmlog", checkpoint=points)
 
 
+def _yappi_start() -> Any:
+    """CPU profile of every thread of this role, when BENCH_PROFILER=yappi asks for it."""
+    if not os.environ.get("BENCH_PROFILE") or os.environ.get("BENCH_PROFILER") != "yappi":
+        return None
+    import yappi
+
+    yappi.set_clock_type("cpu")
+    yappi.start(builtins=False)
+    return yappi
+
+
+def _yappi_save(yappi: Any, args: argparse.Namespace) -> None:
+    if yappi is None:
+        return
+    yappi.stop()
+    out = Path(os.environ["BENCH_PROFILE"]) / f"{args.scenario}-{args.run or 'server'}-{args.role}-{os.getpid()}.pstats"
+    yappi.get_func_stats().save(str(out), type="pstat")
+
+
 def server_role(args: argparse.Namespace) -> int:
     global ROWS
+    yappi = _yappi_start()
     from wsrm_plugin.engine.transport import HttpServer
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-server-"))
@@ -196,6 +221,7 @@ def server_role(args: argparse.Namespace) -> int:
     sys.stdin.readline()  # "stop"
     for close in closers:
         close()
+    _yappi_save(yappi, args)
     print("STATS " + json.dumps(dict(points.seen)), flush=True)
     return 0
 
@@ -209,6 +235,7 @@ def _items(args: argparse.Namespace) -> list[str]:
 def client_role(args: argparse.Namespace) -> int:
     import zeep
 
+    yappi = _yappi_start()
     tmp = Path(tempfile.mkdtemp(prefix="bench-client-"))
     points = _Points()
     scenario = args.scenario
@@ -278,6 +305,7 @@ def client_role(args: argparse.Namespace) -> int:
     sys.stdin.readline()  # "stop": everything arrived (or the coordinator gave up)
     for stop in stoppers:
         stop()
+    _yappi_save(yappi, args)
     print("STATS " + json.dumps(dict(points.seen)), flush=True)
     return 0
 
@@ -373,7 +401,7 @@ class Result:
 class _Child:
     """A role of this script in its own process, optionally under strace counting fsyncs."""
 
-    def __init__(self, argv: list[str], strace_out: str | None) -> None:
+    def __init__(self, argv: list[str], strace_out: str | None, profile_out: str | None = None) -> None:
         cmd = [sys.executable, __file__, *argv]
         if strace_out is not None:
             cmd = ["strace", "--seccomp-bpf", "-f", "-qq", "-c", "-e", "trace=fsync,fdatasync",
@@ -381,6 +409,17 @@ class _Child:
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.strace_out = strace_out
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.spy: subprocess.Popen[bytes] | None = None
+        if profile_out is not None and os.environ.get("BENCH_PROFILER", "py-spy") == "py-spy":
+            spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+            pid = self.proc.pid
+            if strace_out is not None:  # the python process is strace's child
+                time.sleep(0.5)
+                kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                pid = int(kids[0]) if kids else pid
+            self.spy = subprocess.Popen([spy, "record", "--pid", str(pid), "--idle", "--threads", "-r", "200",
+                                         "-f", "raw", "-o", profile_out],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.lines: list[str] = []
         self._cond = threading.Condition()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -422,6 +461,8 @@ class _Child:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.spy is not None:
+            self.spy.wait(30)  # ends with its target, then writes its file
         return stats
 
     def kill(self) -> None:
@@ -507,17 +548,23 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
             open_store("postgresql:" + dsn).close()
     result = Result(scenario, args.calls)
     strace = not args.no_strace and shutil.which("strace") is not None
+    profile = os.environ.get("BENCH_PROFILE")
+
+    def profile_out(role: str) -> str | None:
+        return str(Path(profile) / f"{scenario}-{tag}-{role}.txt") if profile else None
     common = ["--scenario", scenario, "--retransmission-interval", str(args.retransmission_interval)]
     server = client = None
     polls = 0  # the coordinator's own read-only transactions, left out of the commit count
     before = _pg_counters(pg)
     try:
         server = _Child(["--role", "server", *common, "--app-dsn", server_app, "--store-dsn", server_store],
-                        str(workdir / f"{scenario}-{tag}-server.strace") if strace else None)
+                        str(workdir / f"{scenario}-{tag}-server.strace") if strace else None,
+                        profile_out("server"))
         url = server.expect("URL ")
         client = _Child(["--role", "client", *common, "--app-dsn", client_app, "--store-dsn", client_store,
                          "--url", url, "--calls", str(args.calls), "--note", str(args.note), "--run", tag],
-                        str(workdir / f"{scenario}-{tag}-client.strace") if strace else None)
+                        str(workdir / f"{scenario}-{tag}-client.strace") if strace else None,
+                        profile_out("client"))
         t0 = float(client.expect("T0 ", timeout=120))
         deadline = time.monotonic() + args.timeout
         sent_errors = None
