@@ -185,6 +185,8 @@ class MemoryTransaction(api.StoreTransaction):
         value = self._changes.get((table, key))
         if value is None:
             return self._store._committed(table, key)
+        if self._if_absent and (table, key) in self._if_absent:  # a row committed meanwhile wins
+            return self._store._committed(table, key) or value
         return None if value is _DELETED else value
 
     def _write(self, table: str, key: Any, value: Any) -> None:
@@ -202,12 +204,6 @@ class MemoryTransaction(api.StoreTransaction):
         if self._if_absent:
             self._if_absent.discard((table, key))
 
-    def _drop_insert(self, table: str, key: Any) -> None:
-        """Forget a staged insert-if-absent when the committed row exists (read that one instead)."""
-        if (table, key) in self._if_absent and self._store._committed(table, key) is not None:
-            self._if_absent.discard((table, key))
-            del self._changes[(table, key)]
-
     def _scan(self, table: str) -> dict[Any, Any]:
         """Committed rows overlaid with this transaction's own changes."""
         self._check_open()
@@ -217,7 +213,7 @@ class MemoryTransaction(api.StoreTransaction):
                 continue
             if value is _DELETED:
                 rows.pop(key, None)
-            else:
+            elif key not in rows or (t, key) not in self._if_absent:
                 rows[key] = value
         return rows
 
@@ -560,16 +556,6 @@ class _Invoker(api.InvokerBufferManager):
     def _inv(self, sequence_id: str) -> InvokerSequence:
         return self._tx._read(_INV, sequence_id) or InvokerSequence(sequence_id=sequence_id)
 
-    def _locked(self, sequence_id: str, *, wait: bool = True) -> bool:
-        """Lock the sequence's buffer; from then on its delivery record is the committed one
-        (only puts change it meanwhile, and they never overwrite one)."""
-        tx = self._tx
-        if not tx._lock(RANK_INVOKER, sequence_id, wait=wait):
-            return False
-        if tx._if_absent:
-            tx._drop_insert(_INV, sequence_id)
-        return True
-
     def put(self, sequence_id: str, number: int, payload: bytes, *, action: str,
             soap_version: str, message_id: str | None = None, reply_to: str | None = None,
             now: float | None = None) -> bool:
@@ -618,7 +604,7 @@ class _Invoker(api.InvokerBufferManager):
 
     def next_deliverable(self, sequence_id: str, *, in_order: bool = True,
                          now: float | None = None) -> BufferedMessage | None:
-        self._locked(sequence_id)
+        self._tx._lock(RANK_INVOKER, sequence_id)
         if in_order:
             return self._due_in_order(sequence_id, now)
         buffered = self._tx._scan(_BUF)
@@ -631,7 +617,7 @@ class _Invoker(api.InvokerBufferManager):
             for sequence_id in sorted(tx._scan(_INV)):
                 if self._due_in_order(sequence_id, now) is None:
                     continue
-                if not self._locked(sequence_id, wait=False):
+                if not tx._lock(RANK_INVOKER, sequence_id, wait=False):
                     continue  # SKIP LOCKED: another invoker delivers this sequence
                 found = self._due_in_order(sequence_id, now)
                 if found is not None:
@@ -641,7 +627,7 @@ class _Invoker(api.InvokerBufferManager):
         for sequence_id in sorted({s for (s, _) in buffered}):
             if self._next(sequence_id, in_order, buffered) is None:
                 continue
-            if not self._locked(sequence_id, wait=False):
+            if not tx._lock(RANK_INVOKER, sequence_id, wait=False):
                 continue  # SKIP LOCKED: another invoker delivers this sequence
             found = self._next(sequence_id, in_order, _due(tx._scan(_BUF), now))
             if found is not None:
@@ -650,7 +636,7 @@ class _Invoker(api.InvokerBufferManager):
 
     def mark_delivered(self, sequence_id: str, number: int) -> None:
         tx = self._tx
-        self._locked(sequence_id)
+        self._tx._lock(RANK_INVOKER, sequence_id)
         if tx._read(_BUF, (sequence_id, number)) is None:
             raise UnknownMessageError(
                 f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
@@ -674,7 +660,7 @@ class _Invoker(api.InvokerBufferManager):
 
     def discard(self, sequence_id: str) -> int:
         tx = self._tx
-        self._locked(sequence_id)
+        self._tx._lock(RANK_INVOKER, sequence_id)
         keys = [k for k in tx._scan(_BUF) if k[0] == sequence_id]
         for k in keys:
             tx._delete(_BUF, k)
@@ -684,7 +670,7 @@ class _Invoker(api.InvokerBufferManager):
     # -- failed deliveries and the poison store -------------------------------------------------
 
     def get(self, sequence_id: str, number: int) -> BufferedMessage | None:
-        self._locked(sequence_id)
+        self._tx._lock(RANK_INVOKER, sequence_id)
         return self._tx._read(_BUF, (sequence_id, number))
 
     def record_failure(self, sequence_id: str, number: int, *, attempts: int, cycle: int,
@@ -714,7 +700,7 @@ class _Invoker(api.InvokerBufferManager):
         return self._tx._read(_POI, (sequence_id, number))
 
     def _require_poison(self, sequence_id: str, number: int) -> PoisonMessage:
-        self._locked(sequence_id)
+        self._tx._lock(RANK_INVOKER, sequence_id)
         poisoned = self._tx._read(_POI, (sequence_id, number))
         if poisoned is None:
             raise UnknownMessageError(f"no poison message {number} of sequence {sequence_id!r}")
