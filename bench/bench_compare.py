@@ -152,6 +152,29 @@ def _tm(node: str, tmp: Path, points: _Points) -> Any:
     return TransactionManager(node=node, log=tmp / f"{node}.tmlog", checkpoint=points)
 
 
+_CPU_AT_START = 0.0
+
+
+def _cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _start_clock() -> None:
+    """The measured part starts: the coordinator's T0, and this process's CPU time so far."""
+    global _CPU_AT_START
+    _CPU_AT_START = _cpu()
+    print(f"T0 {time.monotonic()}", flush=True)
+
+
+def _cpu_ms() -> int:
+    """CPU time (user + system, all threads) of this process since the measured part started:
+    a cost per message that a loaded machine distorts far less than the rates."""
+    return round((_cpu() - _CPU_AT_START) * 1000)
+
+
 def _yappi_start() -> Any:
     """CPU profile of every thread of this role, when BENCH_PROFILER=yappi asks for it."""
     if not os.environ.get("BENCH_PROFILE") or os.environ.get("BENCH_PROFILER") != "yappi":
@@ -172,7 +195,7 @@ def _yappi_save(yappi: Any, args: argparse.Namespace) -> None:
 
 
 def server_role(args: argparse.Namespace) -> int:
-    global ROWS
+    global ROWS, _CPU_AT_START
     yappi = _yappi_start()
     from wsrm_plugin.engine.transport import HttpServer
 
@@ -217,12 +240,13 @@ def server_role(args: argparse.Namespace) -> int:
         if tm is not None:
             closers.append(tm.close)
         url = service.url
+    _CPU_AT_START = _cpu()
     print(f"URL {url}", flush=True)
     sys.stdin.readline()  # "stop"
     for close in closers:
         close()
     _yappi_save(yappi, args)
-    print("STATS " + json.dumps(dict(points.seen)), flush=True)
+    print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms()}), flush=True)
     return 0
 
 
@@ -245,7 +269,7 @@ def client_role(args: argparse.Namespace) -> int:
     stoppers: list[Any] = []
     errors = 0
     if scenario == "plain":
-        print(f"T0 {time.monotonic()}", flush=True)
+        _start_clock()
         for item in items:
             try:
                 zc.service.record(item, note)
@@ -263,7 +287,7 @@ def client_role(args: argparse.Namespace) -> int:
                     failed[n] += 1
 
         threads = [threading.Thread(target=worker, args=(n,)) for n in range(THREADS)]
-        print(f"T0 {time.monotonic()}", flush=True)
+        _start_clock()
         for t in threads:
             t.start()
         for t in threads:
@@ -291,7 +315,7 @@ def client_role(args: argparse.Namespace) -> int:
             stoppers.append(ds.close)
         if tm is not None:
             stoppers.append(tm.close)
-        print(f"T0 {time.monotonic()}", flush=True)
+        _start_clock()
         if tm is None:
             for item in items:
                 rc.service.record(item, note)
@@ -306,7 +330,7 @@ def client_role(args: argparse.Namespace) -> int:
     for stop in stoppers:
         stop()
     _yappi_save(yappi, args)
-    print("STATS " + json.dumps(dict(points.seen)), flush=True)
+    print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms()}), flush=True)
     return 0
 
 
@@ -346,7 +370,7 @@ def _outbox_client(args: argparse.Namespace, zc: Any, items: list[str], note: st
     thread = threading.Thread(target=relay, name="relay", daemon=True)
     stoppers.append(lambda: (stop.set(), wake.set(), thread.join(10)))
     conn = psycopg2.connect(args.app_dsn)
-    print(f"T0 {time.monotonic()}", flush=True)
+    _start_clock()
     thread.start()
     try:
         for item in items:
@@ -371,6 +395,7 @@ class Result:
     seconds: float = 0.0
     errors: int = 0
     fsyncs: dict[str, int] = field(default_factory=dict)
+    cpu_ms: dict[str, int] = field(default_factory=dict)
     pg: dict[str, int] = field(default_factory=dict)
     tm: dict[str, int] = field(default_factory=dict)
     failed: str = ""
@@ -388,6 +413,8 @@ class Result:
     def per_message(self) -> dict[str, float]:
         n = max(self.once, 1)
         return {
+            "cpu ms(client)": self.cpu_ms.get("client", 0) / n,
+            "cpu ms(server)": self.cpu_ms.get("server", 0) / n,
             "fsync(client)": self.fsyncs.get("client", 0) / n,
             "fsync(server)": self.fsyncs.get("server", 0) / n,
             "pg WAL syncs": self.pg.get("wal_sync", 0) / n,
@@ -600,7 +627,9 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
         stats: Counter[str] = Counter()
         for name, child in (("client", client), ("server", server)):
             if child is not None:
-                stats.update(child.stop())
+                seen = child.stop()
+                result.cpu_ms[name] = seen.pop("cpu_ms", 0)
+                stats.update(seen)
                 result.fsyncs[name] = child.fsyncs()
         result.tm = dict(stats)
     after = _pg_counters(pg)
