@@ -636,7 +636,7 @@ class _Invoker(api.InvokerBufferManager):
 
     def mark_delivered(self, sequence_id: str, number: int) -> None:
         tx = self._tx
-        self._tx._lock(RANK_INVOKER, sequence_id)
+        tx._lock(RANK_INVOKER, sequence_id)
         if tx._read(_BUF, (sequence_id, number)) is None:
             raise UnknownMessageError(
                 f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
@@ -660,7 +660,7 @@ class _Invoker(api.InvokerBufferManager):
 
     def discard(self, sequence_id: str) -> int:
         tx = self._tx
-        self._tx._lock(RANK_INVOKER, sequence_id)
+        tx._lock(RANK_INVOKER, sequence_id)
         keys = [k for k in tx._scan(_BUF) if k[0] == sequence_id]
         for k in keys:
             tx._delete(_BUF, k)
