@@ -39,6 +39,11 @@ Run::
 
     .venv/bin/python bench/bench_compare.py [--calls 1000] [--rounds 3]
         [--scenarios plain,plain8,outbox,memory,sqlite,xa2,xa1] [--no-strace]
+
+Profiling: ``BENCH_PROFILE=DIR`` attaches ``py-spy record --idle --threads``
+(raw collapsed stacks, waits included) to every client and server process and
+writes ``DIR/<scenario>-<tag>-<role>.txt``; ``BENCH_PROFILER=yappi`` writes
+yappi CPU profiles of all threads (``.pstats``) from inside the processes instead.
 """
 
 from __future__ import annotations
@@ -147,8 +152,51 @@ def _tm(node: str, tmp: Path, points: _Points) -> Any:
     return TransactionManager(node=node, log=tmp / f"{node}.tmlog", checkpoint=points)
 
 
+_CPU_AT_START = 0.0
+
+
+def _cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _start_clock() -> None:
+    """The measured part starts: the coordinator's T0, and this process's CPU time so far."""
+    global _CPU_AT_START
+    _CPU_AT_START = _cpu()
+    print(f"T0 {time.monotonic()}", flush=True)
+
+
+def _cpu_ms() -> int:
+    """CPU time (user + system, all threads) of this process since the measured part started:
+    a cost per message that a loaded machine distorts far less than the rates."""
+    return round((_cpu() - _CPU_AT_START) * 1000)
+
+
+def _yappi_start() -> Any:
+    """CPU profile of every thread of this role, when BENCH_PROFILER=yappi asks for it."""
+    if not os.environ.get("BENCH_PROFILE") or os.environ.get("BENCH_PROFILER") != "yappi":
+        return None
+    import yappi
+
+    yappi.set_clock_type("cpu")
+    yappi.start(builtins=False)
+    return yappi
+
+
+def _yappi_save(yappi: Any, args: argparse.Namespace) -> None:
+    if yappi is None:
+        return
+    yappi.stop()
+    out = Path(os.environ["BENCH_PROFILE"]) / f"{args.scenario}-{args.run or 'server'}-{args.role}-{os.getpid()}.pstats"
+    yappi.get_func_stats().save(str(out), type="pstat")
+
+
 def server_role(args: argparse.Namespace) -> int:
-    global ROWS
+    global ROWS, _CPU_AT_START
+    yappi = _yappi_start()
     from wsrm_plugin.engine.transport import HttpServer
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-server-"))
@@ -192,11 +240,13 @@ def server_role(args: argparse.Namespace) -> int:
         if tm is not None:
             closers.append(tm.close)
         url = service.url
+    _CPU_AT_START = _cpu()
     print(f"URL {url}", flush=True)
     sys.stdin.readline()  # "stop"
     for close in closers:
         close()
-    print("STATS " + json.dumps(dict(points.seen)), flush=True)
+    _yappi_save(yappi, args)
+    print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms()}), flush=True)
     return 0
 
 
@@ -209,6 +259,7 @@ def _items(args: argparse.Namespace) -> list[str]:
 def client_role(args: argparse.Namespace) -> int:
     import zeep
 
+    yappi = _yappi_start()
     tmp = Path(tempfile.mkdtemp(prefix="bench-client-"))
     points = _Points()
     scenario = args.scenario
@@ -218,7 +269,7 @@ def client_role(args: argparse.Namespace) -> int:
     stoppers: list[Any] = []
     errors = 0
     if scenario == "plain":
-        print(f"T0 {time.monotonic()}", flush=True)
+        _start_clock()
         for item in items:
             try:
                 zc.service.record(item, note)
@@ -236,7 +287,7 @@ def client_role(args: argparse.Namespace) -> int:
                     failed[n] += 1
 
         threads = [threading.Thread(target=worker, args=(n,)) for n in range(THREADS)]
-        print(f"T0 {time.monotonic()}", flush=True)
+        _start_clock()
         for t in threads:
             t.start()
         for t in threads:
@@ -264,7 +315,7 @@ def client_role(args: argparse.Namespace) -> int:
             stoppers.append(ds.close)
         if tm is not None:
             stoppers.append(tm.close)
-        print(f"T0 {time.monotonic()}", flush=True)
+        _start_clock()
         if tm is None:
             for item in items:
                 rc.service.record(item, note)
@@ -278,7 +329,8 @@ def client_role(args: argparse.Namespace) -> int:
     sys.stdin.readline()  # "stop": everything arrived (or the coordinator gave up)
     for stop in stoppers:
         stop()
-    print("STATS " + json.dumps(dict(points.seen)), flush=True)
+    _yappi_save(yappi, args)
+    print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms()}), flush=True)
     return 0
 
 
@@ -318,7 +370,7 @@ def _outbox_client(args: argparse.Namespace, zc: Any, items: list[str], note: st
     thread = threading.Thread(target=relay, name="relay", daemon=True)
     stoppers.append(lambda: (stop.set(), wake.set(), thread.join(10)))
     conn = psycopg2.connect(args.app_dsn)
-    print(f"T0 {time.monotonic()}", flush=True)
+    _start_clock()
     thread.start()
     try:
         for item in items:
@@ -343,6 +395,7 @@ class Result:
     seconds: float = 0.0
     errors: int = 0
     fsyncs: dict[str, int] = field(default_factory=dict)
+    cpu_ms: dict[str, int] = field(default_factory=dict)
     pg: dict[str, int] = field(default_factory=dict)
     tm: dict[str, int] = field(default_factory=dict)
     failed: str = ""
@@ -360,6 +413,8 @@ class Result:
     def per_message(self) -> dict[str, float]:
         n = max(self.once, 1)
         return {
+            "cpu ms(client)": self.cpu_ms.get("client", 0) / n,
+            "cpu ms(server)": self.cpu_ms.get("server", 0) / n,
             "fsync(client)": self.fsyncs.get("client", 0) / n,
             "fsync(server)": self.fsyncs.get("server", 0) / n,
             "pg WAL syncs": self.pg.get("wal_sync", 0) / n,
@@ -373,7 +428,7 @@ class Result:
 class _Child:
     """A role of this script in its own process, optionally under strace counting fsyncs."""
 
-    def __init__(self, argv: list[str], strace_out: str | None) -> None:
+    def __init__(self, argv: list[str], strace_out: str | None, profile_out: str | None = None) -> None:
         cmd = [sys.executable, __file__, *argv]
         if strace_out is not None:
             cmd = ["strace", "--seccomp-bpf", "-f", "-qq", "-c", "-e", "trace=fsync,fdatasync",
@@ -381,6 +436,17 @@ class _Child:
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.strace_out = strace_out
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.spy: subprocess.Popen[bytes] | None = None
+        if profile_out is not None and os.environ.get("BENCH_PROFILER", "py-spy") == "py-spy":
+            spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+            pid = self.proc.pid
+            if strace_out is not None:  # the python process is strace's child
+                time.sleep(0.5)
+                kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                pid = int(kids[0]) if kids else pid
+            self.spy = subprocess.Popen([spy, "record", "--pid", str(pid), "--idle", "--threads", "-r", "200",
+                                         "-f", "raw", "-o", profile_out],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.lines: list[str] = []
         self._cond = threading.Condition()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -422,6 +488,8 @@ class _Child:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.spy is not None:
+            self.spy.wait(30)  # ends with its target, then writes its file
         return stats
 
     def kill(self) -> None:
@@ -507,17 +575,23 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
             open_store("postgresql:" + dsn).close()
     result = Result(scenario, args.calls)
     strace = not args.no_strace and shutil.which("strace") is not None
+    profile = os.environ.get("BENCH_PROFILE")
+
+    def profile_out(role: str) -> str | None:
+        return str(Path(profile) / f"{scenario}-{tag}-{role}.txt") if profile else None
     common = ["--scenario", scenario, "--retransmission-interval", str(args.retransmission_interval)]
     server = client = None
     polls = 0  # the coordinator's own read-only transactions, left out of the commit count
     before = _pg_counters(pg)
     try:
         server = _Child(["--role", "server", *common, "--app-dsn", server_app, "--store-dsn", server_store],
-                        str(workdir / f"{scenario}-{tag}-server.strace") if strace else None)
+                        str(workdir / f"{scenario}-{tag}-server.strace") if strace else None,
+                        profile_out("server"))
         url = server.expect("URL ")
         client = _Child(["--role", "client", *common, "--app-dsn", client_app, "--store-dsn", client_store,
                          "--url", url, "--calls", str(args.calls), "--note", str(args.note), "--run", tag],
-                        str(workdir / f"{scenario}-{tag}-client.strace") if strace else None)
+                        str(workdir / f"{scenario}-{tag}-client.strace") if strace else None,
+                        profile_out("client"))
         t0 = float(client.expect("T0 ", timeout=120))
         deadline = time.monotonic() + args.timeout
         sent_errors = None
@@ -553,7 +627,9 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
         stats: Counter[str] = Counter()
         for name, child in (("client", client), ("server", server)):
             if child is not None:
-                stats.update(child.stop())
+                seen = child.stop()
+                result.cpu_ms[name] = seen.pop("cpu_ms", 0)
+                stats.update(seen)
                 result.fsyncs[name] = child.fsyncs()
         result.tm = dict(stats)
     after = _pg_counters(pg)

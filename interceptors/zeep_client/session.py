@@ -22,6 +22,8 @@ logs and retransmits after.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -146,4 +148,33 @@ def _nothing_to_honour(session: Any, address: str) -> bool:
     adapter = session.get_adapter(address)  # zeep mounts file:// too; only this address's counts
     if type(adapter) is not requests.adapters.HTTPAdapter or adapter.max_retries.total != 0:
         return False
-    return not (session.trust_env and requests.utils.get_environ_proxies(address))
+    return not (session.trust_env and _environ_proxies(address))
+
+
+#: urllib reads proxies from the environment alone here; on macOS and Windows the system's
+#: settings count too, and they can change without the environment changing.
+_PROXIES_FROM_ENVIRONMENT_ONLY = sys.platform not in ("darwin", "win32")
+_environ_answers: dict[tuple[object, ...], bool] = {}
+
+
+def _environ_proxies(address: str) -> bool:
+    """Would requests post to ``address`` through a proxy the environment names?
+
+    requests' own answer (``get_environ_proxies``) decodes every environment
+    variable, twice, at every send: about a tenth of the client's CPU per
+    reliable message.  It depends only on the address and on the ``*_proxy``
+    variables (and CGI's ``REQUEST_METHOD``), so it is kept per address and
+    their values, which are read at every send: a change is followed at once.
+    """
+    if not _PROXIES_FROM_ENVIRONMENT_ONLY:
+        return bool(requests.utils.get_environ_proxies(address))
+    environ = os.environ
+    key = (address, "REQUEST_METHOD" in environ,
+           *[(name, environ.get(name)) for name in environ if name[-6:].lower() == "_proxy"])
+    answer = _environ_answers.get(key)
+    if answer is None:
+        answer = bool(requests.utils.get_environ_proxies(address))
+        if len(_environ_answers) >= 256:
+            _environ_answers.clear()  # addresses and proxy settings seen are few; never grow for ever
+        _environ_answers[key] = answer
+    return answer

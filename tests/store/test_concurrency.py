@@ -105,7 +105,7 @@ def test_pollers_skip_what_another_transaction_holds(store: StorageManager) -> N
         first.rollback()
 
 
-@pytest.mark.parametrize("store_url", [KINDS[2]], indirect=True)
+@pytest.mark.parametrize("store_url", [KINDS[0], KINDS[2]], indirect=True)
 def test_reception_does_not_wait_for_a_delivery_of_the_same_sequence(open_kind) -> None:
     """A delivery holds its sequence from claim to (two-phase) commit; a receive must not queue behind it."""
     store = open_kind(lock_timeout=0.5)
@@ -164,6 +164,71 @@ def test_a_duplicate_that_races_its_own_delivery_is_not_buffered_again(store: St
             assert list(state.delivered.ranges) == [(1, 1)] and state.buffered == 0
         else:
             assert list(state.delivered.ranges) == [] and state.buffered == 1
+
+
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+def test_memory_a_duplicate_put_during_its_delivery_is_refused_at_once(outcome: str) -> None:
+    """The memory store's put reads the committed buffer without the lock the delivery holds:
+    the number is still buffered there, so the duplicate is refused, and one copy remains."""
+    store = MemoryStore(lock_timeout=0.5)
+    with store.begin() as tx:
+        put(tx, "in", 1)
+    delivery = store.begin()
+    assert delivery.invoker.claim_next().number == 1
+    delivery.invoker.mark_delivered("in", 1)
+    with store.begin() as tx:  # would raise LockTimeoutError if it waited for the delivery
+        assert not put(tx, "in", 1)
+    getattr(delivery, outcome)()
+    with store.begin() as tx:
+        state = tx.invoker.state("in")
+        delivered = [(1, 1)] if outcome == "commit" else []
+        assert (list(state.delivered.ranges), state.buffered) == (delivered, 1 - len(delivered))
+
+
+def test_memory_puts_that_race_a_delivery_never_undo_it() -> None:
+    """Two receives of one sequence without the RMD lock between them (the store alone), each
+    reading before the other commits: a put's rows are inserted only if still absent at commit.
+
+    ``late`` reads an empty buffer and no delivery record; meanwhile message 1 is buffered and
+    delivered by others.  Its copy of message 1 must not come back, nor its empty delivery
+    record replace the one that says 1 was delivered (that would deliver a later duplicate
+    of 1 again).
+    """
+    store = MemoryStore(lock_timeout=0.5)
+    late = store.begin()
+    assert put(late, "in", 1)  # a duplicate, read before the first copy committed
+    assert put(late, "in", 2)
+    with store.begin() as tx:
+        assert put(tx, "in", 1)
+    with store.begin() as tx:
+        assert tx.invoker.claim_next().number == 1
+        tx.invoker.mark_delivered("in", 1)
+    late.commit()
+    with store.begin() as tx:
+        state = tx.invoker.state("in")
+        assert (list(state.delivered.ranges), state.buffered) == ([(1, 1)], 1)
+        assert not put(tx, "in", 1)  # a later duplicate is known as delivered
+        assert tx.invoker.claim_next().number == 2
+
+
+def test_memory_a_transaction_that_put_then_delivers_keeps_the_others_deliveries() -> None:
+    """A put stages the sequence's delivery record as absent; once the same transaction locks
+    the buffer it must work from the committed record, not from that stale empty one."""
+    store = MemoryStore(lock_timeout=0.5)
+    mixed = store.begin()
+    assert put(mixed, "in", 3)
+    with store.begin() as tx:
+        assert put(tx, "in", 1) and put(tx, "in", 2)
+    with store.begin() as tx:
+        assert tx.invoker.claim_next().number == 1
+        tx.invoker.mark_delivered("in", 1)
+    assert mixed.invoker.claim_next().number == 2  # the committed record: 1 is delivered
+    mixed.invoker.mark_delivered("in", 2)
+    mixed.commit()
+    with store.begin() as tx:
+        state = tx.invoker.state("in")
+        assert (list(state.delivered.ranges), state.buffered) == ([(1, 2)], 1)
+        assert tx.invoker.claim_next().number == 3
 
 
 def test_sqlite_pollers_serialize(tmp_path) -> None:

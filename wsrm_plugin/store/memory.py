@@ -7,6 +7,14 @@ in the order RMD, invoker buffer, RMS.  Changes are staged in the transaction
 and applied to the shared tables at commit, all at once, so a rollback only
 drops the stage and a reader never sees half a transaction.
 
+One exception to the locking, as in the SQL stores: buffering a received
+message (``invoker.put``) does not wait for the invoker buffer's lock, which a
+delivery holds while the application runs.  Reception would otherwise queue
+behind delivery (and every other receive of the sequence behind it, holding
+the RMD lock).  The put's rows are *inserted if absent* when it commits, under
+the store's mutex: a number delivered or buffered meanwhile is not buffered
+again, and an existing delivery record is never overwritten.
+
 As an XA resource it is a *volatile* participant: work is staged per xid,
 ``prepare`` keeps the stage and the locks, ``commit`` applies it.  Prepared
 branches live in this process only: :meth:`MemoryXAResource.recover` lists
@@ -102,14 +110,29 @@ class MemoryStore(api.StorageManager):
     def _finish(self, tx: "MemoryTransaction", apply: bool) -> None:
         with self._cond:
             if apply:
+                inserts = tx._if_absent
                 for (table, key), value in tx._changes.items():
                     if value is _DELETED:
                         self._tables[table].pop(key, None)
+                    elif inserts and (table, key) in inserts:
+                        self._insert_if_absent(table, key, value)
                     else:
                         self._tables[table][key] = value
             for lock in [k for k, owner in self._owners.items() if owner is tx]:
                 del self._owners[lock]
             self._cond.notify_all()
+
+    def _insert_if_absent(self, table: str, key: Any, value: Any) -> None:
+        """A put's row at commit (caller holds the mutex): never over a row committed meanwhile,
+        and a message only when its number is not delivered (a duplicate that raced the delivery)."""
+        rows = self._tables[table]
+        if key in rows:
+            return
+        if table == _BUF:
+            inv = self._tables[_INV].get(key[0])
+            if inv is not None and key[1] in inv.delivered:
+                return
+        rows[key] = value
 
     def _snapshot(self, table: str) -> dict[Any, Any]:
         with self._cond:
@@ -127,6 +150,8 @@ class MemoryTransaction(api.StoreTransaction):
         super().__init__()
         self._store = store
         self._changes: dict[tuple[str, Any], Any] = {}
+        #: Staged rows applied only if absent at commit (see the module docstring): a put's.
+        self._if_absent: set[tuple[str, Any]] = set()
         self._global: Any = None  # the global transaction when bound to XA
         self.rms = _Rms(self)
         self.rms_messages = _RmsMessages(self)
@@ -148,18 +173,36 @@ class MemoryTransaction(api.StoreTransaction):
         self._note_lock(rank, key)
         return True
 
+    def _order_only(self, rank: int, key: Any) -> None:
+        """Lock-order bookkeeping for a row written without its lock (a put): no lock of a lower
+        rank may follow, but the lock itself is not held, so a later ``_lock`` still takes it."""
+        self._check_open()
+        self._check_lock_order(rank, key)
+        self._max_rank = max(self._max_rank, rank)
+
     def _read(self, table: str, key: Any) -> Any:
         self._check_open()
         value = self._changes.get((table, key))
         if value is None:
             return self._store._committed(table, key)
+        if self._if_absent and (table, key) in self._if_absent:  # a row committed meanwhile wins
+            return self._store._committed(table, key) or value
         return None if value is _DELETED else value
 
     def _write(self, table: str, key: Any, value: Any) -> None:
         self._changes[(table, key)] = value
+        if self._if_absent:
+            self._if_absent.discard((table, key))
+
+    def _insert(self, table: str, key: Any, value: Any) -> None:
+        """Stage a row applied at commit only if no other transaction committed one meanwhile."""
+        self._changes[(table, key)] = value
+        self._if_absent.add((table, key))
 
     def _delete(self, table: str, key: Any) -> None:
         self._changes[(table, key)] = _DELETED
+        if self._if_absent:
+            self._if_absent.discard((table, key))
 
     def _scan(self, table: str) -> dict[Any, Any]:
         """Committed rows overlaid with this transaction's own changes."""
@@ -170,7 +213,7 @@ class MemoryTransaction(api.StoreTransaction):
                 continue
             if value is _DELETED:
                 rows.pop(key, None)
-            else:
+            elif key not in rows or (t, key) not in self._if_absent:
                 rows[key] = value
         return rows
 
@@ -184,11 +227,13 @@ class MemoryTransaction(api.StoreTransaction):
     def savepoint(self) -> Iterator[None]:
         self._check_open()
         before = dict(self._changes)
+        inserts = set(self._if_absent)
         try:
             yield
         except BaseException:
             if not self._closed and self.failed is None:
                 self._changes = before
+                self._if_absent = inserts
             raise
 
     # -- ending -----------------------------------------------------------------
@@ -209,6 +254,7 @@ class MemoryTransaction(api.StoreTransaction):
         self._closed = True
         self._store._finish(self, apply)
         self._changes = {}
+        self._if_absent = set()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._global is not None:
@@ -513,19 +559,38 @@ class _Invoker(api.InvokerBufferManager):
     def put(self, sequence_id: str, number: int, payload: bytes, *, action: str,
             soap_version: str, message_id: str | None = None, reply_to: str | None = None,
             now: float | None = None) -> bool:
+        """Buffer a message without waiting for the sequence's buffer lock (see the module docstring).
+
+        A delivery holds that lock while the application runs; reads here see
+        what is committed, and the rows are inserted only if still absent at
+        commit, so a delivery committing meanwhile is never undone.
+        """
         api.check_number(number)
         tx = self._tx
-        tx._lock(RANK_INVOKER, sequence_id)
-        inv = self._inv(sequence_id)
+        tx._order_only(RANK_INVOKER, sequence_id)
+        row = tx._read(_INV, sequence_id)
+        inv = row or InvokerSequence(sequence_id=sequence_id)
         if number in inv.delivered or tx._read(_BUF, (sequence_id, number)):
             return False
-        tx._write(_BUF, (sequence_id, number), BufferedMessage(
+        tx._insert(_BUF, (sequence_id, number), BufferedMessage(
             sequence_id=sequence_id, number=number, message_id=message_id, action=action,
             soap_version=soap_version, payload=bytes(payload), reply_to=reply_to,
             received_at=_now(now)))
-        if tx._read(_INV, sequence_id) is None:
-            tx._write(_INV, sequence_id, inv)
+        if row is None:
+            tx._insert(_INV, sequence_id, inv)
         return True
+
+    def held(self, sequence_id: str, received: api.AckRanges) -> int:
+        """Received minus delivered, from the delivery record: no scan of the buffer per receive."""
+        inv = self._tx._read(_INV, sequence_id)
+        return received.difference(inv.delivered).count if inv is not None else received.count
+
+    def _due_in_order(self, sequence_id: str, now: float | None) -> BufferedMessage | None:
+        """The sequence's next message in order, if buffered (and due at ``now``): a lookup, not a scan."""
+        msg = self._tx._read(_BUF, (sequence_id, self._inv(sequence_id).next_in_order))
+        if msg is None or (now is not None and msg.next_attempt_at is not None and msg.next_attempt_at > now):
+            return None
+        return msg
 
     def _next(self, sequence_id: str, in_order: bool,
               buffered: dict[Any, BufferedMessage]) -> BufferedMessage | None:
@@ -540,12 +605,24 @@ class _Invoker(api.InvokerBufferManager):
     def next_deliverable(self, sequence_id: str, *, in_order: bool = True,
                          now: float | None = None) -> BufferedMessage | None:
         self._tx._lock(RANK_INVOKER, sequence_id)
+        if in_order:
+            return self._due_in_order(sequence_id, now)
         buffered = self._tx._scan(_BUF)
         return self._next(sequence_id, in_order, buffered if now is None else _due(buffered, now))
 
     def claim_next(self, *, in_order: bool = True, now: float | None = None) -> BufferedMessage | None:
         tx = self._tx
         now = _now(now)
+        if in_order:  # every sequence with buffered messages has a delivery record: look up, don't scan
+            for sequence_id in sorted(tx._scan(_INV)):
+                if self._due_in_order(sequence_id, now) is None:
+                    continue
+                if not tx._lock(RANK_INVOKER, sequence_id, wait=False):
+                    continue  # SKIP LOCKED: another invoker delivers this sequence
+                found = self._due_in_order(sequence_id, now)
+                if found is not None:
+                    return found
+            return None
         buffered = _due(tx._scan(_BUF), now)
         for sequence_id in sorted({s for (s, _) in buffered}):
             if self._next(sequence_id, in_order, buffered) is None:
