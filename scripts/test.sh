@@ -4,4 +4,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 WSRM_EXTRAS="${WSRM_EXTRAS:-test,spark}" scripts/bootstrap.sh
-exec .venv/bin/python -m pytest "$@"
+# Three worker processes (pytest-xdist), a test file to each: most tests wait on networks,
+# processes and timers, so three share the 2 cores well.  WSRM_TEST_WORKERS=0 runs them in one
+# process; an -n in the arguments wins over this one.
+exec .venv/bin/python -m pytest -n "${WSRM_TEST_WORKERS:-3}" --dist loadfile "$@"
