@@ -67,7 +67,7 @@ _UNAVAILABLE_CODES = {"57P01", "57P02", "57P03"}
 class PostgresStore(api.StorageManager):
     """A store in a PostgreSQL database (``open_store("postgresql://...")``)."""
 
-    def __init__(self, dsn: str, *, lock_timeout: float = 30.0, pool_size: int = 4,
+    def __init__(self, dsn: str, *, lock_timeout: float = 30.0, pool_size: int = 16,
                  database_identity: str | None = None, share_sessions: bool = True) -> None:
         self.dsn = dsn
         self.share_sessions = share_sessions

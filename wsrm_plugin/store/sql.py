@@ -71,6 +71,8 @@ class Dialect:
     xa_table: bool
     #: LATERAL joins (a top-N per sequence without ranking every due message)
     lateral: bool = False
+    #: data-modifying statements in WITH (two dependent writes in one round trip)
+    writable_cte: bool = False
 
     def sql(self, text: str) -> str:
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
@@ -83,7 +85,8 @@ SQLITE = Dialect(name="sqlite", placeholder="?", blob="BLOB", bigint="INTEGER", 
                  boolean="INTEGER", for_update="", skip_locked="", xa_table=True)
 POSTGRES = Dialect(name="postgresql", placeholder="%s", blob="BYTEA", bigint="BIGINT",
                    double="DOUBLE PRECISION", boolean="BOOLEAN", for_update=" FOR UPDATE",
-                   skip_locked=" FOR UPDATE OF {alias} SKIP LOCKED", xa_table=False, lateral=True)
+                   skip_locked=" FOR UPDATE OF {alias} SKIP LOCKED", xa_table=False, lateral=True,
+                   writable_cte=True)
 
 
 # --------------------------------------------------------------------------
@@ -429,6 +432,9 @@ class SqlTransaction(api.StoreTransaction):
         #: -> message, for sequences whose invoker row this transaction holds.  Only a delivery
         #: removes a buffered message, so what was read stays true.  Cleared with held_invoker.
         self.read_ahead: dict[str, dict[int, BufferedMessage]] = {}
+        #: Delivered ranges an unlocked read (``_Invoker._delivered``) just returned, for the
+        #: receive's held count that follows it; taken by the first use.
+        self.delivered_read: dict[str, api.AckRanges] = {}
         #: The same for RMS rows (an enqueue reads its sequence once per batch of sends).
         self.held_rms: dict[str, RmsSequence] = {}
         #: Numbers enqueue handed out and not yet written to their rms_sequence row: key ->
@@ -520,6 +526,7 @@ class SqlTransaction(api.StoreTransaction):
         self.held_rmd.clear()
         self.held_rms.clear()
         self.read_ahead.clear()
+        self.delivered_read.clear()
 
     def hand_out(self, key: str, number: int, last: bool) -> None:
         """Remember that enqueue handed out ``number`` on sequence ``key`` (written by :meth:`flush`)."""
@@ -772,12 +779,10 @@ class _RmsMessages(api.RmsMessageManager):
         for lo, hi in merged.ranges:
             where = "seq_key = ? AND number BETWEEN ? AND ? AND NOT acked"
             params = (sequence_key, lo, hi)
-            numbers = [r[0] for r in tx.all(f"SELECT number FROM rms_message WHERE {where} "
-                                            "ORDER BY number", params)]
-            if numbers:
-                tx.capture("rms_message", where, params)
-                tx.write(f"UPDATE rms_message SET acked = TRUE WHERE {where}", params)
-                newly.extend(numbers)
+            tx.capture("rms_message", where, params)
+            # the numbers it changed come back with the update: no SELECT before it
+            newly.extend(sorted(r[0] for r in tx.write_all(
+                f"UPDATE rms_message SET acked = TRUE WHERE {where} RETURNING number", params)))
         tx.capture_key("rms_sequence", sequence_key)
         tx.write("UPDATE rms_sequence SET last_activity = ? WHERE seq_key = ?",
                  (_now(now), sequence_key))
@@ -1057,7 +1062,17 @@ class _Invoker(api.InvokerBufferManager):
         return True
 
     def held(self, sequence_id: str, received: api.AckRanges) -> int:
-        return received.difference(self._delivered(sequence_id, create=False)).count
+        """Messages of ``received`` not delivered yet.
+
+        A receive asks right after its :meth:`put`, which has just read the
+        delivered ranges: that read is used (a count a moment old, never lower
+        than the truth, since deliveries only add to the ranges).
+        """
+        delivered = self._tx.delivered_read.pop(sequence_id, None)
+        if delivered is None:
+            delivered = self._delivered(sequence_id, create=False)
+            self._tx.delivered_read.pop(sequence_id, None)
+        return received.difference(delivered).count
 
     def _delivered(self, sequence_id: str, create: bool) -> api.AckRanges:
         """The sequence's delivered ranges as last committed, without a row lock (see :meth:`put`)."""
@@ -1069,7 +1084,8 @@ class _Invoker(api.InvokerBufferManager):
             tx.write("INSERT INTO invoker_sequence (sequence_id) VALUES (?) "
                      "ON CONFLICT (sequence_id) DO NOTHING", (sequence_id,))
             row = tx.one(sql, (sequence_id,))
-        return api.parse_ranges(row[0] if row else None)
+        delivered = tx.delivered_read[sequence_id] = api.parse_ranges(row[0] if row else None)
+        return delivered
 
     def _next_row(self, sequence_id: str, in_order: bool, upto: int,
                   now: float | None = None) -> BufferedMessage | None:
@@ -1112,11 +1128,18 @@ class _Invoker(api.InvokerBufferManager):
         now = _now(now)
         due = "(b.next_attempt_at IS NULL OR b.next_attempt_at <= ?)"
         if in_order:
+            # the message itself comes with its sequence's row: one round trip per claim, not two
             row = tx.one(
-                "SELECT s.sequence_id, s.delivered_upto, s.delivered FROM invoker_sequence s "
-                "JOIN invoker_message b ON b.sequence_id = s.sequence_id "
+                f"SELECT s.sequence_id, s.delivered_upto, s.delivered, {_cols(_BUF_COLS, 'b')} "
+                "FROM invoker_sequence s JOIN invoker_message b ON b.sequence_id = s.sequence_id "
                 f"AND b.number = s.delivered_upto + 1 WHERE {due} "
                 "ORDER BY b.received_at, s.sequence_id LIMIT 1" + tx.d.lock_of("s"), (now,))
+            if row is None:
+                return None
+            tx.lock(RANK_INVOKER, row[0])
+            tx.held_invoker[row[0]] = (api.parse_ranges(row[2]), int(row[1]))
+            tx.read_ahead.setdefault(row[0], {})  # as _next_in_order after a sequence's first message
+            return _buf(row[3:])
         else:
             row = tx.one(
                 "SELECT s.sequence_id, s.delivered_upto, s.delivered FROM invoker_sequence s WHERE EXISTS "
@@ -1133,16 +1156,24 @@ class _Invoker(api.InvokerBufferManager):
         tx = self._tx
         where = "sequence_id = ? AND number = ?"
         tx.capture_key("invoker_message", sequence_id, number)
-        if state is None or tx.write(f"DELETE FROM invoker_message WHERE {where}",
-                                     (sequence_id, number)) == 0:
-            raise UnknownMessageError(
-                f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
-        tx.read_ahead.get(sequence_id, {}).pop(number, None)
+        missing = UnknownMessageError(
+            f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
+        if state is None:
+            raise missing
         delivered = state[0].add(number)
         upto = delivered.next_expected - 1
         tx.capture_key("invoker_sequence", sequence_id)
-        tx.write("UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? WHERE sequence_id = ?",
-                 (api.format_ranges(delivered), upto, sequence_id))
+        update = "UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? WHERE sequence_id = ?"
+        values = (api.format_ranges(delivered), upto, sequence_id)
+        if tx.d.writable_cte:  # the removal and the sequence's row in one round trip
+            if tx.write(f"WITH gone AS (DELETE FROM invoker_message WHERE {where} RETURNING 1) "
+                        + update + " AND EXISTS (SELECT 1 FROM gone)", (sequence_id, number, *values)) == 0:
+                raise missing
+        else:
+            if tx.write(f"DELETE FROM invoker_message WHERE {where}", (sequence_id, number)) == 0:
+                raise missing
+            tx.write(update, values)
+        tx.read_ahead.get(sequence_id, {}).pop(number, None)
         tx.held_invoker[sequence_id] = (delivered, upto)
 
     def state(self, sequence_id: str) -> InvokerSequence:
