@@ -419,6 +419,15 @@ class SqlTransaction(api.StoreTransaction):
         self.d = dialect
         self.undo: UndoLog | None = {} if capture_undo else None
         self._global: Any = None
+        #: Set by a store whose connection is in autocommit mode for this transaction (the
+        #: PostgreSQL store's local transactions): the transaction is opened by a BEGIN sent in
+        #: the same round trip as its first statement that writes or locks rows; plain reads
+        #: before that run on their own, which under READ COMMITTED (a new snapshot for every
+        #: statement, in a transaction or not) reads exactly the same.  A poll that finds
+        #: nothing then costs one round trip instead of three (BEGIN, SELECT, COMMIT), and every
+        #: other transaction one less.  The store ends it (:attr:`begun`) with COMMIT/ROLLBACK.
+        self.lazy_begin = False
+        self.begun = False
         self._wrote = False
         self._savepoints = 0
         #: invoker rows this transaction holds locked, as it last wrote or read them: sequence id
@@ -451,6 +460,9 @@ class SqlTransaction(api.StoreTransaction):
         self._check_open()
         if self._numbered and "rms_sequence" in sql:
             self.flush()  # the statement reads or writes what enqueue has only remembered so far
+        if self.lazy_begin and not self.begun and _opens_transaction(sql):
+            sql = "BEGIN; " + sql
+            self.begun = True
         cur = self.conn.cursor()
         try:
             cur.execute(self.d.sql(sql), tuple(params))
@@ -604,6 +616,11 @@ class SqlTransaction(api.StoreTransaction):
             api.exit_global(self, exc_type)
             return
         super().__exit__(exc_type, exc, tb)
+
+
+def _opens_transaction(sql: str) -> bool:
+    """Must ``sql`` run inside the transaction?  All but a plain read: writes, row locks, savepoints."""
+    return not sql.lstrip()[:6].upper() == "SELECT" or " FOR " in sql
 
 
 def _in_list(values: Sequence[Any]) -> str:
