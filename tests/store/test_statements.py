@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from wsrm_plugin.store import StorageManager
+from wsrm_plugin.store.api import AckRanges
 
 from .conftest import KINDS
 from .test_managers import enqueue, new_rmd, new_rms, put, started
@@ -115,3 +116,60 @@ def test_a_senders_round_is_counted_in_one_statement_per_sequence(store: Storage
         seen = statements(tx)
         assert tx.rms_messages.record_send_attempts("k1", range(1, 41), next_send_at=1e12) == 40
     assert count(seen, "UPDATE rms_message") == 1, seen
+
+
+def test_a_claim_reads_the_message_with_its_sequence_row(store: StorageManager) -> None:
+    with store.begin() as tx:
+        for n in (1, 2):
+            put(tx, "in", n)
+    with store.begin() as tx:
+        seen = statements(tx)
+        msg = tx.invoker.claim_next()
+        assert (msg.number, msg.payload, msg.message_id) == (1, b"<m>1</m>", "urn:in:1")
+        assert len(seen) == 1, seen
+        tx.invoker.mark_delivered("in", 1)
+        assert tx.invoker.next_deliverable("in").number == 2  # the batch goes on from the claim
+    removal = [s for s in seen[1:] if not s.startswith("SELECT")]
+    if store.url.startswith("postgresql"):  # the removal and the sequence's row in one statement
+        assert len(removal) == 1 and removal[0].startswith("WITH gone AS (DELETE"), seen
+    else:
+        assert len(removal) == 2, seen
+
+
+def test_a_delivery_of_a_message_no_longer_buffered_changes_nothing(store: StorageManager) -> None:
+    with store.begin() as tx:
+        put(tx, "in", 1)
+    with store.begin() as tx:
+        tx.invoker.claim_next()
+        tx.invoker.mark_delivered("in", 1)
+        with pytest.raises(Exception, match="not in the invoker buffer"):
+            tx.invoker.mark_delivered("in", 1)
+    with store.begin() as tx:
+        assert list(tx.invoker.state("in").delivered.ranges) == [(1, 1)]
+
+
+def test_a_receive_reads_the_delivered_ranges_once(store: StorageManager) -> None:
+    """The put reads them after its insert (a delivery racing it shows there); the held count
+    that follows uses that read."""
+    with store.begin() as tx:
+        put(tx, "in", 1)
+    with store.begin() as tx:
+        tx.invoker.claim_next()
+        tx.invoker.mark_delivered("in", 1)
+    with store.begin() as tx:
+        seen = statements(tx)
+        assert put(tx, "in", 2) is True
+        assert tx.invoker.held("in", AckRanges.from_ranges([(1, 2)])) == 1
+        assert tx.invoker.held("in", AckRanges.from_ranges([(1, 3)])) == 2  # asked again: read again
+    assert count(seen, "SELECT delivered FROM invoker_sequence") == 2, seen
+
+
+def test_an_acknowledgement_marks_without_reading_first(store: StorageManager) -> None:
+    started(store, messages=5)
+    with store.begin() as tx:
+        seen = statements(tx)
+        assert tx.rms_messages.mark_acked("k1", [(1, 3)]) == [1, 2, 3]
+        assert tx.rms_messages.mark_acked("k1", [(1, 4)]) == [4]
+    assert not [s for s in seen if s.startswith("SELECT number FROM rms_message") and "NOT acked" in s], seen
+    with store.begin() as tx:
+        assert [m.number for m in tx.rms_messages.list_for("k1") if not m.acked] == [5]
