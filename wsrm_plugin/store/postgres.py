@@ -144,7 +144,7 @@ class PostgresStore(api.StorageManager):
             and conn.status == ext.STATUS_READY
             and conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
         )
-        if reusable and conn.autocommit:
+        if reusable and conn is not None and conn.autocommit:
             conn.autocommit = False  # as a branch's session expects it (no round trip: a flag of psycopg2's)
         with self._lock:
             if reusable and not self._closed and len(self._idle) < self.pool_size:
