@@ -330,6 +330,8 @@ class Destination:
             if self.policy.discards_out_of_order and not reception.duplicate and number != so_far.next_expected:
                 raise _OutOfOrder(seq, so_far.next_expected)  # nothing recorded: the transaction rolls back
             fills_gap = self.policy.in_order and number == so_far.next_expected < so_far.highest
+            if not reception.duplicate and not fills_gap:
+                self._check_budgets(tx, seq, len(envelope), slog)  # what is held, before this one
             tx.rmd.record_received(identifier, number, last=header.last_message, now=now)
             changes = rmd_changes(reception.transition)
             if changes:
@@ -348,7 +350,6 @@ class Destination:
                         raise busy_fault(f"sequence {identifier} holds {held} undelivered messages "
                                          f"(limit {self.policy.max_unacknowledged_held}); retransmit later",
                                          self.policy.retry_after)
-                    self._check_budgets(tx, seq, len(envelope), slog)
             if not self._anonymous(seq.acks_to):
                 delay = 0.0 if ack_requested else self.policy.acknowledgement_interval
                 tx.rmd.request_ack(identifier, due_at=now + delay)
