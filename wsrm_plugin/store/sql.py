@@ -734,10 +734,14 @@ class _RmsMessages(api.RmsMessageManager):
                 message_id: str, last: bool = False, reply_callback: str | None = None,
                 reply_context: bytes | None = None, send_at: float | None = None,
                 now: float | None = None) -> RmsMessage:
-        seq = self._seq(sequence_key)
-        number = api.check_enqueue(seq, payload)
-        t = _now(now)
         tx = self._tx
+        taken = self._take_number(sequence_key, last) if isinstance(payload, (bytes, bytearray, memoryview)) else None
+        if taken is not None:
+            number = taken.next_number - 1
+        else:
+            seq = self._seq(sequence_key)
+            number = api.check_enqueue(seq, payload)
+        t = _now(now)
         tx.capture_key("rms_message", sequence_key, number)
         tx.write(
             "INSERT INTO rms_message (seq_key, number, message_id, action, soap_version, payload, "
@@ -746,10 +750,13 @@ class _RmsMessages(api.RmsMessageManager):
             (sequence_key, number, message_id, action, soap_version, bytes(payload), last,
              reply_callback, None if reply_context is None else bytes(reply_context),
              reply_callback is not None, t if send_at is None else send_at, t))
-        tx.capture_key("rms_sequence", sequence_key)
-        tx.hand_out(sequence_key, number, last)
-        tx.held_rms[sequence_key] = (replace(seq, next_number=number + 1, last_message=True, last_number=number)
-                                     if last else replace(seq, next_number=number + 1))
+        if taken is not None:  # the row is written already
+            tx.held_rms[sequence_key] = taken
+        else:
+            tx.capture_key("rms_sequence", sequence_key)
+            tx.hand_out(sequence_key, number, last)
+            tx.held_rms[sequence_key] = (replace(seq, next_number=number + 1, last_message=True, last_number=number)
+                                         if last else replace(seq, next_number=number + 1))
         return RmsMessage(
             sequence_key=sequence_key, number=number, message_id=message_id, action=action,
             soap_version=soap_version, payload=bytes(payload), last=last,
@@ -757,6 +764,24 @@ class _RmsMessages(api.RmsMessageManager):
             reply_context=None if reply_context is None else bytes(reply_context),
             reply_pending=reply_callback is not None,
             next_send_at=t if send_at is None else float(send_at), created_at=t)
+
+    def _take_number(self, sequence_key: str, last: bool) -> RmsSequence | None:
+        """The transaction's first enqueue on a sequence: lock its row and take the next number in
+        one ``UPDATE ... RETURNING`` (the row as changed), instead of a SELECT ... FOR UPDATE and
+        an UPDATE.  None when the sequence is held already (the batch's later enqueues only
+        remember their numbers, see :meth:`SqlTransaction.flush`), or takes no message: then
+        nothing was changed and the caller's check says precisely why."""
+        tx = self._tx
+        if sequence_key in tx.held_rms or sequence_key in tx._numbered:
+            return None
+        tx.lock(RANK_RMS, sequence_key)
+        tx.capture_key("rms_sequence", sequence_key)
+        also = ", last_message = TRUE, last_number = highest_number + 1" if last else ""
+        rows = tx.write_all(
+            f"UPDATE rms_sequence SET highest_number = highest_number + 1{also} WHERE seq_key = ? "
+            "AND NOT (last_message OR closed OR close_sent OR terminate_sent OR faulted) "
+            f"AND highest_number < ? RETURNING {_cols(_RMS_COLS)}", (sequence_key, api.MAX_MESSAGE_NUMBER))
+        return _rms(rows[0]) if rows else None
 
     def _row(self, sequence_key: str, number: int, lock: bool = False) -> RmsMessage | None:
         tx = self._tx
