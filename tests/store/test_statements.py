@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from wsrm_plugin.store import StorageManager
-from wsrm_plugin.store.api import AckRanges
 
 from .conftest import KINDS
 from .test_managers import enqueue, new_rmd, new_rms, put, started
@@ -148,22 +147,6 @@ def test_a_delivery_of_a_message_no_longer_buffered_changes_nothing(store: Stora
             tx.invoker.mark_delivered("in", 1)
     with store.begin() as tx:
         assert list(tx.invoker.state("in").delivered.ranges) == [(1, 1)]
-
-
-def test_a_receive_reads_the_delivered_ranges_once(store: StorageManager) -> None:
-    """The put reads them after its insert (a delivery racing it shows there); the held count
-    that follows uses that read."""
-    with store.begin() as tx:
-        put(tx, "in", 1)
-    with store.begin() as tx:
-        tx.invoker.claim_next()
-        tx.invoker.mark_delivered("in", 1)
-    with store.begin() as tx:
-        seen = statements(tx)
-        assert put(tx, "in", 2) is True
-        assert tx.invoker.held("in", AckRanges.from_ranges([(1, 2)])) == 1
-        assert tx.invoker.held("in", AckRanges.from_ranges([(1, 3)])) == 2  # asked again: read again
-    assert count(seen, "SELECT delivered FROM invoker_sequence") == 2, seen
 
 
 def test_an_acknowledgement_marks_without_reading_first(store: StorageManager) -> None:

@@ -441,9 +441,6 @@ class SqlTransaction(api.StoreTransaction):
         #: -> message, for sequences whose invoker row this transaction holds.  Only a delivery
         #: removes a buffered message, so what was read stays true.  Cleared with held_invoker.
         self.read_ahead: dict[str, dict[int, BufferedMessage]] = {}
-        #: Delivered ranges an unlocked read (``_Invoker._delivered``) just returned, for the
-        #: receive's held count that follows it; taken by the first use.
-        self.delivered_read: dict[str, api.AckRanges] = {}
         #: The same for RMS rows (an enqueue reads its sequence once per batch of sends).
         self.held_rms: dict[str, RmsSequence] = {}
         #: Numbers enqueue handed out and not yet written to their rms_sequence row: key ->
@@ -538,7 +535,6 @@ class SqlTransaction(api.StoreTransaction):
         self.held_rmd.clear()
         self.held_rms.clear()
         self.read_ahead.clear()
-        self.delivered_read.clear()
 
     def hand_out(self, key: str, number: int, last: bool) -> None:
         """Remember that enqueue handed out ``number`` on sequence ``key`` (written by :meth:`flush`)."""
@@ -1104,17 +1100,7 @@ class _Invoker(api.InvokerBufferManager):
         return True
 
     def held(self, sequence_id: str, received: api.AckRanges) -> int:
-        """Messages of ``received`` not delivered yet.
-
-        A receive asks right after its :meth:`put`, which has just read the
-        delivered ranges: that read is used (a count a moment old, never lower
-        than the truth, since deliveries only add to the ranges).
-        """
-        delivered = self._tx.delivered_read.pop(sequence_id, None)
-        if delivered is None:
-            delivered = self._delivered(sequence_id, create=False)
-            self._tx.delivered_read.pop(sequence_id, None)
-        return received.difference(delivered).count
+        return received.difference(self._delivered(sequence_id, create=False)).count
 
     def _delivered(self, sequence_id: str, create: bool) -> api.AckRanges:
         """The sequence's delivered ranges as last committed, without a row lock (see :meth:`put`)."""
@@ -1126,8 +1112,7 @@ class _Invoker(api.InvokerBufferManager):
             tx.write("INSERT INTO invoker_sequence (sequence_id) VALUES (?) "
                      "ON CONFLICT (sequence_id) DO NOTHING", (sequence_id,))
             row = tx.one(sql, (sequence_id,))
-        delivered = tx.delivered_read[sequence_id] = api.parse_ranges(row[0] if row else None)
-        return delivered
+        return api.parse_ranges(row[0] if row else None)
 
     def _next_row(self, sequence_id: str, in_order: bool, upto: int,
                   now: float | None = None) -> BufferedMessage | None:
