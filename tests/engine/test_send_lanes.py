@@ -126,3 +126,41 @@ def test_rolled_over_sequences_keep_their_order_while_other_keys_go_alongside(en
         assert arrived[key] == [f"{key}{i}" for i in range(7)]  # generation 1, then 2, then 3
         assert [t for t in received.snapshot() if t[0] == key] == [f"{key}{i}" for i in range(7)]
     assert len({sid for sid, _ in watch.arrivals}) == 6  # three sequences per key
+
+
+def test_a_pipelined_rounds_acknowledgements_are_applied_once_not_once_per_lane(engines):
+    """Each answer acknowledges what the destination holds; the lanes of a round merge theirs and
+    the round applies the union in one store transaction (it was one per lane)."""
+    received = Recorder()
+    server = engines("memory:", fast_policy(), serve=True, middleware=InFlight(delay=0.05),
+                     application=received)
+    policy = fast_policy(send_concurrency=4, base_retransmission_interval=5.0)
+    client = ReliableEngine("memory:", policy, name="client")
+    applied: list[int] = []
+    apply_ack = client.source._apply_ack
+
+    def counting(*args, **kwargs):
+        applied.append(1)
+        return apply_ack(*args, **kwargs)
+
+    rounds: list[tuple[int, int]] = []  # (lanes, acknowledgements applied by the round)
+    run_lanes = client.retransmission._run_lanes
+
+    def watching(lanes, exchanges):
+        before = len(applied)
+        run_lanes(lanes, exchanges)
+        rounds.append((len(lanes), len(applied) - before))
+
+    client.source._apply_ack = counting
+    client.retransmission._run_lanes = watching
+    for i in range(24):
+        client.send(server.endpoint_address, payload(f"a{i}"), action=ACTION, key="a")
+    client.start()
+    try:
+        assert wait_for(lambda: client.status().unacked == 0 and len(received.snapshot()) == 24), \
+            client.status()
+    finally:
+        client.stop(timeout=5)
+    assert received.snapshot() == [f"a{i}" for i in range(24)]
+    assert any(lanes >= 2 for lanes, _ in rounds), rounds  # some round was pipelined
+    assert all(acks == 1 for _, acks in rounds), rounds  # one sequence: one application per round

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -47,7 +47,7 @@ from .inbound import Inbound, ResponseContent
 from .logs import for_sequence
 from .pacing import Exchange, RttEstimator, SequenceFlow
 from .policy import AckRequestMode, RMPolicy
-from .source import AT_ONCE, CREATE_REFUSED, NEVER, SequenceKey, Source, is_back_channel, rm_version_of
+from .source import AT_ONCE, CREATE_REFUSED, NEVER, PendingAcks, SequenceKey, Source, is_back_channel, rm_version_of
 from .states import rms_state
 from .transport import Response, Transport, TransportError
 
@@ -501,13 +501,18 @@ class RetransmissionWorker:
         flow.note_round(ordered=flow.ordered, seconds=time.monotonic() - started)
 
     def _run_lanes(self, lanes: list[list[_Planned]], exchanges: list[tuple[_Planned, Exchange]]) -> None:
-        """Send each lane on a thread of the pool; returns once every send has ended."""
+        """Send each lane on a thread of the pool; returns once every send has ended and the
+        round's acknowledgements are applied (one store transaction per sequence, not per lane)."""
         pool = self._lanes()
-        for future in [pool.submit(self._send_lane, lane, exchanges) for lane in lanes]:
-            future.result()
+        with self.source.coalesced_acks() as pending:
+            futures = [pool.submit(self._send_lane, lane, exchanges, pending) for lane in lanes]
+            wait(futures)  # every lane has merged its acknowledgements before they are applied
+            for future in futures:
+                future.result()
 
-    def _send_lane(self, items: list[_Planned], exchanges: list[tuple[_Planned, Exchange]]) -> None:
-        with self.source.coalesced_acks():  # one store transaction for the lane's acks, not one per message
+    def _send_lane(self, items: list[_Planned], exchanges: list[tuple[_Planned, Exchange]],
+                   pending: PendingAcks | None = None) -> None:
+        with self.source.coalesced_acks(pending):  # one store transaction for the acks, not one per message
             for item in items:
                 exchanges.append((item, self._send_message(item)))
 

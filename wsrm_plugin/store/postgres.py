@@ -67,7 +67,7 @@ _UNAVAILABLE_CODES = {"57P01", "57P02", "57P03"}
 class PostgresStore(api.StorageManager):
     """A store in a PostgreSQL database (``open_store("postgresql://...")``)."""
 
-    def __init__(self, dsn: str, *, lock_timeout: float = 30.0, pool_size: int = 4,
+    def __init__(self, dsn: str, *, lock_timeout: float = 30.0, pool_size: int = 16,
                  database_identity: str | None = None, share_sessions: bool = True,
                  create: bool = True) -> None:
         self.dsn = dsn
@@ -146,6 +146,8 @@ class PostgresStore(api.StorageManager):
             and conn.status == ext.STATUS_READY
             and conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
         )
+        if reusable and conn is not None and conn.autocommit:
+            conn.autocommit = False  # as a branch's session expects it (no round trip: a flag of psycopg2's)
         with self._lock:
             if reusable and not self._closed and len(self._idle) < self.pool_size:
                 self._idle.append(resource)
@@ -165,7 +167,12 @@ class PostgresStore(api.StorageManager):
             log.debug("begin(xa=...): no current transaction, using a local store transaction")
         resource = self._acquire()
         try:
-            tx = SqlTransaction(self, resource.connection, POSTGRES)
+            conn = resource.connection
+            # BEGIN goes out with the transaction's first statement that writes or locks, and
+            # reads before it run on their own (see SqlTransaction.lazy_begin)
+            conn.autocommit = True
+            tx = SqlTransaction(self, conn, POSTGRES)
+            tx.lazy_begin = True
         except psycopg2.Error as exc:
             self._release(resource)
             translated = self._translate(exc)
@@ -224,7 +231,11 @@ class PostgresStore(api.StorageManager):
         conn = tx.conn
         tx.mark_closed()
         try:
-            if commit:
+            if tx.lazy_begin:  # psycopg2 does not know of the BEGIN it sent: end it by SQL
+                if tx.begun and not conn.closed:
+                    with conn.cursor() as cur:
+                        cur.execute("COMMIT" if commit else "ROLLBACK")
+            elif commit:
                 conn.commit()
             elif not conn.closed:
                 conn.rollback()
@@ -232,7 +243,12 @@ class PostgresStore(api.StorageManager):
             translated = self._translate(exc)
             if not conn.closed:
                 try:
-                    conn.rollback()
+                    if tx.lazy_begin:
+                        if conn.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
+                            with conn.cursor() as cur:
+                                cur.execute("ROLLBACK")
+                    else:
+                        conn.rollback()
                 except psycopg2.Error:
                     pass
             if translated is not None:

@@ -71,6 +71,8 @@ class Dialect:
     xa_table: bool
     #: LATERAL joins (a top-N per sequence without ranking every due message)
     lateral: bool = False
+    #: data-modifying statements in WITH (two dependent writes in one round trip)
+    writable_cte: bool = False
 
     def sql(self, text: str) -> str:
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
@@ -83,7 +85,8 @@ SQLITE = Dialect(name="sqlite", placeholder="?", blob="BLOB", bigint="INTEGER", 
                  boolean="INTEGER", for_update="", skip_locked="", xa_table=True)
 POSTGRES = Dialect(name="postgresql", placeholder="%s", blob="BYTEA", bigint="BIGINT",
                    double="DOUBLE PRECISION", boolean="BOOLEAN", for_update=" FOR UPDATE",
-                   skip_locked=" FOR UPDATE OF {alias} SKIP LOCKED", xa_table=False, lateral=True)
+                   skip_locked=" FOR UPDATE OF {alias} SKIP LOCKED", xa_table=False, lateral=True,
+                   writable_cte=True)
 
 
 # --------------------------------------------------------------------------
@@ -425,6 +428,15 @@ class SqlTransaction(api.StoreTransaction):
         self.d = dialect
         self.undo: UndoLog | None = {} if capture_undo else None
         self._global: Any = None
+        #: Set by a store whose connection is in autocommit mode for this transaction (the
+        #: PostgreSQL store's local transactions): the transaction is opened by a BEGIN sent in
+        #: the same round trip as its first statement that writes or locks rows; plain reads
+        #: before that run on their own, which under READ COMMITTED (a new snapshot for every
+        #: statement, in a transaction or not) reads exactly the same.  A poll that finds
+        #: nothing then costs one round trip instead of three (BEGIN, SELECT, COMMIT), and every
+        #: other transaction one less.  The store ends it (:attr:`begun`) with COMMIT/ROLLBACK.
+        self.lazy_begin = False
+        self.begun = False
         self._wrote = False
         self._savepoints = 0
         #: invoker rows this transaction holds locked, as it last wrote or read them: sequence id
@@ -454,6 +466,9 @@ class SqlTransaction(api.StoreTransaction):
         self._check_open()
         if self._numbered and "rms_sequence" in sql:
             self.flush()  # the statement reads or writes what enqueue has only remembered so far
+        if self.lazy_begin and not self.begun and _opens_transaction(sql):
+            sql = "BEGIN; " + sql
+            self.begun = True
         cur = self.conn.cursor()
         try:
             cur.execute(self.d.sql(sql), tuple(params))
@@ -608,6 +623,11 @@ class SqlTransaction(api.StoreTransaction):
         super().__exit__(exc_type, exc, tb)
 
 
+def _opens_transaction(sql: str) -> bool:
+    """Must ``sql`` run inside the transaction?  All but a plain read: writes, row locks, savepoints."""
+    return not sql.lstrip()[:6].upper() == "SELECT" or " FOR " in sql
+
+
 def _in_list(values: Sequence[Any]) -> str:
     return ", ".join("?" for _ in values)
 
@@ -719,10 +739,14 @@ class _RmsMessages(api.RmsMessageManager):
                 message_id: str, last: bool = False, reply_callback: str | None = None,
                 reply_context: bytes | None = None, send_at: float | None = None,
                 now: float | None = None) -> RmsMessage:
-        seq = self._seq(sequence_key)
-        number = api.check_enqueue(seq, payload)
-        t = _now(now)
         tx = self._tx
+        taken = self._take_number(sequence_key, last) if isinstance(payload, (bytes, bytearray, memoryview)) else None
+        if taken is not None:
+            number = taken.next_number - 1
+        else:
+            seq = self._seq(sequence_key)
+            number = api.check_enqueue(seq, payload)
+        t = _now(now)
         tx.capture_key("rms_message", sequence_key, number)
         tx.write(
             "INSERT INTO rms_message (seq_key, number, message_id, action, soap_version, payload, "
@@ -731,10 +755,13 @@ class _RmsMessages(api.RmsMessageManager):
             (sequence_key, number, message_id, action, soap_version, bytes(payload), last,
              reply_callback, None if reply_context is None else bytes(reply_context),
              reply_callback is not None, t if send_at is None else send_at, t))
-        tx.capture_key("rms_sequence", sequence_key)
-        tx.hand_out(sequence_key, number, last)
-        tx.held_rms[sequence_key] = (replace(seq, next_number=number + 1, last_message=True, last_number=number)
-                                     if last else replace(seq, next_number=number + 1))
+        if taken is not None:  # the row is written already
+            tx.held_rms[sequence_key] = taken
+        else:
+            tx.capture_key("rms_sequence", sequence_key)
+            tx.hand_out(sequence_key, number, last)
+            tx.held_rms[sequence_key] = (replace(seq, next_number=number + 1, last_message=True, last_number=number)
+                                         if last else replace(seq, next_number=number + 1))
         return RmsMessage(
             sequence_key=sequence_key, number=number, message_id=message_id, action=action,
             soap_version=soap_version, payload=bytes(payload), last=last,
@@ -742,6 +769,24 @@ class _RmsMessages(api.RmsMessageManager):
             reply_context=None if reply_context is None else bytes(reply_context),
             reply_pending=reply_callback is not None,
             next_send_at=t if send_at is None else float(send_at), created_at=t)
+
+    def _take_number(self, sequence_key: str, last: bool) -> RmsSequence | None:
+        """The transaction's first enqueue on a sequence: lock its row and take the next number in
+        one ``UPDATE ... RETURNING`` (the row as changed), instead of a SELECT ... FOR UPDATE and
+        an UPDATE.  None when the sequence is held already (the batch's later enqueues only
+        remember their numbers, see :meth:`SqlTransaction.flush`), or takes no message: then
+        nothing was changed and the caller's check says precisely why."""
+        tx = self._tx
+        if sequence_key in tx.held_rms or sequence_key in tx._numbered:
+            return None
+        tx.lock(RANK_RMS, sequence_key)
+        tx.capture_key("rms_sequence", sequence_key)
+        also = ", last_message = TRUE, last_number = highest_number + 1" if last else ""
+        rows = tx.write_all(
+            f"UPDATE rms_sequence SET highest_number = highest_number + 1{also} WHERE seq_key = ? "
+            "AND NOT (last_message OR closed OR close_sent OR terminate_sent OR faulted) "
+            f"AND highest_number < ? RETURNING {_cols(_RMS_COLS)}", (sequence_key, api.MAX_MESSAGE_NUMBER))
+        return _rms(rows[0]) if rows else None
 
     def _row(self, sequence_key: str, number: int, lock: bool = False) -> RmsMessage | None:
         tx = self._tx
@@ -781,12 +826,10 @@ class _RmsMessages(api.RmsMessageManager):
         for lo, hi in merged.ranges:
             where = "seq_key = ? AND number BETWEEN ? AND ? AND NOT acked"
             params = (sequence_key, lo, hi)
-            numbers = [r[0] for r in tx.all(f"SELECT number FROM rms_message WHERE {where} "
-                                            "ORDER BY number", params)]
-            if numbers:
-                tx.capture("rms_message", where, params)
-                tx.write(f"UPDATE rms_message SET acked = TRUE WHERE {where}", params)
-                newly.extend(numbers)
+            tx.capture("rms_message", where, params)
+            # the numbers it changed come back with the update: no SELECT before it
+            newly.extend(sorted(r[0] for r in tx.write_all(
+                f"UPDATE rms_message SET acked = TRUE WHERE {where} RETURNING number", params)))
         tx.capture_key("rms_sequence", sequence_key)
         tx.write("UPDATE rms_sequence SET last_activity = ? WHERE seq_key = ?",
                  (_now(now), sequence_key))
@@ -1121,11 +1164,18 @@ class _Invoker(api.InvokerBufferManager):
         now = _now(now)
         due = "(b.next_attempt_at IS NULL OR b.next_attempt_at <= ?)"
         if in_order:
+            # the message itself comes with its sequence's row: one round trip per claim, not two
             row = tx.one(
-                "SELECT s.sequence_id, s.delivered_upto, s.delivered FROM invoker_sequence s "
-                "JOIN invoker_message b ON b.sequence_id = s.sequence_id "
+                f"SELECT s.sequence_id, s.delivered_upto, s.delivered, {_cols(_BUF_COLS, 'b')} "
+                "FROM invoker_sequence s JOIN invoker_message b ON b.sequence_id = s.sequence_id "
                 f"AND b.number = s.delivered_upto + 1 WHERE {due} "
                 "ORDER BY b.received_at, s.sequence_id LIMIT 1" + tx.d.lock_of("s"), (now,))
+            if row is None:
+                return None
+            tx.lock(RANK_INVOKER, row[0])
+            tx.held_invoker[row[0]] = (api.parse_ranges(row[2]), int(row[1]))
+            tx.read_ahead.setdefault(row[0], {})  # as _next_in_order after a sequence's first message
+            return _buf(row[3:])
         else:
             row = tx.one(
                 "SELECT s.sequence_id, s.delivered_upto, s.delivered FROM invoker_sequence s WHERE EXISTS "
@@ -1142,16 +1192,24 @@ class _Invoker(api.InvokerBufferManager):
         tx = self._tx
         where = "sequence_id = ? AND number = ?"
         tx.capture_key("invoker_message", sequence_id, number)
-        if state is None or tx.write(f"DELETE FROM invoker_message WHERE {where}",
-                                     (sequence_id, number)) == 0:
-            raise UnknownMessageError(
-                f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
-        tx.read_ahead.get(sequence_id, {}).pop(number, None)
+        missing = UnknownMessageError(
+            f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
+        if state is None:
+            raise missing
         delivered = state[0].add(number)
         upto = delivered.next_expected - 1
         tx.capture_key("invoker_sequence", sequence_id)
-        tx.write("UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? WHERE sequence_id = ?",
-                 (api.format_ranges(delivered), upto, sequence_id))
+        update = "UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? WHERE sequence_id = ?"
+        values = (api.format_ranges(delivered), upto, sequence_id)
+        if tx.d.writable_cte:  # the removal and the sequence's row in one round trip
+            if tx.write(f"WITH gone AS (DELETE FROM invoker_message WHERE {where} RETURNING 1) "
+                        + update + " AND EXISTS (SELECT 1 FROM gone)", (sequence_id, number, *values)) == 0:
+                raise missing
+        else:
+            if tx.write(f"DELETE FROM invoker_message WHERE {where}", (sequence_id, number)) == 0:
+                raise missing
+            tx.write(update, values)
+        tx.read_ahead.get(sequence_id, {}).pop(number, None)
         tx.held_invoker[sequence_id] = (delivered, upto)
 
     def state(self, sequence_id: str) -> InvokerSequence:

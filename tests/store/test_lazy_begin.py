@@ -1,0 +1,74 @@
+"""The PostgreSQL store's local transactions open with their first statement that writes or locks.
+
+Reads before it run on their own (READ COMMITTED reads the same in a transaction or not), so a
+worker's poll that finds nothing is one round trip, and a transaction that does write still holds
+its locks and commits or rolls back as a whole."""
+
+from __future__ import annotations
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions as ext
+import pytest
+
+from wsrm_plugin.store import StorageManager
+
+from .conftest import KINDS
+from .test_managers import new_rmd, put
+
+pytestmark = pytest.mark.parametrize("store_url", [KINDS[2]], indirect=True)
+
+
+def test_a_poll_that_only_reads_opens_no_transaction(store: StorageManager) -> None:
+    with store.begin() as tx:
+        assert tx.rmd.needing_ack(now=1e12) == []
+        assert tx.rms.needing_work(now=1e12) == []
+        assert tx.conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
+        assert not tx.begun
+
+
+def test_the_first_lock_opens_the_transaction_and_holds_the_row_to_the_end(store: StorageManager) -> None:
+    with store.begin() as tx:
+        new_rmd(tx)
+    other = psycopg2.connect(store.dsn)
+    try:
+        with store.begin() as tx:
+            tx.rmd.needing_ack(now=1e12)  # a read first: not in the transaction
+            assert tx.conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
+            tx.rmd.get("s1")  # SELECT ... FOR UPDATE: BEGIN goes with it
+            assert tx.begun and tx.conn.info.transaction_status == ext.TRANSACTION_STATUS_INTRANS
+            with pytest.raises(psycopg2.errors.LockNotAvailable), other.cursor() as cur:
+                cur.execute("SELECT 1 FROM rmd_sequence WHERE sequence_id = 's1' FOR UPDATE NOWAIT")
+            other.rollback()
+            tx.rmd.record_received("s1", 1)
+        with other.cursor() as cur:  # committed, and the lock released
+            cur.execute("SELECT received FROM rmd_sequence WHERE sequence_id = 's1' FOR UPDATE NOWAIT")
+            assert cur.fetchone()[0] == "1"
+        other.rollback()
+    finally:
+        other.close()
+
+
+def test_a_transaction_that_began_late_rolls_back_whole(store: StorageManager) -> None:
+    with store.begin() as tx:
+        new_rmd(tx)
+    with pytest.raises(RuntimeError), store.begin() as tx:
+        tx.invoker.held("in", tx.rmd.get("s1").received)
+        tx.rmd.record_received("s1", 1)
+        put(tx, "in", 1)
+        raise RuntimeError("the caller gives up")
+    with store.begin() as tx:
+        assert tx.rmd.get("s1").received.count == 0
+        assert tx.invoker.claim_next() is None
+
+
+def test_a_failed_statement_ends_the_transaction_and_the_session_is_reused(store: StorageManager) -> None:
+    with store.begin() as tx:
+        new_rmd(tx)
+    with pytest.raises(Exception), store.begin() as tx:
+        tx.rmd.record_received("s1", 1)
+        new_rmd(tx)  # a duplicate: the statement fails, the transaction is doomed
+    for _ in range(3):  # the pooled session comes back idle, ready for a branch or a local transaction
+        with store.begin() as tx:
+            assert tx.rmd.get("s1").received.count == 0
+    assert all(r._session.autocommit is False for r in store._idle)
