@@ -91,3 +91,17 @@ def pg_dsn_factory(pg_server: ThrowawayPostgres) -> Iterator[Callable[..., str]]
 def fresh_db(pg_dsn_factory: Callable[..., str]) -> str:
     """The DSN of a new empty database on the session's server."""
     return pg_dsn_factory()
+
+
+@pytest.fixture(autouse=True)
+def _no_transaction_left_bound():
+    """A test that leaves a transaction bound to the thread fails, and the binding is removed:
+    otherwise the next test of the same worker finds "a transaction current in this thread"
+    (a reliable client then refuses every call), depending on the order tests run in."""
+    yield
+    from txmanager.manager import current_transactions
+
+    leftover = current_transactions()
+    for manager, _ in leftover:
+        manager._local.tx = None  # unbind only: the test's own teardown decides its fate
+    assert not leftover, f"the test left transaction(s) bound to its thread: {leftover}"

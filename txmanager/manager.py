@@ -320,6 +320,9 @@ class TransactionManager:
         if self._closed:
             return
         self._closed = True
+        # A closed manager can finish nothing: a transaction it left bound to some thread is
+        # no longer "current" for the components that ask (see current_transactions).
+        _MANAGERS.discard(self)
         self._recovery.stop()
         with self._mutex:
             running = len(self._in_flight)

@@ -102,6 +102,19 @@ def test_delist_of_a_stranger_is_illegal(tm, a):
         tx.delist_resource(a)
     with pytest.raises(ValueError):
         tx.delist_resource(a, TMNOFLAGS)
+    tm.rollback()
+
+
+def test_a_closed_manager_leaves_no_current_transaction_behind(make_tm):
+    """A transaction left bound to this thread by a manager since closed must not make a
+    reliable client built without tm= refuse every call ("a transaction is current")."""
+    from txmanager.manager import current_transactions
+
+    tm = make_tm()
+    tm.begin()
+    assert any(m is tm for m, _ in current_transactions())
+    tm.close()
+    assert not any(m is tm for m, _ in current_transactions())
 
 
 def test_with_commits_on_normal_exit(tm, a, b):
