@@ -704,21 +704,29 @@ def main(argv: list[str] | None = None) -> int:
           f"rates count rows committed in the service's own table", flush=True)
     results: dict[str, list[Result]] = {s: [] for s in scenarios}
     ratios: dict[str, list[float]] = {}
+    #: base's CPU per message / the scenario's (client + server processes): what the rate ratio
+    #: would be if both were bound by that CPU.  Steadier than rates on a shared, noisy machine.
+    cpu_ratios: dict[str, list[float]] = {}
     failures = 0
     try:
         for round_no in range(1, args.rounds + 1):
             print(f"round {round_no}", flush=True)
             rates: dict[str, float] = {}
+            cpu: dict[str, float] = {}
             for scenario in scenarios:
                 result = run_scenario(scenario, args, pg, workdir)
                 results[scenario].append(result)
                 rates[scenario] = result.rate
+                per = result.per_message()
+                cpu[scenario] = per["cpu ms(client)"] + per["cpu ms(server)"]
                 failures += not result.ok
                 print(_line(result), flush=True)
             for s in scenarios:
                 for base in ("plain", "plain8", "outbox"):
                     if base in rates and s != base and rates[base] > 0:
                         ratios.setdefault(f"{s}/{base}", []).append(rates[s] / rates[base])
+                    if base in cpu and s != base and cpu[s] > 0:
+                        cpu_ratios.setdefault(f"{s}/{base}", []).append(cpu[base] / cpu[s])
         print(f"median over {args.rounds} round(s):")
         for scenario in scenarios:
             runs = results[scenario]
@@ -729,12 +737,18 @@ def main(argv: list[str] | None = None) -> int:
         print("median ratios (values per round):")
         for name, values in ratios.items():
             print(f"  {name:15s} {statistics.median(values):5.2f}  ({', '.join(f'{v:.2f}' for v in values)})")
-        print("aims:")
+        if cpu_ratios:
+            print("median CPU ratios (the base's client+server CPU per message / the scenario's):")
+            for name, values in cpu_ratios.items():
+                print(f"  {name:15s} {statistics.median(values):5.2f}  ({', '.join(f'{v:.2f}' for v in values)})")
+        print("aims (rates; CPU ratio in brackets):")
         for scenario, base, aim in AIMS:
             values = ratios.get(f"{scenario}/{base}")
             if values:
                 med = statistics.median(values)
-                print(f"  {scenario}/{base} >= {aim}: {med:.2f} {'ok' if med >= aim else 'BELOW'}")
+                cpu_values = cpu_ratios.get(f"{scenario}/{base}")
+                by_cpu = f" (CPU {statistics.median(cpu_values):.2f})" if cpu_values else ""
+                print(f"  {scenario}/{base} >= {aim}: {med:.2f} {'ok' if med >= aim else 'BELOW'}{by_cpu}")
     finally:
         pg.close()
         shutil.rmtree(workdir, ignore_errors=True)
