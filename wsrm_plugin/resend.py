@@ -38,10 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     out = out or sys.stdout
-    if args.store.startswith("memory"):
-        sys.stderr.write("wsrm resend: a memory store lives in its process only; call "
-                         "ReliableEngine.resend_faulted() there\n")
-        return 2
     try:
         store = open_store(args.store, create=False)
     except Exception as exc:  # noqa: BLE001 -- any reason the store cannot be opened, said in one line

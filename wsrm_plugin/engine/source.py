@@ -207,7 +207,6 @@ def back_channel_replies(tx: StoreTransaction, rmd_sequence_id: str) -> dict[int
     return found
 
 
-
 class PendingAcks:
     """Plain acknowledgements merged per sequence until a :meth:`Source.coalesced_acks` block ends.
 
@@ -231,6 +230,7 @@ class PendingAcks:
     def identifiers(self) -> list[str]:
         with self._lock:
             return list(self._acks)
+
 
 class Source:
     """The sending half of an engine (CXF's ``Source``)."""

@@ -255,8 +255,7 @@ def migrate(conn: Any, d: Dialect, where: str, *, create: bool = True) -> int:
     cur = conn.cursor()
     if not create:
         try:
-            cur.execute(d.sql("SELECT MAX(version) FROM schema_version"))
-            cur.fetchone()
+            current_version(cur, d)
         except Exception:  # noqa: BLE001 -- no such table: no store here
             raise api.StoreNotFoundError(f"there is no message store in {where} (no schema_version "
                                          "table): check the store URL") from None
@@ -1192,10 +1191,11 @@ class _Invoker(api.InvokerBufferManager):
         tx = self._tx
         where = "sequence_id = ? AND number = ?"
         tx.capture_key("invoker_message", sequence_id, number)
-        missing = UnknownMessageError(
-            f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
+        def missing() -> UnknownMessageError:  # built only when raised: this is every delivery's path
+            return UnknownMessageError(f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
+
         if state is None:
-            raise missing
+            raise missing()
         delivered = state[0].add(number)
         upto = delivered.next_expected - 1
         tx.capture_key("invoker_sequence", sequence_id)
@@ -1204,10 +1204,10 @@ class _Invoker(api.InvokerBufferManager):
         if tx.d.writable_cte:  # the removal and the sequence's row in one round trip
             if tx.write(f"WITH gone AS (DELETE FROM invoker_message WHERE {where} RETURNING 1) "
                         + update + " AND EXISTS (SELECT 1 FROM gone)", (sequence_id, number, *values)) == 0:
-                raise missing
+                raise missing()
         else:
             if tx.write(f"DELETE FROM invoker_message WHERE {where}", (sequence_id, number)) == 0:
-                raise missing
+                raise missing()
             tx.write(update, values)
         tx.read_ahead.get(sequence_id, {}).pop(number, None)
         tx.held_invoker[sequence_id] = (delivered, upto)
