@@ -134,7 +134,9 @@ def test_discard_removes_a_poison_message_only_when_confirmed_and_the_held_seque
         for item in ("a", "boom", "c"):
             client.send(server.url, build("record", item), action=action("record"))
         assert wait_for(lambda: server.engine.status().poisoned == 1, timeout=60)
-    assert any("HELD" in r.getMessage() and "#2" in r.getMessage() for r in caplog.records), caplog.text
+        # the ERROR is logged just after the move to the poison store commits
+        assert wait_for(lambda: any("HELD" in r.getMessage() and "#2" in r.getMessage()
+                                    for r in caplog.records), timeout=30), caplog.text
     # hold: the rest of the sequence waits (no message of the store is deliverable), reception goes on
     with server.engine.store.begin() as tx:
         assert tx.invoker.claim_next() is None
