@@ -302,10 +302,26 @@ class TransactionManager:
 
     def register_resource(self, resource: XAResource) -> None:
         """Tell recovery about a resource (it must work after a restart, with a fresh
-        connection).  Register every resource the manager's transactions use."""
+        connection).  Register every resource the manager's transactions use.
+
+        A resource registered after recovery has already run (a data source
+        created after the reliable client started, whose start-up pass could not
+        see it) gets a pass at once: a branch a killed process left prepared in
+        it holds its locks, so the first insert of a key that branch wrote
+        would otherwise wait until the next background pass, or forever when
+        none runs.
+        """
         with self._mutex:
-            if not any(r is resource for r in self._resources):
-                self._resources.append(resource)
+            if any(r is resource for r in self._resources):
+                return
+            self._resources.append(resource)
+        if self._recovery.passes and not self._closed:
+            try:
+                report = self._recovery.recover_once()
+            except Exception:  # noqa: BLE001 -- registering must not fail; the next pass retries
+                log.exception("recovery pass for newly registered resource %r failed", resource)
+            else:
+                log.info("recovery pass for newly registered resource %r: %s", resource, report.summary())
 
     @property
     def recovery(self) -> RecoveryManager:

@@ -119,6 +119,8 @@ class RecoveryManager:
         self._in_flight = in_flight or set
         self._clock = clock
         self._first_seen: dict[Xid, float] = {}
+        #: passes run so far; a resource registered after the first one gets a pass of its own
+        self.passes = 0
         self._run_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -182,6 +184,7 @@ class RecoveryManager:
                         report.errors.append(str(e))
             if report.acted or report.errors or report.heuristics or report.held:
                 log.info("recovery pass: %s", report.summary())
+            self.passes += 1
             return report
 
     def _scan(self, report: RecoveryReport | None = None) -> _Scan:

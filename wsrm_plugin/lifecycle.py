@@ -33,9 +33,18 @@ from typing import Any
 from .engine import ReliableEngine
 from .engine.source import SequenceKey
 
-__all__ = ["LifecycleListener", "LifecycleReport"]
+__all__ = ["LifecycleListener", "LifecycleReport", "check_recovery_interval"]
 
 log = logging.getLogger(__name__)
+
+
+def check_recovery_interval(interval: float | None, tm: Any) -> None:
+    """Refuse a ``recovery_interval`` that cannot work, when the client or service is built."""
+    if interval is not None and not interval > 0:
+        raise ValueError(f"recovery_interval must be > 0 seconds or None, not {interval!r}")
+    if interval is not None and tm is None:
+        raise ValueError("recovery_interval needs a transaction manager (tm=...): without one "
+                         "there are no transactions to recover")
 
 
 @dataclass
@@ -73,6 +82,40 @@ class LifecycleListener:
         self.tm = tm
         self.active_keys = set(active_keys) if active_keys is not None else None
         self.hooks = hooks
+        self._runs_recovery = False
+
+    # -- background recovery ------------------------------------------------------------------
+
+    def start_recovery(self, interval: float | None, report: LifecycleReport | None = None) -> None:
+        """Keep the manager's recovery running every ``interval`` seconds (None: only at start-up).
+
+        A branch a killed process left prepared blocks the rows it wrote until
+        something decides it; the start-up pass rolls it back only once it is
+        older than the manager's safety interval.  Without a background pass
+        such a branch waits for the next restart, so that case is logged as a
+        WARNING naming the option that fixes it.
+        """
+        if self.tm is None or self._runs_recovery:
+            return
+        waiting = len(report.recovery.waiting) if report is not None and report.recovery is not None else 0
+        if interval is None:
+            if waiting:
+                log.warning("%s: %d prepared branch(es) of this node are younger than the transaction "
+                            "manager's safety interval; without background recovery they stay prepared "
+                            "(holding their locks) until the next start: pass recovery_interval=<seconds>",
+                            self.engine.name, waiting)
+            return
+        if self.tm.recovery.running:
+            log.info("the transaction manager's recovery already runs in the background")
+            return
+        self.tm.recovery.start(interval)
+        self._runs_recovery = True
+
+    def stop_recovery(self, timeout: float = 10.0) -> None:
+        """Stop the background recovery :meth:`start_recovery` started (if it did)."""
+        if self._runs_recovery:
+            self.tm.recovery.stop(timeout)
+            self._runs_recovery = False
 
     def on_start(self) -> LifecycleReport:
         report = LifecycleReport()

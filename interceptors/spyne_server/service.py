@@ -45,7 +45,7 @@ from spyne import Application
 
 from wsrm_plugin.engine import DeliveryAssurance, DeliveryContext, FailedDelivery, ReliableEngine, RMPolicy
 from wsrm_plugin.engine.transport import HttpServer
-from wsrm_plugin.lifecycle import LifecycleListener, LifecycleReport
+from wsrm_plugin.lifecycle import LifecycleListener, LifecycleReport, check_recovery_interval
 from wsrm_plugin.store import StorageManager
 
 from interceptors import default_chain
@@ -113,15 +113,10 @@ class ReliableService:
                  on_delivery_failure: Callable[[FailedDelivery], None] | None = None,
                  publish_policy: RMPolicyAssertion | bool = True, name: str = "wsrm-server",
                  recovery_interval: float | None = None) -> None:
-        if recovery_interval is not None and not recovery_interval > 0:
-            raise ValueError(f"recovery_interval must be > 0 seconds or None, not {recovery_interval!r}")
-        if recovery_interval is not None and tm is None:
-            raise ValueError("recovery_interval needs a transaction manager (tm=...): without one "
-                             "there are no transactions to recover")
+        check_recovery_interval(recovery_interval, tm)
         self.policy = policy or RMPolicy()
         self.recovery_interval = recovery_interval
         self.lifecycle_report: LifecycleReport | None = None
-        self._runs_recovery = False
         # the deliverer needs the middleware, which needs the engine: bind it late
         self.engine = ReliableEngine(store, self.policy, tm=tm, endpoint_address=endpoint_address,
                                      application=lambda payload, context: self._deliver(payload, context),
@@ -168,20 +163,12 @@ class ReliableService:
         if self.lifecycle_report is None:
             self.lifecycle_report = self._lifecycle.on_start()
         self.engine.start()
-        tm = self.engine.tm
-        if self.recovery_interval is not None and not self._runs_recovery:
-            if tm.recovery.running:
-                log.info("the transaction manager's recovery already runs in the background")
-            else:
-                tm.recovery.start(self.recovery_interval)
-                self._runs_recovery = True
+        self._lifecycle.start_recovery(self.recovery_interval, self.lifecycle_report)
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the servers :meth:`serve` started, then the engine (and its store, if it opened it)."""
-        if self._runs_recovery:
-            self.engine.tm.recovery.stop(timeout)
-            self._runs_recovery = False
+        self._lifecycle.stop_recovery(timeout)
         for server in self._servers:
             server.stop(timeout)
         self._servers.clear()

@@ -98,7 +98,7 @@ from wsrm_plugin.engine.source import (
     SequenceKey,
     SequenceRefused,
 )
-from wsrm_plugin.lifecycle import LifecycleListener, LifecycleReport
+from wsrm_plugin.lifecycle import LifecycleListener, LifecycleReport, check_recovery_interval
 from wsrm_plugin.makeconnection import Poller, mc_address_for
 from wsrm_plugin.store import StorageManager
 from wsrm_plugin.wire.namespaces import mc_anonymous_id
@@ -176,12 +176,14 @@ class ReliableClient:
                  callback: str | None = None, chain: InterceptorChain | None = None, tm: Any = None,
                  active_keys: Iterable[str] | None = None,
                  lifecycle_hooks: Any = None, make_connection: bool = False,
-                 poll_interval: float = 0.2) -> None:
+                 poll_interval: float = 0.2, recovery_interval: float | None = None) -> None:
+        check_recovery_interval(recovery_interval, tm)
         self.zeep = client
         self.engine = engine
         self.name = name
         self.key = key
         self.tm = tm
+        self.recovery_interval = recovery_interval
         self._futures: dict[str, Future] = {}
         self._targets: set[str] = set()
         self._lock = threading.Lock()
@@ -431,6 +433,7 @@ class ReliableClient:
             if self._on_sequence_fault not in self.engine.source.fault_listeners:  # started again after stop()
                 self.engine.source.fault_listeners.append(self._on_sequence_fault)
             self.engine.start()
+            self._lifecycle.start_recovery(self.recovery_interval, self.lifecycle_report)
             if self.poller is not None:
                 self.poller.start()
             self._started = True
@@ -492,6 +495,7 @@ class ReliableClient:
         """
         if self._started and self.engine.store.url.startswith("memory"):
             self._before_volatile_stop(discard_unsent, timeout)
+        self._lifecycle.stop_recovery(timeout)
         if self.poller is not None:
             self.poller.stop(timeout)
         self.engine.stop(timeout)
@@ -548,6 +552,7 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
                     callback: str | None = None, chain: InterceptorChain | None = None,
                     endpoint_address: str | None = None, active_keys: Iterable[str] | None = None,
                     make_connection: bool = False, poll_interval: float = 0.2,
+                    recovery_interval: float | None = None,
                     start: bool = True, wsdl_policy: bool = True, **engine_options: Any) -> ReliableClient:
     """Make every call of ``client`` reliable (see the module docstring); returns the started client.
 
@@ -565,6 +570,11 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
     for ``name`` and fetched by polling the server with MakeConnection every
     ``poll_interval`` seconds (the server must run a
     :class:`~wsrm_plugin.makeconnection.Mailbox`).
+
+    ``recovery_interval`` (seconds, with a ``tm``) runs the transaction
+    manager's recovery in the background while the client runs, so a branch
+    a crashed transaction left prepared (in the store or the application's
+    database) is resolved without a restart; None runs it only at start-up.
 
     ``wsdl_policy=True`` takes the WS-RM version, delivery assurance and
     timers from the WS-RM policy assertion of the service's WSDL, except
@@ -592,7 +602,7 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
             engine.serve(host, port)
         rc = ReliableClient(_own_copy(client), engine, name=name or key or "default", key=key, callback=callback,
                             chain=chain, tm=tm, active_keys=active_keys, make_connection=make_connection,
-                            poll_interval=poll_interval)
+                            poll_interval=poll_interval, recovery_interval=recovery_interval)
     except BaseException:
         engine.stop()
         raise

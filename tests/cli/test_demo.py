@@ -21,6 +21,9 @@ RESULT = re.compile(r"(\d+) delivered, (\d+) lost, (\d+) duplicated")
 
 
 def run_demo(*options: str, timeout: float = 240, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    if "--timeout" not in options:
+        # the demo gives up first, so a stuck run ends with its verdict and both peers' logs
+        options = (*options, "--timeout", str(timeout - 60))
     done = subprocess.run([*WSRM, "demo", *options], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
     return done.returncode, done.stdout, done.stderr

@@ -73,7 +73,7 @@ def _prepared(dsn: str) -> list[str]:
     conn = psycopg2.connect(dsn)
     try:
         with conn, conn.cursor() as cur:
-            cur.execute("SELECT gid FROM pg_prepared_xacts")
+            cur.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")
             return [row[0] for row in cur.fetchall()]
     finally:
         conn.close()

@@ -106,8 +106,16 @@ class World:
         return [r[0] for r in query(self.server_db, "SELECT item FROM orders")]
 
     def prepared(self) -> list[str]:
-        """Prepared transactions left anywhere on the server (all databases)."""
-        return [r[0] for r in query(self.client_db, "SELECT gid FROM pg_prepared_xacts")]
+        """Prepared transactions left in this test's databases.
+
+        Not the whole server's: the server is shared with the other tests of this worker, and a
+        test killed mid-transaction elsewhere (a demo past its timeout) must not fail this one.
+        """
+        gids: list[str] = []
+        for dsn in (self.client_db, self.server_db, self.store.removeprefix("postgresql:")):
+            gids += [r[0] for r in query(
+                dsn, "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")]
+        return gids
 
     def wait_recorded(self, count: int, timeout: float = 90.0) -> list[str]:
         deadline = time.monotonic() + timeout

@@ -57,6 +57,9 @@ CLIENT_KEY = "demo"
 POLICY = RMPolicy(base_retransmission_interval=0.2, exponential_backoff=False, poll_interval=0.05,
                   http_timeout=5.0, soap_version=SOAP11)
 
+#: seconds between background recovery passes (XA mode): a branch the killed peer left prepared
+#: holds its row locks until a pass rolls it back
+RECOVERY_INTERVAL = 2.0
 SERVER_TABLE = "application_server"
 CLIENT_TABLE = "application_client"
 REPLY_TABLE = "application_client_reply"
@@ -210,7 +213,8 @@ def run_server(args: argparse.Namespace) -> None:
     from interceptors.spyne_server.service import reliable_service
 
     tm = _transaction_manager(args)
-    service = reliable_service(application(), args.store, POLICY, tm=tm)
+    service = reliable_service(application(), args.store, POLICY, tm=tm,
+                               recovery_interval=RECOVERY_INTERVAL if tm is not None else None)
     _records = Records(args.records, store=service.engine.store, tm=tm)
     _records.create_tables(SERVER_TABLE)
     http = service.serve("127.0.0.1", args.port)
@@ -242,7 +246,8 @@ def run_client(args: argparse.Namespace) -> None:
     tm = _transaction_manager(args)
     listen = ("127.0.0.1", args.listen_port) if args.listen_port else None
     rc = reliable_client(zeep.Client(args.wsdl), args.store, POLICY, tm=tm, listen=listen,
-                         endpoint_address=args.reply_address, key=CLIENT_KEY, name="demo-client")
+                         endpoint_address=args.reply_address, key=CLIENT_KEY, name="demo-client",
+                         recovery_interval=RECOVERY_INTERVAL if tm is not None else None)
     _records = Records(args.records, store=rc.engine.store, tm=tm)
     _records.create_tables(*((CLIENT_TABLE,) if _records.kind == "xa" else ()),
                            *((REPLY_TABLE,) if args.in_out else ()))
