@@ -166,3 +166,29 @@ def test_background_recovery_of_a_client_rolls_back_a_young_orphan_without_a_res
     finally:
         ds.close()
         tm.close()
+
+
+def test_a_young_orphan_and_no_background_recovery_is_a_startup_warning(clients, orders, tmp_path, caplog):
+    _orphan(orders, "zeep-warn", "stuck")
+    tm = TransactionManager(node="zeep-warn", log=tmp_path / "tm.log", safety_interval=60)
+    ds = XADataSource(orders, tm)
+    try:
+        with caplog.at_level("WARNING", logger="wsrm_plugin.lifecycle"):
+            rc = clients(f"sqlite:///{tmp_path}/client.db", tm=tm)
+        assert len(rc.lifecycle_report.recovery.waiting) == 1
+        assert any("recovery_interval=<seconds>" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        ds.close()
+        tm.close()
+        _rollback_all(orders)
+
+
+def _rollback_all(dsn: str) -> None:
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            for gid in _prepared(dsn):
+                cur.execute("ROLLBACK PREPARED %s", (gid,))
+    finally:
+        conn.close()
