@@ -104,6 +104,9 @@ def world_for(pg_dsn_factory, tmp_path) -> Iterator[Callable[..., World]]:
         closers.extend([tm.close, ds.close])
         ledger = Ledger(tm, ds, fail)
         failures: list[FailedDelivery] = []
+        # batches bounded by their count only: the default time bound (0.05 s) cut them short on
+        # a loaded machine, and these tests are about which messages share a transaction
+        policy.setdefault("delivery_batch_seconds", 30.0)
         server = ReliableEngine("postgresql:" + pg_dsn_factory("xastore"),
                                 fast_policy(delivery_batch=BATCH, **policy), tm=tm, application=ledger,
                                 on_delivery_failure=failures.append, name="server")
