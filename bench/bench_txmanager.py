@@ -206,9 +206,9 @@ def report(times: dict[str, list[float]], per_block: int, threads: int = 8) -> s
     def ms(key: str) -> float:
         return statistics.median(times[key]) / per_block * 1000
 
-    r2 = statistics.median(t / r for t, r in zip(times["tm2"], times["raw2"]))
-    r1 = statistics.median(t / r for t, r in zip(times["tm1"], times["raw1"]))
-    rn = statistics.median(t / r for t, r in zip(times["tmN"], times["rawN"]))
+    r2 = statistics.median(t / r for t, r in zip(times["tm2"], times["raw2"], strict=True))
+    r1 = statistics.median(t / r for t, r in zip(times["tm1"], times["raw1"], strict=True))
+    rn = statistics.median(t / r for t, r in zip(times["tmN"], times["rawN"], strict=True))
     return "\n".join([
         f"rounds: {len(times['tm1'])} (interleaved; medians below)",
         f"two-database transfer: txmanager {ms('tm2'):.3f} ms, raw tpc {ms('raw2'):.3f} ms, "
