@@ -41,8 +41,8 @@ Run::
         [--scenarios plain,plain8,outbox,memory,sqlite,xa2,xa1] [--no-strace]
 
 Profiling: ``BENCH_PROFILE=DIR`` attaches ``py-spy record --idle --threads``
-(raw collapsed stacks, waits included) to every client and server process and
-writes ``DIR/<scenario>-<tag>-<role>.txt``; ``BENCH_PROFILER=yappi`` writes
+(raw collapsed stacks, waits included; ``BENCH_PROFILE_IDLE=0``: on-CPU samples only) to every
+client and server process and writes ``DIR/<scenario>-<tag>-<role>.txt``; ``BENCH_PROFILER=yappi`` writes
 yappi CPU profiles of all threads (``.pstats``) from inside the processes instead.
 """
 
@@ -444,7 +444,8 @@ class _Child:
                 time.sleep(0.5)
                 kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
                 pid = int(kids[0]) if kids else pid
-            self.spy = subprocess.Popen([spy, "record", "--pid", str(pid), "--idle", "--threads", "-r", "200",
+            idle = ["--idle"] if os.environ.get("BENCH_PROFILE_IDLE", "1") != "0" else []
+            self.spy = subprocess.Popen([spy, "record", "--pid", str(pid), *idle, "--threads", "-r", "200",
                                          "-f", "raw", "-o", profile_out],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.lines: list[str] = []

@@ -109,8 +109,15 @@ class HttpHeaders(MutableMapping[str, str]):
 
     def __init__(self, headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None) -> None:
         self._items: dict[str, tuple[str, str]] = {}
-        if headers is not None:
-            self.update(headers)
+        if headers is not None:  # what MutableMapping.update does, without its generic dispatch
+            if isinstance(headers, Mapping):
+                pairs: Iterable[tuple[str, str]] = headers.items()
+            elif hasattr(headers, "keys"):
+                pairs = ((name, headers[name]) for name in headers.keys())  # type: ignore[index]
+            else:
+                pairs = headers
+            for name, value in pairs:
+                self[name] = value
 
     def __getitem__(self, name: str) -> str:
         return self._items[name.lower()][1]
@@ -172,6 +179,10 @@ class Response:
     status: int | None = None
     envelope: etree._Element | None = None
     http_headers: Mapping[str, str] = field(default_factory=dict)
+    #: The bytes ``envelope`` serializes to, when whoever built it has them already (the engine
+    #: serialized its answer): :meth:`body` sends them instead of serializing the tree again, as
+    #: long as ``envelope`` is still the tree they were given with.  Nobody may change that tree.
+    raw: bytes | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.status is not None and not 100 <= self.status <= 599:
@@ -179,6 +190,7 @@ class Response:
         if self.envelope is not None and _soap_version_of(self.envelope) is None:
             raise ValueError(
                 f"a Response envelope must be a SOAP 1.1 or 1.2 Envelope, not {self.envelope.tag!r}")
+        self._raw_for = self.envelope if self.raw is not None else None
 
     @property
     def status_code(self) -> int:
@@ -196,7 +208,11 @@ class Response:
         return f"{self.status_code} {phrase}"
 
     def body(self) -> bytes:
-        return serialize(self.envelope) if self.envelope is not None else b""
+        if self.envelope is None:
+            return b""
+        if self.raw is not None and self.envelope is self._raw_for:
+            return self.raw
+        return serialize(self.envelope)
 
     def headers(self, body: bytes | None = None) -> HttpHeaders:
         """The HTTP headers to send, Content-Type and Content-Length filled in.
@@ -254,7 +270,8 @@ class Message:
         if envelope is not None and _soap_version_of(envelope) is None:
             raise ValueError(
                 f"a Message envelope must be a SOAP 1.1 or 1.2 Envelope, not {envelope.tag!r}")
-        self.envelope = envelope
+        self._envelope = envelope
+        self._raw: bytes | None = None
         self.direction = direction
         self.role = role
         self.http_headers = HttpHeaders(http_headers)
@@ -280,6 +297,27 @@ class Message:
     def __repr__(self) -> str:
         return (f"<Message {self.direction.value} {self.role.value} {self.operation or ''}"
                 f" {self._state}>")
+
+    @property
+    def envelope(self) -> etree._Element | None:
+        return self._envelope
+
+    @envelope.setter
+    def envelope(self, envelope: etree._Element | None) -> None:
+        self._envelope = envelope
+        self._raw = None
+
+    def serialized_as(self, data: bytes) -> None:
+        """Say that ``data`` is exactly what the envelope serializes to now (its stored form).
+
+        :meth:`to_bytes` then returns ``data`` instead of serializing the tree
+        again, until anything may have changed the envelope: the chain forgets
+        it before it runs any interceptor or hook on the message, and so do
+        :meth:`add_header`, :meth:`remove_header` and replacing the envelope.
+        """
+        if self._envelope is None:
+            raise ChainError("this message has no envelope to serialize")
+        self._raw = data
 
     # -- what kind of message ---------------------------------------------------
     @property
@@ -331,6 +369,7 @@ class Message:
         version = self.soap_version
         if version is None or self.envelope is None:
             raise ChainError("this message has no SOAP envelope to add a header to")
+        self._raw = None
         header = self._part("Header")
         if header is None:
             header = etree.Element(version.qname("Header"))
@@ -345,6 +384,7 @@ class Message:
         header = self._part("Header")
         if header is None or element.getparent() is not header:
             raise ValueError("that element is not a header block of this message")
+        self._raw = None
         header.remove(element)
 
     # -- leaving the flow ---------------------------------------------------------
@@ -392,9 +432,11 @@ class Message:
 
     # -- storing and rebuilding (for workers that resume later) --------------------
     def to_bytes(self) -> bytes:
-        if self.envelope is None:
+        if self._envelope is None:
             raise ChainError("this message has no envelope to serialize")
-        return serialize(self.envelope)
+        if self._raw is not None:
+            return self._raw
+        return serialize(self._envelope)
 
     @classmethod
     def from_bytes(cls, data: bytes, direction: Direction, role: Role, *,
@@ -759,6 +801,7 @@ class InterceptorChain:
                     if run is None:
                         continue
                     message.current = entry.name
+                    message._raw = None  # the interceptor may change the envelope
                     done.append(entry)
                     run(message)
                     message.current = None
@@ -767,6 +810,7 @@ class InterceptorChain:
                         log.debug("%s stopped by %s", message, entry.name)
                         return message
                 if hook.get_hookimpls():
+                    message._raw = None
                     hook(message=message, phase=phase)
                     if message.stopped:
                         message.stopped_by = f"wsrm_{'in' if handler == 'handle_in' else 'out'}_message hook"

@@ -27,10 +27,11 @@ back with :meth:`ChainMiddleware.deliver`, from any thread and without HTTP.
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 from wsgiref.util import request_uri, setup_testing_defaults
 
@@ -59,7 +60,12 @@ ENVIRON_KEY = "wsrm.message"
 #: The ``Message.context`` key of the WSGI environ a received request came with.
 WSGI_ENVIRON_KEY = "wsgi.environ"
 _ONE_WAY_KEY = "wsrm.one_way"
+#: spyne's request environ: the chain's tree of the envelope, which spyne reads instead of a parse
+_TREE_KEY = "wsrm.envelope_tree"
 _ENGAGED = "_wsrm_interceptors_engaged"
+_TREES_TAKEN = "_wsrm_takes_chain_trees"
+#: The elements lxml's ``XMLID`` (spyne's parse) maps by their ``id`` attribute.
+_WITH_ID = etree.XPath("//*[string(@id)]")
 
 StartResponse = Callable[..., Any]
 
@@ -98,11 +104,36 @@ def _utf8(content_type: str | None, version: SoapVersion) -> str:
     return "; ".join([parts[0], *params, "charset=utf-8"])
 
 
+@functools.lru_cache(maxsize=256)
+def _header_name(key: str) -> str:
+    """``HTTP_SOAPACTION`` -> ``Soapaction``: the environ key of a request header as a header name."""
+    return "-".join(w.capitalize() for w in key[5:].split("_"))
+
+
+@functools.lru_cache(maxsize=256)
+def _request_uri(scheme: str, host: str | None, server: str | None, port: str | None,
+                 script: str, path: str) -> str:
+    """``wsgiref.util.request_uri`` without the query, of a request with these environ values.
+
+    Cached: a service sees the same few URLs again and again.
+    """
+    environ = {"wsgi.url_scheme": scheme, "SCRIPT_NAME": script, "PATH_INFO": path}
+    for key, value in (("HTTP_HOST", host), ("SERVER_NAME", server), ("SERVER_PORT", port)):
+        if value is not None:
+            environ[key] = value
+    return request_uri(environ, include_query=False)
+
+
+def _request_url(environ: dict[str, Any]) -> str:
+    return _request_uri(environ["wsgi.url_scheme"], environ.get("HTTP_HOST"), environ.get("SERVER_NAME"),
+                        environ.get("SERVER_PORT"), environ.get("SCRIPT_NAME", ""), environ.get("PATH_INFO", ""))
+
+
 def _headers_from_environ(environ: dict[str, Any]) -> list[tuple[str, str]]:
     headers = []
     for key, value in environ.items():
         if key.startswith("HTTP_"):
-            headers.append(("-".join(w.capitalize() for w in key[5:].split("_")), value))
+            headers.append((_header_name(key), value))
     if environ.get("CONTENT_TYPE"):
         headers.append(("Content-Type", environ["CONTENT_TYPE"]))
     if environ.get("CONTENT_LENGTH"):
@@ -180,7 +211,7 @@ class ChainMiddleware:
                             code="VersionMismatch")
         headers = _headers_from_environ(environ)
         message = Message(root, Direction.IN, Role.SERVER, http_headers=headers,
-                          address=request_uri(environ, include_query=False),
+                          address=_request_url(environ),
                           context={WSGI_ENVIRON_KEY: environ})  # who sent it: REMOTE_USER, TLS, address
         message.action = action_from_http(message.http_headers, envelope.version)
         return message
@@ -264,11 +295,12 @@ class ChainMiddleware:
 
     def _call_spyne(self, request: Message, environ: dict[str, Any] | None
                     ) -> tuple[int, list[tuple[str, str]], bytes, bool]:
-        body = request.to_bytes()
+        body = request.to_bytes()  # the stored bytes when the tree is still theirs (a delivery)
         env = self._environ_for(request, environ)
         env["wsgi.input"] = io.BytesIO(body)
         env["CONTENT_LENGTH"] = str(len(body))
         env[ENVIRON_KEY] = request
+        env[_TREE_KEY] = request.envelope  # parsed safely already: spyne reads it, not the bytes
         env.pop(_ONE_WAY_KEY, None)
         captured: dict[str, Any] = {}
         written: list[bytes] = []
@@ -294,15 +326,7 @@ class ChainMiddleware:
         if environ is not None:
             env = {k: v for k, v in environ.items() if not k.startswith("HTTP_")}
         else:
-            env = {}
-            if request.address:
-                url = urlsplit(request.address)
-                env.update(SERVER_NAME=url.hostname or "127.0.0.1",
-                           SERVER_PORT=str(url.port or (443 if url.scheme == "https" else 80)),
-                           PATH_INFO=url.path or "/")
-                env["wsgi.url_scheme"] = url.scheme or "http"
-            setup_testing_defaults(env)
-            env = {k: v for k, v in env.items() if not k.startswith("HTTP_")}
+            env = _synthetic_environ(request.address)
         env["REQUEST_METHOD"] = "POST"
         env.pop("QUERY_STRING", None)
         version = request.soap_version or SOAP11
@@ -337,6 +361,67 @@ class ChainMiddleware:
                 if reply.stopped:
                     return reply.response or Response()
         return Response(status, reply.envelope, _retry_after(fault))
+
+
+@functools.lru_cache(maxsize=64)
+def _base_environ(address: str | None) -> tuple[tuple[str, Any], ...]:
+    """The synthetic WSGI environ of a delivery to ``address``, without its streams (computed once)."""
+    env: dict[str, Any] = {}
+    if address:
+        url = urlsplit(address)
+        env.update(SERVER_NAME=url.hostname or "127.0.0.1",
+                   SERVER_PORT=str(url.port or (443 if url.scheme == "https" else 80)),
+                   PATH_INFO=url.path or "/")
+        env["wsgi.url_scheme"] = url.scheme or "http"
+    setup_testing_defaults(env)
+    return tuple((k, v) for k, v in env.items()
+                 if not k.startswith("HTTP_") and k not in ("wsgi.input", "wsgi.errors"))
+
+
+def _synthetic_environ(address: str | None) -> dict[str, Any]:
+    """What ``wsgiref.util.setup_testing_defaults`` makes for a request to ``address`` (no HTTP_
+    headers), with streams of its own."""
+    env = dict(_base_environ(address))
+    env["wsgi.input"] = io.BytesIO()
+    env["wsgi.errors"] = io.StringIO()
+    return env
+
+
+def _take_chain_trees(protocol: Any) -> None:
+    """Let spyne's SOAP protocol read the chain's tree of a request instead of parsing its bytes.
+
+    The chain parsed the envelope safely (size limit, no DTD) and spyne would
+    parse the serialized tree again, building the same tree: the protocol's
+    ``create_in_document`` takes the tree the adapter put in the request's
+    environ, and keeps its own parse for every other request.  Only where
+    spyne's parser would build that same tree: a SOAP protocol reading
+    documents the standard way, with no parser option that changes the tree
+    (blank text removed, namespaces cleaned, another encoding forced).
+    """
+    from spyne.protocol.soap import Soap11
+
+    if not isinstance(protocol, Soap11) or getattr(protocol, _TREES_TAKEN, False):
+        return
+    if type(protocol).create_in_document is not Soap11.create_in_document:
+        return  # a protocol that reads its documents its own way
+    options = getattr(protocol, "parser_kwargs", None) or {}
+    encoding = (options.get("encoding") or "utf-8").lower().replace("-", "").replace("_", "")
+    if options.get("remove_blank_text") or options.get("ns_clean") or encoding != "utf8":
+        return
+    parse = protocol.create_in_document
+
+    def create_in_document(ctx: Any, charset: str | None = None) -> None:
+        environ = getattr(ctx.transport, "req_env", None)
+        tree = environ.pop(_TREE_KEY, None) if isinstance(environ, dict) else None
+        if tree is None:
+            parse(ctx, charset)
+            return
+        # what spyne's parse (lxml's XMLID) gives: the root, and the elements by their id attribute
+        found = cast(list[etree._Element], _WITH_ID(tree))  # an element list, for this expression
+        ctx.in_document = (tree, {element.get("id"): element for element in found})
+
+    protocol.create_in_document = create_in_document
+    setattr(protocol, _TREES_TAKEN, True)
 
 
 def engage(application: Application, chain: InterceptorChain | None = None, *,
@@ -389,5 +474,6 @@ def engage(application: Application, chain: InterceptorChain | None = None, *,
                 environ[_ONE_WAY_KEY] = bool(getattr(ctx.descriptor, "is_async", False))
 
         application.event_manager.add_listener("method_call", note_one_way)
+        _take_chain_trees(getattr(application, "in_protocol", None))
         setattr(application, _ENGAGED, True)
     return ChainMiddleware(wsgi_application, chain, max_message_size=max_message_size)

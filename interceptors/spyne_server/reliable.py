@@ -90,12 +90,13 @@ def carries_rm(message: Message) -> bool:
 def response_of(reply: Reply, max_size: int) -> Response:
     """The chain :class:`Response` for an engine :class:`Reply` (its tree, else its body parsed safely)."""
     envelope = reply.tree
+    raw = reply.body if envelope is not None else None  # what the engine's tree serializes to
     if envelope is None and reply.body:
         envelope = parse_xml(reply.body, max_size=max(max_size, len(reply.body)))
     headers = {"Content-Type": reply.content_type} if reply.content_type and envelope is not None else {}
     if reply.retry_after is not None:
         headers["Retry-After"] = str(reply.retry_after)
-    return Response(reply.status, envelope, headers)
+    return Response(reply.status, envelope, headers, raw=raw)
 
 
 def principal_of(message: Message) -> tuple[str | None, str | None]:
@@ -160,9 +161,10 @@ class ReliableMessagingInterceptor(Interceptor):
         # the delivery (with an in-memory store, of these very bytes) takes it instead of a parse.
         # Filed first, since the invoker may deliver before handle() returns.
         TREES.remember(data, envelope)
+        # the WS-A properties the chain's addressing interceptor read, if it ran: not read again
         reply = self.engine.handle(data, principal=principal, remote_addr=remote_addr,
                                    content_type=message.http_headers.get("Content-Type"),
-                                   parsed=envelope)
+                                   parsed=envelope, addressing=message.addressing)
         # suspend, not abort: what the invoker delivers later resumes right after this interceptor
         message.suspend(response_of(reply, self.engine.policy.max_message_size))
 
@@ -226,6 +228,7 @@ class ChainDeliverer:
         request = Message(tree, Direction.IN, Role.SERVER, http_headers=_http_headers(soap, context.action),
                           address=self.interceptor.engine.endpoint_address, action=context.action,
                           exchange=exchange)
+        request.serialized_as(payload)  # the tree is payload's: spyne gets these bytes, no serializing
         previous = current_delivery()
         _local.delivery = context
         try:

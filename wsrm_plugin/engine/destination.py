@@ -20,6 +20,7 @@ open sequences (per peer and in total) and of messages held are limited.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -55,6 +56,12 @@ HELD_BYTES_REFRESH = 1.0
 _REMEMBERED_CREATES = 1024
 _REMEMBERED_OWNERS = 4096
 _REPLY_KEY_PREFIX = reply_sequence_key("")
+
+
+@functools.lru_cache(maxsize=256)
+def _is_anonymous(address: str) -> bool:
+    """Is AcksTo ``address`` an anonymous URI (asked twice per message: cached)?"""
+    return EndpointReference(address).is_anonymous
 
 
 class _OutOfOrder(Exception):
@@ -467,7 +474,7 @@ class Destination:
 
     @staticmethod
     def _anonymous(address: str | None) -> bool:
-        return not address or EndpointReference(address).is_anonymous
+        return not address or _is_anonymous(address)
 
     def acks_on_back_channel(self, seq: RmdSequence) -> bool:
         """Acknowledgements of ``seq`` go in HTTP responses (its AcksTo is anonymous)."""

@@ -187,13 +187,15 @@ class ReliableEngine:
     terminate = close
 
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
-               remote_addr: str | None = None, parsed: Any = None) -> Reply:
+               remote_addr: str | None = None, parsed: Any = None, addressing: Any = None) -> Reply:
         """Process one received envelope (what the HTTP endpoint and adapters call).
 
-        ``parsed``: the envelope's lxml tree when the caller parsed ``data`` already (safely).
+        ``parsed``: the envelope's lxml tree when the caller parsed ``data`` already (safely);
+        ``addressing``: the :class:`~wsrm_plugin.wire.AddressingHeaders` the caller read from
+        that tree's headers already (an interceptor chain's), not read again.
         """
         return self.inbound.handle(data, principal=principal, content_type=content_type,
-                                   remote_addr=remote_addr, parsed=parsed)
+                                   remote_addr=remote_addr, parsed=parsed, addressing=addressing)
 
     # -- lifecycle -------------------------------------------------------------------------------
 

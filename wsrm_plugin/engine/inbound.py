@@ -66,18 +66,23 @@ class Message:
         return None
 
 
-def read_message(data: bytes, max_size: int, parsed: etree._Element | None = None) -> Message:
+def read_message(data: bytes, max_size: int, parsed: etree._Element | None = None,
+                 addressing: AddressingHeaders | None = None) -> Message:
     """Parse and classify ``data``; raises the SoapFault to answer when it is not acceptable.
 
-    ``parsed``: ``data``'s tree, already parsed safely by the caller (read, not parsed again).
+    ``parsed``: ``data``'s tree, already parsed safely by the caller (read, not parsed again);
+    ``addressing``: what that tree's WS-A headers say, already read by the caller (only with
+    ``parsed``).
     """
     if parsed is None:
         envelope = parse_envelope(data, max_size=max_size)
+        addressing = None
     else:
         if len(data) > max_size:
             raise MessageTooLargeError(len(data), max_size)
         envelope = Envelope.from_element(parsed)
-    addressing = AddressingHeaders.from_header(envelope.headers)
+    if addressing is None:
+        addressing = AddressingHeaders.from_header(envelope.headers)
     message = Message(data, envelope, addressing)
     for header in envelope.headers:
         rm = parse_rm_element(header)
@@ -126,14 +131,16 @@ class Inbound:
     # -- requests ----------------------------------------------------------------------------
 
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
-               remote_addr: str | None = None, parsed: etree._Element | None = None) -> Reply:
+               remote_addr: str | None = None, parsed: etree._Element | None = None,
+               addressing: AddressingHeaders | None = None) -> Reply:
         """Answer one received request: an envelope (200), nothing to say (202), or a fault.
 
         ``parsed`` is ``data``'s tree when the caller parsed it already (safely:
-        :func:`~wsrm_plugin.wire.xmlsafe.parse_xml`); it is only read.
+        :func:`~wsrm_plugin.wire.xmlsafe.parse_xml`); it is only read.  ``addressing`` is
+        what its WS-A headers say when the caller read them already.
         """
         try:
-            message = read_message(data, self.policy.max_message_size, parsed)
+            message = read_message(data, self.policy.max_message_size, parsed, addressing)
         except SoapFault as fault:
             self.faults_sent += 1
             log.info("refused a request from %s: %s", remote_addr, fault)

@@ -51,14 +51,25 @@ def received_ranges(seq: RmdSequence) -> AckRanges:
     return received if isinstance(received, AckRanges) else AckRanges.from_ranges(received)
 
 
+#: The RMD states built so far, by their factors: a state is a frozen value checked when built,
+#: and each received message asks for one.
+_RMD_STATES: dict[tuple[bool, bool, bool, bool, bool], RMDState] = {}
+
+
 def rmd_state(seq: RmdSequence) -> RMDState:
-    return RMDState(
-        first_message_received=seq.first_received,
-        last_message_received=seq.last_received,
-        every_message_received=seq.every_received,
-        terminate_received=seq.terminated,
-        closed=seq.closed,
-    )
+    factors = (seq.first_received, seq.last_received, seq.every_received, seq.terminated, seq.closed)
+    state = _RMD_STATES.get(factors) if all(type(f) is bool for f in factors) else None
+    if state is None:  # built (and checked: a non-bool or an impossible combination raises) once
+        state = RMDState(
+            first_message_received=seq.first_received,
+            last_message_received=seq.last_received,
+            every_message_received=seq.every_received,
+            terminate_received=seq.terminated,
+            closed=seq.closed,
+        )
+        if all(type(f) is bool for f in factors):
+            _RMD_STATES[factors] = state
+    return state
 
 
 def rmd_changes(transition: Transition[RMDState]) -> dict[str, Any]:

@@ -1,0 +1,168 @@
+"""Server CPU per message of a reliable spyne service, by stage, in one process (no database).
+
+``bench_compare.py`` measures whole processes over HTTP, where waitress, the
+client and PostgreSQL share the machine and the figures are noisy.  This
+isolates what the WS-RM server path adds: a reliable zeep client (memory
+store) sends ``--calls`` one-way messages to a ``reliable_service`` (memory
+store) over loopback HTTP with the service's workers stopped, and the CPU
+time of the server's own thread is measured (``time.thread_time``) around
+
+* ``receive``: the WSGI call of each application message (parse, chain,
+  engine, store, the acknowledgement answered on the back-channel), and
+* ``deliver``: each invoker step (claim, the rest of the chain, spyne, the
+  method, the out chain, commit), run afterwards in this thread;
+
+against ``plain``: spyne's own ``WsgiApplication`` called with the same
+request body (what a plain call costs the same method).  The method does
+nothing (a list append), so the figures are the framework's alone.
+
+Run::
+
+    PYTHONPATH=. .venv/bin/python bench/bench_server_path.py [--calls 2000] [--rounds 3]
+        [--profile out.pstats]   # yappi CPU profile of the measured server calls
+
+It prints the median microseconds per message of each stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import logging
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+TNS = "urn:wsrm-bench"
+RECORDED: list[str] = []
+
+
+def _application() -> Any:
+    from spyne import Application, ServiceBase, Unicode, rpc
+    from spyne.protocol.soap import Soap11
+
+    class BenchService(ServiceBase):
+        @rpc(Unicode, Unicode, _is_async=True)
+        def record(ctx, item, note):  # noqa: N805 -- spyne's signature
+            RECORDED.append(item)
+
+    return Application([BenchService], tns=TNS, name="BenchService",
+                       in_protocol=Soap11(validator="lxml"), out_protocol=Soap11())
+
+
+class _Timed:
+    """WSGI middleware: CPU time of this thread inside the wrapped app, per POSTed application message."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.samples: list[float] = []
+        self.bodies: list[tuple[dict[str, Any], bytes]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("REQUEST_METHOD") != "POST":
+            return self.app(environ, start_response)
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length)
+        environ["wsgi.input"] = io.BytesIO(body)
+        started = time.thread_time()
+        result = list(self.app(environ, start_response))
+        spent = time.thread_time() - started
+        if b"Sequence" in body and b"record" in body:  # an application message, not CreateSequence
+            with self._lock:
+                self.samples.append(spent)
+                if len(self.bodies) < 1:
+                    self.bodies.append(({k: v for k, v in environ.items() if isinstance(v, str)}, body))
+        return result
+
+
+def one_round(calls: int, profile: Any) -> dict[str, float]:
+    import zeep
+    from spyne.server.wsgi import WsgiApplication
+
+    from interceptors.spyne_server.service import reliable_service
+    from interceptors.zeep_client.client import reliable_client
+    from wsrm_plugin.engine import RMPolicy
+    from wsrm_plugin.engine.transport import HttpServer
+
+    policy = RMPolicy(soap_version="1.1", base_retransmission_interval=5.0)
+    service = reliable_service(_application(), "memory:", policy)
+    timed = _Timed(service.wsgi_app)
+    server = HttpServer(timed, threads=4).start()
+    service.engine.endpoint_address = server.url
+    RECORDED.clear()
+    if profile is not None:
+        profile.start(builtins=False)
+    rc = reliable_client(zeep.Client(server.url + "?wsdl"), "memory:", policy, key="bench")
+    try:
+        for i in range(calls):
+            rc.service.record(f"item-{i:06d}", "x" * 64)
+        deadline = time.monotonic() + 120
+        while len(timed.samples) < calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if len(timed.samples) < calls:
+            raise RuntimeError(f"only {len(timed.samples)} of {calls} messages arrived")
+        deliver: list[float] = []
+        invoker = service.engine.invoker
+        while len(deliver) < calls:
+            started = time.thread_time()
+            if not invoker.step():
+                raise RuntimeError(f"the invoker stopped after {len(deliver)} of {calls} deliveries")
+            deliver.append(time.thread_time() - started)
+        if sorted(RECORDED) != [f"item-{i:06d}" for i in range(calls)]:
+            raise RuntimeError("the method did not run exactly once per message")
+        environ, body = timed.bodies[0]
+        plain_app = WsgiApplication(_application())
+        plain: list[float] = []
+        for _ in range(calls):
+            env = dict(environ, **{"wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr})
+            started = time.thread_time()
+            list(plain_app(env, lambda *a, **k: None))
+            plain.append(time.thread_time() - started)
+    finally:
+        if profile is not None:
+            profile.stop()
+        rc.stop(timeout=5)
+        server.stop(5)
+        service.stop(timeout=5)
+    micro = lambda xs: 1e6 * statistics.mean(xs[len(xs) // 10:])  # noqa: E731 -- skip warm-up
+    return {"receive": micro(timed.samples), "deliver": micro(deliver), "plain": micro(plain)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", default="", help="write a yappi CPU profile (pstats) here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    profile = None
+    if args.profile:
+        import yappi
+
+        yappi.set_clock_type("cpu")
+        profile = yappi
+    rounds = []
+    for n in range(args.rounds):
+        result = one_round(args.calls, profile)
+        rounds.append(result)
+        print(f"round {n + 1}: " + "  ".join(f"{k} {v:7.1f} us" for k, v in result.items())
+              + f"  (receive+deliver)/plain {(result['receive'] + result['deliver']) / result['plain']:.2f}",
+              flush=True)
+    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    print("median:  " + "  ".join(f"{k} {v:7.1f} us" for k, v in med.items())
+          + f"  (receive+deliver)/plain {(med['receive'] + med['deliver']) / med['plain']:.2f}")
+    if profile is not None:
+        profile.get_func_stats().save(args.profile, type="pstat")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
