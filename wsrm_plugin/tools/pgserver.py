@@ -61,6 +61,8 @@ _INSTALL_HINT = (
 )
 _DBNAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _PORT_IN_USE = ("could not bind", "Address already in use", "could not create any TCP/IP sockets")
+#: What a start says while a process of the SIGKILLed server still holds its shared memory.
+_SHARED_MEMORY_IN_USE = "pre-existing shared memory block"
 
 
 class PostgresServerError(RuntimeError):
@@ -357,7 +359,7 @@ class ThrowawayPostgres:
         attempts = 1 if self._port_fixed else 5
         for attempt in range(attempts):
             try:
-                self._spawn_and_wait()
+                self._spawn_when_memory_is_free()
                 self._port_fixed = True  # a restart must keep the port: callers hold DSNs with it
                 return self
             except PostgresServerError as exc:
@@ -367,6 +369,25 @@ class ThrowawayPostgres:
                 log.info("port %d was taken meanwhile, trying another one", self.port)
                 self.port = _free_port(self.host)
         raise AssertionError("unreachable")
+
+    def _spawn_when_memory_is_free(self, timeout: float = 15.0) -> None:
+        """Start the server; while PostgreSQL says a process of the killed one still holds the
+        shared memory, kill what is left, wait a moment and start again.
+
+        A backend SIGKILLed with its postmaster may still be tearing down its memory when no
+        process of the server is left to see (a CI run restarted into exactly that).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._spawn_and_wait()
+                return
+            except PostgresServerError as exc:
+                if _SHARED_MEMORY_IN_USE not in str(exc) or time.monotonic() > deadline:
+                    raise
+                log.info("the killed server's shared memory is still in use; starting again shortly")
+            _kill_orphans(self.data_dir, self._postgres)
+            time.sleep(0.2)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Fast shutdown (SIGINT: roll back active sessions, checkpoint, exit); SIGKILL when it hangs.
