@@ -13,14 +13,18 @@ from txmanager.xid import Xid
 from . import service
 
 
-def _rows(dsn: str) -> list[str]:
+def _column(dsn: str, sql: str) -> list[str]:
     conn = psycopg2.connect(dsn)
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT item FROM orders ORDER BY item")
+            cur.execute(sql)
             return [row[0] for row in cur.fetchall()]
     finally:
         conn.close()
+
+
+def _rows(dsn: str) -> list[str]:
+    return _column(dsn, "SELECT item FROM orders ORDER BY item")
 
 
 @pytest.fixture
@@ -114,13 +118,7 @@ def _orphan(dsn: str, node: str, item: str) -> str:
 
 
 def _prepared(dsn: str) -> list[str]:
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")
-            return [row[0] for row in cur.fetchall()]
-    finally:
-        conn.close()
+    return _column(dsn, "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")
 
 
 def test_a_data_source_created_after_the_client_started_is_recovered_when_it_registers(

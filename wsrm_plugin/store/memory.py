@@ -49,6 +49,7 @@ __all__ = ["MemoryStore", "MemoryTransaction", "MemoryXAResource"]
 log = logging.getLogger(__name__)
 
 _DELETED = object()
+_ALL = object()  # every group of a table, for _overlay
 
 # Table names; the key of each row is given with it.
 _RMS = "rms"          # key -> RmsSequence
@@ -234,23 +235,19 @@ class MemoryTransaction(api.StoreTransaction):
     def _scan(self, table: str) -> dict[Any, Any]:
         """Committed rows overlaid with this transaction's own changes."""
         self._check_open()
-        rows = self._store._snapshot(table)
-        for (t, key), value in self._changes.items():
-            if t != table:
-                continue
-            if value is _DELETED:
-                rows.pop(key, None)
-            elif key not in rows or (t, key) not in self._if_absent:
-                rows[key] = value
-        return rows
+        return self._overlay(self._store._snapshot(table), table)
 
     def _scan_group(self, table: str, group: Any) -> dict[Any, Any]:
         """:meth:`_scan` of the rows whose key starts with ``group`` (a sequence), without
         copying the rest of the table."""
         self._check_open()
-        rows = self._store._snapshot_group(table, group)
+        return self._overlay(self._store._snapshot_group(table, group), table, group)
+
+    def _overlay(self, rows: dict[Any, Any], table: str, group: Any = _ALL) -> dict[Any, Any]:
+        """``rows`` (committed) with this transaction's changes to ``table`` applied (only those
+        of ``group``, when one is given)."""
         for (t, key), value in self._changes.items():
-            if t != table or key[0] != group:
+            if t != table or (group is not _ALL and key[0] != group):
                 continue
             if value is _DELETED:
                 rows.pop(key, None)
