@@ -528,14 +528,17 @@ class RetransmissionWorker:
         """
         queue = deque(items)
         backs = 0
+        seen = AckRanges()  # what this round's answers acknowledged (flow.known learns it at its end)
         with self.source.coalesced_acks():
             while queue:
                 item = queue.popleft()
                 exchange = self._send_message(item)
                 exchanges.append((item, exchange))
+                if exchange.ack is not None:
+                    seen = seen.union(exchange.ack)
                 if backs >= _MAX_GO_BACKS:
                     continue
-                gap = self._gap(item, exchange, flow)
+                gap = self._gap(item, exchange, flow, seen)
                 if gap is None:
                     continue
                 if not exchange.answered and not self._peer(item.sequence.target).alive:
@@ -546,15 +549,25 @@ class RetransmissionWorker:
                                       [:flow.window])
                 queue.extendleft(reversed(again))
 
-    def _gap(self, item: _Planned, exchange: Exchange, flow: SequenceFlow) -> int | None:
-        """The number to go back to after ``exchange``, or None when the peer took the message."""
+    def _gap(self, item: _Planned, exchange: Exchange, flow: SequenceFlow,
+             seen: AckRanges | None = None) -> int | None:
+        """The number to go back to after ``exchange``, or None when the peer took the message.
+
+        ``seen``: what the answers of this round acknowledged so far.  A bare answer from a
+        peer that acknowledges in its responses means it did not take the message -- unless
+        an answer already said it holds it, or it is a WS-RM 1.0 LastMessage (gSOAP answers
+        that with a bare 202 whether or not it holds it, and acknowledges it in its answers to
+        the others: going back on that resent the last window of a sequence 16 times).
+        """
         if not exchange.answered:
             return item.message.number
         ack = exchange.ack
         if ack is None:
             if not (exchange.bare and flow.acks_in_responses):
                 return None
-            ack = flow.known  # a bare answer from a peer that acknowledges: it did not take it
+            if item.message.last:
+                return None  # a 1.0 LastMessage answered 2xx counts as taken (_last_message_accepted)
+            ack = flow.known if seen is None else flow.known.union(seen)
         if item.message.number in ack:
             return None
         return min(ack.next_expected, item.message.number)
