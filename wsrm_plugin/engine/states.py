@@ -58,16 +58,11 @@ _RMD_STATES: dict[tuple[bool, bool, bool, bool, bool], RMDState] = {}
 
 def rmd_state(seq: RmdSequence) -> RMDState:
     factors = (seq.first_received, seq.last_received, seq.every_received, seq.terminated, seq.closed)
-    state = _RMD_STATES.get(factors) if all(type(f) is bool for f in factors) else None
+    cacheable = all(type(f) is bool for f in factors)  # 1 == True: only real bools share a state
+    state = _RMD_STATES.get(factors) if cacheable else None
     if state is None:  # built (and checked: a non-bool or an impossible combination raises) once
-        state = RMDState(
-            first_message_received=seq.first_received,
-            last_message_received=seq.last_received,
-            every_message_received=seq.every_received,
-            terminate_received=seq.terminated,
-            closed=seq.closed,
-        )
-        if all(type(f) is bool for f in factors):
+        state = RMDState(*factors)
+        if cacheable:
             _RMD_STATES[factors] = state
     return state
 
