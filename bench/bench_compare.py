@@ -41,6 +41,10 @@ Run::
     .venv/bin/python bench/bench_compare.py [--calls 1000] [--rounds 3]
         [--scenarios plain,plain8,outbox,memory,sqlite,xa2,xa1] [--no-strace]
 
+A scenario may name RMPolicy knobs for both sides after a ``~``, to measure a
+variant beside its base in the same rounds:
+``--scenarios xa1,xa1~delivery_batch=10,memory~send_concurrency=1``.
+
 Profiling: ``BENCH_PROFILE=DIR`` attaches ``py-spy record --idle --threads``
 (raw collapsed stacks, waits included; ``BENCH_PROFILE_IDLE=0``: on-CPU samples only) to every
 client and server process and writes ``DIR/<scenario>-<tag>-<role>.txt``; ``BENCH_PROFILER=yappi`` writes
@@ -129,10 +133,22 @@ def _application() -> Any:
                        in_protocol=Soap11(validator="lxml"), out_protocol=Soap11())
 
 
-def _policy(retransmission_interval: float) -> Any:
+def _variant(scenario: str) -> tuple[str, dict[str, Any]]:
+    """``"xa1~deliver_on_receipt=False"``: scenario xa1, with that RMPolicy knob on both sides
+    (a variant measured beside its base in the same rounds)."""
+    base, _, knobs = scenario.partition("~")
+    overrides: dict[str, Any] = {}
+    for knob in filter(None, knobs.split(",")):
+        name, _, value = knob.partition("=")
+        overrides[name] = json.loads(value.lower()) if value.lower() in ("true", "false") else json.loads(value)
+    return base, overrides
+
+
+def _policy(retransmission_interval: float, scenario: str = "") -> Any:
     from wsrm_plugin.engine import RMPolicy
 
-    return RMPolicy(soap_version="1.1", base_retransmission_interval=retransmission_interval)
+    return RMPolicy(soap_version="1.1", base_retransmission_interval=retransmission_interval,
+                    **_variant(scenario)[1])
 
 
 class _Points:
@@ -203,7 +219,7 @@ def server_role(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-server-"))
     points = _Points()
     closers: list[Any] = []
-    scenario = args.scenario
+    scenario = _variant(args.scenario)[0]
     if scenario in ("plain", "plain8", "outbox"):
         from spyne.server.wsgi import WsgiApplication
 
@@ -234,7 +250,8 @@ def server_role(args: argparse.Namespace) -> int:
             closers.append(ds.close)
             ROWS = _Rows(args.app_dsn, ds=ds)
             store = f"postgresql:{args.store_dsn}"
-        service = reliable_service(_application(), store, _policy(args.retransmission_interval), tm=tm)
+        service = reliable_service(_application(), store, _policy(args.retransmission_interval, args.scenario),
+                                   tm=tm)
         service.serve()
         service.start()
         closers.insert(0, lambda: service.stop(timeout=5))
@@ -263,7 +280,7 @@ def client_role(args: argparse.Namespace) -> int:
     yappi = _yappi_start()
     tmp = Path(tempfile.mkdtemp(prefix="bench-client-"))
     points = _Points()
-    scenario = args.scenario
+    scenario = _variant(args.scenario)[0]
     items = _items(args)
     note = "x" * args.note
     zc = zeep.Client(args.url + "?wsdl")
@@ -310,7 +327,8 @@ def client_role(args: argparse.Namespace) -> int:
             tm = _tm("bench-client", tmp, points)
             ds = XADataSource(args.app_dsn, tm)
             store = f"postgresql:{args.store_dsn}"
-        rc = reliable_client(zc, store, _policy(args.retransmission_interval), tm=tm, key="bench")
+        rc = reliable_client(zc, store, _policy(args.retransmission_interval, args.scenario), tm=tm,
+                             key="bench")
         stoppers.append(lambda: rc.stop(timeout=5))
         if ds is not None:
             stoppers.append(ds.close)
@@ -569,6 +587,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
                  strace: bool = False) -> Result:
     import psycopg2
 
+    variant, scenario = scenario, _variant(scenario)[0]
     tag = uuid.uuid4().hex[:8]
     server_app = pg.create_database(f"srv_app_{tag}")
     client_app = pg.create_database(f"cli_app_{tag}")
@@ -587,12 +606,12 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
 
         for dsn in {server_store, client_store}:
             open_store("postgresql:" + dsn).close()
-    result = Result(scenario, args.calls)
+    result = Result(variant, args.calls)
     profile = os.environ.get("BENCH_PROFILE")
 
     def profile_out(role: str) -> str | None:
         return str(Path(profile) / f"{scenario}-{tag}-{role}.txt") if profile else None
-    common = ["--scenario", scenario, "--retransmission-interval", str(args.retransmission_interval)]
+    common = ["--scenario", variant, "--retransmission-interval", str(args.retransmission_interval)]
     server = client = None
     polls = 0  # the coordinator's own read-only transactions, left out of the commit count
     before = _pg_counters(pg)
@@ -695,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
         return client_role(args)
 
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    unknown = set(scenarios) - set(SCENARIOS)
+    unknown = {_variant(s)[0] for s in scenarios} - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenarios {sorted(unknown)}")
     from wsrm_plugin.tools.pgserver import ThrowawayPostgres
