@@ -16,10 +16,17 @@ against ``plain``: spyne's own ``WsgiApplication`` called with the same
 request body (what a plain call costs the same method).  The method does
 nothing (a list append), so the figures are the framework's alone.
 
+With ``--store xa1`` both stores are PostgreSQL (a throwaway server) and the
+service runs under a transaction manager, its method inserting a row through
+an ``XADataSource`` on the store's own database (one branch, one phase: the
+``xa1`` scenario of ``bench_compare.py``); the statements PostgreSQL ran per
+message in each stage are counted (``pg_stat_statements``) and the most
+frequent listed.
+
 Run::
 
     PYTHONPATH=. .venv/bin/python bench/bench_server_path.py [--calls 2000] [--rounds 3]
-        [--profile out.pstats]   # yappi CPU profile of the measured server calls
+        [--store memory|xa1] [--profile out.pstats]   # yappi CPU profile of the measured server calls
 
 It prints the median microseconds per message of each stage.
 """
@@ -44,6 +51,10 @@ TNS = "urn:wsrm-bench"
 RECORDED: list[str] = []
 
 
+#: The XADataSource the method inserts through (``--store xa1``), else None.
+DATA_SOURCE: Any = None
+
+
 def _application() -> Any:
     from spyne import Application, ServiceBase, Unicode, rpc
     from spyne.protocol.soap import Soap11
@@ -51,6 +62,9 @@ def _application() -> Any:
     class BenchService(ServiceBase):
         @rpc(Unicode, Unicode, _is_async=True)
         def record(ctx, item, note):  # noqa: N805 -- spyne's signature
+            if DATA_SOURCE is not None:
+                with DATA_SOURCE.connection() as conn, conn.cursor() as cur:
+                    cur.execute("INSERT INTO received (item, note) VALUES (%s, %s)", (item, note))
             RECORDED.append(item)
 
     return Application([BenchService], tns=TNS, name="BenchService",
@@ -83,7 +97,55 @@ class _Timed:
         return result
 
 
-def one_round(calls: int, profile: Any) -> dict[str, float]:
+class _Statements:
+    """What PostgreSQL ran in one database between two looks (``pg_stat_statements``), its own
+    queries left out."""
+
+    def __init__(self, dsn: str) -> None:
+        import psycopg2
+
+        self.conn = psycopg2.connect(dsn)
+        self.conn.autocommit = True
+        with self.conn.cursor() as cur:
+            cur.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        self.last = self._calls()
+
+    def _calls(self) -> dict[str, int]:
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT query, sum(calls) FROM pg_stat_statements WHERE dbid = "
+                        "(SELECT oid FROM pg_database WHERE datname = current_database()) GROUP BY query")
+            return {q: int(n) for q, n in cur.fetchall() if "pg_stat_statements" not in q}
+
+    def since(self) -> dict[str, int]:
+        now = self._calls()
+        spent = {q: n - self.last.get(q, 0) for q, n in now.items() if n > self.last.get(q, 0)}
+        self.last = self._calls()
+        return spent
+
+
+class _Postgres:
+    """A throwaway PostgreSQL server with ``pg_stat_statements``, a database per round."""
+
+    def __init__(self) -> None:
+        from wsrm_plugin.tools.pgserver import ThrowawayPostgres
+
+        self.server = ThrowawayPostgres(settings={"shared_preload_libraries": "pg_stat_statements",
+                                                  "pg_stat_statements.track": "all"}).start()
+        self.rounds = 0
+
+    def database(self) -> str:
+        import psycopg2
+
+        self.rounds += 1
+        dsn = self.server.create_database(f"bench_{self.rounds}")
+        conn = psycopg2.connect(dsn)
+        with conn, conn.cursor() as cur:
+            cur.execute("CREATE TABLE received (item text NOT NULL, note text)")
+        conn.close()
+        return dsn
+
+
+def one_round(calls: int, profile: Any, pg: _Postgres | None = None) -> dict[str, Any]:
     import zeep
     from spyne.server.wsgi import WsgiApplication
 
@@ -92,16 +154,37 @@ def one_round(calls: int, profile: Any) -> dict[str, float]:
     from wsrm_plugin.engine import RMPolicy
     from wsrm_plugin.engine.transport import HttpServer
 
+    global DATA_SOURCE
     policy = RMPolicy(soap_version="1.1", base_retransmission_interval=5.0)
-    service = reliable_service(_application(), "memory:", policy)
+    tm = statements = None
+    store = client_store = "memory:"
+    closers: list[Any] = []
+    if pg is not None:
+        import tempfile
+
+        from txmanager import TransactionManager
+        from txmanager.postgres import XADataSource
+        from wsrm_plugin.store import open_store
+
+        dsn, client_dsn = pg.database(), pg.database()
+        tm = TransactionManager(node="bench-server", log=Path(tempfile.mkdtemp()) / "tm.log")
+        DATA_SOURCE = XADataSource(dsn, tm)
+        closers += [DATA_SOURCE.close, tm.close]
+        store, client_store = f"postgresql:{dsn}", f"postgresql:{client_dsn}"
+        open_store(store).close()  # the schema, outside the measurement
+        statements = _Statements(dsn)
+    service = reliable_service(_application(), store, policy, tm=tm)
     timed = _Timed(service.wsgi_app)
     server = HttpServer(timed, threads=4).start()
     service.engine.endpoint_address = server.url
     RECORDED.clear()
     if profile is not None:
         profile.start(builtins=False)
-    rc = reliable_client(zeep.Client(server.url + "?wsdl"), "memory:", policy, key="bench")
+    rc = reliable_client(zeep.Client(server.url + "?wsdl"), client_store, policy, key="bench")
+    spent: dict[str, dict[str, int]] = {}
     try:
+        if statements is not None:
+            statements.since()
         for i in range(calls):
             rc.service.record(f"item-{i:06d}", "x" * 64)
         deadline = time.monotonic() + 120
@@ -109,6 +192,9 @@ def one_round(calls: int, profile: Any) -> dict[str, float]:
             time.sleep(0.01)
         if len(timed.samples) < calls:
             raise RuntimeError(f"only {len(timed.samples)} of {calls} messages arrived")
+        if statements is not None:
+            time.sleep(0.5)  # the last acknowledgements
+            spent["receive"] = statements.since()
         deliver: list[float] = []
         invoker = service.engine.invoker
         while len(deliver) < calls:
@@ -116,6 +202,8 @@ def one_round(calls: int, profile: Any) -> dict[str, float]:
             if not invoker.step():
                 raise RuntimeError(f"the invoker stopped after {len(deliver)} of {calls} deliveries")
             deliver.append(time.thread_time() - started)
+        if statements is not None:
+            spent["deliver"] = statements.since()
         if sorted(RECORDED) != [f"item-{i:06d}" for i in range(calls)]:
             raise RuntimeError("the method did not run exactly once per message")
         environ, body = timed.bodies[0]
@@ -132,8 +220,22 @@ def one_round(calls: int, profile: Any) -> dict[str, float]:
         rc.stop(timeout=5)
         server.stop(5)
         service.stop(timeout=5)
+        for close in closers:
+            close()
+        DATA_SOURCE = None
     micro = lambda xs: 1e6 * statistics.mean(xs[len(xs) // 10:])  # noqa: E731 -- skip warm-up
-    return {"receive": micro(timed.samples), "deliver": micro(deliver), "plain": micro(plain)}
+    result: dict[str, Any] = {"receive": micro(timed.samples), "deliver": micro(deliver), "plain": micro(plain)}
+    if spent:
+        result["statements"] = spent
+    return result
+
+
+def _print_statements(spent: dict[str, dict[str, int]], calls: int, top: int = 8) -> None:
+    for stage, queries in spent.items():
+        total = sum(queries.values())
+        print(f"  {stage}: {total / calls:.2f} statements per message")
+        for query, n in sorted(queries.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"    {n / calls:5.2f}  {' '.join(query.split())[:110]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", default="", help="write a yappi CPU profile (pstats) here")
+    parser.add_argument("--store", choices=("memory", "xa1"), default="memory")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     profile = None
@@ -150,12 +253,20 @@ def main(argv: list[str] | None = None) -> int:
         yappi.set_clock_type("cpu")
         profile = yappi
     rounds = []
-    for n in range(args.rounds):
-        result = one_round(args.calls, profile)
-        rounds.append(result)
-        print(f"round {n + 1}: " + "  ".join(f"{k} {v:7.1f} us" for k, v in result.items())
-              + f"  (receive+deliver)/plain {(result['receive'] + result['deliver']) / result['plain']:.2f}",
-              flush=True)
+    pg = _Postgres() if args.store == "xa1" else None
+    try:
+        for n in range(args.rounds):
+            result = one_round(args.calls, profile, pg)
+            spent = result.pop("statements", None)
+            rounds.append(result)
+            print(f"round {n + 1}: " + "  ".join(f"{k} {v:7.1f} us" for k, v in result.items())
+                  + f"  (receive+deliver)/plain {(result['receive'] + result['deliver']) / result['plain']:.2f}",
+                  flush=True)
+            if spent:
+                _print_statements(spent, args.calls)
+    finally:
+        if pg is not None:
+            pg.server.close()
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     print("median:  " + "  ".join(f"{k} {v:7.1f} us" for k, v in med.items())
           + f"  (receive+deliver)/plain {(med['receive'] + med['deliver']) / med['plain']:.2f}")
