@@ -338,12 +338,6 @@ class Destination:
                 raise _OutOfOrder(seq, so_far.next_expected)  # nothing recorded: the transaction rolls back
             fills_gap = self.policy.in_order and number == so_far.next_expected < so_far.highest
             if not reception.duplicate and not fills_gap:
-                held = tx.invoker.held(identifier, so_far)
-                if held >= self.policy.max_unacknowledged_held:
-                    slog.warning("refused: %d messages already held for delivery", held)
-                    raise busy_fault(f"sequence {identifier} holds {held} undelivered messages "
-                                     f"(limit {self.policy.max_unacknowledged_held}); retransmit later",
-                                     self.policy.retry_after)
                 self._check_budgets(tx, seq, len(envelope), slog)
             tx.rmd.record_received(identifier, number, last=header.last_message, now=now)
             changes = rmd_changes(reception.transition)
@@ -354,6 +348,15 @@ class Destination:
                 tx.invoker.put(identifier, number, envelope, action=addressing.action or "",
                                soap_version=soap_ns, message_id=addressing.message_id, reply_to=reply_to,
                                now=now)
+            if not reception.duplicate and not fills_gap:
+                # after the put, which read what is delivered already: the count needs no read
+                # of its own; a refusal rolls the put back with the rest
+                held = tx.invoker.held(identifier, so_far)
+                if held >= self.policy.max_unacknowledged_held:
+                    slog.warning("refused: %d messages already held for delivery", held)
+                    raise busy_fault(f"sequence {identifier} holds {held} undelivered messages "
+                                     f"(limit {self.policy.max_unacknowledged_held}); retransmit later",
+                                     self.policy.retry_after)
             if not self._anonymous(seq.acks_to):
                 delay = 0.0 if ack_requested else self.policy.acknowledgement_interval
                 tx.rmd.request_ack(identifier, due_at=now + delay)
