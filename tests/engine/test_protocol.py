@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from wsrm_plugin.engine import ReliableEngine
 from wsrm_plugin.wire import (
     AckRequested, SequenceAcknowledgement, TerminateSequence, TerminateSequenceResponse, UnknownSequence,
@@ -80,10 +82,13 @@ def test_an_abandoned_sequence_ends_after_the_inactivity_timeout(engines, store_
     assert isinstance(post(url, application_message(RM11, url, identifier, 2, "two")).fault(), UnknownSequence)
 
 
-def test_messages_held_behind_a_gap_are_limited(engines, store_for):
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgresql"])
+def test_messages_held_behind_a_gap_are_limited(engines, store_for, request, kind):
+    """Each store counts what is held (the SQL stores from the delivered ranges their put read)."""
     received = Recorder()
-    server = engines(store_for("memory", "s"), fast_policy(max_unacknowledged_held=2), serve=True,
-                     application=received)
+    store = ("postgresql:" + request.getfixturevalue("pg_dsn_factory")("held") if kind == "postgresql"
+             else store_for(kind, "s"))
+    server = engines(store, fast_policy(max_unacknowledged_held=2), serve=True, application=received)
     url = server.endpoint_address
     identifier = open_sequence(url, RM11)
     assert send_ok(url, RM11, identifier, 2, "two") == [(2, 2)]
