@@ -75,6 +75,15 @@ def test_crash_in_out():
 
 
 @pytest.mark.slow
+def test_crash_in_out_where_the_client_dies_before_it_stores_the_create_sequence_response():
+    """The seed that lost all 60 replies: the restarted client sent CreateSequence again with a
+    new MessageID and the same offer, got a second sequence with the offer declined, and the
+    service dropped every reply (tests/engine/test_repeated_offer.py has the protocol level)."""
+    rc, out, err = run_demo("--crash", "--in-out", "--messages", "60", "--seed", "1378978650")
+    assert_exactly_once(rc, out, err, 60)
+
+
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_xa_application_client_to_application_server_with_crashes(pg_server):
     rc, out, err = run_demo("--xa", "--crash", "--dsn", pg_server.dsn())

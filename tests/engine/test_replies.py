@@ -100,3 +100,22 @@ def test_a_failing_service_answers_with_a_fault_on_the_reply_sequence(engines, s
     assert server_app.calls == 4  # ok, bad twice (each attempt rolled back), ok2
     assert server_app.snapshot() == ["ok", "ok2"]
     assert failures == []  # answered with a fault: nobody else needs telling
+
+
+def test_a_declined_offer_faults_the_sequence_before_any_request_is_sent(engines, store_for):
+    """A service that takes no offers answers CreateSequence without an Accept: the replies of
+    the calls could never come back, so the client's sequence faults at once, its requests
+    unsent and kept (the fault hook gets them), instead of the service running them and
+    dropping every reply."""
+    ran = Recorder()
+    server = engines(store_for("memory", "s"), fast_policy(accept_offers=False), serve=True, application=ran,
+                     name="server")
+    faults = []
+    client = engines(store_for("memory", "c"), serve=True, application=Recorder(), name="client",
+                     on_sequence_fault=faults.append)
+    receipts = [client.send(server.endpoint_address, payload(f"q{i}"), action=ACTION, expect_reply=True)
+                for i in range(3)]
+    assert wait_for(lambda: faults, timeout=15), client.status()
+    assert "declined the offered sequence" in faults[0].reason
+    assert sorted(m.message_id for m in faults[0].messages) == sorted(r.message_id for r in receipts)
+    assert client.status().messages_sent == 0 and ran.snapshot() == []

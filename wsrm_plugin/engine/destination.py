@@ -133,6 +133,8 @@ class Destination:
         wsa = addressing.version or version.addressing
         peer = f"user:{principal}" if principal else f"addr:{remote_addr or '?'}"
         repeated = self._answered_before(addressing.message_id, peer)
+        if repeated is None:
+            repeated = self._offered_before(request, version, addressing, peer, principal)
         if repeated is not None:
             return repeated
         sequence_id = f"urn:uuid:{uuid.uuid4()}"
@@ -176,6 +178,51 @@ class Destination:
         for_sequence(log, response.identifier).debug("CreateSequence %s repeated: same answer", message_id)
         return response
 
+    def _offered_before(self, request: CreateSequence, version: RMVersion, addressing: AddressingHeaders,
+                        peer: str, principal: str | None) -> CreateSequenceResponse | None:
+        """The sequence an earlier CreateSequence with this very Offer opened, if it is still open.
+
+        A client that died before it stored our response sends its
+        CreateSequence again after its restart, with a new wsa:MessageID but
+        the same offered identifier (kept in its store).  A new sequence would
+        have to decline the offer (the identifier is taken), and every reply
+        of the client's calls would then be undeliverable.  The offered
+        identifier names the sequence pair: the same peer (its principal, and
+        its address while this process knows it), the same AcksTo and version
+        get the same answer, and the replies go where the new Offer says.
+        """
+        offer = request.offer
+        if offer is None or not self.policy.accept_offers:
+            return None
+        with self.store.begin() as tx:
+            # no locks while looking: the RMS lock may only be taken after the RMD's (lock order)
+            reply = next((s for s in tx.rms.list_all()
+                          if s.sequence_id == offer.identifier and s.key.startswith(_REPLY_KEY_PREFIX)), None)
+            if reply is None or not reply.accepts_messages:
+                return None
+            identifier = reply.key[len(_REPLY_KEY_PREFIX):]
+            seq = tx.rmd.get(identifier)
+            if (seq is None or seq.closed or seq.terminated or seq.principal != principal
+                    or seq.rm_version != version.ns or seq.acks_to != request.acks_to.address):
+                return None
+            with self._peers_lock:
+                known = self._peers.get(identifier)
+            if known is not None and known != peer:
+                return None
+            target = self._offer_address(request, addressing)
+            if offer.endpoint is not None and target != reply.target:
+                tx.rms.update(reply.key, target=target)
+        for_sequence(log, identifier).info("CreateSequence repeated with offer %s (new MessageID): same sequence",
+                                           offer.identifier)
+        response = CreateSequenceResponse(identifier, accept=EndpointReference(reply.acks_to))
+        with self._peers_lock:
+            self._peers.setdefault(identifier, peer)
+            if addressing.message_id:
+                self._answered[(addressing.message_id, peer)] = response
+                while len(self._answered) > _REMEMBERED_CREATES:
+                    self._answered.popitem(last=False)
+        return response
+
     def _check_limits(self, tx: StoreTransaction, version: RMVersion, peer: str, principal: str | None) -> None:
         open_ids = [s.sequence_id for s in tx.rmd.list_all() if not s.terminated]
         with self._peers_lock:
@@ -199,16 +246,22 @@ class Destination:
         offer = request.offer
         if offer is None or not self.policy.accept_offers:
             return None
-        # 1.0 offers name no endpoint: replies then go where each request's ReplyTo says.
-        address = (offer.endpoint.address if offer.endpoint is not None
-                   else addressing.reply_to.address if addressing.reply_to is not None else None)
-        if address is None:
-            address = (addressing.version or WSA_2005_08).anonymous
+        address = self._offer_address(request, addressing)
         # a scan without locks: the RMS lock may only be taken after the RMD's (lock order)
         if any(s.sequence_id == offer.identifier for s in tx.rms.list_all()):
             log.warning("offer %s declined: the identifier is already in use", offer.identifier)
             return None
         return address
+
+    @staticmethod
+    def _offer_address(request: CreateSequence, addressing: AddressingHeaders) -> str:
+        """Where replies on the offered sequence go."""
+        offer = request.offer
+        assert offer is not None
+        # 1.0 offers name no endpoint: replies then go where each request's ReplyTo says.
+        address = (offer.endpoint.address if offer.endpoint is not None
+                   else addressing.reply_to.address if addressing.reply_to is not None else None)
+        return address if address is not None else (addressing.version or WSA_2005_08).anonymous
 
     def _accept_offer(self, tx: StoreTransaction, offered_id: str, reply_address: str, version: RMVersion,
                       wsa: AddressingVersion, sequence_id: str) -> EndpointReference:

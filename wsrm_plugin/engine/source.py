@@ -575,9 +575,16 @@ class Source:
                           next_control_at=now if seq.last_message else None,
                           expires=now + expires.total_seconds() if expires else None,
                           **rms_changes(transition))
-            if offered_id is not None and response.accept is None:
-                slog.warning("the peer declined the offered sequence %s: replies will not be reliable", offered_id)
             slog.info("sequence created by %s", seq.target)
+            if offered_id is not None and response.accept is None:
+                # the sequence was opened for calls that expect replies, and none could come back:
+                # fail its calls now (kept for a resend) rather than send requests whose replies
+                # the peer could only drop
+                updated = tx.rms.get(store_key)
+                if updated is not None:
+                    self.fault_in(tx, updated, f"the peer declined the offered sequence {offered_id}, so "
+                                  "the replies to this sequence's requests could not come back (does the "
+                                  "service take offers?); nothing was sent on it")
 
     @contextlib.contextmanager
     def coalesced_acks(self, into: "PendingAcks | None" = None) -> Iterator["PendingAcks"]:
