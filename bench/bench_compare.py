@@ -27,7 +27,9 @@ Scenarios:
 * ``xa1``      - the same with each side's store in its application's database:
                  one branch, committed in one phase.
 
-Per message the run also reports: fsync/fdatasync calls of the client and
+Per message the run also reports the CPU time of the client, the server and
+the PostgreSQL server (all its processes, from /proc; on a 2-core machine the
+three share the cores, so their sum bounds the rate), fsync/fdatasync calls of the client and
 server processes (counted with ``strace --seccomp-bpf`` in a separate first
 round whose rates are not used, since a traced process runs slower: SQLite
 and the recovery log), PostgreSQL WAL syncs (pg_stat_wal), PostgreSQL commits
@@ -44,6 +46,9 @@ Run::
 A scenario may name RMPolicy knobs for both sides after a ``~``, to measure a
 variant beside its base in the same rounds:
 ``--scenarios xa1,xa1~delivery_batch=10,memory~send_concurrency=1``.
+
+``BENCH_PG_STATEMENTS=1`` loads ``pg_stat_statements`` and lists, at the end,
+the statements PostgreSQL spent longest on (run one scenario to read them).
 
 Profiling: ``BENCH_PROFILE=DIR`` attaches ``py-spy record --idle --threads``
 (raw collapsed stacks, waits included; ``BENCH_PROFILE_IDLE=0``: on-CPU samples only) to every
@@ -434,10 +439,12 @@ class Result:
         return {
             "cpu ms(client)": self.cpu_ms.get("client", 0) / n,
             "cpu ms(server)": self.cpu_ms.get("server", 0) / n,
+            "cpu ms(postgres)": self.cpu_ms.get("postgres", 0) / n,
             "fsync(client)": self.fsyncs.get("client", 0) / n,
             "fsync(server)": self.fsyncs.get("server", 0) / n,
             "pg WAL syncs": self.pg.get("wal_sync", 0) / n,
             "pg commits": self.pg.get("xact_commit", 0) / n,
+            "pg sessions": self.pg.get("sessions", 0) / n,
             "prepared": self.tm.get("prepared", 0) / n,
             "logged": self.tm.get("before_log", 0) / n,
             "1PC": self.tm.get("before_commit_one_phase", 0) / n,
@@ -529,6 +536,46 @@ class _Child:
         return total
 
 
+def _pg_cpu(pg: Any) -> dict[int, int]:
+    """CPU clock ticks (user + system) of every live process of the PostgreSQL server, by pid."""
+    ticks = {}
+    for pid in pg.pids():
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        ticks[pid] = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return ticks
+
+
+def _pg_cpu_ms(start: dict[int, int], end: dict[int, int]) -> float:
+    """PostgreSQL's CPU between two looks: the backends that ended in between are not counted
+    (the clients keep their connections for the run, so it is a slight underestimate)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum(t - start.get(pid, 0) for pid, t in end.items()) * 1000 / tick
+
+
+def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
+    """``BENCH_PG_STATEMENTS=1``: the statements that took PostgreSQL longest, over the whole run
+    (all scenarios: run one scenario to read them per message)."""
+    import psycopg2
+
+    conn = psycopg2.connect(pg.dsn("postgres"))
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT query, sum(calls), sum(total_exec_time + total_plan_time), "
+                        "sum(total_plan_time) FROM pg_stat_statements GROUP BY query ORDER BY 3 DESC LIMIT %s",
+                        (top,))
+            rows = cur.fetchall()
+    finally:
+        conn.close()
+    print(f"statements by PostgreSQL time, planning included (per message of the run, {messages} messages):")
+    for query, calls, ms, planning in rows:
+        print(f"  {calls / messages:6.2f} calls {1000 * ms / messages:7.0f} us ({1000 * planning / messages:5.0f} planning)"
+              f"  {' '.join(query.split())[:100]}")
+
+
 def _pg_counters(pg: Any) -> dict[str, int]:
     import psycopg2
 
@@ -538,11 +585,11 @@ def _pg_counters(pg: Any) -> dict[str, int]:
         with conn.cursor() as cur:
             cur.execute("SELECT pg_stat_force_next_flush()")
             cur.execute("SELECT pg_stat_clear_snapshot()")
-            cur.execute("SELECT sum(xact_commit)::bigint FROM pg_stat_database")
-            commits = int(cur.fetchone()[0])
+            cur.execute("SELECT sum(xact_commit)::bigint, sum(sessions)::bigint FROM pg_stat_database")
+            commits, sessions = (int(v) for v in cur.fetchone())
             cur.execute("SELECT wal_sync FROM pg_stat_wal")
             wal_sync = int(cur.fetchone()[0])
-        return {"xact_commit": commits, "wal_sync": wal_sync}
+        return {"xact_commit": commits, "wal_sync": wal_sync, "sessions": sessions}
     finally:
         conn.close()
 
@@ -626,6 +673,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
                         str(workdir / f"{scenario}-{tag}-client.strace") if strace else None,
                         profile_out("client"))
         t0 = float(client.expect("T0 ", timeout=120))
+        pg_cpu_at_start = _pg_cpu(pg)
         deadline = time.monotonic() + args.timeout
         sent_errors = None
         while True:
@@ -650,6 +698,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
                 break
             time.sleep(0.01)
         result.seconds = now - t0
+        result.cpu_ms["postgres"] = _pg_cpu_ms(pg_cpu_at_start, _pg_cpu(pg))
         result.once = distinct
         result.duplicated = total - distinct
         result.missing = args.calls - distinct
@@ -719,7 +768,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown scenarios {sorted(unknown)}")
     from wsrm_plugin.tools.pgserver import ThrowawayPostgres
 
-    pg = ThrowawayPostgres(max_connections=200).start()
+    statements = bool(os.environ.get("BENCH_PG_STATEMENTS"))
+    pg = ThrowawayPostgres(max_connections=200, settings={"shared_preload_libraries": "pg_stat_statements",
+                                                          "pg_stat_statements.track": "all",
+                                                          "pg_stat_statements.track_planning": "on"}
+                           if statements else None).start()
+    if statements:
+        _execute(pg.dsn("postgres"), "CREATE EXTENSION pg_stat_statements")
     workdir = Path(tempfile.mkdtemp(prefix="bench-compare-"))
     print(f"zeep -> spyne, {args.calls} one-way calls per scenario, {args.rounds} interleaved rounds; "
           f"rates count rows committed in the service's own table", flush=True)
@@ -782,6 +837,8 @@ def main(argv: list[str] | None = None) -> int:
                 cpu_values = cpu_ratios.get(f"{scenario}/{base}")
                 by_cpu = f" (CPU {statistics.median(cpu_values):.2f})" if cpu_values else ""
                 print(f"  {scenario}/{base} >= {aim}: {med:.2f} {'ok' if med >= aim else 'BELOW'}{by_cpu}")
+        if statements:
+            _print_statements(pg, args.calls * args.rounds * len(scenarios))
     finally:
         pg.close()
         shutil.rmtree(workdir, ignore_errors=True)

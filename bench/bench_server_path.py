@@ -20,8 +20,8 @@ With ``--store xa1`` both stores are PostgreSQL (a throwaway server) and the
 service runs under a transaction manager, its method inserting a row through
 an ``XADataSource`` on the store's own database (one branch, one phase: the
 ``xa1`` scenario of ``bench_compare.py``); the statements PostgreSQL ran per
-message in each stage are counted (``pg_stat_statements``) and the most
-frequent listed.
+message in each stage are counted (``pg_stat_statements``), with the time spent
+executing them, the costliest listed.
 
 Run::
 
@@ -110,15 +110,18 @@ class _Statements:
             cur.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         self.last = self._calls()
 
-    def _calls(self) -> dict[str, int]:
+    def _calls(self) -> dict[str, tuple[int, float]]:
         with self.conn.cursor() as cur:
-            cur.execute("SELECT query, sum(calls) FROM pg_stat_statements WHERE dbid = "
+            cur.execute("SELECT query, sum(calls), sum(total_exec_time) FROM pg_stat_statements WHERE dbid = "
                         "(SELECT oid FROM pg_database WHERE datname = current_database()) GROUP BY query")
-            return {q: int(n) for q, n in cur.fetchall() if "pg_stat_statements" not in q}
+            return {q: (int(n), float(ms)) for q, n, ms in cur.fetchall() if "pg_stat_statements" not in q}
 
-    def since(self) -> dict[str, int]:
+    def since(self) -> dict[str, tuple[int, float]]:
+        """(calls, milliseconds executing) of each statement since the last look."""
         now = self._calls()
-        spent = {q: n - self.last.get(q, 0) for q, n in now.items() if n > self.last.get(q, 0)}
+        zero = (0, 0.0)
+        spent = {q: (n - self.last.get(q, zero)[0], ms - self.last.get(q, zero)[1])
+                 for q, (n, ms) in now.items() if n > self.last.get(q, zero)[0]}
         self.last = self._calls()
         return spent
 
@@ -181,7 +184,7 @@ def one_round(calls: int, profile: Any, pg: _Postgres | None = None) -> dict[str
     if profile is not None:
         profile.start(builtins=False)
     rc = reliable_client(zeep.Client(server.url + "?wsdl"), client_store, policy, key="bench")
-    spent: dict[str, dict[str, int]] = {}
+    spent: dict[str, dict[str, tuple[int, float]]] = {}
     try:
         if statements is not None:
             statements.since()
@@ -230,12 +233,13 @@ def one_round(calls: int, profile: Any, pg: _Postgres | None = None) -> dict[str
     return result
 
 
-def _print_statements(spent: dict[str, dict[str, int]], calls: int, top: int = 8) -> None:
+def _print_statements(spent: dict[str, dict[str, tuple[int, float]]], calls: int, top: int = 8) -> None:
     for stage, queries in spent.items():
-        total = sum(queries.values())
-        print(f"  {stage}: {total / calls:.2f} statements per message")
-        for query, n in sorted(queries.items(), key=lambda kv: -kv[1])[:top]:
-            print(f"    {n / calls:5.2f}  {' '.join(query.split())[:110]}")
+        total = sum(n for n, _ in queries.values())
+        busy = sum(ms for _, ms in queries.values())
+        print(f"  {stage}: {total / calls:.2f} statements, {1000 * busy / calls:.0f} us executing them, per message")
+        for query, (n, ms) in sorted(queries.items(), key=lambda kv: -kv[1][1])[:top]:
+            print(f"    {n / calls:5.2f} {1000 * ms / calls:6.0f} us  {' '.join(query.split())[:100]}")
 
 
 def main(argv: list[str] | None = None) -> int:
