@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from lxml import etree
 
 from wsrm_plugin.engine import ApplicationFault
 from wsrm_plugin.wire import SOAP12, SoapFault, fault_envelope, parse_envelope, to_bytes
@@ -119,3 +120,36 @@ def test_a_declined_offer_faults_the_sequence_before_any_request_is_sent(engines
     assert "declined the offered sequence" in faults[0].reason
     assert sorted(m.message_id for m in faults[0].messages) == sorted(r.message_id for r in receipts)
     assert client.status().messages_sent == 0 and ran.snapshot() == []
+
+
+def test_a_request_without_an_offer_is_answered_on_a_sequence_to_its_reply_to(engines):
+    """CXF's clients include no Offer by default: a request to an addressable ReplyTo is then
+    answered reliably on a sequence the service opens to that endpoint, not dropped."""
+    from wsrm_plugin.wire import RM11, AddressingHeaders, EndpointReference, SequenceHeader, build_envelope
+    from wsrm_plugin.wire import new_message_id as make_id
+
+    from .support import NS, post
+    from .test_bad_input import open_sequence
+
+    server = engines("memory:", serve=True, application=echo_service, name="server")
+    answers = Recorder()
+    client = engines("memory:", serve=True, application=answers, name="client")
+    url = server.endpoint_address
+    identifier = open_sequence(url, RM11)  # no Offer
+    request_ids = []
+    for number in (1, 2):
+        request_ids.append(make_id())
+        wsa = RM11.addressing
+        addressing = AddressingHeaders(to=url, action=ACTION, message_id=request_ids[-1],
+                                       reply_to=EndpointReference(client.endpoint_address), version=wsa)
+        item = etree.Element(f"{{{NS}}}item", nsmap={"t": NS})
+        item.text = f"q{number}"
+        body = to_bytes(build_envelope(SOAP12, [*addressing.to_elements(wsa, soap=SOAP12),
+                                                SequenceHeader(identifier, number).to_xml(RM11, SOAP12)], item))
+        assert post(url, body).status in (200, 202)
+    assert wait_for(lambda: answers.snapshot() == ["re:q1", "re:q2"], timeout=20), (answers.snapshot(),
+                                                                                   server.status())
+    assert [ctx.relates_to for ctx in answers.contexts] == request_ids
+    with server.store.begin() as tx:  # one sequence of the server's own carried both
+        targets = [s.target for s in tx.rms.list_all()]
+    assert targets == [client.endpoint_address]

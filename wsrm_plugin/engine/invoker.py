@@ -85,7 +85,9 @@ class DeliveryContext:
 
         It is enqueued in the delivery's transaction: it goes out only if the
         delivery commits.  With an anonymous ReplyTo (a client without a
-        listener) it goes back in the HTTP response to the request.
+        listener) it goes back in the HTTP response to the request.  A request
+        sent without an Offer to an addressable ReplyTo is answered on a
+        sequence this engine opens to that endpoint (CXF's way).
         """
         receipt = self._source.enqueue_reply(self.transaction, self.sequence_id, envelope, reply_to=self.reply_to,
                                              relates_to=self.message_id, action=action,
@@ -93,7 +95,8 @@ class DeliveryContext:
         if receipt is None:
             raise ValueError(f"sequence {self.sequence_id} has no accepted offered sequence for replies "
                              f"to {self.reply_to or 'the anonymous ReplyTo'}; the client must offer one "
-                             "(send with expect_reply) whose endpoint is its ReplyTo")
+                             "(send with expect_reply) whose endpoint is its ReplyTo, or name an "
+                             "addressable ReplyTo (the reply then goes on a sequence to it)")
         self.replies.append(receipt)
         return receipt
 

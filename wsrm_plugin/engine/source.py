@@ -171,6 +171,8 @@ NEVER = 4e18
 #: messages would drop.
 AT_ONCE = 1.0
 _ANSWERS = b"wsrm-answers:"
+#: The conversation key of the sequences that carry replies to requests sent without an Offer.
+_REPLIES_KEY = "wsrm-replies"
 
 
 def is_back_channel(address: str | None) -> bool:
@@ -389,8 +391,11 @@ class Source:
                       answers: int | None = None) -> SendReceipt | None:
         """Enqueue a response on the sequence offered with destination sequence ``rmd_sequence_id``.
 
-        Runs in the invoker's transaction; None when that sequence has no
-        accepted offer (the caller then treats the response as undeliverable).
+        Runs in the invoker's transaction.  A request sent without an Offer to
+        an addressable ReplyTo is answered on a sequence of this engine's own
+        to that endpoint (:meth:`_reply_on_own_sequence`); None when neither is
+        possible (no offer and an anonymous ReplyTo, or the offered sequence
+        takes no more messages): the caller treats the response as undeliverable.
         A ``reply_to`` that is anonymous (or absent: WS-A's default) asks for
         the reply on the HTTP back-channel: possible only when the offered
         sequence itself goes there.  Such a reply is never sent by the worker;
@@ -400,6 +405,9 @@ class Source:
         """
         seq = tx.rms.get(reply_sequence_key(rmd_sequence_id))
         if seq is None or not seq.accepts_messages:
+            if seq is None and not is_back_channel(reply_to):
+                assert reply_to is not None
+                return self._reply_on_own_sequence(tx, reply_to, envelope, relates_to=relates_to, action=action)
             return None
         back_channel = is_back_channel(reply_to)
         if back_channel and not is_back_channel(seq.target):
@@ -422,6 +430,26 @@ class Source:
             message_id=outgoing.message_id, send_at=NEVER,
             reply_context=_ANSWERS + str(answers).encode() if answers is not None else None)
         return SendReceipt(seq.key, msg.number, outgoing.message_id)
+
+    def _reply_on_own_sequence(self, tx: StoreTransaction, reply_to: str, envelope: bytes, *,
+                               relates_to: str | None, action: str | None) -> SendReceipt:
+        """A reply to a request whose sequence came without an Offer, for an addressable ReplyTo.
+
+        As CXF does for a client that includes no Offer (its default): the
+        reply goes reliably on a sequence this engine opens to the ReplyTo
+        endpoint itself, one per endpoint, in the delivery's transaction.
+        """
+        outgoing = prepare_outgoing(envelope, to=reply_to, action=action, message_id=None, reply_to=None,
+                                    relates_to=relates_to, wsa=self.policy.addressing,
+                                    max_size=self.policy.max_message_size)
+        ident = (reply_to, _REPLIES_KEY, False)
+        receipt = self._enqueue_on_current(tx, ident, outgoing.payload, outgoing.action, outgoing.soap.ns,
+                                           outgoing.message_id, None, None)
+        if receipt is None:
+            seq = self._open_sequence(tx, reply_to, _REPLIES_KEY, False)
+            receipt = self._enqueue(tx, seq, outgoing.payload, outgoing.action, outgoing.soap.ns,
+                                    outgoing.message_id)
+        return receipt
 
     def _open_sequence(self, tx: StoreTransaction, target: str, key: str, offered: bool) -> RmsSequence:
         ident = (target, key, offered)
