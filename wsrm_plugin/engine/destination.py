@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from ..statemachine import InvalidTransition, RMDEvent, rmd_receive, rmd_transition
 from ..statemachine.ackranges import AckRanges
-from ..store import RmdSequence, StorageManager, StoreTransaction
+from ..store import RmdSequence, RmsSequence, StorageManager, StoreTransaction
 from ..wire import (
     AddressingHeaders, AddressingVersion, CloseSequence, CreateSequence, CreateSequenceRefused,
     CreateSequenceResponse, EndpointReference, RMVersion, SequenceAcknowledgement, SequenceHeader,
@@ -133,30 +133,31 @@ class Destination:
         wsa = addressing.version or version.addressing
         peer = f"user:{principal}" if principal else f"addr:{remote_addr or '?'}"
         repeated = self._answered_before(addressing.message_id, peer)
-        if repeated is None:
-            repeated = self._offered_before(request, version, addressing, peer, principal)
         if repeated is not None:
             return repeated
-        sequence_id = f"urn:uuid:{uuid.uuid4()}"
         now = time.time()
         with self.store.begin() as tx:
-            self._check_limits(tx, version, peer, principal)
-            reply_address = self._offer_target(tx, request, addressing)
-            offered_id = (request.offer.identifier
-                          if reply_address is not None and request.offer is not None else None)
-            expires = request.expires_after
-            tx.rmd.create(sequence_id, acks_to=request.acks_to.address, rm_version=version.ns,
-                          wsa_version=wsa.ns, principal=principal, offered_id=offered_id,
-                          expires=now + expires.total_seconds() if expires else None, now=now)
-            accept = None
-            if reply_address is not None and offered_id is not None:
-                accept = self._accept_offer(tx, offered_id, reply_address, version, wsa, sequence_id)
+            holder = self._offer_holder(tx, request)
+            response = self._offered_before(tx, holder, request, version, addressing, peer, principal)
+            if response is None:
+                sequence_id = f"urn:uuid:{uuid.uuid4()}"
+                self._check_limits(tx, version, peer, principal)
+                reply_address = self._offer_target(request, addressing, holder)
+                offered_id = (request.offer.identifier
+                              if reply_address is not None and request.offer is not None else None)
+                expires = request.expires_after
+                tx.rmd.create(sequence_id, acks_to=request.acks_to.address, rm_version=version.ns,
+                              wsa_version=wsa.ns, principal=principal, offered_id=offered_id,
+                              expires=now + expires.total_seconds() if expires else None, now=now)
+                accept = None
+                if reply_address is not None and offered_id is not None:
+                    accept = self._accept_offer(tx, offered_id, reply_address, version, wsa, sequence_id)
+                response = CreateSequenceResponse(sequence_id, accept=accept)
+                for_sequence(log, sequence_id).info("sequence created for %s (AcksTo %s)", peer,
+                                                    request.acks_to.address)
         with self._peers_lock:
-            self._peers[sequence_id] = peer
-        for_sequence(log, sequence_id).info("sequence created for %s (AcksTo %s)", peer, request.acks_to.address)
-        response = CreateSequenceResponse(sequence_id, accept=accept)
-        if addressing.message_id:
-            with self._peers_lock:
+            self._peers.setdefault(response.identifier, peer)
+            if addressing.message_id:
                 self._answered[(addressing.message_id, peer)] = response
                 while len(self._answered) > _REMEMBERED_CREATES:
                     self._answered.popitem(last=False)
@@ -178,8 +179,18 @@ class Destination:
         for_sequence(log, response.identifier).debug("CreateSequence %s repeated: same answer", message_id)
         return response
 
-    def _offered_before(self, request: CreateSequence, version: RMVersion, addressing: AddressingHeaders,
-                        peer: str, principal: str | None) -> CreateSequenceResponse | None:
+    @staticmethod
+    def _offer_holder(tx: StoreTransaction, request: CreateSequence) -> RmsSequence | None:
+        """The source sequence of ours that already has the offered identifier, if any."""
+        offer = request.offer
+        if offer is None:
+            return None
+        # a scan without locks: the RMS lock may only be taken after the RMD's (lock order)
+        return next((s for s in tx.rms.list_all() if s.sequence_id == offer.identifier), None)
+
+    def _offered_before(self, tx: StoreTransaction, holder: RmsSequence | None, request: CreateSequence,
+                        version: RMVersion, addressing: AddressingHeaders, peer: str,
+                        principal: str | None) -> CreateSequenceResponse | None:
         """The sequence an earlier CreateSequence with this very Offer opened, if it is still open.
 
         A client that died before it stored our response sends its
@@ -192,36 +203,24 @@ class Destination:
         get the same answer, and the replies go where the new Offer says.
         """
         offer = request.offer
-        if offer is None or not self.policy.accept_offers:
+        if (offer is None or holder is None or not self.policy.accept_offers
+                or not holder.key.startswith(_REPLY_KEY_PREFIX) or not holder.accepts_messages):
             return None
-        with self.store.begin() as tx:
-            # no locks while looking: the RMS lock may only be taken after the RMD's (lock order)
-            reply = next((s for s in tx.rms.list_all()
-                          if s.sequence_id == offer.identifier and s.key.startswith(_REPLY_KEY_PREFIX)), None)
-            if reply is None or not reply.accepts_messages:
-                return None
-            identifier = reply.key[len(_REPLY_KEY_PREFIX):]
-            seq = tx.rmd.get(identifier)
-            if (seq is None or seq.closed or seq.terminated or seq.principal != principal
-                    or seq.rm_version != version.ns or seq.acks_to != request.acks_to.address):
-                return None
-            with self._peers_lock:
-                known = self._peers.get(identifier)
-            if known is not None and known != peer:
-                return None
-            target = self._offer_address(request, addressing)
-            if offer.endpoint is not None and target != reply.target:
-                tx.rms.update(reply.key, target=target)
+        identifier = holder.key[len(_REPLY_KEY_PREFIX):]
+        seq = tx.rmd.get(identifier)
+        if (seq is None or seq.closed or seq.terminated or seq.principal != principal
+                or seq.rm_version != version.ns or seq.acks_to != request.acks_to.address):
+            return None
+        with self._peers_lock:
+            known = self._peers.get(identifier)
+        if known is not None and known != peer:
+            return None
+        target = self._offer_address(request, addressing)
+        if offer.endpoint is not None and target != holder.target:
+            tx.rms.update(holder.key, target=target)
         for_sequence(log, identifier).info("CreateSequence repeated with offer %s (new MessageID): same sequence",
                                            offer.identifier)
-        response = CreateSequenceResponse(identifier, accept=EndpointReference(reply.acks_to))
-        with self._peers_lock:
-            self._peers.setdefault(identifier, peer)
-            if addressing.message_id:
-                self._answered[(addressing.message_id, peer)] = response
-                while len(self._answered) > _REMEMBERED_CREATES:
-                    self._answered.popitem(last=False)
-        return response
+        return CreateSequenceResponse(identifier, accept=EndpointReference(holder.acks_to))
 
     def _check_limits(self, tx: StoreTransaction, version: RMVersion, peer: str, principal: str | None) -> None:
         open_ids = [s.sequence_id for s in tx.rmd.list_all() if not s.terminated]
@@ -240,18 +239,17 @@ class Destination:
             raise CreateSequenceRefused(None, f"CreateSequence refused: {limit}; terminate sequences first",
                                         version=version, sender=False)
 
-    def _offer_target(self, tx: StoreTransaction, request: CreateSequence,
-                      addressing: AddressingHeaders) -> str | None:
-        """Where replies on the offered sequence would go, or None when the offer is declined."""
+    def _offer_target(self, request: CreateSequence, addressing: AddressingHeaders,
+                      holder: RmsSequence | None) -> str | None:
+        """Where replies on the offered sequence would go, or None when the offer is declined
+        (``holder``: a sequence of ours that has the offered identifier already)."""
         offer = request.offer
         if offer is None or not self.policy.accept_offers:
             return None
-        address = self._offer_address(request, addressing)
-        # a scan without locks: the RMS lock may only be taken after the RMD's (lock order)
-        if any(s.sequence_id == offer.identifier for s in tx.rms.list_all()):
+        if holder is not None:
             log.warning("offer %s declined: the identifier is already in use", offer.identifier)
             return None
-        return address
+        return self._offer_address(request, addressing)
 
     @staticmethod
     def _offer_address(request: CreateSequence, addressing: AddressingHeaders) -> str:

@@ -39,7 +39,7 @@ from ..wire import (
     UnknownSequence, WSRMFault, build_envelope, to_bytes,
 )
 from ..wire.namespaces import RM_VERSIONS, AddressingVersion
-from .envelopes import prepare_outgoing
+from .envelopes import OutgoingMessage, prepare_outgoing
 from .logs import for_sequence
 from .policy import RMPolicy
 from .states import rms_changes, rms_state
@@ -331,14 +331,21 @@ class Source:
                                     reply_to=reply_to, relates_to=None, wsa=self.policy.addressing,
                                     max_size=self.policy.max_message_size)
         with self.transaction() as tx:
-            receipt = self._enqueue_on_current(tx, (target, key, expect_reply), outgoing.payload, outgoing.action,
-                                               outgoing.soap.ns, outgoing.message_id, reply_callback,
-                                               reply_context)
-            if receipt is None:
-                seq = self._open_sequence(tx, target, key, expect_reply)
-                receipt = self._enqueue(tx, seq, outgoing.payload, outgoing.action, outgoing.soap.ns,
-                                        outgoing.message_id, reply_callback, reply_context)
+            receipt = self._enqueue_outgoing(tx, (target, key, expect_reply), outgoing, reply_callback,
+                                             reply_context)
         self._wake_after_commit()
+        return receipt
+
+    def _enqueue_outgoing(self, tx: StoreTransaction, ident: tuple[str, str, bool], outgoing: OutgoingMessage,
+                          reply_callback: str | None = None, reply_context: bytes | None = None) -> SendReceipt:
+        """Enqueue a prepared message on the current sequence for ``ident`` (target, key,
+        offered), opening one when there is none that takes it."""
+        receipt = self._enqueue_on_current(tx, ident, outgoing.payload, outgoing.action, outgoing.soap.ns,
+                                           outgoing.message_id, reply_callback, reply_context)
+        if receipt is None:
+            seq = self._open_sequence(tx, *ident)
+            receipt = self._enqueue(tx, seq, outgoing.payload, outgoing.action, outgoing.soap.ns,
+                                    outgoing.message_id, reply_callback, reply_context)
         return receipt
 
     def _enqueue_on_current(self, tx: StoreTransaction, ident: tuple[str, str, bool], payload: bytes,
@@ -442,14 +449,7 @@ class Source:
         outgoing = prepare_outgoing(envelope, to=reply_to, action=action, message_id=None, reply_to=None,
                                     relates_to=relates_to, wsa=self.policy.addressing,
                                     max_size=self.policy.max_message_size)
-        ident = (reply_to, _REPLIES_KEY, False)
-        receipt = self._enqueue_on_current(tx, ident, outgoing.payload, outgoing.action, outgoing.soap.ns,
-                                           outgoing.message_id, None, None)
-        if receipt is None:
-            seq = self._open_sequence(tx, reply_to, _REPLIES_KEY, False)
-            receipt = self._enqueue(tx, seq, outgoing.payload, outgoing.action, outgoing.soap.ns,
-                                    outgoing.message_id)
-        return receipt
+        return self._enqueue_outgoing(tx, (reply_to, _REPLIES_KEY, False), outgoing)
 
     def _open_sequence(self, tx: StoreTransaction, target: str, key: str, offered: bool) -> RmsSequence:
         ident = (target, key, offered)
@@ -599,20 +599,18 @@ class Source:
                 slog.debug("late CreateSequenceResponse ignored (%s)", state)
                 return
             expires = response.expires_after
-            tx.rms.update(store_key, sequence_id=response.identifier, control_attempts=0,
-                          next_control_at=now if seq.last_message else None,
-                          expires=now + expires.total_seconds() if expires else None,
-                          **rms_changes(transition))
+            seq = tx.rms.update(store_key, sequence_id=response.identifier, control_attempts=0,
+                                next_control_at=now if seq.last_message else None,
+                                expires=now + expires.total_seconds() if expires else None,
+                                **rms_changes(transition))
             slog.info("sequence created by %s", seq.target)
             if offered_id is not None and response.accept is None:
                 # the sequence was opened for calls that expect replies, and none could come back:
                 # fail its calls now (kept for a resend) rather than send requests whose replies
                 # the peer could only drop
-                updated = tx.rms.get(store_key)
-                if updated is not None:
-                    self.fault_in(tx, updated, f"the peer declined the offered sequence {offered_id}, so "
-                                  "the replies to this sequence's requests could not come back (does the "
-                                  "service take offers?); nothing was sent on it")
+                self.fault_in(tx, seq, f"the peer declined the offered sequence {offered_id}, so the "
+                              "replies to this sequence's requests could not come back (does the service "
+                              "take offers?); nothing was sent on it")
 
     @contextlib.contextmanager
     def coalesced_acks(self, into: "PendingAcks | None" = None) -> Iterator["PendingAcks"]:
