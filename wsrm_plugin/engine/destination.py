@@ -28,16 +28,18 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from ..statemachine import InvalidTransition, RMDEvent, rmd_receive, rmd_transition
+from ..statemachine import InvalidTransition, Reception, RMDEvent, rmd_receive, rmd_transition
 from ..statemachine.ackranges import AckRanges
 from ..store import RmdSequence, RmsSequence, StorageManager, StoreTransaction
 from ..wire import (
     AddressingHeaders, AddressingVersion, CloseSequence, CreateSequence, CreateSequenceRefused,
     CreateSequenceResponse, EndpointReference, RMVersion, SequenceAcknowledgement, SequenceHeader,
-    TerminateSequence, UnknownSequence, WSA_2005_08,
+    SoapFault, TerminateSequence, UnknownSequence, WSA_2005_08,
 )
 from ..wire.namespaces import RM_VERSIONS
+from .combiner import ALONE, Combiner
 from .faults import busy_fault, fault_for_transition
 from .logs import for_sequence
 from .policy import RMPolicy
@@ -53,6 +55,8 @@ _RM_BY_NS = {v.ns: v for v in RM_VERSIONS}
 #: How long the destination trusts its own count of the bytes held undelivered before it asks
 #: the store again: other processes sharing the store (gunicorn workers) add to the real figure.
 HELD_BYTES_REFRESH = 1.0
+#: Receives of one sequence recorded in one transaction at most, unless the policy says.
+DEFAULT_RECEIVE_BATCH = 16
 _REMEMBERED_CREATES = 1024
 _REMEMBERED_OWNERS = 4096
 _REPLY_KEY_PREFIX = reply_sequence_key("")
@@ -70,6 +74,21 @@ class _OutOfOrder(Exception):
     def __init__(self, seq: RmdSequence, expected: int) -> None:
         super().__init__(f"message {expected} is the next in order")
         self.seq, self.expected = seq, expected
+
+
+@dataclass(eq=False)
+class _Receipt:
+    """An application message on its way into the store (one call of :meth:`Destination.receive`)."""
+
+    header: SequenceHeader
+    version: RMVersion
+    envelope: bytes
+    addressing: AddressingHeaders
+    principal: str | None
+    soap_ns: str
+    ack_requested: bool
+    #: Set once its recording changed the transaction: from then on only a rollback undoes it.
+    wrote: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,6 +138,11 @@ class Destination:
         self._held_bound = 0
         self._held_asked_at = float("-inf")
         self._held_lock = threading.Lock()
+        #: Concurrent receives of a sequence recorded in one transaction (None: each alone).
+        batch = policy.receive_batch
+        if batch is None:
+            batch = DEFAULT_RECEIVE_BATCH if store.commits_are_costly else 1
+        self._receipts: Combiner[_Receipt] | None = Combiner(self._record_batch, batch) if batch > 1 else None
 
     # -- CreateSequence --------------------------------------------------------------------------
 
@@ -343,12 +367,21 @@ class Destination:
     def receive(self, header: SequenceHeader, version: RMVersion, envelope: bytes,
                 addressing: AddressingHeaders, *, principal: str | None, soap_ns: str,
                 ack_requested: bool = False) -> Accepted:
-        """Record an application message and buffer it for the application (duplicates: neither)."""
+        """Record an application message and buffer it for the application (duplicates: neither).
+
+        Concurrent receives of one sequence are recorded together, in one store
+        transaction (see :mod:`.combiner` and ``RMPolicy.receive_batch``); each is
+        answered only once that transaction committed, so an acknowledgement
+        never runs ahead of the store.
+        """
+        item = _Receipt(header, version, envelope, addressing, principal, soap_ns, ack_requested)
         try:
-            return self._receive(header, version, envelope, addressing, principal=principal, soap_ns=soap_ns,
-                                 ack_requested=ack_requested)
+            recorded = ALONE if self._receipts is None else self._receipts.submit(header.identifier, item)
+            if recorded is ALONE:
+                recorded = self._record_alone(item)
         except _OutOfOrder as skipped:
             return self._discarded(skipped.seq, header.message_number, skipped.expected)
+        return self._accepted(item, *recorded)
 
     def _discarded(self, seq: RmdSequence, number: int, expected: int) -> Accepted:
         """``out_of_order="discard"``: a message that is not the next in order was dropped unrecorded.
@@ -369,48 +402,85 @@ class Destination:
             return Accepted(identifier, number, True, None, offered=offered)
         return Accepted(identifier, number, True, self.current_ack(identifier), offered=offered)
 
-    def _receive(self, header: SequenceHeader, version: RMVersion, envelope: bytes,
-                 addressing: AddressingHeaders, *, principal: str | None, soap_ns: str,
-                 ack_requested: bool = False) -> Accepted:
+    def _record_alone(self, item: "_Receipt") -> tuple[RmdSequence, Reception]:
+        item.wrote = False
+        with self.store.begin() as tx:
+            return self._record(tx, item)
+
+    def _record_batch(self, items: list["_Receipt"]) -> list[Any]:
+        """Record ``items`` (of one sequence) in one transaction; an outcome each.
+
+        A message refused before it changed anything (a fault, a discarded
+        out-of-order message) is refused alone and the others go on.  Anything
+        else that fails (a refusal after its writes, the store) rolls the batch
+        back, and each caller then records its message by itself, exactly as
+        without batching.
+        """
+        outcomes: list[Any] = []
+        try:
+            with self.store.begin() as tx:
+                for item in items:
+                    try:
+                        outcomes.append(self._record(tx, item))
+                    except (SoapFault, _OutOfOrder) as exc:
+                        if item.wrote:
+                            raise  # its writes are in the transaction: only a rollback undoes them
+                        outcomes.append(exc)
+        except Exception as exc:
+            if len(items) == 1:
+                return [exc]
+            log.debug("a batch of %d receives was rolled back (%s): each is recorded alone", len(items), exc)
+            return [ALONE] * len(items)
+        return outcomes
+
+    def _record(self, tx: StoreTransaction, item: "_Receipt") -> tuple[RmdSequence, Reception]:
+        """The receive's work in ``tx``: the sequence as read, and the state machine's reception."""
+        header, version, envelope, addressing = item.header, item.version, item.envelope, item.addressing
         identifier, number = header.identifier, header.message_number
         slog = for_sequence(log, identifier, number)
         now = time.time()
-        with self.store.begin() as tx:
-            seq = self._sequence(tx, identifier, version, principal)
-            try:
-                reception = rmd_receive(rmd_state(seq), number, last=header.last_message,
-                                        received=received_ranges(seq), last_number=seq.last_number)
-            except InvalidTransition as exc:
-                slog.info("refused: %s", exc)
-                raise fault_for_transition(exc, version, identifier) from None
-            # the message that fills the gap is never refused: refusing it would hold the rest for ever
-            so_far = received_ranges(seq)
-            if self.policy.discards_out_of_order and not reception.duplicate and number != so_far.next_expected:
-                raise _OutOfOrder(seq, so_far.next_expected)  # nothing recorded: the transaction rolls back
-            fills_gap = self.policy.in_order and number == so_far.next_expected < so_far.highest
-            if not reception.duplicate and not fills_gap:
-                self._check_budgets(tx, seq, len(envelope), slog)
-            tx.rmd.record_received(identifier, number, last=header.last_message, now=now)
-            changes = rmd_changes(reception.transition)
-            if changes:
-                tx.rmd.update(identifier, **changes)
-            if not reception.duplicate:
-                reply_to = addressing.reply_to.address if addressing.reply_to is not None else None
-                tx.invoker.put(identifier, number, envelope, action=addressing.action or "",
-                               soap_version=soap_ns, message_id=addressing.message_id, reply_to=reply_to,
-                               now=now)
-            if not reception.duplicate and not fills_gap:
-                # after the put, which read what is delivered already: the count needs no read
-                # of its own; a refusal rolls the put back with the rest
-                held = tx.invoker.held(identifier, so_far)
-                if held >= self.policy.max_unacknowledged_held:
-                    slog.warning("refused: %d messages already held for delivery", held)
-                    raise busy_fault(f"sequence {identifier} holds {held} undelivered messages "
-                                     f"(limit {self.policy.max_unacknowledged_held}); retransmit later",
-                                     self.policy.retry_after)
-            if not self._anonymous(seq.acks_to):
-                delay = 0.0 if ack_requested else self.policy.acknowledgement_interval
-                tx.rmd.request_ack(identifier, due_at=now + delay)
+        seq = self._sequence(tx, identifier, version, item.principal)
+        try:
+            reception = rmd_receive(rmd_state(seq), number, last=header.last_message,
+                                    received=received_ranges(seq), last_number=seq.last_number)
+        except InvalidTransition as exc:
+            slog.info("refused: %s", exc)
+            raise fault_for_transition(exc, version, identifier) from None
+        # the message that fills the gap is never refused: refusing it would hold the rest for ever
+        so_far = received_ranges(seq)
+        if self.policy.discards_out_of_order and not reception.duplicate and number != so_far.next_expected:
+            raise _OutOfOrder(seq, so_far.next_expected)  # nothing recorded
+        fills_gap = self.policy.in_order and number == so_far.next_expected < so_far.highest
+        if not reception.duplicate and not fills_gap:
+            self._check_budgets(tx, seq, len(envelope), slog)
+        item.wrote = True
+        tx.rmd.record_received(identifier, number, last=header.last_message, now=now)
+        changes = rmd_changes(reception.transition)
+        if changes:
+            tx.rmd.update(identifier, **changes)
+        if not reception.duplicate:
+            reply_to = addressing.reply_to.address if addressing.reply_to is not None else None
+            tx.invoker.put(identifier, number, envelope, action=addressing.action or "",
+                           soap_version=item.soap_ns, message_id=addressing.message_id, reply_to=reply_to,
+                           now=now)
+        if not reception.duplicate and not fills_gap:
+            # after the put, which read what is delivered already: the count needs no read
+            # of its own; a refusal rolls the put back with the rest
+            held = tx.invoker.held(identifier, so_far)
+            if held >= self.policy.max_unacknowledged_held:
+                slog.warning("refused: %d messages already held for delivery", held)
+                raise busy_fault(f"sequence {identifier} holds {held} undelivered messages "
+                                 f"(limit {self.policy.max_unacknowledged_held}); retransmit later",
+                                 self.policy.retry_after)
+        if not self._anonymous(seq.acks_to):
+            delay = 0.0 if item.ack_requested else self.policy.acknowledgement_interval
+            tx.rmd.request_ack(identifier, due_at=now + delay)
+        return seq, reception
+
+    def _accepted(self, item: "_Receipt", seq: RmdSequence, reception: Reception) -> Accepted:
+        """After the commit: wake the invoker, and the acknowledgement for the back-channel."""
+        identifier, number, version = item.header.identifier, item.header.message_number, item.version
+        slog = for_sequence(log, identifier, number)
         if reception.duplicate:
             slog.debug("duplicate: acknowledged again, not delivered")
         else:

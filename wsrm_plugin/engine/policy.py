@@ -242,6 +242,13 @@ class RMPolicy:
     #: never waits for a delivery, a longer batch spreads its two-phase commit over more
     #: messages; on a busy machine 0.05 s ends most batches after a handful.
     delivery_batch_seconds: float = 0.05
+    #: Messages of one sequence received at the same time (one per HTTP thread) that are
+    #: recorded in one store transaction: one commit, and one read of the sequence's row,
+    #: instead of one each queued on the row's lock.  No receive waits for a batch to fill:
+    #: a batch is whatever arrived while the one before committed.  Each is acknowledged
+    #: after that commit, and a message refused in a batch is refused alone.  1: each alone;
+    #: None: 16 where a commit is costly (SQLite, PostgreSQL), 1 in memory.
+    receive_batch: int | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -277,7 +284,7 @@ class RMPolicy:
                 raise ValueError(f"{name} must be an int >= 0 or None, not {value!r}")
         if not isinstance(self.max_terminate_attempts, int) or self.max_terminate_attempts < 1:
             raise ValueError(f"max_terminate_attempts must be an int >= 1, not {self.max_terminate_attempts!r}")
-        for name in ("max_unacknowledged", "max_sequence_length"):
+        for name in ("max_unacknowledged", "max_sequence_length", "receive_batch"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an int >= 1 or None, not {value!r}")

@@ -1085,6 +1085,9 @@ class StorageManager(ABC):
     url: str
     #: Seconds a transaction waits for a lock before :class:`LockTimeoutError`.
     lock_timeout: float
+    #: A commit costs a flush to disk or a round trip to a server, so work arriving together is
+    #: worth committing together (the destination's receive batches).  Not so in memory.
+    commits_are_costly: ClassVar[bool] = True
 
     @abstractmethod
     def begin(self, *, xa: Any = None) -> StoreTransaction:

@@ -67,6 +67,8 @@ _GROUPED = (_MSG, _BUF, _POI)
 class MemoryStore(api.StorageManager):
     """A volatile store in this process's memory (``open_store("memory:")``)."""
 
+    commits_are_costly = False  # a commit applies a dict: batching receives only adds hand-offs
+
     def __init__(self, *, name: str = "memory", lock_timeout: float = 30.0) -> None:
         self.url = f"memory:{name}" if name != "memory" else "memory:"
         self.name = name

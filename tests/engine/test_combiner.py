@@ -1,0 +1,98 @@
+"""The combiner: concurrent calls of one key run as batches; nobody is left waiting."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from wsrm_plugin.engine.combiner import ALONE, Combiner
+
+from .support import wait_for
+
+
+class _Gate:
+    """A batch function that records its batches and holds the first one until opened."""
+
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.batches: list[list[str]] = []
+        self.open = threading.Event()
+        self.fail = fail
+
+    def __call__(self, items: list[str]) -> list[object]:
+        self.batches.append(list(items))
+        if len(self.batches) == 1:
+            assert self.open.wait(10)
+            if self.fail is not None:
+                raise self.fail
+        return [ValueError(i) if i.startswith("bad") else i.upper() for i in items]
+
+
+def _submit(combiner: Combiner, key: str, item: str, out: dict) -> threading.Thread:
+    def run() -> None:
+        try:
+            out[item] = combiner.submit(key, item)
+        except BaseException as exc:  # noqa: BLE001 (the test looks at what each caller got)
+            out[item] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _queued(combiner: Combiner, key: str) -> int:
+    waiting = combiner._waiting.get(key)
+    return -1 if waiting is None else len(waiting)
+
+
+def test_a_lone_call_runs_at_once_as_a_batch_of_one():
+    gate = _Gate()
+    gate.open.set()
+    combiner = Combiner(gate, limit=8)
+    assert combiner.submit("k", "a") == "A"
+    assert gate.batches == [["a"]] and combiner._waiting == {}
+
+
+def test_calls_arriving_during_a_batch_form_the_next_one_and_each_gets_its_own_outcome():
+    gate = _Gate()
+    combiner = Combiner(gate, limit=3)
+    out: dict = {}
+    threads = [_submit(combiner, "k", "first", out)]
+    assert wait_for(lambda: _queued(combiner, "k") == 0)
+    for i, item in enumerate(["b", "bad c", "d", "e"], 1):
+        threads.append(_submit(combiner, "k", item, out))
+        assert wait_for(lambda: _queued(combiner, "k") == i)
+    other = _submit(combiner, "other key", "x", out)  # another key does not wait for this one
+    other.join(10)
+    assert out["x"] == "X"
+    gate.open.set()
+    for t in threads:
+        t.join(10)
+    assert gate.batches[0] == ["first"]
+    assert gate.batches[2:] == [["b", "bad c", "d"], ["e"]]  # the limit cuts a batch
+    assert out["b"] == "B" and out["d"] == "D" and out["e"] == "E"
+    assert isinstance(out["bad c"], ValueError)  # raised in its own caller only
+    assert combiner._waiting == {}
+
+
+def test_a_failing_batch_raises_in_its_leader_and_leaves_the_others_to_do_their_item_alone():
+    gate = _Gate(fail=RuntimeError("store down"))
+    combiner = Combiner(gate, limit=8)
+    out: dict = {}
+    threads = [_submit(combiner, "k", "first", out)]
+    assert wait_for(lambda: _queued(combiner, "k") == 0)
+    threads.append(_submit(combiner, "k", "second", out))
+    assert wait_for(lambda: _queued(combiner, "k") == 1)
+    gate.open.set()
+    for t in threads:
+        t.join(10)
+    assert isinstance(out["first"], RuntimeError)
+    assert out["second"] == "SECOND"  # led the next batch: nobody hangs
+    assert combiner._waiting == {}
+
+
+def test_an_item_the_batch_leaves_comes_back_as_alone():
+    combiner = Combiner(lambda items: [ALONE for _ in items], limit=4)
+    assert combiner.submit("k", "a") is ALONE
+    with pytest.raises(ValueError, match="limit"):
+        Combiner(lambda items: items, limit=0)

@@ -1,0 +1,105 @@
+"""Concurrent calls for one key done together: the first caller leads, those arriving meanwhile form the next batch.
+
+Receives of one sequence take the same row lock and each pays its own commit
+(on PostgreSQL a WAL flush, held under that lock).  Four HTTP threads
+receiving a sequence's messages at once therefore queue on the lock one
+commit after another.  Done together in one store transaction they pay one
+commit and read the sequence's row once.
+
+No caller waits for a batch to fill: a caller who finds no batch of its key
+running starts one with its own item at once.  Callers arriving while it
+runs wait; when it ends, the first of them leads the next batch with all of
+them.  So a lone caller pays nothing, and the busier the key, the larger the
+batches (the same shape as the recovery log's group commit).
+
+The batch function returns one outcome per item, an exception for an item it
+refused; :data:`ALONE` asks the caller to do its item by itself (the batch
+could not settle it, e.g. its transaction failed).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
+
+__all__ = ["ALONE", "Combiner"]
+
+T = TypeVar("T")
+
+#: An outcome meaning "not settled by the batch: do it alone".
+ALONE: Any = object()
+
+
+class _Slot(Generic[T]):
+    __slots__ = ("item", "ready", "lead", "outcome")
+
+    def __init__(self, item: T) -> None:
+        self.item = item
+        self.ready = threading.Event()
+        self.lead = False
+        self.outcome: Any = ALONE
+
+
+class Combiner(Generic[T]):
+    """Runs ``batch(items) -> outcomes`` for concurrent :meth:`submit` calls of one key."""
+
+    def __init__(self, batch: Callable[[list[T]], list[Any]], limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, not {limit!r}")
+        self._batch = batch
+        self._limit = limit
+        self._lock = threading.Lock()
+        #: key -> callers waiting for the running batch of that key to end (present: one runs)
+        self._waiting: dict[Hashable, deque[_Slot[T]]] = {}
+        #: Batches run and items they settled or refused (not ALONE): their ratio is the mean batch size.
+        self.batches = 0
+        self.items = 0
+
+    def submit(self, key: Hashable, item: T) -> Any:
+        """The outcome of ``item`` (raised if it is an exception); :data:`ALONE` if the batch left it."""
+        slot = _Slot(item)
+        with self._lock:
+            queue = self._waiting.get(key)
+            if queue is None:
+                self._waiting[key] = deque()
+                slot.lead = True
+            else:
+                queue.append(slot)
+        if not slot.lead:
+            slot.ready.wait()
+        if slot.lead:  # the first caller, or handed the lead when the batch before ended
+            self._lead(key, slot)
+        outcome = slot.outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def _lead(self, key: Hashable, first: _Slot[T]) -> None:
+        batch = [first]
+        with self._lock:
+            queue = self._waiting[key]
+            while queue and len(batch) < self._limit:
+                batch.append(queue.popleft())
+        try:
+            outcomes = self._batch([s.item for s in batch])
+            if len(outcomes) != len(batch):
+                raise AssertionError(f"batch gave {len(outcomes)} outcomes for {len(batch)} items")
+            settled = 0
+            for s, outcome in zip(batch, outcomes, strict=True):
+                s.outcome = outcome
+                settled += outcome is not ALONE
+            self.batches += 1
+            self.items += settled
+        finally:  # whatever happened, every caller is answered (ALONE at worst) and one leads next
+            with self._lock:
+                queue = self._waiting[key]
+                if queue:
+                    following = queue.popleft()
+                    following.lead = True
+                    following.ready.set()
+                else:
+                    del self._waiting[key]
+            for s in batch[1:]:
+                s.ready.set()
