@@ -45,7 +45,8 @@ Run::
 
 A scenario may name RMPolicy knobs for both sides after a ``~``, to measure a
 variant beside its base in the same rounds:
-``--scenarios xa1,xa1~delivery_batch=10,memory~send_concurrency=1``.
+``--scenarios xa1,xa1~delivery_batch=10,memory~send_concurrency=1``; a ``store.NAME`` knob
+is an option of the store instead (``xa1~store.prepare_statements=false``).
 
 ``BENCH_PG_STATEMENTS=1`` loads ``pg_stat_statements`` and lists, at the end,
 the statements PostgreSQL spent longest on (run one scenario to read them).
@@ -152,8 +153,18 @@ def _variant(scenario: str) -> tuple[str, dict[str, Any]]:
 def _policy(retransmission_interval: float, scenario: str = "") -> Any:
     from wsrm_plugin.engine import RMPolicy
 
-    return RMPolicy(soap_version="1.1", base_retransmission_interval=retransmission_interval,
-                    **_variant(scenario)[1])
+    knobs = {k: v for k, v in _variant(scenario)[1].items() if not k.startswith("store.")}
+    return RMPolicy(soap_version="1.1", base_retransmission_interval=retransmission_interval, **knobs)
+
+
+def _store(url: str, scenario: str) -> Any:
+    """The store URL, or the store opened with the variant's ``store.NAME=value`` options."""
+    options = {k.removeprefix("store."): v for k, v in _variant(scenario)[1].items() if k.startswith("store.")}
+    if not options:
+        return url
+    from wsrm_plugin.store import open_store
+
+    return open_store(url, **options)
 
 
 class _Points:
@@ -255,7 +266,8 @@ def server_role(args: argparse.Namespace) -> int:
             closers.append(ds.close)
             ROWS = _Rows(args.app_dsn, ds=ds)
             store = f"postgresql:{args.store_dsn}"
-        service = reliable_service(_application(), store, _policy(args.retransmission_interval, args.scenario),
+        service = reliable_service(_application(), _store(store, args.scenario),
+                                   _policy(args.retransmission_interval, args.scenario),
                                    tm=tm)
         service.serve()
         service.start()
@@ -332,7 +344,8 @@ def client_role(args: argparse.Namespace) -> int:
             tm = _tm("bench-client", tmp, points)
             ds = XADataSource(args.app_dsn, tm)
             store = f"postgresql:{args.store_dsn}"
-        rc = reliable_client(zc, store, _policy(args.retransmission_interval, args.scenario), tm=tm,
+        rc = reliable_client(zc, _store(store, args.scenario),
+                             _policy(args.retransmission_interval, args.scenario), tm=tm,
                              key="bench")
         stoppers.append(lambda: rc.stop(timeout=5))
         if ds is not None:

@@ -13,7 +13,8 @@
     through PostgreSQL prepared transactions (:mod:`.postgres`).
 
 Options go in the query string: ``?lock_timeout=5`` (seconds a transaction
-waits for a lock), ``pool_size=8``.  The API every store offers is in
+waits for a lock), ``pool_size=8``; PostgreSQL also ``prepare_statements=0`` (send
+every statement as text: behind a pooler in transaction mode, see :mod:`.prepared`).  The API every store offers is in
 :mod:`.api`.
 """
 
@@ -39,18 +40,30 @@ __all__ = [
     "StoreClosedError", "SchemaVersionError", "StoreUnavailableError", "StoreNotFoundError",
 ]
 
-_OPTIONS = {"lock_timeout": float, "pool_size": int}
+def _flag(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
 
 
-def _options(query: str, url: str) -> dict[str, Any]:
+_OPTIONS: dict[str, Any] = {"lock_timeout": float, "pool_size": int}
+#: PostgreSQL only: server-side prepared statements (off behind a transaction-mode pooler)
+_PG_OPTIONS: dict[str, Any] = {"prepare_statements": _flag}
+
+
+def _options(query: str, url: str, known: dict[str, Any] = _OPTIONS) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in parse_qsl(query, keep_blank_values=True):
-        if name not in _OPTIONS:
-            raise ValueError(f"unknown store option {name!r} in {url!r}; known: {sorted(_OPTIONS)}")
+        if name not in known:
+            raise ValueError(f"unknown store option {name!r} in {url!r}; known: {sorted(known)}")
         try:
-            out[name] = _OPTIONS[name](value)
+            out[name] = known[name](value)
         except ValueError:
-            raise ValueError(f"store option {name}={value!r} in {url!r} is not a number") from None
+            what = "0 or 1" if known[name] is _flag else "a number"
+            raise ValueError(f"store option {name}={value!r} in {url!r} is not {what}") from None
     return out
 
 
@@ -87,10 +100,11 @@ def open_store(url: str, *, create: bool = True, **options: Any) -> StorageManag
         if rest.startswith("//"):
             parts = urlsplit(url)
             pairs = parse_qsl(parts.query, keep_blank_values=True)
-            ours = {k: v for k, v in pairs if k in _OPTIONS}
-            libpq = "&".join(f"{k}={v}" for k, v in pairs if k not in _OPTIONS)
+            known = {**_OPTIONS, **_PG_OPTIONS}
+            ours = {k: v for k, v in pairs if k in known}
+            libpq = "&".join(f"{k}={v}" for k, v in pairs if k not in known)
             dsn = urlunsplit(("postgresql", parts.netloc, parts.path, libpq, ""))
-            opts = _options("&".join(f"{k}={v}" for k, v in ours.items()), url)
+            opts = _options("&".join(f"{k}={v}" for k, v in ours.items()), url, known)
         else:
             dsn, opts = rest.strip(), {}
         return PostgresStore(dsn, create=create, **{**opts, **options})

@@ -42,6 +42,7 @@ from txmanager.xid import Xid
 from . import api
 from .api import LockTimeoutError, StoreClosedError, StoreUnavailableError
 from .sql import POSTGRES, SqlTransaction, migrate
+from .prepared import UNDEFINED_PREPARED, PreparedStatements
 
 __all__ = ["PostgresStore"]
 
@@ -69,8 +70,10 @@ class PostgresStore(api.StorageManager):
 
     def __init__(self, dsn: str, *, lock_timeout: float = 30.0, pool_size: int = 16,
                  database_identity: str | None = None, share_sessions: bool = True,
-                 create: bool = True) -> None:
+                 create: bool = True, prepare_statements: bool = True) -> None:
         self.dsn = dsn
+        #: the recurring statements prepared on each session (None: all sent as text)
+        self.statements = PreparedStatements() if prepare_statements else None
         self.share_sessions = share_sessions
         self._identity_given = database_identity is not None
         #: the database the store's sessions talk to (refreshed by every new session), see
@@ -264,6 +267,11 @@ class PostgresStore(api.StorageManager):
             # no code: the connection itself failed (server down, restarted, network)
             return StoreUnavailableError(f"{self.url} cannot take writes now ({' '.join(str(exc).split())}); "
                                          "the transaction is rolled back, retry it later")
+        if code == UNDEFINED_PREPARED:
+            return StoreUnavailableError(
+                f"{self.url}: the session lost its prepared statements ({' '.join(str(exc).split())}; "
+                "a pooler's DISCARD ALL?); the transaction is rolled back, retry it (they are prepared "
+                "again); behind a pooler in transaction mode open the store with prepare_statements=0")
         why = _LOCK_ERRORS.get(code)
         if why is None:
             return None

@@ -39,7 +39,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import api
 from .api import (
@@ -47,6 +47,9 @@ from .api import (
     RmdSequence, RmsMessage, RmsSequence, SchemaVersionError, UnknownMessageError,
     UnknownSequenceError, _now,
 )
+
+if TYPE_CHECKING:
+    from .prepared import PreparedStatements
 
 __all__ = ["Dialect", "SQLITE", "POSTGRES", "SqlTransaction", "migrate", "LATEST_VERSION",
            "encode_undo", "decode_undo"]
@@ -439,6 +442,8 @@ class SqlTransaction(api.StoreTransaction):
         self.begun = False
         self._wrote = False
         self._savepoints = 0
+        #: the store's prepared statements (PostgreSQL), or None: every statement sent as text
+        self._statements: PreparedStatements | None = getattr(store, "statements", None)
         #: invoker rows this transaction holds locked, as it last wrote or read them: sequence id
         #: -> (delivered ranges, in-order prefix).  Nobody else can change a row while it is held,
         #: so a batch of deliveries reads each once.  Cleared when a savepoint rolls back.
@@ -466,14 +471,22 @@ class SqlTransaction(api.StoreTransaction):
         self._check_open()
         if self._numbered and "rms_sequence" in sql:
             self.flush()  # the statement reads or writes what enqueue has only remembered so far
+        begin = ""
         if self.lazy_begin and not self.begun and _opens_transaction(sql):
-            sql = "BEGIN; " + sql
+            begin = "BEGIN; "
             self.begun = True
-        cur = self.conn.cursor()
-        try:
-            cur.execute(self.d.sql(sql), tuple(params))
+        statements = self._statements
+        cur = None
+        try:  # a session lost while preparing fails here too, and is translated like any other
+            text = None if statements is None else statements.text(self.conn, sql, params)
+            text = begin + (self.d.sql(sql) if text is None else text)
+            cur = self.conn.cursor()
+            cur.execute(text, tuple(params))
         except Exception as exc:
-            cur.close()
+            if cur is not None:
+                cur.close()
+            if statements is not None and getattr(exc, "pgcode", None) == "26000":
+                statements.forget(self.conn)  # 26000: prepared statement does not exist
             translated = self._store._translate(exc)
             self._doom(translated or exc)
             if translated is not None:

@@ -1,0 +1,98 @@
+"""The PostgreSQL store prepares the statements it sends again on a session, and never loses a
+transaction to a statement that cannot be prepared or to a session that lost its statements."""
+
+from __future__ import annotations
+
+import psycopg2.extensions as ext
+import pytest
+
+from wsrm_plugin.store import StorageManager, StoreError, open_store
+
+from .conftest import KINDS
+from .test_managers import new_rmd
+
+pytestmark = pytest.mark.parametrize("store_url", [KINDS[2]], indirect=True)
+
+
+def _prepared_on(tx) -> list[str]:
+    with tx.conn.cursor() as cur:
+        cur.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cur.fetchall()]
+
+
+def test_a_statement_sent_again_on_a_session_is_prepared_there_and_reads_the_same(store: StorageManager) -> None:
+    with store.begin() as tx:
+        new_rmd(tx)
+    seen = []
+    for number in (1, 2, 3):
+        with store.begin() as tx:  # the pool gives the same session back
+            tx.rmd.record_received("s1", number)
+            seen.append(list(tx.rmd.get("s1").received.ranges))
+            prepared = _prepared_on(tx)
+    assert seen == [[(1, 1)], [(1, 2)], [(1, 3)]]
+    assert any("UPDATE rmd_sequence" in text and "$1" in text for text in prepared), prepared
+    assert store.statements is not None and store.statements.prepared >= 1
+
+
+def test_a_statement_postgresql_cannot_prepare_is_sent_as_text_and_its_transaction_goes_on(
+        store: StorageManager) -> None:
+    with store.begin() as tx:
+        new_rmd(tx)
+    unpreparable = "SELECT ? IS NULL"  # the type of the parameter cannot be inferred
+    for _ in range(3):
+        with store.begin() as tx:
+            tx.rmd.get("s1")  # in a transaction: the failed PREPARE must not abort it
+            assert tx.one(unpreparable, (None,)) == (True,)
+            assert tx.conn.info.transaction_status == ext.TRANSACTION_STATUS_INTRANS
+            tx.rmd.record_received("s1", 1)
+        with store.begin() as tx:  # outside a transaction (a plain read): nothing to abort
+            assert tx.one(unpreparable, (1,)) == (False,)
+    with store.begin() as tx:
+        assert list(tx.rmd.get("s1").received.ranges) == [(1, 1)]
+        assert not any("IS NULL" in text for text in _prepared_on(tx))
+
+
+def test_a_session_that_lost_its_statements_fails_one_transaction_then_prepares_again(
+        store: StorageManager) -> None:
+    with store.begin() as tx:
+        new_rmd(tx)
+    for number in (1, 2):
+        with store.begin() as tx:
+            tx.rmd.record_received("s1", number)
+    with store.begin() as tx:
+        assert _prepared_on(tx)
+        with tx.conn.cursor() as cur:
+            cur.execute("DEALLOCATE ALL")  # what a pooler's DISCARD ALL does behind the store's back
+    with pytest.raises(StoreError), store.begin() as tx:
+        tx.rmd.record_received("s1", 3)
+    for number in (3, 4):
+        with store.begin() as tx:
+            tx.rmd.record_received("s1", number)
+    with store.begin() as tx:
+        assert list(tx.rmd.get("s1").received.ranges) == [(1, 4)]
+
+
+def _as_url(store_url: str) -> str:
+    """``postgresql://...`` for the test's store (given as a libpq DSN, which has no query string)."""
+    dsn = store_url.removeprefix("postgresql:")
+    if dsn.startswith("//"):
+        return store_url
+    p = ext.parse_dsn(dsn)
+    return f"postgresql://{p['user']}@{p['host']}:{p['port']}/{p['dbname']}"
+
+
+def test_prepared_statements_can_be_turned_off_in_the_url(store_url) -> None:
+    url = _as_url(store_url())
+    store = open_store(url + ("&" if "?" in url else "?") + "prepare_statements=0")
+    try:
+        assert store.statements is None
+        with store.begin() as tx:
+            new_rmd(tx)
+        with store.begin() as tx:
+            tx.rmd.record_received("s1", 1)
+            tx.rmd.record_received("s1", 2)
+            assert _prepared_on(tx) == []
+    finally:
+        store.close()
+    with pytest.raises(ValueError, match="prepare_statements='maybe'.* is not 0 or 1"):
+        open_store(url + ("&" if "?" in url else "?") + "prepare_statements=maybe")

@@ -1,0 +1,134 @@
+"""Server-side prepared statements for the PostgreSQL store's recurring queries, per session.
+
+psycopg2 sends every statement as text, so PostgreSQL parses and plans it each
+time.  A reliable message costs the store about a dozen statements on each
+side, and planning is a large part of PostgreSQL's CPU for them (the sender's
+claim query alone takes about 0.2 ms to plan, more than to run).  A statement
+the store sends a second time on a session is therefore ``PREPARE``\\ d there and
+then sent as ``EXECUTE name (params)``: parsed once per session, planned once
+PostgreSQL settles on a generic plan.
+
+Safety, because a failed statement aborts the transaction it runs in:
+
+* a statement PostgreSQL cannot prepare (a parameter whose type it cannot
+  infer) is found out inside a savepoint, or outside any transaction, and is
+  then sent as text for ever after;
+* prepared statements are not transactional: a rollback keeps them, so the
+  cache stays true;
+* a session that loses them anyway (``DISCARD ALL`` from a pooler) fails one
+  transaction (:class:`~.api.StoreUnavailableError`: retry it) and the store
+  forgets that session's statements, so the retry prepares them again.
+
+Turn it off (``?prepare=0`` in the store URL, or ``prepare_statements=False``)
+behind a pooler in transaction mode (PgBouncer before 1.21), where a session's
+statements do not follow the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg2
+from psycopg2 import extensions as ext
+
+__all__ = ["PreparedStatements", "UNDEFINED_PREPARED"]
+
+log = logging.getLogger(__name__)
+
+_PLACEHOLDER = re.compile(r"\?")
+#: SQLSTATE of "prepared statement does not exist"
+UNDEFINED_PREPARED = "26000"
+
+
+def _refused(exc: psycopg2.Error) -> bool:
+    """Did PostgreSQL refuse the PREPARE itself (rather than the session failing)?  Class 42
+    (syntax or access rule: a parameter type it cannot infer is 42P18) and 0A (not supported)."""
+    code = exc.pgcode or ""
+    return code[:2] in ("42", "0A")
+
+
+class _Session:
+    __slots__ = ("names", "seen", "counter")
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}  # statement text (? placeholders) -> prepared name
+        self.seen: set[str] = set()  # sent once on this session
+        self.counter = 0
+
+
+class PreparedStatements:
+    """Which statements each session has prepared, and the text that runs one."""
+
+    def __init__(self, *, per_session: int = 200) -> None:
+        self._per_session = per_session
+        self._sessions: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
+        #: statements PostgreSQL refused to prepare: always sent as text
+        self._unpreparable: set[str] = set()
+        self._lock = threading.Lock()
+        self.prepared = 0
+
+    def text(self, conn: Any, sql: str, params: Sequence[Any]) -> str | None:
+        """``EXECUTE ...`` for ``sql`` (``?`` placeholders) on ``conn``, preparing it if due; None: send ``sql``."""
+        with self._lock:
+            session = self._sessions.get(conn)
+            if session is None:
+                session = self._sessions[conn] = _Session()
+        name = session.names.get(sql)
+        if name is None:
+            if sql not in session.seen:
+                if len(session.seen) < 4 * self._per_session:
+                    session.seen.add(sql)
+                return None
+            if (sql in self._unpreparable or len(session.names) >= self._per_session
+                    or ";" in sql or sql.count("?") != len(params)):
+                return None
+            name = self._prepare(conn, session, sql)
+            if name is None:
+                return None
+        if not params:
+            return f"EXECUTE {name}"
+        return f"EXECUTE {name} ({', '.join('%s' for _ in params)})"
+
+    def _prepare(self, conn: Any, session: _Session, sql: str) -> str | None:
+        status = conn.info.transaction_status
+        in_transaction = status == ext.TRANSACTION_STATUS_INTRANS
+        if not (in_transaction or (status == ext.TRANSACTION_STATUS_IDLE and conn.autocommit)):
+            return None  # in an aborted transaction, or where psycopg2 would open one for us
+        session.counter += 1
+        name = f"wsrm_{session.counter}"
+        numbered = iter(range(1, sql.count("?") + 1))
+        body = _PLACEHOLDER.sub(lambda _: f"${next(numbered)}", sql)
+        statement = f"PREPARE {name} AS {body}"
+        cur = conn.cursor()
+        try:
+            if in_transaction:  # a failure must not abort the caller's transaction
+                cur.execute(f"SAVEPOINT wsrm_prepare; {statement}; RELEASE SAVEPOINT wsrm_prepare")
+            else:
+                cur.execute(statement)
+        except psycopg2.Error as exc:
+            if not _refused(exc):
+                raise  # the session failed, not the statement: the caller's error to report
+            if in_transaction:
+                try:
+                    cur.execute("ROLLBACK TO SAVEPOINT wsrm_prepare; RELEASE SAVEPOINT wsrm_prepare")
+                except Exception:  # noqa: BLE001 -- the session itself failed: the caller's statement will say so
+                    return None
+            with self._lock:
+                self._unpreparable.add(sql)
+            log.debug("not prepared (sent as text from now on): %s: %s", exc, sql)
+            return None
+        finally:
+            cur.close()
+        session.names[sql] = name
+        self.prepared += 1
+        return name
+
+    def forget(self, conn: Any) -> None:
+        """``conn`` lost its prepared statements (or is gone): prepare again as needed."""
+        with self._lock:
+            self._sessions.pop(conn, None)
