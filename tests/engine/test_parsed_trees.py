@@ -1,0 +1,48 @@
+"""A message's tree travels with its bytes through a durable store: one parse per message."""
+
+from __future__ import annotations
+
+from lxml import etree
+
+from wsrm_plugin.engine.parsed import TREES, ParsedTrees
+
+from .support import ACTION, Recorder, payload, wait_for
+
+
+def test_bytes_read_back_from_a_store_find_the_tree_of_the_bytes_that_were_stored():
+    trees = ParsedTrees()
+    payload = b"<a><b>1</b></a>"
+    root = etree.fromstring(payload)
+    trees.remember(payload, root)
+    read_back = bytes(bytearray(payload))  # what a SQL store returns: equal content, another object
+    assert read_back is not payload
+    assert trees.take(read_back) is root
+    assert trees.take(read_back) is None  # handed over once
+    assert trees.take(b"<a><b>2</b></a>") is None
+
+
+def test_what_nobody_takes_is_bounded_in_count_and_bytes():
+    by_count = ParsedTrees(limit=2)
+    for i in range(3):
+        by_count.remember(b"<a>%d</a>" % i, etree.Element("a"))
+    assert by_count.take(b"<a>0</a>") is None and by_count.take(b"<a>2</a>") is not None
+    by_size = ParsedTrees(max_bytes=25)
+    first, second = b"<a>" + b"x" * 10 + b"</a>", b"<a>" + b"y" * 10 + b"</a>"
+    by_size.remember(first, etree.Element("a"))
+    by_size.remember(second, etree.Element("a"))  # 34 bytes together: the oldest goes
+    assert by_size.take(first) is None and by_size.take(second) is not None
+    by_size.remember(b"<a>" + b"z" * 30 + b"</a>", etree.Element("a"))  # alone over the bound
+    assert by_size.take(b"<a>" + b"z" * 30 + b"</a>") is None
+
+
+def test_a_message_stored_in_sqlite_is_sent_from_the_tree_it_was_built_from(engines, store_for):
+    """The first transmission stamps the Sequence header into the tree the enqueue built,
+    not into a parse of the bytes the SQLite store gave back."""
+    received = Recorder()
+    server = engines(store_for("memory", "s"), serve=True, application=received, name="server")
+    client = engines(store_for("sqlite", "c"), name="client")
+    before = TREES.hits
+    for i in range(5):
+        client.send(server.endpoint_address, payload(f"m{i}"), action=ACTION)
+    assert wait_for(lambda: received.snapshot() == [f"m{i}" for i in range(5)])
+    assert TREES.hits - before >= 5
