@@ -53,6 +53,14 @@ class AckRanges:
             previous_upper = upper
 
     @classmethod
+    def _canonical(cls, ranges: tuple[tuple[int, int], ...]) -> AckRanges:
+        """Ranges this class computed from checked ones: canonical by construction, so not
+        checked again (the bookkeeping of every message makes several of these)."""
+        value = object.__new__(cls)
+        object.__setattr__(value, "ranges", ranges)
+        return value
+
+    @classmethod
     def from_ranges(cls, pairs: Iterable[tuple[int, int]]) -> AckRanges:
         """Normalise ranges as a peer may send them (any order, overlapping, adjacent)."""
         checked = []
@@ -68,7 +76,7 @@ class AckRanges:
                     merged[-1] = (merged[-1][0], upper)
             else:
                 merged.append((lower, upper))
-        return cls(tuple(merged))
+        return cls._canonical(tuple(merged))
 
     @classmethod
     def of(cls, numbers: Iterable[int]) -> AckRanges:
@@ -101,7 +109,7 @@ class AckRanges:
             ranges[i] = (number, ranges[i][1])
         else:
             ranges.insert(i, (number, number))
-        return AckRanges(tuple(ranges))
+        return AckRanges._canonical(tuple(ranges))
 
     def union(self, other: AckRanges) -> AckRanges:
         return AckRanges.from_ranges(self.ranges + other.ranges)
@@ -123,7 +131,7 @@ class AckRanges:
                 k += 1
             if start <= upper:
                 result.append((start, upper))
-        return AckRanges(tuple(result))
+        return AckRanges._canonical(tuple(result))
 
     @property
     def count(self) -> int:

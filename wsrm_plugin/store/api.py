@@ -41,6 +41,7 @@ optional ``now`` so tests and workers can pass their own clock.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -206,8 +207,20 @@ def format_ranges(ranges: AckRanges) -> str:
 
 
 def parse_ranges(text: str | None) -> AckRanges:
+    """The ranges a SQL store wrote as text (see :func:`format_ranges`).
+
+    Cached: a busy sequence's row is read several times per message with the
+    same text ("1-41234"), and the value is immutable."""
     if not text:
-        return AckRanges()
+        return _NO_RANGES
+    return _parse_ranges(text)
+
+
+_NO_RANGES = AckRanges()
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_ranges(text: str) -> AckRanges:
     out = []
     for part in text.split(","):
         m = _RANGE_RE.match(part)
