@@ -62,6 +62,10 @@ WSGI_ENVIRON_KEY = "wsgi.environ"
 _ONE_WAY_KEY = "wsrm.one_way"
 #: spyne's request environ: the chain's tree of the envelope, which spyne reads instead of a parse
 _TREE_KEY = "wsrm.envelope_tree"
+#: In the environ of a request the adapter runs, when spyne may leave a one-way call's answer
+#: unwritten (the adapter throws it away: WS-I BP R2750); only a chunked WsgiApplication, whose
+#: empty answer is an empty list (the other kind joins str and bytes).
+_QUIET_ONE_WAY_KEY = "wsrm.quiet_one_way"
 _ENGAGED = "_wsrm_interceptors_engaged"
 _TREES_TAKEN = "_wsrm_takes_chain_trees"
 #: The elements lxml's ``XMLID`` (spyne's parse) maps by their ``id`` attribute.
@@ -302,6 +306,7 @@ class ChainMiddleware:
         env[ENVIRON_KEY] = request
         env[_TREE_KEY] = request.envelope  # parsed safely already: spyne reads it, not the bytes
         env.pop(_ONE_WAY_KEY, None)
+        env[_QUIET_ONE_WAY_KEY] = bool(getattr(self.application, "chunked", False))
         captured: dict[str, Any] = {}
         written: list[bytes] = []
 
@@ -473,7 +478,16 @@ def engage(application: Application, chain: InterceptorChain | None = None, *,
             if isinstance(environ, dict) and ENVIRON_KEY in environ:
                 environ[_ONE_WAY_KEY] = bool(getattr(ctx.descriptor, "is_async", False))
 
+        def leave_one_way_answer_unwritten(ctx: Any) -> None:
+            # The adapter answers a one-way call with 202 and no body, so spyne's serialization
+            # of its empty answer (an envelope built, then written) would be thrown away.
+            environ = getattr(ctx.transport, "req_env", None)
+            if (isinstance(environ, dict) and environ.get(_QUIET_ONE_WAY_KEY)
+                    and getattr(ctx.descriptor, "is_async", False) and ctx.out_error is None):
+                ctx.out_string = []  # spyne leaves an out_string set by the application alone
+
         application.event_manager.add_listener("method_call", note_one_way)
+        application.event_manager.add_listener("method_return_object", leave_one_way_answer_unwritten)
         _take_chain_trees(getattr(application, "in_protocol", None))
         setattr(application, _ENGAGED, True)
     return ChainMiddleware(wsgi_application, chain, max_message_size=max_message_size)

@@ -98,3 +98,28 @@ def test_a_client_fault_is_answered_at_once_not_retried(servers, clients):
     assert [b"Client.BadItem" in envelope for envelope, _ in answers] == [True, False]
     # the request itself is wrong: one attempt; a server fault is retried up to the policy's limit
     assert service.CALLS == ["bad-x", "fail-y", "fail-y", "fail-y"]
+
+
+def test_spyne_writes_no_answer_to_a_one_way_call_and_still_answers_a_request(clients):
+    """A one-way call is answered 202 with no body (WS-I BP R2750): spyne's serialization of its
+    empty answer would be thrown away, so it does not run; a request's answer still does."""
+    from wsrm_plugin import reliable_service
+
+    app = service.application()
+    documents: list[str] = []
+    app.event_manager.add_listener("method_return_document", lambda ctx: documents.append(ctx.method_name))
+    server = reliable_service(app, "memory:", fast_policy())
+    server.serve()
+    server.start()
+    try:
+        answers, application = _collector()
+        client = clients("memory:", application=application)
+        build = Envelopes(server.url)
+        for item in ["a", "b", "c"]:
+            client.send(server.url, build("record", item), action=action("record"))
+        client.send(server.url, build("echo", "q"), action=action("echo"), expect_reply=True)
+        assert wait_for(lambda: len(answers) == 1 and len(service.recorded()) == 4), service.recorded()
+        assert [_echo_text(envelope) for envelope, _ in answers] == ["re:q"]
+        assert documents == ["echo"]  # written for the request only
+    finally:
+        server.stop(timeout=5)
