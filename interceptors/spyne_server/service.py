@@ -41,6 +41,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from lxml import etree
 from spyne import Application
 
 from wsrm_plugin.engine import DeliveryAssurance, DeliveryContext, FailedDelivery, ReliableEngine, RMPolicy
@@ -121,7 +122,8 @@ class ReliableService:
         self.engine = ReliableEngine(store, self.policy, tm=tm, endpoint_address=endpoint_address,
                                      application=lambda payload, context: self._deliver(payload, context),
                                      on_delivery_failure=on_delivery_failure, name=name)
-        self.interceptor = ReliableMessagingInterceptor(self.engine, required=required)
+        self.interceptor = ReliableMessagingInterceptor(self.engine, required=required,
+                                                        answers=_answering(application))
         self.chain = chain if chain is not None else default_chain()
         self.chain.add(self.interceptor)
         if publish_policy is True:
@@ -179,6 +181,18 @@ class ReliableService:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _answering(application: Application) -> Callable[[etree._Element], bool]:
+    """Does the operation a request body element calls answer?  spyne's own lookup (the
+    element's qualified name); a one-way method (``_is_async``) does not, nor an unknown one."""
+    methods = application.interface.service_method_map
+
+    def answers(body: etree._Element) -> bool:
+        found = methods.get(body.tag)
+        return bool(found) and not getattr(found[0], "is_async", False)
+
+    return answers
 
 
 def reliable_service(application: Application, store: str | StorageManager = "memory:",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,62 @@ def test_spyne_writes_no_answer_to_a_one_way_call_and_still_answers_a_request(cl
         assert documents == ["echo"]  # written for the request only
     finally:
         server.stop(timeout=5)
+
+
+def _in_sequence(server_url: str, body: bytes, identifier: str, number: int, *, reply_to: str | None,
+                 operation: str) -> bytes:
+    """``body`` (a zeep-built request) as message ``number`` of ``identifier``, as a foreign client sends it."""
+    from wsrm_plugin.engine.envelopes import prepare_outgoing, stamp
+    from wsrm_plugin.wire import RM11, SequenceHeader, SOAP11
+
+    outgoing = prepare_outgoing(body, to=server_url, action=action(operation), message_id=None,
+                                reply_to=reply_to, relates_to=None, wsa=RM11.addressing, max_size=1 << 20)
+    return stamp(outgoing.payload, [SequenceHeader(identifier, number).to_xml(RM11, SOAP11)])
+
+
+def test_a_request_no_reply_could_reach_is_refused_before_it_runs(servers, clients):
+    """A sequence without an Offer, and an anonymous ReplyTo: the echo request's reply could
+    reach nobody.  It is refused at once, unrecorded and not run (it used to run, and its reply
+    was dropped with an ERROR); a one-way call, or the request with an addressable ReplyTo
+    (answered on a sequence to it), still goes through."""
+    from tests.engine.support import post
+    from tests.engine.test_bad_input import open_sequence
+    from wsrm_plugin.wire import RM11, SOAP11
+
+    server = servers("memory:", fast_policy(rm_version="1.1"))
+    answers, application = _collector()
+    listener = clients("memory:", application=application)  # an addressable ReplyTo
+    build = Envelopes(server.url)
+    identifier = open_sequence(server.url, RM11)  # no Offer
+    send = lambda n, op, text, reply_to=None: post(  # noqa: E731
+        server.url, _in_sequence(server.url, build(op, text), identifier, n, reply_to=reply_to, operation=op),
+        soap=SOAP11)
+
+    assert send(1, "record", "first").status in (200, 202)
+    refused = send(2, "echo", "q")
+    fault = refused.fault()
+    assert refused.status == 500 and fault.code == "Sender", refused.body
+    assert "no reply could reach you" in fault.reason
+    assert send(2, "echo", "q", reply_to=listener.endpoint_address).status in (200, 202)
+    assert wait_for(lambda: len(answers) == 1)
+    assert [_echo_text(envelope) for envelope, _ in answers] == ["re:q"]
+    assert service.recorded() == ["first", "q"]  # the refused copy never ran
+
+
+def test_a_source_whose_message_is_refused_for_good_faults_the_sequence_at_once(servers, clients):
+    """A Sender fault answers every copy of the message the same: the client's sequence faults
+    at once and hands the message to its fault hook, instead of sending it again and again."""
+    server = servers("memory:", fast_policy())
+    faults = []
+    client = clients("memory:", on_sequence_fault=faults.append)
+    build = Envelopes(server.url)
+    client.send(server.url, build("record", "first"), action=action("record"))  # no Offer
+    assert wait_for(lambda: service.recorded() == ["first"])
+    client.send(server.url, build("echo", "q"), action=action("echo"))  # anonymous ReplyTo: refused
+    assert wait_for(lambda: len(faults) == 1, timeout=15), client.status()
+    assert "no reply could reach you" in faults[0].reason
+    assert [m.number for m in faults[0].messages] == [2]  # kept, not dropped
+    refusals = server.engine.inbound.faults_sent  # copies already in flight when it faulted
+    time.sleep(1.0)  # many retransmission intervals of fast_policy
+    assert server.engine.inbound.faults_sent == refusals  # no copy went after the fault
+    assert service.recorded() == ["first"]

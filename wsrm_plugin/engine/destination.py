@@ -87,6 +87,7 @@ class _Receipt:
     principal: str | None
     soap_ns: str
     ack_requested: bool
+    expects_reply: bool = False
     #: Set once its recording changed the transaction: from then on only a rollback undoes it.
     wrote: bool = False
 
@@ -366,15 +367,19 @@ class Destination:
 
     def receive(self, header: SequenceHeader, version: RMVersion, envelope: bytes,
                 addressing: AddressingHeaders, *, principal: str | None, soap_ns: str,
-                ack_requested: bool = False) -> Accepted:
+                ack_requested: bool = False, expects_reply: bool = False) -> Accepted:
         """Record an application message and buffer it for the application (duplicates: neither).
+
+        ``expects_reply``: its operation answers.  When no reply could reach the
+        peer (the sequence came without an Offer and ReplyTo is anonymous), it is
+        refused before it is recorded, not run with its reply dropped.
 
         Concurrent receives of one sequence are recorded together, in one store
         transaction (see :mod:`.combiner` and ``RMPolicy.receive_batch``); each is
         answered only once that transaction committed, so an acknowledgement
         never runs ahead of the store.
         """
-        item = _Receipt(header, version, envelope, addressing, principal, soap_ns, ack_requested)
+        item = _Receipt(header, version, envelope, addressing, principal, soap_ns, ack_requested, expects_reply)
         try:
             recorded = ALONE if self._receipts is None else self._receipts.submit(header.identifier, item)
             if recorded is ALONE:
@@ -450,6 +455,15 @@ class Destination:
         so_far = received_ranges(seq)
         if self.policy.discards_out_of_order and not reception.duplicate and number != so_far.next_expected:
             raise _OutOfOrder(seq, so_far.next_expected)  # nothing recorded
+        if item.expects_reply and not reception.duplicate and seq.offered_id is None:
+            reply_to = addressing.reply_to.address if addressing.reply_to is not None else None
+            if self._anonymous(reply_to):
+                slog.warning("refused: its operation answers, and no reply could reach the peer")
+                raise SoapFault(
+                    f"message {number} of sequence {identifier} calls an operation that answers, but "
+                    "the sequence came without an Offer and its ReplyTo is anonymous: no reply could "
+                    "reach you; offer a sequence for replies in CreateSequence, or name an addressable "
+                    "ReplyTo (the reply then goes on a sequence to it)", code="Sender")
         fills_gap = self.policy.in_order and number == so_far.next_expected < so_far.highest
         if not reception.duplicate and not fills_gap:
             self._check_budgets(tx, seq, len(envelope), slog)

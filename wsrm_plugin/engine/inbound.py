@@ -132,7 +132,7 @@ class Inbound:
 
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
                remote_addr: str | None = None, parsed: etree._Element | None = None,
-               addressing: AddressingHeaders | None = None) -> Reply:
+               addressing: AddressingHeaders | None = None, expects_reply: bool = False) -> Reply:
         """Answer one received request: an envelope (200), nothing to say (202), or a fault.
 
         ``parsed`` is ``data``'s tree when the caller parsed it already (safely:
@@ -157,7 +157,7 @@ class Inbound:
             log.info("refused a request from %s: %s", remote_addr, refusal)
             return Reply.fault(refusal, message.soap)
         try:
-            return self._dispatch(message, principal, remote_addr)
+            return self._dispatch(message, principal, remote_addr, expects_reply)
         except SoapFault as fault:
             self.faults_sent += 1
             return self._fault_reply(fault, message)
@@ -175,7 +175,8 @@ class Inbound:
             return self._fault_reply(SoapFault("internal error in the WS-RM destination", code="Receiver"),
                                      message)
 
-    def _dispatch(self, message: Message, principal: str | None, remote_addr: str | None) -> Reply:
+    def _dispatch(self, message: Message, principal: str | None, remote_addr: str | None,
+                  expects_reply: bool = False) -> Reply:
         answer_headers: list[etree._Element] = []
         answer_body: tuple[etree._Element, str] | None = None  # (element, action)
         soap = message.soap
@@ -237,7 +238,8 @@ class Inbound:
             accepted = self.destination.receive(
                 header, version, message.raw, message.addressing, principal=principal,
                 soap_ns=soap.ns, ack_requested=any(a.identifier == header.identifier
-                                                   for a, _ in message.ack_requests))
+                                                   for a, _ in message.ack_requests),
+                expects_reply=expects_reply)
             if accepted.ack is not None:
                 answer_headers.append(accepted.ack.to_xml(version, soap))
                 acked.add(header.identifier)

@@ -37,8 +37,8 @@ from ..statemachine import AckRanges, RMSDuty, rms_duties
 from ..store import RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreError
 from ..wire import (
     RM10, AckRequested, CloseSequence, CloseSequenceResponse, CreateSequence, CreateSequenceResponse,
-    EndpointReference, Offer, SequenceAcknowledgement, SequenceHeader, SoapVersion, TerminateSequence,
-    TerminateSequenceResponse, WSRMFault,
+    EndpointReference, Offer, SequenceAcknowledgement, SequenceHeader, SoapFault, SoapVersion,
+    TerminateSequence, TerminateSequenceResponse, WSRMFault,
 )
 from ..wire.namespaces import AddressingVersion
 from .destination import Destination
@@ -116,6 +116,17 @@ def _sid(seq: RmsSequence) -> str:
     if seq.sequence_id is None:
         raise RuntimeError(f"source sequence {seq.key!r} is not created yet: it has no identifier to send")
     return seq.sequence_id
+
+
+def _refused_for_good(fault: SoapFault | None) -> bool:
+    """Does ``fault``, the answer to an application message, blame the message itself?
+
+    WS-RM faults are the protocol's own (the source applies them); a Receiver
+    fault says "later" (a busy destination, a store that cannot write now).  A
+    Sender fault, MustUnderstand (a service without WS-RM) or VersionMismatch
+    is the answer every copy of the message would get."""
+    return (fault is not None and not isinstance(fault, WSRMFault)
+            and fault.code in ("Sender", "MustUnderstand", "VersionMismatch", "DataEncodingUnknown"))
 
 
 def create_refusal(response: Response, content: ResponseContent | None) -> str | None:
@@ -805,6 +816,9 @@ class RetransmissionWorker:
                 if candidate.identifier == seq.sequence_id and not candidate.nacks:
                     ranges = AckRanges.from_ranges(candidate.ranges)
                     ack = ranges if ack is None else ack.union(ranges)
+        refusal = content.fault if content is not None else None
+        if refusal is not None and _refused_for_good(refusal) and (ack is None or msg.number not in ack):
+            self._refused(seq, msg, refusal)
         # A 5xx without an acknowledgement (a proxy's 502, an overloaded server) is no answer from
         # the destination: it counts as a failed exchange, not as a round trip.  A 503 is the
         # destination's own "later" (its Retry-After decides when): not a loss to resend at once.
@@ -815,6 +829,18 @@ class RetransmissionWorker:
             peer.failed()
         return Exchange(msg.number, started, ended, answered=answered, ack=ack,
                         bare=ack is None and 200 <= response.status < 300)
+
+    def _refused(self, seq: RmsSequence, msg: Any, fault: SoapFault) -> None:
+        """The destination refused message ``msg.number`` for good: every copy would get the same
+        answer.  The sequence faults at once (its messages kept for the fault hook or ``wsrm
+        resend``) instead of the message going again until ``max_retries``, silently."""
+        try:
+            with self.store.begin() as tx:
+                current = tx.rms.get(seq.key)
+                if current is not None:
+                    self.source.fault_in(tx, current, f"message {msg.number} was refused: {fault}")
+        except StoreError as exc:  # not recorded: the next copy is refused again and tries again
+            log.info("refusal of message %d not recorded: %s", msg.number, exc)
 
     def _retry_after(self, seq: RmsSequence, msg: Any, response: Any) -> None:
         """A 503 (the destination is full or its store failing): the message stays unacknowledged
