@@ -45,10 +45,14 @@ the damaged file is copied to ``<path>.damaged-<time>`` and the log rewritten
 (crash-safe, as a compaction) with its intact live records and a "damage"
 record, so safe mode survives restarts and compactions until an operator
 ends it (``wsrm recover --end-safe-mode``, :meth:`RecoveryLog.end_safe_mode`).
-A torn last record counts as damage too: a process killed by SIGKILL never
-tears a record (its ``pwrite`` is complete or not made), so a torn record
-means an OS crash or a damaged disk, and there is no way to tell a torn
-record that was never acknowledged from the damaged remains of one that was.
+A torn last record counts as damage too, with one exception.  Linux copies
+a write a page at a time and gives up between two pages when the writing
+process is SIGKILLed: the last append of a killed process can stop at a page
+boundary.  That write never returned, so it was never synced nor acknowledged,
+and a torn last record that stops exactly at a page boundary, with nothing
+readable after it, is dropped with a WARNING (:func:`_interrupted_append`).  Any
+other torn record means an OS crash or a damaged disk, and there is no way to
+tell one that was never acknowledged from the damaged remains of one that was.
 
 Compaction writes ``<path>.compact-<pid>``, fsyncs it, renames it over the
 log and fsyncs the directory: at every instant ``<path>`` is the old log or
@@ -600,6 +604,14 @@ class RecoveryLog:
                     "refusing to touch it -- check the log path")
             zeros_from = len(data.rstrip(b"\0"))
             bad = self._replay(data, zeros_from, self.format_version)
+            torn_at = _interrupted_append(data, bad, zeros_from, self.format_version)
+            if torn_at is not None:
+                log.warning("recovery log %s: its last write was cut at byte %d by the death of the "
+                            "process that made it (never acknowledged: it was not yet synced); "
+                            "%d bytes of it discarded", self.path, zeros_from, zeros_from - torn_at)
+                _pwrite_all(fd, b"\0" * (zeros_from - torn_at), torn_at)
+                self._sync(fd)
+                bad, zeros_from = bad[:-1], torn_at
             self._size = zeros_from if bad else max(len(MAGIC), zeros_from)
             self._allocated = len(data)
             if bad:
@@ -833,6 +845,35 @@ class RecoveryLog:
 
 
 # -- framing ---------------------------------------------------------------------
+
+#: Linux copies a write into the page cache a page at a time and stops between two pages
+#: when the process gets a fatal signal (SIGKILL): the write returns short, and the process
+#: is gone before it can sync.  The only tear a killed process leaves is at such a boundary.
+_WRITE_PAGE = 4096
+
+
+def _interrupted_append(data: bytes, bad: list[tuple[int, int, str]], end: int, version: int) -> int | None:
+    """Where the last append starts, when it is the last unreadable span and was cut by the
+    death of its process; None otherwise.
+
+    Its signature: the last record of the log is torn (its header, or the bytes its header
+    announces, run past the end of what was written), nothing readable follows it, and what
+    was written stops exactly at a page boundary (zeros of the preallocation, or the end of
+    the file, after it).  Such a write never returned, so it was never synced nor
+    acknowledged: dropping it loses no decision.  Anything else (a tear elsewhere, a bad
+    checksum within the written bytes, damage before the end) stays damage: safe mode."""
+    if not bad:
+        return None
+    start, resume, _ = bad[-1]
+    if resume != end or end % _WRITE_PAGE:
+        return None
+    at = start + (len(MARK) if version == 2 else 0)
+    if version == 2 and data[start:min(at, end)] != MARK[:min(at, end) - start]:
+        return None  # not even the start of a record
+    if end - at < _FRAME.size:
+        return start  # the header itself is cut
+    length, _ = _FRAME.unpack_from(data, at)
+    return start if length <= MAX_RECORD and at + _FRAME.size + length > end else None
 
 
 def _frame(payload: bytes) -> bytes:

@@ -129,6 +129,38 @@ def test_truncation_at_every_record_keeps_every_intact_decision(tmp_path, how):
         assert bool(damage) == (how != "boundary"), f"record {k}"
 
 
+@pytest.mark.parametrize("zeros_after", [0, 8192])
+def test_a_last_write_cut_at_a_page_boundary_is_an_interrupted_append_not_damage(tmp_path, zeros_after):
+    """Linux stops copying a write between two pages when its process is SIGKILLed, so the
+    last append of a killed process can end at a page boundary, torn.  That write never
+    returned (never synced, never acknowledged): it is dropped, not taken for damage, and
+    the log goes on after the last intact record.  Cut anywhere else, it is damage."""
+    path = tmp_path / "src.log"
+    gs = [Xid.new_global("page") for _ in range(60)]
+    starts = []
+    with RecoveryLog(path, fsync=False, preallocate=0) as lg:
+        for g in gs:
+            starts.append(lg.size())
+            lg.log_commit_decision(g, [(g.branch("0"), "a"), (g.branch("1"), "b")])
+        starts.append(lg.size())
+    data = path.read_bytes()
+    k = next(i for i, (lo, hi) in enumerate(zip(starts, starts[1:])) if lo < 4096 < hi)
+    assert len(data) > 4096 and starts[k] < 4096 < starts[k + 1]  # record k straddles the page
+    cut = tmp_path / "cut.log"
+    cut.write_bytes(data[:4096] + b"\0" * zeros_after)  # the preallocated zeros follow, or EOF
+    got, damage = _open(cut)
+    assert damage == [] and got == {g.to_text() for g in gs[:k]}
+    later = Xid.new_global("page")
+    with RecoveryLog(cut, fsync=False) as lg:  # appends where the torn write began
+        lg.log_commit_decision(later, [(later.branch("0"), "a")])
+    got, damage = _open(cut)
+    assert damage == [] and got == {g.to_text() for g in gs[:k]} | {later.to_text()}
+    elsewhere = tmp_path / "elsewhere.log"
+    elsewhere.write_bytes(data[:4095])
+    got, damage = _open(elsewhere)
+    assert damage and {g.to_text() for g in gs[:k]} <= got  # safe mode, nothing intact lost
+
+
 # -- the transaction manager on a damaged log ---------------------------------------------
 
 
