@@ -167,7 +167,8 @@ class ReliableMessagingInterceptor(Interceptor):
         # Filed first, since the invoker may deliver before handle() returns.
         TREES.remember(data, envelope)
         # the WS-A properties the chain's addressing interceptor read, if it ran: not read again
-        answers, body = self.answers, _request_body(envelope)
+        answers = self.answers
+        body = _request_body(envelope) if answers is not None else None
         reply = self.engine.handle(data, principal=principal, remote_addr=remote_addr,
                                    content_type=message.http_headers.get("Content-Type"),
                                    parsed=envelope, addressing=message.addressing,

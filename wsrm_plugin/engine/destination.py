@@ -407,12 +407,12 @@ class Destination:
             return Accepted(identifier, number, True, None, offered=offered)
         return Accepted(identifier, number, True, self.current_ack(identifier), offered=offered)
 
-    def _record_alone(self, item: "_Receipt") -> tuple[RmdSequence, Reception]:
+    def _record_alone(self, item: _Receipt) -> tuple[RmdSequence, Reception]:
         item.wrote = False
         with self.store.begin() as tx:
             return self._record(tx, item)
 
-    def _record_batch(self, items: list["_Receipt"]) -> list[Any]:
+    def _record_batch(self, items: list[_Receipt]) -> list[Any]:
         """Record ``items`` (of one sequence) in one transaction; an outcome each.
 
         A message refused before it changed anything (a fault, a discarded
@@ -438,7 +438,7 @@ class Destination:
             return [ALONE] * len(items)
         return outcomes
 
-    def _record(self, tx: StoreTransaction, item: "_Receipt") -> tuple[RmdSequence, Reception]:
+    def _record(self, tx: StoreTransaction, item: _Receipt) -> tuple[RmdSequence, Reception]:
         """The receive's work in ``tx``: the sequence as read, and the state machine's reception."""
         header, version, envelope, addressing = item.header, item.version, item.envelope, item.addressing
         identifier, number = header.identifier, header.message_number
@@ -455,8 +455,8 @@ class Destination:
         so_far = received_ranges(seq)
         if self.policy.discards_out_of_order and not reception.duplicate and number != so_far.next_expected:
             raise _OutOfOrder(seq, so_far.next_expected)  # nothing recorded
+        reply_to = addressing.reply_to.address if addressing.reply_to is not None else None
         if item.expects_reply and not reception.duplicate and seq.offered_id is None:
-            reply_to = addressing.reply_to.address if addressing.reply_to is not None else None
             if self._anonymous(reply_to):
                 slog.warning("refused: its operation answers, and no reply could reach the peer")
                 raise SoapFault(
@@ -473,7 +473,6 @@ class Destination:
         if changes:
             tx.rmd.update(identifier, **changes)
         if not reception.duplicate:
-            reply_to = addressing.reply_to.address if addressing.reply_to is not None else None
             tx.invoker.put(identifier, number, envelope, action=addressing.action or "",
                            soap_version=item.soap_ns, message_id=addressing.message_id, reply_to=reply_to,
                            now=now)
@@ -491,7 +490,7 @@ class Destination:
             tx.rmd.request_ack(identifier, due_at=now + delay)
         return seq, reception
 
-    def _accepted(self, item: "_Receipt", seq: RmdSequence, reception: Reception) -> Accepted:
+    def _accepted(self, item: _Receipt, seq: RmdSequence, reception: Reception) -> Accepted:
         """After the commit: wake the invoker, and the acknowledgement for the back-channel."""
         identifier, number, version = item.header.identifier, item.header.message_number, item.version
         slog = for_sequence(log, identifier, number)

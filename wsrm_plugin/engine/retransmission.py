@@ -118,14 +118,14 @@ def _sid(seq: RmsSequence) -> str:
     return seq.sequence_id
 
 
-def _refused_for_good(fault: SoapFault | None) -> bool:
+def _refused_for_good(fault: SoapFault) -> bool:
     """Does ``fault``, the answer to an application message, blame the message itself?
 
     WS-RM faults are the protocol's own (the source applies them); a Receiver
     fault says "later" (a busy destination, a store that cannot write now).  A
     Sender fault, MustUnderstand (a service without WS-RM) or VersionMismatch
     is the answer every copy of the message would get."""
-    return (fault is not None and not isinstance(fault, WSRMFault)
+    return (not isinstance(fault, WSRMFault)
             and fault.code in ("Sender", "MustUnderstand", "VersionMismatch", "DataEncodingUnknown"))
 
 

@@ -13,9 +13,9 @@
     through PostgreSQL prepared transactions (:mod:`.postgres`).
 
 Options go in the query string: ``?lock_timeout=5`` (seconds a transaction
-waits for a lock), ``pool_size=8``; PostgreSQL also ``prepare_statements=0`` (send
-every statement as text: behind a pooler in transaction mode, see :mod:`.prepared`).  The API every store offers is in
-:mod:`.api`.
+waits for a lock), ``pool_size=8``; PostgreSQL also ``prepare_statements=0``
+(every statement sent as text: behind a pooler in transaction mode, see
+:mod:`.prepared`).  The API every store offers is in :mod:`.api`.
 """
 
 from __future__ import annotations

@@ -74,10 +74,10 @@ class PreparedStatements:
 
     def text(self, conn: Any, sql: str, params: Sequence[Any]) -> str | None:
         """``EXECUTE ...`` for ``sql`` (``?`` placeholders) on ``conn``, preparing it if due; None: send ``sql``."""
-        with self._lock:
-            session = self._sessions.get(conn)
-            if session is None:
-                session = self._sessions[conn] = _Session()
+        session = self._sessions.get(conn)
+        if session is None:
+            with self._lock:
+                session = self._sessions.setdefault(conn, _Session())
         name = session.names.get(sql)
         if name is None:
             if sql not in session.seen:
@@ -128,7 +128,9 @@ class PreparedStatements:
         self.prepared += 1
         return name
 
-    def forget(self, conn: Any) -> None:
-        """``conn`` lost its prepared statements (or is gone): prepare again as needed."""
-        with self._lock:
-            self._sessions.pop(conn, None)
+    def failed(self, conn: Any, exc: BaseException) -> None:
+        """A statement on ``conn`` failed with ``exc``: when the session lost its prepared
+        statements (SQLSTATE 26000), forget them, so they are prepared again as needed."""
+        if getattr(exc, "pgcode", None) == UNDEFINED_PREPARED:
+            with self._lock:
+                self._sessions.pop(conn, None)

@@ -485,8 +485,8 @@ class SqlTransaction(api.StoreTransaction):
         except Exception as exc:
             if cur is not None:
                 cur.close()
-            if statements is not None and getattr(exc, "pgcode", None) == "26000":
-                statements.forget(self.conn)  # 26000: prepared statement does not exist
+            if statements is not None:
+                statements.failed(self.conn, exc)
             translated = self._store._translate(exc)
             self._doom(translated or exc)
             if translated is not None:
