@@ -52,6 +52,24 @@ def test_a_statement_postgresql_cannot_prepare_is_sent_as_text_and_its_transacti
         assert not any("IS NULL" in text for text in _prepared_on(tx))
 
 
+def test_savepoints_are_sent_as_text_and_a_batch_of_them_aborts_nothing(store: StorageManager) -> None:
+    """A savepoint's statement repeats on a session (``SAVEPOINT wsrm_sp1`` for every batched
+    delivery): PostgreSQL cannot prepare it, and the attempt once aborted its transaction
+    silently (the SAVEPOINT that guards a PREPARE was sent in one string with it, so a syntax
+    error in the PREPARE kept it from being set)."""
+    with store.begin() as tx:
+        new_rmd(tx)
+    for number in (1, 2, 3):
+        with store.begin() as tx:
+            tx.rmd.get("s1")
+            with tx.savepoint():
+                tx.rmd.record_received("s1", number)
+            assert tx.conn.info.transaction_status == ext.TRANSACTION_STATUS_INTRANS
+    with store.begin() as tx:
+        assert list(tx.rmd.get("s1").received.ranges) == [(1, 3)]
+        assert not any("AS SAVEPOINT" in text for text in _prepared_on(tx))
+
+
 def test_a_session_that_lost_its_statements_fails_one_transaction_then_prepares_again(
         store: StorageManager) -> None:
     with store.begin() as tx:

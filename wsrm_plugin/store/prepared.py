@@ -41,6 +41,8 @@ __all__ = ["PreparedStatements", "UNDEFINED_PREPARED"]
 log = logging.getLogger(__name__)
 
 _PLACEHOLDER = re.compile(r"\?")
+#: What PREPARE takes (a SAVEPOINT, BEGIN or SET is sent as text: PostgreSQL refuses to prepare it)
+_PREPARABLE = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH|VALUES)\b", re.IGNORECASE)
 #: SQLSTATE of "prepared statement does not exist"
 UNDEFINED_PREPARED = "26000"
 
@@ -85,7 +87,7 @@ class PreparedStatements:
                     session.seen.add(sql)
                 return None
             if (sql in self._unpreparable or len(session.names) >= self._per_session
-                    or ";" in sql or sql.count("?") != len(params)):
+                    or ";" in sql or sql.count("?") != len(params) or not _PREPARABLE.match(sql)):
                 return None
             name = self._prepare(conn, session, sql)
             if name is None:
@@ -107,7 +109,10 @@ class PreparedStatements:
         cur = conn.cursor()
         try:
             if in_transaction:  # a failure must not abort the caller's transaction
-                cur.execute(f"SAVEPOINT wsrm_prepare; {statement}; RELEASE SAVEPOINT wsrm_prepare")
+                # the savepoint first, on its own: in one query string with the PREPARE, a
+                # syntax error in the PREPARE would keep it from ever being set
+                cur.execute("SAVEPOINT wsrm_prepare")
+                cur.execute(f"{statement}; RELEASE SAVEPOINT wsrm_prepare")
             else:
                 cur.execute(statement)
         except psycopg2.Error as exc:
