@@ -140,7 +140,7 @@ def _application() -> Any:
 
 
 def _variant(scenario: str) -> tuple[str, dict[str, Any]]:
-    """``"xa1~deliver_on_receipt=False"``: scenario xa1, with that RMPolicy knob on both sides
+    """``"xa1~delivery_batch=10"``: scenario xa1, with that RMPolicy knob on both sides
     (a variant measured beside its base in the same rounds)."""
     base, _, knobs = scenario.partition("~")
     overrides: dict[str, Any] = {}
