@@ -49,7 +49,8 @@ variant beside its base in the same rounds:
 is an option of the store instead (``xa1~store.prepare_statements=false``).
 
 ``BENCH_PG_STATEMENTS=1`` loads ``pg_stat_statements`` and lists, at the end,
-the statements PostgreSQL spent longest on (run one scenario to read them).
+the statements PostgreSQL spent longest on (run one scenario to read them); a number above 1
+lists that many.
 
 Profiling: ``BENCH_PROFILE=DIR`` attaches ``py-spy record --idle --threads``
 (raw collapsed stacks, waits included; ``BENCH_PROFILE_IDLE=0``: on-CPU samples only) to every
@@ -583,7 +584,9 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
             rows = cur.fetchall()
     finally:
         conn.close()
-    print(f"statements by PostgreSQL time, planning included (per message of the run, {messages} messages):")
+    print(f"statements by PostgreSQL time, planning included (per message of the run, {messages} messages; "
+          f"these {len(rows)}: {sum(r[1] for r in rows) / messages:.2f} calls, "
+          f"{1000 * sum(r[2] for r in rows) / messages:.0f} us):")
     for query, calls, ms, planning in rows:
         print(f"  {calls / messages:6.2f} calls {1000 * ms / messages:7.0f} us ({1000 * planning / messages:5.0f} planning)"
               f"  {' '.join(query.split())[:100]}")
@@ -867,7 +870,8 @@ def main(argv: list[str] | None = None) -> int:
                 by_cpu = f" (CPU {statistics.median(cpu_values):.2f})" if cpu_values else ""
                 print(f"  {scenario}/{base} >= {aim}: {med:.2f} {'ok' if med >= aim else 'BELOW'}{by_cpu}")
         if statements:
-            _print_statements(pg, args.calls * args.rounds * len(scenarios))
+            top = os.environ["BENCH_PG_STATEMENTS"]
+            _print_statements(pg, args.calls * args.rounds * len(scenarios), int(top) if int(top) > 1 else 15)
     finally:
         pg.close()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -106,6 +106,26 @@ def test_pollers_skip_what_another_transaction_holds(store: StorageManager) -> N
 
 
 @pytest.mark.parametrize("store_url", [KINDS[0], KINDS[2]], indirect=True)
+def test_a_senders_round_robin_round_skips_a_sequence_being_enqueued_to(store: StorageManager) -> None:
+    """The sender's round (each sequence's first due messages, then the seconds...) skips a
+    sequence whose row an application transaction holds (its enqueue took the next number) and
+    still fills its batch from the others, without waiting for that transaction."""
+    started(store, "a", "sa", messages=3, sent=False)
+    started(store, "b", "sb", messages=2, sent=False)
+    enqueuing = store.begin()
+    try:
+        enqueuing.rms.get("a")  # what an enqueue holds until its transaction ends
+        with store.begin() as sender:
+            due = sender.rms_messages.due_messages(limit=2, per_sequence=50)
+            assert [(m.sequence_key, m.number) for m in due] == [("b", 1), ("b", 2)]
+    finally:
+        enqueuing.rollback()
+    with store.begin() as sender:
+        due = sender.rms_messages.due_messages(limit=3, per_sequence=50)
+        assert [(m.sequence_key, m.number) for m in due] == [("a", 1), ("b", 1), ("a", 2)]
+
+
+@pytest.mark.parametrize("store_url", [KINDS[0], KINDS[2]], indirect=True)
 def test_reception_does_not_wait_for_a_delivery_of_the_same_sequence(open_kind) -> None:
     """A delivery holds its sequence from claim to (two-phase) commit; a receive must not queue behind it."""
     store = open_kind(lock_timeout=0.5)

@@ -72,3 +72,33 @@ def test_a_failed_statement_ends_the_transaction_and_the_session_is_reused(store
         with store.begin() as tx:
             assert tx.rmd.get("s1").received.count == 0
     assert all(r._session.autocommit is False for r in store._idle)
+
+
+def _synchronous_commit(tx) -> str:
+    with tx.conn.cursor() as cur:
+        cur.execute("SHOW synchronous_commit")
+        return cur.fetchone()[0]
+
+
+def test_a_transaction_begun_not_durable_commits_without_waiting_for_the_disk(store: StorageManager) -> None:
+    """``durable=False`` (a send attempt, an acknowledgement applied) goes out with the BEGIN, for
+    that transaction only; ``make_durable`` (a sequence faulted in it) takes it back."""
+    with store.begin() as tx:
+        new_rmd(tx)
+    with store.begin(durable=False) as tx:
+        tx.rmd.get("s1")
+        assert _synchronous_commit(tx) == "off"
+        tx.rmd.record_received("s1", 1)
+    with store.begin(durable=False) as tx:
+        tx.rmd.get("s1")
+        tx.make_durable()
+        assert _synchronous_commit(tx) == "on"
+        tx.rmd.record_received("s1", 2)
+    with store.begin(durable=False) as tx:
+        tx.make_durable()  # before anything began: the transaction simply begins durable
+        tx.rmd.get("s1")
+        assert _synchronous_commit(tx) == "on"
+    with store.begin() as tx:  # the session the pool gives back is durable again
+        tx.rmd.get("s1")
+        assert _synchronous_commit(tx) == "on"
+        assert list(tx.rmd.get("s1").received.ranges) == [(1, 2)]

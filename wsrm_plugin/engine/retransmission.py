@@ -697,7 +697,9 @@ class RetransmissionWorker:
     def _claim(self, now: float) -> list[_Planned]:
         policy = self.policy
         plan: list[_Planned] = []
-        with self.store.begin() as tx:
+        # not durable: a send attempt a crash forgot only means the message is sent again; the
+        # claim holds its sequences' rows, which enqueues wait for, until the commit
+        with self.store.begin(durable=False) as tx:
             owed_acks: dict[str, list[RmdSequence]] = {}
             for rmd in tx.rmd.needing_ack(now=_NEVER, limit=100):  # no lock: piggyback candidates
                 if not self.destination.acks_on_back_channel(rmd):

@@ -659,7 +659,9 @@ class Source:
                 return
             self._flush_ack(pending, ack.identifier)
         now = time.time()
-        with self.store.begin() as tx:
+        # not durable: an acknowledgement a crash forgot is learned again (the messages are sent
+        # again and acknowledged again); meanwhile the sequence's row is free sooner for enqueues
+        with self.store.begin(durable=False) as tx:
             seq = tx.rms.get_by_sequence_id(ack.identifier)
             if seq is None:
                 raise UnknownSequence(ack.identifier, version=version)
@@ -773,6 +775,7 @@ class Source:
         transition = rms_transition(rms_state(seq, tx.rms_messages.has_unacked(seq.key)), RMSEvent.FAULT)
         if transition.noop:
             return
+        tx.make_durable()  # the fault hook will tell the application: a crash must not forget it
         tx.rms.update(seq.key, fault_reason=reason, next_control_at=time.time(), **rms_changes(transition))
         self.faulted_sequences += 1
         for_sequence(log, seq.sequence_id, key=seq.key).error("sequence faulted: %s", reason)

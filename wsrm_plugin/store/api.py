@@ -1058,6 +1058,15 @@ class StoreTransaction(ABC):
     #: True when :meth:`savepoint` works (the memory and SQL stores).
     supports_savepoints: ClassVar[bool] = False
 
+    def make_durable(self) -> None:
+        """This transaction's commit waits for the disk after all (begun with ``durable=False``).
+
+        For a decision taken in it that nobody may be told of and then have
+        forgotten by a crash: a sequence faulted (its fault hook tells the
+        application which messages failed).
+        """
+        return None  # the stores that commit every transaction durably have nothing to change
+
     def savepoint(self) -> Any:
         """A context manager: when its block raises, only the block's changes are undone.
 
@@ -1103,7 +1112,7 @@ class StorageManager(ABC):
     commits_are_costly: ClassVar[bool] = True
 
     @abstractmethod
-    def begin(self, *, xa: Any = None) -> StoreTransaction:
+    def begin(self, *, xa: Any = None, durable: bool = True) -> StoreTransaction:
         """A new transaction.
 
         With ``xa=`` a transaction manager (``txmanager.TransactionManager``)
@@ -1113,6 +1122,15 @@ class StorageManager(ABC):
         ``rollback()`` belong to the transaction manager and the ``with`` block
         does not end it.  With no current transaction the store falls back to
         a local transaction.
+
+        ``durable=False``: the commit need not wait for the disk.  For work a
+        crash may forget because it is learned again from the peer or redone
+        (a send attempt recorded, an acknowledgement applied): a crash loses
+        at most the last such commits, never one made after them durably, and
+        nothing that was acknowledged or delivered.  PostgreSQL commits it
+        with ``synchronous_commit`` off (no WAL flush to wait for, so the rows
+        it locked are free sooner); the other stores commit as usual.  Ignored
+        for a branch of an XA transaction.
         """
 
     @abstractmethod

@@ -80,7 +80,7 @@ class MemoryStore(api.StorageManager):
         self._resource = MemoryXAResource(self)
         self._closed = False
 
-    def begin(self, *, xa: Any = None) -> "MemoryTransaction":
+    def begin(self, *, xa: Any = None, durable: bool = True) -> "MemoryTransaction":
         if self._closed:
             raise StoreClosedError(f"{self.url} is closed")
         if xa is not None:

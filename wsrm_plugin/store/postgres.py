@@ -159,7 +159,7 @@ class PostgresStore(api.StorageManager):
 
     # -- transactions ----------------------------------------------------------------------------
 
-    def begin(self, *, xa: Any = None) -> SqlTransaction:
+    def begin(self, *, xa: Any = None, durable: bool = True) -> SqlTransaction:
         if xa is not None:
             get = getattr(xa, "get_transaction", None)
             if get is None:
@@ -176,6 +176,8 @@ class PostgresStore(api.StorageManager):
             conn.autocommit = True
             tx = SqlTransaction(self, conn, POSTGRES)
             tx.lazy_begin = True
+            if not durable:  # sent with the BEGIN: no round trip of its own
+                tx.begin_with = "SET LOCAL synchronous_commit TO OFF; "
         except psycopg2.Error as exc:
             self._release(resource)
             translated = self._translate(exc)

@@ -287,7 +287,7 @@ class SqliteStore(api.StorageManager):
 
     # -- transactions --------------------------------------------------------------------
 
-    def begin(self, *, xa: Any = None) -> SqlTransaction:
+    def begin(self, *, xa: Any = None, durable: bool = True) -> SqlTransaction:
         if xa is not None:
             bound = self._resource.bind_current(xa)
             if bound is not None:
