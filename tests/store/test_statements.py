@@ -56,8 +56,13 @@ def test_an_enqueue_batch_writes_its_source_sequence_twice_and_never_reads_it(st
         numbers = [m.number for m in enqueue(tx, n=20)]
     assert numbers == list(range(1, 21))
     assert not [s for s in seen if s.startswith("SELECT") and "FROM rms_sequence" in s], seen
-    assert count(seen, "INSERT INTO rms_message") == 20
-    assert count(seen, "UPDATE rms_sequence") == 2, seen
+    if store.url.startswith("postgresql"):  # the first enqueue's UPDATE and INSERT are one statement
+        assert count(seen, "WITH s AS (UPDATE rms_sequence") == 1, seen
+        assert count(seen, "INSERT INTO rms_message") == 19
+        assert count(seen, "UPDATE rms_sequence") == 1, seen
+    else:
+        assert count(seen, "INSERT INTO rms_message") == 20
+        assert count(seen, "UPDATE rms_sequence") == 2, seen
     with store.begin() as tx:
         assert tx.rms.get("k1").next_number == 21
 
@@ -160,9 +165,11 @@ def test_an_acknowledgement_marks_without_reading_first(store: StorageManager) -
         assert [m.number for m in tx.rms_messages.list_for("k1") if not m.acked] == [5]
 
 
-def test_one_enqueue_is_two_statements(store: StorageManager) -> None:
+def test_one_enqueue_is_one_statement_on_postgresql_two_on_sqlite(store: StorageManager) -> None:
     """The transactional outbox's insert, plus the sequence's number: what a one-message
-    transaction of an application pays for reliable sending."""
+    transaction of an application pays for reliable sending.  PostgreSQL takes the number and
+    inserts the message in one statement (a data-modifying WITH): no round trip more than the
+    outbox's own insert."""
     with store.begin() as tx:
         new_rms(tx)
     for expected in (1, 2):
@@ -170,7 +177,11 @@ def test_one_enqueue_is_two_statements(store: StorageManager) -> None:
             seen = statements(tx)
             [msg] = enqueue(tx, n=1)
             assert msg.number == expected
-        assert [s.split()[0] for s in seen] == ["UPDATE", "INSERT"], seen
+        one = store.url.startswith("postgresql")
+        assert [s.split()[0] for s in seen] == (["WITH"] if one else ["UPDATE", "INSERT"]), seen
+    with store.begin() as tx:
+        assert [(m.number, m.payload) for m in tx.rms_messages.list_for("k1")] == \
+            [(1, msg.payload), (2, msg.payload)]
     with store.begin() as tx:
         [last] = enqueue(tx, n=1, last=True)
     with store.begin() as tx:

@@ -297,6 +297,9 @@ _MSG_COLS = ("seq_key", "number", "message_id", "action", "soap_version", "paylo
 _RMD_COLS = ("sequence_id", "acks_to", "rm_version", "wsa_version", "principal", "offered_id",
              "received", "last_number", "closed", "terminated", "ack_due_at", "expires",
              "created_at", "last_activity")
+#: the columns an enqueue writes (the key first)
+_ENQUEUE_COLS = ("seq_key", "number", "message_id", "action", "soap_version", "payload", "last",
+                 "reply_callback", "reply_context", "reply_pending", "next_send_at", "created_at")
 _BUF_COLS = ("sequence_id", "number", "message_id", "action", "soap_version", "payload",
              "reply_to", "received_at", "attempts", "retry_cycle", "next_attempt_at", "last_error")
 _POISON_COLS = ("sequence_id", "number", "message_id", "action", "soap_version", "payload",
@@ -762,21 +765,27 @@ class _RmsMessages(api.RmsMessageManager):
                 reply_context: bytes | None = None, send_at: float | None = None,
                 now: float | None = None) -> RmsMessage:
         tx = self._tx
-        taken = self._take_number(sequence_key, last) if isinstance(payload, (bytes, bytearray, memoryview)) else None
+        t = _now(now)
+        values: tuple[Any, ...] = ()
+        if isinstance(payload, (bytes, bytearray, memoryview)):
+            values = (message_id, action, soap_version, bytes(payload), last, reply_callback,
+                      None if reply_context is None else bytes(reply_context), reply_callback is not None,
+                      t if send_at is None else send_at, t)
+        # PostgreSQL: the number taken and the message inserted in one statement (a round trip
+        # less on the application's own transaction); where the store keeps an undo image
+        # (SQLite's XA branches), the insert is captured first, so it stays a statement of its own
+        together = tx.d.writable_cte and tx.undo is None
+        taken = self._take_number(sequence_key, last, values if together else ()) if values else None
         if taken is not None:
             number = taken.next_number - 1
         else:
             seq = self._seq(sequence_key)
             number = api.check_enqueue(seq, payload)
-        t = _now(now)
-        tx.capture_key("rms_message", sequence_key, number)
-        tx.write(
-            "INSERT INTO rms_message (seq_key, number, message_id, action, soap_version, payload, "
-            "last, reply_callback, reply_context, reply_pending, next_send_at, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (sequence_key, number, message_id, action, soap_version, bytes(payload), last,
-             reply_callback, None if reply_context is None else bytes(reply_context),
-             reply_callback is not None, t if send_at is None else send_at, t))
+        if taken is None or not together:
+            tx.capture_key("rms_message", sequence_key, number)
+            tx.write(
+                f"INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}) VALUES ({', '.join('?' * len(_ENQUEUE_COLS))})",
+                (sequence_key, number, *values))
         if taken is not None:  # the row is written already
             tx.held_rms[sequence_key] = taken
         else:
@@ -792,22 +801,32 @@ class _RmsMessages(api.RmsMessageManager):
             reply_pending=reply_callback is not None,
             next_send_at=t if send_at is None else float(send_at), created_at=t)
 
-    def _take_number(self, sequence_key: str, last: bool) -> RmsSequence | None:
+    def _take_number(self, sequence_key: str, last: bool, message: tuple[Any, ...] = ()) -> RmsSequence | None:
         """The transaction's first enqueue on a sequence: lock its row and take the next number in
         one ``UPDATE ... RETURNING`` (the row as changed), instead of a SELECT ... FOR UPDATE and
         an UPDATE.  None when the sequence is held already (the batch's later enqueues only
         remember their numbers, see :meth:`SqlTransaction.flush`), or takes no message: then
-        nothing was changed and the caller's check says precisely why."""
+        nothing was changed and the caller's check says precisely why.
+
+        With ``message`` (the values of the rms_message row after its key) the same statement
+        inserts the message under the number taken (a data-modifying WITH)."""
         tx = self._tx
         if sequence_key in tx.held_rms or sequence_key in tx._numbered:
             return None
         tx.lock(RANK_RMS, sequence_key)
         tx.capture_key("rms_sequence", sequence_key)
         also = ", last_message = TRUE, last_number = highest_number + 1" if last else ""
-        rows = tx.write_all(
-            f"UPDATE rms_sequence SET highest_number = highest_number + 1{also} WHERE seq_key = ? "
-            "AND NOT (last_message OR closed OR close_sent OR terminate_sent OR faulted) "
-            f"AND highest_number < ? RETURNING {_cols(_RMS_COLS)}", (sequence_key, api.MAX_MESSAGE_NUMBER))
+        update = (f"UPDATE rms_sequence SET highest_number = highest_number + 1{also} WHERE seq_key = ? "
+                  "AND NOT (last_message OR closed OR close_sent OR terminate_sent OR faulted) "
+                  f"AND highest_number < ? RETURNING {_cols(_RMS_COLS)}")
+        if not message:
+            rows = tx.write_all(update, (sequence_key, api.MAX_MESSAGE_NUMBER))
+        else:
+            rest = _ENQUEUE_COLS[2:]
+            rows = tx.write_all(
+                f"WITH s AS ({update}), m AS (INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}) "
+                f"SELECT s.seq_key, s.highest_number, {', '.join('?' * len(rest))} FROM s RETURNING number) "
+                f"SELECT {_cols(_RMS_COLS, 's')} FROM s", (sequence_key, api.MAX_MESSAGE_NUMBER, *message))
         return _rms(rows[0]) if rows else None
 
     def _row(self, sequence_key: str, number: int, lock: bool = False) -> RmsMessage | None:
