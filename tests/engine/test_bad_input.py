@@ -304,3 +304,26 @@ def test_fault_carries_ws_addressing_relates_to(server):
     assert action.text == RM11.fault_action
     assert isinstance(response.fault(), SoapFault)
     assert etree.QName(response.envelope().body_element).localname == "Fault"
+
+
+def test_a_request_no_reply_could_reach_is_refused_when_the_engine_is_told_what_answers(engines, store_for):
+    """``ReliableEngine(answers=...)``: a plain-callable application says which bodies answer, so a
+    request on a sequence without an Offer, with an anonymous ReplyTo, is refused unrecorded (a
+    Sender fault, as the spyne adapter does) instead of being run with a reply that cannot go."""
+    received = Recorder()
+
+    def answers(body) -> bool:
+        return (body.text or "").startswith("ask")
+
+    engine = engines(store_for("memory", "server"), fast_policy(), serve=True, application=received,
+                     answers=answers, name="server")
+    url = engine.endpoint_address
+    identifier = open_sequence(url, RM11)
+    refused = post(url, application_message(RM11, url, identifier, 1, "ask-1"))
+    fault = refused.fault()
+    assert refused.status == 400 and fault.code == "Sender", refused.body  # SOAP 1.2: a Sender fault is 400
+    assert "no reply could reach you" in fault.reason
+    with engine.store.begin() as tx:  # nothing recorded: the number is still free
+        assert list(tx.rmd.get(identifier).received.ranges) == []
+    assert send_ok(url, RM11, identifier, 1, "tell-1") == [(1, 1)]  # a one-way body goes through
+    assert wait_for(lambda: received.snapshot() == ["tell-1"])

@@ -98,6 +98,12 @@ class ReliableEngine:
     them again on a new sequence once the cause is fixed.  ``endpoint_address`` is
     this node's public address (AcksTo, Offer endpoint); :meth:`serve` sets it
     when not given.
+
+    ``answers(body)`` says whether the operation of a request (its SOAP Body's
+    first element) answers.  With it, a request no reply could reach (its
+    sequence came without an Offer and its ReplyTo is anonymous) is refused
+    with a Sender fault before it is recorded, as the spyne adapter does;
+    without it such a request is run, and its ``context.reply`` raises.
     """
 
     def __init__(self, store: str | StorageManager, policy: RMPolicy | None = None, *, tm: Any = None,
@@ -105,6 +111,7 @@ class ReliableEngine:
                  endpoint_address: str | None = None,
                  on_sequence_fault: Callable[[SequenceFault], None] | None = None,
                  on_delivery_failure: Callable[[FailedDelivery], None] | None = None,
+                 answers: Callable[[Any], bool] | None = None,
                  name: str = "wsrm") -> None:
         self.policy = policy or RMPolicy()
         self._owns_store = isinstance(store, str)
@@ -125,7 +132,7 @@ class ReliableEngine:
         self.destination = Destination(self.store, policy, endpoint=endpoint, wake_invoker=self._wake_invoker,
                                        wake_acks=self._wake_acks, wake_release=self._wake_release)
         self.back_channel = BackChannel(self.store, policy, self.destination)
-        self.inbound = Inbound(self.source, self.destination, policy, self.back_channel)
+        self.inbound = Inbound(self.source, self.destination, policy, self.back_channel, answers=answers)
         self.retransmission = RetransmissionWorker(self.store, policy, self.source, self.destination,
                                                    self.inbound, self.transport)
         self.acknowledgement = AcknowledgementWorker(self.store, policy, self.destination, self.inbound,

@@ -16,6 +16,7 @@ the responses the workers get back (:meth:`Inbound.read_response`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lxml import etree
@@ -121,11 +122,16 @@ class Inbound:
     """Routes received envelopes to the engine's Source and Destination."""
 
     def __init__(self, source: Source, destination: Destination, policy: RMPolicy,
-                 back_channel: BackChannel | None = None) -> None:
+                 back_channel: BackChannel | None = None,
+                 answers: Callable[[etree._Element], bool] | None = None) -> None:
         self.source = source
         self.destination = destination
         self.policy = policy
         self.back_channel = back_channel
+        #: Does the operation of this request body element answer?  The engine's own
+        #: application's say (``ReliableEngine(answers=...)``); an adapter that knows its
+        #: service's operations passes ``expects_reply`` to :meth:`handle` instead.
+        self.answers = answers
         self.faults_sent = 0
 
     # -- requests ----------------------------------------------------------------------------
@@ -156,6 +162,10 @@ class Inbound:
                 f"SOAP {message.soap.name} is sent as {message.soap.content_type!r}")
             log.info("refused a request from %s: %s", remote_addr, refusal)
             return Reply.fault(refusal, message.soap)
+        if not expects_reply and self.answers is not None and message.sequence is not None \
+                and message.fault is None:
+            body = message.envelope.body_element
+            expects_reply = body is not None and bool(self.answers(body))
         try:
             return self._dispatch(message, principal, remote_addr, expects_reply)
         except SoapFault as fault:
