@@ -11,7 +11,7 @@ import psycopg2.errors
 import psycopg2.extensions as ext
 import pytest
 
-from wsrm_plugin.store import StorageManager
+from wsrm_plugin.store import StorageManager, StoreError
 
 from .conftest import KINDS
 from .test_managers import new_rmd, put
@@ -102,3 +102,21 @@ def test_a_transaction_begun_not_durable_commits_without_waiting_for_the_disk(st
         tx.rmd.get("s1")
         assert _synchronous_commit(tx) == "on"
         assert list(tx.rmd.get("s1").received.ranges) == [(1, 2)]
+
+
+def test_a_commit_that_postgresql_turns_into_a_rollback_raises(store: StorageManager) -> None:
+    """A statement that failed where the store did not see it (on the session behind its back, or
+    a bug) leaves the transaction aborted; PostgreSQL then answers COMMIT with ROLLBACK and no
+    error.  The store must not report that as committed: a receive would acknowledge a message
+    that is not in the store."""
+    with store.begin() as tx:
+        new_rmd(tx)
+    with pytest.raises(StoreError, match="COMMIT rolled the transaction back"), store.begin() as tx:
+        tx.rmd.record_received("s1", 1)
+        with pytest.raises(psycopg2.errors.DivisionByZero), tx.conn.cursor() as cur:
+            cur.execute("SELECT 1 / 0")  # unseen by the store
+    with store.begin() as tx:
+        assert list(tx.rmd.get("s1").received.ranges) == []  # nothing of it was written
+        tx.rmd.record_received("s1", 1)  # and the pooled session works again
+    with store.begin() as tx:
+        assert list(tx.rmd.get("s1").received.ranges) == [(1, 1)]

@@ -240,6 +240,16 @@ class PostgresStore(api.StorageManager):
                 if tx.begun and not conn.closed:
                     with conn.cursor() as cur:
                         cur.execute("COMMIT" if commit else "ROLLBACK")
+                        answer = cur.statusmessage
+                    if commit and answer != "COMMIT":
+                        # PostgreSQL ends an aborted transaction's COMMIT with a ROLLBACK, and no
+                        # error: a statement failed that nobody saw fail (the store notes every
+                        # failure it sees).  Saying "committed" here would let an acknowledgement
+                        # go out for a message that is not in the store.
+                        raise api.StoreError(
+                            f"{self.url}: COMMIT rolled the transaction back (PostgreSQL answered "
+                            f"{answer!r}): one of its statements failed unnoticed; nothing of it was "
+                            "written: retry it")
             elif commit:
                 conn.commit()
             elif not conn.closed:
