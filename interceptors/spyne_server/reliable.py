@@ -39,7 +39,6 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from lxml import etree
@@ -137,14 +136,10 @@ class ReliableMessagingInterceptor(Interceptor):
     name = "wsrm"
     phase = Phase.RELIABLE_MESSAGING
 
-    def __init__(self, engine: ReliableEngine, *, required: bool = True, name: str | None = None,
-                 answers: Callable[[etree._Element], bool] | None = None) -> None:
+    def __init__(self, engine: ReliableEngine, *, required: bool = True, name: str | None = None) -> None:
         super().__init__(name=name)
         self.engine = engine
         self.required = required
-        #: Does the operation of this request body element answer (request-response)?  None:
-        #: unknown (every request may answer, and none is refused for want of a way back).
-        self.answers = answers
 
     # -- in ------------------------------------------------------------------------------------
     def handle_in(self, message: Message) -> None:
@@ -167,12 +162,9 @@ class ReliableMessagingInterceptor(Interceptor):
         # Filed first, since the invoker may deliver before handle() returns.
         TREES.remember(data, envelope)
         # the WS-A properties the chain's addressing interceptor read, if it ran: not read again
-        answers = self.answers
-        body = _request_body(envelope) if answers is not None else None
         reply = self.engine.handle(data, principal=principal, remote_addr=remote_addr,
                                    content_type=message.http_headers.get("Content-Type"),
-                                   parsed=envelope, addressing=message.addressing,
-                                   expects_reply=answers is not None and body is not None and answers(body))
+                                   parsed=envelope, addressing=message.addressing)
         # suspend, not abort: what the invoker delivers later resumes right after this interceptor
         message.suspend(response_of(reply, self.engine.policy.max_message_size))
 
@@ -203,14 +195,6 @@ class ReliableMessagingInterceptor(Interceptor):
             log.error("the response to message %s cannot be sent reliably and is dropped: %s",
                       delivery.message_id, exc)
         message.abort()
-
-
-def _request_body(root: etree._Element) -> etree._Element | None:
-    """The first element in the Body of envelope ``root`` (which names the operation)."""
-    for child in root:
-        if isinstance(child.tag, str) and etree.QName(child).localname == "Body":
-            return next((e for e in child if isinstance(e.tag, str)), None)
-    return None
 
 
 def _http_headers(soap: SoapVersion, action: str | None) -> list[tuple[str, str]]:

@@ -121,9 +121,9 @@ class ReliableService:
         # the deliverer needs the middleware, which needs the engine: bind it late
         self.engine = ReliableEngine(store, self.policy, tm=tm, endpoint_address=endpoint_address,
                                      application=lambda payload, context: self._deliver(payload, context),
-                                     on_delivery_failure=on_delivery_failure, name=name)
-        self.interceptor = ReliableMessagingInterceptor(self.engine, required=required,
-                                                        answers=_answering(application))
+                                     on_delivery_failure=on_delivery_failure, answers=_answering(application),
+                                     name=name)
+        self.interceptor = ReliableMessagingInterceptor(self.engine, required=required)
         self.chain = chain if chain is not None else default_chain()
         self.chain.add(self.interceptor)
         if publish_policy is True:

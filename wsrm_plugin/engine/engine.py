@@ -194,19 +194,15 @@ class ReliableEngine:
     terminate = close
 
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
-               remote_addr: str | None = None, parsed: Any = None, addressing: Any = None,
-               expects_reply: bool = False) -> Reply:
+               remote_addr: str | None = None, parsed: Any = None, addressing: Any = None) -> Reply:
         """Process one received envelope (what the HTTP endpoint and adapters call).
 
         ``parsed``: the envelope's lxml tree when the caller parsed ``data`` already (safely);
         ``addressing``: the :class:`~wsrm_plugin.wire.AddressingHeaders` the caller read from
         that tree's headers already (an interceptor chain's), not read again.
-        ``expects_reply``: the request's operation answers (the adapter knows its service's
-        operations): a request no reply could reach is refused before it is recorded.
         """
         return self.inbound.handle(data, principal=principal, content_type=content_type,
-                                   remote_addr=remote_addr, parsed=parsed, addressing=addressing,
-                                   expects_reply=expects_reply)
+                                   remote_addr=remote_addr, parsed=parsed, addressing=addressing)
 
     # -- lifecycle -------------------------------------------------------------------------------
 

@@ -128,9 +128,9 @@ class Inbound:
         self.destination = destination
         self.policy = policy
         self.back_channel = back_channel
-        #: Does the operation of this request body element answer?  The engine's own
-        #: application's say (``ReliableEngine(answers=...)``); an adapter that knows its
-        #: service's operations passes ``expects_reply`` to :meth:`handle` instead.
+        #: Does the operation of this request body element answer?  The application's say
+        #: (``ReliableEngine(answers=...)``; the spyne adapter's from its service's methods).
+        #: None: unknown (no request is refused for want of a way back).
         self.answers = answers
         self.faults_sent = 0
 
@@ -138,7 +138,7 @@ class Inbound:
 
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
                remote_addr: str | None = None, parsed: etree._Element | None = None,
-               addressing: AddressingHeaders | None = None, expects_reply: bool = False) -> Reply:
+               addressing: AddressingHeaders | None = None) -> Reply:
         """Answer one received request: an envelope (200), nothing to say (202), or a fault.
 
         ``parsed`` is ``data``'s tree when the caller parsed it already (safely:
@@ -162,8 +162,8 @@ class Inbound:
                 f"SOAP {message.soap.name} is sent as {message.soap.content_type!r}")
             log.info("refused a request from %s: %s", remote_addr, refusal)
             return Reply.fault(refusal, message.soap)
-        if not expects_reply and self.answers is not None and message.sequence is not None \
-                and message.fault is None:
+        expects_reply = False
+        if self.answers is not None and message.sequence is not None and message.fault is None:
             body = message.envelope.body_element
             expects_reply = body is not None and bool(self.answers(body))
         try:
