@@ -6,6 +6,9 @@ so that machine noise hits both sides alike:
 * two-database transfer: txmanager (XADataSource, 2PC, recovery log with fsync)
   vs the same statements with raw psycopg2 tpc_begin/tpc_prepare/tpc_commit
   and no log.  Target: <= 1.3.
+* the same transfer with commit marks (bank B's data source ``commit_marks=True``: only A
+  prepares, B commits in one phase with the decision, no log write) against the same raw
+  tpc (which prepares both): the saving the marks bring over the protocol they replace.
 * one-database transaction: txmanager one-phase commit vs plain BEGIN/COMMIT.
   Target: <= 1.05 (issue 12).  Both sides send the same three statements
   (BEGIN, the UPDATE, COMMIT), so the difference is the client's own work:
@@ -164,7 +167,7 @@ def tm_two_db_threads(tm, ds_a, ds_b, threads: int, n: int) -> float:
 
 def measure(dsn_a: str, dsn_b: str, blocks: int, per_block: int,
             threads: int = 8, chunk: int = 10) -> dict[str, list[float]]:
-    keys = ("raw2", "tm2", "raw1", "tm1", "cpu_raw1", "cpu_tm1", "rawN", "tmN", "fsyncs1",
+    keys = ("raw2", "tm2", "tm2m", "raw1", "tm1", "cpu_raw1", "cpu_tm1", "rawN", "tmN", "fsyncs1",
             "fsyncsN")
     times: dict[str, list[float]] = {k: [] for k in keys}
     per_thread = max(1, per_block // threads)
@@ -173,11 +176,14 @@ def measure(dsn_a: str, dsn_b: str, blocks: int, per_block: int,
         lg = tm.log
         ds_a = XADataSource(dsn_a, tm, pool_size=threads)
         ds_b = XADataSource(dsn_b, tm, pool_size=threads)
+        ds_bm = XADataSource(dsn_b, tm, pool_size=threads, commit_marks=True,
+                             resource_name="bench_b_marks")
         conn_a, conn_b = psycopg2.connect(dsn_a), psycopg2.connect(dsn_b)
         pairs = [(psycopg2.connect(dsn_a), psycopg2.connect(dsn_b)) for _ in range(threads)]
         try:
             # warm-up: connections, plans, pools
             raw_two_db(conn_a, conn_b, 20), tm_two_db(tm, ds_a, ds_b, 20)
+            tm_two_db(tm, ds_a, ds_bm, 20)
             raw_one_db(conn_a, 20), tm_one_db(tm, ds_a, 20)
             raw_two_db_threads(pairs, 5), tm_two_db_threads(tm, ds_a, ds_b, threads, 5)
             for _ in range(blocks):
@@ -185,6 +191,7 @@ def measure(dsn_a: str, dsn_b: str, blocks: int, per_block: int,
                 before = lg.fsyncs
                 times["tm2"].append(tm_two_db(tm, ds_a, ds_b, per_block))
                 times["fsyncs1"].append((lg.fsyncs - before) / per_block)
+                times["tm2m"].append(tm_two_db(tm, ds_a, ds_bm, per_block))
                 raw_wall, tm_wall, raw_cpu, tm_cpu = one_db_round(tm, ds_a, conn_a, per_block, chunk)
                 times["raw1"].append(raw_wall)
                 times["tm1"].append(tm_wall)
@@ -207,6 +214,7 @@ def report(times: dict[str, list[float]], per_block: int, threads: int = 8) -> s
         return statistics.median(times[key]) / per_block * 1000
 
     r2 = statistics.median(t / r for t, r in zip(times["tm2"], times["raw2"], strict=True))
+    r2m = statistics.median(t / r for t, r in zip(times["tm2m"], times["raw2"], strict=True))
     r1 = statistics.median(t / r for t, r in zip(times["tm1"], times["raw1"], strict=True))
     rn = statistics.median(t / r for t, r in zip(times["tmN"], times["rawN"], strict=True))
     return "\n".join([
@@ -214,6 +222,8 @@ def report(times: dict[str, list[float]], per_block: int, threads: int = 8) -> s
         f"two-database transfer: txmanager {ms('tm2'):.3f} ms, raw tpc {ms('raw2'):.3f} ms, "
         f"ratio {r2:.2f} (target <= 1.3); log fsyncs per transaction "
         f"{statistics.median(times['fsyncs1']):.2f}",
+        f"two-database, marks:   txmanager {ms('tm2m'):.3f} ms, raw tpc {ms('raw2'):.3f} ms, "
+        f"ratio {r2m:.2f} (one prepare and no log write instead of two prepares)",
         f"one-database tx:       txmanager {ms('tm1'):.3f} ms, plain {ms('raw1'):.3f} ms, "
         f"ratio {r1:.2f} (target <= 1.05); client CPU per transaction txmanager "
         f"{ms('cpu_tm1') * 1000:.0f} us, plain {ms('cpu_raw1') * 1000:.0f} us",

@@ -140,6 +140,8 @@ class TransactionLog(Protocol):
     def pending(self) -> dict[Xid, LogEntry]: ...
     def is_pending(self, gxid: Xid) -> bool: ...
     def damaged(self) -> list[str]: ...
+    def mark_sources(self) -> frozenset[str]: ...
+    def log_mark_source(self, database: str) -> None: ...
     def close(self) -> None: ...
 
 
@@ -162,6 +164,8 @@ class _Ledger:
         self.damage: list[str] = []
         #: The node (transaction manager) that writes this log, once it said so.
         self.node: str | None = None
+        #: Databases that may hold commit marks of this node (see :mod:`.marks`).
+        self.mark_sources: frozenset[str] = frozenset()
 
     def mark_damaged(self, what: str) -> None:
         self.damage.append(what)
@@ -235,6 +239,8 @@ class _Ledger:
             self.repaired()
         elif kind == "node":
             self.node = str(rec["n"])
+        elif kind == "marks":
+            self.mark_sources = self.mark_sources | {str(rec["db"])}
         else:
             return False
         return True
@@ -254,6 +260,7 @@ class _Ledger:
         out: list[bytes] = [] if self.node is None else [
             f'{{"t":"node","n":{_q(self.node)}}}'.encode()]
         out.extend(f'{{"t":"damage","what":{_q(what)}}}'.encode() for what in self.damage)
+        out.extend(_mark_source_payload(db) for db in sorted(self.mark_sources))
         for g, e in self._entries.items():
             if e["committing"]:
                 out.append(_commit_payload(g, e["branches"].items(), e["at"]))
@@ -277,6 +284,24 @@ def _commit_payload(gxid: Xid, branches, at: float) -> bytes:
     listed = ",".join(f"[{_q(x.to_pg_gid())},{_q(str(name))}]" for x, name in branches)
     return (f'{{"t":"commit","g":{_q(gxid.to_pg_gid())},"b":[{listed}],'
             f'"at":{float(at)!r}}}').encode()
+
+
+def _mark_source_payload(database: str) -> bytes:
+    return f'{{"t":"marks","db":{_q(database)}}}'.encode()
+
+
+def commit_record(gxid: Xid, branches: Sequence[tuple[Xid, str]], at: float) -> str:
+    """The text of a commit decision, as a log record; also what a commit mark stores."""
+    return _commit_payload(gxid, branches, at).decode("ascii")
+
+
+def parse_commit_record(text: str) -> LogEntry:
+    """The decision in :func:`commit_record`'s text; ValueError/KeyError/TypeError when malformed."""
+    rec = json.loads(text)
+    if not isinstance(rec, dict) or rec.get("t") != "commit":
+        raise ValueError(f"not a commit record: {text[:80]!r}")
+    branches = tuple((Xid.from_text(x), str(name)) for x, name in rec["b"])
+    return LogEntry(Xid.from_text(rec["g"]), branches, True, {}, float(rec["at"]))
 
 
 def _heuristic_payload(gxid: Xid, xid: Xid, code: int, resource_name: str | None) -> bytes:
@@ -346,6 +371,13 @@ class MemoryLog:
     def damaged(self) -> list[str]:
         """Never damaged (and never durable)."""
         return []
+
+    def mark_sources(self) -> frozenset[str]:
+        return self._ledger.mark_sources
+
+    def log_mark_source(self, database: str) -> None:
+        with self._mutex:
+            self._ledger.mark_sources = self._ledger.mark_sources | {database}
 
     def close(self) -> None:
         pass
@@ -444,6 +476,23 @@ class RecoveryLog:
     def forget(self, gxid: Xid) -> None:
         """Drop the heuristic records of ``gxid`` (the operator has dealt with them)."""
         self._submit(_marker_payload("forget", gxid), False, lambda: self._ledger.forget(gxid))
+
+    def mark_sources(self) -> frozenset[str]:
+        """The databases that may hold commit marks of this node: recovery must read each
+        before it presumes any branch of this node aborted (see :mod:`.marks`)."""
+        return self._ledger.mark_sources
+
+    def log_mark_source(self, database: str) -> None:
+        """Durably note that ``database`` may hold this node's commit marks, before the first.
+
+        Once per database for the life of the log (a set lookup afterwards): a
+        commit decided by a mark is known only to that database, so a recovery
+        that did not know to ask it would presume the transaction aborted."""
+        if database in self._ledger.mark_sources:
+            return
+        def add() -> None:
+            self._ledger.mark_sources = self._ledger.mark_sources | {database}
+        self._submit(_mark_source_payload(database), True, add)
 
     def pending(self) -> dict[Xid, LogEntry]:
         """Decisions without "done", and heuristics not forgotten, by global xid."""

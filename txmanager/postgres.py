@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,11 +45,13 @@ from .xa import (
     XA_RBTIMEOUT, XA_RBTRANSIENT, XA_RDONLY, XAER_DUPID, XAER_INVAL, XAER_NOTA, XAER_OUTSIDE,
     XAER_PROTO, XAER_RMERR, XAER_RMFAIL, XAException, XAResource,
 )
+from . import marks as _marks
 from .errors import PreparedTransactionsDisabledError
+from .log import LogEntry, commit_record, parse_commit_record
 from .xid import Xid
 
-__all__ = ["PostgresXAResource", "XADataSource", "check_prepared_transactions", "database_identity",
-           "default_resource_name", "offer_session", "session_for_database"]
+__all__ = ["PostgresXAResource", "XADataSource", "check_prepared_transactions", "create_mark_table",
+           "database_identity", "default_resource_name", "offer_session", "session_for_database"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,21 @@ def check_prepared_transactions(conn: Connection, resource_name: str) -> None:
 
 Connection: TypeAlias = ext.connection  # Any while psycopg2 ships no hints
 ConnectionFactory = Callable[[], Connection]
+
+
+def create_mark_table(conn: Connection) -> None:
+    """Create the commit-mark table (:mod:`.marks`) if it is missing, and commit.
+
+    Under an advisory lock: two processes creating it at once would otherwise
+    collide on the catalog's unique index."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MARK_TABLE_LOCK,))
+        cur.execute(_marks.CREATE_TABLE)
+    conn.commit()
+
+
+#: The advisory lock key that serialises the creation of the commit-mark table.
+_MARK_TABLE_LOCK = 0x74786D6D61726B  # "txmmark"
 
 
 def default_resource_name(dsn: str) -> str:
@@ -283,11 +301,14 @@ class PostgresXAResource:
         resource_name: str | None = None,
         *,
         read_only_check: bool = False,
+        marks: _marks.MarkQueue | None = None,
+        database: str | None = None,
     ) -> None:
         if isinstance(source, str):
             dsn = source
             self._connect: ConnectionFactory = lambda: psycopg2.connect(dsn)
             self.resource_name = resource_name or default_resource_name(dsn)
+            database = database or default_resource_name(dsn)
         elif callable(source):
             if not resource_name:
                 raise TypeError(
@@ -299,6 +320,10 @@ class PostgresXAResource:
         else:
             raise TypeError(f"source must be a DSN string or a connection factory, not {type(source).__name__}")
         self.read_only_check = read_only_check
+        #: the database, named as :func:`default_resource_name` does: where this resource's
+        #: commit marks are (the recovery log names it so)
+        self.database = database or self.resource_name
+        self._marks = marks
         self._session: Connection | None = None
         self._control: Connection | None = None
         self._branch: _Branch | None = None
@@ -601,6 +626,104 @@ class PostgresXAResource:
             raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
         self._branch = None
 
+    # -- commit marks (see txmanager.marks) -----------------------------------------------
+
+    @property
+    def holds_commit_marks(self) -> bool:
+        """True when this resource's branch may carry a transaction's commit decision."""
+        return self._marks is not None
+
+    def commit_marked(self, xid: Xid, gxid: Xid, node: str,
+                      branches: list[tuple[Xid, str]]) -> None:
+        """Commit the session's ended branch in one phase, with the mark that decides ``gxid``.
+
+        The mark names ``branches`` (the transaction's other branches, all
+        prepared).  Raises XA_RB* when the branch rolled back (nothing was
+        decided), XAER_RMFAIL when the answer to COMMIT was lost (the mark
+        decides, and recovery reads it)."""
+        with self._lock:
+            if self._marks is None:
+                raise XAException(XAER_PROTO, f"{self.resource_name} keeps no commit marks")
+            b = self._current(xid)
+            if b.state is _State.ROLLBACK_ONLY:
+                raise self._refuse(b, XA_RBROLLBACK, "it was marked rollback-only")
+            if b.state is not _State.IDLE:
+                raise XAException(XAER_PROTO, f"cannot commit {xid} with a mark: it is {b.state}")
+            conn = self._check_usable(b)
+            forgotten = self._marks.take()
+            record = commit_record(gxid, branches, time.time())
+            params: tuple[Any, ...] = (gxid.to_pg_gid(), node, record)
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(_marks.insert_statement(forgotten),
+                                (forgotten, *params) if forgotten else params)
+            except psycopg2.Error as exc:
+                self._marks.put_back(forgotten)
+                if self._is_session_lost(conn, exc):
+                    self._drop_session()
+                    self._give_up(b, XA_RBCOMMFAIL)
+                    raise XAException(XA_RBCOMMFAIL, f"{self.resource_name}: connection lost before "
+                                                     f"COMMIT of {xid}: {_describe(exc)}") from exc
+                raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
+            try:
+                conn.tpc_commit()
+            except psycopg2.Error as exc:
+                self._marks.put_back(forgotten)
+                if self._is_session_lost(conn, exc):
+                    self._drop_session()
+                    self._give_up(b, XAER_RMFAIL)
+                    raise XAException(XAER_RMFAIL, f"{self.resource_name}: connection lost during COMMIT "
+                                                   f"of {xid} and its commit mark: the mark decides; "
+                                                   f"recovery reads it: {_describe(exc)}") from exc
+                raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
+            self._branch = None
+
+    def forget_mark(self, gxid: Xid) -> None:
+        """Every branch the mark of ``gxid`` named is committed: delete it with the next one."""
+        if self._marks is not None:
+            self._marks.add(gxid)
+
+    def commit_marks(self, node: str) -> dict[Xid, LogEntry]:
+        """The commit marks of ``node`` in this database, as log entries (none without the table).
+
+        Raises XAER_RMFAIL when the database cannot be asked: recovery then
+        presumes nothing about the node's unlogged branches."""
+        with self._lock:
+            try:
+                # asked first, so that a database without marks logs no error at every pass
+                if self._control_cursor_run("SELECT to_regclass(%s)", (_marks.TABLE,))[0][0] is None:
+                    return {}
+                rows = self._control_cursor_run(
+                    f"SELECT record FROM {_marks.TABLE} WHERE node = %s", (node,))
+            except psycopg2.Error as exc:
+                if exc.pgcode == "42P01":  # undefined_table: dropped in between
+                    return {}
+                raise XAException(XAER_RMERR, f"{self.resource_name}: cannot read commit marks: "
+                                              f"{_describe(exc)}") from exc
+            entries: dict[Xid, LogEntry] = {}
+            for (text,) in rows:
+                try:
+                    entry = parse_commit_record(text)
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise XAException(XAER_RMERR, f"{self.resource_name}: unreadable commit mark "
+                                                  f"{text[:120]!r}: {exc}") from exc
+                entries[entry.gxid] = entry
+            return entries
+
+    def delete_marks(self, gxids: list[Xid]) -> None:
+        """Delete the marks of finished transactions now (recovery, and a data source closing)."""
+        if not gxids:
+            return
+        with self._lock:
+            try:
+                self._control_cursor_run(f"DELETE FROM {_marks.TABLE} WHERE gtrid = ANY(%s)",
+                                         ([g.to_pg_gid() for g in gxids],))
+            except psycopg2.Error as exc:
+                if exc.pgcode == "42P01":
+                    return
+                raise XAException(XAER_RMERR, f"{self.resource_name}: cannot delete commit marks: "
+                                              f"{_describe(exc)}") from exc
+
     def _commit_prepared_here(self, b: _Branch) -> None:
         if b.state is not _State.PREPARED:
             raise XAException(XAER_PROTO, f"cannot commit {b.xid} in two phases: it is {b.state} "
@@ -758,6 +881,23 @@ class PostgresXAResource:
                 conn.close()
 
 
+def delete_forgotten_marks(dsn: str, queue: _marks.MarkQueue, resource_name: str) -> None:
+    """Delete the marks waiting in ``queue`` on a connection of their own (a closing data source)."""
+    while gids := queue.take():
+        try:
+            conn = psycopg2.connect(dsn)
+            try:
+                conn.autocommit = True
+                with conn.cursor() as cur:
+                    cur.execute(f"DELETE FROM {_marks.TABLE} WHERE gtrid = ANY(%s)", (gids,))
+            finally:
+                conn.close()
+        except psycopg2.Error as exc:
+            log.info("%s: %d commit mark(s) left for recovery to delete: %s", resource_name, len(gids),
+                     _describe(exc))
+            return
+
+
 class _Transaction(Protocol):
     """What :class:`XADataSource` needs of the transaction manager's transaction."""
 
@@ -850,6 +990,11 @@ class XADataSource:
     server; where it cannot, ``database_identity="name"`` given alike to the
     data source and the store says so.  ``share_sessions=False`` keeps a
     branch of its own (two-phase commit with the others).
+
+    ``commit_marks=True`` lets this database carry the commit decision of a
+    transaction with other branches (see :mod:`.marks`): its branch commits in
+    one phase with a row that says so, after the others are prepared and
+    instead of a log write.  The table is created on the first connection.
     """
 
     def __init__(
@@ -863,10 +1008,14 @@ class XADataSource:
         register_for_recovery: bool = True,
         database_identity: str | None = None,
         share_sessions: bool = True,
+        commit_marks: bool = False,
     ) -> None:
         if pool_size < 0:
             raise ValueError("pool_size must be >= 0")
         self.dsn = dsn
+        self.database = default_resource_name(dsn)
+        self._marks = _marks.MarkQueue() if commit_marks else None
+        self._mark_table_ready = False
         self.share_sessions = share_sessions
         self._identity_given = database_identity is not None
         #: the database this source's sessions talk to (refreshed by every new session)
@@ -897,6 +1046,14 @@ class XADataSource:
 
     def _connect(self) -> Connection:
         conn = psycopg2.connect(self.dsn)
+        if self._marks is not None and not self._mark_table_ready:
+            try:
+                create_mark_table(conn)
+            except BaseException:
+                with contextlib.suppress(psycopg2.Error):
+                    conn.close()
+                raise
+            self._mark_table_ready = True
         if self.share_sessions and not self._identity_given:
             self.identity = database_identity(conn)
         return conn
@@ -986,15 +1143,20 @@ class XADataSource:
     def xa_resource_for_recovery(self) -> PostgresXAResource:
         """A resource for the recovery manager: same name, its own connections, opened on demand."""
         return PostgresXAResource(self.dsn, resource_name=self.resource_name,
-                                  read_only_check=self.read_only_check)
+                                  read_only_check=self.read_only_check, database=self.database)
 
     def close(self) -> None:
-        """Close the idle connections; those still in a transaction close when it completes."""
+        """Close the idle connections; those still in a transaction close when it completes.
+
+        Commit marks of finished transactions still waiting to be deleted are
+        deleted now (left over, recovery would delete them)."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
         for resource in idle:
             resource.close()
+        if self._marks is not None and len(self._marks):
+            delete_forgotten_marks(self.dsn, self._marks, self.resource_name)
         if self._recovery_resource is not None:
             self._recovery_resource.close()  # reopens on demand if recovery still runs
 
@@ -1018,7 +1180,8 @@ class XADataSource:
                 return resource
             resource.close()
         return PostgresXAResource(self._connect, resource_name=self.resource_name,
-                                  read_only_check=self.read_only_check)
+                                  read_only_check=self.read_only_check, marks=self._marks,
+                                  database=self.database)
 
     def _release(self, resource: PostgresXAResource) -> None:
         conn = resource._session

@@ -13,7 +13,11 @@ Atomikos' recovery does, under presumed abort:
   the resource's optional ``prepared_age(xid)`` hint, else from when this
   manager first saw the branch;
 * branches of other nodes or other transaction managers: left alone, reported;
-* heuristic outcomes: reported, kept in the log until :meth:`forget`.
+* heuristic outcomes: reported, kept in the log until :meth:`forget`;
+* commit marks (:mod:`.marks`): a decision kept in a participant's database
+  counts like a logged one, and is deleted once carried out.  While a
+  database the log names as a keeper of marks cannot be read, no branch of
+  this node is presumed aborted (reported as waiting, with the error).
 
 SAFE MODE: when the log reports damage (a record that could not be read,
 see :mod:`.log`), a prepared branch of this node that the log does not name
@@ -99,6 +103,15 @@ class _Scan:
         self.failed: dict[str, str] = {}           # resource name -> why recover() failed
 
 
+@dataclass
+class _Marks:
+    """The commit marks read in one pass (see :mod:`.marks`)."""
+
+    sources: frozenset[str]                                   # databases the log names
+    answered: set[str] = field(default_factory=set)           # ... whose marks were read
+    holders: dict[Xid, XAResource] = field(default_factory=dict)  # gxid -> where its mark is
+
+
 class RecoveryManager:
     """Periodically (or on demand) resolves in-doubt branches from the log.
 
@@ -143,7 +156,8 @@ class RecoveryManager:
             # prepared belongs to a transaction that is either still running
             # now, or finished -- and then its decision is in the log.
             in_flight = self._in_flight()
-            pending = self.log.pending()
+            pending, marks = self._decisions(report)
+            unread = marks.sources - marks.answered
             finished: set[Xid] = set()
             for xid, resource in scan.holders.items():
                 gxid = xid.global_xid()
@@ -167,10 +181,13 @@ class RecoveryManager:
                 if self._age(resource, xid) < self.safety_interval:
                     report.waiting.append(xid)
                     continue
+                if unread:  # a mark there may have decided it: presume nothing yet
+                    report.waiting.append(xid)
+                    continue
                 self._complete(resource, xid, False, report)
             for gxid, entry in pending.items():
                 if entry.committing and gxid.gtrid not in in_flight:
-                    self._finish_decision(entry, scan, finished, report)
+                    self._finish_decision(entry, scan, finished, report, marks.holders.get(gxid))
             for xid in list(self._first_seen):
                 if xid not in scan.holders:
                     del self._first_seen[xid]
@@ -243,9 +260,46 @@ class RecoveryManager:
         (report.committed if commit else report.rolled_back).append(xid)
         return "done"
 
+    def _decisions(self, report: RecoveryReport) -> tuple[dict[Xid, LogEntry], "_Marks"]:
+        """The log's pending entries, with the commit marks of the registered databases
+        merged in (a mark is a commit decision like a logged one)."""
+        pending = self.log.pending()
+        marks = _Marks(_mark_sources(self.log))
+        asked: set[str] = set()
+        # Every registered database that can keep marks is read (a log kept in memory forgets
+        # which ones did); the ones the log names must answer before anything is presumed.
+        for resource in list(self._resources):
+            database = getattr(resource, "database", None)
+            read = getattr(resource, "commit_marks", None)
+            if database is None or database in asked or not callable(read):
+                continue
+            asked.add(database)
+            try:
+                found = read(self.node)
+            except Exception as e:  # noqa: BLE001 -- then nothing of ours is presumed aborted
+                if database in marks.sources:
+                    report.errors.append(f"cannot read the commit marks in {database} (so no branch "
+                                         f"of node {self.node} is presumed aborted): {e}")
+                else:
+                    log.debug("recovery: cannot read commit marks in %s: %s", database, e)
+                continue
+            marks.answered.add(database)
+            for gxid, entry in found.items():
+                marks.holders[gxid] = resource
+                logged = pending.get(gxid)
+                pending[gxid] = entry if logged is None else LogEntry(
+                    gxid, entry.branches, True, logged.heuristics, entry.logged_at)
+        for database in sorted(marks.sources - asked):
+            report.errors.append(
+                f"the recovery log says {database} may hold commit marks of node {self.node}, but "
+                "no registered resource reads that database: register it (wsrm recover --dsn) "
+                "before any branch of the node can be presumed aborted")
+        return pending, marks
+
     def _finish_decision(self, entry: LogEntry, scan: _Scan, finished: set[Xid],
-                         report: RecoveryReport) -> None:
-        """Write "done" when no branch of the decision is left prepared anywhere."""
+                         report: RecoveryReport, mark_holder: XAResource | None = None) -> None:
+        """Write "done" (or delete the commit mark) when no branch of the decision is left
+        prepared anywhere."""
         waiting_for = []
         for bxid, name in entry.branches:
             if bxid in finished or bxid in entry.heuristics:
@@ -261,7 +315,14 @@ class RecoveryManager:
             log.warning("recovery: transaction %s is decided commit but waits for %s",
                         entry.gxid, "; ".join(waiting_for))
             return
-        self.log.log_done(entry.gxid)
+        if mark_holder is not None:
+            try:
+                mark_holder.delete_marks([entry.gxid])  # type: ignore[attr-defined]
+            except Exception as e:  # noqa: BLE001 -- deleted by a later pass
+                report.errors.append(f"cannot delete the commit mark of {entry.gxid}: {e}")
+                return
+        if self.log.is_pending(entry.gxid):
+            self.log.log_done(entry.gxid)
         report.done.append(entry.gxid)
 
     def _age(self, resource: XAResource, xid: Xid) -> float:
@@ -316,9 +377,9 @@ class RecoveryManager:
     def _in_doubt(self, errors: list[str] | None = None) -> list[InDoubt]:
         report = RecoveryReport()
         scan = self._scan(report)
+        pending, _marks = self._decisions(report)
         if errors is not None:
             errors.extend(report.errors)
-        pending = self.log.pending()
         damaged = bool(_damage(self.log))
         out: list[InDoubt] = []
         for xid, resource in scan.holders.items():
@@ -346,7 +407,8 @@ class RecoveryManager:
             if resource is None:
                 raise IllegalStateError(f"{xid} is not prepared in any registered resource")
             gxid = xid.global_xid()
-            entry = self.log.pending().get(gxid)
+            pending, marks = self._decisions(RecoveryReport())
+            entry = pending.get(gxid)
             logged_commit = entry is not None and entry.committing and _decided(entry, xid)
             if logged_commit != commit:
                 log.warning("operator decides to %s %s although the log says %s",
@@ -359,7 +421,7 @@ class RecoveryManager:
             if logged_commit and entry is not None:
                 if not commit and outcome == "done":
                     self.log.log_heuristic(gxid, xid, XA_HEURRB, _name(resource))
-                self._finish_decision(entry, scan, {xid}, report)
+                self._finish_decision(entry, scan, {xid}, report, marks.holders.get(gxid))
             if outcome == "heuristic":
                 return outcome
             return "committed" if commit else "rolled back"
@@ -406,6 +468,12 @@ def _damage(log_: TransactionLog) -> list[str]:
     """The log's damage report (a log without one is taken as sound)."""
     damaged = getattr(log_, "damaged", None)
     return list(damaged()) if callable(damaged) else []
+
+
+def _mark_sources(log_: TransactionLog) -> frozenset[str]:
+    """The databases that may hold commit marks (a log that does not know of marks: none)."""
+    sources = getattr(log_, "mark_sources", None)
+    return frozenset(sources()) if callable(sources) else frozenset()
 
 
 def _decision(entry: LogEntry | None, xid: Xid) -> str:

@@ -579,6 +579,9 @@ class Transaction:
         cp = self._checkpoint  # tested inline: a hook point per branch and phase
         if cp is not None:
             cp("before_prepare", 0)
+        holder = _mark_holder(branches)
+        if holder is not None:  # it commits last, in one phase, with the decision
+            branches = [b for b in branches if b is not holder]
         for branch in branches:
             if self._rollback_only or self.is_expired():
                 break
@@ -602,16 +605,22 @@ class Transaction:
         self._phase = _PREPARED
         prepared = [b for b in branches if b.vote == XA_OK]
         if not prepared:  # all read-only: nothing to log, nothing to commit
+            if holder is not None:
+                self._commit_one_phase(holder)
+                return
             self._finish(_COMMITTED)
             return
         if cp is not None:
             cp("before_log", 0)
         if self._rollback_only:
             self._abort("marked rollback-only during prepare", self._cause)
-        try:
-            self._log.log_commit_decision(self.xid, [(b.xid, b.name) for b in prepared])
-        except Exception as e:  # noqa: BLE001 -- no durable decision means no commit
-            self._abort("the commit decision could not be logged", e)
+        if holder is not None:
+            self._commit_marked(holder, prepared)
+        else:
+            try:
+                self._log.log_commit_decision(self.xid, [(b.xid, b.name) for b in prepared])
+            except Exception as e:  # noqa: BLE001 -- no durable decision means no commit
+                self._abort("the commit decision could not be logged", e)
         if cp is not None:
             cp("logged", 0)
         self._phase = _COMMITTING
@@ -635,6 +644,9 @@ class Transaction:
             log.warning("transaction %s committed, but %s could not be reached; the recovery "
                         "manager will commit %s", self.xid, ", ".join(b.name for b in left),
                         ", ".join(str(b.xid) for b in left))
+        elif holder is not None:
+            if not heuristics:  # a heuristic keeps the mark until recovery has seen it
+                holder.resource.forget_mark(self.xid)  # type: ignore[attr-defined]
         else:
             try:
                 self._log.log_done(self.xid)
@@ -644,6 +656,39 @@ class Transaction:
         if heuristics:
             self._raise_heuristic(True, heuristics, agreeing)
         self._finish(_COMMITTED)
+
+    def _commit_marked(self, holder: _Branch, prepared: list[_Branch]) -> None:
+        """The decision as a commit mark: ``holder`` commits in one phase with a row naming
+        ``prepared`` (see :mod:`txmanager.marks`).  Returns once it committed; else raises."""
+        resource = holder.resource
+        try:
+            # once per database for the life of the log: recovery must know to read its marks
+            self._log.log_mark_source(resource.database)  # type: ignore[attr-defined]
+        except Exception as e:  # noqa: BLE001 -- a mark recovery would not read decides nothing
+            self._abort(f"the recovery log could not note {holder.name} as a keeper of commit marks", e)
+        self._phase = _COMMITTING
+        try:
+            resource.commit_marked(holder.xid, self.xid, self.xid.node or "",  # type: ignore[attr-defined]
+                                   [(b.xid, b.name) for b in prepared])
+            return
+        except XAException as e:
+            if e.code != XAER_RMFAIL:  # rolled back, or never committed: nothing decided
+                holder.rolled_back = e.is_rollback
+                self._phase = _PREPARED
+                self._abort(f"{holder.name} did not commit {holder.xid} with its commit mark", e)
+            cause: BaseException = e
+        except Exception as e:  # noqa: BLE001 -- an unexpected failure: the mark may be in
+            cause = e
+        # The answer to COMMIT was lost: the mark, committed or not, decides.  The other
+        # branches stay prepared; recovery reads the mark and finishes them all alike.
+        log.error("transaction %s: the outcome of its commit mark on %s is unknown (%s); its "
+                  "prepared branches are left to recovery, which reads the mark", self.xid,
+                  holder.name, cause)
+        self._finish(Status.UNKNOWN)
+        raise HeuristicHazardError(
+            f"transaction {self.xid}: the answer to the commit of {holder.name} with its commit "
+            "mark was lost; recovery commits or rolls back every branch by that mark",
+            xid=self.xid, outcomes=[(holder.xid, XA_HEURHAZ)]) from cause
 
     def _commit_prepared(self, branch: _Branch) -> int | str | None:
         """Phase 2 for one branch: None when committed, "left" for recovery, or a
@@ -790,6 +835,15 @@ class Transaction:
 
 def _name(resource: object) -> str:
     return getattr(resource, "resource_name", None) or type(resource).__name__
+
+
+def _mark_holder(branches: list[_Branch]) -> _Branch | None:
+    """The branch that will carry the commit decision as a mark: the last one enlisted
+    whose resource keeps commit marks, or None (then the log carries it)."""
+    for branch in reversed(branches):
+        if getattr(branch.resource, "holds_commit_marks", False):
+            return branch
+    return None
 
 
 def _same_rm(a: XAResource, b: XAResource) -> bool:

@@ -89,16 +89,23 @@ CRASH_POINTS = [
 ]
 
 
+@pytest.mark.parametrize("marks", [False, True], ids=["log", "marks"])
 @pytest.mark.parametrize("point,committed", CRASH_POINTS, ids=[p for p, _ in CRASH_POINTS])
-def test_application_killed_at_each_protocol_point(banks, tmp_path, point, committed):
+def test_application_killed_at_each_protocol_point(banks, tmp_path, point, committed, marks):
+    """``marks``: bank B keeps commit marks, so only bank A's branch is ever prepared and the
+    decision is B's one-phase commit (before_log / logged are just before / after it)."""
     dsn_a, dsn_b = banks
     log_path = str(tmp_path / "tx.log")
     rc = run_worker(dsn_a, dsn_b, log_path, transfers=6, prefix="p", kill_at=point, kill_tx=3,
-                    seed=7, node="crash-node")
+                    seed=7, node="crash-node", commit_marks=marks)
     assert rc == -signal.SIGKILL, "the worker should have died at the kill point"
     before = audit(dsn_a, dsn_b, TOTAL)
     if point != "before_prepare":
-        assert before.prepared_left or point == "before_done", "a branch should be in doubt"
+        # with a mark only bank A prepares: once it committed (committed:0) nothing is left
+        finished = ("before_done", "committed:0") if marks else ("before_done",)
+        assert before.prepared_left or point in finished, "a branch should be in doubt"
+        if marks:
+            assert len(before.prepared_left) <= 1, "with a mark, only the other bank prepares"
 
     recover_in_fresh_process(log_path, [dsn_a, dsn_b], node="crash-node")
     report = audit(dsn_a, dsn_b, TOTAL)
@@ -107,29 +114,48 @@ def test_application_killed_at_each_protocol_point(banks, tmp_path, point, commi
     assert ("p-3" in report.transfers_a) is committed
     assert "p-4" not in report.transfers_a
 
+    if marks:
+        assert marks_left(dsn_b) == 0, "recovery deletes every mark once it is carried out"
+
     # Idempotent: a second recovery finds nothing to do and changes nothing.
     recover_in_fresh_process(log_path, [dsn_a, dsn_b], node="crash-node")
     assert audit(dsn_a, dsn_b, TOTAL).transfers_a == report.transfers_a
 
 
+def marks_left(dsn: str) -> int:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM txm_commit_mark")
+            return int(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
 @pytest.mark.slow
-def test_application_killed_at_fifty_random_instants(banks, tmp_path):
+@pytest.mark.parametrize("marks", [False, True], ids=["log", "marks"])
+def test_application_killed_at_fifty_random_instants(banks, tmp_path, marks):
     dsn_a, dsn_b = banks
     log_path = str(tmp_path / "tx.log")
     rng = random.Random(2026)
     kills = 0
     for n in range(50):
         rc = run_worker(dsn_a, dsn_b, log_path, transfers=100_000, prefix=f"r{n}",
-                        kill_after=rng.uniform(0.0, 0.6), seed=n, node="crash-node")
+                        kill_after=rng.uniform(0.0, 0.6), seed=n, node="crash-node",
+                        commit_marks=marks)
         kills += rc == -signal.SIGKILL
         recover_in_fresh_process(log_path, [dsn_a, dsn_b], node="crash-node")
         report = audit(dsn_a, dsn_b, TOTAL)
         assert report.ok, f"after kill {n}: {report.summary()}"
+        assert report.transfers_a == report.transfers_b
+        if marks:
+            assert marks_left(dsn_b) == 0, f"after kill {n}: commit marks left behind"
     assert kills == 50
     assert len(report.transfers_a) > 50, "the workers should have committed work between kills"
 
 
-def test_postgres_server_killed_mid_commit(pg_server, tmp_path):
+@pytest.mark.parametrize("marks", [False, True], ids=["log", "marks"])
+def test_postgres_server_killed_mid_commit(pg_server, tmp_path, marks):
     name_a, name_b = (f"bank_{uuid.uuid4().hex[:10]}" for _ in range(2))
     pg_server.create_database(name_a)
     pg_server.create_database(name_b)
@@ -138,8 +164,10 @@ def test_postgres_server_killed_mid_commit(pg_server, tmp_path):
     create_bank(dsn_b, ACCOUNTS, BALANCE)
     log_path = str(tmp_path / "tx.log")
 
-    rc = run_worker(dsn_a, dsn_b, log_path, transfers=6, prefix="s", kill_at="committed:0",
-                    kill_tx=2, kill_server_pid=pg_server.pid, seed=3, node="crash-node")
+    # with marks, "logged" is the instant bank B committed with the mark and bank A is prepared
+    rc = run_worker(dsn_a, dsn_b, log_path, transfers=6, prefix="s",
+                    kill_at="logged" if marks else "committed:0", kill_tx=2, kill_server_pid=pg_server.pid, seed=3, node="crash-node",
+                    commit_marks=marks)
     assert rc != 0, "the worker cannot go on once the server is gone"
     pg_server.wait_killed()
     pg_server.start()

@@ -310,3 +310,60 @@ def test_status_counts_prepared_branches(store: StorageManager) -> None:
     assert store.status().prepared_branches == 0
     if res is not xa:
         res.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("crash_at", [None, "before_log", "logged"])
+def test_a_postgresql_store_with_commit_marks_carries_the_decision(fresh_db, tmp_path, crash_at) -> None:
+    """``commit_marks=1``: the store's branch commits in one phase with the transaction's
+    decision in its own database (txmanager.marks); the other branch is the only one
+    prepared, the log writes no decision, and after a crash recovery reads the mark."""
+    from tests.txmanager.conftest import log_records
+    from wsrm_plugin.store import open_store
+
+    url = fresh_db if fresh_db.startswith("postgresql") else "postgresql:" + fresh_db
+    store = open_store(url, commit_marks=True)
+    points: list[str] = []
+
+    def hook(point: str, index: int) -> None:
+        points.append(f"{point}:{index}")
+        if point == crash_at:
+            raise Crash()
+
+    tm = TransactionManager(node="storetest", log=tmp_path / "marks.log", checkpoint=hook)
+    db = MemoryResource("app-db")
+    try:
+        gtx = tm.begin()
+        gtx.enlist_resource(db)
+        db.put("order-1", "placed")
+        with store.begin(xa=tm) as tx:
+            new_rms(tx)
+            enqueue(tx, n=1)
+        if crash_at is None:
+            tm.commit()
+            assert points == ["before_prepare:0", "prepared:0", "before_log:0", "logged:0",
+                              "committed:0", "before_done:0"]
+            assert db.snapshot() == {"order-1": "placed"} and visible(store) == {"k1"}
+            assert not [r for r in log_records(tmp_path / "marks.log") if r["t"] == "commit"]
+            return
+        with pytest.raises(Crash):
+            tm.commit()
+        assert db.recover() != [], "the other branch is prepared, in doubt"
+        for tx_ in list(store._enlisted.values()):  # the 'dead' process's store session
+            tx_._resource.close()
+        store._enlisted.clear()
+        tm.close()
+
+        tm = TransactionManager(node="storetest", log=tmp_path / "marks.log", safety_interval=0)
+        tm.register_resource(store.xa_resource())
+        tm.register_resource(db)
+        report = tm.recovery.recover_once()
+        assert not report.errors, report.summary()
+        assert db.recover() == [] and store.xa_resource().recover() == []
+        if crash_at == "logged":
+            assert db.snapshot() == {"order-1": "placed"} and visible(store) == {"k1"}
+        else:
+            assert db.snapshot() == {} and visible(store) == set()
+    finally:
+        tm.close()
+        store.close()

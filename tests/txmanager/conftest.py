@@ -51,7 +51,7 @@ def log_records(path, *, meta: bool = False) -> list[dict]:
         out.append(json.loads(payload))
         off += 12 + length
     if not meta:
-        out = [r for r in out if r["t"] not in ("node", "damage", "repaired")]
+        out = [r for r in out if r["t"] not in ("node", "damage", "repaired", "marks")]
     return out
 
 

@@ -15,7 +15,10 @@
 Options go in the query string: ``?lock_timeout=5`` (seconds a transaction
 waits for a lock), ``pool_size=8``; PostgreSQL also ``prepare_statements=0``
 (every statement sent as text: behind a pooler in transaction mode, see
-:mod:`.prepared`).  The API every store offers is in :mod:`.api`.
+:mod:`.prepared`) and ``commit_marks=1`` (a transaction with a branch in
+another database commits the store's branch in one phase with its decision,
+instead of preparing it and writing the recovery log: :mod:`txmanager.marks`).
+The API every store offers is in :mod:`.api`.
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ def _flag(value: str) -> bool:
 
 _OPTIONS: dict[str, Any] = {"lock_timeout": float, "pool_size": int}
 #: PostgreSQL only: server-side prepared statements (off behind a transaction-mode pooler)
-_PG_OPTIONS: dict[str, Any] = {"prepare_statements": _flag}
+#: and commit marks (the decision of a transaction with other branches kept in the store's
+#: database, see txmanager.marks)
+_PG_OPTIONS: dict[str, Any] = {"prepare_statements": _flag, "commit_marks": _flag}
 
 
 def _options(query: str, url: str, known: dict[str, Any] = _OPTIONS) -> dict[str, Any]:

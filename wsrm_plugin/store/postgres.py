@@ -34,8 +34,10 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions as ext
 
+from txmanager.marks import MarkQueue
 from txmanager.postgres import (
-    PostgresXAResource, database_identity, default_resource_name, offer_session, session_for_database,
+    PostgresXAResource, create_mark_table, database_identity, default_resource_name,
+    delete_forgotten_marks, offer_session, session_for_database,
 )
 from txmanager.xid import Xid
 
@@ -70,8 +72,13 @@ class PostgresStore(api.StorageManager):
 
     def __init__(self, dsn: str, *, lock_timeout: float = 30.0, pool_size: int = 16,
                  database_identity: str | None = None, share_sessions: bool = True,
-                 create: bool = True, prepare_statements: bool = True) -> None:
+                 create: bool = True, prepare_statements: bool = True,
+                 commit_marks: bool = False) -> None:
         self.dsn = dsn
+        #: the database as the recovery log names a keeper of commit marks
+        self.database = default_resource_name(dsn)
+        #: marks of finished transactions, deleted with the next one (None: keeps no marks)
+        self._marks = MarkQueue() if commit_marks else None
         #: the recurring statements prepared on each session (None: all sent as text)
         self.statements = PreparedStatements() if prepare_statements else None
         self.share_sessions = share_sessions
@@ -107,6 +114,8 @@ class PostgresStore(api.StorageManager):
                 cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             found = migrate(conn, POSTGRES, self.url, create=self._create)
             conn.commit()
+            if self._marks is not None:
+                create_mark_table(conn)
             return found
         finally:
             conn.close()
@@ -140,7 +149,8 @@ class PostgresStore(api.StorageManager):
                 if resource._session is not None and not resource._session.closed:
                     return resource
                 resource.close()
-        return PostgresXAResource(self._connect, resource_name=self.resource_name)
+        return PostgresXAResource(self._connect, resource_name=self.resource_name, marks=self._marks,
+                                  database=self.database)
 
     def _release(self, resource: PostgresXAResource) -> None:
         conn = resource._session
@@ -297,7 +307,8 @@ class PostgresStore(api.StorageManager):
         """A resource for the recovery manager: it finds this database's prepared branches."""
         with self._lock:
             if self._recovery is None:
-                self._recovery = PostgresXAResource(self.dsn, resource_name=self.resource_name)
+                self._recovery = PostgresXAResource(self.dsn, resource_name=self.resource_name,
+                                                    database=self.database)
             return self._recovery
 
     def close(self) -> None:
@@ -315,6 +326,8 @@ class PostgresStore(api.StorageManager):
             resource.close()
         if recovery is not None:
             recovery.close()
+        if self._marks is not None and len(self._marks):
+            delete_forgotten_marks(self.dsn, self._marks, self.resource_name)
 
 
 class _BranchOver:

@@ -9,7 +9,9 @@ fsyncs).
 Kill points are the transaction manager's checkpoints (see
 :class:`txmanager.manager.TransactionManager`): ``before_prepare``,
 ``prepared:I``, ``before_log``, ``logged``, ``committed:I``, ``before_done``,
-``before_commit_one_phase``; ``--kill-tx N`` picks the transaction (0-based)
+``before_commit_one_phase`` (with ``--commit-marks``, ``before_log`` and
+``logged`` are the instants before and after bank B's commit with the mark);
+``--kill-tx N`` picks the transaction (0-based)
 in which to die.  ``--kill-after SECONDS`` dies at a random instant instead.
 ``--kill-server-pid`` makes the kill point SIGKILL the PostgreSQL postmaster
 rather than this process, to crash the database mid-commit.
@@ -104,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill-tx", type=int, default=0)
     p.add_argument("--kill-after", type=float, default=None, metavar="SECONDS")
     p.add_argument("--kill-server-pid", type=int, default=None)
+    p.add_argument("--commit-marks", action="store_true",
+                   help="bank B keeps commit marks: it commits last, in one phase, with the "
+                        "decision (txmanager.marks), instead of a log write")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="crashworker: %(message)s")
 
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         timer.start()
     tm = TransactionManager(node=args.node, log=args.log, checkpoint=killer)
     bank_a = XADataSource(args.dsn_a, tm)
-    bank_b = XADataSource(args.dsn_b, tm)
+    bank_b = XADataSource(args.dsn_b, tm, commit_marks=args.commit_marks)
     try:
         done = random_transfers(
             tm, bank_a, bank_b, args.transfers, args.accounts, args.prefix, args.seed

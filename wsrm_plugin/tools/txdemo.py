@@ -44,6 +44,7 @@ def run_worker(
     dsn_a: str, dsn_b: str, log_path: str, *, transfers: int, prefix: str,
     kill_at: str | None = None, kill_tx: int = 0, kill_server_pid: int | None = None,
     seed: int | None = None, kill_after: float | None = None, node: str = "demo-node",
+    commit_marks: bool = False,
 ) -> int:
     """Run the crash worker in a child process; returns its exit status (-9 if killed)."""
     cmd = [
@@ -59,6 +60,8 @@ def run_worker(
         cmd += ["--seed", str(seed)]
     if kill_after is not None:
         cmd += ["--kill-after", str(kill_after)]
+    if commit_marks:
+        cmd.append("--commit-marks")
     # The worker's own warnings (its kill point, a server gone away) are part of
     # the story only with -v; the rounds' summaries say what happened.
     quiet = not logging.getLogger().isEnabledFor(logging.INFO)

@@ -1,0 +1,253 @@
+"""Commit marks (txmanager.marks): the decision of a two-database transaction kept in one
+participant's database instead of the recovery log, against real PostgreSQL databases.
+
+Crashes are simulated in-process here (a checkpoint raising a BaseException, then the
+"dead" process's sessions closed); tests/integration/test_bank_crashes.py kills real
+processes with SIGKILL at the same points and at random instants.
+"""
+
+from __future__ import annotations
+
+import psycopg2
+import pytest
+
+from tests.txmanager.conftest import log_records
+from txmanager import RollbackError, TransactionManager
+from txmanager.marks import TABLE
+from txmanager.postgres import XADataSource
+
+pytestmark = pytest.mark.postgres
+
+
+class Crash(BaseException):
+    """Raised by a checkpoint hook: the commit stops dead there, as in a kill -9."""
+
+
+def run(dsn: str, sql: str, params=()):
+    conn = psycopg2.connect(dsn)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall() if cur.description else None
+    finally:
+        conn.close()
+
+
+def values(dsn: str) -> list[str]:
+    return [v for (v,) in run(dsn, "SELECT v FROM t ORDER BY id")]
+
+
+def prepared_gids(dsn: str) -> list[str]:
+    return [g for (g,) in run(dsn, "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")]
+
+
+def marks(dsn: str) -> list[str]:
+    return [g for (g,) in run(dsn, f"SELECT gtrid FROM {TABLE}")]
+
+
+def insert(conn, value: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO t (v) VALUES (%s)", (value,))
+
+
+def transfer(tm, a, b, n: int) -> None:
+    with tm.transaction():
+        with a.connection() as ca:
+            insert(ca, f"debit-{n}")
+        with b.connection() as cb:
+            insert(cb, f"credit-{n}")
+
+
+@pytest.fixture
+def dbs(pg_dsn_factory):
+    made = [pg_dsn_factory("cm_a"), pg_dsn_factory("cm_b")]
+    for dsn in made:
+        run(dsn, "CREATE TABLE t (id serial PRIMARY KEY, v text NOT NULL)")
+    return made
+
+
+def die(*sources: XADataSource) -> None:
+    """What SIGKILL does to the data sources: every session closes, prepared branches stay."""
+    for ds in sources:
+        for _tx, resource in list(ds._enlisted.values()):
+            resource.close()
+        ds._marks = None  # a dead process deletes no marks on its way out
+        ds.close()
+
+
+def test_the_mark_decides_and_the_log_writes_no_decision(dbs, tmp_path):
+    points: list[tuple[str, int]] = []
+    tm = TransactionManager(node="marks", log=tmp_path / "tx.log",
+                            checkpoint=lambda p, i: points.append((p, i)))
+    a = XADataSource(dbs[0], tm, resource_name="a")
+    b = XADataSource(dbs[1], tm, resource_name="b", commit_marks=True)
+    try:
+        for n in range(3):
+            transfer(tm, a, b, n)
+        assert values(dbs[0]) == [f"debit-{n}" for n in range(3)]
+        assert values(dbs[1]) == [f"credit-{n}" for n in range(3)]
+        assert prepared_gids(dbs[0]) == prepared_gids(dbs[1]) == []
+        # only a's branch is prepared: b commits in one phase, with the mark
+        assert [p for p in points if p[0] == "prepared"] == [("prepared", 0)] * 3
+        # each mark is deleted by the next one's insert; the last waits for close()
+        assert len(marks(dbs[1])) == 1
+        records = log_records(tmp_path / "tx.log", meta=True)
+        assert not [r for r in records if r["t"] in ("commit", "done")], records
+        assert [r for r in records if r["t"] == "marks"] == [{"t": "marks", "db": b.database}]
+    finally:
+        a.close()
+        b.close()
+        tm.close()
+    assert marks(dbs[1]) == []
+
+
+# (kill point, is the transfer committed after recovery?)
+POINTS = [("prepared", False), ("before_log", False), ("logged", True), ("committed", True),
+          ("before_done", True)]
+
+
+@pytest.mark.parametrize("point,committed", POINTS, ids=[p for p, _ in POINTS])
+def test_a_crash_at_each_point_is_finished_alike_on_both_databases(dbs, tmp_path, point, committed):
+    log_path = tmp_path / "crash.log"
+    seen = {"tx": -1}
+
+    def hook(p: str, i: int) -> None:
+        if p == "before_prepare":
+            seen["tx"] += 1
+        if p == point and seen["tx"] == 1:
+            raise Crash(p)
+
+    tm1 = TransactionManager(node="crashy", log=log_path, checkpoint=hook)
+    a1 = XADataSource(dbs[0], tm1, resource_name="a")
+    b1 = XADataSource(dbs[1], tm1, resource_name="b", commit_marks=True)
+    transfer(tm1, a1, b1, 0)
+    with pytest.raises(Crash):
+        transfer(tm1, a1, b1, 1)
+    die(a1, b1)
+    tm1.close()
+
+    tm2 = TransactionManager(node="crashy", log=log_path, safety_interval=0)
+    a2 = XADataSource(dbs[0], tm2, resource_name="a")
+    b2 = XADataSource(dbs[1], tm2, resource_name="b")  # reading marks needs no commit_marks
+    try:
+        report = tm2.recovery.recover_once()
+        assert not report.errors, report.summary()
+        want_a = ["debit-0", "debit-1"] if committed else ["debit-0"]
+        want_b = ["credit-0", "credit-1"] if committed else ["credit-0"]
+        assert values(dbs[0]) == want_a and values(dbs[1]) == want_b
+        assert prepared_gids(dbs[0]) == prepared_gids(dbs[1]) == []
+        assert marks(dbs[1]) == [], "recovery deletes the marks it carried out, and leftovers"
+        assert not tm2.recovery.recover_once().acted, "a second pass finds nothing to do"
+    finally:
+        a2.close()
+        b2.close()
+        tm2.close()
+
+
+@pytest.mark.parametrize("point,committed", [("prepared", False), ("logged", True)])
+def test_no_branch_is_presumed_aborted_before_the_marks_are_read(dbs, tmp_path, point, committed):
+    """After a crash at "logged" the only record of the commit is b's mark: a recovery
+    that did not ask b would roll a's branch back and break atomicity.  The log says b
+    keeps marks, so recovery waits, and says why, until b is registered.  (Before a
+    database's first mark, the log notes it; a crash before that note leaves no mark
+    anywhere, and presumed abort is right.)"""
+    log_path = tmp_path / "crash.log"
+
+    armed = {"on": False}
+
+    def hook(p: str, i: int) -> None:
+        if p == point and armed["on"]:
+            raise Crash(p)
+
+    tm1 = TransactionManager(node="crashy", log=log_path, checkpoint=hook)
+    a1 = XADataSource(dbs[0], tm1, resource_name="a")
+    b1 = XADataSource(dbs[1], tm1, resource_name="b", commit_marks=True)
+    transfer(tm1, a1, b1, 0)  # b is a keeper of marks from now on, in the log
+    armed["on"] = True
+    with pytest.raises(Crash):
+        transfer(tm1, a1, b1, 1)
+    die(a1, b1)
+    tm1.close()
+
+    tm2 = TransactionManager(node="crashy", log=log_path, safety_interval=0)
+    a2 = XADataSource(dbs[0], tm2, resource_name="a")
+    try:
+        report = tm2.recovery.recover_once()
+        assert len(report.waiting) == 1 and not report.rolled_back and not report.committed
+        assert any("commit marks" in e and "register" in e for e in report.errors), report.errors
+        assert len(prepared_gids(dbs[0])) == 1, "a's branch stays prepared"
+        b2 = XADataSource(dbs[1], tm2, resource_name="b")  # registering it runs a pass at once
+        report = tm2.recovery.recover_once()
+        assert not report.errors and not report.waiting, report.summary()
+        assert prepared_gids(dbs[0]) == []
+        assert values(dbs[0]) == (["debit-0", "debit-1"] if committed else ["debit-0"])
+        assert values(dbs[1]) == (["credit-0", "credit-1"] if committed else ["credit-0"])
+        b2.close()
+    finally:
+        a2.close()
+        tm2.close()
+
+
+def test_a_mark_that_cannot_be_written_rolls_every_branch_back(dbs, tmp_path):
+    tm = TransactionManager(node="marks", log=tmp_path / "tx.log")
+    a = XADataSource(dbs[0], tm, resource_name="a")
+    b = XADataSource(dbs[1], tm, resource_name="b", commit_marks=True)
+    try:
+        transfer(tm, a, b, 0)
+        run(dbs[1], f"DROP TABLE {TABLE}")  # behind the data source's back
+        with pytest.raises(RollbackError):
+            transfer(tm, a, b, 1)
+        assert values(dbs[0]) == ["debit-0"] and values(dbs[1]) == ["credit-0"]
+        assert prepared_gids(dbs[0]) == prepared_gids(dbs[1]) == []
+        assert tm.get_transaction() is None
+    finally:
+        a.close()
+        b.close()
+        tm.close()
+
+
+def test_a_read_only_other_branch_leaves_the_holder_a_plain_one_phase_commit(dbs, tmp_path):
+    tm = TransactionManager(node="marks", log=tmp_path / "tx.log")
+    a = XADataSource(dbs[0], tm, resource_name="a", read_only_check=True)
+    b = XADataSource(dbs[1], tm, resource_name="b", commit_marks=True)
+    try:
+        with tm.transaction():
+            with a.connection() as ca, ca.cursor() as cur:
+                cur.execute("SELECT count(*) FROM t")
+            with b.connection() as cb:
+                insert(cb, "alone")
+        assert values(dbs[1]) == ["alone"]
+        assert marks(dbs[1]) == [], "no other branch prepared: nothing to mark"
+    finally:
+        a.close()
+        b.close()
+        tm.close()
+
+
+def test_a_manager_without_a_durable_log_still_finds_the_marks_of_registered_databases(dbs):
+    """With log=None the decision of a marked transaction is still durable: it is in b.
+    Recovery reads the marks of every registered database, named in a log or not."""
+    def hook(p: str, i: int) -> None:
+        if p == "logged":
+            raise Crash(p)
+
+    tm1 = TransactionManager(node="volatile", log=None, checkpoint=hook)
+    a1 = XADataSource(dbs[0], tm1, resource_name="a")
+    b1 = XADataSource(dbs[1], tm1, resource_name="b", commit_marks=True)
+    with pytest.raises(Crash):
+        transfer(tm1, a1, b1, 0)
+    die(a1, b1)
+    tm1.close()
+
+    tm2 = TransactionManager(node="volatile", log=None, safety_interval=0)
+    a2 = XADataSource(dbs[0], tm2, resource_name="a")
+    b2 = XADataSource(dbs[1], tm2, resource_name="b")
+    try:
+        tm2.recovery.recover_once()
+        assert values(dbs[0]) == ["debit-0"] and values(dbs[1]) == ["credit-0"]
+        assert prepared_gids(dbs[0]) == [] and marks(dbs[1]) == []
+    finally:
+        a2.close()
+        b2.close()
+        tm2.close()

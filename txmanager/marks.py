@@ -1,0 +1,97 @@
+"""Commit marks: a commit decision kept in a participant's own database, not in the log.
+
+Narayana's *commit markable resource* (CMR), for PostgreSQL.  A transaction
+with several branches normally prepares every one, writes and fsyncs its
+decision in the recovery log, then commits each prepared branch.  When one
+branch is in a database that holds a commit-mark table, the transaction
+manager instead:
+
+1. prepares every other branch;
+2. in that branch's own transaction, inserts a row naming the global
+   transaction and the prepared branches, and commits it in ONE phase;
+3. commits the other branches (``COMMIT PREPARED``).
+
+Step 2 is the decision: the row commits if and only if the marked branch's
+work does, so "the row exists" is exactly "the transaction committed".  Per
+transaction that saves one ``PREPARE TRANSACTION``, its ``COMMIT PREPARED``
+and the log's fsync, about a third of the commit protocol's cost.
+
+Recovery reads the marks like log decisions: a prepared branch named by a
+mark is committed; one named by neither a mark nor the log is presumed
+aborted, as before, but only once EVERY database that may hold this node's
+marks has answered.  Which databases those are, the recovery log says: it
+records a database once, durably, before the first mark is written there
+(:meth:`~txmanager.log.RecoveryLog.log_mark_source`), so a recovery that was
+not told about it holds the branches instead of guessing.
+
+A mark is deleted once every branch it names is committed: by the next
+marked commit on the same database (in the same statement as its own
+insert, no round trip of its own), when the data source closes, or by
+recovery.  A mark left over is harmless: recovery finds nothing prepared
+under it and deletes it.
+
+Turned on per data source: ``XADataSource(..., commit_marks=True)`` and the
+PostgreSQL store's ``commit_marks`` option create the table on first use.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from .xid import Xid
+
+__all__ = ["TABLE", "CREATE_TABLE", "MarkQueue", "insert_statement"]
+
+#: The table, in the database of the marked branch (the ``public`` schema unless the
+#: session's ``search_path`` says otherwise).
+TABLE = "txm_commit_mark"
+
+#: ``gtrid``: the global xid as a PostgreSQL gid; ``node``: the transaction manager's node;
+#: ``record``: the decision, in the recovery log's own record format.
+CREATE_TABLE = (
+    f"CREATE TABLE IF NOT EXISTS {TABLE} (gtrid text PRIMARY KEY, node text NOT NULL, "
+    "record text NOT NULL)"
+)
+
+#: Deleted with one insert, at most: a backlog is worked off over several commits.
+_MAX_DELETED = 500
+
+
+def insert_statement(forgotten: list[str]) -> str:
+    """The mark's INSERT, deleting ``forgotten`` marks in the same statement."""
+    if not forgotten:
+        return f"INSERT INTO {TABLE} (gtrid, node, record) VALUES (%s, %s, %s)"
+    return (f"WITH gone AS (DELETE FROM {TABLE} WHERE gtrid = ANY(%s)) "
+            f"INSERT INTO {TABLE} (gtrid, node, record) VALUES (%s, %s, %s)")
+
+
+class MarkQueue:
+    """The marks of one database whose transactions are over, waiting to be deleted.
+
+    Shared by the sessions of a data source: whichever commits the next mark
+    deletes them.  Taken marks that a failed commit did not delete are put
+    back; deleting one twice is harmless."""
+
+    def __init__(self) -> None:
+        self._gids: list[str] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._gids)
+
+    def add(self, gxid: Xid) -> None:
+        gid = gxid.to_pg_gid()
+        with self._lock:
+            self._gids.append(gid)
+
+    def take(self) -> list[str]:
+        if not self._gids:
+            return []
+        with self._lock:
+            taken, self._gids = self._gids[:_MAX_DELETED], self._gids[_MAX_DELETED:]
+            return taken
+
+    def put_back(self, gids: Iterable[str]) -> None:
+        with self._lock:
+            self._gids[:0] = list(gids)
