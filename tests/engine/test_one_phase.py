@@ -7,8 +7,9 @@ crash-test hook counts what each commit did: ``prepared`` once per prepared
 branch, ``before_log`` once per logged decision, ``before_commit_one_phase`` once
 per one-phase commit.  With the store in the application's database every
 message must commit in one phase on both sides (0 PREPARE, 0 log writes, the
-recovery log file untouched); with two databases it stays two-phase (2 PREPAREs
-and a logged decision per transaction).
+recovery log file untouched); with two databases it stays two-phase: the store's
+branch commits last with the decision as a commit mark (1 PREPARE, no log write),
+or, with ``commit_marks=0``, 2 PREPAREs and a logged decision per transaction.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 from txmanager import TransactionManager
 from txmanager.postgres import XADataSource
 from wsrm_plugin.engine import ReliableEngine
+from wsrm_plugin.store import open_store
 
 from .conftest import fast_policy
 from .support import ACTION, item_text, payload, wait_for
@@ -79,7 +81,8 @@ def _prepared(dsn: str) -> list[str]:
         conn.close()
 
 
-def _run(pg_dsn_factory, tmp_path: Path, same_database: bool) -> tuple[Points, Points, dict[str, int]]:
+def _run(pg_dsn_factory, tmp_path: Path, same_database: bool,
+         commit_marks: bool = True) -> tuple[Points, Points, dict[str, int]]:
     client_app, server_app = pg_dsn_factory("opcliapp"), pg_dsn_factory("opsrvapp")
     client_store = client_app if same_database else pg_dsn_factory("opclistore")
     server_store = server_app if same_database else pg_dsn_factory("opsrvstore")
@@ -95,9 +98,9 @@ def _run(pg_dsn_factory, tmp_path: Path, same_database: bool) -> tuple[Points, P
         with ds_s.connection() as conn, conn.cursor() as cur:
             cur.execute("INSERT INTO delivered (item) VALUES (%s)", (item_text(envelope),))
 
-    server = ReliableEngine("postgresql:" + server_store, fast_policy(), tm=tm_s, application=application,
-                            name="op-server")
-    client = ReliableEngine("postgresql:" + client_store, fast_policy(), tm=tm_c, name="op-client")
+    stores = [open_store("postgresql:" + dsn, commit_marks=commit_marks) for dsn in (server_store, client_store)]
+    server = ReliableEngine(stores[0], fast_policy(), tm=tm_s, application=application, name="op-server")
+    client = ReliableEngine(stores[1], fast_policy(), tm=tm_c, name="op-client")
     sizes_before: dict[str, int] = {}
     try:
         server.serve()
@@ -118,7 +121,7 @@ def _run(pg_dsn_factory, tmp_path: Path, same_database: bool) -> tuple[Points, P
     finally:
         client.stop(timeout=5)
         server.stop(timeout=5)
-        for closeable in (ds_c, ds_s, tm_c, tm_s):
+        for closeable in (ds_c, ds_s, *stores, tm_c, tm_s):
             closeable.close()
     for dsn in {client_app, server_app, client_store, server_store}:
         assert _prepared(dsn) == []
@@ -138,7 +141,8 @@ def test_store_in_the_applications_database_commits_every_message_in_one_phase(p
 
 
 def test_store_in_another_database_keeps_two_phase_commit(pg_dsn_factory, tmp_path):
-    client_points, server_points, grown = _run(pg_dsn_factory, tmp_path, same_database=False)
+    client_points, server_points, grown = _run(pg_dsn_factory, tmp_path, same_database=False,
+                                               commit_marks=False)
     # each client transaction: two branches (the application's database and the store) prepared
     assert client_points["prepared"] == 2 * COUNT, client_points
     assert client_points["before_log"] == COUNT, client_points
@@ -146,3 +150,15 @@ def test_store_in_another_database_keeps_two_phase_commit(pg_dsn_factory, tmp_pa
     assert server_points["prepared"] >= 2 and server_points["before_log"] >= 1, server_points
     assert server_points["prepared"] == 2 * server_points["before_log"], server_points
     assert grown["client"] > 0 and grown["server"] > 0
+
+
+def test_store_in_another_database_with_commit_marks_prepares_only_the_application(pg_dsn_factory, tmp_path):
+    """The store's default: its branch carries the decision as a commit mark (txmanager.marks):
+    one PREPARE per transaction (the application's), and nothing in the recovery log but the
+    one note, per side, that the store's database keeps marks."""
+    client_points, server_points, grown = _run(pg_dsn_factory, tmp_path, same_database=False)
+    assert client_points["prepared"] == client_points["before_log"] == COUNT, client_points
+    assert client_points["before_commit_one_phase"] == 0, client_points
+    assert server_points["prepared"] >= 1, server_points
+    assert server_points["prepared"] == server_points["before_log"], server_points
+    assert grown == {"client": 1, "server": 1}, grown

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import random
 import signal
+import subprocess
+import sys
 import threading
 import uuid
 
@@ -179,3 +181,24 @@ def test_postgres_server_killed_mid_commit(pg_server, tmp_path, marks):
     assert report.ok, report.summary()
     assert {"s-0", "s-1", "s-2"} <= report.transfers_a, "the logged decision is carried out"
     assert "s-3" not in report.transfers_a
+
+
+def test_wsrm_recover_without_the_marks_database_rolls_back_nothing(banks, tmp_path):
+    """Killed right after bank B committed with the mark: the mark is the only record of the
+    commit.  An operator who forgets B's --dsn gets an error naming it, and bank A's branch
+    stays prepared; with both databases the transfer is completed."""
+    dsn_a, dsn_b = banks
+    log_path = str(tmp_path / "tx.log")
+    rc = run_worker(dsn_a, dsn_b, log_path, transfers=3, prefix="o", kill_at="logged", kill_tx=1,
+                    seed=5, node="crash-node", commit_marks=True)
+    assert rc == -signal.SIGKILL
+    cmd = [sys.executable, "-m", "txmanager.operator", "--log", log_path, "--node", "crash-node",
+           "--safety-interval", "0", "--auto", "--dsn", dsn_a]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out
+    assert "commit marks" in out.stderr and "bank_" in out.stderr, out.stderr
+    assert len(audit(dsn_a, dsn_b, TOTAL).prepared_left) == 1, "nothing presumed aborted"
+    recover_in_fresh_process(log_path, [dsn_a, dsn_b], node="crash-node")
+    report = audit(dsn_a, dsn_b, TOTAL)
+    assert report.ok, report.summary()
+    assert {"o-0", "o-1"} <= report.transfers_a and "o-2" not in report.transfers_a

@@ -28,6 +28,15 @@ def tm(tmp_path):
     manager.close()
 
 
+@pytest.fixture
+def store_2pc(open_kind, store_url) -> StorageManager:
+    """The store, prepared like any other branch: on PostgreSQL without commit marks (its
+    default, which commits its branch last with the decision: see the marks test below)."""
+    if store_url().startswith("postgresql"):
+        return open_kind(lock_timeout=10.0, commit_marks=False)
+    return open_kind(lock_timeout=10.0)
+
+
 def visible(store: StorageManager) -> set[str]:
     """RMS keys committed so far, read without waiting for any lock."""
     return {s.key for s in store.status().rms}
@@ -46,7 +55,8 @@ def test_one_phase_commit_when_the_store_is_alone(store: StorageManager, tm) -> 
         assert tx.rms.get("k1").next_number == 3  # the numbers the branch handed out, written with it
 
 
-def test_two_phase_commit_with_another_resource(store: StorageManager, tmp_path) -> None:
+def test_two_phase_commit_with_another_resource(store_2pc: StorageManager, tmp_path) -> None:
+    store = store_2pc
     points: list[str] = []
     tm = TransactionManager(node="storetest", log=tmp_path / "tm2.log",
                             checkpoint=lambda p, i: points.append(f"{p}:{i}"))
@@ -120,8 +130,9 @@ def test_without_a_current_transaction_the_store_works_locally(store: StorageMan
         store.begin(xa=object())
 
 
-def test_a_logged_decision_is_finished_by_recovery(store: StorageManager, tmp_path) -> None:
+def test_a_logged_decision_is_finished_by_recovery(store_2pc: StorageManager, tmp_path) -> None:
     """The TM 'dies' right after logging commit: recovery commits the store's branch."""
+    store = store_2pc
     def crash(point: str, index: int) -> None:
         if point == "logged":
             raise Crash()
@@ -315,14 +326,14 @@ def test_status_counts_prepared_branches(store: StorageManager) -> None:
 @pytest.mark.postgres
 @pytest.mark.parametrize("crash_at", [None, "before_log", "logged"])
 def test_a_postgresql_store_with_commit_marks_carries_the_decision(fresh_db, tmp_path, crash_at) -> None:
-    """``commit_marks=1``: the store's branch commits in one phase with the transaction's
+    """``commit_marks`` (the default): the store's branch commits in one phase with the transaction's
     decision in its own database (txmanager.marks); the other branch is the only one
     prepared, the log writes no decision, and after a crash recovery reads the mark."""
     from tests.txmanager.conftest import log_records
     from wsrm_plugin.store import open_store
 
     url = fresh_db if fresh_db.startswith("postgresql") else "postgresql:" + fresh_db
-    store = open_store(url, commit_marks=True)
+    store = open_store(url)  # commit marks are the PostgreSQL store's default
     points: list[str] = []
 
     def hook(point: str, index: int) -> None:

@@ -15,9 +15,10 @@
 Options go in the query string: ``?lock_timeout=5`` (seconds a transaction
 waits for a lock), ``pool_size=8``; PostgreSQL also ``prepare_statements=0``
 (every statement sent as text: behind a pooler in transaction mode, see
-:mod:`.prepared`) and ``commit_marks=1`` (a transaction with a branch in
-another database commits the store's branch in one phase with its decision,
-instead of preparing it and writing the recovery log: :mod:`txmanager.marks`).
+:mod:`.prepared`) and ``commit_marks=0`` (by default a transaction with a branch
+in another database commits the store's branch last, in one phase, with its
+decision, instead of preparing it and writing the recovery log:
+:mod:`txmanager.marks`; 0 prepares it like any other branch).
 The API every store offers is in :mod:`.api`.
 """
 

@@ -23,6 +23,12 @@ the store's, whichever came first.  A transaction with no other resource then
 commits in one phase: no PREPARE, no log record, and the same atomicity, since
 it is one PostgreSQL transaction.  The shared session has the application's
 settings: the store's ``lock_timeout`` does not apply to it.
+
+Two databases, one prepare: with a branch elsewhere (the application's own
+database), the store's branch is by default the one that carries the commit
+decision (``commit_marks``, :mod:`txmanager.marks`): the other branch is
+prepared, then the store's commits in one phase with a row naming it, then the
+other is committed; no PREPARE of the store's branch and no log write.
 """
 
 from __future__ import annotations
@@ -73,7 +79,7 @@ class PostgresStore(api.StorageManager):
     def __init__(self, dsn: str, *, lock_timeout: float = 30.0, pool_size: int = 16,
                  database_identity: str | None = None, share_sessions: bool = True,
                  create: bool = True, prepare_statements: bool = True,
-                 commit_marks: bool = False) -> None:
+                 commit_marks: bool = True) -> None:
         self.dsn = dsn
         #: the database as the recovery log names a keeper of commit marks
         self.database = default_resource_name(dsn)
@@ -115,7 +121,10 @@ class PostgresStore(api.StorageManager):
             found = migrate(conn, POSTGRES, self.url, create=self._create)
             conn.commit()
             if self._marks is not None:
-                create_mark_table(conn)
+                if self._create:
+                    create_mark_table(conn)
+                else:  # an operator's look at the store creates nothing; it commits no XA work
+                    self._marks = None
             return found
         finally:
             conn.close()
