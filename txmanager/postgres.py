@@ -639,8 +639,10 @@ class PostgresXAResource:
 
         The mark names ``branches`` (the transaction's other branches, all
         prepared).  Raises XA_RB* when the branch rolled back (nothing was
-        decided), XAER_RMFAIL when the answer to COMMIT was lost (the mark
-        decides, and recovery reads it)."""
+        decided).  When the answer to COMMIT is lost, the table says: once the
+        session's backend is gone, the mark is there or not; XAER_RMFAIL only
+        when the database cannot tell (then the mark decides, and recovery
+        reads it)."""
         with self._lock:
             if self._marks is None:
                 raise XAException(XAER_PROTO, f"{self.resource_name} keeps no commit marks")
@@ -665,18 +667,50 @@ class PostgresXAResource:
                     raise XAException(XA_RBCOMMFAIL, f"{self.resource_name}: connection lost before "
                                                      f"COMMIT of {xid}: {_describe(exc)}") from exc
                 raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
+            backend = conn.info.backend_pid
             try:
                 conn.tpc_commit()
             except psycopg2.Error as exc:
                 self._marks.put_back(forgotten)
-                if self._is_session_lost(conn, exc):
-                    self._drop_session()
+                if not self._is_session_lost(conn, exc):
+                    raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
+                self._drop_session()
+                committed = self._mark_committed(gxid, backend)
+                if committed is None:
                     self._give_up(b, XAER_RMFAIL)
                     raise XAException(XAER_RMFAIL, f"{self.resource_name}: connection lost during COMMIT "
-                                                   f"of {xid} and its commit mark: the mark decides; "
-                                                   f"recovery reads it: {_describe(exc)}") from exc
-                raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
+                                                   f"of {xid} and its commit mark, and the database cannot "
+                                                   f"tell yet: the mark decides; recovery reads it: "
+                                                   f"{_describe(exc)}") from exc
+                if not committed:
+                    self._give_up(b, XA_RBCOMMFAIL)
+                    raise XAException(XA_RBCOMMFAIL, f"{self.resource_name}: connection lost during COMMIT "
+                                                     f"of {xid}; it did not commit (no mark): "
+                                                     f"{_describe(exc)}") from exc
+                log.info("%s: the answer to COMMIT of %s was lost; its mark is there: committed",
+                         self.resource_name, xid)
             self._branch = None
+
+    def _mark_committed(self, gxid: Xid, backend: int, wait: float = 5.0) -> bool | None:
+        """After a lost answer to COMMIT: did the mark of ``gxid`` commit?  None: cannot tell.
+
+        Only once the session's backend is gone is the answer final: a backend
+        whose client vanished still finishes a COMMIT it had begun, so a look
+        at the table before that could miss a mark that commits a moment later.
+        """
+        deadline = time.monotonic() + wait
+        try:
+            while self._control_cursor_run("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,)):
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.05)
+            rows = self._control_cursor_run(f"SELECT 1 FROM {_marks.TABLE} WHERE gtrid = %s",
+                                            (gxid.to_pg_gid(),))
+        except (XAException, psycopg2.Error) as exc:
+            log.info("%s: cannot tell whether the mark of %s committed: %s", self.resource_name, gxid,
+                     exc)
+            return None
+        return bool(rows)
 
     def forget_mark(self, gxid: Xid) -> None:
         """Every branch the mark of ``gxid`` named is committed: delete it with the next one."""

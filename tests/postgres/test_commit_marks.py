@@ -251,3 +251,57 @@ def test_a_manager_without_a_durable_log_still_finds_the_marks_of_registered_dat
         a2.close()
         b2.close()
         tm2.close()
+
+
+class LosingConnection(psycopg2.extensions.connection):
+    """A session whose answer to the next COMMIT is lost: after the commit ("after") or
+    before it reached the server ("before"), the connection drops."""
+
+    lose: str | None = None
+
+    def tpc_commit(self, *args):
+        lose, LosingConnection.lose = LosingConnection.lose, None
+        if lose == "after":
+            super().tpc_commit(*args)
+        if lose is not None:
+            self.close()
+            raise psycopg2.OperationalError("server closed the connection unexpectedly")
+        return super().tpc_commit(*args)
+
+
+class LosingDataSource(XADataSource):
+    def _connect(self):
+        conn = psycopg2.connect(self.dsn, connection_factory=LosingConnection)
+        if self._marks is not None and not self._mark_table_ready:
+            from txmanager.postgres import create_mark_table
+            create_mark_table(conn)
+            self._mark_table_ready = True
+        self.identity = None  # never shared with the other data source's session
+        return conn
+
+
+@pytest.mark.parametrize("lose,committed", [("after", True), ("before", False)])
+def test_a_lost_answer_to_the_marked_commit_is_settled_by_the_mark(dbs, tmp_path, lose, committed):
+    """The connection drops during the holder's COMMIT: once its backend is gone, the mark
+    says whether it committed, and the transaction ends that way at once, on both databases,
+    instead of leaving the caller with "outcome unknown"."""
+    tm = TransactionManager(node="marks", log=tmp_path / "tx.log")
+    a = XADataSource(dbs[0], tm, resource_name="a")
+    b = LosingDataSource(dbs[1], tm, resource_name="b", commit_marks=True, share_sessions=False)
+    try:
+        LosingConnection.lose = lose
+        if committed:
+            transfer(tm, a, b, 0)
+        else:
+            with pytest.raises(RollbackError):
+                transfer(tm, a, b, 0)
+        assert LosingConnection.lose is None, "the commit's answer was lost"
+        assert values(dbs[0]) == (["debit-0"] if committed else [])
+        assert values(dbs[1]) == (["credit-0"] if committed else [])
+        assert prepared_gids(dbs[0]) == prepared_gids(dbs[1]) == []
+        transfer(tm, a, b, 1)  # and the data sources go on
+        assert values(dbs[1])[-1] == "credit-1"
+    finally:
+        a.close()
+        b.close()
+        tm.close()
