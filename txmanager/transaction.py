@@ -17,6 +17,12 @@ Two-phase commit with *presumed abort*, as in Narayana/Atomikos:
    caller is NOT told the transaction rolled back -- it did not;
 7. a "done" record once every branch answered; ``after_completion(status)``.
 
+Commit marks (:mod:`txmanager.marks`): when a branch's resource keeps them
+(``holds_commit_marks``), the last such branch is not prepared; after the
+others voted yes it commits in one phase with a row that names them, which
+is the decision (steps 5 and 7 write nothing to the log).  ``before_log`` and
+``logged`` are then the instants just before and after that commit.
+
 Heuristic outcomes (a resource deciding on its own) raise the distinct
 :mod:`~txmanager.errors` exceptions and stay in the log until forgotten.
 
