@@ -424,3 +424,25 @@ def test_a_failed_write_leaves_no_half_record_behind(tmp_path):
     lg.close()
     with RecoveryLog(path) as again:
         assert set(again.pending()) == {g1, g3}
+
+
+def test_the_databases_that_keep_commit_marks_survive_reopening_and_compaction(tmp_path):
+    """Forgetting one would let recovery presume aborted a transaction its mark committed."""
+    path = tmp_path / "tx.log"
+    with RecoveryLog(path) as lg:
+        assert lg.mark_sources() == frozenset()
+        lg.log_mark_source("pg:shop@db:5432")
+        fsyncs = lg.fsyncs
+        lg.log_mark_source("pg:shop@db:5432")  # known: nothing written
+        assert lg.fsyncs == fsyncs
+        lg.log_mark_source("pg:store@db:5432")
+        assert [r for r in log_records(path, meta=True) if r["t"] == "marks"] == [
+            {"t": "marks", "db": "pg:shop@db:5432"}, {"t": "marks", "db": "pg:store@db:5432"}]
+        lg.compact()
+        assert lg.mark_sources() == {"pg:shop@db:5432", "pg:store@db:5432"}
+    with RecoveryLog(path) as lg:
+        assert lg.mark_sources() == {"pg:shop@db:5432", "pg:store@db:5432"}
+        assert lg.pending() == {}
+    memory = MemoryLog()
+    memory.log_mark_source("pg:shop@db:5432")
+    assert memory.mark_sources() == {"pg:shop@db:5432"}
