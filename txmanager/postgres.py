@@ -571,12 +571,17 @@ class PostgresXAResource:
                 cur.execute(query)
                 return bool(cur.fetchone()[0])
         except psycopg2.Error as exc:
-            if self._is_session_lost(conn, exc):
-                self._drop_session()
-                self._give_up(b, XA_RBCOMMFAIL)
-                raise XAException(XA_RBCOMMFAIL, f"{self.resource_name}: connection lost before "
-                                                 f"PREPARE of {b.xid}: {_describe(exc)}") from exc
-            raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
+            raise self._statement_failed(b, conn, exc, "PREPARE") from exc
+
+    def _statement_failed(self, b: _Branch, conn: Connection, exc: psycopg2.Error, before: str) -> XAException:
+        """A statement of the branch's own, before its PREPARE or COMMIT, failed: the branch
+        is rolled back (by the server, or with its lost session); the XA_RB* to raise."""
+        if self._is_session_lost(conn, exc):
+            self._drop_session()
+            self._give_up(b, XA_RBCOMMFAIL)
+            return XAException(XA_RBCOMMFAIL, f"{self.resource_name}: connection lost before "
+                                              f"{before} of {b.xid}: {_describe(exc)}")
+        return self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc)
 
     def _commit_read_only(self, b: _Branch, conn: Connection) -> None:
         try:
@@ -661,12 +666,7 @@ class PostgresXAResource:
                                 (forgotten, *params) if forgotten else params)
             except psycopg2.Error as exc:
                 self._marks.put_back(forgotten)
-                if self._is_session_lost(conn, exc):
-                    self._drop_session()
-                    self._give_up(b, XA_RBCOMMFAIL)
-                    raise XAException(XA_RBCOMMFAIL, f"{self.resource_name}: connection lost before "
-                                                     f"COMMIT of {xid}: {_describe(exc)}") from exc
-                raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
+                raise self._statement_failed(b, conn, exc, "COMMIT") from exc
             backend = conn.info.backend_pid
             try:
                 conn.tpc_commit()

@@ -16,39 +16,13 @@ from txmanager import RollbackError, TransactionManager
 from txmanager.marks import TABLE
 from txmanager.postgres import XADataSource
 
+from .test_datasource import Crash, insert, prepared_gids, run, values
+
 pytestmark = pytest.mark.postgres
-
-
-class Crash(BaseException):
-    """Raised by a checkpoint hook: the commit stops dead there, as in a kill -9."""
-
-
-def run(dsn: str, sql: str, params=()):
-    conn = psycopg2.connect(dsn)
-    try:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(sql, params)
-            return cur.fetchall() if cur.description else None
-    finally:
-        conn.close()
-
-
-def values(dsn: str) -> list[str]:
-    return [v for (v,) in run(dsn, "SELECT v FROM t ORDER BY id")]
-
-
-def prepared_gids(dsn: str) -> list[str]:
-    return [g for (g,) in run(dsn, "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")]
 
 
 def marks(dsn: str) -> list[str]:
     return [g for (g,) in run(dsn, f"SELECT gtrid FROM {TABLE}")]
-
-
-def insert(conn, value: str) -> None:
-    with conn.cursor() as cur:
-        cur.execute("INSERT INTO t (v) VALUES (%s)", (value,))
 
 
 def transfer(tm, a, b, n: int) -> None:
@@ -65,6 +39,26 @@ def dbs(pg_dsn_factory):
     for dsn in made:
         run(dsn, "CREATE TABLE t (id serial PRIMARY KEY, v text NOT NULL)")
     return made
+
+
+def crash_in_the_second_transfer(dbs, log, point: str) -> None:
+    """Transfer 0 commits (the log notes b as a keeper of marks), transfer 1 "dies" at
+    ``point``: nothing is cleaned up, and the dead process's sessions close."""
+    armed = {"on": False}
+
+    def hook(p: str, i: int) -> None:
+        if p == point and armed["on"]:
+            raise Crash(p)
+
+    tm1 = TransactionManager(node="crashy", log=log, checkpoint=hook)
+    a1 = XADataSource(dbs[0], tm1, resource_name="a")
+    b1 = XADataSource(dbs[1], tm1, resource_name="b", commit_marks=True)
+    transfer(tm1, a1, b1, 0)
+    armed["on"] = True
+    with pytest.raises(Crash):
+        transfer(tm1, a1, b1, 1)
+    die(a1, b1)
+    tm1.close()
 
 
 def die(*sources: XADataSource) -> None:
@@ -110,22 +104,7 @@ POINTS = [("prepared", False), ("before_log", False), ("logged", True), ("commit
 @pytest.mark.parametrize("point,committed", POINTS, ids=[p for p, _ in POINTS])
 def test_a_crash_at_each_point_is_finished_alike_on_both_databases(dbs, tmp_path, point, committed):
     log_path = tmp_path / "crash.log"
-    seen = {"tx": -1}
-
-    def hook(p: str, i: int) -> None:
-        if p == "before_prepare":
-            seen["tx"] += 1
-        if p == point and seen["tx"] == 1:
-            raise Crash(p)
-
-    tm1 = TransactionManager(node="crashy", log=log_path, checkpoint=hook)
-    a1 = XADataSource(dbs[0], tm1, resource_name="a")
-    b1 = XADataSource(dbs[1], tm1, resource_name="b", commit_marks=True)
-    transfer(tm1, a1, b1, 0)
-    with pytest.raises(Crash):
-        transfer(tm1, a1, b1, 1)
-    die(a1, b1)
-    tm1.close()
+    crash_in_the_second_transfer(dbs, log_path, point)
 
     tm2 = TransactionManager(node="crashy", log=log_path, safety_interval=0)
     a2 = XADataSource(dbs[0], tm2, resource_name="a")
@@ -154,21 +133,7 @@ def test_no_branch_is_presumed_aborted_before_the_marks_are_read(dbs, tmp_path, 
     anywhere, and presumed abort is right.)"""
     log_path = tmp_path / "crash.log"
 
-    armed = {"on": False}
-
-    def hook(p: str, i: int) -> None:
-        if p == point and armed["on"]:
-            raise Crash(p)
-
-    tm1 = TransactionManager(node="crashy", log=log_path, checkpoint=hook)
-    a1 = XADataSource(dbs[0], tm1, resource_name="a")
-    b1 = XADataSource(dbs[1], tm1, resource_name="b", commit_marks=True)
-    transfer(tm1, a1, b1, 0)  # b is a keeper of marks from now on, in the log
-    armed["on"] = True
-    with pytest.raises(Crash):
-        transfer(tm1, a1, b1, 1)
-    die(a1, b1)
-    tm1.close()
+    crash_in_the_second_transfer(dbs, log_path, point)
 
     tm2 = TransactionManager(node="crashy", log=log_path, safety_interval=0)
     a2 = XADataSource(dbs[0], tm2, resource_name="a")
@@ -228,24 +193,14 @@ def test_a_read_only_other_branch_leaves_the_holder_a_plain_one_phase_commit(dbs
 def test_a_manager_without_a_durable_log_still_finds_the_marks_of_registered_databases(dbs):
     """With log=None the decision of a marked transaction is still durable: it is in b.
     Recovery reads the marks of every registered database, named in a log or not."""
-    def hook(p: str, i: int) -> None:
-        if p == "logged":
-            raise Crash(p)
+    crash_in_the_second_transfer(dbs, None, "logged")
 
-    tm1 = TransactionManager(node="volatile", log=None, checkpoint=hook)
-    a1 = XADataSource(dbs[0], tm1, resource_name="a")
-    b1 = XADataSource(dbs[1], tm1, resource_name="b", commit_marks=True)
-    with pytest.raises(Crash):
-        transfer(tm1, a1, b1, 0)
-    die(a1, b1)
-    tm1.close()
-
-    tm2 = TransactionManager(node="volatile", log=None, safety_interval=0)
+    tm2 = TransactionManager(node="crashy", log=None, safety_interval=0)
     a2 = XADataSource(dbs[0], tm2, resource_name="a")
     b2 = XADataSource(dbs[1], tm2, resource_name="b")
     try:
         tm2.recovery.recover_once()
-        assert values(dbs[0]) == ["debit-0"] and values(dbs[1]) == ["credit-0"]
+        assert values(dbs[0]) == ["debit-0", "debit-1"] and values(dbs[1]) == ["credit-0", "credit-1"]
         assert prepared_gids(dbs[0]) == [] and marks(dbs[1]) == []
     finally:
         a2.close()

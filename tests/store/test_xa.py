@@ -10,7 +10,8 @@ from txmanager.xa import (
     XAException,
 )
 from txmanager.xid import Xid
-from wsrm_plugin.store import InDoubtBranchesError, LockTimeoutError, StorageManager, StoreError
+from tests.txmanager.conftest import log_records
+from wsrm_plugin.store import InDoubtBranchesError, LockTimeoutError, StorageManager, StoreError, open_store
 from wsrm_plugin.store.sqlite import SqliteStore
 
 from .conftest import KINDS
@@ -329,9 +330,6 @@ def test_a_postgresql_store_with_commit_marks_carries_the_decision(fresh_db, tmp
     """``commit_marks`` (the default): the store's branch commits in one phase with the transaction's
     decision in its own database (txmanager.marks); the other branch is the only one
     prepared, the log writes no decision, and after a crash recovery reads the mark."""
-    from tests.txmanager.conftest import log_records
-    from wsrm_plugin.store import open_store
-
     url = fresh_db if fresh_db.startswith("postgresql") else "postgresql:" + fresh_db
     store = open_store(url)  # commit marks are the PostgreSQL store's default
     points: list[str] = []
