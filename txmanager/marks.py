@@ -30,8 +30,9 @@ insert, no round trip of its own), when the data source closes, or by
 recovery.  A mark left over is harmless: recovery finds nothing prepared
 under it and deletes it.
 
-Turned on per data source: ``XADataSource(..., commit_marks=True)`` and the
-PostgreSQL store's ``commit_marks`` option create the table on first use.
+The PostgreSQL WS-RM store keeps marks by default (``commit_marks=0`` turns
+it off); an :class:`~txmanager.postgres.XADataSource` does with
+``commit_marks=True``.  Either creates the table when it opens.
 """
 
 from __future__ import annotations
