@@ -585,7 +585,9 @@ class Transaction:
         cp = self._checkpoint  # tested inline: a hook point per branch and phase
         if cp is not None:
             cp("before_prepare", 0)
-        holder = _mark_holder(branches)
+        # a log that cannot note where marks are (a TransactionLog of the caller's own) keeps
+        # every decision itself
+        holder = _mark_holder(branches) if hasattr(self._log, "log_mark_source") else None
         if holder is not None:  # it commits last, in one phase, with the decision
             branches = [b for b in branches if b is not holder]
         for branch in branches:

@@ -6,8 +6,8 @@ import pytest
 
 from txmanager import (
     HeuristicCommitError, HeuristicHazardError, HeuristicMixedError, HeuristicRollbackError,
-    IllegalStateError, MemoryResource, RecoveryLogError, RollbackError, Status,
-    TransactionTimeoutError,
+    IllegalStateError, MemoryLog, MemoryResource, RecoveryLogError, RollbackError, Status,
+    TransactionManager, TransactionTimeoutError,
 )
 from txmanager.xa import (
     TMFAIL, TMJOIN, TMNOFLAGS, TMONEPHASE, TMRESUME, TMSUCCESS, TMSUSPEND, XA_HEURCOM, XA_HEURHAZ, XA_HEURRB,
@@ -458,3 +458,29 @@ def test_a_branch_that_vanished_before_phase_two_is_a_hazard(make_tm, a, b):
         tm.commit()
     assert a.snapshot() == {"k": 1}
     assert tm.log.pending()[tx.xid].heuristics == {tx.xid.branch("1"): XA_HEURHAZ}
+
+
+def test_a_log_that_cannot_note_mark_databases_keeps_every_decision_itself(tmp_path):
+    """A TransactionLog of the caller's own, without log_mark_source: a resource that keeps
+    commit marks is prepared like the others, and the decision goes to that log."""
+    class OwnLog(MemoryLog):
+        log_mark_source = property(lambda self: (_ for _ in ()).throw(AttributeError("no")))
+
+    class MarkKeeper(MemoryResource):
+        holds_commit_marks = True
+
+    points: list[str] = []
+    log = OwnLog()
+    assert not hasattr(log, "log_mark_source")
+    tm = TransactionManager(node="own", log=log, checkpoint=lambda p, i: points.append(f"{p}:{i}"))
+    a, b = MemoryResource("a"), MarkKeeper("b")
+    try:
+        with tm.transaction() as tx:
+            tx.enlist_resource(a)
+            a.put("k", 1)
+            tx.enlist_resource(b)
+            b.put("k", 2)
+        assert points.count("prepared:0") == points.count("prepared:1") == 1
+        assert a.snapshot() == {"k": 1} and b.snapshot() == {"k": 2}
+    finally:
+        tm.close()
