@@ -95,10 +95,14 @@ def create_mark_table(conn: Connection) -> None:
     """Create the commit-mark table (:mod:`.marks`) if it is missing, and commit.
 
     Under an advisory lock: two processes creating it at once would otherwise
-    collide on the catalog's unique index."""
+    collide on the catalog's unique index.  A table that is there is not
+    created again: a role without the privilege to create in the schema uses
+    the table its owner made."""
     with conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MARK_TABLE_LOCK,))
-        cur.execute(_marks.CREATE_TABLE)
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (_marks.TABLE,))
+        if not cur.fetchone()[0]:
+            cur.execute(_marks.CREATE_TABLE)
     conn.commit()
 
 

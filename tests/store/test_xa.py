@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
+
+import psycopg2
 import pytest
 
 from txmanager import MemoryResource, RollbackError, TransactionManager
+from txmanager.marks import CREATE_TABLE
 from txmanager.xa import (
     TMFAIL, TMJOIN, TMNOFLAGS, TMSUCCESS, XA_OK, XA_RDONLY, XAER_DUPID, XAER_NOTA, XAER_PROTO,
     XAException,
@@ -375,4 +379,35 @@ def test_a_postgresql_store_with_commit_marks_carries_the_decision(fresh_db, tmp
             assert db.snapshot() == {} and visible(store) == set()
     finally:
         tm.close()
+        store.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("table_there", [False, True])
+def test_a_store_role_without_create_privilege_opens_an_existing_store(fresh_db, table_there, caplog) -> None:
+    """A deployment's store role may only read and write the tables the schema's owner made.
+    It opens the store; with the mark table there it keeps marks, without it it says so and
+    prepares its branches like any other."""
+    url = fresh_db if fresh_db.startswith("postgresql") else "postgresql:" + fresh_db
+    open_store(url, commit_marks=False).close()  # the schema, made by its owner
+    role = f"limited_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(fresh_db)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE ROLE {role} LOGIN")
+        cur.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        cur.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
+        if table_there:
+            cur.execute(CREATE_TABLE)
+        cur.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+    admin.close()
+    store = open_store(url + f" user={role}")
+    try:
+        assert (store._marks is not None) is table_there
+        assert ("cannot create the commit-mark table" in caplog.text) is not table_there
+        with store.begin() as tx:  # and it works
+            new_rms(tx)
+            enqueue(tx, n=1)
+        assert visible(store) == {"k1"}
+    finally:
         store.close()

@@ -38,9 +38,10 @@ import threading
 from typing import Any
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extensions as ext
 
-from txmanager.marks import MarkQueue
+from txmanager.marks import TABLE as MARK_TABLE, MarkQueue
 from txmanager.postgres import (
     PostgresXAResource, create_mark_table, database_identity, default_resource_name,
     delete_forgotten_marks, offer_session, session_for_database,
@@ -121,10 +122,18 @@ class PostgresStore(api.StorageManager):
             found = migrate(conn, POSTGRES, self.url, create=self._create)
             conn.commit()
             if self._marks is not None:
-                if self._create:
-                    create_mark_table(conn)
-                else:  # an operator's look at the store creates nothing; it commits no XA work
+                if not self._create:  # an operator's look at the store creates nothing; it commits no XA work
                     self._marks = None
+                else:
+                    try:
+                        create_mark_table(conn)
+                    except psycopg2.errors.InsufficientPrivilege as exc:
+                        conn.rollback()
+                        log.warning("%s: cannot create the commit-mark table %s (%s): the store's "
+                                    "branches are prepared like any other; have its owner create it "
+                                    "(txmanager.marks.CREATE_TABLE), or open with commit_marks=0",
+                                    self.url, MARK_TABLE, " ".join(str(exc).split()))
+                        self._marks = None
             return found
         finally:
             conn.close()

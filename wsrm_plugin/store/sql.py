@@ -247,6 +247,14 @@ def current_version(cur: Any, d: Dialect) -> int:
     return int(row[0]) if row and row[0] is not None else 0
 
 
+def _has_schema_version(cur: Any, d: Dialect) -> bool:
+    if d.name == "postgresql":
+        cur.execute("SELECT to_regclass('schema_version') IS NOT NULL")
+    else:
+        cur.execute("SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'")
+    return bool(cur.fetchone()[0])
+
+
 def migrate(conn: Any, d: Dialect, where: str, *, create: bool = True) -> int:
     """Bring the schema up to :data:`LATEST_VERSION` inside the caller's transaction.
 
@@ -263,8 +271,11 @@ def migrate(conn: Any, d: Dialect, where: str, *, create: bool = True) -> int:
         except Exception:  # noqa: BLE001 -- no such table: no store here
             raise api.StoreNotFoundError(f"there is no message store in {where} (no schema_version "
                                          "table): check the store URL") from None
-    cur.execute(f"CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, "
-                f"applied_at {d.double} NOT NULL)")
+    if not _has_schema_version(cur, d):
+        # only then: PostgreSQL checks the privilege to create in the schema before it looks
+        # whether the table is there, and a store's role may rightly lack it once the schema is made
+        cur.execute(f"CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, "
+                    f"applied_at {d.double} NOT NULL)")
     found = current_version(cur, d)
     if found > LATEST_VERSION:
         raise SchemaVersionError(
