@@ -724,8 +724,9 @@ class PostgresXAResource:
     def commit_marks(self, node: str) -> dict[Xid, LogEntry]:
         """The commit marks of ``node`` in this database, as log entries (none without the table).
 
-        Raises XAER_RMFAIL when the database cannot be asked: recovery then
-        presumes nothing about the node's unlogged branches."""
+        Raises :class:`XAException` when the database cannot be asked or a mark
+        cannot be read: recovery then presumes nothing about the node's
+        unlogged branches."""
         with self._lock:
             try:
                 # asked first, so that a database without marks logs no error at every pass
@@ -749,13 +750,26 @@ class PostgresXAResource:
             return entries
 
     def delete_marks(self, gxids: list[Xid]) -> None:
-        """Delete the marks of finished transactions now (recovery, and a data source closing)."""
-        if not gxids:
+        """Delete the marks of finished transactions now (recovery)."""
+        self._delete_marks([g.to_pg_gid() for g in gxids])
+
+    def delete_waiting_marks(self, queue: _marks.MarkQueue) -> None:
+        """Delete the marks waiting in ``queue`` now (a data source or store closing); what
+        cannot be deleted is left for recovery to delete."""
+        while gids := queue.take():
+            try:
+                self._delete_marks(gids)
+            except XAException as exc:
+                log.info("%s: %d commit mark(s) left for recovery to delete: %s", self.resource_name,
+                         len(gids), exc)
+                return
+
+    def _delete_marks(self, gids: list[str]) -> None:
+        if not gids:
             return
         with self._lock:
             try:
-                self._control_cursor_run(f"DELETE FROM {_marks.TABLE} WHERE gtrid = ANY(%s)",
-                                         ([g.to_pg_gid() for g in gxids],))
+                self._control_cursor_run(f"DELETE FROM {_marks.TABLE} WHERE gtrid = ANY(%s)", (gids,))
             except psycopg2.Error as exc:
                 if exc.pgcode == "42P01":
                     return
@@ -917,23 +931,6 @@ class PostgresXAResource:
             conn, self._control = self._control, None
             if conn is not None and not conn.closed:
                 conn.close()
-
-
-def delete_forgotten_marks(dsn: str, queue: _marks.MarkQueue, resource_name: str) -> None:
-    """Delete the marks waiting in ``queue`` on a connection of their own (a closing data source)."""
-    while gids := queue.take():
-        try:
-            conn = psycopg2.connect(dsn)
-            try:
-                conn.autocommit = True
-                with conn.cursor() as cur:
-                    cur.execute(f"DELETE FROM {_marks.TABLE} WHERE gtrid = ANY(%s)", (gids,))
-            finally:
-                conn.close()
-        except psycopg2.Error as exc:
-            log.info("%s: %d commit mark(s) left for recovery to delete: %s", resource_name, len(gids),
-                     _describe(exc))
-            return
 
 
 class _Transaction(Protocol):
@@ -1194,7 +1191,10 @@ class XADataSource:
         for resource in idle:
             resource.close()
         if self._marks is not None and len(self._marks):
-            delete_forgotten_marks(self.dsn, self._marks, self.resource_name)
+            cleaner = self._recovery_resource or self.xa_resource_for_recovery()
+            cleaner.delete_waiting_marks(self._marks)
+            if cleaner is not self._recovery_resource:
+                cleaner.close()
         if self._recovery_resource is not None:
             self._recovery_resource.close()  # reopens on demand if recovery still runs
 

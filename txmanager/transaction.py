@@ -682,7 +682,6 @@ class Transaction:
         except XAException as e:
             if e.code != XAER_RMFAIL:  # rolled back, or never committed: nothing decided
                 holder.rolled_back = e.is_rollback
-                self._phase = _PREPARED
                 self._abort(f"{holder.name} did not commit {holder.xid} with its commit mark", e)
             cause: BaseException = e
         except Exception as e:  # noqa: BLE001 -- an unexpected failure: the mark may be in

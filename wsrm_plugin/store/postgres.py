@@ -43,8 +43,8 @@ import psycopg2.extensions as ext
 
 from txmanager.marks import TABLE as MARK_TABLE, MarkQueue
 from txmanager.postgres import (
-    PostgresXAResource, create_mark_table, database_identity, default_resource_name,
-    delete_forgotten_marks, offer_session, session_for_database,
+    PostgresXAResource, create_mark_table, database_identity, default_resource_name, offer_session,
+    session_for_database,
 )
 from txmanager.xid import Xid
 
@@ -342,10 +342,12 @@ class PostgresStore(api.StorageManager):
                 idle.append(tx._resource)  # type: ignore[attr-defined]
         for resource in idle:
             resource.close()
+        if self._marks is not None and len(self._marks):
+            recovery = recovery or PostgresXAResource(self.dsn, resource_name=self.resource_name,
+                                                      database=self.database)
+            recovery.delete_waiting_marks(self._marks)
         if recovery is not None:
             recovery.close()
-        if self._marks is not None and len(self._marks):
-            delete_forgotten_marks(self.dsn, self._marks, self.resource_name)
 
 
 class _BranchOver:
