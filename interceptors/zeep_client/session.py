@@ -155,6 +155,9 @@ def _nothing_to_honour(session: Any, address: str) -> bool:
 #: settings count too, and they can change without the environment changing.
 _PROXIES_FROM_ENVIRONMENT_ONLY = sys.platform not in ("darwin", "win32")
 _environ_answers: dict[tuple[object, ...], bool] = {}
+#: The encoded mapping behind ``os.environ`` on POSIX (``os.environ[...] = ...`` writes it too);
+#: read directly, iterating it decodes nothing.
+_RAW_ENVIRON: dict[bytes, bytes] | None = getattr(os.environ, "_data", None) if os.name == "posix" else None
 
 
 def _environ_proxies(address: str) -> bool:
@@ -168,9 +171,14 @@ def _environ_proxies(address: str) -> bool:
     """
     if not _PROXIES_FROM_ENVIRONMENT_ONLY:
         return bool(requests.utils.get_environ_proxies(address))
-    environ = os.environ
-    key = (address, "REQUEST_METHOD" in environ,
-           *[(name, environ.get(name)) for name in environ if name[-6:].lower() == "_proxy"])
+    raw = _RAW_ENVIRON  # bytes to bytes: no decoding of every variable's name at every send
+    if raw is not None:
+        key = (address, b"REQUEST_METHOD" in raw,
+               *[(name, value) for name, value in raw.items() if name[-6:].lower() == b"_proxy"])
+    else:
+        environ = os.environ
+        key = (address, "REQUEST_METHOD" in environ,
+               *[(name, environ.get(name)) for name in environ if name[-6:].lower() == "_proxy"])
     answer = _environ_answers.get(key)
     if answer is None:
         answer = bool(requests.utils.get_environ_proxies(address))
