@@ -248,3 +248,15 @@ def test_bookkeeping_that_disagrees_with_the_state_is_refused():
         rmd_receive(RMDState.initial(), 1, last=False, received=AckRanges.of([1]), last_number=None)
     with pytest.raises(ValueError, match="disagrees"):
         rmd_receive(RMDState.of("FMR"), 2, last=False, received=AckRanges.of([1]), last_number=1)
+
+
+def test_replace_builds_each_transition_once_and_still_refuses_what_is_not_a_state():
+    start = RMDState.of("-")
+    first = start.replace(first_message_received=True)
+    assert first is start.replace(first_message_received=True)  # kept: every message takes it
+    assert first == RMDState(first_message_received=True)
+    with pytest.raises(TypeError, match="must be a bool"):
+        start.replace(first_message_received=1)  # 1 == True, yet no bool: not taken from the cache
+    for _ in range(2):  # an impossible combination is refused every time, never remembered
+        with pytest.raises(InvalidState):
+            start.replace(every_message_received=True)

@@ -146,6 +146,11 @@ class Transition(Generic[S]):
         return self.state == self.previous and not self.actions
 
 
+#: Results of FactorState.replace, by (state, *changes): a few dozen in all.
+_REPLACED: dict[tuple[Any, ...], Any] = {}
+_MAX_REPLACED = 4096
+
+
 class FactorState(ABC):
     """Base for the frozen dataclasses whose boolean fields are a machine's factors.
 
@@ -227,6 +232,17 @@ class FactorState(ABC):
         return " ".join(true) or "-"
 
     def replace(self, **changes: Any) -> Self:
+        # A machine has a handful of states and transitions, and every message takes one: the
+        # result is kept, so each is built and checked once (a state is frozen and hashable).
+        # Only real bools share an entry: 1 == True, and a non-bool must still be refused.
+        if all(type(value) is bool for value in changes.values()):
+            key = (self, *changes.items())
+            new = _REPLACED.get(key)
+            if new is None:
+                new = dataclasses.replace(self, **changes)  # type: ignore[type-var]
+                if len(_REPLACED) < _MAX_REPLACED:
+                    _REPLACED[key] = new
+            return new  # type: ignore[no-any-return]
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
     def __str__(self) -> str:
