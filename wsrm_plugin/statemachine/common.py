@@ -242,7 +242,7 @@ class FactorState(ABC):
                 new = dataclasses.replace(self, **changes)  # type: ignore[type-var]
                 if len(_REPLACED) < _MAX_REPLACED:
                     _REPLACED[key] = new
-            return new  # type: ignore[no-any-return]
+            return new
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
     def __str__(self) -> str:
