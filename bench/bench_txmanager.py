@@ -19,8 +19,7 @@ so that machine noise hits both sides alike:
   does no I/O, so that only this project's Python runs (warm in the caches):
   the floor of what the manager adds per transaction.  The client CPU
   difference against the real server is several times that floor: the same
-  code runs cold after every round trip (measured at stop 22: 25 us warm,
-  about 90 us between round trips).
+  code runs cold after every round trip.
 * group commit: the two-database transfer from 8 threads at once (each on its
   own accounts, so they never wait on each other's row locks), through one
   transaction manager: the recovery log's fsyncs per transaction (1.0 without
@@ -183,7 +182,7 @@ def python_floor(n: int = 20000, rounds: int = 5) -> tuple[float, float]:
 
         def raw(k: int) -> None:
             for i in range(k):
-                conn.tpc_begin(conn)
+                conn.tpc_begin("floor")
                 with conn.cursor() as c:
                     c.execute(UPDATE, (1, i % 10))
                 conn.tpc_commit()

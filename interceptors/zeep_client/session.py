@@ -171,14 +171,11 @@ def _environ_proxies(address: str) -> bool:
     """
     if not _PROXIES_FROM_ENVIRONMENT_ONLY:
         return bool(requests.utils.get_environ_proxies(address))
-    raw = _RAW_ENVIRON  # bytes to bytes: no decoding of every variable's name at every send
-    if raw is not None:
-        key = (address, b"REQUEST_METHOD" in raw,
-               *[(name, value) for name, value in raw.items() if name[-6:].lower() == b"_proxy"])
-    else:
-        environ = os.environ
-        key = (address, "REQUEST_METHOD" in environ,
-               *[(name, environ.get(name)) for name in environ if name[-6:].lower() == "_proxy"])
+    # bytes to bytes where the platform keeps them: no decoding of every variable at every send
+    environ, method, suffix = ((_RAW_ENVIRON, b"REQUEST_METHOD", b"_proxy") if _RAW_ENVIRON is not None
+                               else (os.environ, "REQUEST_METHOD", "_proxy"))
+    key = (address, method in environ,
+           *[(name, value) for name, value in environ.items() if name[-6:].lower() == suffix])
     answer = _environ_answers.get(key)
     if answer is None:
         answer = bool(requests.utils.get_environ_proxies(address))
