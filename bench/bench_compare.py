@@ -291,6 +291,8 @@ def server_role(args: argparse.Namespace) -> int:
     for close in closers:
         close()
     _yappi_save(yappi, args)
+    if scenario not in ("plain", "plain8", "outbox"):  # messages delivered in their receive's transaction
+        points.seen["on_receipt"] = service.engine.destination.delivered_on_receipt
     print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms()}), flush=True)
     return 0
 
@@ -471,6 +473,7 @@ class Result:
             "prepared": self.tm.get("prepared", 0) / n,
             "decided": self.tm.get("before_log", 0) / n,
             "1PC": self.tm.get("before_commit_one_phase", 0) / n,
+            "on receipt": self.tm.get("on_receipt", 0) / n,
         }
 
 

@@ -118,6 +118,7 @@ def _run(pg_dsn_factory, tmp_path: Path, same_database: bool,
             _items(server_app, "delivered")
         assert _items(client_app, "sent") == items
         assert wait_for(lambda: client.status().unacked == 0, timeout=30)
+        server_points.seen["on_receipt"] = server.status().delivered_on_receipt
     finally:
         client.stop(timeout=5)
         server.stop(timeout=5)
@@ -137,6 +138,9 @@ def test_store_in_the_applications_database_commits_every_message_in_one_phase(p
         assert points["before_commit_one_phase"] >= 1, f"{side}: {points}"
     # the client's transactions are the test's own: one each, all in one phase
     assert client_points["before_commit_one_phase"] == COUNT, client_points
+    # the server delivers on receipt (the default under a transaction manager): a message that
+    # was next when it arrived is received and delivered in one XA transaction, no second one
+    assert server_points["on_receipt"] >= 1, server_points
     assert grown == {"client": 0, "server": 0}, "a one-phase commit wrote to the recovery log"
 
 

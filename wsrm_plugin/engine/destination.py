@@ -25,14 +25,14 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..statemachine import InvalidTransition, Reception, RMDEvent, rmd_receive, rmd_transition
 from ..statemachine.ackranges import AckRanges
-from ..store import RmdSequence, RmsSequence, StorageManager, StoreTransaction
+from ..store import BufferedMessage, RmdSequence, RmsSequence, StorageManager, StoreTransaction
 from ..wire import (
     AddressingHeaders, AddressingVersion, CloseSequence, CreateSequence, CreateSequenceRefused,
     CreateSequenceResponse, EndpointReference, RMVersion, SequenceAcknowledgement, SequenceHeader,
@@ -45,6 +45,9 @@ from .logs import for_sequence
 from .policy import RMPolicy
 from .source import back_channel_replies, reply_sequence_key
 from .states import received_ranges, rmd_changes, rmd_state
+
+if TYPE_CHECKING:
+    from .invoker import InvokerWorker
 
 __all__ = ["Destination", "Accepted"]
 
@@ -59,6 +62,14 @@ HELD_BYTES_REFRESH = 1.0
 DEFAULT_RECEIVE_BATCH = 16
 _REMEMBERED_CREATES = 1024
 _REMEMBERED_OWNERS = 4096
+#: Seconds a receive that delivers on receipt waits at most for the receive of a lower number
+#: of its sequence to finish (see ``Destination._wait_turn``); then it goes on regardless.
+TURN_WAIT = 5.0
+#: Seconds a receive waits at most for the messages between the last one taken and its own to
+#: arrive (concurrent requests overtake each other on their way in; see ``Destination._wait_turn``),
+#: when at most :data:`REORDER_WINDOW` numbers lie between.
+REORDER_WAIT = 0.02
+REORDER_WINDOW = 8
 _REPLY_KEY_PREFIX = reply_sequence_key("")
 
 
@@ -90,6 +101,16 @@ class _Receipt:
     expects_reply: bool = False
     #: Set once its recording changed the transaction: from then on only a rollback undoes it.
     wrote: bool = False
+    #: Deliver it in its receive's transaction if it is next in order (``deliver_on_receive``).
+    direct: bool = False
+    #: Taken in that transaction (recorded as delivered, never buffered): delivered on commit.
+    taken: bool = False
+    #: It filled a gap: the messages buffered behind it are the invoker threads' to deliver.
+    filled_gap: bool = False
+    #: Handed to the application (False for a protocol marker it never sees).
+    handed_over: bool = False
+    #: Holding its turn among the receives of its sequence (see ``Destination._wait_turn``).
+    turn: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +152,9 @@ class Destination:
         self.refused_sequences = 0
         #: Messages refused because a byte budget was reached (the source retransmits them).
         self.refused_for_budget = 0
+        #: Messages handed to the application in the transaction that received them
+        #: (``deliver_on_receive``); the others went through the buffer.
+        self.delivered_on_receipt = 0
         #: Messages dropped because they were not the next in order (``out_of_order="discard"``).
         self.discarded_out_of_order = 0
         #: An upper bound of the bytes held undelivered, as the store last said plus what this
@@ -144,6 +168,21 @@ class Destination:
         if batch is None:
             batch = DEFAULT_RECEIVE_BATCH if store.commits_are_costly else 1
         self._receipts: Combiner[_Receipt] | None = Combiner(self._record_batch, batch) if batch > 1 else None
+        #: The invoker that takes messages on receipt (``deliver_on_receive``), or None.
+        self._direct: InvokerWorker | None = None
+        #: Receives under way, by sequence and number, while delivering on receipt (see :meth:`_wait_turn`).
+        self._turns: dict[str, Counter[int]] = {}
+        self._turns_changed = threading.Condition()
+        #: The last number each sequence took on receipt in this process (a bounded memory).
+        self._taken_upto: OrderedDict[str, int] = OrderedDict()
+
+    def deliver_on_receive(self, invoker: InvokerWorker) -> None:
+        """Hand each message that is next in order to ``invoker``'s application in its receive's
+        transaction (``RMPolicy.deliver_on_receive``).  Concurrent receives are then recorded
+        one by one, unless ``receive_batch`` was set: a batch is always buffered."""
+        self._direct = invoker
+        if self.policy.receive_batch is None:
+            self._receipts = None
 
     # -- CreateSequence --------------------------------------------------------------------------
 
@@ -380,6 +419,16 @@ class Destination:
         never runs ahead of the store.
         """
         item = _Receipt(header, version, envelope, addressing, principal, soap_ns, ack_requested, expects_reply)
+        if self._direct is not None and self._receipts is None:
+            self._wait_turn(item)
+            try:
+                return self._receive(item)
+            finally:
+                self._pass_turn(item)
+        return self._receive(item)
+
+    def _receive(self, item: _Receipt) -> Accepted:
+        header = item.header
         try:
             recorded = ALONE if self._receipts is None else self._receipts.submit(header.identifier, item)
             if recorded is ALONE:
@@ -387,6 +436,67 @@ class Destination:
         except _OutOfOrder as skipped:
             return self._discarded(skipped.seq, header.message_number, skipped.expected)
         return self._accepted(item, *recorded)
+
+    def _wait_turn(self, item: _Receipt) -> None:
+        """Delivering on receipt: let the receives of a sequence in by number, as CXF's in-order
+        destination does.  Concurrent requests overtake each other on their way in (measured
+        here: under load, a third of them reach this point before the one sent just before
+        them); one that goes first finds the one before it not delivered and is buffered.
+
+        So a receive waits, holding no lock, while a receive of a lower number
+        of its sequence is under way in this process and has not yet taken its
+        message (once it has, the store makes the next one wait for its
+        commit, so the two overlap): at most :data:`TURN_WAIT` seconds.  And
+        when a number between the last one taken and this one has not arrived,
+        it waits :data:`REORDER_WAIT` seconds at most for it: a message lost on
+        the way costs the few after it that much once, not a wait each."""
+        identifier, number = item.header.identifier, item.header.message_number
+        now = time.monotonic()
+        deadline, arrival = now + TURN_WAIT, now + REORDER_WAIT
+        with self._turns_changed:
+            while True:
+                # looked up again after every wait: an emptied counter leaves the dictionary
+                under_way = self._turns.get(identifier, ())
+                if any(n < number for n in under_way):
+                    until = deadline
+                elif self._not_arrived(identifier, number, under_way):
+                    until = arrival
+                else:
+                    break
+                remaining = until - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._turns_changed.wait(remaining)
+            self._turns.setdefault(identifier, Counter())[number] += 1
+            self._turns_changed.notify_all()  # a receive of a higher number may wait for this one
+        item.turn = True
+
+    def _not_arrived(self, identifier: str, number: int, under_way: Any) -> bool:
+        """Is a number just before ``number`` neither taken nor under way (caller holds the lock)?"""
+        taken = self._taken_upto.get(identifier)
+        if taken is None or not taken < number - 1 or number - taken > REORDER_WINDOW:
+            return False
+        return any(n not in under_way for n in range(taken + 1, number))
+
+    def _pass_turn(self, item: _Receipt, *, taken: bool = False) -> None:
+        """The receive took its message, or ended: the next one may go (once)."""
+        if not item.turn:
+            return
+        item.turn = False
+        identifier, number = item.header.identifier, item.header.message_number
+        with self._turns_changed:
+            if taken:
+                self._taken_upto[identifier] = number
+                self._taken_upto.move_to_end(identifier)
+                if len(self._taken_upto) > _REMEMBERED_OWNERS:
+                    self._taken_upto.popitem(last=False)
+            under_way = self._turns[identifier]
+            under_way[number] -= 1
+            if under_way[number] <= 0:
+                del under_way[number]
+            if not under_way:
+                del self._turns[identifier]
+            self._turns_changed.notify_all()
 
     def _discarded(self, seq: RmdSequence, number: int, expected: int) -> Accepted:
         """``out_of_order="discard"``: a message that is not the next in order was dropped unrecorded.
@@ -408,9 +518,53 @@ class Destination:
         return Accepted(identifier, number, True, self.current_ack(identifier), offered=offered)
 
     def _record_alone(self, item: _Receipt) -> tuple[RmdSequence, Reception]:
+        invoker = self._direct
+        if invoker is None or invoker.application is None or not invoker.running:
+            item.wrote = False
+            with self.store.begin() as tx:
+                return self._record(tx, item)
+        item.wrote = item.taken = item.handed_over = False
+        item.direct = True
+        msg = self._taken_message(item)
+        try:
+            with invoker.transaction() as tx:
+                recorded = self._record(tx, item)
+                if item.taken:
+                    item.handed_over = invoker.deliver_taken(tx, msg)
+            return recorded
+        except Exception as exc:
+            if not item.taken:
+                raise  # the receive itself failed or was refused: as without delivery on receipt
+            failure = exc
+        # The application (or the commit of what it did) failed, and the receipt rolled back with
+        # it: the message is received again, into the buffer, and that failed try counts as the
+        # invoker's first attempt (its retry policy, poison store and fault reply apply as to
+        # any).  Should the commit have happened after all (its answer lost), this second
+        # receive finds a duplicate, and nothing is delivered twice.
+        for_sequence(log, msg.sequence_id, msg.number).info(
+            "delivery on receipt failed (%s: %s): kept in the buffer", type(failure).__name__, failure)
+        item.direct = item.taken = item.handed_over = False
         item.wrote = False
-        with self.store.begin() as tx:
-            return self._record(tx, item)
+        invoker.hold(msg)  # no invoker thread takes it before its attempt is counted
+        try:
+            with self.store.begin() as tx:
+                recorded = self._record(tx, item)
+        except BaseException:
+            invoker.release(msg)  # not kept: its source sends it again
+            raise
+        invoker.failed_on_receipt(msg, failure)
+        return recorded
+
+    @staticmethod
+    def _taken_message(item: _Receipt) -> BufferedMessage:
+        """A taken message as the invoker knows buffered ones (it never was)."""
+        addressing = item.addressing
+        return BufferedMessage(
+            sequence_id=item.header.identifier, number=item.header.message_number,
+            message_id=addressing.message_id, action=addressing.action or "", soap_version=item.soap_ns,
+            payload=item.envelope,
+            reply_to=addressing.reply_to.address if addressing.reply_to is not None else None,
+            received_at=time.time())
 
     def _record_batch(self, items: list[_Receipt]) -> list[Any]:
         """Record ``items`` (of one sequence) in one transaction; an outcome each.
@@ -473,10 +627,14 @@ class Destination:
         if changes:
             tx.rmd.update(identifier, **changes)
         if not reception.duplicate:
-            tx.invoker.put(identifier, number, envelope, action=addressing.action or "",
-                           soap_version=item.soap_ns, message_id=addressing.message_id, reply_to=reply_to,
-                           now=now)
-        if not reception.duplicate and not fills_gap:
+            if item.direct and tx.invoker.take_next(identifier, number):
+                item.taken, item.filled_gap = True, fills_gap  # delivered before this transaction ends
+                self._pass_turn(item, taken=True)  # the next receive now waits for this commit in the store
+            else:
+                tx.invoker.put(identifier, number, envelope, action=addressing.action or "",
+                               soap_version=item.soap_ns, message_id=addressing.message_id, reply_to=reply_to,
+                               now=now)
+        if not reception.duplicate and not fills_gap and not item.taken:
             # after the put, which read what is delivered already: the count needs no read
             # of its own; a refusal rolls the put back with the rest
             held = tx.invoker.held(identifier, so_far)
@@ -496,9 +654,19 @@ class Destination:
         slog = for_sequence(log, identifier, number)
         if reception.duplicate:
             slog.debug("duplicate: acknowledged again, not delivered")
+        elif item.taken and self._direct is not None:
+            slog.debug("accepted and delivered")
+            self.delivered_on_receipt += 1
+            self._direct.delivered_on_receive(item.handed_over)
+            if item.filled_gap:
+                self._wake_invoker()  # the messages buffered behind it are deliverable now
         else:
             slog.debug("accepted")
             self._wake_invoker()
+            if item.direct and self._direct is not None:
+                # it missed delivery on receipt (the one before it was buffered, or a gap): deliver
+                # the buffer up to it before answering, so that the next message finds itself next
+                self._direct.deliver_through(identifier, number)
         ack = None
         if self._anonymous(seq.acks_to):
             after = reception.transition.state

@@ -76,6 +76,9 @@ class EngineStatus:
     #: Messages this process dropped unrecorded because they were not the next in order
     #: (``RMPolicy.out_of_order="discard"``; the source sends them again).
     discarded_out_of_order: int = 0
+    #: Of ``delivered``, messages handed over in the transaction that received them
+    #: (``RMPolicy.deliver_on_receive``); the others went through the invoker buffer.
+    delivered_on_receipt: int = 0
 
 
 class ReliableEngine:
@@ -141,6 +144,8 @@ class ReliableEngine:
                                      application=application, tm=tm, on_failure=on_delivery_failure,
                                      after_commit=self._wake_sender,
                                      on_delivered=self.back_channel.delivered)
+        if policy.delivers_on_receive(tm is not None):
+            self.destination.deliver_on_receive(self.invoker)
         self._workers = [
             Worker(f"{name}-rms", self.retransmission.step, policy.poll_interval),
             Worker(f"{name}-rmd", self.acknowledgement.step, policy.poll_interval),
@@ -207,9 +212,10 @@ class ReliableEngine:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> ReliableEngine:
-        """Start the workers (idempotent)."""
+        """Start the workers (idempotent); messages are delivered from now on."""
         for worker in self._workers:
             worker.start()
+        self.invoker.running = True
         return self
 
     def serve(self, host: str = "127.0.0.1", port: int = 0, *, path: str = "/",
@@ -235,6 +241,7 @@ class ReliableEngine:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and self.status().rms_sequences:
                 time.sleep(min(self.policy.poll_interval, 0.05))
+        self.invoker.running = False
         for worker in self._workers:
             worker.stop(timeout)
         self.retransmission.close()
@@ -267,7 +274,8 @@ class ReliableEngine:
             faults_sent=self.inbound.faults_sent, refused_sequences=self.destination.refused_sequences,
             by_state=store.by_state(), control_retries=self.retransmission.control_retries,
             refused_for_budget=self.destination.refused_for_budget,
-            discarded_out_of_order=self.destination.discarded_out_of_order)
+            discarded_out_of_order=self.destination.discarded_out_of_order,
+            delivered_on_receipt=self.destination.delivered_on_receipt)
 
     # -- the poison store (see wsrm_plugin.poison) ---------------------------------------------
 

@@ -59,6 +59,9 @@ __all__ = ["ApplicationFault", "DeliveryContext", "FailedDelivery", "InvokerWork
 log = logging.getLogger(__name__)
 
 _LAST_MESSAGE_ACTION = RM10.action("LastMessage")
+#: Deliveries a receive makes at most from the buffer after it had to buffer its own message
+#: (see :meth:`InvokerWorker.deliver_through`).
+CATCH_UP_STEPS = 16
 
 
 @dataclass
@@ -210,6 +213,8 @@ class InvokerWorker:
         #: thread must not run the application on them in between (an attempt nobody counts).
         self._settling: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
+        #: The engine's workers run: delivery happens (also on receipt) only between start and stop.
+        self.running = False
         self.delivered = 0
         #: Messages given up: answered with a fault, or moved to the poison store.
         self.failed = 0
@@ -227,6 +232,86 @@ class InvokerWorker:
         with self.tm.transaction():
             with self.store.begin(xa=self.tm) as tx:
                 yield tx
+
+    # -- delivery on receipt (RMPolicy.deliver_on_receive) ---------------------------------------
+
+    def transaction(self) -> contextlib.AbstractContextManager[StoreTransaction]:
+        """The transaction a delivery runs in (an XA transaction under a transaction manager):
+        a receive that delivers on receipt runs in one of these."""
+        return self._transaction()
+
+    def deliver_taken(self, tx: StoreTransaction, msg: BufferedMessage) -> bool:
+        """Hand over ``msg``, which ``tx`` just received and took (``take_next``): never buffered.
+
+        An exception propagates: ``tx`` must roll back, receipt and all, and
+        the message is then received again without delivering it, for the
+        invoker threads (see ``Destination._record_alone``)."""
+        self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
+        return self._deliver(tx, msg, buffered=False)
+
+    def hold(self, msg: BufferedMessage) -> None:
+        """Keep the invoker threads off ``msg`` until :meth:`failed_on_receipt` or :meth:`release`."""
+        self._settle_later(msg)
+
+    def release(self, msg: BufferedMessage) -> None:
+        with self._lock:
+            self._settling.discard((msg.sequence_id, msg.number))
+
+    def failed_on_receipt(self, msg: BufferedMessage, exc: BaseException) -> None:
+        """A delivery on receipt of ``msg`` failed with ``exc`` and ``msg`` is buffered now (or was
+        a duplicate): count the attempt, schedule or settle it, as for a failed delivery here."""
+        self._failed(msg, exc)
+
+    def delivered_on_receive(self, handed_over: bool) -> None:
+        """After the commit of a receive that delivered: what a step does after its commit."""
+        if handed_over:
+            self.delivered += 1
+        if getattr(self._ambient, "wake_sender", True):
+            self._after_commit()
+        self._on_delivered()
+
+    def deliver_through(self, sequence_id: str, number: int, limit: int = CATCH_UP_STEPS) -> None:
+        """Deliver the sequence's buffered messages in order, up to ``number``, from the calling
+        (receiving) thread: one transaction each, exactly as the invoker threads would.
+
+        A receive that delivers on receipt but had to buffer its message (the
+        one before it was still buffered) calls this before it answers;
+        otherwise, under a steady stream, the invoker threads stay a message
+        behind the receives and no message ever finds itself next in line.
+        Unlike an invoker thread's claim, which skips a sequence another
+        transaction holds, this waits for it: the message before is then
+        being delivered, and this one comes right after it.  It stops at a
+        message that failed before (the invoker threads settle those: attempts,
+        delays, poison), at a gap, and after ``limit`` deliveries.  A failure
+        here is settled like any failed delivery; a store error is left to
+        the invoker threads (the receive itself succeeded)."""
+        if self.application is None:
+            return
+        for _ in range(limit):
+            msg: BufferedMessage | None = None
+            try:
+                with self._transaction() as tx:
+                    msg = tx.invoker.next_deliverable(sequence_id, in_order=True, now=time.time())
+                    if msg is None or msg.number > number or msg.waiting_for_retry \
+                            or self._is_isolated(msg) or self._is_settling(msg):
+                        return
+                    self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
+                    try:
+                        handed_over = self._deliver(tx, msg)
+                    except Exception:
+                        self._settle_later(msg)  # before the rollback frees it
+                        raise
+            except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
+                if msg is None:
+                    log.debug("delivering the buffer of %s from a receive stopped: %s", sequence_id, exc)
+                    return
+                self._failed(msg, exc)
+                return
+            with self._lock:
+                self._forget(msg)
+            self.delivered_on_receive(handed_over)
+            if msg.number >= number:
+                return
 
     def _anything_claimable(self) -> bool:
         """Would a delivery find a message no other invoker thread holds?  A plain, read-only look.
@@ -422,11 +507,15 @@ class InvokerWorker:
 
     # -- failures -------------------------------------------------------------------------------
 
-    def _deliver(self, tx: StoreTransaction, msg: BufferedMessage) -> bool:
-        """Hand ``msg`` over in ``tx``; False for a protocol marker the application never sees."""
+    def _deliver(self, tx: StoreTransaction, msg: BufferedMessage, *, buffered: bool = True) -> bool:
+        """Hand ``msg`` over in ``tx``; False for a protocol marker the application never sees.
+
+        ``buffered=False``: a message taken on receipt (its number is already
+        recorded as delivered in ``tx``), with no buffer row to remove."""
         slog = for_sequence(log, msg.sequence_id, msg.number)
         if msg.action == _LAST_MESSAGE_ACTION:
-            tx.invoker.mark_delivered(msg.sequence_id, msg.number)
+            if buffered:
+                tx.invoker.mark_delivered(msg.sequence_id, msg.number)
             slog.debug("LastMessage marker consumed")
             return False
         self._ambient.wake_sender = True
@@ -448,7 +537,8 @@ class InvokerWorker:
                 self.application(msg.payload, context)
         finally:
             self._ambient.tx = None
-        tx.invoker.mark_delivered(msg.sequence_id, msg.number)
+        if buffered:
+            tx.invoker.mark_delivered(msg.sequence_id, msg.number)
         slog.debug("delivered")
         return True
 

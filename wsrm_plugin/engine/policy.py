@@ -249,6 +249,24 @@ class RMPolicy:
     #: after that commit, and a message refused in a batch is refused alone.  1: each alone;
     #: None: 16 where a commit is costly (SQLite, PostgreSQL), 1 in memory.
     receive_batch: int | None = None
+    #: Hand a message that is next in order to the application in the very transaction that
+    #: receives it, in the receiving thread (as CXF does), instead of buffering it for an
+    #: invoker thread: one transaction per message instead of two, no buffer row written and
+    #: deleted, and under a transaction manager one XA transaction (one phase when the store
+    #: and the application share a database).  Exactly as safe: the receipt and the delivery
+    #: commit together or not at all, and the acknowledgement goes out after that commit.
+    #: A message that is not next (a gap, an earlier one waiting for a retry) is buffered as
+    #: without it (one that waits for the delivery of the one before it takes it after that
+    #: delivery commits); one whose delivery fails is
+    #: received again without delivering it, and the invoker threads settle it (attempts,
+    #: delays, poison) as any failed delivery, that first try not counted.  The cost: the
+    #: receive, and so its acknowledgement, waits for the application, and receives of one
+    #: sequence queue behind each other's applications.  None: on under a transaction manager
+    #: with InOrder delivery (where the second transaction costs most), off otherwise.
+    #: Concurrent receives are then recorded one by one unless ``receive_batch`` says otherwise
+    #: (a batch is always buffered: delivering several messages in one transaction is
+    #: ``delivery_batch``'s trade-off, not this one's).
+    deliver_on_receive: bool | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -284,6 +302,9 @@ class RMPolicy:
                 raise ValueError(f"{name} must be an int >= 0 or None, not {value!r}")
         if not isinstance(self.max_terminate_attempts, int) or self.max_terminate_attempts < 1:
             raise ValueError(f"max_terminate_attempts must be an int >= 1, not {self.max_terminate_attempts!r}")
+        if self.deliver_on_receive not in (None, True, False):
+            raise ValueError(f"deliver_on_receive must be True, False or None (automatic), "
+                             f"not {self.deliver_on_receive!r}")
         for name in ("max_unacknowledged", "max_sequence_length", "receive_batch"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -326,6 +347,12 @@ class RMPolicy:
     @property
     def in_order(self) -> bool:
         return bool(self.delivery & DeliveryAssurance.IN_ORDER)
+
+    def delivers_on_receive(self, transaction_manager: bool) -> bool:
+        """``deliver_on_receive``, its automatic value resolved (see there)."""
+        if self.deliver_on_receive is None:
+            return transaction_manager and self.in_order
+        return self.deliver_on_receive
 
     @property
     def discards_out_of_order(self) -> bool:

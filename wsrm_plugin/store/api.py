@@ -888,6 +888,21 @@ class InvokerBufferManager(_Manager, ABC):
     def mark_delivered(self, sequence_id: str, number: int) -> None:
         """Remove the message from the buffer and record its number as delivered."""
 
+    def take_next(self, sequence_id: str, number: int) -> bool:
+        """Record ``number`` as delivered without buffering it, if it is the next one in order.
+
+        For delivery on receipt (``RMPolicy.deliver_on_receive``): the message
+        is handed to the application in the very transaction that receives
+        it, so it never needs a buffer row.  True only when every number
+        before it, and nothing after it, is delivered and it is not buffered
+        (then it holds the sequence's buffer, like :meth:`next_deliverable`,
+        and so waits for a delivery of the sequence in progress elsewhere);
+        False when it must be buffered as usual (a gap, a message waiting for
+        a retry).  A store that cannot tell answers False: every message is
+        then buffered.
+        """
+        return False
+
     @abstractmethod
     def state(self, sequence_id: str) -> InvokerSequence:
         """Delivered ranges and buffered count of a sequence (no lock)."""

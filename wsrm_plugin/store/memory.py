@@ -699,6 +699,18 @@ class _Invoker(api.InvokerBufferManager):
         tx._write(_INV, sequence_id, replace(
             inv, delivered=inv.delivered.add(number)))
 
+    def take_next(self, sequence_id: str, number: int) -> bool:
+        """Waits for a delivery of the sequence in progress elsewhere (it holds the buffer)."""
+        api.check_number(number)
+        tx = self._tx
+        tx._lock(RANK_INVOKER, sequence_id)
+        inv = self._inv(sequence_id)
+        if inv.delivered.highest != number - 1 or inv.next_in_order != number \
+                or tx._read(_BUF, (sequence_id, number)) is not None:
+            return False
+        tx._write(_INV, sequence_id, replace(inv, delivered=inv.delivered.add(number)))
+        return True
+
     def state(self, sequence_id: str) -> InvokerSequence:
         inv = self._tx._scan(_INV).get(sequence_id) or InvokerSequence(sequence_id=sequence_id)
         return replace(inv, buffered=self.count(sequence_id))

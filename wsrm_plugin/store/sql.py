@@ -1129,6 +1129,11 @@ class _Rmd(api.RmdSequenceManager):
 _READ_AHEAD = 50
 
 
+def _prefix(upto: int) -> str:
+    """The stored form of the delivered ranges 1..upto (see :func:`api.format_ranges`)."""
+    return "" if upto == 0 else "1" if upto == 1 else f"1-{upto}"
+
+
 class _Invoker(api.InvokerBufferManager):
     _tx: SqlTransaction
 
@@ -1303,6 +1308,44 @@ class _Invoker(api.InvokerBufferManager):
             tx.write(update, values)
         tx.read_ahead.get(sequence_id, {}).pop(number, None)
         tx.held_invoker[sequence_id] = (delivered, upto)
+
+    def take_next(self, sequence_id: str, number: int) -> bool:
+        """One statement, no read first: the row changes only if its delivered ranges are exactly
+        1..number-1 and ``number`` is not buffered.  A delivery of the sequence in progress
+        elsewhere holds the row: the statement waits for it, then looks again (READ COMMITTED
+        rechecks an updated row), so the delivery of the message before this one is seen."""
+        api.check_number(number)
+        tx = self._tx
+        tx.lock(RANK_INVOKER, sequence_id)
+        tx.capture_key("invoker_sequence", sequence_id)
+        before, after = _prefix(number - 1), _prefix(number)
+        if number == 1:  # the sequence's first delivery: its row may not exist yet
+            taken = tx.write(
+                "INSERT INTO invoker_sequence (sequence_id, delivered, delivered_upto) SELECT ?, ?, 1 WHERE "
+                "NOT EXISTS (SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = 1) "
+                "ON CONFLICT (sequence_id) DO UPDATE SET delivered = excluded.delivered, delivered_upto = 1 "
+                "WHERE invoker_sequence.delivered_upto = 0 AND invoker_sequence.delivered = ''",
+                (sequence_id, after, sequence_id))
+        elif tx.d.for_update:
+            # the row locked first, then compared: an UPDATE alone compares the version its
+            # snapshot sees and so never waits for a delivery of the message before this one
+            taken = tx.write(
+                f"WITH cur AS (SELECT delivered_upto, delivered FROM invoker_sequence WHERE sequence_id = ?"
+                f"{tx.d.for_update}) UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? FROM cur "
+                "WHERE invoker_sequence.sequence_id = ? AND cur.delivered_upto = ? AND cur.delivered = ? "
+                "AND NOT EXISTS (SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?)",
+                (sequence_id, after, number, sequence_id, number - 1, before, sequence_id, number))
+        else:  # one writer at a time (SQLite): nothing to wait for
+            taken = tx.write(
+                "UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? WHERE sequence_id = ? "
+                "AND delivered_upto = ? AND delivered = ? AND NOT EXISTS "
+                "(SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?)",
+                (after, number, sequence_id, number - 1, before, sequence_id, number))
+        if taken:
+            tx.held_invoker[sequence_id] = (api.parse_ranges(after), number)
+        else:
+            tx.held_invoker.pop(sequence_id, None)
+        return bool(taken)
 
     def state(self, sequence_id: str) -> InvokerSequence:
         row = self._tx.one("SELECT delivered FROM invoker_sequence WHERE sequence_id = ?",

@@ -1,0 +1,119 @@
+"""``take_next``: a message delivered in the transaction that receives it, never buffered.
+
+Delivery on receipt (``RMPolicy.deliver_on_receive``) records a message as
+delivered instead of buffering it, but only when it is the very next one in
+order: anything else must be buffered, or in-order delivery and exactly-once
+break.  Same behaviour on all three stores.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from wsrm_plugin.statemachine.ackranges import AckRanges
+from wsrm_plugin.store import StorageManager
+
+from .conftest import KINDS
+
+
+def _put(store: StorageManager, seq: str, number: int) -> None:
+    with store.begin() as tx:
+        assert tx.invoker.put(seq, number, b"<m/>", action="urn:a", soap_version="urn:s")
+
+
+def _delivered(store: StorageManager, seq: str) -> AckRanges:
+    with store.begin() as tx:
+        return tx.invoker.state(seq).delivered
+
+
+def test_a_new_sequence_takes_its_first_message_and_then_each_next_one(store: StorageManager) -> None:
+    with store.begin() as tx:
+        assert tx.invoker.take_next("s", 1)
+        assert tx.invoker.take_next("s", 2)  # in the same transaction too
+    with store.begin() as tx:
+        assert tx.invoker.take_next("s", 3)
+        assert tx.invoker.count("s") == 0
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
+
+
+def test_a_message_after_a_gap_is_not_taken(store: StorageManager) -> None:
+    with store.begin() as tx:
+        assert not tx.invoker.take_next("s", 2)  # nothing delivered yet: 1 comes first
+    with store.begin() as tx:
+        assert tx.invoker.take_next("s", 1)
+        assert not tx.invoker.take_next("s", 3)
+        assert not tx.invoker.take_next("s", 1)  # delivered already
+    assert _delivered(store, "s") == AckRanges.of([1])
+
+
+def test_a_buffered_message_is_never_taken_and_nothing_passes_it(store: StorageManager) -> None:
+    _put(store, "s", 1)  # the one before is buffered: the next may not overtake it
+    with store.begin() as tx:
+        assert not tx.invoker.take_next("s", 1)
+        assert not tx.invoker.take_next("s", 2)
+    assert _delivered(store, "s") == AckRanges()
+    with store.begin() as tx:
+        assert tx.invoker.next_deliverable("s").number == 1
+        tx.invoker.mark_delivered("s", 1)
+    with store.begin() as tx:
+        assert tx.invoker.take_next("s", 2)
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 2)])
+
+
+def test_delivered_ranges_with_a_hole_take_nothing(store: StorageManager) -> None:
+    """Delivered 1 and 3 (a message poisoned without holding, then an operator's discard):
+    only an exact prefix 1..n-1 lets n through; the buffer path decides the rest."""
+    with store.begin() as tx:
+        assert tx.invoker.take_next("s", 1)
+    _put(store, "s", 3)
+    with store.begin() as tx:
+        tx.invoker.mark_delivered("s", 3)
+    with store.begin() as tx:
+        assert not tx.invoker.take_next("s", 2)
+        assert not tx.invoker.take_next("s", 4)
+
+
+def test_a_rollback_takes_nothing(store: StorageManager) -> None:
+    with pytest.raises(RuntimeError), store.begin() as tx:
+        assert tx.invoker.take_next("s", 1)
+        raise RuntimeError("the application failed")
+    assert _delivered(store, "s") == AckRanges()
+    with store.begin() as tx:
+        assert tx.invoker.take_next("s", 1)
+
+
+def test_the_number_is_checked(store: StorageManager) -> None:
+    with store.begin() as tx, pytest.raises(ValueError):
+        tx.invoker.take_next("s", 0)
+
+
+@pytest.mark.parametrize("store_url", [k for k in KINDS if k.id != "sqlite"], indirect=True)
+def test_a_take_waits_for_a_delivery_of_the_message_before_it_and_then_goes(open_kind) -> None:
+    """The one before is being delivered in another transaction (its buffer held): the take
+    waits for that commit, then sees it delivered and takes its own message.  (Not SQLite:
+    one writer at a time, so the second transaction waits before any statement.)"""
+    store = open_kind(lock_timeout=10.0)
+    with store.begin() as tx:
+        assert tx.invoker.take_next("s", 1)
+    _put(store, "s", 2)
+    holding, taken = threading.Event(), []
+
+    def receive_3() -> None:
+        holding.wait(10)
+        with store.begin() as tx:
+            taken.append(tx.invoker.take_next("s", 3))
+
+    thread = threading.Thread(target=receive_3)
+    thread.start()
+    with store.begin() as tx:
+        assert tx.invoker.next_deliverable("s").number == 2  # holds the sequence's buffer
+        holding.set()
+        time.sleep(0.3)
+        assert taken == []  # waiting, not refused
+        tx.invoker.mark_delivered("s", 2)
+    thread.join(10)
+    assert taken == [True]
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
