@@ -656,7 +656,8 @@ class Destination:
             slog.debug("duplicate: acknowledged again, not delivered")
         elif item.taken and self._direct is not None:
             slog.debug("accepted and delivered")
-            self.delivered_on_receipt += 1
+            if item.handed_over:  # not a protocol marker (1.0's LastMessage)
+                self.delivered_on_receipt += 1
             self._direct.delivered_on_receive(item.handed_over)
             if item.filled_gap:
                 self._wake_invoker()  # the messages buffered behind it are deliverable now
