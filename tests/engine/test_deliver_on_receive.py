@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from wsrm_plugin.engine import RMPolicy
+from wsrm_plugin.engine import ReliableEngine, RMPolicy
 
 from .conftest import fast_policy
 from .support import ACTION, RM11, Recorder, application_message, payload, post, wait_for
@@ -32,6 +32,14 @@ class ThreadRecorder(Recorder):
     def __call__(self, envelope: bytes, context: object) -> None:
         super().__call__(envelope, context)
         self.threads.append(threading.current_thread().name)
+
+
+def served(engines, application) -> tuple[ReliableEngine, str, str]:
+    """A server that delivers on receipt (memory store), and a sequence opened on it by hand."""
+    server = engines("memory:", fast_policy(deliver_on_receive=True), serve=True, application=application,
+                     name="server")
+    url = server.endpoint_address
+    return server, url, open_sequence(url, RM11)
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
@@ -96,10 +104,7 @@ def test_duplicates_and_overtaking_messages_are_delivered_once_in_order(engines)
     """Raw posts: 2 before 1 (2 is buffered, 1 fills the gap on receipt, the invoker delivers
     2), then both again (duplicates: acknowledged, not delivered)."""
     received = ThreadRecorder()
-    server = engines("memory:", fast_policy(deliver_on_receive=True), serve=True, application=received,
-                     name="server")
-    url = server.endpoint_address
-    identifier = open_sequence(url, RM11)
+    server, url, identifier = served(engines, received)
     assert send_ok(url, RM11, identifier, 2, "two") == [(2, 2)]
     assert received.snapshot() == []
     assert send_ok(url, RM11, identifier, 1, "one") == [(1, 2)]
@@ -117,10 +122,7 @@ def test_receives_overtaking_each_other_in_bursts_deliver_each_message_once_in_o
     threads): whichever way each is handled, on receipt or through the buffer, every message
     is delivered exactly once and in order."""
     received = ThreadRecorder()
-    server = engines("memory:", fast_policy(deliver_on_receive=True), serve=True, application=received,
-                     name="server")
-    url = server.endpoint_address
-    identifier = open_sequence(url, RM11)
+    server, url, identifier = served(engines, received)
     bodies = [application_message(RM11, url, identifier, n, f"m{n}") for n in range(1, 41)]
     results: dict[int, int] = {}
 
@@ -148,10 +150,7 @@ def test_a_message_that_overtook_the_one_before_it_waits_for_it(engines, monkeyp
 
     monkeypatch.setattr(destination, "REORDER_WAIT", 5.0)
     received = ThreadRecorder()
-    server = engines("memory:", fast_policy(deliver_on_receive=True), serve=True, application=received,
-                     name="server")
-    url = server.endpoint_address
-    identifier = open_sequence(url, RM11)
+    server, url, identifier = served(engines, received)
     assert send_ok(url, RM11, identifier, 1, "m1") == [(1, 1)]
     third: list[list[tuple[int, int]]] = []
     thread = threading.Thread(target=lambda: third.append(send_ok(url, RM11, identifier, 3, "m3")))
@@ -177,10 +176,7 @@ def test_the_next_message_waits_for_the_delivery_before_it_to_commit(engines) ->
             entered.set()
             release.wait(30)
 
-    server = engines("memory:", fast_policy(deliver_on_receive=True), serve=True, application=application,
-                     name="server")
-    url = server.endpoint_address
-    identifier = open_sequence(url, RM11)
+    server, url, identifier = served(engines, application)
     assert send_ok(url, RM11, identifier, 1, "m1") == [(1, 1)]
     answers: dict[int, list[tuple[int, int]]] = {}
     threads = [threading.Thread(target=lambda n=n: answers.__setitem__(n, send_ok(url, RM11, identifier, n, f"m{n}")))
@@ -202,10 +198,7 @@ def test_a_gap_does_not_hold_the_receives_after_it(engines) -> None:
     """Message 1 never comes: 2..6 are buffered at once (a receive waits for a missing number
     only a moment, once), acknowledged, and delivered after 1 finally arrives."""
     received = ThreadRecorder()
-    server = engines("memory:", fast_policy(deliver_on_receive=True), serve=True, application=received,
-                     name="server")
-    url = server.endpoint_address
-    identifier = open_sequence(url, RM11)
+    server, url, identifier = served(engines, received)
     for n in range(2, 7):
         assert send_ok(url, RM11, identifier, n, f"m{n}") == [(2, n)]
     assert received.snapshot() == []
