@@ -12,6 +12,7 @@ PostgreSQL + transaction manager deployment is covered in
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -207,3 +208,31 @@ def test_a_gap_does_not_hold_the_receives_after_it(engines) -> None:
         received.snapshot()
     assert server.destination.delivered_on_receipt == 1
 
+
+
+def test_a_slow_application_gets_its_messages_through_the_buffer_until_it_is_quick_again(engines) -> None:
+    """A receive that delivers holds its HTTP thread while the application runs: once the
+    application has been slow lately (1 s a message here), a receive buffers its message and
+    answers at once, and delivery on receipt comes back after the application is quick again."""
+    slow = {"m1", "m2"}
+    received = ThreadRecorder()
+
+    def application(envelope: bytes, context: object) -> None:
+        received(envelope, context)
+        if received.snapshot()[-1] in slow:
+            time.sleep(1.0)
+
+    server, url, identifier = served(engines, application)
+    assert send_ok(url, RM11, identifier, 1, "m1") == [(1, 1)]  # quick so far: on receipt, answered after 1 s
+    assert server.destination.delivered_on_receipt == 1 and not server.invoker.quick
+    started = time.monotonic()
+    assert send_ok(url, RM11, identifier, 2, "m2") == [(1, 2)]
+    assert time.monotonic() - started < 0.8  # answered before the application was done with it
+    assert wait_for(lambda: received.snapshot() == ["m1", "m2"], timeout=20)
+    for n in range(3, 21):
+        assert send_ok(url, RM11, identifier, n, f"m{n}") == [(1, n)]
+        assert wait_for(lambda n=n: len(received.snapshot()) == n, timeout=20), received.snapshot()
+    assert received.snapshot() == [f"m{n}" for n in range(1, 21)]
+    assert server.invoker.quick
+    assert server.destination.delivered_on_receipt > 1  # on receipt again
+    assert server.status().delivered == 20

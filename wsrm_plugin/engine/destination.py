@@ -519,7 +519,7 @@ class Destination:
 
     def _record_alone(self, item: _Receipt) -> tuple[RmdSequence, Reception]:
         invoker = self._direct
-        if invoker is None or invoker.application is None or not invoker.running:
+        if invoker is None or invoker.application is None or not invoker.running or not invoker.quick:
             item.wrote = False
             with self.store.begin() as tx:
                 return self._record(tx, item)

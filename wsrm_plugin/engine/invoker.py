@@ -62,6 +62,9 @@ _LAST_MESSAGE_ACTION = RM10.action("LastMessage")
 #: Deliveries a receive makes at most from the buffer after it had to buffer its own message
 #: (see :meth:`InvokerWorker.deliver_through`).
 CATCH_UP_STEPS = 16
+#: Seconds per message (a moving average) beyond which an application is not run by receiving
+#: threads (see :attr:`InvokerWorker.quick`).
+QUICK_APPLICATION = 0.05
 
 
 @dataclass
@@ -215,6 +218,8 @@ class InvokerWorker:
         self._lock = threading.Lock()
         #: The engine's workers run: delivery happens (also on receipt) only between start and stop.
         self.running = False
+        #: How long the application took per message lately (a moving average, seconds).
+        self.application_seconds = 0.0
         self.delivered = 0
         #: Messages given up: answered with a fault, or moved to the poison store.
         self.failed = 0
@@ -234,6 +239,18 @@ class InvokerWorker:
                 yield tx
 
     # -- delivery on receipt (RMPolicy.deliver_on_receive) ---------------------------------------
+
+    @property
+    def quick(self) -> bool:
+        """Does the application answer quickly enough to be run by a receiving thread?
+
+        A receive that delivers holds its HTTP thread, and the receives of
+        its sequence behind it, while the application runs: with a slow
+        application (more than :data:`QUICK_APPLICATION` seconds a message,
+        lately) they would hold every HTTP thread, and other peers' messages
+        would wait for threads.  Its messages then go through the buffer (a
+        receive answers at once) until it is quick again."""
+        return self.application_seconds <= QUICK_APPLICATION
 
     def transaction(self) -> contextlib.AbstractContextManager[StoreTransaction]:
         """The transaction a delivery runs in (an XA transaction under a transaction manager):
@@ -534,7 +551,12 @@ class InvokerWorker:
                 self._ambient.wake_sender = False
                 if self.application is None:  # step() delivers nothing without one
                     raise RuntimeError("no application to deliver to")
-                self.application(msg.payload, context)
+                started = time.monotonic()
+                try:
+                    self.application(msg.payload, context)
+                finally:
+                    # an average that forgets: a few quick calls make a once-slow service quick again
+                    self.application_seconds += (time.monotonic() - started - self.application_seconds) / 8
         finally:
             self._ambient.tx = None
         if buffered:

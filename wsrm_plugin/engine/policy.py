@@ -261,7 +261,9 @@ class RMPolicy:
     #: received again without delivering it, and the invoker threads settle it (attempts,
     #: delays, poison) as any failed delivery, that first try not counted.  The cost: the
     #: receive, and so its acknowledgement, waits for the application, and receives of one
-    #: sequence queue behind each other's applications.  None: on under a transaction manager
+    #: sequence queue behind each other's applications (so an application slower than 50 ms a
+    #: message, lately, gets its messages through the buffer: HTTP threads are not held for
+    #: it, and other peers' messages do not wait for threads).  None: on under a transaction manager
     #: with InOrder delivery (where the second transaction costs most), off otherwise.
     #: Concurrent receives are then recorded one by one unless ``receive_batch`` says otherwise
     #: (a batch is always buffered: delivering several messages in one transaction is
