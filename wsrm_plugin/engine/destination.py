@@ -419,7 +419,7 @@ class Destination:
         never runs ahead of the store.
         """
         item = _Receipt(header, version, envelope, addressing, principal, soap_ns, ack_requested, expects_reply)
-        if self._direct is not None and self._receipts is None:
+        if self._receipts is None and self._delivers_now():
             self._wait_turn(item)
             try:
                 return self._receive(item)
@@ -436,6 +436,12 @@ class Destination:
         except _OutOfOrder as skipped:
             return self._discarded(skipped.seq, header.message_number, skipped.expected)
         return self._accepted(item, *recorded)
+
+    def _delivers_now(self) -> bool:
+        """Is a message next in order delivered on receipt now (the engine started, its
+        application quick)?"""
+        invoker = self._direct
+        return invoker is not None and invoker.application is not None and invoker.running and invoker.quick
 
     def _wait_turn(self, item: _Receipt) -> None:
         """Delivering on receipt: let the receives of a sequence in by number, as CXF's in-order
@@ -519,18 +525,17 @@ class Destination:
 
     def _record_alone(self, item: _Receipt) -> tuple[RmdSequence, Reception]:
         invoker = self._direct
-        if invoker is None or invoker.application is None or not invoker.running or not invoker.quick:
+        if invoker is None or not self._delivers_now():
             item.wrote = False
             with self.store.begin() as tx:
                 return self._record(tx, item)
         item.wrote = item.taken = item.handed_over = False
         item.direct = True
-        msg = self._taken_message(item)
         try:
             with invoker.transaction() as tx:
                 recorded = self._record(tx, item)
                 if item.taken:
-                    item.handed_over = invoker.deliver_taken(tx, msg)
+                    item.handed_over = invoker.deliver_taken(tx, self._taken_message(item))
             return recorded
         except Exception as exc:
             if not item.taken:
@@ -541,6 +546,7 @@ class Destination:
         # invoker's first attempt (its retry policy, poison store and fault reply apply as to
         # any).  Should the commit have happened after all (its answer lost), this second
         # receive finds a duplicate, and nothing is delivered twice.
+        msg = self._taken_message(item)
         for_sequence(log, msg.sequence_id, msg.number).info(
             "delivery on receipt failed (%s: %s): kept in the buffer", type(failure).__name__, failure)
         item.direct = item.taken = item.handed_over = False

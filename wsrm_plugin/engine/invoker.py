@@ -271,8 +271,8 @@ class InvokerWorker:
         self._settle_later(msg)
 
     def release(self, msg: BufferedMessage) -> None:
-        with self._lock:
-            self._settling.discard((msg.sequence_id, msg.number))
+        """:meth:`hold` ends without an attempt to count (the message was not kept)."""
+        self._unsettle(msg)
 
     def failed_on_receipt(self, msg: BufferedMessage, exc: BaseException) -> None:
         """A delivery on receipt of ``msg`` failed with ``exc`` and ``msg`` is buffered now (or was
@@ -471,6 +471,10 @@ class InvokerWorker:
         with self._lock:
             self._settling.add((msg.sequence_id, msg.number))
 
+    def _unsettle(self, msg: BufferedMessage) -> None:
+        with self._lock:
+            self._settling.discard((msg.sequence_id, msg.number))
+
     def _is_settling(self, msg: BufferedMessage) -> bool:
         with self._lock:
             return (msg.sequence_id, msg.number) in self._settling
@@ -581,8 +585,7 @@ class InvokerWorker:
         try:
             return self._record_failure(msg, exc)
         finally:
-            with self._lock:
-                self._settling.discard((msg.sequence_id, msg.number))
+            self._unsettle(msg)
 
     def _record_failure(self, msg: BufferedMessage, exc: BaseException) -> bool:
         """After a delivery of ``msg`` rolled back because of ``exc``: count it, schedule or settle it.

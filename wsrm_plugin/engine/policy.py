@@ -257,17 +257,16 @@ class RMPolicy:
     #: commit together or not at all, and the acknowledgement goes out after that commit.
     #: A message that is not next (a gap, an earlier one waiting for a retry) is buffered as
     #: without it (one that waits for the delivery of the one before it takes it after that
-    #: delivery commits); one whose delivery fails is
-    #: received again without delivering it, and the invoker threads settle it (attempts,
-    #: delays, poison) as any failed delivery, that first try not counted.  The cost: the
-    #: receive, and so its acknowledgement, waits for the application, and receives of one
-    #: sequence queue behind each other's applications (so an application slower than 50 ms a
-    #: message, lately, gets its messages through the buffer: HTTP threads are not held for
-    #: it, and other peers' messages do not wait for threads).  None: on under a transaction manager
-    #: with InOrder delivery (where the second transaction costs most), off otherwise.
-    #: Concurrent receives are then recorded one by one unless ``receive_batch`` says otherwise
-    #: (a batch is always buffered: delivering several messages in one transaction is
-    #: ``delivery_batch``'s trade-off, not this one's).
+    #: delivery commits); one whose delivery fails is received again into the buffer, that try
+    #: counted as its first attempt, and the invoker threads settle it (attempts, delays,
+    #: poison) as any failed delivery.  The cost: the receive, and so its acknowledgement,
+    #: waits for the application, and receives of one sequence queue behind each other's
+    #: applications (so an application slower than 50 ms a message, lately, gets its messages
+    #: through the buffer: HTTP threads are not held for it, and other peers' messages do not
+    #: wait for threads).  None: on under a transaction manager with InOrder delivery (where
+    #: the second transaction costs most), off otherwise.  Concurrent receives are then
+    #: recorded one by one unless ``receive_batch`` says otherwise (a batch is always buffered:
+    #: delivering several messages in one transaction is ``delivery_batch``'s trade-off).
     deliver_on_receive: bool | None = None
 
     def __post_init__(self) -> None:
