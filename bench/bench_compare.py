@@ -39,7 +39,9 @@ round whose rates are not used, since a traced process runs slower: SQLite
 and the recovery log), PostgreSQL WAL syncs (pg_stat_wal), PostgreSQL commits
 (pg_stat_database.xact_commit, all databases) and the transaction managers'
 prepared branches, two-phase decisions (logged, or committed as a commit mark)
-and one-phase commits (their checkpoint hook).  Ratios are against plain (sequential and concurrent) and the outbox
+and one-phase commits (their checkpoint hook), and the caller's share: the time the client's
+calling loop took over the whole time (near 1.00, the caller bounds the rate; well below it,
+what comes after the call does: the relay, the sender, the service).  Ratios are against plain (sequential and concurrent) and the outbox
 of the same round; the median of the rounds is reported.
 
 Run::
@@ -374,6 +376,7 @@ def client_role(args: argparse.Namespace) -> int:
                     with ds.connection() as conn, conn.cursor() as cur:
                         cur.execute("INSERT INTO business (item) VALUES (%s)", (item,))
                     rc.service.record(item, note)
+    print(f"LOOP {time.monotonic()}", flush=True)  # the calls are made (a relay may still be sending)
     print(f"SENT {errors}", flush=True)
     sys.stdin.readline()  # "stop": everything arrived (or the coordinator gave up)
     for stop in stoppers:
@@ -442,6 +445,9 @@ class Result:
     duplicated: int = 0
     missing: int = 0
     seconds: float = 0.0
+    #: how long the client's calling loop took (its last call returned): near ``seconds``,
+    #: the caller bounds the rate; well below, what comes after it does
+    loop_seconds: float = 0.0
     errors: int = 0
     fsyncs: dict[str, int] = field(default_factory=dict)
     cpu_ms: dict[str, int] = field(default_factory=dict)
@@ -474,6 +480,7 @@ class Result:
             "decided": self.tm.get("before_log", 0) / n,
             "1PC": self.tm.get("before_commit_one_phase", 0) / n,
             "on receipt": self.tm.get("on_receipt", 0) / n,
+            "caller share": self.loop_seconds / self.seconds if self.seconds > 0 else 0.0,
         }
 
 
@@ -746,6 +753,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
         result.duplicated = total - distinct
         result.missing = args.calls - distinct
         result.errors = int(client.expect("SENT ", timeout=120))
+        result.loop_seconds = float(client.expect("LOOP ", timeout=120)) - t0
     except Exception as exc:  # noqa: BLE001 -- reported as a failed scenario
         result.failed = f"{type(exc).__name__}: {exc}"
     finally:

@@ -117,3 +117,114 @@ def test_a_take_waits_for_a_delivery_of_the_message_before_it_and_then_goes(open
     thread.join(10)
     assert taken == [True]
     assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
+
+
+# -- receive_and_take: the receipt and the take in one call (one statement on PostgreSQL) -------
+
+def _rmd(store: StorageManager, seq: str) -> None:
+    with store.begin() as tx:
+        tx.rmd.create(seq, acks_to="http://a", rm_version="urn:rm", wsa_version="urn:wsa")
+
+
+def _received(store: StorageManager, seq: str):
+    with store.begin() as tx:
+        return tx.rmd.require(seq)
+
+
+def test_receive_and_take_records_each_next_message_received_and_delivered(store: StorageManager) -> None:
+    _rmd(store, "s")
+    for number in (1, 2, 3):  # the first one (the invoker row is created) and the ones after it
+        with store.begin() as tx:
+            tx.rmd.get("s")  # a receive reads its sequence first (and holds it)
+            assert tx.receive_and_take("s", number, now=100.0 + number)
+            assert tx.rmd.require("s").received == AckRanges.from_ranges([(1, number)])
+            assert tx.invoker.count("s") == 0
+    seq = _received(store, "s")
+    assert seq.received == AckRanges.from_ranges([(1, 3)])
+    assert seq.last_activity == 103.0
+    assert seq.last_number is None
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
+
+
+def test_receive_and_take_records_a_message_it_cannot_take(store: StorageManager) -> None:
+    """After a gap, or behind a buffered message: received all the same, not delivered (the
+    caller buffers it)."""
+    _rmd(store, "s")
+    with store.begin() as tx:
+        tx.rmd.get("s")
+        assert tx.receive_and_take("s", 1)
+    with store.begin() as tx:
+        tx.rmd.get("s")
+        assert not tx.receive_and_take("s", 3)  # 2 has not come
+    _put(store, "s", 2)
+    with store.begin() as tx:
+        tx.rmd.get("s")
+        assert not tx.receive_and_take("s", 4)  # 2 is buffered: nothing passes it
+    assert _received(store, "s").received == AckRanges.from_ranges([(1, 1), (3, 4)])
+    assert _delivered(store, "s") == AckRanges.of([1])
+
+
+def test_receive_and_take_of_the_last_message_records_its_number(store: StorageManager) -> None:
+    _rmd(store, "s")
+    with store.begin() as tx:
+        tx.rmd.get("s")
+        assert tx.receive_and_take("s", 1)
+    with store.begin() as tx:
+        tx.rmd.get("s")
+        assert tx.receive_and_take("s", 2, last=True)
+        assert tx.rmd.require("s").last_number == 2  # what the transaction holds is the new row
+    assert _received(store, "s").last_number == 2
+
+
+def test_receive_and_take_rolls_back_whole(store: StorageManager) -> None:
+    _rmd(store, "s")
+    with store.begin() as tx:
+        tx.rmd.get("s")
+        assert tx.receive_and_take("s", 1)
+    with pytest.raises(RuntimeError), store.begin() as tx:
+        tx.rmd.get("s")
+        assert tx.receive_and_take("s", 2)
+        raise RuntimeError("the application failed")
+    assert _received(store, "s").received == AckRanges.of([1])
+    assert _delivered(store, "s") == AckRanges.of([1])
+
+
+def test_receive_and_take_of_an_unknown_sequence_fails(store: StorageManager) -> None:
+    from wsrm_plugin.store import UnknownSequenceError
+
+    with store.begin() as tx, pytest.raises(UnknownSequenceError):
+        tx.receive_and_take("nobody", 2)
+
+
+@pytest.mark.parametrize("store_url", [k for k in KINDS if k.id != "sqlite"], indirect=True)
+def test_receive_and_take_waits_for_a_delivery_of_the_message_before_it(open_kind) -> None:
+    """As take_next: the invoker row held by a delivery in progress makes it wait, then take."""
+    store = open_kind(lock_timeout=10.0)
+    _rmd(store, "s")
+    with store.begin() as tx:
+        tx.rmd.get("s")
+        assert tx.receive_and_take("s", 1)
+    _put(store, "s", 2)
+    with store.begin() as tx:
+        tx.rmd.get("s")
+        tx.rmd.record_received("s", 2)
+    holding, taken = threading.Event(), []
+
+    def receive_3() -> None:
+        holding.wait(10)
+        with store.begin() as tx:
+            tx.rmd.get("s")
+            taken.append(tx.receive_and_take("s", 3))
+
+    thread = threading.Thread(target=receive_3)
+    thread.start()
+    with store.begin() as tx:
+        assert tx.invoker.next_deliverable("s").number == 2  # holds the sequence's buffer
+        holding.set()
+        time.sleep(0.3)
+        assert taken == []  # waiting, not refused
+        tx.invoker.mark_delivered("s", 2)
+    thread.join(10)
+    assert taken == [True]
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
+    assert _received(store, "s").received == AckRanges.from_ranges([(1, 3)])

@@ -628,12 +628,16 @@ class Destination:
         if not reception.duplicate and not fills_gap:
             self._check_budgets(tx, seq, len(envelope), slog)
         item.wrote = True
-        tx.rmd.record_received(identifier, number, last=header.last_message, now=now)
         changes = rmd_changes(reception.transition)
-        if changes:
-            tx.rmd.update(identifier, **changes)
+        if item.direct and not reception.duplicate and not changes:  # the common case: one call
+            taken = tx.receive_and_take(identifier, number, last=header.last_message, now=now)
+        else:
+            tx.rmd.record_received(identifier, number, last=header.last_message, now=now)
+            if changes:
+                tx.rmd.update(identifier, **changes)
+            taken = item.direct and not reception.duplicate and tx.invoker.take_next(identifier, number)
         if not reception.duplicate:
-            if item.direct and tx.invoker.take_next(identifier, number):
+            if taken:
                 item.taken, item.filled_gap = True, fills_gap  # delivered before this transaction ends
                 self._pass_turn(item, taken=True)  # the next receive now waits for this commit in the store
             else:

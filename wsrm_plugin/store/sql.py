@@ -537,6 +537,46 @@ class SqlTransaction(api.StoreTransaction):
         self._wrote = True
         return self.all(sql, params)
 
+    def receive_and_take(self, sequence_id: str, number: int, *, last: bool = False,
+                         now: float | None = None) -> bool:
+        """On PostgreSQL, one statement: the received ranges written and the message taken,
+        where the two steps took a round trip each.  The sequence's RMD row is held (the
+        receive read it FOR UPDATE), so its new image is known without reading it back; the
+        invoker row is locked first and then compared, exactly as :meth:`_Invoker.take_next`
+        does (and its waiting for a delivery in progress with it)."""
+        if not self.d.for_update or number < 2:  # SQLite; a first message's row may not exist
+            return super().receive_and_take(sequence_id, number, last=last, now=now)
+        api.check_number(number)
+        seq = self.rmd.require(sequence_id)  # held since the receive's read: no round trip
+        received = seq.received.add(number)
+        t = _now(now)
+        self.lock(RANK_INVOKER, sequence_id)
+        self.capture_key("rmd_sequence", sequence_id)
+        self.capture_key("invoker_sequence", sequence_id)
+        sets, values = "received = ?, last_activity = ?", [api.format_ranges(received), t]
+        if last:
+            sets, values = sets + ", last_number = ?", [*values, number]
+        before, after = _prefix(number - 1), _prefix(number)
+        self._wrote = True
+        row = self.one(
+            f"WITH r AS (UPDATE rmd_sequence SET {sets} WHERE sequence_id = ? RETURNING 1), "
+            f"cur AS (SELECT delivered_upto, delivered FROM invoker_sequence WHERE sequence_id = ?"
+            f"{self.d.for_update}), t AS (UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? "
+            "FROM cur WHERE invoker_sequence.sequence_id = ? AND cur.delivered_upto = ? AND cur.delivered = ? "
+            "AND NOT EXISTS (SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?) RETURNING 1) "
+            "SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM t)",
+            (*values, sequence_id, sequence_id, after, number, sequence_id, number - 1, before,
+             sequence_id, number))
+        if not row[0]:
+            raise UnknownSequenceError("RMD", sequence_id)
+        self.held_rmd[sequence_id] = (replace(seq, received=received, last_activity=t, last_number=number)
+                                      if last else replace(seq, received=received, last_activity=t))
+        if row[1]:
+            self.held_invoker[sequence_id] = (api.parse_ranges(after), number)
+            return True
+        self.held_invoker.pop(sequence_id, None)
+        return False
+
     def lock(self, rank: int, key: Any) -> None:
         """Lock-order bookkeeping; the row lock itself is the statement's FOR UPDATE."""
         self._check_open()
