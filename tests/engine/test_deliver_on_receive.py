@@ -43,12 +43,20 @@ def served(engines, application) -> tuple[ReliableEngine, str, str]:
     return server, url, open_sequence(url, RM11)
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-def test_messages_are_delivered_by_the_receiving_thread_and_never_buffered(engines, store_for, kind) -> None:
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgresql"])
+def test_messages_are_delivered_by_the_receiving_thread_and_never_buffered(engines, store_for, kind,
+                                                                           request) -> None:
+    """(On PostgreSQL each receive after the first records and takes its message in one
+    statement: ``StoreTransaction.receive_and_take``.)"""
+    if kind == "postgresql":
+        make = request.getfixturevalue("pg_dsn_factory")
+        server_store, client_store = f"postgresql:{make('dor')}", f"postgresql:{make('dor')}"
+    else:
+        server_store, client_store = store_for(kind, "server"), store_for(kind, "client")
     received = ThreadRecorder()
-    server = engines(store_for(kind, "server"), fast_policy(deliver_on_receive=True), serve=True,
+    server = engines(server_store, fast_policy(deliver_on_receive=True), serve=True,
                      application=received, name="server")
-    client = engines(store_for(kind, "client"), fast_policy(send_concurrency=1), name="client")
+    client = engines(client_store, fast_policy(send_concurrency=1), name="client")
     for i in range(10):
         client.send(server.endpoint_address, payload(f"m{i}"), action=ACTION)
     assert wait_for(lambda: len(received.snapshot()) == 10, timeout=30), received.snapshot()
