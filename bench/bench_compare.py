@@ -41,13 +41,20 @@ and the recovery log), PostgreSQL WAL syncs (pg_stat_wal), PostgreSQL commits
 prepared branches, two-phase decisions (logged, or committed as a commit mark)
 and one-phase commits (their checkpoint hook), and the caller's share: the time the client's
 calling loop took over the whole time (near 1.00, the caller bounds the rate; well below it,
-what comes after the call does: the relay, the sender, the service).  Ratios are against plain (sequential and concurrent) and the outbox
-of the same round; the median of the rounds is reported.
+what comes after the call does: the relay, the sender, the service).  Ratios are against plain
+(sequential and concurrent) and the outbox of the same round; the median of the rounds is reported.
+
+``--clients N`` runs the outbox and the reliable scenarios from N calling threads: each reliable
+one with a client of its own on one engine (``ReliableClient.with_key``: N sequences, which the
+service delivers side by side), each outbox one with its own relay sending its own rows (so N
+requests in flight there too).  plain
+and plain8 stay one and eight threads.  A variant ``~clients=N`` sets it for one scenario, to
+measure it beside the one-thread run in the same rounds (``--scenarios xa1,xa1~clients=4``).
 
 Run::
 
     .venv/bin/python bench/bench_compare.py [--calls 1000] [--rounds 3]
-        [--scenarios plain,plain8,outbox,memory,sqlite,xa2,xa2log,xa1] [--no-strace]
+        [--scenarios plain,plain8,outbox,memory,sqlite,xa2,xa2log,xa1] [--no-strace] [--clients 1]
 
 A scenario may name RMPolicy knobs for both sides after a ``~``, to measure a
 variant beside its base in the same rounds:
@@ -165,7 +172,7 @@ def _variant(scenario: str) -> tuple[str, dict[str, Any]]:
 def _policy(retransmission_interval: float, scenario: str = "") -> Any:
     from wsrm_plugin.engine import RMPolicy
 
-    knobs = {k: v for k, v in _variant(scenario)[1].items() if not k.startswith("store.")}
+    knobs = {k: v for k, v in _variant(scenario)[1].items() if not k.startswith("store.") and k != "clients"}
     return RMPolicy(soap_version="1.1", base_retransmission_interval=retransmission_interval, **knobs)
 
 
@@ -309,6 +316,9 @@ def client_role(args: argparse.Namespace) -> int:
     import zeep
 
     yappi = _yappi_start()
+    args.clients = int(_variant(args.scenario)[1].get("clients", args.clients))  # ~clients=N
+    if args.clients < 1:
+        raise SystemExit("clients must be at least 1")
     tmp = Path(tempfile.mkdtemp(prefix="bench-client-"))
     points = _Points()
     scenario = _variant(args.scenario)[0]
@@ -356,26 +366,35 @@ def client_role(args: argparse.Namespace) -> int:
             from txmanager.postgres import XADataSource
 
             tm = _tm("bench-client", tmp, points)
-            ds = XADataSource(args.app_dsn, tm)
+            ds = XADataSource(args.app_dsn, tm, pool_size=max(8, args.clients))
             store = f"postgresql:{args.store_dsn}"
-        rc = reliable_client(zc, _store(store, args.scenario),
-                             _policy(args.retransmission_interval, args.scenario), tm=tm,
-                             key="bench")
-        stoppers.append(lambda: rc.stop(timeout=5))
+        # a client (so a sequence) per calling thread, all on one engine (ReliableClient.with_key)
+        keys = ["bench", *(f"bench{n}" for n in range(1, args.clients))]
+        first = reliable_client(zc, _store(store, args.scenario),
+                                _policy(args.retransmission_interval, args.scenario), tm=tm,
+                                key=keys[0], active_keys=keys)
+        rcs = [first, *(first.with_key(key) for key in keys[1:])]
+        stoppers.append(lambda: first.stop(timeout=5))  # and the clients made from it
         if ds is not None:
             stoppers.append(ds.close)
         if tm is not None:
             stoppers.append(tm.close)
-        _start_clock()
-        if tm is None:
-            for item in items:
-                rc.service.record(item, note)
-        else:
-            for item in items:
+
+        def calls(n: int) -> None:
+            rc = rcs[n]
+            mine = items[n::args.clients]
+            if tm is None:
+                for item in mine:
+                    rc.service.record(item, note)
+                return
+            for item in mine:
                 with tm.transaction():
                     with ds.connection() as conn, conn.cursor() as cur:
                         cur.execute("INSERT INTO business (item) VALUES (%s)", (item,))
                     rc.service.record(item, note)
+
+        _start_clock()
+        _in_threads(calls, args.clients)
     print(f"LOOP {time.monotonic()}", flush=True)  # the calls are made (a relay may still be sending)
     print(f"SENT {errors}", flush=True)
     sys.stdin.readline()  # "stop": everything arrived (or the coordinator gave up)
@@ -386,20 +405,52 @@ def client_role(args: argparse.Namespace) -> int:
     return 0
 
 
-def _outbox_client(args: argparse.Namespace, zc: Any, items: list[str], note: str, stoppers: list[Any]) -> int:
-    """Business row + outbox row in one local transaction; a relay sends the outbox with plain calls."""
+def _in_threads(work: Any, threads: int) -> None:
+    """``work(n)`` for n in range(threads): in this thread when there is one, else in threads."""
+    if threads == 1:
+        work(0)
+        return
+    failed: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            work(n)
+        except BaseException as exc:  # noqa: BLE001 -- raised below, in the caller
+            failed.append(exc)
+
+    pool = [threading.Thread(target=run, args=(n,)) for n in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if failed:
+        raise failed[0]
+
+
+def _outbox_client(args: argparse.Namespace, zc: Any, items: list[str], note: str,
+                   stoppers: list[Any]) -> int:
+    """Business row + outbox row in one local transaction; a relay sends the outbox with plain calls.
+
+    With ``--clients N``: N calling threads, each with its own relay (and zeep client) sending its
+    own rows (the outbox's ``lane``), so N requests are in flight as with N reliable clients."""
     import psycopg2
+    import zeep
 
     stop = threading.Event()
-    wake = threading.Event()
+    wakes = [threading.Event() for _ in range(args.clients)]
     errors = Counter()
 
-    def relay() -> None:
-        conn = psycopg2.connect(args.app_dsn)
+    zcs = [zc, *(zeep.Client(args.url + "?wsdl") for _ in range(1, args.clients))]
+    relay_conns = [psycopg2.connect(args.app_dsn) for _ in range(args.clients)]
+    call_conns = [psycopg2.connect(args.app_dsn) for _ in range(args.clients)]
+
+    def relay(lane: int) -> None:
+        zc, wake, conn = zcs[lane], wakes[lane], relay_conns[lane]
         try:
             while not stop.is_set():
                 with conn, conn.cursor() as cur:
-                    cur.execute("SELECT id, item, note FROM outbox ORDER BY id LIMIT 100")
+                    cur.execute("SELECT id, item, note FROM outbox WHERE lane = %s ORDER BY id LIMIT 100",
+                                (lane,))
                     batch = cur.fetchall()
                 if not batch:
                     wake.wait(0.01)
@@ -419,19 +470,33 @@ def _outbox_client(args: argparse.Namespace, zc: Any, items: list[str], note: st
         finally:
             conn.close()
 
-    thread = threading.Thread(target=relay, name="relay", daemon=True)
-    stoppers.append(lambda: (stop.set(), wake.set(), thread.join(10)))
-    conn = psycopg2.connect(args.app_dsn)
-    _start_clock()
-    thread.start()
-    try:
-        for item in items:
-            with conn, conn.cursor() as cur:
-                cur.execute("INSERT INTO business (item) VALUES (%s)", (item,))
-                cur.execute("INSERT INTO outbox (item, note) VALUES (%s, %s)", (item, note))
+    relays = [threading.Thread(target=relay, args=(n,), name=f"relay-{n}", daemon=True)
+              for n in range(args.clients)]
+
+    def stop_relays() -> None:
+        stop.set()
+        for wake in wakes:
             wake.set()
-    finally:
-        conn.close()
+        for thread in relays:
+            thread.join(10)
+
+    stoppers.append(stop_relays)
+
+    def calls(lane: int) -> None:
+        conn = call_conns[lane]
+        try:
+            for item in items[lane::args.clients]:
+                with conn, conn.cursor() as cur:
+                    cur.execute("INSERT INTO business (item) VALUES (%s)", (item,))
+                    cur.execute("INSERT INTO outbox (item, note, lane) VALUES (%s, %s, %s)", (item, note, lane))
+                wakes[lane].set()
+        finally:
+            conn.close()
+
+    _start_clock()
+    for thread in relays:
+        thread.start()
+    _in_threads(calls, args.clients)
     return sum(errors.values())
 
 
@@ -699,7 +764,8 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
     _execute(server_app, "CREATE TABLE received (item text NOT NULL, note text)",
              "CREATE TABLE processed (id text PRIMARY KEY)")
     _execute(client_app, "CREATE TABLE business (id bigserial PRIMARY KEY, item text NOT NULL)",
-             "CREATE TABLE outbox (id bigserial PRIMARY KEY, item text NOT NULL, note text)")
+             "CREATE TABLE outbox (id bigserial PRIMARY KEY, item text NOT NULL, note text, "
+             "lane integer NOT NULL DEFAULT 0)")
     if scenario in ("xa1", "xa2"):  # the stores' schemas, outside the measurement
         from wsrm_plugin.store import open_store
 
@@ -720,7 +786,8 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
                         profile_out("server"))
         url = server.expect("URL ")
         client = _Child(["--role", "client", *common, "--app-dsn", client_app, "--store-dsn", client_store,
-                         "--url", url, "--calls", str(args.calls), "--note", str(args.note), "--run", tag],
+                         "--url", url, "--calls", str(args.calls), "--note", str(args.note), "--run", tag,
+                         "--clients", str(args.clients)],
                         str(workdir / f"{scenario}-{tag}-client.strace") if strace else None,
                         profile_out("client"))
         t0 = float(client.expect("T0 ", timeout=120))
@@ -799,6 +866,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=1,
+                        help="calling threads of the outbox and reliable scenarios: each reliable one with "
+                             "its own client (its own sequence), each outbox one with its own relay")
     parser.add_argument("--note", type=int, default=64)
     parser.add_argument("--retransmission-interval", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=300.0)

@@ -48,6 +48,13 @@ Failures reach the caller:
 * :meth:`ReliableClient.flush` waits until everything is acknowledged and
   says what is not; ``stop()`` on a memory store refuses to drop unsent messages.
 
+Calls from several threads: the messages of one sequence are delivered in
+order, one after the other, so a service can work on several sequences at
+once but on one sequence's messages only in turn.  Give each thread a key of
+its own on one engine, ``rc.with_key("orders-2")`` (listed in
+``active_keys``), rather than a :func:`reliable_client` each: every key
+keeps its calls' order, and one sender carries them all.
+
 A client that must be able to restart while its server is down builds its
 zeep client with :class:`~interceptors.zeep_client.wsdl_cache.StoredWsdlTransport`
 (``zeep.Client(url, transport=StoredWsdlTransport(store))``): the WSDL is kept
@@ -183,6 +190,13 @@ class ReliableClient:
         self.name = name
         self.key = key
         self.tm = tm
+        #: the sequence keys the lifecycle listener keeps (see :func:`reliable_client`)
+        self.active_keys = frozenset(active_keys) if active_keys is not None else frozenset({key})
+        self._callback = callback
+        #: False for a client made by :meth:`with_key`: the engine is the first client's to start
+        #: and stop, and so is the lifecycle listener's recovery
+        self._owns_engine = True
+        self._keyed: list[ReliableClient] = []  # made by with_key(): stopped with this one
         self.recovery_interval = recovery_interval
         self._futures: dict[str, Future] = {}
         self._targets: set[str] = set()
@@ -201,10 +215,11 @@ class ReliableClient:
         engine.source.fault_listeners.append(self._on_sequence_fault)
         self.chain = chain if chain is not None else InterceptorChain([], load_entry_points=False)
         self.chain.add(self.interceptor)
+        self._unengaged = _own_copy(client)  # what with_key() engages a chain of its own on
         engage_client(client, self.chain)
         self.service = _Service(self)
         self._lifecycle = LifecycleListener(
-            engine, tm=tm, active_keys=set(active_keys) if active_keys is not None else {key},
+            engine, tm=tm, active_keys=set(self.active_keys),
             hooks=lifecycle_hooks if lifecycle_hooks is not None else self.chain.plugins.hook)
         self.poller: Poller | None = None
         if make_connection:
@@ -427,17 +442,57 @@ class ReliableClient:
     def start(self) -> ReliableClient:
         """Run the lifecycle listener (recovery first), then the engine's workers."""
         if not self._started:
-            self.lifecycle_report = self._lifecycle.on_start()
+            if self._owns_engine:
+                self.lifecycle_report = self._lifecycle.on_start()
+            elif not self.engine.started:
+                raise RuntimeError(f"client {self.name!r} shares the engine of the client it was made "
+                                        "from with with_key(): start that client first")
             self._load_refusals()
             self._note_waiting_replies()
             if self._on_sequence_fault not in self.engine.source.fault_listeners:  # started again after stop()
                 self.engine.source.fault_listeners.append(self._on_sequence_fault)
-            self.engine.start()
-            self._lifecycle.start_recovery(self.recovery_interval, self.lifecycle_report)
+            if self._owns_engine:
+                self.engine.start()
+                self._lifecycle.start_recovery(self.recovery_interval, self.lifecycle_report)
             if self.poller is not None:
                 self.poller.start()
             self._started = True
         return self
+
+    def with_key(self, key: str) -> ReliableClient:
+        """Another client on this client's engine, whose calls go on sequences of their own (``key``).
+
+        For calling from several threads.  The messages of one sequence are
+        delivered in order, one after the other; calls under different keys go
+        on different sequences, which the service delivers side by side (each
+        key's calls stay in the order they were made; there is no order
+        between keys).  One engine serves them all: one sender whose rounds
+        carry every sequence, one store pool, one set of workers, where a
+        :func:`reliable_client` per thread would run an engine each, and
+        their senders would compete (``bench/bench_compare.py --clients``).
+
+        ``key`` must be one of this client's ``active_keys``, so that after a
+        restart the lifecycle listener resumes its sequences rather than
+        terminating them.  The new client is started when this one is; it
+        shares this one's transaction manager and reply callback, and gets
+        an interceptor chain of its own (WS-RM only).  Stopping this client
+        stops the new one and the engine under both; stopping the new one
+        leaves them running.
+        """
+        if key == self.key:
+            raise ValueError(f"this client already sends under key {key!r}; name another one")
+        if key not in self.active_keys:
+            raise ValueError(f"key {key!r} is not one of this client's active_keys "
+                             f"{sorted(self.active_keys)}: name it there (reliable_client(..., active_keys=...)), "
+                             "or the lifecycle listener would terminate its sequences at the next start")
+        if self.poller is not None:
+            raise ValueError("with_key() is not available with make_connection (a poller per client and "
+                             "engine): make a reliable_client of its own for that key")
+        sibling = ReliableClient(_own_copy(self._unengaged), self.engine, name=f"{self.name}/{key}", key=key,
+                                 callback=self._callback, tm=self.tm, active_keys=self.active_keys)
+        sibling._owns_engine = False
+        self._keyed.append(sibling)
+        return sibling.start() if self._started else sibling
 
     def close(self, target: str | None = None) -> int:
         """End this client's sequences (to ``target``, else to every target it sent to)."""
@@ -493,12 +548,15 @@ class ReliableClient:
         them, unless ``discard_unsent=True``, which drops them at once and logs
         each one it drops.
         """
+        for keyed in self._keyed:  # they cannot send without the engine
+            keyed.stop(timeout, discard_unsent=discard_unsent)
         if self._started and self.engine.store.url.startswith("memory"):
             self._before_volatile_stop(discard_unsent, timeout)
         self._lifecycle.stop_recovery(timeout)
         if self.poller is not None:
             self.poller.stop(timeout)
-        self.engine.stop(timeout)
+        if self._owns_engine:
+            self.engine.stop(timeout)
         unregister_client(self.name, self)
         if self._on_sequence_fault in self.engine.source.fault_listeners:
             self.engine.source.fault_listeners.remove(self._on_sequence_fault)

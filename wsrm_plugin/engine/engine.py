@@ -218,6 +218,11 @@ class ReliableEngine:
         self.invoker.running = True
         return self
 
+    @property
+    def started(self) -> bool:
+        """True between :meth:`start` and :meth:`stop`."""
+        return self.invoker.running
+
     def serve(self, host: str = "127.0.0.1", port: int = 0, *, path: str = "/",
               middleware: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
               threads: int = 4) -> HttpServer:
