@@ -668,15 +668,27 @@ class RetransmissionWorker:
                 plans.append((seq, set(verdict.resend), probe, flow))
         if not plans:
             return
+        self._make_due([(seq, resend, probe) for seq, resend, probe, _ in plans])
+
+    def _make_due(self, plans: list[tuple[RmsSequence, set[int], set[int]]]) -> None:
+        """Resend at once / probe soon, in one transaction, taking the sequences' rows in key order.
+
+        Engines sharing a store (worker processes, or several clients in one
+        process) claim each other's sequences, so two rounds may settle the
+        same ones; each taking the rows in the order its round met them
+        deadlocked (four client engines on one PostgreSQL store: the victim was
+        a caller's enqueue).  One order for all leaves nothing to wait for in a
+        cycle."""
         now = time.time()
+        ordered = sorted(plans, key=lambda plan: plan[0].key)
         with self.store.begin() as tx:
-            for seq, resend, probe, _ in plans:
+            for seq, resend, probe in ordered:
                 if resend:
                     self.fast_retransmits += tx.rms_messages.make_due(seq.key, resend, at=AT_ONCE)
                 if probe:
                     delay = self._peer(seq.target).probe_delay()
                     self.loss_probes += tx.rms_messages.make_due(seq.key, probe, at=now + delay)
-        for seq, resend, probe, _ in plans:
+        for seq, resend, probe in ordered:
             for_sequence(log, seq.sequence_id, key=seq.key).debug(
                 "sending again at once %s, probing %s", sorted(resend), sorted(probe))
 
