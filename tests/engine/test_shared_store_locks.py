@@ -142,3 +142,22 @@ def test_an_engine_takes_over_the_messages_another_left_once_they_waited(pg_dsn_
         stays.stop(timeout=5)
         gone.stop(timeout=5)
         server.stop(timeout=5)
+
+
+def test_after_a_restart_the_lifecycle_listener_gives_the_engine_its_own_sequences_back(tmp_path) -> None:
+    """A restarted engine has enqueued nothing yet: its sequences of before are its own again
+    (sent at once, not after another engine's wait), those of keys no longer in use are not."""
+    from wsrm_plugin.lifecycle import LifecycleListener
+
+    url = f"sqlite:///{tmp_path}/client.db"
+    before = ReliableEngine(url, fast_policy(), name="before")  # never started: nothing is sent
+    mine = before.send("http://127.0.0.1:9/", payload("a"), action=ACTION, key="mine").sequence_key
+    before.send("http://127.0.0.1:9/", payload("b"), action=ACTION, key="gone")
+    before.stop(timeout=5)
+    after = ReliableEngine(url, fast_policy(), name="after")
+    try:
+        assert after.source.home_keys() == []
+        LifecycleListener(after, active_keys={"mine"}).on_start()
+        assert after.source.home_keys() == [mine]
+    finally:
+        after.stop(timeout=5)

@@ -382,7 +382,7 @@ class Source:
                                           reply_context=reply_context)
         except (SequenceNotOpenError, UnknownSequenceError):
             return None
-        self._note_home(cached)
+        self.note_home(cached)
         return SendReceipt(cached, msg.number, message_id)
 
     def _enqueue(self, tx: StoreTransaction, seq: RmsSequence, payload: bytes, action: str, soap_ns: str,
@@ -400,10 +400,11 @@ class Source:
         if rolls_over:
             for_sequence(log, seq.sequence_id, msg.number, seq.key).info(
                 "sequence reached max_sequence_length %d; the next message starts a new one", limit)
-        self._note_home(seq.key)
+        self.note_home(seq.key)
         return SendReceipt(seq.key, msg.number, message_id)
 
-    def _note_home(self, key: str) -> None:
+    def note_home(self, key: str) -> None:
+        """``key`` is one of this engine's own sequences (see :meth:`home_keys`)."""
         with self._lock:
             home = self._home
             home[key] = None
