@@ -18,7 +18,16 @@ from wsrm_plugin.store import open_store
 from wsrm_plugin.wire.namespaces import RM11, SOAP12, WSA_2005_08 as WSA10
 
 from .conftest import fast_policy
-from .support import ACTION, payload
+from .support import ACTION, Recorder, payload, wait_for
+
+
+def _served() -> tuple[ReliableEngine, Recorder]:
+    """A started, served engine (memory store) and what its application received."""
+    received = Recorder()
+    server = ReliableEngine("memory:", fast_policy(), application=received, name="server")
+    server.serve()
+    server.start()
+    return server, received
 
 
 def test_a_round_settles_its_sequences_in_key_order_so_two_rounds_never_deadlock(pg_dsn_factory) -> None:
@@ -86,13 +95,8 @@ def test_engines_sharing_a_store_each_send_their_own_sequences(pg_dsn_factory) -
     """Each engine's sender claims every due message (so one takes over what another leaves), but
     its own sequences' at once and the others' only after a retransmission interval: two engines
     sending one sequence at once delivered it out of order (a third of the messages buffered)."""
-    from .support import Recorder, wait_for
-
     url = "postgresql:" + pg_dsn_factory("home")
-    received = Recorder()
-    server = ReliableEngine("memory:", fast_policy(), application=received, name="server")
-    server.serve()
-    server.start()
+    server, received = _served()
     policy = fast_policy(base_retransmission_interval=2.0)
     transports = [_Recording(policy) for _ in range(2)]
     engines = [ReliableEngine(url, policy, transport=transports[n], name=f"client{n}").start() for n in range(2)]
@@ -120,13 +124,8 @@ def test_engines_sharing_a_store_each_send_their_own_sequences(pg_dsn_factory) -
 
 
 def test_an_engine_takes_over_the_messages_another_left_once_they_waited(pg_dsn_factory) -> None:
-    from .support import Recorder, wait_for
-
     url = "postgresql:" + pg_dsn_factory("takeover")
-    received = Recorder()
-    server = ReliableEngine("memory:", fast_policy(), application=received, name="server")
-    server.serve()
-    server.start()
+    server, received = _served()
     policy = fast_policy(base_retransmission_interval=1.0)
     gone = ReliableEngine(url, policy, name="gone")  # never started: what it enqueues, it never sends
     stays = ReliableEngine(url, policy, name="stays").start()

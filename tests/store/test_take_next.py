@@ -99,14 +99,21 @@ def test_a_take_waits_for_a_delivery_of_the_message_before_it_and_then_goes(open
     with store.begin() as tx:
         assert tx.invoker.take_next("s", 1)
     _put(store, "s", 2)
+    assert _while_2_is_delivered(store, lambda tx: tx.invoker.take_next("s", 3)) == [True]
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
+
+
+def _while_2_is_delivered(store: StorageManager, receive_3) -> list[bool]:
+    """Run ``receive_3(tx)`` in another thread while a transaction delivers buffered message 2
+    (holding the sequence's buffer): it must wait, not refuse; what it answered after the commit."""
     holding, taken = threading.Event(), []
 
-    def receive_3() -> None:
+    def receive() -> None:
         holding.wait(10)
         with store.begin() as tx:
-            taken.append(tx.invoker.take_next("s", 3))
+            taken.append(receive_3(tx))
 
-    thread = threading.Thread(target=receive_3)
+    thread = threading.Thread(target=receive)
     thread.start()
     with store.begin() as tx:
         assert tx.invoker.next_deliverable("s").number == 2  # holds the sequence's buffer
@@ -115,8 +122,7 @@ def test_a_take_waits_for_a_delivery_of_the_message_before_it_and_then_goes(open
         assert taken == []  # waiting, not refused
         tx.invoker.mark_delivered("s", 2)
     thread.join(10)
-    assert taken == [True]
-    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
+    return taken
 
 
 # -- receive_and_take: the receipt and the take in one call (one statement on PostgreSQL) -------
@@ -146,29 +152,28 @@ def test_receive_and_take_records_each_next_message_received_and_delivered(store
     assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
 
 
+def _receive(store: StorageManager, number: int, **options) -> bool:
+    """A receive's transaction: the sequence read (and held), then receive_and_take."""
+    with store.begin() as tx:
+        tx.rmd.get("s")
+        return tx.receive_and_take("s", number, **options)
+
+
 def test_receive_and_take_records_a_message_it_cannot_take(store: StorageManager) -> None:
     """After a gap, or behind a buffered message: received all the same, not delivered (the
     caller buffers it)."""
     _rmd(store, "s")
-    with store.begin() as tx:
-        tx.rmd.get("s")
-        assert tx.receive_and_take("s", 1)
-    with store.begin() as tx:
-        tx.rmd.get("s")
-        assert not tx.receive_and_take("s", 3)  # 2 has not come
+    assert _receive(store, 1)
+    assert not _receive(store, 3)  # 2 has not come
     _put(store, "s", 2)
-    with store.begin() as tx:
-        tx.rmd.get("s")
-        assert not tx.receive_and_take("s", 4)  # 2 is buffered: nothing passes it
+    assert not _receive(store, 4)  # 2 is buffered: nothing passes it
     assert _received(store, "s").received == AckRanges.from_ranges([(1, 1), (3, 4)])
     assert _delivered(store, "s") == AckRanges.of([1])
 
 
 def test_receive_and_take_of_the_last_message_records_its_number(store: StorageManager) -> None:
     _rmd(store, "s")
-    with store.begin() as tx:
-        tx.rmd.get("s")
-        assert tx.receive_and_take("s", 1)
+    assert _receive(store, 1)
     with store.begin() as tx:
         tx.rmd.get("s")
         assert tx.receive_and_take("s", 2, last=True)
@@ -208,23 +213,11 @@ def test_receive_and_take_waits_for_a_delivery_of_the_message_before_it(open_kin
     with store.begin() as tx:
         tx.rmd.get("s")
         tx.rmd.record_received("s", 2)
-    holding, taken = threading.Event(), []
 
-    def receive_3() -> None:
-        holding.wait(10)
-        with store.begin() as tx:
-            tx.rmd.get("s")
-            taken.append(tx.receive_and_take("s", 3))
+    def receive_3(tx) -> bool:
+        tx.rmd.get("s")
+        return tx.receive_and_take("s", 3)
 
-    thread = threading.Thread(target=receive_3)
-    thread.start()
-    with store.begin() as tx:
-        assert tx.invoker.next_deliverable("s").number == 2  # holds the sequence's buffer
-        holding.set()
-        time.sleep(0.3)
-        assert taken == []  # waiting, not refused
-        tx.invoker.mark_delivered("s", 2)
-    thread.join(10)
-    assert taken == [True]
+    assert _while_2_is_delivered(store, receive_3) == [True]
     assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
     assert _received(store, "s").received == AckRanges.from_ranges([(1, 3)])
