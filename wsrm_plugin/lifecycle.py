@@ -172,11 +172,6 @@ class LifecycleListener:
                     if seq.accepts_messages:
                         orphans.append((seq.key, parsed.target, parsed.key))
                     continue
-                if parsed is not None and self.active_keys is not None:
-                    # its own (an active key): its sender takes these messages at once, not only
-                    # after another engine's wait (Source.home_keys), nor behind the ones enqueued
-                    # after the restart
-                    self.engine.source.note_home(seq.key)
                 if not seq.started:
                     continue  # CreateSequence is (re)sent by the worker anyway
                 unacked = [m.number for m in tx.rms_messages.list_for(seq.key) if not m.acked]

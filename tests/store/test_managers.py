@@ -534,29 +534,3 @@ def test_has_unacked_says_whether_a_sequence_is_done(store: StorageManager) -> N
         tx.rms_messages.mark_acked("k1", [(2, 2)])
         assert not tx.rms_messages.has_unacked("k1")
         assert not tx.rms_messages.has_unacked("no-such-sequence")
-
-
-def test_due_messages_of_other_engines_sequences_only_once_they_waited(store: StorageManager) -> None:
-    """``home``: this engine's sequences are due at their time; the others' (another engine
-    sharing the store enqueued them) only when due by ``others_due_by``, an earlier time."""
-    started(store, "mine", "s-mine", sent=False)
-    started(store, "theirs", "s-theirs", sent=False)
-    with store.begin() as tx:
-        enqueue(tx, "mine", 2, send_at=100.0)
-        enqueue(tx, "theirs", 2, send_at=100.0)
-        tx.rms_messages.record_send_attempt("theirs", 2, next_send_at=90.0)  # a retransmission, due long ago
-    for per_sequence in (None, 5):
-        with store.begin() as tx:
-            due = tx.rms_messages.due_messages(now=100.5, limit=10, per_sequence=per_sequence,
-                                               home=["mine"], others_due_by=97.5)
-            assert sorted((m.sequence_key, m.number) for m in due) == [("mine", 1), ("mine", 2), ("theirs", 2)]
-        with store.begin() as tx:  # waited long enough: taken over
-            due = tx.rms_messages.due_messages(now=103.5, limit=10, per_sequence=per_sequence,
-                                               home=["mine"], others_due_by=100.5)
-            assert len(due) == 4
-        with store.begin() as tx:  # no home (a pure sender, or just restarted): everything due
-            assert len(tx.rms_messages.due_messages(now=100.5, limit=10, per_sequence=per_sequence)) == 4
-        with store.begin() as tx:  # an empty home: nothing is this engine's own
-            due = tx.rms_messages.due_messages(now=100.5, limit=10, per_sequence=per_sequence,
-                                               home=[], others_due_by=97.5)
-            assert [(m.sequence_key, m.number) for m in due] == [("theirs", 2)]

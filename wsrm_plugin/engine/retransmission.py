@@ -724,14 +724,8 @@ class RetransmissionWorker:
             # while the others' destinations end them as inactive.  The round stays bounded by
             # send_batch; no per-sequence cap below it, which could hide a sequence's
             # retransmissions behind its unsent messages held back by the window.
-            # this engine's own sequences first; another engine's only once they waited a
-            # retransmission interval (Source.home_keys: two engines sending one sequence at once
-            # deliver it out of order)
-            home = self.source.home_keys() or None
-            others_due_by = now - policy.base_retransmission_interval if home else None
             for msg in self._paced(tx.rms_messages.due_messages(now, limit=policy.send_batch,
-                                                                per_sequence=policy.send_batch,
-                                                                home=home, others_due_by=others_due_by)):
+                                                                per_sequence=policy.send_batch)):
                 key = msg.sequence_key
                 if key not in sequences:
                     sequences[key] = tx.rms.get(key)

@@ -17,7 +17,6 @@ events, each in its own short store transaction.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import logging
@@ -49,9 +48,6 @@ __all__ = ["Source", "PendingAcks", "SendReceipt", "SequenceFault", "FailedMessa
            "SequenceFaulted", "SequenceRefused", "CREATE_REFUSED"]
 
 log = logging.getLogger(__name__)
-
-#: Sequences an engine remembers as its own (see :meth:`Source.home_keys`): the most recent.
-MAX_HOME_SEQUENCES = 1000
 
 _RM_BY_NS = {v.ns: v for v in RM_VERSIONS}
 #: RM faults after which the peer will never accept the sequence again.
@@ -256,10 +252,6 @@ class Source:
         self._end_offered = end_offered
         self._current: dict[tuple[str, str, bool], str] = {}
         self._lock = threading.Lock()
-        #: The sequences this engine enqueued to lately (most recent last): its sender takes their
-        #: messages as soon as they are due, and other engines' sharing the store only once they
-        #: have waited (see :meth:`home_keys`).
-        self._home: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._secret = uuid.uuid4()
         self._coalescing = threading.local()
         self.faulted_sequences = 0
@@ -382,7 +374,6 @@ class Source:
                                           reply_context=reply_context)
         except (SequenceNotOpenError, UnknownSequenceError):
             return None
-        self.note_home(cached)
         return SendReceipt(cached, msg.number, message_id)
 
     def _enqueue(self, tx: StoreTransaction, seq: RmsSequence, payload: bytes, action: str, soap_ns: str,
@@ -400,32 +391,7 @@ class Source:
         if rolls_over:
             for_sequence(log, seq.sequence_id, msg.number, seq.key).info(
                 "sequence reached max_sequence_length %d; the next message starts a new one", limit)
-        self.note_home(seq.key)
         return SendReceipt(seq.key, msg.number, message_id)
-
-    def note_home(self, key: str) -> None:
-        """``key`` is one of this engine's own sequences (see :meth:`home_keys`)."""
-        with self._lock:
-            home = self._home
-            home[key] = None
-            home.move_to_end(key)
-            if len(home) > MAX_HOME_SEQUENCES:
-                home.popitem(last=False)
-
-    def home_keys(self) -> list[str]:
-        """The sequences this engine enqueued to lately, whose messages its sender takes first.
-
-        Engines sharing a store (worker processes, Spark executors, several
-        clients) each claim every due message, so that one takes over what
-        another left; but two engines sending one sequence's messages at the
-        same time deliver them out of order (measured: a third of the messages
-        buffered by the service, twice the commits).  So a sender takes its own
-        sequences' messages as soon as they are due and the others' only once
-        they have waited a retransmission interval: the engine that enqueued
-        them had its chance.  An engine that enqueued nothing (a pure sender,
-        or one just restarted) takes everything as before."""
-        with self._lock:
-            return list(self._home)
 
     def enqueue_reply(self, tx: StoreTransaction, rmd_sequence_id: str, envelope: bytes, *,
                       reply_to: str | None, relates_to: str | None, action: str | None,

@@ -46,7 +46,7 @@ import logging
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Self
 
@@ -720,15 +720,8 @@ class RmsMessageManager(_Manager, ABC):
 
     @abstractmethod
     def due_messages(self, now: float | None = None, limit: int = 100, *,
-                     per_sequence: int | None = None, home: Collection[str] | None = None,
-                     others_due_by: float | None = None) -> list[RmsMessage]:
+                     per_sequence: int | None = None) -> list[RmsMessage]:
         """Unacknowledged messages of started, unfaulted sequences with ``next_send_at <= now``.
-
-        With ``home`` (sequence keys) and ``others_due_by``: the messages of
-        sequences not in ``home`` only with ``next_send_at <= others_due_by``
-        (an earlier time): a sender sharing the store with others takes its
-        own sequences' messages at once and takes over the others' only once
-        they have waited (see ``Source.home_keys``).
 
         ``per_sequence`` makes the poll fair: at most that many messages of
         each sequence, taken round robin (every sequence's oldest due message,

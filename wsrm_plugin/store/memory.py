@@ -29,7 +29,7 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -444,15 +444,11 @@ class _RmsMessages(api.RmsMessageManager):
         return newly
 
     def due_messages(self, now: float | None = None, limit: int = 100, *,
-                     per_sequence: int | None = None, home: Collection[str] | None = None,
-                     others_due_by: float | None = None) -> list[RmsMessage]:
+                     per_sequence: int | None = None) -> list[RmsMessage]:
         t = _now(now)
         tx = self._tx
         seqs = tx._scan(_RMS)
         candidates = [m for m in tx._scan(_MSG).values() if not m.acked and m.next_send_at <= t]
-        if home is not None and others_due_by is not None:
-            own = set(home)
-            candidates = [m for m in candidates if m.sequence_key in own or m.next_send_at <= others_due_by]
         # Order only what is taken: a backlog of N due messages is not sorted whole for a batch of
         # ``limit`` (a heap pops them in order; round robin takes each sequence's first few).
         due: Iterable[RmsMessage]

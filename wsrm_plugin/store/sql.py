@@ -37,7 +37,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -931,12 +931,9 @@ class _RmsMessages(api.RmsMessageManager):
         return newly
 
     def due_messages(self, now: float | None = None, limit: int = 100, *,
-                     per_sequence: int | None = None, home: Collection[str] | None = None,
-                     others_due_by: float | None = None) -> list[RmsMessage]:
+                     per_sequence: int | None = None) -> list[RmsMessage]:
         tx = self._tx
         tx.lock(RANK_RMS, "due messages")
-        if home is not None and others_due_by is not None:
-            return self._due_home_first(_now(now), limit, per_sequence, list(home), others_due_by)
         if per_sequence is not None:  # round robin: every sequence's first due message, then the seconds...
             if tx.d.lateral:
                 # Each sequence's first ``per_sequence`` due messages, ranked once, in a CTE: as
@@ -977,58 +974,6 @@ class _RmsMessages(api.RmsMessageManager):
             "WHERE NOT m.acked AND m.next_send_at <= ? AND s.sequence_id IS NOT NULL "
             "AND NOT s.faulted ORDER BY m.next_send_at, m.seq_key, m.number LIMIT ?"
             + tx.d.lock_of("s, m"), (_now(now), limit))
-        return [_msg(r) for r in rows]
-
-    def _due_home_first(self, now: float, limit: int, per_sequence: int | None, home: list[str],
-                        others_due_by: float) -> list[RmsMessage]:
-        """:meth:`due_messages` with a due time per sequence: ``now`` for ``home``, else
-        ``others_due_by``.  The home keys go as one parameter (an array on PostgreSQL, a JSON
-        list on SQLite), so the statement's text stays the same whatever their number."""
-        tx = self._tx
-        keys: list[str] | str
-        if tx.d.name == "postgresql":
-            mine, keys = "{col} = ANY(?)", home
-        else:
-            mine, keys = "{col} IN (SELECT value FROM json_each(?))", json.dumps(home)
-
-        def due(col: str, at: str) -> str:
-            return f"{at} <= CASE WHEN {mine.format(col=col)} THEN ? ELSE ? END"
-
-        if per_sequence is not None and tx.d.lateral:
-            rows = tx.all(
-                "WITH r AS MATERIALIZED (SELECT s.seq_key, x.number, x.rn FROM rms_sequence s "
-                "CROSS JOIN LATERAL (SELECT number, ROW_NUMBER() OVER (ORDER BY next_send_at, number) "
-                f"AS rn FROM rms_message WHERE seq_key = s.seq_key AND NOT acked AND "
-                f"{due('s.seq_key', 'next_send_at')} ORDER BY next_send_at, number LIMIT ?) x "
-                "WHERE s.sequence_id IS NOT NULL AND NOT s.faulted "
-                "ORDER BY x.rn, s.seq_key LIMIT ?) "
-                f"SELECT {_cols(_MSG_COLS, 'm')} FROM r JOIN rms_message m "
-                "ON m.seq_key = r.seq_key AND m.number = r.number "
-                "JOIN rms_sequence s ON s.seq_key = r.seq_key "
-                f"WHERE NOT m.acked AND {due('m.seq_key', 'm.next_send_at')} "
-                "AND s.sequence_id IS NOT NULL AND NOT s.faulted "
-                "ORDER BY r.rn, m.next_send_at, m.seq_key, m.number LIMIT ?"
-                + tx.d.lock_of("s, m"),
-                (keys, now, others_due_by, per_sequence, 4 * limit, keys, now, others_due_by, limit))
-            return [_msg(r) for r in rows]
-        if per_sequence is not None:
-            rows = tx.all(
-                f"SELECT {_cols(_MSG_COLS, 'm')} FROM rms_message m JOIN rms_sequence s ON s.seq_key = m.seq_key "
-                "JOIN (SELECT seq_key, number, ROW_NUMBER() OVER (PARTITION BY seq_key "
-                "ORDER BY next_send_at, number) AS rn FROM rms_message "
-                f"WHERE NOT acked AND {due('seq_key', 'next_send_at')}) r "
-                "ON r.seq_key = m.seq_key AND r.number = m.number WHERE r.rn <= ? "
-                f"AND NOT m.acked AND {due('m.seq_key', 'm.next_send_at')} "
-                "AND s.sequence_id IS NOT NULL AND NOT s.faulted "
-                "ORDER BY r.rn, m.next_send_at, m.seq_key, m.number LIMIT ?"
-                + tx.d.lock_of("s, m"), (keys, now, others_due_by, per_sequence, keys, now, others_due_by, limit))
-            return [_msg(r) for r in rows]
-        rows = tx.all(
-            f"SELECT {_cols(_MSG_COLS, 'm')} FROM rms_message m "
-            "JOIN rms_sequence s ON s.seq_key = m.seq_key "
-            f"WHERE NOT m.acked AND {due('m.seq_key', 'm.next_send_at')} AND s.sequence_id IS NOT NULL "
-            "AND NOT s.faulted ORDER BY m.next_send_at, m.seq_key, m.number LIMIT ?"
-            + tx.d.lock_of("s, m"), (keys, now, others_due_by, limit))
         return [_msg(r) for r in rows]
 
     def record_send_attempt(self, sequence_key: str, number: int, *, next_send_at: float,
