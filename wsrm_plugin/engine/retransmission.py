@@ -653,7 +653,7 @@ class RetransmissionWorker:
         by_sequence: dict[str, tuple[RmsSequence, list[Exchange]]] = {}
         for item, exchange in exchanges:
             by_sequence.setdefault(item.sequence.key, (item.sequence, []))[1].append(exchange)
-        plans: list[tuple[RmsSequence, set[int], set[int], SequenceFlow]] = []
+        plans: list[tuple[RmsSequence, set[int], set[int]]] = []
         for key, (seq, made) in by_sequence.items():
             flow = self._flow(key)
             was_ordered = flow.ordered
@@ -665,10 +665,9 @@ class RetransmissionWorker:
                     else f"delivery rates {flow.rates}")
             probe = set(verdict.probe) if self._peer(seq.target).alive else set()
             if verdict.resend or probe:
-                plans.append((seq, set(verdict.resend), probe, flow))
-        if not plans:
-            return
-        self._make_due([(seq, resend, probe) for seq, resend, probe, _ in plans])
+                plans.append((seq, set(verdict.resend), probe))
+        if plans:
+            self._make_due(plans)
 
     def _make_due(self, plans: list[tuple[RmsSequence, set[int], set[int]]]) -> None:
         """Resend at once / probe soon, in one transaction, taking the sequences' rows in key order.

@@ -481,7 +481,7 @@ class SqlTransaction(api.StoreTransaction):
         self._numbered: dict[str, tuple[int, bool]] = {}
         self.rms = _Rms(self)
         self.rms_messages = _RmsMessages(self)
-        self.rmd = _Rmd(self)
+        self.rmd: _Rmd = _Rmd(self)
         self.invoker = _Invoker(self)
 
     # -- statements -----------------------------------------------------------------
@@ -542,40 +542,33 @@ class SqlTransaction(api.StoreTransaction):
         """On PostgreSQL, one statement: the received ranges written and the message taken,
         where the two steps took a round trip each.  The sequence's RMD row is held (the
         receive read it FOR UPDATE), so its new image is known without reading it back; the
-        invoker row is locked first and then compared, exactly as :meth:`_Invoker.take_next`
-        does (and its waiting for a delivery in progress with it)."""
+        take is :meth:`_Invoker.take_next`'s own statement (and its waiting for a delivery in
+        progress with it)."""
         if not self.d.for_update or number < 2:  # SQLite; a first message's row may not exist
             return super().receive_and_take(sequence_id, number, last=last, now=now)
-        api.check_number(number)
-        seq = self.rmd.require(sequence_id)  # held since the receive's read: no round trip
-        received = seq.received.add(number)
-        t = _now(now)
+        seq, changes = self.rmd._receipt(sequence_id, number, last=last, now=now)
         self.lock(RANK_INVOKER, sequence_id)
         self.capture_key("rmd_sequence", sequence_id)
         self.capture_key("invoker_sequence", sequence_id)
-        sets, values = "received = ?, last_activity = ?", [api.format_ranges(received), t]
-        if last:
-            sets, values = sets + ", last_number = ?", [*values, number]
-        before, after = _prefix(number - 1), _prefix(number)
+        sets, values = _rmd_assignments(changes)
         self._wrote = True
         row = self.one(
             f"WITH r AS (UPDATE rmd_sequence SET {sets} WHERE sequence_id = ? RETURNING 1), "
-            f"cur AS (SELECT delivered_upto, delivered FROM invoker_sequence WHERE sequence_id = ?"
-            f"{self.d.for_update}), t AS (UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? "
-            "FROM cur WHERE invoker_sequence.sequence_id = ? AND cur.delivered_upto = ? AND cur.delivered = ? "
-            "AND NOT EXISTS (SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?) RETURNING 1) "
+            f"t AS ({_TAKE_LOCKED.format(for_update=self.d.for_update)} RETURNING 1) "
             "SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM t)",
-            (*values, sequence_id, sequence_id, after, number, sequence_id, number - 1, before,
-             sequence_id, number))
+            (*values, sequence_id, *_take_params(sequence_id, number)))
         if not row[0]:
             raise UnknownSequenceError("RMD", sequence_id)
-        self.held_rmd[sequence_id] = (replace(seq, received=received, last_activity=t, last_number=number)
-                                      if last else replace(seq, received=received, last_activity=t))
-        if row[1]:
-            self.held_invoker[sequence_id] = (api.parse_ranges(after), number)
-            return True
-        self.held_invoker.pop(sequence_id, None)
-        return False
+        self.held_rmd[sequence_id] = replace(seq, **changes)
+        return self.note_take(sequence_id, number, bool(row[1]))
+
+    def note_take(self, sequence_id: str, number: int, taken: bool) -> bool:
+        """After a take: the invoker row as this transaction now holds it (or forgets it)."""
+        if taken:
+            self.held_invoker[sequence_id] = (api.parse_ranges(_prefix(number)), number)
+        else:
+            self.held_invoker.pop(sequence_id, None)
+        return taken
 
     def lock(self, rank: int, key: Any) -> None:
         """Lock-order bookkeeping; the row lock itself is the statement's FOR UPDATE."""
@@ -1110,9 +1103,8 @@ class _Rmd(api.RmdSequenceManager):
     def _set(self, sequence_id: str, changes: dict[str, Any]) -> RmdSequence:
         tx = self._tx
         tx.capture_key("rmd_sequence", sequence_id)
-        names = sorted(changes)
-        values = [api.format_ranges(changes[n]) if n == "received" else changes[n] for n in names]
-        rows = tx.write_all(f"UPDATE rmd_sequence SET {', '.join(f'{n} = ?' for n in names)} "
+        sets, values = _rmd_assignments(changes)
+        rows = tx.write_all(f"UPDATE rmd_sequence SET {sets} "
                             f"WHERE sequence_id = ? RETURNING {_cols(_RMD_COLS)}", [*values, sequence_id])
         if not rows:
             raise UnknownSequenceError("RMD", sequence_id)
@@ -1121,15 +1113,19 @@ class _Rmd(api.RmdSequenceManager):
 
     def record_received(self, sequence_id: str, number: int, *, last: bool = False,
                         now: float | None = None) -> bool:
+        seq, changes = self._receipt(sequence_id, number, last=last, now=now)
+        self._set(sequence_id, changes)
+        return changes["received"] is not seq.received
+
+    def _receipt(self, sequence_id: str, number: int, *, last: bool,
+                 now: float | None) -> tuple[RmdSequence, dict[str, Any]]:
+        """The held sequence, and what recording ``number`` as received changes in it."""
         api.check_number(number)
         seq = self.require(sequence_id)
-        received = seq.received.add(number)
-        new = received is not seq.received
-        changes: dict[str, Any] = {"received": received, "last_activity": _now(now)}
+        changes: dict[str, Any] = {"received": seq.received.add(number), "last_activity": _now(now)}
         if last:
             changes["last_number"] = number
-        self._set(sequence_id, changes)
-        return new
+        return seq, changes
 
     def update(self, sequence_id: str, **changes: Any) -> RmdSequence:
         RmdSequence.check_changes(changes)
@@ -1167,6 +1163,26 @@ class _Rmd(api.RmdSequenceManager):
 
 #: How many buffered messages of a sequence a batch of deliveries reads at once.
 _READ_AHEAD = 50
+
+
+def _rmd_assignments(changes: dict[str, Any]) -> tuple[str, list[Any]]:
+    """The SET list of an rmd_sequence UPDATE, and its values (the ranges in their stored form)."""
+    names = sorted(changes)
+    return (", ".join(f"{n} = ?" for n in names),
+            [api.format_ranges(changes[n]) if n == "received" else changes[n] for n in names])
+
+
+#: take_next on a store that waits for row locks: the row locked first (``cur``), then compared;
+#: parameters from :func:`_take_params`
+_TAKE_LOCKED = ("WITH cur AS (SELECT delivered_upto, delivered FROM invoker_sequence WHERE sequence_id = ?"
+                "{for_update}) UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? FROM cur "
+                "WHERE invoker_sequence.sequence_id = ? AND cur.delivered_upto = ? AND cur.delivered = ? "
+                "AND NOT EXISTS (SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?)")
+
+
+def _take_params(sequence_id: str, number: int) -> tuple[Any, ...]:
+    return (sequence_id, _prefix(number), number, sequence_id, number - 1, _prefix(number - 1),
+            sequence_id, number)
 
 
 def _prefix(upto: int) -> str:
@@ -1369,23 +1385,14 @@ class _Invoker(api.InvokerBufferManager):
         elif tx.d.for_update:
             # the row locked first, then compared: an UPDATE alone compares the version its
             # snapshot sees and so never waits for a delivery of the message before this one
-            taken = tx.write(
-                f"WITH cur AS (SELECT delivered_upto, delivered FROM invoker_sequence WHERE sequence_id = ?"
-                f"{tx.d.for_update}) UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? FROM cur "
-                "WHERE invoker_sequence.sequence_id = ? AND cur.delivered_upto = ? AND cur.delivered = ? "
-                "AND NOT EXISTS (SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?)",
-                (sequence_id, after, number, sequence_id, number - 1, before, sequence_id, number))
+            taken = tx.write(_TAKE_LOCKED.format(for_update=tx.d.for_update), _take_params(sequence_id, number))
         else:  # one writer at a time (SQLite): nothing to wait for
             taken = tx.write(
                 "UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? WHERE sequence_id = ? "
                 "AND delivered_upto = ? AND delivered = ? AND NOT EXISTS "
                 "(SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?)",
                 (after, number, sequence_id, number - 1, before, sequence_id, number))
-        if taken:
-            tx.held_invoker[sequence_id] = (api.parse_ranges(after), number)
-        else:
-            tx.held_invoker.pop(sequence_id, None)
-        return bool(taken)
+        return tx.note_take(sequence_id, number, bool(taken))
 
     def state(self, sequence_id: str) -> InvokerSequence:
         row = self._tx.one("SELECT delivered FROM invoker_sequence WHERE sequence_id = ?",
