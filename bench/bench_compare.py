@@ -59,7 +59,8 @@ Run::
 A scenario may name RMPolicy knobs for both sides after a ``~``, to measure a
 variant beside its base in the same rounds:
 ``--scenarios xa1,xa1~delivery_batch=10,memory~send_concurrency=1``; a ``store.NAME`` knob
-is an option of the store instead (``xa1~store.prepare_statements=false``).
+is an option of the store instead (``xa1~store.prepare_statements=false``), an ``env.NAME``
+knob an environment variable of the scenario's processes (``xa1~env.TXMANAGER_LAZY_BEGIN=0``).
 
 ``BENCH_PG_STATEMENTS=1`` loads ``pg_stat_statements`` and lists, at the end,
 the statements PostgreSQL spent longest on (run one scenario to read them); a number above 1
@@ -172,7 +173,8 @@ def _variant(scenario: str) -> tuple[str, dict[str, Any]]:
 def _policy(retransmission_interval: float, scenario: str = "") -> Any:
     from wsrm_plugin.engine import RMPolicy
 
-    knobs = {k: v for k, v in _variant(scenario)[1].items() if not k.startswith("store.") and k != "clients"}
+    knobs = {k: v for k, v in _variant(scenario)[1].items()
+             if not k.startswith(("store.", "env.")) and k != "clients"}
     return RMPolicy(soap_version="1.1", base_retransmission_interval=retransmission_interval, **knobs)
 
 
@@ -558,6 +560,9 @@ class _Child:
             cmd = ["strace", "--seccomp-bpf", "-f", "-qq", "-c", "-e", "trace=fsync,fdatasync",
                    "-o", strace_out, *cmd]
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        if "--scenario" in argv:  # ~env.NAME=value: the variant's processes run with that variable
+            knobs = _variant(argv[argv.index("--scenario") + 1])[1]
+            env.update({k.removeprefix("env."): str(v) for k, v in knobs.items() if k.startswith("env.")})
         self.strace_out = strace_out
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.spy: subprocess.Popen[bytes] | None = None

@@ -47,11 +47,12 @@ from .xa import (
 )
 from . import marks as _marks
 from .errors import PreparedTransactionsDisabledError
+from .lazy_begin import LazyBeginConnection, psycopg_xid
 from .log import LogEntry, commit_record, parse_commit_record
 from .xid import Xid
 
-__all__ = ["PostgresXAResource", "XADataSource", "check_prepared_transactions", "create_mark_table",
-           "database_identity", "default_resource_name", "offer_session", "session_for_database"]
+__all__ = ["LazyBeginConnection", "PostgresXAResource", "XADataSource", "check_prepared_transactions",
+           "create_mark_table", "database_identity", "default_resource_name", "offer_session", "session_for_database"]
 
 log = logging.getLogger(__name__)
 
@@ -249,22 +250,29 @@ def _rollback_code(pgcode: str | None) -> int:
     return XA_RBOTHER
 
 
-def _psycopg_xid(xid: Xid) -> "ext.Xid | str":
-    """What to hand to ``tpc_begin`` for ``xid``.
+_psycopg_xid = psycopg_xid  # the name older code and tests use
 
-    Given the gid string, psycopg2 parses it back into an Xid (a regular
-    expression and two base64 decodes, run as Python calls: measured at 2.5
-    microseconds, a few percent of a one-phase transaction); an Xid built from
-    the parts costs a tenth of that and writes the same gid.  psycopg2 only
-    takes printable ASCII parts and a non-negative format id; any other xid
-    goes as its gid.
-    """
-    gtrid, bqual = xid.gtrid, xid.bqual
-    if xid.format_id >= 0 and gtrid.isascii() and bqual.isascii():
-        g, b = gtrid.decode("ascii"), bqual.decode("ascii")
-        if g.isprintable() and b.isprintable():
-            return ext.Xid(xid.format_id, g, b)
-    return xid.to_pg_gid()
+
+def _begin_branch(conn: Connection, xid: Xid) -> None:
+    if isinstance(conn, LazyBeginConnection):
+        conn.begin_branch(xid)
+    else:
+        conn.tpc_begin(psycopg_xid(xid))
+
+
+def _commit_branch(conn: Connection) -> None:
+    """COMMIT (one phase) or COMMIT PREPARED (prepared on this session) of the session's branch."""
+    if isinstance(conn, LazyBeginConnection):
+        conn.commit_branch()
+    else:
+        conn.tpc_commit()
+
+
+def _rollback_branch(conn: Connection) -> None:
+    if isinstance(conn, LazyBeginConnection):
+        conn.rollback_branch()
+    else:
+        conn.tpc_rollback()
 
 
 def _describe(exc: BaseException) -> str:
@@ -310,7 +318,8 @@ class PostgresXAResource:
     ) -> None:
         if isinstance(source, str):
             dsn = source
-            self._connect: ConnectionFactory = lambda: psycopg2.connect(dsn)
+            self._connect: ConnectionFactory = lambda: psycopg2.connect(
+                dsn, connection_factory=LazyBeginConnection)
             self.resource_name = resource_name or default_resource_name(dsn)
             database = database or default_resource_name(dsn)
         elif callable(source):
@@ -441,7 +450,7 @@ class PostgresXAResource:
         conn = self._session
         if conn is not None and not conn.closed:
             try:
-                conn.tpc_rollback()
+                _rollback_branch(conn)
             except psycopg2.Error as exc:
                 log.info("%s: rollback of %s failed (%s); closing the session instead",
                          self.resource_name, b.xid, _describe(exc))
@@ -504,7 +513,7 @@ class PostgresXAResource:
                 "start/end); commit or roll it back before starting a branch",
             )
         try:
-            conn.tpc_begin(_psycopg_xid(xid))
+            _begin_branch(conn, xid)
         except psycopg2.Error as exc:
             lost = self._is_session_lost(conn, exc)
             self._drop_session()
@@ -549,11 +558,18 @@ class PostgresXAResource:
                 raise XAException(XAER_PROTO, f"cannot prepare {xid}: it is {b.state} "
                                               "(end it with TMSUCCESS first)")
             conn = self._check_usable(b)
+            if isinstance(conn, LazyBeginConnection) and conn.sent_nothing:
+                conn.rollback_branch()  # no statement ran: nothing to send, nothing to prepare
+                self._branch = None
+                return XA_RDONLY
             if self.read_only_check and self._wrote_nothing(b, conn):
                 self._commit_read_only(b, conn)
                 return XA_RDONLY
             try:
-                conn.tpc_prepare()
+                if isinstance(conn, LazyBeginConnection):
+                    conn.prepare_branch()
+                else:
+                    conn.tpc_prepare()
             except psycopg2.Error as exc:
                 if self._is_session_lost(conn, exc):
                     self._drop_session()
@@ -589,7 +605,7 @@ class PostgresXAResource:
 
     def _commit_read_only(self, b: _Branch, conn: Connection) -> None:
         try:
-            conn.tpc_commit()
+            _commit_branch(conn)
         except psycopg2.Error as exc:
             if not self._is_session_lost(conn, exc):
                 raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
@@ -625,7 +641,7 @@ class PostgresXAResource:
         if conn is None or conn.closed or conn.get_transaction_status() == ext.TRANSACTION_STATUS_INERROR:
             conn = self._check_usable(b)  # raises the XA_RB* the branch deserves
         try:
-            conn.tpc_commit()
+            _commit_branch(conn)
         except psycopg2.Error as exc:
             if self._is_session_lost(conn, exc):
                 self._drop_session()
@@ -673,7 +689,7 @@ class PostgresXAResource:
                 raise self._statement_failed(b, conn, exc, "COMMIT") from exc
             backend = conn.info.backend_pid
             try:
-                conn.tpc_commit()
+                _commit_branch(conn)
             except psycopg2.Error as exc:
                 self._marks.put_back(forgotten)
                 if not self._is_session_lost(conn, exc):
@@ -788,7 +804,7 @@ class PostgresXAResource:
         try:
             if conn is None or conn.closed:
                 raise psycopg2.InterfaceError("session closed")
-            conn.tpc_commit() if commit else conn.tpc_rollback()
+            _commit_branch(conn) if commit else _rollback_branch(conn)
             self._branch = None
             return
         except psycopg2.Error as exc:
@@ -1080,7 +1096,7 @@ class XADataSource:
         return _ConnectionScope(self)
 
     def _connect(self) -> Connection:
-        conn = psycopg2.connect(self.dsn)
+        conn = psycopg2.connect(self.dsn, connection_factory=LazyBeginConnection)
         if self._marks is not None and not self._mark_table_ready:
             try:
                 create_mark_table(conn)

@@ -43,8 +43,8 @@ import psycopg2.extensions as ext
 
 from txmanager.marks import TABLE as MARK_TABLE, MarkQueue
 from txmanager.postgres import (
-    PostgresXAResource, create_mark_table, database_identity, default_resource_name, offer_session,
-    session_for_database,
+    LazyBeginConnection, PostgresXAResource, create_mark_table, database_identity, default_resource_name,
+    offer_session, session_for_database,
 )
 from txmanager.xid import Xid
 
@@ -109,7 +109,8 @@ class PostgresStore(api.StorageManager):
         self.schema_version_found = self._migrate()
 
     def _connect(self) -> Any:
-        conn = psycopg2.connect(self.dsn, options=self._connect_options)
+        conn = psycopg2.connect(self.dsn, options=self._connect_options,
+                                connection_factory=LazyBeginConnection)
         if self.share_sessions and not self._identity_given:
             self.identity = database_identity(conn)
         return conn

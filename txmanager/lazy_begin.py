@@ -1,0 +1,295 @@
+"""A psycopg2 connection that sends a branch's BEGIN with the branch's first statement.
+
+psycopg2 opens every transaction with a ``BEGIN`` of its own, one round trip
+before the first statement; a short transaction (BEGIN, UPDATE, COMMIT) spends a
+third of its round trips on it.  :class:`LazyBeginConnection` runs a branch
+with psycopg2 in autocommit mode and puts ``BEGIN;`` in front of the branch's
+first statement, in the same query string: PostgreSQL runs both, and the
+session is in the transaction block from then on, as with psycopg2's own BEGIN.
+The branch ends by SQL (``COMMIT``, ``PREPARE TRANSACTION``, ``COMMIT PREPARED``)
+instead of psycopg2's ``tpc_*`` calls, with the gid psycopg2 would write.
+
+What the application sees does not change: statements run in the branch, a
+failed one aborts it, ``commit()``/``rollback()`` on the connection raise as in
+psycopg2's two-phase mode.  Where a statement could escape the branch, the
+connection falls back to psycopg2's ``tpc_begin`` (its BEGIN round trip):
+
+* a cursor this module cannot follow (another ``cursor_factory``, a named
+  server-side cursor, a large object): from then on every branch of the
+  connection uses ``tpc_begin``, since such a cursor may outlive the branch and
+  run a statement before any other;
+* a connection with a non-default isolation level, read-only or deferrable
+  setting (psycopg2 sends those with its BEGIN).
+
+A branch in which no statement ran sent nothing: it commits without a round
+trip and answers ``prepare`` with "nothing to prepare" (XA_RDONLY).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions as ext
+from psycopg2 import sql as _sql
+
+from .xid import Xid
+
+__all__ = ["LazyBeginConnection", "LazyBeginCursor", "psycopg_xid"]
+
+log = logging.getLogger(__name__)
+
+#: psycopg2's own autocommit flag (the class below shows another during a branch)
+_AUTOCOMMIT = ext.connection.autocommit
+
+_OFF = os.environ.get("TXMANAGER_LAZY_BEGIN") == "0"
+
+# A branch's modes (plain strings: compared by identity on the hot path).
+_PENDING = "pending"    # started, nothing sent yet: BEGIN goes with the first statement
+_SQL = "sql"            # BEGIN sent by this module; psycopg2 in autocommit mode
+_PREPARED = "prepared"  # PREPARE TRANSACTION sent by this module
+_TPC = "tpc"            # psycopg2's tpc_begin runs the branch
+_PLAIN = "plain"        # begun here, then psycopg2 sent a BEGIN of its own (a named cursor
+                        # opened mid-branch): psycopg2 believes it runs a plain transaction
+_PLAIN_PREPARED = "plain-prepared"  # that, after PREPARE TRANSACTION
+
+
+def psycopg_xid(xid: Xid) -> "ext.Xid | str":
+    """What to hand to ``tpc_begin`` for ``xid``.
+
+    Given the gid string, psycopg2 parses it back into an Xid (a regular
+    expression and two base64 decodes, run as Python calls: measured at 2.5
+    microseconds, a few percent of a one-phase transaction); an Xid built from
+    the parts costs a tenth of that and writes the same gid.  psycopg2 only
+    takes printable ASCII parts and a non-negative format id; any other xid
+    goes as its gid.
+    """
+    gtrid, bqual = xid.gtrid, xid.bqual
+    if xid.format_id >= 0 and gtrid.isascii() and bqual.isascii():
+        g, b = gtrid.decode("ascii"), bqual.decode("ascii")
+        if g.isprintable() and b.isprintable():
+            return ext.Xid(xid.format_id, g, b)
+    return xid.to_pg_gid()
+
+
+class LazyBeginCursor(ext.cursor):
+    """The cursor of a :class:`LazyBeginConnection`: its first statement in a branch carries the BEGIN."""
+
+    def execute(self, query: Any, vars: Any = None) -> None:  # noqa: A002 -- psycopg2's name
+        conn = self.connection
+        if conn._mode is not _PENDING:
+            return ext.cursor.execute(self, query, vars)
+        return conn._execute_first(self, query, vars)
+
+    # The rest run their statements from C, past execute(): BEGIN goes first, on its own.
+
+    def executemany(self, query: Any, vars_list: Any) -> None:
+        self.connection._begin_now()
+        return ext.cursor.executemany(self, query, vars_list)
+
+    def callproc(self, procname: Any, parameters: Any = None) -> Any:
+        self.connection._begin_now()
+        return ext.cursor.callproc(self, procname, parameters)
+
+    def copy_from(self, *args: Any, **kwargs: Any) -> None:
+        self.connection._begin_now()
+        return ext.cursor.copy_from(self, *args, **kwargs)
+
+    def copy_to(self, *args: Any, **kwargs: Any) -> None:
+        self.connection._begin_now()
+        return ext.cursor.copy_to(self, *args, **kwargs)
+
+    def copy_expert(self, *args: Any, **kwargs: Any) -> None:
+        self.connection._begin_now()
+        return ext.cursor.copy_expert(self, *args, **kwargs)
+
+
+class LazyBeginConnection(ext.connection):
+    """A psycopg2 connection whose XA branches send no BEGIN of their own (see the module).
+
+    Made by ``psycopg2.connect(dsn, connection_factory=LazyBeginConnection)``;
+    :class:`~txmanager.postgres.XADataSource` and the PostgreSQL WS-RM store
+    make theirs so.  A connection of another class works too, with psycopg2's
+    ``tpc_begin`` and its BEGIN round trip.
+    """
+
+    def __init__(self, dsn: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(dsn, *args, **kwargs)
+        self.cursor_factory = LazyBeginCursor
+        self._mode: str | None = None
+        self._xid: Xid | None = None
+        #: a cursor this module cannot follow was handed out: branches use tpc_begin from now on
+        self._classic = False
+
+    # -- what the application calls ---------------------------------------------------------
+
+    def cursor(self, name: str | None = None, cursor_factory: Any = None, scrollable: bool | None = None,
+               withhold: bool = False) -> Any:
+        factory = cursor_factory or self.cursor_factory
+        if name is None and isinstance(factory, type) and issubclass(factory, LazyBeginCursor):
+            return ext.connection.cursor(self, cursor_factory=factory, withhold=withhold,
+                                         scrollable=scrollable)
+        self._cannot_follow(named=name is not None)
+        return ext.connection.cursor(self, name, cursor_factory=cursor_factory, withhold=withhold,
+                                     scrollable=scrollable)
+
+    def lobject(self, *args: Any, **kwargs: Any) -> Any:
+        self._cannot_follow(named=True)
+        return ext.connection.lobject(self, *args, **kwargs)
+
+    @property
+    def autocommit(self) -> bool:
+        """False during a branch, as in psycopg2's two-phase mode (psycopg2's own flag is on then)."""
+        return False if self._mode is not None else _AUTOCOMMIT.__get__(self)
+
+    @autocommit.setter
+    def autocommit(self, value: bool) -> None:
+        self._refuse_in_branch("set_session")
+        _AUTOCOMMIT.__set__(self, value)
+
+    def set_session(self, *args: Any, **kwargs: Any) -> None:
+        self._refuse_in_branch("set_session")
+        ext.connection.set_session(self, *args, **kwargs)
+
+    def commit(self) -> None:
+        if self._mode is not None and self._mode is not _TPC:
+            raise psycopg2.ProgrammingError("commit cannot be used during a two-phase transaction")
+        ext.connection.commit(self)
+
+    def rollback(self) -> None:
+        if self._mode is not None and self._mode is not _TPC:
+            raise psycopg2.ProgrammingError("rollback cannot be used during a two-phase transaction")
+        ext.connection.rollback(self)
+
+    def _refuse_in_branch(self, what: str) -> None:
+        if self._mode is not None and self._mode is not _TPC:
+            raise psycopg2.ProgrammingError(f"{what} cannot be used inside a transaction")
+
+    # -- the branch (called by PostgresXAResource) --------------------------------------------
+
+    @property
+    def in_branch(self) -> bool:
+        return self._mode is not None
+
+    @property
+    def sent_nothing(self) -> bool:
+        """True while the branch ran no statement (its BEGIN is still to be sent)."""
+        return self._mode is _PENDING
+
+    def begin_branch(self, xid: Xid) -> None:
+        """Start branch ``xid``: nothing is sent (psycopg2's ``tpc_begin`` sends nothing either)."""
+        if _OFF or self._classic or self.isolation_level is not None or self.readonly is not None \
+                or self.deferrable is not None:
+            self.tpc_begin(psycopg_xid(xid))
+            self._mode = _TPC
+            return
+        _AUTOCOMMIT.__set__(self, True)  # a flag of psycopg2's: no round trip
+        self._xid = xid
+        self._mode = _PENDING
+
+    def prepare_branch(self) -> bool:
+        """PREPARE the branch; False when no statement ran (nothing to prepare: it is over)."""
+        mode = self._mode
+        if mode is _PENDING:
+            self._branch_over()
+            return False
+        if mode is _TPC:
+            self.tpc_prepare()
+            return True
+        assert self._xid is not None
+        self._by_sql("PREPARE TRANSACTION %s", (self._xid.to_pg_gid(),), "PREPARE TRANSACTION")
+        self._mode = _PREPARED if mode is _SQL else _PLAIN_PREPARED
+        return True
+
+    def commit_branch(self) -> None:
+        """Commit the branch: in one phase, or its prepared transaction when it was prepared here."""
+        mode = self._mode
+        if mode is _SQL:
+            self._by_sql("COMMIT", None, "COMMIT")
+        elif mode is _TPC:
+            self.tpc_commit()
+        elif mode is _PREPARED or mode is _PLAIN_PREPARED:
+            assert self._xid is not None
+            self._by_sql("COMMIT PREPARED %s", (self._xid.to_pg_gid(),), "COMMIT PREPARED")
+        elif mode is _PLAIN:
+            ext.connection.commit(self)
+        self._branch_over()
+
+    def rollback_branch(self) -> None:
+        """Roll the branch back, prepared here or not; the branch is over even when this raises."""
+        mode = self._mode
+        try:
+            if mode is _TPC:
+                self.tpc_rollback()
+            elif mode is _PREPARED or mode is _PLAIN_PREPARED:
+                assert self._xid is not None
+                self._by_sql("ROLLBACK PREPARED %s", (self._xid.to_pg_gid(),), "ROLLBACK PREPARED")
+            elif mode is _PLAIN:
+                ext.connection.rollback(self)
+            elif mode is _SQL and self.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
+                self._by_sql("ROLLBACK", None, "ROLLBACK")
+        finally:
+            self._branch_over()
+
+    # -- inside -------------------------------------------------------------------------------------
+
+    def _branch_over(self) -> None:
+        mode, self._mode, self._xid = self._mode, None, None
+        if (mode is _PLAIN or mode is _PLAIN_PREPARED) and not self.closed \
+                and self.status != ext.STATUS_READY:
+            # psycopg2 still believes in its BEGIN (the session is idle after PREPARE or COMMIT
+            # PREPARED): its ROLLBACK ends that belief, with a warning from the server
+            ext.connection.rollback(self)
+        if mode is not _TPC and not self.closed and _AUTOCOMMIT.__get__(self):
+            _AUTOCOMMIT.__set__(self, False)
+
+    def _by_sql(self, statement: str, params: tuple[str, ...] | None, expected: str) -> None:
+        with ext.cursor(self) as cur:
+            cur.execute(statement, params)
+            answer = cur.statusmessage
+        if answer != expected:
+            # PostgreSQL ends an aborted transaction's COMMIT or PREPARE with a ROLLBACK, and no error
+            raise psycopg2.DatabaseError(f"{statement.split(' %s')[0]} was answered {answer!r}: the "
+                                         "transaction was rolled back (one of its statements failed)")
+
+    def _execute_first(self, cur: LazyBeginCursor, query: Any, vars: Any) -> None:  # noqa: A002
+        self._mode = _SQL
+        if isinstance(query, _sql.Composable):
+            query = query.as_string(cur)
+        prefixed = b"BEGIN;" + query if isinstance(query, bytes) else "BEGIN;" + query
+        try:
+            return ext.cursor.execute(cur, prefixed, vars)
+        except psycopg2.Error:
+            if self.closed or self.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
+                raise
+        # The query string did not parse, so its BEGIN never ran either: begin now and run the
+        # statement again, to fail inside the transaction as it would after psycopg2's BEGIN
+        # (the branch can then only roll back, and no later statement runs outside it).
+        with ext.cursor(self) as begin:
+            begin.execute("BEGIN")
+        return ext.cursor.execute(cur, query, vars)
+
+    def _begin_now(self) -> None:
+        if self._mode is _PENDING:
+            self._mode = _SQL
+            with ext.cursor(self) as cur:
+                cur.execute("BEGIN")
+
+    def _cannot_follow(self, *, named: bool) -> None:
+        """A cursor (or large object) this class cannot see the statements of is handed out."""
+        if not self._classic:
+            log.debug("%r: a cursor it cannot follow; its branches use tpc_begin from now on", self)
+        self._classic = True
+        mode = self._mode
+        if mode is _PENDING:  # nothing sent yet: psycopg2's own two-phase mode can still take over
+            assert self._xid is not None
+            _AUTOCOMMIT.__set__(self, False)
+            self.tpc_begin(psycopg_xid(self._xid))
+            self._mode = _TPC
+        elif mode is _SQL and named:
+            # psycopg2 opens a named cursor only in a transaction of its own: it sends a BEGIN
+            # (the server warns that one is open) and ends the branch with its commit()
+            _AUTOCOMMIT.__set__(self, False)
+            self._mode = _PLAIN
