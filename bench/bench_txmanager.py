@@ -15,6 +15,11 @@ so that machine noise hits both sides alike:
   within each round the two sides alternate every ``--chunk`` transactions
   (a busy shared machine changes speed within a second), and the client's
   CPU time per transaction (this thread's) is reported beside the wall time.
+* plain + idle Python: the plain transaction with as much Python of no use (small objects
+  made) as the manager's own warm cost (the "no server" figure below), in the same chunks:
+  what Python of that size between two round trips costs on this machine.  On a VM whose
+  idle vCPUs halt, it costs several times its CPU in wall time: the server's vCPU, idle longer,
+  is slower to wake.
 * no server: the one-database transaction through a stand-in connection that
   does no I/O, so that only this project's Python runs (warm in the caches):
   the floor of what the manager adds per transaction.  The client CPU
@@ -98,10 +103,43 @@ def tm_one_db(tm, ds, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def one_db_round(tm, ds, conn, n: int, chunk: int) -> tuple[float, float, float, float]:
-    """(raw wall, tm wall, raw CPU, tm CPU) for ``n`` transactions a side, alternating
-    every ``chunk`` transactions."""
-    raw_wall = tm_wall = raw_cpu = tm_cpu = 0.0
+class _Busy:
+    __slots__ = ("a", "b")
+
+    def __init__(self) -> None:
+        self.a = []
+        self.b = {}
+
+
+def busy_one_db(conn, n: int, objects: int) -> float:
+    """Plain BEGIN/COMMIT with ``objects`` small objects made per transaction: Python work of
+    no use, to show what any Python between round trips costs on this machine."""
+    t0 = time.perf_counter()
+    for i in range(n):
+        for _ in range(objects):
+            _Busy()
+        with conn.cursor() as c:
+            c.execute(UPDATE, (1, i % 10))
+        conn.commit()
+    return time.perf_counter() - t0
+
+
+def objects_for(us: float) -> int:
+    """How many :class:`_Busy` objects take ``us`` microseconds of CPU to make, warm."""
+    n = 20000
+    for _ in range(1000):
+        _Busy()
+    c0 = time.thread_time()
+    for _ in range(n):
+        _Busy()
+    per = (time.thread_time() - c0) / n * 1e6
+    return max(1, round(us / per))
+
+
+def one_db_round(tm, ds, conn, n: int, chunk: int, objects: int) -> tuple[float, ...]:
+    """(raw wall, tm wall, busy wall, raw CPU, tm CPU, busy CPU) for ``n`` transactions a
+    side, alternating every ``chunk`` transactions."""
+    raw_wall = tm_wall = busy_wall = raw_cpu = tm_cpu = busy_cpu = 0.0
     done = 0
     while done < n:
         k = min(chunk, n - done)
@@ -110,10 +148,13 @@ def one_db_round(tm, ds, conn, n: int, chunk: int) -> tuple[float, float, float,
         c1 = time.thread_time()
         tm_wall += tm_one_db(tm, ds, k)
         c2 = time.thread_time()
+        busy_wall += busy_one_db(conn, k, objects)
+        c3 = time.thread_time()
         raw_cpu += c1 - c0
         tm_cpu += c2 - c1
+        busy_cpu += c3 - c2
         done += k
-    return raw_wall, tm_wall, raw_cpu, tm_cpu
+    return raw_wall, tm_wall, busy_wall, raw_cpu, tm_cpu, busy_cpu
 
 
 class _NoServer:
@@ -262,9 +303,10 @@ def tm_two_db_threads(tm, ds_a, ds_b, threads: int, n: int) -> float:
 
 
 def measure(dsn_a: str, dsn_b: str, blocks: int, per_block: int,
-            threads: int = 8, chunk: int = 10) -> dict[str, list[float]]:
-    keys = ("raw2", "tm2", "tm2m", "raw1", "tm1", "cpu_raw1", "cpu_tm1", "rawN", "tmN", "fsyncs1",
-            "fsyncsN")
+            threads: int = 8, chunk: int = 10, busy_us: float = 10.0) -> dict[str, list[float]]:
+    keys = ("raw2", "tm2", "tm2m", "raw1", "tm1", "busy1", "cpu_raw1", "cpu_tm1", "cpu_busy1", "rawN",
+            "tmN", "fsyncs1", "fsyncsN")
+    objects = objects_for(busy_us)
     times: dict[str, list[float]] = {k: [] for k in keys}
     per_thread = max(1, per_block // threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -288,11 +330,14 @@ def measure(dsn_a: str, dsn_b: str, blocks: int, per_block: int,
                 times["tm2"].append(tm_two_db(tm, ds_a, ds_b, per_block))
                 times["fsyncs1"].append((lg.fsyncs - before) / per_block)
                 times["tm2m"].append(tm_two_db(tm, ds_a, ds_bm, per_block))
-                raw_wall, tm_wall, raw_cpu, tm_cpu = one_db_round(tm, ds_a, conn_a, per_block, chunk)
+                raw_wall, tm_wall, busy_wall, raw_cpu, tm_cpu, busy_cpu = one_db_round(
+                    tm, ds_a, conn_a, per_block, chunk, objects)
                 times["raw1"].append(raw_wall)
                 times["tm1"].append(tm_wall)
+                times["busy1"].append(busy_wall)
                 times["cpu_raw1"].append(raw_cpu)
                 times["cpu_tm1"].append(tm_cpu)
+                times["cpu_busy1"].append(busy_cpu)
                 times["rawN"].append(raw_two_db_threads(pairs, per_thread))
                 before = lg.fsyncs
                 times["tmN"].append(tm_two_db_threads(tm, ds_a, ds_b, threads, per_thread))
@@ -305,7 +350,7 @@ def measure(dsn_a: str, dsn_b: str, blocks: int, per_block: int,
     return times
 
 
-def report(times: dict[str, list[float]], per_block: int, threads: int = 8) -> str:
+def report(times: dict[str, list[float]], per_block: int, threads: int = 8, busy_us: float = 10.0) -> str:
     def ms(key: str) -> float:
         return statistics.median(times[key]) / per_block * 1000
 
@@ -313,6 +358,7 @@ def report(times: dict[str, list[float]], per_block: int, threads: int = 8) -> s
     r2m = statistics.median(t / r for t, r in zip(times["tm2m"], times["raw2"], strict=True))
     r1 = statistics.median(t / r for t, r in zip(times["tm1"], times["raw1"], strict=True))
     rn = statistics.median(t / r for t, r in zip(times["tmN"], times["rawN"], strict=True))
+    rb = statistics.median(t / r for t, r in zip(times["busy1"], times["raw1"], strict=True))
     return "\n".join([
         f"rounds: {len(times['tm1'])} (interleaved; medians below)",
         f"two-database transfer: txmanager {ms('tm2'):.3f} ms, raw tpc {ms('raw2'):.3f} ms, "
@@ -323,6 +369,9 @@ def report(times: dict[str, list[float]], per_block: int, threads: int = 8) -> s
         f"one-database tx:       txmanager {ms('tm1'):.3f} ms, plain {ms('raw1'):.3f} ms, "
         f"ratio {r1:.2f} (target <= 1.05); client CPU per transaction txmanager "
         f"{ms('cpu_tm1') * 1000:.0f} us, plain {ms('cpu_raw1') * 1000:.0f} us",
+        f"plain + {busy_us:.1f} us of idle Python (warm; the manager's own, measured below): "
+        f"{ms('busy1'):.3f} ms, ratio {rb:.2f}; client CPU {ms('cpu_busy1') * 1000:.0f} us (what any "
+        f"Python of that size between two round trips costs here)",
         f"{threads} threads, 2PC:     time ratio txmanager / raw tpc {rn:.2f}; log fsyncs per "
         f"transaction {statistics.median(times['fsyncsN']):.2f} (1.00 = no group commit)",
     ])
@@ -345,10 +394,10 @@ def main() -> None:
         for name in ("bench_a", "bench_b"):
             pg.create_database(name)
             create_bank(pg.dsn(name), 10, 1_000_000)
+        tm_us, raw_us = python_floor()
         times = measure(pg.dsn("bench_a"), pg.dsn("bench_b"), args.blocks, args.per_block,
-                        args.threads, args.chunk)
-    print(report(times, args.per_block, args.threads))
-    tm_us, raw_us = python_floor()
+                        args.threads, args.chunk, busy_us=tm_us - raw_us)
+    print(report(times, args.per_block, args.threads, busy_us=tm_us - raw_us))
     print(f"one-database, no server: {tm_us - raw_us:.1f} us of Python per transaction (the manager, the "
           f"data source and the XA resource, warm); beside the client CPU difference above, the rest of "
           f"which is the same code run between round trips, its caches cold")
