@@ -114,3 +114,35 @@ def test_prepared_statements_can_be_turned_off_in_the_url(store_url) -> None:
         store.close()
     with pytest.raises(ValueError, match="prepare_statements='maybe'.* is not 0 or 1"):
         open_store(url + ("&" if "?" in url else "?") + "prepare_statements=maybe")
+
+
+def test_a_branchs_first_statement_is_prepared_and_an_unpreparable_one_aborts_nothing(
+        store: StorageManager, tmp_path) -> None:
+    """In an XA branch the BEGIN waits for the first statement (txmanager.lazy_begin): the
+    statement is prepared outside any transaction (it was sent as text every time, before),
+    and a PREPARE PostgreSQL refuses there leaves the branch whole."""
+    from txmanager import TransactionManager
+
+    with store.begin() as tx:
+        new_rmd(tx)
+    tm = TransactionManager(node="preparedtest", log=tmp_path / "tm.log")
+    unpreparable = "SELECT ? IS NULL"
+    try:
+        for number in (1, 2, 3):
+            with tm.transaction(), store.begin(xa=tm) as tx:
+                assert tx.conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE  # nothing sent yet
+                assert tx.rmd.get("s1") is not None  # the branch's first statement
+                tx.rmd.record_received("s1", number)
+                prepared = _prepared_on(tx)
+        assert any(" AS SELECT " in text and "FROM rmd_sequence" in text for text in prepared), prepared
+        for number in (4, 5, 6):
+            with tm.transaction(), store.begin(xa=tm) as tx:
+                assert tx.one(unpreparable, (None,)) == (True,)  # the branch's first statement
+                tx.rmd.record_received("s1", number)
+                assert tx.conn.info.transaction_status == ext.TRANSACTION_STATUS_INTRANS
+                prepared = _prepared_on(tx)
+    finally:
+        tm.close()
+    with store.begin() as tx:
+        assert list(tx.rmd.get("s1").received.ranges) == [(1, 6)]
+    assert not any("IS NULL" in text for text in prepared)

@@ -99,14 +99,17 @@ class PreparedStatements:
     def _prepare(self, conn: Any, session: _Session, sql: str) -> str | None:
         status = conn.info.transaction_status
         in_transaction = status == ext.TRANSACTION_STATUS_INTRANS
-        if not (in_transaction or (status == ext.TRANSACTION_STATUS_IDLE and conn.autocommit)):
+        # a branch whose BEGIN waits for its first statement (txmanager.lazy_begin): the session
+        # is outside any transaction, and a cursor of psycopg2's own runs the PREPARE there
+        begin_waits = getattr(conn, "sent_nothing", False)
+        if not (in_transaction or (status == ext.TRANSACTION_STATUS_IDLE and (conn.autocommit or begin_waits))):
             return None  # in an aborted transaction, or where psycopg2 would open one for us
         session.counter += 1
         name = f"wsrm_{session.counter}"
         numbered = iter(range(1, sql.count("?") + 1))
         body = _PLACEHOLDER.sub(lambda _: f"${next(numbered)}", sql)
         statement = f"PREPARE {name} AS {body}"
-        cur = conn.cursor()
+        cur = ext.cursor(conn) if begin_waits else conn.cursor()
         try:
             if in_transaction:  # a failure must not abort the caller's transaction
                 # the savepoint first, on its own: in one query string with the PREPARE, a
