@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from wsrm_plugin.engine import ReliableEngine, RMPolicy
+from wsrm_plugin.engine import DeliveryAssurance, ReliableEngine, RMPolicy
 
 from .conftest import fast_policy
 from .support import ACTION, RM11, Recorder, application_message, payload, post, wait_for
@@ -70,8 +70,11 @@ def test_messages_are_delivered_by_the_receiving_thread_and_never_buffered(engin
         assert tx.invoker.count() == 0
 
 
-def test_off_by_default_without_a_transaction_manager(engines) -> None:
+def test_off_by_default_without_a_transaction_manager_where_a_commit_is_cheap(engines) -> None:
     assert RMPolicy().delivers_on_receive(transaction_manager=False) is False
+    # where a commit is costly (SQLite, PostgreSQL) a second transaction costs a second flush
+    assert RMPolicy().delivers_on_receive(transaction_manager=False, costly_commits=True) is True
+    assert RMPolicy(delivery=DeliveryAssurance.EXACTLY_ONCE).delivers_on_receive(False, True) is False
     assert RMPolicy().delivers_on_receive(transaction_manager=True) is True
     assert RMPolicy(deliver_on_receive=False).delivers_on_receive(transaction_manager=True) is False
     with pytest.raises(ValueError, match="deliver_on_receive"):

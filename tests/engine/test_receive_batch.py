@@ -60,7 +60,8 @@ def _batch_behind_a_held_row(server, url: str, identifier: str, bodies: dict[int
 def test_messages_arriving_during_a_commit_are_recorded_together(engines, store_for, request, kind):
     received = Recorder()
     # memory: asked for (its default is off, a commit there costs nothing worth sharing)
-    policy = fast_policy(receive_batch=16) if kind == "memory" else fast_policy()
+    # batching is for receives not delivered on receipt (which durable stores do by default)
+    policy = fast_policy(receive_batch=16) if kind == "memory" else fast_policy(deliver_on_receive=False)
     server = engines(_store(kind, store_for, request), policy, serve=True, application=received)
     url = server.endpoint_address
     identifier = open_sequence(url, RM11)
@@ -82,7 +83,8 @@ def test_a_message_refused_in_a_batch_is_refused_alone(engines, store_for, reque
 
     (Four requests at most: the server has four HTTP threads.)"""
     received = Recorder()
-    server = engines(_store("postgresql", store_for, request), fast_policy(rm_version=RM10), serve=True,
+    server = engines(_store("postgresql", store_for, request), fast_policy(rm_version=RM10, deliver_on_receive=False),
+                     serve=True,
                      application=received)
     url = server.endpoint_address
     identifier = open_sequence(url, RM10)
@@ -110,7 +112,7 @@ def test_a_refusal_after_its_writes_rolls_the_batch_back_and_each_is_done_alone(
     """The held-messages limit is checked after the put: the batch cannot keep the others' work
     and drop only that put, so each message is recorded alone, as without batching."""
     received = Recorder()
-    server = engines(_store("postgresql", store_for, request), fast_policy(max_unacknowledged_held=2),
+    server = engines(_store("postgresql", store_for, request), fast_policy(max_unacknowledged_held=2, deliver_on_receive=False),
                      serve=True, application=received)
     url = server.endpoint_address
     identifier = open_sequence(url, RM11)
@@ -137,8 +139,13 @@ def test_a_refusal_after_its_writes_rolls_the_batch_back_and_each_is_done_alone(
 
 
 def test_batching_is_on_where_a_commit_is_costly_and_can_be_turned_off(engines, store_for):
-    assert engines(store_for("sqlite", "a")).destination._receipts is not None
+    off = fast_policy(deliver_on_receive=False)
+    assert engines(store_for("sqlite", "a"), off).destination._receipts is not None
     assert engines(store_for("memory", "b")).destination._receipts is None
-    assert engines(store_for("sqlite", "c"), fast_policy(receive_batch=1)).destination._receipts is None
+    no_batch = fast_policy(receive_batch=1, deliver_on_receive=False)
+    assert engines(store_for("sqlite", "c"), no_batch).destination._receipts is None
+    # delivered on receipt (a durable store's default with InOrder delivery): recorded one by one
+    on_receipt = engines(store_for("sqlite", "d")).destination
+    assert on_receipt._direct is not None and on_receipt._receipts is None
     with pytest.raises(ValueError, match="receive_batch"):
         fast_policy(receive_batch=0)

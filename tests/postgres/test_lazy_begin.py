@@ -299,3 +299,13 @@ def test_the_connection_shows_no_autocommit_during_a_branch_and_keeps_it_from_be
     conn.autocommit = True  # between branches it is the application's again
     assert conn.autocommit is True
     conn.autocommit = False
+
+
+def test_with_conn_inside_a_branch_raises_as_in_psycopg2s_two_phase_mode(resource, db):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    with pytest.raises(psycopg2.ProgrammingError, match="two-phase transaction"), conn:
+        insert(resource, "a")
+    roll_back(resource, xid)
+    assert values(db) == []
