@@ -217,6 +217,20 @@ class LazyBeginConnection(ext.connection):
             ext.connection.commit(self)
         self._branch_over()
 
+    def commit_branch_after(self, statement: str, params: tuple[Any, ...]) -> bool:
+        """Run ``statement`` and commit the branch in one phase, in one query string (one round
+        trip, not two); False, having run nothing, where psycopg2 runs the branch (then run the
+        statement and :meth:`commit_branch`).  A failed statement leaves the branch aborted, to
+        roll back; the COMMIT runs only after the statement did."""
+        mode = self._mode
+        if mode is not _SQL and mode is not _PENDING:
+            return False
+        begin = "BEGIN;" if mode is _PENDING else ""
+        self._mode = _SQL
+        self._by_sql(f"{begin}{statement};COMMIT", params, "COMMIT")
+        self._branch_over()
+        return True
+
     def rollback_branch(self) -> None:
         """Roll the branch back, prepared here or not; the branch is over even when this raises."""
         mode = self._mode
@@ -245,14 +259,14 @@ class LazyBeginConnection(ext.connection):
         if mode is not _TPC and not self.closed and _AUTOCOMMIT.__get__(self):
             _AUTOCOMMIT.__set__(self, False)
 
-    def _by_sql(self, statement: str, params: tuple[str, ...] | None, expected: str) -> None:
+    def _by_sql(self, statement: str, params: tuple[Any, ...] | None, expected: str) -> None:
         with ext.cursor(self) as cur:
             cur.execute(statement, params)
             answer = cur.statusmessage
         if answer != expected:
             # PostgreSQL ends an aborted transaction's COMMIT or PREPARE with a ROLLBACK, and no error
-            raise psycopg2.DatabaseError(f"{statement.split(' %s')[0]} was answered {answer!r}: the "
-                                         "transaction was rolled back (one of its statements failed)")
+            raise psycopg2.DatabaseError(f"{expected} was answered {answer!r}: the transaction was "
+                                         "rolled back (one of its statements failed)")
 
     def _execute_first(self, cur: LazyBeginCursor, query: Any, vars: Any) -> None:  # noqa: A002
         self._mode = _SQL

@@ -680,16 +680,15 @@ class PostgresXAResource:
             forgotten = self._marks.take()
             record = commit_record(gxid, branches, time.time())
             params: tuple[Any, ...] = (gxid.to_pg_gid(), node, record)
-            try:
-                with conn.cursor() as cur:
-                    cur.execute(_marks.insert_statement(forgotten),
-                                (forgotten, *params) if forgotten else params)
-            except psycopg2.Error as exc:
-                self._marks.put_back(forgotten)
-                raise self._statement_failed(b, conn, exc, "COMMIT") from exc
+            statement = _marks.insert_statement(forgotten)
+            if forgotten:
+                params = (forgotten, *params)
             backend = conn.info.backend_pid
             try:
-                _commit_branch(conn)
+                # the mark and the COMMIT in one round trip where the session allows it
+                if not (isinstance(conn, LazyBeginConnection) and conn.commit_branch_after(statement, params)):
+                    self._insert_mark(b, conn, statement, params, forgotten)
+                    _commit_branch(conn)
             except psycopg2.Error as exc:
                 self._marks.put_back(forgotten)
                 if not self._is_session_lost(conn, exc):
@@ -710,6 +709,16 @@ class PostgresXAResource:
                 log.info("%s: the answer to COMMIT of %s was lost; its mark is there: committed",
                          self.resource_name, xid)
             self._branch = None
+
+    def _insert_mark(self, b: _Branch, conn: Connection, statement: str, params: tuple[Any, ...],
+                     forgotten: list[str]) -> None:
+        """The mark's INSERT on its own (before COMMIT): a failure rolls the branch back (XA_RB*)."""
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statement, params)
+        except psycopg2.Error as exc:
+            self._marks.put_back(forgotten)  # type: ignore[union-attr]  # checked by the caller
+            raise self._statement_failed(b, conn, exc, "COMMIT") from exc
 
     def _mark_committed(self, gxid: Xid, backend: int, wait: float = 5.0) -> bool | None:
         """After a lost answer to COMMIT: did the mark of ``gxid`` commit?  None: cannot tell.

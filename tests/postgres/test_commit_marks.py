@@ -14,7 +14,7 @@ import pytest
 from tests.txmanager.conftest import log_records
 from txmanager import RollbackError, TransactionManager
 from txmanager.marks import TABLE
-from txmanager.postgres import XADataSource
+from txmanager.postgres import LazyBeginConnection, XADataSource
 
 from .test_datasource import Crash, insert, prepared_gids, run, values
 
@@ -224,9 +224,24 @@ class LosingConnection(psycopg2.extensions.connection):
         return super().tpc_commit(*args)
 
 
+class LosingLazyConnection(LazyBeginConnection):
+    """The same, where the mark and the COMMIT go in one query string (txmanager.lazy_begin)."""
+
+    def commit_branch_after(self, statement, params):
+        lose, LosingConnection.lose = LosingConnection.lose, None
+        if lose == "after":
+            assert super().commit_branch_after(statement, params)
+        if lose is not None:
+            self.close()
+            raise psycopg2.OperationalError("server closed the connection unexpectedly")
+        return super().commit_branch_after(statement, params)
+
+
 class LosingDataSource(XADataSource):
+    connection_class: type = LosingConnection
+
     def _connect(self):
-        conn = psycopg2.connect(self.dsn, connection_factory=LosingConnection)
+        conn = psycopg2.connect(self.dsn, connection_factory=self.connection_class)
         if self._marks is not None and not self._mark_table_ready:
             from txmanager.postgres import create_mark_table
             create_mark_table(conn)
@@ -235,14 +250,18 @@ class LosingDataSource(XADataSource):
         return conn
 
 
+@pytest.mark.parametrize("connection_class", [LosingConnection, LosingLazyConnection],
+                         ids=["mark-then-commit", "mark-and-commit-in-one"])
 @pytest.mark.parametrize("lose,committed", [("after", True), ("before", False)])
-def test_a_lost_answer_to_the_marked_commit_is_settled_by_the_mark(dbs, tmp_path, lose, committed):
+def test_a_lost_answer_to_the_marked_commit_is_settled_by_the_mark(dbs, tmp_path, lose, committed,
+                                                                   connection_class):
     """The connection drops during the holder's COMMIT: once its backend is gone, the mark
     says whether it committed, and the transaction ends that way at once, on both databases,
     instead of leaving the caller with "outcome unknown"."""
     tm = TransactionManager(node="marks", log=tmp_path / "tx.log")
     a = XADataSource(dbs[0], tm, resource_name="a")
     b = LosingDataSource(dbs[1], tm, resource_name="b", commit_marks=True, share_sessions=False)
+    b.connection_class = connection_class
     try:
         LosingConnection.lose = lose
         if committed:

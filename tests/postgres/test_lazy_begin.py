@@ -309,3 +309,55 @@ def test_with_conn_inside_a_branch_raises_as_in_psycopg2s_two_phase_mode(resourc
         insert(resource, "a")
     roll_back(resource, xid)
     assert values(db) == []
+
+
+@pytest.fixture
+def bare(db):
+    conn = psycopg2.connect(db, connection_factory=LazyBeginConnection)
+    yield conn
+    conn.close()
+
+
+def _insert(conn, value: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO t (v) VALUES (%s)", (value,))
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["with-the-begin", "after-a-statement"])
+def test_a_statement_and_the_commit_in_one_query_string(bare, db, first):
+    bare.begin_branch(new_xid())
+    if not first:
+        _insert(bare, "a")
+    assert bare.commit_branch_after("INSERT INTO t (v) VALUES (%s)", ("b",)) is True
+    assert not bare.in_branch and not bare.autocommit
+    assert bare.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
+    assert values(db) == (["b"] if first else ["a", "b"])
+
+
+def test_a_failed_statement_before_the_commit_leaves_the_branch_to_roll_back(bare, db):
+    bare.begin_branch(new_xid())
+    _insert(bare, "a")
+    with pytest.raises(psycopg2.errors.UndefinedTable):
+        bare.commit_branch_after("INSERT INTO missing (v) VALUES (%s)", ("b",))
+    assert bare.info.transaction_status == ext.TRANSACTION_STATUS_INERROR  # no COMMIT ran after it
+    bare.rollback_branch()
+    assert values(db) == [] and not bare.in_branch
+
+
+def test_where_psycopg2_runs_the_branch_the_statement_and_commit_are_left_to_the_caller(db):
+    def connect():
+        conn = psycopg2.connect(db, connection_factory=LazyBeginConnection)
+        conn.set_session(isolation_level="REPEATABLE READ")
+        return conn
+
+    r = PostgresXAResource(connect, resource_name="rr")
+    try:
+        xid = new_xid()
+        r.start(xid)
+        insert(r, "a")
+        assert r.connection.commit_branch_after("INSERT INTO t (v) VALUES (%s)", ("b",)) is False
+        r.end(xid, TMSUCCESS)
+        r.commit(xid, one_phase=True)
+    finally:
+        r.close()
+    assert values(db) == ["a"]
