@@ -205,16 +205,7 @@ class LazyBeginConnection(ext.connection):
 
     def commit_branch(self) -> None:
         """Commit the branch: in one phase, or its prepared transaction when it was prepared here."""
-        mode = self._mode
-        if mode is _SQL:
-            self._by_sql("COMMIT", None, "COMMIT")
-        elif mode is _TPC:
-            self.tpc_commit()
-        elif mode is _PREPARED or mode is _PLAIN_PREPARED:
-            assert self._xid is not None
-            self._by_sql("COMMIT PREPARED %s", (self._xid.to_pg_gid(),), "COMMIT PREPARED")
-        elif mode is _PLAIN:
-            ext.connection.commit(self)
+        self._end(commit=True)
         self._branch_over()
 
     def commit_branch_after(self, statement: str, params: tuple[Any, ...]) -> bool:
@@ -233,17 +224,8 @@ class LazyBeginConnection(ext.connection):
 
     def rollback_branch(self) -> None:
         """Roll the branch back, prepared here or not; the branch is over even when this raises."""
-        mode = self._mode
         try:
-            if mode is _TPC:
-                self.tpc_rollback()
-            elif mode is _PREPARED or mode is _PLAIN_PREPARED:
-                assert self._xid is not None
-                self._by_sql("ROLLBACK PREPARED %s", (self._xid.to_pg_gid(),), "ROLLBACK PREPARED")
-            elif mode is _PLAIN:
-                ext.connection.rollback(self)
-            elif mode is _SQL and self.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
-                self._by_sql("ROLLBACK", None, "ROLLBACK")
+            self._end(commit=False)
         finally:
             self._branch_over()
 
@@ -258,6 +240,21 @@ class LazyBeginConnection(ext.connection):
             ext.connection.rollback(self)
         if mode is not _TPC and not self.closed and _AUTOCOMMIT.__get__(self):
             _AUTOCOMMIT.__set__(self, False)
+
+    def _end(self, *, commit: bool) -> None:
+        """COMMIT or ROLLBACK the branch the way it was begun (PREPARED when it was prepared)."""
+        verb = "COMMIT" if commit else "ROLLBACK"
+        mode = self._mode
+        if mode is _TPC:
+            self.tpc_commit() if commit else self.tpc_rollback()
+        elif mode is _PREPARED or mode is _PLAIN_PREPARED:
+            assert self._xid is not None
+            self._by_sql(f"{verb} PREPARED %s", (self._xid.to_pg_gid(),), f"{verb} PREPARED")
+        elif mode is _PLAIN:
+            ext.connection.commit(self) if commit else ext.connection.rollback(self)
+        elif mode is _SQL and (commit or self.info.transaction_status != ext.TRANSACTION_STATUS_IDLE):
+            self._by_sql(verb, None, verb)
+        # _PENDING: nothing was sent, nothing to end
 
     def _by_sql(self, statement: str, params: tuple[Any, ...] | None, expected: str) -> None:
         with ext.cursor(self) as cur:
