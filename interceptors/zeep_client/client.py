@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import logging
 import threading
 import time
@@ -651,6 +652,12 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
         raise ValueError("make_connection is for clients without a listener: pass listen=None")
     if make_connection and endpoint_address is None:
         endpoint_address = mc_address_for(name or key or "default")
+    policy = policy or RMPolicy()
+    if policy.deliver_on_receive is None:
+        # A reply is recorded before its callback runs, so that one whose callback ran before a
+        # crash comes again flagged ``redelivered`` (ReliableReply); delivered on receipt, it
+        # would come again as a new one.
+        policy = dataclasses.replace(policy, deliver_on_receive=False)
     engine = ReliableEngine(store, policy, tm=tm, application=_unrelated_message(name or key or "default"),
                             endpoint_address=endpoint_address, name=f"wsrm-client-{name or key or 'default'}",
                             **engine_options)

@@ -75,7 +75,10 @@ class ReliableReply:
     ``request_message_id`` is the key to check it by (an idempotent
     callback).  ``redelivered`` is also True for a reply received before the
     client started that the previous process never got to: conservatively,
-    "maybe", never a false "no".
+    "maybe", never a false "no".  (That needs the reply recorded before its
+    callback runs: a client's policy with ``deliver_on_receive=True`` hands
+    a reply over in the transaction that receives it, and one whose callback
+    ran before a crash then comes again as a new one.)
     """
 
     operation: str

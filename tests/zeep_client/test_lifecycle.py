@@ -124,6 +124,24 @@ def test_a_reply_whose_callback_ran_just_before_a_sigkill_is_handled_once_after_
         server.stop(timeout=5)
 
 
+def test_a_client_records_each_reply_before_its_callback_runs(clients, tmp_path):
+    """What ``redelivered`` rests on: a reply handed over in the transaction that receives it
+    would, after a crash in its callback, come again as a new one (unflagged).  So a client
+    delivers replies through its store unless its policy asks otherwise, with or without a
+    transaction manager, on every store."""
+    from txmanager import TransactionManager
+
+    tm = TransactionManager(node="replies", log=tmp_path / "tm.log")
+    try:
+        for i, options in enumerate(({}, {"tm": tm})):
+            rc = clients(f"sqlite:///{tmp_path}/c{i}.db", name=f"c{i}", **options)
+            assert rc.engine.destination._direct is None
+        on = clients(f"sqlite:///{tmp_path}/on.db", fast_policy(deliver_on_receive=True), name="on")
+        assert on.engine.destination._direct is not None  # asked for: the caller's trade-off
+    finally:
+        tm.close()
+
+
 class Seen:
     def __init__(self) -> None:
         self.reports = []
