@@ -2,8 +2,11 @@
 
 :class:`PostgresXAResource` is what a JDBC driver calls an ``XAConnection``
 and its ``XAResource`` in one: it owns one PostgreSQL session, runs at most one
-branch on it at a time, and maps the XA verbs to psycopg2's ``tpc_*`` calls
-(``PREPARE TRANSACTION``, ``COMMIT PREPARED``, ``ROLLBACK PREPARED``).  Errors
+branch on it at a time, and maps the XA verbs to ``PREPARE TRANSACTION``,
+``COMMIT PREPARED`` and ``ROLLBACK PREPARED``: by SQL on the
+:class:`~txmanager.lazy_begin.LazyBeginConnection` it opens (whose branch's
+BEGIN goes with the branch's first statement), by psycopg2's ``tpc_*`` calls
+on a connection of another class from a connection factory.  Errors
 come back as :class:`~txmanager.xa.XAException` with the code an XA transaction
 manager acts on.
 
