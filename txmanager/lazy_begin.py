@@ -23,6 +23,10 @@ connection falls back to psycopg2's ``tpc_begin`` (its BEGIN round trip):
 
 A branch in which no statement ran sent nothing: it commits without a round
 trip and answers ``prepare`` with "nothing to prepare" (XA_RDONLY).
+
+``TXMANAGER_LAZY_BEGIN=0`` in the environment makes every branch use
+``tpc_begin`` (psycopg2's BEGIN), for a comparison or a driver setup this
+module does not know.
 """
 
 from __future__ import annotations
