@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{destination:12s} {loss:5.0%} {'FAILED':>9s}")
                 failed = True
                 continue
-            ratios = [r / b for r, b in zip(got, base)]  # against the no-loss run of the same round
+            ratios = [r / b for r, b in zip(got, base, strict=True)]  # against the no-loss run of the same round
             print(f"{destination:12s} {loss:5.0%} {statistics.median(got):9.1f} {statistics.median(ratios):6.2f}")
     return 1 if failed else 0
 
