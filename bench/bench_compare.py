@@ -253,7 +253,7 @@ def server_role(args: argparse.Namespace) -> int:
     yappi = _yappi_start()
     from wsrm_plugin.engine.transport import HttpServer
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-server-"))
+    tmp = Path(tempfile.mkdtemp(prefix="bench-server-", dir=os.environ.get("BENCH_WORKDIR")))
     points = _Points()
     closers: list[Any] = []
     scenario = _variant(args.scenario)[0]
@@ -321,7 +321,7 @@ def client_role(args: argparse.Namespace) -> int:
     args.clients = int(_variant(args.scenario)[1].get("clients", args.clients))  # ~clients=N
     if args.clients < 1:
         raise SystemExit("clients must be at least 1")
-    tmp = Path(tempfile.mkdtemp(prefix="bench-client-"))
+    tmp = Path(tempfile.mkdtemp(prefix="bench-client-", dir=os.environ.get("BENCH_WORKDIR")))
     points = _Points()
     scenario = _variant(args.scenario)[0]
     items = _items(args)
@@ -903,6 +903,7 @@ def main(argv: list[str] | None = None) -> int:
     if statements:
         _execute(pg.dsn("postgres"), "CREATE EXTENSION pg_stat_statements")
     workdir = Path(tempfile.mkdtemp(prefix="bench-compare-"))
+    os.environ["BENCH_WORKDIR"] = str(workdir)  # the roles' files go there too: removed at the end
     print(f"zeep -> spyne, {args.calls} one-way calls per scenario, {args.rounds} interleaved rounds; "
           f"rates count rows committed in the service's own table", flush=True)
     results: dict[str, list[Result]] = {s: [] for s in scenarios}
