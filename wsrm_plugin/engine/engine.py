@@ -144,7 +144,7 @@ class ReliableEngine:
                                      application=application, tm=tm, on_failure=on_delivery_failure,
                                      after_commit=self._wake_sender,
                                      on_delivered=self.back_channel.delivered)
-        if policy.delivers_on_receive(tm is not None, self.store.commits_are_costly):
+        if policy.delivers_on_receive(tm is not None, self.store.delivers_on_receipt_alone):
             self.destination.deliver_on_receive(self.invoker)
         self._workers = [
             Worker(f"{name}-rms", self.retransmission.step, policy.poll_interval),
