@@ -255,3 +255,16 @@ def test_a_slow_application_gets_its_messages_through_the_buffer_until_it_is_qui
     assert server.invoker.quick
     assert server.destination.delivered_on_receipt > 1  # on receipt again
     assert server.status().delivered == 20
+
+
+def test_asking_for_it_on_postgresql_without_a_transaction_manager_is_warned_of(engines, store_for, request,
+                                                                                caplog) -> None:
+    """Under load, with a lossy network, it delivered a message twice there (2 runs of 48): until
+    that is explained, the engine says so when asked for it."""
+    pg = "postgresql:" + request.getfixturevalue("pg_dsn_factory")("warned")
+    with caplog.at_level("WARNING", logger="wsrm_plugin.engine.engine"):
+        engines(store_for("sqlite", "quiet"), fast_policy(deliver_on_receive=True), name="quiet")
+        engines(pg, fast_policy(deliver_on_receive=False), name="off")
+        engines(pg, fast_policy(deliver_on_receive=True), name="asked")
+    warned = [r.getMessage() for r in caplog.records if "deliver_on_receive=True" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("asked:"), warned
