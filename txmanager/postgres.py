@@ -253,9 +253,6 @@ def _rollback_code(pgcode: str | None) -> int:
     return XA_RBOTHER
 
 
-_psycopg_xid = psycopg_xid  # the name older code and tests use
-
-
 def _begin_branch(conn: Connection, xid: Xid) -> None:
     if isinstance(conn, LazyBeginConnection):
         conn.begin_branch(xid)
@@ -269,6 +266,13 @@ def _commit_branch(conn: Connection) -> None:
         conn.commit_branch()
     else:
         conn.tpc_commit()
+
+
+def _prepare_branch(conn: Connection) -> None:
+    if isinstance(conn, LazyBeginConnection):
+        conn.prepare_branch()
+    else:
+        conn.tpc_prepare()
 
 
 def _rollback_branch(conn: Connection) -> None:
@@ -569,10 +573,7 @@ class PostgresXAResource:
                 self._commit_read_only(b, conn)
                 return XA_RDONLY
             try:
-                if isinstance(conn, LazyBeginConnection):
-                    conn.prepare_branch()
-                else:
-                    conn.tpc_prepare()
+                _prepare_branch(conn)
             except psycopg2.Error as exc:
                 if self._is_session_lost(conn, exc):
                     self._drop_session()

@@ -37,6 +37,8 @@ from wsgiref.util import request_uri, setup_testing_defaults
 
 from lxml import etree
 from spyne import Application
+from spyne.model.fault import Fault
+from spyne.protocol.soap.soap11 import resolve_hrefs
 from spyne.server.wsgi import WsgiApplication
 
 from wsrm_plugin.engine.faults import UnsupportedMediaType
@@ -443,9 +445,6 @@ def _take_chain_trees(protocol: Any) -> None:
 def _decompose_incoming_envelope(protocol: Any, ctx: Any, message: Any = None) -> None:
     """spyne's ``Soap11.decompose_incoming_envelope``, with ``find`` where it runs two XPaths
     per request (see :func:`_elements_by_id` for why)."""
-    from spyne.model.fault import Fault
-    from spyne.protocol.soap.soap11 import resolve_hrefs
-
     if message is None:
         message = protocol.REQUEST
     envelope_xml, xmlids = ctx.in_document

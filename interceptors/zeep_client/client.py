@@ -645,14 +645,13 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
     """
     if wsdl_policy:
         policy = policy_from_wsdl(client, policy)
+    policy = policy or RMPolicy()
     engine_options.setdefault("transport", ZeepSessionTransport(
-        client, timeout=(policy or RMPolicy()).http_timeout,
-        max_response_size=4 * (policy or RMPolicy()).max_message_size))
+        client, timeout=policy.http_timeout, max_response_size=4 * policy.max_message_size))
     if make_connection and listen is not None:
         raise ValueError("make_connection is for clients without a listener: pass listen=None")
     if make_connection and endpoint_address is None:
         endpoint_address = mc_address_for(name or key or "default")
-    policy = policy or RMPolicy()
     if policy.deliver_on_receive is None:
         # A reply is recorded before its callback runs, so that one whose callback ran before a
         # crash comes again flagged ``redelivered`` (ReliableReply); delivered on receipt, it

@@ -11,7 +11,8 @@ import psycopg2.extensions
 import pytest
 
 from tests.conftest import start_throwaway_server
-from txmanager.postgres import PostgresXAResource, _psycopg_xid, default_resource_name
+from txmanager.lazy_begin import psycopg_xid as _psycopg_xid
+from txmanager.postgres import PostgresXAResource, default_resource_name
 from txmanager.xa import (
     TMENDRSCAN, TMFAIL, TMJOIN, TMNOFLAGS, TMRESUME, TMSTARTRSCAN, TMSUCCESS, TMSUSPEND, XA_OK,
     XA_RBCOMMFAIL, XA_RBINTEGRITY, XA_RBROLLBACK, XA_RDONLY, XAER_DUPID, XAER_INVAL, XAER_NOTA,
