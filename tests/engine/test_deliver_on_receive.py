@@ -72,18 +72,16 @@ def test_messages_are_delivered_by_the_receiving_thread_and_never_buffered(engin
 
 def test_off_by_default_without_a_transaction_manager_where_a_commit_is_cheap(engines) -> None:
     assert RMPolicy().delivers_on_receive(transaction_manager=False) is False
-    # on SQLite (one writer, a commit is a flush) a second transaction costs a second flush
-    assert RMPolicy().delivers_on_receive(transaction_manager=False, store_alone=True) is True
+    # where a commit is costly (SQLite, PostgreSQL) a second transaction costs a second flush
+    assert RMPolicy().delivers_on_receive(transaction_manager=False, costly_commits=True) is True
     assert RMPolicy(delivery=DeliveryAssurance.EXACTLY_ONCE).delivers_on_receive(False, True) is False
     assert RMPolicy().delivers_on_receive(transaction_manager=True) is True
     assert RMPolicy(deliver_on_receive=False).delivers_on_receive(transaction_manager=True) is False
     from wsrm_plugin.store import open_store
     from wsrm_plugin.store.postgres import PostgresStore
     from wsrm_plugin.store.sqlite import SqliteStore
-    # PostgreSQL without a transaction manager keeps the buffer: its receives of a sequence can
-    # wait for row locks after the application ran, and a rollback then would repeat its work
-    assert SqliteStore.delivers_on_receipt_alone and not PostgresStore.delivers_on_receipt_alone
-    assert not open_store("memory:").delivers_on_receipt_alone
+    assert SqliteStore.commits_are_costly and PostgresStore.commits_are_costly
+    assert not open_store("memory:").commits_are_costly
     with pytest.raises(ValueError, match="deliver_on_receive"):
         RMPolicy(deliver_on_receive="yes")  # type: ignore[arg-type]
     received = ThreadRecorder()
@@ -256,15 +254,3 @@ def test_a_slow_application_gets_its_messages_through_the_buffer_until_it_is_qui
     assert server.destination.delivered_on_receipt > 1  # on receipt again
     assert server.status().delivered == 20
 
-
-def test_asking_for_it_on_postgresql_without_a_transaction_manager_is_warned_of(engines, store_for, request,
-                                                                                caplog) -> None:
-    """Under load, with a lossy network, it delivered a message twice there (2 runs of 48): until
-    that is explained, the engine says so when asked for it."""
-    pg = "postgresql:" + request.getfixturevalue("pg_dsn_factory")("warned")
-    with caplog.at_level("WARNING", logger="wsrm_plugin.engine.engine"):
-        engines(store_for("sqlite", "quiet"), fast_policy(deliver_on_receive=True), name="quiet")
-        engines(pg, fast_policy(deliver_on_receive=False), name="off")
-        engines(pg, fast_policy(deliver_on_receive=True), name="asked")
-    warned = [r.getMessage() for r in caplog.records if "deliver_on_receive=True" in r.getMessage()]
-    assert len(warned) == 1 and warned[0].startswith("asked:"), warned

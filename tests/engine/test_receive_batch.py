@@ -60,7 +60,7 @@ def _batch_behind_a_held_row(server, url: str, identifier: str, bodies: dict[int
 def test_messages_arriving_during_a_commit_are_recorded_together(engines, store_for, request, kind):
     received = Recorder()
     # memory: asked for (its default is off, a commit there costs nothing worth sharing)
-    # batching is for receives not delivered on receipt (which SQLite does by default)
+    # batching is for receives not delivered on receipt (which durable stores do by default)
     policy = fast_policy(receive_batch=16) if kind == "memory" else fast_policy(deliver_on_receive=False)
     server = engines(_store(kind, store_for, request), policy, serve=True, application=received)
     url = server.endpoint_address

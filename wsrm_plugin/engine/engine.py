@@ -144,13 +144,7 @@ class ReliableEngine:
                                      application=application, tm=tm, on_failure=on_delivery_failure,
                                      after_commit=self._wake_sender,
                                      on_delivered=self.back_channel.delivered)
-        if (policy.deliver_on_receive and tm is None and self.store.commits_are_costly
-                and not self.store.delivers_on_receipt_alone):
-            log.warning("%s: deliver_on_receive=True without a transaction manager on %s: under load "
-                        "this has delivered a message twice (2 runs of 48, a lossy network; not yet "
-                        "explained); leave it off there, or deliver under a transaction manager",
-                        name, self.store.url)
-        if policy.delivers_on_receive(tm is not None, self.store.delivers_on_receipt_alone):
+        if policy.delivers_on_receive(tm is not None, self.store.commits_are_costly):
             self.destination.deliver_on_receive(self.invoker)
         self._workers = [
             Worker(f"{name}-rms", self.retransmission.step, policy.poll_interval),

@@ -264,10 +264,9 @@ class RMPolicy:
     #: applications (so an application slower than 50 ms a message, lately, gets its messages
     #: through the buffer: HTTP threads are not held for it, and other peers' messages do not
     #: wait for threads).  None: on with InOrder delivery under a transaction manager (where
-    #: the second transaction costs most) or on SQLite (a second flush; bench_compare: 1.02
-    #: fsyncs per message on the service instead of 1.82, 0.79 of plain calls instead of
-    #: 0.72), off otherwise (memory; PostgreSQL without a transaction manager, whose receives
-    #: of a sequence can wait for row locks after the application ran).
+    #: the second transaction costs most) or where a commit is costly (SQLite, PostgreSQL: a
+    #: second flush; bench_compare, SQLite: 1.02 fsyncs per message on the service instead of
+    #: 1.82, 0.79 of plain calls instead of 0.72), off otherwise (the memory store).
     #: Concurrent receives are then recorded one by one unless ``receive_batch`` says
     #: otherwise (a batch is always buffered: delivering several messages in one transaction
     #: is ``delivery_batch``'s trade-off).
@@ -353,11 +352,11 @@ class RMPolicy:
     def in_order(self) -> bool:
         return bool(self.delivery & DeliveryAssurance.IN_ORDER)
 
-    def delivers_on_receive(self, transaction_manager: bool, store_alone: bool = False) -> bool:
-        """``deliver_on_receive``, its automatic value resolved (see there); ``store_alone``: the
-        store's ``delivers_on_receipt_alone``."""
+    def delivers_on_receive(self, transaction_manager: bool, costly_commits: bool = False) -> bool:
+        """``deliver_on_receive``, its automatic value resolved (see there); ``costly_commits``:
+        the store's ``commits_are_costly``."""
         if self.deliver_on_receive is None:
-            return (transaction_manager or store_alone) and self.in_order
+            return (transaction_manager or costly_commits) and self.in_order
         return self.deliver_on_receive
 
     @property

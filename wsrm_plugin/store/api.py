@@ -1138,13 +1138,9 @@ class StorageManager(ABC):
     #: Seconds a transaction waits for a lock before :class:`LockTimeoutError`.
     lock_timeout: float
     #: A commit costs a flush to disk or a round trip to a server, so work arriving together is
-    #: worth committing together (the destination's receive batches).  Not so in memory.
+    #: worth committing together (the destination's receive batches), and a delivery's own
+    #: transaction is worth saving (``RMPolicy.deliver_on_receive``).  Not so in memory.
     commits_are_costly: ClassVar[bool] = True
-    #: Delivery on receipt is the automatic choice here without a transaction manager too
-    #: (``RMPolicy.deliver_on_receive``): a single-writer store whose commit is a flush
-    #: (SQLite), where a buffered delivery's second transaction is a second flush and the
-    #: receive, holding the only write lock, waits for nothing after the application ran.
-    delivers_on_receipt_alone: ClassVar[bool] = False
 
     @abstractmethod
     def begin(self, *, xa: Any = None, durable: bool = True) -> StoreTransaction:

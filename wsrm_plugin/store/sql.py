@@ -1325,9 +1325,17 @@ class _Invoker(api.InvokerBufferManager):
             if row is None:
                 return None
             tx.lock(RANK_INVOKER, row[0])
-            tx.held_invoker[row[0]] = (api.parse_ranges(row[2]), int(row[1]))
+            upto = int(row[1])
+            tx.held_invoker[row[0]] = (api.parse_ranges(row[2]), upto)
+            msg = _buf(row[3:])
+            if msg.number != upto + 1:
+                # A delivery of the sequence committed between this statement's snapshot and its
+                # lock: PostgreSQL locked the row's new version and re-checked the statement's
+                # conditions against it, but not the LATERAL subquery's, so the message came
+                # from the old snapshot and was just delivered.  The row is ours now: read again.
+                return self._next_row(row[0], True, upto, now)
             tx.read_ahead.setdefault(row[0], {})  # as _next_in_order after a sequence's first message
-            return _buf(row[3:])
+            return msg
         else:
             row = tx.one(
                 "SELECT s.sequence_id, s.delivered_upto, s.delivered FROM invoker_sequence s WHERE EXISTS "
