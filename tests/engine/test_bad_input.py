@@ -236,10 +236,16 @@ def _basic(user: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{user}-pw".encode()).decode()}
 
 
-def test_a_sequence_belongs_to_the_principal_that_created_it(engines, store_for):
+@pytest.mark.parametrize("kind", ["memory", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_a_sequence_belongs_to_the_principal_that_created_it(engines, store_for, request, kind):
+    """On PostgreSQL a receive records the next message in the round trip that locks its
+    sequence, before the checks (Transaction.receive_in_order): bob's message is recorded
+    there, refused, and rolled back."""
     received = Recorder()
     users = {"alice": "alice-pw", "bob": "bob-pw"}
-    server = engines(store_for("memory", "s"), serve=True, application=received,
+    url = (store_for(kind, "s") if kind == "memory"
+           else "postgresql:" + request.getfixturevalue("pg_dsn_factory")("owned"))
+    server = engines(url, serve=True, application=received,
                      middleware=lambda app: BasicAuth(app, users))
     url = server.endpoint_address
     assert post(url, create_sequence(RM11, url)).status == 401  # not authenticated at all
@@ -257,8 +263,8 @@ def test_a_sequence_belongs_to_the_principal_that_created_it(engines, store_for)
         response = post(url, message, headers=_basic("bob"))
         assert isinstance(response.fault(), UnknownSequence), response.body
 
-    # alice carries on; bob's message never reaches the application
-    send_ok(url, RM11, identifier, 2, "alice again", headers=_basic("alice"))
+    # alice carries on; bob's message never reaches the application, nor the store
+    assert send_ok(url, RM11, identifier, 2, "alice again", headers=_basic("alice")) == [(1, 2)]
     assert wait_for(lambda: received.snapshot() == ["from alice", "alice again"])
 
     # the engine's own client authenticates with the transport's credentials

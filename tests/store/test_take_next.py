@@ -221,3 +221,130 @@ def test_receive_and_take_waits_for_a_delivery_of_the_message_before_it(open_kin
     assert _while_2_is_delivered(store, receive_3) == [True]
     assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
     assert _received(store, "s").received == AckRanges.from_ranges([(1, 3)])
+
+
+# -- receive_in_order: the lock, the receipt and the take in one round trip (PostgreSQL) ---------
+
+PG_ONLY = [k for k in KINDS if k.id == "postgresql"]
+
+
+def test_receive_in_order_is_a_guess_only_postgresql_makes(open_kind, store_url) -> None:
+    """The memory and SQLite stores have no round trip to save: None, nothing written."""
+    store = open_kind()
+    _rmd(store, "s")
+    assert _receive(store, 1)
+    with store.begin() as tx:
+        guessed = tx.receive_in_order("s", 2)
+    if store_url().startswith("postgresql"):
+        assert guessed is not None
+    else:
+        assert guessed is None
+        assert _received(store, "s").received == AckRanges.of([1])
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_receive_in_order_records_and_takes_the_next_message(open_kind) -> None:
+    store = open_kind(lock_timeout=10.0)
+    _rmd(store, "s")
+    assert _receive(store, 1)
+    for number in (2, 3):
+        with store.begin() as tx:
+            guessed = tx.receive_in_order("s", number, now=200.0 + number)
+            assert guessed is not None
+            before, taken = guessed
+            assert taken
+            assert before.received == AckRanges.from_ranges([(1, number - 1)])  # as it was
+            assert before.acks_to == "http://a" and not before.closed
+            assert tx.rmd.require("s").received == AckRanges.from_ranges([(1, number)])  # as it is
+            assert tx.receive_in_order("s", number + 1) is None  # once per transaction: held now
+    seq = _received(store, "s")
+    assert seq.received == AckRanges.from_ranges([(1, 3)]) and seq.last_activity == 203.0
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_receive_in_order_records_a_message_it_cannot_take(open_kind) -> None:
+    """2 is buffered (not delivered yet): 3 is received, not taken (the caller buffers it)."""
+    store = open_kind(lock_timeout=10.0)
+    _rmd(store, "s")
+    assert _receive(store, 1)
+    with store.begin() as tx:  # 2 received and buffered, as a receive that could not take it does
+        tx.rmd.get("s")
+        tx.rmd.record_received("s", 2)
+        assert tx.invoker.put("s", 2, b"<m/>", action="urn:a", soap_version="urn:s")
+    with store.begin() as tx:
+        guessed = tx.receive_in_order("s", 3)
+        assert guessed is not None and guessed[1] is False
+    assert _received(store, "s").received == AckRanges.from_ranges([(1, 3)])
+    assert _delivered(store, "s") == AckRanges.of([1])
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_a_wrong_guess_writes_nothing_and_leaves_the_sequence_locked(open_kind) -> None:
+    """After a gap, a duplicate, on a closed sequence or once the last number is known: None,
+    nothing written, and the row locked (so the caller's read is no new wait)."""
+    store = open_kind(lock_timeout=10.0)
+    _rmd(store, "s")
+    assert _receive(store, 1) and _receive(store, 2)
+    for number in (4, 2):  # a gap; a duplicate
+        with store.begin() as tx:
+            assert tx.receive_in_order("s", number) is None
+            other = store.begin()
+            try:
+                with pytest.raises(Exception, match="(?i)lock"):
+                    other.execute("SET LOCAL lock_timeout = '100ms'")
+                    other.execute("SELECT 1 FROM rmd_sequence WHERE sequence_id = 's' FOR UPDATE")
+            finally:
+                other.rollback()
+    with store.begin() as tx:
+        tx.rmd.update("s", last_number=5)
+    with store.begin() as tx:
+        assert tx.receive_in_order("s", 3) is None
+    with store.begin() as tx:
+        tx.rmd.update("s", last_number=None, closed=True)
+    with store.begin() as tx:
+        assert tx.receive_in_order("s", 3) is None
+    with store.begin() as tx:
+        assert tx.receive_in_order("unknown", 2) is None
+    assert _received(store, "s").received == AckRanges.from_ranges([(1, 2)])
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 2)])
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_a_receive_in_order_rolled_back_leaves_nothing(open_kind) -> None:
+    """The caller checks the message after the guess wrote it, and rolls back if it refuses it."""
+    store = open_kind(lock_timeout=10.0)
+    _rmd(store, "s")
+    assert _receive(store, 1)
+    with pytest.raises(RuntimeError), store.begin() as tx:
+        assert tx.receive_in_order("s", 2) is not None
+        raise RuntimeError("refused after all")
+    assert _received(store, "s").received == AckRanges.of([1])
+    assert _delivered(store, "s") == AckRanges.of([1])
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_receive_in_order_waits_for_the_receive_before_it(open_kind) -> None:
+    """The receive of 2 holds the sequence until its commit: the one of 3 waits for it in its
+    round trip, then sees 2 received and delivered, and records and takes 3."""
+    store = open_kind(lock_timeout=10.0)
+    _rmd(store, "s")
+    assert _receive(store, 1)
+    holding, results = threading.Event(), []
+
+    def receive_3() -> None:
+        holding.wait(10)
+        with store.begin() as tx:
+            results.append(tx.receive_in_order("s", 3))
+
+    thread = threading.Thread(target=receive_3)
+    thread.start()
+    with store.begin() as tx:
+        assert tx.receive_in_order("s", 2) is not None
+        holding.set()
+        time.sleep(0.3)
+        assert results == []  # waiting
+    thread.join(10)
+    assert len(results) == 1 and results[0] is not None and results[0][1] is True
+    assert _received(store, "s").received == AckRanges.from_ranges([(1, 3)])
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])

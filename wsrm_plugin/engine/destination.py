@@ -341,6 +341,11 @@ class Destination:
         seq = tx.rmd.get(identifier)
         if seq is None:
             raise UnknownSequence(identifier, version=version)
+        return self._checked(seq, identifier, version, principal)
+
+    @staticmethod
+    def _checked(seq: RmdSequence, identifier: str, version: RMVersion, principal: str | None) -> RmdSequence:
+        """``seq``, if a message from ``principal`` in ``version`` may be received on it."""
         if seq.principal is not None and seq.principal != principal:
             # Not "access denied": a stranger learns nothing about sequences that are not theirs.
             for_sequence(log, identifier).warning("refused a message from %r: the sequence belongs to %r",
@@ -604,7 +609,12 @@ class Destination:
         identifier, number = header.identifier, header.message_number
         slog = for_sequence(log, identifier, number)
         now = time.time()
-        seq = self._sequence(tx, identifier, version, item.principal)
+        # a steady stream's next message: recorded and taken in the round trip that locks its
+        # sequence, before the checks below, which roll the transaction back if they refuse it
+        guessed = (tx.receive_in_order(identifier, number, now=now)
+                   if item.direct and not header.last_message else None)
+        seq = self._checked(guessed[0], identifier, version, item.principal) if guessed is not None \
+            else self._sequence(tx, identifier, version, item.principal)
         try:
             reception = rmd_receive(rmd_state(seq), number, last=header.last_message,
                                     received=received_ranges(seq), last_number=seq.last_number)
@@ -629,7 +639,11 @@ class Destination:
             self._check_budgets(tx, seq, len(envelope), slog)
         item.wrote = True
         changes = rmd_changes(reception.transition)
-        if item.direct and not reception.duplicate and not changes:  # the common case: one call
+        if guessed is not None:  # written and taken already
+            if changes:
+                tx.rmd.update(identifier, **changes)
+            taken = guessed[1]
+        elif item.direct and not reception.duplicate and not changes:  # the common case: one call
             taken = tx.receive_and_take(identifier, number, last=header.last_message, now=now)
         else:
             tx.rmd.record_received(identifier, number, last=header.last_message, now=now)

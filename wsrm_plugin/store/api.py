@@ -1085,6 +1085,18 @@ class StoreTransaction(ABC):
         self.rmd.record_received(sequence_id, number, last=last, now=now)
         return self.invoker.take_next(sequence_id, number)
 
+    def receive_in_order(self, sequence_id: str, number: int, *,
+                         now: float | None = None) -> tuple[RmdSequence, bool] | None:
+        """The sequence's RMD row locked, ``number`` recorded as received and taken (as
+        :meth:`receive_and_take`) in one round trip, if the sequence is open and has received
+        exactly 1..number-1: the sequence as it was before, and whether it was taken.
+
+        None (nothing written) when that guess is wrong, or the store has no such
+        round trip to save: the caller then reads the sequence and records the
+        message the general way.  The caller checks the message against the
+        sequence returned and, if it refuses it, rolls the transaction back."""
+        return None
+
     #: True when :meth:`savepoint` works (the memory and SQL stores).
     supports_savepoints: ClassVar[bool] = False
 
