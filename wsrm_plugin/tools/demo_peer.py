@@ -83,6 +83,7 @@ class Records:
     def __init__(self, spec: str, *, store: Any = None, tm: Any = None) -> None:
         self.kind, _, where = spec.partition(":")
         self._lock = threading.Lock()
+        self.postgres = self.kind == "xa"  # the rows are in a PostgreSQL database
         if self.kind == "store":
             from wsrm_plugin.store.postgres import PostgresStore
             from wsrm_plugin.store.sqlite import SqliteStore
@@ -91,6 +92,7 @@ class Records:
                 raise ValueError("--records store needs a SQL store (sqlite or postgresql), "
                                  f"not {store!r}")
             self.store = store
+            self.postgres = isinstance(store, PostgresStore)
         elif self.kind == "file":
             if not where:
                 raise ValueError("--records file:PATH needs a path")
@@ -106,8 +108,12 @@ class Records:
             raise ValueError(f"unknown --records {spec!r}: use store, file:PATH or xa:DSN")
 
     def create_tables(self, *tables: str) -> None:
+        # PostgreSQL places a row wherever a page has room (a rolled-back insert's space is used
+        # again), so its physical order is not the order of the inserts: a serial column keeps
+        # that order (SQLite's rowid does); it comes last, so the positional inserts fill the rest
+        serial = ", seen BIGSERIAL" if self.postgres else ""
         for table in tables:
-            ddl = f"CREATE TABLE IF NOT EXISTS {table} ({TABLES[table]})"
+            ddl = f"CREATE TABLE IF NOT EXISTS {table} ({TABLES[table]}{serial})"
             if self.kind == "store":
                 with self.store.begin() as tx:
                     tx.write(ddl)
