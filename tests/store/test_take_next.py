@@ -289,6 +289,11 @@ def test_a_wrong_guess_writes_nothing_and_leaves_the_sequence_locked(open_kind) 
     for number in (4, 2):  # a gap; a duplicate
         with store.begin() as tx:
             assert tx.receive_in_order("s", number) is None
+            executed = []
+            execute = tx.execute
+            tx.execute = lambda *a, **k: executed.append(a[0]) or execute(*a, **k)  # type: ignore[method-assign]
+            assert tx.rmd.get("s").received == AckRanges.from_ranges([(1, 2)])  # read with the guess
+            assert executed == []  # no round trip of its own
             other = store.begin()
             try:
                 with pytest.raises(Exception, match="(?i)lock"):

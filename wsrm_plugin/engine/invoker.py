@@ -614,6 +614,19 @@ class InvokerWorker:
                           "(it stays in the store and is tried again)", msg.number, msg.sequence_id)
             return False
 
+    def _gone(self, msg: BufferedMessage, error: str) -> None:
+        """A failed delivery's message is no longer in the buffer: delivered after all (by another
+        thread, or by this attempt, whose commit's answer was lost) or discarded.  Said out loud:
+        the application may have run for a message this attempt did not deliver, and what it did
+        outside its transaction then happened twice (a claim that returned a message just
+        delivered did that, silently, until the claim was fixed)."""
+        for_sequence(log, msg.sequence_id, msg.number).warning(
+            "delivery failed (%s), and the message is no longer in the buffer (delivered after all, "
+            "by another thread or by a commit whose answer was lost, or discarded): nothing to retry",
+            error)
+        with self._lock:
+            self._forget(msg)
+
     def _first_in_line(self, tx: StoreTransaction, msg: BufferedMessage) -> bool:
         current = tx.invoker.next_deliverable(msg.sequence_id, in_order=self.policy.in_order)
         return current is not None and current.number == msg.number
@@ -625,9 +638,8 @@ class InvokerWorker:
         settled: Callable[[], None] | None = None
         with self.store.begin() as tx:
             current = tx.invoker.get(msg.sequence_id, msg.number)
-            if current is None:  # settled meanwhile (an operator, another invoker)
-                with self._lock:
-                    self._forget(msg)
+            if current is None:
+                self._gone(msg, error)
                 return True
             step = self.policy.after_failure(current.attempts, current.cycle, time.time())
             current = tx.invoker.record_failure(
@@ -663,8 +675,7 @@ class InvokerWorker:
         with self._transaction() as tx:
             current = tx.invoker.get(msg.sequence_id, msg.number)
             if current is None:
-                with self._lock:
-                    self._forget(msg)
+                self._gone(msg, error)
                 return True
             attempts = current.attempts + 1
             if exc.retryable and attempts < self.policy.max_delivery_attempts:

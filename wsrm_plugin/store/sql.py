@@ -588,8 +588,9 @@ class SqlTransaction(api.StoreTransaction):
         what it waited for, which costs it more than the round trip).
 
         None when the guess was wrong (a gap, a duplicate, the last message,
-        a closed or unknown sequence): nothing written, the row locked, and
-        the caller reads it and records the message the general way.
+        a closed or unknown sequence): nothing written, the row locked and
+        read (the caller's read of it costs no round trip), and the caller
+        records the message the general way.
         Otherwise the sequence as it was before this message (for the
         caller's checks, which roll the transaction back if they refuse it),
         and whether the message was taken."""
@@ -604,13 +605,15 @@ class SqlTransaction(api.StoreTransaction):
         cur = self.execute(
             "SELECT 1 FROM rmd_sequence WHERE sequence_id = ? FOR UPDATE", (sequence_id,),
             then=(_RECEIVE_IN_ORDER, (_prefix(number), _now(now), sequence_id, before,
-                                      *_take_params(sequence_id, number))))
+                                      *_take_params(sequence_id, number), sequence_id)))
         row = cur.fetchone()
         cur.close()
         if row is None:
             return None
-        self._wrote = True
         seq = self.held_rmd[sequence_id] = _rmd(row[:-1])
+        if row[-1] < 0:  # guessed wrong: the row as it is, held for the caller's read
+            return None
+        self._wrote = True
         return replace(seq, received=api.parse_ranges(before)), self.note_take(sequence_id, number, bool(row[-1]))
 
     def note_take(self, sequence_id: str, number: int, taken: bool) -> bool:
@@ -1231,12 +1234,14 @@ _TAKE_LOCKED = ("WITH cur AS (SELECT delivered_upto, delivered FROM invoker_sequ
                 "AND NOT EXISTS (SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?)")
 
 #: :meth:`SqlTransaction.receive_in_order`'s write, once its lock is held: the receipt, if the
-#: sequence has received exactly 1..number-1 and is open, and then the take (PostgreSQL)
+#: sequence has received exactly 1..number-1 and is open, and then the take; the new row and
+#: whether the message was taken, or else the row as it is and -1 (PostgreSQL)
 _RECEIVE_IN_ORDER = (
     "WITH r AS (UPDATE rmd_sequence SET received = ?, last_activity = ? WHERE sequence_id = ? AND received = ? "
     f"AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING {_cols(_RMD_COLS)}), "
     f"t AS ({_TAKE_LOCKED.format(for_update=' FOR UPDATE')} AND EXISTS (SELECT 1 FROM r) RETURNING 1) "
-    f"SELECT {_cols(_RMD_COLS, 'r')}, (SELECT count(*) FROM t) FROM r")
+    f"SELECT {_cols(_RMD_COLS, 'r')}, (SELECT count(*) FROM t) FROM r UNION ALL "
+    f"SELECT {_cols(_RMD_COLS)}, -1 FROM rmd_sequence WHERE sequence_id = ? AND NOT EXISTS (SELECT 1 FROM r)")
 
 
 def _take_params(sequence_id: str, number: int) -> tuple[Any, ...]:
