@@ -35,9 +35,20 @@ class ThreadRecorder(Recorder):
         self.threads.append(threading.current_thread().name)
 
 
-def served(engines, application) -> tuple[ReliableEngine, str, str]:
-    """A server that delivers on receipt (memory store), and a sequence opened on it by hand."""
-    server = engines("memory:", fast_policy(deliver_on_receive=True), serve=True, application=application,
+def _store(kind: str, request) -> str:
+    if kind == "memory":
+        return "memory:"
+    return "postgresql:" + request.getfixturevalue("pg_dsn_factory")("dor")
+
+
+#: PostgreSQL records a steady stream's message in the round trip that locks its sequence, before
+#: the checks (``StoreTransaction.receive_in_order``): its rollbacks and wrong guesses, tested here
+KINDS = ["memory", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+def served(engines, application, store: str = "memory:") -> tuple[ReliableEngine, str, str]:
+    """A server that delivers on receipt, and a sequence opened on it by hand."""
+    server = engines(store, fast_policy(deliver_on_receive=True), serve=True, application=application,
                      name="server")
     url = server.endpoint_address
     return server, url, open_sequence(url, RM11)
@@ -92,7 +103,8 @@ def test_off_by_default_without_a_transaction_manager_where_a_commit_is_cheap(en
     assert server.destination.delivered_on_receipt == 0 and "invoker" in received.threads[0]
 
 
-def test_a_failed_delivery_on_receipt_keeps_the_message_for_the_invoker(engines) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_failed_delivery_on_receipt_keeps_the_message_for_the_invoker(engines, kind, request) -> None:
     """The application fails on m2's first try: its receipt rolls back with the delivery, it is
     received again into the buffer, and the invoker delivers it (and what came after) in order."""
     failed = []
@@ -104,8 +116,8 @@ def test_a_failed_delivery_on_receipt_keeps_the_message_for_the_invoker(engines)
         return False
 
     received = ThreadRecorder(fail_on=fail_first_m2)
-    server = engines("memory:", fast_policy(deliver_on_receive=True), serve=True, application=received,
-                     name="server")
+    server = engines(_store(kind, request), fast_policy(deliver_on_receive=True), serve=True,
+                     application=received, name="server")
     client = engines("memory:", fast_policy(send_concurrency=1), name="client")
     for i in range(5):
         client.send(server.endpoint_address, payload(f"m{i}"), action=ACTION)
@@ -118,11 +130,12 @@ def test_a_failed_delivery_on_receipt_keeps_the_message_for_the_invoker(engines)
         assert tx.invoker.count() == 0
 
 
-def test_duplicates_and_overtaking_messages_are_delivered_once_in_order(engines) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_duplicates_and_overtaking_messages_are_delivered_once_in_order(engines, kind, request) -> None:
     """Raw posts: 2 before 1 (2 is buffered, 1 fills the gap on receipt, the invoker delivers
     2), then both again (duplicates: acknowledged, not delivered)."""
     received = ThreadRecorder()
-    server, url, identifier = served(engines, received)
+    server, url, identifier = served(engines, received, _store(kind, request))
     assert send_ok(url, RM11, identifier, 2, "two") == [(2, 2)]
     assert received.snapshot() == []
     assert send_ok(url, RM11, identifier, 1, "one") == [(1, 2)]
