@@ -144,3 +144,26 @@ def test_postgresql_stores(engines, pg_dsn_factory):
     expected = [f"m{i}" for i in range(100)]
     assert wait_for(lambda: len(received.snapshot()) >= 100, timeout=60), received.snapshot()
     assert received.snapshot() == expected
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("on_receipt", [True, False], ids=["on-receipt", "buffered"])
+def test_several_invoker_threads_on_postgresql_deliver_once_in_order(engines, pg_dsn_factory, caplog,
+                                                                    on_receipt):
+    """Four invoker threads (and, delivering on receipt, the receives) deliver one sequence's
+    buffered messages through a lossy network: each once, in order.  A claim that raced a
+    delivery once returned the message just delivered; its application ran twice and the
+    delivery rolled back on the missing buffer row (now a WARNING, which must not come)."""
+    caplog.set_level("WARNING", logger="wsrm_plugin.engine.invoker")
+    received = Recorder()
+    urls = ["postgresql:" + pg_dsn_factory(name) for name in ("srv", "cli")]
+    server = engines(urls[0], fast_policy(deliver_on_receive=on_receipt, invoker_threads=4), serve=True,
+                     application=received, name="server")
+    client = engines(urls[1], fast_policy(), name="client")
+    with LossyProxy(server.endpoint_address, drop=0.1, duplicate=0.1, reorder=0.1, seed=3) as proxy:
+        _send_all(client, proxy.url, 150)
+        client.close(proxy.url)
+        assert wait_for(lambda: _stores_empty(client), timeout=90), client.status()
+    assert wait_for(lambda: len(received.snapshot()) >= 150, timeout=60), received.snapshot()
+    assert received.snapshot() == [f"m{i}" for i in range(150)]
+    assert not [r.getMessage() for r in caplog.records if "no longer in the buffer" in r.getMessage()]
