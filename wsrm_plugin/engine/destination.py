@@ -613,8 +613,11 @@ class Destination:
         # sequence, before the checks below, which roll the transaction back if they refuse it
         guessed = (tx.receive_in_order(identifier, number, now=now)
                    if item.direct and not header.last_message else None)
-        seq = self._checked(guessed[0], identifier, version, item.principal) if guessed is not None \
-            else self._sequence(tx, identifier, version, item.principal)
+        if guessed is not None:
+            before, taken_with_receipt = guessed
+            seq = self._checked(before, identifier, version, item.principal)
+        else:
+            seq = self._sequence(tx, identifier, version, item.principal)
         try:
             reception = rmd_receive(rmd_state(seq), number, last=header.last_message,
                                     received=received_ranges(seq), last_number=seq.last_number)
@@ -642,7 +645,7 @@ class Destination:
         if guessed is not None:  # written and taken already
             if changes:
                 tx.rmd.update(identifier, **changes)
-            taken = guessed[1]
+            taken = taken_with_receipt
         elif item.direct and not reception.duplicate and not changes:  # the common case: one call
             taken = tx.receive_and_take(identifier, number, last=header.last_message, now=now)
         else:
