@@ -41,7 +41,9 @@ and the recovery log), PostgreSQL WAL syncs (pg_stat_wal), PostgreSQL commits
 prepared branches, two-phase decisions (logged, or committed as a commit mark)
 and one-phase commits (their checkpoint hook), and the caller's share: the time the client's
 calling loop took over the whole time (near 1.00, the caller bounds the rate; well below it,
-what comes after the call does: the relay, the sender, the service).  Ratios are against plain
+what comes after the call does: the relay, the sender, the service); and how busy the machine
+was meanwhile (its CPUs' share not idle, from ``/proc/stat``: near 1.00 the run is bound by CPU,
+well below by the wait of one part for another).  Ratios are against plain
 (sequential and concurrent) and the outbox of the same round; the median of the rounds is reported.
 
 ``--clients N`` runs the outbox and the reliable scenarios from N calling threads: each reliable
@@ -61,6 +63,7 @@ variant beside its base in the same rounds:
 ``--scenarios xa1,xa1~delivery_batch=10,memory~send_concurrency=1``; a ``store.NAME`` knob
 is an option of the store instead (``xa1~store.prepare_statements=false``), an ``env.NAME``
 knob an environment variable of the scenario's processes (``xa1~env.TXMANAGER_LAZY_BEGIN=0``).
+Several knobs in one variant are joined with ``+`` (``sqlite~send_concurrency=2+receive_batch=4``).
 
 ``BENCH_PG_STATEMENTS=1`` loads ``pg_stat_statements`` and lists, at the end,
 the statements PostgreSQL spent longest on (run one scenario to read them); a number above 1
@@ -164,7 +167,7 @@ def _variant(scenario: str) -> tuple[str, dict[str, Any]]:
         scenario = _ALIASES[name] + ("," + more if more else "")
     base, _, knobs = scenario.partition("~")
     overrides: dict[str, Any] = {}
-    for knob in filter(None, knobs.split(",")):
+    for knob in filter(None, knobs.replace("+", ",").split(",")):
         name, _, value = knob.partition("=")
         overrides[name] = json.loads(value.lower()) if value.lower() in ("true", "false") else json.loads(value)
     return base, overrides
@@ -520,6 +523,8 @@ class Result:
     cpu_ms: dict[str, int] = field(default_factory=dict)
     pg: dict[str, int] = field(default_factory=dict)
     tm: dict[str, int] = field(default_factory=dict)
+    #: the machine's CPUs' share not idle while the scenario ran (all processes, the kernel's too)
+    busy: float = 0.0
     failed: str = ""
 
     @property
@@ -548,6 +553,7 @@ class Result:
             "1PC": self.tm.get("before_commit_one_phase", 0) / n,
             "on receipt": self.tm.get("on_receipt", 0) / n,
             "caller share": self.loop_seconds / self.seconds if self.seconds > 0 else 0.0,
+            "machine busy": self.busy,
         }
 
 
@@ -637,6 +643,21 @@ class _Child:
                 if parts and parts[-1] in ("fsync", "fdatasync") and len(parts) >= 5:
                     total += int(parts[3])
         return total
+
+
+def _machine() -> tuple[int, int]:
+    """The machine's CPU clock ticks since boot, (busy, all): idle and waiting for I/O are not busy."""
+    with open("/proc/stat", encoding="ascii") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle, iowait
+    total = sum(ticks[:8])  # user nice system idle iowait irq softirq steal (guest time is in user)
+    return total - idle, total
+
+
+def _busy(start: tuple[int, int], end: tuple[int, int]) -> float:
+    """The share of the CPUs' time between two looks that was not idle."""
+    total = end[1] - start[1]
+    return (end[0] - start[0]) / total if total > 0 else 0.0
 
 
 def _pg_cpu(pg: Any) -> dict[int, int]:
@@ -797,6 +818,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
                         profile_out("client"))
         t0 = float(client.expect("T0 ", timeout=120))
         pg_cpu_at_start = _pg_cpu(pg)
+        machine_at_start = _machine()
         deadline = time.monotonic() + args.timeout
         sent_errors = None
         while True:
@@ -820,6 +842,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
                 break
             time.sleep(0.01)
         result.seconds = now - t0
+        result.busy = _busy(machine_at_start, _machine())
         result.cpu_ms["postgres"] = _pg_cpu_ms(pg_cpu_at_start, _pg_cpu(pg))
         result.once = distinct
         result.duplicated = total - distinct
