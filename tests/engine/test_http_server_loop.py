@@ -1,0 +1,128 @@
+"""HttpServer's loop thread does not spin while a task thread holds a connection's out buffer.
+
+waitress's own channel makes the loop ask "writable?" again at once while a task
+holds the buffer with bytes in it; on the reliable service that was ~7 wasted
+rounds per message, each taking the GIL back from the task.  Here a task holds
+the buffer on purpose, with its bytes in it and the socket free to take them,
+and the loop thread's CPU time over that hold is read from the kernel (waitress's
+own channel spends all of it).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+from wsrm_plugin.engine import HttpServer
+
+BODY = 64 * 1024
+HOLD = 0.6
+
+
+def _thread_cpu(thread: threading.Thread) -> float:
+    assert thread.ident is not None
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+class _HoldingApp:
+    """Answers BODY; the task's first send to the socket waits HOLD seconds first.
+
+    That is the moment the loop spins on with waitress's own channel: the task
+    thread is inside write_soon, holding the out buffer with the bytes in it (in
+    real life it waits there for the GIL, after the send), and the socket is
+    writable.  The loop is woken meanwhile (the trigger), as another connection's
+    request would wake it.
+    """
+
+    def __init__(self) -> None:
+        self.loop_thread: threading.Thread | None = None
+        self.loop_cpu: float | None = None
+        self.held = threading.Event()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        channel = environ["waitress.client_disconnected"].__self__  # waitress's bound method
+        real_send = channel.send
+
+        def send_after_a_hold(data: bytes, *args: Any, **kwargs: Any) -> int:
+            del channel.send  # once
+            assert channel.total_outbufs_len > 0 and self.loop_thread is not None
+            before = _thread_cpu(self.loop_thread)
+            channel.server.pull_trigger()
+            time.sleep(HOLD)
+            self.loop_cpu = _thread_cpu(self.loop_thread) - before
+            self.held.set()
+            return int(real_send(data, *args, **kwargs))
+
+        channel.send = send_after_a_hold
+        start_response("200 OK", [("Content-Type", "application/octet-stream"),
+                                  ("Content-Length", str(BODY))])
+        return [b"x" * BODY]
+
+
+def _get(url_port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", url_port))
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    return sock
+
+
+def _read_response(sock: socket.socket) -> tuple[bytes, int]:
+    sock.settimeout(30)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    received = len(body)
+    while received < BODY:
+        chunk = sock.recv(1 << 20)
+        assert chunk, f"the connection closed after {received} of {BODY} bytes"
+        received += len(chunk)
+    return head, received
+
+
+def test_the_loop_waits_quietly_while_a_task_holds_the_buffer_and_then_sends_the_rest() -> None:
+    app = _HoldingApp()
+    with HttpServer(app, threads=2) as server:
+        app.loop_thread = server._thread
+        sock = _get(server.port)
+        try:
+            assert app.held.wait(30), "the task never finished its hold"
+            head, received = _read_response(sock)
+        finally:
+            sock.close()
+    assert head.startswith(b"HTTP/1.1 200")
+    assert received == BODY
+    assert app.loop_cpu is not None
+    # waitress's stock channel spends the whole hold spinning (about HOLD seconds of CPU)
+    assert app.loop_cpu < HOLD / 4, f"the loop thread used {app.loop_cpu:.3f} s of CPU in {HOLD} s"
+
+
+def test_other_connections_are_served_while_one_task_holds_its_buffer() -> None:
+    app = _HoldingApp()
+
+    def router(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ["PATH_INFO"] == "/hold":
+            return app(environ, start_response)
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
+        return [b"ok"]
+
+    with HttpServer(router, threads=2) as server:
+        app.loop_thread = server._thread
+        holder = socket.create_connection(("127.0.0.1", server.port))
+        holder.sendall(b"GET /hold HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        try:
+            answers = []
+            for _ in range(3):  # while the other task holds its buffer
+                with socket.create_connection(("127.0.0.1", server.port), timeout=10) as other:
+                    other.sendall(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                    answer = b""
+                    while chunk := other.recv(4096):
+                        answer += chunk
+                    answers.append(answer)
+            assert app.held.wait(30)
+            _, received = _read_response(holder)
+        finally:
+            holder.close()
+    assert all(a.startswith(b"HTTP/1.1 200") and a.endswith(b"ok") for a in answers)
+    assert received == BODY
