@@ -126,3 +126,36 @@ def test_other_connections_are_served_while_one_task_holds_its_buffer() -> None:
             holder.close()
     assert all(a.startswith(b"HTTP/1.1 200") and a.endswith(b"ok") for a in answers)
     assert received == BODY
+
+
+def test_the_loop_waits_quietly_while_a_task_has_written_less_than_send_bytes() -> None:
+    """waitress 2's default: a task's first bytes wait in the buffer until it has written
+    ``send_bytes`` (18000) or ends; meanwhile the loop cannot send them, and must not spin."""
+    loop_cpu: list[float] = []
+    loop_thread: list[threading.Thread] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        channel = environ["waitress.client_disconnected"].__self__
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "8")])
+
+        def body() -> Any:
+            yield b"half"  # stays in the buffer: below send_bytes, while the task runs on
+            assert channel.total_outbufs_len > 0
+            before = _thread_cpu(loop_thread[0])
+            channel.server.pull_trigger()  # as another connection's request would wake the loop
+            time.sleep(HOLD)
+            loop_cpu.append(_thread_cpu(loop_thread[0]) - before)
+            yield b"done"
+
+        return body()
+
+    with HttpServer(app, threads=2) as server:
+        server._server.adj.send_bytes = 18000
+        loop_thread.append(server._thread)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"halfdone")
+    assert loop_cpu and loop_cpu[0] < HOLD / 4, f"the loop thread used {loop_cpu} s of CPU in {HOLD} s"

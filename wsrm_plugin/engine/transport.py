@@ -387,25 +387,30 @@ class BasicAuth:
 
 @functools.cache
 def _quiet_channel_class() -> type:
-    """waitress's HTTP channel without its busy wait on a buffer a task thread holds.
+    """waitress's HTTP channel without its busy wait while a request's thread is writing.
 
     waitress's loop thread asks every channel ``writable()`` before each
-    ``select``; a channel with bytes in its out buffer says yes, and when the
-    task thread that wrote them still holds the buffer's lock (it flushes its own
-    writes, ``send_bytes=1``), the loop can do nothing with it and asks again at
-    once.  Under concurrent requests that loop spins: measured on the reliable
-    service, ~7 such rounds per message, and while it spins it keeps taking the GIL
-    back from the very thread it waits for (5-7% of the service's rate, measured
-    with ``bench/bench_compare.py``).  This channel says "not writable" while a
-    task holds the buffer; the task wakes the loop (the trigger) when it lets go
-    of the buffer with bytes still in it, so they never wait for the loop's
-    one-second timeout.
+    ``select`` and, when one says yes, calls its ``handle_write``.  While a
+    request's task is running, that only flushes the out buffer when the task
+    is not holding it and it holds at least ``send_bytes``; a channel with
+    bytes in its buffer says yes all the same, so while its task holds the
+    buffer (inside ``write_soon``) or has written less than ``send_bytes``
+    (waitress 2's default of 18000), the loop does nothing with it and asks
+    again at once.  Under concurrent requests that loop spins: measured on the
+    reliable service with waitress 3, ~7 such rounds per message, each taking
+    the GIL back from the very thread it waits for (5-7% of the service's rate,
+    ``bench/bench_compare.py``).  This channel says yes only when
+    ``handle_write`` would act; a task that leaves ``send_bytes`` or more in
+    the buffer wakes the loop (the trigger) once it lets go of it, so those
+    bytes never wait for the loop's one-second timeout.
     """
     from waitress.channel import HTTPChannel
 
     class QuietChannel(HTTPChannel):
         def writable(self) -> bool:
             if self.requests and not (self.will_close or self.close_when_flushed):
+                if self.total_outbufs_len < self.adj.send_bytes:
+                    return False  # too little to send while the task runs (handle_write waits too)
                 if not self.outbuf_lock.acquire(False):
                     return False  # the task holds it: its write_soon pulls the trigger after
                 self.outbuf_lock.release()
@@ -413,7 +418,7 @@ def _quiet_channel_class() -> type:
 
         def write_soon(self, data: bytes) -> int:
             written = int(super().write_soon(data))
-            if self.total_outbufs_len and self.connected:
+            if self.total_outbufs_len >= self.adj.send_bytes and self.connected:
                 self.server.pull_trigger()  # left for the loop, now that the buffer is free
             return written
 
