@@ -36,7 +36,7 @@ the PostgreSQL server (all its processes, from /proc; on a 2-core machine the
 three share the cores, so their sum bounds the rate), fsync/fdatasync calls of the client and
 server processes (counted with ``strace --seccomp-bpf`` in a separate first
 round whose rates are not used, since a traced process runs slower: SQLite
-and the recovery log), PostgreSQL WAL syncs (pg_stat_wal), PostgreSQL commits
+and the recovery log), PostgreSQL WAL syncs and kB written (pg_stat_wal), PostgreSQL commits
 (pg_stat_database.xact_commit, all databases) and the transaction managers'
 prepared branches, two-phase decisions (logged, or committed as a commit mark)
 and one-phase commits (their checkpoint hook), and the caller's share: the time the client's
@@ -546,6 +546,7 @@ class Result:
             "fsync(client)": self.fsyncs.get("client", 0) / n,
             "fsync(server)": self.fsyncs.get("server", 0) / n,
             "pg WAL syncs": self.pg.get("wal_sync", 0) / n,
+            "pg WAL kB": self.pg.get("wal_bytes", 0) / n / 1024,
             "pg commits": self.pg.get("xact_commit", 0) / n,
             "pg sessions": self.pg.get("sessions", 0) / n,
             "prepared": self.tm.get("prepared", 0) / n,
@@ -713,9 +714,9 @@ def _pg_counters(pg: Any) -> dict[str, int]:
             cur.execute("SELECT pg_stat_clear_snapshot()")
             cur.execute("SELECT sum(xact_commit)::bigint, sum(sessions)::bigint FROM pg_stat_database")
             commits, sessions = (int(v) for v in cur.fetchone())
-            cur.execute("SELECT wal_sync FROM pg_stat_wal")
-            wal_sync = int(cur.fetchone()[0])
-        return {"xact_commit": commits, "wal_sync": wal_sync, "sessions": sessions}
+            cur.execute("SELECT wal_sync, wal_bytes::bigint FROM pg_stat_wal")
+            wal_sync, wal_bytes = (int(v) for v in cur.fetchone())
+        return {"xact_commit": commits, "wal_sync": wal_sync, "wal_bytes": wal_bytes, "sessions": sessions}
     finally:
         conn.close()
 
