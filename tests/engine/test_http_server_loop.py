@@ -61,10 +61,21 @@ class _HoldingApp:
         return [b"x" * BODY]
 
 
-def _get(url_port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", url_port))
-    sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+def _get(port: int, path: str = "/", *, close: bool = False) -> socket.socket:
+    """A connection that has sent ``GET path`` (asking the server to close after it: ``close``)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    closing = "Connection: close\r\n" if close else ""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{closing}\r\n".encode())
     return sock
+
+
+def _fetch(port: int, path: str = "/") -> bytes:
+    """The whole answer to ``GET path`` on a connection of its own, read until the server closes it."""
+    with _get(port, path, close=True) as sock:
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+    return answer
 
 
 def _read_response(sock: socket.socket) -> tuple[bytes, int]:
@@ -109,17 +120,9 @@ def test_other_connections_are_served_while_one_task_holds_its_buffer() -> None:
 
     with HttpServer(router, threads=2) as server:
         app.loop_thread = server._thread
-        holder = socket.create_connection(("127.0.0.1", server.port))
-        holder.sendall(b"GET /hold HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        holder = _get(server.port, "/hold")
         try:
-            answers = []
-            for _ in range(3):  # while the other task holds its buffer
-                with socket.create_connection(("127.0.0.1", server.port), timeout=10) as other:
-                    other.sendall(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                    answer = b""
-                    while chunk := other.recv(4096):
-                        answer += chunk
-                    answers.append(answer)
+            answers = [_fetch(server.port, "/ping") for _ in range(3)]  # while the other task holds its buffer
             assert app.held.wait(30)
             _, received = _read_response(holder)
         finally:
@@ -152,10 +155,6 @@ def test_the_loop_waits_quietly_while_a_task_has_written_less_than_send_bytes() 
     with HttpServer(app, threads=2) as server:
         server._server.adj.send_bytes = 18000
         loop_thread.append(server._thread)
-        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-            sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-            answer = b""
-            while chunk := sock.recv(4096):
-                answer += chunk
+        answer = _fetch(server.port)
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"halfdone")
     assert loop_cpu and loop_cpu[0] < HOLD / 4, f"the loop thread used {loop_cpu} s of CPU in {HOLD} s"
