@@ -2,8 +2,8 @@
 
 The engine only ever needs "POST these bytes to that address and give me
 what came back", so :class:`Transport` is that one method; tests and
-adapters plug in their own.  :class:`HttpTransport` is the default: plain
-``http.client`` with one keep-alive connection per thread and peer (a
+adapters plug in their own.  :class:`HttpTransport` is the default: HTTP/1.1
+with one keep-alive connection per thread and peer (a
 worker sends many small messages to the same peer; a fresh TCP connection
 for each would dominate the cost).
 
@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 from ..wire import SOAP11, SOAP12, MessageTooLargeError, SoapFault, SoapVersion, fault_envelope, to_bytes
 from .faults import BusyFault, UnsupportedMediaType
+from .http_client import HttpConnection
 
 __all__ = [
     "Response", "Reply", "Transport", "TransportError", "HttpTransport", "RMEndpoint",
@@ -108,7 +109,7 @@ class Transport(Protocol):
 
 
 class HttpTransport:
-    """POST over ``http.client``: one keep-alive connection per thread and peer.
+    """POST over HTTP/1.1: one keep-alive connection per thread and peer.
 
     ``timeout`` bounds connecting and each read; a response body beyond
     ``max_response_size`` is a :class:`TransportError` (a peer cannot make us
@@ -117,6 +118,8 @@ class HttpTransport:
     ties its sequences to that principal).  A request that fails on a reused
     connection (the peer closed it while idle) is tried once more on a fresh
     one; retrying a POST is safe here because WS-RM discards duplicates.
+    The connections are :class:`~.http_client.HttpConnection`: ``http.client``'s
+    connect, TLS and errors, without its per-request parsing machinery.
     """
 
     def __init__(self, *, timeout: float = 10.0, auth: tuple[str, str] | None = None,
@@ -131,10 +134,10 @@ class HttpTransport:
             token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
             self._extra["Authorization"] = f"Basic {token}"
         self._local = threading.local()
-        self._all: list[http.client.HTTPConnection] = []
+        self._all: list[HttpConnection] = []
         self._all_lock = threading.Lock()
 
-    def _connections(self) -> dict[tuple[str, str, int], http.client.HTTPConnection]:
+    def _connections(self) -> dict[tuple[str, str, int], HttpConnection]:
         conns = getattr(self._local, "conns", None)
         if conns is None:
             conns = self._local.conns = {}
@@ -154,14 +157,12 @@ class HttpTransport:
             path += "?" + parts.query
         return (parts.scheme, parts.hostname, port), path
 
-    def _connection(self, peer: tuple[str, str, int]) -> tuple[http.client.HTTPConnection, bool]:
+    def _connection(self, peer: tuple[str, str, int]) -> tuple[HttpConnection, bool]:
         conns = self._connections()
         conn = conns.get(peer)
         if conn is not None:
             return conn, True
-        scheme, host, port = peer
-        cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-        conn = cls(host, port, timeout=self.timeout)
+        conn = HttpConnection(*peer, timeout=self.timeout)
         conns[peer] = conn
         with self._all_lock:
             self._all.append(conn)
@@ -178,21 +179,19 @@ class HttpTransport:
     def send(self, address: str, envelope: bytes, headers: Mapping[str, str]) -> Response:
         peer, path = self._split(address)
         all_headers = {**self._extra, **headers, "Content-Length": str(len(envelope))}
+        limit = self.max_response_size
         for attempt in (1, 2):
             conn, reused = self._connection(peer)
             try:
-                conn.request("POST", path, body=envelope, headers=all_headers)
-                response = conn.getresponse()
-                body = response.read(self.max_response_size + 1)
-                if len(body) > self.max_response_size:
+                status, got, body, closing = conn.post(path, all_headers, envelope, limit)
+                if len(body) > limit:
                     self._drop(peer)
-                    error = TransportError(f"the response from {address} exceeds {self.max_response_size} bytes")
+                    error = TransportError(f"the response from {address} exceeds {limit} bytes")
                     error.attempts = attempt
                     raise error
-                result = Response(response.status, body, dict(response.getheaders()), address, attempt)
-                if response.will_close:
+                if closing:
                     self._drop(peer)
-                return result
+                return Response(status, body, dict(got), address, attempt)
             except TransportError:
                 raise
             except (http.client.HTTPException, OSError) as exc:

@@ -1,0 +1,192 @@
+"""HttpTransport's own HTTP/1.1 reading and writing against a peer that answers byte by byte as scripted.
+
+Real sockets on 127.0.0.1.  The scripted peer answers each request with the
+next canned answer, so every way a real server may frame an answer (chunked,
+interim 100, HTTP/1.0, up to the close, cut short) is met on the wire.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from wsrm_plugin.engine import HttpTransport, TransportError
+
+
+class ScriptedPeer:
+    """Accepts connections; answers the n-th request with ``answers[n]`` (bytes), then does what
+    ``after[n]`` says: ``"keep"`` the connection, ``"close"`` it."""
+
+    def __init__(self, answers: list[bytes], after: list[str] | None = None) -> None:
+        self.answers = answers
+        self.after = after or ["keep"] * len(answers)
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/svc"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while len(self.requests) < len(self.answers):
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                while len(self.requests) < len(self.answers):
+                    request = _read_request(conn)
+                    if request is None:
+                        break
+                    n = len(self.requests)
+                    self.requests.append(request)
+                    conn.sendall(self.answers[n])
+                    if self.after[n] == "close":
+                        break
+
+    def close(self) -> None:
+        self._listener.close()
+        self._thread.join(5)
+
+    def __enter__(self) -> ScriptedPeer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _read_request(conn: socket.socket) -> bytes | None:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/xml\r\nContent-Length: 5\r\n\r\n<a/>\n"
+
+
+@pytest.fixture
+def transport():
+    t = HttpTransport(timeout=5, max_response_size=1000)
+    yield t
+    t.close()
+
+
+def test_the_request_on_the_wire(transport):
+    with ScriptedPeer([OK]) as peer:
+        response = transport.send(peer.url + "?wsdl=no", b"<e/>", {"SOAPAction": '"urn:a"'})
+    assert (response.status, response.body, response.headers["Content-Type"]) == (200, b"<a/>\n", "text/xml")
+    head, body = peer.requests[0].split(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"POST /svc?wsdl=no HTTP/1.1"
+    port = peer.url.split(":")[2].split("/")[0]
+    assert sorted(lines[1:]) == sorted([f"Host: 127.0.0.1:{port}".encode(), b"Accept-Encoding: identity",
+                                        b'SOAPAction: "urn:a"', b"Content-Length: 4"])
+    assert body == b"<e/>"
+
+
+def test_a_chunked_answer_with_extensions_and_a_trailer_keeps_the_connection(transport):
+    chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"3;name=value\r\n<a>\r\n4\r\n</a>\r\n0\r\nX-Trailer: t\r\n\r\n")
+    with ScriptedPeer([chunked, OK]) as peer:
+        assert transport.send(peer.url, b"1", {}).body == b"<a></a>"
+        assert transport.send(peer.url, b"2", {}).body == b"<a/>\n"
+    assert peer.connections == 1
+
+
+def test_an_interim_100_continue_is_skipped(transport):
+    with ScriptedPeer([b"HTTP/1.1 100 Continue\r\n\r\n" + OK]) as peer:
+        assert transport.send(peer.url, b"x", {}).status == 200
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\n<a/>\n",              # HTTP/1.0 without keep-alive
+    b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 5\r\n\r\n<a/>\n",
+    b"HTTP/1.1 200 OK\r\n\r\n<a/>\n",                                    # no length: up to the close
+])
+def test_an_answer_that_ends_the_connection_is_read_whole_and_the_next_request_reconnects(transport, answer):
+    with ScriptedPeer([answer, OK], after=["close", "keep"]) as peer:
+        response = transport.send(peer.url, b"1", {})
+        assert (response.body, response.attempts) == (b"<a/>\n", 1)
+        assert transport.send(peer.url, b"2", {}).attempts == 1  # a fresh connection, not a retry
+    assert peer.connections == 2
+
+
+def test_http_1_0_with_keep_alive_keeps_the_connection(transport):
+    kept = b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 5\r\n\r\n<a/>\n"
+    with ScriptedPeer([kept, OK]) as peer:
+        transport.send(peer.url, b"1", {})
+        transport.send(peer.url, b"2", {})
+    assert peer.connections == 1
+
+
+def test_a_folded_header_is_joined(transport):
+    folded = b"HTTP/1.1 202 Accepted\r\nX-Note: one\r\n two\r\nContent-Length: 0\r\n\r\n"
+    with ScriptedPeer([folded]) as peer:
+        response = transport.send(peer.url, b"x", {})
+    assert (response.status, response.body, response.headers["X-Note"]) == (202, b"", "one two")
+
+
+def test_a_body_cut_short_is_a_transport_error_not_a_short_body(transport):
+    cut = b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n<a/>"
+    with ScriptedPeer([cut], after=["close"]) as peer:
+        with pytest.raises(TransportError, match="IncompleteRead") as caught:
+            transport.send(peer.url, b"x", {})
+    assert caught.value.attempts == 1
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2000\r\n\r\n" + b"x" * 2000,
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + (b"258\r\n" + b"x" * 600 + b"\r\n") * 2
+    + b"0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * 2000,
+])
+def test_an_answer_over_the_limit_is_refused(transport, answer):
+    with ScriptedPeer([answer], after=["close"]) as peer:
+        with pytest.raises(TransportError, match="exceeds 1000 bytes"):
+            transport.send(peer.url, b"x", {})
+
+
+@pytest.mark.parametrize("answer, error", [
+    (b"HTTP/1.1 2OO OK\r\n\r\n", "BadStatusLine"),
+    (b"SMTP ready\r\n\r\n", "BadStatusLine"),
+    (b"HTTP/1.1 200 OK\r\n" + b"X-H: v\r\n" * 101 + b"\r\n", "more than 100 headers"),
+    (b"HTTP/1.1 200 OK\r\nX-Long: " + b"v" * 70000 + b"\r\n\r\n", "LineTooLong"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "IncompleteRead"),
+])
+def test_a_broken_answer_is_a_transport_error(transport, answer, error):
+    with ScriptedPeer([answer], after=["close"]) as peer:
+        with pytest.raises(TransportError, match=error):
+            transport.send(peer.url, b"x", {})
+
+
+def test_a_keep_alive_connection_the_peer_closed_is_replaced_once(transport):
+    with ScriptedPeer([OK, OK], after=["close", "keep"]) as peer:
+        assert transport.send(peer.url, b"1", {}).attempts == 1
+        # the peer closed without saying so: the request fails on the old connection and goes
+        # once more on a new one
+        response = transport.send(peer.url, b"2", {})
+    assert (response.status, response.attempts, peer.connections) == (200, 2, 2)
+
+
+def test_header_injection_and_a_bad_path_are_refused_before_anything_is_sent(transport):
+    with ScriptedPeer([OK]) as peer:
+        with pytest.raises(ValueError, match="Invalid header value"):
+            transport.send(peer.url, b"x", {"SOAPAction": '"urn:a"\r\nX-Evil: 1'})
+        with pytest.raises(ValueError, match="Invalid header name"):
+            transport.send(peer.url, b"x", {"Bad Name:": "v"})
+        with pytest.raises(TransportError, match="control characters"):
+            transport.send(peer.url.replace("/svc", "/s vc"), b"x", {})
+        assert transport.send(peer.url, b"ok", {}).status == 200
+    assert len(peer.requests) == 1 and peer.requests[0].endswith(b"ok")
