@@ -187,3 +187,17 @@ def test_endpoint_reference_equality_compares_parameters_by_content():
 def test_unknown_addressing_namespace_is_refused_when_writing():
     with pytest.raises(ValueError):
         AddressingHeaders(action="urn:a").to_elements("urn:not-addressing")
+
+
+def test_a_new_message_id_is_a_random_rfc4122_uuid_urn():
+    import uuid
+
+    ids = [new_message_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for message_id in ids:
+        assert message_id.startswith("urn:uuid:")
+        parsed = uuid.UUID(message_id[len("urn:uuid:"):])
+        assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+        assert str(parsed) == message_id[len("urn:uuid:"):]  # lower case, canonical groups
+    # every variant digit occurs (the two random bits of the clock sequence's first digit)
+    assert {message_id[len("urn:uuid:") + 19] for message_id in ids} == set("89ab")

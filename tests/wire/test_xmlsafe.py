@@ -164,3 +164,36 @@ def test_comments_and_processing_instructions_are_dropped():
 def test_text_instead_of_bytes_is_a_programming_error():
     with pytest.raises(TypeError):
         parse_xml("<a/>")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("prolog", [
+    b"", b'<?xml version="1.0"?>', b'<?xml version="1.0" encoding="UTF-8"?>\n',
+    b"\xef\xbb\xbf<?xml version='1.0' encoding='utf-8'?>", b"\xef\xbb\xbf", b"  \r\n",
+])
+def test_a_plain_utf8_document_skips_the_prolog_scan(prolog, monkeypatch):
+    """Its root comes first: the bytes prove there is no DOCTYPE, and expat is not run."""
+    def no_scan(_data):
+        raise AssertionError("the prolog was scanned")
+    monkeypatch.setattr(xmlsafe, "_refuse_doctype", no_scan)
+    assert etree.QName(parse_xml(prolog + ENVELOPE % b"ok")).localname == "Envelope"
+
+
+@pytest.mark.parametrize("doc", [
+    b'<!-- first --><!DOCTYPE x [<!ENTITY a "b">]>' + ENVELOPE % b"&a;",   # behind a comment
+    b'<?xml version="1.0"?>\n<!DOCTYPE x [<!ENTITY a "b">]>' + ENVELOPE % b"&a;",
+    b'<?pi x?><!DOCTYPE x [<!ENTITY a "b">]>' + ENVELOPE % b"&a;",        # behind a processing instruction
+    b'\n\n<!DOCTYPE x [<!ENTITY a "b">]>' + ENVELOPE % b"&a;",
+    b'<?xml version="1.0" encoding="ISO-8859-1"?><!DOCTYPE x [<!ENTITY a "b">]>' + ENVELOPE % b"&a;",
+    '<?xml version="1.0" encoding="UTF-16"?><!DOCTYPE x [<!ENTITY a "b">]><x>&a;</x>'.encode("utf-16-le"),
+    '<!DOCTYPE x [<!ENTITY a "b">]><x>&a;</x>'.encode("utf-16-be"),
+])
+def test_anything_but_a_plain_utf8_prolog_is_scanned_and_a_doctype_refused_unparsed(doc, lxml_must_not_parse):
+    assert not xmlsafe._cannot_hold_doctype(doc)
+    with pytest.raises((UnsafeXMLError, MalformedMessageError)):
+        parse_xml(doc)
+
+
+def test_a_declared_encoding_other_than_utf8_is_scanned_even_without_a_doctype():
+    doc = b'<?xml version="1.0" encoding="UTF-7"?>' + ENVELOPE % b"ok"
+    assert not xmlsafe._cannot_hold_doctype(doc)
+    assert xmlsafe._cannot_hold_doctype(doc.replace(b"UTF-7", b"utf-8"))

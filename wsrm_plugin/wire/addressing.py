@@ -11,7 +11,7 @@ are version-neutral.
 from __future__ import annotations
 
 import copy
-import uuid
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -33,8 +33,18 @@ _IS_REF_PARAM = etree.QName(WSA_2005_08.ns, "IsReferenceParameter").text
 
 
 def new_message_id() -> str:
-    """A fresh, globally unique wsa:MessageID."""
-    return f"urn:uuid:{uuid.uuid4()}"
+    """A fresh, globally unique wsa:MessageID: a random (version 4) UUID URN.
+
+    Formatted from 16 bytes of ``os.urandom`` here rather than through
+    ``uuid.uuid4()``, whose ``UUID`` constructor checks and converts in Python:
+    every message and every acknowledgement takes one.
+    """
+    h = os.urandom(16).hex()
+    return f"urn:uuid:{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
+#: RFC 4122 variant bits (10xx) on the first hex digit of the clock sequence
+_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
 
 
 def _as_addressing(version: AddressingVersion | str | None) -> AddressingVersion:
