@@ -10,6 +10,8 @@ the tests after it.
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -105,3 +107,17 @@ def _no_transaction_left_bound():
     for manager, _ in leftover:
         manager._local.tx = None  # unbind only: the test's own teardown decides its fate
     assert not leftover, f"the test left transaction(s) bound to its thread: {leftover}"
+
+
+@pytest.fixture(scope="session")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """(certificate, key) PEM files of a self-signed certificate for 127.0.0.1, made by ``openssl``."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.fail("this test needs the openssl command to make its self-signed certificate", pytrace=False)
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = str(folder / "cert.pem"), str(folder / "key.pem")
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=120)
+    return cert, key

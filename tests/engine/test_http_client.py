@@ -8,7 +8,9 @@ interim 100, HTTP/1.0, up to the close, cut short) is met on the wire.
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
+import time
 
 import pytest
 
@@ -19,13 +21,20 @@ class ScriptedPeer:
     """Accepts connections; answers the n-th request with ``answers[n]`` (bytes), then does what
     ``after[n]`` says: ``"keep"`` the connection, ``"close"`` it."""
 
-    def __init__(self, answers: list[bytes], after: list[str] | None = None) -> None:
+    def __init__(self, answers: list[bytes], after: list[str] | None = None,
+                 tls: tuple[str, str] | None = None) -> None:
         self.answers = answers
         self.after = after or ["keep"] * len(answers)
         self.requests: list[bytes] = []
         self.connections = 0
+        self.handshakes_refused = 0
+        self._tls: ssl.SSLContext | None = None
+        if tls is not None:  # (certificate, key): answer over TLS
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._tls.load_cert_chain(*tls)
         self._listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/svc"
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self._listener.getsockname()[1]}/svc"
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -36,6 +45,13 @@ class ScriptedPeer:
             except OSError:
                 return
             self.connections += 1
+            if self._tls is not None:
+                try:
+                    conn = self._tls.wrap_socket(conn, server_side=True)
+                except (ssl.SSLError, OSError):
+                    self.handshakes_refused += 1  # the client refused our certificate
+                    conn.close()
+                    continue
             with conn:
                 while len(self.requests) < len(self.answers):
                     request = _read_request(conn)
@@ -190,3 +206,22 @@ def test_header_injection_and_a_bad_path_are_refused_before_anything_is_sent(tra
             transport.send(peer.url.replace("/svc", "/s vc"), b"x", {})
         assert transport.send(peer.url, b"ok", {}).status == 200
     assert len(peer.requests) == 1 and peer.requests[0].endswith(b"ok")
+
+
+def test_https_is_verified_with_the_default_trust_store(transport, certificate, monkeypatch):
+    """TLS as http.client's default context does it: a certificate nobody vouches for is refused;
+    trusted (here through SSL_CERT_FILE, read when a connection is made), the answers come over
+    one connection."""
+    cert, key = certificate
+    with ScriptedPeer([OK, OK], tls=(cert, key)) as peer:
+        with pytest.raises(TransportError, match="CERTIFICATE_VERIFY_FAILED"):
+            transport.send(peer.url, b"x", {})
+        deadline = time.monotonic() + 5  # the peer's side of the refused handshake ends in its thread
+        while peer.handshakes_refused == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert peer.requests == [] and peer.handshakes_refused == 1
+        monkeypatch.setenv("SSL_CERT_FILE", cert)
+        assert transport.send(peer.url, b"1", {}).body == b"<a/>\n"
+        assert transport.send(peer.url, b"2", {}).body == b"<a/>\n"
+    assert peer.connections == 2  # the refused one, then one for both requests
+    assert [r.split(b"\r\n\r\n")[1] for r in peer.requests] == [b"1", b"2"]

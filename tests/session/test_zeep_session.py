@@ -8,12 +8,9 @@ made by ``openssl`` for this test.
 from __future__ import annotations
 
 import http.client
-import io
 import logging
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -173,19 +170,6 @@ def test_reliable_messages_go_through_the_zeep_sessions_proxy(service, no_proxy_
 
 
 # -- a TLS front ------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.fail("this test needs the openssl command to make its self-signed certificate", pytrace=False)
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = str(folder / "cert.pem"), str(folder / "key.pem")
-    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
-                    "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True, timeout=120)
-    return cert, key
-
 
 class TlsFront:
     """Terminates TLS on a loopback port and relays the bytes to a plain HTTP backend."""
