@@ -209,6 +209,21 @@ class LazyBeginConnection(ext.connection):
 
     def commit_branch(self) -> None:
         """Commit the branch: in one phase, or its prepared transaction when it was prepared here."""
+        if self._mode is _SQL:
+            # The common case (a one-phase commit of a branch that ran statements), with what
+            # _end, _by_sql and _branch_over do for it inline: three Python calls fewer, each
+            # run cold after the round trip before.  A failure leaves the branch as it is, to
+            # roll back, as _end's does.
+            with ext.cursor(self) as cur:
+                cur.execute("COMMIT")
+                answer = cur.statusmessage
+            if answer != "COMMIT":
+                raise psycopg2.DatabaseError(f"COMMIT was answered {answer!r}: the transaction was "
+                                             "rolled back (one of its statements failed)")
+            self._mode = self._xid = None
+            if not self.closed and _AUTOCOMMIT.__get__(self):
+                _AUTOCOMMIT.__set__(self, False)
+            return
         self._end(commit=True)
         self._branch_over()
 

@@ -171,7 +171,7 @@ def session_for_database(tx: Any, identity: str | None) -> "PostgresXAResource |
     if not sessions:
         return None
     resource = sessions.get(identity)
-    if resource is None or not resource.in_branch:
+    if resource is None or resource._branch is None:  # in_branch, without the property's call
         return None
     conn = resource._session
     return resource if conn is not None and not conn.closed else None
@@ -251,13 +251,6 @@ def _rollback_code(pgcode: str | None) -> int:
     if pgcode.startswith("08"):
         return XA_RBCOMMFAIL
     return XA_RBOTHER
-
-
-def _begin_branch(conn: Connection, xid: Xid) -> None:
-    if isinstance(conn, LazyBeginConnection):
-        conn.begin_branch(xid)
-    else:
-        conn.tpc_begin(psycopg_xid(xid))
 
 
 def _commit_branch(conn: Connection) -> None:
@@ -520,7 +513,11 @@ class PostgresXAResource:
                 "start/end); commit or roll it back before starting a branch",
             )
         try:
-            _begin_branch(conn, xid)
+            # a branch's start, inline (it runs for every branch)
+            if isinstance(conn, LazyBeginConnection):
+                conn.begin_branch(xid)
+            else:
+                conn.tpc_begin(psycopg_xid(xid))
         except psycopg2.Error as exc:
             lost = self._is_session_lost(conn, exc)
             self._drop_session()
@@ -645,7 +642,11 @@ class PostgresXAResource:
         if conn is None or conn.closed or conn.get_transaction_status() == ext.TRANSACTION_STATUS_INERROR:
             conn = self._check_usable(b)  # raises the XA_RB* the branch deserves
         try:
-            _commit_branch(conn)
+            # _commit_branch, inline: the one-phase commit is every short transaction's
+            if isinstance(conn, LazyBeginConnection):
+                conn.commit_branch()
+            else:
+                conn.tpc_commit()
         except psycopg2.Error as exc:
             if self._is_session_lost(conn, exc):
                 self._drop_session()
