@@ -174,9 +174,9 @@ class PostgresStore(api.StorageManager):
     def _release(self, resource: PostgresXAResource) -> None:
         conn = resource._session
         reusable = (
-            not resource.in_branch and conn is not None and not conn.closed
+            resource._branch is None and conn is not None and not conn.closed
             and conn.status == ext.STATUS_READY
-            and conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
+            and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE  # no info object made
         )
         if reusable and conn is not None and conn.autocommit:
             conn.autocommit = False  # as a branch's session expects it (no round trip: a flag of psycopg2's)
@@ -219,8 +219,7 @@ class PostgresStore(api.StorageManager):
     def _branch_tx(self, gtx: Any) -> SqlTransaction:
         """The store's branch of ``gtx``: one session per global transaction, like a JTA DataSource."""
         key = gtx.xid
-        with self._lock:
-            tx = self._enlisted.get(key)
+        tx = self._enlisted.get(key)  # one dict read, atomic: no lock (close() swaps the dict whole)
         if tx is not None and not tx.closed:
             return tx
         shared = session_for_database(gtx, self.identity) if self.share_sessions else None
@@ -237,7 +236,9 @@ class PostgresStore(api.StorageManager):
                 raise
             return tx
         resource = self._acquire()
-        tx = SqlTransaction(self, resource.connection, POSTGRES)
+        conn = resource._session  # a pooled session is open: no call to the property that opens one
+        tx = SqlTransaction(self, conn if conn is not None and not conn.closed else resource.connection,
+                            POSTGRES)
         tx._resource = resource  # type: ignore[attr-defined]
         tx._global = gtx
         with self._lock:
@@ -354,15 +355,16 @@ class PostgresStore(api.StorageManager):
 class _BranchOver:
     """Synchronization giving the branch's session back once the global transaction is over."""
 
+    __slots__ = ("_store", "_key")
+
     def __init__(self, store: PostgresStore, key: Xid) -> None:
         self._store = store
         self._key = key
 
     def before_completion(self) -> None:
         """The branch's last statements, before it is prepared (or committed in one phase)."""
-        with self._store._lock:
-            tx = self._store._enlisted.get(self._key)
-        if tx is not None and not tx.closed:
+        tx = self._store._enlisted.get(self._key)  # one dict read, atomic: no lock
+        if tx is not None and not tx._closed:
             tx.flush()
 
     def after_completion(self, status: Any) -> None:

@@ -39,7 +39,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from . import api
 from .api import (
@@ -441,6 +441,12 @@ class SqlTransaction(api.StoreTransaction):
     prepare keeps them durably).
     """
 
+    # made on first use (see _OnFirstUse, set on the class below its managers)
+    rms: _Rms
+    rms_messages: _RmsMessages
+    rmd: _Rmd
+    invoker: _Invoker
+
     def __init__(self, store: Any, conn: Any, dialect: Dialect, *, capture_undo: bool = False) -> None:
         super().__init__()
         self._store = store
@@ -479,10 +485,7 @@ class SqlTransaction(api.StoreTransaction):
         #: Numbers enqueue handed out and not yet written to their rms_sequence row: key ->
         #: (highest number, the last one).  See :meth:`flush`.
         self._numbered: dict[str, tuple[int, bool]] = {}
-        self.rms = _Rms(self)
-        self.rms_messages = _RmsMessages(self)
-        self.rmd: _Rmd = _Rmd(self)
-        self.invoker = _Invoker(self)
+        # rms, rms_messages, rmd and invoker: made on first use (see _OnFirstUse)
 
     # -- statements -----------------------------------------------------------------
 
@@ -490,7 +493,8 @@ class SqlTransaction(api.StoreTransaction):
                 then: tuple[str, Sequence[Any]] | None = None) -> Any:
         """Run ``sql``; ``then``: a second statement sent in the same round trip, whose results
         the cursor holds (PostgreSQL runs it after ``sql``, with a snapshot of its own)."""
-        self._check_open()
+        if self._closed or self.failed is not None:  # tested inline: a call less per statement
+            self._check_open()
         if self._numbered and ("rms_sequence" in sql or (then is not None and "rms_sequence" in then[0])):
             self.flush()  # the statement reads or writes what enqueue has only remembered so far
         begin = ""
@@ -500,7 +504,11 @@ class SqlTransaction(api.StoreTransaction):
         statements = self._statements
         cur = None
         try:  # a session lost while preparing fails here too, and is translated like any other
-            text = begin + self._text(sql, params)
+            # what _text does, inline: a call less per statement
+            text = None if statements is None else statements.text(self.conn, sql, params)
+            if text is None:
+                text = sql if self.d.placeholder == "?" else sql.replace("?", self.d.placeholder)
+            text = begin + text
             if then is not None:
                 text += "; " + self._text(*then)
                 params = (*params, *then[1])
@@ -686,6 +694,8 @@ class SqlTransaction(api.StoreTransaction):
         stores flush before they commit or prepare, and a statement that
         reads the sequence table flushes first.
         """
+        if not self._numbered:  # the common case: nothing enqueued (no new dict for it)
+            return
         pending, self._numbered = self._numbered, {}
         for key, (number, last) in pending.items():
             if last:
@@ -744,9 +754,42 @@ class SqlTransaction(api.StoreTransaction):
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._global is not None:
-            api.exit_global(self, exc_type)
+            if exc_type is not None:  # a branch left normally: the TM ends it, nothing to do here
+                api.exit_global(self, exc_type)
             return
         super().__exit__(exc_type, exc, tb)
+
+
+_M = TypeVar("_M", bound=api._Manager)
+
+
+class _OnFirstUse(Generic[_M]):
+    """A store transaction's manager (``tx.rmd``...), made the first time it is read.
+
+    A receive uses one or two of the four managers, a branch that runs one
+    statement none; making all four for every transaction was four Python
+    calls (each run cold between two round trips).  A non-data descriptor: the
+    manager made goes into the transaction's ``__dict__``, where every later
+    read finds it without a call.
+    """
+
+    __slots__ = ("_cls", "_name")
+
+    def __init__(self, name: str, cls: type[_M]) -> None:
+        self._name = name
+        self._cls = cls
+
+    @overload
+    def __get__(self, tx: None, owner: type | None = None) -> "_OnFirstUse[_M]": ...
+
+    @overload
+    def __get__(self, tx: SqlTransaction, owner: type | None = None) -> _M: ...
+
+    def __get__(self, tx: SqlTransaction | None, owner: type | None = None) -> "_M | _OnFirstUse[_M]":
+        if tx is None:
+            return self
+        manager = tx.__dict__[self._name] = self._cls(tx)
+        return manager
 
 
 def _opens_transaction(sql: str) -> bool:
@@ -1617,3 +1660,9 @@ def apply_undo(tx: SqlTransaction, undo: UndoLog) -> None:
             names = list(image)
             tx.write(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({_in_list(names)})",
                      [image[n] for n in names])
+
+
+SqlTransaction.rms = _OnFirstUse("rms", _Rms)  # type: ignore[assignment]
+SqlTransaction.rms_messages = _OnFirstUse("rms_messages", _RmsMessages)  # type: ignore[assignment]
+SqlTransaction.rmd = _OnFirstUse("rmd", _Rmd)  # type: ignore[assignment]
+SqlTransaction.invoker = _OnFirstUse("invoker", _Invoker)  # type: ignore[assignment]
