@@ -43,7 +43,7 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,15 +228,8 @@ class InvokerWorker:
         #: Failed attempts (each rolled back and scheduled again).
         self.retries = 0
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[StoreTransaction]:
-        if self.tm is None:
-            with self.store.begin() as tx:
-                yield tx
-            return
-        with self.tm.transaction():
-            with self.store.begin(xa=self.tm) as tx:
-                yield tx
+    def _transaction(self) -> "_DeliveryTransaction":
+        return _DeliveryTransaction(self.store, self.tm)
 
     # -- delivery on receipt (RMPolicy.deliver_on_receive) ---------------------------------------
 
@@ -770,3 +763,54 @@ def describe_error(exc: BaseException, limit: int = 2000) -> str:
     """What the store keeps of an error: its type and message, bounded."""
     text = str(exc) if isinstance(exc, _RecordedFailure) else f"{type(exc).__name__}: {exc}"
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+class _DeliveryTransaction:
+    """What :meth:`InvokerWorker.transaction` returns: ``with tm.transaction(): with
+    store.begin(xa=tm) as tx`` (or a local ``store.begin()`` without a transaction manager).
+
+    A plain class rather than a ``@contextmanager`` generator: every delivery and every
+    receive that delivers runs one, and the generator machinery (a helper object, a
+    generator, the calls into it) cost more Python calls than the two ``with`` it wraps.
+    Exits as the two nested ``with`` statements would: the store transaction first, then
+    the global transaction with whatever the store's exit raised.
+    """
+
+    __slots__ = ("_store", "_tm", "_scope", "_tx")
+
+    def __init__(self, store: StorageManager, tm: Any) -> None:
+        self._store = store
+        self._tm = tm
+        self._scope: Any = None
+        self._tx: StoreTransaction | None = None
+
+    def __enter__(self) -> StoreTransaction:
+        tm = self._tm
+        if tm is None:
+            tx = self._tx = self._store.begin()
+            return tx.__enter__()
+        scope = tm.transaction()
+        scope.__enter__()
+        try:
+            tx = self._store.begin(xa=tm)
+            entered = tx.__enter__()
+        except BaseException as exc:
+            scope.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._scope, self._tx = scope, tx
+        return entered
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: Any) -> None:
+        scope, tx = self._scope, self._tx
+        self._scope = self._tx = None
+        assert tx is not None
+        if scope is None:
+            tx.__exit__(exc_type, exc, tb)
+            return
+        try:
+            tx.__exit__(exc_type, exc, tb)
+        except BaseException as inner:
+            scope.__exit__(type(inner), inner, inner.__traceback__)
+            raise
+        scope.__exit__(exc_type, exc, tb)

@@ -261,15 +261,9 @@ class Source:
 
     # -- transactions ---------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[StoreTransaction]:
+    def transaction(self) -> contextlib.AbstractContextManager[StoreTransaction]:
         """The caller's transaction (invoker delivery, or XA), else a local one."""
-        ambient = getattr(self._ambient, "tx", None)
-        if ambient is not None and not ambient.closed:
-            yield ambient
-            return
-        with self.store.begin(xa=self.tm) as tx:
-            yield tx
+        return _SourceTransaction(self)
 
     def _wake_after_commit(self) -> None:
         """Wake the sender once the caller's transaction commits (at once if it already did)."""
@@ -280,16 +274,7 @@ class Source:
         if gtx is None:
             self._wake()
             return
-        wake = self._wake
-
-        class _WakeAfter:
-            def before_completion(self) -> None:
-                pass
-
-            def after_completion(self, status: Any) -> None:
-                wake()
-
-        gtx.register_synchronization(_WakeAfter())
+        gtx.register_synchronization(_WakeAfter(self._wake))
 
     @property
     def endpoint_address(self) -> str | None:
@@ -850,3 +835,50 @@ def _kept_reason(reason: str | None, count: int) -> str:
 
 def _wsa_of(seq: RmsSequence) -> AddressingVersion | None:
     return AddressingVersion.for_namespace(seq.wsa_version)
+
+
+class _SourceTransaction:
+    """What :meth:`Source.transaction` returns: the caller's store transaction (an invoker's
+    delivery, whose transaction it joins and leaves alone), else ``store.begin(xa=tm)``.
+
+    A plain class rather than a ``@contextmanager`` generator: every send runs one, and the
+    generator machinery cost more Python calls than the ``with`` it wraps.
+    """
+
+    __slots__ = ("_source", "_tx")
+
+    def __init__(self, source: Source) -> None:
+        self._source = source
+        self._tx: StoreTransaction | None = None
+
+    def __enter__(self) -> StoreTransaction:
+        source = self._source
+        ambient = getattr(source._ambient, "tx", None)
+        if ambient is not None and not ambient.closed:
+            return ambient
+        tx = self._tx = source.store.begin(xa=source.tm)
+        return tx.__enter__()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: Any) -> None:
+        tx, self._tx = self._tx, None
+        if tx is not None:
+            tx.__exit__(exc_type, exc, tb)
+
+
+class _WakeAfter:
+    """Wakes the sender once the transaction that enqueued commits (a synchronization).
+
+    A class of the module rather than one defined inside the method that registers it:
+    making a class is several times the cost of making an instance, on every send."""
+
+    __slots__ = ("_wake",)
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+
+    def before_completion(self) -> None:
+        pass
+
+    def after_completion(self, status: Any) -> None:
+        self._wake()
