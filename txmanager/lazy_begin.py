@@ -218,8 +218,7 @@ class LazyBeginConnection(ext.connection):
                 cur.execute("COMMIT")
                 answer = cur.statusmessage
             if answer != "COMMIT":
-                raise psycopg2.DatabaseError(f"COMMIT was answered {answer!r}: the transaction was "
-                                             "rolled back (one of its statements failed)")
+                raise _rolled_back("COMMIT", answer)
             self._mode = self._xid = None
             if not self.closed and _AUTOCOMMIT.__get__(self):
                 _AUTOCOMMIT.__set__(self, False)
@@ -280,9 +279,7 @@ class LazyBeginConnection(ext.connection):
             cur.execute(statement, params)
             answer = cur.statusmessage
         if answer != expected:
-            # PostgreSQL ends an aborted transaction's COMMIT or PREPARE with a ROLLBACK, and no error
-            raise psycopg2.DatabaseError(f"{expected} was answered {answer!r}: the transaction was "
-                                         "rolled back (one of its statements failed)")
+            raise _rolled_back(expected, answer)
 
     def _execute_first(self, cur: LazyBeginCursor, query: Any, vars: Any) -> None:  # noqa: A002
         self._mode = _SQL
@@ -323,3 +320,9 @@ class LazyBeginConnection(ext.connection):
             # (the server warns that one is open) and ends the branch with its commit()
             _AUTOCOMMIT.__set__(self, False)
             self._mode = _PLAIN
+
+
+def _rolled_back(expected: str, answer: str | None) -> psycopg2.DatabaseError:
+    """PostgreSQL ends an aborted transaction's COMMIT or PREPARE with a ROLLBACK, and no error."""
+    return psycopg2.DatabaseError(f"{expected} was answered {answer!r}: the transaction was "
+                                  "rolled back (one of its statements failed)")

@@ -642,11 +642,7 @@ class PostgresXAResource:
         if conn is None or conn.closed or conn.get_transaction_status() == ext.TRANSACTION_STATUS_INERROR:
             conn = self._check_usable(b)  # raises the XA_RB* the branch deserves
         try:
-            # _commit_branch, inline: the one-phase commit is every short transaction's
-            if isinstance(conn, LazyBeginConnection):
-                conn.commit_branch()
-            else:
-                conn.tpc_commit()
+            _commit_branch(conn)
         except psycopg2.Error as exc:
             if self._is_session_lost(conn, exc):
                 self._drop_session()

@@ -442,11 +442,7 @@ class Transaction:
         Returns normally when the commit decision was made, even if a resource
         could not be reached for phase 2 (the recovery manager finishes it).
         """
-        with self._lock:  # _enter_completion, inline: one call less on every commit
-            if self._completing or self._phase is not _ACTIVE:
-                state = "completing" if self._completing else self._phase.name
-                raise IllegalStateError(f"cannot commit transaction {self.xid}: it is {state}")
-            self._completing = True
+        self._enter_completion("commit")
         try:
             self._commit()
         finally:
@@ -537,12 +533,7 @@ class Transaction:
         if deadline is not None and clock() > deadline:
             self._timed_out = True
             self._rollback_only = True
-        for enl in self._enlisted:  # _end_all, inline (it runs on every commit)
-            if enl.state == "active" or enl.state == "suspended":
-                try:
-                    self._end(enl, TMFAIL if self._rollback_only else TMSUCCESS)
-                except TransactionError as e:
-                    log.warning("%s", e)
+        self._end_all()
         with self._lock:
             self._phase = _PREPARING
         if self._rollback_only:

@@ -504,11 +504,7 @@ class SqlTransaction(api.StoreTransaction):
         statements = self._statements
         cur = None
         try:  # a session lost while preparing fails here too, and is translated like any other
-            # what _text does, inline: a call less per statement
-            text = None if statements is None else statements.text(self.conn, sql, params)
-            if text is None:
-                text = sql if self.d.placeholder == "?" else sql.replace("?", self.d.placeholder)
-            text = begin + text
+            text = begin + self._text(sql, params)
             if then is not None:
                 text += "; " + self._text(*then)
                 params = (*params, *then[1])
