@@ -209,20 +209,6 @@ class LazyBeginConnection(ext.connection):
 
     def commit_branch(self) -> None:
         """Commit the branch: in one phase, or its prepared transaction when it was prepared here."""
-        if self._mode is _SQL:
-            # The common case (a one-phase commit of a branch that ran statements), with what
-            # _end, _by_sql and _branch_over do for it inline: three Python calls fewer, each
-            # run cold after the round trip before.  A failure leaves the branch as it is, to
-            # roll back, as _end's does.
-            with ext.cursor(self) as cur:
-                cur.execute("COMMIT")
-                answer = cur.statusmessage
-            if answer != "COMMIT":
-                raise _rolled_back("COMMIT", answer)
-            self._mode = self._xid = None
-            if not self.closed and _AUTOCOMMIT.__get__(self):
-                _AUTOCOMMIT.__set__(self, False)
-            return
         self._end(commit=True)
         self._branch_over()
 
@@ -279,7 +265,9 @@ class LazyBeginConnection(ext.connection):
             cur.execute(statement, params)
             answer = cur.statusmessage
         if answer != expected:
-            raise _rolled_back(expected, answer)
+            # PostgreSQL ends an aborted transaction's COMMIT or PREPARE with a ROLLBACK, and no error
+            raise psycopg2.DatabaseError(f"{expected} was answered {answer!r}: the transaction was "
+                                         "rolled back (one of its statements failed)")
 
     def _execute_first(self, cur: LazyBeginCursor, query: Any, vars: Any) -> None:  # noqa: A002
         self._mode = _SQL
@@ -320,9 +308,3 @@ class LazyBeginConnection(ext.connection):
             # (the server warns that one is open) and ends the branch with its commit()
             _AUTOCOMMIT.__set__(self, False)
             self._mode = _PLAIN
-
-
-def _rolled_back(expected: str, answer: str | None) -> psycopg2.DatabaseError:
-    """PostgreSQL ends an aborted transaction's COMMIT or PREPARE with a ROLLBACK, and no error."""
-    return psycopg2.DatabaseError(f"{expected} was answered {answer!r}: the transaction was "
-                                  "rolled back (one of its statements failed)")

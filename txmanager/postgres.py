@@ -253,6 +253,13 @@ def _rollback_code(pgcode: str | None) -> int:
     return XA_RBOTHER
 
 
+def _begin_branch(conn: Connection, xid: Xid) -> None:
+    if isinstance(conn, LazyBeginConnection):
+        conn.begin_branch(xid)
+    else:
+        conn.tpc_begin(psycopg_xid(xid))
+
+
 def _commit_branch(conn: Connection) -> None:
     """COMMIT (one phase) or COMMIT PREPARED (prepared on this session) of the session's branch."""
     if isinstance(conn, LazyBeginConnection):
@@ -513,11 +520,7 @@ class PostgresXAResource:
                 "start/end); commit or roll it back before starting a branch",
             )
         try:
-            # a branch's start, inline (it runs for every branch)
-            if isinstance(conn, LazyBeginConnection):
-                conn.begin_branch(xid)
-            else:
-                conn.tpc_begin(psycopg_xid(xid))
+            _begin_branch(conn, xid)
         except psycopg2.Error as exc:
             lost = self._is_session_lost(conn, exc)
             self._drop_session()

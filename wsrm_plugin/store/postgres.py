@@ -174,7 +174,7 @@ class PostgresStore(api.StorageManager):
     def _release(self, resource: PostgresXAResource) -> None:
         conn = resource._session
         reusable = (
-            resource._branch is None and conn is not None and not conn.closed
+            not resource.in_branch and conn is not None and not conn.closed
             and conn.status == ext.STATUS_READY
             and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE  # no info object made
         )
@@ -236,9 +236,7 @@ class PostgresStore(api.StorageManager):
                 raise
             return tx
         resource = self._acquire()
-        conn = resource._session  # a pooled session is open: no call to the property that opens one
-        tx = SqlTransaction(self, conn if conn is not None and not conn.closed else resource.connection,
-                            POSTGRES)
+        tx = SqlTransaction(self, resource.connection, POSTGRES)
         tx._resource = resource  # type: ignore[attr-defined]
         tx._global = gtx
         with self._lock:
@@ -364,7 +362,7 @@ class _BranchOver:
     def before_completion(self) -> None:
         """The branch's last statements, before it is prepared (or committed in one phase)."""
         tx = self._store._enlisted.get(self._key)  # one dict read, atomic: no lock
-        if tx is not None and not tx._closed:
+        if tx is not None and not tx.closed:
             tx.flush()
 
     def after_completion(self, status: Any) -> None:

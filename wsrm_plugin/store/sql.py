@@ -493,8 +493,7 @@ class SqlTransaction(api.StoreTransaction):
                 then: tuple[str, Sequence[Any]] | None = None) -> Any:
         """Run ``sql``; ``then``: a second statement sent in the same round trip, whose results
         the cursor holds (PostgreSQL runs it after ``sql``, with a snapshot of its own)."""
-        if self._closed or self.failed is not None:  # tested inline: a call less per statement
-            self._check_open()
+        self._check_open()
         if self._numbered and ("rms_sequence" in sql or (then is not None and "rms_sequence" in then[0])):
             self.flush()  # the statement reads or writes what enqueue has only remembered so far
         begin = ""
