@@ -774,6 +774,19 @@ class _Counter:
         self.conn.close()
 
 
+def _next_look(total: int, expected: int, elapsed: float) -> float:
+    """Seconds until the next count of the service's rows: a quarter of the time the rest
+    should take at the rate so far, 10 ms near the end (the end's resolution).
+
+    A look every 10 ms throughout cost the measured machine about 130 us of CPU each
+    (PostgreSQL's count and this process), 1.3% of a core, paid most by the scenarios
+    bound by CPU."""
+    if total <= 0 or elapsed <= 0:
+        return 0.05
+    remaining = (expected - total) * elapsed / total
+    return min(0.2, max(0.01, remaining / 4))
+
+
 def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path, *,
                  strace: bool = False) -> Result:
     import psycopg2
@@ -841,7 +854,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
                 total, distinct = counter.received()
                 result.failed = f"timed out with {distinct} of {args.calls}"
                 break
-            time.sleep(0.01)
+            time.sleep(_next_look(total, args.calls, now - t0))
         result.seconds = now - t0
         result.busy = _busy(machine_at_start, _machine())
         result.cpu_ms["postgres"] = _pg_cpu_ms(pg_cpu_at_start, _pg_cpu(pg))
