@@ -765,7 +765,10 @@ class _OnFirstUse(Generic[_M]):
     statement none; making all four for every transaction was four Python
     calls (each run cold between two round trips).  A non-data descriptor: the
     manager made goes into the transaction's ``__dict__``, where every later
-    read finds it without a call.
+    read finds it without a call.  Not ``functools.cached_property``: on
+    Python 3.11 its first read takes a lock shared by every instance of the
+    class, which would serialize the first use of a manager across all the
+    threads running transactions.
     """
 
     __slots__ = ("_cls", "_name")
