@@ -11,6 +11,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))  # the statemachine directive
 
 import wsrm_plugin  # noqa: E402 -- after the path is set
 
@@ -19,9 +20,11 @@ author = "the wsrm-plugin authors"
 copyright = "the wsrm-plugin authors, Apache-2.0"  # noqa: A001 -- Sphinx's name
 release = version = wsrm_plugin.__version__
 
-extensions = ["myst_parser", "sphinx.ext.autodoc"]
+extensions = ["myst_parser", "sphinx.ext.autodoc", "statemachines"]
+# the state machines are drawn at build time from their code (docs/_ext/statemachines.py)
+graphviz_output_format = "svg"
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "_ext"]
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
 

@@ -18,6 +18,10 @@ fi
 if [ ! -f /usr/share/gsoap/plugin/wsrmapi.c ] || ! command -v soapcpp2 >/dev/null 2>&1; then
     need_apt+=(gsoap libgsoap-dev)
 fi
+# Graphviz: the documentation draws the state machines from their code at build time.
+if ! command -v dot >/dev/null 2>&1; then
+    need_apt+=(graphviz)
+fi
 for tool in make gcc pkg-config; do
     command -v "$tool" >/dev/null 2>&1 || need_apt+=("$( [ "$tool" = gcc ] && echo build-essential || echo "$tool")")
 done

@@ -8,6 +8,7 @@ land on a documented object (Sphinx does not warn about those by itself).
 
 from __future__ import annotations
 
+import html
 import os
 import pathlib
 import re
@@ -44,6 +45,19 @@ def test_the_site_builds_with_warnings_as_errors(site):
     for page in ("index", "quickstart", "concepts", "policy", "reference", "changelog", "deploy",
                  "howto/operate", "howto/http", "howto/spark"):
         assert (site / f"{page}.html").exists(), page
+
+
+def test_the_concepts_page_draws_the_three_state_machines_from_their_code(site):
+    from wsrm_plugin.statemachine.diagram import machine
+
+    page = (site / "concepts.html").read_text()
+    drawings = re.findall(r'(?:src|data)="(_images/graphviz-[0-9a-f]+\.svg)"', page)
+    assert len(set(drawings)) == 3, drawings
+    svgs = html.unescape("".join((site / d).read_text() for d in set(drawings)))
+    for name in ("rms", "rmd", "invoker"):
+        m = machine(name)
+        for state in m.states():  # every state's label is on a node of its drawing
+            assert f">{m.label(state)}</text>" in svgs, (name, m.label(state))
 
 
 def test_the_reference_documents_every_public_name(site):
