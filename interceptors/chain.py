@@ -30,27 +30,31 @@ entry point group.
 
 from __future__ import annotations
 
-import enum
 import heapq
 import importlib.metadata
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
-from dataclasses import dataclass, field
-from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol, cast, runtime_checkable
 
 import pluggy
-from lxml import etree
-
-from wsrm_plugin.wire.namespaces import SOAP11, SoapVersion
-from wsrm_plugin.wire.soap import to_bytes
-from wsrm_plugin.wire.xmlsafe import DEFAULT_MAX_SIZE, children, parse_xml
 
 from . import hookspecs
-
-if TYPE_CHECKING:
-    from wsrm_plugin.wire.addressing import AddressingHeaders
+from .message import (
+    ChainConfigurationError,
+    ChainError,
+    Direction,
+    Exchange,
+    HttpHeaders,
+    Message,
+    MessageConsumed,
+    Phase,
+    Response,
+    Role,
+    action_from_http,
+    serialize,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP", "Phase", "Direction", "Role", "HttpHeaders", "Response", "Exchange",
@@ -62,387 +66,6 @@ log = logging.getLogger(__name__)
 
 #: The importlib.metadata entry point group third-party interceptors and plugins are found in.
 ENTRY_POINT_GROUP = "wsrm_interceptors"
-
-
-class ChainError(Exception):
-    """Base of the errors the chain itself raises (not the ones interceptors raise)."""
-
-
-class ChainConfigurationError(ChainError, ValueError):
-    """The chain cannot be built as asked: a duplicate name, an impossible order, a bad plugin."""
-
-
-class MessageConsumed(ChainError):
-    """An interceptor consumed a message that its caller needs (a client's reply)."""
-
-
-class Phase(enum.IntEnum):
-    """Where an interceptor runs; the values give the in order, the out chain runs them backwards.
-
-    TRANSPORT sees the raw HTTP side (headers, size, security); ADDRESSING reads
-    and writes WS-Addressing; RELIABLE_MESSAGING is where WS-RM takes, stores
-    and acknowledges messages; DISPATCH is closest to the application.
-    """
-
-    TRANSPORT = 100
-    ADDRESSING = 200
-    RELIABLE_MESSAGING = 300
-    DISPATCH = 400
-
-
-class Direction(enum.Enum):
-    """IN: the message was received; OUT: it is being sent."""
-
-    IN = "in"
-    OUT = "out"
-
-
-class Role(enum.Enum):
-    """Which side of the exchange runs the chain: the CLIENT sends requests, the SERVER answers."""
-
-    CLIENT = "client"
-    SERVER = "server"
-
-
-class HttpHeaders(MutableMapping[str, str]):
-    """HTTP headers with case-insensitive names that keep the spelling they were set with."""
-
-    def __init__(self, headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None) -> None:
-        self._items: dict[str, tuple[str, str]] = {}
-        if headers is not None:  # what MutableMapping.update does, without its generic dispatch
-            if isinstance(headers, Mapping):
-                pairs: Iterable[tuple[str, str]] = headers.items()
-            elif hasattr(headers, "keys"):
-                pairs = ((name, headers[name]) for name in headers.keys())  # type: ignore[index]
-            else:
-                pairs = headers
-            for name, value in pairs:
-                self[name] = value
-
-    def __getitem__(self, name: str) -> str:
-        return self._items[name.lower()][1]
-
-    def __setitem__(self, name: str, value: str) -> None:
-        if not isinstance(value, str):
-            raise TypeError(f"HTTP header {name!r} needs a str value, not {type(value).__name__}")
-        self._items[name.lower()] = (name, value)
-
-    def __delitem__(self, name: str) -> None:
-        del self._items[name.lower()]
-
-    def __iter__(self) -> Iterator[str]:
-        return (name for name, _ in self._items.values())
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __repr__(self) -> str:
-        return f"HttpHeaders({dict(self.items())!r})"
-
-
-def _soap_version_of(envelope: etree._Element | None) -> SoapVersion | None:
-    if envelope is None or not isinstance(envelope.tag, str):
-        return None
-    return SoapVersion.for_namespace(etree.QName(envelope).namespace)
-
-
-def action_from_http(headers: Mapping[str, str], version: SoapVersion | None) -> str | None:
-    """The SOAP action the HTTP headers carry: SOAPAction (1.1) or Content-Type's action (1.2)."""
-    if version is None or version is SOAP11:
-        action = headers.get("SOAPAction")
-        if action is not None or version is SOAP11:
-            return (action.strip().strip('"') or None) if action is not None else None
-    for param in (headers.get("Content-Type") or "").split(";")[1:]:
-        key, _, value = param.strip().partition("=")
-        if key.lower() == "action":
-            return value.strip().strip('"') or None
-    return None
-
-
-def serialize(envelope: etree._Element) -> bytes:
-    """The bytes an envelope travels as: UTF-8 with a declaration (what both frameworks send).
-
-    The wire module's serializer, so an empty Body is written ``<Body></Body>`` (gSOAP needs it).
-    """
-    return to_bytes(envelope)
-
-
-@dataclass
-class Response:
-    """What the other side receives when an interceptor answers in place of the normal flow.
-
-    ``status`` defaults to 200 with an envelope and 202 (Accepted, nothing to
-    say) without.  Content-Type follows the envelope's SOAP version unless
-    ``http_headers`` sets it.
-    """
-
-    status: int | None = None
-    envelope: etree._Element | None = None
-    http_headers: Mapping[str, str] = field(default_factory=dict)
-    #: The bytes ``envelope`` serializes to, when whoever built it has them already (the engine
-    #: serialized its answer): :meth:`body` sends them instead of serializing the tree again, as
-    #: long as ``envelope`` is still the tree they were given with.  Nobody may change that tree.
-    raw: bytes | None = field(default=None, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.status is not None and not 100 <= self.status <= 599:
-            raise ValueError(f"HTTP status {self.status} is not a status code (100..599)")
-        if self.envelope is not None and _soap_version_of(self.envelope) is None:
-            raise ValueError(
-                f"a Response envelope must be a SOAP 1.1 or 1.2 Envelope, not {self.envelope.tag!r}")
-        self._raw_for = self.envelope if self.raw is not None else None
-
-    @property
-    def status_code(self) -> int:
-        if self.status is not None:
-            return self.status
-        return 200 if self.envelope is not None else 202
-
-    @property
-    def status_line(self) -> str:
-        """``"202 Accepted"``: the form WSGI's start_response wants."""
-        try:
-            phrase = HTTPStatus(self.status_code).phrase
-        except ValueError:
-            phrase = "Unknown"
-        return f"{self.status_code} {phrase}"
-
-    def body(self) -> bytes:
-        if self.envelope is None:
-            return b""
-        if self.raw is not None and self.envelope is self._raw_for:
-            return self.raw
-        return serialize(self.envelope)
-
-    def headers(self, body: bytes | None = None) -> HttpHeaders:
-        """The HTTP headers to send, Content-Type and Content-Length filled in.
-
-        Pass the :meth:`body` already rendered to save serializing it twice.
-        """
-        headers = HttpHeaders(self.http_headers)
-        version = _soap_version_of(self.envelope)
-        if version is not None and "Content-Type" not in headers:
-            headers["Content-Type"] = f"{version.content_type}; charset=utf-8"
-        headers["Content-Length"] = str(len(self.body() if body is None else body))
-        return headers
-
-
-@dataclass(eq=False)
-class Exchange:
-    """One request and its response, so the reply's interceptors can see the request.
-
-    ``properties`` is for interceptors that need to pass something from the
-    request to its response (CXF's Exchange); ``Message.context`` is per message.
-    """
-
-    request: Message | None = None
-    response: Message | None = None
-    properties: dict[str, Any] = field(default_factory=dict)
-
-
-_RUNNING, _ABORTED, _SUSPENDED = "running", "aborted", "suspended"
-
-
-class Message:
-    """One SOAP message in flight, as the interceptors see it.
-
-    ``envelope`` is the lxml Envelope element (None for an empty HTTP body, such
-    as a one-way operation's 202).  Interceptors may change it in place or
-    replace it.  ``address`` is the endpoint URL (the target on a client, the
-    request URL on a server); ``action`` the SOAP action if the transport said
-    one; ``operation`` the operation name where the framework knows it.
-    ``addressing`` is filled by the WS-Addressing interceptor.  ``fault`` is the
-    exception a fault response answers (set by the server adapter, so
-    interceptors can pick the fault's WS-A action); ``error`` is what an
-    interceptor raised while the chain ran this message.
-    """
-
-    def __init__(self, envelope: etree._Element | None, direction: Direction, role: Role, *,
-                 http_headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
-                 address: str | None = None, action: str | None = None,
-                 operation: str | None = None, http_status: int | None = None,
-                 exchange: Exchange | None = None, context: dict[str, Any] | None = None,
-                 resume_point: str | None = None) -> None:
-        if not isinstance(direction, Direction):
-            raise TypeError(f"direction must be a Direction, not {direction!r}")
-        if not isinstance(role, Role):
-            raise TypeError(f"role must be a Role, not {role!r}")
-        if envelope is not None and _soap_version_of(envelope) is None:
-            raise ValueError(
-                f"a Message envelope must be a SOAP 1.1 or 1.2 Envelope, not {envelope.tag!r}")
-        self._envelope = envelope
-        self._raw: bytes | None = None
-        self.direction = direction
-        self.role = role
-        self.http_headers = HttpHeaders(http_headers)
-        self.address = address
-        self.action = action
-        self.operation = operation
-        self.http_status = http_status
-        self.context: dict[str, Any] = context if context is not None else {}
-        self.addressing: AddressingHeaders | None = None
-        self.fault: BaseException | None = None
-        self.error: BaseException | None = None
-        self.response: Response | None = None
-        self.resume_point = resume_point
-        self.current: str | None = None
-        self.stopped_by: str | None = None
-        self._state = _RUNNING
-        self.exchange = exchange if exchange is not None else Exchange()
-        if self.is_request:
-            self.exchange.request = self
-        else:
-            self.exchange.response = self
-
-    def __repr__(self) -> str:
-        return (f"<Message {self.direction.value} {self.role.value} {self.operation or ''}"
-                f" {self._state}>")
-
-    @property
-    def envelope(self) -> etree._Element | None:
-        return self._envelope
-
-    @envelope.setter
-    def envelope(self, envelope: etree._Element | None) -> None:
-        self._envelope = envelope
-        self._raw = None
-
-    def serialized_as(self, data: bytes) -> None:
-        """Say that ``data`` is exactly what the envelope serializes to now (its stored form).
-
-        :meth:`to_bytes` then returns ``data`` instead of serializing the tree
-        again, until anything may have changed the envelope: the chain forgets
-        it before it runs any interceptor or hook on the message, and so do
-        :meth:`add_header`, :meth:`remove_header` and replacing the envelope.
-        """
-        if self._envelope is None:
-            raise ChainError("this message has no envelope to serialize")
-        self._raw = data
-
-    # -- what kind of message ---------------------------------------------------
-    @property
-    def is_request(self) -> bool:
-        """A client's outgoing or a server's incoming message (else a response)."""
-        return (self.direction is Direction.OUT) == (self.role is Role.CLIENT)
-
-    @property
-    def request(self) -> Message | None:
-        """The request this message answers (itself for a request)."""
-        return self.exchange.request
-
-    @property
-    def soap_version(self) -> SoapVersion | None:
-        return _soap_version_of(self.envelope)
-
-    @property
-    def body_element(self) -> etree._Element | None:
-        """The first child of the Body (the payload or the Fault), or None."""
-        body = self._part("Body")
-        if body is None:
-            return None
-        return next(children(body), None)
-
-    @property
-    def is_fault(self) -> bool:
-        body = self.body_element
-        version = self.soap_version
-        return body is not None and version is not None and body.tag == version.qname("Fault").text
-
-    # -- headers ----------------------------------------------------------------
-    def _part(self, local: str) -> etree._Element | None:
-        version = self.soap_version
-        if version is None or self.envelope is None:
-            return None
-        tag = version.qname(local).text
-        for child in children(self.envelope):
-            if child.tag == tag:
-                return child
-        return None
-
-    def header_elements(self) -> list[etree._Element]:
-        """The SOAP header blocks, in document order (a new list; the elements are live)."""
-        header = self._part("Header")
-        return list(children(header)) if header is not None else []
-
-    def add_header(self, element: etree._Element, *, first: bool = False) -> etree._Element:
-        """Append (or prepend) a header block, creating the Header if there is none."""
-        version = self.soap_version
-        if version is None or self.envelope is None:
-            raise ChainError("this message has no SOAP envelope to add a header to")
-        self._raw = None
-        header = self._part("Header")
-        if header is None:
-            header = etree.Element(version.qname("Header"))
-            self.envelope.insert(0, header)
-        if first:
-            header.insert(0, element)
-        else:
-            header.append(element)
-        return element
-
-    def remove_header(self, element: etree._Element) -> None:
-        header = self._part("Header")
-        if header is None or element.getparent() is not header:
-            raise ValueError("that element is not a header block of this message")
-        self._raw = None
-        header.remove(element)
-
-    # -- leaving the flow ---------------------------------------------------------
-    def abort(self, response: Response | None = None) -> None:
-        """Consume this message: the chain stops and the message is not delivered.
-
-        ``response`` is what the sender gets instead (server in: the HTTP
-        answer; client out: what the client sees as the reply; server out:
-        replaces the service's answer; client in: its envelope becomes the
-        reply, and without one the caller gets MessageConsumed).  None means
-        an empty 202.
-        """
-        self._stop(_ABORTED, response)
-
-    def suspend(self, response: Response | None = None) -> None:
-        """Like :meth:`abort`, but :meth:`InterceptorChain.resume` can finish the chain later.
-
-        Only an interceptor can suspend (the chain resumes after it by name).
-        """
-        if self.current is None:
-            raise ChainError(
-                "suspend() needs to know which interceptor to resume after: call it from an "
-                "interceptor's handler (hooks can abort, not suspend)")
-        self.resume_point = self.current
-        self._stop(_SUSPENDED, response)
-
-    def _stop(self, state: str, response: Response | None) -> None:
-        if response is not None and not isinstance(response, Response):
-            raise TypeError(f"response must be an interceptors.Response, not {type(response).__name__}")
-        self._state = state
-        self.response = response
-
-    @property
-    def stopped(self) -> bool:
-        """True once aborted or suspended: the adapter must not deliver the message."""
-        return self._state != _RUNNING
-
-    @property
-    def aborted(self) -> bool:
-        return self._state == _ABORTED
-
-    @property
-    def suspended(self) -> bool:
-        return self._state == _SUSPENDED
-
-    # -- storing and rebuilding (for workers that resume later) --------------------
-    def to_bytes(self) -> bytes:
-        if self._envelope is None:
-            raise ChainError("this message has no envelope to serialize")
-        if self._raw is not None:
-            return self._raw
-        return serialize(self._envelope)
-
-    @classmethod
-    def from_bytes(cls, data: bytes, direction: Direction, role: Role, *,
-                   max_size: int = DEFAULT_MAX_SIZE, **kwargs: Any) -> Message:
-        """Rebuild a message from stored or received bytes, parsed safely (no DTD, size-limited)."""
-        return cls(parse_xml(data, max_size=max_size), direction, role, **kwargs)
 
 
 @runtime_checkable
@@ -776,9 +399,7 @@ class InterceptorChain:
         if after is None:
             raise ChainError(
                 f"{message!r} was not suspended; say which interceptor to resume after")
-        message._state = _RUNNING
-        message.response = None
-        message.stopped_by = None
+        message._run_again()
         if message.direction is Direction.IN:
             return self.handle_in(message, after=after)
         return self.handle_out(message, after=after)

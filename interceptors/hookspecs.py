@@ -25,14 +25,13 @@ hook calls ``message.abort(...)`` like an interceptor would.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import pluggy
 
-if TYPE_CHECKING:  # imports for the annotations only: chain imports this module
-    from .chain import InterceptorChain, Message, Phase
+from .message import Message, Phase
 
-__all__ = ["PROJECT_NAME", "hookspec", "hookimpl",
+__all__ = ["PROJECT_NAME", "hookspec", "hookimpl", "InterceptorRegistry",
            "wsrm_register_interceptors", "wsrm_in_message", "wsrm_out_message", "wsrm_fault",
            "wsrm_lifecycle_started"]
 
@@ -43,8 +42,18 @@ hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
+class InterceptorRegistry(Protocol):
+    """What :func:`wsrm_register_interceptors` is given: an
+    :class:`~interceptors.chain.InterceptorChain` (named by what a plugin may do
+    with it, so that this module does not import the chain that loads it)."""
+
+    def add(self, *interceptors: Any) -> None: ...
+
+    def remove(self, name: str) -> Any: ...
+
+
 @hookspec(historic=True)
-def wsrm_register_interceptors(chain: InterceptorChain) -> None:
+def wsrm_register_interceptors(chain: InterceptorRegistry) -> None:
     """Add this plugin's interceptors to ``chain`` (``chain.add(MyInterceptor())``).
 
     Historic: a plugin registered after the chain was built is still called,

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from txmanager import operator
 
-    from wsrm_plugin import status
+    from wsrm_plugin import status_command
     from wsrm_plugin.tools import demo, txdemo
 
     p = sub.add_parser("demo", help="the main job: the end-to-end WS-RM demo on embedded defaults",
@@ -30,9 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(run=demo.run)
 
     p = sub.add_parser("status", help="sequences and counters of a message store (or Prometheus metrics)",
-                       description=status.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    status.add_arguments(p)
-    p.set_defaults(run=status.run)
+                       description=status_command.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    status_command.add_arguments(p)
+    p.set_defaults(run=status_command.run)
 
     from wsrm_plugin import resend
 

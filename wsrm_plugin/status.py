@@ -25,15 +25,12 @@ a running engine, even one stuck behind in-doubt branches.
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import sys
 from dataclasses import dataclass
-from typing import IO
 
-from .store import StorageManager, StoreStatus, open_store
+from .store import StorageManager, StoreStatus
 
-__all__ = ["SequenceRow", "StoreReport", "report", "format_report", "add_arguments", "run"]
+__all__ = ["SequenceRow", "StoreReport", "report", "format_report"]
 
 
 @dataclass(frozen=True)
@@ -130,42 +127,3 @@ def format_report(r: StoreReport) -> str:
                      "`wsrm resend --store URL --sequence ID` sends them again on a new sequence):")]
         out += [f"  {sequence}: {reason}" for sequence, reason in r.faults]
     return "\n".join(out) + "\n"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", required=True,
-                   help="the store URL: sqlite:///path.db, postgresql://..., memory: (empty, for tests)")
-    what = p.add_mutually_exclusive_group()
-    what.add_argument("--prometheus", action="store_true",
-                      help="print the Prometheus text exposition format instead of the table")
-    what.add_argument("--serve-metrics", type=int, metavar="PORT",
-                      help="serve the metrics at http://HOST:PORT/metrics until interrupted")
-    p.add_argument("--host", default="127.0.0.1", help="address for --serve-metrics (default 127.0.0.1)")
-
-
-def run(args: argparse.Namespace, out: IO[str] | None = None) -> int:
-    out = out or sys.stdout
-    try:
-        store = open_store(args.store, create=False)
-    except (ValueError, OSError) as exc:
-        sys.stderr.write(f"wsrm status: cannot open {args.store!r}: {exc}\n")
-        return 2
-    except Exception as exc:  # a store error (unreachable database, newer schema...)
-        sys.stderr.write(f"wsrm status: cannot open {args.store!r}: {type(exc).__name__}: {exc}\n")
-        return 2
-    try:
-        if args.serve_metrics is not None:
-            from .metrics import serve_forever
-
-            serve_forever(store, args.host, args.serve_metrics, out=out)
-            return 0
-        r = report(store)
-        if args.prometheus:
-            from .metrics import exposition
-
-            out.write(exposition(r))
-        else:
-            out.write(format_report(r))
-        return 0
-    finally:
-        store.close()
