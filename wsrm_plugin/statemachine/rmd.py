@@ -43,6 +43,7 @@ whether it is).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -137,77 +138,83 @@ class RMDDuty(Enum):
 _NEW_MESSAGE_EVENTS = (RMDEvent.AMR_SC, RMDEvent.AMR_SNC, RMDEvent.LMR_SC, RMDEvent.LMR_SNC)
 
 
+# One rule per event (the four new-message events share one): each says, for any state, what the
+# event does or why it is refused.  ``rmd_transition`` only looks the rule up.
+
+def _new_message(s: RMDState, event: RMDEvent) -> Transition[RMDState]:
+    is_last = event in (RMDEvent.LMR_SC, RMDEvent.LMR_SNC)
+    completes = event in (RMDEvent.AMR_SC, RMDEvent.LMR_SC)
+    if s.terminate_received:
+        raise InvalidTransition(s, event, Reason.SEQUENCE_TERMINATED)
+    if s.closed:
+        raise InvalidTransition(s, event, Reason.SEQUENCE_CLOSED)
+    if s.every_message_received:
+        raise InvalidTransition(s, event, Reason.LAST_MESSAGE_NUMBER_EXCEEDED,
+                                "every message up to the last was received")
+    if is_last and s.last_message_received:
+        raise InvalidTransition(s, event, Reason.LAST_MESSAGE_NUMBER_EXCEEDED,
+                                "another message was already marked last")
+    if completes and not is_last and not s.last_message_received:
+        raise InvalidTransition(s, event, Reason.LAST_MESSAGE_UNKNOWN)
+    new = s.replace(first_message_received=True, last_message_received=s.last_message_received or is_last,
+                    every_message_received=completes)
+    actions = (RMDAction.ACCEPT_MESSAGE,) + ((RMDAction.RECORD_LAST,) if is_last else ()) \
+        + ((RMDAction.COMPLETE_DELIVERY,) if completes else ())
+    return Transition(s, new, actions)
+
+
+def _duplicate(s: RMDState, event: RMDEvent) -> Transition[RMDState]:
+    if s.terminate_received:
+        raise InvalidTransition(s, event, Reason.SEQUENCE_TERMINATED)
+    if not s.first_message_received:
+        raise InvalidTransition(s, event, Reason.UNEXPECTED,
+                                "nothing was received yet, so nothing can be a duplicate")
+    return Transition(s, s)
+
+
+def _ended(s: RMDState, reply: tuple[RMDAction, ...], **changes: bool) -> Transition[RMDState]:
+    """A sequence closed or terminated: an incomplete one can never be completed now, so it is
+    closed too and its invoker buffer told that nothing more will come."""
+    if s.every_message_received or s.closed:
+        return Transition(s, s.replace(**changes), reply)
+    return Transition(s, s.replace(**{**changes, "closed": True}), reply + (RMDAction.END_DELIVERY,))
+
+
+def _terminate(s: RMDState, event: RMDEvent) -> Transition[RMDState]:
+    if s.terminate_received:
+        return Transition(s, s, (RMDAction.REPLY_TERMINATE,))  # the first response may have been lost
+    return _ended(s, (RMDAction.REPLY_TERMINATE,), terminate_received=True)
+
+
+def _close(s: RMDState, event: RMDEvent) -> Transition[RMDState]:
+    if s.terminate_received:
+        raise InvalidTransition(s, event, Reason.SEQUENCE_TERMINATED)
+    if s.closed:
+        return Transition(s, s, (RMDAction.REPLY_CLOSE,))  # the first response may have been lost
+    return _ended(s, (RMDAction.REPLY_CLOSE,), closed=True)
+
+
+def _inactivity_timeout(s: RMDState, event: RMDEvent) -> Transition[RMDState]:
+    if s.terminate_received:
+        return Transition(s, s)
+    return _ended(s, (), terminate_received=True)
+
+
+_RULES: dict[RMDEvent, Callable[[RMDState, RMDEvent], Transition[RMDState]]] = {
+    **{event: _new_message for event in _NEW_MESSAGE_EVENTS},
+    RMDEvent.DUPLICATE: _duplicate,
+    RMDEvent.TMR: _terminate,
+    RMDEvent.CLOSE_RECEIVED: _close,
+    RMDEvent.INACTIVITY_TIMEOUT: _inactivity_timeout,
+}
+
+
 def rmd_transition(state: RMDState, event: RMDEvent) -> Transition[RMDState]:
     """Apply ``event`` to ``state``; raises :class:`InvalidTransition` when not allowed."""
-
-    def go(new: RMDState = state, *actions: RMDAction) -> Transition[RMDState]:
-        return Transition(state, new, actions)
-
-    def refuse(reason: Reason, detail: str = "") -> InvalidTransition:
-        return InvalidTransition(state, event, reason, detail)
-
-    s = state
-    if event in _NEW_MESSAGE_EVENTS:
-        is_last = event in (RMDEvent.LMR_SC, RMDEvent.LMR_SNC)
-        completes = event in (RMDEvent.AMR_SC, RMDEvent.LMR_SC)
-        if s.terminate_received:
-            raise refuse(Reason.SEQUENCE_TERMINATED)
-        if s.closed:
-            raise refuse(Reason.SEQUENCE_CLOSED)
-        if s.every_message_received:
-            raise refuse(Reason.LAST_MESSAGE_NUMBER_EXCEEDED, "every message up to the last was received")
-        if is_last and s.last_message_received:
-            raise refuse(Reason.LAST_MESSAGE_NUMBER_EXCEEDED, "another message was already marked last")
-        if completes and not is_last and not s.last_message_received:
-            raise refuse(Reason.LAST_MESSAGE_UNKNOWN)
-        new = s.replace(
-            first_message_received=True,
-            last_message_received=s.last_message_received or is_last,
-            every_message_received=completes,
-        )
-        actions = [RMDAction.ACCEPT_MESSAGE]
-        if is_last:
-            actions.append(RMDAction.RECORD_LAST)
-        if completes:
-            actions.append(RMDAction.COMPLETE_DELIVERY)
-        return go(new, *actions)
-
-    match event:
-        case RMDEvent.DUPLICATE:
-            if s.terminate_received:
-                raise refuse(Reason.SEQUENCE_TERMINATED)
-            if not s.first_message_received:
-                raise refuse(Reason.UNEXPECTED, "nothing was received yet, so nothing can be a duplicate")
-            return go()
-
-        case RMDEvent.TMR:
-            if s.terminate_received:
-                return go(s, RMDAction.REPLY_TERMINATE)  # the first response may have been lost
-            if s.every_message_received or s.closed:
-                return go(s.replace(terminate_received=True), RMDAction.REPLY_TERMINATE)
-            return go(
-                s.replace(terminate_received=True, closed=True),
-                RMDAction.REPLY_TERMINATE,
-                RMDAction.END_DELIVERY,
-            )
-
-        case RMDEvent.CLOSE_RECEIVED:
-            if s.terminate_received:
-                raise refuse(Reason.SEQUENCE_TERMINATED)
-            if s.closed:
-                return go(s, RMDAction.REPLY_CLOSE)  # the first response may have been lost
-            if s.every_message_received:
-                return go(s.replace(closed=True), RMDAction.REPLY_CLOSE)
-            return go(s.replace(closed=True), RMDAction.REPLY_CLOSE, RMDAction.END_DELIVERY)
-
-        case RMDEvent.INACTIVITY_TIMEOUT:
-            if s.terminate_received:
-                return go()
-            if s.every_message_received or s.closed:
-                return go(s.replace(terminate_received=True))
-            return go(s.replace(terminate_received=True, closed=True), RMDAction.END_DELIVERY)
-
-    raise TypeError(f"not an RMDEvent: {event!r}")
+    rule = _RULES.get(event)
+    if rule is None:
+        raise TypeError(f"not an RMDEvent: {event!r}")
+    return rule(state, event)
 
 
 def rmd_duties(state: RMDState) -> frozenset[RMDDuty]:

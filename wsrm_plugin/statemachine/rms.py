@@ -58,6 +58,7 @@ CloseSequence's LastMsgNumber instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -164,75 +165,94 @@ class RMSDuty(Enum):
     RELEASE = "nothing more will happen: the record may be deleted"
 
 
+# One rule per event (or pair of events that share one): each says, for any state, what the
+# event does or why it is refused.  ``rms_transition`` only looks the rule up.
+
+def _application_message(s: RMSState, event: RMSEvent) -> Transition[RMSState]:
+    if s.terminate_sent:
+        raise InvalidTransition(s, event, Reason.SEQUENCE_TERMINATED)
+    if s.faulted:
+        raise InvalidTransition(s, event, Reason.SEQUENCE_FAULTED)
+    if s.closed:
+        raise InvalidTransition(s, event, Reason.SEQUENCE_CLOSED)
+    if s.last_message_received:
+        raise InvalidTransition(s, event, Reason.LAST_MESSAGE_NUMBER_EXCEEDED,
+                                "the application already said it was done")
+    return Transition(s, s.replace(messages_in_buffer=True), (RMSAction.BUFFER_MESSAGE,))
+
+
+def _last_message(s: RMSState, event: RMSEvent) -> Transition[RMSState]:
+    if s.last_message_received or not s.live:
+        return Transition(s, s)  # saying "done" again, or to a dead sequence, changes nothing
+    return Transition(s, s.replace(last_message_received=True), (RMSAction.RECORD_LAST,))
+
+
+def _create_sequence_response(s: RMSState, event: RMSEvent) -> Transition[RMSState]:
+    if s.sequence_started or not s.live:
+        return Transition(s, s)  # a retransmitted CreateSequence answered again, or a late answer
+    return Transition(s, s.replace(sequence_started=True), (RMSAction.RECORD_SEQUENCE,))
+
+
+def _acknowledgement(s: RMSState, event: RMSEvent) -> Transition[RMSState]:
+    if not s.live:
+        return Transition(s, s)  # late acknowledgement
+    if not s.sequence_started:
+        raise InvalidTransition(s, event, Reason.UNKNOWN_SEQUENCE)
+    if not s.messages_in_buffer:
+        return Transition(s, s)  # everything was acknowledged already
+    new = s if event is RMSEvent.ACK else s.replace(messages_in_buffer=False)
+    return Transition(s, new, (RMSAction.DISCARD_ACKED,))
+
+
+def _ending(s: RMSState, event: RMSEvent, done: bool, what: str) -> Transition[RMSState] | None:
+    """What CloseSequenceResponse and TerminateSequence share: both follow the ack for every
+    message of a started sequence; None when the event may go ahead."""
+    if done:
+        return Transition(s, s)  # the response to a retransmitted request, or sent already
+    if not s.sequence_started:
+        raise InvalidTransition(s, event, Reason.UNKNOWN_SEQUENCE)
+    if s.messages_in_buffer or not s.last_message_received:
+        raise InvalidTransition(s, event, Reason.UNEXPECTED,
+                                f"{what} is only sent once every message is acknowledged")
+    return None
+
+
+def _close_response(s: RMSState, event: RMSEvent) -> Transition[RMSState]:
+    return (_ending(s, event, s.closed or not s.live, "CloseSequence")
+            or Transition(s, s.replace(closed=True)))
+
+
+def _terminate_sent(s: RMSState, event: RMSEvent) -> Transition[RMSState]:
+    if s.faulted and not s.terminate_sent:
+        raise InvalidTransition(s, event, Reason.SEQUENCE_FAULTED)
+    return (_ending(s, event, s.terminate_sent, "TerminateSequence")
+            or Transition(s, s.replace(terminate_sent=True)))
+
+
+def _fault(s: RMSState, event: RMSEvent) -> Transition[RMSState]:
+    if not s.live:
+        return Transition(s, s)
+    return Transition(s, s.replace(faulted=True, messages_in_buffer=False), (RMSAction.REPORT_FAULT,))
+
+
+_RULES: dict[RMSEvent, Callable[[RMSState, RMSEvent], Transition[RMSState]]] = {
+    RMSEvent.AMR: _application_message,
+    RMSEvent.LMR: _last_message,
+    RMSEvent.CRR: _create_sequence_response,
+    RMSEvent.ACK: _acknowledgement,
+    RMSEvent.ACKALL: _acknowledgement,
+    RMSEvent.CLOSE_RESPONSE: _close_response,
+    RMSEvent.TERMINATE_SENT: _terminate_sent,
+    RMSEvent.FAULT: _fault,
+}
+
+
 def rms_transition(state: RMSState, event: RMSEvent) -> Transition[RMSState]:
     """Apply ``event`` to ``state``; raises :class:`InvalidTransition` when not allowed."""
-
-    def go(new: RMSState = state, *actions: RMSAction) -> Transition[RMSState]:
-        return Transition(state, new, actions)
-
-    def refuse(reason: Reason, detail: str = "") -> InvalidTransition:
-        return InvalidTransition(state, event, reason, detail)
-
-    s = state
-    match event:
-        case RMSEvent.AMR:
-            if s.terminate_sent:
-                raise refuse(Reason.SEQUENCE_TERMINATED)
-            if s.faulted:
-                raise refuse(Reason.SEQUENCE_FAULTED)
-            if s.closed:
-                raise refuse(Reason.SEQUENCE_CLOSED)
-            if s.last_message_received:
-                raise refuse(Reason.LAST_MESSAGE_NUMBER_EXCEEDED, "the application already said it was done")
-            return go(s.replace(messages_in_buffer=True), RMSAction.BUFFER_MESSAGE)
-
-        case RMSEvent.LMR:
-            if s.last_message_received or not s.live:
-                return go()  # saying "done" again, or to a dead sequence, changes nothing
-            return go(s.replace(last_message_received=True), RMSAction.RECORD_LAST)
-
-        case RMSEvent.CRR:
-            if s.sequence_started or not s.live:
-                return go()  # a retransmitted CreateSequence answered again, or a late answer
-            return go(s.replace(sequence_started=True), RMSAction.RECORD_SEQUENCE)
-
-        case RMSEvent.ACK | RMSEvent.ACKALL:
-            if not s.live:
-                return go()  # late acknowledgement
-            if not s.sequence_started:
-                raise refuse(Reason.UNKNOWN_SEQUENCE)
-            if not s.messages_in_buffer:
-                return go()  # everything was acknowledged already
-            if event is RMSEvent.ACK:
-                return go(s, RMSAction.DISCARD_ACKED)
-            return go(s.replace(messages_in_buffer=False), RMSAction.DISCARD_ACKED)
-
-        case RMSEvent.CLOSE_RESPONSE:
-            if s.closed or not s.live:
-                return go()  # the response to a retransmitted CloseSequence
-            if not s.sequence_started:
-                raise refuse(Reason.UNKNOWN_SEQUENCE)
-            if s.messages_in_buffer or not s.last_message_received:
-                raise refuse(Reason.UNEXPECTED, "CloseSequence is only sent once every message is acknowledged")
-            return go(s.replace(closed=True))
-
-        case RMSEvent.TERMINATE_SENT:
-            if s.terminate_sent:
-                return go()
-            if s.faulted:
-                raise refuse(Reason.SEQUENCE_FAULTED)
-            if not s.sequence_started:
-                raise refuse(Reason.UNKNOWN_SEQUENCE)
-            if s.messages_in_buffer or not s.last_message_received:
-                raise refuse(Reason.UNEXPECTED, "TerminateSequence is only sent once every message is acknowledged")
-            return go(s.replace(terminate_sent=True))
-
-        case RMSEvent.FAULT:
-            if not s.live:
-                return go()
-            return go(s.replace(faulted=True, messages_in_buffer=False), RMSAction.REPORT_FAULT)
-
-    raise TypeError(f"not an RMSEvent: {event!r}")
+    rule = _RULES.get(event)
+    if rule is None:
+        raise TypeError(f"not an RMSEvent: {event!r}")
+    return rule(state, event)
 
 
 def rms_duties(state: RMSState, *, close_first: bool = False) -> frozenset[RMSDuty]:
