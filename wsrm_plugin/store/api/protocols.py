@@ -1,621 +1,47 @@
-"""The WS-RM storage API: where every sequence's state lives between events.
+"""What a store is: the :class:`StorageManager` that opens :class:`StoreTransaction` objects,
+and the four managers a transaction gives (source sequences, the retransmission queue,
+destination sequences, the invoker buffer).
 
-Seed 004 (WSO2 Mercury, section 3.4.3) keeps the state of the reliable
-messaging engine in a store, not in objects: each event (a message from the
-application, an acknowledgement from the peer, a tick of a worker) is a short
-*transaction* that reads the state, applies the state machine and writes the
-state back.  Because the store is transactional, and because it can take part
-in an XA transaction, a user's "update my database AND enqueue this message"
-commits atomically.
-
-The shape follows Mercury (and CXF's ``RMStore``):
-
-* :class:`StorageManager` opens :class:`StoreTransaction` objects;
-* a transaction gives four managers: :attr:`StoreTransaction.rms` (source
-  sequences), :attr:`StoreTransaction.rms_messages` (the retransmission queue),
-  :attr:`StoreTransaction.rmd` (destination sequences) and
-  :attr:`StoreTransaction.invoker` (the buffer between the destination and the
-  application);
-* records are frozen dataclasses: a manager hands out copies and takes changes
-  through its methods, so nothing changes behind the transaction's back.
-
-Lock order
-----------
-Two transactions that lock the same things in different orders deadlock.
-Seed 004's rule, kept here: **RMD sequence, then invoker buffer, then RMS**.
-A transaction may skip a level, never go back up: every manager method that
-locks says so, and a transaction that asks for a lock of a lower rank after
-a higher one (e.g. an RMD sequence after an RMS sequence) gets
-:class:`LockOrderError` at once, in every store, instead of a deadlock some day
-in production.  Methods that only list or count (``needing_work``,
-``count_unacked``, ``status``...) take no lock and see committed data plus the
-transaction's own changes.
-
-Pollers (``due_messages``, ``claim_next``) skip rows another transaction holds
-(SQL ``FOR UPDATE SKIP LOCKED``), so several workers can share one store.
-
-Time is wall-clock seconds (``time.time()``), because it is stored and must
-mean the same after a restart; every method that stamps a time takes an
-optional ``now`` so tests and workers can pass their own clock.
+Each is an abstract class a store implements (memory, SQLite, PostgreSQL); the
+default methods here are written once against the abstract ones, so a store only
+writes what its storage does differently.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import re
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Iterable
 from typing import Any, ClassVar, Self
 
 from txmanager.xa import XAResource
 
-from ..statemachine.ackranges import AckRanges
-from ..statemachine.common import MAX_MESSAGE_NUMBER
-
-__all__ = [
-    # errors
-    "StoreError", "DuplicateSequenceError", "UnknownSequenceError",
-    "UnknownMessageError", "InvalidAcknowledgementError", "MessageNumberRolloverError",
-    "SequenceNotOpenError", "LockOrderError", "LockTimeoutError", "InDoubtBranchesError",
-    "TransactionClosedError", "SchemaVersionError", "StoreClosedError", "StoreNotFoundError",
-    # records
-    "RmsSequence", "RmsMessage", "RmdSequence", "BufferedMessage", "InvokerSequence", "PoisonMessage",
-    "RmsSequenceStatus", "RmdSequenceStatus", "StoreStatus",
-    # ranges
-    "AckRanges", "MAX_MESSAGE_NUMBER", "check_number", "format_ranges", "parse_ranges",
-    # API
-    "RANK_RMD", "RANK_INVOKER", "RANK_RMS",
-    "RmsSequenceManager", "RmsMessageManager", "RmdSequenceManager", "InvokerBufferManager",
-    "StoreTransaction", "StorageManager",
-]
+from ...statemachine.ackranges import AckRanges
+from .errors import (
+    _RANK_NAMES,
+    LockOrderError,
+    StoreError,
+    TransactionClosedError,
+    UnknownMessageError,
+    UnknownSequenceError,
+)
+from .ranges import check_number, format_ranges
+from .records import (
+    BufferedMessage,
+    InvokerSequence,
+    PoisonMessage,
+    RmdSequence,
+    RmdSequenceStatus,
+    RmsMessage,
+    RmsSequence,
+    RmsSequenceStatus,
+    StoreStatus,
+    _now,
+    rmd_state_name,
+    rms_state_name,
+)
 
 log = logging.getLogger(__name__)
-
-
-#: Lock ranks, in the only order a transaction may take them (seed 004).
-RANK_RMD = 0
-RANK_INVOKER = 1
-RANK_RMS = 2
-_RANK_NAMES = {RANK_RMD: "RMD sequence", RANK_INVOKER: "invoker buffer", RANK_RMS: "RMS sequence"}
-
-
-# --------------------------------------------------------------------------
-# Errors
-# --------------------------------------------------------------------------
-
-class StoreError(Exception):
-    """Base of every error the store raises."""
-
-
-class DuplicateSequenceError(StoreError):
-    """A sequence with that key or identifier already exists."""
-
-
-class UnknownSequenceError(StoreError, KeyError):
-    """No such sequence (the engine answers a peer with the UnknownSequence fault)."""
-
-    def __init__(self, kind: str, ident: str) -> None:
-        self.kind = kind
-        self.ident = ident
-        super().__init__(f"no {kind} sequence {ident!r} in the store")
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0])
-
-
-class UnknownMessageError(StoreError, KeyError):
-    """No such message in the store (never enqueued, or purged)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class InvalidAcknowledgementError(StoreError):
-    """An acknowledgement names messages this source never sent.
-
-    WS-RM calls this the InvalidAcknowledgement fault; ``numbers`` are the
-    offending message numbers (at most the first 20), and nothing was changed.
-    """
-
-    def __init__(self, sequence_key: str, numbers: Sequence[int], highest_number: int) -> None:
-        self.sequence_key = sequence_key
-        self.numbers = tuple(numbers[:20])
-        self.highest_number = highest_number
-        super().__init__(
-            f"acknowledgement for RMS sequence {sequence_key!r} names message numbers "
-            f"{list(self.numbers)} that were never sent (highest number handed out: "
-            f"{highest_number}); answer the peer with the InvalidAcknowledgement fault")
-
-
-class MessageNumberRolloverError(StoreError):
-    """The sequence has used every message number (WS-RM MessageNumberRollover)."""
-
-
-class SequenceNotOpenError(StoreError):
-    """The source sequence takes no more messages (last message set, closed or faulted)."""
-
-
-class LockOrderError(StoreError):
-    """A transaction asked for locks against the store's lock order (a programming error)."""
-
-
-class LockTimeoutError(StoreError):
-    """A lock could not be had within the store's lock timeout (another transaction holds it).
-
-    The transaction that waited can only roll back (PostgreSQL aborts it; the
-    other stores behave the same): roll it back and retry it.
-    """
-
-
-class StoreUnavailableError(StoreError):
-    """The store cannot take writes now: its disk is full, its database is down or unreachable.
-
-    Nothing was changed (the transaction rolled back).  Not the caller's
-    fault and not the message's: a destination answers "retry later" (HTTP
-    503) and an invoker tries the delivery again without counting it as a
-    failed attempt of the message.
-    """
-
-
-class InDoubtBranchesError(LockTimeoutError):
-    """Prepared XA branches hold the store; recovery must commit or roll them back first."""
-
-    def __init__(self, message: str, xids: Sequence[Any] = ()) -> None:
-        self.xids = tuple(xids)
-        super().__init__(message)
-
-
-class TransactionClosedError(StoreError):
-    """The store transaction already committed or rolled back."""
-
-
-class StoreClosedError(StoreError):
-    """The storage manager was closed."""
-
-
-class SchemaVersionError(StoreError):
-    """The store's schema is newer than this code understands (or unreadable)."""
-
-
-class StoreNotFoundError(StoreError):
-    """``create=False`` and there is no store there: an operator tool must not invent an
-    empty store from a mistyped path and then report it as healthy."""
-
-
-# --------------------------------------------------------------------------
-# Ranges of message numbers: the state machines' AckRanges, stored as text
-# --------------------------------------------------------------------------
-
-_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
-
-
-def check_number(number: int, what: str = "message number") -> int:
-    """Reject anything that is not a WS-RM message number (1 .. 2**63-1)."""
-    if isinstance(number, bool) or not isinstance(number, int):
-        raise TypeError(f"{what} must be an int, not {type(number).__name__}")
-    if not 1 <= number <= MAX_MESSAGE_NUMBER:
-        raise ValueError(f"{what} {number} is outside 1..{MAX_MESSAGE_NUMBER}")
-    return number
-
-
-def format_ranges(ranges: AckRanges) -> str:
-    """Compact text form, ``"1-5,7,9-12"`` ("" when empty): how the SQL stores keep ranges."""
-    return str(ranges) if ranges else ""
-
-
-def parse_ranges(text: str | None) -> AckRanges:
-    """The ranges a SQL store wrote as text (see :func:`format_ranges`).
-
-    Cached: a busy sequence's row is read several times per message with the
-    same text ("1-41234"), and the value is immutable."""
-    if not text:
-        return _NO_RANGES
-    return _parse_ranges(text)
-
-
-_NO_RANGES = AckRanges()
-
-
-@functools.lru_cache(maxsize=1024)
-def _parse_ranges(text: str) -> AckRanges:
-    out = []
-    for part in text.split(","):
-        m = _RANGE_RE.match(part)
-        if not m:
-            raise StoreError(f"corrupt range list in the store: {text!r}")
-        lo = int(m.group(1))
-        out.append((lo, int(m.group(2)) if m.group(2) else lo))
-    try:
-        return AckRanges.from_ranges(out)
-    except ValueError as exc:
-        raise StoreError(f"corrupt range list in the store: {text!r}: {exc}") from None
-
-
-# --------------------------------------------------------------------------
-# Records
-# --------------------------------------------------------------------------
-
-def _now(now: float | None) -> float:
-    return time.time() if now is None else float(now)
-
-
-class _Record:
-    """Shared helpers of the record dataclasses."""
-
-    #: Fields a manager's ``update`` may change; the others are managed by the store.
-    UPDATABLE: ClassVar[frozenset[str]] = frozenset()
-
-    @classmethod
-    def check_changes(cls, changes: dict[str, Any]) -> None:
-        unknown = set(changes) - cls.UPDATABLE
-        if unknown:
-            raise TypeError(
-                f"{cls.__name__} fields {sorted(unknown)} cannot be updated this way; "
-                f"updatable: {sorted(cls.UPDATABLE)}")
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True, slots=True)
-class RmsSequence(_Record):
-    """A source (sending) sequence.
-
-    ``key`` is the client's own name for the sequence (CXF's "internal key",
-    e.g. target address + a user-chosen conversation id); ``sequence_id`` is
-    the identifier the destination handed out in CreateSequenceResponse, None
-    until then.  The boolean factors are seed 004's RMS state factors plus
-    WS-RM 1.1's close and the faulted end state.  ``next_control_at`` is when the
-    RMS worker should next look at the sequence for a control message
-    (CreateSequence, CloseSequence, TerminateSequence, a retry of one); the
-    engine sets it, :meth:`RmsSequenceManager.needing_work` lists it.
-    """
-
-    UPDATABLE: ClassVar[frozenset[str]] = frozenset({
-        "target", "acks_to", "sequence_id", "started", "last_message", "last_number",
-        "close_sent", "closed", "terminate_sent", "faulted", "fault_reason",
-        "control_attempts", "next_control_at", "expires", "last_activity",
-    })
-
-    key: str
-    target: str
-    acks_to: str
-    rm_version: str
-    wsa_version: str
-    offered_id: str | None = None
-    sequence_id: str | None = None
-    started: bool = False
-    last_message: bool = False
-    last_number: int | None = None
-    close_sent: bool = False
-    closed: bool = False
-    terminate_sent: bool = False
-    faulted: bool = False
-    fault_reason: str | None = None
-    next_number: int = 1
-    control_attempts: int = 0
-    next_control_at: float | None = None
-    expires: float | None = None
-    created_at: float = 0.0
-    last_activity: float = 0.0
-    #: Retransmissions of messages already purged (the status counter keeps them).
-    purged_retransmissions: int = 0
-
-    @property
-    def highest_number(self) -> int:
-        """The highest message number handed out so far (0 for none)."""
-        return self.next_number - 1
-
-    @property
-    def accepts_messages(self) -> bool:
-        return not (self.last_message or self.closed or self.close_sent
-                    or self.terminate_sent or self.faulted)
-
-
-@dataclass(frozen=True, slots=True)
-class RmsMessage(_Record):
-    """An application message in the retransmission queue of a source sequence.
-
-    ``payload`` is the complete SOAP envelope as sent (the engine rewrites only
-    the headers that change per attempt).  ``reply_callback`` is the import path
-    (``"package.module:function"``) of what handles the response of an in-out
-    call, with ``reply_context`` its opaque bytes: a path and bytes, not a Python
-    object, so the reply can still be handled after a restart.  A message with
-    a reply callback stays ``reply_pending`` (and is not purged) until
-    :meth:`RmsMessageManager.reply_received`.
-    """
-
-    sequence_key: str
-    number: int
-    message_id: str
-    action: str
-    soap_version: str
-    payload: bytes
-    last: bool = False
-    reply_callback: str | None = None
-    reply_context: bytes | None = None
-    reply_pending: bool = False
-    send_count: int = 0
-    next_send_at: float = 0.0
-    last_sent_at: float | None = None
-    acked: bool = False
-    created_at: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class RmdSequence(_Record):
-    """A destination (receiving) sequence.
-
-    ``received`` holds the message numbers seen so far as merged ranges (the
-    ranges a SequenceAcknowledgement carries), so a long sequence costs a few
-    bytes, not a row per message.  ``ack_due_at`` is the batched-ack flag: when
-    set, the RMD worker owes AcksTo an acknowledgement at that time.
-    """
-
-    UPDATABLE: ClassVar[frozenset[str]] = frozenset({
-        "acks_to", "last_number", "closed", "terminated", "ack_due_at", "expires",
-        "last_activity",
-    })
-
-    sequence_id: str
-    acks_to: str
-    rm_version: str
-    wsa_version: str
-    principal: str | None = None
-    offered_id: str | None = None
-    received: AckRanges = AckRanges()
-    last_number: int | None = None
-    closed: bool = False
-    terminated: bool = False
-    ack_due_at: float | None = None
-    expires: float | None = None
-    created_at: float = 0.0
-    last_activity: float = 0.0
-
-    @property
-    def first_received(self) -> bool:
-        return bool(self.received)
-
-    @property
-    def last_received(self) -> bool:
-        return self.last_number is not None
-
-    @property
-    def every_received(self) -> bool:
-        """Seed 004's "every message received": the last number is known and nothing is missing."""
-        return self.last_number is not None and self.received.is_complete_up_to(self.last_number)
-
-
-@dataclass(frozen=True, slots=True)
-class BufferedMessage(_Record):
-    """A message received in order or not, waiting for the application.
-
-    ``attempts``, ``cycle``, ``next_attempt_at`` and ``last_error`` are its
-    delivery history, kept durably so a restart goes on where it was (WCF's
-    retry count and retry cycle of a queued message): failed attempts in the
-    current cycle, retry cycles begun after the first, when it may be tried
-    again (None: at once), and why the last attempt failed.  A message whose
-    ``cycle`` is beyond the policy's last cycle is due for the poison store.
-    """
-
-    sequence_id: str
-    number: int
-    message_id: str | None
-    action: str
-    soap_version: str
-    payload: bytes
-    reply_to: str | None = None
-    received_at: float = 0.0
-    attempts: int = 0
-    cycle: int = 0
-    next_attempt_at: float | None = None
-    last_error: str | None = None
-
-    @property
-    def waiting_for_retry(self) -> bool:
-        """Has it failed at least once and not been delivered yet?"""
-        return self.attempts > 0 or self.cycle > 0
-
-
-@dataclass(frozen=True, slots=True)
-class PoisonMessage(_Record):
-    """A message the application failed to process in every retry cycle (the poison store).
-
-    Kept in the same store as the buffer it came from and never deleted by
-    the engine: an operator retries it (back into its sequence's buffer) or
-    discards it (``wsrm poison``).  ``held`` says whether its sequence waits
-    for it (the hold policy: nothing after it is delivered meanwhile).
-    ``total_attempts`` counts every attempt over every cycle.
-    """
-
-    sequence_id: str
-    number: int
-    message_id: str | None
-    action: str
-    soap_version: str
-    payload: bytes
-    reply_to: str | None = None
-    received_at: float = 0.0
-    total_attempts: int = 0
-    cycles: int = 0
-    last_error: str | None = None
-    poisoned_at: float = 0.0
-    held: bool = True
-
-    @property
-    def poison_id(self) -> str:
-        """The operator's name for it: ``<sequence id>#<number>`` (``wsrm poison show ID``)."""
-        return f"{self.sequence_id}#{self.number}"
-
-
-@dataclass(frozen=True, slots=True)
-class InvokerSequence(_Record):
-    """What the invoker has handed to the application for one sequence."""
-
-    sequence_id: str
-    delivered: AckRanges = AckRanges()
-    buffered: int = 0
-
-    @property
-    def next_in_order(self) -> int:
-        """The number InOrder delivery waits for next."""
-        return self.delivered.next_expected
-
-    @property
-    def delivered_count(self) -> int:
-        return self.delivered.count
-
-
-@dataclass(frozen=True, slots=True)
-class RmsSequenceStatus:
-    key: str
-    sequence_id: str | None
-    state: str
-    next_number: int
-    unacked: int
-    stored: int
-    retransmissions: int
-    fault_reason: str | None = None
-    last_activity: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class RmdSequenceStatus:
-    sequence_id: str
-    state: str
-    received: str
-    last_number: int | None
-    buffered: int
-    delivered: int
-    last_activity: float = 0.0
-    #: Buffered messages that failed at least once and wait for their next attempt.
-    retrying: int = 0
-    #: Messages of the sequence in the poison store.
-    poisoned: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class StoreStatus:
-    """The counters ``wsrm status`` prints."""
-
-    rms: tuple[RmsSequenceStatus, ...] = ()
-    rmd: tuple[RmdSequenceStatus, ...] = ()
-    prepared_branches: int = 0
-    #: Buffered messages waiting for a retry after a failed delivery (every sequence).
-    retrying: int = 0
-    #: Messages in the poison store (every sequence, also those already released).
-    poisoned: int = 0
-
-    @property
-    def unacked(self) -> int:
-        return sum(s.unacked for s in self.rms)
-
-    @property
-    def retransmissions(self) -> int:
-        return sum(s.retransmissions for s in self.rms)
-
-    @property
-    def faulted(self) -> int:
-        return sum(1 for s in self.rms if s.state == "faulted")
-
-    @property
-    def buffered(self) -> int:
-        return sum(s.buffered for s in self.rmd)
-
-
-    def by_state(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for name in (*(f"rms {s.state}" for s in self.rms), *(f"rmd {s.state}" for s in self.rmd)):
-            counts[name] = counts.get(name, 0) + 1
-        return counts
-
-
-def rms_state_name(seq: RmsSequence) -> str:
-    if seq.faulted:
-        return "faulted"
-    if seq.terminate_sent:
-        return "terminated"
-    if seq.closed or seq.close_sent:
-        return "closed"
-    if seq.last_message:
-        return "last-message"
-    if seq.sequence_id is not None:
-        return "started"
-    return "creating"
-
-
-def rmd_state_name(seq: RmdSequence) -> str:
-    if seq.terminated:
-        return "terminated"
-    if seq.closed:
-        return "closed"
-    if seq.every_received:
-        return "complete"
-    if seq.last_received:
-        return "last-received"
-    return "receiving" if seq.received else "created"
-
-
-# --------------------------------------------------------------------------
-# Rules every store applies the same way
-# --------------------------------------------------------------------------
-
-def check_key(value: str, what: str) -> None:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{what} must be a non-empty string, not {value!r}")
-
-
-def check_enqueue(seq: RmsSequence, payload: bytes) -> int:
-    """The number the next message of ``seq`` gets, or why it gets none."""
-    if not isinstance(payload, (bytes, bytearray, memoryview)):
-        raise TypeError(f"payload must be the SOAP envelope as bytes, not {type(payload).__name__}")
-    if not seq.accepts_messages:
-        if seq.faulted:
-            why = "is faulted" + (f" ({seq.fault_reason})" if seq.fault_reason else "")
-        elif seq.last_message:
-            why = f"already has its last message (number {seq.last_number})"
-        elif seq.closed or seq.close_sent:
-            why = "is closed"
-        else:
-            why = "is terminated"
-        raise SequenceNotOpenError(
-            f"RMS sequence {seq.key!r} {why}: it takes no more messages; start a new sequence")
-    if seq.next_number > MAX_MESSAGE_NUMBER:
-        raise MessageNumberRolloverError(
-            f"RMS sequence {seq.key!r} has used every message number up to "
-            f"{MAX_MESSAGE_NUMBER}; terminate it and start a new sequence")
-    return seq.next_number
-
-
-def check_ack(seq: RmsSequence, ranges: AckRanges,
-              unsent_between: Callable[[int, int], Iterable[int]]) -> None:
-    """Raise InvalidAcknowledgement when ``ranges`` name a number never sent.
-
-    "Never sent" is either above the highest number handed out, or a stored
-    message not transmitted yet (``unsent_between(lo, hi)`` lists those).  A
-    number below ``next_number`` that is no longer stored was purged, which
-    only happens after it was acknowledged, so a repeated ack of it is fine.
-    """
-    highest = seq.highest_number
-    bad: list[int] = []
-    for lo, hi in ranges.ranges:
-        if hi > highest:
-            first = max(lo, highest + 1)
-            bad.extend(range(first, min(hi, first + 19) + 1))
-    if not bad:
-        for lo, hi in ranges.ranges:
-            bad.extend(unsent_between(lo, hi))
-    if bad:
-        raise InvalidAcknowledgementError(seq.key, sorted(set(bad)), highest)
-
-
-# --------------------------------------------------------------------------
-# Managers
-# --------------------------------------------------------------------------
 
 class _Manager:
     def __init__(self, tx: "StoreTransaction") -> None:
@@ -839,6 +265,17 @@ class RmdSequenceManager(_Manager, ABC):
     def delete(self, sequence_id: str) -> None:
         """Forget the sequence (its invoker buffer is the invoker manager's: ``discard``)."""
 
+    def _receipt(self, sequence_id: str, number: int, *, last: bool,
+                 now: float | None) -> tuple[RmdSequence, dict[str, Any]]:
+        """The held sequence, and what recording ``number`` as received changes in it (what a
+        store's ``record_received`` writes, alone or with the take in one statement)."""
+        check_number(number)
+        seq = self.require(sequence_id)
+        changes: dict[str, Any] = {"received": seq.received.add(number), "last_activity": _now(now)}
+        if last:
+            changes["last_number"] = number
+        return seq, changes
+
     def require(self, sequence_id: str) -> RmdSequence:
         seq = self.get(sequence_id)
         if seq is None:
@@ -1001,9 +438,6 @@ class InvokerBufferManager(_Manager, ABC):
         """Buffered messages waiting for a retry after a failed delivery (no lock)."""
 
 
-# --------------------------------------------------------------------------
-# Transactions and the storage manager
-# --------------------------------------------------------------------------
 
 class StoreTransaction(ABC):
     """One unit of work on the store; use it as a context manager.
@@ -1230,39 +664,6 @@ def _status_of(tx: StoreTransaction, prepared: int = 0) -> StoreStatus:
             poisoned=tx.invoker.count_poison(dseq.sequence_id)))
     return StoreStatus(rms=tuple(rms), rmd=tuple(rmd), prepared_branches=prepared,
                        retrying=tx.invoker.count_retrying(), poisoned=tx.invoker.count_poison())
-
-
-def poison_of(msg: BufferedMessage, *, hold: bool, error: str | None, now: float) -> PoisonMessage:
-    """The poison-store record of a buffered message given up after its last retry cycle."""
-    return PoisonMessage(
-        sequence_id=msg.sequence_id, number=msg.number, message_id=msg.message_id, action=msg.action,
-        soap_version=msg.soap_version, payload=msg.payload, reply_to=msg.reply_to,
-        received_at=msg.received_at, total_attempts=msg.attempts, cycles=msg.cycle,
-        last_error=error if error is not None else msg.last_error, poisoned_at=now, held=hold)
-
-
-def buffered_of(poisoned: PoisonMessage) -> BufferedMessage:
-    """A poison message back in the buffer, with a fresh retry budget."""
-    return BufferedMessage(
-        sequence_id=poisoned.sequence_id, number=poisoned.number, message_id=poisoned.message_id,
-        action=poisoned.action, soap_version=poisoned.soap_version, payload=poisoned.payload,
-        reply_to=poisoned.reply_to, received_at=poisoned.received_at)
-
-
-def delivered_for_retry(delivered: AckRanges | None, number: int) -> AckRanges:
-    """A sequence's delivered ranges once poison message ``number`` is back in the buffer.
-
-    Under the continue policy its number was recorded as delivered; taking it
-    out makes it the next in order again, and once it is delivered the
-    in-order prefix jumps back over everything delivered meanwhile.  A
-    sequence already released (no delivery record) gets every number below
-    it as delivered, so it is the next and only one.
-    """
-    if delivered is None:
-        return AckRanges.from_ranges([(1, number - 1)]) if number > 1 else AckRanges()
-    if number in delivered:
-        return delivered.difference(AckRanges.of([number]))
-    return delivered
 
 
 def refuse_if_global(tx: Any) -> None:
