@@ -148,14 +148,17 @@ def test_a_rolled_back_poisoning_leaves_the_message_in_the_buffer(store) -> None
 @pytest.mark.parametrize("store_url", SQL_KINDS, indirect=True)
 def test_a_version_2_store_is_upgraded_to_3_with_its_buffered_messages(store_url, monkeypatch) -> None:
     """Version 3 adds the retry columns to invoker_message and the poison_message table."""
-    from wsrm_plugin.store import sql
+    from wsrm_plugin.store.api import BufferedMessage
+    from wsrm_plugin.store.sql import invoker, rows, schema
 
     assert LATEST_VERSION >= 3
-    with monkeypatch.context() as old_code:
-        old_code.setattr(sql, "MIGRATIONS", sql.MIGRATIONS[:2])
-        old_code.setattr(sql, "LATEST_VERSION", 2)
-        old_code.setattr(sql, "_BUF_COLS", sql._BUF_COLS[:8])
-        old_code.setattr(sql, "_buf", lambda row: sql.BufferedMessage(**dict(zip(sql._BUF_COLS, row))))
+    with monkeypatch.context() as old_code:  # the code of version 2: its migrations and its columns
+        old_code.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:2])
+        old_code.setattr(schema, "LATEST_VERSION", 2)
+        old_columns = rows._BUF_COLS[:8]
+        for module in (rows, invoker):  # each binds the names it reads
+            old_code.setattr(module, "_BUF_COLS", old_columns)
+            old_code.setattr(module, "_buf", lambda row: BufferedMessage(**dict(zip(old_columns, row))))
         old = open_store(store_url())
         buffered(old, numbers=(1, 2))
         with old.begin() as tx:

@@ -80,11 +80,11 @@ def test_concurrent_first_opens_migrate_once(store_url) -> None:
 @pytest.mark.parametrize("store_url", SQL_KINDS, indirect=True)
 def test_a_version_1_store_is_upgraded_in_place_when_opened(store_url, monkeypatch) -> None:
     """Version 2 only adds the sender's indexes: the messages a version 1 store holds stay, and are claimable."""
-    from wsrm_plugin.store import sql
+    from wsrm_plugin.store.sql import schema
 
     with monkeypatch.context() as old_code:
-        old_code.setattr(sql, "MIGRATIONS", sql.MIGRATIONS[:1])
-        old_code.setattr(sql, "LATEST_VERSION", 1)
+        old_code.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:1])
+        old_code.setattr(schema, "LATEST_VERSION", 1)
         old = open_store(store_url())
         with old.begin() as tx:
             new_rms(tx)

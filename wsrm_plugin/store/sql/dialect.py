@@ -1,0 +1,47 @@
+"""What differs between the two SQL databases (SQLite and PostgreSQL), and nothing else.
+
+Every statement of the SQL store is written once, with ``?`` placeholders and the row
+locks spelled through a :class:`Dialect`: placeholder style, column types, ``FOR UPDATE``
+and ``SKIP LOCKED`` (SQLite has neither: its store serializes whole transactions
+instead), and the PostgreSQL features some statements use when they are there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the SQL databases, and nothing else."""
+
+    name: str
+    placeholder: str
+    blob: str
+    bigint: str
+    double: str
+    boolean: str
+    #: appended to a SELECT that locks its rows
+    for_update: str
+    #: appended to a polling SELECT: lock the rows of ``{alias}``, skip those others hold
+    skip_locked: str
+    #: the SQLite store keeps prepared XA branches in its own table
+    xa_table: bool
+    #: LATERAL joins (a top-N per sequence without ranking every due message)
+    lateral: bool = False
+    #: data-modifying statements in WITH (two dependent writes in one round trip)
+    writable_cte: bool = False
+
+    def sql(self, text: str) -> str:
+        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
+
+    def lock_of(self, alias: str) -> str:
+        return self.skip_locked.format(alias=alias)
+
+
+SQLITE = Dialect(name="sqlite", placeholder="?", blob="BLOB", bigint="INTEGER", double="REAL",
+                 boolean="INTEGER", for_update="", skip_locked="", xa_table=True)
+POSTGRES = Dialect(name="postgresql", placeholder="%s", blob="BYTEA", bigint="BIGINT",
+                   double="DOUBLE PRECISION", boolean="BOOLEAN", for_update=" FOR UPDATE",
+                   skip_locked=" FOR UPDATE OF {alias} SKIP LOCKED", xa_table=False, lateral=True,
+                   writable_cte=True)

@@ -1,0 +1,385 @@
+"""The RM source's statements: source sequences (``rms_sequence``) and their retransmission
+queue (``rms_message``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from .. import api
+from ..api import (
+    RANK_RMS,
+    DuplicateSequenceError,
+    RmsMessage,
+    RmsSequence,
+    UnknownMessageError,
+    UnknownSequenceError,
+    _now,
+)
+from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMS_COLS, _cols, _msg, _rms
+from .transaction import SqlTransaction, _in_list
+
+
+class _Rms(api.RmsSequenceManager):
+    _tx: SqlTransaction
+
+    def create(self, key: str, *, target: str, acks_to: str, rm_version: str,
+               wsa_version: str, offered_id: str | None = None, expires: float | None = None,
+               next_control_at: float | None = None, now: float | None = None) -> RmsSequence:
+        api.check_key(key, "sequence key")
+        tx = self._tx
+        tx.lock(RANK_RMS, key)
+        t = _now(now)
+        tx.capture_key("rms_sequence", key)
+        n = tx.write(
+            "INSERT INTO rms_sequence (seq_key, target, acks_to, rm_version, wsa_version, "
+            "offered_id, next_control_at, expires, created_at, last_activity) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (seq_key) DO NOTHING",
+            (key, target, acks_to, rm_version, wsa_version, offered_id,
+             t if next_control_at is None else next_control_at, expires, t, t))
+        if n == 0:
+            raise DuplicateSequenceError(f"an RMS sequence with key {key!r} already exists")
+        return self.require(key)
+
+    def get(self, key: str) -> RmsSequence | None:
+        tx = self._tx
+        tx.lock(RANK_RMS, key)
+        held = tx.held_rms.get(key)
+        if held is not None:  # locked by this transaction since it read it: nobody else changed it
+            return held
+        row = tx.one(f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?"
+                     + tx.d.for_update, (key,))
+        if row is None:
+            return None
+        seq = tx.held_rms[key] = _rms(row)
+        return seq
+
+    def get_by_sequence_id(self, sequence_id: str) -> RmsSequence | None:
+        tx = self._tx
+        tx.lock(RANK_RMS, ("sequence_id", sequence_id))
+        row = tx.one(f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE sequence_id = ?"
+                     + tx.d.for_update, (sequence_id,))
+        if row is None:
+            return None
+        seq = _rms(row)
+        tx.lock(RANK_RMS, seq.key)
+        return seq
+
+    def update(self, key: str, **changes: Any) -> RmsSequence:
+        RmsSequence.check_changes(changes)
+        seq = self.require(key)
+        if not changes:
+            return seq
+        tx = self._tx
+        sid = changes.get("sequence_id")
+        if sid is not None and sid != seq.sequence_id:
+            row = tx.one("SELECT seq_key FROM rms_sequence WHERE sequence_id = ? AND seq_key <> ?",
+                         (sid, key))
+            if row:
+                raise DuplicateSequenceError(
+                    f"sequence id {sid!r} already belongs to RMS sequence {row[0]!r}")
+        tx.capture_key("rms_sequence", key)
+        names = sorted(changes)
+        tx.write(f"UPDATE rms_sequence SET {', '.join(f'{n} = ?' for n in names)} WHERE seq_key = ?",
+                 [*(changes[n] for n in names), key])
+        return self.require(key)
+
+    def mark_last(self, key: str) -> RmsSequence:
+        self.require(key)
+        tx = self._tx
+        tx.capture_key("rms_sequence", key)
+        tx.write("UPDATE rms_sequence SET last_message = TRUE, last_number = highest_number "
+                 "WHERE seq_key = ?", (key,))
+        return self.require(key)
+
+    def delete(self, key: str) -> None:
+        self.require(key)
+        tx = self._tx
+        tx.capture("rms_message", "seq_key = ?", (key,))
+        tx.write("DELETE FROM rms_message WHERE seq_key = ?", (key,))
+        tx.capture_key("rms_sequence", key)
+        tx.write("DELETE FROM rms_sequence WHERE seq_key = ?", (key,))
+
+    def needing_work(self, now: float | None = None, limit: int = 100) -> list[RmsSequence]:
+        t = _now(now)
+        rows = self._tx.all(
+            f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence "
+            "WHERE (next_control_at IS NOT NULL AND next_control_at <= ?) "
+            "OR (expires IS NOT NULL AND expires <= ?) "
+            "ORDER BY COALESCE(next_control_at, expires), seq_key LIMIT ?", (t, t, limit))
+        return [_rms(r) for r in rows]
+
+    def list_all(self) -> list[RmsSequence]:
+        rows = self._tx.all(f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence ORDER BY created_at, seq_key")
+        return [_rms(r) for r in rows]
+
+
+class _RmsMessages(api.RmsMessageManager):
+    _tx: SqlTransaction
+
+    def _seq(self, key: str) -> RmsSequence:
+        seq = self._tx.rms.get(key)
+        if seq is None:
+            raise UnknownSequenceError("RMS", key)
+        return seq
+
+    def enqueue(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
+                message_id: str, last: bool = False, reply_callback: str | None = None,
+                reply_context: bytes | None = None, send_at: float | None = None,
+                now: float | None = None) -> RmsMessage:
+        tx = self._tx
+        t = _now(now)
+        values: tuple[Any, ...] = ()
+        if isinstance(payload, (bytes, bytearray, memoryview)):
+            values = (message_id, action, soap_version, bytes(payload), last, reply_callback,
+                      None if reply_context is None else bytes(reply_context), reply_callback is not None,
+                      t if send_at is None else send_at, t)
+        # PostgreSQL: the number taken and the message inserted in one statement (a round trip
+        # less on the application's own transaction); where the store keeps an undo image
+        # (SQLite's XA branches), the insert is captured first, so it stays a statement of its own
+        together = tx.d.writable_cte and tx.undo is None
+        taken = self._take_number(sequence_key, last, values if together else ()) if values else None
+        if taken is not None:
+            number = taken.next_number - 1
+        else:
+            seq = self._seq(sequence_key)
+            number = api.check_enqueue(seq, payload)
+        if taken is None or not together:
+            tx.capture_key("rms_message", sequence_key, number)
+            tx.write(
+                f"INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}) VALUES ({', '.join('?' * len(_ENQUEUE_COLS))})",
+                (sequence_key, number, *values))
+        if taken is not None:  # the row is written already
+            tx.held_rms[sequence_key] = taken
+        else:
+            tx.capture_key("rms_sequence", sequence_key)
+            tx.hand_out(sequence_key, number, last)
+            tx.held_rms[sequence_key] = (replace(seq, next_number=number + 1, last_message=True, last_number=number)
+                                         if last else replace(seq, next_number=number + 1))
+        return RmsMessage(
+            sequence_key=sequence_key, number=number, message_id=message_id, action=action,
+            soap_version=soap_version, payload=bytes(payload), last=last,
+            reply_callback=reply_callback,
+            reply_context=None if reply_context is None else bytes(reply_context),
+            reply_pending=reply_callback is not None,
+            next_send_at=t if send_at is None else float(send_at), created_at=t)
+
+    def _take_number(self, sequence_key: str, last: bool, message: tuple[Any, ...] = ()) -> RmsSequence | None:
+        """The transaction's first enqueue on a sequence: lock its row and take the next number in
+        one ``UPDATE ... RETURNING`` (the row as changed), instead of a SELECT ... FOR UPDATE and
+        an UPDATE.  None when the sequence is held already (the batch's later enqueues only
+        remember their numbers, see :meth:`SqlTransaction.flush`), or takes no message: then
+        nothing was changed and the caller's check says precisely why.
+
+        With ``message`` (the values of the rms_message row after its key) the same statement
+        inserts the message under the number taken (a data-modifying WITH)."""
+        tx = self._tx
+        if sequence_key in tx.held_rms or sequence_key in tx._numbered:
+            return None
+        tx.lock(RANK_RMS, sequence_key)
+        tx.capture_key("rms_sequence", sequence_key)
+        also = ", last_message = TRUE, last_number = highest_number + 1" if last else ""
+        update = (f"UPDATE rms_sequence SET highest_number = highest_number + 1{also} WHERE seq_key = ? "
+                  "AND NOT (last_message OR closed OR close_sent OR terminate_sent OR faulted) "
+                  f"AND highest_number < ? RETURNING {_cols(_RMS_COLS)}")
+        if not message:
+            rows = tx.write_all(update, (sequence_key, api.MAX_MESSAGE_NUMBER))
+        else:
+            rest = _ENQUEUE_COLS[2:]
+            rows = tx.write_all(
+                f"WITH s AS ({update}), m AS (INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}) "
+                f"SELECT s.seq_key, s.highest_number, {', '.join('?' * len(rest))} FROM s RETURNING number) "
+                f"SELECT {_cols(_RMS_COLS, 's')} FROM s", (sequence_key, api.MAX_MESSAGE_NUMBER, *message))
+        return _rms(rows[0]) if rows else None
+
+    def _row(self, sequence_key: str, number: int, lock: bool = False) -> RmsMessage | None:
+        tx = self._tx
+        row = tx.one(f"SELECT {_cols(_MSG_COLS)} FROM rms_message WHERE seq_key = ? AND number = ?"
+                     + (tx.d.for_update if lock else ""), (sequence_key, number))
+        return _msg(row) if row else None
+
+    def get(self, sequence_key: str, number: int) -> RmsMessage | None:
+        self._seq(sequence_key)  # sequence row first, then its messages: one order for all
+        return self._row(sequence_key, number, lock=True)
+
+    def _require(self, sequence_key: str, number: int) -> RmsMessage:
+        msg = self.get(sequence_key, number)
+        if msg is None:
+            raise UnknownMessageError(
+                f"no message {number} of RMS sequence {sequence_key!r} in the store")
+        return msg
+
+    def find_by_message_id(self, message_id: str) -> RmsMessage | None:
+        row = self._tx.one(f"SELECT {_cols(_MSG_COLS)} FROM rms_message WHERE message_id = ? "
+                           "ORDER BY created_at LIMIT 1", (message_id,))
+        return _msg(row) if row else None
+
+    def mark_acked(self, sequence_key: str, ranges: Iterable[tuple[int, int]],
+                   now: float | None = None) -> list[int]:
+        seq = self._seq(sequence_key)
+        merged = api.AckRanges.from_ranges(ranges)
+        tx = self._tx
+
+        def unsent(lo: int, hi: int) -> list[int]:
+            return [r[0] for r in tx.all(
+                "SELECT number FROM rms_message WHERE seq_key = ? AND number BETWEEN ? AND ? "
+                "AND send_count = 0 ORDER BY number LIMIT 20", (sequence_key, lo, hi))]
+
+        api.check_ack(seq, merged, unsent)
+        newly: list[int] = []
+        for lo, hi in merged.ranges:
+            where = "seq_key = ? AND number BETWEEN ? AND ? AND NOT acked"
+            params = (sequence_key, lo, hi)
+            tx.capture("rms_message", where, params)
+            # the numbers it changed come back with the update: no SELECT before it
+            newly.extend(sorted(r[0] for r in tx.write_all(
+                f"UPDATE rms_message SET acked = TRUE WHERE {where} RETURNING number", params)))
+        tx.capture_key("rms_sequence", sequence_key)
+        tx.write("UPDATE rms_sequence SET last_activity = ? WHERE seq_key = ?",
+                 (_now(now), sequence_key))
+        return newly
+
+    def due_messages(self, now: float | None = None, limit: int = 100, *,
+                     per_sequence: int | None = None) -> list[RmsMessage]:
+        tx = self._tx
+        tx.lock(RANK_RMS, "due messages")
+        if per_sequence is not None:  # round robin: every sequence's first due message, then the seconds...
+            if tx.d.lateral:
+                # Each sequence's first ``per_sequence`` due messages, ranked once, in a CTE: as
+                # a join, the planner (whose statistics of these busy tables are always stale)
+                # ran the per-sequence ranking again for every due message, due x due index
+                # entries per claim (6 ms for 50 due messages, while the sequence's row was
+                # locked, holding up every enqueue).  Four times the batch are candidates, so
+                # that sequences another transaction holds (skipped) leave others to take.
+                rows = tx.all(
+                    "WITH r AS MATERIALIZED (SELECT s.seq_key, x.number, x.rn FROM rms_sequence s "
+                    "CROSS JOIN LATERAL (SELECT number, ROW_NUMBER() OVER (ORDER BY next_send_at, number) "
+                    "AS rn FROM rms_message WHERE seq_key = s.seq_key AND NOT acked AND next_send_at <= ? "
+                    "ORDER BY next_send_at, number LIMIT ?) x "
+                    "WHERE s.sequence_id IS NOT NULL AND NOT s.faulted "
+                    "ORDER BY x.rn, s.seq_key LIMIT ?) "
+                    f"SELECT {_cols(_MSG_COLS, 'm')} FROM r JOIN rms_message m "
+                    "ON m.seq_key = r.seq_key AND m.number = r.number "
+                    "JOIN rms_sequence s ON s.seq_key = r.seq_key "
+                    "WHERE NOT m.acked AND m.next_send_at <= ? AND s.sequence_id IS NOT NULL AND NOT s.faulted "
+                    "ORDER BY r.rn, m.next_send_at, m.seq_key, m.number LIMIT ?"
+                    + tx.d.lock_of("s, m"), (_now(now), per_sequence, 4 * limit, _now(now), limit))
+                return [_msg(r) for r in rows]
+            else:  # ranking every due message
+                ranked = ("FROM rms_message m JOIN rms_sequence s ON s.seq_key = m.seq_key "
+                          "JOIN (SELECT seq_key, number, ROW_NUMBER() OVER (PARTITION BY seq_key "
+                          "ORDER BY next_send_at, number) AS rn FROM rms_message "
+                          "WHERE NOT acked AND next_send_at <= ?) r "
+                          "ON r.seq_key = m.seq_key AND r.number = m.number WHERE r.rn <= ?")
+            rows = tx.all(
+                f"SELECT {_cols(_MSG_COLS, 'm')} {ranked} AND NOT m.acked AND m.next_send_at <= ? "
+                "AND s.sequence_id IS NOT NULL AND NOT s.faulted "
+                "ORDER BY r.rn, m.next_send_at, m.seq_key, m.number LIMIT ?"
+                + tx.d.lock_of("s, m"), (_now(now), per_sequence, _now(now), limit))
+            return [_msg(r) for r in rows]
+        rows = tx.all(
+            f"SELECT {_cols(_MSG_COLS, 'm')} FROM rms_message m "
+            "JOIN rms_sequence s ON s.seq_key = m.seq_key "
+            "WHERE NOT m.acked AND m.next_send_at <= ? AND s.sequence_id IS NOT NULL "
+            "AND NOT s.faulted ORDER BY m.next_send_at, m.seq_key, m.number LIMIT ?"
+            + tx.d.lock_of("s, m"), (_now(now), limit))
+        return [_msg(r) for r in rows]
+
+    def record_send_attempt(self, sequence_key: str, number: int, *, next_send_at: float,
+                            now: float | None = None) -> RmsMessage:
+        self._seq(sequence_key)
+        tx = self._tx
+        tx.capture_key("rms_message", sequence_key, number)
+        rows = tx.write_all(
+            "UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, "
+            f"next_send_at = ? WHERE seq_key = ? AND number = ? RETURNING {_cols(_MSG_COLS)}",
+            (_now(now), next_send_at, sequence_key, number))
+        if not rows:
+            raise UnknownMessageError(
+                f"no message {number} of RMS sequence {sequence_key!r} in the store")
+        return _msg(rows[0])
+
+    def record_send_attempts(self, sequence_key: str, numbers: Iterable[int], *, next_send_at: float,
+                             now: float | None = None) -> int:
+        self._seq(sequence_key)
+        return self._update_each(sequence_key, numbers, "send_count = send_count + 1, last_sent_at = ?, "
+                                 "next_send_at = ?", (_now(now), next_send_at))
+
+    def make_due(self, sequence_key: str, numbers: Iterable[int], at: float | None = None) -> int:
+        self._seq(sequence_key)
+        return self._update_each(sequence_key, numbers, "next_send_at = ?", (_now(at),), " AND NOT acked")
+
+    def _update_each(self, sequence_key: str, numbers: Iterable[int], assignments: str,
+                     values: tuple[Any, ...], condition: str = "") -> int:
+        """UPDATE the named messages of a sequence, 500 numbers a statement; how many changed."""
+        tx = self._tx
+        wanted = sorted(set(numbers))
+        changed = 0
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i:i + 500]
+            where = f"seq_key = ? AND number IN ({_in_list(chunk)}){condition}"
+            params = (sequence_key, *chunk)
+            tx.capture("rms_message", where, params)
+            changed += tx.write(f"UPDATE rms_message SET {assignments} WHERE {where}", (*values, *params))
+        return changed
+
+    def reply_received(self, sequence_key: str, number: int) -> RmsMessage:
+        self._require(sequence_key, number)
+        tx = self._tx
+        tx.capture_key("rms_message", sequence_key, number)
+        tx.write("UPDATE rms_message SET reply_pending = FALSE WHERE seq_key = ? AND number = ?",
+                 (sequence_key, number))
+        found = self._row(sequence_key, number)
+        assert found is not None
+        return found
+
+    def count_unacked(self, sequence_key: str | None = None) -> int:
+        if sequence_key is None:
+            row = self._tx.one("SELECT COUNT(*) FROM rms_message WHERE NOT acked")
+        else:
+            row = self._tx.one("SELECT COUNT(*) FROM rms_message WHERE seq_key = ? AND NOT acked",
+                               (sequence_key,))
+        return int(row[0])
+
+    def has_unacked(self, sequence_key: str) -> bool:
+        return self._tx.one("SELECT 1 FROM rms_message WHERE seq_key = ? AND NOT acked LIMIT 1",
+                            (sequence_key,)) is not None
+
+    def purge_acked(self, sequence_key: str | None = None) -> int:
+        tx = self._tx
+        purgeable = "acked AND NOT reply_pending"
+        if sequence_key is None:
+            keys = [r[0] for r in tx.all(
+                f"SELECT DISTINCT seq_key FROM rms_message WHERE {purgeable} ORDER BY seq_key")]
+        else:
+            keys = [sequence_key]
+        purged = 0
+        for key in keys:
+            tx.lock(RANK_RMS, key)
+            if sequence_key is None and tx.d.skip_locked:
+                row = tx.one("SELECT seq_key FROM rms_sequence WHERE seq_key = ?"
+                             + tx.d.lock_of("rms_sequence"), (key,))
+                if row is None:
+                    continue  # another transaction holds it: purge it next time
+            else:
+                self._seq(key)
+            where = f"seq_key = ? AND {purgeable}"
+            tx.capture("rms_message", where, (key,))
+            counts = tx.write_all(f"DELETE FROM rms_message WHERE {where} RETURNING send_count", (key,))
+            count = len(counts)
+            if not count:
+                continue
+            extra = sum(sent - 1 for (sent,) in counts if sent > 1)
+            if extra:
+                tx.capture_key("rms_sequence", key)
+                tx.write("UPDATE rms_sequence SET purged_retransmissions = "
+                         "purged_retransmissions + ? WHERE seq_key = ?", (int(extra), key))
+            purged += int(count)
+        return purged
+
+    def list_for(self, sequence_key: str) -> list[RmsMessage]:
+        rows = self._tx.all(f"SELECT {_cols(_MSG_COLS)} FROM rms_message WHERE seq_key = ? "
+                            "ORDER BY number", (sequence_key,))
+        return [_msg(r) for r in rows]

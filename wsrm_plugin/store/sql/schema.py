@@ -1,0 +1,214 @@
+"""The SQL store's tables, created and migrated in numbered steps when a store is opened.
+
+``schema_version`` has one row per applied migration; a store written by a newer
+version of this library is refused rather than misread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from .. import api
+from ..api import (
+    SchemaVersionError,
+)
+from .dialect import Dialect
+
+log = logging.getLogger(__name__)
+
+def _migration_1(d: Dialect) -> list[str]:
+    B, I, D, BL = d.boolean, d.bigint, d.double, d.blob  # noqa: E741 -- the DDL's column-type shorthands
+    out = [
+        f"""CREATE TABLE rms_sequence (
+            seq_key TEXT PRIMARY KEY,
+            sequence_id TEXT UNIQUE,
+            target TEXT NOT NULL,
+            acks_to TEXT NOT NULL,
+            rm_version TEXT NOT NULL,
+            wsa_version TEXT NOT NULL,
+            offered_id TEXT,
+            started {B} NOT NULL DEFAULT FALSE,
+            last_message {B} NOT NULL DEFAULT FALSE,
+            last_number {I},
+            close_sent {B} NOT NULL DEFAULT FALSE,
+            closed {B} NOT NULL DEFAULT FALSE,
+            terminate_sent {B} NOT NULL DEFAULT FALSE,
+            faulted {B} NOT NULL DEFAULT FALSE,
+            fault_reason TEXT,
+            highest_number {I} NOT NULL DEFAULT 0,
+            control_attempts INTEGER NOT NULL DEFAULT 0,
+            next_control_at {D},
+            expires {D},
+            created_at {D} NOT NULL,
+            last_activity {D} NOT NULL,
+            purged_retransmissions {I} NOT NULL DEFAULT 0
+        )""",
+        f"""CREATE TABLE rms_message (
+            seq_key TEXT NOT NULL,
+            number {I} NOT NULL,
+            message_id TEXT NOT NULL,
+            action TEXT NOT NULL,
+            soap_version TEXT NOT NULL,
+            payload {BL} NOT NULL,
+            last {B} NOT NULL DEFAULT FALSE,
+            reply_callback TEXT,
+            reply_context {BL},
+            reply_pending {B} NOT NULL DEFAULT FALSE,
+            send_count INTEGER NOT NULL DEFAULT 0,
+            next_send_at {D} NOT NULL,
+            last_sent_at {D},
+            acked {B} NOT NULL DEFAULT FALSE,
+            created_at {D} NOT NULL,
+            PRIMARY KEY (seq_key, number)
+        )""",
+        "CREATE INDEX rms_message_due ON rms_message (next_send_at) WHERE NOT acked",
+        "CREATE INDEX rms_message_msgid ON rms_message (message_id)",
+        f"""CREATE TABLE rmd_sequence (
+            sequence_id TEXT PRIMARY KEY,
+            acks_to TEXT NOT NULL,
+            rm_version TEXT NOT NULL,
+            wsa_version TEXT NOT NULL,
+            principal TEXT,
+            offered_id TEXT,
+            received TEXT NOT NULL DEFAULT '',
+            last_number {I},
+            closed {B} NOT NULL DEFAULT FALSE,
+            terminated {B} NOT NULL DEFAULT FALSE,
+            ack_due_at {D},
+            expires {D},
+            created_at {D} NOT NULL,
+            last_activity {D} NOT NULL
+        )""",
+        "CREATE INDEX rmd_sequence_ack ON rmd_sequence (ack_due_at) WHERE ack_due_at IS NOT NULL",
+        f"""CREATE TABLE invoker_sequence (
+            sequence_id TEXT PRIMARY KEY,
+            delivered TEXT NOT NULL DEFAULT '',
+            delivered_upto {I} NOT NULL DEFAULT 0
+        )""",
+        f"""CREATE TABLE invoker_message (
+            sequence_id TEXT NOT NULL,
+            number {I} NOT NULL,
+            message_id TEXT,
+            action TEXT NOT NULL,
+            soap_version TEXT NOT NULL,
+            payload {BL} NOT NULL,
+            reply_to TEXT,
+            received_at {D} NOT NULL,
+            PRIMARY KEY (sequence_id, number)
+        )""",
+    ]
+    if d.xa_table:
+        out.append(f"""CREATE TABLE xa_prepared (
+            xid TEXT PRIMARY KEY,
+            undo {BL} NOT NULL,
+            prepared_at {D} NOT NULL
+        )""")
+    return out
+
+
+def _migration_2(d: Dialect) -> list[str]:
+    """Indexes that keep the sender's statements independent of the backlog's size.
+
+    A Spark job enqueues tens of thousands of messages at once.  Without
+    these, each claim ranked every due message, and each acknowledgement
+    counted and purged a sequence by reading all of its rows.
+    """
+    return [
+        "CREATE INDEX rms_message_unacked ON rms_message (seq_key, next_send_at, number) WHERE NOT acked",
+        "CREATE INDEX rms_message_acked ON rms_message (seq_key) WHERE acked",
+    ]
+
+
+def _migration_3(d: Dialect) -> list[str]:
+    """Durable delivery retries and the poison store.
+
+    A failed delivery rolls back, so its attempt count, retry cycle and next
+    attempt time are written by a transaction of their own into the
+    message's row: a restart goes on where it was instead of starting the
+    budget again.  A message given up after its last cycle moves to
+    ``poison_message``, never deleted by the engine.
+    """
+    BIG, D, BL, B = d.bigint, d.double, d.blob, d.boolean
+    return [
+        "ALTER TABLE invoker_message ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE invoker_message ADD COLUMN retry_cycle INTEGER NOT NULL DEFAULT 0",
+        f"ALTER TABLE invoker_message ADD COLUMN next_attempt_at {D}",
+        "ALTER TABLE invoker_message ADD COLUMN last_error TEXT",
+        "CREATE INDEX invoker_message_retrying ON invoker_message (sequence_id) "
+        "WHERE attempts > 0 OR retry_cycle > 0",
+        f"""CREATE TABLE poison_message (
+            sequence_id TEXT NOT NULL,
+            number {BIG} NOT NULL,
+            message_id TEXT,
+            action TEXT NOT NULL,
+            soap_version TEXT NOT NULL,
+            payload {BL} NOT NULL,
+            reply_to TEXT,
+            received_at {D} NOT NULL,
+            total_attempts INTEGER NOT NULL DEFAULT 0,
+            cycles INTEGER NOT NULL DEFAULT 0,
+            last_error TEXT,
+            poisoned_at {D} NOT NULL,
+            held {B} NOT NULL DEFAULT TRUE,
+            PRIMARY KEY (sequence_id, number)
+        )""",
+    ]
+
+
+#: (version, statements for a dialect).  Append new versions; never edit old ones.
+MIGRATIONS = [(1, _migration_1), (2, _migration_2), (3, _migration_3)]
+LATEST_VERSION = MIGRATIONS[-1][0]
+
+
+def current_version(cur: Any, d: Dialect) -> int:
+    cur.execute(d.sql("SELECT MAX(version) FROM schema_version"))
+    row = cur.fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def _has_schema_version(cur: Any, d: Dialect) -> bool:
+    if d.name == "postgresql":
+        cur.execute("SELECT to_regclass('schema_version') IS NOT NULL")
+    else:
+        cur.execute("SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'")
+    return bool(cur.fetchone()[0])
+
+
+def migrate(conn: Any, d: Dialect, where: str, *, create: bool = True) -> int:
+    """Bring the schema up to :data:`LATEST_VERSION` inside the caller's transaction.
+
+    Idempotent: on an up-to-date store it only reads ``schema_version``.  The
+    caller serializes concurrent openers (SQLite: the store's file lock;
+    PostgreSQL: an advisory lock) and commits.  Returns the version found.
+    ``create=False`` raises :class:`~.api.StoreNotFoundError` where there is no
+    store yet (the caller rolls back).
+    """
+    cur = conn.cursor()
+    if not create:
+        try:
+            current_version(cur, d)
+        except Exception:  # noqa: BLE001 -- no such table: no store here
+            raise api.StoreNotFoundError(f"there is no message store in {where} (no schema_version "
+                                         "table): check the store URL") from None
+    if not _has_schema_version(cur, d):
+        # only then: PostgreSQL checks the privilege to create in the schema before it looks
+        # whether the table is there, and a store's role may rightly lack it once the schema is made
+        cur.execute(f"CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, "
+                    f"applied_at {d.double} NOT NULL)")
+    found = current_version(cur, d)
+    if found > LATEST_VERSION:
+        raise SchemaVersionError(
+            f"{where} has schema version {found}, newer than this code's {LATEST_VERSION}: "
+            "upgrade wsrm-plugin (or open a store written by this version)")
+    for version, statements in MIGRATIONS:
+        if version <= found:
+            continue
+        log.info("migrating %s to schema version %d", where, version)
+        for statement in statements(d):
+            cur.execute(statement)
+        cur.execute(d.sql("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)"),
+                    (version, time.time()))
+    cur.close()
+    return found

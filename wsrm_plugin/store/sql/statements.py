@@ -1,0 +1,46 @@
+"""Statements that span two managers' tables, shared by the transaction's one-statement
+receive (PostgreSQL) and the invoker buffer's take: the receipt of a message and its
+hand-over to the invoker in one round trip.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import api
+from .rows import _RMD_COLS, _cols
+
+
+def _rmd_assignments(changes: dict[str, Any]) -> tuple[str, list[Any]]:
+    """The SET list of an rmd_sequence UPDATE, and its values (the ranges in their stored form)."""
+    names = sorted(changes)
+    return (", ".join(f"{n} = ?" for n in names),
+            [api.format_ranges(changes[n]) if n == "received" else changes[n] for n in names])
+
+
+#: take_next on a store that waits for row locks: the row locked first (``cur``), then compared;
+#: parameters from :func:`_take_params`
+_TAKE_LOCKED = ("WITH cur AS (SELECT delivered_upto, delivered FROM invoker_sequence WHERE sequence_id = ?"
+                "{for_update}) UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? FROM cur "
+                "WHERE invoker_sequence.sequence_id = ? AND cur.delivered_upto = ? AND cur.delivered = ? "
+                "AND NOT EXISTS (SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?)")
+
+#: :meth:`SqlTransaction.receive_in_order`'s write, once its lock is held: the receipt, if the
+#: sequence has received exactly 1..number-1 and is open, and then the take; the new row and
+#: whether the message was taken, or else the row as it is and -1 (PostgreSQL)
+_RECEIVE_IN_ORDER = (
+    "WITH r AS (UPDATE rmd_sequence SET received = ?, last_activity = ? WHERE sequence_id = ? AND received = ? "
+    f"AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING {_cols(_RMD_COLS)}), "
+    f"t AS ({_TAKE_LOCKED.format(for_update=' FOR UPDATE')} AND EXISTS (SELECT 1 FROM r) RETURNING 1) "
+    f"SELECT {_cols(_RMD_COLS, 'r')}, (SELECT count(*) FROM t) FROM r UNION ALL "
+    f"SELECT {_cols(_RMD_COLS)}, -1 FROM rmd_sequence WHERE sequence_id = ? AND NOT EXISTS (SELECT 1 FROM r)")
+
+
+def _take_params(sequence_id: str, number: int) -> tuple[Any, ...]:
+    return (sequence_id, _prefix(number), number, sequence_id, number - 1, _prefix(number - 1),
+            sequence_id, number)
+
+
+def _prefix(upto: int) -> str:
+    """The stored form of the delivered ranges 1..upto (see :func:`api.format_ranges`)."""
+    return "" if upto == 0 else "1" if upto == 1 else f"1-{upto}"

@@ -1,0 +1,411 @@
+"""A store transaction on one DB-API connection (:class:`SqlTransaction`).
+
+It runs the managers' statements, takes the store's lock order (RMD, invoker buffer,
+RMS: seed 004), keeps the rows it locked so it does not read them twice, and, for the
+SQLite store's XA support, can capture undo: before any write, the before-image of every
+row it touches (or "did not exist") is kept, keyed by table and primary key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+from .. import api
+from ..api import (
+    RANK_INVOKER,
+    RANK_RMD,
+    BufferedMessage,
+    RmdSequence,
+    RmsSequence,
+    UnknownSequenceError,
+    _now,
+)
+from .dialect import Dialect
+from .rows import PRIMARY_KEYS, _rmd
+from .statements import _RECEIVE_IN_ORDER, _TAKE_LOCKED, _prefix, _rmd_assignments, _take_params
+from .undo import UndoLog
+
+if TYPE_CHECKING:
+    from ..prepared import PreparedStatements
+
+
+class SqlTransaction(api.StoreTransaction):
+    """A store transaction on one DB-API connection.
+
+    ``finish(tx, commit)`` is the owning store's callback that ends the
+    database transaction and gives the connection back.  When ``capture_undo``
+    is set, :attr:`undo` collects the before-image of every row the
+    transaction writes, the first time it writes it (the SQLite store's XA
+    prepare keeps them durably).
+    """
+
+    # made on first use (see _OnFirstUse; the package sets them once its managers are defined)
+    rms: api.RmsSequenceManager
+    rms_messages: api.RmsMessageManager
+    rmd: api.RmdSequenceManager
+    invoker: api.InvokerBufferManager
+
+    def __init__(self, store: Any, conn: Any, dialect: Dialect, *, capture_undo: bool = False) -> None:
+        super().__init__()
+        self._store = store
+        self.conn = conn
+        self.d = dialect
+        self.undo: UndoLog | None = {} if capture_undo else None
+        self._global: Any = None
+        #: Set by a store whose connection is in autocommit mode for this transaction (the
+        #: PostgreSQL store's local transactions): the transaction is opened by a BEGIN sent in
+        #: the same round trip as its first statement that writes or locks rows; plain reads
+        #: before that run on their own, which under READ COMMITTED (a new snapshot for every
+        #: statement, in a transaction or not) reads exactly the same.  A poll that finds
+        #: nothing then costs one round trip instead of three (BEGIN, SELECT, COMMIT), and every
+        #: other transaction one less.  The store ends it (:attr:`begun`) with COMMIT/ROLLBACK.
+        self.lazy_begin = False
+        #: sent right after the lazy BEGIN (settings of this transaction only)
+        self.begin_with = ""
+        self.begun = False
+        self._wrote = False
+        self._savepoints = 0
+        #: the store's prepared statements (PostgreSQL), or None: every statement sent as text
+        self._statements: PreparedStatements | None = getattr(store, "statements", None)
+        #: invoker rows this transaction holds locked, as it last wrote or read them: sequence id
+        #: -> (delivered ranges, in-order prefix).  Nobody else can change a row while it is held,
+        #: so a batch of deliveries reads each once.  Cleared when a savepoint rolls back.
+        self.held_invoker: dict[str, tuple[api.AckRanges, int]] = {}
+        #: RMD rows this transaction holds locked, as it last read or wrote them (a receive reads
+        #: its sequence's row once, not again for each change).  Cleared when a savepoint rolls back.
+        self.held_rmd: dict[str, RmdSequence] = {}
+        #: Buffered messages read ahead for a batch of in-order deliveries: sequence id -> number
+        #: -> message, for sequences whose invoker row this transaction holds.  Only a delivery
+        #: removes a buffered message, so what was read stays true.  Cleared with held_invoker.
+        self.read_ahead: dict[str, dict[int, BufferedMessage]] = {}
+        #: The same for RMS rows (an enqueue reads its sequence once per batch of sends).
+        self.held_rms: dict[str, RmsSequence] = {}
+        #: Numbers enqueue handed out and not yet written to their rms_sequence row: key ->
+        #: (highest number, the last one).  See :meth:`flush`.
+        self._numbered: dict[str, tuple[int, bool]] = {}
+        # rms, rms_messages, rmd and invoker: made on first use (see _OnFirstUse)
+
+    # -- statements -----------------------------------------------------------------
+
+    def execute(self, sql: str, params: Sequence[Any] = (), *,
+                then: tuple[str, Sequence[Any]] | None = None) -> Any:
+        """Run ``sql``; ``then``: a second statement sent in the same round trip, whose results
+        the cursor holds (PostgreSQL runs it after ``sql``, with a snapshot of its own)."""
+        self._check_open()
+        if self._numbered and ("rms_sequence" in sql or (then is not None and "rms_sequence" in then[0])):
+            self.flush()  # the statement reads or writes what enqueue has only remembered so far
+        begin = ""
+        if self.lazy_begin and not self.begun and (_opens_transaction(sql) or then is not None):
+            begin = "BEGIN; " + self.begin_with
+            self.begun = True
+        statements = self._statements
+        cur = None
+        try:  # a session lost while preparing fails here too, and is translated like any other
+            text = begin + self._text(sql, params)
+            if then is not None:
+                text += "; " + self._text(*then)
+                params = (*params, *then[1])
+            cur = self.conn.cursor()
+            cur.execute(text, tuple(params))
+        except Exception as exc:
+            if cur is not None:
+                cur.close()
+            if statements is not None:
+                statements.failed(self.conn, exc)
+            translated = self._store._translate(exc)
+            self._doom(translated or exc)
+            if translated is not None:
+                raise translated from exc
+            raise
+        return cur
+
+    def _text(self, sql: str, params: Sequence[Any]) -> str:
+        """What is sent for ``sql``: ``EXECUTE`` of its prepared statement, or the statement."""
+        statements = self._statements
+        text = None if statements is None else statements.text(self.conn, sql, params)
+        return self.d.sql(sql) if text is None else text
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        cur = self.execute(sql, params)
+        row = cur.fetchone()
+        cur.close()
+        return row
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        cur = self.execute(sql, params)
+        rows = cur.fetchall()
+        cur.close()
+        return rows
+
+    def write(self, sql: str, params: Sequence[Any] = ()) -> int:
+        self._wrote = True
+        cur = self.execute(sql, params)
+        count = cur.rowcount
+        cur.close()
+        return count
+
+    def write_all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """A write with RETURNING: every changed row's values, without a second round trip."""
+        self._wrote = True
+        return self.all(sql, params)
+
+    def receive_and_take(self, sequence_id: str, number: int, *, last: bool = False,
+                         now: float | None = None) -> bool:
+        """On PostgreSQL, one statement: the received ranges written and the message taken,
+        where the two steps took a round trip each.  The sequence's RMD row is held (the
+        receive read it FOR UPDATE), so its new image is known without reading it back; the
+        take is :meth:`_Invoker.take_next`'s own statement (and its waiting for a delivery in
+        progress with it)."""
+        if not self.d.for_update or number < 2:  # SQLite; a first message's row may not exist
+            return super().receive_and_take(sequence_id, number, last=last, now=now)
+        seq, changes = self.rmd._receipt(sequence_id, number, last=last, now=now)
+        self.lock(RANK_INVOKER, sequence_id)
+        self.capture_key("rmd_sequence", sequence_id)
+        self.capture_key("invoker_sequence", sequence_id)
+        sets, values = _rmd_assignments(changes)
+        self._wrote = True
+        row = self.one(
+            f"WITH r AS (UPDATE rmd_sequence SET {sets} WHERE sequence_id = ? RETURNING 1), "
+            f"t AS ({_TAKE_LOCKED.format(for_update=self.d.for_update)} RETURNING 1) "
+            "SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM t)",
+            (*values, sequence_id, *_take_params(sequence_id, number)))
+        if not row[0]:
+            raise UnknownSequenceError("RMD", sequence_id)
+        self.held_rmd[sequence_id] = replace(seq, **changes)
+        return self.note_take(sequence_id, number, bool(row[1]))
+
+    def receive_in_order(self, sequence_id: str, number: int, *,
+                         now: float | None = None) -> tuple[RmdSequence, bool] | None:
+        """On PostgreSQL, the sequence's row locked, the receipt written and the message taken,
+        in one round trip, if the sequence has received exactly 1..number-1 and is open.
+
+        The common receive of a steady stream; the receives of its sequence
+        behind it wait for its commit, so the round trip saved (the lock,
+        which :meth:`receive_and_take` needs a read for) shortens the wait of
+        every message after it.  The lock is a statement of its own, ahead of
+        the write in the same query string: the write then runs after the
+        wait, on a snapshot that sees the commit waited for (one statement
+        that waits for a row and then writes it makes PostgreSQL re-check
+        what it waited for, which costs it more than the round trip).
+
+        None when the guess was wrong (a gap, a duplicate, the last message,
+        a closed or unknown sequence): nothing written, the row locked and
+        read (the caller's read of it costs no round trip), and the caller
+        records the message the general way.
+        Otherwise the sequence as it was before this message (for the
+        caller's checks, which roll the transaction back if they refuse it),
+        and whether the message was taken."""
+        if not self.d.for_update or number < 2 or sequence_id in self.held_rmd:
+            return None
+        api.check_number(number)
+        self.lock(RANK_RMD, sequence_id)
+        self.lock(RANK_INVOKER, sequence_id)
+        self.capture_key("rmd_sequence", sequence_id)
+        self.capture_key("invoker_sequence", sequence_id)
+        before = _prefix(number - 1)
+        cur = self.execute(
+            "SELECT 1 FROM rmd_sequence WHERE sequence_id = ? FOR UPDATE", (sequence_id,),
+            then=(_RECEIVE_IN_ORDER, (_prefix(number), _now(now), sequence_id, before,
+                                      *_take_params(sequence_id, number), sequence_id)))
+        row = cur.fetchone()
+        cur.close()
+        if row is None:
+            return None
+        seq = self.held_rmd[sequence_id] = _rmd(row[:-1])
+        if row[-1] < 0:  # guessed wrong: the row as it is, held for the caller's read
+            return None
+        self._wrote = True
+        return replace(seq, received=api.parse_ranges(before)), self.note_take(sequence_id, number, bool(row[-1]))
+
+    def note_take(self, sequence_id: str, number: int, taken: bool) -> bool:
+        """After a take: the invoker row as this transaction now holds it (or forgets it)."""
+        if taken:
+            self.held_invoker[sequence_id] = (api.parse_ranges(_prefix(number)), number)
+        else:
+            self.held_invoker.pop(sequence_id, None)
+        return taken
+
+    def lock(self, rank: int, key: Any) -> None:
+        """Lock-order bookkeeping; the row lock itself is the statement's FOR UPDATE."""
+        self._check_open()
+        if self._check_lock_order(rank, key):
+            self._note_lock(rank, key)
+
+    @property
+    def has_changes(self) -> bool:
+        return self._wrote
+
+    supports_savepoints = True
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """SQL SAVEPOINT (SQLite and PostgreSQL alike); the undo capture is rewound with it."""
+        self._check_open()
+        self._savepoints += 1
+        name = f"wsrm_sp{self._savepoints}"
+        undo = dict(self.undo) if self.undo is not None else None
+        numbered = dict(self._numbered)
+        self.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            if not self._closed and self.failed is None:
+                self.execute(f"ROLLBACK TO SAVEPOINT {name}")
+                self.execute(f"RELEASE SAVEPOINT {name}")
+                self.undo = undo
+                self._numbered = numbered  # a flush inside the savepoint is undone too
+                self._forget_held()  # its writes are undone, and the locks it took released
+            raise
+        self.execute(f"RELEASE SAVEPOINT {name}")
+
+    def _forget_held(self) -> None:
+        """Drop every copy of a held row (and every message read ahead): they may be stale now."""
+        self.held_invoker.clear()
+        self.held_rmd.clear()
+        self.held_rms.clear()
+        self.read_ahead.clear()
+
+    def hand_out(self, key: str, number: int, last: bool) -> None:
+        """Remember that enqueue handed out ``number`` on sequence ``key`` (written by :meth:`flush`)."""
+        _, was_last = self._numbered.get(key, (0, False))
+        self._numbered[key] = (number, last or was_last)
+
+    def make_durable(self) -> None:
+        if not self.begin_with:
+            return
+        self.begin_with = ""
+        if self.begun:
+            self.execute("SET LOCAL synchronous_commit TO ON")
+
+    def flush(self) -> None:
+        """Write the sequence rows' highest numbers that enqueue only remembered.
+
+        Writing the row on every enqueue, in a transaction that enqueues
+        thousands of messages (a Spark partition), leaves one row version per
+        message behind, all alive until the commit: each later lookup of the
+        row walks them, and the partition's enqueues take quadratic time.  The
+        stores flush before they commit or prepare, and a statement that
+        reads the sequence table flushes first.
+        """
+        if not self._numbered:  # the common case: nothing enqueued (no new dict for it)
+            return
+        pending, self._numbered = self._numbered, {}
+        for key, (number, last) in pending.items():
+            if last:
+                self.write("UPDATE rms_sequence SET highest_number = ?, last_message = TRUE, "
+                           "last_number = ? WHERE seq_key = ?", (number, number, key))
+            else:
+                self.write("UPDATE rms_sequence SET highest_number = ? WHERE seq_key = ?", (number, key))
+
+    # -- undo capture -------------------------------------------------------------------
+
+    def capture(self, table: str, where: str, params: Sequence[Any]) -> None:
+        """Keep the before-image of the rows ``where`` selects (first write wins)."""
+        if self.undo is None:
+            return
+        cur = self.execute(f"SELECT * FROM {table} WHERE {where}", params)
+        names = [c[0] for c in cur.description]
+        pk_idx = [names.index(c) for c in PRIMARY_KEYS[table]]
+        for row in cur.fetchall():
+            key = (table, tuple(row[i] for i in pk_idx))
+            if key not in self.undo:
+                self.undo[key] = dict(zip(names, row, strict=True))
+        cur.close()
+
+    def capture_key(self, table: str, *pk: Any) -> None:
+        """Before inserting or changing one row by key: its image, or "absent".
+
+        Every write of a sequence row comes through here first, so this is
+        also where the transaction forgets the copy it holds of that row.
+        """
+        if table == "rms_sequence":
+            self.held_rms.pop(pk[0], None)
+        elif table == "rmd_sequence":
+            self.held_rmd.pop(pk[0], None)
+        if self.undo is None or (table, pk) in self.undo:
+            return
+        self.capture(table, " AND ".join(f"{c} = ?" for c in PRIMARY_KEYS[table]), pk)
+        self.undo.setdefault((table, pk), None)
+
+    # -- ending -----------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        api.refuse_if_global(self)
+        self._refuse_commit_if_failed()
+        self._check_open()
+        self.flush()
+        self._store._finish(self, commit=True)
+
+    def rollback(self) -> None:
+        if self._closed:
+            return
+        api.refuse_if_global(self)
+        self._store._finish(self, commit=False)
+
+    def mark_closed(self) -> None:
+        self._closed = True
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._global is not None:
+            if exc_type is not None:  # a branch left normally: the TM ends it, nothing to do here
+                api.exit_global(self, exc_type)
+            return
+        super().__exit__(exc_type, exc, tb)
+
+
+_M = TypeVar("_M", bound=api._Manager)
+
+
+class _OnFirstUse(Generic[_M]):
+    """A store transaction's manager (``tx.rmd``...), made the first time it is read.
+
+    A receive uses one or two of the four managers, a branch that runs one
+    statement none; making all four for every transaction was four Python
+    calls (each run cold between two round trips).  A non-data descriptor: the
+    manager made goes into the transaction's ``__dict__``, where every later
+    read finds it without a call.  Not ``functools.cached_property``: on
+    Python 3.11 its first read takes a lock shared by every instance of the
+    class, which would serialize the first use of a manager across all the
+    threads running transactions.
+    """
+
+    __slots__ = ("_cls", "_name")
+
+    def __init__(self, name: str, cls: type[_M]) -> None:
+        self._name = name
+        self._cls = cls
+
+    @overload
+    def __get__(self, tx: None, owner: type | None = None) -> "_OnFirstUse[_M]": ...
+
+    @overload
+    def __get__(self, tx: SqlTransaction, owner: type | None = None) -> _M: ...
+
+    def __get__(self, tx: SqlTransaction | None, owner: type | None = None) -> "_M | _OnFirstUse[_M]":
+        if tx is None:
+            return self
+        manager = tx.__dict__[self._name] = self._cls(tx)
+        return manager
+
+
+def _opens_transaction(sql: str) -> bool:
+    """Must ``sql`` run inside the transaction?  All but a plain read: writes, row locks, savepoints."""
+    return not sql.lstrip()[:6].upper() == "SELECT" or " FOR " in sql
+
+
+def _in_list(values: Sequence[Any]) -> str:
+    return ", ".join("?" for _ in values)
+
+
+def apply_undo(tx: SqlTransaction, undo: UndoLog) -> None:
+    """Put every row back as it was before the branch (SQLite XA rollback)."""
+    for (table, pk), image in undo.items():
+        cols = PRIMARY_KEYS[table]
+        tx.write(f"DELETE FROM {table} WHERE {' AND '.join(f'{c} = ?' for c in cols)}", pk)
+        if image is not None:
+            names = list(image)
+            tx.write(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({_in_list(names)})",
+                     [image[n] for n in names])
