@@ -1,30 +1,5 @@
-"""PostgreSQL as an XA resource manager, over psycopg2's two-phase commit API.
-
-:class:`PostgresXAResource` is what a JDBC driver calls an ``XAConnection``
-and its ``XAResource`` in one: it owns one PostgreSQL session, runs at most one
-branch on it at a time, and maps the XA verbs to ``PREPARE TRANSACTION``,
-``COMMIT PREPARED`` and ``ROLLBACK PREPARED``: by SQL on the
-:class:`~txmanager.lazy_begin.LazyBeginConnection` it opens (whose branch's
-BEGIN goes with the branch's first statement), by psycopg2's ``tpc_*`` calls
-on a connection of another class from a connection factory.  Errors
-come back as :class:`~txmanager.xa.XAException` with the code an XA transaction
-manager acts on.
-
-:class:`XADataSource` is the application's side (the JTA ``DataSource`` of
-Atomikos or Narayana): ``with ds.connection() as conn`` hands out a psycopg2
-connection already enlisted in the thread's current transaction.
-
-Facts this module is built on (checked against PostgreSQL 15 and psycopg2 2.9):
-
-* A PostgreSQL transaction belongs to one session: two connections can never
-  share a branch, so ``is_same_rm`` is true only for the same resource object.
-* ``COMMIT PREPARED``/``ROLLBACK PREPARED`` of a branch prepared elsewhere must
-  run outside any transaction, in the database where it was prepared; they run
-  here on a separate autocommit "control" connection.
-* ``PREPARE TRANSACTION`` in a failed transaction does not raise: it rolls
-  back and reports ROLLBACK.  The branch's state is therefore checked first.
-* A prepared transaction survives the session that prepared it and a crash of
-  the server, and keeps its locks until someone commits or rolls it back.
+"""One PostgreSQL session as an XA resource (:class:`PostgresXAResource`), and the sharing
+of one session by every user of the same database inside one global transaction.
 """
 
 from __future__ import annotations
@@ -34,259 +9,53 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from threading import get_ident
-from typing import Any, Protocol, TypeAlias
+from typing import Any
 
 import psycopg2
 import psycopg2.extensions as ext
 
-from .xa import (
-    TMENDRSCAN, TMFAIL, TMJOIN, TMNOFLAGS, TMRESUME, TMSTARTRSCAN, TMSUCCESS, TMSUSPEND,
-    XA_OK, XA_RBCOMMFAIL, XA_RBDEADLOCK, XA_RBINTEGRITY, XA_RBOTHER, XA_RBROLLBACK,
-    XA_RBTIMEOUT, XA_RBTRANSIENT, XA_RDONLY, XAER_DUPID, XAER_INVAL, XAER_NOTA, XAER_OUTSIDE,
-    XAER_PROTO, XAER_RMERR, XAER_RMFAIL, XAException, XAResource,
+from .. import marks as _marks
+from ..lazy_begin import LazyBeginConnection
+from ..log import LogEntry, commit_record, parse_commit_record
+from ..xa import (
+    TMENDRSCAN,
+    TMFAIL,
+    TMJOIN,
+    TMNOFLAGS,
+    TMRESUME,
+    TMSTARTRSCAN,
+    TMSUCCESS,
+    TMSUSPEND,
+    XA_OK,
+    XA_RBCOMMFAIL,
+    XA_RBROLLBACK,
+    XA_RDONLY,
+    XAER_DUPID,
+    XAER_INVAL,
+    XAER_NOTA,
+    XAER_OUTSIDE,
+    XAER_PROTO,
+    XAER_RMERR,
+    XAER_RMFAIL,
+    XAException,
+    XAResource,
 )
-from . import marks as _marks
-from .errors import PreparedTransactionsDisabledError
-from .lazy_begin import LazyBeginConnection, psycopg_xid
-from .log import LogEntry, commit_record, parse_commit_record
-from .xid import Xid
-
-__all__ = ["LazyBeginConnection", "PostgresXAResource", "XADataSource", "check_prepared_transactions",
-           "create_mark_table", "database_identity", "default_resource_name", "offer_session", "session_for_database"]
+from ..xid import Xid
+from .branch import (
+    _MAX_ENDED,
+    _SESSION_GONE,
+    _begin_branch,
+    _Branch,
+    _commit_branch,
+    _Ended,
+    _prepare_branch,
+    _rollback_branch,
+    _rollback_code,
+    _State,
+)
+from .server import Connection, ConnectionFactory, _describe, check_prepared_transactions, default_resource_name
 
 log = logging.getLogger(__name__)
-
-#: Databases (by resource name) whose ``max_prepared_transactions`` was seen > 0.
-_prepared_ok: set[str] = set()
-_prepared_ok_lock = threading.Lock()
-
-
-def check_prepared_transactions(conn: Connection, resource_name: str) -> None:
-    """Refuse a database on which PREPARE TRANSACTION cannot work.
-
-    PostgreSQL ships with ``max_prepared_transactions = 0``; a transaction
-    manager on such a server accepts work and then fails every two-phase
-    commit.  Checked once per database and process, on ``conn`` (left as it
-    was found: the SHOW runs in autocommit mode)."""
-    if resource_name in _prepared_ok:
-        return
-    was = conn.autocommit
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SHOW max_prepared_transactions")
-            row = cur.fetchone()
-    finally:
-        conn.autocommit = was
-    value = int(row[0]) if row else 0
-    if value <= 0:
-        raise PreparedTransactionsDisabledError(
-            f"PostgreSQL database {resource_name} has max_prepared_transactions = {value}: "
-            "two-phase commit is disabled there; set max_prepared_transactions (at least the "
-            "number of concurrent transactions, e.g. = max_connections) in postgresql.conf and "
-            "restart PostgreSQL")
-    with _prepared_ok_lock:
-        _prepared_ok.add(resource_name)
-
-Connection: TypeAlias = ext.connection  # Any while psycopg2 ships no hints
-ConnectionFactory = Callable[[], Connection]
-
-
-def create_mark_table(conn: Connection) -> None:
-    """Create the commit-mark table (:mod:`.marks`) if it is missing, and commit.
-
-    Under an advisory lock: two processes creating it at once would otherwise
-    collide on the catalog's unique index.  A table that is there is not
-    created again: a role without the privilege to create in the schema uses
-    the table its owner made."""
-    with conn.cursor() as cur:
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MARK_TABLE_LOCK,))
-        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (_marks.TABLE,))
-        if not cur.fetchone()[0]:
-            cur.execute(_marks.CREATE_TABLE)
-    conn.commit()
-
-
-#: The advisory lock key that serialises the creation of the commit-mark table.
-_MARK_TABLE_LOCK = 0x74786D6D61726B  # "txmmark"
-
-
-def default_resource_name(dsn: str) -> str:
-    """A stable name for a database, the same after a restart: ``pg:dbname@host:port``.
-
-    The password and other options are left out on purpose: the name lands in
-    the recovery log and in operators' output.
-    """
-    p = ext.parse_dsn(dsn)
-    dbname = p.get("dbname") or p.get("user") or "?"
-    return f"pg:{dbname}@{p.get('host', 'localhost')}:{p.get('port', 5432)}"
-
-
-#: What names a database for "is it the same one?": the cluster (its system identifier, written
-#: by initdb), the server's run (its start time: a promoted copy of the cluster shares the
-#: identifier but not the start) and the database.  The same from any DSN, host alias or socket.
-_IDENTITY_SQL = ("SELECT system_identifier::text || '/' || "
-                 "extract(epoch FROM pg_postmaster_start_time())::text || '/' || current_database() "
-                 "FROM pg_control_system()")
-
-
-def database_identity(conn: Connection) -> str | None:
-    """Which database ``conn`` talks to, the same for every session of it; None when unknown.
-
-    Called on a fresh session (it ends the transaction the query opens).  A
-    server that will not say (``pg_control_system()`` revoked) gives None:
-    then nothing is shared unless the user names the database explicitly
-    (``database_identity=`` of :class:`XADataSource` and the PostgreSQL store).
-    """
-    try:
-        with conn.cursor() as cur:
-            cur.execute(_IDENTITY_SQL)
-            row = cur.fetchone()
-        conn.rollback()
-        return str(row[0]) if row else None
-    except psycopg2.Error as exc:
-        log.info("cannot tell which database this session talks to (%s): its branches are not "
-                 "shared", _describe(exc))
-        with contextlib.suppress(psycopg2.Error):
-            conn.rollback()
-        return None
-
-
-# Sessions shared inside one global transaction, by database identity.  Two users of the same
-# database (the application's XADataSource and the WS-RM store) then run their work in ONE branch:
-# the transaction manager commits a transaction with one branch in one phase (no PREPARE, no log
-# write), and one PostgreSQL transaction is exactly as atomic across a crash as two prepared ones
-# under a logged decision.  Kept on the transaction object itself, so it ends with it.
-_SESSIONS_ATTR = "_postgres_sessions_by_database"
-
-
-def session_for_database(tx: Any, identity: str | None) -> "PostgresXAResource | None":
-    """The resource whose session carries ``tx``'s branch in database ``identity``, if one does."""
-    if identity is None:
-        return None
-    sessions = getattr(tx, _SESSIONS_ATTR, None)
-    if not sessions:
-        return None
-    resource = sessions.get(identity)
-    if resource is None or resource._branch is None:  # in_branch, without the property's call
-        return None
-    conn = resource._session
-    return resource if conn is not None and not conn.closed else None
-
-
-def offer_session(tx: Any, identity: str | None, resource: "PostgresXAResource") -> None:
-    """Let other users of database ``identity`` join ``resource``'s branch of ``tx``."""
-    if identity is None:
-        return
-    sessions = getattr(tx, _SESSIONS_ATTR, None)
-    if sessions is None:
-        sessions = {}
-        try:
-            setattr(tx, _SESSIONS_ATTR, sessions)
-        except AttributeError:  # a transaction object that takes no attributes: nothing shared
-            return
-    sessions.setdefault(identity, resource)
-
-
-class _State:
-    """A branch's XA state on its session.
-
-    Plain string constants rather than an Enum: on Python 3.11 reading an
-    Enum member costs seven times a class attribute, and the states are read
-    several times per transaction.
-    """
-
-    ACTIVE = "active"            # associated with the caller: SQL may run
-    SUSPENDED = "suspended"      # end(TMSUSPEND): may resume
-    IDLE = "idle"                # end(TMSUCCESS): may prepare, commit one-phase or join
-    ROLLBACK_ONLY = "rollback-only"  # end(TMFAIL) or a failed statement
-    PREPARED = "prepared"
-
-
-class _Branch:
-    """The session's branch: its xid and its XA state."""
-
-    __slots__ = ("xid", "state")
-
-    def __init__(self, xid: Xid, state: str) -> None:
-        self.xid = xid
-        self.state = state
-
-
-@dataclass(frozen=True)
-class _Ended:
-    """A branch this resource gave up on its own (lost session, a 'no' vote).
-
-    Remembered so the transaction manager's follow-up ``rollback`` succeeds
-    without touching the server, and a ``commit`` says why it cannot.
-    """
-
-    code: int
-    maybe_prepared: bool
-
-
-_MAX_ENDED = 64
-
-# SQLSTATEs of the failures that end a session rather than a statement.
-_SESSION_GONE = ("57P01", "57P02", "57P03", "25P03")
-
-
-def _rollback_code(pgcode: str | None) -> int:
-    """The XA_RB* code for a transaction PostgreSQL refused (and so rolled back)."""
-    if not pgcode:
-        return XA_RBOTHER
-    if pgcode == "40P01":
-        return XA_RBDEADLOCK
-    if pgcode == "40001":
-        return XA_RBTRANSIENT  # serialization failure: retrying the transaction may succeed
-    if pgcode.startswith("40"):
-        return XA_RBROLLBACK
-    if pgcode.startswith("23"):
-        return XA_RBINTEGRITY
-    if pgcode in ("57014", "55P03", "25P03"):
-        return XA_RBTIMEOUT  # statement_timeout, lock_timeout, idle_in_transaction timeout
-    if pgcode.startswith("08"):
-        return XA_RBCOMMFAIL
-    return XA_RBOTHER
-
-
-def _begin_branch(conn: Connection, xid: Xid) -> None:
-    if isinstance(conn, LazyBeginConnection):
-        conn.begin_branch(xid)
-    else:
-        conn.tpc_begin(psycopg_xid(xid))
-
-
-def _commit_branch(conn: Connection) -> None:
-    """COMMIT (one phase) or COMMIT PREPARED (prepared on this session) of the session's branch."""
-    if isinstance(conn, LazyBeginConnection):
-        conn.commit_branch()
-    else:
-        conn.tpc_commit()
-
-
-def _prepare_branch(conn: Connection) -> None:
-    if isinstance(conn, LazyBeginConnection):
-        conn.prepare_branch()
-    else:
-        conn.tpc_prepare()
-
-
-def _rollback_branch(conn: Connection) -> None:
-    if isinstance(conn, LazyBeginConnection):
-        conn.rollback_branch()
-    else:
-        conn.tpc_rollback()
-
-
-def _describe(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    code = getattr(exc, "pgcode", None)
-    return f"{text} (SQLSTATE {code})" if code else text
-
 
 class PostgresXAResource:
     """One PostgreSQL session as an XA resource: at most one branch at a time.
@@ -961,313 +730,37 @@ class PostgresXAResource:
             if conn is not None and not conn.closed:
                 conn.close()
 
-
-class _Transaction(Protocol):
-    """What :class:`XADataSource` needs of the transaction manager's transaction."""
-
-    def enlist_resource(self, resource: XAResource) -> bool: ...
-
-    def register_synchronization(self, sync: Any) -> None: ...
-
-
-class _TransactionManager(Protocol):
-    def get_transaction(self) -> _Transaction | None: ...
-
-    def register_resource(self, resource: XAResource) -> None: ...
+# Sessions shared inside one global transaction, by database identity.  Two users of the same
+# database (the application's XADataSource and the WS-RM store) then run their work in ONE branch:
+# the transaction manager commits a transaction with one branch in one phase (no PREPARE, no log
+# write), and one PostgreSQL transaction is exactly as atomic across a crash as two prepared ones
+# under a logged decision.  Kept on the transaction object itself, so it ends with it.
+_SESSIONS_ATTR = "_postgres_sessions_by_database"
 
 
-class _ReturnToPool:
-    """Gives a transaction's connection back to the pool once the transaction is over.
-
-    Not at the end of the ``with`` block: the branch stays open on the
-    connection until the transaction manager commits or rolls it back.
-    """
-
-    __slots__ = ("_ds", "_key")
-
-    def __init__(self, ds: "XADataSource", key: tuple[int, int]) -> None:
-        self._ds = ds
-        self._key = key
-
-    def before_completion(self) -> None:
-        pass
-
-    def after_completion(self, status: Any) -> None:
-        self._ds._transaction_over(self._key)
-
-
-class _ConnectionScope:
-    """What ``XADataSource.connection()`` returns.
-
-    A plain class rather than a ``@contextmanager`` generator: the generator
-    machinery was a visible part of a one-phase transaction's own cost.
-    """
-
-    __slots__ = ("_ds", "_local")
-
-    def __init__(self, ds: "XADataSource") -> None:
-        self._ds = ds
-        self._local: contextlib.AbstractContextManager[Connection] | None = None
-
-    def __enter__(self) -> Connection:
-        ds = self._ds
-        if ds._closed:
-            raise RuntimeError(f"{ds!r} is closed")
-        tx = ds.tm.get_transaction()
-        if tx is None:
-            self._local = ds._local_connection()
-            return self._local.__enter__()
-        return ds._enlisted_connection(tx)
-
-    def __exit__(self, *exc_info: Any) -> bool | None:
-        if self._local is not None:
-            local, self._local = self._local, None
-            return local.__exit__(*exc_info)
+def session_for_database(tx: Any, identity: str | None) -> "PostgresXAResource | None":
+    """The resource whose session carries ``tx``'s branch in database ``identity``, if one does."""
+    if identity is None:
         return None
+    sessions = getattr(tx, _SESSIONS_ATTR, None)
+    if not sessions:
+        return None
+    resource = sessions.get(identity)
+    if resource is None or resource._branch is None:  # in_branch, without the property's call
+        return None
+    conn = resource._session
+    return resource if conn is not None and not conn.closed else None
 
 
-class XADataSource:
-    """Connections to one database, enlisted in the caller's current transaction.
-
-    ``with ds.connection() as conn:`` inside ``tm.transaction()`` gives a
-    psycopg2 connection whose work is a branch of that transaction; in the
-    same thread and transaction every ``with`` gets the same connection, so
-    all that work is one branch.  The connection returns to a small pool (at
-    most ``pool_size`` idle sessions) when the transaction completes.
-
-    Outside any transaction the connection is a plain local one, with
-    psycopg2's ``with conn:`` rule: committed when the block ends normally,
-    rolled back when it raises.  (Raising there instead would make schema
-    set-up and reads needlessly awkward; the rule is the one psycopg2 users
-    already know.)
-
-    Unless ``register_for_recovery=False``, the data source registers
-    :meth:`xa_resource_for_recovery` with the manager, as Atomikos' data
-    source beans do: whatever the manager's transactions leave in doubt here,
-    its recovery finds.
-
-    One database, one branch: when another user of the same database (the
-    PostgreSQL WS-RM store) already runs a branch of the transaction, the
-    connection handed out is that branch's session, and the other way round;
-    a transaction touching only that database then commits in one phase.
-    "The same database" is what :func:`database_identity` reads from the
-    server; where it cannot, ``database_identity="name"`` given alike to the
-    data source and the store says so.  ``share_sessions=False`` keeps a
-    branch of its own (two-phase commit with the others).
-
-    ``commit_marks=True`` lets this database carry the commit decision of a
-    transaction with other branches (see :mod:`.marks`): its branch commits in
-    one phase with a row that says so, after the others are prepared and
-    instead of a log write.  The table is created on the first connection.
-    """
-
-    def __init__(
-        self,
-        dsn: str,
-        tm: _TransactionManager,
-        *,
-        resource_name: str | None = None,
-        pool_size: int = 4,
-        read_only_check: bool = False,
-        register_for_recovery: bool = True,
-        database_identity: str | None = None,
-        share_sessions: bool = True,
-        commit_marks: bool = False,
-    ) -> None:
-        if pool_size < 0:
-            raise ValueError("pool_size must be >= 0")
-        self.dsn = dsn
-        self.database = default_resource_name(dsn)
-        self._marks = _marks.MarkQueue() if commit_marks else None
-        self._mark_table_ready = False
-        self.share_sessions = share_sessions
-        self._identity_given = database_identity is not None
-        #: the database this source's sessions talk to (refreshed by every new session)
-        self.identity: str | None = database_identity
-        self.tm = tm
-        self.resource_name = resource_name or default_resource_name(dsn)
-        self.pool_size = pool_size
-        self.read_only_check = read_only_check
-        self._idle: list[PostgresXAResource] = []
-        self._enlisted: dict[tuple[int, int], tuple[Any, PostgresXAResource]] = {}
-        #: keys of transactions whose connection is another user's shared session
-        self._borrowed: set[tuple[int, int]] = set()
-        self._lock = threading.Lock()
-        self._closed = False
-        self._recovery_resource: PostgresXAResource | None = None
-        self._check_at_start()
-        if register_for_recovery:
-            self._recovery_resource = self.xa_resource_for_recovery()
-            tm.register_resource(self._recovery_resource)
-
-    def __repr__(self) -> str:
-        return f"<XADataSource {self.resource_name} idle={len(self._idle)} enlisted={len(self._enlisted)}>"
-
-    def connection(self) -> contextlib.AbstractContextManager[Connection]:
-        """``with ds.connection() as conn``: the connection of the thread's transaction
-        branch here, or a local one outside a transaction (see the class docstring)."""
-        return _ConnectionScope(self)
-
-    def _connect(self) -> Connection:
-        conn = psycopg2.connect(self.dsn, connection_factory=LazyBeginConnection)
-        if self._marks is not None and not self._mark_table_ready:
-            try:
-                create_mark_table(conn)
-            except BaseException:
-                with contextlib.suppress(psycopg2.Error):
-                    conn.close()
-                raise
-            self._mark_table_ready = True
-        if self.share_sessions and not self._identity_given:
-            self.identity = database_identity(conn)
-        return conn
-
-    def _enlisted_connection(self, tx: _Transaction) -> Connection:
-        """The connection of ``tx``'s branch in this database, enlisting one the first time.
-
-        The bookkeeping is single dict operations, atomic under the GIL, so the
-        hot path takes no lock of its own: one key is only ever used by one
-        thread (its ident is part of it).
-        """
-        key = (get_ident(), id(tx))
-        entry = self._enlisted.get(key)
-        if entry is None:
-            shared = session_for_database(tx, self.identity) if self.share_sessions else None
-            if shared is not None:
-                return self._join(tx, key, shared)
-            resource = self._acquire()
-            if self.share_sessions and self.identity is None and not self._identity_given:
-                resource.connection  # noqa: B018 -- the first session tells the identity
-                shared = session_for_database(tx, self.identity)
-                if shared is not None:
-                    self._release(resource)
-                    return self._join(tx, key, shared)
-            self._enlisted[key] = (tx, resource)
-            try:
-                tx.register_synchronization(_ReturnToPool(self, key))
-                if not tx.enlist_resource(resource):
-                    raise RuntimeError(f"the transaction refused to enlist {self.resource_name}")
-            except BaseException:
-                self._transaction_over(key)
-                raise
-            if self.share_sessions:
-                offer_session(tx, self.identity, resource)
-        else:
-            resource = entry[1]
-        conn = resource._session
-        if conn is None or conn.closed:
-            conn = resource.connection
-        return conn
-
-    def _join(self, tx: _Transaction, key: tuple[int, int], shared: PostgresXAResource) -> Connection:
-        """Work in the branch another user of this database runs: its session, not ours to pool."""
-        self._enlisted[key] = (tx, shared)
-        self._borrowed.add(key)
+def offer_session(tx: Any, identity: str | None, resource: "PostgresXAResource") -> None:
+    """Let other users of database ``identity`` join ``resource``'s branch of ``tx``."""
+    if identity is None:
+        return
+    sessions = getattr(tx, _SESSIONS_ATTR, None)
+    if sessions is None:
+        sessions = {}
         try:
-            tx.register_synchronization(_ReturnToPool(self, key))
-        except BaseException:
-            self._transaction_over(key)
-            raise
-        conn = shared._session
-        assert conn is not None
-        return conn
-
-    @contextlib.contextmanager
-    def _local_connection(self) -> Iterator[Connection]:
-        resource = self._acquire()
-        try:
-            conn = resource.connection
-            try:
-                yield conn
-            except BaseException:
-                if not conn.closed:
-                    with contextlib.suppress(psycopg2.Error):
-                        conn.rollback()
-                raise
-            conn.commit()
-        finally:
-            self._release(resource)
-
-    def _check_at_start(self) -> None:
-        """Fail now, with one clear exception, if the database cannot prepare.
-
-        A database that cannot be reached now is checked when it first
-        connects instead (a server may start before its database)."""
-        try:
-            conn = psycopg2.connect(self.dsn)
-        except psycopg2.Error as e:
-            log.warning("%s: cannot connect to check max_prepared_transactions now (%s); "
-                        "checking at the first connection", self.resource_name, _describe(e))
+            setattr(tx, _SESSIONS_ATTR, sessions)
+        except AttributeError:  # a transaction object that takes no attributes: nothing shared
             return
-        try:
-            check_prepared_transactions(conn, self.resource_name)
-        finally:
-            conn.close()
-
-    def xa_resource_for_recovery(self) -> PostgresXAResource:
-        """A resource for the recovery manager: same name, its own connections, opened on demand."""
-        return PostgresXAResource(self.dsn, resource_name=self.resource_name,
-                                  read_only_check=self.read_only_check, database=self.database)
-
-    def close(self) -> None:
-        """Close the idle connections; those still in a transaction close when it completes.
-
-        Commit marks of finished transactions still waiting to be deleted are
-        deleted now (left over, recovery would delete them)."""
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for resource in idle:
-            resource.close()
-        if self._marks is not None and len(self._marks):
-            cleaner = self._recovery_resource or self.xa_resource_for_recovery()
-            cleaner.delete_waiting_marks(self._marks)
-            if cleaner is not self._recovery_resource:
-                cleaner.close()
-        if self._recovery_resource is not None:
-            self._recovery_resource.close()  # reopens on demand if recovery still runs
-
-    def __enter__(self) -> "XADataSource":
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    # -- pool ------------------------------------------------------------------------------
-
-    def _acquire(self) -> PostgresXAResource:
-        idle = self._idle
-        while idle:
-            try:
-                resource = idle.pop()  # atomic: two threads never get the same one
-            except IndexError:
-                break
-            conn = resource._session
-            if conn is not None and not conn.closed:
-                return resource
-            resource.close()
-        return PostgresXAResource(self._connect, resource_name=self.resource_name,
-                                  read_only_check=self.read_only_check, marks=self._marks,
-                                  database=self.database)
-
-    def _release(self, resource: PostgresXAResource) -> None:
-        conn = resource._session
-        reusable = (
-            resource._branch is None and conn is not None and not conn.closed
-            and conn.status == ext.STATUS_READY
-            and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE
-        )
-        if reusable:
-            with self._lock:  # the size check and the append go together
-                if not self._closed and len(self._idle) < self.pool_size:
-                    self._idle.append(resource)
-                    return
-        resource.close()
-
-    def _transaction_over(self, key: tuple[int, int]) -> None:
-        entry = self._enlisted.pop(key, None)
-        if key in self._borrowed:
-            self._borrowed.discard(key)
-            return  # the session belongs to whoever lent it
-        if entry is not None:
-            self._release(entry[1])
+    sessions.setdefault(identity, resource)

@@ -1,0 +1,343 @@
+"""The application's side: :class:`XADataSource` hands out psycopg2 connections already
+enlisted in the thread's current transaction (the JTA ``DataSource`` of Atomikos or
+Narayana), from a small pool of resources.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from threading import get_ident
+from typing import Any, Protocol
+
+import psycopg2
+import psycopg2.extensions as ext
+
+from .. import marks as _marks
+from ..lazy_begin import LazyBeginConnection
+from ..xa import (
+    XAResource,
+)
+from .resource import PostgresXAResource, offer_session, session_for_database
+from .server import (
+    Connection,
+    _describe,
+    check_prepared_transactions,
+    create_mark_table,
+    database_identity,
+    default_resource_name,
+)
+
+log = logging.getLogger(__name__)
+
+class _Transaction(Protocol):
+    """What :class:`XADataSource` needs of the transaction manager's transaction."""
+
+    def enlist_resource(self, resource: XAResource) -> bool: ...
+
+    def register_synchronization(self, sync: Any) -> None: ...
+
+
+class _TransactionManager(Protocol):
+    def get_transaction(self) -> _Transaction | None: ...
+
+    def register_resource(self, resource: XAResource) -> None: ...
+
+
+class _ReturnToPool:
+    """Gives a transaction's connection back to the pool once the transaction is over.
+
+    Not at the end of the ``with`` block: the branch stays open on the
+    connection until the transaction manager commits or rolls it back.
+    """
+
+    __slots__ = ("_ds", "_key")
+
+    def __init__(self, ds: "XADataSource", key: tuple[int, int]) -> None:
+        self._ds = ds
+        self._key = key
+
+    def before_completion(self) -> None:
+        pass
+
+    def after_completion(self, status: Any) -> None:
+        self._ds._transaction_over(self._key)
+
+
+class _ConnectionScope:
+    """What ``XADataSource.connection()`` returns.
+
+    A plain class rather than a ``@contextmanager`` generator: the generator
+    machinery was a visible part of a one-phase transaction's own cost.
+    """
+
+    __slots__ = ("_ds", "_local")
+
+    def __init__(self, ds: "XADataSource") -> None:
+        self._ds = ds
+        self._local: contextlib.AbstractContextManager[Connection] | None = None
+
+    def __enter__(self) -> Connection:
+        ds = self._ds
+        if ds._closed:
+            raise RuntimeError(f"{ds!r} is closed")
+        tx = ds.tm.get_transaction()
+        if tx is None:
+            self._local = ds._local_connection()
+            return self._local.__enter__()
+        return ds._enlisted_connection(tx)
+
+    def __exit__(self, *exc_info: Any) -> bool | None:
+        if self._local is not None:
+            local, self._local = self._local, None
+            return local.__exit__(*exc_info)
+        return None
+
+
+class XADataSource:
+    """Connections to one database, enlisted in the caller's current transaction.
+
+    ``with ds.connection() as conn:`` inside ``tm.transaction()`` gives a
+    psycopg2 connection whose work is a branch of that transaction; in the
+    same thread and transaction every ``with`` gets the same connection, so
+    all that work is one branch.  The connection returns to a small pool (at
+    most ``pool_size`` idle sessions) when the transaction completes.
+
+    Outside any transaction the connection is a plain local one, with
+    psycopg2's ``with conn:`` rule: committed when the block ends normally,
+    rolled back when it raises.  (Raising there instead would make schema
+    set-up and reads needlessly awkward; the rule is the one psycopg2 users
+    already know.)
+
+    Unless ``register_for_recovery=False``, the data source registers
+    :meth:`xa_resource_for_recovery` with the manager, as Atomikos' data
+    source beans do: whatever the manager's transactions leave in doubt here,
+    its recovery finds.
+
+    One database, one branch: when another user of the same database (the
+    PostgreSQL WS-RM store) already runs a branch of the transaction, the
+    connection handed out is that branch's session, and the other way round;
+    a transaction touching only that database then commits in one phase.
+    "The same database" is what :func:`database_identity` reads from the
+    server; where it cannot, ``database_identity="name"`` given alike to the
+    data source and the store says so.  ``share_sessions=False`` keeps a
+    branch of its own (two-phase commit with the others).
+
+    ``commit_marks=True`` lets this database carry the commit decision of a
+    transaction with other branches (see :mod:`.marks`): its branch commits in
+    one phase with a row that says so, after the others are prepared and
+    instead of a log write.  The table is created on the first connection.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        tm: _TransactionManager,
+        *,
+        resource_name: str | None = None,
+        pool_size: int = 4,
+        read_only_check: bool = False,
+        register_for_recovery: bool = True,
+        database_identity: str | None = None,
+        share_sessions: bool = True,
+        commit_marks: bool = False,
+    ) -> None:
+        if pool_size < 0:
+            raise ValueError("pool_size must be >= 0")
+        self.dsn = dsn
+        self.database = default_resource_name(dsn)
+        self._marks = _marks.MarkQueue() if commit_marks else None
+        self._mark_table_ready = False
+        self.share_sessions = share_sessions
+        self._identity_given = database_identity is not None
+        #: the database this source's sessions talk to (refreshed by every new session)
+        self.identity: str | None = database_identity
+        self.tm = tm
+        self.resource_name = resource_name or default_resource_name(dsn)
+        self.pool_size = pool_size
+        self.read_only_check = read_only_check
+        self._idle: list[PostgresXAResource] = []
+        self._enlisted: dict[tuple[int, int], tuple[Any, PostgresXAResource]] = {}
+        #: keys of transactions whose connection is another user's shared session
+        self._borrowed: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._recovery_resource: PostgresXAResource | None = None
+        self._check_at_start()
+        if register_for_recovery:
+            self._recovery_resource = self.xa_resource_for_recovery()
+            tm.register_resource(self._recovery_resource)
+
+    def __repr__(self) -> str:
+        return f"<XADataSource {self.resource_name} idle={len(self._idle)} enlisted={len(self._enlisted)}>"
+
+    def connection(self) -> contextlib.AbstractContextManager[Connection]:
+        """``with ds.connection() as conn``: the connection of the thread's transaction
+        branch here, or a local one outside a transaction (see the class docstring)."""
+        return _ConnectionScope(self)
+
+    def _connect(self) -> Connection:
+        conn = psycopg2.connect(self.dsn, connection_factory=LazyBeginConnection)
+        if self._marks is not None and not self._mark_table_ready:
+            try:
+                create_mark_table(conn)
+            except BaseException:
+                with contextlib.suppress(psycopg2.Error):
+                    conn.close()
+                raise
+            self._mark_table_ready = True
+        if self.share_sessions and not self._identity_given:
+            self.identity = database_identity(conn)
+        return conn
+
+    def _enlisted_connection(self, tx: _Transaction) -> Connection:
+        """The connection of ``tx``'s branch in this database, enlisting one the first time.
+
+        The bookkeeping is single dict operations, atomic under the GIL, so the
+        hot path takes no lock of its own: one key is only ever used by one
+        thread (its ident is part of it).
+        """
+        key = (get_ident(), id(tx))
+        entry = self._enlisted.get(key)
+        if entry is None:
+            shared = session_for_database(tx, self.identity) if self.share_sessions else None
+            if shared is not None:
+                return self._join(tx, key, shared)
+            resource = self._acquire()
+            if self.share_sessions and self.identity is None and not self._identity_given:
+                resource.connection  # noqa: B018 -- the first session tells the identity
+                shared = session_for_database(tx, self.identity)
+                if shared is not None:
+                    self._release(resource)
+                    return self._join(tx, key, shared)
+            self._enlisted[key] = (tx, resource)
+            try:
+                tx.register_synchronization(_ReturnToPool(self, key))
+                if not tx.enlist_resource(resource):
+                    raise RuntimeError(f"the transaction refused to enlist {self.resource_name}")
+            except BaseException:
+                self._transaction_over(key)
+                raise
+            if self.share_sessions:
+                offer_session(tx, self.identity, resource)
+        else:
+            resource = entry[1]
+        conn = resource._session
+        if conn is None or conn.closed:
+            conn = resource.connection
+        return conn
+
+    def _join(self, tx: _Transaction, key: tuple[int, int], shared: PostgresXAResource) -> Connection:
+        """Work in the branch another user of this database runs: its session, not ours to pool."""
+        self._enlisted[key] = (tx, shared)
+        self._borrowed.add(key)
+        try:
+            tx.register_synchronization(_ReturnToPool(self, key))
+        except BaseException:
+            self._transaction_over(key)
+            raise
+        conn = shared._session
+        assert conn is not None
+        return conn
+
+    @contextlib.contextmanager
+    def _local_connection(self) -> Iterator[Connection]:
+        resource = self._acquire()
+        try:
+            conn = resource.connection
+            try:
+                yield conn
+            except BaseException:
+                if not conn.closed:
+                    with contextlib.suppress(psycopg2.Error):
+                        conn.rollback()
+                raise
+            conn.commit()
+        finally:
+            self._release(resource)
+
+    def _check_at_start(self) -> None:
+        """Fail now, with one clear exception, if the database cannot prepare.
+
+        A database that cannot be reached now is checked when it first
+        connects instead (a server may start before its database)."""
+        try:
+            conn = psycopg2.connect(self.dsn)
+        except psycopg2.Error as e:
+            log.warning("%s: cannot connect to check max_prepared_transactions now (%s); "
+                        "checking at the first connection", self.resource_name, _describe(e))
+            return
+        try:
+            check_prepared_transactions(conn, self.resource_name)
+        finally:
+            conn.close()
+
+    def xa_resource_for_recovery(self) -> PostgresXAResource:
+        """A resource for the recovery manager: same name, its own connections, opened on demand."""
+        return PostgresXAResource(self.dsn, resource_name=self.resource_name,
+                                  read_only_check=self.read_only_check, database=self.database)
+
+    def close(self) -> None:
+        """Close the idle connections; those still in a transaction close when it completes.
+
+        Commit marks of finished transactions still waiting to be deleted are
+        deleted now (left over, recovery would delete them)."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for resource in idle:
+            resource.close()
+        if self._marks is not None and len(self._marks):
+            cleaner = self._recovery_resource or self.xa_resource_for_recovery()
+            cleaner.delete_waiting_marks(self._marks)
+            if cleaner is not self._recovery_resource:
+                cleaner.close()
+        if self._recovery_resource is not None:
+            self._recovery_resource.close()  # reopens on demand if recovery still runs
+
+    def __enter__(self) -> "XADataSource":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- pool ------------------------------------------------------------------------------
+
+    def _acquire(self) -> PostgresXAResource:
+        idle = self._idle
+        while idle:
+            try:
+                resource = idle.pop()  # atomic: two threads never get the same one
+            except IndexError:
+                break
+            conn = resource._session
+            if conn is not None and not conn.closed:
+                return resource
+            resource.close()
+        return PostgresXAResource(self._connect, resource_name=self.resource_name,
+                                  read_only_check=self.read_only_check, marks=self._marks,
+                                  database=self.database)
+
+    def _release(self, resource: PostgresXAResource) -> None:
+        conn = resource._session
+        reusable = (
+            resource._branch is None and conn is not None and not conn.closed
+            and conn.status == ext.STATUS_READY
+            and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE
+        )
+        if reusable:
+            with self._lock:  # the size check and the append go together
+                if not self._closed and len(self._idle) < self.pool_size:
+                    self._idle.append(resource)
+                    return
+        resource.close()
+
+    def _transaction_over(self, key: tuple[int, int]) -> None:
+        entry = self._enlisted.pop(key, None)
+        if key in self._borrowed:
+            self._borrowed.discard(key)
+            return  # the session belongs to whoever lent it
+        if entry is not None:
+            self._release(entry[1])
