@@ -1,5 +1,8 @@
 """The knobs table of ``docs/policy.md`` is checked against :class:`RMPolicy`: a new knob without a
-row, a row for a knob that is gone, or a default that changed without the table fails here."""
+row, a row for a knob that is gone, or a default that changed without the table fails here.
+
+The table is rendered from the fields' declarations (``scripts/policy_table.py`` rewrites it); the
+first test holds the page to that rendering, the others say what the rendering must get right."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import pathlib
 import re
 
 from wsrm_plugin import AckRequestMode, DeliveryAssurance, RMPolicy
+from wsrm_plugin.engine.knobs import markdown_table
 from wsrm_plugin.wire import RM10, RM11, SOAP11, SOAP12
 
 PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "policy.md"
@@ -21,6 +25,18 @@ def rows() -> dict[str, tuple[str, list[str]]]:
         assert name not in found, f"{name} has two rows"
         found[name] = (default.replace("\\|", "|"), [c.strip() for c in rest.split("|")])
     return found
+
+
+def test_the_table_is_rendered_from_the_declarations():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("policy_table", PAGE.parents[1] / "scripts" / "policy_table.py")
+    assert spec and spec.loader
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    page = PAGE.read_text()
+    assert script.with_table(page, markdown_table(RMPolicy)) == page, \
+        "docs/policy.md's table differs from RMPolicy's declarations: run .venv/bin/python scripts/policy_table.py"
 
 
 def test_every_knob_has_exactly_one_row_and_no_row_is_stale():

@@ -22,6 +22,7 @@ from ..wire import (
     RM10, RM11, SOAP11, SOAP12, WSA_2004_08, WSA_2005_08, AddressingVersion, RMVersion, SoapVersion,
 )
 from ..wire.xmlsafe import DEFAULT_MAX_SIZE
+from .knobs import Choice, Converted, Count, Flag, Named, Number, Seconds, check_fields, knob
 
 __all__ = ["AckRequestMode", "DeliveryAssurance", "RMPolicy", "RetryStep", "POISON_HANDLING"]
 
@@ -73,18 +74,20 @@ class AckRequestMode(enum.Enum):
 _WSA_BY_NAME = {"2004/08": WSA_2004_08, "2005/08": WSA_2005_08}
 _RM_BY_NAME = {"1.0": RM10, "1.1": RM11}
 _SOAP_BY_NAME = {"1.1": SOAP11, "1.2": SOAP12}
-_OUT_OF_ORDER = ("buffer", "discard")
 
 
-def _version(value, table: dict, what: str):
-    if isinstance(value, str):
-        try:
-            return table[value]
-        except KeyError:
-            raise ValueError(f"{what} {value!r} is not one of {sorted(table)}") from None
-    if value not in table.values():
-        raise ValueError(f"{what} must be one of {sorted(table)}, not {value!r}")
+def _assurance(value: object) -> DeliveryAssurance:
+    if not isinstance(value, DeliveryAssurance):
+        raise TypeError(f"delivery must be a DeliveryAssurance, not {value!r}")
+    if not value & DeliveryAssurance.EXACTLY_ONCE:
+        raise ValueError("delivery needs AT_MOST_ONCE and/or AT_LEAST_ONCE (IN_ORDER only adds order)")
     return value
+
+
+_SECONDS = Seconds()                      # > 0
+_DELAY = Seconds(inclusive=True)          # >= 0
+_COUNT = Count()                          # int >= 1
+_SIZE = Count()                           # bytes, >= 1
 
 
 @dataclass(frozen=True)
@@ -93,51 +96,92 @@ class RMPolicy:
 
     Versions may be given as objects (``RM11``) or names (``"1.1"``,
     ``"2005/08"``); ``wsa_version`` defaults to the RM version's usual
-    partner (1.0 with 2004/08, 1.1 with 2005/08).
+    partner (1.0 with 2004/08, 1.1 with 2005/08).  Each field declares what it
+    accepts and what it does (:func:`~wsrm_plugin.engine.knobs.knob`); the
+    policy page's table is rendered from those declarations.
     """
 
     # -- what is promised ------------------------------------------------------------
-    delivery: DeliveryAssurance = DeliveryAssurance.EXACTLY_ONCE | DeliveryAssurance.IN_ORDER
+    delivery: DeliveryAssurance = knob(
+        DeliveryAssurance.EXACTLY_ONCE | DeliveryAssurance.IN_ORDER, Converted(_assurance),
+        "the delivery assurance: AT_MOST_ONCE, AT_LEAST_ONCE, EXACTLY_ONCE, each optionally IN_ORDER; "
+        "without AT_LEAST_ONCE nothing is retransmitted",
+        wsdl="`DeliveryAssurance` (1.1)", cxf="`deliveryAssurance`", wcf="`ordered` (always exactly once)",
+        shown="DeliveryAssurance.EXACTLY_ONCE | DeliveryAssurance.IN_ORDER")
 
     # -- the source: retransmission ----------------------------------------------------
     #: Seconds before an unacknowledged message (or unanswered control message) is sent again:
     #: the floor of the retransmission timeout, which follows the peer's measured round-trip
     #: time above it (SRTT + 4 RTTVAR, as TCP).  A message an acknowledgement proves lost is
     #: sent again at once, whatever its timer.
-    base_retransmission_interval: float = 3.0
+    base_retransmission_interval: float = knob(
+        3.0, _SECONDS,
+        "seconds before an unacknowledged message is sent again: the floor of the timeout, which "
+        "follows the peer's measured round-trip time above it (SRTT + 4 RTTVAR); a message an "
+        "acknowledgement proves lost goes again at once",
+        wsdl="`BaseRetransmissionInterval` (1.0)", cxf="`RMAssertion/BaseRetransmissionInterval`",
+        wcf="— (adaptive)")
     #: Double the interval after each attempt (capped by ``max_retransmission_interval``).
-    exponential_backoff: bool = True
-    max_retransmission_interval: float = 60.0
+    exponential_backoff: bool = knob(
+        True, Flag(), "double the interval after each attempt",
+        wsdl="`ExponentialBackoff` (1.0)", cxf="`RMAssertion/ExponentialBackoff`", wcf="— (always)")
+    max_retransmission_interval: float = knob(60.0, _SECONDS, "the cap of the backed-off interval")
     #: Retransmissions allowed per message or control message before the sequence is faulted
     #: and the application told; None retries for ever.
-    max_retries: int | None = None
+    max_retries: int | None = knob(
+        None, Count(0, none="retry for ever"),
+        "retransmissions per message before the sequence is faulted and the application told; None: for ever",
+        wcf="`maxRetryCount`")
     #: TerminateSequence goes out at most this many times, then the sequence is released
     #: anyway: it is only sent once every message is acknowledged, so a destination that
     #: never answers it (gone, or answering something else) must not keep it for ever.
-    max_terminate_attempts: int = 10
-    ack_request: AckRequestMode = AckRequestMode.RETRANSMISSIONS
+    max_terminate_attempts: int = knob(
+        10, _COUNT, "TerminateSequence sends before the sequence is released anyway")
+    ack_request: AckRequestMode = knob(
+        AckRequestMode.RETRANSMISSIONS, Named({mode.value: mode for mode in AckRequestMode}),
+        "when a message carries AckRequested: never, on retransmissions, always")
     #: Flow control: at most this many messages of a sequence sent and not yet acknowledged
     #: (retransmissions are not held back); None means no window.
-    max_unacknowledged: int | None = None
+    max_unacknowledged: int | None = knob(
+        None, Count(none="no window"), "flow control: messages of a sequence in flight and unacknowledged",
+        cxf="— (its `maxUnacknowledged` terminates the sequence)",
+        wcf="`maxTransferWindowSize`, `flowControlEnabled`")
     #: Messages per sequence before the source rolls over to a new sequence; None: no limit.
-    max_sequence_length: int | None = None
+    max_sequence_length: int | None = knob(
+        None, Count(none="no limit"),
+        "messages per sequence before the source rolls over to a new one (order holds within each "
+        "sequence; the last message of one and the first of the next may be delivered either way round)",
+        cxf="`sequenceTerminationPolicy/@maxLength`")
     #: 1.1: send CloseSequence (and get the final acknowledgement) before TerminateSequence.
-    close_before_terminate: bool = True
+    close_before_terminate: bool = knob(
+        True, Flag(), "WS-RM 1.1: CloseSequence (final acknowledgement) before TerminateSequence")
     #: On ``stop()``, close every open source sequence and wait (up to the stop timeout)
     #: for them to terminate.
-    terminate_on_shutdown: bool = False
+    terminate_on_shutdown: bool = knob(
+        False, Flag(), "`stop()` closes the source sequences and waits for their termination",
+        cxf="`sequenceTerminationPolicy/@terminateOnShutdown`")
     #: Offered sequences (for replies) are accepted from peers that offer one.
-    accept_offers: bool = True
+    accept_offers: bool = knob(
+        True, Flag(), "accept the sequence a peer offers for replies", cxf="`destinationPolicy/@acceptOffers`")
 
     # -- the destination: acknowledgement and lifetime ---------------------------------------
     #: Ask peers to send acknowledgements to this engine's endpoint (AcksTo = the served
     #: address) instead of on the HTTP back-channel of each message (AcksTo anonymous).
-    decoupled_acks: bool = False
+    decoupled_acks: bool = knob(
+        False, Flag(),
+        "ask for acknowledgements at this engine's own endpoint instead of on each HTTP response",
+        cxf="`sourcePolicy/@acksTo`", wcf="— (composite duplex)")
     #: 0 acknowledges at once; otherwise acknowledgements to an addressable AcksTo are
     #: batched for this long (acks on the HTTP back-channel are always immediate: free).
-    acknowledgement_interval: float = 0.0
+    acknowledgement_interval: float = knob(
+        0.0, Seconds(inclusive=True, at_minimum="acknowledge at once"),
+        "batch acknowledgements to an addressable AcksTo for this long; 0: at once",
+        wsdl="`AcknowledgementInterval` (1.0)", cxf="`RMAssertion/AcknowledgementInterval`",
+        wcf="`acknowledgementInterval`")
     #: A destination sequence with no message for this long is terminated (None: never).
-    inactivity_timeout: float | None = 600.0
+    inactivity_timeout: float | None = knob(
+        600.0, Seconds(none="never"), "a destination sequence silent this long is terminated; None: never",
+        wsdl="`InactivityTimeout` (1.0)", cxf="`RMAssertion/InactivityTimeout`", wcf="`inactivityTimeout`")
     # -- the invoker: failed deliveries, retry cycles, the poison store --------------------------
     # A delivery that raises rolls back and the message stays in the store.  A *failure to
     # process* (any exception but a declared SOAP fault: a database down, a timeout, a bug) is
@@ -156,23 +200,33 @@ class RMPolicy:
     #: Times a message is handed to the application in one retry cycle.  WCF:
     #: ``ReceiveRetryCount`` + 1 (it counts retries, default 5); CXF:
     #: ``retryPolicy/@maxRetries`` + 1; Artemis: ``max-delivery-attempts`` (of one cycle).
-    max_delivery_attempts: int = 3
+    max_delivery_attempts: int = knob(
+        3, _COUNT,
+        "attempts per retry cycle at handing a message to the application; a failure to process (any "
+        "exception but the method's own SOAP fault) is rolled back and retried",
+        cxf="`retryPolicy/@maxRetries`", wcf="`receiveRetryCount` + 1")
     #: Seconds before the second attempt of a cycle; each further one waits
     #: ``delivery_retry_multiplier`` times longer, at most ``max_delivery_retry_delay``.
     #: WCF retries at once (no knob); Artemis: ``redelivery-delay``; ActiveMQ Classic:
     #: ``initialRedeliveryDelay``.
-    delivery_retry_delay: float = 0.2
+    delivery_retry_delay: float = knob(
+        0.2, _DELAY, "seconds before the second attempt of a cycle (Artemis `redelivery-delay`)",
+        wcf="— (retried at once)")
     #: Growth of the delay between attempts of a cycle (1: constant).  Artemis:
     #: ``redelivery-delay-multiplier``; ActiveMQ Classic: ``backOffMultiplier``.
-    delivery_retry_multiplier: float = 2.0
+    delivery_retry_multiplier: float = knob(
+        2.0, Number(1), "growth of that delay per attempt (Artemis `redelivery-delay-multiplier`)")
     #: Cap of the delay between attempts of a cycle.  Artemis: ``max-redelivery-delay``.
-    max_delivery_retry_delay: float = 10.0
+    max_delivery_retry_delay: float = knob(
+        10.0, _DELAY, "the cap of that delay (Artemis `max-redelivery-delay`)")
     #: Further cycles of ``max_delivery_attempts`` after the first one; 0: poison after the
     #: first cycle.  WCF: ``MaxRetryCycles`` (default 2).  CXF and Artemis have one cycle.
-    max_retry_cycles: int = 2
+    max_retry_cycles: int = knob(
+        2, Count(0), "retry cycles after the first before the message moves to the poison store",
+        wcf="`maxRetryCycles`")
     #: Seconds between two cycles: long enough for a database to come back.  WCF:
     #: ``RetryCycleDelay`` (default 30 minutes).
-    retry_cycle_delay: float = 60.0
+    retry_cycle_delay: float = knob(60.0, _DELAY, "seconds between retry cycles", wcf="`retryCycleDelay`")
     #: What the rest of a sequence does once one of its messages is in the poison store:
     #: ``"hold"`` (default): nothing after it is delivered until an operator retries or
     #: discards it (InOrder is kept; an ERROR names the message; without InOrder there is no
@@ -181,54 +235,84 @@ class RMPolicy:
     #: ``ReceiveErrorHandling`` Fault (the queue stops) versus Move (to the poison subqueue,
     #: the rest goes on); the message itself is always kept (Move), never Drop.  Artemis:
     #: a message sent to its ``dead-letter-address`` no longer blocks its queue (continue).
-    poison_handling: str = "hold"
+    poison_handling: str = knob(
+        "hold", Choice(POISON_HANDLING),
+        "after a message is poisoned: `hold` the rest of its sequence (InOrder kept, ERROR logged) or "
+        "`continue` without it; the message is kept either way (`wsrm poison`)",
+        wcf="`receiveErrorHandling` (Fault / Move)")
     #: A request whose ReplyTo is anonymous (a client without a listener) gets its reply in
     #: the HTTP response: the HTTP thread waits this long for the invoker to produce it, then
     #: answers 202 and the reply goes out with the client's next retransmission (0: never wait).
-    back_channel_reply_wait: float = 5.0
+    back_channel_reply_wait: float = knob(
+        5.0, Seconds(inclusive=True, at_minimum="never wait"),
+        "how long a request with an anonymous ReplyTo waits for its reply in the HTTP response")
 
     # -- wire -------------------------------------------------------------------------------
-    rm_version: RMVersion = RM11
-    wsa_version: AddressingVersion | None = None
-    soap_version: SoapVersion = SOAP12
+    rm_version: RMVersion = knob(
+        RM11, Named(_RM_BY_NAME), 'the WS-RM version spoken (`"1.0"` or `"1.1"`)',
+        wsdl="the assertion's namespace", cxf="the `RMAssertion` namespace", wcf="`reliableMessagingVersion`",
+        shown="RM11")
+    wsa_version: AddressingVersion | None = knob(
+        None, Named(_WSA_BY_NAME, none="the RM version's partner"),
+        "the WS-Addressing version written; None: the RM version's usual partner",
+        cxf="`RM10AddressingNamespace`", wcf="the `messageVersion`")
+    soap_version: SoapVersion = knob(
+        SOAP12, Named(_SOAP_BY_NAME), 'the SOAP version of the engine\'s own messages (`"1.1"` or `"1.2"`)',
+        cxf="the binding", wcf="the `messageVersion`", shown="SOAP12")
 
     # -- security limits (destination) --------------------------------------------------------
-    max_open_sequences: int = 1000
-    max_open_sequences_per_peer: int = 100
+    max_open_sequences: int = knob(1000, _COUNT, "security limit: destination sequences open at once")
+    max_open_sequences_per_peer: int = knob(
+        100, _COUNT, "security limit: destination sequences one peer may hold open")
     #: Messages a destination sequence may hold received and not yet delivered (out-of-order
     #: messages waiting for a gap, or a slow application); beyond it messages are refused
     #: unacknowledged, so the source retransmits them later.
-    max_unacknowledged_held: int = 10_000
+    max_unacknowledged_held: int = knob(
+        10_000, _COUNT, "security limit: messages a destination sequence holds received and not yet delivered",
+        wcf="`maxTransferWindowSize`")
     #: Bytes of received, undelivered messages a destination may hold for one sequence, for
     #: all the sequences of one peer, and in total (WCF bounds its buffer in messages,
     #: ``MaxTransferWindowSize``; a broker in bytes, Artemis' ``max-size-bytes``).  A message
     #: beyond one of them is refused unacknowledged (HTTP 503 with Retry-After, a Receiver
     #: fault that leaves the sequence as it was), so the source retransmits it later; the
     #: message that fills an InOrder gap is always taken (refusing it would hold the rest for ever).
-    max_held_bytes_per_sequence: int = 64 * 1024 * 1024
-    max_held_bytes_per_peer: int = 256 * 1024 * 1024
-    max_held_bytes: int = 1024 * 1024 * 1024
+    max_held_bytes_per_sequence: int = knob(
+        64 * 1024 * 1024, _SIZE,
+        "security limit: bytes a destination sequence holds received and not yet delivered; beyond it a "
+        "message is refused unacknowledged (503 + Retry-After) and the source sends it again later",
+        wcf="— (`maxTransferWindowSize` counts messages)")
+    max_held_bytes_per_peer: int = knob(
+        256 * 1024 * 1024, _SIZE,
+        "the same budget across all sequences of one peer (its principal, else its address)")
+    max_held_bytes: int = knob(1024 * 1024 * 1024, _SIZE, "the same budget across the whole destination")
     #: Seconds a refused sender is told to wait (HTTP Retry-After) when the destination is
     #: full or its store cannot take a message now (disk full, database down).
-    retry_after: int = 5
+    retry_after: int = knob(
+        5, _COUNT, "seconds named in the Retry-After of a 503 (a budget reached, the store unable to write)")
     #: What the destination does with a message that is not the next one in order:
     #: ``"buffer"`` keeps it until the gap is filled (fewer retransmissions); ``"discard"``
     #: drops it unacknowledged, as gSOAP does, so the source sends it again once the gap is
     #: filled (nothing held: bounded memory whatever the peers send).
-    out_of_order: str = "buffer"
-    max_message_size: int = DEFAULT_MAX_SIZE
+    out_of_order: str = knob(
+        "buffer", Choice(("buffer", "discard")),
+        "a message that is not the next in order: `buffer` keeps it until the gap fills; `discard` drops "
+        "it unacknowledged (as gSOAP does: nothing held, the source sends it again after the gap)")
+    max_message_size: int = knob(
+        DEFAULT_MAX_SIZE, _SIZE, "security limit: bytes of one envelope", wcf="`maxReceivedMessageSize`")
 
     # -- plumbing -------------------------------------------------------------------------------
     #: How often idle workers look at the store anyway (work is normally signalled at once).
-    poll_interval: float = 0.2
+    poll_interval: float = knob(0.2, _SECONDS, "how often idle workers look at the store anyway")
     #: Messages the source claims and sends per round.
-    send_batch: int = 50
+    send_batch: int = knob(50, _COUNT, "messages the source claims and sends per round")
     #: HTTP requests of a round in flight at once (one keep-alive connection each), so the
     #: peer's durable receives overlap; the window (``max_unacknowledged``) still bounds them.
-    send_concurrency: int = 4
+    send_concurrency: int = knob(4, _COUNT, "HTTP requests of a round in flight at once")
     #: HTTP timeout (connect and read) for messages the engine sends.
-    http_timeout: float = 10.0
-    invoker_threads: int = 1
+    http_timeout: float = knob(
+        10.0, _SECONDS, "HTTP timeout of the engine's sends (a zeep client's `operation_timeout` wins)",
+        cxf="the conduit's `ReceiveTimeout`", wcf="`sendTimeout`")
+    invoker_threads: int = knob(1, _COUNT, "threads delivering messages to the application")
     #: Messages of one sequence the invoker delivers in one transaction; 1: one each.  Without
     #: a transaction manager each sits in its own savepoint (a failure is settled alone); with
     #: one the batch is one XA transaction, rolled back whole when a message fails, after which
@@ -236,19 +320,23 @@ class RMPolicy:
     #: Off by default: a crash repeats the whole batch's NON-transactional side effects
     #: (a file written, a mail sent), so raising it widens the at-least-once window of an
     #: application that does work outside the store.  Work in the store stays exactly once.
-    delivery_batch: int = 1
+    delivery_batch: int = knob(1, _COUNT, "messages of one sequence delivered in one transaction")
     #: A batch stops taking messages after this many seconds: until it commits it holds its
     #: sequence's buffer (and a SQLite store's whole file).  On PostgreSQL, where receiving
     #: never waits for a delivery, a longer batch spreads its two-phase commit over more
     #: messages; on a busy machine 0.05 s ends most batches after a handful.
-    delivery_batch_seconds: float = 0.05
+    delivery_batch_seconds: float = knob(0.05, _SECONDS, "a delivery batch stops taking messages after this long")
     #: Messages of one sequence received at the same time (one per HTTP thread) that are
     #: recorded in one store transaction: one commit, and one read of the sequence's row,
     #: instead of one each queued on the row's lock.  No receive waits for a batch to fill:
     #: a batch is whatever arrived while the one before committed.  Each is acknowledged
     #: after that commit, and a message refused in a batch is refused alone.  1: each alone;
     #: None: 16 where a commit is costly (SQLite, PostgreSQL), 1 in memory.
-    receive_batch: int | None = None
+    receive_batch: int | None = knob(
+        None, Count(none="16 where a commit is costly, else 1"),
+        "messages of one sequence received at the same time (one per HTTP thread) that are recorded in one "
+        "store transaction, one commit; each acknowledged after it, a refused one refused alone; `None`: 16 "
+        "on SQLite and PostgreSQL, 1 (each alone) in memory")
     #: At the first engine start of a process, take the objects alive then (modules, the WSDL
     #: and spyne's models, the engine itself) out of the cyclic garbage collector's sight:
     #: one collection, then ``gc.freeze()``.  spyne runs a full collection every second in
@@ -258,7 +346,13 @@ class RMPolicy:
     #: about 1 ms without them.  Frozen objects are still freed when nothing refers to them;
     #: only a reference cycle among them is never collected (see ``gc.freeze``).  False:
     #: the collector is left as it is.
-    freeze_gc_at_start: bool = True
+    freeze_gc_at_start: bool = knob(
+        True, Flag(),
+        "at the first engine start of a process, one garbage collection and then `gc.freeze()`: the objects "
+        "alive then (modules, the WSDL, spyne's models, the engine) leave the cyclic collector's sight; "
+        "spyne's full collection each second, which runs inside a delivery's transaction while it holds its "
+        "sequence's row lock, then takes about 1 ms instead of 15-20; frozen objects are still freed when "
+        "unreferenced, only cycles among them are never collected")
     #: Hand a message that is next in order to the application in the very transaction that
     #: receives it, in the receiving thread (as CXF does), instead of buffering it for an
     #: invoker thread: one transaction per message instead of two, no buffer row written and
@@ -280,72 +374,24 @@ class RMPolicy:
     #: Concurrent receives are then recorded one by one unless ``receive_batch`` says
     #: otherwise (a batch is always buffered: delivering several messages in one transaction
     #: is ``delivery_batch``'s trade-off).
-    deliver_on_receive: bool | None = None
+    deliver_on_receive: bool | None = knob(
+        None, Flag(none="automatic"),
+        "hand a message that is next in order to the application in the transaction that receives it, in the "
+        "receiving thread, instead of buffering it for an invoker thread: one transaction per message instead "
+        "of two, no buffer row; one that is not next, or whose delivery fails, is buffered as without it; the "
+        "acknowledgement then waits for the application (an application slower than 50 ms a message, lately, "
+        "gets its messages through the buffer, so that it holds no HTTP threads); `None`: on with InOrder "
+        "delivery under a transaction manager or where a commit is costly (SQLite, PostgreSQL), off otherwise "
+        "(the memory store); receives delivered on receipt are recorded one by one unless `receive_batch` is set",
+        cxf="— (CXF always delivers in the receiving thread)")
 
     def __post_init__(self) -> None:
-        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
-        set_("rm_version", _version(self.rm_version, _RM_BY_NAME, "rm_version"))
-        set_("soap_version", _version(self.soap_version, _SOAP_BY_NAME, "soap_version"))
-        if self.wsa_version is not None:
-            set_("wsa_version", _version(self.wsa_version, _WSA_BY_NAME, "wsa_version"))
-        if self.out_of_order not in _OUT_OF_ORDER:
-            raise ValueError(f"out_of_order must be one of {_OUT_OF_ORDER}, not {self.out_of_order!r}")
-        if isinstance(self.ack_request, str):
-            set_("ack_request", AckRequestMode(self.ack_request))
-        if not isinstance(self.delivery, DeliveryAssurance):
-            raise TypeError(f"delivery must be a DeliveryAssurance, not {self.delivery!r}")
-        if not self.delivery & DeliveryAssurance.EXACTLY_ONCE:
-            raise ValueError("delivery needs AT_MOST_ONCE and/or AT_LEAST_ONCE (IN_ORDER only adds order)")
-        for name in ("base_retransmission_interval", "max_retransmission_interval", "poll_interval",
-                     "http_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0 seconds, not {getattr(self, name)!r}")
-        if self.max_retransmission_interval < self.base_retransmission_interval:
-            raise ValueError("max_retransmission_interval must be >= base_retransmission_interval")
-        if not self.back_channel_reply_wait >= 0:
-            raise ValueError("back_channel_reply_wait must be >= 0 seconds (0: never wait)")
-        if not self.delivery_batch_seconds > 0:
-            raise ValueError(f"delivery_batch_seconds must be > 0, not {self.delivery_batch_seconds!r}")
-        if self.acknowledgement_interval < 0:
-            raise ValueError("acknowledgement_interval must be >= 0 (0 acknowledges at once)")
-        if self.inactivity_timeout is not None and not self.inactivity_timeout > 0:
-            raise ValueError("inactivity_timeout must be > 0 seconds or None (never)")
-        for name in ("max_retries",):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"{name} must be an int >= 0 or None, not {value!r}")
-        if not isinstance(self.max_terminate_attempts, int) or self.max_terminate_attempts < 1:
-            raise ValueError(f"max_terminate_attempts must be an int >= 1, not {self.max_terminate_attempts!r}")
-        if self.deliver_on_receive not in (None, True, False):
-            raise ValueError(f"deliver_on_receive must be True, False or None (automatic), "
-                             f"not {self.deliver_on_receive!r}")
-        for name in ("max_unacknowledged", "max_sequence_length", "receive_batch"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be an int >= 1 or None, not {value!r}")
-        for name in ("delivery_retry_delay", "max_delivery_retry_delay", "retry_cycle_delay"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"{name} must be >= 0 seconds, not {value!r}")
-        if self.max_delivery_retry_delay < self.delivery_retry_delay:
-            raise ValueError("max_delivery_retry_delay must be >= delivery_retry_delay")
-        if isinstance(self.delivery_retry_multiplier, bool) or \
-                not isinstance(self.delivery_retry_multiplier, (int, float)) or \
-                not self.delivery_retry_multiplier >= 1:
-            raise ValueError(f"delivery_retry_multiplier must be >= 1, not {self.delivery_retry_multiplier!r}")
-        if isinstance(self.max_retry_cycles, bool) or not isinstance(self.max_retry_cycles, int) or \
-                self.max_retry_cycles < 0:
-            raise ValueError(f"max_retry_cycles must be an int >= 0, not {self.max_retry_cycles!r}")
-        if self.poison_handling not in POISON_HANDLING:
-            raise ValueError(f"poison_handling must be one of {list(POISON_HANDLING)}, not {self.poison_handling!r}")
-        for name in ("max_open_sequences", "max_open_sequences_per_peer", "max_unacknowledged_held",
-                     "max_message_size", "send_batch", "invoker_threads", "max_delivery_attempts",
-                     "delivery_batch", "send_concurrency", "max_held_bytes_per_sequence",
-                     "max_held_bytes_per_peer", "max_held_bytes", "retry_after"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, not {value!r}")
-
+        check_fields(self)
+        # the rules between fields: a cap below its floor, a budget a single message cannot fit
+        for cap, floor in (("max_retransmission_interval", "base_retransmission_interval"),
+                           ("max_delivery_retry_delay", "delivery_retry_delay")):
+            if getattr(self, cap) < getattr(self, floor):
+                raise ValueError(f"{cap} must be >= {floor}")
         for name in ("max_held_bytes_per_sequence", "max_held_bytes_per_peer", "max_held_bytes"):
             if getattr(self, name) < self.max_message_size:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= max_message_size "
