@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "ReliableReply": "interceptors.zeep_client.client",
     "ReplyNotDelivered": "interceptors.zeep_client.client",
     "ZeepSessionTransport": "interceptors.zeep_client.session",
+    "AsyncReliableClient": "interceptors.zeep_client.aio",
     # the knobs and what the engine hands back (neither framework)
     "RMPolicy": "wsrm_plugin.engine.policy",
     "DeliveryAssurance": "wsrm_plugin.engine.policy",
@@ -49,6 +50,7 @@ __all__ = [
     "__version__",
     "reliable_service", "ReliableService", "delivery_context",
     "reliable_client", "ReliableClient", "ReliableReply", "ReplyNotDelivered", "ZeepSessionTransport",
+    "AsyncReliableClient",
     "RMPolicy", "DeliveryAssurance", "AckRequestMode", "ReliableEngine", "SendReceipt", "SequenceFault",
     "DeliveryContext", "FailedDelivery", "PublishedRMPolicy", "read_rm_policy", "open_store", "StorageManager",
 ]
@@ -59,6 +61,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from interceptors.zeep_client.client import (
         ReliableClient, ReliableReply, ReplyNotDelivered, reliable_client,
     )
+    from interceptors.zeep_client.aio import AsyncReliableClient
     from interceptors.zeep_client.session import ZeepSessionTransport
     from wsrm_plugin.engine.engine import ReliableEngine
     from wsrm_plugin.engine.invoker import DeliveryContext, FailedDelivery

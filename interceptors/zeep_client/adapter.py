@@ -134,6 +134,30 @@ class _ChainTransport:
         return response
 
 
+class _AsyncChainTransport(_ChainTransport):
+    """The same for a ``zeep.AsyncClient``: zeep awaits ``post_xml``.
+
+    zeep runs the plugins (the chain) synchronously inside the awaited call,
+    in the event loop's thread, and the context variable tying a request to
+    its reply is the task's own; an interceptor that blocks blocks the loop
+    (the reliable client runs its chain in a thread of its own instead:
+    :mod:`.aio`).
+    """
+
+    async def post_xml(self, address: str, envelope: etree._Element,
+                       headers: Mapping[str, str]) -> Any:
+        exchange = _current.get()
+        request = exchange.request if exchange is not None else None
+        if (request is not None and request.stopped and exchange is not None
+                and not exchange.properties.get(_ANSWERED)):
+            exchange.properties[_ANSWERED] = True
+            return _requests_response(request.response or Response(), address)
+        response = await self._inner.post_xml(address, envelope, headers)
+        if exchange is not None:
+            exchange.properties[_HTTP_STATUS] = response.status_code
+        return response
+
+
 def plugin_of(client: zeep.Client) -> ChainPlugin | None:
     """The ChainPlugin engaged on ``client``, if any."""
     return next((p for p in client.plugins if isinstance(p, ChainPlugin)), None)
@@ -144,6 +168,7 @@ def engage_client(client: zeep.Client, chain: InterceptorChain | None = None) ->
 
     ``chain`` defaults to :func:`interceptors.default_chain`.  Engaging the
     same chain twice is a no-op; another chain on an engaged client is an error.
+    A ``zeep.AsyncClient`` is engaged too: its awaited calls run the chain.
     """
     if chain is None:
         from interceptors import default_chain
@@ -154,12 +179,12 @@ def engage_client(client: zeep.Client, chain: InterceptorChain | None = None) ->
             return client
         raise ChainError("this client already runs another interceptor chain; "
                          "add interceptors to that chain instead")
-    if inspect.iscoroutinefunction(getattr(client.transport, "post_xml", None)):
-        raise TypeError("engage_client supports zeep.Client with a synchronous transport, "
-                        "not zeep.AsyncClient")
     plugin = ChainPlugin(chain)
     client.plugins = [*client.plugins, plugin]
-    client.transport = _ChainTransport(client.transport, plugin)
+    if inspect.iscoroutinefunction(getattr(client.transport, "post_xml", None)):
+        client.transport = _AsyncChainTransport(client.transport, plugin)
+    else:
+        client.transport = _ChainTransport(client.transport, plugin)
     plugin.transport_engaged = True
     return client
 

@@ -71,13 +71,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, overload
 
 import zeep
 from zeep.proxy import ServiceProxy
 
 from interceptors.chain import InterceptorChain
 from interceptors.zeep_client.adapter import engage_client
+from interceptors.zeep_client.aio import AsyncReliableClient, is_async_client, sync_twin
+from interceptors.zeep_client.httpx_transport import HttpxTransport
 from interceptors.zeep_client.session import ZeepSessionTransport
 from interceptors.zeep_client.wsdl_policy import policy_from_wsdl
 from interceptors.zeep_client.errors import (
@@ -605,6 +607,16 @@ class ReliableClient:
         return self.engine.endpoint_address
 
 
+@overload
+def reliable_client(client: zeep.AsyncClient, store: str | StorageManager = ..., policy: RMPolicy | None = ...,
+                    **options: Any) -> AsyncReliableClient: ...
+
+
+@overload
+def reliable_client(client: zeep.Client, store: str | StorageManager = ..., policy: RMPolicy | None = ...,
+                    **options: Any) -> ReliableClient: ...
+
+
 def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:",
                     policy: RMPolicy | None = None, *, tm: Any = None,
                     listen: tuple[str, int] | None = None, key: str = "", name: str | None = None,
@@ -612,8 +624,15 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
                     endpoint_address: str | None = None, active_keys: Iterable[str] | None = None,
                     make_connection: bool = False, poll_interval: float = 0.2,
                     recovery_interval: float | None = None,
-                    start: bool = True, wsdl_policy: bool = True, **engine_options: Any) -> ReliableClient:
+                    start: bool = True, wsdl_policy: bool = True,
+                    **engine_options: Any) -> ReliableClient | AsyncReliableClient:
     """Make every call of ``client`` reliable (see the module docstring); returns the started client.
+
+    A ``zeep.AsyncClient`` gives an :class:`~interceptors.zeep_client.aio.AsyncReliableClient`,
+    whose calls are awaited (same engine, store and policy; see :mod:`.aio`); the engine
+    then sends through the ``AsyncTransport``'s synchronous ``wsdl_client``
+    (:mod:`.httpx_transport`).  Inside a running event loop, pass ``start=False`` and
+    ``await rc.start()`` (or ``async with rc``): starting reads the store.
 
     ``listen=(host, port)`` serves the client's AcksTo/ReplyTo endpoint (use
     a fixed port with a durable store so replies to calls made before a
@@ -643,9 +662,17 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
     :class:`~interceptors.zeep_client.session.ZeepSessionTransport`) unless
     a ``transport`` is given.
     """
+    asynchronous = is_async_client(client)
+    if asynchronous:
+        async_transport = client.transport
+        client = sync_twin(client)
     if wsdl_policy:
         policy = policy_from_wsdl(client, policy)
     policy = policy or RMPolicy()
+    if asynchronous:
+        engine_options.setdefault("transport", HttpxTransport(
+            lambda: async_transport.wsdl_client, timeout=policy.http_timeout,
+            max_response_size=4 * policy.max_message_size))
     engine_options.setdefault("transport", ZeepSessionTransport(
         client, timeout=policy.http_timeout, max_response_size=4 * policy.max_message_size))
     if make_connection and listen is not None:
@@ -670,7 +697,9 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
     except BaseException:
         engine.stop()
         raise
-    return rc.start() if start else rc
+    if start:
+        rc.start()
+    return AsyncReliableClient(rc) if asynchronous else rc
 
 
 def _own_copy(client: zeep.Client) -> zeep.Client:
