@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .errors import (
     HeuristicCommitError, HeuristicError, HeuristicHazardError, HeuristicMixedError,
@@ -587,7 +587,9 @@ class Transaction:
             cp("before_prepare", 0)
         # a log that cannot note where marks are (a TransactionLog of the caller's own) keeps
         # every decision itself
-        holder = _mark_holder(branches) if hasattr(self._log, "log_mark_source") else None
+        # a node claimed in a database (txmanager.lease) writes marks only there, fenced
+        fence = getattr(self._log, "fence", None)
+        holder = _mark_holder(branches, fence) if hasattr(self._log, "log_mark_source") else None
         if holder is not None:  # it commits last, in one phase, with the decision
             branches = [b for b in branches if b is not holder]
         for branch in branches:
@@ -623,7 +625,7 @@ class Transaction:
         if self._rollback_only:
             self._abort("marked rollback-only during prepare", self._cause)
         if holder is not None:
-            self._commit_marked(holder, prepared)
+            self._commit_marked(holder, prepared, fence)
         else:
             try:
                 self._log.log_commit_decision(self.xid, [(b.xid, b.name) for b in prepared])
@@ -665,7 +667,7 @@ class Transaction:
             self._raise_heuristic(True, heuristics, agreeing)
         self._finish(_COMMITTED)
 
-    def _commit_marked(self, holder: _Branch, prepared: list[_Branch]) -> None:
+    def _commit_marked(self, holder: _Branch, prepared: list[_Branch], fence: Any = None) -> None:
         """The decision as a commit mark: ``holder`` commits in one phase with a row naming
         ``prepared`` (see :mod:`txmanager.marks`).  Returns once it committed; else raises."""
         resource = holder.resource
@@ -676,8 +678,12 @@ class Transaction:
             self._abort(f"the recovery log could not note {holder.name} as a keeper of commit marks", e)
         self._phase = _COMMITTING
         try:
-            resource.commit_marked(holder.xid, self.xid, self.xid.node or "",  # type: ignore[attr-defined]
-                                   [(b.xid, b.name) for b in prepared])
+            marked = [(b.xid, b.name) for b in prepared]
+            if fence is None:
+                resource.commit_marked(holder.xid, self.xid, self.xid.node or "", marked)  # type: ignore[attr-defined]
+            else:
+                resource.commit_marked(holder.xid, self.xid, self.xid.node or "", marked,  # type: ignore[attr-defined]
+                                       fence=fence)
             return
         except XAException as e:
             if e.code != XAER_RMFAIL:  # rolled back, or never committed: nothing decided
@@ -844,11 +850,14 @@ def _name(resource: object) -> str:
     return getattr(resource, "resource_name", None) or type(resource).__name__
 
 
-def _mark_holder(branches: list[_Branch]) -> _Branch | None:
+def _mark_holder(branches: list[_Branch], fence: Any = None) -> _Branch | None:
     """The branch that will carry the commit decision as a mark: the last one enlisted
-    whose resource keeps commit marks, or None (then the log carries it)."""
+    whose resource keeps commit marks, or None (then the log carries it).  With a
+    ``fence`` (a node claimed in a database) only a resource of that database: a mark
+    elsewhere could not be fenced."""
     for branch in reversed(branches):
-        if getattr(branch.resource, "holds_commit_marks", False):
+        if getattr(branch.resource, "holds_commit_marks", False) and (
+                fence is None or getattr(branch.resource, "database", None) == fence.database):
             return branch
     return None
 

@@ -16,6 +16,7 @@ import psycopg2.extensions as ext
 
 from .. import marks as _marks
 from ..lazy_begin import LazyBeginConnection
+from ..lease import Fence
 from ..log import LogEntry, commit_record, parse_commit_record
 from ..xa import (
     TMENDRSCAN,
@@ -432,7 +433,7 @@ class PostgresXAResource:
         return self._marks is not None
 
     def commit_marked(self, xid: Xid, gxid: Xid, node: str,
-                      branches: list[tuple[Xid, str]]) -> None:
+                      branches: list[tuple[Xid, str]], *, fence: Fence | None = None) -> None:
         """Commit the session's ended branch in one phase, with the mark that decides ``gxid``.
 
         The mark names ``branches`` (the transaction's other branches, all
@@ -440,8 +441,14 @@ class PostgresXAResource:
         decided).  When the answer to COMMIT is lost, the table says: once the
         session's backend is gone, the mark is there or not; XAER_RMFAIL only
         when the database cannot tell (then the mark decides, and recovery
-        reads it)."""
+        reads it).
+
+        ``fence`` (a node claimed in this database, :mod:`txmanager.lease`):
+        the mark is written only while the claim's epoch is current, else the
+        branch rolls back (XA_RBOTHER, SQLSTATE WX001)."""
         with self._lock:
+            if fence is not None and fence.node != node:
+                raise XAException(XAER_PROTO, f"the fence of node {fence.node} cannot decide for node {node}")
             if self._marks is None:
                 raise XAException(XAER_PROTO, f"{self.resource_name} keeps no commit marks")
             b = self._current(xid)
@@ -452,8 +459,9 @@ class PostgresXAResource:
             conn = self._check_usable(b)
             forgotten = self._marks.take()
             record = commit_record(gxid, branches, time.time())
-            params: tuple[Any, ...] = (gxid.to_pg_gid(), node, record)
-            statement = _marks.insert_statement(forgotten)
+            params: tuple[Any, ...] = ((gxid.to_pg_gid(), node, record) if fence is None
+                                       else (gxid.to_pg_gid(), node, fence.epoch, record))
+            statement = _marks.insert_statement(forgotten, fenced=fence is not None)
             if forgotten:
                 params = (forgotten, *params)
             backend = conn.info.backend_pid

@@ -384,6 +384,19 @@ class RMPolicy:
         "delivery under a transaction manager or where a commit is costly (SQLite, PostgreSQL), off otherwise "
         "(the memory store); receives delivered on receipt are recorded one by one unless `receive_batch` is set",
         cxf="— (CXF always delivers in the receiving thread)")
+    #: Several hosts on one PostgreSQL store (``txmanager.nodes.PostgresNodes``): the time
+    #: from a host's death to its XA transactions being finished by a living host, and so
+    #: its locks released.  A killed process is noticed at once (its kernel closes its
+    #: sessions); a lost host or network after the TCP keepalive this sets on the claim's
+    #: session (60%), then a watcher's tick (10%) and one recovery pass.  Lower costs more
+    #: keepalive probes and more takeover passes; a host whose network stalls longer than
+    #: this loses its node (it must restart to claim one again).
+    host_takeover_within: float = knob(
+        10.0, Seconds(minimum=3.0, inclusive=True),
+        "several hosts on one PostgreSQL store: a dead host's XA transactions are finished by a living one "
+        "(its locks released) within this; a killed process frees its node at once, a lost host or network "
+        "after the TCP keepalive set from it (60%), then a watcher's tick (10%) and one recovery pass",
+        cxf="— (Narayana: the recovery manager's periodic scan)", wcf="— (a reliable session dies with its host)")
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -35,7 +35,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import psycopg2
 from psycopg2 import sql
@@ -243,7 +243,9 @@ class ThrowawayPostgres:
     root), and the data directory is given to that user; otherwise they run as
     the calling user.  ``user`` is the database superuser role (trust
     authentication, loopback only).  The port is free when first chosen and
-    kept across restarts.
+    kept across restarts.  ``also_listen`` adds addresses to listen on and
+    ``trust_networks`` the networks trusted besides loopback (the addresses of
+    a test's own network namespaces, never a real network).
     """
 
     host = "127.0.0.1"
@@ -261,6 +263,8 @@ class ThrowawayPostgres:
         keep: bool = False,
         os_user: str = "postgres",
         startup_timeout: float = 60.0,
+        also_listen: Sequence[str] = (),
+        trust_networks: Sequence[str] = (),
     ) -> None:
         if max_prepared_transactions < 1:
             raise ValueError("max_prepared_transactions must be >= 1: 0 disables PREPARE TRANSACTION")
@@ -268,6 +272,10 @@ class ThrowawayPostgres:
             raise ValueError(f"superuser role name {user!r} must be a plain identifier")
         self.user = user
         self.keep = keep
+        #: more addresses the server listens on (a test's own network namespaces reach it there),
+        #: and the networks (CIDR) whose clients it trusts besides loopback
+        self.also_listen = tuple(also_listen)
+        self.trust_networks = tuple(trust_networks)
         self.startup_timeout = startup_timeout
         self._bindir_arg = bindir
         self._bindir: Path | None = None
@@ -548,6 +556,9 @@ class ThrowawayPostgres:
                 f"initdb failed (exit {out.returncode}) for {self.data_dir}:\n{out.stdout}{out.stderr}"
             )
         log.debug("initdb %s took %.2fs", self.data_dir, time.monotonic() - started)
+        if self.trust_networks:
+            with open(self.data_dir / "pg_hba.conf", "a", encoding="utf-8") as hba:
+                hba.writelines(f"host all all {network} trust\n" for network in self.trust_networks)
 
     def _check_reachable(self, path: Path) -> None:
         """Fail early, with the reason, when the server's OS user cannot reach ``path``."""
@@ -565,7 +576,7 @@ class ThrowawayPostgres:
     def _command(self) -> list[str]:
         settings = {
             **self._settings,
-            "listen_addresses": self.host,
+            "listen_addresses": ",".join((self.host, *self.also_listen)),
             "port": self.port,
             "unix_socket_directories": str(self.data_dir),
         }
