@@ -18,6 +18,10 @@ fi
 if [ ! -f /usr/share/gsoap/plugin/wsrmapi.c ] || ! command -v soapcpp2 >/dev/null 2>&1; then
     need_apt+=(gsoap libgsoap-dev)
 fi
+# haproxy: the load balancer in front of the hosts of the multi-host tests (and the deploy guide's example).
+if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
+    need_apt+=(haproxy)
+fi
 # Graphviz: the documentation draws the state machines from their code at build time.
 if ! command -v dot >/dev/null 2>&1; then
     need_apt+=(graphviz)
@@ -32,6 +36,8 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
     # Debian starts a cluster on install; the project runs its own servers.
     $SUDO systemctl stop postgresql >/dev/null 2>&1 || $SUDO service postgresql stop >/dev/null 2>&1 || true
+    # and haproxy its own, with the default configuration: the tests run theirs.
+    $SUDO systemctl stop haproxy >/dev/null 2>&1 || $SUDO service haproxy stop >/dev/null 2>&1 || true
 fi
 
 if [ ! -x .venv/bin/python ]; then
