@@ -23,14 +23,16 @@ from typing import IO, Any
 from .status import StoreReport, report
 from .store import StorageManager, open_store
 
-__all__ = ["exposition", "metrics_app", "serve_forever", "CONTENT_TYPE"]
+__all__ = ["exposition", "metrics_app", "serve_forever", "CONTENT_TYPE", "GAUGES"]
 
 log = logging.getLogger(__name__)
 
 #: The content type of the Prometheus text format, version 0.0.4.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-_GAUGES = (
+#: (name, help, value of a StoreReport) of every store-wide gauge; :mod:`wsrm_plugin.otel.metrics`
+#: exposes the same ones as OpenTelemetry instruments.
+GAUGES = (
     ("wsrm_unacknowledged_messages", "Messages sent and not yet acknowledged by the peer",
      lambda r: r.unacknowledged),
     ("wsrm_retransmissions", "Retransmissions of the source sequences still in the store (an ended sequence "
@@ -56,7 +58,7 @@ def _label(value: str) -> str:
 def exposition(r: StoreReport) -> str:
     """``r`` in the Prometheus text exposition format (0.0.4)."""
     lines: list[str] = []
-    for name, help_text, value in _GAUGES:
+    for name, help_text, value in GAUGES:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value(r)}"]
     lines += ["# HELP wsrm_sequences Sequences in the store by side and state",
               "# TYPE wsrm_sequences gauge"]

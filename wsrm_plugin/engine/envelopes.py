@@ -58,8 +58,11 @@ def _header_parent(envelope: Envelope) -> etree._Element:
 
 def prepare_outgoing(data: bytes | etree._Element, *, to: str, action: str | None, message_id: str | None,
                      reply_to: str | None, relates_to: str | None, wsa: AddressingVersion,
-                     max_size: int) -> OutgoingMessage:
+                     max_size: int, extra: Iterable[etree._Element] = ()) -> OutgoingMessage:
     """Add the WS-Addressing headers the application left out (To, Action, MessageID, ReplyTo).
+
+    ``extra`` header blocks (an observer's trace context) come after them,
+    each replacing a block of its name the envelope has already.
 
     Headers the envelope already has (a zeep WS-A plugin writes its own) are
     kept and their version used; ``action`` is required when the envelope has
@@ -94,6 +97,10 @@ def prepare_outgoing(data: bytes | etree._Element, *, to: str, action: str | Non
     header = _header_parent(envelope)
     for position, element in enumerate(missing.to_elements(version, soap=envelope.version)):
         header.insert(position, element)
+    for element in extra:
+        for old in [h for h in header if h.tag == element.tag]:
+            header.remove(old)
+        header.append(element)
     payload = to_bytes(envelope.root)
     if size is None and len(payload) > max_size:
         raise MessageTooLargeError(len(payload), max_size)

@@ -30,8 +30,9 @@ from ..wire import (
     parse_envelope, parse_rm_element, to_bytes,
 )
 from ..wire.soap import build_envelope
+from . import observe
 from .backchannel import BackChannel, Outcome
-from .destination import Destination
+from .destination import Accepted, Destination
 from .faults import UnsupportedMediaType, busy_fault
 from .policy import RMPolicy
 from .source import Source, is_back_channel
@@ -245,11 +246,14 @@ class Inbound:
 
         if message.sequence is not None:
             header, version = message.sequence
-            accepted = self.destination.receive(
-                header, version, message.raw, message.addressing, principal=principal,
-                soap_ns=soap.ns, ack_requested=any(a.identifier == header.identifier
-                                                   for a, _ in message.ack_requests),
-                expects_reply=expects_reply)
+            ack_requested = any(a.identifier == header.identifier for a, _ in message.ack_requests)
+            if observe.active is None:
+                accepted = self.destination.receive(
+                    header, version, message.raw, message.addressing, principal=principal,
+                    soap_ns=soap.ns, ack_requested=ack_requested, expects_reply=expects_reply)
+            else:
+                accepted = self._receive_observed(observe.active, message, principal, ack_requested,
+                                                  expects_reply)
             if accepted.ack is not None:
                 answer_headers.append(accepted.ack.to_xml(version, soap))
                 acked.add(header.identifier)
@@ -296,6 +300,25 @@ class Inbound:
                                            version=wsa)
         envelope = build_envelope(soap, [*addressing.to_elements(wsa, soap=soap), *answer_headers], element)
         return Reply.envelope(to_bytes(envelope), soap, action, tree=envelope)
+
+    def _receive_observed(self, observer: observe.Observer, message: Message, principal: str | None,
+                          ack_requested: bool, expects_reply: bool) -> Accepted:
+        """The destination's receive, told to ``observer``, which may change what is stored."""
+        assert message.sequence is not None
+        header, version = message.sequence
+        step = observer.receiving(message.raw, headers=message.envelope.headers, sequence_id=header.identifier,
+                                  number=header.message_number, action=message.addressing.action,
+                                  message_id=message.addressing.message_id)
+        try:
+            accepted = self.destination.receive(
+                header, version, step.data, message.addressing, principal=principal, soap_ns=message.soap.ns,
+                ack_requested=ack_requested, expects_reply=expects_reply)
+        except BaseException as exc:
+            step.end(exc)
+            raise
+        step.note(duplicate=accepted.duplicate)
+        step.end()
+        return accepted
 
     def _check_owner(self, identifier: str, version: RMVersion, principal: str | None, *,
                      known: bool = False) -> None:

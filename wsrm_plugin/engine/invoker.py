@@ -49,6 +49,7 @@ from typing import Any
 
 from ..store import BufferedMessage, LockTimeoutError, StorageManager, StoreTransaction, StoreUnavailableError
 from ..wire import RM10, AddressingHeaders, SoapFault, SoapVersion, fault_envelope, to_bytes
+from . import observe
 from .envelopes import read_trusted
 from .logs import for_sequence
 from .policy import RMPolicy
@@ -540,6 +541,36 @@ class InvokerWorker:
             sequence_id=msg.sequence_id, message_number=msg.number, message_id=msg.message_id,
             action=msg.action, reply_to=msg.reply_to, relates_to=relates_to,
             soap_version=msg.soap_version, transaction=tx, _source=self.source)
+        observer = observe.active
+        if observer is not None:
+            self._deliver_observed(observer, tx, msg, context)
+        else:
+            self._hand_over(tx, msg, context)
+        if buffered:
+            tx.invoker.mark_delivered(msg.sequence_id, msg.number)
+        slog.debug("delivered")
+        return True
+
+    def _deliver_observed(self, observer: observe.Observer, tx: StoreTransaction, msg: BufferedMessage,
+                          context: DeliveryContext) -> None:
+        """:meth:`_hand_over`, told to ``observer``: its step ends when the delivery's transaction does."""
+        gtx = self.tm.get_transaction() if self.tm is not None else None
+        step = observer.delivering(msg.payload, sequence_id=msg.sequence_id, number=msg.number,
+                                   action=msg.action, message_id=msg.message_id,
+                                   transaction=str(gtx.xid) if gtx is not None else None)
+        try:
+            with step.current():
+                self._hand_over(tx, msg, context)
+        except BaseException as exc:
+            step.end(exc)  # rolled back (to its savepoint, in a batch)
+            raise
+        steps = _open_steps()
+        if steps:
+            steps[-1].append(step)  # ended with the delivery's transaction, saying how it ended
+        else:
+            step.end()
+
+    def _hand_over(self, tx: StoreTransaction, msg: BufferedMessage, context: DeliveryContext) -> None:
         self._ambient.tx = tx
         try:
             if not self._deliver_reply(tx, msg, context):
@@ -556,10 +587,6 @@ class InvokerWorker:
                     self.application_seconds += (time.monotonic() - started - self.application_seconds) / 8
         finally:
             self._ambient.tx = None
-        if buffered:
-            tx.invoker.mark_delivered(msg.sequence_id, msg.number)
-        slog.debug("delivered")
-        return True
 
     def _deliver_reply(self, tx: StoreTransaction, msg: BufferedMessage, context: DeliveryContext) -> bool:
         """A response to a request sent with a ``reply_callback``: hand it to that callback."""
@@ -765,6 +792,17 @@ def describe_error(exc: BaseException, limit: int = 2000) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+_steps_local = threading.local()
+
+
+def _open_steps() -> list[list[observe.Step]]:
+    """The observed delivery transactions open in this thread, innermost last, with their steps."""
+    stack = getattr(_steps_local, "stack", None)
+    if stack is None:
+        stack = _steps_local.stack = []
+    return stack
+
+
 class _DeliveryTransaction:
     """What :meth:`InvokerWorker.transaction` returns: ``with tm.transaction(): with
     store.begin(xa=tm) as tx`` (or a local ``store.begin()`` without a transaction manager).
@@ -776,15 +814,19 @@ class _DeliveryTransaction:
     the global transaction with whatever the store's exit raised.
     """
 
-    __slots__ = ("_store", "_tm", "_scope", "_tx")
+    __slots__ = ("_store", "_tm", "_scope", "_tx", "_steps")
 
     def __init__(self, store: StorageManager, tm: Any) -> None:
         self._store = store
         self._tm = tm
         self._scope: Any = None
         self._tx: StoreTransaction | None = None
+        self._steps: list[observe.Step] | None = None
 
     def __enter__(self) -> StoreTransaction:
+        if observe.active is not None:  # the deliveries' steps end with this transaction
+            self._steps = []
+            _open_steps().append(self._steps)
         tm = self._tm
         if tm is None:
             tx = self._tx = self._store.begin()
@@ -802,6 +844,23 @@ class _DeliveryTransaction:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: Any) -> None:
+        steps, self._steps = self._steps, None
+        if steps is None:
+            self._end(exc_type, exc, tb)
+            return
+        open_steps = _open_steps()
+        if open_steps and open_steps[-1] is steps:
+            open_steps.pop()
+        try:
+            self._end(exc_type, exc, tb)
+        except BaseException as error:
+            for step in steps:
+                step.end(error)
+            raise
+        for step in steps:
+            step.end(exc)
+
+    def _end(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         scope, tx = self._scope, self._tx
         self._scope = self._tx = None
         assert tx is not None

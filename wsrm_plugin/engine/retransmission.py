@@ -41,6 +41,7 @@ from ..wire import (
     TerminateSequence, TerminateSequenceResponse, WSRMFault,
 )
 from ..wire.namespaces import AddressingVersion
+from . import observe
 from .destination import Destination
 from .envelopes import protocol_message, stamp
 from .inbound import Inbound, ResponseContent
@@ -155,6 +156,10 @@ def create_refusal(response: Response, content: ResponseContent | None) -> str |
     return None
 
 
+def soap_of(msg: RmsMessage, policy: RMPolicy) -> SoapVersion:
+    return SoapVersion.for_namespace(msg.soap_version) or policy.soap_version
+
+
 class RetransmissionWorker:
     """One round of the RMS worker: ``step()`` (run by a :class:`~.workers.Worker`)."""
 
@@ -184,6 +189,8 @@ class RetransmissionWorker:
         self._peers: dict[str, RttEstimator] = {}
         self._flows: dict[str, SequenceFlow] = {}
         self._pacing_lock = threading.Lock()
+        #: Why a message is sent again, noted at the attempt or round that decided it (observed only).
+        self._again: dict[tuple[str, int], str] = {}
         self.fast_retransmits = 0
         self.loss_probes = 0
 
@@ -597,6 +604,7 @@ class RetransmissionWorker:
                 attempt = msg.send_count + 1
                 msg = tx.rms_messages.record_send_attempt(
                     seq.key, number, next_send_at=now + self._retry_delay(seq.target, attempt), now=now)
+                self._note_again(seq.key, number, "sent again at once: the peer discards what follows a gap")
                 planned.append(_Planned(replace(msg, send_count=attempt - 1), seq, request_ack=
                                         self.policy.ack_request is not AckRequestMode.NEVER))
         self._bump(fast_retransmits=len(planned))
@@ -684,7 +692,11 @@ class RetransmissionWorker:
             for seq, resend, probe in ordered:
                 if resend:
                     self.fast_retransmits += tx.rms_messages.make_due(seq.key, resend, at=AT_ONCE)
+                    for number in resend:
+                        self._note_again(seq.key, number, "the round's acknowledgements proved it lost")
                 if probe:
+                    for number in probe:
+                        self._note_again(seq.key, number, "loss probe: no answer said it arrived")
                     delay = self._peer(seq.target).probe_delay()
                     self.loss_probes += tx.rms_messages.make_due(seq.key, probe, at=now + delay)
         for seq, resend, probe in ordered:
@@ -784,7 +796,7 @@ class RetransmissionWorker:
     def _send_message(self, item: _Planned) -> Exchange:
         msg, seq = item.message, item.sequence
         rm = rm_version_of(seq)
-        soap = SoapVersion.for_namespace(msg.soap_version) or self.policy.soap_version
+        soap = soap_of(msg, self.policy)
         headers = [SequenceHeader(_sid(seq), msg.number, last_message=msg.last and rm is RM10).to_xml(rm, soap)]
         if item.request_ack:
             headers.append(AckRequested(_sid(seq)).to_xml(rm, soap))
@@ -793,6 +805,47 @@ class RetransmissionWorker:
             if piggybacked is not None:
                 headers.append(piggybacked.to_xml(rm_version_of(rmd), soap))
         data = stamp(msg.payload, headers)
+        observer = observe.active
+        if observer is None:
+            return self._transmit_one(item, data, soap, None)
+        step = observer.transmitting(data, target=seq.target, action=msg.action, sequence_id=_sid(seq),
+                                     number=msg.number, attempt=msg.send_count + 1,
+                                     reason=self._reason_again(seq.key, msg) if msg.send_count else None)
+        try:
+            exchange = self._transmit_one(item, step.data, soap, step)
+        except BaseException as exc:
+            step.end(exc)
+            raise
+        if not exchange.answered:
+            self._note_again(seq.key, msg.number, "the previous attempt was not answered")
+        step.note(acknowledged=exchange.ack is not None and msg.number in exchange.ack)
+        step.end()
+        return exchange
+
+    # -- why a message goes again (told to an observer: wsrm_plugin.engine.observe) -----------------
+
+    def _note_again(self, key: str, number: int, why: str) -> None:
+        """Remember why message ``number`` of ``key`` will be sent again (only while observed)."""
+        if observe.active is None:
+            return
+        with self._pacing_lock:
+            if len(self._again) >= 10_000:
+                self._again.clear()  # reasons are for the next attempt only; never grow for ever
+            self._again.setdefault((key, number), why)
+
+    def _reason_again(self, key: str, msg: RmsMessage) -> str:
+        with self._pacing_lock:
+            why = self._again.pop((key, msg.number), None)
+        if why is not None:
+            return why
+        if msg.next_send_at == AT_ONCE:
+            return "an acknowledgement showed it missing (a gap or a Nack)"
+        return "retransmission timeout: not acknowledged in time"
+
+    def _transmit_one(self, item: _Planned, data: bytes, soap: SoapVersion,
+                      step: observe.Step | None) -> Exchange:
+        msg, seq = item.message, item.sequence
+        rm = rm_version_of(seq)
         slog = for_sequence(log, seq.sequence_id, msg.number)
         # Every copy after the first counts, whatever its outcome, including the one the transport
         # itself sends again when a kept-alive connection turned out closed.
@@ -805,13 +858,21 @@ class RetransmissionWorker:
             self._bump(send_failures=1, retransmissions=exc.attempts - first)
             peer.failed()
             slog.debug("not delivered (attempt %d, will retry): %s", msg.send_count + 1, exc)
+            if step is not None:
+                self._note_again(seq.key, msg.number, f"the previous attempt failed: {exc}")
+                step.note(error=str(exc), copies=exc.attempts if exc.attempts > 1 else None)
             return Exchange(msg.number, started, time.monotonic(), answered=False)
         ended = time.monotonic()
+        if step is not None:  # copies: the transport sent it again on a fresh connection at once
+            step.note(status=response.status, copies=response.attempts if response.attempts > 1 else None)
         self._bump(messages_sent=1, retransmissions=response.attempts - first)
         if 200 <= response.status < 300:  # a proxy's 503 does not reach the destination's timer
             self._exchanged_with(seq.key)
         elif response.status == 503:
             self._retry_after(seq, msg, response)
+            self._note_again(seq.key, msg.number, "the peer was busy (HTTP 503)")
+        elif response.status >= 500:
+            self._note_again(seq.key, msg.number, f"the previous attempt was answered HTTP {response.status}")
         if msg.send_count:
             slog.debug("retransmitted (attempt %d): HTTP %d", msg.send_count + 1, response.status)
         content = self._read(seq, response, f"message {msg.number}", msg.number, store_key=seq.key)

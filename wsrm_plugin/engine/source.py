@@ -39,6 +39,7 @@ from ..wire import (
     UnknownSequence, WSRMFault, build_envelope, to_bytes,
 )
 from ..wire.namespaces import RM_VERSIONS, AddressingVersion
+from . import observe
 from .envelopes import OutgoingMessage, prepare_outgoing
 from .logs import for_sequence
 from .policy import RMPolicy
@@ -311,6 +312,11 @@ class Source:
         if expect_reply or reply_callback:
             reply_to = self._endpoint() or self.policy.addressing.anonymous
             expect_reply = True
+        observer = observe.active
+        if observer is not None:
+            return self._send_observed(observer, target, envelope, action=action, key=key,
+                                       expect_reply=expect_reply, message_id=message_id, reply_to=reply_to,
+                                       reply_callback=reply_callback, reply_context=reply_context)
         outgoing = prepare_outgoing(envelope if isinstance(envelope, etree._Element) else bytes(envelope),
                                     to=target, action=action, message_id=message_id,
                                     reply_to=reply_to, relates_to=None, wsa=self.policy.addressing,
@@ -318,6 +324,34 @@ class Source:
         with self.transaction() as tx:
             receipt = self._enqueue_outgoing(tx, (target, key, expect_reply), outgoing, reply_callback,
                                              reply_context)
+        self._wake_after_commit()
+        return receipt
+
+    def _send_observed(self, observer: observe.Observer, target: str, envelope: bytes | etree._Element, *,
+                       action: str | None, key: str, expect_reply: bool, message_id: str | None,
+                       reply_to: str | None, reply_callback: str | None,
+                       reply_context: bytes | None) -> SendReceipt:
+        """:meth:`send`, told to ``observer``: its step ends when the caller's transaction does."""
+        gtx = self.tm.get_transaction() if self.tm is not None else None
+        step = observer.sending(target=target, action=action, reply=False,
+                                transaction=str(gtx.xid) if gtx is not None else None)
+        try:
+            outgoing = prepare_outgoing(envelope if isinstance(envelope, etree._Element) else bytes(envelope),
+                                        to=target, action=action, message_id=message_id,
+                                        reply_to=reply_to, relates_to=None, wsa=self.policy.addressing,
+                                        max_size=self.policy.max_message_size, extra=step.headers())
+            with self.transaction() as tx:
+                receipt = self._enqueue_outgoing(tx, (target, key, expect_reply), outgoing, reply_callback,
+                                                 reply_context)
+        except BaseException as exc:
+            step.end(exc)
+            raise
+        step.note(message_id=receipt.message_id, sequence_key=receipt.sequence_key, number=receipt.number,
+                  action=outgoing.action)
+        if gtx is not None and getattr(self._ambient, "tx", None) is None:
+            gtx.register_synchronization(_EndWithTransaction(step))  # the call ends with its transaction
+        else:
+            step.end()
         self._wake_after_commit()
         return receipt
 
@@ -411,9 +445,14 @@ class Source:
             seq = tx.rms.update(seq.key, target=reply_to)
         to = seq.target if back_channel or reply_to is None else reply_to  # None is the back-channel
         wsa = self.policy.addressing
+        step = _reply_step(to, action)
         outgoing = prepare_outgoing(envelope, to=to, action=action, message_id=None, reply_to=None,
                                     relates_to=relates_to, wsa=_wsa_of(seq) or wsa,
-                                    max_size=self.policy.max_message_size)
+                                    max_size=self.policy.max_message_size,
+                                    extra=step.headers() if step is not None else ())
+        if step is not None:
+            step.note(message_id=outgoing.message_id, action=outgoing.action)
+            step.end()  # it commits or rolls back with the delivery, whose step says which
         if not back_channel:
             return self._enqueue(tx, seq, outgoing.payload, outgoing.action, outgoing.soap.ns,
                                  outgoing.message_id)
@@ -431,9 +470,14 @@ class Source:
         reply goes reliably on a sequence this engine opens to the ReplyTo
         endpoint itself, one per endpoint, in the delivery's transaction.
         """
+        step = _reply_step(reply_to, action)
         outgoing = prepare_outgoing(envelope, to=reply_to, action=action, message_id=None, reply_to=None,
                                     relates_to=relates_to, wsa=self.policy.addressing,
-                                    max_size=self.policy.max_message_size)
+                                    max_size=self.policy.max_message_size,
+                                    extra=step.headers() if step is not None else ())
+        if step is not None:
+            step.note(message_id=outgoing.message_id, action=outgoing.action)
+            step.end()
         return self._enqueue_outgoing(tx, (reply_to, _REPLIES_KEY, False), outgoing)
 
     def _open_sequence(self, tx: StoreTransaction, target: str, key: str, offered: bool) -> RmsSequence:
@@ -864,6 +908,36 @@ class _SourceTransaction:
         tx, self._tx = self._tx, None
         if tx is not None:
             tx.__exit__(exc_type, exc, tb)
+
+
+def _reply_step(target: str | None, action: str | None) -> observe.Step | None:
+    """The observer's step for a reply enqueued in a delivery (which is the current context)."""
+    observer = observe.active
+    if observer is None:
+        return None
+    return observer.sending(target=target, action=action, reply=True, transaction=None)
+
+
+class _EndWithTransaction:
+    """Ends an observer's step once the caller's transaction ends, saying how (a synchronization)."""
+
+    __slots__ = ("_step",)
+
+    def __init__(self, step: observe.Step) -> None:
+        self._step = step
+
+    def before_completion(self) -> None:
+        pass
+
+    def after_completion(self, status: Any) -> None:
+        committed = getattr(status, "name", str(status)) == "COMMITTED"
+        self._step.note(transaction_outcome="committed" if committed else "rolled back")
+        self._step.end(None if committed else _RolledBack(
+            "the transaction that enqueued the message rolled back: it was never sent"))
+
+
+class _RolledBack(Exception):
+    """What ends the step of a message whose transaction rolled back."""
 
 
 class _WakeAfter:

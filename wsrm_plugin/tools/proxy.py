@@ -64,7 +64,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TextIO
 from urllib.parse import urlsplit
@@ -154,6 +154,24 @@ class _Held:
     duplicate: bool
     seen: int = 0  # later requests forwarded since it was held
     timer: _Task | None = None
+
+
+def lose_first(marker: bytes, *, response: bool = False) -> Callable[[ProxiedRequest], str | None]:
+    """A :class:`LossyProxy` ``script`` losing the first POST whose body contains ``marker``.
+
+    Its request is dropped (the target never sees it), or with ``response``
+    its response (the target acted on it; the sender hears nothing and sends
+    it again, which the target then gets as a duplicate).  Later copies pass.
+    """
+    lost = threading.Event()
+
+    def script(request: ProxiedRequest) -> str | None:
+        if request.method != "POST" or marker not in request.body or lost.is_set():
+            return None
+        lost.set()
+        return "drop_response" if response else "drop"
+
+    return script
 
 
 def is_post(request: ProxiedRequest) -> bool:
@@ -616,6 +634,7 @@ class LossyProxy:
         rewrite_wsdl: bool = True,
         forward_timeout: float = 30.0,
         idle_timeout: float = 120.0,
+        script: Callable[[ProxiedRequest], str | None] | None = None,
     ) -> None:
         """
         :param target: ``http://127.0.0.1:PORT/prefix`` (loopback only).
@@ -628,6 +647,10 @@ class LossyProxy:
             (held ``drop_timeout`` seconds, then closed).
         :param reorderable: which POSTs may be answered 202 and held back;
             refuse request-response operations here.
+        :param script: a fault chosen for a request rather than drawn:
+            ``script(request)`` returns ``"drop"``, ``"drop_response"`` or None
+            (the drawn decision stands); see :func:`lose_first`.  The draws are
+            made all the same, so a script does not shift the seeded decisions.
         """
         parts = urlsplit(target)
         if parts.scheme != "http":
@@ -674,6 +697,7 @@ class LossyProxy:
         self.reorderable = reorderable
         self.rewrite_wsdl = rewrite_wsdl
         self.path_rewrite = path_rewrite
+        self.script = script
         self.idle_timeout = idle_timeout
         self.seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
         self._rng = random.Random(self.seed)
@@ -855,6 +879,12 @@ class LossyProxy:
         with self._lock:
             self._by_action[action] = self._by_action.get(action, 0) + 1
         d = self._decide()
+        scripted = self.script(request) if self.script is not None else None
+        if scripted is not None:
+            if scripted not in ("drop", "drop_response"):
+                raise ValueError(f"a proxy script returns 'drop', 'drop_response' or None, not {scripted!r}")
+            d = replace(d, drop=scripted == "drop", drop_response=scripted == "drop_response",
+                        reorder=False, duplicate=False)
         if d.drop:
             log.debug("#%d %s: drop (%s)", seq, request.path, self.drop_mode)
             self._count("dropped")
