@@ -32,6 +32,7 @@ from typing import Any
 
 from .engine import ReliableEngine
 from .engine.source import SequenceKey
+from .store.api.states import rms_life
 
 __all__ = ["LifecycleListener", "LifecycleReport", "check_recovery_interval"]
 
@@ -169,7 +170,7 @@ class LifecycleListener:
                 expired = seq.expires is not None and seq.expires < now
                 if parsed is not None and (expired or (self.active_keys is not None
                                                        and parsed.key not in self.active_keys)):
-                    if seq.accepts_messages:
+                    if rms_life(seq).accepts_messages:
                         orphans.append((seq.key, parsed.target, parsed.key))
                     continue
                 if not seq.started:

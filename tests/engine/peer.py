@@ -175,11 +175,12 @@ def _handed_over(args: argparse.Namespace, store: Any, ds: Any) -> int:
     if _progress_done(args.progress, args.count):
         return args.count
     from wsrm_plugin.engine.source import SequenceKey
+    from wsrm_plugin.store.api.states import rms_life
 
     with store.begin() as tx:
         for seq in tx.rms.list_all():
             parsed = SequenceKey.decode(seq.key)
-            if parsed and (parsed.target, parsed.key) == (args.target, args.key) and seq.accepts_messages:
+            if parsed and (parsed.target, parsed.key) == (args.target, args.key) and rms_life(seq).accepts_messages:
                 return seq.highest_number
     return 0
 

@@ -87,7 +87,7 @@ def test_another_acks_to_is_another_client_the_offer_is_declined(engines) -> Non
 def test_a_terminated_sequence_is_not_given_again(engines) -> None:
     server = engines("memory:", serve=True)
     first = _create(server.endpoint_address)
-    with server.store.begin() as tx:
-        tx.rmd.update(first.identifier, terminated=True)
+    with server.store.begin() as tx:  # as TerminateSequence leaves it: an incomplete sequence ends closed
+        tx.rmd.update(first.identifier, terminated=True, closed=True)
     again = _create(server.endpoint_address)
     assert again.identifier != first.identifier and again.accept is None

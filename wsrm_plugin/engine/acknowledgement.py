@@ -18,7 +18,9 @@ from __future__ import annotations
 import logging
 import time
 
+from ..statemachine import RMDDuty, rmd_duties
 from ..store import StorageManager
+from ..store.api.states import rmd_state
 from ..wire import SequenceAcknowledgement
 from ..wire.namespaces import AddressingVersion
 from .destination import Destination
@@ -107,7 +109,7 @@ class AcknowledgementWorker:
         worked = False
         timeout = self.policy.inactivity_timeout
         for seq in sequences:
-            if seq.terminated:
+            if RMDDuty.RELEASE in rmd_duties(rmd_state(seq)):
                 worked = self._release(seq.sequence_id) or worked
             elif (timeout is not None and seq.last_activity + timeout <= now) or \
                     (seq.expires is not None and seq.expires <= now):
@@ -118,7 +120,7 @@ class AcknowledgementWorker:
         """Delete a terminated sequence once nothing more can be delivered from it."""
         with self.store.begin() as tx:
             seq = tx.rmd.get(sequence_id)
-            if seq is None or not seq.terminated:
+            if seq is None or RMDDuty.RELEASE not in rmd_duties(rmd_state(seq)):
                 return False
             if tx.invoker.next_deliverable(sequence_id, in_order=self.policy.in_order) is not None:
                 return False  # the invoker is still delivering (or retrying a failed delivery)

@@ -44,7 +44,7 @@ from .faults import busy_fault, fault_for_transition
 from .logs import for_sequence
 from .policy import RMPolicy
 from .source import back_channel_replies, reply_sequence_key
-from .states import received_ranges, rmd_changes, rmd_state
+from ..store.api.states import received_ranges, rmd_changes, rmd_state, rms_life
 
 if TYPE_CHECKING:
     from .invoker import InvokerWorker
@@ -268,11 +268,11 @@ class Destination:
         """
         offer = request.offer
         if (offer is None or holder is None or not self.policy.accept_offers
-                or not holder.key.startswith(_REPLY_KEY_PREFIX) or not holder.accepts_messages):
+                or not holder.key.startswith(_REPLY_KEY_PREFIX) or not rms_life(holder).accepts_messages):
             return None
         identifier = holder.key[len(_REPLY_KEY_PREFIX):]
         seq = tx.rmd.get(identifier)
-        if (seq is None or seq.closed or seq.terminated or seq.principal != principal
+        if (seq is None or not rmd_state(seq).open or seq.principal != principal
                 or seq.rm_version != version.ns or seq.acks_to != request.acks_to.address):
             return None
         with self._peers_lock:
@@ -704,7 +704,7 @@ class Destination:
                     ranges = ranges.difference(self._withheld(tx, identifier, ranges))
             if ranges or version.is_11:  # 1.0 has no acknowledgement of nothing (<None/>)
                 ack = SequenceAcknowledgement(identifier, list(ranges.ranges),
-                                              final=version.is_11 and (after.closed or after.terminate_received))
+                                              final=version.is_11 and after.final)
         else:
             self._wake_acks()
         return Accepted(identifier, number, reception.duplicate, ack, offered=seq.offered_id is not None)
@@ -816,7 +816,7 @@ class Destination:
     def ack_for(self, seq: RmdSequence) -> SequenceAcknowledgement | None:
         """The acknowledgement of ``seq`` as it stands (None for 1.0 before any message)."""
         version = _RM_BY_NS[seq.rm_version]
-        final = version.is_11 and (seq.closed or seq.terminated)
+        final = version.is_11 and rmd_state(seq).final
         ranges = received_ranges(seq)
         if seq.offered_id is not None and ranges:
             with self.store.begin() as tx:

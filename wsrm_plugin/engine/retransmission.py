@@ -49,7 +49,7 @@ from .logs import for_sequence
 from .pacing import Exchange, RttEstimator, SequenceFlow
 from .policy import AckRequestMode, RMPolicy
 from .source import AT_ONCE, CREATE_REFUSED, NEVER, PendingAcks, SequenceKey, Source, is_back_channel, rm_version_of
-from .states import rms_state
+from ..store.api.states import rms_life, rms_state
 from .transport import Response, Transport, TransportError
 
 __all__ = ["RetransmissionWorker"]
@@ -234,8 +234,7 @@ class RetransmissionWorker:
                 for key in set(self._flows) - live:
                     self._flows.pop(key, None)
             for seq in sequences:
-                if not seq.started or seq.sequence_id is None or seq.faulted or seq.terminate_sent \
-                        or is_back_channel(seq.target):
+                if not rms_life(seq).transmitting or seq.sequence_id is None or is_back_channel(seq.target):
                     continue
                 last = max(seq.last_activity, self._exchanged.get(seq.key, 0.0))
                 if last + after <= now and tx.rms_messages.has_unacked(seq.key):
@@ -307,7 +306,7 @@ class RetransmissionWorker:
             if seq is None:
                 return False
             slog = for_sequence(log, seq.sequence_id, key=key)
-            live = not (seq.faulted or seq.terminate_sent)
+            live = rms_life(seq).live
             if live and seq.expires is not None and seq.expires <= now:
                 seq = tx.rms.update(key, expires=None)
                 self.source.fault_in(tx, seq, "the sequence expired")
@@ -741,7 +740,7 @@ class RetransmissionWorker:
                 if key not in sequences:
                     sequences[key] = tx.rms.get(key)
                 seq = sequences[key]
-                if seq is None or not seq.started or seq.faulted or seq.sequence_id is None:
+                if seq is None or not rms_life(seq).transmitting or seq.sequence_id is None:
                     continue
                 if is_back_channel(seq.target):
                     # replies that only travel in HTTP responses (a restart made them due): never posted

@@ -29,7 +29,7 @@ from typing import Any
 
 from lxml import etree
 
-from ..statemachine import AckRanges, InvalidTransition, RMSEvent, rms_transition
+from ..statemachine import AckRanges, InvalidTransition, RMSDuty, RMSEvent, RMSState, rms_duties, rms_transition
 from ..store import (
     InvalidAcknowledgementError, RmsMessage, RmsSequence, SequenceNotOpenError, StorageManager,
     StoreTransaction, UnknownSequenceError,
@@ -43,7 +43,7 @@ from . import observe
 from .envelopes import OutgoingMessage, prepare_outgoing
 from .logs import for_sequence
 from .policy import RMPolicy
-from .states import rms_changes, rms_state
+from ..store.api.states import rms_changes, rms_life, rms_state
 
 __all__ = ["Source", "PendingAcks", "SendReceipt", "SequenceFault", "FailedMessage", "SequenceKey", "is_back_channel",
            "SequenceFaulted", "SequenceRefused", "CREATE_REFUSED"]
@@ -54,6 +54,15 @@ _RM_BY_NS = {v.ns: v for v in RM_VERSIONS}
 #: RM faults after which the peer will never accept the sequence again.
 _FATAL_FAULTS = frozenset({"UnknownSequence", "SequenceTerminated", "SequenceClosed",
                            "MessageNumberRollover", "CreateSequenceRefused", "LastMessageNumberExceeded"})
+
+
+#: The duties a sequence has once its application is done and every message is acknowledged.
+_CONTROL_DUTIES = frozenset({RMSDuty.SEND_CLOSE, RMSDuty.SEND_TERMINATE})
+
+
+def _owes_control(state: RMSState) -> bool:
+    """Does ``state`` owe the peer a CloseSequence or TerminateSequence (the RMS worker's to send)?"""
+    return not rms_duties(state).isdisjoint(_CONTROL_DUTIES)
 
 
 @dataclass(frozen=True)
@@ -430,7 +439,7 @@ class Source:
         takes it, and until the client acknowledges it.
         """
         seq = tx.rms.get(reply_sequence_key(rmd_sequence_id))
-        if seq is None or not seq.accepts_messages:
+        if seq is None or not rms_life(seq).accepts_messages:
             if seq is None and not is_back_channel(reply_to):
                 assert reply_to is not None
                 return self._reply_on_own_sequence(tx, reply_to, envelope, relates_to=relates_to, action=action)
@@ -486,7 +495,7 @@ class Source:
             cached = self._current.get(ident)
         if cached is not None:
             seq = tx.rms.get(cached)
-            if seq is not None and seq.accepts_messages:
+            if seq is not None and rms_life(seq).accepts_messages:
                 return seq
         best: RmsSequence | None = None
         generation = best_generation = 0
@@ -495,10 +504,10 @@ class Source:
             if parsed is None or (parsed.target, parsed.key, parsed.offered) != ident:
                 continue
             generation = max(generation, parsed.generation)
-            if candidate.accepts_messages and parsed.generation > best_generation:
+            if rms_life(candidate).accepts_messages and parsed.generation > best_generation:
                 best, best_generation = candidate, parsed.generation
         seq = tx.rms.get(best.key) if best is not None else None
-        if seq is None or not seq.accepts_messages:
+        if seq is None or not rms_life(seq).accepts_messages:
             store_key = SequenceKey(target, key, generation + 1, offered).encode()
             seq = tx.rms.create(
                 store_key, target=target, acks_to=self._acks_to(), rm_version=self.policy.rm_version.ns,
@@ -559,7 +568,7 @@ class Source:
 
     def _end(self, tx: StoreTransaction, store_key: str) -> bool:
         seq = tx.rms.get(store_key)
-        if seq is None or not seq.accepts_messages:
+        if seq is None or not rms_life(seq).accepts_messages:
             return False
         if is_back_channel(seq.target):
             return False  # nowhere to send Close/Terminate: it ends with its request sequence
@@ -575,7 +584,7 @@ class Source:
                                     soap_version=outgoing.soap.ns, message_id=outgoing.message_id, last=True)
         else:
             seq = tx.rms.mark_last(seq.key)
-            if seq.started and not tx.rms_messages.has_unacked(seq.key):
+            if _owes_control(rms_state(seq, int(tx.rms_messages.has_unacked(seq.key)))):
                 tx.rms.update(seq.key, next_control_at=time.time())
         return True
 
@@ -695,24 +704,26 @@ class Source:
             if seq is None:
                 raise UnknownSequence(ack.identifier, version=version)
             slog = for_sequence(log, ack.identifier)
-            if not seq.started or seq.faulted or seq.terminate_sent:
+            if not rms_life(seq).transmitting:
                 return
             if ack.nacks:  # the destination says what it lacks: send it again at once
                 again = tx.rms_messages.make_due(seq.key, ack.nacks, at=AT_ONCE)
                 slog.debug("Nack for %s: %d message(s) due again", ack.nacks, again)
             else:
-                newly, event = self._apply_ack(tx, seq, ack, version, now)
+                newly, owes_control = self._apply_ack(tx, seq, ack, version, now)
         if ack.nacks:
             if again:
                 self._wake()
             return
         if newly:
             slog.debug("acknowledged %s (%d new)", SequenceAcknowledgement.ranges_from_numbers(newly), len(newly))
-        if event is RMSEvent.ACKALL and seq.last_message:
+        if owes_control:
             self._wake()
 
     def _apply_ack(self, tx: StoreTransaction, seq: RmsSequence, ack: SequenceAcknowledgement,
-                   version: RMVersion, now: float) -> tuple[list[int], RMSEvent]:
+                   version: RMVersion, now: float) -> tuple[list[int], bool]:
+        """The newly acknowledged numbers, and whether the sequence now owes a control message
+        (every message acknowledged after the application's last: Close or Terminate)."""
         try:
             newly = tx.rms_messages.mark_acked(seq.key, ack.ranges, now=now)
         except InvalidAcknowledgementError as exc:
@@ -720,16 +731,18 @@ class Source:
         pending = tx.rms_messages.has_unacked(seq.key)
         before = rms_state(seq, int(pending) + len(newly))
         event = RMSEvent.ACK if pending else RMSEvent.ACKALL
-        rms_transition(before, event)
+        after = rms_transition(before, event).state
         if newly:
             tx.rms_messages.purge_acked(seq.key)
         if ack.final and pending:
             unacked = tx.rms_messages.count_unacked(seq.key)
             self.fault_in(tx, seq, f"the destination closed the sequence with {unacked} message(s) "
                         "unacknowledged")
-        elif event is RMSEvent.ACKALL and seq.last_message:
+            return newly, False
+        owes_control = _owes_control(after)
+        if owes_control:
             tx.rms.update(seq.key, next_control_at=now)
-        return newly, event
+        return newly, owes_control
 
     def on_closed(self, store_key: str) -> None:
         """CloseSequenceResponse: the destination's set of messages is final."""

@@ -107,6 +107,18 @@ class RMDState(FactorState):
     def accepts_new_messages(self) -> bool:
         return not (self.terminate_received or self.closed or self.every_message_received)
 
+    @property
+    def open(self) -> bool:
+        """Neither closed nor terminated: a peer may still send on it (a complete sequence is
+        open too: it takes duplicates and its Close or Terminate)."""
+        return not (self.closed or self.terminate_received)
+
+    @property
+    def final(self) -> bool:
+        """Its received numbers can no longer change (closed or terminated): an acknowledgement
+        of it is Final (WS-RM 1.1)."""
+        return self.closed or self.terminate_received
+
 
 class RMDEvent(Enum):
     # The seed's events: a NEW message (not a duplicate).

@@ -135,6 +135,17 @@ class RMSState(FactorState):
         """Neither terminated nor faulted: the sequence still has work or may get some."""
         return not (self.terminate_sent or self.faulted)
 
+    @property
+    def transmitting(self) -> bool:
+        """Started and live: its messages go on the wire and acknowledgements of them count."""
+        return self.sequence_started and self.live
+
+    @property
+    def accepts_messages(self) -> bool:
+        """An application message (AMR) would be taken, not refused: live, neither closed nor
+        told by the application that it is done."""
+        return self.live and not (self.closed or self.last_message_received)
+
 
 class RMSEvent(Enum):
     # The seed's events.

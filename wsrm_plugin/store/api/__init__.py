@@ -94,10 +94,9 @@ from .records import (
     buffered_of,
     delivered_for_retry,
     poison_of,
-    rmd_state_name,
-    rms_state_name,
 )
 from .rules import check_ack, check_enqueue, check_key
+from .states import rmd_state_name, rms_state_name
 
 __all__ = [
     # errors

@@ -37,9 +37,8 @@ from .records import (
     RmsSequenceStatus,
     StoreStatus,
     _now,
-    rmd_state_name,
-    rms_state_name,
 )
+from .states import rmd_state_name, rms_state_name
 
 log = logging.getLogger(__name__)
 

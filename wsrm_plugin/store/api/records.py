@@ -86,10 +86,6 @@ class RmsSequence(_Record):
         """The highest message number handed out so far (0 for none)."""
         return self.next_number - 1
 
-    @property
-    def accepts_messages(self) -> bool:
-        return not (self.last_message or self.closed or self.close_sent
-                    or self.terminate_sent or self.faulted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,32 +304,6 @@ class StoreStatus:
         for name in (*(f"rms {s.state}" for s in self.rms), *(f"rmd {s.state}" for s in self.rmd)):
             counts[name] = counts.get(name, 0) + 1
         return counts
-
-
-def rms_state_name(seq: RmsSequence) -> str:
-    if seq.faulted:
-        return "faulted"
-    if seq.terminate_sent:
-        return "terminated"
-    if seq.closed or seq.close_sent:
-        return "closed"
-    if seq.last_message:
-        return "last-message"
-    if seq.sequence_id is not None:
-        return "started"
-    return "creating"
-
-
-def rmd_state_name(seq: RmdSequence) -> str:
-    if seq.terminated:
-        return "terminated"
-    if seq.closed:
-        return "closed"
-    if seq.every_received:
-        return "complete"
-    if seq.last_received:
-        return "last-received"
-    return "receiving" if seq.received else "created"
 
 
 def poison_of(msg: BufferedMessage, *, hold: bool, error: str | None, now: float) -> PoisonMessage:

@@ -10,6 +10,7 @@ from ...statemachine.ackranges import AckRanges
 from ...statemachine.common import MAX_MESSAGE_NUMBER
 from .errors import InvalidAcknowledgementError, MessageNumberRolloverError, SequenceNotOpenError
 from .records import RmsSequence
+from .states import rms_life
 
 
 def check_key(value: str, what: str) -> None:
@@ -21,7 +22,7 @@ def check_enqueue(seq: RmsSequence, payload: bytes) -> int:
     """The number the next message of ``seq`` gets, or why it gets none."""
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise TypeError(f"payload must be the SOAP envelope as bytes, not {type(payload).__name__}")
-    if not seq.accepts_messages:
+    if not rms_life(seq).accepts_messages:
         if seq.faulted:
             why = "is faulted" + (f" ({seq.fault_reason})" if seq.fault_reason else "")
         elif seq.last_message:

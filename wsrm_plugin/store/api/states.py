@@ -6,16 +6,25 @@ states.  These functions are the whole translation: read a record into a
 state, apply the event with the pure transition function, write back only
 the factors that changed.  A store row that maps to an impossible state
 raises :class:`~wsrm_plugin.statemachine.InvalidState` instead of being acted on.
+
+Kept in the store API so that one translation serves everyone who asks what
+state a sequence is in: the engine's events, the store's own rules (an
+enqueue into a sequence that takes no more messages) and the status an
+operator reads.  Nobody else decides a sequence's state from its columns.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..statemachine import AckRanges, RMDState, RMSState, Transition
-from ..store import RmdSequence, RmsSequence
+from ...statemachine.ackranges import AckRanges
+from ...statemachine.common import InvalidState, Transition
+from ...statemachine.rmd import RMDState
+from ...statemachine.rms import RMSState
+from .records import RmdSequence, RmsSequence
 
-__all__ = ["rms_state", "rms_changes", "rmd_state", "rmd_changes", "received_ranges"]
+__all__ = ["rms_state", "rms_life", "rms_changes", "rmd_state", "rmd_changes", "received_ranges",
+           "rms_state_name", "rmd_state_name"]
 
 
 def rms_state(seq: RmsSequence, unacked: int) -> RMSState:
@@ -32,6 +41,36 @@ def rms_state(seq: RmsSequence, unacked: int) -> RMSState:
         closed=seq.closed,
         faulted=seq.faulted,
     )
+
+
+def rms_life(seq: RmsSequence) -> RMSState:
+    """The RMS state of ``seq`` as far as its record tells, its buffer not looked at.
+
+    For the questions about a sequence's life (is it started, live, open to
+    new messages?), which no factor but MIB answers from the message queue:
+    MIB is taken as the record implies it (a sequence not started yet was
+    created by a message; a started one is asked nothing about its buffer).
+    Use :func:`rms_state` with the unacknowledged count for its duties.
+    """
+    return rms_state(seq, 0 if seq.started or seq.faulted else 1)
+
+
+def rms_state_name(seq: RmsSequence) -> str:
+    """The word ``wsrm status`` shows for a source sequence's state ("invalid" for a row no
+    state of the machine matches: shown, not raised, so the rest of the status is read)."""
+    try:
+        state = rms_life(seq)
+    except InvalidState:
+        return "invalid"
+    if state.faulted:
+        return "faulted"
+    if state.terminate_sent:
+        return "terminated"
+    if state.closed or seq.close_sent:  # CloseSequence sent and not answered yet: closing
+        return "closed"
+    if state.last_message_received:
+        return "last-message"
+    return "started" if state.sequence_started else "creating"
 
 
 def rms_changes(transition: Transition[RMSState]) -> dict[str, Any]:
@@ -65,6 +104,23 @@ def rmd_state(seq: RmdSequence) -> RMDState:
         if cacheable:
             _RMD_STATES[factors] = state
     return state
+
+
+def rmd_state_name(seq: RmdSequence) -> str:
+    """The word ``wsrm status`` shows for a destination sequence's state (or "invalid")."""
+    try:
+        state = rmd_state(seq)
+    except InvalidState:
+        return "invalid"
+    if state.terminate_received:
+        return "terminated"
+    if state.closed:
+        return "closed"
+    if state.every_message_received:
+        return "complete"
+    if state.last_message_received:
+        return "last-received"
+    return "receiving" if state.first_message_received else "created"
 
 
 def rmd_changes(transition: Transition[RMDState]) -> dict[str, Any]:
