@@ -12,6 +12,7 @@ Scenarios:
                  the method inserts its row (one local commit);
 * ``plain8``   - the same from 8 client threads (the server's capacity: the ceiling
                  of any layer on top);
+* ``plainN``   - the same from ``--clients`` threads (the baseline of N sequences at once);
 * ``outbox``   - the hand-written transactional outbox: the client commits its
                  business row and an outbox row in one local transaction, a relay
                  thread sends the outbox with plain calls (and deletes what it sent);
@@ -46,6 +47,16 @@ was meanwhile (its CPUs' share not idle, from ``/proc/stat``: near 1.00 the run 
 well below by the wait of one part for another).  Ratios are against plain
 (sequential and concurrent) and the outbox of the same round; the median of the rounds is reported.
 
+Modes (issue 33: cost as the work grows); each picks its scenarios and aims unless ``--scenarios``:
+
+* ``--clients 16``: 16 sequences at once, against plain calls from 16 threads (``plainN``) and
+  the outbox with 16 relays;
+* ``--latency``: sequential request-reply calls (``quote``: the same row, and an answer), each
+  caller waiting for its answer; the calls' p50, p90, p99 and max against plain calls (the first
+  ``LATENCY_WARM_UP`` calls of each thread, which open its sequence, are left out);
+* ``--note 1048576``: 1 MiB per call; every scenario also reports the resident memory a message
+  leaves behind in each process (``kB/msg kept``) and the peak over the start (``peak MB``).
+
 ``--clients N`` runs the outbox and the reliable scenarios from N calling threads: each reliable
 one with a client of its own on one engine (``ReliableClient.with_key``: N sequences, which the
 service delivers side by side), each outbox one with its own relay sending its own rows (so N
@@ -57,6 +68,7 @@ Run::
 
     .venv/bin/python bench/bench_compare.py [--calls 1000] [--rounds 3]
         [--scenarios plain,plain8,outbox,memory,sqlite,xa2,xa2log,xa1] [--no-strace] [--clients 1]
+        [--latency] [--note 64]
 
 A scenario may name RMPolicy knobs for both sides after a ``~``, to measure a
 variant beside its base in the same rounds:
@@ -99,14 +111,30 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 TNS = "urn:wsrm-bench"
-SCENARIOS = ("plain", "plain8", "outbox", "memory", "sqlite", "xa2", "xa2log", "xa1")
+SCENARIOS = ("plain", "plain8", "plainN", "outbox", "memory", "sqlite", "xa2", "xa2log", "xa1")
+#: the scenarios of plain calls (no layer at all: the floor), and the baselines ratios are taken against
+PLAIN = ("plain", "plain8", "plainN")
+BASES = ("plain", "plain8", "plainN", "outbox")
 #: named variants
 _ALIASES = {"xa2log": "xa2~store.commit_marks=false"}
 THREADS = 8
 
-#: (scenario, baseline, aim) from issue 12
+#: (scenario, baseline, aim) from issue 12: one calling thread
 AIMS = [("memory", "plain", 1.0), ("memory", "plain8", 0.7), ("sqlite", "plain", 0.8),
         ("xa1", "outbox", 0.9), ("xa2", "outbox", 0.6)]
+#: issue 33, ``--clients N`` (16): N sequences against plain calls from N threads and the outbox
+#: with N relays
+AIMS_CLIENTS = [("memory", "plainN", 1.0), ("sqlite", "plainN", 0.8), ("xa1", "outbox", 0.95),
+                ("xa2", "outbox", 0.7)]
+#: issue 33, ``--latency``: (scenario, p50 at most this many times plain's p50); and every
+#: scenario's p99 at most LATENCY_TAIL times its own p50
+AIMS_LATENCY = [("memory", 1.5), ("sqlite", 2.5), ("xa1", 3.0)]
+LATENCY_TAIL = 2.0
+#: calls of each calling thread left out of the latency figures (the sequence's creation, zeep's first)
+LATENCY_WARM_UP = 5
+#: issue 33, ``--note 1048576``: every reliable path against plain calls with the same payload
+AIMS_PAYLOAD = [("memory", "plain", 0.8), ("sqlite", "plain", 0.8), ("xa1", "plain", 0.8),
+                ("xa2", "plain", 0.8)]
 
 
 # -- the service (server process) ---------------------------------------------------------------
@@ -154,6 +182,12 @@ def _application() -> Any:
         def record(ctx, item, note):  # noqa: N805 -- spyne's signature
             assert ROWS is not None
             ROWS.record(item, note)
+
+        @rpc(Unicode, Unicode, _returns=Unicode)
+        def quote(ctx, item, note):  # noqa: N805 -- the request-reply call of --latency
+            assert ROWS is not None
+            ROWS.record(item, note)
+            return item
 
     return Application([BenchService], tns=TNS, name="BenchService",
                        in_protocol=Soap11(validator="lxml"), out_protocol=Soap11())
@@ -221,8 +255,9 @@ def _cpu() -> float:
 
 def _start_clock() -> None:
     """The measured part starts: the coordinator's T0, and this process's CPU time so far."""
-    global _CPU_AT_START
+    global _CPU_AT_START, _RSS_AT_START
     _CPU_AT_START = _cpu()
+    _RSS_AT_START = _rss_kb()
     print(f"T0 {time.monotonic()}", flush=True)
 
 
@@ -230,6 +265,25 @@ def _cpu_ms() -> int:
     """CPU time (user + system, all threads) of this process since the measured part started:
     a cost per message that a loaded machine distorts far less than the rates."""
     return round((_cpu() - _CPU_AT_START) * 1000)
+
+
+_RSS_AT_START = 0
+
+
+def _rss_kb() -> int:
+    """This process's resident memory now, in kB (/proc)."""
+    with open("/proc/self/statm", encoding="ascii") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def _memory() -> dict[str, int]:
+    """Resident memory: at the start of the measured part, now, and the peak of the process's life
+    (kB).  Their difference over the messages is the memory a message leaves behind; the peak over
+    the start, what the largest moment of the run held (with large payloads: how many copies)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
+    return {"rss_start_kb": _RSS_AT_START, "rss_end_kb": _rss_kb(), "rss_peak_kb": int(peak)}
 
 
 def _yappi_start() -> Any:
@@ -252,7 +306,7 @@ def _yappi_save(yappi: Any, args: argparse.Namespace) -> None:
 
 
 def server_role(args: argparse.Namespace) -> int:
-    global ROWS, _CPU_AT_START
+    global ROWS, _CPU_AT_START, _RSS_AT_START
     yappi = _yappi_start()
     from wsrm_plugin.engine.transport import HttpServer
 
@@ -260,7 +314,7 @@ def server_role(args: argparse.Namespace) -> int:
     points = _Points()
     closers: list[Any] = []
     scenario = _variant(args.scenario)[0]
-    if scenario in ("plain", "plain8", "outbox"):
+    if scenario in (*PLAIN, "outbox"):
         from spyne.server.wsgi import WsgiApplication
 
         from interceptors.wsdl import drop_undefined_header_messages
@@ -300,14 +354,15 @@ def server_role(args: argparse.Namespace) -> int:
             closers.append(tm.close)
         url = service.url
     _CPU_AT_START = _cpu()
+    _RSS_AT_START = _rss_kb()
     print(f"URL {url}", flush=True)
     sys.stdin.readline()  # "stop"
     for close in closers:
         close()
     _yappi_save(yappi, args)
-    if scenario not in ("plain", "plain8", "outbox"):  # messages delivered in their receive's transaction
+    if scenario not in (*PLAIN, "outbox"):  # messages delivered in their receive's transaction
         points.seen["on_receipt"] = service.engine.destination.delivered_on_receipt
-    print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms()}), flush=True)
+    print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms(), **_memory()}), flush=True)
     return 0
 
 
@@ -332,32 +387,33 @@ def client_role(args: argparse.Namespace) -> int:
     zc = zeep.Client(args.url + "?wsdl")
     stoppers: list[Any] = []
     errors = 0
-    if scenario == "plain":
-        _start_clock()
-        for item in items:
-            try:
-                zc.service.record(item, note)
-            except Exception:  # noqa: BLE001 -- plain may lose a call
-                errors += 1
-    elif scenario == "plain8":
-        clients = [zeep.Client(args.url + "?wsdl") for _ in range(THREADS)]
+    #: --latency: each request-reply call's wall time (seconds), by calling thread
+    latencies: list[list[float]] = [[] for _ in range(max(args.clients, THREADS))]
+    if scenario in PLAIN:
+        threads = {"plain": 1, "plain8": THREADS, "plainN": args.clients}[scenario]
+        clients = [zc, *(zeep.Client(args.url + "?wsdl") for _ in range(1, threads))]
         failed = Counter()
 
         def worker(n: int) -> None:
-            for item in items[n::THREADS]:
+            service = clients[n].service
+            for item in items[n::threads]:
+                started = time.perf_counter()
                 try:
-                    clients[n].service.record(item, note)
-                except Exception:  # noqa: BLE001
+                    if args.latency:
+                        service.quote(item, note)
+                    else:
+                        service.record(item, note)
+                except Exception:  # noqa: BLE001 -- plain may lose a call
                     failed[n] += 1
+                    continue
+                latencies[n].append(time.perf_counter() - started)
 
-        threads = [threading.Thread(target=worker, args=(n,)) for n in range(THREADS)]
         _start_clock()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _in_threads(worker, threads)
         errors = sum(failed.values())
     elif scenario == "outbox":
+        if args.latency:
+            raise SystemExit("the outbox has no request-reply call: leave it out of --latency")
         errors = _outbox_client(args, zc, items, note, stoppers)
     else:
         from interceptors.zeep_client.client import reliable_client
@@ -385,28 +441,38 @@ def client_role(args: argparse.Namespace) -> int:
         if tm is not None:
             stoppers.append(tm.close)
 
+        def call(rc: Any, item: str) -> Any:
+            """One call: the business row and the enqueue in one transaction under XA."""
+            operation = rc.service.quote if args.latency else rc.service.record
+            if tm is None:
+                return operation(item, note)
+            with tm.transaction():
+                with ds.connection() as conn, conn.cursor() as cur:
+                    cur.execute("INSERT INTO business (item) VALUES (%s)", (item,))
+                return operation(item, note)
+
         def calls(n: int) -> None:
             rc = rcs[n]
-            mine = items[n::args.clients]
-            if tm is None:
-                for item in mine:
-                    rc.service.record(item, note)
-                return
-            for item in mine:
-                with tm.transaction():
-                    with ds.connection() as conn, conn.cursor() as cur:
-                        cur.execute("INSERT INTO business (item) VALUES (%s)", (item,))
-                    rc.service.record(item, note)
+            for item in items[n::args.clients]:
+                started = time.perf_counter()
+                answer = call(rc, item)
+                if args.latency:  # the caller waits for the reply
+                    answer.result(timeout=args.timeout)
+                    latencies[n].append(time.perf_counter() - started)
 
         _start_clock()
         _in_threads(calls, args.clients)
+    if args.latency:
+        # each thread's first calls open its sequence (and warm zeep): not the steady state
+        print("LAT " + json.dumps([d for per_thread in latencies for d in per_thread[LATENCY_WARM_UP:]]),
+              flush=True)
     print(f"LOOP {time.monotonic()}", flush=True)  # the calls are made (a relay may still be sending)
     print(f"SENT {errors}", flush=True)
     sys.stdin.readline()  # "stop": everything arrived (or the coordinator gave up)
     for stop in stoppers:
         stop()
     _yappi_save(yappi, args)
-    print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms()}), flush=True)
+    print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms(), **_memory()}), flush=True)
     return 0
 
 
@@ -525,7 +591,18 @@ class Result:
     tm: dict[str, int] = field(default_factory=dict)
     #: the machine's CPUs' share not idle while the scenario ran (all processes, the kernel's too)
     busy: float = 0.0
+    #: resident memory of each role (its STATS: rss_start_kb, rss_end_kb, rss_peak_kb)
+    memory: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: --latency: every timed call's wall time, seconds
+    latencies: list[float] = field(default_factory=list)
     failed: str = ""
+
+    def percentile(self, q: float) -> float:
+        """The ``q`` quantile (0..1) of the calls' wall times, in milliseconds (nearest rank)."""
+        if not self.latencies:
+            return 0.0
+        ordered = sorted(self.latencies)
+        return 1000 * ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
     @property
     def rate(self) -> float:
@@ -535,7 +612,7 @@ class Result:
     def ok(self) -> bool:
         if self.failed or self.duplicated:
             return False
-        return self.scenario in ("plain", "plain8") or self.once == self.calls
+        return _variant(self.scenario)[0] in PLAIN or self.once == self.calls
 
     def per_message(self) -> dict[str, float]:
         n = max(self.once, 1)
@@ -555,6 +632,11 @@ class Result:
             "on receipt": self.tm.get("on_receipt", 0) / n,
             "caller share": self.loop_seconds / self.seconds if self.seconds > 0 else 0.0,
             "machine busy": self.busy,
+            # what a message leaves behind in each process, and the largest moment over the start
+            **{f"kB/msg kept({role})": (m.get("rss_end_kb", 0) - m.get("rss_start_kb", 0)) / n
+               for role, m in sorted(self.memory.items())},
+            **{f"peak MB({role})": (m.get("rss_peak_kb", 0) - m.get("rss_start_kb", 0)) / 1024
+               for role, m in sorted(self.memory.items())},
         }
 
 
@@ -817,6 +899,8 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
     def profile_out(role: str) -> str | None:
         return str(Path(profile) / f"{scenario}-{tag}-{role}.txt") if profile else None
     common = ["--scenario", variant, "--retransmission-interval", str(args.retransmission_interval)]
+    if args.latency:
+        common.append("--latency")
     server = client = None
     before = _pg_counters(pg)
     counter = _Counter(server_app)
@@ -845,7 +929,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
                     done = [line for line in client.lines if line.startswith("SENT ")]
                 if done:
                     sent_errors = int(done[0].split()[1])
-                    if scenario in ("plain", "plain8") and sent_errors:
+                    if scenario in PLAIN and sent_errors:
                         time.sleep(0.5)  # what got through is in; the rest is lost
                         total, distinct = counter.received()
                         now = time.monotonic()
@@ -863,6 +947,8 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
         result.missing = args.calls - distinct
         result.errors = int(client.expect("SENT ", timeout=120))
         result.loop_seconds = float(client.expect("LOOP ", timeout=120)) - t0
+        if args.latency:
+            result.latencies = json.loads(client.expect("LAT ", timeout=120))
     except Exception as exc:  # noqa: BLE001 -- reported as a failed scenario
         result.failed = f"{type(exc).__name__}: {exc}"
     finally:
@@ -871,6 +957,8 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
             if child is not None:
                 seen = child.stop()
                 result.cpu_ms[name] = seen.pop("cpu_ms", 0)
+                result.memory[name] = {k: seen.pop(k) for k in ("rss_start_kb", "rss_end_kb", "rss_peak_kb")
+                                       if k in seen}
                 stats.update(seen)
                 result.fsyncs[name] = child.fsyncs()
         result.tm = dict(stats)
@@ -901,17 +989,89 @@ def _line(result: Result) -> str:
             f"{', errors ' + str(result.errors) if result.errors else ''})  per msg: {detail}{state}")
 
 
+def _default_scenarios(args: argparse.Namespace) -> str:
+    """The scenarios each mode compares: request-reply latency has no outbox; N calling threads
+    compare with plain calls from N threads; one thread with the issue 12 table."""
+    if args.latency:
+        return "plain,memory,sqlite,xa1"
+    if args.clients > 1:
+        return "plainN,outbox,memory,sqlite,xa1,xa2"
+    if args.note >= 65536:
+        return "plain,outbox,memory,sqlite,xa1,xa2"
+    return "plain,plain8,outbox,memory,sqlite,xa2,xa2log,xa1"
+
+
+def _aims_of(args: argparse.Namespace) -> list[tuple[str, str, float]]:
+    if args.clients > 1:
+        return AIMS_CLIENTS
+    if args.note >= 65536:
+        return AIMS_PAYLOAD
+    return AIMS
+
+
+def _report_aims(args: argparse.Namespace, ratios: dict[str, list[float]],
+                 cpu_ratios: dict[str, list[float]]) -> None:
+    print("aims (rates; CPU ratio in brackets):")
+    for scenario, base, aim in _aims_of(args):
+        values = ratios.get(f"{scenario}/{base}")
+        if values:
+            med = statistics.median(values)
+            cpu_values = cpu_ratios.get(f"{scenario}/{base}")
+            by_cpu = f" (CPU {statistics.median(cpu_values):.2f})" if cpu_values else ""
+            print(f"  {scenario}/{base} >= {aim}: {med:.2f} {'ok' if med >= aim else 'BELOW'}{by_cpu}")
+
+
+def _report_latency(scenarios: list[str], results: dict[str, list[Result]]) -> int:
+    """Each scenario's call latency (medians over the rounds of each round's percentiles), its p50
+    against plain's of the same round, and the aims; 1 when a scenario timed no call."""
+    print("latency of a request-reply call, ms (medians over the rounds; per round in brackets):")
+    missing = 0
+    for scenario in scenarios:
+        runs = results[scenario]
+        if not any(r.latencies for r in runs):
+            print(f"  {scenario:7s} no call timed")
+            missing += 1
+            continue
+        cells = []
+        for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0)):
+            values = [r.percentile(q) for r in runs]
+            cells.append(f"{name} {statistics.median(values):6.2f} ({', '.join(f'{v:.2f}' for v in values)})")
+        print(f"  {scenario:7s} " + "  ".join(cells))
+    plain = results.get("plain")
+    print("aims (p50 against plain's p50 of the same round; p99 against the scenario's own p50):")
+    for scenario in scenarios:
+        runs = results[scenario]
+        base, _ = _variant(scenario)
+        aim = dict(AIMS_LATENCY).get(base)
+        if plain and aim is not None and all(r.latencies for r in runs):
+            p50s = [r.percentile(0.5) / p.percentile(0.5) for r, p in zip(runs, plain, strict=True)
+                    if p.latencies]
+            if p50s:
+                med = statistics.median(p50s)
+                print(f"  {scenario}/plain p50 <= {aim}x: {med:.2f}x {'ok' if med <= aim else 'ABOVE'}")
+        if base not in PLAIN and all(r.latencies for r in runs):
+            tails = [r.percentile(0.99) / r.percentile(0.5) for r in runs]
+            med = statistics.median(tails)
+            print(f"  {scenario} p99 <= {LATENCY_TAIL}x its p50: {med:.2f}x "
+                  f"{'ok' if med <= LATENCY_TAIL else 'ABOVE'}")
+    return missing
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--role", choices=("coordinator", "server", "client"), default="coordinator")
     parser.add_argument("--scenario", default="")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--scenarios", default=None,
+                        help="comma-separated; default: every scenario that fits the mode (see MODES)")
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=1,
                         help="calling threads of the outbox and reliable scenarios: each reliable one with "
                              "its own client (its own sequence), each outbox one with its own relay")
-    parser.add_argument("--note", type=int, default=64)
+    parser.add_argument("--note", type=int, default=64, help="bytes of payload per call")
+    parser.add_argument("--latency", action="store_true",
+                        help="request-reply calls, each caller waiting for its answer: the calls' wall "
+                             "time percentiles (p50, p99) against plain calls")
     parser.add_argument("--retransmission-interval", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--no-strace", action="store_true", help="do not count fsyncs (strace)")
@@ -926,7 +1086,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "client":
         return client_role(args)
 
+    if args.scenarios is None:
+        args.scenarios = _default_scenarios(args)
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    if args.latency and any(_variant(s)[0] == "outbox" for s in scenarios):
+        parser.error("the outbox has no request-reply call: leave it out of --latency")
     unknown = {_variant(s)[0] for s in scenarios} - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenarios {sorted(unknown)}")
@@ -941,8 +1105,10 @@ def main(argv: list[str] | None = None) -> int:
         _execute(pg.dsn("postgres"), "CREATE EXTENSION pg_stat_statements")
     workdir = Path(tempfile.mkdtemp(prefix="bench-compare-"))
     os.environ["BENCH_WORKDIR"] = str(workdir)  # the roles' files go there too: removed at the end
-    print(f"zeep -> spyne, {args.calls} one-way calls per scenario, {args.rounds} interleaved rounds; "
-          f"rates count rows committed in the service's own table", flush=True)
+    kind = "request-reply (each caller waits for its answer)" if args.latency else "one-way"
+    print(f"zeep -> spyne, {args.calls} {kind} calls of {args.note} bytes per scenario from {args.clients} "
+          f"calling thread(s), {args.rounds} interleaved rounds; rates count rows committed in the "
+          f"service's own table", flush=True)
     results: dict[str, list[Result]] = {s: [] for s in scenarios}
     ratios: dict[str, list[float]] = {}
     #: base's CPU per message / the scenario's (client + server processes): what the rate ratio
@@ -975,7 +1141,7 @@ def main(argv: list[str] | None = None) -> int:
                 failures += not result.ok
                 print(_line(result), flush=True)
             for s in scenarios:
-                for base in ("plain", "plain8", "outbox"):
+                for base in BASES:
                     if base in rates and s != base and rates[base] > 0:
                         ratios.setdefault(f"{s}/{base}", []).append(rates[s] / rates[base])
                     if base in cpu and s != base and cpu[s] > 0:
@@ -984,7 +1150,7 @@ def main(argv: list[str] | None = None) -> int:
         for scenario in scenarios:
             runs = results[scenario]
             rate = statistics.median(r.rate for r in runs)
-            per = {k: statistics.median(r.per_message()[k] for r in runs) for k in runs[0].per_message()}
+            per = {k: statistics.median(r.per_message().get(k, 0.0) for r in runs) for k in runs[0].per_message()}
             print(f"  {scenario:7s} {rate:8.1f} msg/s  per msg: "
                   + " ".join(f"{k}={v:.2f}" for k, v in per.items()), flush=True)
         print("median ratios (values per round):")
@@ -994,14 +1160,10 @@ def main(argv: list[str] | None = None) -> int:
             print("median CPU ratios (the base's client+server CPU per message / the scenario's):")
             for name, values in cpu_ratios.items():
                 print(f"  {name:15s} {statistics.median(values):5.2f}  ({', '.join(f'{v:.2f}' for v in values)})")
-        print("aims (rates; CPU ratio in brackets):")
-        for scenario, base, aim in AIMS:
-            values = ratios.get(f"{scenario}/{base}")
-            if values:
-                med = statistics.median(values)
-                cpu_values = cpu_ratios.get(f"{scenario}/{base}")
-                by_cpu = f" (CPU {statistics.median(cpu_values):.2f})" if cpu_values else ""
-                print(f"  {scenario}/{base} >= {aim}: {med:.2f} {'ok' if med >= aim else 'BELOW'}{by_cpu}")
+        if args.latency:
+            failures += _report_latency(scenarios, results)
+        else:
+            _report_aims(args, ratios, cpu_ratios)
         if statements:
             top = os.environ["BENCH_PG_STATEMENTS"]
             _print_statements(pg, args.calls * args.rounds * len(scenarios), int(top) if int(top) > 1 else 15)
