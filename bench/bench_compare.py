@@ -782,7 +782,8 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
           f"{1000 * sum(r[2] for r in rows) / messages:.0f} us):")
     for query, calls, ms, planning in rows:
         print(f"  {calls / messages:6.2f} calls {1000 * ms / messages:7.0f} us "
-              f"({1000 * planning / messages:5.0f} planning)  {' '.join(query.split())[:100]}")
+              f"({1000 * planning / messages:5.0f} planning)  "
+              f"{' '.join(query.split())[:int(os.environ.get('BENCH_PG_STATEMENTS_WIDTH', '100'))]}")
 
 
 def _pg_counters(pg: Any) -> dict[str, int]:
