@@ -74,7 +74,8 @@ A scenario may name RMPolicy knobs for both sides after a ``~``, to measure a
 variant beside its base in the same rounds:
 ``--scenarios xa1,xa1~delivery_batch=10,memory~send_concurrency=1``; a ``store.NAME`` knob
 is an option of the store instead (``xa1~store.prepare_statements=false``), an ``env.NAME``
-knob an environment variable of the scenario's processes (``xa1~env.TXMANAGER_LAZY_BEGIN=0``).
+knob an environment variable of the scenario's processes (``xa1~env.TXMANAGER_LAZY_BEGIN=0``);
+``~server_threads=8`` serves the reliable service with 8 HTTP threads instead of 4.
 Several knobs in one variant are joined with ``+`` (``sqlite~send_concurrency=2+receive_batch=4``).
 
 ``BENCH_PG_STATEMENTS=1`` loads ``pg_stat_statements`` and lists, at the end,
@@ -118,6 +119,8 @@ BASES = ("plain", "plain8", "plainN", "outbox")
 #: named variants
 _ALIASES = {"xa2log": "xa2~store.commit_marks=false"}
 THREADS = 8
+#: variant knobs of this benchmark, not RMPolicy's: calling threads, the reliable service's HTTP threads
+_BENCH_KNOBS = ("clients", "server_threads")
 
 #: (scenario, baseline, aim) from issue 12: one calling thread
 AIMS = [("memory", "plain", 1.0), ("memory", "plain8", 0.7), ("sqlite", "plain", 0.8),
@@ -211,7 +214,7 @@ def _policy(retransmission_interval: float, scenario: str = "") -> Any:
     from wsrm_plugin.engine import RMPolicy
 
     knobs = {k: v for k, v in _variant(scenario)[1].items()
-             if not k.startswith(("store.", "env.")) and k != "clients"}
+             if not k.startswith(("store.", "env.")) and k not in _BENCH_KNOBS}
     return RMPolicy(soap_version="1.1", base_retransmission_interval=retransmission_interval, **knobs)
 
 
@@ -347,7 +350,7 @@ def server_role(args: argparse.Namespace) -> int:
         service = reliable_service(_application(), _store(store, args.scenario),
                                    _policy(args.retransmission_interval, args.scenario),
                                    tm=tm)
-        service.serve()
+        service.serve(threads=int(_variant(args.scenario)[1].get("server_threads", 4)))
         service.start()
         closers.insert(0, lambda: service.stop(timeout=5))
         if tm is not None:

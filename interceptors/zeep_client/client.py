@@ -202,6 +202,12 @@ class ReliableClient:
         self._keyed: list[ReliableClient] = []  # made by with_key(): stopped with this one
         self.recovery_interval = recovery_interval
         self._futures: dict[str, Future] = {}
+        #: In-out calls with no reply callback, by request message id: their operation.  Their
+        #: future is resolved as soon as the reply is recorded (:meth:`_reply_recorded`), not
+        #: when an invoker thread delivers it later.
+        self._resolve_on_receipt: dict[str, str] = {}
+        #: Requests whose future was resolved on receipt: their delivery has nothing more to do.
+        self._resolved_on_receipt: set[str] = set()
         self._targets: set[str] = set()
         self._lock = threading.Lock()
         self._started = False
@@ -216,6 +222,7 @@ class ReliableClient:
             engine, client_name=name, key=key, is_one_way=self.is_one_way, default_callback=callback,
             on_enqueued=self._enqueued, check=self._check_call)
         engine.source.fault_listeners.append(self._on_sequence_fault)
+        engine.destination.recorded_listeners.append(self._reply_recorded)
         self.chain = chain if chain is not None else InterceptorChain([], load_entry_points=False)
         self.chain.add(self.interceptor)
         self._unengaged = _own_copy(client)  # what with_key() engages a chain of its own on
@@ -267,7 +274,7 @@ class ReliableClient:
         if _callback is not None:
             import_callback(_callback)
         options = CallOptions(callback=_callback, user_context=_context, one_way=one_way,
-                              future=None if one_way else Future())
+                              future=None if one_way else Future(), operation=operation)
         token = current_call().set(options)
         try:
             getattr(self.zeep.service, operation)(*args, **kwargs)
@@ -341,6 +348,7 @@ class ReliableClient:
         for failed in fault.messages:
             with self._lock:
                 future = self._futures.pop(failed.message_id, None)
+                self._resolve_on_receipt.pop(failed.message_id, None)
             if future is not None and not future.done():
                 future.set_exception(error)
             if failed.reply_callback != DISPATCH_PATH:
@@ -396,13 +404,49 @@ class ReliableClient:
             self._targets.add(target)
             if options.future is not None:
                 self._futures[receipt.message_id] = options.future
+                if not (options.callback or self._callback) and options.operation:
+                    self._resolve_on_receipt[receipt.message_id] = options.operation
         gtx = self.tm.get_transaction() if self.tm is not None else None
         if gtx is not None and options.future is not None:
             gtx.register_synchronization(_ResolveOnRollback(options.future))
 
+    def _reply_recorded(self, envelope: bytes, addressing: Any) -> None:
+        """A message was recorded for delivery (the receiving thread, after its commit): if it is
+        the reply to a call of this client that has a future and no callback, resolve the future
+        now.  The reply is in the store already, exactly as when the invoker delivers it (which
+        then only consumes it): the caller does not wait for an invoker thread and its delivery
+        transaction.  A reply that cannot be read is left to that delivery, which reports it."""
+        request = addressing.relates_to
+        if request is None:
+            return
+        with self._lock:
+            operation = self._resolve_on_receipt.get(request)
+            future = self._futures.get(request)
+        if operation is None or future is None or future.done():
+            return
+        try:
+            result, fault = deserialize_reply(self.zeep, operation, envelope, self.engine.policy.max_message_size)
+        except Exception:  # noqa: BLE001 -- the delivery reads it again and reports what is wrong
+            return
+        with self._lock:
+            if self._futures.pop(request, None) is not future:
+                return  # delivered (or cancelled) meanwhile
+            self._resolve_on_receipt.pop(request, None)
+            self._resolved_on_receipt.add(request)
+        if fault is not None:
+            future.set_exception(fault)
+        else:
+            future.set_result(result)
+
     def _on_reply(self, envelope: bytes, context: Any, info: dict[str, Any]) -> None:
         """A reply arrived (invoker thread, inside the delivery transaction)."""
         operation = info["operation"]
+        if not info.get("callback"):
+            with self._lock:
+                if context.relates_to in self._resolved_on_receipt:
+                    self._resolved_on_receipt.discard(context.relates_to)
+                    return  # its future was resolved when it was recorded: nothing left to hand over
+                self._resolve_on_receipt.pop(context.relates_to, None)
         result, fault = deserialize_reply(self.zeep, operation, envelope, self.engine.policy.max_message_size)
         reply = ReliableReply(operation=operation, request_message_id=context.relates_to, envelope=envelope,
                               result=result, fault=fault, user_context=info.get("context"), context=context,
@@ -454,6 +498,8 @@ class ReliableClient:
             self._note_waiting_replies()
             if self._on_sequence_fault not in self.engine.source.fault_listeners:  # started again after stop()
                 self.engine.source.fault_listeners.append(self._on_sequence_fault)
+            if self._reply_recorded not in self.engine.destination.recorded_listeners:
+                self.engine.destination.recorded_listeners.append(self._reply_recorded)
             if self._owns_engine:
                 self.engine.start()
                 self._lifecycle.start_recovery(self.recovery_interval, self.lifecycle_report)
@@ -563,8 +609,12 @@ class ReliableClient:
         unregister_client(self.name, self)
         if self._on_sequence_fault in self.engine.source.fault_listeners:
             self.engine.source.fault_listeners.remove(self._on_sequence_fault)
+        if self._reply_recorded in self.engine.destination.recorded_listeners:
+            self.engine.destination.recorded_listeners.remove(self._reply_recorded)
         with self._lock:
             futures, self._futures = list(self._futures.values()), {}
+            self._resolve_on_receipt.clear()
+            self._resolved_on_receipt.clear()
         for future in futures:
             future.cancel()
         self._started = False

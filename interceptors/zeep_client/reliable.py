@@ -106,6 +106,8 @@ class CallOptions:
     future: Future | None = None
     receipt: SendReceipt | None = None
     one_way: bool | None = None
+    #: the WSDL operation called (its reply is read with that operation's output)
+    operation: str | None = None
 
 
 _call: contextvars.ContextVar[CallOptions | None] = contextvars.ContextVar("wsrm_reliable_call", default=None)

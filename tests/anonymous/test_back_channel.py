@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import threading
 
 from tests.engine.support import wait_for
 from wsrm_plugin.tools.proxy import LossyProxy
@@ -16,6 +17,28 @@ CALLBACK = "tests.anonymous.service:on_reply"
 def _store_empty(engine) -> bool:
     status = engine.store.status()
     return not status.rms and not status.rmd
+
+
+def test_a_future_resolves_once_its_reply_came_in_the_response_before_its_delivery(servers, clients,
+                                                                                  monkeypatch):
+    """The reply in the HTTP response is recorded, and its future resolved, in the sending thread;
+    the delivery (held here) consumes it afterwards, off the caller's path."""
+    rc = clients(servers().url)
+    delivering, release = threading.Event(), threading.Event()
+    on_reply = rc._on_reply
+
+    def held_delivery(*args, **kwargs):
+        delivering.set()
+        release.wait(30)
+        return on_reply(*args, **kwargs)
+
+    monkeypatch.setattr(rc, "_on_reply", held_delivery)
+    assert rc.service.echo("early").result(timeout=30) == "re:early"
+    assert wait_for(delivering.is_set)
+    assert rc.engine.store.status().buffered == 1
+    release.set()
+    assert wait_for(lambda: rc.engine.store.status().buffered == 0)
+    assert rc.pending_futures() == 0 and service.RAN["early"] == 1
 
 
 def test_in_out_calls_without_a_listener_get_their_replies_on_the_back_channel(servers, clients):

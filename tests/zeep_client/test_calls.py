@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import threading
 
 import pytest
 import zeep.exceptions
@@ -39,6 +40,30 @@ def test_in_out_returns_a_future_with_the_result(clients):
     assert all(isinstance(f, concurrent.futures.Future) for f in futures)
     assert [f.result(timeout=30) for f in futures] == [f"re:q{i}" for i in range(5)]
     assert rc.pending_futures() == 0
+
+
+def test_a_future_resolves_once_its_reply_is_recorded_without_waiting_for_its_delivery(clients, monkeypatch):
+    """The reply is in the store when the future resolves; its delivery (an invoker thread's
+    transaction) is no longer on the caller's path, and still consumes the reply afterwards
+    (the same without a listener: tests/anonymous/test_back_channel.py)."""
+    rc = clients(listen=("127.0.0.1", 0))
+    delivering = threading.Event()
+    release = threading.Event()
+    on_reply = rc._on_reply
+
+    def held_delivery(*args, **kwargs):
+        delivering.set()
+        release.wait(30)
+        return on_reply(*args, **kwargs)
+
+    monkeypatch.setattr(rc, "_on_reply", held_delivery)
+    future = rc.service.echo("early")
+    assert future.result(timeout=30) == "re:early"
+    assert wait_for(delivering.is_set)  # the delivery came after, and is held
+    assert rc.engine.store.status().buffered == 1  # recorded, not yet delivered
+    release.set()
+    assert wait_for(lambda: rc.engine.store.status().buffered == 0)
+    assert rc.pending_futures() == 0 and not rc._resolved_on_receipt
 
 
 def test_a_fault_is_raised_by_the_future(clients):

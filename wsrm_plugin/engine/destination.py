@@ -175,6 +175,11 @@ class Destination:
         self._turns_changed = threading.Condition()
         #: The last number each sequence took on receipt in this process (a bounded memory).
         self._taken_upto: OrderedDict[str, int] = OrderedDict()
+        #: Observers of every message recorded in the buffer for later delivery (not a duplicate,
+        #: not delivered on receipt), told after its commit with (envelope, addressing): it is
+        #: durable by then.  The reliable zeep client resolves a call's future there, off the
+        #: invoker's path; they must not raise, nor take long (the receiving thread runs them).
+        self.recorded_listeners: list[Callable[[bytes, AddressingHeaders], None]] = []
 
     def deliver_on_receive(self, invoker: InvokerWorker) -> None:
         """Hand each message that is next in order to ``invoker``'s application in its receive's
@@ -691,6 +696,11 @@ class Destination:
         else:
             slog.debug("accepted")
             self._wake_invoker()
+            for listener in self.recorded_listeners:
+                try:
+                    listener(item.envelope, item.addressing)
+                except Exception:  # noqa: BLE001 -- an observer must not fail the receive
+                    slog.exception("a recorded-message listener failed")
             if item.direct and self._direct is not None:
                 # it missed delivery on receipt (the one before it was buffered, or a gap): deliver
                 # the buffer up to it before answering, so that the next message finds itself next
