@@ -12,7 +12,7 @@ host lost its node).  Configuration from the environment:
 (seconds, default the policy's); ``HOLD_ITEM``: the delivery of that item
 stops once its orders branch is prepared (the mark not written), writes
 ``held-<pid>`` into ``MARK_DIR``, and goes on when ``MARK_DIR/release``
-appears.  Each process writes ``started-<pid>`` (its node) there.
+appears (only the first delivery of it, on any host).  Each process writes ``started-<pid>`` (its node) there.
 
 Test-only endpoints, served on the host's own address: ``/probe-commit``
 runs one XA transaction across both databases and ``/probe-decision``
@@ -57,6 +57,10 @@ def _checkpoint(point: str, index: int) -> None:
     """Hold the delivery of HOLD_ITEM with its orders branch prepared, until the test releases it."""
     if point == "prepared" and getattr(_holding, "item", None):
         _holding.item = None
+        try:  # only the first host to deliver it holds it: the one that redelivers it must not
+            os.close(os.open(MARK_DIR / "hold-taken", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
         _mark(f"held-{os.getpid()}", {"node": nodes.node, "pid": os.getpid()})
         while not (MARK_DIR / "release").exists():
             time.sleep(0.05)
