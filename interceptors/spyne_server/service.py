@@ -46,6 +46,7 @@ from spyne import Application
 
 from wsrm_plugin.engine import DeliveryAssurance, DeliveryContext, FailedDelivery, ReliableEngine, RMPolicy
 from wsrm_plugin.engine.transport import HttpServer
+from wsrm_plugin.health import HealthRoutes, NodeHealth
 from wsrm_plugin.lifecycle import LifecycleListener, LifecycleReport, check_recovery_interval
 from wsrm_plugin.store import StorageManager
 
@@ -99,7 +100,10 @@ class ReliableService:
     ``wsgi_app`` is a WSGI application (so is the service itself); serve it
     with anything, or with :meth:`serve`.  The engine's workers run between
     :meth:`start` and :meth:`stop`; messages received while they are stopped
-    wait in the store.  ``endpoint_address`` is this service's public URL (the
+    wait in the store.  ``wsgi_app`` also answers ``GET {health_path}/live`` and
+    ``/ready`` (:mod:`wsrm_plugin.health`; ``health_path=None``: not served;
+    ``max_poison``: poison messages beyond which it is not ready).
+    ``endpoint_address`` is this service's public URL (the
     AcksTo of the reply sequences it opens); by default the URL :meth:`serve`
     listens on, else the first request's URL.  ``recovery_interval`` (seconds,
     with a ``tm``) runs the transaction manager's recovery in the background
@@ -113,7 +117,8 @@ class ReliableService:
                  chain: InterceptorChain | None = None, endpoint_address: str | None = None,
                  on_delivery_failure: Callable[[FailedDelivery], None] | None = None,
                  publish_policy: RMPolicyAssertion | bool = True, name: str = "wsrm-server",
-                 recovery_interval: float | None = None) -> None:
+                 recovery_interval: float | None = None, health_path: str | None = "/healthz",
+                 max_poison: int | None = None) -> None:
         check_recovery_interval(recovery_interval, tm)
         self.policy = policy or RMPolicy()
         self.recovery_interval = recovery_interval
@@ -128,9 +133,13 @@ class ReliableService:
         self.chain.add(self.interceptor)
         if publish_policy is True:
             publish_policy = policy_assertion(self.policy)
-        self.wsgi_app: ChainMiddleware = engage(application, self.chain, rm_policy=publish_policy,
-                                                max_message_size=self.policy.max_message_size)
-        self._deliver = ChainDeliverer(self.wsgi_app, self.interceptor)
+        self.chain_app: ChainMiddleware = engage(application, self.chain, rm_policy=publish_policy,
+                                                 max_message_size=self.policy.max_message_size)
+        self._deliver = ChainDeliverer(self.chain_app, self.interceptor)
+        #: liveness and readiness (:mod:`wsrm_plugin.health`), served at ``health_path`` + /live, /ready
+        self.health = NodeHealth(self.engine, lambda: self.lifecycle_report is not None, max_poison=max_poison)
+        self.wsgi_app: Callable[..., Iterable[bytes]] = (
+            HealthRoutes(self.chain_app, self.health, health_path) if health_path else self.chain_app)
         self._servers: list[HttpServer] = []
         self._lifecycle = LifecycleListener(self.engine, tm=tm, active_keys=None, hooks=self.chain.plugins.hook)
 

@@ -79,6 +79,7 @@ from zeep.proxy import ServiceProxy
 from interceptors.chain import InterceptorChain
 from interceptors.zeep_client.adapter import engage_client
 from interceptors.zeep_client.aio import AsyncReliableClient, is_async_client, sync_twin
+from interceptors.zeep_client.health import ClientHealth, client_health
 from interceptors.zeep_client.httpx_transport import HttpxTransport
 from interceptors.zeep_client.session import ZeepSessionTransport
 from interceptors.zeep_client.wsdl_policy import policy_from_wsdl
@@ -565,6 +566,11 @@ class ReliableClient:
             if seq.state == "faulted":
                 faulted[name] = seq.fault_reason or "faulted"
         return left, faulted
+
+    def health(self, *, max_unacknowledged: int | None = None, max_age: float | None = None) -> ClientHealth:
+        """Is this client keeping up?  Unacknowledged calls, the oldest's age, faulted sequences...
+        (:mod:`~interceptors.zeep_client.health`; reads the store)."""
+        return client_health(self, max_unacknowledged=max_unacknowledged, max_age=max_age)
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every message this client enqueued is acknowledged by the service.

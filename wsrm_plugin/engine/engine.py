@@ -80,6 +80,12 @@ class EngineStatus:
     #: Of ``delivered``, messages handed over in the transaction that received them
     #: (``RMPolicy.deliver_on_receive``); the others went through the invoker buffer.
     delivered_on_receipt: int = 0
+    #: Delivery is paused (the application's outage, see the invoker's pause): since when (epoch
+    #: seconds), why, and how many messages wait meanwhile.
+    paused: bool = False
+    paused_since: float | None = None
+    pause_error: str | None = None
+    waiting: int = 0
 
 
 _frozen = False
@@ -239,6 +245,11 @@ class ReliableEngine:
             worker.start()
         self.invoker.running = True
         return self
+
+    @property
+    def workers(self) -> tuple[Worker, ...]:
+        """The engine's worker threads (the sender, the acknowledger, the invokers): for health checks."""
+        return tuple(self._workers)
 
     @property
     def started(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 __all__ = ["Worker"]
@@ -30,6 +31,9 @@ class Worker:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.errors = 0
+        #: When (``time.monotonic()``) the step under way started; None between steps.  A step
+        #: that never ends (a deadlock, a hung peer without a timeout) is what liveness looks for.
+        self.busy_since: float | None = None
 
     @property
     def running(self) -> bool:
@@ -62,11 +66,13 @@ class Worker:
     def _run(self) -> None:
         while not self._stopping.is_set():
             self._wakeup.clear()
+            self.busy_since = time.monotonic()
             try:
                 busy = self._step()
             except Exception:  # noqa: BLE001 -- log, wait, try again: the state is in the store
                 self.errors += 1
                 log.exception("worker %s: step failed; retrying in %.2fs", self.name, self.interval)
                 busy = False
+            self.busy_since = None
             if not busy and not self._stopping.is_set():
                 self._wakeup.wait(self.interval)

@@ -193,6 +193,12 @@ class RmsMessageManager(_Manager, ABC):
     def count_unacked(self, sequence_key: str | None = None) -> int:
         """Unacknowledged messages of one sequence or of all (no lock)."""
 
+    def oldest_unacked(self, sequence_key: str) -> float | None:
+        """When the sequence's oldest unacknowledged message was enqueued (epoch seconds); None
+        when every message is acknowledged.  (No lock: a health check's question.)"""
+        times = [m.created_at for m in self.list_for(sequence_key) if not m.acked]
+        return min(times) if times else None
+
     def has_unacked(self, sequence_key: str) -> bool:
         """Does the sequence still have an unacknowledged message?  (No lock.)
 

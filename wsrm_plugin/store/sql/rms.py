@@ -343,6 +343,11 @@ class _RmsMessages(api.RmsMessageManager):
                                (sequence_key,))
         return int(row[0])
 
+    def oldest_unacked(self, sequence_key: str) -> float | None:
+        row = self._tx.one("SELECT MIN(created_at) FROM rms_message WHERE seq_key = ? AND NOT acked",
+                           (sequence_key,))
+        return None if row is None or row[0] is None else float(row[0])
+
     def has_unacked(self, sequence_key: str) -> bool:
         return self._tx.one("SELECT 1 FROM rms_message WHERE seq_key = ? AND NOT acked LIMIT 1",
                             (sequence_key,)) is not None
