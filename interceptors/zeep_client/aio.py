@@ -37,67 +37,17 @@ it as it always does::
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
-import queue
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from interceptors.aio_bridge import Lane
 from interceptors.zeep_client.errors import TransactionNotJoined
 
-__all__ = ["AsyncReliableClient", "Lane", "is_async_client", "sync_twin"]
+__all__ = ["AsyncReliableClient", "is_async_client", "sync_twin"]
 
 log = logging.getLogger(__name__)
-
-_STOP = object()
-
-
-class Lane:
-    """One thread running submitted functions in order; results go back to their event loops.
-
-    ``submit`` never blocks (a put in an unbounded queue): the loop's only
-    work for a call.  The caller's context variables go along (an
-    OpenTelemetry span current in the task is the parent of what the call
-    does in the lane).
-    """
-
-    def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._queue.put((contextvars.copy_context(), fn, args, loop, future))
-        return future
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            context, fn, args, loop, future = item
-            try:
-                result, error = context.run(fn, *args), None
-            except BaseException as exc:  # noqa: BLE001 -- handed to the awaiting task
-                result, error = None, exc
-            try:
-                loop.call_soon_threadsafe(_settle, future, result, error)
-            except RuntimeError:  # the loop is closed: nobody awaits the answer any more
-                log.debug("a reliable call finished after its event loop closed")
-
-    def close(self, timeout: float = 10.0) -> None:
-        """Finish what was submitted, then end the thread."""
-        self._queue.put(_STOP)
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
 
 
 def is_async_client(client: Any) -> bool:
@@ -127,15 +77,6 @@ def sync_twin(client: Any) -> Any:
     twin.transport = SyncTwinTransport(client.transport)
     twin._default_service = None  # bound again, on the twin: a synchronous ServiceProxy
     return twin
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.cancelled():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
 
 
 def _refuse_loop_transaction() -> None:
