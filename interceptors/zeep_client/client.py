@@ -685,7 +685,7 @@ def reliable_client(client: zeep.Client, store: str | StorageManager = "memory:"
     """Make every call of ``client`` reliable (see the module docstring); returns the started client.
 
     A ``zeep.AsyncClient`` gives an :class:`~interceptors.zeep_client.aio.AsyncReliableClient`,
-    whose calls are awaited (same engine, store and policy; see :mod:`.aio`); the engine
+    whose calls are awaited (same engine, store and policy; see :mod:`interceptors.zeep_client.aio`); the engine
     then sends through the ``AsyncTransport``'s synchronous ``wsdl_client``
     (:mod:`.httpx_transport`).  Inside a running event loop, pass ``start=False`` and
     ``await rc.start()`` (or ``async with rc``): starting reads the store.
