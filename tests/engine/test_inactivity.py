@@ -117,3 +117,30 @@ def test_fault_without_hook_keeps_the_messages_and_logs_an_error(engines, caplog
     assert client.status().faulted_sequences == 1
     # reported once, not on every round
     assert sum(1 for r in caplog.records if "no on_sequence_fault hook" in r.getMessage()) == 1
+
+
+def test_a_destination_does_not_count_its_own_downtime_as_the_sources_silence(engines, store_for):
+    """Restarted after a stop longer than the inactivity timeout, a destination keeps its sequences:
+    its timer runs from its start, so the sources' retransmissions find them still open."""
+    from wsrm_plugin.store import open_store
+
+    store = store_for("sqlite", "server")
+    policy = fast_policy(inactivity_timeout=INACTIVITY)
+    received = Recorder()
+    first = engines(store, policy, serve=True, application=received, name="server")
+    client = engines("memory:", policy, name="client")
+    client.send(first.endpoint_address, payload("m0"), action=ACTION)
+    assert wait_for(lambda: received.snapshot() == ["m0"])
+    first.stop()
+    with open_store(store) as stopped, stopped.begin() as tx:  # as after a stop of 10 timeouts
+        [seq] = tx.rmd.list_all()
+        tx.rmd.update(seq.sequence_id, last_activity=time.time() - 10 * INACTIVITY)
+
+    again = engines(store, policy, application=received, name="server-again")
+    started = time.monotonic()
+    time.sleep(1.5)  # more than one housekeeping round
+    [kept] = again.store.status().rmd
+    assert kept.state == "receiving"
+    # it still ends when the source really stays silent, counted from the restart
+    assert wait_for(lambda: again.store.status().rmd[0].state != "receiving", timeout=30)
+    assert time.monotonic() - started >= INACTIVITY - 0.1

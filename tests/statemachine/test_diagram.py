@@ -18,7 +18,7 @@ import pytest
 from wsrm_plugin.statemachine import InvalidTransition, Reason, Transition
 from wsrm_plugin.statemachine.diagram import Machine, edges, machine, to_dot
 
-NAMES = ("rms", "rmd", "invoker")
+NAMES = ("rms", "rmd", "invoker", "peer")
 
 
 @pytest.mark.parametrize("name", NAMES)

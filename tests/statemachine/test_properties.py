@@ -12,6 +12,8 @@ from wsrm_plugin.statemachine import (
     InvokerDuty,
     InvokerEvent,
     InvokerState,
+    PeerEvent,
+    PeerState,
     Reason,
     RMDAction,
     RMDEvent,
@@ -21,6 +23,7 @@ from wsrm_plugin.statemachine import (
     RMSState,
     invoker_duties,
     invoker_transition,
+    peer_transition,
     rmd_receive,
     rmd_transition,
     rms_acknowledge,
@@ -28,12 +31,13 @@ from wsrm_plugin.statemachine import (
     rms_transition,
 )
 
-from . import test_invoker, test_rmd, test_rms
+from . import test_invoker, test_peer, test_rmd, test_rms
 
 MACHINES = [
     (RMSState, rms_transition, RMSEvent, [RMSState.initial(), RMSState.initial(offered=True)], test_rms.VALID),
     (RMDState, rmd_transition, RMDEvent, [RMDState.initial()], test_rmd.VALID),
     (InvokerState, invoker_transition, InvokerEvent, [InvokerState.initial()], test_invoker.VALID),
+    (PeerState, peer_transition, PeerEvent, [PeerState.initial()], test_peer.VALID),
 ]
 
 

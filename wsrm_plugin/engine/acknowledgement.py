@@ -8,6 +8,10 @@ retransmission worker piggybacks it on a message going to that address when
 there is one, and this worker sends whatever is still owed when it falls due
 as a SequenceAcknowledgement message of its own.
 
+An AcksTo the retransmission worker's breaker judged unreachable
+(:mod:`.reachability`) gets its acknowledgements held, or sent as its probe,
+like the messages to it.
+
 Housekeeping also lives here: a sequence with no activity for the
 inactivity timeout (or past its Expires) is ended, and a terminated sequence
 is deleted once the invoker has nothing left to deliver from it.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from ..statemachine import RMDDuty, rmd_duties
 from ..store import StorageManager
@@ -28,6 +33,7 @@ from .envelopes import protocol_message
 from .inbound import Inbound
 from .logs import for_sequence
 from .policy import RMPolicy
+from .reachability import Gate, Reachability, failure_of, retry_after_of
 from .source import Source, rm_version_of
 from .transport import Transport, TransportError
 
@@ -42,7 +48,8 @@ class AcknowledgementWorker:
     """One round of the RMD worker: ``step()`` (run by a :class:`~.workers.Worker`)."""
 
     def __init__(self, store: StorageManager, policy: RMPolicy, destination: Destination, inbound: Inbound,
-                 transport: Transport, *, source: Source, housekeeping_interval: float = 1.0) -> None:
+                 transport: Transport, *, source: Source, housekeeping_interval: float = 1.0,
+                 reachability: Reachability | None = None) -> None:
         self.store = store
         self.source = source
         self.policy = policy
@@ -50,6 +57,10 @@ class AcknowledgementWorker:
         self.inbound = inbound
         self.transport = transport
         self.housekeeping_interval = housekeeping_interval
+        self.reachability = reachability or Reachability(policy)
+        #: Inactivity is counted from here at the earliest: the time this process was not running
+        #: is no silence of the peer's (see _housekeeping).
+        self.started_at = time.time()
         self._next_housekeeping = 0.0
         self.acks_sent = 0
         self.released = 0
@@ -87,14 +98,27 @@ class AcknowledgementWorker:
         action = rm.sequence_acknowledgement_action
         data = protocol_message(soap, wsa, to=seq.acks_to, action=action, headers=[ack.to_xml(rm, soap)])
         slog = for_sequence(log, seq.sequence_id)
+        gate = self.reachability.gate(seq.acks_to)
+        if gate is Gate.WAIT:  # sent when the peer answers again (or as a later probe)
+            self._again(seq, now + self.reachability.hold_seconds())
+            return
+        probe = gate is Gate.PROBE
         try:
             response = self.transport.send(seq.acks_to, data, soap.http_headers(action))
         except TransportError as exc:
-            slog.info("acknowledgement to %s not delivered (will retry): %s", seq.acks_to, exc)
-            with self.store.begin() as tx:
-                if tx.rmd.get(seq.sequence_id) is not None:
-                    tx.rmd.update(seq.sequence_id, ack_due_at=now + self.policy.base_retransmission_interval)
+            self.reachability.failed(seq.acks_to, str(exc), probe=probe)
+            level = logging.INFO if self.reachability.sending(seq.acks_to) else logging.DEBUG
+            slog.log(level, "acknowledgement to %s not delivered (will retry): %s", seq.acks_to, exc)
+            self._again(seq, now + self.policy.base_retransmission_interval)
             return
+        failure = failure_of(response)
+        if failure is not None:  # a gateway's 502, a 503: not delivered either
+            self.reachability.failed(seq.acks_to, failure, probe=probe, retry_after=retry_after_of(response))
+            level = logging.INFO if self.reachability.sending(seq.acks_to) else logging.DEBUG
+            slog.log(level, "acknowledgement to %s not delivered (will retry): %s", seq.acks_to, failure)
+            self._again(seq, now + self.policy.base_retransmission_interval)
+            return
+        self.reachability.answered(seq.acks_to)
         self.acks_sent += 1
         if response.body and response.is_xml:
             self.inbound.read_response(response.body, origin=f"{response.describe(seq.acks_to)} to an acknowledgement")
@@ -103,15 +127,26 @@ class AcknowledgementWorker:
         self.destination.ack_delivered(seq)
         slog.debug("acknowledged %s to %s", ack.ranges, seq.acks_to)
 
+    def _again(self, seq: Any, at: float) -> None:
+        with self.store.begin() as tx:
+            if tx.rmd.get(seq.sequence_id) is not None:
+                tx.rmd.update(seq.sequence_id, ack_due_at=at)
+
     def _housekeeping(self, now: float) -> bool:
         with self.store.begin() as tx:
             sequences = tx.rmd.list_all()
         worked = False
         timeout = self.policy.inactivity_timeout
         for seq in sequences:
+            # A destination that was down itself (stopped, crashed, its host rebooted) heard
+            # nothing because it was not there: counting that as the source's silence would end
+            # every sequence at its restart after a stop longer than the timeout, and each
+            # source would find its sequence gone (faulted, its messages waiting for an operator).
+            # So the timer runs from this process's start at the earliest.
+            last_activity = max(seq.last_activity, self.started_at)
             if RMDDuty.RELEASE in rmd_duties(rmd_state(seq)):
                 worked = self._release(seq.sequence_id) or worked
-            elif (timeout is not None and seq.last_activity + timeout <= now) or \
+            elif (timeout is not None and last_activity + timeout <= now) or \
                     (seq.expires is not None and seq.expires <= now):
                 worked = self.destination.expire(seq.sequence_id) or worked
         return worked

@@ -35,6 +35,7 @@ from .destination import Destination
 from .inbound import Inbound
 from .invoker import Application, FailedDelivery, InvokerWorker
 from .policy import RMPolicy
+from .reachability import UnreachablePeer
 from .resend import ResendResult, resend_faulted
 from .retransmission import RetransmissionWorker
 from .source import SendReceipt, SequenceFault, Source
@@ -86,6 +87,12 @@ class EngineStatus:
     paused_since: float | None = None
     pause_error: str | None = None
     waiting: int = 0
+    #: Peers this process judged unreachable and holds messages for (since, last error,
+    #: probes, next probe): one probe at a time goes to each (``RMPolicy.peer_unreachable_after``).
+    unreachable_peers: tuple[UnreachablePeer, ...] = ()
+    #: Probes sent to unreachable peers, and times a peer became unreachable, by this process.
+    probes_sent: int = 0
+    peer_outages: int = 0
 
 
 _frozen = False
@@ -163,9 +170,10 @@ class ReliableEngine:
         self.back_channel = BackChannel(self.store, policy, self.destination)
         self.inbound = Inbound(self.source, self.destination, policy, self.back_channel, answers=answers)
         self.retransmission = RetransmissionWorker(self.store, policy, self.source, self.destination,
-                                                   self.inbound, self.transport)
+                                                   self.inbound, self.transport, on_reachable=self._peer_is_back)
         self.acknowledgement = AcknowledgementWorker(self.store, policy, self.destination, self.inbound,
-                                                     self.transport, source=self.source)
+                                                     self.transport, source=self.source,
+                                                     reachability=self.retransmission.reachability)
         self.invoker = InvokerWorker(self.store, policy, source=self.source, ambient=self._ambient,
                                      application=application, tm=tm, on_failure=on_delivery_failure,
                                      after_commit=self._wake_sender,
@@ -190,6 +198,10 @@ class ReliableEngine:
 
     def _wake_release(self) -> None:
         self.acknowledgement.request_housekeeping()
+        self._workers[1].wake()
+
+    def _peer_is_back(self, address: str) -> None:
+        self._workers[0].wake()  # its next round sends what was held for the peer
         self._workers[1].wake()
 
     def _wake_invoker(self) -> None:
@@ -313,7 +325,10 @@ class ReliableEngine:
             by_state=store.by_state(), control_retries=self.retransmission.control_retries,
             refused_for_budget=self.destination.refused_for_budget,
             discarded_out_of_order=self.destination.discarded_out_of_order,
-            delivered_on_receipt=self.destination.delivered_on_receipt)
+            delivered_on_receipt=self.destination.delivered_on_receipt,
+            unreachable_peers=self.retransmission.reachability.unreachable(),
+            probes_sent=self.retransmission.reachability.probes_sent,
+            peer_outages=self.retransmission.reachability.outages)
 
     # -- the poison store (see wsrm_plugin.poison) ---------------------------------------------
 

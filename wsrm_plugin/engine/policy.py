@@ -132,6 +132,28 @@ class RMPolicy:
         None, Count(0, none="retry for ever"),
         "retransmissions per message before the sequence is faulted and the application told; None: for ever",
         wcf="`maxRetryCount`")
+    #: A peer whose exchanges fail in a row this many times, the way a down peer fails
+    #: (connection refused or reset, a timeout, a gateway's 502/503/504, a 429), over at least
+    #: ``base_retransmission_interval`` seconds without an answer between them, is
+    #: *unreachable*: its messages wait, neither sent nor counted against ``max_retries``,
+    #: while one request at a time (the probe) goes to it on a capped, jittered back-off; its
+    #: first answer makes everything due at once (:mod:`wsrm_plugin.engine.reachability`).
+    #: Without it every message is retransmitted on its own timer during an outage: thousands
+    #: of requests a minute for a backlog, all failing the same way.  None: no such judgement.
+    peer_unreachable_after: int | None = knob(
+        3, Count(1, none="never: every message on its own timer"),
+        "failed exchanges in a row (refused, reset, timed out, 502/503/504/429), over at least the base "
+        "interval, that make a peer unreachable: its messages then wait, unsent and uncounted, while one probe "
+        "at a time goes to it; its first answer sends everything at once",
+        cxf="— (each message on its own)", wcf="— (each session on its own)")
+    #: The cap of the probe's back-off (which starts at ``base_retransmission_interval``, doubles
+    #: per failed probe with ``exponential_backoff``, and is jittered to 50-100% of its value): a
+    #: peer that comes back is found within this many seconds.  None: ``max_retransmission_interval``.
+    max_probe_interval: float | None = knob(
+        None, Seconds(none="`max_retransmission_interval`"),
+        "the cap of the back-off between probes of an unreachable peer (jittered to 50-100%): a peer "
+        "that comes back is found within it; None: `max_retransmission_interval`",
+        cxf="—", wcf="—")
     #: TerminateSequence goes out at most this many times, then the sequence is released
     #: anyway: it is only sent once every message is acknowledged, so a destination that
     #: never answers it (gone, or answering something else) must not keep it for ever.
@@ -402,6 +424,7 @@ class RMPolicy:
         check_fields(self)
         # the rules between fields: a cap below its floor, a budget a single message cannot fit
         for cap, floor in (("max_retransmission_interval", "base_retransmission_interval"),
+                           ("probe_interval_cap", "base_retransmission_interval"),
                            ("max_delivery_retry_delay", "delivery_retry_delay")):
             if getattr(self, cap) < getattr(self, floor):
                 raise ValueError(f"{cap} must be >= {floor}")
@@ -444,6 +467,11 @@ class RMPolicy:
             return self.base_retransmission_interval
         exponent = min(attempts - 1, 30)  # 2**30 intervals is beyond any cap
         return min(self.base_retransmission_interval * 2 ** exponent, self.max_retransmission_interval)
+
+    @property
+    def probe_interval_cap(self) -> float:
+        """``max_probe_interval``, its None resolved: the longest wait between two probes."""
+        return self.max_retransmission_interval if self.max_probe_interval is None else self.max_probe_interval
 
     def retries_exhausted(self, attempts: int) -> bool:
         """True when ``attempts`` transmissions already used up the retry budget."""

@@ -13,6 +13,10 @@ Each round has two parts, both driven only by what the store says:
   next round, not when their timers fire, and a sequence whose peer discards
   out-of-order messages is sent in order, one message at a time.
 
+Before either, a peer judged unreachable (:mod:`.reachability`) gets one
+probe and nothing else: its other messages are held, unsent and uncounted,
+until it answers.
+
 The rule that keeps this safe: no store transaction is held across a network
 call.  A round records what it is about to send and commits; the send
 happens outside; the answer is applied in a new transaction.  A crash or a
@@ -26,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -34,7 +39,7 @@ from typing import Any
 from lxml import etree
 
 from ..statemachine import AckRanges, RMSDuty, rms_duties
-from ..store import RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreError
+from ..store import RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreError, UnknownSequenceError
 from ..wire import (
     RM10, AckRequested, CloseSequence, CloseSequenceResponse, CreateSequence, CreateSequenceResponse,
     EndpointReference, Offer, SequenceAcknowledgement, SequenceHeader, SoapFault, SoapVersion,
@@ -48,6 +53,7 @@ from .inbound import Inbound, ResponseContent
 from .logs import for_sequence
 from .pacing import Exchange, RttEstimator, SequenceFlow
 from .policy import AckRequestMode, RMPolicy
+from .reachability import Gate, Reachability, failure_of, retry_after_of
 from .source import AT_ONCE, CREATE_REFUSED, NEVER, PendingAcks, SequenceKey, Source, is_back_channel, rm_version_of
 from ..store.api.states import rms_life, rms_state
 from .transport import Response, Transport, TransportError
@@ -78,6 +84,8 @@ class _Planned:
     sequence: RmsSequence
     request_ack: bool = False
     piggyback: list[RmdSequence] = field(default_factory=list)
+    #: The one request the peer's breaker let through while it is unreachable.
+    probe: bool = False
 
 
 def _chains(plan: list[_Planned]) -> list[list[list[_Planned]]]:
@@ -164,7 +172,8 @@ class RetransmissionWorker:
     """One round of the RMS worker: ``step()`` (run by a :class:`~.workers.Worker`)."""
 
     def __init__(self, store: StorageManager, policy: RMPolicy, source: Source, destination: Destination,
-                 inbound: Inbound, transport: Transport) -> None:
+                 inbound: Inbound, transport: Transport, *,
+                 on_reachable: Callable[[str], None] | None = None) -> None:
         self.store = store
         self.policy = policy
         self.source = source
@@ -193,13 +202,120 @@ class RetransmissionWorker:
         self._again: dict[tuple[str, int], str] = {}
         self.fast_retransmits = 0
         self.loss_probes = 0
+        #: Whether each peer can be reached; ``on_reachable(address)`` hears when one is back.
+        self.reachability = Reachability(policy, on_reachable=self._peer_is_back)
+        self._on_reachable = on_reachable
+        self._back: deque[str] = deque()
+        #: Messages held for unreachable peers (not sent, parked in the store) since the start.
+        self.held = 0
 
     def step(self) -> bool:
         now = time.time()
+        released = self._release_held()
+        probed = self._probe(now)
         controlled = self._control(now)
         sent = self._transmit(now)
         kept = self._keep_alive(time.time())
-        return controlled or sent or kept
+        return released or probed or controlled or sent or kept
+
+    # -- unreachable peers (see .reachability) ----------------------------------------------------
+
+    def _peer_is_back(self, address: str) -> None:
+        self._back.append(address)
+        if self._on_reachable is not None:
+            self._on_reachable(address)
+
+    def _release_held(self) -> bool:
+        """Everything held for a peer that answered again is due at once, control messages too."""
+        released = False
+        while self._back:
+            address = self._back.popleft()
+            held = self.reachability.take_held(address)
+            now = time.time()
+            with self.store.begin() as tx:
+                owing = {seq.key for seq in tx.rms.list_all() if seq.target == address
+                         and seq.next_control_at is not None and seq.next_control_at > now}
+                for key in sorted(owing | set(held)):  # rows in key order, as _make_due takes them
+                    try:
+                        if key in held:
+                            tx.rms_messages.make_due(key, held[key], at=AT_ONCE)
+                        if key in owing:
+                            tx.rms.update(key, next_control_at=now)
+                    except UnknownSequenceError:
+                        continue  # released meanwhile
+            with self.store.begin() as tx:  # its own transaction: RMD rows before RMS ones, never after
+                for rmd in tx.rmd.list_all():  # acknowledgements held for it (the RMD worker's)
+                    if rmd.acks_to == address and rmd.ack_due_at is not None and rmd.ack_due_at > now:
+                        tx.rmd.update(rmd.sequence_id, ack_due_at=now)
+            released = True
+        return released
+
+    def _probe(self, now: float) -> bool:
+        """For each unreachable peer whose back-off ended, one request (a message that falls due
+        goes as the probe by itself; this finds one when none does):
+
+        * an AckRequested on a sequence the peer has not heard of for the keep-alive time: a
+          peer that turns messages away (503: its budget is full) may still count it as the
+          sequence's activity, which keeps the sequence from ending for inactivity;
+        * else the lowest held message: it is delivered if the peer is back;
+        * else a control message a sequence owes the peer (CreateSequence, Close, Terminate).
+        """
+        sent = False
+        for address in self.reachability.probes_due():
+            with self.store.begin() as tx:
+                mine = [seq for seq in tx.rms.list_all()
+                        if seq.target == address and not (seq.faulted or seq.terminate_sent)]
+                silent = [seq for seq in mine if seq.started and seq.sequence_id is not None
+                          and max(seq.last_activity, self._exchanged.get(seq.key, 0.0)) + self.keep_alive_after <= now
+                          and tx.rms_messages.has_unacked(seq.key)]
+            owing = [seq.key for seq in mine if seq.next_control_at is not None]
+            held = self.reachability.held_messages(address)
+            if silent:
+                if self.reachability.gate(address) is Gate.PROBE:
+                    self._send_ack_requested(silent[0], probe=True)
+                    sent = True
+            elif held and self._probe_with_message(address, *held[0], now):
+                sent = True
+            elif owing:
+                with self.store.begin() as tx:
+                    if tx.rms.get(owing[0]) is not None:
+                        tx.rms.update(owing[0], next_control_at=now)
+                sent = self._control_one(owing[0], now) or sent
+            else:
+                self.reachability.defer_probe(address)  # nothing to probe with yet: look again soon
+        return sent
+
+    def _probe_with_message(self, address: str, key: str, number: int, now: float) -> bool:
+        """Send message ``number`` of sequence ``key`` as the probe; False when it cannot be."""
+        if self.reachability.gate(address) is not Gate.PROBE:
+            return False
+        item = None
+        with self.store.begin(durable=False) as tx:
+            seq = tx.rms.get(key)
+            msg = tx.rms_messages.get(key, number) if seq is not None else None
+            if seq is not None and msg is not None and not msg.acked and seq.started and not seq.faulted \
+                    and seq.sequence_id is not None:
+                if msg.send_count and self.policy.retries_exhausted(msg.send_count):
+                    self.source.fault_in(tx, seq, f"message {number} unacknowledged after {msg.send_count} "
+                                                  "transmissions")
+                else:
+                    tx.rms_messages.record_send_attempt(
+                        key, number, next_send_at=now + self.reachability.hold_seconds(), now=now)
+                    item = _Planned(msg, seq, request_ack=self.policy.ack_request is not AckRequestMode.NEVER,
+                                    probe=True)
+        if item is None:
+            self.reachability.abandon_probe(address)
+            return False
+        exchange = self._send_or_hold(item)
+        if exchange is not None:
+            self._settle([(item, exchange)])
+        return True
+
+    def _hold(self, tx: Any, seq: RmsSequence, numbers: list[int], now: float) -> None:
+        """Park messages of an unreachable peer: unsent, and not due again before the probe cap."""
+        tx.rms_messages.make_due(seq.key, numbers, at=now + self.reachability.hold_seconds())
+        self.reachability.held(seq.target, seq.key, numbers)
+        self._bump(held=len(numbers))
 
     # -- keep-alive -----------------------------------------------------------------------------
 
@@ -230,6 +346,7 @@ class RetransmissionWorker:
             live = {seq.key for seq in sequences}
             for key in set(self._exchanged) - live:
                 self._exchanged.pop(key, None)  # released sequences
+            self.reachability.forget({key for key in self.reachability.held_keys() if key not in live})
             with self._pacing_lock:
                 for key in set(self._flows) - live:
                     self._flows.pop(key, None)
@@ -239,14 +356,20 @@ class RetransmissionWorker:
                 last = max(seq.last_activity, self._exchanged.get(seq.key, 0.0))
                 if last + after <= now and tx.rms_messages.has_unacked(seq.key):
                     idle.append(seq)
+        sent = False
         for seq in idle:
-            self._send_ack_requested(seq)
-        return bool(idle)
+            # To an unreachable peer a keep-alive goes only as its probe: a peer whose store turns
+            # messages away (503) may still count an AckRequested as the sequence's activity.
+            gate = self.reachability.gate(seq.target)
+            if gate is not Gate.WAIT:
+                self._send_ack_requested(seq, probe=gate is Gate.PROBE)
+                sent = True
+        return sent
 
     def _exchanged_with(self, key: str) -> None:
         self._exchanged[key] = time.time()
 
-    def _send_ack_requested(self, seq: RmsSequence) -> None:
+    def _send_ack_requested(self, seq: RmsSequence, probe: bool = False) -> None:
         rm = rm_version_of(seq)
         soap, wsa = self._soap_wsa(seq)
         action = rm.ack_requested_action
@@ -257,8 +380,10 @@ class RetransmissionWorker:
             response = self.transport.send(seq.target, data, soap.http_headers(action))
         except TransportError as exc:
             self.send_failures += 1
+            self.reachability.failed(seq.target, str(exc), probe=probe)
             slog.info("keep-alive AckRequested not delivered (will retry): %s", exc)
             return
+        self._heard(seq.target, response, probe)
         self.keep_alives_sent += 1
         if 200 <= response.status < 300:
             self._exchanged_with(seq.key)
@@ -282,8 +407,13 @@ class RetransmissionWorker:
             origin = f"{response.describe(seq.target)} to {what}"
             return self.inbound.read_response(response.body, origin=origin, **kwargs)
         if not 200 <= response.status < 300:
-            for_sequence(log, seq.sequence_id, number, key=seq.key).warning(
-                "%s answered with %s; treating it as lost (will retry)", what, response.describe(seq.target))
+            # An unavailable peer's answers (502, 503...) say so at INFO until its breaker judges
+            # it unreachable, which it reports once (WARNING), then at DEBUG: not once per request.
+            level = logging.WARNING
+            if failure_of(response) is not None:
+                level = logging.INFO if self.reachability.sending(seq.target) else logging.DEBUG
+            for_sequence(log, seq.sequence_id, number, key=seq.key).log(
+                level, "%s answered with %s; treating it as lost (will retry)", what, response.describe(seq.target))
         elif response.body:
             for_sequence(log, seq.sequence_id, number, key=seq.key).warning(
                 "%s answered with %s, which is no SOAP envelope; ignored", what, response.describe(seq.target))
@@ -317,6 +447,7 @@ class RetransmissionWorker:
             if action is None:  # messages in flight, or an open sequence: acks and close() set the next time
                 tx.rms.update(key, next_control_at=None)
                 return False
+            probe = False
             if action != "release":
                 attempts = seq.control_attempts
                 if policy.retries_exhausted(attempts) or \
@@ -329,6 +460,11 @@ class RetransmissionWorker:
                         self.source.fault_in(tx, seq, f"no answer to {action} sequence after {attempts} attempts")
                         return True
                 else:
+                    gate = self.reachability.gate(seq.target)
+                    if gate is Gate.WAIT:  # the peer is unreachable: no attempt, none counted
+                        tx.rms.update(key, next_control_at=now + self.reachability.hold_seconds())
+                        return False
+                    probe = gate is Gate.PROBE
                     if attempts:
                         self._bump(control_retries=1)
                     tx.rms.update(key, control_attempts=attempts + 1,
@@ -346,7 +482,7 @@ class RetransmissionWorker:
         if action == "give-up":
             self.source.on_terminated(key)
             return True
-        getattr(self, f"_send_{action}")(seq)
+        getattr(self, f"_send_{action}")(seq, probe)
         return True
 
     def _control_action(self, seq: RmsSequence, unacked: int) -> str | None:
@@ -363,7 +499,16 @@ class RetransmissionWorker:
         wsa = AddressingVersion.for_namespace(seq.wsa_version) or self.policy.addressing
         return self.policy.soap_version, wsa
 
-    def _post(self, seq: RmsSequence, action: str, body: Any, *, message_id: str | None = None) -> Response | None:
+    def _heard(self, target: str, response: Response, probe: bool = False) -> None:
+        """Tell the peer's breaker what an HTTP answer says: an answer, or the peer unavailable."""
+        failure = failure_of(response)
+        if failure is None:
+            self.reachability.answered(target)
+        else:
+            self.reachability.failed(target, failure, probe=probe, retry_after=retry_after_of(response))
+
+    def _post(self, seq: RmsSequence, action: str, body: Any, *, message_id: str | None = None,
+              probe: bool = False) -> Response | None:
         """Send a control message on its own; its HTTP response, or None when the transport failed."""
         soap, wsa = self._soap_wsa(seq)
         rm = rm_version_of(seq)
@@ -374,23 +519,26 @@ class RetransmissionWorker:
             response = self.transport.send(seq.target, data, soap.http_headers(action))
         except TransportError as exc:
             self._bump(send_failures=1, control_retries=exc.attempts - 1)
-            for_sequence(log, seq.sequence_id, key=seq.key).info(
-                "%s not delivered (will retry): %s", type(body).__name__, exc)
+            self.reachability.failed(seq.target, str(exc), probe=probe)
+            level = logging.INFO if self.reachability.sending(seq.target) else logging.DEBUG
+            for_sequence(log, seq.sequence_id, key=seq.key).log(
+                level, "%s not delivered (will retry): %s", type(body).__name__, exc)
             return None
+        self._heard(seq.target, response, probe)
         self._bump(control_retries=response.attempts - 1)
         if 200 <= response.status < 300:
             self._exchanged_with(seq.key)
         return response
 
     def _exchange(self, seq: RmsSequence, action: str, body: Any, *, message_id: str | None = None,
-                  apply_faults: bool = True) -> ResponseContent | None:
+                  apply_faults: bool = True, probe: bool = False) -> ResponseContent | None:
         """Send a control message; the response's content (None when nothing usable came back)."""
-        response = self._post(seq, action, body, message_id=message_id)
+        response = self._post(seq, action, body, message_id=message_id, probe=probe)
         if response is None:
             return None
         return self._read(seq, response, type(body).__name__, store_key=seq.key, apply_faults=apply_faults)
 
-    def _send_create(self, seq: RmsSequence) -> None:
+    def _send_create(self, seq: RmsSequence, probe: bool = False) -> None:
         rm = rm_version_of(seq)
         acks_to = EndpointReference(seq.acks_to)
         offer = None
@@ -398,7 +546,7 @@ class RetransmissionWorker:
             reply_to = EndpointReference(self.source.endpoint_address or seq.acks_to)
             offer = Offer(seq.offered_id, endpoint=reply_to if rm.is_11 else None)
         response = self._post(seq, rm.create_sequence_action, CreateSequence(acks_to, offer=offer),
-                              message_id=self.source.create_message_id(seq))
+                              message_id=self.source.create_message_id(seq), probe=probe)
         if response is None:
             return  # a transport error: tried again
         content = self._read(seq, response, "CreateSequence", store_key=seq.key, apply_faults=False)
@@ -413,11 +561,11 @@ class RetransmissionWorker:
             for_sequence(log, None, key=seq.key).warning(
                 "CreateSequence to %s answered with a fault (will retry): %s", seq.target, content.fault)
 
-    def _send_close(self, seq: RmsSequence) -> None:
+    def _send_close(self, seq: RmsSequence, probe: bool = False) -> None:
         rm = rm_version_of(seq)
         last = seq.last_number or None
         content = self._exchange(seq, rm.action("CloseSequence"), CloseSequence(_sid(seq), last),
-                                 apply_faults=False)
+                                 apply_faults=False, probe=probe)
         if content is None:
             return
         if isinstance(content.body, CloseSequenceResponse):
@@ -440,10 +588,10 @@ class RetransmissionWorker:
         else:
             self.source.on_fault(fault, seq.key)
 
-    def _send_terminate(self, seq: RmsSequence) -> None:
+    def _send_terminate(self, seq: RmsSequence, probe: bool = False) -> None:
         rm = rm_version_of(seq)
         last = (seq.last_number or None) if rm.is_11 else None
-        response = self._post(seq, rm.terminate_sequence_action, TerminateSequence(_sid(seq), last))
+        response = self._post(seq, rm.terminate_sequence_action, TerminateSequence(_sid(seq), last), probe=probe)
         if response is None:
             return
         content = self._read(seq, response, "TerminateSequence", apply_faults=False)
@@ -531,7 +679,9 @@ class RetransmissionWorker:
                    pending: PendingAcks | None = None) -> None:
         with self.source.coalesced_acks(pending):  # one store transaction for the acks, not one per message
             for item in items:
-                exchanges.append((item, self._send_message(item)))
+                exchange = self._send_or_hold(item)
+                if exchange is not None:
+                    exchanges.append((item, exchange))
 
     def _send_in_order(self, items: list[_Planned], flow: SequenceFlow,
                        exchanges: list[tuple[_Planned, Exchange]]) -> None:
@@ -549,7 +699,9 @@ class RetransmissionWorker:
         with self.source.coalesced_acks():
             while queue:
                 item = queue.popleft()
-                exchange = self._send_message(item)
+                exchange = self._send_or_hold(item)
+                if exchange is None:
+                    continue
                 exchanges.append((item, exchange))
                 if exchange.ack is not None:
                     seen = seen.union(exchange.ack)
@@ -670,7 +822,8 @@ class RetransmissionWorker:
                     "sending this sequence %s (%s)", "in order, one message at a time" if flow.ordered
                     else "pipelined", "the peer discarded a message sent after a gap" if verdict.discarding
                     else f"delivery rates {flow.rates}")
-            probe = set(verdict.probe) if self._peer(seq.target).alive else set()
+            alive = self._peer(seq.target).alive and self.reachability.sending(seq.target)
+            probe = set(verdict.probe) if alive else set()
             if verdict.resend or probe:
                 plans.append((seq, set(verdict.resend), probe))
         if plans:
@@ -729,6 +882,7 @@ class RetransmissionWorker:
             sequences: dict[str, RmsSequence | None] = {}
             in_flight: dict[str, int] = {}
             attempts: dict[tuple[str, float], list[int]] = {}  # (sequence, next send) -> numbers
+            held: dict[str, list[int]] = {}  # sequence -> numbers held for an unreachable peer
             # Round robin across the sequences with due messages (each sequence's first due
             # message, then the seconds...): oldest-first would drain one sequence's backlog
             # while the others' destinations end them as inactive.  The round stays bounded by
@@ -757,13 +911,22 @@ class RetransmissionWorker:
                                              if m.send_count and not m.acked)
                     if in_flight[key] >= policy.max_unacknowledged:
                         continue
+                gate = self.reachability.gate(seq.target)
+                if gate is Gate.WAIT:
+                    held.setdefault(key, []).append(msg.number)
+                    continue
+                if msg.send_count == 0 and policy.max_unacknowledged is not None:
                     in_flight[key] += 1
                 attempt = msg.send_count + 1
                 next_at = now + self._retry_delay(seq.target, attempt) if policy.retransmits else _NEVER
+                if gate is Gate.PROBE:  # the peer's one request: if it fails, the next probe takes over
+                    next_at = now + self.reachability.hold_seconds()
                 attempts.setdefault((key, next_at), []).append(msg.number)
-                plan.append(_Planned(msg, seq, piggyback=owed_acks.pop(seq.target, [])))
+                plan.append(_Planned(msg, seq, piggyback=owed_acks.pop(seq.target, []), probe=gate is Gate.PROBE))
             for (key, next_at), numbers in attempts.items():
                 tx.rms_messages.record_send_attempts(key, numbers, next_send_at=next_at, now=now)
+            for key, numbers in held.items():
+                self._hold(tx, sequences[key] or tx.rms.require(key), numbers, now)
         mode = policy.ack_request
         for item in plan:
             item.request_ack = mode is AckRequestMode.ALWAYS or (
@@ -791,6 +954,24 @@ class RetransmissionWorker:
             if len(msgs) > limit and chain is not None:
                 held_back.add(chain)
         return out
+
+    def _send_or_hold(self, item: _Planned) -> Exchange | None:
+        """Send a claimed message, unless its peer was judged unreachable since the claim (a round
+        to a peer that stops answering): then it is held instead, unsent (None).  Its claim
+        counted an attempt; no more go while the peer is down."""
+        if item.probe:
+            exchange = self._send_message(item)
+            # still unreachable: the probe's message waits with the others (and may probe again)
+            self.reachability.held(item.sequence.target, item.sequence.key, [item.message.number])
+            return exchange
+        if self.reachability.sending(item.sequence.target):
+            return self._send_message(item)
+        try:
+            with self.store.begin(durable=False) as tx:
+                self._hold(tx, item.sequence, [item.message.number], time.time())
+        except (StoreError, UnknownSequenceError) as exc:  # its own timer sends it (and holds it) later
+            log.debug("message %d not held: %s", item.message.number, exc)
+        return None
 
     def _send_message(self, item: _Planned) -> Exchange:
         msg, seq = item.message, item.sequence
@@ -856,12 +1037,14 @@ class RetransmissionWorker:
         except TransportError as exc:
             self._bump(send_failures=1, retransmissions=exc.attempts - first)
             peer.failed()
+            self.reachability.failed(seq.target, str(exc), probe=item.probe)
             slog.debug("not delivered (attempt %d, will retry): %s", msg.send_count + 1, exc)
             if step is not None:
                 self._note_again(seq.key, msg.number, f"the previous attempt failed: {exc}")
                 step.note(error=str(exc), copies=exc.attempts if exc.attempts > 1 else None)
             return Exchange(msg.number, started, time.monotonic(), answered=False)
         ended = time.monotonic()
+        self._heard(seq.target, response, item.probe)
         if step is not None:  # copies: the transport sent it again on a fresh connection at once
             step.note(status=response.status, copies=response.attempts if response.attempts > 1 else None)
         self._bump(messages_sent=1, retransmissions=response.attempts - first)
@@ -956,7 +1139,9 @@ class RetransmissionWorker:
         try:
             response = self.transport.send(seq.target, message, soap.http_headers(action))
         except TransportError as exc:
+            self.reachability.failed(seq.target, str(exc))
             for_sequence(log, seq.sequence_id, key=seq.key).info(
                 "acknowledgement of a back-channel reply not delivered (%s); the reply comes again", exc)
             return
+        self._heard(seq.target, response)
         self._read(seq, response, "SequenceAcknowledgement", store_key=seq.key)

@@ -10,6 +10,7 @@ or not.
 * :mod:`.rms` - the source sequence (CreateSequence, (re)transmission, close, terminate);
 * :mod:`.rmd` - the destination sequence (accepting, acking, close, terminate);
 * :mod:`.invoker` - the buffer between the destination and the application;
+* :mod:`.peer` - whether the source can reach a peer (its circuit breaker: one probe while it is down);
 * :mod:`.ackranges` - message numbers as merged ranges (acks, duplicates, completeness).
 
 A refused event raises :class:`InvalidTransition`, whose ``fault`` names the
@@ -32,6 +33,7 @@ from .invoker import (
     invoker_duties,
     invoker_transition,
 )
+from .peer import PeerAction, PeerDuty, PeerEvent, PeerState, peer_duties, peer_failure, peer_transition
 from .rmd import RMDAction, RMDDuty, RMDEvent, RMDState, Reception, rmd_duties, rmd_receive, rmd_transition
 from .rms import (
     AckOutcome,
@@ -55,6 +57,10 @@ __all__ = [
     "InvokerDuty",
     "InvokerEvent",
     "InvokerState",
+    "PeerAction",
+    "PeerDuty",
+    "PeerEvent",
+    "PeerState",
     "RMDAction",
     "RMDDuty",
     "RMDEvent",
@@ -69,6 +75,9 @@ __all__ = [
     "duties",
     "invoker_duties",
     "invoker_transition",
+    "peer_duties",
+    "peer_failure",
+    "peer_transition",
     "rmd_duties",
     "rmd_receive",
     "rmd_transition",
@@ -81,8 +90,9 @@ __all__ = [
 
 @singledispatch
 def transition(state: Any, event: Any) -> Transition[Any]:
-    """Apply ``event`` to any of the three states (dispatches on the state's type)."""
-    raise TypeError(f"no state machine for {type(state).__name__}; expected RMSState, RMDState or InvokerState")
+    """Apply ``event`` to any of the machines' states (dispatches on the state's type)."""
+    raise TypeError(f"no state machine for {type(state).__name__}; "
+                    "expected RMSState, RMDState, InvokerState or PeerState")
 
 
 @transition.register
@@ -100,10 +110,16 @@ def _(state: InvokerState, event: InvokerEvent) -> Transition[InvokerState]:
     return invoker_transition(state, event)
 
 
+@transition.register
+def _(state: PeerState, event: PeerEvent) -> Transition[PeerState]:
+    return peer_transition(state, event)
+
+
 @singledispatch
 def duties(state: Any, **options: Any) -> frozenset[Any]:
-    """The worker duties of any of the three states (``close_first`` applies to RMS only)."""
-    raise TypeError(f"no state machine for {type(state).__name__}; expected RMSState, RMDState or InvokerState")
+    """The worker duties of any of the machines' states (``close_first`` applies to RMS only)."""
+    raise TypeError(f"no state machine for {type(state).__name__}; "
+                    "expected RMSState, RMDState, InvokerState or PeerState")
 
 
 @duties.register
@@ -119,3 +135,8 @@ def _(state: RMDState) -> frozenset[RMDDuty]:
 @duties.register
 def _(state: InvokerState) -> frozenset[InvokerDuty]:
     return invoker_duties(state)
+
+
+@duties.register
+def _(state: PeerState) -> frozenset[PeerDuty]:
+    return peer_duties(state)

@@ -103,6 +103,7 @@ def to_dot(m: Machine) -> str:
 
 def _builtin() -> dict[str, Machine]:
     from .invoker import InvokerEvent, InvokerState, invoker_transition
+    from .peer import PeerEvent, PeerState, peer_transition
     from .rmd import RMDEvent, RMDState, rmd_transition
     from .rms import RMSEvent, RMSState, rms_transition
 
@@ -113,6 +114,8 @@ def _builtin() -> dict[str, Machine]:
                        rmd_transition, lambda: (RMDState.initial(),)),
         "invoker": Machine("invoker", "invoker buffer", InvokerState.valid_states, lambda: InvokerEvent,
                            invoker_transition, lambda: (InvokerState.initial(),)),
+        "peer": Machine("peer", "peer reachability (the source's circuit breaker)", PeerState.valid_states,
+                        lambda: PeerEvent, peer_transition, lambda: (PeerState.initial(),)),
     }
 
 
