@@ -31,12 +31,12 @@ from typing import Any
 from .errors import RecoveryLogError
 from .lease import Fence, LeaseLostError, NodeClaim
 from .log import (
-    LogEntry, _check_global, _check_heuristic, _commit_payload, _heuristic_payload, _Ledger,
+    LogEntry, RecoveryLog, _check_global, _check_heuristic, _commit_payload, _heuristic_payload, _Ledger,
     _mark_source_payload,
 )
 from .xid import Xid
 
-__all__ = ["DatabaseLog"]
+__all__ = ["DatabaseLog", "CopiedLog"]
 
 log = logging.getLogger(__name__)
 
@@ -200,3 +200,71 @@ class DatabaseLog:
 def _fetch(cur: Any, statement: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     cur.execute(statement, params)
     return cur.fetchall()
+
+
+class CopiedLog:
+    """A :class:`DatabaseLog` with a copy of every record in a local file log, for the operator.
+
+    The database is the log: what takeover and recovery read, and what the
+    fence guards.  The file (a :class:`~txmanager.log.RecoveryLog`, readable by
+    ``wsrm recover --log``) gets each record after the database took it; a
+    failure there is logged, never raised, since the decision is already
+    durable where it counts.  Chosen with ``PostgresNodes.claim(log_copy=path)``.
+    """
+
+    durable = True
+
+    def __init__(self, database: DatabaseLog, copy: RecoveryLog) -> None:
+        self.database = database
+        self.copy = copy
+        copy.claim_node(database.node)
+
+    @property
+    def fence(self) -> Fence:
+        return self.database.fence
+
+    def claim_node(self, node: str) -> None:
+        self.database.claim_node(node)
+
+    def _copy(self, what: str, write: Callable[[], None]) -> None:
+        try:
+            write()
+        except Exception as exc:  # noqa: BLE001 -- the database has it: the copy is best effort
+            log.warning("recovery log copy %s: could not write %s: %s", self.copy.path, what, exc)
+
+    def log_commit_decision(self, gxid: Xid, branches: Sequence[tuple[Xid, str]]) -> None:
+        branches = tuple(branches)
+        self.database.log_commit_decision(gxid, branches)
+        self._copy("a decision", lambda: self.copy.log_commit_decision(gxid, branches))
+
+    def log_done(self, gxid: Xid) -> None:
+        self.database.log_done(gxid)
+        self._copy("done", lambda: self.copy.log_done(gxid))
+
+    def log_heuristic(self, gxid: Xid, xid: Xid, code: int, resource_name: str | None = None) -> None:
+        self.database.log_heuristic(gxid, xid, code, resource_name)
+        self._copy("a heuristic outcome", lambda: self.copy.log_heuristic(gxid, xid, code, resource_name))
+
+    def forget(self, gxid: Xid) -> None:
+        self.database.forget(gxid)
+        self._copy("forget", lambda: self.copy.forget(gxid))
+
+    def log_mark_source(self, database: str) -> None:
+        self.database.log_mark_source(database)
+        self._copy("a keeper of commit marks", lambda: self.copy.log_mark_source(database))
+
+    def pending(self) -> dict[Xid, LogEntry]:
+        return self.database.pending()
+
+    def is_pending(self, gxid: Xid) -> bool:
+        return self.database.is_pending(gxid)
+
+    def damaged(self) -> list[str]:
+        return self.database.damaged()
+
+    def mark_sources(self) -> frozenset[str]:
+        return self.database.mark_sources()
+
+    def close(self) -> None:
+        self.database.close()
+        self.copy.close()

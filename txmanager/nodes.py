@@ -37,10 +37,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .dblog import DatabaseLog
+from .dblog import CopiedLog, DatabaseLog
 from .lease import (
     LOCK_CLASS, LeaseLostError, LeaseSession, NodeClaim, Timing, seize, session_tag, try_lock,
 )
+from .log import RecoveryLog
 from .manager import TransactionManager
 from .postgres.server import default_resource_name
 from .recovery import RecoveryManager, RecoveryReport
@@ -105,7 +106,8 @@ class PostgresNodes:
 
     # -- claiming a name ---------------------------------------------------------------------
 
-    def claim(self, timeout: float = 60.0, **tm_options: Any) -> TransactionManager:
+    def claim(self, timeout: float = 60.0, *, log_copy: str | os.PathLike[str] | None = None,
+              **tm_options: Any) -> TransactionManager:
         """A transaction manager on the lowest free name, its decisions in the database.
 
         Waits up to ``timeout`` seconds when ``size`` names are all held.
@@ -113,6 +115,9 @@ class PostgresNodes:
         (``safety_interval`` defaults to 0: a held name has one live holder,
         so its prepared branches that do not run here are a dead holder's).
         The heartbeat starts here; :meth:`start_watcher` adds the takeover.
+        The decisions are in the database (``txm_decision``); ``log_copy``
+        also keeps a copy of them in that file log, for the operator's tools
+        (one per node name: ``{node}`` in the path is replaced by it).
         """
         if self.claim_ is not None:
             raise RuntimeError(f"this host already holds node {self.claim_.node}")
@@ -121,7 +126,10 @@ class PostgresNodes:
             claim = self._claim_name(session, timeout)
             session.run(lambda cur: cur.execute("SELECT set_config('application_name', %s, false)",
                                                 (session_tag(claim.node),)))
-            dlog = DatabaseLog(claim)
+            in_database = DatabaseLog(claim)
+            dlog: DatabaseLog | CopiedLog = in_database
+            if log_copy is not None:
+                dlog = CopiedLog(in_database, RecoveryLog(str(log_copy).replace("{node}", claim.node)))
             tm_options.setdefault("safety_interval", 0.0)
             tm = TransactionManager(node=claim.node, log=dlog, **tm_options)
         except BaseException:

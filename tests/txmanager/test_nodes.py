@@ -8,6 +8,8 @@ the socket, or the server's keepalive, does.
 
 from __future__ import annotations
 
+import time
+
 import psycopg2
 import pytest
 
@@ -42,8 +44,14 @@ def _run(dsn: str, sql: str, params: tuple = ()) -> list[tuple]:
 
 
 def _kill_host(dsn: str, nodes: PostgresNodes) -> None:
+    """End the host's lease session, and wait until its backend is gone (ending is asynchronous)."""
     assert nodes.session is not None
-    _run(dsn, "SELECT pg_terminate_backend(%s)", (nodes.session.backend_pid,))
+    pid = nodes.session.backend_pid
+    _run(dsn, "SELECT pg_terminate_backend(%s)", (pid,))
+    deadline = time.monotonic() + 30
+    while _run(dsn, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)):
+        assert time.monotonic() < deadline, f"backend {pid} did not end"
+        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -187,3 +195,21 @@ def test_timing_is_derived_from_the_bound():
     assert "tcp_user_timeout=6000" in timing.connect_kwargs()["options"]
     with pytest.raises(ValueError, match=">= 3 seconds"):
         Timing(2)
+
+
+def test_a_copy_of_the_decisions_in_a_file_log_beside_the_database(dbs, tmp_path):
+    store, _ = dbs
+    nodes = PostgresNodes(store, "copy", takeover_within=3, tag_sessions=False)
+    tm = nodes.claim(log_copy=tmp_path / "{node}.log")
+    try:
+        gxid = Xid.new_global(tm.node)
+        tm.log.log_commit_decision(gxid, [(gxid.branch(b"0"), "pg:x")])
+        assert set(tm.log.copy.pending()) == {gxid} == set(tm.log.pending())
+        assert (tmp_path / "copy-0.log").exists()
+        assert _run(store, "SELECT node FROM txm_decision WHERE kind = 'commit'") == [("copy-0",)]
+        tm.log.log_done(gxid)
+        assert tm.log.copy.pending() == {} == tm.log.pending()
+    finally:
+        tm.close()
+        tm.log.close()
+        nodes.close()

@@ -1,0 +1,116 @@
+"""Several hosts on one PostgreSQL store: messages per second with 1, 2 and 3 hosts, and takeover time.
+
+    .venv/bin/python bench/bench_multihost.py                 # as root: the hosts are network namespaces
+    .venv/bin/python bench/bench_multihost.py --messages 800 --runs 5
+
+Each host is ``tests.multihost.host_app`` in a network namespace of its own
+(the cluster of ``tests/multihost``), behind haproxy round robin; each
+delivery is one XA transaction (the store's branch with the commit mark, the
+orders row prepared in another database).  Four clients send ``--messages``
+one-way messages in all; the rate is delivered-and-committed rows per second
+from the first to the last row.  Then, ``--runs`` times, one host is
+SIGKILLed while it holds a prepared branch (caught when it can be) and the
+time until its claim and prepared branches are gone is taken, as is the time
+until a host cut off from the network is taken over (the keepalive bound of
+``host_takeover_within``).  Medians are printed.
+
+On a 2-core machine the hosts, haproxy, PostgreSQL and the clients share two
+cores: more hosts add processes, not CPU, so the rate cannot grow with the
+hosts here; the figures say what the coordination costs, not how it scales.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.multihost.clients import Clients  # noqa: E402 -- after the path is set
+from tests.multihost.cluster import Cluster, namespaces_allowed, wait_for  # noqa: E402
+
+
+def rate(hosts: int, messages: int, workdir: Path) -> float:
+    cluster = Cluster(workdir, hosts).start()
+    try:
+        cluster.start_hosts()
+        clients = Clients(cluster, 4)
+        try:
+            clients.send(25)  # warm up: connections, prepared statements, the WSDL
+            assert wait_for(lambda: len(cluster.orders()) >= clients.expected(), 300)
+            base = clients.expected()
+            started = time.monotonic()
+            clients.send(messages // 4)
+            target = clients.expected()
+            assert wait_for(lambda: len(cluster.orders()) >= target, 1200, interval=0.05), "not all delivered"
+            took = time.monotonic() - started
+            return (target - base) / took
+        finally:
+            clients.stop()
+    finally:
+        cluster.close()
+
+
+def takeovers(runs: int, workdir: Path) -> tuple[list[float], list[float]]:
+    killed, cut = [], []
+    cluster = Cluster(workdir, 3).start()
+    try:
+        cluster.start_hosts()
+        clients = Clients(cluster, 4)
+        try:
+            for _ in range(runs):
+                clients.send(100)
+                victim = next(h for h in cluster.hosts if h.alive)
+                wait_for(lambda: bool(cluster.prepared(victim.node)), 10, interval=0.002)
+                at = victim.kill()
+                assert wait_for(lambda: cluster.released(victim.node), 120, interval=0.02)
+                killed.append(time.monotonic() - at)
+                victim.start()
+            for _ in range(runs):
+                victim = next(h for h in cluster.hosts if h.alive)
+                cluster.cut(victim)
+                at = time.monotonic()
+                assert wait_for(lambda: cluster.released(victim.node), 120, interval=0.02)
+                cut.append(time.monotonic() - at)
+                cluster.mend(victim)
+                victim.stop()  # it lost its node: restart it, as its health check asks
+                victim.start()
+            assert wait_for(lambda: len(cluster.orders()) >= clients.expected(), 600)
+        finally:
+            clients.stop()
+    finally:
+        cluster.close()
+    return killed, cut
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=2000, help="messages per rate run (default 2000)")
+    parser.add_argument("--runs", type=int, default=5, help="rate runs per host count and takeovers (default 5)")
+    parser.add_argument("--hosts", default="1,2,3", help="host counts to measure (default 1,2,3)")
+    args = parser.parse_args()
+    why = namespaces_allowed()
+    if why:
+        sys.exit(f"bench_multihost: the hosts are network namespaces: {why}")
+    print(f"machine: {os.cpu_count()} cores; {args.messages} XA one-way messages from 4 clients, "
+          f"median of {args.runs} runs", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-multihost-") as tmp:
+        for hosts in [int(h) for h in args.hosts.split(",")]:
+            rates = [rate(hosts, args.messages, Path(tmp) / f"rate-{hosts}-{i}") for i in range(args.runs)]
+            print(f"{hosts} host(s): {statistics.median(rates):7.1f} messages/s "
+                  f"(runs: {', '.join(f'{r:.1f}' for r in rates)})", flush=True)
+        killed, cut = takeovers(args.runs, Path(tmp) / "takeover")
+    print(f"host SIGKILLed -> its claim and prepared branches released: median {statistics.median(killed):.2f}s "
+          f"(runs: {', '.join(f'{t:.2f}' for t in killed)})")
+    print(f"host cut off   -> taken over and released (bound 10 s):    median {statistics.median(cut):.2f}s "
+          f"(runs: {', '.join(f'{t:.2f}' for t in cut)})")
+
+
+if __name__ == "__main__":
+    main()
