@@ -93,6 +93,13 @@ class DatabaseLog:
         """What every decision of this node checks (commit marks included)."""
         return self.claim.fence
 
+    def claim_lost(self) -> BaseException | None:
+        """Why the session holding this node's claim failed, or None while it holds it.
+
+        A health check asks this: a process that lost its node can decide
+        nothing any more, and only a restart (a new claim) cures that."""
+        return self.claim.session.lost
+
     def claim_node(self, node: str) -> None:
         if node != self.node:
             raise RecoveryLogError(f"this recovery log holds the decisions of node {self.node!r}, "
@@ -222,6 +229,9 @@ class CopiedLog:
     @property
     def fence(self) -> Fence:
         return self.database.fence
+
+    def claim_lost(self) -> BaseException | None:
+        return self.database.claim_lost()
 
     def claim_node(self, node: str) -> None:
         self.database.claim_node(node)

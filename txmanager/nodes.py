@@ -102,7 +102,8 @@ class PostgresNodes:
     @property
     def healthy(self) -> bool:
         """True while this host holds its claim (a health check reports False as "restart me")."""
-        return self.claim_ is not None and self.lost is None
+        return (self.claim_ is not None and self.lost is None and self.session is not None
+                and self.session.lost is None)
 
     # -- claiming a name ---------------------------------------------------------------------
 

@@ -17,7 +17,12 @@ database outage must not make an orchestrator restart every replica):
 
 * ``workers``: every worker thread of a started engine is alive, and none
   has been inside one step for longer than ``stuck_after`` seconds (a
-  deadlock, a peer hanging without a timeout).
+  deadlock, a peer hanging without a timeout);
+* ``node``: with a node name claimed in the database (several hosts,
+  ``txmanager.nodes.PostgresNodes``), the session holding the claim still
+  works.  Once it failed another host may hold the name: this process can
+  decide no XA transaction any more, and a restart claims a name anew.  It
+  fails readiness too.
 
 **Readiness** checks what traffic needs now:
 
@@ -116,9 +121,28 @@ class NodeHealth:
     # -- liveness -------------------------------------------------------------------------------
 
     def liveness(self) -> HealthReport:
+        node = self._node_check()
+        checks = (self._workers_check(),) if node is None else (self._workers_check(), node)
+        return HealthReport(checks)
+
+    def _node_check(self) -> Check | None:
+        """The claim on the node name, when the transaction manager's log holds one in a database."""
+        log_ = getattr(getattr(self.engine, "tm", None), "log", None)
+        lost = getattr(log_, "claim_lost", None)
+        if not callable(lost):
+            return None
+        node = getattr(log_, "node", None) or getattr(getattr(log_, "database", None), "node", "?")
+        why = lost()
+        if why is not None:
+            why_text = " ".join(str(why).split())
+            return Check("node", "fail", f"lost its claim on node {node} ({why_text}): another host may hold it; "
+                                         "restart the process to claim a node again", {"node": node})
+        return Check("node", "pass", f"holds node {node}", {"node": node})
+
+    def _workers_check(self) -> Check:
         engine = self.engine
         if not engine.started:
-            return HealthReport((Check("workers", "pass", "the engine is not started (nothing to run)"),))
+            return Check("workers", "pass", "the engine is not started (nothing to run)")
         now = time.monotonic()
         dead = [w.name for w in engine.workers if not w.running]
         stuck = [w.name for w in engine.workers
@@ -127,8 +151,8 @@ class NodeHealth:
             what = "; ".join(filter(None, [f"not running: {', '.join(dead)}" if dead else "",
                                            f"stuck in one step for over {self.stuck_after:g} s: {', '.join(stuck)}"
                                            if stuck else ""]))
-            return HealthReport((Check("workers", "fail", what, {"dead": dead, "stuck": stuck}),))
-        return HealthReport((Check("workers", "pass", f"{len(engine.workers)} worker threads alive"),))
+            return Check("workers", "fail", what, {"dead": dead, "stuck": stuck})
+        return Check("workers", "pass", f"{len(engine.workers)} worker threads alive")
 
     # -- readiness ------------------------------------------------------------------------------
 
@@ -143,6 +167,9 @@ class NodeHealth:
 
     def _readiness_checks(self) -> Iterable[Check]:
         engine = self.engine
+        node = self._node_check()
+        if node is not None:
+            yield node
         if self.recovered() and engine.started:
             yield Check("recovery", "pass", "start-up recovery done, workers running")
         else:

@@ -5,7 +5,7 @@ in the test's namespace and one network namespace per host, each joined to
 the bridge by a veth pair (``10.211.K.1x``).  PostgreSQL listens on the
 bridge; haproxy (Debian's, installed by ``scripts/bootstrap.sh``) balances
 ``http://10.211.K.1:<port>/`` round robin over the hosts, checking each
-one's ``/health``.  A host is ``python -m tests.multihost.host_app`` run
+one's ``/healthz/ready``.  A host is ``python -m tests.multihost.host_app`` run
 with ``ip netns exec`` (so its pid is the Python process: SIGKILL kills the
 host).  Dropping a host's link (:meth:`Cluster.cut`) leaves its TCP
 connections hanging, as a real network partition does.
@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import IO, Any
@@ -110,7 +111,7 @@ class Host:
         if not self.alive:
             raise AssertionError(f"host {self.index} exited at start:\n{self.output()}")
         self.node = json.loads((self.cluster.marks / f"started-{pid}").read_text())["node"]
-        if not wait_for(lambda: self.get("health") == "ok", 60):
+        if not wait_for(lambda: self.status("healthz/ready") == 200, 60):
             raise AssertionError(f"host {self.index} is not healthy:\n{self.output()}")
         return self
 
@@ -148,6 +149,16 @@ class Host:
         try:
             with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
                 return response.read().decode()
+        except OSError:
+            return None
+
+    def status(self, path: str, timeout: float = 10.0) -> int | None:
+        """The HTTP status of ``GET path`` (None: no answer)."""
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
         except OSError:
             return None
 
@@ -232,7 +243,7 @@ class Cluster:
 
     def lb_ready(self) -> bool:
         try:
-            with urllib.request.urlopen(self.public_url + "health", timeout=5) as response:
+            with urllib.request.urlopen(self.public_url + "healthz/ready", timeout=5) as response:
                 return response.status == 200
         except OSError:
             return False
@@ -330,7 +341,7 @@ frontend wsrm
 
 backend hosts
     balance roundrobin
-    option httpchk GET /health
+    option httpchk GET /healthz/ready
     http-check expect status 200
     default-server inter 500ms fall 2 rise 2
 {servers}

@@ -4,8 +4,8 @@ Built in each host process: a node name claimed in the store's database
 (:class:`txmanager.nodes.PostgresNodes`, its decisions in ``txm_decision``),
 the orders data source, the reliable spyne service on the shared PostgreSQL
 store with its public address (the load balancer's), background recovery,
-the takeover watcher, and ``/health`` for the load balancer (503 once the
-host lost its node).  Configuration from the environment:
+the takeover watcher; the service's ``/healthz/ready`` for the load
+balancer (503 once the host lost its node, as ``/healthz/live``).  Configuration from the environment:
 
 ``STORE_DSN``, ``ORDERS_DSN``, ``PUBLIC_URL``, ``LISTEN`` (``host:port``),
 ``MARK_DIR`` (required); ``PREFIX`` (default ``orders``), ``TAKEOVER_WITHIN``
@@ -111,14 +111,11 @@ def _probe_decision() -> str:
 
 def wsgi(environ: dict[str, Any], start_response: Any) -> Any:
     path = environ.get("PATH_INFO", "/")
-    if path in ("/health", "/probe-commit", "/probe-decision"):
-        if path == "/health":
-            status, body = ("200 OK", "ok") if nodes.healthy else ("503 Service Unavailable", "lost its node")
-        else:
-            status, body = "200 OK", _probe_commit() if path == "/probe-commit" else _probe_decision()
-        start_response(status, [("Content-Type", "text/plain")])
+    if path in ("/probe-commit", "/probe-decision"):
+        body = _probe_commit() if path == "/probe-commit" else _probe_decision()
+        start_response("200 OK", [("Content-Type", "text/plain")])
         return [body.encode()]
-    return app(environ, start_response)
+    return app(environ, start_response)  # /healthz/live and /healthz/ready included
 
 
 def main() -> None:

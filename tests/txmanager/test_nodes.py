@@ -213,3 +213,19 @@ def test_a_copy_of_the_decisions_in_a_file_log_beside_the_database(dbs, tmp_path
         tm.close()
         tm.log.close()
         nodes.close()
+
+
+def test_the_health_check_fails_once_the_node_is_lost(dbs, hosts):
+    from types import SimpleNamespace
+
+    from wsrm_plugin.engine import RMPolicy
+    from wsrm_plugin.health import NodeHealth
+
+    store, app = dbs
+    a, tma, _ = hosts(store, app)
+    health = NodeHealth(SimpleNamespace(tm=tma, started=False, workers=[], policy=RMPolicy()), lambda: True)
+    assert {c.name: c.status for c in health.liveness().checks} == {"workers": "pass", "node": "pass"}
+    _kill_host(store, a)
+    assert not a.session.alive()  # what the heartbeat does every watch interval
+    node = {c.name: c for c in health.liveness().checks}["node"]
+    assert node.status == "fail" and "restart" in node.output and not a.healthy
