@@ -42,6 +42,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from txmanager.manager import current_transactions
+
 from interceptors.aio_bridge import Lane
 from interceptors.zeep_client.errors import TransactionNotJoined
 
@@ -81,10 +83,6 @@ def sync_twin(client: Any) -> Any:
 
 def _refuse_loop_transaction() -> None:
     """A txmanager transaction bound to the loop's thread belongs to every task of the loop."""
-    try:
-        from txmanager.manager import current_transactions
-    except ImportError:  # pragma: no cover -- txmanager ships with this package
-        return
     current = current_transactions()
     if current:
         manager, tx = current[0]
