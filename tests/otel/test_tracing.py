@@ -32,6 +32,7 @@ def exporter() -> Iterator[InMemorySpanExporter]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     otel.instrument(tracer_provider=provider)
+    spans.provider = provider  # type: ignore[attr-defined]  # for a test's own spans
     yield spans
     otel.uninstrument()
     provider.shutdown()
@@ -137,3 +138,51 @@ def test_the_header_is_never_must_understand_and_only_sent_when_tracing(exporter
     untraced = next(b for b in seen if b">untraced<" in b)
     assert tracecontext.NS.encode() in traced and b"mustUnderstand" not in traced.split(b"TraceContext")[1]
     assert tracecontext.NS.encode() not in untraced
+
+
+def test_the_call_span_ends_with_the_callers_transaction_and_says_how(exporter, lossy_service, tmp_path):
+    from txmanager import TransactionManager
+
+    tm = TransactionManager(node="otel-client", log=tmp_path / "tm.log")
+    rc = reliable_client(zeep.Client(lossy_service.url + "?wsdl"), f"sqlite:///{tmp_path}/c.db", fast_policy(),
+                         tm=tm)
+    try:
+        with tm.transaction():
+            rc.service.record("kept")
+            assert not _named(exporter.get_finished_spans(), "send")  # still open: the transaction is
+        with pytest.raises(RuntimeError):
+            with tm.transaction():
+                rc.service.record("dropped")
+                raise RuntimeError("the caller changes its mind")
+        rc.flush(timeout=30)
+    finally:
+        rc.stop(timeout=5)
+        tm.close()
+    sends = {s.attributes["messaging.message.id"]: s for s in _named(exporter.get_finished_spans(), "send")}
+    kept, dropped = sorted(sends.values(), key=lambda s: s.start_time)
+    assert kept.attributes["wsrm.transaction.outcome"] == "committed" and kept.status.status_code is StatusCode.UNSET
+    assert dropped.attributes["wsrm.transaction.outcome"] == "rolled back"
+    assert dropped.status.status_code is StatusCode.ERROR
+    assert kept.attributes["wsrm.transaction"] != dropped.attributes["wsrm.transaction"]
+    transmitted = {s.parent.span_id for s in _named(exporter.get_finished_spans(), "transmit")}
+    assert kept.context.span_id in transmitted and dropped.context.span_id not in transmitted
+    assert service.recorded() == ["kept"]
+
+
+def test_an_asyncio_callers_span_is_the_parent_of_its_call(exporter, lossy_service):
+    import asyncio
+
+    tracer = exporter.provider.get_tracer("shop")
+
+    async def main():
+        rc = await asyncio.to_thread(reliable_client, zeep.AsyncClient(lossy_service.url + "?wsdl"), "memory:",
+                                     fast_policy(), start=False)
+        async with rc:
+            with tracer.start_as_current_span("checkout") as checkout:
+                await rc.service.record("from-a-task")
+            await rc.flush(timeout=30)
+        return checkout
+
+    checkout = asyncio.run(main())
+    [send] = _named(exporter.get_finished_spans(), "send")
+    assert send.parent is not None and send.parent.span_id == checkout.get_span_context().span_id
