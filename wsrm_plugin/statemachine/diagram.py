@@ -104,7 +104,6 @@ def to_dot(m: Machine) -> str:
 def _builtin() -> dict[str, Machine]:
     from .invoker import InvokerEvent, InvokerState, invoker_transition
     from .peer import PeerEvent, PeerState, peer_transition
-    from .peer import PeerEvent, PeerState, peer_transition
     from .rmd import RMDEvent, RMDState, rmd_transition
     from .rms import RMSEvent, RMSState, rms_transition
 
