@@ -37,6 +37,7 @@ from txmanager.xa import XA_OK, XA_RDONLY
 from txmanager.xid import Xid
 
 from . import api
+from .backlog import MessageIndex
 from .branches import BranchResource
 from .api import (
     RANK_INVOKER, RANK_RMD, RANK_RMS, BufferedMessage, DuplicateSequenceError,
@@ -76,6 +77,8 @@ class MemoryStore(api.StorageManager):
         self._cond = threading.Condition()
         self._tables: dict[str, dict[Any, Any]] = {t: {} for t in (_RMS, _MSG, _RMD, _INV, _BUF, _POI)}
         self._groups: dict[str, dict[Any, dict[Any, Any]]] = {t: {} for t in _GROUPED}
+        #: the committed source messages indexed for due batches and acknowledgements (a backlog)
+        self._messages = MessageIndex(self._tables[_MSG])
         self._owners: dict[tuple[int, Any], MemoryTransaction] = {}
         self._resource = MemoryXAResource(self)
         self._closed = False
@@ -144,14 +147,21 @@ class MemoryStore(api.StorageManager):
         self._set_row(table, key, value)
 
     def _set_row(self, table: str, key: Any, value: Any) -> None:
-        self._tables[table][key] = value
+        rows = self._tables[table]
+        old = rows.get(key)
+        rows[key] = value
+        if table == _MSG:
+            self._messages.changed(key, old, value)  # the row set first: a rebuild reads it
         groups = self._groups.get(table)
         if groups is not None:
             groups.setdefault(key[0], {})[key] = value
 
     def _remove_row(self, table: str, key: Any) -> None:
-        if self._tables[table].pop(key, _DELETED) is _DELETED:
+        old = self._tables[table].pop(key, _DELETED)
+        if old is _DELETED:
             return
+        if table == _MSG:
+            self._messages.changed(key, old, None)
         groups = self._groups.get(table)
         if groups is not None:
             group = groups.get(key[0])
@@ -172,6 +182,11 @@ class MemoryStore(api.StorageManager):
         with self._cond:
             return self._tables[table].get(key)
 
+    def _indexed(self, query: str, *args: Any) -> Any:
+        """``MessageIndex.<query>(*args)`` on the committed messages, under the mutex."""
+        with self._cond:
+            return getattr(self._messages, query)(*args)
+
 
 class MemoryTransaction(api.StoreTransaction):
     """A transaction of the :class:`MemoryStore`: a stage of changes plus the locks it holds."""
@@ -183,6 +198,9 @@ class MemoryTransaction(api.StoreTransaction):
         #: Staged rows applied only if absent at commit (see the module docstring): a put's.
         self._if_absent: set[tuple[str, Any]] = set()
         self._global: Any = None  # the global transaction when bound to XA
+        #: numbers of the rms_message rows this transaction changed, by sequence (for the
+        #: indexed queries, which read the committed rows from the store's index)
+        self._staged_messages: dict[str, set[int]] = {}
         self.rms = _Rms(self)
         self.rms_messages = _RmsMessages(self)
         self.rmd = _Rmd(self)
@@ -221,6 +239,8 @@ class MemoryTransaction(api.StoreTransaction):
 
     def _write(self, table: str, key: Any, value: Any) -> None:
         self._changes[(table, key)] = value
+        if table == _MSG:
+            self._staged_messages.setdefault(key[0], set()).add(key[1])
         if self._if_absent:
             self._if_absent.discard((table, key))
 
@@ -231,6 +251,8 @@ class MemoryTransaction(api.StoreTransaction):
 
     def _delete(self, table: str, key: Any) -> None:
         self._changes[(table, key)] = _DELETED
+        if table == _MSG:
+            self._staged_messages.setdefault(key[0], set()).add(key[1])
         if self._if_absent:
             self._if_absent.discard((table, key))
 
@@ -268,12 +290,14 @@ class MemoryTransaction(api.StoreTransaction):
         self._check_open()
         before = dict(self._changes)
         inserts = set(self._if_absent)
+        staged = {k: set(v) for k, v in self._staged_messages.items()}
         try:
             yield
         except BaseException:
             if not self._closed and self.failed is None:
                 self._changes = before
                 self._if_absent = inserts
+                self._staged_messages = staged
             raise
 
     # -- ending -----------------------------------------------------------------
@@ -295,6 +319,22 @@ class MemoryTransaction(api.StoreTransaction):
         self._store._finish(self, apply)
         self._changes = {}
         self._if_absent = set()
+        self._staged_messages = {}
+
+    def _own_messages(self, sequence_key: str) -> list[RmsMessage]:
+        """This transaction's own rms_message rows of a sequence, as it staged them (deleted
+        ones left out): what the indexed queries add to the committed rows."""
+        numbers = self._staged_messages.get(sequence_key)
+        if not numbers:
+            return []
+        rows = (self._changes.get((_MSG, (sequence_key, n))) for n in numbers)
+        return [m for m in rows if m is not None and m is not _DELETED]
+
+    def _current(self, msg: RmsMessage) -> RmsMessage | None:
+        """``msg`` (a committed row) as this transaction sees it."""
+        if msg.number in self._staged_messages.get(msg.sequence_key, ()):
+            return self._read(_MSG, (msg.sequence_key, msg.number))
+        return msg
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._global is not None:
@@ -412,34 +452,38 @@ class _RmsMessages(api.RmsMessageManager):
         return self._tx._read(_MSG, (sequence_key, number))
 
     def find_by_message_id(self, message_id: str) -> RmsMessage | None:
-        for msg in self._tx._scan(_MSG).values():
-            if msg.message_id == message_id:
-                return msg
-        return None
+        tx = self._tx
+        tx._check_open()
+        for key, numbers in tx._staged_messages.items():  # this transaction's own first
+            for n in numbers:
+                msg = tx._read(_MSG, (key, n))
+                if msg is not None and msg.message_id == message_id:
+                    return msg
+        msg = tx._store._indexed("by_message_id", message_id)
+        return tx._current(msg) if msg is not None else None
 
     def mark_acked(self, sequence_key: str, ranges: Iterable[tuple[int, int]],
                    now: float | None = None) -> list[int]:
         seq = self._seq(sequence_key)
         acked = api.AckRanges.from_ranges(ranges)
         tx = self._tx
-        stored = tx._scan_group(_MSG, sequence_key)
+        own = tx._own_messages(sequence_key)
 
         def named(lo: int, hi: int) -> list[RmsMessage]:
-            """The stored messages numbered lo..hi, ascending: by looking the numbers up or by
-            walking the sequence's rows, whichever is fewer steps (a peer's ranges are
-            cumulative, the rows only what is not purged yet)."""
-            if hi - lo < len(stored):
-                found = (stored.get((sequence_key, n)) for n in range(lo, hi + 1))
-                return [m for m in found if m is not None]
-            return sorted((m for (_, n), m in stored.items() if lo <= n <= hi), key=lambda m: m.number)
+            """The unacknowledged messages numbered lo..hi, ascending: from the index of the
+            committed ones, not a walk of the sequence's rows (a peer's ranges are cumulative,
+            and a backlog's unsent messages are many)."""
+            found = {m.number: m for m in tx._store._indexed("unacked_between", sequence_key, lo, hi)}
+            found.update((m.number, m) for m in own if lo <= m.number <= hi)
+            current = (tx._current(m) for _, m in sorted(found.items()))
+            return [m for m in current if m is not None and not m.acked]
 
         api.check_ack(seq, acked, lambda lo, hi: [m.number for m in named(lo, hi) if m.send_count == 0])
         newly = []
         for lo, hi in acked.ranges:
             for msg in named(lo, hi):
-                if not msg.acked:
-                    tx._write(_MSG, (sequence_key, msg.number), replace(msg, acked=True))
-                    newly.append(msg.number)
+                tx._write(_MSG, (sequence_key, msg.number), replace(msg, acked=True))
+                newly.append(msg.number)
         tx._write(_RMS, sequence_key, replace(seq, last_activity=_now(now)))
         return newly
 
@@ -448,38 +492,57 @@ class _RmsMessages(api.RmsMessageManager):
         t = _now(now)
         tx = self._tx
         seqs = tx._scan(_RMS)
-        candidates = [m for m in tx._scan(_MSG).values() if not m.acked and m.next_send_at <= t]
-        # Order only what is taken: a backlog of N due messages is not sorted whole for a batch of
-        # ``limit`` (a heap pops them in order; round robin takes each sequence's first few).
-        due: Iterable[RmsMessage]
-        if per_sequence is None:
-            heap = [(m.next_send_at, m.sequence_key, m.number, m) for m in candidates]
-            heapq.heapify(heap)
-            due = (heapq.heappop(heap)[3] for _ in range(len(heap)))
+        take = limit if per_sequence is None else min(per_sequence, limit)
+        # Each sequence's first due messages from the store's index (the committed rows) and this
+        # transaction's own: what a batch touches does not grow with the backlog.
+        by_sequence: dict[str, list[RmsMessage]] = {}
+        store = tx._store
+        for key, seq in seqs.items():
+            if seq.sequence_id is None or seq.faulted:
+                continue
+            own = tx._own_messages(key)
+            if not own and not store._indexed("may_be_due", key, t):
+                continue
+            due = store._indexed("first_due", key, t, take + len(own))
+            if own:
+                found = {m.number: m for m in due}
+                found.update((m.number, m) for m in own)
+                current = (tx._current(m) for m in found.values())
+                due = heapq.nsmallest(take, (m for m in current if m is not None and not m.acked
+                                             and m.next_send_at <= t), key=lambda m: (m.next_send_at, m.number))
+            if due:
+                by_sequence[key] = due
+        if per_sequence is None:  # oldest first, across sequences
+            ordered = sorted((m for msgs in by_sequence.values() for m in msgs),
+                             key=lambda m: (m.next_send_at, m.sequence_key, m.number))
+        elif len(by_sequence) == 1:
+            ordered = next(iter(by_sequence.values()))
         else:  # round robin: every sequence's first due message, then the seconds...
-            by_sequence: dict[str, list[RmsMessage]] = {}
-            for m in candidates:
-                by_sequence.setdefault(m.sequence_key, []).append(m)
-            ranked = [(rank, m) for msgs in by_sequence.values()
-                      for rank, m in enumerate(heapq.nsmallest(
-                          per_sequence, msgs, key=lambda m: (m.next_send_at, m.number)), 1)]
-            due = [m for _, m in sorted(ranked, key=lambda r: (r[0], r[1].next_send_at, r[1].sequence_key,
-                                                               r[1].number))]
+            ranked = [(rank, m) for msgs in by_sequence.values() for rank, m in enumerate(msgs, 1)]
+            ordered = [m for _, m in sorted(ranked, key=lambda r: (r[0], r[1].next_send_at, r[1].sequence_key,
+                                                                    r[1].number))]
+        # Take them in that order, locking each sequence the first time one of its messages is
+        # taken (skipped when another transaction holds it), its candidates read again then:
+        # they were read before the lock.
         out: list[RmsMessage] = []
+        held: dict[str, dict[int, RmsMessage | None]] = {}
         skipped: set[str] = set()
-        for msg in due:
+        for msg in ordered:
             if len(out) >= limit:
                 break
-            seq = seqs.get(msg.sequence_key)
-            if (seq is None or seq.sequence_id is None or seq.faulted
-                    or msg.sequence_key in skipped):
+            key = msg.sequence_key
+            if key in skipped:
                 continue
-            if not tx._lock(RANK_RMS, msg.sequence_key, wait=False):
-                skipped.add(msg.sequence_key)  # SKIP LOCKED
-                continue
-            current = tx._read(_MSG, (msg.sequence_key, msg.number))
-            if current is not None and not current.acked and current.next_send_at <= t:
-                out.append(current)
+            current = held.get(key)
+            if current is None:
+                if not tx._lock(RANK_RMS, key, wait=False):
+                    skipped.add(key)  # SKIP LOCKED
+                    continue
+                current = held[key] = {m.number: tx._current(m) for m in store._indexed(
+                    "current", [m for m in by_sequence[key]])}
+            row = current.get(msg.number)
+            if row is not None and not row.acked and row.next_send_at <= t:
+                out.append(row)
         return out
 
     def record_send_attempt(self, sequence_key: str, number: int, *, next_send_at: float,
@@ -508,22 +571,31 @@ class _RmsMessages(api.RmsMessageManager):
         return new
 
     def count_unacked(self, sequence_key: str | None = None) -> int:
-        rows = self._tx._scan(_MSG) if sequence_key is None else self._tx._scan_group(_MSG, sequence_key)
-        return sum(1 for m in rows.values() if not m.acked)
+        tx = self._tx
+        tx._check_open()
+        count = tx._store._indexed("unacked_count", sequence_key)
+        keys = [sequence_key] if sequence_key is not None else list(tx._staged_messages)
+        for key in keys:  # this transaction's own changes, against the committed rows
+            for n in tx._staged_messages.get(key, ()):
+                committed = tx._store._committed(_MSG, (key, n))
+                mine = tx._changes.get((_MSG, (key, n)))
+                count += (mine is not _DELETED and not mine.acked) - (committed is not None and not committed.acked)
+        return count
 
     def purge_acked(self, sequence_key: str | None = None) -> int:
         tx = self._tx
-        purgeable: dict[str, list[RmsMessage]] = {}
-        rows = tx._scan(_MSG) if sequence_key is None else tx._scan_group(_MSG, sequence_key)
-        for (key, _), msg in rows.items():
-            if msg.acked and not msg.reply_pending:
-                purgeable.setdefault(key, []).append(msg)
+        tx._check_open()
+        purgeable: dict[str, dict[int, RmsMessage]] = {
+            key: {m.number: m for m in msgs} for key, msgs in tx._store._indexed("acked", sequence_key).items()}
+        for key in [sequence_key] if sequence_key is not None else list(tx._staged_messages):
+            for m in tx._own_messages(key):
+                purgeable.setdefault(key, {})[m.number] = m
         purged = 0
         for key in sorted(purgeable):
             if sequence_key is None and not tx._lock(RANK_RMS, key, wait=False):
                 continue  # busy: purge it next time
             seq = self._seq(key)
-            msgs = [m for m in (tx._read(_MSG, (key, m.number)) for m in purgeable[key])
+            msgs = [m for m in (tx._read(_MSG, (key, n)) for n in sorted(purgeable[key]))
                     if m is not None and m.acked and not m.reply_pending]
             for m in msgs:
                 tx._delete(_MSG, (key, m.number))

@@ -1,0 +1,179 @@
+"""A backlog does not make a send batch or an acknowledgement cost more (issue 33).
+
+When a peer comes back after an outage, the sender drains what queued meanwhile: every batch asks
+for each sequence's first due messages, every acknowledgement for the messages in its ranges.  If
+either cost grew with the backlog, draining N messages would cost N squared.  Measured in rows
+touched, not time: the memory store's index counts what it visits and the copies of its tables,
+SQLite counts virtual machine steps, PostgreSQL its tuples read in the transaction
+(``pg_stat_get_xact_tuples_*`` of the message table and its indexes).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+from wsrm_plugin.store import StorageManager
+
+SMALL, LARGE = 200, 4000
+BATCH = 50
+
+
+def _backlog(store: StorageManager, queued: int) -> None:
+    """Two started sequences: "a" with ``queued`` messages, of which the first BATCH were sent
+    once (waiting for their acknowledgement), and "b" with a few."""
+    with store.begin() as tx:
+        for key, count in (("a", queued), ("b", 5)):
+            tx.rms.create(key, target="http://127.0.0.1:9/", acks_to="urn:a", rm_version="v", wsa_version="w")
+            tx.rms.update(key, sequence_id=f"sid-{key}")
+            for i in range(count):
+                tx.rms_messages.enqueue(key, b"<x/>", action="a", soap_version="1.1", message_id=f"{key}{i}")
+        tx.rms_messages.record_send_attempts("a", range(1, BATCH + 1), next_send_at=time.time() + 3600)
+
+
+def _rows_touched(store: StorageManager, work: Callable[[Any], Any]) -> int:
+    """Rows (or their proxy) the store touched doing ``work(tx)`` in one transaction."""
+    kind = store.url.split(":", 1)[0]
+    with store.begin() as tx:
+        if kind == "memory":
+            index = store._messages  # type: ignore[attr-defined]
+            copied = [0]
+            snapshot, group = store._snapshot, store._snapshot_group  # type: ignore[attr-defined]
+
+            def counted(fn: Callable[..., dict[Any, Any]]) -> Callable[..., dict[Any, Any]]:
+                def wrapper(*args: Any) -> dict[Any, Any]:
+                    rows = fn(*args)
+                    copied[0] += len(rows)
+                    return rows
+                return wrapper
+            store._snapshot, store._snapshot_group = counted(snapshot), counted(group)  # type: ignore[attr-defined]
+            before = index.rows_visited
+            try:
+                work(tx)
+            finally:
+                del store._snapshot, store._snapshot_group  # type: ignore[attr-defined]
+            return index.rows_visited - before + copied[0]
+        if kind == "sqlite":
+            steps = [0]
+
+            def step() -> int:
+                steps[0] += 1
+                return 0
+            tx.conn.set_progress_handler(step, 20)
+            try:
+                work(tx)
+            finally:
+                tx.conn.set_progress_handler(None, 0)
+            return steps[0]
+        # PostgreSQL: the tuples this backend read, not yet reported (they are reported when it is
+        # idle outside a transaction): read inside one transaction, opened by a statement that locks
+        tx.one("SELECT seq_key FROM rms_sequence WHERE seq_key = ? FOR UPDATE", ("none",))
+        before = _tuples_read(tx)
+        work(tx)
+        return _tuples_read(tx) - before
+
+
+def _tuples_read(tx: Any) -> int:
+    """Tuples of the message table and its indexes this PostgreSQL backend read so far."""
+    return int(tx.one(
+        "SELECT sum(pg_stat_get_xact_tuples_returned(c.oid) + pg_stat_get_xact_tuples_fetched(c.oid)) "
+        "FROM pg_class c WHERE c.oid = 'rms_message'::regclass "
+        "OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'rms_message'::regclass)")[0])
+
+
+def _costs(open_kind: Callable[..., StorageManager], queued: int) -> tuple[int, int]:
+    store = open_kind()
+    _backlog(store, queued)
+    batch = _rows_touched(store, lambda tx: tx.rms_messages.due_messages(limit=BATCH, per_sequence=BATCH))
+    # a peer's cumulative acknowledgement of what was sent, as every acknowledgement repeats
+    acked = _rows_touched(store, lambda tx: tx.rms_messages.mark_acked("a", [(1, BATCH)]))
+    return batch, acked
+
+
+def _wipe(open_kind: Callable[..., StorageManager]) -> None:
+    store = open_kind()
+    with store.begin() as tx:
+        for key in ("a", "b"):
+            if tx.rms.get(key) is not None:
+                tx.rms.delete(key)
+
+
+def test_a_send_batch_and_an_acknowledgement_touch_as_many_rows_at_any_backlog(
+        open_kind: Callable[..., StorageManager]) -> None:
+    small = _costs(open_kind, SMALL)
+    _wipe(open_kind)
+    large = _costs(open_kind, LARGE)
+    for what, at_small, at_large in (("send batch", small[0], large[0]), ("acknowledgement", small[1], large[1])):
+        # 20 times the backlog: a cost that grew with it would be about 20 times as high
+        assert at_large <= 2 * at_small + 30, (
+            f"a {what} touched {at_small} rows at {SMALL} queued and {at_large} at {LARGE}")
+
+
+def test_the_batch_is_each_sequences_first_due_messages_in_round_robin(store: StorageManager) -> None:
+    """What the indexed (memory) and correlated (SQLite) batches return is the round robin the
+    sender asks for: every sequence's first due message, then the seconds..."""
+    _backlog(store, BATCH + 10)
+    with store.begin() as tx:
+        due = tx.rms_messages.due_messages(limit=8, per_sequence=3)
+    assert [(m.sequence_key, m.number) for m in due] == [
+        ("a", BATCH + 1), ("b", 1), ("a", BATCH + 2), ("b", 2), ("a", BATCH + 3), ("b", 3)]
+
+
+@pytest.mark.parametrize("slack", [64, 0], ids=["default", "rebuilt-often"])
+def test_the_memory_stores_index_answers_as_its_rows_do_through_any_history(monkeypatch, slack) -> None:
+    """Random enqueues, send attempts, resends, acknowledgements and purges on two sequences
+    (rebuilds of the due heaps included): every indexed answer equals one read off the rows."""
+    import random
+
+    from wsrm_plugin.store import backlog
+    from wsrm_plugin.store.memory import MemoryStore
+
+    monkeypatch.setattr(backlog, "HEAP_SLACK", slack)
+
+    rng = random.Random(33)
+    store = MemoryStore()
+    clock = [1000.0]
+    with store.begin() as tx:
+        for key in ("a", "b"):
+            tx.rms.create(key, target="http://127.0.0.1:9/", acks_to="urn:a", rm_version="v", wsa_version="w")
+            tx.rms.update(key, sequence_id=f"sid-{key}")
+    for _ in range(800):
+        key = rng.choice("ab")
+        clock[0] += 1
+        with store.begin() as tx:
+            msgs = tx.rms_messages.list_for(key)
+            unacked = [m for m in msgs if not m.acked]
+            op = rng.random()
+            if op < 0.1 or len(unacked) < 4:  # few unacked, many changes: the heaps get rebuilt
+                tx.rms_messages.enqueue(key, b"<x/>", action="a", soap_version="1.1",
+                                        message_id=f"{key}{len(msgs)}-{clock[0]}", now=clock[0])
+            elif op < 0.6:
+                m = rng.choice(unacked)
+                tx.rms_messages.record_send_attempt(key, m.number, next_send_at=clock[0] + rng.choice((-5, 5, 50)))
+            elif op < 0.7:
+                tx.rms_messages.make_due(key, [m.number for m in rng.sample(unacked, min(3, len(unacked)))],
+                                         at=rng.choice((1.0, clock[0] + 3)))
+            elif op < 0.9:
+                sent = [m.number for m in unacked if m.send_count]
+                if sent:
+                    hi = rng.choice(sent)
+                    tx.rms_messages.mark_acked(key, [(1, hi)] if all(
+                        m.send_count or m.acked for m in msgs if m.number <= hi) else [(hi, hi)])
+            else:
+                tx.rms_messages.purge_acked(key)
+        with store.begin() as tx:
+            rows = {k: tx.rms_messages.list_for(k) for k in ("a", "b")}
+            for k in ("a", "b"):
+                assert tx.rms_messages.count_unacked(k) == sum(not m.acked for m in rows[k])
+                assert tx.rms_messages.has_unacked(k) == any(not m.acked for m in rows[k])
+            due = tx.rms_messages.due_messages(clock[0], limit=1000, per_sequence=1000)
+            expected = sorted(((m.next_send_at, m.sequence_key, m.number) for k in rows for m in rows[k]
+                               if not m.acked and m.next_send_at <= clock[0]))
+            assert sorted((m.next_send_at, m.sequence_key, m.number) for m in due) == expected
+            for k in ("a", "b"):
+                for m in rows[k]:
+                    assert tx.rms_messages.find_by_message_id(m.message_id) == m
