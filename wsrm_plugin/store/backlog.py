@@ -214,7 +214,7 @@ class MessageIndex:
         heap, rows = messages.due, self._rows
         taken: list[tuple[float, int]] = []
         seen: set[int] = set()
-        found = []
+        found: list[Any] = []
         while heap and heap[0][0] <= now and len(found) < count:
             at, number = heapq.heappop(heap)
             self.rows_visited += 1

@@ -533,14 +533,13 @@ class _RmsMessages(api.RmsMessageManager):
             key = msg.sequence_key
             if key in skipped:
                 continue
-            current = held.get(key)
-            if current is None:
+            rows = held.get(key)
+            if rows is None:
                 if not tx._lock(RANK_RMS, key, wait=False):
                     skipped.add(key)  # SKIP LOCKED
                     continue
-                current = held[key] = {m.number: tx._current(m) for m in store._indexed(
-                    "current", [m for m in by_sequence[key]])}
-            row = current.get(msg.number)
+                rows = held[key] = {m.number: tx._current(m) for m in store._indexed("current", by_sequence[key])}
+            row = rows.get(msg.number)
             if row is not None and not row.acked and row.next_send_at <= t:
                 out.append(row)
         return out
@@ -578,7 +577,7 @@ class _RmsMessages(api.RmsMessageManager):
         for key in keys:  # this transaction's own changes, against the committed rows
             for n in tx._staged_messages.get(key, ()):
                 committed = tx._store._committed(_MSG, (key, n))
-                mine = tx._changes.get((_MSG, (key, n)))
+                mine = tx._changes[(_MSG, (key, n))]
                 count += (mine is not _DELETED and not mine.acked) - (committed is not None and not committed.acked)
         return count
 
