@@ -62,3 +62,12 @@ def test_nothing_of_opentelemetry_is_imported_without_the_instrumentation():
             "interceptors.spyne_server.service, sys; print(any(m.startswith('opentelemetry') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "False"
+
+
+def test_set_parent_changes_a_tree_as_with_parent_changes_its_bytes():
+    data = _envelope()
+    root = etree.fromstring(data)
+    headers = list(root.find(SOAP11.qname("Header").text))
+    assert tracecontext.set_parent(headers, "1111222233334444")
+    assert to_bytes(root) == tracecontext.with_parent(data, "1111222233334444")
+    assert not tracecontext.set_parent([], "1111222233334444")

@@ -29,10 +29,12 @@ from ..wire import (
     WSRMFault, WSRMRequired, new_message_id,
     parse_envelope, parse_rm_element, to_bytes,
 )
+from ..wire import tracecontext
 from ..wire.soap import build_envelope
 from . import observe
 from .backchannel import BackChannel, Outcome
 from .destination import Accepted, Destination
+from .parsed import TREES
 from .faults import UnsupportedMediaType, busy_fault
 from .policy import RMPolicy
 from .source import Source, is_back_channel
@@ -309,6 +311,8 @@ class Inbound:
         step = observer.receiving(message.raw, headers=message.envelope.headers, sequence_id=header.identifier,
                                   number=header.message_number, action=message.addressing.action,
                                   message_id=message.addressing.message_id)
+        if step.data is not message.raw:  # its trace header names the receive: so must the tree kept with it
+            self._retree(message.raw, step.data)
         try:
             accepted = self.destination.receive(
                 header, version, step.data, message.addressing, principal=principal, soap_ns=message.soap.ns,
@@ -319,6 +323,15 @@ class Inbound:
         step.note(duplicate=accepted.duplicate)
         step.end()
         return accepted
+
+    @staticmethod
+    def _retree(raw: bytes, stored: bytes) -> None:
+        """File the tree parsed from ``raw`` under ``stored``, its copy with another trace parent."""
+        fields = tracecontext.read(data=stored)
+        tree = TREES.take(raw)
+        if tree is not None and fields is not None and tracecontext.set_parent(
+                Envelope.from_element(tree).headers, fields[0][36:52]):
+            TREES.remember(stored, tree)
 
     def _check_owner(self, identifier: str, version: RMVersion, principal: str | None, *,
                      known: bool = False) -> None:

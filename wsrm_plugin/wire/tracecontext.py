@@ -30,7 +30,8 @@ import re
 
 from lxml import etree
 
-__all__ = ["NS", "TRACE_CONTEXT", "header", "read", "read_element", "with_parent", "valid_traceparent"]
+__all__ = ["NS", "TRACE_CONTEXT", "header", "read", "read_element", "with_parent", "set_parent",
+           "valid_traceparent"]
 
 #: The namespace of the header: this project's, not a standard's (none exists for SOAP).
 NS = "urn:wsrm-plugin:trace-context"
@@ -105,6 +106,23 @@ def with_parent(data: bytes, span_id: str) -> bytes:
     if match is None:
         return data
     return data[:match.start(1)] + span_id.encode("ascii") + data[match.end(1):]
+
+
+def set_parent(headers: list[etree._Element], span_id: str) -> bool:
+    """Set the parent-id in a parsed envelope's trace header, as :func:`with_parent` does in its bytes.
+
+    For a tree kept with its bytes (:mod:`wsrm_plugin.engine.parsed`): both must
+    say the same.  False when there is no valid header to change.
+    """
+    for element in headers:
+        if element.tag == TRACE_CONTEXT:
+            parent = element.find(_PARENT)
+            value = (parent.text or "").strip() if parent is not None else ""
+            if parent is None or not valid_traceparent(value) or len(span_id) != 16:
+                return False
+            parent.text = f"{value[:36]}{span_id}{value[52:]}"
+            return True
+    return False
 
 
 def _head(data: bytes) -> bytes:
