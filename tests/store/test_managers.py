@@ -525,6 +525,18 @@ def test_a_transaction_sees_its_own_changes_to_the_sequences_it_holds(store: Sto
         assert tx.rms.get("k1").next_number == 4
 
 
+def test_oldest_unacked_is_when_the_first_message_not_acknowledged_was_enqueued(store: StorageManager) -> None:
+    started(store, messages=2)
+    with store.begin() as tx:
+        first, second = (tx.rms_messages.get("k1", n).created_at for n in (1, 2))
+        assert tx.rms_messages.oldest_unacked("k1") == min(first, second)
+        tx.rms_messages.mark_acked("k1", [(1, 1)])
+        assert tx.rms_messages.oldest_unacked("k1") == second
+        tx.rms_messages.mark_acked("k1", [(2, 2)])
+        assert tx.rms_messages.oldest_unacked("k1") is None
+        assert tx.rms_messages.oldest_unacked("no-such-sequence") is None
+
+
 def test_has_unacked_says_whether_a_sequence_is_done(store: StorageManager) -> None:
     started(store, messages=2)
     with store.begin() as tx:
