@@ -17,6 +17,8 @@ The parts, after Apache CXF's ``rt/ws/rm``:
 * :mod:`.invoker` - the invoker worker (delivery in a transaction);
 * :mod:`.backchannel` - replies in HTTP responses, for clients without a listener;
 * :mod:`.transport` - ``Transport``/``HttpTransport`` and the WSGI ``RMEndpoint``;
+* :mod:`.http_server` - ``HttpServer``, the built-in server (waitress), and what it survives;
+* :mod:`.reachability` - which peers the source can reach (one probe to a peer that is down);
 * :mod:`.engine` - :class:`ReliableEngine`, all of it together.
 """
 
@@ -27,7 +29,7 @@ from .invoker import ApplicationFault, DeliveryContext, FailedDelivery
 from .policy import AckRequestMode, DeliveryAssurance, RMPolicy
 from .source import FailedMessage, SendReceipt, SequenceFault, Source
 from .transport import (
-    BasicAuth, HttpServer, HttpTransport, Reply, Response, RMEndpoint, Transport, TransportError,
+    BasicAuth, HttpServer, HttpServerFailed, HttpTransport, Reply, Response, RMEndpoint, Transport, TransportError,
 )
 
 __all__ = [
@@ -35,5 +37,6 @@ __all__ = [
     "Source", "SendReceipt", "SequenceFault", "FailedMessage",
     "Destination", "Accepted", "Inbound", "read_message", "ApplicationFault", "DeliveryContext", "FailedDelivery",
     "Transport", "TransportError", "HttpTransport", "Response", "Reply", "RMEndpoint", "HttpServer",
+    "HttpServerFailed",
     "BasicAuth",
 ]

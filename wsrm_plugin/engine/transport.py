@@ -11,15 +11,14 @@ The server side is :class:`RMEndpoint`, a WSGI application that hands
 request bodies to the engine and turns its answer into HTTP: 202 for "taken,
 nothing to say", 200 with an envelope, or a SOAP fault with the status the
 SOAP HTTP bindings prescribe.  It refuses an oversized body from its
-Content-Length, before reading a byte of it.  :class:`HttpServer` runs any
-WSGI application on waitress (HTTP/1.1 keep-alive) in a background thread.
+Content-Length, before reading a byte of it.  :class:`~.http_server.HttpServer`
+(:mod:`.http_server`) runs any WSGI application on waitress in a background thread.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import hmac
 import http.client
 import logging
@@ -33,10 +32,11 @@ from urllib.parse import urlsplit
 from ..wire import SOAP11, SOAP12, MessageTooLargeError, SoapFault, SoapVersion, fault_envelope, to_bytes
 from .faults import BusyFault, UnsupportedMediaType
 from .http_client import HttpConnection
+from .http_server import HttpServer, HttpServerFailed
 
 __all__ = [
     "Response", "Reply", "Transport", "TransportError", "HttpTransport", "RMEndpoint",
-    "HttpServer", "BasicAuth", "http_status_for", "soap_version_for_content_type",
+    "HttpServer", "HttpServerFailed", "BasicAuth", "http_status_for", "soap_version_for_content_type",
 ]
 
 log = logging.getLogger(__name__)
@@ -382,121 +382,6 @@ class BasicAuth:
                           [("WWW-Authenticate", f'Basic realm="{self.realm}"')])
         environ["REMOTE_USER"] = user
         return self.app(environ, start_response)
-
-
-@functools.cache
-def _quiet_channel_class() -> type:
-    """waitress's HTTP channel without its busy wait while a request's thread is writing.
-
-    waitress's loop thread asks every channel ``writable()`` before each
-    ``select`` and, when one says yes, calls its ``handle_write``.  While a
-    request's task is running, that only flushes the out buffer when the task
-    is not holding it and it holds at least ``send_bytes``; a channel with
-    bytes in its buffer says yes all the same, so while its task holds the
-    buffer (inside ``write_soon``) or has written less than ``send_bytes``
-    (waitress 2's default of 18000), the loop does nothing with it and asks
-    again at once.  Under concurrent requests that loop spins: measured on the
-    reliable service with waitress 3, ~7 such rounds per message, each taking
-    the GIL back from the very thread it waits for (5-7% of the service's rate,
-    ``bench/bench_compare.py``).  This channel says yes only when
-    ``handle_write`` would act; a task that leaves ``send_bytes`` or more in
-    the buffer wakes the loop (the trigger) once it lets go of it, so those
-    bytes never wait for the loop's one-second timeout.
-    """
-    from waitress.channel import HTTPChannel
-
-    class QuietChannel(HTTPChannel):
-        def writable(self) -> bool:
-            if self.requests and not (self.will_close or self.close_when_flushed):
-                if self.total_outbufs_len < self.adj.send_bytes:
-                    return False  # too little to send while the task runs (handle_write waits too)
-                if not self.outbuf_lock.acquire(False):
-                    return False  # the task holds it: its write_soon pulls the trigger after
-                self.outbuf_lock.release()
-            return bool(super().writable())
-
-        def write_soon(self, data: bytes) -> int:
-            written = int(super().write_soon(data))
-            if self.total_outbufs_len >= self.adj.send_bytes and self.connected:
-                self.server.pull_trigger()  # left for the loop, now that the buffer is free
-            return written
-
-    return QuietChannel
-
-
-class HttpServer:
-    """A WSGI application served by waitress in a background thread (HTTP/1.1 keep-alive).
-
-    ``port=0`` picks a free port; :attr:`url` is the base address once
-    started.  ``max_body`` is waitress's own hard limit (the endpoint's
-    SOAP-level limit should be below it, so clients get a SOAP fault).
-    """
-
-    def __init__(self, app: Callable[..., Any], host: str = "127.0.0.1", port: int = 0, *,
-                 threads: int = 4, max_body: int = 64 * 1024 * 1024, path: str = "/") -> None:
-        self.app = app
-        self.host = host
-        self.requested_port = port
-        self.threads = threads
-        self.max_body = max_body
-        self.path = path if path.startswith("/") else "/" + path
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> HttpServer:
-        import waitress
-
-        if self._server is not None:
-            raise RuntimeError("server already started")
-        self._server = waitress.create_server(
-            self.app, host=self.host, port=self.requested_port, threads=self.threads,
-            max_request_body_size=self.max_body, channel_timeout=120, connection_limit=1000,
-            clear_untrusted_proxy_headers=True, ident="wsrm")
-        self._server.channel_class = _quiet_channel_class()
-        self._thread = threading.Thread(target=self._server.run, name=f"wsrm-http-{self.port}", daemon=True)
-        self._thread.start()
-        log.info("serving on %s", self.url)
-        return self
-
-    @property
-    def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("server not started")
-        return int(self._server.effective_port)
-
-    @property
-    def url(self) -> str:
-        host = self.host if ":" not in self.host else f"[{self.host}]"
-        return f"http://{host}:{self.port}{self.path}"
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Close the listening socket and every connection, and stop waitress's threads."""
-        server, self._server = self._server, None
-        if server is None:
-            return
-        from waitress import wasyncore
-
-        done = threading.Event()
-
-        def close_everything() -> None:  # runs in the server's own loop thread
-            wasyncore.close_all(server._map)
-            done.set()
-
-        try:
-            server.trigger.pull_trigger(close_everything)
-        except OSError:
-            wasyncore.close_all(server._map)
-        done.wait(timeout)
-        if self._thread is not None:
-            self._thread.join(timeout)
-        server.task_dispatcher.shutdown(timeout=timeout)
-        log.info("stopped serving on port %s", self.requested_port)
-
-    def __enter__(self) -> HttpServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
