@@ -48,6 +48,8 @@ GAUGES = (
      lambda r: r.waiting_for_retry),
     ("wsrm_poison_messages", "Messages given up after every retry cycle, kept for an operator (wsrm poison)",
      lambda r: r.poison),
+    ("wsrm_unreachable_peers", "Peers an engine process using the store cannot reach (their messages wait)",
+     lambda r: len({c.subject for c in r.unreachable_peers})),
 )
 
 
@@ -78,6 +80,13 @@ def exposition(r: StoreReport) -> str:
                   "# TYPE wsrm_faulted_sequence gauge"]
         for sequence, reason in r.faults:
             lines.append(f'wsrm_faulted_sequence{{sequence="{_label(sequence)}",reason="{_label(reason)}"}} 1')
+    if r.unreachable_peers:
+        lines += ["# HELP wsrm_unreachable_peer_since_seconds When a peer became unreachable for a process "
+                  "(Unix time), with its last error",
+                  "# TYPE wsrm_unreachable_peer_since_seconds gauge"]
+        for c in r.unreachable_peers:
+            lines.append(f'wsrm_unreachable_peer_since_seconds{{peer="{_label(c.subject)}",'
+                         f'reporter="{_label(c.reporter)}",error="{_label(c.last_error or "")}"}} {c.since:.3f}')
     return "\n".join(lines) + "\n"
 
 

@@ -17,7 +17,10 @@ sends their messages again) and in-doubt transactions (XA branches
 prepared in the store and not yet decided: they block it until recovery runs,
 see ``wsrm recover``), messages waiting for a retry (their delivery failed:
 the application or its database is in trouble) and poison messages (every
-retry cycle failed: they wait for an operator, see ``wsrm poison``).
+retry cycle failed: they wait for an operator, see ``wsrm poison``).  Last
+come the peers a running engine cannot reach: since when, its last error, how
+many probes went and how many messages it holds for the peer (reported by
+each engine process into the store, so the command sees them from outside).
 
 The status is read without taking the store's locks, so it is safe against
 a running engine, even one stuck behind in-doubt branches.
@@ -28,7 +31,7 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
-from .store import StorageManager, StoreStatus
+from .store import NodeCondition, StorageManager, StoreStatus
 
 __all__ = ["SequenceRow", "StoreReport", "report", "format_report"]
 
@@ -62,6 +65,8 @@ class StoreReport:
     waiting_for_retry: int = 0
     #: Messages in the poison store (``wsrm poison list``).
     poison: int = 0
+    #: Peers engine processes report they cannot reach (one per peer and process).
+    unreachable_peers: tuple[NodeCondition, ...] = ()
 
     @classmethod
     def of(cls, url: str, status: StoreStatus) -> StoreReport:
@@ -74,7 +79,9 @@ class StoreReport:
                    in_doubt_transactions=status.prepared_branches, buffered=status.buffered,
                    by_state=status.by_state(), waiting_for_retry=status.retrying, poison=status.poisoned,
                    faults=tuple((s.sequence_id or f"(creating: {s.key})", s.fault_reason or "faulted")
-                                for s in status.rms if s.state == "faulted"))
+                                for s in status.rms if s.state == "faulted"),
+                   unreachable_peers=tuple(c for c in status.conditions
+                                           if c.kind == NodeCondition.UNREACHABLE_PEER))
 
 
 def report(store: StorageManager) -> StoreReport:
@@ -121,9 +128,16 @@ def format_report(r: StoreReport) -> str:
         f"messages awaiting delivery {r.buffered}",
         f"waiting for a retry       {r.waiting_for_retry}",
         f"poison messages           {r.poison}" + ("   (run `wsrm poison list`)" if r.poison else ""),
+        f"unreachable peers         {len({c.subject for c in r.unreachable_peers})}",
     ]
     if r.faults:
         out += ["", ("faulted sequences (their unacknowledged messages are kept; once the cause is fixed, "
                      "`wsrm resend --store URL --sequence ID` sends them again on a new sequence):")]
         out += [f"  {sequence}: {reason}" for sequence, reason in r.faults]
+    if r.unreachable_peers:
+        out += ["", ("unreachable peers (their messages wait unsent; one probe at a time goes to each, and "
+                     "its first answer sends them):")]
+        for c in r.unreachable_peers:
+            out.append(f"  {c.subject}: since {_when(c.since)}, {c.state}; {c.detail}; last error: "
+                       f"{c.last_error or '-'} (reported by {c.reporter} at {_when(c.reported_at)})")
     return "\n".join(out) + "\n"

@@ -16,6 +16,8 @@ import time
 import pytest
 
 from wsrm_plugin.engine import HttpTransport
+from wsrm_plugin.metrics import exposition
+from wsrm_plugin.status import format_report, report
 from wsrm_plugin.tools.proxy import LossyProxy
 
 from .conftest import fast_policy
@@ -95,6 +97,13 @@ def test_a_down_peer_gets_one_probe_at_a_time_and_everything_once_it_is_back(eng
         assert peer.address == target
         assert ("ConnectionRefused" in peer.last_error) if way == "refused" else ("HTTP 502" in peer.last_error)
         assert peer.since <= time.time()
+        # wsrm status (another process, reading the store) shows it too, and the metrics
+        assert wait_for(lambda: report(client.store).unreachable_peers != ())
+        [shown] = report(client.store).unreachable_peers
+        assert shown.subject == target and shown.since == pytest.approx(peer.since)
+        text = format_report(report(client.store))
+        assert "unreachable peers         1" in text and f"  {target}: since " in text
+        assert "wsrm_unreachable_peers 1" in exposition(report(client.store))
         requests_before = proxy.stats.received if proxy is not None else transport.between(tripped, tripped)
         for i in range(6, 9):  # and more while it is judged down
             send(i)
@@ -125,6 +134,7 @@ def test_a_down_peer_gets_one_probe_at_a_time_and_everything_once_it_is_back(eng
         final = client.status()
         assert final.unreachable_peers == () and final.faulted_sequences == 0 and final.peer_outages == 1
         assert final.probes_sent >= 1
+        assert wait_for(lambda: report(client.store).unreachable_peers == ())
         warnings = [r.getMessage() for r in caplog.records
                     if r.levelno >= logging.WARNING and r.name.startswith("wsrm_plugin.engine.re")]
         assert len(warnings) == 1 and "unreachable" in warnings[0], warnings

@@ -170,7 +170,8 @@ class ReliableEngine:
         self.back_channel = BackChannel(self.store, policy, self.destination)
         self.inbound = Inbound(self.source, self.destination, policy, self.back_channel, answers=answers)
         self.retransmission = RetransmissionWorker(self.store, policy, self.source, self.destination,
-                                                   self.inbound, self.transport, on_reachable=self._peer_is_back)
+                                                   self.inbound, self.transport, on_reachable=self._peer_is_back,
+                                                   name=name)
         self.acknowledgement = AcknowledgementWorker(self.store, policy, self.destination, self.inbound,
                                                      self.transport, source=self.source,
                                                      reachability=self.retransmission.reachability)
@@ -270,11 +271,15 @@ class ReliableEngine:
 
     def serve(self, host: str = "127.0.0.1", port: int = 0, *, path: str = "/",
               middleware: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
-              threads: int = 4) -> HttpServer:
-        """Serve the RM endpoint with waitress; the first server's URL becomes the endpoint address."""
+              threads: int = 4, **options: Any) -> HttpServer:
+        """Serve the RM endpoint with waitress; the first server's URL becomes the endpoint address.
+
+        ``options`` go to :class:`~.http_server.HttpServer` (``connection_limit``,
+        ``channel_timeout``, ``request_timeout``, ``on_failure``...); ``server.wait(stop)``
+        raises when its loop failed for good (see the deploy guide)."""
         app: Callable[..., Any] = self.endpoint if middleware is None else middleware(self.endpoint)
         server = HttpServer(app, host, port, threads=threads, path=path,
-                            max_body=max(4 * self.policy.max_message_size, 16 * 1024 * 1024)).start()
+                            max_body=max(4 * self.policy.max_message_size, 16 * 1024 * 1024), **options).start()
         self._servers.append(server)
         if self.endpoint_address is None:
             self.endpoint_address = server.url

@@ -163,6 +163,8 @@ class Reachability:
         #: Probes sent, and peers that became unreachable, since the engine started.
         self.probes_sent = 0
         self.outages = 0
+        #: Counts every change worth reporting (a peer unreachable or back, a probe's failure).
+        self.changes = 0
 
     @property
     def enabled(self) -> bool:
@@ -331,6 +333,8 @@ class Reachability:
         """Take ``transition`` and do its actions; True when the peer became reachable again."""
         peer.state = transition.state
         reopened = False
+        if transition.actions:
+            self.changes += 1
         for action in transition.actions:
             if action is PeerAction.MARK_UNREACHABLE:
                 self.outages += 1

@@ -28,6 +28,7 @@ sequence is faulted and the application told (:meth:`Source.report_and_release`)
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +40,9 @@ from typing import Any
 from lxml import etree
 
 from ..statemachine import AckRanges, RMSDuty, rms_duties
-from ..store import RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreError, UnknownSequenceError
+from ..store import (
+    NodeCondition, RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreError, UnknownSequenceError,
+)
 from ..wire import (
     RM10, AckRequested, CloseSequence, CloseSequenceResponse, CreateSequence, CreateSequenceResponse,
     EndpointReference, Offer, SequenceAcknowledgement, SequenceHeader, SoapFault, SoapVersion,
@@ -173,7 +176,7 @@ class RetransmissionWorker:
 
     def __init__(self, store: StorageManager, policy: RMPolicy, source: Source, destination: Destination,
                  inbound: Inbound, transport: Transport, *,
-                 on_reachable: Callable[[str], None] | None = None) -> None:
+                 on_reachable: Callable[[str], None] | None = None, name: str = "wsrm") -> None:
         self.store = store
         self.policy = policy
         self.source = source
@@ -208,6 +211,11 @@ class RetransmissionWorker:
         self._back: deque[str] = deque()
         #: Messages held for unreachable peers (not sent, parked in the store) since the start.
         self.held = 0
+        #: Who this process is in the conditions it reports for ``wsrm status``.
+        self.reporter = f"{name}@{socket.gethostname()}"
+        self._reported: set[str] = set()
+        self._reported_changes = -1
+        self._next_report = 0.0
 
     def step(self) -> bool:
         now = time.time()
@@ -216,9 +224,41 @@ class RetransmissionWorker:
         controlled = self._control(now)
         sent = self._transmit(now)
         kept = self._keep_alive(time.time())
+        self._report_unreachable()
         return released or probed or controlled or sent or kept
 
     # -- unreachable peers (see .reachability) ----------------------------------------------------
+
+    def _report_unreachable(self) -> None:
+        """Write the unreachable peers into the store for ``wsrm status`` (another process): on a
+        change, and every half minute while one stays unreachable, so that its age says whether
+        the report is fresh.  The first call also clears what an earlier run of this engine left."""
+        now = time.time()
+        changes = self.reachability.changes
+        if changes == self._reported_changes and (not self._reported or now < self._next_report):
+            return
+        peers = self.reachability.unreachable()
+        kind = NodeCondition.UNREACHABLE_PEER
+        try:
+            with self.store.begin() as tx:
+                if self._reported_changes < 0:  # a predecessor's reports, and anyone's older than a day
+                    tx.conditions.remove(kind, reporter=self.reporter)
+                    tx.conditions.remove(kind, reported_before=now - 86400)
+                for peer in peers:
+                    detail = f"{peer.probes} probe(s), {peer.held} message(s) held, " + (
+                        "a probe is out" if peer.next_probe_at is None
+                        else f"next probe in {max(peer.next_probe_at - now, 0):.0f}s")
+                    tx.conditions.put(NodeCondition(kind, peer.address, self.reporter,
+                                                    "probing" if peer.probing else "unreachable", peer.since,
+                                                    peer.last_error, detail, now))
+                for address in self._reported - {peer.address for peer in peers}:
+                    tx.conditions.remove(kind, subject=address, reporter=self.reporter)
+        except StoreError as exc:  # only the report is late: the next round writes it
+            log.debug("unreachable peers not reported to the store: %s", exc)
+            return
+        self._reported = {peer.address for peer in peers}
+        self._reported_changes = changes
+        self._next_report = now + min(30.0, self.policy.probe_interval_cap)
 
     def _peer_is_back(self, address: str) -> None:
         self._back.append(address)
@@ -863,11 +903,19 @@ class RetransmissionWorker:
             return self._pool
 
     def close(self) -> None:
-        """End the sending threads (the engine calls this once its workers stopped)."""
+        """End the sending threads (the engine calls this once its workers stopped), and withdraw
+        this process's reports of unreachable peers: nobody holds messages for them here now."""
         with self._pool_lock:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+        if self._reported:
+            try:
+                with self.store.begin() as tx:
+                    tx.conditions.remove(NodeCondition.UNREACHABLE_PEER, reporter=self.reporter)
+            except StoreError as exc:
+                log.debug("reports of unreachable peers not withdrawn: %s", exc)
+            self._reported = set()
 
     def _claim(self, now: float) -> list[_Planned]:
         policy = self.policy

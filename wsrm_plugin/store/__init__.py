@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from .api import (
     BufferedMessage, PoisonMessage, DuplicateSequenceError, InDoubtBranchesError, InvalidAcknowledgementError,
-    InvokerSequence, LockOrderError, LockTimeoutError, MessageNumberRolloverError, RmdSequence,
+    InvokerSequence, LockOrderError, LockTimeoutError, MessageNumberRolloverError, NodeCondition, RmdSequence,
     RmsMessage, RmsSequence, SchemaVersionError, SequenceNotOpenError, StorageManager,
     StoreClosedError, StoreError, StoreNotFoundError, StoreStatus, StoreTransaction, StoreUnavailableError,
     TransactionClosedError, UnknownMessageError, UnknownSequenceError,
@@ -38,7 +38,7 @@ from .api import (
 __all__ = [
     "open_store", "StorageManager", "StoreTransaction", "StoreStatus",
     "RmsSequence", "RmsMessage", "RmdSequence", "BufferedMessage", "InvokerSequence", "PoisonMessage",
-    "StoreError", "DuplicateSequenceError", "UnknownSequenceError", "UnknownMessageError",
+    "NodeCondition", "StoreError", "DuplicateSequenceError", "UnknownSequenceError", "UnknownMessageError",
     "InvalidAcknowledgementError", "MessageNumberRolloverError", "SequenceNotOpenError",
     "LockOrderError", "LockTimeoutError", "InDoubtBranchesError", "TransactionClosedError",
     "StoreClosedError", "SchemaVersionError", "StoreUnavailableError", "StoreNotFoundError",

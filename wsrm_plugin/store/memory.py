@@ -41,7 +41,7 @@ from .backlog import MessageIndex
 from .branches import BranchResource
 from .api import (
     RANK_INVOKER, RANK_RMD, RANK_RMS, BufferedMessage, DuplicateSequenceError,
-    InvokerSequence, LockTimeoutError, PoisonMessage, RmdSequence, RmsMessage,
+    InvokerSequence, LockTimeoutError, NodeCondition, PoisonMessage, RmdSequence, RmsMessage,
     RmsSequence, StoreClosedError, UnknownMessageError, UnknownSequenceError, _now,
 )
 
@@ -59,6 +59,7 @@ _RMD = "rmd"          # sequence id -> RmdSequence
 _INV = "invoker"      # sequence id -> InvokerSequence (delivered ranges; buffered not kept)
 _BUF = "buffer"       # (sequence id, number) -> BufferedMessage
 _POI = "poison"       # (sequence id, number) -> PoisonMessage
+_CON = "condition"    # (kind, subject, reporter) -> NodeCondition
 #: Tables keyed by (sequence, number), also kept grouped by sequence: an acknowledgement, a
 #: delivery or a discard touches one sequence's rows, and copying the whole table for it made a
 #: backlog of N messages cost O(N) per acknowledgement (15 ms each at 10,000 queued).
@@ -75,7 +76,7 @@ class MemoryStore(api.StorageManager):
         self.name = name
         self.lock_timeout = lock_timeout
         self._cond = threading.Condition()
-        self._tables: dict[str, dict[Any, Any]] = {t: {} for t in (_RMS, _MSG, _RMD, _INV, _BUF, _POI)}
+        self._tables: dict[str, dict[Any, Any]] = {t: {} for t in (_RMS, _MSG, _RMD, _INV, _BUF, _POI, _CON)}
         self._groups: dict[str, dict[Any, dict[Any, Any]]] = {t: {} for t in _GROUPED}
         #: the committed source messages indexed for due batches and acknowledgements (a backlog)
         self._messages = MessageIndex(self._tables[_MSG])
@@ -205,6 +206,7 @@ class MemoryTransaction(api.StoreTransaction):
         self.rms_messages = _RmsMessages(self)
         self.rmd = _Rmd(self)
         self.invoker = _Invoker(self)
+        self.conditions = _Conditions(self)
 
     # -- plumbing for the managers --------------------------------------------
 
@@ -882,6 +884,27 @@ def _due(buffered: dict[Any, BufferedMessage], now: float) -> dict[Any, Buffered
 # --------------------------------------------------------------------------
 # XA
 # --------------------------------------------------------------------------
+
+class _Conditions(api.ConditionManager):
+    _tx: MemoryTransaction
+
+    def put(self, condition: NodeCondition) -> None:
+        self._tx._write(_CON, (condition.kind, condition.subject, condition.reporter), condition)
+
+    def remove(self, kind: str, *, subject: str | None = None, reporter: str | None = None,
+               reported_before: float | None = None) -> int:
+        gone = [key for key, c in self._tx._scan(_CON).items()
+                if c.kind == kind and (subject is None or c.subject == subject)
+                and (reporter is None or c.reporter == reporter)
+                and (reported_before is None or c.reported_at < reported_before)]
+        for key in gone:
+            self._tx._delete(_CON, key)
+        return len(gone)
+
+    def list_all(self, kind: str | None = None) -> list[NodeCondition]:
+        found = [c for c in self._tx._scan(_CON).values() if kind is None or c.kind == kind]
+        return sorted(found, key=lambda c: (c.since, c.kind, c.subject, c.reporter))
+
 
 class MemoryXAResource(BranchResource):
     """The memory store as a volatile XA participant (see the module docstring).

@@ -68,6 +68,7 @@ from .errors import (
     UnknownSequenceError,
 )
 from .protocols import (
+    ConditionManager,
     InvokerBufferManager,
     RmdSequenceManager,
     RmsMessageManager,
@@ -83,6 +84,7 @@ from .ranges import MAX_MESSAGE_NUMBER, AckRanges, check_number, format_ranges, 
 from .records import (
     BufferedMessage,
     InvokerSequence,
+    NodeCondition,
     PoisonMessage,
     RmdSequence,
     RmdSequenceStatus,
@@ -106,12 +108,13 @@ __all__ = [
     "TransactionClosedError", "SchemaVersionError", "StoreClosedError", "StoreNotFoundError",
     # records
     "RmsSequence", "RmsMessage", "RmdSequence", "BufferedMessage", "InvokerSequence", "PoisonMessage",
+    "NodeCondition",
     "RmsSequenceStatus", "RmdSequenceStatus", "StoreStatus",
     # ranges
     "AckRanges", "MAX_MESSAGE_NUMBER", "check_number", "format_ranges", "parse_ranges",
     # API
     "RANK_RMD", "RANK_INVOKER", "RANK_RMS",
-    "RmsSequenceManager", "RmsMessageManager", "RmdSequenceManager", "InvokerBufferManager",
+    "RmsSequenceManager", "RmsMessageManager", "RmdSequenceManager", "InvokerBufferManager", "ConditionManager",
     "StoreTransaction", "StorageManager", "StoreUnavailableError",
     # shared by the stores (not part of the public API)
     "_Manager", "_now", "_status_of", "buffered_of", "check_ack", "check_enqueue", "check_key",

@@ -29,6 +29,7 @@ from .ranges import check_number, format_ranges
 from .records import (
     BufferedMessage,
     InvokerSequence,
+    NodeCondition,
     PoisonMessage,
     RmdSequence,
     RmdSequenceStatus,
@@ -444,6 +445,27 @@ class InvokerBufferManager(_Manager, ABC):
 
 
 
+class ConditionManager(_Manager, ABC):
+    """What engine processes report about what they depend on (:class:`NodeCondition`).
+
+    Not protocol state: no lock is taken (the last report wins) and none of it
+    belongs in an XA transaction; write it in a store transaction of its own.
+    """
+
+    @abstractmethod
+    def put(self, condition: NodeCondition) -> None:
+        """Add or replace the condition of (kind, subject, reporter)."""
+
+    @abstractmethod
+    def remove(self, kind: str, *, subject: str | None = None, reporter: str | None = None,
+               reported_before: float | None = None) -> int:
+        """Remove the conditions of ``kind`` matching every criterion given; how many."""
+
+    @abstractmethod
+    def list_all(self, kind: str | None = None) -> list[NodeCondition]:
+        """Every condition (of ``kind``), oldest first."""
+
+
 class StoreTransaction(ABC):
     """One unit of work on the store; use it as a context manager.
 
@@ -456,6 +478,7 @@ class StoreTransaction(ABC):
     rms_messages: RmsMessageManager
     rmd: RmdSequenceManager
     invoker: InvokerBufferManager
+    conditions: ConditionManager
 
     def __init__(self) -> None:
         self._max_rank = -1
@@ -668,7 +691,8 @@ def _status_of(tx: StoreTransaction, prepared: int = 0) -> StoreStatus:
             retrying=tx.invoker.count_retrying(dseq.sequence_id),
             poisoned=tx.invoker.count_poison(dseq.sequence_id)))
     return StoreStatus(rms=tuple(rms), rmd=tuple(rmd), prepared_branches=prepared,
-                       retrying=tx.invoker.count_retrying(), poisoned=tx.invoker.count_poison())
+                       retrying=tx.invoker.count_retrying(), poisoned=tx.invoker.count_poison(),
+                       conditions=tuple(tx.conditions.list_all()))
 
 
 def refuse_if_global(tx: Any) -> None:

@@ -271,6 +271,31 @@ class RmdSequenceStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeCondition:
+    """Something an engine process reports about what it depends on, for ``wsrm status``.
+
+    Kept in the store so that an operator's ``wsrm status`` (another process)
+    sees it: today a peer the process cannot reach (``kind`` ``"unreachable-peer"``,
+    ``subject`` its address).  Each process reports its own view (``reporter``:
+    its engine's name, host and process id), replaces it as it changes and
+    removes it when the condition ends; ``reported_at`` says how fresh it is.
+    """
+
+    #: The kind of condition a peer address stays unreachable under (:mod:`wsrm_plugin.engine.reachability`).
+    UNREACHABLE_PEER: ClassVar[str] = "unreachable-peer"
+
+    kind: str
+    subject: str
+    reporter: str
+    state: str
+    since: float
+    last_error: str | None = None
+    #: A line for a person: "5 probes, 40 messages held, next probe in 31s".
+    detail: str = ""
+    reported_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class StoreStatus:
     """The counters ``wsrm status`` prints."""
 
@@ -281,6 +306,8 @@ class StoreStatus:
     retrying: int = 0
     #: Messages in the poison store (every sequence, also those already released).
     poisoned: int = 0
+    #: What the engine processes using the store report (unreachable peers...).
+    conditions: tuple[NodeCondition, ...] = ()
 
     @property
     def unacked(self) -> int:

@@ -21,6 +21,9 @@ touched in the lock order RMD, invoker buffer, RMS):
 ``poison_message``
     messages given up after their last retry cycle, kept until an operator
     retries or discards them (schema version 3);
+``node_condition``
+    what engine processes report about what they depend on, such as a peer
+    they cannot reach (schema version 4);
 ``schema_version``
     one row per applied migration; a store is migrated when it is opened.
 
@@ -36,6 +39,7 @@ the one statement that spans the RMD and invoker tables) and :mod:`.undo`.
 
 from __future__ import annotations
 
+from .conditions import _Conditions
 from .dialect import POSTGRES, SQLITE, Dialect
 from .invoker import _Invoker
 from .rmd import _Rmd
@@ -53,3 +57,4 @@ SqlTransaction.rms = _OnFirstUse("rms", _Rms)  # type: ignore[assignment]
 SqlTransaction.rms_messages = _OnFirstUse("rms_messages", _RmsMessages)  # type: ignore[assignment]
 SqlTransaction.rmd = _OnFirstUse("rmd", _Rmd)  # type: ignore[assignment]
 SqlTransaction.invoker = _OnFirstUse("invoker", _Invoker)  # type: ignore[assignment]
+SqlTransaction.conditions = _OnFirstUse("conditions", _Conditions)  # type: ignore[assignment]

@@ -47,6 +47,7 @@ PRIMARY_KEYS = {
     "invoker_sequence": ("sequence_id",),
     "invoker_message": ("sequence_id", "number"),
     "poison_message": ("sequence_id", "number"),
+    "node_condition": ("kind", "subject", "reporter"),
 }
 
 _RMS_BOOLS = {"started", "last_message", "close_sent", "closed", "terminate_sent", "faulted"}

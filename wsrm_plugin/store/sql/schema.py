@@ -157,8 +157,27 @@ def _migration_3(d: Dialect) -> list[str]:
     ]
 
 
+def _migration_4(d: Dialect) -> list[str]:
+    """What engine processes report about what they depend on (``wsrm status`` shows it): a peer
+    a process cannot reach, since when, its last error.  One row per condition and process."""
+    D = d.double
+    return [
+        f"""CREATE TABLE node_condition (
+            kind TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            reporter TEXT NOT NULL,
+            state TEXT NOT NULL,
+            since {D} NOT NULL,
+            last_error TEXT,
+            detail TEXT NOT NULL DEFAULT '',
+            reported_at {D} NOT NULL,
+            PRIMARY KEY (kind, subject, reporter)
+        )""",
+    ]
+
+
 #: (version, statements for a dialect).  Append new versions; never edit old ones.
-MIGRATIONS = [(1, _migration_1), (2, _migration_2), (3, _migration_3)]
+MIGRATIONS = [(1, _migration_1), (2, _migration_2), (3, _migration_3), (4, _migration_4)]
 LATEST_VERSION = MIGRATIONS[-1][0]
 
 
