@@ -8,7 +8,8 @@ Each host is ``tests.multihost.host_app`` in a network namespace of its own
 delivery is one XA transaction (the store's branch with the commit mark, the
 orders row prepared in another database).  Four clients send ``--messages``
 one-way messages in all; the rate is delivered-and-committed rows per second
-from the first to the last row.  Then, ``--runs`` times, one host is
+from the first to the last row, with the CPU time per message of the hosts,
+of PostgreSQL and of the clients (this process).  Then, ``--runs`` times, one host is
 SIGKILLed while it holds a prepared branch (caught when it can be) and the
 time until its claim and prepared branches are gone is taken, as is the time
 until a host cut off from the network is taken over (the keepalive bound of
@@ -36,8 +37,33 @@ from tests.multihost.clients import Clients  # noqa: E402 -- after the path is s
 from tests.multihost.cluster import Cluster, namespaces_allowed, wait_for  # noqa: E402
 
 
-def rate(hosts: int, messages: int, workdir: Path) -> float:
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(pid: int, children: bool = False) -> float:
+    """CPU seconds of ``pid`` (with its reaped children's, when asked); 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
+    return ticks / _TICK
+
+
+def _cpu_split(cluster: Cluster) -> dict[str, float]:
+    """CPU seconds so far of the hosts, PostgreSQL (the postmaster's reaped backends included), this process."""
+    assert cluster.pg is not None and cluster.pg.pid is not None
+    postmaster = cluster.pg.pid
+    pg = _cpu(postmaster, children=True) + sum(_cpu(p) for p in cluster.pg.pids() if p != postmaster)
+    own = os.times()
+    return {"hosts": sum(_cpu(h.pid) for h in cluster.hosts if h.alive), "postgres": pg,
+            "clients": own.user + own.system}
+
+
+def rate(hosts: int, messages: int, workdir: Path) -> tuple[float, dict[str, float]]:
+    """Messages per second, and CPU milliseconds per message by who spent them."""
     cluster = Cluster(workdir, hosts).start()
+    cluster.env["POLL_INTERVAL"] = "0.2"  # the policy's default, not the tests' impatient one
     try:
         cluster.start_hosts()
         clients = Clients(cluster, 4)
@@ -45,12 +71,15 @@ def rate(hosts: int, messages: int, workdir: Path) -> float:
             clients.send(25)  # warm up: connections, prepared statements, the WSDL
             assert wait_for(lambda: len(cluster.orders()) >= clients.expected(), 300)
             base = clients.expected()
+            cpu_before = _cpu_split(cluster)
             started = time.monotonic()
             clients.send(messages // 4)
             target = clients.expected()
             assert wait_for(lambda: len(cluster.orders()) >= target, 1200, interval=0.05), "not all delivered"
             took = time.monotonic() - started
-            return (target - base) / took
+            cpu_after = _cpu_split(cluster)
+            count = target - base
+            return count / took, {k: 1000 * (cpu_after[k] - cpu_before[k]) / count for k in cpu_after}
         finally:
             clients.stop()
     finally:
@@ -67,16 +96,16 @@ def takeovers(runs: int, workdir: Path) -> tuple[list[float], list[float]]:
             for _ in range(runs):
                 clients.send(100)
                 victim = next(h for h in cluster.hosts if h.alive)
-                wait_for(lambda: bool(cluster.prepared(victim.node)), 10, interval=0.002)
+                wait_for(lambda v=victim: bool(cluster.prepared(v.node)), 10, interval=0.002)
                 at = victim.kill()
-                assert wait_for(lambda: cluster.released(victim.node), 120, interval=0.02)
+                assert wait_for(lambda v=victim: cluster.released(v.node), 120, interval=0.02)
                 killed.append(time.monotonic() - at)
                 victim.start()
             for _ in range(runs):
                 victim = next(h for h in cluster.hosts if h.alive)
                 cluster.cut(victim)
                 at = time.monotonic()
-                assert wait_for(lambda: cluster.released(victim.node), 120, interval=0.02)
+                assert wait_for(lambda v=victim: cluster.released(v.node), 120, interval=0.02)
                 cut.append(time.monotonic() - at)
                 cluster.mend(victim)
                 victim.stop()  # it lost its node: restart it, as its health check asks
@@ -102,9 +131,12 @@ def main() -> None:
           f"median of {args.runs} runs", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-multihost-") as tmp:
         for hosts in [int(h) for h in args.hosts.split(",")]:
-            rates = [rate(hosts, args.messages, Path(tmp) / f"rate-{hosts}-{i}") for i in range(args.runs)]
+            runs = [rate(hosts, args.messages, Path(tmp) / f"rate-{hosts}-{i}") for i in range(args.runs)]
+            rates = [r for r, _ in runs]
+            cpu = {k: statistics.median(c[k] for _, c in runs) for k in runs[0][1]}
             print(f"{hosts} host(s): {statistics.median(rates):7.1f} messages/s "
-                  f"(runs: {', '.join(f'{r:.1f}' for r in rates)})", flush=True)
+                  f"(runs: {', '.join(f'{r:.1f}' for r in rates)}); CPU ms per message: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()), flush=True)
         killed, cut = takeovers(args.runs, Path(tmp) / "takeover")
     print(f"host SIGKILLed -> its claim and prepared branches released: median {statistics.median(killed):.2f}s "
           f"(runs: {', '.join(f'{t:.2f}' for t in killed)})")

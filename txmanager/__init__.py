@@ -4,7 +4,9 @@ The pieces, each in its own module: :mod:`.xid` and :mod:`.xa` (the X/Open
 contract), :mod:`.transaction` (one transaction and the commit protocol),
 :mod:`.manager` (thread-bound transactions), :mod:`.log` (the recovery log),
 :mod:`.recovery` (finishing in-doubt branches), :mod:`.memory` (an in-memory
-XA resource), :mod:`.errors`.
+XA resource), :mod:`.errors`.  Node names for several processes of one host:
+:mod:`.slots`; for several hosts on one PostgreSQL database: :mod:`.nodes`
+(claims in :mod:`.lease`, decisions in :mod:`.dblog`).
 """
 
 from .errors import (

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import RecoveryLogError
-from .lease import Fence, LeaseLostError, NodeClaim
+from .lease import Fence, NodeClaim
 from .log import (
     LogEntry, RecoveryLog, _check_global, _check_heuristic, _commit_payload, _heuristic_payload, _Ledger,
     _mark_source_payload,
@@ -169,7 +169,7 @@ class DatabaseLog:
                 for op in batch:
                     cur.execute(op.statement, op.params)
             self.batches += 1
-        except (LeaseLostError, Exception) as exc:  # noqa: BLE001 -- every caller of the batch hears it
+        except Exception as exc:  # noqa: BLE001 -- a lost lease session, the fence: every caller hears it
             error = exc
         with self._cond:
             try:

@@ -209,21 +209,35 @@ class PostgresNodes:
 
     def _recover(self, session: LeaseSession, node: str, node_id: int,
                  resources: list[XAResource]) -> RecoveryReport:
-        def holder(cur: Any) -> str | None:
-            cur.execute("SELECT holder FROM txm_node WHERE id = %s", (node_id,))
+        """One recovery pass for a free name whose lock ``session`` holds now.
+
+        The name is seized (stray sessions ended, epoch raised) only when
+        someone held it since it was last recovered (``holder`` set): a name
+        that stays free costs this watcher reads, not a write at every tick.
+        A fenced holder's late work (a branch it prepared after it lost the
+        name) is still found by these passes."""
+        def read(cur: Any) -> tuple[str | None, int]:
+            cur.execute("SELECT holder, epoch FROM txm_node WHERE id = %s", (node_id,))
             row = cur.fetchone()
-            return row[0] if row else None
-        previous = session.run(holder)
-        claim = seize(session, node, node_id, self.database, holder=f"(taken over by {self.node})")
+            return (row[0], int(row[1])) if row else (None, 0)
+        previous, epoch = session.run(read)
+        if previous is not None:
+            claim = seize(session, node, node_id, self.database, holder=f"(taken over by {self.node})")
+        else:
+            claim = NodeClaim(session, node, node_id, epoch, self.database)
         started = time.monotonic()
         dlog = DatabaseLog(claim)
         try:
             report = RecoveryManager(dlog, resources, node, safety_interval=0.0).recover_once()
         finally:
             dlog.close()
-        if report.acted or report.errors or report.held:
+        if report.acted or report.errors or report.held or previous is not None:
             log.warning("node %s (held by %s until it died) taken over by %s: %s in %.3fs", node, previous,
                         self.node, report.summary(), time.monotonic() - started)
+        if previous is not None and not (report.errors or report.held or report.unfinished or report.waiting):
+            def settled(cur: Any) -> None:
+                cur.execute("UPDATE txm_node SET holder = NULL WHERE id = %s AND epoch = %s", (node_id, claim.epoch))
+            session.run(settled)
         self.takeovers[node] = report
         return report
 

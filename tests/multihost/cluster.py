@@ -233,8 +233,8 @@ class Cluster:
         binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
         if not os.path.exists(binary):
             raise AssertionError("haproxy is needed by this test: run scripts/bootstrap.sh (it installs Debian's)")
-        self.haproxy = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=open(self.workdir / "haproxy.log", "ab"),
-                                        stderr=subprocess.STDOUT)
+        with open(self.workdir / "haproxy.log", "ab") as out:
+            self.haproxy = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=out, stderr=subprocess.STDOUT)
 
     def start_hosts(self, count: int | None = None) -> None:
         for host in self.hosts[:count]:

@@ -72,7 +72,8 @@ def _insert(item: str) -> None:
     _plain_insert(item)
 
 
-POLICY = RMPolicy(base_retransmission_interval=0.3, exponential_backoff=False, poll_interval=0.05,
+POLICY = RMPolicy(base_retransmission_interval=0.3, exponential_backoff=False,
+                  poll_interval=float(os.environ.get("POLL_INTERVAL", "0.05")),
                   http_timeout=5.0, soap_version="1.1",
                   host_takeover_within=float(os.environ.get("TAKEOVER_WITHIN", RMPolicy().host_takeover_within)))
 

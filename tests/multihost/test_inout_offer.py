@@ -61,8 +61,8 @@ def test_replies_reach_every_client_whichever_host_ran_the_request(cluster: Clus
             if n == CALLS // 3:
                 victim = random.choice(cluster.hosts)
 
-                def ran_there_unanswered() -> list[str]:
-                    return [item for item, node in cluster.orders() if node == victim.node and not futures[item].done()]
+                def ran_there_unanswered(dying: str | None = victim.node) -> list[str]:
+                    return [item for item, node in cluster.orders() if node == dying and not futures[item].done()]
                 # killed once it ran a request whose reply the client has not got (when that is caught in time)
                 wait_for(lambda: bool(ran_there_unanswered()), 30, interval=0.005)
                 orphaned = ran_there_unanswered()

@@ -52,7 +52,7 @@ def test_twenty_random_kills_during_two_thousand_messages(cluster: Cluster) -> N
         for i in range(KILLS):
             # spread the kills over the messages: the i-th once about (i+1)/(KILLS+2) of them landed
             target = int(total * (i + 1) / (KILLS + 2))
-            assert wait_for(lambda: len(cluster.orders()) >= target, 300, interval=0.2), (
+            assert wait_for(lambda t=target: len(cluster.orders()) >= t, 300, interval=0.2), (
                 f"stuck at {len(cluster.orders())} of {total} after {kills}", cluster.outputs())
             if sum(h.alive for h in cluster.hosts) == 1:  # never kill the last one: start another first
                 rng.choice([h for h in cluster.hosts if not h.alive]).start()
