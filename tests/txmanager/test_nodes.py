@@ -141,6 +141,11 @@ def test_takeover_commits_what_was_decided_and_rolls_back_the_rest(dbs, hosts):
     assert _prepared(app) == []
     assert sorted(v for (v,) in _run(app, "SELECT v FROM t")) == [1, 3]
     assert _run(store, "SELECT count(*) FROM txm_commit_mark WHERE node = 'svc-0'")[0][0] == 0
+    # settled: the next passes over the free name only read (no new epoch, no write)
+    settled = _run(store, "SELECT epoch, holder FROM txm_node WHERE name = 'svc-0'")
+    assert settled[0][1] is None
+    assert set(b.take_over_free(tmb._resources)) == {"svc-0"}
+    assert _run(store, "SELECT epoch, holder FROM txm_node WHERE name = 'svc-0'") == settled
     # the name is free again: a host starting now claims it
     assert try_lock(b.session, "svc-0", create=False) is not None
 
