@@ -34,7 +34,7 @@ HELD = "c0-00003"
 def cluster(tmp_path: Path):
     why = namespaces_allowed()
     if why:
-        pytest.skip(f"the hosts are network namespaces: {why}")
+        pytest.skip(f"a partition needs the hosts in network namespaces: {why}")
     made = Cluster(tmp_path, 3, takeover_within=BOUND).start()
     try:
         for host in made.hosts:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from .clients import Clients, check_exactly_once_in_order, wait_delivered
-from .cluster import Cluster, namespaces_allowed, wait_for
+from .cluster import Cluster, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(900)]
 
@@ -31,9 +31,6 @@ BOUND = 10.0
 
 @pytest.fixture
 def cluster(tmp_path: Path):
-    why = namespaces_allowed()
-    if why:
-        pytest.skip(f"the hosts are network namespaces: {why}")
     made = Cluster(tmp_path, 3, takeover_within=BOUND).start()
     try:
         made.start_hosts()
