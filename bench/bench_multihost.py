@@ -63,9 +63,9 @@ def _cpu_split(cluster: Cluster) -> dict[str, float]:
             "clients": own.user + own.system, "store commits": commits / 1000, "store rollbacks": rollbacks / 1000}
 
 
-def rate(hosts: int, messages: int, workdir: Path) -> tuple[float, dict[str, float]]:
+def rate(hosts: int, messages: int, workdir: Path, balance: str = "roundrobin") -> tuple[float, dict[str, float]]:
     """Messages per second, and CPU milliseconds per message by who spent them."""
-    cluster = Cluster(workdir, hosts).start()
+    cluster = Cluster(workdir, hosts, balance=balance).start()
     cluster.env["POLL_INTERVAL"] = "0.2"  # the policy's default, not the tests' impatient one
     try:
         cluster.start_hosts()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -176,8 +177,11 @@ class Host:
 class Cluster:
     """PostgreSQL, ``size`` host namespaces and haproxy in front (see the module docstring)."""
 
-    def __init__(self, workdir: Path, size: int = 3, *, takeover_within: float = 10.0) -> None:
+    def __init__(self, workdir: Path, size: int = 3, *, takeover_within: float = 10.0,
+                 balance: str = "roundrobin") -> None:
         self.workdir = workdir
+        #: haproxy's ``balance`` (``hdr(WSRM-Sequence)``: a sequence stays on one host while it lives)
+        self.balance = balance
         #: hosts in network namespaces of their own (else processes on loopback addresses)
         self.netns = namespaces_allowed() is None
         self.k = _free_subnet() if self.netns else random.randint(1, 254)
@@ -241,7 +245,9 @@ class Cluster:
     def _haproxy(self) -> None:
         config = self.workdir / "haproxy.cfg"
         servers = "\n".join(f"    server h{h.index} {h.address}:{HOST_PORT} check" for h in self.hosts)
-        config.write_text(HAPROXY_CONFIG.format(bind=f"{self.gateway}:{self.lb_port}", servers=servers))
+        balance = self.balance if self.balance == "roundrobin" else f"{self.balance}\n    hash-type consistent"
+        config.write_text(HAPROXY_CONFIG.format(bind=f"{self.gateway}:{self.lb_port}", servers=servers,
+                                                balance=balance, socket=self.workdir / "haproxy.sock"))
         binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
         if not os.path.exists(binary):
             raise AssertionError("haproxy is needed by this test: run scripts/bootstrap.sh (it installs Debian's)")
@@ -252,6 +258,29 @@ class Cluster:
         for host in self.hosts[:count]:
             host.start()
         assert wait_for(self.lb_ready, 60), "haproxy sees no healthy host"
+        started = {f"h{h.index}" for h in self.hosts if h.alive}
+        assert wait_for(lambda: started <= self.lb_up(), 60), f"haproxy sees {self.lb_up()} up, not {started}"
+
+    def lb_up(self) -> set[str]:
+        """The servers haproxy has up now (its stats socket's ``show servers state``)."""
+        import socket
+
+        try:
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.settimeout(5)
+                sock.connect(str(self.workdir / "haproxy.sock"))
+                sock.sendall(b"show servers state hosts\n")
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+        except OSError:
+            return set()
+        up = set()
+        for line in answer.decode().splitlines():
+            fields = line.split()
+            if len(fields) > 5 and fields[0].isdigit() and fields[5] == "2":  # srv_op_state 2: running
+                up.add(fields[3])
+        return up
 
     def lb_ready(self) -> bool:
         try:
@@ -259,6 +288,12 @@ class Cluster:
                 return response.status == 200
         except OSError:
             return False
+
+    def routed(self) -> list[tuple[str, str]]:
+        """(server, WSRM-Sequence header) of every request haproxy logged so far."""
+        text = (self.workdir / "haproxy.log").read_text(errors="replace")
+        found = re.findall(r" hosts/h(\d+) .*?\{([^}]*)\}", text)
+        return [(f"h{server}", sequence) for server, sequence in found]
 
     def cut(self, host: Host) -> None:
         """Drop the host's link: its packets go nowhere, its connections hang (a partition)."""
@@ -341,9 +376,13 @@ def _free_port(host: str) -> int:
 HAPROXY_CONFIG = """\
 global
     maxconn 4000
+    log stdout format raw local0
+    stats socket {socket}
 
 defaults
     mode http
+    log global
+    option httplog
     timeout connect 2s
     timeout client 60s
     timeout server 60s
@@ -352,10 +391,11 @@ defaults
 
 frontend wsrm
     bind {bind}
+    capture request header WSRM-Sequence len 100
     default_backend hosts
 
 backend hosts
-    balance roundrobin
+    balance {balance}
     option httpchk GET /healthz/ready
     http-check expect status 200
     default-server inter 500ms fall 2 rise 2

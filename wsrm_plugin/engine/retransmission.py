@@ -417,7 +417,7 @@ class RetransmissionWorker:
                                 headers=[AckRequested(_sid(seq)).to_xml(rm, soap)])
         slog = for_sequence(log, seq.sequence_id, key=seq.key)
         try:
-            response = self.transport.send(seq.target, data, soap.http_headers(action))
+            response = self.transport.send(seq.target, data, routing_headers(soap, action, seq))
         except TransportError as exc:
             self.send_failures += 1
             self.reachability.failed(seq.target, str(exc), probe=probe)
@@ -556,7 +556,7 @@ class RetransmissionWorker:
                                 isinstance(body, CreateSequence) else body.to_xml(rm, wsa),
                                 reply_to=wsa.anonymous, message_id=message_id)
         try:
-            response = self.transport.send(seq.target, data, soap.http_headers(action))
+            response = self.transport.send(seq.target, data, routing_headers(soap, action, seq))
         except TransportError as exc:
             self._bump(send_failures=1, control_retries=exc.attempts - 1)
             self.reachability.failed(seq.target, str(exc), probe=probe)
@@ -1081,7 +1081,7 @@ class RetransmissionWorker:
         peer = self._peer(seq.target)
         started = time.monotonic()
         try:
-            response = self.transport.send(seq.target, data, soap.http_headers(msg.action))
+            response = self.transport.send(seq.target, data, routing_headers(soap, msg.action, seq))
         except TransportError as exc:
             self._bump(send_failures=1, retransmissions=exc.attempts - first)
             peer.failed()
@@ -1185,7 +1185,7 @@ class RetransmissionWorker:
         message = protocol_message(soap, wsa, to=seq.target, action=action,
                                    headers=[ack.to_xml(rm, soap), AckRequested(_sid(seq)).to_xml(rm, soap)])
         try:
-            response = self.transport.send(seq.target, message, soap.http_headers(action))
+            response = self.transport.send(seq.target, message, routing_headers(soap, action, seq))
         except TransportError as exc:
             self.reachability.failed(seq.target, str(exc))
             for_sequence(log, seq.sequence_id, key=seq.key).info(
@@ -1193,3 +1193,18 @@ class RetransmissionWorker:
             return
         self._heard(seq.target, response)
         self._read(seq, response, "SequenceAcknowledgement", store_key=seq.key)
+
+
+#: The HTTP header naming the sequence of a message, for a load balancer in front of several hosts
+#: of one store: hashing on it (haproxy ``balance hdr(WSRM-Sequence)``) keeps a sequence on one host
+#: while that host lives, so its messages in flight at once are recorded together there rather than
+#: each waiting for the others on other hosts.  Requests without it (CreateSequence) go round robin.
+SEQUENCE_HEADER = "WSRM-Sequence"
+
+
+def routing_headers(soap: SoapVersion, action: str | None, seq: RmsSequence) -> dict[str, str]:
+    """The HTTP headers of a message of ``seq``: the SOAP ones and :data:`SEQUENCE_HEADER`."""
+    headers = soap.http_headers(action)
+    if seq.sequence_id:
+        headers[SEQUENCE_HEADER] = seq.sequence_id
+    return headers
