@@ -31,6 +31,7 @@ from lxml import etree
 
 from wsrm_plugin.wire.addressing import AddressingHeaders, EndpointReference, new_message_id
 from wsrm_plugin.wire.faults import MessageAddressingHeaderRequired, SoapFault
+from wsrm_plugin.wire.headers import WSA_HEADERS
 from wsrm_plugin.wire.namespaces import WSA_2005_08, AddressingVersion
 
 from .chain import Interceptor, Message, Phase, action_from_http
@@ -152,6 +153,7 @@ class AddressingInterceptor(Interceptor):
 
     name = "addressing"
     phase = Phase.ADDRESSING
+    understands = WSA_HEADERS
 
     def __init__(self, version: AddressingVersion | str | None = WSA_2005_08, *,
                  required: bool = False, reply_to: EndpointReference | str | None = None,

@@ -91,13 +91,18 @@ class Interceptor:
     :meth:`InterceptorChain.resume` refer to); it defaults to the class name.
     ``handle_fault`` is called, most recent first, on every interceptor that
     had handled a message when a later one (or it) raised, so it can undo
-    (CXF's unwind).
+    (CXF's unwind).  ``understands`` names the SOAP header blocks
+    (``"{namespace}local"``) the interceptor processes: a received message with
+    a header marked mustUnderstand that no interceptor (nor the service)
+    understands is refused with SOAP's MustUnderstand fault
+    (:mod:`interceptors.understood`).
     """
 
     name: str = ""
     phase: Phase = Phase.DISPATCH
     before: Iterable[str] = ()
     after: Iterable[str] = ()
+    understands: frozenset[str] = frozenset()
 
     def __init__(self, *, name: str | None = None, phase: Phase | None = None,
                  before: Iterable[str] | None = None, after: Iterable[str] | None = None) -> None:

@@ -167,12 +167,12 @@ class Mailbox:
             try:
                 poll = MakeConnection.from_xml(body)
             except SoapFault as fault:
-                return _respond(start_response, 400, fault_bytes(fault, envelope.version), envelope.version)
+                return _refuse(start_response, fault, envelope)
             mc_id = mc_anonymous_id(poll.address)
             if mc_id is None:
-                refusal = SoapFault(f"MakeConnection address {poll.address!r} is not a WS-MC anonymous URI",
-                                    code="Sender")
-                return _respond(start_response, 400, fault_bytes(refusal, envelope.version), envelope.version)
+                refusal = SoapFault(f"MakeConnection address {_shown(poll.address)} is not a WS-MC anonymous "
+                                    "URI", code="Sender")
+                return _refuse(start_response, refusal, envelope)
             principal = environ.get("REMOTE_USER") or None
             if not self.may_poll(mc_id, principal):
                 # like a poll that finds nothing: a stranger learns nothing, and takes nothing
@@ -195,13 +195,34 @@ class Mailbox:
         return wsgi
 
 
-def fault_bytes(fault: SoapFault, soap: Any) -> bytes:
+def fault_bytes(fault: SoapFault, soap: Any, headers: Iterable[etree._Element] = ()) -> bytes:
     from .wire import fault_envelope
-    return to_bytes(fault_envelope(fault, soap))
+    return to_bytes(fault_envelope(fault, soap, headers))
+
+
+def _shown(text: str, limit: int = 200) -> str:
+    """``text`` quoted for a fault reason, cut to ``limit`` characters (a peer's input echoed back
+    whole would let it make our answers as large as its requests)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def _refuse(start_response: Callable[..., Any], fault: SoapFault, envelope: Any) -> list[bytes]:
+    """A fault answering a MakeConnection, with the status of SOAP's HTTP binding (1.1: 500;
+    1.2: 400 for a Sender fault), the same the engine's endpoint answers faults with, and the
+    WS-Addressing headers of a fault reply when the poll had them."""
+    from .engine.transport import http_status_for
+
+    addressing = AddressingHeaders.from_header(envelope.headers)
+    headers: list[etree._Element] = []
+    if addressing.version is not None:
+        headers = addressing.reply_headers(fault.fault_action(addressing.version), fault=True).to_elements(
+            addressing.version, soap=envelope.version)
+    return _respond(start_response, http_status_for(fault, envelope.version),
+                    fault_bytes(fault, envelope.version, headers), envelope.version)
 
 
 def _respond(start_response: Callable[..., Any], status: int, body: bytes, soap: Any) -> list[bytes]:
-    reason = {200: "OK", 400: "Bad Request"}[status]
+    reason = {200: "OK", 400: "Bad Request", 500: "Internal Server Error"}[status]
     start_response(f"{status} {reason}", [("Content-Length", str(len(body))),
                                           ("Content-Type", soap.http_headers()["Content-Type"])])
     return [body]
@@ -264,7 +285,7 @@ class Poller:
             return False
         more = any(h.tag == _MESSAGE_PENDING and MessagePending.from_xml(h).pending for h in envelope.headers)
         self.received += 1
-        answer = self.engine.handle(response.body)
+        answer = self.engine.handle(response.body, via_response=True)
         if answer.body:  # the acknowledgement the server would have got on a back-channel
             try:
                 self.engine.transport.send(target, answer.body,

@@ -51,6 +51,7 @@ from wsrm_plugin.wire.xmlsafe import DEFAULT_MAX_SIZE, parse_xml
 from interceptors.chain import (
     Direction, InterceptorChain, Message, Phase, Response, Role, action_from_http,
 )
+from interceptors.understood import UnderstoodHeaders
 from interceptors.wsdl import RMPolicyAssertion, attach_policy, drop_undefined_header_messages
 
 __all__ = ["ENVIRON_KEY", "WSGI_ENVIRON_KEY", "ChainMiddleware", "engage", "current_message"]
@@ -179,10 +180,12 @@ class ChainMiddleware:
     """
 
     def __init__(self, application: WsgiApplication, chain: InterceptorChain, *,
-                 max_message_size: int = DEFAULT_MAX_SIZE) -> None:
+                 max_message_size: int = DEFAULT_MAX_SIZE, understands: Iterable[str] = ()) -> None:
         self.application = application
         self.chain = chain
         self.max_message_size = max_message_size
+        #: What the chain and the service process of SOAP headers (SOAP's mustUnderstand rule).
+        self.understood = UnderstoodHeaders(chain, getattr(application, "app", None), understands)
 
     # -- WSGI --------------------------------------------------------------------
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -226,6 +229,7 @@ class ChainMiddleware:
             # (WS-RM's own messages -- CreateSequence, acknowledgements -- may use either version)
             raise SoapFault(f"this service speaks SOAP {served.name}, not SOAP {envelope.version.name}",
                             code="VersionMismatch")
+        self.understood.check(envelope)  # SOAP's processing model: before anything runs or is recorded
         headers = _headers_from_environ(environ)
         message = Message(root, Direction.IN, Role.SERVER, http_headers=headers,
                           address=_request_url(environ),
@@ -474,7 +478,7 @@ def _decompose_incoming_envelope(protocol: Any, ctx: Any, message: Any = None) -
 def engage(application: Application, chain: InterceptorChain | None = None, *,
            rm_policy: RMPolicyAssertion | bool | None = None, fix_one_way_wsdl: bool = True,
            max_message_size: int = DEFAULT_MAX_SIZE,
-           wsgi_application: WsgiApplication | None = None) -> ChainMiddleware:
+           wsgi_application: WsgiApplication | None = None, understands: Iterable[str] = ()) -> ChainMiddleware:
     """Make ``application`` run through ``chain``; returns the WSGI app to serve.
 
     ``chain`` defaults to :func:`interceptors.default_chain` (WS-Addressing
@@ -484,7 +488,11 @@ def engage(application: Application, chain: InterceptorChain | None = None, *,
     default) to publish the default one exactly when the chain has a
     RELIABLE_MESSAGING interceptor when the WSDL is built.  Pass
     ``wsgi_application`` to wrap a spyne ``WsgiApplication`` you configured
-    yourself (its WSDL must not have been built yet).
+    yourself (its WSDL must not have been built yet).  ``understands`` names
+    header blocks (``"{namespace}local"``) processed in front of the chain (a
+    WS-Security middleware's): with the chain's interceptors' and the methods'
+    declared headers, they are what a header marked mustUnderstand may be
+    (:mod:`interceptors.understood`); any other is refused with a MustUnderstand fault.
     """
     if chain is None:
         from interceptors import default_chain
@@ -532,4 +540,4 @@ def engage(application: Application, chain: InterceptorChain | None = None, *,
         application.event_manager.add_listener("method_return_object", leave_one_way_answer_unwritten)
         _take_chain_trees(getattr(application, "in_protocol", None))
         setattr(application, _ENGAGED, True)
-    return ChainMiddleware(wsgi_application, chain, max_message_size=max_message_size)
+    return ChainMiddleware(wsgi_application, chain, max_message_size=max_message_size, understands=understands)

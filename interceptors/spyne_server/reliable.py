@@ -47,6 +47,7 @@ from wsrm_plugin.engine import ApplicationFault, DeliveryContext, ReliableEngine
 from wsrm_plugin.engine.parsed import TREES
 from wsrm_plugin.engine.transport import Reply
 from wsrm_plugin.wire.faults import SoapFault, WSRMRequired
+from wsrm_plugin.wire.headers import WSMC_HEADERS, WSRM_HEADERS
 from wsrm_plugin.wire.namespaces import RM_VERSIONS, SOAP11, SoapVersion
 from wsrm_plugin.wire.xmlsafe import parse_xml
 
@@ -135,6 +136,7 @@ class ReliableMessagingInterceptor(Interceptor):
 
     name = "wsrm"
     phase = Phase.RELIABLE_MESSAGING
+    understands = WSRM_HEADERS | WSMC_HEADERS
 
     def __init__(self, engine: ReliableEngine, *, required: bool = True, name: str | None = None) -> None:
         super().__init__(name=name)

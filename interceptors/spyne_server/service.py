@@ -45,9 +45,10 @@ from lxml import etree
 from spyne import Application
 
 from wsrm_plugin.engine import DeliveryAssurance, DeliveryContext, FailedDelivery, ReliableEngine, RMPolicy
-from wsrm_plugin.engine.transport import HttpServer
+from wsrm_plugin.engine.transport import HttpServer, HttpTransport, Transport
 from wsrm_plugin.health import HealthRoutes, NodeHealth
 from wsrm_plugin.lifecycle import LifecycleListener, LifecycleReport, check_recovery_interval
+from wsrm_plugin.makeconnection import Mailbox
 from wsrm_plugin.store import StorageManager
 
 from interceptors import default_chain
@@ -110,6 +111,16 @@ class ReliableService:
     while the service runs, so a branch a crashed transaction left prepared
     in the store is resolved (rolled back past the manager's safety
     interval) without a restart; None runs it only at :meth:`start`.
+
+    ``make_connection=True`` serves WS-MakeConnection: replies for a client
+    that cannot accept connections (its Offer endpoint and ReplyTo a WS-MC
+    anonymous URI) wait in :attr:`mailbox` until the client polls for them
+    (``reliable_client(..., make_connection=True)``), and are retransmitted
+    there until acknowledged.  ``understands`` names SOAP header blocks
+    (``"{namespace}local"``) processed in front of the service (a WS-Security
+    middleware's): a header marked mustUnderstand that neither they, the
+    chain's interceptors nor the service's declared headers cover is refused
+    with a MustUnderstand fault before it is recorded.
     """
 
     def __init__(self, application: Application, store: str | StorageManager = "memory:",
@@ -118,28 +129,42 @@ class ReliableService:
                  on_delivery_failure: Callable[[FailedDelivery], None] | None = None,
                  publish_policy: RMPolicyAssertion | bool = True, name: str = "wsrm-server",
                  recovery_interval: float | None = None, health_path: str | None = "/healthz",
-                 max_poison: int | None = None) -> None:
+                 max_poison: int | None = None, make_connection: bool = False,
+                 understands: Iterable[str] = ()) -> None:
         check_recovery_interval(recovery_interval, tm)
         self.policy = policy or RMPolicy()
         self.recovery_interval = recovery_interval
         self.lifecycle_report: LifecycleReport | None = None
+        #: The WS-MakeConnection mailbox (``make_connection=True``), else None.
+        self.mailbox: Mailbox | None = None
+        self._transport: Transport | None = None
+        if make_connection:
+            self.mailbox = Mailbox(max_message_size=self.policy.max_message_size)
+            self._transport = self.mailbox.transport(HttpTransport(timeout=self.policy.http_timeout))
         # the deliverer needs the middleware, which needs the engine: bind it late
         self.engine = ReliableEngine(store, self.policy, tm=tm, endpoint_address=endpoint_address,
+                                     transport=self._transport,
                                      application=lambda payload, context: self._deliver(payload, context),
                                      on_delivery_failure=on_delivery_failure, answers=_answering(application),
-                                     name=name)
+                                     understands=None, knows=_knowing(application), name=name)
+        if self.mailbox is not None:
+            self.mailbox.owner_of = self.engine.destination.owner_of
         self.interceptor = ReliableMessagingInterceptor(self.engine, required=required)
         self.chain = chain if chain is not None else default_chain()
         self.chain.add(self.interceptor)
         if publish_policy is True:
             publish_policy = policy_assertion(self.policy)
         self.chain_app: ChainMiddleware = engage(application, self.chain, rm_policy=publish_policy,
-                                                 max_message_size=self.policy.max_message_size)
+                                                 max_message_size=self.policy.max_message_size,
+                                                 understands=understands)
         self._deliver = ChainDeliverer(self.chain_app, self.interceptor)
         #: liveness and readiness (:mod:`wsrm_plugin.health`), served at ``health_path`` + /live, /ready
         self.health = NodeHealth(self.engine, lambda: self.lifecycle_report is not None, max_poison=max_poison)
+        # the chain, behind the MakeConnection mailbox when there is one
+        front: Callable[..., Iterable[bytes]] = (self.chain_app if self.mailbox is None
+                                                 else self.mailbox.middleware(self.chain_app))
         self.wsgi_app: Callable[..., Iterable[bytes]] = (
-            HealthRoutes(self.chain_app, self.health, health_path) if health_path else self.chain_app)
+            HealthRoutes(front, self.health, health_path) if health_path else front)
         self._servers: list[HttpServer] = []
         self._lifecycle = LifecycleListener(self.engine, tm=tm, active_keys=None, hooks=self.chain.plugins.hook)
 
@@ -191,6 +216,8 @@ class ReliableService:
             server.stop(timeout)
         self._servers.clear()
         self.engine.stop(timeout)
+        if self._transport is not None:
+            self._transport.close()
 
     def __enter__(self) -> ReliableService:
         return self.start()
@@ -209,6 +236,17 @@ def _answering(application: Application) -> Callable[[etree._Element], bool]:
         return bool(found) and not getattr(found[0], "is_async", False)
 
     return answers
+
+
+def _knowing(application: Application) -> Callable[[etree._Element | None, str | None], bool]:
+    """Does a reliable message name an operation of the service?  spyne dispatches on the body
+    element's qualified name: a message without one, or with one no method has, can never run."""
+    methods = application.interface.service_method_map
+
+    def knows(body: etree._Element | None, action: str | None) -> bool:
+        return body is not None and isinstance(body.tag, str) and body.tag in methods
+
+    return knows
 
 
 def reliable_service(application: Application, store: str | StorageManager = "memory:",

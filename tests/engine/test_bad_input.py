@@ -186,9 +186,12 @@ def test_number_past_last_message_in_1_0(server):
 
 
 def test_ack_for_unsent_numbers_is_invalid_acknowledgement(engines, store_for):
+    """The client asks for its acknowledgements at its listener (decoupled_acks): an
+    acknowledgement there is heard, and one naming numbers never sent is refused.  (With an
+    anonymous AcksTo the listener takes none at all: tests/engine/test_stranger.py.)"""
     received = Recorder()
     server = engines(store_for("memory", "s"), serve=True, application=received, name="server")
-    client = engines(store_for("memory", "c"), serve=True, name="client")
+    client = engines(store_for("memory", "c"), fast_policy(decoupled_acks=True), serve=True, name="client")
     target = server.endpoint_address
     for i in range(3):
         client.send(target, payload(f"m{i}"), action=ACTION)

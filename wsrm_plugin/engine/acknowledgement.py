@@ -24,8 +24,8 @@ import time
 from typing import Any
 
 from ..statemachine import RMDDuty, rmd_duties
-from ..store import StorageManager
-from ..store.api.states import rmd_state
+from ..store import RmdSequence, StorageManager, StoreTransaction
+from ..store.api.states import received_ranges, rmd_state
 from ..wire import SequenceAcknowledgement
 from ..wire.namespaces import AddressingVersion
 from .destination import Destination
@@ -35,6 +35,7 @@ from .logs import for_sequence
 from .policy import RMPolicy
 from .reachability import Gate, Reachability, failure_of, retry_after_of
 from .source import Source, rm_version_of
+
 from .transport import Transport, TransportError
 
 __all__ = ["AcknowledgementWorker"]
@@ -152,7 +153,14 @@ class AcknowledgementWorker:
         return worked
 
     def _release(self, sequence_id: str) -> bool:
-        """Delete a terminated sequence once nothing more can be delivered from it."""
+        """Delete a terminated sequence once nothing more can be delivered from it.
+
+        Messages still buffered then wait behind a gap that will never be filled
+        (the source terminated without sending the missing numbers).  They were
+        accepted and acknowledged, so they are not dropped: each goes to the poison
+        store with the reason, where ``wsrm poison list`` shows it and an operator
+        delivers it out of order (``retry``) or discards it.
+        """
         with self.store.begin() as tx:
             seq = tx.rmd.get(sequence_id)
             if seq is None or RMDDuty.RELEASE not in rmd_duties(rmd_state(seq)):
@@ -161,14 +169,29 @@ class AcknowledgementWorker:
                 return False  # the invoker is still delivering (or retrying a failed delivery)
             if any(p.held for p in tx.invoker.list_poison(sequence_id)):
                 return False  # held behind a poison message until an operator retries or discards it
-            dropped = tx.invoker.discard(sequence_id)
+            kept = self._keep_behind_gap(tx, seq)
+            tx.invoker.discard(sequence_id)
             tx.rmd.delete(sequence_id)
             self.source.end_reply_sequence(tx, sequence_id)
         self.destination.forget(sequence_id)
         self.released += 1
         slog = for_sequence(log, sequence_id)
-        if dropped:
-            slog.warning("released with %d undeliverable message(s) behind a gap", dropped)
+        if kept:
+            slog.warning("released; %d message(s) behind a gap that will never be filled are kept in the "
+                         "poison store (`wsrm poison list`): deliver them out of order with `wsrm poison "
+                         "retry` or discard them", kept)
         else:
             slog.debug("released")
         return True
+
+    @staticmethod
+    def _keep_behind_gap(tx: StoreTransaction, seq: RmdSequence) -> int:
+        """Move the messages of terminated sequence ``seq`` that wait behind a gap into the poison store."""
+        received = received_ranges(seq)
+        reason = (f"behind a gap that will never be filled: the sequence was terminated without message(s) "
+                  f"{received.missing_up_to(received.highest)} (received {received})")
+        kept = 0
+        while (msg := tx.invoker.next_deliverable(seq.sequence_id, in_order=False)) is not None:
+            tx.invoker.poison(seq.sequence_id, msg.number, hold=False, error=reason)
+            kept += 1
+        return kept

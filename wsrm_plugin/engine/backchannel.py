@@ -9,14 +9,18 @@ requests, as CXF and WCF do it:
   ``back_channel_reply_wait``) for the invoker to deliver it, then answers
   with the reply the delivery enqueued, stamped with its wsrm:Sequence
   header on the offered sequence and the acknowledgement of the request
-  sequence; no reply (a one-way operation) gives just the acknowledgement,
-  and a timeout an empty 202;
+  sequence.  A one-way operation (it never has a reply) and a request behind
+  a gap (it cannot be delivered before the gap is filled) do not wait: the
+  first is answered at once with the acknowledgement, the second with an
+  empty 202, as is a request whose reply is not ready in time;
 * the reply stays in the offered sequence's RMS until the client
-  acknowledges it, and the destination holds back the acknowledgement of
-  request n until then (:meth:`Destination._withheld
-  <.destination.Destination._withheld>`).  So a client whose response was
-  lost, or that got the 202, retransmits n, and the duplicate gets the stored
-  reply again: it is found by the request's message number.
+  acknowledges it.  The request is acknowledged like any other (every
+  acknowledgement names every number received: :mod:`.ackbuilder`); it is
+  its source that keeps sending it until the reply arrived, as WCF's
+  initiator does (and :meth:`Source.on_ack <.source.Source.on_ack>` here).
+  So a client whose response was lost, or that got the 202, retransmits n,
+  and the duplicate gets the stored reply again: it is found by the
+  request's message number.
 
 The worker never posts such replies (there is no address); they leave the
 store when acknowledged, or with the request sequence.
@@ -30,9 +34,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..statemachine import AckRanges
 from ..store import StorageManager
-from ..wire import SequenceAcknowledgement, SequenceHeader, SoapVersion
+from ..wire import SequenceHeader, SoapVersion
 from .destination import Destination
 from .envelopes import stamp
 from .logs import for_sequence
@@ -117,16 +120,9 @@ class BackChannel:
         rm = rm_version_of(seq)
         reply_soap = SoapVersion.for_namespace(reply.soap_version) or soap
         headers = [SequenceHeader(seq.sequence_id, reply.number).to_xml(rm, reply_soap)]
-        ack = self.destination.current_ack(identifier)
-        ranges = AckRanges.from_ranges(ack.ranges if ack is not None else ())
-        if ack is None or number not in ranges:
-            # Request ``number`` travels with its reply here: lose one, lose both, so it may be
-            # acknowledged in this response.  Some sources (gSOAP's 1.0 client) read
-            # acknowledgements only on responses to application messages, and would otherwise
-            # never learn that their last request arrived.
-            ack = SequenceAcknowledgement(identifier, list(ranges.add(number).ranges),
-                                          final=ack.final if ack is not None else False)
-        headers.append(ack.to_xml(rm, reply_soap))
+        ack = self.destination.current_ack(identifier)  # names request ``number``: it was recorded
+        if ack is not None:
+            headers.append(ack.to_xml(rm, reply_soap))
         self.handed_out += 1
         for_sequence(log, seq.sequence_id, reply.number).debug(
             "reply to message %d of %s handed out on the back-channel", number, identifier)

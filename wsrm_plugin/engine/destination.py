@@ -9,7 +9,8 @@ accepted before is ever lost or changed by a bad message.
 
 Acknowledgements are not sent from here: when AcksTo is anonymous they ride
 the HTTP response (the caller asks :meth:`ack_for`); otherwise the sequence
-is marked as owing one and the acknowledgement worker sends it.
+is marked as owing one and the acknowledgement worker sends it.  Either way
+they are made in one place, :mod:`.ackbuilder`, from the sequence's state.
 
 Security, because a destination keeps state on behalf of strangers:
 identifiers are unguessable (``urn:uuid:`` + uuid4, from ``os.urandom``);
@@ -31,7 +32,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..statemachine import InvalidTransition, Reception, RMDEvent, rmd_receive, rmd_transition
-from ..statemachine.ackranges import AckRanges
 from ..store import BufferedMessage, RmdSequence, RmsSequence, StorageManager, StoreTransaction
 from ..wire import (
     AddressingHeaders, AddressingVersion, CloseSequence, CreateSequence, CreateSequenceRefused,
@@ -39,6 +39,7 @@ from ..wire import (
     SoapFault, TerminateSequence, UnknownSequence, WSA_2005_08,
 )
 from ..wire.namespaces import RM_VERSIONS
+from .ackbuilder import acknowledgement_of
 from .combiner import ALONE, Combiner
 from .faults import busy_fault, fault_for_transition
 from .logs import for_sequence
@@ -126,6 +127,9 @@ class Accepted:
     ack: SequenceAcknowledgement | None = None
     #: The sequence came with an accepted Offer (its replies may be owed on the back-channel).
     offered: bool = False
+    #: InOrder delivery, and a number before it is missing: it cannot be delivered until the
+    #: gap is filled, so nobody should wait for its delivery now.
+    behind_gap: bool = False
 
 
 class Destination:
@@ -180,6 +184,33 @@ class Destination:
         #: durable by then.  The reliable zeep client resolves a call's future there, off the
         #: invoker's path; they must not raise, nor take long (the receiving thread runs them).
         self.recorded_listeners: list[Callable[[bytes, AddressingHeaders], None]] = []
+        #: The invoker that hands out replies on offered sequences as they arrive, or None.
+        self._replies: InvokerWorker | None = None
+        #: Whether each destination sequence is one this engine offered (a bounded memory).
+        self._offered_by_us: OrderedDict[str, bool] = OrderedDict()
+
+    def replies_to(self, invoker: InvokerWorker) -> None:
+        """Hand replies arriving on sequences this engine offered to ``invoker``'s application as
+        they arrive (``RMPolicy.replies_in_order`` False)."""
+        self._replies = invoker
+
+    def is_offered_by_us(self, identifier: str) -> bool:
+        """Is destination sequence ``identifier`` one this engine offered (for the replies to its
+        requests)?  Known from creation; after a restart, from the source sequence that offered it."""
+        with self._peers_lock:
+            known = self._offered_by_us.get(identifier)
+        if known is not None:
+            return known
+        with self.store.begin() as tx:  # a scan without locks: the RMS comes after the RMD (lock order)
+            known = any(s.offered_id == identifier for s in tx.rms.list_all())
+        self._remember_offered(identifier, known)
+        return known
+
+    def _remember_offered(self, identifier: str, offered: bool) -> None:
+        with self._peers_lock:
+            self._offered_by_us[identifier] = offered
+            while len(self._offered_by_us) > _REMEMBERED_OWNERS:
+                self._offered_by_us.popitem(last=False)
 
     def deliver_on_receive(self, invoker: InvokerWorker) -> None:
         """Hand each message that is next in order to ``invoker``'s application in its receive's
@@ -224,6 +255,7 @@ class Destination:
                 response = CreateSequenceResponse(sequence_id, accept=accept)
                 for_sequence(log, sequence_id).info("sequence created for %s (AcksTo %s)", peer,
                                                     request.acks_to.address)
+                self._remember_offered(sequence_id, False)
         with self._peers_lock:
             self._peers.setdefault(response.identifier, peer)
             if addressing.message_id:
@@ -682,7 +714,7 @@ class Destination:
 
     def _accepted(self, item: _Receipt, seq: RmdSequence, reception: Reception) -> Accepted:
         """After the commit: wake the invoker, and the acknowledgement for the back-channel."""
-        identifier, number, version = item.header.identifier, item.header.message_number, item.version
+        identifier, number = item.header.identifier, item.header.message_number
         slog = for_sequence(log, identifier, number)
         if reception.duplicate:
             slog.debug("duplicate: acknowledged again, not delivered")
@@ -695,29 +727,30 @@ class Destination:
                 self._wake_invoker()  # the messages buffered behind it are deliverable now
         else:
             slog.debug("accepted")
-            self._wake_invoker()
             for listener in self.recorded_listeners:
                 try:
                     listener(item.envelope, item.addressing)
                 except Exception:  # noqa: BLE001 -- an observer must not fail the receive
                     slog.exception("a recorded-message listener failed")
+            if self._replies is not None and self._replies.running and self.is_offered_by_us(identifier):
+                # a reply: handed out now, whatever the replies before it (each resolves its own call)
+                if not self._replies.deliver_now(identifier, number):
+                    self._wake_invoker()
+            else:
+                self._wake_invoker()
             if item.direct and self._direct is not None:
                 # it missed delivery on receipt (the one before it was buffered, or a gap): deliver
                 # the buffer up to it before answering, so that the next message finds itself next
                 self._direct.deliver_through(identifier, number)
         ack = None
+        after = reception.transition.state
         if self._anonymous(seq.acks_to):
-            after = reception.transition.state
-            ranges = reception.received
-            if seq.offered_id is not None:
-                with self.store.begin() as tx:
-                    ranges = ranges.difference(self._withheld(tx, identifier, ranges))
-            if ranges or version.is_11:  # 1.0 has no acknowledgement of nothing (<None/>)
-                ack = SequenceAcknowledgement(identifier, list(ranges.ranges),
-                                              final=version.is_11 and after.final)
+            ack = acknowledgement_of(seq, reception.received, after)
         else:
             self._wake_acks()
-        return Accepted(identifier, number, reception.duplicate, ack, offered=seq.offered_id is not None)
+        behind_gap = self.policy.in_order and not reception.received.is_complete_up_to(number)
+        return Accepted(identifier, number, reception.duplicate, ack, offered=seq.offered_id is not None,
+                        behind_gap=behind_gap)
 
     def ack_requested(self, identifier: str, version: RMVersion, *, principal: str | None) -> RmdSequence:
         """An AckRequested: returns the sequence; a non-anonymous AcksTo gets an ack at once.
@@ -824,33 +857,11 @@ class Destination:
         return self._anonymous(seq.acks_to)
 
     def ack_for(self, seq: RmdSequence) -> SequenceAcknowledgement | None:
-        """The acknowledgement of ``seq`` as it stands (None for 1.0 before any message)."""
-        version = _RM_BY_NS[seq.rm_version]
-        final = version.is_11 and rmd_state(seq).final
-        ranges = received_ranges(seq)
-        if seq.offered_id is not None and ranges:
-            with self.store.begin() as tx:
-                ranges = ranges.difference(self._withheld(tx, seq.sequence_id, ranges))
-        if not ranges and not version.is_11:
-            return None
-        return SequenceAcknowledgement(seq.sequence_id, list(ranges.ranges), final=final)
+        """The acknowledgement of ``seq`` as it stands (None for 1.0 before any message): see
+        :func:`~.ackbuilder.acknowledgement_of`, the one place every acknowledgement is made."""
+        return acknowledgement_of(seq)
 
     # -- replies on the back-channel ---------------------------------------------------------------
-
-    def _withheld(self, tx: StoreTransaction, identifier: str, received: AckRanges) -> AckRanges:
-        """Received requests not to acknowledge yet: those whose reply the client may still lack.
-
-        When the offered sequence goes back on the HTTP back-channel (a client
-        without a listener), the reply to request n only reaches the client in
-        a response to request n.  So n stays unacknowledged until it is
-        delivered and its reply (if any) is acknowledged: a client whose
-        response got lost retransmits n and gets the stored reply again.
-        """
-        replies = back_channel_replies(tx, identifier)
-        if replies is None:
-            return AckRanges()
-        delivered = tx.invoker.state(identifier).delivered
-        return received.difference(delivered).union(AckRanges.of(replies))
 
     def back_channel(self, identifier: str, *, tx: StoreTransaction | None = None) -> bool:
         """Do replies to destination sequence ``identifier`` go back in HTTP responses?"""
@@ -892,6 +903,7 @@ class Destination:
             tx.rmd.create(offered_id, acks_to=acks_to, rm_version=version.ns,
                           wsa_version=self.policy.addressing.ns)
             for_sequence(log, offered_id).info("offered sequence accepted by the peer (AcksTo %s)", acks_to)
+        self._remember_offered(offered_id, True)
 
     def current_ack(self, identifier: str) -> SequenceAcknowledgement | None:
         """The acknowledgement of sequence ``identifier`` from committed state (no lock held after)."""

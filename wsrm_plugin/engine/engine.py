@@ -23,7 +23,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +140,17 @@ class ReliableEngine:
     sequence came without an Offer and its ReplyTo is anonymous) is refused
     with a Sender fault before it is recorded, as the spyne adapter does;
     without it such a request is run, and its ``context.reply`` raises.
+
+    ``understands``: the header blocks (``"{namespace}local"``) the application
+    processes, beside WS-Addressing's, WS-RM's and WS-MakeConnection's, which the
+    engine does.  A received message with any other header marked mustUnderstand
+    is refused with SOAP's MustUnderstand fault before it is recorded (SOAP 1.1
+    section 4.2.3, 1.2 part 1 section 2.4).  None: a front end in front of the
+    engine applies that rule itself (the spyne adapter does, knowing the service's
+    declared headers).  ``knows(body, action)`` says whether an application
+    message's body element (None for an empty body) and wsa:Action name an
+    operation of the application; with it, a message naming none is refused
+    (WS-Addressing's ActionNotSupported) before it is acknowledged.
     """
 
     def __init__(self, store: str | StorageManager, policy: RMPolicy | None = None, *, tm: Any = None,
@@ -148,6 +159,8 @@ class ReliableEngine:
                  on_sequence_fault: Callable[[SequenceFault], None] | None = None,
                  on_delivery_failure: Callable[[FailedDelivery], None] | None = None,
                  answers: Callable[[Any], bool] | None = None,
+                 understands: Iterable[str] | None = (),
+                 knows: Callable[[Any, str | None], bool] | None = None,
                  name: str = "wsrm") -> None:
         self.policy = policy or RMPolicy()
         self._owns_store = isinstance(store, str)
@@ -168,7 +181,8 @@ class ReliableEngine:
         self.destination = Destination(self.store, policy, endpoint=endpoint, wake_invoker=self._wake_invoker,
                                        wake_acks=self._wake_acks, wake_release=self._wake_release)
         self.back_channel = BackChannel(self.store, policy, self.destination)
-        self.inbound = Inbound(self.source, self.destination, policy, self.back_channel, answers=answers)
+        self.inbound = Inbound(self.source, self.destination, policy, self.back_channel, answers=answers,
+                               understands=understands, knows=knows)
         self.retransmission = RetransmissionWorker(self.store, policy, self.source, self.destination,
                                                    self.inbound, self.transport, on_reachable=self._peer_is_back,
                                                    name=name)
@@ -181,6 +195,8 @@ class ReliableEngine:
                                      on_delivered=self.back_channel.delivered)
         if policy.delivers_on_receive(tm is not None, self.store.commits_are_costly):
             self.destination.deliver_on_receive(self.invoker)
+        if not policy.replies_in_order:
+            self.destination.replies_to(self.invoker)
         self._workers = [
             Worker(f"{name}-rms", self.retransmission.step, policy.poll_interval),
             Worker(f"{name}-rmd", self.acknowledgement.step, policy.poll_interval),
@@ -238,15 +254,19 @@ class ReliableEngine:
     terminate = close
 
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
-               remote_addr: str | None = None, parsed: Any = None, addressing: Any = None) -> Reply:
+               remote_addr: str | None = None, parsed: Any = None, addressing: Any = None,
+               via_response: bool = False) -> Reply:
         """Process one received envelope (what the HTTP endpoint and adapters call).
 
         ``parsed``: the envelope's lxml tree when the caller parsed ``data`` already (safely);
         ``addressing``: the :class:`~wsrm_plugin.wire.AddressingHeaders` the caller read from
         that tree's headers already (an interceptor chain's), not read again.
+        ``via_response``: ``data`` came in the HTTP response to a request this engine sent
+        (a MakeConnection poll's answer), so from the peer it addressed.
         """
         return self.inbound.handle(data, principal=principal, content_type=content_type,
-                                   remote_addr=remote_addr, parsed=parsed, addressing=addressing)
+                                   remote_addr=remote_addr, parsed=parsed, addressing=addressing,
+                                   via_response=via_response)
 
     # -- lifecycle -------------------------------------------------------------------------------
 

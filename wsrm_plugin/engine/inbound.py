@@ -16,20 +16,22 @@ the responses the workers get back (:meth:`Inbound.read_response`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from lxml import etree
 
 from ..store import LockTimeoutError, StoreError
 from ..wire import (
-    AckRequested, AddressingHeaders, CloseSequence, CloseSequenceResponse, CreateSequence,
-    CreateSequenceResponse, Envelope, MessageTooLargeError, RMVersion, SequenceAcknowledgement,
-    SequenceHeader, SoapFault, SoapVersion, TerminateSequence, TerminateSequenceResponse, UnknownSequence,
-    WSRMFault, WSRMRequired, new_message_id,
+    RM10, AckRequested, ActionNotSupported, AddressingHeaders, CloseSequence, CloseSequenceResponse,
+    CreateSequence, CreateSequenceResponse, Envelope, MessageTooLargeError, RMVersion,
+    SequenceAcknowledgement, SequenceHeader, SoapFault, SoapVersion, TerminateSequence,
+    TerminateSequenceResponse, UnknownSequence, WSRMFault, WSRMRequired, new_message_id,
     parse_envelope, parse_rm_element, to_bytes,
 )
 from ..wire import tracecontext
+from ..wire.headers import PROTOCOL_HEADERS
 from ..wire.soap import build_envelope
 from . import observe
 from .backchannel import BackChannel, Outcome
@@ -121,12 +123,58 @@ class ResponseContent:
     acks: tuple[SequenceAcknowledgement, ...] = ()
 
 
+@dataclass
+class _Received:
+    """Who sent a request and how it reached us: what every handler of its parts may ask."""
+
+    principal: str | None
+    remote_addr: str | None
+    #: Does its operation answer?  None: unknown (the engine was not told).
+    expects_reply: bool | None
+    #: It came in the HTTP response to a request of ours (a reply on the back-channel, a
+    #: MakeConnection poll's answer): from the peer we addressed, not from whoever can reach
+    #: our listener.
+    via_response: bool = False
+
+
+@dataclass
+class _Answer:
+    """What the HTTP response to one received envelope will carry, as its parts are applied."""
+
+    soap: SoapVersion
+    headers: list[etree._Element] = field(default_factory=list)
+    #: (body element, wsa:Action) of a protocol response (CreateSequenceResponse...).
+    body: tuple[etree._Element, str] | None = None
+    #: Sequences this answer acknowledges already (an AckRequested for one needs nothing more).
+    acked: set[str] = field(default_factory=set)
+
+    def acknowledge(self, ack: SequenceAcknowledgement | None, version: RMVersion) -> None:
+        if ack is not None:
+            self.headers.append(ack.to_xml(version, self.soap))
+            self.acked.add(ack.identifier)
+
+
+#: A handler of one part of a received message; a Reply ends the dispatch with that answer.
+_Step = Callable[[Message, _Received, _Answer], "Reply | None"]
+#: A handler of one kind of WS-RM body.
+_BodyHandler = Callable[[Any, RMVersion, Message, _Received, _Answer], "Reply | None"]
+
+
 class Inbound:
-    """Routes received envelopes to the engine's Source and Destination."""
+    """Routes received envelopes to the engine's Source and Destination.
+
+    Each kind of WS-RM body has its handler in a table (:attr:`body_handlers`),
+    as zeep maps operations and CXF's RM interceptors map actions; the parts
+    of an envelope are applied in a fixed order (:attr:`steps`):
+    acknowledgements first (they only ever free things), a fault, the body,
+    the application message, then AckRequested.
+    """
 
     def __init__(self, source: Source, destination: Destination, policy: RMPolicy,
                  back_channel: BackChannel | None = None,
-                 answers: Callable[[etree._Element], bool] | None = None) -> None:
+                 answers: Callable[[etree._Element], bool] | None = None, *,
+                 understands: Iterable[str] | None = (),
+                 knows: Callable[[etree._Element | None, str | None], bool] | None = None) -> None:
         self.source = source
         self.destination = destination
         self.policy = policy
@@ -135,18 +183,36 @@ class Inbound:
         #: (``ReliableEngine(answers=...)``; the spyne adapter's from its service's methods).
         #: None: unknown (no request is refused for want of a way back).
         self.answers = answers
+        #: Header blocks processed here (``{ns}local``), the protocols' own included; None: a
+        #: front end in front of the engine applies SOAP's mustUnderstand rule itself.
+        self.understood: frozenset[str] | None = (
+            None if understands is None else PROTOCOL_HEADERS | frozenset(understands))
+        #: Is this application message's operation one of the service's (body element, action)?
+        #: None: unknown (every body is taken).
+        self.knows = knows
         self.faults_sent = 0
+        self.steps: tuple[_Step, ...] = (self._apply_acks, self._apply_fault, self._apply_body,
+                                         self._apply_sequence, self._apply_ack_requests, self._require_rm)
+        self.body_handlers: dict[type, _BodyHandler] = {
+            CreateSequence: self._on_create_sequence,
+            CloseSequence: self._on_close_sequence,
+            TerminateSequence: self._on_terminate_sequence,
+            CreateSequenceResponse: self._on_create_sequence_response,
+            CloseSequenceResponse: self._on_sequence_response,
+            TerminateSequenceResponse: self._on_sequence_response,
+        }
 
     # -- requests ----------------------------------------------------------------------------
 
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
                remote_addr: str | None = None, parsed: etree._Element | None = None,
-               addressing: AddressingHeaders | None = None) -> Reply:
+               addressing: AddressingHeaders | None = None, via_response: bool = False) -> Reply:
         """Answer one received request: an envelope (200), nothing to say (202), or a fault.
 
         ``parsed`` is ``data``'s tree when the caller parsed it already (safely:
         :func:`~wsrm_plugin.wire.xmlsafe.parse_xml`); it is only read.  ``addressing`` is
-        what its WS-A headers say when the caller read them already.
+        what its WS-A headers say when the caller read them already.  ``via_response``:
+        ``data`` came in the HTTP response to a request of ours (see :class:`_Received`).
         """
         try:
             message = read_message(data, self.policy.max_message_size, parsed, addressing)
@@ -156,21 +222,21 @@ class Inbound:
             if isinstance(fault, WSRMFault) and fault.version is None:
                 fault.version = self.policy.rm_version
             return Reply.fault(fault, soap_version_for_content_type(content_type))
-        if content_type is not None and soap_version_for_content_type(content_type) is not message.soap:
-            # SOAP 1.2's HTTP binding: the media type names the version.  A mismatch is refused
-            # before anything is recorded (else the message is acknowledged, then fails delivery).
+        try:
+            self._check_media_type(message, content_type)
+            self._check_understood(message)
+            self._check_operation(message)
+        except SoapFault as fault:
             self.faults_sent += 1
-            refusal = UnsupportedMediaType(
-                f"a SOAP {message.soap.name} envelope was sent as {content_type.split(';')[0].strip()!r}; "
-                f"SOAP {message.soap.name} is sent as {message.soap.content_type!r}")
-            log.info("refused a request from %s: %s", remote_addr, refusal)
-            return Reply.fault(refusal, message.soap)
-        expects_reply = False
+            log.info("refused a request from %s: %s", remote_addr, fault)
+            return self._fault_reply(fault, message)
+        expects_reply: bool | None = None
         if self.answers is not None and message.sequence is not None and message.fault is None:
             body = message.envelope.body_element
             expects_reply = body is not None and bool(self.answers(body))
+        received = _Received(principal, remote_addr, expects_reply, via_response)
         try:
-            return self._dispatch(message, principal, remote_addr, expects_reply)
+            return self._dispatch(message, received)
         except SoapFault as fault:
             self.faults_sent += 1
             return self._fault_reply(fault, message)
@@ -188,119 +254,154 @@ class Inbound:
             return self._fault_reply(SoapFault("internal error in the WS-RM destination", code="Receiver"),
                                      message)
 
-    def _dispatch(self, message: Message, principal: str | None, remote_addr: str | None,
-                  expects_reply: bool = False) -> Reply:
-        answer_headers: list[etree._Element] = []
-        answer_body: tuple[etree._Element, str] | None = None  # (element, action)
-        soap = message.soap
+    # -- checks before anything is recorded -------------------------------------------------------
 
+    @staticmethod
+    def _check_media_type(message: Message, content_type: str | None) -> None:
+        """SOAP 1.2's HTTP binding: the media type names the version.  A mismatch is refused
+        before anything is recorded (else the message is acknowledged, then fails delivery)."""
+        if content_type is not None and soap_version_for_content_type(content_type) is not message.soap:
+            raise UnsupportedMediaType(
+                f"a SOAP {message.soap.name} envelope was sent as {content_type.split(';')[0].strip()!r}; "
+                f"SOAP {message.soap.name} is sent as {message.soap.content_type!r}")
+
+    def _check_understood(self, message: Message) -> None:
+        """SOAP's processing model: a header block marked mustUnderstand that nothing here
+        processes faults the whole message (MustUnderstand), before it is recorded."""
+        if self.understood is not None:
+            message.envelope.check_must_understand(self.understood)
+
+    def _check_operation(self, message: Message) -> None:
+        """An application message whose body names no operation of the service is the sender's
+        error: refused before it is acknowledged, so its source learns it at once and the
+        sequence is not blocked behind a message that can never be delivered."""
+        if self.knows is None or message.sequence is None or message.fault is not None:
+            return
+        header, version = message.sequence
+        action = message.addressing.action
+        if header.last_message and version is RM10 and action == RM10.action("LastMessage"):
+            return  # 1.0's LastMessage marker: a protocol message, no operation
+        body = message.envelope.body_element
+        if self.knows(body, action):
+            return
+        what = (f"the body element {etree.QName(body).text}" if body is not None and isinstance(body.tag, str)
+                else "an empty body")
+        reason = (f"message {header.message_number} of sequence {header.identifier} names no operation of "
+                  f"this service ({what}, action {action!r}); it was not accepted")
+        wsa = message.addressing.version
+        if wsa is not None and action:
+            raise ActionNotSupported(reason, problem_action=action, version=wsa)
+        raise SoapFault(reason, code="Sender")
+
+    # -- the parts of a message, in order ---------------------------------------------------------
+
+    def _dispatch(self, message: Message, received: _Received) -> Reply:
+        answer = _Answer(message.soap)
+        for step in self.steps:
+            reply = step(message, received, answer)
+            if reply is not None:
+                return reply
+        return self._answer(message, answer)
+
+    def _apply_acks(self, message: Message, received: _Received, answer: _Answer) -> Reply | None:
         # A bad acknowledgement riding on a message must not get the message refused: the
         # sender would retransmit it, with the same acknowledgement, for ever.
         standalone = message.sequence is None and message.body is None and not message.ack_requests
+        riding = message.sequence[0].identifier if message.sequence is not None else None
         for ack, version in message.acks:
             try:
-                self._check_owner(ack.identifier, version, principal)
+                self._check_sender(ack.identifier, version, received, riding=riding)
                 self.source.on_ack(ack, version)
             except SoapFault as fault:
                 if standalone:
                     raise
                 log.warning("piggybacked acknowledgement ignored: %s", fault)
+        return None
 
-        if message.fault is not None and message.sequence is None:
-            # a fault with a Sequence header is a reliable reply (a service's fault): delivered below
-            received = message.fault
-            if isinstance(received, WSRMFault) and received.identifier:
-                self._check_owner(received.identifier, received.version or self.policy.rm_version, principal,
-                                  known=True)
-            self._on_received_fault(received)
-            return Reply.accepted()
+    def _apply_fault(self, message: Message, received: _Received, answer: _Answer) -> Reply | None:
+        # a fault with a Sequence header is a reliable reply (a service's fault): delivered below
+        if message.fault is None or message.sequence is not None:
+            return None
+        fault = message.fault
+        if isinstance(fault, WSRMFault) and fault.identifier:
+            self._check_sender(fault.identifier, fault.version or self.policy.rm_version, received, known=True)
+        if isinstance(fault, WSRMFault):
+            self.source.on_fault(fault)
+        else:
+            log.warning("a peer sent us a fault: %s", fault)
+        return Reply.accepted()
 
-        acked: set[str] = set()
-        if message.body is not None:
-            body, version = message.body
-            wsa = message.addressing.version or version.addressing
-            if isinstance(body, CreateSequence):
-                response = self.destination.create_sequence(body, version, message.addressing,
-                                                            principal=principal, remote_addr=remote_addr)
-                answer_body = (response.to_xml(version, wsa), version.create_sequence_response_action)
-            elif isinstance(body, CloseSequence):
-                seq = self.destination.close(body, version, principal=principal)
-                answer_body = (CloseSequenceResponse(body.identifier).to_xml(version),
-                               version.action("CloseSequenceResponse"))
-                final = self.destination.ack_for(seq)  # never None: CloseSequence is 1.1
-                if final is not None:
-                    answer_headers.append(final.to_xml(version, soap))
-                    acked.add(body.identifier)
-            elif isinstance(body, TerminateSequence):
-                seq = self.destination.terminate(body, version, principal=principal)
-                final = self.destination.ack_for(seq)
-                if final is not None:
-                    answer_headers.append(final.to_xml(version, soap))
-                    acked.add(body.identifier)
-                if version.is_11:
-                    answer_body = (TerminateSequenceResponse(body.identifier).to_xml(version),
-                                   version.action("TerminateSequenceResponse"))
-            elif isinstance(body, (CreateSequenceResponse, CloseSequenceResponse, TerminateSequenceResponse)):
-                if not isinstance(body, CreateSequenceResponse):
-                    self._check_owner(body.identifier, version, principal)
-                self._on_decoupled_response(body, version, message.addressing)
-                return Reply.accepted()
+    def _apply_body(self, message: Message, received: _Received, answer: _Answer) -> Reply | None:
+        if message.body is None:
+            return None
+        body, version = message.body
+        handler = self.body_handlers.get(type(body))
+        return handler(body, version, message, received, answer) if handler is not None else None
 
-        if message.sequence is not None:
-            header, version = message.sequence
-            ack_requested = any(a.identifier == header.identifier for a, _ in message.ack_requests)
-            if observe.active is None:
-                accepted = self.destination.receive(
-                    header, version, message.raw, message.addressing, principal=principal,
-                    soap_ns=soap.ns, ack_requested=ack_requested, expects_reply=expects_reply)
-            else:
-                accepted = self._receive_observed(observe.active, message, principal, ack_requested,
-                                                  expects_reply)
-            if accepted.ack is not None:
-                answer_headers.append(accepted.ack.to_xml(version, soap))
-                acked.add(header.identifier)
-            reply_to = message.addressing.reply_to
-            if accepted.offered and self.back_channel is not None and \
-                    is_back_channel(reply_to.address if reply_to else None):
-                answer = self.back_channel.reply_for(header.identifier, header.message_number, soap)
-                if answer.outcome is Outcome.REPLY:
-                    return Reply.envelope(answer.envelope, answer.soap or soap, answer.action)
-                if answer.outcome is Outcome.TIMED_OUT:
-                    return Reply.accepted()  # no acknowledgement: the retransmission gets the reply
-                if answer.outcome is Outcome.DELIVERED and accepted.ack is not None:
-                    current = self.destination.current_ack(header.identifier)
-                    if current is not None:  # else the sequence is gone since: the first ack stands
-                        answer_headers[-1] = current.to_xml(version, soap)
+    def _apply_sequence(self, message: Message, received: _Received, answer: _Answer) -> Reply | None:
+        if message.sequence is None:
+            return None
+        header, version = message.sequence
+        ack_requested = any(a.identifier == header.identifier for a, _ in message.ack_requests)
+        if observe.active is None:
+            accepted = self.destination.receive(
+                header, version, message.raw, message.addressing, principal=received.principal,
+                soap_ns=message.soap.ns, ack_requested=ack_requested, expects_reply=bool(received.expects_reply))
+        else:
+            accepted = self._receive_observed(observe.active, message, received.principal, ack_requested,
+                                              bool(received.expects_reply))
+        reply_to = message.addressing.reply_to
+        if (accepted.offered and self.back_channel is not None and received.expects_reply is not False
+                and is_back_channel(reply_to.address if reply_to else None)):
+            # A reply owed on this very HTTP exchange (a client without a listener).  A one-way
+            # operation never has one, and a message behind a gap cannot be delivered now: both
+            # are answered at once, with the acknowledgement.
+            if accepted.behind_gap and not accepted.duplicate:
+                return Reply.accepted()  # no acknowledgement: the source sends it again, and its
+                                         # copy after the gap is filled gets the reply
+            if not accepted.behind_gap:
+                back = self.back_channel.reply_for(header.identifier, header.message_number, message.soap)
+                if back.outcome is Outcome.REPLY:
+                    return Reply.envelope(back.envelope, back.soap or message.soap, back.action)
+                if back.outcome is Outcome.TIMED_OUT:
+                    # No acknowledgement: a source that stops retrying a request once its exchange
+                    # carries one (WCF's initiator) sends it again and its copy gets the reply.
+                    return Reply.accepted()
+        answer.acknowledge(accepted.ack, version)
+        return None
 
+    def _apply_ack_requests(self, message: Message, received: _Received, answer: _Answer) -> Reply | None:
         for request, version in message.ack_requests:
-            if request.identifier in acked:
+            if request.identifier in answer.acked:
                 continue
-            seq = self.destination.ack_requested(request.identifier, version, principal=principal)
+            seq = self.destination.ack_requested(request.identifier, version, principal=received.principal)
             if self.destination.acks_on_back_channel(seq):
-                requested = self.destination.ack_for(seq)
-                if requested is not None:
-                    answer_headers.append(requested.to_xml(version, soap))
-                    acked.add(request.identifier)
+                answer.acknowledge(self.destination.ack_for(seq), version)
+        return None
 
+    def _require_rm(self, message: Message, received: _Received, answer: _Answer) -> Reply | None:
         if message.body is None and message.sequence is None and not message.acks and not message.ack_requests:
             version = self.policy.rm_version
             raise WSRMRequired(None, "this endpoint takes WS-ReliableMessaging messages only",
                                version=version) if version.is_11 else \
                 SoapFault("this endpoint takes WS-ReliableMessaging messages only (no wsrm:Sequence header)",
                           code="Sender")
+        return None
 
-        if answer_body is None and not answer_headers:
+    def _answer(self, message: Message, answer: _Answer) -> Reply:
+        if answer.body is None and not answer.headers:
             return Reply.accepted()
+        soap = message.soap
         version = message.rm_version or self.policy.rm_version
         wsa = message.addressing.version or version.addressing
-        if answer_body is not None:
-            element, action = answer_body
+        if answer.body is not None:
+            element, action = answer.body
             addressing = message.addressing.reply_headers(action)
         else:
             element, action = None, version.sequence_acknowledgement_action
             addressing = AddressingHeaders(to=wsa.anonymous, action=action, message_id=new_message_id(),
                                            version=wsa)
-        envelope = build_envelope(soap, [*addressing.to_elements(wsa, soap=soap), *answer_headers], element)
+        envelope = build_envelope(soap, [*addressing.to_elements(wsa, soap=soap), *answer.headers], element)
         return Reply.envelope(to_bytes(envelope), soap, action, tree=envelope)
 
     def _receive_observed(self, observer: observe.Observer, message: Message, principal: str | None,
@@ -333,24 +434,96 @@ class Inbound:
                 Envelope.from_element(tree).headers, fields[0][36:52]):
             TREES.remember(stored, tree)
 
-    def _check_owner(self, identifier: str, version: RMVersion, principal: str | None, *,
-                     known: bool = False) -> None:
-        """Refuse a message about one of our source sequences from anyone but the peer it serves.
+    # -- the WS-RM bodies ------------------------------------------------------------------------
+
+    def _on_create_sequence(self, body: CreateSequence, version: RMVersion, message: Message,
+                            received: _Received, answer: _Answer) -> Reply | None:
+        wsa = message.addressing.version or version.addressing
+        response = self.destination.create_sequence(body, version, message.addressing,
+                                                    principal=received.principal,
+                                                    remote_addr=received.remote_addr)
+        answer.body = (response.to_xml(version, wsa), version.create_sequence_response_action)
+        return None
+
+    def _on_close_sequence(self, body: CloseSequence, version: RMVersion, message: Message,
+                           received: _Received, answer: _Answer) -> Reply | None:
+        seq = self.destination.close(body, version, principal=received.principal)
+        answer.body = (CloseSequenceResponse(body.identifier).to_xml(version), version.action("CloseSequenceResponse"))
+        answer.acknowledge(self.destination.ack_for(seq), version)  # Final: CloseSequence is 1.1
+        return None
+
+    def _on_terminate_sequence(self, body: TerminateSequence, version: RMVersion, message: Message,
+                               received: _Received, answer: _Answer) -> Reply | None:
+        seq = self.destination.terminate(body, version, principal=received.principal)
+        answer.acknowledge(self.destination.ack_for(seq), version)
+        if version.is_11:
+            answer.body = (TerminateSequenceResponse(body.identifier).to_xml(version),
+                           version.action("TerminateSequenceResponse"))
+        return None
+
+    def _on_create_sequence_response(self, body: CreateSequenceResponse, version: RMVersion, message: Message,
+                                     received: _Received, answer: _Answer) -> Reply | None:
+        """A response a peer sent to our endpoint instead of the back-channel (we ask with an
+        anonymous ReplyTo, but a peer may use AcksTo or send it late): matched by RelatesTo."""
+        key = self.source.key_for_create_response(message.addressing.relates_to)
+        if key is not None:
+            self.source.on_create_sequence_response(key, body, version,
+                                                    create_offered=self.destination.create_offered)
+        else:
+            log.info("unmatched CreateSequenceResponse (relates to %s) ignored", message.addressing.relates_to)
+        return Reply.accepted()
+
+    def _on_sequence_response(self, body: CloseSequenceResponse | TerminateSequenceResponse, version: RMVersion,
+                              message: Message, received: _Received, answer: _Answer) -> Reply | None:
+        """A Close/TerminateSequenceResponse sent to our endpoint (see above)."""
+        self._check_sender(body.identifier, version, received)
+        key = self.source.key_for_sequence(body.identifier)
+        if key is None:
+            # a response about a sequence we do not have (or do not have for this peer): say so
+            raise UnknownSequence(body.identifier, version=version)
+        if isinstance(body, CloseSequenceResponse):
+            self.source.on_closed(key)
+        else:
+            self.source.on_terminated(key)
+        return Reply.accepted()
+
+    # -- who may speak for a source sequence --------------------------------------------------------
+
+    def _check_sender(self, identifier: str, version: RMVersion, received: _Received, *,
+                      known: bool = False, riding: str | None = None) -> None:
+        """Refuse what names a source sequence of ours from anyone but where it is due.
 
         Application messages, AckRequested, Close and Terminate name destination
         sequences and are checked there (:meth:`Destination._sequence`).  This is
         the same check for what names a source sequence -- acknowledgements, WS-RM
-        faults, Close/TerminateSequenceResponse: the reply sequence offered with a
-        destination sequence belongs to that sequence's principal.  A stranger gets
-        UnknownSequence, as for a sequence that does not exist (``known``: that is
-        refused too, here; elsewhere the Source does it): it learns nothing.
+        faults, Close/TerminateSequenceResponse:
+
+        * the reply sequence offered with a destination sequence belongs to that
+          sequence's principal;
+        * a sequence this engine opened itself hears about its messages where
+          its acknowledgements are due: in the HTTP responses to what it sends
+          (``via_response``) when its AcksTo is anonymous -- or piggybacked on
+          a message of the sequence it offered (``riding``), whose identifier
+          only that peer was told -- or at our listener when we named it as
+          AcksTo.  Anyone else who reaches the listener --
+          a stranger who learnt the identifier -- would make the source drop
+          messages the destination never got, or fault a healthy sequence.
+
+        A stranger gets UnknownSequence, as for a sequence that does not exist
+        (``known``: that is refused too, here; elsewhere the Source does it): it
+        learns nothing.
         """
         exists, owner = self.destination.source_owner(identifier)
         if known and not exists:
             raise UnknownSequence(identifier, version=version)
-        if owner is not None and owner != principal:
+        if owner is not None and owner != received.principal:
             log.warning("refused a message about source sequence %s from %r: it belongs to %r",
-                        identifier, principal, owner)
+                        identifier, received.principal, owner)
+            raise UnknownSequence(identifier, version=version)
+        if exists and not received.via_response and not self.source.hears_at_listener(identifier, riding=riding):
+            log.warning("refused a message about source sequence %s from %s at our listener: its "
+                        "acknowledgements come in the responses to what we send", identifier,
+                        received.principal or received.remote_addr or "an unknown peer")
             raise UnknownSequence(identifier, version=version)
 
     def _fault_reply(self, fault: SoapFault, message: Message, status: int | None = None) -> Reply:
@@ -366,34 +539,6 @@ class Inbound:
         if status is not None:
             return Reply(status, reply.body, reply.content_type, retry_after=reply.retry_after)
         return reply
-
-    def _on_decoupled_response(self, body: CreateSequenceResponse | CloseSequenceResponse | TerminateSequenceResponse,
-                               version: RMVersion, addressing: AddressingHeaders) -> None:
-        """A response a peer sent to our endpoint instead of the back-channel (we ask with an
-        anonymous ReplyTo, but a peer may use AcksTo or send it late): match it and apply it."""
-        if isinstance(body, CreateSequenceResponse):
-            key = self.source.key_for_create_response(addressing.relates_to)
-            if key is not None:
-                self.source.on_create_sequence_response(key, body, version,
-                                                        create_offered=self.destination.create_offered)
-                return
-        else:
-            key = self.source.key_for_sequence(body.identifier)
-            if key is not None:
-                if isinstance(body, CloseSequenceResponse):
-                    self.source.on_closed(key)
-                else:
-                    self.source.on_terminated(key)
-                return
-            # a response about a sequence we do not have (or do not have for this peer): say so
-            raise UnknownSequence(body.identifier, version=version)
-        log.info("unmatched %s (relates to %s) ignored", type(body).__name__, addressing.relates_to)
-
-    def _on_received_fault(self, fault: SoapFault) -> None:
-        if isinstance(fault, WSRMFault):
-            self.source.on_fault(fault)
-        else:
-            log.warning("a peer sent us a fault: %s", fault)
 
     # -- responses to what we sent ------------------------------------------------------------------
 

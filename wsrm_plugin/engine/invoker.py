@@ -324,6 +324,40 @@ class InvokerWorker:
             if msg.number >= number:
                 return
 
+    def deliver_now(self, sequence_id: str, number: int) -> bool:
+        """Deliver buffered message ``number`` of ``sequence_id`` now, whatever is missing before
+        it, in a transaction of its own in the calling (receiving) thread; True if it was.
+
+        For replies on a sequence this engine offered (``RMPolicy.replies_in_order``
+        False): each resolves the call it answers, so none waits for another.  A
+        message that failed before, or that another thread holds, is left to the
+        invoker threads; a failure here is settled like any failed delivery.
+        """
+        if self.application is None:
+            return False
+        msg: BufferedMessage | None = None
+        try:
+            with self._transaction() as tx:
+                msg = tx.invoker.get(sequence_id, number)
+                if msg is None or msg.waiting_for_retry or self._is_isolated(msg) or self._is_settling(msg):
+                    return False
+                self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
+                try:
+                    handed_over = self._deliver(tx, msg)
+                except Exception:
+                    self._settle_later(msg)  # before the rollback frees it
+                    raise
+        except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
+            if msg is None:
+                log.debug("delivering reply %d of %s on receipt stopped: %s", number, sequence_id, exc)
+                return False
+            self._failed(msg, exc)
+            return False
+        with self._lock:
+            self._forget(msg)
+        self.delivered_on_receive(handed_over)
+        return True
+
     def _anything_claimable(self) -> bool:
         """Would a delivery find a message no other invoker thread holds?  A plain, read-only look.
 
@@ -593,11 +627,14 @@ class InvokerWorker:
         if context.relates_to is None:
             return False
         request = tx.rms_messages.find_by_message_id(context.relates_to)
-        if request is None or request.reply_callback is None:
+        if request is None:
+            return False
+        if request.reply_callback is None:
+            self.source.reply_arrived(tx, request)  # the application gets the reply itself
             return False
         callback = _import_callback(request.reply_callback)
         callback(msg.payload, context, request.reply_context)
-        tx.rms_messages.reply_received(request.sequence_key, request.number)
+        self.source.reply_arrived(tx, request)
         return True
 
     def _failed(self, msg: BufferedMessage, exc: BaseException) -> bool:

@@ -267,7 +267,17 @@ class RMPolicy:
     #: answers 202 and the reply goes out with the client's next retransmission (0: never wait).
     back_channel_reply_wait: float = knob(
         5.0, Seconds(inclusive=True, at_minimum="never wait"),
-        "how long a request with an anonymous ReplyTo waits for its reply in the HTTP response")
+        "how long a request with an anonymous ReplyTo waits for its reply in the HTTP response "
+        "(a one-way operation, and a request behind a gap, never wait)")
+    #: Replies arriving on a sequence this engine offered are handed out as they arrive (each
+    #: resolves the call it answers, by RelatesTo), exactly once: one the peer is slow to resend
+    #: holds back no other.  True delivers them in order, as any other sequence.
+    replies_in_order: bool = knob(
+        False, Flag(),
+        "hand the replies arriving on a sequence this engine offered to the application in order; False: "
+        "each as it arrives (exactly once; each resolves its own call by RelatesTo, so one lost reply "
+        "holds back no other)",
+        cxf="— (in order)", wcf="`ordered` (the whole session)")
 
     # -- wire -------------------------------------------------------------------------------
     rm_version: RMVersion = knob(

@@ -1123,6 +1123,9 @@ class RetransmissionWorker:
         refusal = content.fault if content is not None else None
         if refusal is not None and _refused_for_good(refusal) and (ack is None or msg.number not in ack):
             self._refused(seq, msg, refusal)
+        if ack is not None and content is not None and msg.number in ack and msg.reply_pending \
+                and not content.reliable:
+            self.source.exchange_acknowledged(seq.key, msg.number)
         # A 5xx without an acknowledgement (a proxy's 502, an overloaded server) is no answer from
         # the destination: it counts as a failed exchange, not as a round trip.  A 503 is the
         # destination's own "later" (its Retry-After decides when): not a loss to resend at once.
@@ -1169,13 +1172,13 @@ class RetransmissionWorker:
     def _reply_on_back_channel(self, seq: RmsSequence, data: bytes) -> None:
         """A reply came in the HTTP response (we offered with an anonymous endpoint).
 
-        It is handled exactly like one received on a listener.  Its
-        acknowledgement has no back-channel here, so it is POSTed to the peer
-        at once, with an AckRequested for ``seq``: the peer holds back the
-        acknowledgement of a request until its reply is acknowledged, and this
-        way it comes back in the same exchange.
+        It is handled like one received on a listener (from the peer we addressed).
+        Its acknowledgement has no back-channel here, so it is POSTed to the peer
+        at once, with an AckRequested for ``seq``: the request stays unacknowledged
+        here until its reply arrived (:meth:`Source.on_ack`), and the answer
+        acknowledges it again now that it has.
         """
-        self.inbound.handle(data)
+        self.inbound.handle(data, via_response=True)
         ack = self.destination.current_ack(seq.offered_id) if seq.offered_id else None
         if ack is None:
             return

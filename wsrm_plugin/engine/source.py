@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -183,6 +184,8 @@ AT_ONCE = 1.0
 _ANSWERS = b"wsrm-answers:"
 #: The conversation key of the sequences that carry replies to requests sent without an Offer.
 _REPLIES_KEY = "wsrm-replies"
+#: Source sequences :meth:`Source.hears_at_listener` remembers at most.
+_REMEMBERED_SEQUENCES = 4096
 
 
 def is_back_channel(address: str | None) -> bool:
@@ -268,6 +271,8 @@ class Source:
         #: Observers told of every faulted sequence before the ``on_fault`` hook (they do not take
         #: the messages over: the reliable zeep client fails its futures and callbacks there).
         self.fault_listeners: list[Callable[[SequenceFault], None]] = []
+        #: Whether each source sequence hears about its messages at our listener (a bounded memory).
+        self._heard_at_listener: OrderedDict[str, tuple[bool, str | None]] = OrderedDict()
 
     # -- transactions ---------------------------------------------------------------------
 
@@ -290,6 +295,18 @@ class Source:
     def endpoint_address(self) -> str | None:
         """This engine's own address (replies to offered sequences come there), if it serves one."""
         return self._endpoint()
+
+    def _replies_on_back_channel(self) -> bool:
+        """Do replies to this engine's requests come in the HTTP responses (it serves no endpoint)?
+
+        Then a request is kept, and sent again, until its reply arrived -- not
+        merely until it is acknowledged: a reply lost with its HTTP response is
+        only ever sent again in the response to a copy of its request (WCF's
+        initiator keeps retrying for the same reason).  The request is
+        ``awaits_reply`` in the store, and :meth:`on_ack` leaves it
+        unacknowledged until :meth:`reply_arrived`.
+        """
+        return is_back_channel(self._endpoint())
 
     def _acks_to(self) -> str:
         """Where the peer should send acknowledgements: the back-channel unless decoupled."""
@@ -399,7 +416,8 @@ class Source:
         try:
             msg = tx.rms_messages.enqueue(cached, payload, action=action, soap_version=soap_ns,
                                           message_id=message_id, reply_callback=reply_callback,
-                                          reply_context=reply_context)
+                                          reply_context=reply_context,
+                                          awaits_reply=ident[2] and self._replies_on_back_channel())
         except (SequenceNotOpenError, UnknownSequenceError):
             return None
         return SendReceipt(cached, msg.number, message_id)
@@ -413,7 +431,8 @@ class Source:
         rolls_over = limit is not None and seq.next_number >= limit
         msg = tx.rms_messages.enqueue(
             seq.key, payload, action=action, soap_version=soap_ns, message_id=message_id,
-            last=rolls_over and rm is RM10, reply_callback=reply_callback, reply_context=reply_context)
+            last=rolls_over and rm is RM10, reply_callback=reply_callback, reply_context=reply_context,
+            awaits_reply=seq.offered_id is not None and self._replies_on_back_channel())
         if rolls_over and rm is not RM10:
             tx.rms.mark_last(seq.key)
         if rolls_over:
@@ -688,6 +707,34 @@ class Source:
         except WSRMFault as fault:
             for_sequence(log, identifier).warning("acknowledgement refused: %s", fault)
 
+    def hears_at_listener(self, identifier: str, *, riding: str | None = None) -> bool:
+        """May acknowledgements, faults and responses about source sequence ``identifier`` come to
+        our listener (rather than only in the HTTP responses to what we send it)?
+
+        A sequence this engine opened with an anonymous AcksTo hears only in those
+        responses, or piggybacked on a message of the sequence it offered (``riding``
+        names the sequence of the message carrying it): the peer's replies come to
+        our listener and may carry acknowledgements of the requests (WCF's R1601;
+        gSOAP does it).  One whose AcksTo names our endpoint hears at the listener,
+        as does a sequence accepted from a peer's Offer (its acknowledgements come in
+        that peer's requests).  An unknown identifier: yes (the acknowledgement is then
+        refused as unknown anyway).  Cached: a sequence's AcksTo never changes.
+        """
+        with self._lock:
+            found = self._heard_at_listener.get(identifier)
+        if found is None:
+            with self.store.begin() as tx:
+                seq = tx.rms.get_by_sequence_id(identifier)
+            if seq is None:
+                return True
+            found = (SequenceKey.decode(seq.key) is None or not is_back_channel(seq.acks_to), seq.offered_id)
+            with self._lock:
+                self._heard_at_listener[identifier] = found
+                while len(self._heard_at_listener) > _REMEMBERED_SEQUENCES:
+                    self._heard_at_listener.popitem(last=False)
+        heard, offered = found
+        return heard or (riding is not None and riding == offered)
+
     def on_ack(self, ack: SequenceAcknowledgement, version: RMVersion) -> None:
         """Apply an acknowledgement; raises the fault to answer when it is wrong."""
         pending = getattr(self._coalescing, "pending", None)
@@ -724,8 +771,11 @@ class Source:
                    version: RMVersion, now: float) -> tuple[list[int], bool]:
         """The newly acknowledged numbers, and whether the sequence now owes a control message
         (every message acknowledged after the application's last: Close or Terminate)."""
+        ranges = ack.ranges
+        if seq.offered_id is not None and ranges and self._replies_on_back_channel():
+            ranges = self._without_awaited_replies(tx, seq, ack)
         try:
-            newly = tx.rms_messages.mark_acked(seq.key, ack.ranges, now=now)
+            newly = tx.rms_messages.mark_acked(seq.key, ranges, now=now) if ranges else []
         except InvalidAcknowledgementError as exc:
             raise InvalidAcknowledgement(ack.identifier, str(exc), version=version) from None
         pending = tx.rms_messages.has_unacked(seq.key)
@@ -734,15 +784,94 @@ class Source:
         after = rms_transition(before, event).state
         if newly:
             tx.rms_messages.purge_acked(seq.key)
-        if ack.final and pending:
-            unacked = tx.rms_messages.count_unacked(seq.key)
-            self.fault_in(tx, seq, f"the destination closed the sequence with {unacked} message(s) "
+        missing = pending and ack.final and self._not_in(tx, seq, ack)
+        if missing:
+            self.fault_in(tx, seq, f"the destination closed the sequence with {missing} message(s) "
                         "unacknowledged")
             return newly, False
         owes_control = _owes_control(after)
         if owes_control:
             tx.rms.update(seq.key, next_control_at=now)
         return newly, owes_control
+
+    @staticmethod
+    def _not_in(tx: StoreTransaction, seq: RmsSequence, ack: SequenceAcknowledgement) -> int:
+        """How many unacknowledged messages of ``seq`` a Final ``ack`` leaves out (a request
+        it names that waits for its reply here is not one of them)."""
+        named = AckRanges.from_ranges(ack.ranges)
+        return sum(1 for m in tx.rms_messages.list_for(seq.key) if not m.acked and m.number not in named)
+
+    @staticmethod
+    def _without_awaited_replies(tx: StoreTransaction, seq: RmsSequence,
+                                 ack: SequenceAcknowledgement) -> list[tuple[int, int]]:
+        """``ack``'s ranges less the requests still waiting for a back-channel reply.
+
+        Such a request stays unacknowledged here, so it goes again on its backoff
+        and its copy's HTTP response brings the reply the destination stored; the
+        numbers must still have been sent (an acknowledgement naming a number
+        never sent is refused whole, before this).
+        """
+        awaiting = [m.number for m in tx.rms_messages.list_for(seq.key) if m.reply_pending and not m.acked]
+        if not awaiting:
+            return list(ack.ranges)
+        ranges = AckRanges.from_ranges(ack.ranges)
+        highest = max((upper for _, upper in ack.ranges), default=0)
+        if highest > seq.highest_number:
+            return list(ack.ranges)  # refused whole by mark_acked, as any acknowledgement of the unsent
+        return list(ranges.difference(AckRanges.of(awaiting)).ranges)
+
+    def reply_arrived(self, tx: StoreTransaction, request: RmsMessage) -> None:
+        """The reply to ``request`` was delivered (in ``tx``, the delivery's): it may be purged,
+        and a request that waited for it on the back-channel is acknowledged -- the
+        destination ran it, so it had it."""
+        if not request.reply_pending:
+            return
+        tx.rms_messages.reply_received(request.sequence_key, request.number)
+        if not request.acked and self._replies_on_back_channel():
+            if self._acknowledge_awaited(tx, request.sequence_key, request.number):
+                self._ambient.wake_sender = True
+
+    def exchange_acknowledged(self, store_key: str, number: int) -> None:
+        """The HTTP response to a copy of request ``number`` acknowledged it and carried no reply.
+
+        The destination delivered it and owes no reply on this exchange (its
+        operation has none, or the reply was taken already): the request is done,
+        as WCF's initiator stops retrying a request whose exchange carried an
+        acknowledgement.  (A destination whose reply is not ready answers such an
+        exchange without an acknowledgement: this engine does, and so does WCF's.)
+        """
+        if not self._replies_on_back_channel():
+            return
+        with self.store.begin(durable=False) as tx:
+            msg = tx.rms_messages.get(store_key, number)
+            if msg is None or msg.acked or not msg.reply_pending:
+                return
+            if msg.reply_callback is None:
+                tx.rms_messages.reply_received(store_key, number)
+            woken = self._acknowledge_awaited(tx, store_key, number)
+        if woken:
+            self._wake()
+
+    @staticmethod
+    def _acknowledge_awaited(tx: StoreTransaction, store_key: str, number: int) -> bool:
+        """Mark request ``number``, which waited for its reply, acknowledged; True when that ended
+        the sequence's last work (its Close/Terminate is due now)."""
+        seq = tx.rms.get(store_key)
+        if seq is None or seq.offered_id is None or not seq.started or seq.faulted or seq.terminate_sent:
+            return False
+        try:
+            newly = tx.rms_messages.mark_acked(seq.key, [(number, number)])
+        except InvalidAcknowledgementError:
+            return False
+        if not newly:
+            return False
+        pending = tx.rms_messages.has_unacked(seq.key)
+        after = rms_transition(rms_state(seq, int(pending) + 1), RMSEvent.ACK if pending else RMSEvent.ACKALL).state
+        tx.rms_messages.purge_acked(seq.key)
+        if _owes_control(after):
+            tx.rms.update(seq.key, next_control_at=time.time())
+            return True
+        return False
 
     def on_closed(self, store_key: str) -> None:
         """CloseSequenceResponse: the destination's set of messages is final."""
@@ -765,8 +894,8 @@ class Source:
         for_sequence(log, seq.sequence_id, key=store_key).info("sequence terminated and purged")
         if seq.offered_id and self._endpoint() is None and self._end_offered is not None:
             # Replies came in our HTTP responses: the peer has no address to terminate the offered
-            # sequence at, and with the requests acknowledged every reply is in (the peer holds
-            # back a request's acknowledgement until its reply is acknowledged).
+            # sequence at, and with the requests acknowledged every reply is in (a request stays
+            # unacknowledged here until its reply arrived: see _replies_on_back_channel).
             self._end_offered(seq.offered_id)
         with self._lock:
             for ident, cached in list(self._current.items()):

@@ -50,6 +50,18 @@ class WireError(Exception):
     """Base of every error raised because a message (not the caller) is wrong."""
 
 
+#: Characters of a fault reason sent or kept.  Reasons quote what was wrong (a value, a name);
+#: a peer's input echoed whole would let it make the answer as large as its request.
+MAX_REASON_LENGTH = 2048
+
+
+def bounded(text: str, limit: int = MAX_REASON_LENGTH) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit} more characters]"
+
+
 def _nsmap_for(namespaces: Iterable[str | None]) -> dict[str, str]:
     """A prefix -> namespace map with readable prefixes, for QName-valued text."""
     nsmap: dict[str, str] = {}
@@ -86,6 +98,7 @@ class SoapFault(WireError):
     def __init__(self, reason: str, *, code: str | None = None,
                  subcodes: Sequence[etree.QName | str] = (),
                  detail: Iterable[etree._Element] = ()) -> None:
+        reason = bounded(reason)
         super().__init__(reason)
         self.reason = reason
         if code is not None:
@@ -294,7 +307,7 @@ class WSRMFault(SoapFault):
         if self.identifier is None:
             return []
         identifier = etree.Element(version.qname("Identifier"), nsmap={"wsrm": version.ns})
-        identifier.text = self.identifier
+        identifier.text = bounded(self.identifier, 1024)  # an identifier a peer made up: never echoed whole
         return [identifier]
 
     def detail_elements(self) -> list[etree._Element]:

@@ -38,7 +38,7 @@ __all__ = [
     "TerminateSequence", "TerminateSequenceResponse",
     "INCOMPLETE_SEQUENCE_BEHAVIORS", "RM_HEADER_NAMES", "RM_BODY_NAMES",
     "parse_rm_element", "parse_message_number", "parse_duration", "format_duration",
-    "expires_after",
+    "expires_after", "MAX_IDENTIFIER_LENGTH",
 ]
 
 INCOMPLETE_SEQUENCE_BEHAVIORS = ("DiscardEntireSequence", "DiscardFollowingFirstGap", "NoDiscard")
@@ -140,10 +140,19 @@ def _once(current: _T | None, value: _T, what: str, parent: str) -> _T:
     return value
 
 
+#: Characters a sequence identifier may have.  Identifiers are URIs in practice (WCF, CXF and
+#: this package write ``urn:uuid:`` + 36; gSOAP a few more); a peer's identifier is stored and
+#: echoed in faults, so one of a megabyte is refused before it is either.
+MAX_IDENTIFIER_LENGTH = 1024
+
+
 def _identifier_text(element: etree._Element, parent: str) -> str:
     text = text_of(element)
     if not text:
         raise MalformedMessageError(f"wsrm:{parent} has an empty Identifier")
+    if len(text) > MAX_IDENTIFIER_LENGTH:
+        raise MalformedMessageError(f"wsrm:{parent} has an Identifier of {len(text)} characters; at most "
+                                    f"{MAX_IDENTIFIER_LENGTH} are accepted")
     return text
 
 

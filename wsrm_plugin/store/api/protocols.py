@@ -115,13 +115,16 @@ class RmsMessageManager(_Manager, ABC):
     def enqueue(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
                 message_id: str, last: bool = False, reply_callback: str | None = None,
                 reply_context: bytes | None = None, send_at: float | None = None,
-                now: float | None = None) -> RmsMessage:
+                now: float | None = None, awaits_reply: bool = False) -> RmsMessage:
         """Append a message with the next number (locks the sequence).
 
         ``last=True`` makes it the sequence's last message (WS-RM 1.0
-        LastMessage).  Raises :class:`SequenceNotOpenError` when the sequence
-        already has its last message, is closed, terminated or faulted, and
-        :class:`MessageNumberRolloverError` when the numbers are used up.
+        LastMessage).  The message is ``reply_pending`` (kept until
+        :meth:`reply_received`) when it has a ``reply_callback`` or
+        ``awaits_reply``.  Raises :class:`SequenceNotOpenError` when the
+        sequence already has its last message, is closed, terminated or
+        faulted, and :class:`MessageNumberRolloverError` when the numbers are
+        used up.
         """
 
     @abstractmethod

@@ -128,14 +128,14 @@ class _RmsMessages(api.RmsMessageManager):
     def enqueue(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
                 message_id: str, last: bool = False, reply_callback: str | None = None,
                 reply_context: bytes | None = None, send_at: float | None = None,
-                now: float | None = None) -> RmsMessage:
+                now: float | None = None, awaits_reply: bool = False) -> RmsMessage:
         tx = self._tx
         t = _now(now)
         values: tuple[Any, ...] = ()
         if isinstance(payload, (bytes, bytearray, memoryview)):
             values = (message_id, action, soap_version, bytes(payload), last, reply_callback,
-                      None if reply_context is None else bytes(reply_context), reply_callback is not None,
-                      t if send_at is None else send_at, t)
+                      None if reply_context is None else bytes(reply_context),
+                      reply_callback is not None or awaits_reply, t if send_at is None else send_at, t)
         # PostgreSQL: the number taken and the message inserted in one statement (a round trip
         # less on the application's own transaction); where the store keeps an undo image
         # (SQLite's XA branches), the insert is captured first, so it stays a statement of its own
@@ -163,7 +163,7 @@ class _RmsMessages(api.RmsMessageManager):
             soap_version=soap_version, payload=bytes(payload), last=last,
             reply_callback=reply_callback,
             reply_context=None if reply_context is None else bytes(reply_context),
-            reply_pending=reply_callback is not None,
+            reply_pending=reply_callback is not None or awaits_reply,
             next_send_at=t if send_at is None else float(send_at), created_at=t)
 
     def _take_number(self, sequence_key: str, last: bool, message: tuple[Any, ...] = ()) -> RmsSequence | None:
