@@ -120,7 +120,9 @@ class ReliableService:
     (``"{namespace}local"``) processed in front of the service (a WS-Security
     middleware's): a header marked mustUnderstand that neither they, the
     chain's interceptors nor the service's declared headers cover is refused
-    with a MustUnderstand fault before it is recorded.
+    with a MustUnderstand fault before it is recorded.  ``transport`` is what the
+    engine sends with (acknowledgements to an addressable AcksTo, replies to a
+    listener); the caller keeps it and closes it.
     """
 
     def __init__(self, application: Application, store: str | StorageManager = "memory:",
@@ -130,20 +132,22 @@ class ReliableService:
                  publish_policy: RMPolicyAssertion | bool = True, name: str = "wsrm-server",
                  recovery_interval: float | None = None, health_path: str | None = "/healthz",
                  max_poison: int | None = None, make_connection: bool = False,
-                 understands: Iterable[str] = ()) -> None:
+                 understands: Iterable[str] = (), transport: Transport | None = None) -> None:
         check_recovery_interval(recovery_interval, tm)
         self.policy = policy or RMPolicy()
         self.recovery_interval = recovery_interval
         self.lifecycle_report: LifecycleReport | None = None
         #: The WS-MakeConnection mailbox (``make_connection=True``), else None.
         self.mailbox: Mailbox | None = None
-        self._transport: Transport | None = None
+        self._transport: Transport | None = None  # ours to close
         if make_connection:
             self.mailbox = Mailbox(max_message_size=self.policy.max_message_size)
-            self._transport = self.mailbox.transport(HttpTransport(timeout=self.policy.http_timeout))
+            if transport is None:
+                transport = self._transport = HttpTransport(timeout=self.policy.http_timeout)
+            transport = self.mailbox.transport(transport)
         # the deliverer needs the middleware, which needs the engine: bind it late
         self.engine = ReliableEngine(store, self.policy, tm=tm, endpoint_address=endpoint_address,
-                                     transport=self._transport,
+                                     transport=transport,
                                      application=lambda payload, context: self._deliver(payload, context),
                                      on_delivery_failure=on_delivery_failure, answers=_answering(application),
                                      understands=None, knows=_knowing(application), name=name)

@@ -91,9 +91,11 @@ def test_a_reply_slower_than_the_wait_comes_with_a_retransmission(servers, clien
     assert wait_for(lambda: server.engine.status().unacked == 0)
 
 
-def test_the_server_holds_back_the_request_ack_until_the_reply_is_acknowledged(servers):
-    """No client acknowledges: the reply stays stored, the request unacknowledged, and a
-    retransmitted request gets the same reply again."""
+def test_a_request_is_sent_again_until_its_reply_arrives(servers):
+    """A client that never takes its replies: the server acknowledges the request (its
+    acknowledgements are cumulative) and keeps the reply stored; the client keeps the request
+    unacknowledged, since its reply never arrived, and sends it again, and every copy gets the
+    same reply.  (The server used to hold the request's acknowledgement back instead.)"""
     from wsrm_plugin.engine import ReliableEngine
 
     from tests.spyne_server.conftest import Envelopes
@@ -122,6 +124,11 @@ def test_the_server_holds_back_the_request_ack_until_the_reply_is_acknowledged(s
         replies = [parse_envelope(body) for body in seen]
         texts = {r.root.findtext(f".//{{{service.TNS}}}echoResult") for r in replies}
         assert texts == {"re:held"}
+        # every copy's answer acknowledges the request: the server holds nothing back
+        from wsrm_plugin.wire import SequenceAcknowledgement, parse_rm_element
+        acks = [parsed[0] for r in replies for h in r.headers
+                if (parsed := parse_rm_element(h)) is not None and isinstance(parsed[0], SequenceAcknowledgement)]
+        assert len(acks) == len(replies) and all(a.ranges == [(1, 1)] for a in acks), acks
         assert service.RAN == collections.Counter({"held": 1})
         with client.store.begin() as tx:
             assert tx.rms_messages.find_by_message_id(receipt.message_id).acked is False

@@ -54,6 +54,13 @@ def test_in_out_offer_replies_reach_the_callback_on_the_offered_sequence():
     assert "first reply: '1 x item-1 = 3 EUR'" in done.stdout
 
 
+def test_make_connection_a_client_behind_a_firewall_polls_for_its_replies():
+    done, counts = run_example("make_connection.py", "--calls", "12", "--loss", "0.2")
+    assert_exactly_once("make_connection", done, counts, 12)
+    assert "replies right: True" in done.stdout and "left in the service's mailbox: 0" in done.stdout
+    assert "wsmc/200702/anonymous?id=" in done.stdout
+
+
 def test_fault_handling_every_fault_reaches_the_client_once():
     done, counts = run_example("fault_handling.py", "--messages", "6", "--attempts", "2", "--loss", "0.2")
     assert_exactly_once("fault_handling", done, counts, 6)

@@ -356,17 +356,17 @@ class Inbound:
             # A reply owed on this very HTTP exchange (a client without a listener).  A one-way
             # operation never has one, and a message behind a gap cannot be delivered now: both
             # are answered at once, with the acknowledgement.
-            if accepted.behind_gap and not accepted.duplicate:
-                return Reply.accepted()  # no acknowledgement: the source sends it again, and its
-                                         # copy after the gap is filled gets the reply
-            if not accepted.behind_gap:
-                back = self.back_channel.reply_for(header.identifier, header.message_number, message.soap)
-                if back.outcome is Outcome.REPLY:
-                    return Reply.envelope(back.envelope, back.soap or message.soap, back.action)
-                if back.outcome is Outcome.TIMED_OUT:
-                    # No acknowledgement: a source that stops retrying a request once its exchange
-                    # carries one (WCF's initiator) sends it again and its copy gets the reply.
-                    return Reply.accepted()
+            if accepted.behind_gap:
+                # No acknowledgement (a copy of a request is done once its exchange carries one):
+                # the source sends it again, and its copy after the gap is filled gets the reply.
+                return Reply.accepted()
+            back = self.back_channel.reply_for(header.identifier, header.message_number, message.soap)
+            if back.outcome is Outcome.REPLY:
+                return Reply.envelope(back.envelope, back.soap or message.soap, back.action)
+            if back.outcome is Outcome.TIMED_OUT:
+                # No acknowledgement: a source that stops retrying a request once its exchange
+                # carries one (WCF's initiator) sends it again and its copy gets the reply.
+                return Reply.accepted()
         answer.acknowledge(accepted.ack, version)
         return None
 
