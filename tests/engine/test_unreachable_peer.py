@@ -173,3 +173,41 @@ def test_sequences_waiting_for_a_down_peer_spend_none_of_their_retries(engines, 
     assert client.status().faulted_sequences == 0
     server.serve(port=port)
     assert wait_for(lambda: len(received.texts()) == 2 * KEYS, timeout=30)
+
+
+def test_acknowledgements_to_an_unreachable_acks_to_wait_for_its_probe(engines, store_for):
+    """Decoupled acknowledgements go to the client's own endpoint; while it is down the service's
+    acknowledgement worker sends one probe at a time, not an acknowledgement per sequence and
+    retransmission, and everything it owes goes once the endpoint answers again."""
+    policy = fast_policy(exponential_backoff=True, max_retransmission_interval=CAP)
+    received = TimedRecorder()
+    service_transport = CountingTransport(timeout=policy.http_timeout)
+    server = engines(store_for("memory", "server"), policy, application=received, transport=service_transport,
+                     serve=True, name="server")
+    client = engines(store_for("memory", "client"), policy.replace(decoupled_acks=True), name="client")
+    listener = client.serve()
+    port = listener.port
+    for k in range(KEYS):
+        client.send(server.endpoint_address, payload(f"k{k}-0"), action=ACTION, key=f"k{k}")
+    assert wait_for(lambda: len(received.texts()) == KEYS and client.status().unacked == 0)
+
+    listener.stop()
+    for k in range(KEYS):
+        client.send(server.endpoint_address, payload(f"k{k}-1"), action=ACTION, key=f"k{k}")
+    assert wait_for(lambda: server.status().unreachable_peers != (), timeout=30)
+    tripped = time.monotonic()
+    [peer] = server.status().unreachable_peers
+    assert peer.address == client.endpoint_address
+    assert wait_for(lambda: len(received.texts()) == 2 * KEYS)  # the messages arrive; their acks cannot go
+    time.sleep(OUTAGE / 2)
+    back = time.monotonic()
+    acks = service_transport.between(tripped, back)
+    print(f"\nacknowledgements tried while the client's endpoint was down {back - tripped:.1f}s: {acks}")
+    # the client retransmits its unacknowledged messages meanwhile, each asking for an
+    # acknowledgement; the service holds them all behind one probe per back-off interval
+    assert acks <= (back - tripped) / (CAP / 2) + 3, acks
+    client.serve(port=port)
+    assert wait_for(lambda: client.status().unacked == 0, timeout=30)
+    print(f"endpoint back -> every message acknowledged: {time.monotonic() - back:.2f}s")
+    assert wait_for(lambda: server.status().unreachable_peers == ())
+    assert received.texts().count("k0-1") == 1

@@ -196,7 +196,7 @@ class Reachability:
             return peer is None or peer.state.sending
 
     def failing(self, address: str) -> bool:
-        """The last exchange with the peer failed and none answered since (log at DEBUG, not INFO)."""
+        """The last exchange with the peer failed and none answered since (judged down or not yet)."""
         with self._lock:
             peer = self._peers.get(address)
             return peer is not None and peer.state.failing
@@ -280,13 +280,6 @@ class Reachability:
         with self._lock:
             return {key for peer in self._peers.values() for key, _ in peer.held}
 
-    def defer_probe(self, address: str) -> None:
-        """Nothing to probe ``address`` with now: look again after a poll or two, not at every round."""
-        with self._lock:
-            peer = self._peers.get(address)
-            if peer is not None and not peer.state.sending and not peer.state.probing:
-                peer.next_probe = self._clock() + max(5 * self.policy.poll_interval, 1.0)
-
     def take_held(self, address: str) -> dict[str, list[int]]:
         """The messages parked for ``address``, by sequence key, forgotten here."""
         with self._lock:
@@ -318,11 +311,6 @@ class Reachability:
                                    len(peer.held))
                    for address, peer in self._peers.items() if not peer.state.sending]
         return tuple(sorted(out, key=lambda p: p.since))
-
-    def state_of(self, address: str) -> PeerState:
-        with self._lock:
-            peer = self._peers.get(address)
-            return peer.state if peer is not None else PeerState.initial()
 
     # -- inside the lock ------------------------------------------------------------------------
 

@@ -209,6 +209,7 @@ class RetransmissionWorker:
         self.reachability = Reachability(policy, on_reachable=self._peer_is_back)
         self._on_reachable = on_reachable
         self._back: deque[str] = deque()
+        self._nothing_to_probe: dict[str, float] = {}
         #: Messages held for unreachable peers (not sent, parked in the store) since the start.
         self.held = 0
         #: Who this process is in the conditions it reports for ``wsrm status``.
@@ -270,6 +271,7 @@ class RetransmissionWorker:
         released = False
         while self._back:
             address = self._back.popleft()
+            self._nothing_to_probe.pop(address, None)
             held = self.reachability.take_held(address)
             now = time.time()
             with self.store.begin() as tx:
@@ -302,6 +304,8 @@ class RetransmissionWorker:
         """
         sent = False
         for address in self.reachability.probes_due():
+            if self._nothing_to_probe.get(address, 0.0) > now:
+                continue
             with self.store.begin() as tx:
                 mine = [seq for seq in tx.rms.list_all()
                         if seq.target == address and not (seq.faulted or seq.terminate_sent)]
@@ -322,7 +326,9 @@ class RetransmissionWorker:
                         tx.rms.update(owing[0], next_control_at=now)
                 sent = self._control_one(owing[0], now) or sent
             else:
-                self.reachability.defer_probe(address)  # nothing to probe with yet: look again soon
+                # Nothing of ours to probe with (a message falling due, or the acknowledgement
+                # worker, may probe it meanwhile): look again in a second, not at every round.
+                self._nothing_to_probe[address] = now + max(5 * self.policy.poll_interval, 1.0)
         return sent
 
     def _probe_with_message(self, address: str, key: str, number: int, now: float) -> bool:
