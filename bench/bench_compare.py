@@ -860,6 +860,48 @@ class _Counter:
         self.conn.close()
 
 
+def _statement_name(query: str) -> str:
+    """A statement without its parameters (``EXECUTE wsrm_3``), or its first 90 characters."""
+    text = " ".join(query.split())
+    return text.split(" (", 1)[0] if text.startswith("EXECUTE ") else text[:90]
+
+
+class _LockSampler:
+    """``BENCH_PG_LOCKS=1``: who waits for a lock, and for whom, every 5 ms of a scenario (a thread
+    of the coordinator on a session of its own): the waiting statement and the blockers' current
+    or last statements, counted."""
+
+    def __init__(self, dsn: str) -> None:
+        import psycopg2
+
+        self.conn = psycopg2.connect(dsn)
+        self.conn.autocommit = True
+        self.samples = 0
+        self.waits: Counter[tuple[str, str]] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with self.conn.cursor() as cur:
+            while not self._stop.wait(0.005):
+                cur.execute("SELECT w.query, b.query, b.state FROM pg_stat_activity w "
+                            "JOIN pg_stat_activity b ON b.pid = ANY(pg_blocking_pids(w.pid)) "
+                            "WHERE w.wait_event_type = 'Lock'")
+                self.samples += 1
+                for waiting, blocker, state in cur.fetchall():
+                    self.waits[(_statement_name(waiting), f"[{state}] {_statement_name(blocker)}")] += 1
+
+    def report(self, scenario: str) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.conn.close()
+        print(f"  lock waits of {scenario} in {self.samples} samples, {sum(self.waits.values())} in all "
+              "(waiting <- blocker):")
+        for (waiting, blocker), n in self.waits.most_common(8):
+            print(f"    {n:5d}  {waiting}\n           <- {blocker}")
+
+
 def _next_look(total: int, expected: int, elapsed: float) -> float:
     """Seconds until the next count of the service's rows: a quarter of the time the rest
     should take at the rate so far, 10 ms near the end (the end's resolution).
@@ -908,6 +950,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
     server = client = None
     before = _pg_counters(pg)
     counter = _Counter(server_app)
+    locks = _LockSampler(pg.dsn("postgres")) if os.environ.get("BENCH_PG_LOCKS") else None
     try:
         server = _Child(["--role", "server", *common, "--app-dsn", server_app, "--store-dsn", server_store],
                         str(workdir / f"{scenario}-{tag}-server.strace") if strace else None,
@@ -967,6 +1010,8 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
                 result.fsyncs[name] = child.fsyncs()
         result.tm = dict(stats)
         counter.close()
+        if locks is not None:
+            locks.report(variant)
     after = _pg_counters(pg)
     result.pg = {k: after[k] - before[k] for k in after}
     # the coordinator's own read-only transactions, and the first _pg_counters' own

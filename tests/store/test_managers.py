@@ -480,6 +480,20 @@ def test_record_send_attempts_counts_a_round_at_once(store: StorageManager) -> N
     assert got[2][0] == 0  # not named, not counted
 
 
+def test_record_send_attempts_across_sequences_counts_a_round_of_several(store: StorageManager) -> None:
+    started(store, messages=3, sent=False)
+    started(store, key="k2", sid="seq-2", messages=2, sent=False)
+    with store.begin() as tx:
+        assert tx.rms_messages.due_messages(limit=10, per_sequence=10)  # what the claim does first
+        assert tx.rms_messages.record_send_attempts_across({"k1": [1, 3, 9], "k2": [2]}, next_send_at=50.0,
+                                                           now=10.0) == 3
+    with store.begin() as tx:
+        got = {(m.sequence_key, m.number): (m.send_count, m.last_sent_at, m.next_send_at)
+               for k in ("k1", "k2") for m in tx.rms_messages.list_for(k)}
+    assert got[("k1", 1)] == got[("k1", 3)] == got[("k2", 2)] == (1, 10.0, 50.0)
+    assert got[("k1", 2)][0] == got[("k2", 1)][0] == 0
+
+
 def test_held_is_what_was_received_and_not_yet_delivered(store: StorageManager) -> None:
     from wsrm_plugin.store.api import AckRanges
 

@@ -977,8 +977,11 @@ class RetransmissionWorker:
                     next_at = now + self.reachability.hold_seconds()
                 attempts.setdefault((key, next_at), []).append(msg.number)
                 plan.append(_Planned(msg, seq, piggyback=owed_acks.pop(seq.target, []), probe=gate is Gate.PROBE))
+            by_time: dict[float, dict[str, list[int]]] = {}  # one statement for the round's sequences
             for (key, next_at), numbers in attempts.items():
-                tx.rms_messages.record_send_attempts(key, numbers, next_send_at=next_at, now=now)
+                by_time.setdefault(next_at, {})[key] = numbers
+            for next_at, numbered in by_time.items():
+                tx.rms_messages.record_send_attempts_across(numbered, next_send_at=next_at, now=now)
             for key, numbers in held.items():
                 self._hold(tx, sequences[key] or tx.rms.require(key), numbers, now)
         mode = policy.ack_request

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Self
 
 from txmanager.xa import XAResource
@@ -184,6 +184,14 @@ class RmsMessageManager(_Manager, ABC):
                 continue
             found += 1
         return found
+
+    def record_send_attempts_across(self, numbers: Mapping[str, Iterable[int]], *, next_send_at: float,
+                                    now: float | None = None) -> int:
+        """:meth:`record_send_attempts` for the messages of several sequences (sequence key ->
+        numbers): a sender's round over many sequences records them in one statement where
+        the store can (a round trip saved per sequence), one per sequence elsewhere."""
+        return sum(self.record_send_attempts(key, wanted, next_send_at=next_send_at, now=now)
+                   for key, wanted in numbers.items())
 
     @abstractmethod
     def make_due(self, sequence_key: str, numbers: Iterable[int], at: float | None = None) -> int:

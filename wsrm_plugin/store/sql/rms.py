@@ -4,7 +4,7 @@ queue (``rms_message``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -264,26 +264,27 @@ class _RmsMessages(api.RmsMessageManager):
                     "ORDER BY next_send_at, number LIMIT ?) x "
                     "WHERE s.sequence_id IS NOT NULL AND NOT s.faulted "
                     "ORDER BY x.rn, s.seq_key LIMIT ?) "
-                    f"SELECT {_cols(_MSG_COLS, 'm')} FROM r JOIN rms_message m ON m.ctid = r.tid "
+                    f"SELECT {_cols(_MSG_COLS, 'm')}, {_cols(_RMS_COLS, 's')} "
+                    "FROM r JOIN rms_message m ON m.ctid = r.tid "
                     "JOIN rms_sequence s ON s.seq_key = r.seq_key "
                     "WHERE m.ctid = ANY(ARRAY(SELECT tid FROM r)) "
                     "AND NOT m.acked AND m.next_send_at <= ? AND s.sequence_id IS NOT NULL AND NOT s.faulted "
                     "ORDER BY r.rn, m.next_send_at, m.seq_key, m.number LIMIT ?"
                     + tx.d.lock_of("s, m"), (_now(now), per_sequence, 4 * limit, _now(now), limit))
-                return [_msg(r) for r in rows]
+                return self._with_sequences(rows)
             # SQLite (no LATERAL): each sequence's first due messages by a correlated subquery on
             # the unacked index, one index range per sequence, ranked here.  Ranking every due
             # message in SQL (a window over all of them) made a batch cost as much as the backlog
             # is long: 100,000 queued messages were ranked for every 50 sent.
             rows = tx.all(
-                f"SELECT {_cols(_MSG_COLS, 'm')} FROM rms_sequence s JOIN rms_message m ON m.rowid IN "
+                f"SELECT {_cols(_MSG_COLS, 'm')}, {_cols(_RMS_COLS, 's')} FROM rms_sequence s "
+                "JOIN rms_message m ON m.rowid IN "
                 "(SELECT x.rowid FROM rms_message x WHERE x.seq_key = s.seq_key AND NOT x.acked "
                 "AND x.next_send_at <= ? ORDER BY x.next_send_at, x.number LIMIT ?) "
                 "WHERE s.sequence_id IS NOT NULL AND NOT s.faulted" + tx.d.lock_of("s, m"),
                 (_now(now), per_sequence))
             ranked: dict[str, list[RmsMessage]] = {}
-            for row in rows:
-                msg = _msg(row)
+            for msg in self._with_sequences(rows):
                 ranked.setdefault(msg.sequence_key, []).append(msg)
             order = sorted(((rank, m.next_send_at, m.sequence_key, m.number), m)
                            for msgs in ranked.values()
@@ -296,6 +297,20 @@ class _RmsMessages(api.RmsMessageManager):
             "AND NOT s.faulted ORDER BY m.next_send_at, m.seq_key, m.number LIMIT ?"
             + tx.d.lock_of("s, m"), (_now(now), limit))
         return [_msg(r) for r in rows]
+
+    def _with_sequences(self, rows: list[Any]) -> list[RmsMessage]:
+        """The messages of rows that also hold their sequence's columns; the sequences, which
+        the statement locked (or SQLite's whole file), are kept as held by this transaction: the
+        sender's round reads each of them next, and that read is then no round trip."""
+        width = len(_MSG_COLS)
+        held = self._tx.held_rms
+        out = []
+        for row in rows:
+            msg = _msg(row[:width])
+            if msg.sequence_key not in held:
+                held[msg.sequence_key] = _rms(row[width:])
+            out.append(msg)
+        return out
 
     def record_send_attempt(self, sequence_key: str, number: int, *, next_send_at: float,
                             now: float | None = None) -> RmsMessage:
@@ -316,6 +331,28 @@ class _RmsMessages(api.RmsMessageManager):
         self._seq(sequence_key)
         return self._update_each(sequence_key, numbers, "send_count = send_count + 1, last_sent_at = ?, "
                                  "next_send_at = ?", (_now(now), next_send_at))
+
+    def record_send_attempts_across(self, numbers: Mapping[str, Iterable[int]], *, next_send_at: float,
+                                    now: float | None = None) -> int:
+        tx = self._tx
+        wanted = {key: sorted(set(n)) for key, n in sorted(numbers.items())}
+        for key in wanted:
+            self._seq(key)  # locked by the round's claim already: no round trip
+        changed = 0
+        chunk: list[tuple[str, list[int]]] = []
+        size = 0
+        for key, found in [*wanted.items(), ("", [])]:  # a last empty one sends what is gathered
+            if chunk and (not found or size + len(found) > 500):
+                where = " OR ".join(f"(seq_key = ? AND number IN ({_in_list(n)}))" for _, n in chunk)
+                params = [v for k, n in chunk for v in (k, *n)]
+                tx.capture("rms_message", where, params)
+                changed += tx.write("UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, "
+                                    f"next_send_at = ? WHERE {where}", (_now(now), next_send_at, *params))
+                chunk, size = [], 0
+            if found:
+                chunk.append((key, found))
+                size += len(found) + 1
+        return changed
 
     def make_due(self, sequence_key: str, numbers: Iterable[int], at: float | None = None) -> int:
         self._seq(sequence_key)
