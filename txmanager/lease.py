@@ -15,19 +15,22 @@ A claim is three things in the database (created on first use):
     one row per node name ever claimed: its ``id`` (the advisory lock key,
     with :data:`LOCK_CLASS`), its ``epoch`` and who holds it.
 ``txm_fence(node, epoch)``
-    a function that share-locks the node's row and fails (SQLSTATE
+    a function that takes the node's fence lock shared for the rest of the
+    transaction (an advisory lock: no row is written), then fails (SQLSTATE
     :data:`FENCED`) unless ``epoch`` is still the row's: every decision this
     node writes calls it in the same transaction (a commit mark, a row of
-    :class:`~txmanager.dblog.DatabaseLog`).
+    :class:`~txmanager.dblog.DatabaseLog`).  In a transaction whose snapshot
+    is not per statement (REPEATABLE READ and up) it share-locks the row
+    instead.
 the advisory lock ``(LOCK_CLASS, id)``
     held by the dedicated :class:`LeaseSession` of the holder.
 
 Taking a name over (:func:`seize`) is: get the lock (only possible once the
 old holder's session is gone), end the old holder's other sessions still on
-the server (tagged with its ``application_name``), then raise the epoch.
-That UPDATE waits for any decision of the old holder still committing (it
-share-locked the row) and, once committed, makes every later one fail: the
-fence.  So after :func:`seize` returns, the set of decisions of the node is
+the server (tagged with its ``application_name``), raise the epoch, then take
+the fence lock exclusively (and let it go).  A decision of the old holder
+that took the fence lock before that is waited for (and then read by
+recovery); one that takes it after reads the new epoch and fails: the fence.  So after :func:`seize` returns, the set of decisions of the node is
 final, and its recovery may commit what was decided and roll back the rest
 with no safety interval and no guess.
 """
@@ -46,7 +49,7 @@ from typing import Any, TypeVar
 import psycopg2
 from psycopg2 import extensions as ext
 
-__all__ = ["LOCK_CLASS", "FENCED", "SCHEMA", "Timing", "LeaseSession", "NodeClaim", "Fence",
+__all__ = ["LOCK_CLASS", "FENCE_CLASS", "FENCED", "SCHEMA", "Timing", "LeaseSession", "NodeClaim", "Fence",
            "LeaseLostError", "seize", "session_tag", "ensure_schema"]
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,9 @@ log = logging.getLogger(__name__)
 LOCK_CLASS = 0x57533331
 #: SQLSTATE of a decision refused because the node was taken over.
 FENCED = "WX001"
+#: First half of the key of a node's fence lock ("WS32"): shared by each decision in flight,
+#: taken exclusively by a takeover once it raised the epoch (see :func:`txm_fence <seize>`).
+FENCE_CLASS = 0x57533332
 #: Serialises the creation of the tables between hosts starting at once.
 _SCHEMA_LOCK = 0x74786D6E6F6465  # "txmnode"
 
@@ -74,10 +80,25 @@ CREATE TABLE IF NOT EXISTS txm_decision (
     PRIMARY KEY (node, gtrid, kind)
 );
 CREATE OR REPLACE FUNCTION txm_fence(p_node text, p_epoch bigint) RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_id integer;
+    v_epoch bigint;
 BEGIN
-    PERFORM 1 FROM txm_node WHERE name = p_node AND epoch = p_epoch FOR SHARE;
-    IF NOT FOUND THEN
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        -- the shared lock first, then the epoch in a snapshot taken after it (each statement of a
+        -- volatile function takes its own): a takeover raises the epoch, then waits for this lock
+        SELECT id INTO v_id FROM txm_node WHERE name = p_node;
+        IF v_id IS NOT NULL THEN
+            PERFORM pg_advisory_xact_lock_shared({FENCE_CLASS}, v_id);
+            SELECT epoch INTO v_epoch FROM txm_node WHERE id = v_id;
+        END IF;
+    ELSE
+        -- one snapshot for the whole transaction: lock the row instead (a takeover's update
+        -- waits for it; one committed since the snapshot fails this transaction)
+        SELECT epoch INTO v_epoch FROM txm_node WHERE name = p_node FOR SHARE;
+    END IF;
+    IF v_epoch IS DISTINCT FROM p_epoch THEN
         RAISE EXCEPTION 'node % was taken over by another host (claim epoch % is no longer current): '
                         'this process can decide nothing for it any more; restart it', p_node, p_epoch
               USING ERRCODE = '{FENCED}';
@@ -328,7 +349,12 @@ def seize(session: LeaseSession, node: str, node_id: int, database: str, holder:
             log.warning("node %s: ended %d session(s) its previous holder left on the server", node, ended)
         cur.execute("UPDATE txm_node SET epoch = epoch + 1, holder = %s, claimed_at = now() "
                     "WHERE id = %s RETURNING epoch", (holder or describe_holder(), node_id))
-        return int(cur.fetchone()[0])
+        epoch = int(cur.fetchone()[0])
+        # committed (autocommit): every decision that starts from now on sees the new epoch;
+        # the ones in flight hold the fence lock shared until they end, so wait for them
+        cur.execute("SELECT pg_advisory_lock(%s, %s)", (FENCE_CLASS, node_id))
+        cur.execute("SELECT pg_advisory_unlock(%s, %s)", (FENCE_CLASS, node_id))
+        return epoch
     epoch = session.run(go)
     return NodeClaim(session, node, node_id, epoch, database)
 

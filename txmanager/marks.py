@@ -63,9 +63,10 @@ def insert_statement(forgotten: list[str], *, fenced: bool = False) -> str:
     """The mark's INSERT, deleting ``forgotten`` marks in the same statement.
 
     ``fenced``: the node is a claim in this database (:mod:`.lease`); the
-    node column is ``txm_fence(node, epoch)``, which share-locks the claim's
-    row and fails once another host took the node over, so the mark (and with
-    it the branch's work) commits only while this process still holds it.
+    node column is ``txm_fence(node, epoch)``, which holds the claim's fence
+    lock shared and fails once another host took the node over, so the mark
+    (and with it the branch's work) commits only while this process still
+    holds it.
     Parameters: (forgotten,) gtrid, node, [epoch,] record."""
     node = "txm_fence(%s, %s)" if fenced else "%s"
     values = f"INSERT INTO {TABLE} (gtrid, node, record) VALUES (%s, {node}, %s)"
