@@ -234,3 +234,36 @@ def test_the_health_check_fails_once_the_node_is_lost(dbs, hosts):
     assert not a.session.alive()  # what the heartbeat does every watch interval
     node = {c.name: c for c in health.liveness().checks}["node"]
     assert node.status == "fail" and "restart" in node.output and not a.healthy
+
+
+def test_a_takeover_waits_for_a_decision_in_flight_and_then_fences_the_next(dbs):
+    import threading
+
+    store, _ = dbs
+    timing = Timing(3)
+    old, new = LeaseSession(store, timing), LeaseSession(store, timing)
+    data = psycopg2.connect(store)  # a session of the old holder, deciding
+    try:
+        node_id = try_lock(old, "w-0", create=True)
+        claim = seize(old, "w-0", node_id, "db")
+        old.close()  # the old holder's claim is gone; its data session is not
+        with data.cursor() as cur:
+            cur.execute("SELECT txm_fence(%s, %s)", ("w-0", claim.epoch))  # a decision in flight
+        assert try_lock(new, "w-0", create=False) == node_id
+        taken: list = []
+        thread = threading.Thread(target=lambda: taken.append(seize(new, "w-0", node_id, "db")))
+        thread.start()
+        waiting = ("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = %s")
+        deadline = time.monotonic() + 30
+        while not _run(store, waiting, (new.backend_pid,)):  # the takeover waits for the decision
+            assert time.monotonic() < deadline and thread.is_alive(), taken
+            time.sleep(0.02)
+        data.commit()  # the decision commits: recovery will find it
+        thread.join(30)
+        assert taken and taken[0].epoch == claim.epoch + 1
+        with pytest.raises(psycopg2.Error) as refused, data.cursor() as cur:
+            cur.execute("SELECT txm_fence(%s, %s)", ("w-0", claim.epoch))
+        assert refused.value.pgcode == FENCED
+    finally:
+        data.close()
+        new.close()
