@@ -30,9 +30,10 @@ old holder's session is gone), end the old holder's other sessions still on
 the server (tagged with its ``application_name``), raise the epoch, then take
 the fence lock exclusively (and let it go).  A decision of the old holder
 that took the fence lock before that is waited for (and then read by
-recovery); one that takes it after reads the new epoch and fails: the fence.  So after :func:`seize` returns, the set of decisions of the node is
-final, and its recovery may commit what was decided and roll back the rest
-with no safety interval and no guess.
+recovery); one that takes it after reads the new epoch and fails: the fence.
+So after :func:`seize` returns, the set of decisions of the node is final,
+and its recovery may commit what was decided and roll back the rest with no
+safety interval and no guess.
 """
 
 from __future__ import annotations
