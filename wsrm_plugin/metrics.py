@@ -50,6 +50,10 @@ GAUGES = (
      lambda r: r.poison),
     ("wsrm_unreachable_peers", "Peers an engine process using the store cannot reach (their messages wait)",
      lambda r: len({c.subject for c in r.unreachable_peers})),
+    ("wsrm_delivery_paused", "Engine processes whose delivery is paused because what their service depends on "
+     "is down (messages are received and kept meanwhile)", lambda r: len(r.paused_delivery)),
+    ("wsrm_delivery_waiting_messages", "Messages waiting for delivery while it is paused",
+     lambda r: r.buffered if r.paused_delivery else 0),
 )
 
 
@@ -75,6 +79,14 @@ def exposition(r: StoreReport) -> str:
         if s.unacked is not None:
             lines.append(f'wsrm_sequence_unacknowledged_messages{{sequence="{_label(s.sequence_id)}"}} '
                          f"{s.unacked}")
+    if r.paused_delivery:
+        lines += ["# HELP wsrm_delivery_paused_since_seconds When an engine process's delivery paused (Unix time), "
+                  "what its service depends on being down; with its last error",
+                  "# TYPE wsrm_delivery_paused_since_seconds gauge"]
+        for c in r.paused_delivery:
+            lines.append(f'wsrm_delivery_paused_since_seconds{{service="{_label(c.subject)}",'
+                         f'reporter="{_label(c.reporter)}",state="{_label(c.state)}",'
+                         f'error="{_label(c.last_error or "")}"}} {c.since:.3f}')
     if r.faults:
         lines += ["# HELP wsrm_faulted_sequence Faulted source sequences, with the reason they were given up",
                   "# TYPE wsrm_faulted_sequence gauge"]

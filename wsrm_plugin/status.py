@@ -67,6 +67,8 @@ class StoreReport:
     poison: int = 0
     #: Peers engine processes report they cannot reach (one per peer and process).
     unreachable_peers: tuple[NodeCondition, ...] = ()
+    #: Engine processes whose delivery is paused: what their application depends on is down.
+    paused_delivery: tuple[NodeCondition, ...] = ()
 
     @classmethod
     def of(cls, url: str, status: StoreStatus) -> StoreReport:
@@ -81,7 +83,9 @@ class StoreReport:
                    faults=tuple((s.sequence_id or f"(creating: {s.key})", s.fault_reason or "faulted")
                                 for s in status.rms if s.state == "faulted"),
                    unreachable_peers=tuple(c for c in status.conditions
-                                           if c.kind == NodeCondition.UNREACHABLE_PEER))
+                                           if c.kind == NodeCondition.UNREACHABLE_PEER),
+                   paused_delivery=tuple(c for c in status.conditions
+                                         if c.kind == NodeCondition.DELIVERY_PAUSED))
 
 
 def report(store: StorageManager) -> StoreReport:
@@ -129,11 +133,17 @@ def format_report(r: StoreReport) -> str:
         f"waiting for a retry       {r.waiting_for_retry}",
         f"poison messages           {r.poison}" + ("   (run `wsrm poison list`)" if r.poison else ""),
         f"unreachable peers         {len({c.subject for c in r.unreachable_peers})}",
+        "delivery                  " + (f"PAUSED ({len(r.paused_delivery)} process(es))" if r.paused_delivery
+                                        else "running"),
     ]
     if r.faults:
         out += ["", ("faulted sequences (their unacknowledged messages are kept; once the cause is fixed, "
                      "`wsrm resend --store URL --sequence ID` sends them again on a new sequence):")]
         out += [f"  {sequence}: {reason}" for sequence, reason in r.faults]
+    for c in r.paused_delivery:
+        out += ["", f"DELIVERY PAUSED: {c.subject} since {_when(c.since)} ({c.state}): what the service depends "
+                    "on is down; messages are received, acknowledged and kept, none counted against its attempts",
+                f"  {c.detail}; last error: {c.last_error or '-'} (reported by {c.reporter} at {_when(c.reported_at)})"]
     if r.unreachable_peers:
         out += ["", ("unreachable peers (their messages wait unsent; one probe at a time goes to each, and "
                      "its first answer sends them):")]

@@ -72,6 +72,9 @@ _DECLARED_KEY = "wsrm.declared_fault"
 _LISTENING = "_wsrm_declared_fault_listener"
 #: Exchange property: what a method raised that was not a spyne ``Fault`` (for the poison store).
 _ERROR_KEY = "wsrm.method_error"
+#: Exchange property: that exception itself, so the invoker can tell a database down (an outage,
+#: which pauses delivery) from a bad message (counted): spyne's fault says only "Internal Error".
+_RAISED_KEY = "wsrm.method_exception"
 _RM_NAMESPACES = frozenset(v.ns for v in RM_VERSIONS)
 _local = threading.local()
 
@@ -244,7 +247,9 @@ class ChainDeliverer:
             # not the method's own answer: spyne could not read the request, or the method
             # raised something else (a database down, a bug): retried, then kept as poison
             raised = exchange.properties.get(_ERROR_KEY)
-            raise ServiceFailure(f"the service failed to process the message: {raised or _fault_text(fault, soap)}")
+            cause = exchange.properties.get(_RAISED_KEY)
+            raise ServiceFailure(f"the service failed to process the message: {raised or _fault_text(fault, soap)}") \
+                from cause
 
 
 class ServiceFailure(RuntimeError):
@@ -273,6 +278,7 @@ def _listen_for_declared_faults(application: object) -> None:
             message.exchange.properties[_DECLARED_KEY] = True
         else:  # spyne's fault says only "Internal Error": keep what the method really raised
             message.exchange.properties[_ERROR_KEY] = f"{type(raised).__name__}: {raised}"
+            message.exchange.properties[_RAISED_KEY] = raised
 
     events.add_listener("method_exception_object", on_exception)
     setattr(application, _LISTENING, True)

@@ -47,6 +47,18 @@ def servers() -> Iterator[Callable[..., ReliableService]]:
 
 
 @pytest.fixture
+def app_pg() -> Iterator[Any]:
+    """The application's own PostgreSQL server (not the store's), which a test stops and starts."""
+    from tests.conftest import start_throwaway_server
+
+    server = start_throwaway_server()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
 def clients() -> Iterator[Callable[..., ReliableEngine]]:
     """``make(store="memory:", policy=None, **kwargs)``: a served, started engine (the RM source)."""
     made: list[ReliableEngine] = []

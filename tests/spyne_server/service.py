@@ -21,17 +21,22 @@ _lock = threading.Lock()
 RECORDED: list[str] = []
 DELIVERIES: list[tuple[str, int]] = []  # (sequence id, message number) seen by the methods
 CALLS: list[str] = []  # every call, attempts that rolled back included
-_config: dict[str, Any] = {"ds": None, "node": None, "delay": 0.0, "broken": frozenset(), "calls_file": None}
+_config: dict[str, Any] = {"ds": None, "node": None, "delay": 0.0, "broken": frozenset(), "calls_file": None,
+                           "too_slow": frozenset()}
 
 #: The table the methods insert into when given a data source.
 SCHEMA = "CREATE TABLE orders (id serial PRIMARY KEY, item text NOT NULL, node text)"
 
 
 def configure(*, ds: Any = None, node: str | None = None, delay: float = 0.0, broken: Any = (),
-              calls_file: str | None = None) -> None:
+              calls_file: str | None = None, too_slow: Any = ()) -> None:
     """``broken``: items the methods fail to process (a plain exception, not a declared fault),
-    each call of them appended to ``calls_file`` (so calls are counted across processes)."""
-    _config.update(ds=ds, node=node, delay=delay, broken=frozenset(broken), calls_file=calls_file)
+    each call of them appended to ``calls_file`` (so calls are counted across processes).
+    ``too_slow``: items whose query outlives its statement timeout in the database (``ds``): a
+    real ``psycopg2`` OperationalError (QueryCanceled), which an outage raises too, for one
+    message only."""
+    _config.update(ds=ds, node=node, delay=delay, broken=frozenset(broken), calls_file=calls_file,
+                   too_slow=frozenset(too_slow))
 
 
 def _maybe_broken(item: str) -> None:
@@ -69,6 +74,9 @@ def _insert(item: str) -> None:
     if ds is not None:
         with ds.connection() as conn, conn.cursor() as cur:
             cur.execute("INSERT INTO orders (item, node) VALUES (%s, %s)", (item, _config["node"]))
+            if item in _config["too_slow"]:
+                cur.execute("SET LOCAL statement_timeout = 50")
+                cur.execute("SELECT pg_sleep(2)")
     if _config["delay"]:
         time.sleep(_config["delay"])  # widen the window a crash test kills the process in
 

@@ -481,9 +481,11 @@ class Destination:
 
     def _delivers_now(self) -> bool:
         """Is a message next in order delivered on receipt now (the engine started, its
-        application quick)?"""
+        application quick, delivery not paused by an outage: then it is buffered, and
+        acknowledged as soon as the store has it)?"""
         invoker = self._direct
-        return invoker is not None and invoker.application is not None and invoker.running and invoker.quick
+        return (invoker is not None and invoker.application is not None and invoker.running and invoker.quick
+                and not invoker.paused)
 
     def _wait_turn(self, item: _Receipt) -> None:
         """Delivering on receipt: let the receives of a sequence in by number, as CXF's in-order

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -81,11 +82,14 @@ class EngineStatus:
     #: Of ``delivered``, messages handed over in the transaction that received them
     #: (``RMPolicy.deliver_on_receive``); the others went through the invoker buffer.
     delivered_on_receipt: int = 0
-    #: Delivery is paused (the application's outage, see the invoker's pause): since when (epoch
-    #: seconds), why, and how many messages wait meanwhile.
+    #: Delivery is paused: what the service depends on is down (``RMPolicy.pause_on_outage``);
+    #: messages are still received and acknowledged, and kept until it is back.
     paused: bool = False
+    #: Since when (epoch seconds), while paused.
     paused_since: float | None = None
+    #: The error that paused delivery, or the last probe's, while paused.
     pause_error: str | None = None
+    #: Messages waiting for delivery while paused (0 while delivering).
     waiting: int = 0
     #: Peers this process judged unreachable and holds messages for (since, last error,
     #: probes, next probe): one probe at a time goes to each (``RMPolicy.peer_unreachable_after``).
@@ -192,7 +196,9 @@ class ReliableEngine:
         self.invoker = InvokerWorker(self.store, policy, source=self.source, ambient=self._ambient,
                                      application=application, tm=tm, on_failure=on_delivery_failure,
                                      after_commit=self._wake_sender,
-                                     on_delivered=self.back_channel.delivered)
+                                     on_delivered=self.back_channel.delivered,
+                                     wake_invoker=self._wake_invoker, service=name,
+                                     reporter=f"{name}@{socket.gethostname()}")
         if policy.delivers_on_receive(tm is not None, self.store.commits_are_costly):
             self.destination.deliver_on_receive(self.invoker)
         if not policy.replies_in_order:
@@ -274,6 +280,8 @@ class ReliableEngine:
         """Start the workers (idempotent); messages are delivered from now on."""
         if self.policy.freeze_gc_at_start:
             _freeze_start_up_objects()
+        if not self.invoker.running:
+            self.invoker.withdraw_pause()  # what a predecessor of this process left reported
         for worker in self._workers:
             worker.start()
         self.invoker.running = True
@@ -316,9 +324,11 @@ class ReliableEngine:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and self.status().rms_sequences:
                 time.sleep(min(self.policy.poll_interval, 0.05))
-        self.invoker.running = False
+        was_running, self.invoker.running = self.invoker.running, False
         for worker in self._workers:
             worker.stop(timeout)
+        if was_running and self.invoker.paused:
+            self.invoker.withdraw_pause()
         self.retransmission.close()
         for server in self._servers:
             server.stop(timeout)
@@ -338,7 +348,8 @@ class ReliableEngine:
 
     def status(self) -> EngineStatus:
         store = self.store.status()
-        return EngineStatus(
+        pause = self.invoker.pause.status()
+        return EngineStatus(**pause, waiting=store.buffered if pause["paused"] else 0,
             rms_sequences=len(store.rms), rmd_sequences=len(store.rmd), unacked=store.unacked,
             buffered=store.buffered, faulted_sequences=self.source.faulted_sequences,
             messages_sent=self.retransmission.messages_sent,

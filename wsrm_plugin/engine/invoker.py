@@ -47,11 +47,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store import BufferedMessage, LockTimeoutError, StorageManager, StoreTransaction, StoreUnavailableError
+from ..statemachine import (
+    InvalidTransition, MessageAction, MessageEvent, MessageState, ServiceAction, ServiceMode, Stage,
+)
+from ..store import (
+    BufferedMessage, LockTimeoutError, NodeCondition, StorageManager, StoreTransaction, StoreUnavailableError,
+)
 from ..wire import RM10, AddressingHeaders, SoapFault, SoapVersion, fault_envelope, to_bytes
 from . import observe
 from .envelopes import read_trusted
+from .ledger import MessageLedger
 from .logs import for_sequence
+from .outage import DeliveryPause, PauseRecord, is_outage
 from .policy import RMPolicy
 from .source import SendReceipt, Source
 
@@ -63,6 +70,8 @@ _LAST_MESSAGE_ACTION = RM10.action("LastMessage")
 #: Deliveries a receive makes at most from the buffer after it had to buffer its own message
 #: (see :meth:`InvokerWorker.deliver_through`).
 CATCH_UP_STEPS = 16
+#: Seconds an attempt put off by an outage waits beyond the next probe, so that probe tries another.
+_AFTER_PROBE = 0.1
 #: Seconds per message (a moving average) beyond which an application is not run by receiving
 #: threads (see :attr:`InvokerWorker.quick`).
 QUICK_APPLICATION = 0.05
@@ -178,20 +187,35 @@ def _may_have_relates_to(payload: bytes) -> bool:
 class _BatchBroken(Exception):
     """A message of a batch doomed the whole transaction (a failed statement, not the application)."""
 
-    def __init__(self, message: BufferedMessage, error: BaseException) -> None:
+    def __init__(self, message: BufferedMessage, error: BaseException, state: MessageState) -> None:
         super().__init__(str(error))
         self.message = message
         self.error = error
+        self.state = state
+
+
+#: A message taken on receipt: the receiving transaction delivers it, it was never buffered.
+_TAKEN_ON_RECEIPT = MessageState.initial(taken_on_receipt=True)
+_E = MessageEvent
 
 
 class InvokerWorker:
-    """One delivery per ``step()`` (run by :class:`~.workers.Worker` threads)."""
+    """One delivery per ``step()`` (run by :class:`~.workers.Worker` threads).
+
+    What may happen to a message next is the delivery machine's answer
+    (:mod:`wsrm_plugin.statemachine.delivery`), asked through the
+    :class:`~.ledger.MessageLedger`; whether the service can work at all is
+    the outage machine's (:class:`~.outage.DeliveryPause`).  This class does
+    what they answer: run the application, count a failure, give a message up.
+    """
 
     def __init__(self, store: StorageManager, policy: RMPolicy, *, source: Source, ambient: threading.local,
                  application: Application | None, tm: Any = None,
                  on_failure: Callable[[FailedDelivery], None] | None = None,
                  after_commit: Callable[[], None] = lambda: None,
-                 on_delivered: Callable[[], None] = lambda: None) -> None:
+                 on_delivered: Callable[[], None] = lambda: None,
+                 wake_invoker: Callable[[], None] = lambda: None, service: str = "wsrm",
+                 reporter: str | None = None) -> None:
         self.store = store
         self.policy = policy
         self.source = source
@@ -203,20 +227,12 @@ class InvokerWorker:
         #: told after every commit that handed something over (the back-channel's HTTP threads
         #: wait for it), whether or not the sender has work
         self._on_delivered = on_delivered
-        #: Messages delivered alone, never in a batch (sequence id, number): each broke a batch,
-        #: or was in one whose commit failed.
-        self._isolated: set[tuple[str, int]] = set()
-        #: Isolated messages whose application fault is to be answered once they are next in
-        #: line (a failure to process is marked in the store instead: see :meth:`_processing_failed`).
-        self._doomed: dict[tuple[str, int], BaseException] = {}
-        #: The exception of a message whose last cycle ended inside a batch, for the failure hook
-        #: (after a restart the hook gets the error's description from the store instead).
-        self._last_errors: dict[tuple[str, int], BaseException] = {}
-        #: Messages whose delivery failed and whose attempt is not counted in the store yet: the
-        #: rollback frees them before :meth:`_failed` records the attempt, and another invoker
-        #: thread must not run the application on them in between (an attempt nobody counts).
-        self._settling: set[tuple[str, int]] = set()
-        self._lock = threading.Lock()
+        #: Each message's state in the delivery machine, where its row does not say it.
+        self._ledger = MessageLedger(policy.max_retry_cycles)
+        #: Whether the service can work at all (the outage pause).
+        self.pause = DeliveryPause(policy, service, record=self._record_pause, wake=wake_invoker, logger=log)
+        #: Who this process is in what it reports to the store for ``wsrm status`` (name and host).
+        self.reporter = reporter or service
         #: The engine's workers run: delivery happens (also on receipt) only between start and stop.
         self.running = False
         #: How long the application took per message lately (a moving average, seconds).
@@ -231,6 +247,15 @@ class InvokerWorker:
 
     def _transaction(self) -> "_DeliveryTransaction":
         return _DeliveryTransaction(self.store, self.tm)
+
+    @property
+    def paused(self) -> bool:
+        """Delivery is paused: the service's dependencies are down (see :mod:`wsrm_plugin.engine.outage`)."""
+        return self.pause.paused
+
+    def message_state(self, msg: BufferedMessage) -> MessageState:
+        """Where ``msg`` is in its life, as this process knows it (for tests and operators)."""
+        return self._ledger.state(msg)
 
     # -- delivery on receipt (RMPolicy.deliver_on_receive) ---------------------------------------
 
@@ -261,17 +286,20 @@ class InvokerWorker:
         return self._deliver(tx, msg, buffered=False)
 
     def hold(self, msg: BufferedMessage) -> None:
-        """Keep the invoker threads off ``msg`` until :meth:`failed_on_receipt` or :meth:`release`."""
-        self._settle_later(msg)
+        """Its delivery on receipt failed: keep the invoker threads off ``msg`` until
+        :meth:`failed_on_receipt` or :meth:`release` (it is SETTLING)."""
+        self._ledger.apply(msg, _E.FAILED, state=_TAKEN_ON_RECEIPT)
 
     def release(self, msg: BufferedMessage) -> None:
-        """:meth:`hold` ends without an attempt to count (the message was not kept)."""
-        self._unsettle(msg)
+        """:meth:`hold` ends without an attempt to count: the message was not kept (its source
+        sends it again)."""
+        with contextlib.suppress(InvalidTransition):
+            self._ledger.apply(msg, _E.VANISHED)
 
     def failed_on_receipt(self, msg: BufferedMessage, exc: BaseException) -> None:
         """A delivery on receipt of ``msg`` failed with ``exc`` and ``msg`` is buffered now (or was
-        a duplicate): count the attempt, schedule or settle it, as for a failed delivery here."""
-        self._failed(msg, exc)
+        a duplicate): judge it, as a failed delivery here."""
+        self._judge(msg, exc)
 
     def delivered_on_receive(self, handed_over: bool) -> None:
         """After the commit of a receive that delivered: what a step does after its commit."""
@@ -280,6 +308,7 @@ class InvokerWorker:
         if getattr(self._ambient, "wake_sender", True):
             self._after_commit()
         self._on_delivered()
+        self._succeeded()
 
     def deliver_through(self, sequence_id: str, number: int, limit: int = CATCH_UP_STEPS) -> None:
         """Deliver the sequence's buffered messages in order, up to ``number``, from the calling
@@ -291,35 +320,42 @@ class InvokerWorker:
         behind the receives and no message ever finds itself next in line.
         Unlike an invoker thread's claim, which skips a sequence another
         transaction holds, this waits for it: the message before is then
-        being delivered, and this one comes right after it.  It stops at a
-        message that failed before (the invoker threads settle those: attempts,
-        delays, poison), at a gap, and after ``limit`` deliveries.  A failure
-        here is settled like any failed delivery; a store error is left to
-        the invoker threads (the receive itself succeeded)."""
-        if self.application is None:
+        being delivered, and this one comes right after it.  It takes a
+        message only where the machine lets it be taken along (FOLLOW: not a
+        message that failed before, whose attempts, delays and poison the
+        invoker threads settle), stops at a gap, after ``limit`` deliveries,
+        and does nothing while delivery is paused.  A failure here is judged
+        like any failed delivery; a store error is left to the invoker threads
+        (the receive itself succeeded)."""
+        if self.application is None or self.pause.paused:
             return
         for _ in range(limit):
             msg: BufferedMessage | None = None
+            delivering: MessageState | None = None
             try:
                 with self._transaction() as tx:
                     msg = tx.invoker.next_deliverable(sequence_id, in_order=True, now=time.time())
-                    if msg is None or msg.number > number or msg.waiting_for_retry \
-                            or self._is_isolated(msg) or self._is_settling(msg):
+                    if msg is None or msg.number > number:
                         return
+                    try:
+                        delivering = self._ledger.apply(msg, _E.FOLLOW).state
+                    except InvalidTransition:
+                        return  # it failed before: the invoker threads deliver it alone
                     self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
                     try:
                         handed_over = self._deliver(tx, msg)
                     except Exception:
-                        self._settle_later(msg)  # before the rollback frees it
+                        self._ledger.apply(msg, _E.FAILED, state=delivering)  # before the rollback frees it
+                        delivering = None
                         raise
             except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
-                if msg is None:
+                if msg is None or (delivering is None and self._ledger.state(msg).stage is not Stage.SETTLING):
                     log.debug("delivering the buffer of %s from a receive stopped: %s", sequence_id, exc)
                     return
-                self._failed(msg, exc)
+                if delivering is not None:  # the application succeeded, the commit did not
+                    self._ledger.apply(msg, _E.FAILED, state=delivering)
+                self._judge(msg, exc)
                 return
-            with self._lock:
-                self._forget(msg)
             self.delivered_on_receive(handed_over)
             if msg.number >= number:
                 return
@@ -330,33 +366,43 @@ class InvokerWorker:
 
         For replies on a sequence this engine offered (``RMPolicy.replies_in_order``
         False): each resolves the call it answers, so none waits for another.  A
-        message that failed before, or that another thread holds, is left to the
-        invoker threads; a failure here is settled like any failed delivery.
+        message the machine does not let be taken along (FOLLOW: it failed before,
+        or its failure is being judged) is left to the invoker threads, and so is
+        every message while delivery is paused; a failure here is judged like any
+        failed delivery.
         """
-        if self.application is None:
+        if self.application is None or self.pause.paused:
             return False
         msg: BufferedMessage | None = None
+        delivering: MessageState | None = None
         try:
             with self._transaction() as tx:
                 msg = tx.invoker.get(sequence_id, number)
-                if msg is None or msg.waiting_for_retry or self._is_isolated(msg) or self._is_settling(msg):
+                if msg is None:
+                    return False
+                try:
+                    delivering = self._ledger.apply(msg, _E.FOLLOW).state
+                except InvalidTransition:
                     return False
                 self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
                 try:
                     handed_over = self._deliver(tx, msg)
                 except Exception:
-                    self._settle_later(msg)  # before the rollback frees it
+                    self._ledger.apply(msg, _E.FAILED, state=delivering)  # before the rollback frees it
+                    delivering = None
                     raise
         except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
-            if msg is None:
+            if msg is None or (delivering is None and self._ledger.state(msg).stage is not Stage.SETTLING):
                 log.debug("delivering reply %d of %s on receipt stopped: %s", number, sequence_id, exc)
                 return False
-            self._failed(msg, exc)
+            if delivering is not None:  # the application succeeded, the commit did not
+                self._ledger.apply(msg, _E.FAILED, state=delivering)
+            self._judge(msg, exc)
             return False
-        with self._lock:
-            self._forget(msg)
         self.delivered_on_receive(handed_over)
         return True
+
+    # -- the invoker threads' steps ---------------------------------------------------------------
 
     def _anything_claimable(self) -> bool:
         """Would a delivery find a message no other invoker thread holds?  A plain, read-only look.
@@ -374,14 +420,33 @@ class InvokerWorker:
     def step(self) -> bool:
         if self.application is None:
             return False
-        busy = self._step()
+        probe = False
+        if self.pause.paused:
+            if not self.pause.take_probe():
+                return False  # paused: only the probe delivers, one message at a time
+            probe = True
+        try:
+            busy = self._step(probe)
+        except Exception as exc:
+            # nothing taken: the store or a transaction's resource failed before any message
+            if not (self.policy.pause_on_outage and is_outage(exc, self.policy)):
+                raise
+            self._service_actions(self.pause.outage(exc))
+            busy = False
+        finally:
+            if probe and self.pause.mode is ServiceMode.PROBING:  # the probe delivered nothing, failed nothing
+                if self._ledger.deferred():
+                    self.pause.probe_ended_empty()  # what the pause put off comes due soon: probe that
+                else:
+                    self._service_actions(self.pause.nothing_waiting())
         self._ambient.invoker_busy = busy
         return busy
 
-    def _step(self) -> bool:
+    def _step(self, probe: bool) -> bool:
         if self.tm is not None and not self._anything_claimable():
             return False  # don't open an XA transaction just to find nothing
         claimed: BufferedMessage | None = None
+        delivering: MessageState | None = None  # the claimed message, while its delivery may still fail
         done: list[tuple[BufferedMessage, bool]] = []
         later: tuple[BufferedMessage, BaseException] | None = None
         settled: Callable[[], None] | None = None
@@ -391,50 +456,57 @@ class InvokerWorker:
                 claimed = tx.invoker.claim_next(in_order=self.policy.in_order)
                 if claimed is None:
                     return False
-                if self._is_settling(claimed):
-                    return False  # another thread is counting its failed attempt: not ours to run
-                doomed = self._doomed.get((claimed.sequence_id, claimed.number))
-                if doomed is not None:  # its attempts ran out inside a batch: settle it now, it is first
-                    settled = self._give_up(tx, claimed, doomed)
-                elif claimed.cycle > self.policy.max_retry_cycles:  # its last cycle ended in a batch
-                    error = self._last_errors.get((claimed.sequence_id, claimed.number))
+                try:
+                    taken, error = self._ledger.take(claimed, _E.CLAIM)
+                except InvalidTransition:
+                    claimed = None
+                    return False  # another thread is judging its failure: not ours to run
+                if MessageAction.GIVE_UP in taken.actions:  # out of attempts inside a batch; first now
+                    settled = self._give_up(tx, claimed, error or _RecordedFailure(claimed.last_error))
+                elif MessageAction.POISON in taken.actions:  # its last cycle ended while not first
                     settled = self._poison(tx, claimed, error or _RecordedFailure(claimed.last_error))
                 else:
+                    delivering = taken.state
                     try:
                         done.append((claimed, self._deliver(tx, claimed)))
                     except Exception:
-                        self._settle_later(claimed)  # before the rollback frees it
+                        self._ledger.apply(claimed, _E.FAILED, state=delivering)  # before the rollback frees it
+                        delivering = None
                         raise
                     wake = getattr(self._ambient, "wake_sender", True)
-                    if self._batches(tx) and not self._is_isolated(claimed):
-                        try:
-                            later, wake = self._deliver_more(tx, claimed.sequence_id, done, wake)
-                        except _BatchBroken as broken:
-                            self._settle_later(broken.message)
-                            raise
+                    if not probe and not delivering.alone and self._batches(tx):
+                        later, wake = self._deliver_more(tx, claimed.sequence_id, done, wake)
                         if later is not None:
-                            self._settle_later(later[0])  # before the commit frees it
-        except _BatchBroken as broken:  # all of the batch rolled back: the one that broke it is retried
-            return self._batch_broken(broken.message, broken.error)
+                            self._ledger.apply(later[0], _E.FAILED, state=MessageState(Stage.DELIVERING))
+        except _BatchBroken as broken:  # all of the batch rolled back: the one that broke it is judged
+            self._judge(broken.message, broken.error)
+            return False
         except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
             if claimed is None:
                 raise
             if len(done) > 1:  # the commit of a batch failed: which message caused it is unknown
                 return self._commit_failed([msg for msg, _ in done], exc)
-            return self._failed(claimed, exc)
+            if delivering is not None:  # the application succeeded, the commit did not
+                self._ledger.apply(claimed, _E.FAILED, state=delivering)
+            elif self._ledger.state(claimed).stage is not Stage.SETTLING:
+                # giving it up failed (the store): it stays given up, settled at its next claim
+                log.warning("could not settle message %d of sequence %s (tried again at its next claim): %s",
+                            claimed.number, claimed.sequence_id, exc)
+                if self.policy.pause_on_outage and is_outage(exc, self.policy):
+                    self._service_actions(self.pause.outage(exc))
+                return False
+            return self._judge(claimed, exc)
         if settled is not None:
             settled()
             return True
-        with self._lock:
-            for msg, _ in done:
-                self._forget(msg)
         self.delivered += sum(1 for _, handed_over in done if handed_over)
         if wake:
             self._after_commit()
         if done:
             self._on_delivered()
+            self._succeeded()
         if later is not None:
-            return self._failed(*later)
+            return self._judge(*later)
         return True
 
     def _batches(self, tx: StoreTransaction) -> bool:
@@ -458,10 +530,11 @@ class InvokerWorker:
         rolled back to a savepoint, so a batch is all-or-nothing: when any
         message's handler raises, the whole XA transaction rolls back, which
         is as if none of the batch had been delivered (nothing of it is
-        committed anywhere).  The message that raised is then *isolated*:
-        the messages before it are delivered again (they had succeeded) and
-        it gets a transaction of its own, so its attempts, give-up, fault
-        reply and failure hook are exactly those of one-by-one delivery.
+        committed anywhere).  The message that raised is then delivered
+        *alone* (the machine's ``alone``): the messages before it are
+        delivered again (they had succeeded) and it gets a transaction of its
+        own, so its attempts, give-up, fault reply and failure hook are
+        exactly those of one-by-one delivery.
         """
         if self.policy.delivery_batch <= 1:
             return False
@@ -472,91 +545,51 @@ class InvokerWorker:
         """The sequence's next deliverable messages, in ``tx`` (each in a savepoint without XA).
 
         Returns the message that failed (rolled back to its savepoint, for
-        :meth:`_failed` after the commit) and whether to wake the sender.
+        :meth:`_judge` after the commit) and whether to wake the sender.
         Raises :class:`_BatchBroken` when the failure took the whole
-        transaction with it (always, under XA).  An isolated message is
-        never taken: it is delivered on its own.
+        transaction with it (always, under XA).  A message the machine does
+        not let be taken along (FOLLOW: it failed before, or broke a batch)
+        ends the batch: it is delivered on its own.
         """
         deadline = time.monotonic() + self.policy.delivery_batch_seconds
         while len(done) < self.policy.delivery_batch and time.monotonic() < deadline:
             msg = tx.invoker.next_deliverable(sequence_id, in_order=self.policy.in_order, now=time.time())
-            if msg is None or self._is_isolated(msg) or msg.waiting_for_retry:
-                break  # a message that failed before is delivered alone
+            if msg is None:
+                break
+            try:
+                delivering = self._ledger.apply(msg, _E.FOLLOW).state
+            except InvalidTransition:
+                break  # delivered alone
             try:
                 with tx.savepoint() if self.tm is None else contextlib.nullcontext():
                     handed_over = self._deliver(tx, msg)
-            except Exception as exc:  # noqa: BLE001 -- settled after the commit, like a lone delivery
+            except Exception as exc:  # noqa: BLE001 -- judged after the commit, like a lone delivery
                 if self.tm is not None or tx.failed is not None:  # all of the transaction rolls back
-                    raise _BatchBroken(msg, exc) from exc
+                    self._ledger.apply(msg, _E.FAILED, state=delivering)  # before the rollback frees it
+                    raise _BatchBroken(msg, exc, delivering) from exc
                 return (msg, exc), wake
             done.append((msg, handed_over))
             wake = wake or getattr(self._ambient, "wake_sender", True)
         return None, wake
 
-    # -- messages that broke a batch ------------------------------------------------------------
-
-    def _settle_later(self, msg: BufferedMessage) -> None:
-        with self._lock:
-            self._settling.add((msg.sequence_id, msg.number))
-
-    def _unsettle(self, msg: BufferedMessage) -> None:
-        with self._lock:
-            self._settling.discard((msg.sequence_id, msg.number))
-
-    def _is_settling(self, msg: BufferedMessage) -> bool:
-        with self._lock:
-            return (msg.sequence_id, msg.number) in self._settling
-
-    def _is_isolated(self, msg: BufferedMessage) -> bool:
-        with self._lock:
-            return (msg.sequence_id, msg.number) in self._isolated
-
-    def _isolate(self, msg: BufferedMessage) -> None:
-        """Deliver ``msg`` alone from now on (caller holds the lock)."""
-        self._isolated.add((msg.sequence_id, msg.number))
-
-    def _forget(self, msg: BufferedMessage) -> None:
-        """``msg`` is settled (delivered or given up): drop what was kept about it (caller holds the lock)."""
-        key = (msg.sequence_id, msg.number)
-        self._doomed.pop(key, None)
-        self._last_errors.pop(key, None)
-        self._isolated.discard(key)
-
-    def _batch_broken(self, msg: BufferedMessage, exc: BaseException) -> bool:
-        """A batch rolled back because of ``msg``: count the attempt, and deliver it alone next time.
-
-        It cannot be given up yet: the messages before it are back in the
-        buffer and must be delivered first.  Once its attempts ran out it is
-        settled (answered, or moved to the poison store) without running the
-        application again, as soon as it is the next message of its sequence.
-        """
-        with self._lock:
-            self._isolate(msg)
-        self._failed(msg, exc)
-        return False
-
-    def _doom(self, msg: BufferedMessage, exc: BaseException) -> None:
-        """Answer ``msg``'s fault when it is next in line, without running the application again."""
-        with self._lock:
-            self._isolate(msg)
-            self._doomed[(msg.sequence_id, msg.number)] = exc
-
     def _commit_failed(self, batch: list[BufferedMessage], exc: BaseException) -> bool:
-        """The commit of a batch failed, so no single message is to blame: retry each on its own.
+        """The commit of a batch failed, so no single message is to blame: deliver each alone.
 
         No attempt is counted (none of them is known to have failed); one by
         one, the message that really causes the failure is found and counted.
         """
         log.warning("a batch of %d deliveries of sequence %s failed to commit (rolled back, will deliver "
                     "them one by one): %r", len(batch), batch[0].sequence_id, exc)
-        with self._lock:
-            for msg in batch:
-                self._isolate(msg)
+        for msg in batch:
+            self._ledger.apply(msg, _E.BATCH_COMMIT_FAILED, state=MessageState(Stage.DELIVERING))
+        if self.policy.pause_on_outage and is_outage(exc, self.policy):
+            self._service_actions(self.pause.outage(exc))
         return False
 
-    # -- failures -------------------------------------------------------------------------------
+    # -- delivering --------------------------------------------------------------------------------
 
     def _deliver(self, tx: StoreTransaction, msg: BufferedMessage, *, buffered: bool = True) -> bool:
+
         """Hand ``msg`` over in ``tx``; False for a protocol marker the application never sees.
 
         ``buffered=False``: a message taken on receipt (its number is already
@@ -637,39 +670,165 @@ class InvokerWorker:
         self.source.reply_arrived(tx, request)
         return True
 
-    def _failed(self, msg: BufferedMessage, exc: BaseException) -> bool:
-        """:meth:`_record_failure`, then ``msg`` is free for any invoker thread again."""
-        try:
-            return self._record_failure(msg, exc)
-        finally:
-            self._unsettle(msg)
+    # -- judging a failed delivery ------------------------------------------------------------------
 
-    def _record_failure(self, msg: BufferedMessage, exc: BaseException) -> bool:
-        """After a delivery of ``msg`` rolled back because of ``exc``: count it, schedule or settle it.
+    def _judge(self, msg: BufferedMessage, exc: BaseException) -> bool:
+        """After a delivery of ``msg`` rolled back because of ``exc`` (``msg`` is SETTLING): whose
+        fault was it, and what follows.  True when ``msg`` was settled (given up or gone).
 
         The count goes to the store in a transaction of its own.  When even
         that fails (the store itself is unavailable) nothing is spent: the
-        message is simply tried again later.  True when it was settled.
+        message is simply tried again later.
         """
-        if isinstance(exc, LockTimeoutError):  # contention in the store, not the application's doing
-            for_sequence(log, msg.sequence_id, msg.number).warning(
-                "delivery rolled back on a lock timeout (not counted as an attempt): %s", exc)
-            return False
-        if _store_unavailable(exc):
-            # the store, not the message, failed (disk full, database down): the message's
-            # attempts are for the application's failures, so this one is not counted
-            for_sequence(log, msg.sequence_id, msg.number).warning(
-                "delivery rolled back, the store cannot take writes now (will retry, "
-                "no attempt counted): %s", exc)
-            return False
         try:
-            if isinstance(exc, ApplicationFault):
-                return self._fault_failed(msg, exc)
-            return self._processing_failed(msg, exc)
+            return self._verdict(msg, exc)
         except Exception:  # noqa: BLE001 -- the store is down: retried after a poll interval
             log.exception("could not record the failed delivery of message %d of sequence %s "
                           "(it stays in the store and is tried again)", msg.number, msg.sequence_id)
+            with contextlib.suppress(InvalidTransition):
+                self._ledger.apply(msg, _E.NOT_COUNTED)
             return False
+
+    def _verdict(self, msg: BufferedMessage, exc: BaseException) -> bool:
+        slog = for_sequence(log, msg.sequence_id, msg.number)
+        if isinstance(exc, LockTimeoutError):  # contention in the store, not the application's doing
+            slog.warning("delivery rolled back on a lock timeout (not counted as an attempt): %s", exc)
+            self._ledger.apply(msg, _E.NOT_COUNTED)
+            return False
+        if not isinstance(exc, ApplicationFault) and self.policy.pause_on_outage and is_outage(exc, self.policy):
+            return self._outage_failure(msg, exc)
+        if _store_unavailable(exc):
+            # the store, not the message, failed (disk full, database down): the message's
+            # attempts are for the application's failures, so this one is not counted
+            slog.warning("delivery rolled back, the store cannot take writes now (will retry, "
+                         "no attempt counted): %s", exc)
+            self._ledger.apply(msg, _E.NOT_COUNTED)
+            return False
+        self._service_actions(self.pause.failed())
+        return self._counted(msg, exc)
+
+    def _counted(self, msg: BufferedMessage, exc: BaseException) -> bool:
+        if isinstance(exc, ApplicationFault):
+            return self._fault_failed(msg, exc)
+        return self._processing_failed(msg, exc)
+
+    def _outage_failure(self, msg: BufferedMessage, exc: BaseException) -> bool:
+        """``msg`` failed the way an outage fails: not counted; the service machine says whether
+        it is suspect (the next delivery of another message decides) or the outage's (absorbed).
+
+        Either way its next attempt is put off in the store without counting:
+        a suspect by the delay its failure would have cost (other messages get
+        the chance to prove the service works first), an absorbed one until
+        after the next probe (so that the probe tries another message first).
+        """
+        actions = self.pause.outage(exc)
+        slog = for_sequence(log, msg.sequence_id, msg.number)
+        if ServiceAction.SUSPECT_MESSAGE in actions:
+            delay = self.policy.delivery_retry_delay_after(msg.attempts + 1)
+            self._put_off(msg, exc, _E.SUSPECTED, delay)
+            slog.info("delivery failed as an outage fails (%s): not counted unless another message is "
+                      "delivered meanwhile; tried again in %.1fs", describe_error(exc), delay)
+        else:
+            self._put_off(msg, exc, _E.NOT_COUNTED, self.pause.next_probe_in() + _AFTER_PROBE)
+            slog.debug("delivery failed during an outage (%s): not counted", describe_error(exc))
+        self._service_actions(actions)
+        return False
+
+    def _put_off(self, msg: BufferedMessage, exc: BaseException, event: MessageEvent, delay: float) -> None:
+        """Apply ``event`` to ``msg`` and put its next attempt ``delay`` seconds off, uncounted."""
+        try:
+            with self.store.begin() as tx:
+                current = tx.invoker.get(msg.sequence_id, msg.number)
+                if current is not None:
+                    current = tx.invoker.record_failure(
+                        msg.sequence_id, msg.number, attempts=current.attempts, cycle=current.cycle,
+                        next_attempt_at=time.time() + delay, error=describe_error(exc))
+        except Exception as store_error:  # noqa: BLE001 -- the store is down too: tried at the next probe
+            log.debug("could not put off message %d of sequence %s: %s", msg.number, msg.sequence_id, store_error)
+            self._ledger.apply(msg, event, error=exc, deferred=False)
+            return
+        if current is None:
+            self._ledger.apply(msg, _E.VANISHED)
+            return
+        self._ledger.apply(current, event, error=exc, deferred=True)
+
+    def _succeeded(self) -> None:
+        """After a commit that delivered: the service works."""
+        actions = self.pause.delivered()
+        if actions:
+            self._service_actions(actions)
+
+    def _service_actions(self, actions: tuple[ServiceAction, ...]) -> None:
+        """The message side of the service machine's actions (its own side is done)."""
+        for action in actions:
+            if action is ServiceAction.CHARGE_SUSPECTS:
+                for kept in self._ledger.in_stage(Stage.SUSPECT):
+                    try:
+                        self._ledger.apply(kept.msg, _E.CHARGE)
+                    except InvalidTransition:
+                        continue  # taken again meanwhile: that delivery's outcome decides
+                    self._judge_counted(kept.msg, kept.error or _RecordedFailure(kept.msg.last_error))
+            elif action is ServiceAction.PAUSE:
+                for kept in self._ledger.in_stage(Stage.SUSPECT):
+                    with contextlib.suppress(InvalidTransition):
+                        self._ledger.apply(kept.msg, _E.ABSORB)
+            elif action is ServiceAction.RESUME:
+                self._bring_forward()
+
+    def _judge_counted(self, msg: BufferedMessage, exc: BaseException) -> None:
+        """A suspect's failure is its own after all (another message was delivered): count it."""
+        for_sequence(log, msg.sequence_id, msg.number).info(
+            "another message was delivered since this one failed (%s): its failure counts", describe_error(exc))
+        try:
+            self._counted(msg, exc)
+        except Exception:  # noqa: BLE001 -- the store is down: it is tried again, uncounted
+            log.exception("could not record the failed delivery of message %d of sequence %s",
+                          msg.number, msg.sequence_id)
+            with contextlib.suppress(InvalidTransition):
+                self._ledger.apply(msg, _E.NOT_COUNTED)
+
+    def _bring_forward(self) -> None:
+        """Delivery resumed: the attempts an outage put off are due now, not after their back-off."""
+        deferred = self._ledger.deferred()
+        if not deferred:
+            return
+        done: list[BufferedMessage] = []
+        try:
+            with self.store.begin() as tx:
+                for kept in deferred:
+                    current = tx.invoker.get(kept.msg.sequence_id, kept.msg.number)
+                    if current is not None and (current.attempts, current.cycle) == (kept.msg.attempts, kept.msg.cycle):
+                        tx.invoker.record_failure(current.sequence_id, current.number, attempts=current.attempts,
+                                                  cycle=current.cycle, next_attempt_at=None,
+                                                  error=current.last_error or "")
+                    done.append(kept.msg)
+        except Exception as exc:  # noqa: BLE001 -- they come due by themselves, a few seconds later
+            log.debug("could not bring the put-off deliveries forward: %s", exc)
+            return
+        self._ledger.undefer(done)
+
+    def _record_pause(self, record: PauseRecord) -> None:
+        """Tell the store (``wsrm status`` and the metrics read it from another process)."""
+        kind, now = NodeCondition.DELIVERY_PAUSED, time.time()
+        with self.store.begin() as tx:
+            if not record.mode.paused:
+                tx.conditions.remove(kind, reporter=self.reporter)
+                return
+            detail = (f"{record.probes} probe(s) failed, the next in {self.pause.next_probe_in():.0f}s; "
+                      f"{tx.invoker.count()} message(s) waiting")
+            tx.conditions.put(NodeCondition(kind, record.service, self.reporter, record.mode.name.lower(),
+                                            record.since or now, record.error, detail, now))
+
+    def withdraw_pause(self) -> None:
+        """At start and stop: a pause this service's process reported (this one, or one that died
+        paused) is nobody's now; ``wsrm status`` must not go on showing it."""
+        if self.application is None:
+            return
+        try:
+            with self.store.begin() as tx:
+                tx.conditions.remove(NodeCondition.DELIVERY_PAUSED, reporter=self.reporter)
+        except Exception as exc:  # noqa: BLE001 -- the store is down: the next pause's report replaces it
+            log.debug("could not withdraw the reported delivery pause: %s", exc)
 
     def _gone(self, msg: BufferedMessage, error: str) -> None:
         """A failed delivery's message is no longer in the buffer: delivered after all (by another
@@ -681,8 +840,8 @@ class InvokerWorker:
             "delivery failed (%s), and the message is no longer in the buffer (delivered after all, "
             "by another thread or by a commit whose answer was lost, or discarded): nothing to retry",
             error)
-        with self._lock:
-            self._forget(msg)
+        with contextlib.suppress(InvalidTransition):
+            self._ledger.apply(msg, _E.VANISHED)
 
     def _first_in_line(self, tx: StoreTransaction, msg: BufferedMessage) -> bool:
         current = tx.invoker.next_deliverable(msg.sequence_id, in_order=self.policy.in_order)
@@ -709,15 +868,16 @@ class InvokerWorker:
             settled()
             return True
         if step.poisoned:
-            with self._lock:
-                self._last_errors[(msg.sequence_id, msg.number)] = exc
+            self._ledger.apply(msg, _E.POISON_LATER, error=exc)
             slog.warning("last delivery attempt failed (%s); moved to the poison store once the "
                          "messages before it are delivered", error)
         elif step.attempts == 0:
+            self._ledger.apply(msg, _E.NEXT_CYCLE)
             slog.warning("retry cycle %d of %d failed (%d attempts, rolled back): %s; next cycle in %.1fs",
                          step.cycle, self.policy.max_retry_cycles + 1, self.policy.max_delivery_attempts,
                          error, self.policy.retry_cycle_delay)
         else:
+            self._ledger.apply(msg, _E.RETRY)
             slog.warning("delivery attempt %d of %d (cycle %d of %d) failed (rolled back, will retry "
                          "in %.1fs): %s", step.attempts, self.policy.max_delivery_attempts, step.cycle + 1,
                          self.policy.max_retry_cycles + 1, self.policy.delivery_retry_delay_after(step.attempts),
@@ -739,6 +899,7 @@ class InvokerWorker:
                 delay = self.policy.delivery_retry_delay_after(attempts)
                 tx.invoker.record_failure(msg.sequence_id, msg.number, attempts=attempts, cycle=current.cycle,
                                           next_attempt_at=time.time() + delay, error=error)
+                self._ledger.apply(msg, _E.RETRY)
                 slog.warning("delivery attempt %d of %d answered with a fault (rolled back, will retry in "
                              "%.1fs): %s", attempts, self.policy.max_delivery_attempts, delay, error)
                 self.retries += 1
@@ -749,7 +910,7 @@ class InvokerWorker:
                 slog.error("giving up after %d delivery attempts: %s", attempts, error)
                 settled = self._give_up(tx, current, exc)
             else:
-                self._doom(msg, exc)
+                self._ledger.apply(msg, _E.ANSWER_LATER, error=exc)
         if settled is not None:
             settled()
         return True
@@ -763,8 +924,8 @@ class InvokerWorker:
             tx.invoker.mark_delivered(msg.sequence_id, msg.number)
 
             def answered() -> None:
-                with self._lock:
-                    self._forget(msg)
+                with contextlib.suppress(InvalidTransition):
+                    self._ledger.apply(msg, _E.ANSWERED)
                 self.failed += 1
                 self._after_commit()
                 self._on_delivered()  # the fault reply is stored: a back-channel may wait for it
@@ -777,8 +938,8 @@ class InvokerWorker:
         poisoned = tx.invoker.poison(msg.sequence_id, msg.number, hold=hold, error=describe_error(exc))
 
         def after() -> None:
-            with self._lock:
-                self._forget(msg)
+            with contextlib.suppress(InvalidTransition):
+                self._ledger.apply(msg, _E.POISONED)
             self.failed += 1
             self.poisoned += 1
             slog = for_sequence(log, msg.sequence_id, msg.number)

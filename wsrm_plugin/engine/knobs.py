@@ -21,7 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Check", "Choice", "Count", "Flag", "Knob", "Named", "Number", "Seconds", "Converted",
+__all__ = ["Check", "Choice", "Count", "ExceptionTypes", "Flag", "Hook", "Knob", "Named", "Number", "Seconds",
+           "Converted",
            "check_fields", "default_text", "knob", "knobs", "markdown_table"]
 
 _KEY = "wsrm_knob"
@@ -134,6 +135,31 @@ class Named:
                 raise ValueError(f"{name} {value!r} is not one of {sorted(self.by_name)}") from None
         if value not in self.by_name.values():
             raise ValueError(f"{name} must be one of {sorted(self.by_name)}{_or_none(self.none)}, not {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class ExceptionTypes:
+    """A tuple of exception classes (a single class is taken as a tuple of one)."""
+
+    def __call__(self, name: str, value: Any) -> Any:
+        if isinstance(value, type):
+            value = (value,)
+        if not isinstance(value, tuple) or not all(isinstance(t, type) and issubclass(t, BaseException)
+                                                   for t in value):
+            raise ValueError(f"{name} must be a tuple of exception classes, not {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class Hook:
+    """A callable, or None where ``none`` says what None means."""
+
+    none: str
+
+    def __call__(self, name: str, value: Any) -> Any:
+        if value is not None and not callable(value):
+            raise ValueError(f"{name} must be a callable or None ({self.none}), not {value!r}")
         return value
 
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..wire import (
     RM10, RM11, SOAP11, SOAP12, WSA_2004_08, WSA_2005_08, AddressingVersion, RMVersion, SoapVersion,
 )
 from ..wire.xmlsafe import DEFAULT_MAX_SIZE
-from .knobs import Choice, Converted, Count, Flag, Named, Number, Seconds, check_fields, knob
+from .knobs import Choice, Converted, Count, ExceptionTypes, Flag, Hook, Named, Number, Seconds, check_fields, knob
 
 __all__ = ["AckRequestMode", "DeliveryAssurance", "RMPolicy", "RetryStep", "POISON_HANDLING"]
 
@@ -262,6 +263,57 @@ class RMPolicy:
         "after a message is poisoned: `hold` the rest of its sequence (InOrder kept, ERROR logged) or "
         "`continue` without it; the message is kept either way (`wsrm poison`)",
         wcf="`receiveErrorHandling` (Fault / Move)")
+    # -- the invoker: an outage is not a poison message -------------------------------------------
+    # Deliveries of different messages failing one after the other the way an outage fails (a
+    # connection refused, the database unavailable) mean the service cannot work, not that the
+    # messages are bad: delivery pauses, one message is tried after a capped back-off, and no
+    # failure counts against any message's attempts or cycles; the first success resumes
+    # delivery at once (one WARNING, one INFO; ``wsrm status`` and the metrics show the pause).
+    # A message that fails while others are delivered is still retried and poisoned as above.
+    # Anchors: NServiceBus's automatic rate limiting (``OnConsecutiveFailures`` with
+    # ``RateLimitSettings``), MassTransit's kill switch, Spring Kafka's back-off with
+    # container pause, resilience4j's circuit breaker (open, half-open).  WCF and CXF have none:
+    # every failure counts against its message.
+
+    #: Pause delivery during an outage (see above); False: every failure counts against its
+    #: message, as in WCF's queued delivery.
+    pause_on_outage: bool = knob(
+        True, Flag(),
+        "two deliveries failing in a row the way an outage fails pause delivery instead of counting "
+        "against the messages (NServiceBus `OnConsecutiveFailures`, MassTransit kill switch); False: "
+        "every failure counts, as WCF's do", wcf="— (every failure counts)")
+    #: Seconds before the first probe of a paused delivery; each failed probe doubles it, up to
+    #: ``max_outage_probe_delay``, less up to a quarter of jitter.  NServiceBus:
+    #: ``RateLimitSettings.TimeToWaitBetweenThrottledAttempts``; Spring Kafka: the container's
+    #: ``BackOff``; resilience4j: ``waitDurationInOpenState``.
+    outage_probe_delay: float = knob(
+        0.5, _SECONDS,
+        "seconds before a paused delivery tries one message; doubled after each failed probe "
+        "(NServiceBus `TimeToWaitBetweenThrottledAttempts`, resilience4j `waitDurationInOpenState`)")
+    #: The cap of that back-off: the longest a service stays paused after its database is back
+    #: (MassTransit's kill switch: ``RestartTimeout``, 1 minute).
+    max_outage_probe_delay: float = knob(
+        5.0, _SECONDS,
+        "the cap of the probe back-off: at most this long from the dependency's return to the "
+        "resumption (MassTransit `RestartTimeout`)")
+    #: Exception classes that mean "a dependency is down" besides the built-in ones
+    #: (``ConnectionError``, ``TimeoutError``, ``psycopg2``/``psycopg`` ``OperationalError``,
+    #: SQLite busy or locked, an XA resource unavailable, the store unavailable).  A class is
+    #: matched anywhere in the exception's causes.  NServiceBus: a custom recoverability
+    #: policy; resilience4j: ``recordExceptions``; Spring Kafka: ``addRetryableExceptions``.
+    outage_errors: tuple[type[BaseException], ...] = knob(
+        (), ExceptionTypes(),
+        "exception classes that also mean a dependency is down (besides connection errors, timeouts, "
+        "`OperationalError`, SQLite busy, the store unavailable); resilience4j `recordExceptions`")
+    #: ``is_outage(exception) -> True | False | None``, asked first for each exception in the
+    #: chain: True, an outage; False, the message's own failure; None, no opinion (the types
+    #: decide).  A declared SOAP fault (``ApplicationFault``) is never an outage.
+    #: resilience4j: ``recordException(Predicate)``; MassTransit: the kill switch's exception filter.
+    is_outage: Callable[[BaseException], bool | None] | None = knob(
+        None, Hook("the built-in classes and `outage_errors` decide"),
+        "a predicate asked first for each exception in a failure's causes: True an outage, False the "
+        "message's own failure, None no opinion (resilience4j `recordException`)")
+
     #: A request whose ReplyTo is anonymous (a client without a listener) gets its reply in
     #: the HTTP response: the HTTP thread waits this long for the invoker to produce it, then
     #: answers 202 and the reply goes out with the client's next retransmission (0: never wait).

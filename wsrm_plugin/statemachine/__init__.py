@@ -11,6 +11,8 @@ or not.
 * :mod:`.rmd` - the destination sequence (accepting, acking, close, terminate);
 * :mod:`.invoker` - the buffer between the destination and the application;
 * :mod:`.peer` - whether the source can reach a peer (its circuit breaker: one probe while it is down);
+* :mod:`.delivery` - one buffered message's life in the invoker (retries, cycles, poison);
+* :mod:`.outage` - whether the service can work at all (running, suspect, paused, probing);
 * :mod:`.ackranges` - message numbers as merged ranges (acks, duplicates, completeness).
 
 A refused event raises :class:`InvalidTransition`, whose ``fault`` names the
@@ -25,6 +27,7 @@ from typing import Any
 
 from .ackranges import AckRanges
 from .common import MAX_MESSAGE_NUMBER, FactorState, InvalidState, InvalidTransition, Reason, Transition
+from .delivery import MessageAction, MessageEvent, MessageState, Stage, message_transition, stored_state
 from .invoker import (
     InvokerAction,
     InvokerDuty,
@@ -34,6 +37,7 @@ from .invoker import (
     invoker_transition,
 )
 from .peer import PeerAction, PeerDuty, PeerEvent, PeerState, peer_duties, peer_failure, peer_transition
+from .outage import ServiceAction, ServiceEvent, ServiceMode, service_transition
 from .rmd import RMDAction, RMDDuty, RMDEvent, RMDState, Reception, rmd_duties, rmd_receive, rmd_transition
 from .rms import (
     AckOutcome,
@@ -61,6 +65,9 @@ __all__ = [
     "PeerDuty",
     "PeerEvent",
     "PeerState",
+    "MessageAction",
+    "MessageEvent",
+    "MessageState",
     "RMDAction",
     "RMDDuty",
     "RMDEvent",
@@ -71,6 +78,10 @@ __all__ = [
     "RMSState",
     "Reason",
     "Reception",
+    "ServiceAction",
+    "ServiceEvent",
+    "ServiceMode",
+    "Stage",
     "Transition",
     "duties",
     "invoker_duties",
@@ -78,12 +89,15 @@ __all__ = [
     "peer_duties",
     "peer_failure",
     "peer_transition",
+    "message_transition",
     "rmd_duties",
     "rmd_receive",
     "rmd_transition",
     "rms_acknowledge",
     "rms_duties",
     "rms_transition",
+    "service_transition",
+    "stored_state",
     "transition",
 ]
 
@@ -113,6 +127,16 @@ def _(state: InvokerState, event: InvokerEvent) -> Transition[InvokerState]:
 @transition.register
 def _(state: PeerState, event: PeerEvent) -> Transition[PeerState]:
     return peer_transition(state, event)
+
+
+@transition.register
+def _(state: MessageState, event: MessageEvent) -> Transition[MessageState]:
+    return message_transition(state, event)
+
+
+@transition.register
+def _(state: ServiceMode, event: ServiceEvent) -> Transition[ServiceMode]:
+    return service_transition(state, event)
 
 
 @singledispatch

@@ -78,6 +78,23 @@ class Reason(Enum):
         "MessageNumberRollover",
         f"message numbers end at {MAX_MESSAGE_NUMBER}; start a new sequence",
     )
+    DELIVERED_ALONE = (
+        None,
+        "the message failed before, or broke a batch: it is delivered on its own, by an invoker"
+        " thread's claim, never taken along after the message before it",
+    )
+    BEING_SETTLED = (
+        None,
+        "the message's failed delivery is being judged and counted: no delivery of it may start meanwhile",
+    )
+    SETTLED = (
+        None,
+        "the message is out of the invoker's hands (delivered, answered, poisoned, held or discarded)",
+    )
+    NOT_PAUSED = (
+        None,
+        "delivery is not paused: there is nothing to probe",
+    )
     UNEXPECTED = (
         None,
         "the state never asked for this (a worker acted out of turn or a peer answered a request"
@@ -108,7 +125,7 @@ class InvalidTransition(Exception):
     ``fault`` when it is not None.
     """
 
-    def __init__(self, state: FactorState, event: Enum, reason: Reason, detail: str = "") -> None:
+    def __init__(self, state: Any, event: Enum, reason: Reason, detail: str = "") -> None:
         self.state = state
         self.event = event
         self.reason = reason
@@ -122,7 +139,7 @@ class InvalidTransition(Exception):
         return self.reason.fault
 
 
-S = TypeVar("S", bound="FactorState")
+S = TypeVar("S")
 
 
 @dataclass(frozen=True)

@@ -102,8 +102,10 @@ def to_dot(m: Machine) -> str:
 
 
 def _builtin() -> dict[str, Machine]:
+    from .delivery import MessageEvent, MessageState, message_transition
     from .invoker import InvokerEvent, InvokerState, invoker_transition
     from .peer import PeerEvent, PeerState, peer_transition
+    from .outage import ServiceEvent, ServiceMode, service_transition
     from .rmd import RMDEvent, RMDState, rmd_transition
     from .rms import RMSEvent, RMSState, rms_transition
 
@@ -116,6 +118,11 @@ def _builtin() -> dict[str, Machine]:
                            invoker_transition, lambda: (InvokerState.initial(),)),
         "peer": Machine("peer", "peer reachability (the source's circuit breaker)", PeerState.valid_states,
                         lambda: PeerEvent, peer_transition, lambda: (PeerState.initial(),)),
+        "delivery": Machine("delivery", "a buffered message in the invoker", MessageState.valid_states,
+                            lambda: MessageEvent, message_transition,
+                            lambda: (MessageState.initial(), MessageState.initial(taken_on_receipt=True))),
+        "outage": Machine("outage", "the service's delivery (outage pause)", ServiceMode.valid_states,
+                          lambda: ServiceEvent, service_transition, lambda: (ServiceMode.initial(),)),
     }
 
 

@@ -276,13 +276,17 @@ class NodeCondition:
 
     Kept in the store so that an operator's ``wsrm status`` (another process)
     sees it: today a peer the process cannot reach (``kind`` ``"unreachable-peer"``,
-    ``subject`` its address).  Each process reports its own view (``reporter``:
+    ``subject`` its address), delivery paused by an outage (``"delivery-paused"``, ``subject``
+    the engine's name).  Each process reports its own view (``reporter``:
     its engine's name, host and process id), replaces it as it changes and
     removes it when the condition ends; ``reported_at`` says how fresh it is.
     """
 
     #: The kind of condition a peer address stays unreachable under (:mod:`wsrm_plugin.engine.reachability`).
     UNREACHABLE_PEER: ClassVar[str] = "unreachable-peer"
+    #: The kind of condition an engine's delivery is paused under (``subject``: the engine's name;
+    #: :mod:`wsrm_plugin.engine.outage`): what its application depends on is down.
+    DELIVERY_PAUSED: ClassVar[str] = "delivery-paused"
 
     kind: str
     subject: str

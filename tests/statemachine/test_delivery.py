@@ -1,0 +1,131 @@
+"""A buffered message's life (statemachine.delivery): every state, every event, reachability.
+
+The table below is the specification, written out by hand: a row per valid state, a cell per
+event (a refusal's reason, NOOP, or the state after and its actions).  The engine's invoker
+asks this machine before it acts on a message; the engine tests show it doing so.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from wsrm_plugin.statemachine import (
+    InvalidTransition,
+    MessageEvent,
+    MessageState,
+    Reason,
+    Stage,
+    message_transition,
+    stored_state,
+    transition,
+)
+
+from .helpers import cells, check_cell, reachable
+
+U, ALONE, SETTLING_R, SETTLED = Reason.UNEXPECTED, Reason.DELIVERED_ALONE, Reason.BEING_SETTLED, Reason.SETTLED
+RUN, JUDGE, GIVE_UP, POISON = ["RUN_APPLICATION"], ["JUDGE_FAILURE"], ["GIVE_UP"], ["POISON"]
+
+
+def row(**cells_: object) -> dict[str, object]:
+    """Every event refused as UNEXPECTED, except the cells given."""
+    return {event.name: cells_.get(event.name, U) for event in MessageEvent}
+
+
+
+
+def settled(**extra: object) -> dict[str, object]:
+    return row(CLAIM=SETTLED, FOLLOW=SETTLED, **extra)
+
+
+TABLE = {
+    "WAITING": row(CLAIM=("DELIVERING", RUN), FOLLOW=("DELIVERING", RUN), HOLD=("HELD", [])),
+    "WAITING alone": row(CLAIM=("DELIVERING alone", RUN), FOLLOW=ALONE, HOLD=("HELD", [])),
+    "DELIVERING": row(COMMITTED=("DELIVERED", []), FAILED=("SETTLING alone", JUDGE), ROLLED_BACK=("WAITING", []),
+                      BATCH_COMMIT_FAILED=("WAITING alone", [])),
+    "DELIVERING alone": row(COMMITTED=("DELIVERED", []), FAILED=("SETTLING alone", JUDGE),
+                            ROLLED_BACK=("WAITING alone", []), BATCH_COMMIT_FAILED=("WAITING alone", [])),
+    "SETTLING alone": row(CLAIM=SETTLING_R, FOLLOW=SETTLING_R,
+                          RETRY=("RETRY_WAIT alone", []), NEXT_CYCLE=("CYCLE_WAIT alone", []),
+                          ANSWER_LATER=("TO_ANSWER alone", []), POISON_LATER=("TO_POISON alone", []),
+                          ANSWERED=("ANSWERED", []), POISONED=("POISONED", []), NOT_COUNTED=("WAITING alone", []),
+                          SUSPECTED=("SUSPECT alone", []), VANISHED=("DELIVERED", [])),
+    "SUSPECT alone": row(CLAIM=("DELIVERING alone", RUN), FOLLOW=ALONE, CHARGE=("SETTLING alone", JUDGE),
+                         ABSORB=("WAITING alone", [])),
+    "RETRY_WAIT alone": row(CLAIM=("DELIVERING alone", RUN), FOLLOW=ALONE),
+    "CYCLE_WAIT alone": row(CLAIM=("DELIVERING alone", RUN), FOLLOW=ALONE),
+    "TO_ANSWER alone": row(CLAIM=("TO_ANSWER alone", GIVE_UP), FOLLOW=ALONE, ANSWERED=("ANSWERED", []),
+                           POISONED=("POISONED", [])),
+    "TO_POISON alone": row(CLAIM=("TO_POISON alone", POISON), FOLLOW=ALONE, POISONED=("POISONED", [])),
+    "POISONED": settled(RETRY_POISON=("WAITING", []), DISCARD=("DISCARDED", [])),
+    "HELD": settled(RELEASE=("WAITING", [])),
+    "DELIVERED": settled(),
+    "ANSWERED": settled(),
+    "DISCARDED": settled(),
+}
+
+
+def test_the_table_covers_every_valid_state_and_every_event():
+    assert {MessageState.of(label) for label in TABLE} == set(MessageState.valid_states())
+    for cells_ in TABLE.values():
+        assert set(cells_) == {e.name for e in MessageEvent}
+
+
+@pytest.mark.parametrize("label, event, expected", cells(TABLE, MessageEvent), ids=str)
+def test_transition(label, event, expected):
+    check_cell(MessageState, message_transition, label, event, expected)
+    check_cell(MessageState, transition, label, event, expected)
+
+
+def test_every_valid_state_is_reachable_from_the_two_ways_in():
+    start = {MessageState.initial(), MessageState.initial(taken_on_receipt=True)}
+    assert reachable(start, message_transition, MessageEvent) == set(MessageState.valid_states())
+
+
+def test_states_that_cannot_exist_are_refused():
+    with pytest.raises(ValueError, match="out of the invoker's hands"):
+        MessageState(Stage.DELIVERED, alone=True)
+    with pytest.raises(ValueError, match="failed before"):
+        MessageState(Stage.RETRY_WAIT)
+    with pytest.raises(TypeError):
+        MessageState("WAITING")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="optionally followed by 'alone'"):
+        MessageState.of("WAITING together")
+
+
+def test_the_store_row_says_where_a_message_is_after_a_restart():
+    assert stored_state(0, 0, last_cycle=2) == MessageState.of("WAITING")
+    assert stored_state(2, 0, last_cycle=2) == MessageState.of("RETRY_WAIT alone")
+    assert stored_state(0, 1, last_cycle=2) == MessageState.of("CYCLE_WAIT alone")
+    assert stored_state(1, 2, last_cycle=2) == MessageState.of("RETRY_WAIT alone")
+    assert stored_state(9, 3, last_cycle=2) == MessageState.of("TO_POISON alone")
+    assert stored_state(0, 1, last_cycle=0) == MessageState.of("TO_POISON alone")
+
+
+def test_a_message_that_failed_is_never_taken_along_again_until_delivered():
+    # the property batches and receives rely on, over every path: once a failure was counted
+    # or a batch's commit failed, FOLLOW is refused until the message leaves the buffer
+    start = MessageState.initial()
+    seen = {start}
+    todo = [start]
+    while todo:
+        state = todo.pop()
+        for event in MessageEvent:
+            try:
+                after = message_transition(state, event).state
+            except InvalidTransition:
+                continue
+            if event in (MessageEvent.FAILED, MessageEvent.RETRY, MessageEvent.NEXT_CYCLE,
+                         MessageEvent.BATCH_COMMIT_FAILED):
+                assert after.alone
+            if state.alone and not after.settled and event is not MessageEvent.RETRY_POISON:
+                assert after.alone, f"{state} --{event.name}--> {after}"
+            if after not in seen:
+                seen.add(after)
+                todo.append(after)
+
+
+def test_foreign_objects_are_refused():
+    with pytest.raises(TypeError, match="not a MessageEvent"):
+        message_transition(MessageState.initial(), "CLAIM")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not a MessageState"):
+        message_transition("WAITING", MessageEvent.CLAIM)  # type: ignore[arg-type]

@@ -1,0 +1,267 @@
+"""A buffered message's life in the invoker: what can happen to it next, in one table.
+
+The seed's invoker machine (:mod:`.invoker`) follows a sequence's buffer as a
+whole.  Between "received" and "delivered" a single message has a life of its
+own: it can be delivered in a batch or alone, fail and be retried in this
+cycle or the next, be given up (answered with the service's fault, or moved to
+the poison store), wait behind a poisoned one, or fail while the service's
+database is down, which is not its fault.  This machine is that life.  The
+engine's invoker asks it what a message may do before doing it, and keeps
+nothing about a message but its :class:`MessageState`.
+
+The stages (:class:`Stage`):
+
+===============  ====================================================================
+ WAITING         in the buffer; delivered when it is next in line
+ DELIVERING      taken by a transaction: the application runs on it
+ SETTLING        its delivery failed and rolled back; the failure is being judged
+                 and recorded, and no other delivery of it may start meanwhile
+ SUSPECT         it failed the way an outage fails (a connection refused...); not
+                 counted until the next outcome says whose fault it was
+ RETRY_WAIT      failed, with attempts left in its cycle: due after a delay
+ CYCLE_WAIT      its cycle's attempts failed: due after ``retry_cycle_delay``
+ TO_ANSWER       out of attempts with the service's own fault, behind messages still
+                 to deliver: answered (without running the application) once next
+ TO_POISON       out of retry cycles, behind messages still to deliver: moved to the
+                 poison store once next
+ POISONED        in the poison store, until an operator retries or discards it
+ HELD            behind a poisoned message of its sequence (``poison_handling="hold"``)
+ DELIVERED       handed over, committed
+ ANSWERED        given up, its fault sent back on the response sequence, committed
+ DISCARDED       discarded from the poison store by an operator
+===============  ====================================================================
+
+``alone`` (:attr:`MessageState.alone`): the message is delivered on its own,
+never taken along by a batch or by a receive catching up, because it failed
+before or broke a batch: a message that failed once, counted or not, is
+delivered alone until it is delivered (a message whose failure is being judged,
+is suspect, waits for a retry, a cycle or its giving up always is).  A message taken on receipt starts in DELIVERING,
+any other in WAITING.
+
+The durable part of a state is in the store (a buffered message's attempts and
+cycle; the poison store); :func:`stored_state` reads it from there.  SETTLING,
+SUSPECT, TO_ANSWER and ``alone`` after a batch live in the engine's memory:
+after a restart a message is what its row says.  Whether a failure is the
+message's or the service's is :mod:`wsrm_plugin.statemachine.outage`'s question; this machine only
+takes the verdict (:attr:`MessageEvent.SUSPECTED`, ``NOT_COUNTED``, ``CHARGE``,
+``ABSORB``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from .common import InvalidTransition, Reason, Transition
+
+__all__ = ["MessageAction", "MessageEvent", "MessageState", "Stage", "message_transition", "stored_state"]
+
+
+class Stage(Enum):
+    WAITING = "in the buffer; delivered when it is next in line"
+    DELIVERING = "taken by a transaction: the application runs on it"
+    SETTLING = "its delivery failed and rolled back; the failure is being judged and recorded"
+    SUSPECT = "it failed the way an outage fails; not counted until the next outcome says whose fault it was"
+    RETRY_WAIT = "failed, with attempts left in its cycle: due after a delay"
+    CYCLE_WAIT = "its cycle's attempts failed: due after the retry cycle delay"
+    TO_ANSWER = "out of attempts with the service's fault: answered without running the application once next"
+    TO_POISON = "out of retry cycles: moved to the poison store once next"
+    POISONED = "in the poison store, until an operator retries or discards it"
+    HELD = "behind a poisoned message of its sequence: waits for an operator"
+    DELIVERED = "handed over, committed"
+    ANSWERED = "given up, its fault sent back on the response sequence, committed"
+    DISCARDED = "discarded from the poison store by an operator"
+
+
+#: Stages a message has left the invoker's hands in: nothing delivers them.
+_SETTLED = frozenset({Stage.POISONED, Stage.HELD, Stage.DELIVERED, Stage.ANSWERED, Stage.DISCARDED})
+#: Stages only a failure leads to: a message in them is always delivered alone.
+_FAILED = frozenset({Stage.SETTLING, Stage.SUSPECT, Stage.RETRY_WAIT, Stage.CYCLE_WAIT, Stage.TO_ANSWER,
+                     Stage.TO_POISON})
+
+
+@dataclass(frozen=True)
+class MessageState:
+    """A stage, and whether the message is delivered on its own from now on."""
+
+    stage: Stage
+    alone: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stage, Stage) or not isinstance(self.alone, bool):
+            raise TypeError(f"MessageState takes a Stage and a bool, not {self.stage!r}, {self.alone!r}")
+        if self.alone and self.stage in _SETTLED:
+            raise ValueError(f"a {self.stage.name} message is out of the invoker's hands: it cannot be 'alone'")
+        if not self.alone and self.stage in _FAILED:
+            raise ValueError(f"a {self.stage.name} message failed before: it is delivered 'alone'")
+
+    @classmethod
+    def initial(cls, *, taken_on_receipt: bool = False) -> MessageState:
+        """Buffered on receipt (WAITING), or taken and delivered by the receiving transaction."""
+        return cls(Stage.DELIVERING if taken_on_receipt else Stage.WAITING)
+
+    @classmethod
+    def valid_states(cls) -> tuple[MessageState, ...]:
+        return tuple(cls(stage, alone) for stage in Stage for alone in (False, True)
+                     if not (alone and stage in _SETTLED) and not (not alone and stage in _FAILED))
+
+    @classmethod
+    def of(cls, label: str) -> MessageState:
+        """From a label: ``"WAITING"``, ``"RETRY_WAIT alone"``."""
+        name, _, rest = label.partition(" ")
+        if rest not in ("", "alone"):
+            raise ValueError(f"a message state's label is a stage, optionally followed by 'alone': {label!r}")
+        return cls(Stage[name], rest == "alone")
+
+    @property
+    def label(self) -> str:
+        return f"{self.stage.name} alone" if self.alone else self.stage.name
+
+    @property
+    def settled(self) -> bool:
+        """Out of the invoker's hands: delivered, answered, poisoned, held or discarded."""
+        return self.stage in _SETTLED
+
+    def __str__(self) -> str:
+        return f"Message[{self.label}]"
+
+
+class MessageEvent(Enum):
+    # taking it
+    CLAIM = "an invoker thread took it as the next message of its sequence"
+    FOLLOW = "taken along right after the message before it (by a batch, or by a receive catching up)"
+    # how its transaction ended
+    COMMITTED = "the transaction that delivered it committed"
+    FAILED = "its delivery raised, and the transaction rolled back"
+    ROLLED_BACK = "its batch rolled back because of another message: nothing of it happened"
+    BATCH_COMMIT_FAILED = "the commit of its batch failed: no single message is to blame"
+    # the verdict on a failure (its judgement, in a transaction of its own)
+    RETRY = "counted; attempts are left in this cycle"
+    NEXT_CYCLE = "counted; this cycle's attempts are used up, a cycle is left"
+    ANSWER_LATER = "counted; out of attempts with the service's fault, behind messages still to deliver"
+    POISON_LATER = "counted; out of cycles, behind messages still to deliver"
+    ANSWERED = "given up: the service's fault went back on the response sequence (committed)"
+    POISONED = "given up: moved to the poison store (committed)"
+    NOT_COUNTED = "not the message's doing (a lock timeout, the store or the service unavailable): not counted"
+    SUSPECTED = "it failed as an outage fails: counted only if another message is then delivered"
+    VANISHED = "it is no longer in the buffer (delivered after all, by another thread or a lost commit answer)"
+    # the service's verdict on a suspect
+    CHARGE = "another message was delivered: the failure was its own, and is judged now"
+    ABSORB = "delivery paused: the failure was the outage's, and is not counted"
+    # its sequence and the operator
+    HOLD = "a message before it went to the poison store, and its sequence holds"
+    RELEASE = "the poisoned message before it was retried or discarded: its sequence goes on"
+    RETRY_POISON = "an operator put it back into the buffer with a fresh retry budget"
+    DISCARD = "an operator discarded it from the poison store"
+
+
+class MessageAction(Enum):
+    RUN_APPLICATION = "hand the message to the application, in the taking transaction"
+    JUDGE_FAILURE = "judge and record the failure, in a transaction of its own"
+    GIVE_UP = "answer it with the service's fault, or poison it when nobody can be answered"
+    POISON = "move it to the poison store"
+
+
+_A = MessageAction
+_S = Stage
+_E = MessageEvent
+
+#: What ``alone`` becomes: kept, set (it failed, or broke a batch) or cleared (a fresh start).
+_KEEP, _SET, _CLEAR = "keep", "set", "clear"
+
+#: (stage, event) -> (stage after, actions, what ``alone`` becomes).  Every pair not here is refused.
+RULES: dict[tuple[Stage, MessageEvent], tuple[Stage, tuple[MessageAction, ...], str]] = {
+    (_S.WAITING, _E.CLAIM): (_S.DELIVERING, (_A.RUN_APPLICATION,), _KEEP),
+    (_S.WAITING, _E.FOLLOW): (_S.DELIVERING, (_A.RUN_APPLICATION,), _KEEP),
+    (_S.WAITING, _E.HOLD): (_S.HELD, (), _CLEAR),
+    (_S.RETRY_WAIT, _E.CLAIM): (_S.DELIVERING, (_A.RUN_APPLICATION,), _KEEP),
+    (_S.CYCLE_WAIT, _E.CLAIM): (_S.DELIVERING, (_A.RUN_APPLICATION,), _KEEP),
+    (_S.SUSPECT, _E.CLAIM): (_S.DELIVERING, (_A.RUN_APPLICATION,), _KEEP),
+    (_S.TO_ANSWER, _E.CLAIM): (_S.TO_ANSWER, (_A.GIVE_UP,), _KEEP),
+    (_S.TO_POISON, _E.CLAIM): (_S.TO_POISON, (_A.POISON,), _KEEP),
+
+    (_S.DELIVERING, _E.COMMITTED): (_S.DELIVERED, (), _CLEAR),
+    (_S.DELIVERING, _E.FAILED): (_S.SETTLING, (_A.JUDGE_FAILURE,), _SET),
+    (_S.DELIVERING, _E.ROLLED_BACK): (_S.WAITING, (), _KEEP),
+    (_S.DELIVERING, _E.BATCH_COMMIT_FAILED): (_S.WAITING, (), _SET),
+
+    (_S.SETTLING, _E.RETRY): (_S.RETRY_WAIT, (), _SET),
+    (_S.SETTLING, _E.NEXT_CYCLE): (_S.CYCLE_WAIT, (), _SET),
+    (_S.SETTLING, _E.ANSWER_LATER): (_S.TO_ANSWER, (), _SET),
+    (_S.SETTLING, _E.POISON_LATER): (_S.TO_POISON, (), _SET),
+    (_S.SETTLING, _E.ANSWERED): (_S.ANSWERED, (), _CLEAR),
+    (_S.SETTLING, _E.POISONED): (_S.POISONED, (), _CLEAR),
+    (_S.SETTLING, _E.NOT_COUNTED): (_S.WAITING, (), _KEEP),
+    (_S.SETTLING, _E.SUSPECTED): (_S.SUSPECT, (), _KEEP),
+    (_S.SETTLING, _E.VANISHED): (_S.DELIVERED, (), _CLEAR),
+
+    (_S.SUSPECT, _E.CHARGE): (_S.SETTLING, (_A.JUDGE_FAILURE,), _KEEP),
+    (_S.SUSPECT, _E.ABSORB): (_S.WAITING, (), _KEEP),
+
+    (_S.TO_ANSWER, _E.ANSWERED): (_S.ANSWERED, (), _CLEAR),
+    (_S.TO_ANSWER, _E.POISONED): (_S.POISONED, (), _CLEAR),
+    (_S.TO_POISON, _E.POISONED): (_S.POISONED, (), _CLEAR),
+
+    (_S.HELD, _E.RELEASE): (_S.WAITING, (), _CLEAR),
+    (_S.POISONED, _E.RETRY_POISON): (_S.WAITING, (), _CLEAR),
+    (_S.POISONED, _E.DISCARD): (_S.DISCARDED, (), _CLEAR),
+}
+
+#: Why the pairs not in :data:`RULES` are refused, where there is more to say than UNEXPECTED.
+_REFUSALS: dict[tuple[Stage, MessageEvent], Reason] = {
+    **{(stage, _E.FOLLOW): Reason.DELIVERED_ALONE
+       for stage in (_S.RETRY_WAIT, _S.CYCLE_WAIT, _S.SUSPECT, _S.TO_ANSWER, _S.TO_POISON)},
+    **{(_S.SETTLING, event): Reason.BEING_SETTLED for event in (_E.CLAIM, _E.FOLLOW)},
+    **{(stage, event): Reason.SETTLED for stage in _SETTLED for event in (_E.CLAIM, _E.FOLLOW)},
+}
+
+
+def _decide(state: MessageState, event: MessageEvent) -> Transition[MessageState] | Reason:
+    rule = RULES.get((state.stage, event))
+    if rule is None:
+        return _REFUSALS.get((state.stage, event), Reason.UNEXPECTED)
+    if event is _E.FOLLOW and state.alone:
+        return Reason.DELIVERED_ALONE
+    stage, actions, alone = rule
+    after = MessageState(stage, {_KEEP: state.alone, _SET: True, _CLEAR: False}[alone])
+    return Transition(state, after, actions)
+
+
+#: Every (state, event) answer, computed once: a message takes several events per delivery.
+_TABLE: dict[tuple[MessageState, MessageEvent], Transition[MessageState] | Reason] = {
+    (state, event): _decide(state, event) for state in MessageState.valid_states() for event in MessageEvent
+}
+
+
+def message_transition(state: MessageState, event: MessageEvent) -> Transition[MessageState]:
+    """Apply ``event`` to ``state``; raises :class:`InvalidTransition` when not allowed."""
+    try:
+        answer = _TABLE[(state, event)]
+    except (KeyError, TypeError):
+        if not isinstance(event, MessageEvent):
+            raise TypeError(f"not a MessageEvent: {event!r}") from None
+        raise TypeError(f"not a MessageState: {state!r}") from None
+    if isinstance(answer, Reason):
+        raise InvalidTransition(state, event, answer)
+    return answer
+
+
+def stored_state(attempts: int, cycle: int, *, last_cycle: int) -> MessageState:
+    """The state a buffered message's row says it is in (what survives a restart).
+
+    ``attempts`` failed in its current ``cycle`` (cycles begun after the
+    first); ``last_cycle`` is the policy's ``max_retry_cycles``: a cycle
+    beyond it means the last one ended while messages before it were still
+    to deliver.  A message that failed before is delivered on its own.
+    """
+    if attempts == 0 and cycle == 0:
+        return _FRESH
+    if cycle > last_cycle:
+        return _DUE_FOR_POISON
+    return _RETRYING if attempts > 0 else _NEXT_CYCLE
+
+
+_FRESH = MessageState(Stage.WAITING)
+_RETRYING = MessageState(Stage.RETRY_WAIT, True)
+_NEXT_CYCLE = MessageState(Stage.CYCLE_WAIT, True)
+_DUE_FOR_POISON = MessageState(Stage.TO_POISON, True)
