@@ -16,7 +16,10 @@ database's); the store is SQLite, or PostgreSQL on the session's server.  What i
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +62,14 @@ def _query(dsn: str, sql: str) -> list[tuple[Any, ...]]:
 
 def _items(dsn: str) -> list[str]:
     return [row[0] for row in _query(dsn, "SELECT item FROM orders ORDER BY id")]
+
+
+def _get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
 
 
 def _prepared(dsn: str) -> int:
@@ -115,6 +126,11 @@ def run(servers, clients, app_pg, pg_dsn_factory, tmp_path, *, kind: str, second
         assert "delivery                  PAUSED" in seen, seen
         status = server.engine.status()
         assert status.paused and status.poisoned == 0 and status.retrying == 0, status
+        # a load balancer's readiness check takes the host out meanwhile (the health check reads
+        # the engine's status); its liveness stays: an outage is no reason to restart the service
+        ready, body = _get(server.url + "healthz/ready")
+        assert ready == 503 and body["checks"]["delivery"]["status"] == "fail", body
+        assert _get(server.url + "healthz/live")[0] == 200
 
         if seconds > 10:  # every message acknowledged although none could be processed
             assert wait_for(lambda: client.status().unacked == 0, timeout=seconds - 5), client.status()
