@@ -193,6 +193,7 @@ class Cluster:
         self.takeover_within = takeover_within
         self.hosts = [Host(self, i) for i in range(size)]
         self.pg: ThrowawayPostgres | None = None
+        self._made: list[tuple[str, str]] = []
         self.haproxy: subprocess.Popen[bytes] | None = None
         self.lb_port = 0
         self.env: dict[str, str] = {}
@@ -205,7 +206,7 @@ class Cluster:
     def start(self) -> Cluster:
         try:
             if self.netns:
-                self._network()
+                self._network_retrying()
             extra = [self.gateway] if self.netns else []
             self.pg = ThrowawayPostgres(also_listen=extra, trust_networks=[f"{self.prefix}.0/24"] if extra else [],
                                         max_connections=300, max_prepared_transactions=100)
@@ -229,12 +230,37 @@ class Cluster:
         """The DSN on the bridge address: the hosts reach the server there, the test too."""
         return dsn.replace("host=127.0.0.1", f"host={self.gateway}") if self.netns else dsn
 
+    def _network_retrying(self) -> None:
+        """Make the network, on another subnet when a test starting at the same time took this one."""
+        for attempt in range(5):
+            try:
+                self._network()
+                return
+            except RuntimeError as exc:
+                if "exists" not in str(exc) or attempt == 4:
+                    raise
+                self._remove_network()
+                self.k = _free_subnet()
+                self.prefix = f"10.211.{self.k}"
+                self.gateway = f"{self.prefix}.1"
+                self.bridge = f"w31b{self.k}"
+                self.hosts = [Host(self, h.index) for h in self.hosts]
+
+    def _remove_network(self) -> None:
+        """Remove what this cluster made (never a namesake another test made at the same time)."""
+        for kind, name in reversed(self._made):
+            subprocess.run(["ip", "netns", "del", name] if kind == "netns" else ["ip", "link", "del", name],
+                           capture_output=True)
+        self._made.clear()
+
     def _network(self) -> None:
         _ip("link", "add", self.bridge, "type", "bridge")
+        self._made.append(("link", self.bridge))
         _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for host in self.hosts:
-            subprocess.run(["ip", "netns", "add", host.ns], check=True, capture_output=True)
+            _ip("netns", "add", host.ns)
+            self._made.append(("netns", host.ns))
             _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.ns)
             _ip("link", "set", host.veth, "master", self.bridge, "up")
             _ip("addr", "add", f"{host.address}/24", "dev", "eth0", ns=host.ns)
@@ -349,9 +375,7 @@ class Cluster:
         if self.pg is not None:
             self.pg.close()
         if self.netns:
-            for host in self.hosts:
-                subprocess.run(["ip", "netns", "del", host.ns], capture_output=True)
-            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+            self._remove_network()
 
     def outputs(self) -> str:
         return "\n".join(f"--- host {h.index} ({h.node}, pid {h.process.pid if h.process else '-'})\n{h.output()}"
