@@ -59,6 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     operator.add_arguments(p)
     p.set_defaults(run=operator.run)
 
+    from txmanager import nodes_status
+
+    p = sub.add_parser("nodes", help="which host holds which node name (several hosts on one store)",
+                       description=nodes_status.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    nodes_status.add_arguments(p)
+    p.set_defaults(run=nodes_status.run)
+
     from wsrm_plugin.tools import proxy
 
     p = sub.add_parser("proxy", help="lossy loopback HTTP proxy for fault injection",

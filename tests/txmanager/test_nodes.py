@@ -267,3 +267,20 @@ def test_a_takeover_waits_for_a_decision_in_flight_and_then_fences_the_next(dbs)
     finally:
         data.close()
         new.close()
+
+
+def test_wsrm_nodes_lists_who_holds_what(dbs, hosts, capsys):
+    from wsrm_plugin.cli import main
+
+    store, app = dbs
+    a, tma, sources_a = hosts(store, app)
+    b, _, _ = hosts(store, app)
+    tma._checkpoint = _die_at("prepared")
+    _dies(tma, sources_a, 5)
+    _kill_host(store, a)
+    assert main(["nodes", "--dsn", store, "--prefix", "svc"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["NODE", "EPOCH", "HELD"]
+    svc0, svc1 = (line.split() for line in lines[1:])
+    assert svc0[:3] == ["svc-0", "1", "free"] and svc0[-1] == "1"  # its prepared branch, in doubt until taken over
+    assert svc1[:3] == ["svc-1", "1", "yes"]
