@@ -4,7 +4,8 @@
     .venv/bin/python bench/bench_multihost.py --messages 800 --runs 5
 
 Each host is ``tests.multihost.host_app`` in a network namespace of its own
-(the cluster of ``tests/multihost``), behind haproxy round robin; each
+(the cluster of ``tests/multihost``), behind haproxy (round robin, then
+hashing on the ``WSRM-Sequence`` header: ``--balance``); each
 delivery is one XA transaction (the store's branch with the commit mark, the
 orders row prepared in another database).  Four clients send ``--messages``
 one-way messages in all; the rate is delivered-and-committed rows per second
@@ -131,6 +132,9 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=2000, help="messages per rate run (default 2000)")
     parser.add_argument("--runs", type=int, default=5, help="rate runs per host count and takeovers (default 5)")
     parser.add_argument("--hosts", default="1,2,3", help="host counts to measure (default 1,2,3)")
+    parser.add_argument("--balance", default="roundrobin,hdr(WSRM-Sequence)",
+                        help="haproxy balance algorithms to compare, comma-separated (default: round robin, "
+                             "and hashing on the WSRM-Sequence header)")
     args = parser.parse_args()
     why = namespaces_allowed()
     if why:
@@ -139,11 +143,13 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores; {args.messages} XA one-way messages from 4 clients, "
           f"median of {args.runs} runs", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-multihost-") as tmp:
-        for hosts in [int(h) for h in args.hosts.split(",")]:
-            runs = [rate(hosts, args.messages, Path(tmp) / f"rate-{hosts}-{i}") for i in range(args.runs)]
+        for hosts, balance in [(int(h), b) for b in args.balance.split(",") for h in args.hosts.split(",")]:
+            if hosts == 1 and balance != "roundrobin":
+                continue  # one host: nothing to balance
+            runs = [rate(hosts, args.messages, Path(tmp) / f"rate-{hosts}-{i}", balance) for i in range(args.runs)]
             rates = [r for r, _ in runs]
             cpu = {k: statistics.median(c[k] for _, c in runs) for k in runs[0][1]}
-            print(f"{hosts} host(s): {statistics.median(rates):7.1f} messages/s "
+            print(f"{hosts} host(s), {balance}: {statistics.median(rates):7.1f} messages/s "
                   f"(runs: {', '.join(f'{r:.1f}' for r in rates)}); CPU ms per message: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items() if not k.startswith(("idle", "store")))
                   + "; store transactions per message: "
