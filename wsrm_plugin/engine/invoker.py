@@ -10,26 +10,11 @@ the handler sends (``context.reply``, or the engine's ``send``) joins that
 transaction too.
 
 When the handler raises, the transaction rolls back and the message stays
-in the store: an accepted message is never deleted unless someone decides
-so.  What follows depends on what was raised (WCF's queued delivery and a
-broker's redelivery policy are the anchors; the knobs are in
-:class:`~.policy.RMPolicy`):
-
-* an :class:`ApplicationFault` (the service's declared SOAP fault) is the
-  service's answer: after ``max_delivery_attempts`` (at once for a Sender
-  fault) a new transaction takes the message out and sends the fault back on
-  the response sequence; when nobody can be answered (a one-way message) the
-  message goes to the poison store instead;
-* anything else is a *failure to process* (a database down, a timeout, a
-  bug): the message is tried again after a growing delay, in retry cycles
-  separated by ``retry_cycle_delay``, its attempt count, cycle and next
-  attempt time written to the store by a transaction of their own (a restart
-  goes on where it was); after the last cycle it moves to the poison store,
-  which ``wsrm poison`` lists, retries and discards.  The sequence waits for
-  it (``poison_handling="hold"``) or goes on without it.
-
-The application's ``on_delivery_failure`` hook hears of every message given
-up without an answer.
+in the store; :mod:`.settlement` judges what follows (a retry, a retry cycle,
+the service's fault sent back, the poison store, or nothing counted when the
+service cannot work: :mod:`.outage`).  What may happen to a message next is
+the delivery machine's answer (:mod:`wsrm_plugin.statemachine.delivery`),
+asked through the :class:`~.ledger.MessageLedger`.
 
 With ``delivery_batch`` > 1 one transaction delivers several consecutive
 messages of a sequence (see :meth:`InvokerWorker._batches`): the same
@@ -48,17 +33,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..statemachine import (
-    InvalidTransition, MessageAction, MessageEvent, MessageState, ServiceAction, ServiceMode, Stage,
+    InvalidTransition, MessageAction, MessageEvent, MessageState, ServiceMode, Stage,
 )
 from ..store import (
-    BufferedMessage, LockTimeoutError, NodeCondition, StorageManager, StoreTransaction, StoreUnavailableError,
+    BufferedMessage, StorageManager, StoreTransaction,
 )
-from ..wire import RM10, AddressingHeaders, SoapFault, SoapVersion, fault_envelope, to_bytes
+from ..wire import RM10, AddressingHeaders
 from . import observe
 from .envelopes import read_trusted
 from .ledger import MessageLedger
 from .logs import for_sequence
-from .outage import DeliveryPause, PauseRecord, is_outage
+from .outage import DeliveryPause, PauseReport
+from .settlement import ApplicationFault, FailedDelivery, RecordedFailure, Settlement
 from .policy import RMPolicy
 from .source import SendReceipt, Source
 
@@ -70,8 +56,6 @@ _LAST_MESSAGE_ACTION = RM10.action("LastMessage")
 #: Deliveries a receive makes at most from the buffer after it had to buffer its own message
 #: (see :meth:`InvokerWorker.deliver_through`).
 CATCH_UP_STEPS = 16
-#: Seconds an attempt put off by an outage waits beyond the next probe, so that probe tries another.
-_AFTER_PROBE = 0.1
 #: Seconds per message (a moving average) beyond which an application is not run by receiving
 #: threads (see :attr:`InvokerWorker.quick`).
 QUICK_APPLICATION = 0.05
@@ -117,51 +101,7 @@ class DeliveryContext:
         return receipt
 
 
-@dataclass(frozen=True)
-class FailedDelivery:
-    """A message the application could not process within its attempts (given up).
-
-    ``poison_id`` names it in the poison store (``wsrm poison show``), where it
-    stays until an operator retries or discards it; None for a message the
-    engine could not keep there.
-    """
-
-    sequence_id: str
-    message_number: int
-    message_id: str | None
-    action: str
-    payload: bytes
-    error: BaseException
-    poison_id: str | None = None
-
-
 Application = Callable[[bytes, DeliveryContext], Any]
-
-
-class ApplicationFault(Exception):
-    """Raised by a handler whose service answered with a SOAP fault.
-
-    The delivery rolls back like for any error; when it is given up, this
-    ``envelope`` (the service's own fault, not a generic one) is what goes
-    back on the response sequence.  ``retryable=False`` gives up at once: a
-    Sender fault says the request itself is wrong, so running it again cannot help.
-    """
-
-    def __init__(self, envelope: bytes, reason: str = "the service answered with a SOAP fault", *,
-                 retryable: bool = True) -> None:
-        super().__init__(reason)
-        self.envelope = envelope
-        self.retryable = retryable
-
-
-def _store_unavailable(exc: BaseException | None) -> bool:
-    """Was ``exc`` caused by a store that cannot write now (also when a commit wrapped it)?"""
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, StoreUnavailableError):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
 
 
 def _import_callback(path: str) -> Callable[..., Any]:
@@ -192,6 +132,22 @@ class _BatchBroken(Exception):
         self.message = message
         self.error = error
         self.state = state
+
+
+@dataclass
+class _Step:
+    """What one step of an invoker thread took and did, from its claim to after its commit."""
+
+    claimed: BufferedMessage | None = None
+    #: The claimed message's state while its delivery may still fail (None once it did).
+    delivering: MessageState | None = None
+    #: (message, handed over) of each delivered in the transaction, the claimed one first.
+    done: list[tuple[BufferedMessage, bool]] = field(default_factory=list)
+    #: A message of the batch that failed in its savepoint, judged after the commit.
+    later: tuple[BufferedMessage, BaseException] | None = None
+    #: What to do once a given-up message's settling committed.
+    settled: Callable[[], None] | None = None
+    wake: bool = False
 
 
 #: A message taken on receipt: the receiving transaction delivers it, it was never buffered.
@@ -230,23 +186,42 @@ class InvokerWorker:
         #: Each message's state in the delivery machine, where its row does not say it.
         self._ledger = MessageLedger(policy.max_retry_cycles)
         #: Whether the service can work at all (the outage pause).
-        self.pause = DeliveryPause(policy, service, record=self._record_pause, wake=wake_invoker, logger=log)
-        #: Who this process is in what it reports to the store for ``wsrm status`` (name and host).
-        self.reporter = reporter or service
+        #: The pause as the store shows it to ``wsrm status`` (reporter: this process's name and host).
+        self.report = PauseReport(store, reporter or service)
+        self.pause = DeliveryPause(policy, service, record=self.report, wake=wake_invoker, logger=log)
+        #: What follows a failed delivery.
+        self.settlement = Settlement(store, policy, source, transaction=self._transaction, ledger=self._ledger,
+                                     pause=self.pause, after_commit=after_commit, on_delivered=on_delivered,
+                                     on_failure=on_failure)
         #: The engine's workers run: delivery happens (also on receipt) only between start and stop.
         self.running = False
         #: How long the application took per message lately (a moving average, seconds).
         self.application_seconds = 0.0
         self.delivered = 0
-        #: Messages given up: answered with a fault, or moved to the poison store.
-        self.failed = 0
-        #: Of those, moved to the poison store.
-        self.poisoned = 0
-        #: Failed attempts (each rolled back and scheduled again).
-        self.retries = 0
 
     def _transaction(self) -> "_DeliveryTransaction":
         return _DeliveryTransaction(self.store, self.tm)
+
+    @property
+    def failed(self) -> int:
+        """Messages given up: answered with a fault, or moved to the poison store."""
+        return self.settlement.failed
+
+    @property
+    def poisoned(self) -> int:
+        """Of those, moved to the poison store."""
+        return self.settlement.poisoned
+
+    @property
+    def retries(self) -> int:
+        """Failed attempts counted (each rolled back and scheduled again)."""
+        return self.settlement.retries
+
+    def withdraw_pause(self) -> None:
+        """At start and stop: a pause this service's process reported (this one, or one that died
+        paused) is nobody's now; ``wsrm status`` must not go on showing it."""
+        if self.application is not None:
+            self.report.withdraw()
 
     @property
     def paused(self) -> bool:
@@ -299,7 +274,7 @@ class InvokerWorker:
     def failed_on_receipt(self, msg: BufferedMessage, exc: BaseException) -> None:
         """A delivery on receipt of ``msg`` failed with ``exc`` and ``msg`` is buffered now (or was
         a duplicate): judge it, as a failed delivery here."""
-        self._judge(msg, exc)
+        self.settlement.judge(msg, exc)
 
     def delivered_on_receive(self, handed_over: bool) -> None:
         """After the commit of a receive that delivered: what a step does after its commit."""
@@ -308,7 +283,7 @@ class InvokerWorker:
         if getattr(self._ambient, "wake_sender", True):
             self._after_commit()
         self._on_delivered()
-        self._succeeded()
+        self.settlement.succeeded()
 
     def deliver_through(self, sequence_id: str, number: int, limit: int = CATCH_UP_STEPS) -> None:
         """Deliver the sequence's buffered messages in order, up to ``number``, from the calling
@@ -354,7 +329,7 @@ class InvokerWorker:
                     return
                 if delivering is not None:  # the application succeeded, the commit did not
                     self._ledger.apply(msg, _E.FAILED, state=delivering)
-                self._judge(msg, exc)
+                self.settlement.judge(msg, exc)
                 return
             self.delivered_on_receive(handed_over)
             if msg.number >= number:
@@ -397,7 +372,7 @@ class InvokerWorker:
                 return False
             if delivering is not None:  # the application succeeded, the commit did not
                 self._ledger.apply(msg, _E.FAILED, state=delivering)
-            self._judge(msg, exc)
+            self.settlement.judge(msg, exc)
             return False
         self.delivered_on_receive(handed_over)
         return True
@@ -428,85 +403,96 @@ class InvokerWorker:
         try:
             busy = self._step(probe)
         except Exception as exc:
-            # nothing taken: the store or a transaction's resource failed before any message
-            if not (self.policy.pause_on_outage and is_outage(exc, self.policy)):
+            if not self.settlement.outage(exc):  # nothing taken: the store or a resource failed first
                 raise
-            self._service_actions(self.pause.outage(exc))
             busy = False
         finally:
             if probe and self.pause.mode is ServiceMode.PROBING:  # the probe delivered nothing, failed nothing
-                if self._ledger.deferred():
-                    self.pause.probe_ended_empty()  # what the pause put off comes due soon: probe that
-                else:
-                    self._service_actions(self.pause.nothing_waiting())
+                self._probe_found_nothing()
         self._ambient.invoker_busy = busy
         return busy
+
+    def _probe_found_nothing(self) -> None:
+        if self._ledger.deferred():
+            self.pause.probe_ended_empty()  # what the pause put off comes due soon: probe that
+        else:
+            self.settlement.service_actions(self.pause.nothing_waiting())
 
     def _step(self, probe: bool) -> bool:
         if self.tm is not None and not self._anything_claimable():
             return False  # don't open an XA transaction just to find nothing
-        claimed: BufferedMessage | None = None
-        delivering: MessageState | None = None  # the claimed message, while its delivery may still fail
-        done: list[tuple[BufferedMessage, bool]] = []
-        later: tuple[BufferedMessage, BaseException] | None = None
-        settled: Callable[[], None] | None = None
-        wake = False
+        work = _Step()
         try:
             with self._transaction() as tx:
-                claimed = tx.invoker.claim_next(in_order=self.policy.in_order)
-                if claimed is None:
+                if not self._claim(tx, work, probe):
                     return False
-                try:
-                    taken, error = self._ledger.take(claimed, _E.CLAIM)
-                except InvalidTransition:
-                    claimed = None
-                    return False  # another thread is judging its failure: not ours to run
-                if MessageAction.GIVE_UP in taken.actions:  # out of attempts inside a batch; first now
-                    settled = self._give_up(tx, claimed, error or _RecordedFailure(claimed.last_error))
-                elif MessageAction.POISON in taken.actions:  # its last cycle ended while not first
-                    settled = self._poison(tx, claimed, error or _RecordedFailure(claimed.last_error))
-                else:
-                    delivering = taken.state
-                    try:
-                        done.append((claimed, self._deliver(tx, claimed)))
-                    except Exception:
-                        self._ledger.apply(claimed, _E.FAILED, state=delivering)  # before the rollback frees it
-                        delivering = None
-                        raise
-                    wake = getattr(self._ambient, "wake_sender", True)
-                    if not probe and not delivering.alone and self._batches(tx):
-                        later, wake = self._deliver_more(tx, claimed.sequence_id, done, wake)
-                        if later is not None:
-                            self._ledger.apply(later[0], _E.FAILED, state=MessageState(Stage.DELIVERING))
         except _BatchBroken as broken:  # all of the batch rolled back: the one that broke it is judged
-            self._judge(broken.message, broken.error)
+            self.settlement.judge(broken.message, broken.error)
             return False
         except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
-            if claimed is None:
+            if work.claimed is None:
                 raise
-            if len(done) > 1:  # the commit of a batch failed: which message caused it is unknown
-                return self._commit_failed([msg for msg, _ in done], exc)
-            if delivering is not None:  # the application succeeded, the commit did not
-                self._ledger.apply(claimed, _E.FAILED, state=delivering)
-            elif self._ledger.state(claimed).stage is not Stage.SETTLING:
-                # giving it up failed (the store): it stays given up, settled at its next claim
-                log.warning("could not settle message %d of sequence %s (tried again at its next claim): %s",
-                            claimed.number, claimed.sequence_id, exc)
-                if self.policy.pause_on_outage and is_outage(exc, self.policy):
-                    self._service_actions(self.pause.outage(exc))
-                return False
-            return self._judge(claimed, exc)
-        if settled is not None:
-            settled()
+            return self._step_failed(work, exc)
+        return self._step_committed(work)
+
+    def _claim(self, tx: StoreTransaction, work: "_Step", probe: bool) -> bool:
+        """In ``tx``: the next message of any sequence, and what the machine says to do with it
+        (deliver it, and those after it in a batch; or settle it given up).  False: nothing."""
+        claimed = tx.invoker.claim_next(in_order=self.policy.in_order)
+        if claimed is None:
+            return False
+        try:
+            taken, error = self._ledger.take(claimed, _E.CLAIM)
+        except InvalidTransition:
+            return False  # another thread is judging its failure: not ours to run
+        work.claimed = claimed
+        if MessageAction.GIVE_UP in taken.actions:  # out of attempts inside a batch; first now
+            work.settled = self.settlement.give_up(tx, claimed, error or RecordedFailure(claimed.last_error))
+        elif MessageAction.POISON in taken.actions:  # its last cycle ended while not first
+            work.settled = self.settlement.poison(tx, claimed, error or RecordedFailure(claimed.last_error))
+        else:
+            work.delivering = delivering = taken.state
+            try:
+                work.done.append((claimed, self._deliver(tx, claimed)))
+            except Exception:
+                self._ledger.apply(claimed, _E.FAILED, state=delivering)  # before the rollback frees it
+                work.delivering = None
+                raise
+            work.wake = getattr(self._ambient, "wake_sender", True)
+            if not probe and not delivering.alone and self._batches(tx):
+                work.later, work.wake = self._deliver_more(tx, claimed.sequence_id, work.done, work.wake)
+                if work.later is not None:
+                    self._ledger.apply(work.later[0], _E.FAILED, state=MessageState(Stage.DELIVERING))
+        return True
+
+    def _step_failed(self, work: "_Step", exc: BaseException) -> bool:
+        """The step's transaction raised after it took ``work.claimed``."""
+        claimed = work.claimed
+        assert claimed is not None
+        if len(work.done) > 1:  # the commit of a batch failed: which message caused it is unknown
+            return self._commit_failed([msg for msg, _ in work.done], exc)
+        if work.delivering is not None:  # the application succeeded, the commit did not
+            self._ledger.apply(claimed, _E.FAILED, state=work.delivering)
+        elif self._ledger.state(claimed).stage is not Stage.SETTLING:
+            # giving it up failed (the store): it stays given up, settled at its next claim
+            log.warning("could not settle message %d of sequence %s (tried again at its next claim): %s",
+                        claimed.number, claimed.sequence_id, exc)
+            self.settlement.outage(exc)
+            return False
+        return self.settlement.judge(claimed, exc)
+
+    def _step_committed(self, work: "_Step") -> bool:
+        if work.settled is not None:
+            work.settled()
             return True
-        self.delivered += sum(1 for _, handed_over in done if handed_over)
-        if wake:
+        self.delivered += sum(1 for _, handed_over in work.done if handed_over)
+        if work.wake:
             self._after_commit()
-        if done:
+        if work.done:
             self._on_delivered()
-            self._succeeded()
-        if later is not None:
-            return self._judge(*later)
+            self.settlement.succeeded()
+        if work.later is not None:
+            return self.settlement.judge(*work.later)
         return True
 
     def _batches(self, tx: StoreTransaction) -> bool:
@@ -582,8 +568,7 @@ class InvokerWorker:
                     "them one by one): %r", len(batch), batch[0].sequence_id, exc)
         for msg in batch:
             self._ledger.apply(msg, _E.BATCH_COMMIT_FAILED, state=MessageState(Stage.DELIVERING))
-        if self.policy.pause_on_outage and is_outage(exc, self.policy):
-            self._service_actions(self.pause.outage(exc))
+        self.settlement.outage(exc)
         return False
 
     # -- delivering --------------------------------------------------------------------------------
@@ -669,326 +654,6 @@ class InvokerWorker:
         callback(msg.payload, context, request.reply_context)
         self.source.reply_arrived(tx, request)
         return True
-
-    # -- judging a failed delivery ------------------------------------------------------------------
-
-    def _judge(self, msg: BufferedMessage, exc: BaseException) -> bool:
-        """After a delivery of ``msg`` rolled back because of ``exc`` (``msg`` is SETTLING): whose
-        fault was it, and what follows.  True when ``msg`` was settled (given up or gone).
-
-        The count goes to the store in a transaction of its own.  When even
-        that fails (the store itself is unavailable) nothing is spent: the
-        message is simply tried again later.
-        """
-        try:
-            return self._verdict(msg, exc)
-        except Exception:  # noqa: BLE001 -- the store is down: retried after a poll interval
-            log.exception("could not record the failed delivery of message %d of sequence %s "
-                          "(it stays in the store and is tried again)", msg.number, msg.sequence_id)
-            with contextlib.suppress(InvalidTransition):
-                self._ledger.apply(msg, _E.NOT_COUNTED)
-            return False
-
-    def _verdict(self, msg: BufferedMessage, exc: BaseException) -> bool:
-        slog = for_sequence(log, msg.sequence_id, msg.number)
-        if isinstance(exc, LockTimeoutError):  # contention in the store, not the application's doing
-            slog.warning("delivery rolled back on a lock timeout (not counted as an attempt): %s", exc)
-            self._ledger.apply(msg, _E.NOT_COUNTED)
-            return False
-        if not isinstance(exc, ApplicationFault) and self.policy.pause_on_outage and is_outage(exc, self.policy):
-            return self._outage_failure(msg, exc)
-        if _store_unavailable(exc):
-            # the store, not the message, failed (disk full, database down): the message's
-            # attempts are for the application's failures, so this one is not counted
-            slog.warning("delivery rolled back, the store cannot take writes now (will retry, "
-                         "no attempt counted): %s", exc)
-            self._ledger.apply(msg, _E.NOT_COUNTED)
-            return False
-        self._service_actions(self.pause.failed())
-        return self._counted(msg, exc)
-
-    def _counted(self, msg: BufferedMessage, exc: BaseException) -> bool:
-        if isinstance(exc, ApplicationFault):
-            return self._fault_failed(msg, exc)
-        return self._processing_failed(msg, exc)
-
-    def _outage_failure(self, msg: BufferedMessage, exc: BaseException) -> bool:
-        """``msg`` failed the way an outage fails: not counted; the service machine says whether
-        it is suspect (the next delivery of another message decides) or the outage's (absorbed).
-
-        Either way its next attempt is put off in the store without counting:
-        a suspect by the delay its failure would have cost (other messages get
-        the chance to prove the service works first), an absorbed one until
-        after the next probe (so that the probe tries another message first).
-        """
-        actions = self.pause.outage(exc)
-        slog = for_sequence(log, msg.sequence_id, msg.number)
-        if ServiceAction.SUSPECT_MESSAGE in actions:
-            delay = self.policy.delivery_retry_delay_after(msg.attempts + 1)
-            self._put_off(msg, exc, _E.SUSPECTED, delay)
-            slog.info("delivery failed as an outage fails (%s): not counted unless another message is "
-                      "delivered meanwhile; tried again in %.1fs", describe_error(exc), delay)
-        else:
-            self._put_off(msg, exc, _E.NOT_COUNTED, self.pause.next_probe_in() + _AFTER_PROBE)
-            slog.debug("delivery failed during an outage (%s): not counted", describe_error(exc))
-        self._service_actions(actions)
-        return False
-
-    def _put_off(self, msg: BufferedMessage, exc: BaseException, event: MessageEvent, delay: float) -> None:
-        """Apply ``event`` to ``msg`` and put its next attempt ``delay`` seconds off, uncounted."""
-        try:
-            with self.store.begin() as tx:
-                current = tx.invoker.get(msg.sequence_id, msg.number)
-                if current is not None:
-                    current = tx.invoker.record_failure(
-                        msg.sequence_id, msg.number, attempts=current.attempts, cycle=current.cycle,
-                        next_attempt_at=time.time() + delay, error=describe_error(exc))
-        except Exception as store_error:  # noqa: BLE001 -- the store is down too: tried at the next probe
-            log.debug("could not put off message %d of sequence %s: %s", msg.number, msg.sequence_id, store_error)
-            self._ledger.apply(msg, event, error=exc, deferred=False)
-            return
-        if current is None:
-            self._ledger.apply(msg, _E.VANISHED)
-            return
-        self._ledger.apply(current, event, error=exc, deferred=True)
-
-    def _succeeded(self) -> None:
-        """After a commit that delivered: the service works."""
-        actions = self.pause.delivered()
-        if actions:
-            self._service_actions(actions)
-
-    def _service_actions(self, actions: tuple[ServiceAction, ...]) -> None:
-        """The message side of the service machine's actions (its own side is done)."""
-        for action in actions:
-            if action is ServiceAction.CHARGE_SUSPECTS:
-                for kept in self._ledger.in_stage(Stage.SUSPECT):
-                    try:
-                        self._ledger.apply(kept.msg, _E.CHARGE)
-                    except InvalidTransition:
-                        continue  # taken again meanwhile: that delivery's outcome decides
-                    self._judge_counted(kept.msg, kept.error or _RecordedFailure(kept.msg.last_error))
-            elif action is ServiceAction.PAUSE:
-                for kept in self._ledger.in_stage(Stage.SUSPECT):
-                    with contextlib.suppress(InvalidTransition):
-                        self._ledger.apply(kept.msg, _E.ABSORB)
-            elif action is ServiceAction.RESUME:
-                self._bring_forward()
-
-    def _judge_counted(self, msg: BufferedMessage, exc: BaseException) -> None:
-        """A suspect's failure is its own after all (another message was delivered): count it."""
-        for_sequence(log, msg.sequence_id, msg.number).info(
-            "another message was delivered since this one failed (%s): its failure counts", describe_error(exc))
-        try:
-            self._counted(msg, exc)
-        except Exception:  # noqa: BLE001 -- the store is down: it is tried again, uncounted
-            log.exception("could not record the failed delivery of message %d of sequence %s",
-                          msg.number, msg.sequence_id)
-            with contextlib.suppress(InvalidTransition):
-                self._ledger.apply(msg, _E.NOT_COUNTED)
-
-    def _bring_forward(self) -> None:
-        """Delivery resumed: the attempts an outage put off are due now, not after their back-off."""
-        deferred = self._ledger.deferred()
-        if not deferred:
-            return
-        done: list[BufferedMessage] = []
-        try:
-            with self.store.begin() as tx:
-                for kept in deferred:
-                    current = tx.invoker.get(kept.msg.sequence_id, kept.msg.number)
-                    if current is not None and (current.attempts, current.cycle) == (kept.msg.attempts, kept.msg.cycle):
-                        tx.invoker.record_failure(current.sequence_id, current.number, attempts=current.attempts,
-                                                  cycle=current.cycle, next_attempt_at=None,
-                                                  error=current.last_error or "")
-                    done.append(kept.msg)
-        except Exception as exc:  # noqa: BLE001 -- they come due by themselves, a few seconds later
-            log.debug("could not bring the put-off deliveries forward: %s", exc)
-            return
-        self._ledger.undefer(done)
-
-    def _record_pause(self, record: PauseRecord) -> None:
-        """Tell the store (``wsrm status`` and the metrics read it from another process)."""
-        kind, now = NodeCondition.DELIVERY_PAUSED, time.time()
-        with self.store.begin() as tx:
-            if not record.mode.paused:
-                tx.conditions.remove(kind, reporter=self.reporter)
-                return
-            detail = (f"{record.probes} probe(s) failed, the next in {self.pause.next_probe_in():.0f}s; "
-                      f"{tx.invoker.count()} message(s) waiting")
-            tx.conditions.put(NodeCondition(kind, record.service, self.reporter, record.mode.name.lower(),
-                                            record.since or now, record.error, detail, now))
-
-    def withdraw_pause(self) -> None:
-        """At start and stop: a pause this service's process reported (this one, or one that died
-        paused) is nobody's now; ``wsrm status`` must not go on showing it."""
-        if self.application is None:
-            return
-        try:
-            with self.store.begin() as tx:
-                tx.conditions.remove(NodeCondition.DELIVERY_PAUSED, reporter=self.reporter)
-        except Exception as exc:  # noqa: BLE001 -- the store is down: the next pause's report replaces it
-            log.debug("could not withdraw the reported delivery pause: %s", exc)
-
-    def _gone(self, msg: BufferedMessage, error: str) -> None:
-        """A failed delivery's message is no longer in the buffer: delivered after all (by another
-        thread, or by this attempt, whose commit's answer was lost) or discarded.  Said out loud:
-        the application may have run for a message this attempt did not deliver, and what it did
-        outside its transaction then happened twice (a claim that returned a message just
-        delivered did that, silently, until the claim was fixed)."""
-        for_sequence(log, msg.sequence_id, msg.number).warning(
-            "delivery failed (%s), and the message is no longer in the buffer (delivered after all, "
-            "by another thread or by a commit whose answer was lost, or discarded): nothing to retry",
-            error)
-        with contextlib.suppress(InvalidTransition):
-            self._ledger.apply(msg, _E.VANISHED)
-
-    def _first_in_line(self, tx: StoreTransaction, msg: BufferedMessage) -> bool:
-        current = tx.invoker.next_deliverable(msg.sequence_id, in_order=self.policy.in_order)
-        return current is not None and current.number == msg.number
-
-    def _processing_failed(self, msg: BufferedMessage, exc: BaseException) -> bool:
-        """A failure to process: retry later, in this cycle or the next, or poison after the last."""
-        slog = for_sequence(log, msg.sequence_id, msg.number)
-        error = describe_error(exc)
-        settled: Callable[[], None] | None = None
-        with self.store.begin() as tx:
-            current = tx.invoker.get(msg.sequence_id, msg.number)
-            if current is None:
-                self._gone(msg, error)
-                return True
-            step = self.policy.after_failure(current.attempts, current.cycle, time.time())
-            current = tx.invoker.record_failure(
-                msg.sequence_id, msg.number, attempts=step.attempts, cycle=step.cycle,
-                next_attempt_at=step.next_attempt_at, error=error)
-            if step.poisoned and self._first_in_line(tx, current):
-                settled = self._poison(tx, current, exc)
-        self.retries += 1
-        if settled is not None:
-            settled()
-            return True
-        if step.poisoned:
-            self._ledger.apply(msg, _E.POISON_LATER, error=exc)
-            slog.warning("last delivery attempt failed (%s); moved to the poison store once the "
-                         "messages before it are delivered", error)
-        elif step.attempts == 0:
-            self._ledger.apply(msg, _E.NEXT_CYCLE)
-            slog.warning("retry cycle %d of %d failed (%d attempts, rolled back): %s; next cycle in %.1fs",
-                         step.cycle, self.policy.max_retry_cycles + 1, self.policy.max_delivery_attempts,
-                         error, self.policy.retry_cycle_delay)
-        else:
-            self._ledger.apply(msg, _E.RETRY)
-            slog.warning("delivery attempt %d of %d (cycle %d of %d) failed (rolled back, will retry "
-                         "in %.1fs): %s", step.attempts, self.policy.max_delivery_attempts, step.cycle + 1,
-                         self.policy.max_retry_cycles + 1, self.policy.delivery_retry_delay_after(step.attempts),
-                         error)
-        return False
-
-    def _fault_failed(self, msg: BufferedMessage, exc: ApplicationFault) -> bool:
-        """The service answered with a SOAP fault: retry it (unless a Sender fault), then answer it."""
-        slog = for_sequence(log, msg.sequence_id, msg.number)
-        error = describe_error(exc)
-        settled: Callable[[], None] | None = None
-        with self._transaction() as tx:
-            current = tx.invoker.get(msg.sequence_id, msg.number)
-            if current is None:
-                self._gone(msg, error)
-                return True
-            attempts = current.attempts + 1
-            if exc.retryable and attempts < self.policy.max_delivery_attempts:
-                delay = self.policy.delivery_retry_delay_after(attempts)
-                tx.invoker.record_failure(msg.sequence_id, msg.number, attempts=attempts, cycle=current.cycle,
-                                          next_attempt_at=time.time() + delay, error=error)
-                self._ledger.apply(msg, _E.RETRY)
-                slog.warning("delivery attempt %d of %d answered with a fault (rolled back, will retry in "
-                             "%.1fs): %s", attempts, self.policy.max_delivery_attempts, delay, error)
-                self.retries += 1
-                return False
-            current = tx.invoker.record_failure(msg.sequence_id, msg.number, attempts=attempts,
-                                                cycle=current.cycle, next_attempt_at=None, error=error)
-            if self._first_in_line(tx, current):
-                slog.error("giving up after %d delivery attempts: %s", attempts, error)
-                settled = self._give_up(tx, current, exc)
-            else:
-                self._ledger.apply(msg, _E.ANSWER_LATER, error=exc)
-        if settled is not None:
-            settled()
-        return True
-
-    def _give_up(self, tx: StoreTransaction, msg: BufferedMessage, exc: BaseException) -> Callable[[], None]:
-        """Answer ``msg`` with its fault in ``tx``, or keep it in the poison store when nobody can be answered.
-
-        Returns what to do once ``tx`` committed.
-        """
-        if self._reply_with_fault(tx, msg, exc):
-            tx.invoker.mark_delivered(msg.sequence_id, msg.number)
-
-            def answered() -> None:
-                with contextlib.suppress(InvalidTransition):
-                    self._ledger.apply(msg, _E.ANSWERED)
-                self.failed += 1
-                self._after_commit()
-                self._on_delivered()  # the fault reply is stored: a back-channel may wait for it
-            return answered
-        return self._poison(tx, msg, exc)
-
-    def _poison(self, tx: StoreTransaction, msg: BufferedMessage, exc: BaseException) -> Callable[[], None]:
-        """Move ``msg`` to the poison store in ``tx``; returns what to do once ``tx`` committed."""
-        hold = self.policy.holds_on_poison
-        poisoned = tx.invoker.poison(msg.sequence_id, msg.number, hold=hold, error=describe_error(exc))
-
-        def after() -> None:
-            with contextlib.suppress(InvalidTransition):
-                self._ledger.apply(msg, _E.POISONED)
-            self.failed += 1
-            self.poisoned += 1
-            slog = for_sequence(log, msg.sequence_id, msg.number)
-            slog.error(
-                "moved to the poison store after %d delivery attempts in %d cycle(s) (last error: %s); %s; "
-                "see `wsrm poison show %s`, then `wsrm poison retry` or `discard` it",
-                poisoned.total_attempts, poisoned.cycles, poisoned.last_error,
-                "its sequence is HELD: nothing after it is delivered until an operator decides" if hold
-                else "the rest of its sequence goes on without it", poisoned.poison_id)
-            if not hold:
-                self._after_commit()
-            self._report(FailedDelivery(msg.sequence_id, msg.number, msg.message_id, msg.action, msg.payload,
-                                        exc, poison_id=poisoned.poison_id))
-        return after
-
-    def _reply_with_fault(self, tx: StoreTransaction, msg: BufferedMessage, exc: BaseException) -> bool:
-        soap = SoapVersion.for_namespace(msg.soap_version) or self.policy.soap_version
-        if isinstance(exc, ApplicationFault):
-            envelope = exc.envelope
-        else:
-            fault = SoapFault(f"the service failed to process the message: {exc}", code="Receiver")
-            envelope = to_bytes(fault_envelope(fault, soap))
-        receipt = self.source.enqueue_reply(tx, msg.sequence_id, envelope, reply_to=msg.reply_to,
-                                            relates_to=msg.message_id,
-                                            action=self.policy.addressing.soap_fault_action,
-                                            answers=msg.number)
-        return receipt is not None
-
-    def _report(self, failure: FailedDelivery) -> None:
-        if self._on_failure is None:
-            return  # the poison store keeps it, and the ERROR above named it
-        try:
-            self._on_failure(failure)
-        except Exception:  # noqa: BLE001
-            log.exception("the delivery failure hook itself failed")
-
-
-class _RecordedFailure(Exception):
-    """The error of a failed attempt known only from the store (the attempt ran before a restart)."""
-
-    def __init__(self, description: str | None) -> None:
-        super().__init__(description or "a failure recorded in the store")
-
-
-def describe_error(exc: BaseException, limit: int = 2000) -> str:
-    """What the store keeps of an error: its type and message, bounded."""
-    text = str(exc) if isinstance(exc, _RecordedFailure) else f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= limit else text[:limit] + "..."
-
 
 _steps_local = threading.local()
 

@@ -28,10 +28,10 @@ from typing import Any
 from txmanager.xa import XA_RBCOMMFAIL, XA_RBTRANSIENT, XAER_RMFAIL, XAException
 
 from ..statemachine import ServiceAction, ServiceEvent, ServiceMode, service_transition
-from ..store import StoreUnavailableError
+from ..store import NodeCondition, StorageManager, StoreUnavailableError
 from .policy import RMPolicy
 
-__all__ = ["DeliveryPause", "PauseRecord", "default_outage", "is_outage"]
+__all__ = ["DeliveryPause", "PauseRecord", "PauseReport", "default_outage", "is_outage"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,37 @@ class PauseRecord:
     since: float | None
     error: str | None
     probes: int
+    #: Seconds until the next probe may go (while paused).
+    next_probe_in: float = 0.0
+
+
+class PauseReport:
+    """The pause as ``wsrm status`` and the metrics see it (another process): a node condition of
+    kind ``delivery-paused`` in the store, put while delivery is paused and removed when it
+    resumes, when the engine stops, and when its successor starts (the process may have died
+    paused).  ``reporter`` names this process (engine name and host)."""
+
+    def __init__(self, store: StorageManager, reporter: str) -> None:
+        self.store = store
+        self.reporter = reporter
+
+    def __call__(self, record: PauseRecord) -> None:
+        kind, now = NodeCondition.DELIVERY_PAUSED, time.time()
+        with self.store.begin() as tx:
+            if not record.mode.paused:
+                tx.conditions.remove(kind, reporter=self.reporter)
+                return
+            detail = (f"{record.probes} probe(s) failed, the next in {record.next_probe_in:.0f}s; "
+                      f"{tx.invoker.count()} message(s) waiting")
+            tx.conditions.put(NodeCondition(kind, record.service, self.reporter, record.mode.name.lower(),
+                                            record.since or now, record.error, detail, now))
+
+    def withdraw(self) -> None:
+        try:
+            with self.store.begin() as tx:
+                tx.conditions.remove(NodeCondition.DELIVERY_PAUSED, reporter=self.reporter)
+        except Exception as exc:  # noqa: BLE001 -- the store is down: the next report replaces it
+            log.debug("could not withdraw the reported delivery pause: %s", exc)
 
 
 class DeliveryPause:
@@ -229,7 +260,8 @@ class DeliveryPause:
         return actions
 
     def _snapshot(self) -> PauseRecord:
-        return PauseRecord(self.service, self.mode, self.since, self.error, self.probes)
+        return PauseRecord(self.service, self.mode, self.since, self.error, self.probes,
+                           max(0.0, self._next_probe - self._clock()))
 
     def _write(self, record: PauseRecord) -> None:
         try:
