@@ -162,25 +162,37 @@ def run_server(args: argparse.Namespace) -> int:
     return 0
 
 
-def _handed_over(args: argparse.Namespace, store: Any, ds: Any) -> int:
-    """How many of this run's messages an earlier (killed) client already enqueued."""
+def keys_of(args: argparse.Namespace) -> list[str]:
+    """The sequence keys of a client: ``--key`` itself, or ``--keys N`` of them (``<key>0`` ...)."""
+    return [args.key] if args.keys <= 1 else [f"{args.key}{k}" for k in range(args.keys)]
+
+
+def items_of(args: argparse.Namespace, k: int) -> list[str]:
+    """The items of the ``k``-th key, in their order: with N keys, every N-th item of the run."""
+    every = len(keys_of(args))
+    return [f"{args.prefix}{i}" for i in range(args.start, args.start + args.count) if (i - args.start) % every == k]
+
+
+def _handed_over(args: argparse.Namespace, store: Any, ds: Any, k: int = 0) -> int:
+    """How many of this run's messages of the ``k``-th key an earlier (killed) client enqueued."""
+    mine = items_of(args, k)
     if ds is not None:  # the sent rows committed with their enqueue
         with ds.connection() as conn, conn.cursor() as cur:
             cur.execute("SELECT item FROM sent")
-            sent = [row[0] for row in cur.fetchall()]
-        expected = {f"{args.prefix}{i}" for i in range(args.start, args.start + len(sent))}
-        if set(sent) != expected or len(sent) != len(expected):
-            raise SystemExit(f"the sent table is not a prefix of this run's items: {sorted(sent)[:20]}")
+            sent = [row[0] for row in cur.fetchall() if row[0] in set(mine)]
+        if set(sent) != set(mine[:len(sent)]) or len(sent) != len(set(sent)):
+            raise SystemExit(f"the sent table is not a prefix of this key's items: {sorted(sent)[:20]}")
         return len(sent)
     if _progress_done(args.progress, args.count):
-        return args.count
+        return len(mine)
     from wsrm_plugin.engine.source import SequenceKey
     from wsrm_plugin.store.api.states import rms_life
 
+    key = keys_of(args)[k]
     with store.begin() as tx:
         for seq in tx.rms.list_all():
             parsed = SequenceKey.decode(seq.key)
-            if parsed and (parsed.target, parsed.key) == (args.target, args.key) and rms_life(seq).accepts_messages:
+            if parsed and (parsed.target, parsed.key) == (args.target, key) and rms_life(seq).accepts_messages:
                 return seq.highest_number
     return 0
 
@@ -215,23 +227,40 @@ def run_client(args: argparse.Namespace) -> int:
     tm, ds = _transaction_manager(args, store)
     engine = ReliableEngine(store, _policy(args), tm=tm, name="peer-client").start()
     print("STARTED", flush=True)
+    keys = keys_of(args)
+    failed: list[BaseException] = []
+
+    def send_all(k: int) -> None:  # one key's items, in order (a thread each with --keys)
+        key = keys[k]
+        try:
+            mine = items_of(args, k)
+            done = _handed_over(args, store, ds, k) if args.resume else 0
+            if done:
+                log.info("resuming key %r: %d of %d messages were enqueued before", key, done, len(mine))
+            for item in mine[done:]:
+                if tm is None:
+                    engine.send(args.target, payload(item), action=ACTION, key=key)
+                    continue
+                with tm.transaction():
+                    with ds.connection() as conn, conn.cursor() as cur:
+                        cur.execute("INSERT INTO sent (item) VALUES (%s)", (item,))
+                    engine.send(args.target, payload(item), action=ACTION, key=key)
+        except BaseException as exc:  # noqa: BLE001 -- raised in the main thread
+            failed.append(exc)
+
     try:
-        done = _handed_over(args, store, ds) if args.resume else 0
-        if done:
-            log.info("resuming: %d of %d messages were enqueued before", done, args.count)
-        for i in range(args.start + done, args.start + args.count):
-            item = f"{args.prefix}{i}"
-            if tm is None:
-                engine.send(args.target, payload(item), action=ACTION, key=args.key)
-                continue
-            with tm.transaction():
-                with ds.connection() as conn, conn.cursor() as cur:
-                    cur.execute("INSERT INTO sent (item) VALUES (%s)", (item,))
-                engine.send(args.target, payload(item), action=ACTION, key=args.key)
+        threads = [threading.Thread(target=send_all, args=(k,)) for k in range(len(keys))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failed:
+            raise failed[0]
         if args.progress and not _progress_done(args.progress, args.count):
             _write_progress(args.progress, args.count)
         if args.close:
-            engine.close(args.target, args.key)
+            for key in keys:
+                engine.close(args.target, key)
         drained = engine.wait_until(lambda s: s.rms_sequences == 0 if args.close else s.unacked == 0,
                                     args.drain_timeout)
         status = engine.status()
@@ -365,6 +394,9 @@ def parser() -> argparse.ArgumentParser:
     client.add_argument("--start", type=int, default=0)
     client.add_argument("--prefix", default="m")
     client.add_argument("--key", default="")
+    client.add_argument("--keys", type=int, default=1,
+                        help="send on this many sequences at once, a thread each (keys <key>0 ...): "
+                             "item i goes on key i mod N, each key's items in order")
     client.add_argument("--close", action="store_true")
     client.add_argument("--drain-timeout", type=float, default=60.0)
     client.add_argument("--resume", action="store_true",

@@ -200,6 +200,40 @@ def test_random_sigkills_of_either_peer_lose_and_repeat_nothing(kind, tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_random_sigkills_with_16_sequences_at_once_lose_and_repeat_nothing(kind, tmp_path, request):
+    """The client sends on 16 sequences at once (a thread each, one engine): the sender's rounds
+    carry all of them and the service delivers them side by side, each in its own order, through
+    random kills of either peer (about 1 minute each)."""
+    count, kills, keys = 480, 16, 16
+    seed = random.SystemRandom().randrange(2**32)
+    server_store = store_url(kind, "killsrv16", tmp_path, request)
+    client_store = store_url(kind, "killcli16", tmp_path, request)
+    run = start_run(["--store", server_store, "--record-in-store", "--base-interval", "0.1"],
+                    ["--store", client_store, "--count", count, "--keys", keys, "--progress",
+                     tmp_path / "progress", "--base-interval", "0.1"], seed)
+    try:
+        run.run(kills)
+        items = finish(run, lambda: store_items(server_store), count)
+    finally:
+        run.stop()
+    context = f"seed {seed}, {run.describe()}"
+    assert sum(run.kills.values()) >= kills
+    assert_exactly_once_in_order_per_key(items, count, keys, context)
+
+
+def assert_exactly_once_in_order_per_key(items: list[str], count: int, keys: int, context: str) -> None:
+    """Every item once; the items of each key (every ``keys``-th) in their order, whatever the
+    interleaving of the keys."""
+    assert sorted(items, key=lambda i: int(i[1:])) == [f"m{i}" for i in range(count)] and len(items) == count, \
+        f"duplicates {sorted({i for i in items if items.count(i) > 1})[:10]}, " \
+        f"missing {sorted(set(f'm{i}' for i in range(count)) - set(items))[:10]}; {context}"
+    for k in range(keys):
+        mine = [i for i in items if int(i[1:]) % keys == k]
+        assert mine == [f"m{i}" for i in range(k, count, keys)], f"key {k} out of order; {context}"
+
+
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.parametrize("server_kind,client_kind", [("sqlite", "postgresql"), ("postgresql", "sqlite")])
 def test_xa_both_or_neither_across_random_sigkills(server_kind, client_kind, tmp_path, request, pg_dsn_factory):
