@@ -203,11 +203,14 @@ class ReliableEngine:
             self.destination.deliver_on_receive(self.invoker)
         if not policy.replies_in_order:
             self.destination.replies_to(self.invoker)
+        # The invoker threads grow with the work: the first polls; a message recorded for delivery
+        # wakes a thread that is not busy (see _wake_invoker); one that found nothing sleeps until
+        # woken again.
         self._workers = [
             Worker(f"{name}-rms", self.retransmission.step, policy.poll_interval),
             Worker(f"{name}-rmd", self.acknowledgement.step, policy.poll_interval),
-            *(Worker(f"{name}-invoker-{i}", self.invoker.step, policy.poll_interval)
-              for i in range(policy.invoker_threads)),
+            *(Worker(f"{name}-invoker-{i}", self.invoker.step, policy.poll_interval if i == 0 else None)
+              for i in range(policy.invoker_thread_count(self.store.concurrent_sequences))),
         ]
         self.endpoint = RMEndpoint(self, policy.max_message_size)
 
@@ -228,8 +231,16 @@ class ReliableEngine:
         self._workers[1].wake()
 
     def _wake_invoker(self) -> None:
-        for worker in self._workers[2:]:
-            worker.wake()
+        """A message waits for delivery: wake one invoker thread that is neither busy nor woken
+        already, so that messages of several sequences arriving together get a thread each.
+        When none is, the first looks again once its step ends (a busy thread's step that
+        delivered is followed by another at once anyway)."""
+        invokers = self._workers[2:]
+        for worker in invokers:
+            if worker.idle:
+                worker.wake()
+                return
+        invokers[0].wake()
 
     # -- the application's API ------------------------------------------------------------------
 

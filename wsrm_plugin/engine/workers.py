@@ -23,7 +23,7 @@ class Worker:
     """Runs ``step`` in a daemon thread; ``step`` returns True when it did something
     (then it runs again at once) and False when idle (then the worker waits)."""
 
-    def __init__(self, name: str, step: Callable[[], bool], interval: float) -> None:
+    def __init__(self, name: str, step: Callable[[], bool], interval: float | None) -> None:
         self.name = name
         self._step = step
         self.interval = interval
@@ -45,6 +45,11 @@ class Worker:
         self._stopping.clear()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
+
+    @property
+    def idle(self) -> bool:
+        """Waiting, and not woken yet: a wake now would start a step."""
+        return self.busy_since is None and not self._wakeup.is_set()
 
     def wake(self) -> None:
         self._wakeup.set()
@@ -71,8 +76,8 @@ class Worker:
                 busy = self._step()
             except Exception:  # noqa: BLE001 -- log, wait, try again: the state is in the store
                 self.errors += 1
-                log.exception("worker %s: step failed; retrying in %.2fs", self.name, self.interval)
+                log.exception("worker %s: step failed; retrying in %.2fs", self.name, self.interval or 0.0)
                 busy = False
             self.busy_since = None
             if not busy and not self._stopping.is_set():
-                self._wakeup.wait(self.interval)
+                self._wakeup.wait(self.interval)  # None: until woken (a pool's extra thread)

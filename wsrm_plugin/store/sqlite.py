@@ -217,6 +217,8 @@ def _gate_for(path: str) -> _FileGate:
 class SqliteStore(api.StorageManager):
     """A durable store in one SQLite file (``open_store("sqlite:///path/to/file.db")``)."""
 
+    concurrent_sequences = False  # one transaction at a time owns the file
+
     def __init__(self, path: str | os.PathLike[str], *, lock_timeout: float = 30.0,
                  pool_size: int = 4, create: bool = True) -> None:
         self.path = os.path.abspath(os.fspath(path))

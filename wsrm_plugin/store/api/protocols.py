@@ -626,6 +626,10 @@ class StorageManager(ABC):
     #: worth committing together (the destination's receive batches), and a delivery's own
     #: transaction is worth saving (``RMPolicy.deliver_on_receive``).  Not so in memory.
     commits_are_costly: ClassVar[bool] = True
+    #: Transactions of different sequences proceed at once (row or sequence locks): several
+    #: invoker threads deliver several sequences side by side.  Not so in SQLite, whose
+    #: transactions take turns on the whole file (``RMPolicy.invoker_threads``).
+    concurrent_sequences: ClassVar[bool] = True
 
     @abstractmethod
     def begin(self, *, xa: Any = None, durable: bool = True) -> StoreTransaction:
