@@ -77,6 +77,10 @@ _CONTROL_BATCH = 50
 _KEEP_ALIVE_FRACTION = 0.4
 #: The peer's inactivity timeout assumed when this engine's own policy has none (RMPolicy's default).
 _DEFAULT_PEER_INACTIVITY = 600.0
+#: Seconds the acknowledgement of a reply that came in an HTTP response waits for the next request of
+#: its sequence to carry it (a caller waiting for each answer sends one within a millisecond or so)
+#: before it goes in a message of its own, at the sender's next round after that.
+_REPLY_ACK_WAIT = 0.05
 #: Times one in-order lane goes back to a gap before it leaves the rest to the next rounds.
 _MAX_GO_BACKS = 16
 
@@ -201,6 +205,10 @@ class RetransmissionWorker:
         self._peers: dict[str, RttEstimator] = {}
         self._flows: dict[str, SequenceFlow] = {}
         self._pacing_lock = threading.Lock()
+        #: Acknowledgements of back-channel replies owed to the peers: sequence key -> (when it
+        #: goes on its own unless a request carried it first, the sequence)
+        self._reply_acks: dict[str, tuple[float, RmsSequence]] = {}
+        self._reply_acks_lock = threading.Lock()
         #: Why a message is sent again, noted at the attempt or round that decided it (observed only).
         self._again: dict[tuple[str, int], str] = {}
         self.fast_retransmits = 0
@@ -224,9 +232,10 @@ class RetransmissionWorker:
         probed = self._probe(now)
         controlled = self._control(now)
         sent = self._transmit(now)
+        replies_acked = self._acknowledge_replies()
         kept = self._keep_alive(time.time())
         self._report_unreachable()
-        return released or probed or controlled or sent or kept
+        return released or probed or controlled or sent or kept or replies_acked
 
     # -- unreachable peers (see .reachability) ----------------------------------------------------
 
@@ -1041,7 +1050,17 @@ class RetransmissionWorker:
             piggybacked = self.destination.ack_for(rmd)
             if piggybacked is not None:
                 headers.append(piggybacked.to_xml(rm_version_of(rmd), soap))
-        data = stamp(msg.payload, headers)
+        reply_ack = self._owed_reply_ack(seq)
+        if reply_ack is not None:
+            headers.append(reply_ack.to_xml(rm, soap))
+        exchange = self._transmit_observed(item, stamp(msg.payload, headers), soap)
+        if reply_ack is not None and not exchange.answered:
+            self._reply_ack_not_carried(seq)  # the next message carries it, or it goes on its own
+        return exchange
+
+    def _transmit_observed(self, item: _Planned, data: bytes, soap: SoapVersion) -> Exchange:
+        """:meth:`_transmit_one`, told to the observer when one is installed."""
+        msg, seq = item.message, item.sequence
         observer = observe.active
         if observer is None:
             return self._transmit_one(item, data, soap, None)
@@ -1182,12 +1201,45 @@ class RetransmissionWorker:
         """A reply came in the HTTP response (we offered with an anonymous endpoint).
 
         It is handled like one received on a listener (from the peer we addressed).
-        Its acknowledgement has no back-channel here, so it is POSTed to the peer
-        at once, with an AckRequested for ``seq``: the request stays unacknowledged
-        here until its reply arrived (:meth:`Source.on_ack`), and the answer
-        acknowledges it again now that it has.
+        Its acknowledgement has no back-channel here: the next request of ``seq``
+        carries it when one goes out within :data:`_REPLY_ACK_WAIT` seconds (a
+        caller that waits for each answer sends the next at once), else it is
+        POSTed on its own with an AckRequested for ``seq``.  Either way the peer
+        then acknowledges the request, which stays unacknowledged here until its
+        reply arrived (:meth:`Source.on_ack`).  One exchange per call instead of
+        two: a sequential request-reply caller's next request no longer waits
+        behind the acknowledgement's own round trip either.
         """
         self.inbound.handle(data, via_response=True)
+        if seq.offered_id:
+            with self._reply_acks_lock:
+                self._reply_acks.setdefault(seq.key, (time.monotonic() + _REPLY_ACK_WAIT, seq))
+
+    def _owed_reply_ack(self, seq: RmsSequence) -> SequenceAcknowledgement | None:
+        """The acknowledgement of replies to ``seq``'s requests owed to its peer, if any (taken: a
+        message carrying it gives it back with :meth:`_reply_ack_not_carried` if it failed)."""
+        with self._reply_acks_lock:
+            owed = self._reply_acks.pop(seq.key, None)
+        if owed is None or not seq.offered_id:
+            return None
+        return self.destination.current_ack(seq.offered_id)
+
+    def _reply_ack_not_carried(self, seq: RmsSequence) -> None:
+        with self._reply_acks_lock:
+            self._reply_acks.setdefault(seq.key, (time.monotonic(), seq))
+
+    def _acknowledge_replies(self) -> bool:
+        """POST the acknowledgements of replies no request carried within their wait."""
+        now = time.monotonic()
+        with self._reply_acks_lock:
+            due = [seq for key, (at, seq) in self._reply_acks.items() if at <= now]
+            for seq in due:
+                del self._reply_acks[seq.key]
+        for seq in due:
+            self._post_reply_ack(seq)
+        return bool(due)
+
+    def _post_reply_ack(self, seq: RmsSequence) -> None:
         ack = self.destination.current_ack(seq.offered_id) if seq.offered_id else None
         if ack is None:
             return
