@@ -6,5 +6,6 @@ cd "$ROOT"
 WSRM_EXTRAS="${WSRM_EXTRAS:-test,spark}" scripts/bootstrap.sh
 # Three worker processes (pytest-xdist), a test file to each: most tests wait on networks,
 # processes and timers, so three share the 2 cores well.  WSRM_TEST_WORKERS=0 runs them in one
-# process; an -n in the arguments wins over this one.
-exec .venv/bin/python -m pytest -n "${WSRM_TEST_WORKERS:-3}" --dist loadfile "$@"
+# process; an -n in the arguments wins over this one.  The files go out longest first (see
+# pytest_collection_modifyitems in tests/conftest.py), which xdist keeps with --no-loadscope-reorder.
+exec .venv/bin/python -m pytest -n "${WSRM_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"

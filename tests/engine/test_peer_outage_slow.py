@@ -26,7 +26,7 @@ from wsrm_plugin.tools.proxy import LossyProxy
 from .peer import PeerProcess
 from .support import ACTION, payload, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow(minutes=11), pytest.mark.timeout(1500)]
 
 OUTAGE = 600.0
 KEYS = 4

@@ -14,7 +14,7 @@ import pytest
 from . import outage
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=5.5)
 def test_a_5_minute_database_outage_pauses_delivery_and_loses_duplicates_and_poisons_nothing(
         servers, clients, app_pg, pg_dsn_factory, tmp_path):
     outage.run(servers, clients, app_pg, pg_dsn_factory, tmp_path, kind="postgres", seconds=300, cli=True)

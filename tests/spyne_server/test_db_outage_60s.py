@@ -12,7 +12,7 @@ import pytest
 from . import outage
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=1.5)
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_a_60s_database_outage_pauses_delivery_and_loses_duplicates_and_poisons_nothing(
         servers, clients, app_pg, pg_dsn_factory, tmp_path, kind):
