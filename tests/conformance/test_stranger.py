@@ -6,16 +6,25 @@ service never received, and a forged SequenceTerminated faulted its sequence.  A
 sequence hears about its messages only where its acknowledgements are due: in
 the HTTP responses to what it sends (its AcksTo is anonymous), or piggybacked on
 a message of the sequence it offered (whose identifier only its peer was told).
+
+The sequence the client offered takes its messages only where its peer was told
+to send them: a client whose Offer Endpoint and ReplyTo are anonymous gets them in
+the HTTP responses to its requests, so the same messages posted to a listener of
+its (replies, AckRequested, Close, Terminate) are a stranger's.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.engine.support import ACTION, Recorder, item_text, payload, post, protocol_request, wait_for
-from wsrm_plugin.engine import ReliableEngine, RMPolicy
+from tests.engine.support import (
+    ACTION, NS, Recorder, application_message, item_text, payload, post, protocol_request, wait_for,
+)
+from wsrm_plugin.engine import DeliveryContext, ReliableEngine, RMPolicy
+from wsrm_plugin.engine.http_server import HttpServer
 from wsrm_plugin.wire import (
-    RM11, SOAP12, SequenceAcknowledgement, SequenceTerminated, UnknownSequence, fault_envelope, to_bytes,
+    RM11, SOAP12, AckRequested, CloseSequence, SequenceAcknowledgement, SequenceTerminated, TerminateSequence,
+    UnknownSequence, fault_envelope, to_bytes,
 )
 
 FAST = dict(base_retransmission_interval=0.2, exponential_backoff=False, poll_interval=0.05, http_timeout=5.0)
@@ -75,16 +84,7 @@ def test_the_peers_replies_still_reach_the_listener(tmp_path):
     requests acknowledged.  (Acknowledgements riding on such replies, as gSOAP's server sends
     them and WCF's R1601 allows, are heard: tests/interop/test_gsoap_interop.py's Echo with an
     Offer depends on it.)"""
-    from tests.engine.support import NS
-    from wsrm_plugin.engine import DeliveryContext
-
-    def answer(envelope: bytes, context: DeliveryContext) -> None:
-        context.reply(payload(f"re:{item_text(envelope)}"), action=f"{NS}:answer")
-
-    server = ReliableEngine("memory:", RMPolicy(**FAST, decoupled_acks=False), application=answer,
-                            name="server")
-    server.serve()
-    server.start()
+    server = _answering_server("memory:", 0)
     replies = Recorder()
     client = ReliableEngine("memory:", RMPolicy(**FAST), application=replies, name="client")
     client.serve()
@@ -94,6 +94,105 @@ def test_the_peers_replies_still_reach_the_listener(tmp_path):
             client.send(server.endpoint_address, payload(f"q{i}"), action=ACTION, expect_reply=True)
         assert wait_for(lambda: sorted(replies.snapshot()) == ["re:q0", "re:q1", "re:q2"], timeout=30)
         assert wait_for(lambda: client.status().unacked == 0, timeout=30)
+    finally:
+        client.stop(timeout=5)
+        server.stop(timeout=5)
+
+
+def _answer(envelope: bytes, context: DeliveryContext) -> None:
+    context.reply(payload(f"re:{item_text(envelope)}"), action=f"{NS}:answer")
+
+
+def _answering_server(store: str, port: int) -> ReliableEngine:
+    server = ReliableEngine(store, RMPolicy(**FAST, decoupled_acks=False), application=_answer, name="server")
+    server.serve("127.0.0.1", port)
+    return server.start()
+
+
+def _offered_state(client: ReliableEngine) -> tuple[str, str, tuple]:
+    """(the request sequence's identifier, the offered one's, what the client stored of the latter)."""
+    with client.store.begin() as tx:
+        [requests] = tx.rms.list_all()
+        offered = tx.rmd.get(requests.offered_id)
+    assert requests.sequence_id is not None and offered is not None
+    return requests.sequence_id, offered.sequence_id, (str(offered.received), offered.closed, offered.terminated)
+
+
+def test_a_stranger_cannot_post_on_the_sequence_a_back_channel_client_offered(tmp_path):
+    """The client names no address (its Offer Endpoint and ReplyTo are anonymous: the replies come
+    in the HTTP responses), yet its engine's endpoint is reachable (mounted in a web server of its
+    own).  A stranger who learnt the offered identifier posts there: a reply with the number the
+    real one will have (with an acknowledgement of every request riding on it), AckRequested,
+    CloseSequence and TerminateSequence.  Each is UnknownSequence, nothing stored changes, and the
+    real reply still reaches the application."""
+    server_db = tmp_path / "server.db"
+    server = _answering_server(f"sqlite:///{server_db}", 0)
+    port = int(server.endpoint_address.rsplit(":", 1)[1].strip("/"))
+    replies = Recorder()
+    client = ReliableEngine("memory:", RMPolicy(**FAST), application=replies, name="client")
+    listener = HttpServer(client.endpoint, "127.0.0.1", 0).start()
+    client.start()
+    try:
+        assert client.endpoint_address is None  # it asks for its replies on the back-channel
+        for i in range(2):
+            client.send(server.endpoint_address, payload(f"q{i}"), action=ACTION, expect_reply=True)
+        assert wait_for(lambda: sorted(replies.snapshot()) == ["re:q0", "re:q1"], timeout=30), replies.snapshot()
+        assert wait_for(lambda: client.status().unacked == 0, timeout=30)
+        server.stop(timeout=5)  # from now on nothing reaches the service
+        client.send(server.endpoint_address, payload("q2"), action=ACTION, expect_reply=True)
+        request_id, offered_id, before = _offered_state(client)
+        assert wait_for(lambda: client.status().unacked == 1)
+
+        def refused(body: bytes) -> None:  # a SOAP 1.2 Sender fault: HTTP 400
+            answer = post(listener.url, body)
+            fault = answer.fault() if answer.body else None
+            assert answer.status == 400 and isinstance(fault, UnknownSequence), (answer.status, answer.body)
+            assert fault.identifier == offered_id
+
+        everything = SequenceAcknowledgement(request_id, [(1, 10)]).to_xml(RM11, SOAP12)
+        refused(application_message(RM11, listener.url, offered_id, 3, "forged", extra_headers=[everything]))
+        refused(protocol_request(RM11, listener.url, RM11.action("AckRequested"), None,
+                                 [AckRequested(offered_id).to_xml(RM11, SOAP12)]))
+        refused(protocol_request(RM11, listener.url, RM11.action("CloseSequence"),
+                                 CloseSequence(offered_id).to_xml(RM11)))
+        refused(protocol_request(RM11, listener.url, RM11.action("TerminateSequence"),
+                                 TerminateSequence(offered_id).to_xml(RM11)))
+        assert _offered_state(client)[2] == before  # nothing received, closed or terminated
+        assert client.status().unacked == 1 and client.store.status().faulted == 0
+        assert sorted(replies.snapshot()) == ["re:q0", "re:q1"]
+
+        restarted = _answering_server(f"sqlite:///{server_db}", port)  # the service comes back
+        try:
+            # reply 3 is the real one: the stranger's number 3 took no slot
+            assert wait_for(lambda: sorted(replies.snapshot()) == ["re:q0", "re:q1", "re:q2"], timeout=60), \
+                replies.snapshot()
+            assert wait_for(lambda: client.status().unacked == 0, timeout=30)
+        finally:
+            restarted.stop(timeout=5)
+    finally:
+        client.stop(timeout=5)
+        listener.stop(timeout=5)
+        server.stop(timeout=5)
+
+
+def test_an_addressed_client_hears_its_peer_on_the_offered_sequence(tmp_path):
+    """The legitimate case: the client names its listener (Offer Endpoint and ReplyTo), so its peer
+    posts the offered sequence's messages there -- replies, and AckRequested, which is answered
+    with the acknowledgement, not refused."""
+    server = _answering_server("memory:", 0)
+    replies = Recorder()
+    client = ReliableEngine("memory:", RMPolicy(**FAST), application=replies, name="client")
+    client.serve()
+    client.start()
+    try:
+        for i in range(2):
+            client.send(server.endpoint_address, payload(f"q{i}"), action=ACTION, expect_reply=True)
+        assert wait_for(lambda: sorted(replies.snapshot()) == ["re:q0", "re:q1"], timeout=30), replies.snapshot()
+        _, offered_id, _ = _offered_state(client)
+        answer = post(client.endpoint_address, protocol_request(
+            RM11, client.endpoint_address, RM11.action("AckRequested"), None,
+            [AckRequested(offered_id).to_xml(RM11, SOAP12)]))
+        assert answer.status < 300, (answer.status, answer.body)
     finally:
         client.stop(timeout=5)
         server.stop(timeout=5)

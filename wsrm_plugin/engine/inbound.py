@@ -16,7 +16,7 @@ the responses the workers get back (:meth:`Inbound.read_response`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +110,17 @@ def read_message(data: bytes, max_size: int, parsed: etree._Element | None = Non
     return message
 
 
+def _destination_sequences_named(message: Message) -> Iterator[tuple[str, RMVersion]]:
+    """Every sequence ``message`` speaks to as its destination: its Sequence header, its
+    AckRequested headers, a CloseSequence or TerminateSequence body."""
+    if message.sequence is not None:
+        yield message.sequence[0].identifier, message.sequence[1]
+    for request, version in message.ack_requests:
+        yield request.identifier, version
+    if message.body is not None and isinstance(message.body[0], (CloseSequence, TerminateSequence)):
+        yield message.body[0].identifier, message.body[1]
+
+
 @dataclass(frozen=True)
 class ResponseContent:
     """What a response to one of our requests said, after its acknowledgements were applied."""
@@ -191,7 +202,7 @@ class Inbound:
         #: None: unknown (every body is taken).
         self.knows = knows
         self.faults_sent = 0
-        self.steps: tuple[_Step, ...] = (self._apply_acks, self._apply_fault, self._apply_body,
+        self.steps: tuple[_Step, ...] = (self._refuse_strangers_on_offered, self._apply_acks, self._apply_fault, self._apply_body,
                                          self._apply_sequence, self._apply_ack_requests, self._require_rm)
         self.body_handlers: dict[type, _BodyHandler] = {
             CreateSequence: self._on_create_sequence,
@@ -302,6 +313,32 @@ class Inbound:
             if reply is not None:
                 return reply
         return self._answer(message, answer)
+
+    def _refuse_strangers_on_offered(self, message: Message, received: _Received, answer: _Answer) -> Reply | None:
+        """Refuse, before anything is applied, what names a sequence this engine offered when
+        its peer never posts that sequence's messages to us.
+
+        With an anonymous (or WS-MakeConnection) Offer Endpoint and ReplyTo, the
+        offered sequence's replies, AckRequested, Close and Terminate come only in
+        the HTTP responses to our own requests (WS-RM 1.1 section 3.4: the Offer's
+        Endpoint is where they are sent), as on WCF's request-reply session channel,
+        which has no listener at all.  The same envelope posted to a listener of
+        ours is a stranger's, who learnt the offered identifier: taken, it would
+        hand the application a reply nobody sent, end the sequence the real replies
+        arrive on, or -- with an acknowledgement riding on it -- drop requests the
+        peer never got.  UnknownSequence, as for a sequence that does not exist
+        (WS-RM 1.1 section 4.3; Sandesha2 answers so, after its token check): the
+        stranger learns nothing, and nothing is stored.
+        """
+        if received.via_response or self.source.offered_sequences_post_here():
+            return None
+        for identifier, version in _destination_sequences_named(message):
+            if self.destination.is_offered_by_us(identifier):
+                log.warning("refused a message on sequence %s from %s at our listener: it is a sequence we "
+                            "offered, whose messages come in the responses to our requests", identifier,
+                            received.principal or received.remote_addr or "an unknown peer")
+                raise UnknownSequence(identifier, version=version)
+        return None
 
     def _apply_acks(self, message: Message, received: _Received, answer: _Answer) -> Reply | None:
         # A bad acknowledgement riding on a message must not get the message refused: the

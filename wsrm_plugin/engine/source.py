@@ -39,7 +39,7 @@ from ..wire import (
     RM10, CreateSequenceResponse, EndpointReference, InvalidAcknowledgement, RMVersion, SequenceAcknowledgement,
     UnknownSequence, WSRMFault, build_envelope, to_bytes,
 )
-from ..wire.namespaces import RM_VERSIONS, AddressingVersion
+from ..wire.namespaces import RM_VERSIONS, AddressingVersion, mc_anonymous_id
 from . import observe
 from .envelopes import OutgoingMessage, prepare_outgoing
 from .logs import for_sequence
@@ -295,6 +295,18 @@ class Source:
     def endpoint_address(self) -> str | None:
         """This engine's own address (replies to offered sequences come there), if it serves one."""
         return self._endpoint()
+
+    def offered_sequences_post_here(self) -> bool:
+        """Do peers POST the messages of the sequences this engine offered to its listener?
+
+        Only when the engine names an address they can reach: its requests' ReplyTo
+        and its Offer's Endpoint are made from it (:meth:`send`,
+        ``RetransmissionWorker._send_create``).  Without one (anonymous, or a
+        WS-MakeConnection anonymous URI) those messages come only in the HTTP
+        responses to what it sends, so one posted to a listener of its is a stranger's.
+        """
+        endpoint = self._endpoint()
+        return not is_back_channel(endpoint) and mc_anonymous_id(endpoint) is None
 
     def _replies_on_back_channel(self) -> bool:
         """Do replies to this engine's requests come in the HTTP responses (it serves no endpoint)?
