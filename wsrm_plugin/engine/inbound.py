@@ -202,8 +202,9 @@ class Inbound:
         #: None: unknown (every body is taken).
         self.knows = knows
         self.faults_sent = 0
-        self.steps: tuple[_Step, ...] = (self._refuse_strangers_on_offered, self._apply_acks, self._apply_fault, self._apply_body,
-                                         self._apply_sequence, self._apply_ack_requests, self._require_rm)
+        self.steps: tuple[_Step, ...] = (self._refuse_strangers_on_offered, self._apply_acks, self._apply_fault,
+                                         self._apply_body, self._apply_sequence, self._apply_ack_requests,
+                                         self._require_rm)
         self.body_handlers: dict[type, _BodyHandler] = {
             CreateSequence: self._on_create_sequence,
             CloseSequence: self._on_close_sequence,
