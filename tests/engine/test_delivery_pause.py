@@ -74,6 +74,29 @@ def test_a_success_between_two_failures_is_no_pause_and_charges_the_suspect(made
     assert pause.delivered() == () and pause.failed() == ()  # running: nothing to do, no lock taken
 
 
+@pytest.mark.parametrize("threshold", [1, 2, 4])
+def test_the_pause_threshold_counts_outage_failures_since_the_last_success(threshold):
+    pause = DeliveryPause(RMPolicy(pause_after_outage_failures=threshold), "orders")
+    for _ in range(2):  # the second time round: a success in between started the count again
+        for _ in range(threshold - 1):
+            assert pause.outage(ConnectionRefusedError()) == (A.SUSPECT_MESSAGE,)
+            assert pause.failed() == ()  # a message's own failure neither counts nor resets
+        if threshold > 1:
+            assert pause.delivered() == (A.CHARGE_SUSPECTS,) and not pause.paused
+    for _ in range(threshold - 1):
+        pause.outage(ConnectionRefusedError())
+    assert pause.outage(ConnectionRefusedError()) == (A.PAUSE,) and pause.paused
+    assert pause.take_probe() is False  # its back-off first
+    pause.delivered()
+    # after a pause the count starts again from nothing
+    assert pause.outage(ConnectionRefusedError()) == ((A.PAUSE,) if threshold == 1 else (A.SUSPECT_MESSAGE,))
+
+
+def test_the_pause_threshold_is_a_count_of_one_or_more():
+    with pytest.raises(ValueError, match="pause_after_outage_failures must be an int >= 1"):
+        RMPolicy(pause_after_outage_failures=0)
+
+
 def test_a_probe_that_finds_nothing_due_tries_again_soon_and_one_with_nothing_waiting_resumes(made):
     pause, clock, _, woken = made
     pause.outage(OSError())

@@ -165,6 +165,31 @@ def test_a_message_that_fails_like_an_outage_while_others_are_delivered_is_still
     assert _per_key(app.snapshot(), "a") == ["a-00", "a-02"]
 
 
+@pytest.mark.parametrize("threshold", [1, 3])
+def test_the_pause_comes_after_the_configured_number_of_outage_failures_in_a_row(
+        engines, store_for, caplog, threshold):
+    # one message, its dependency down: each failure before the threshold is only a suspicion (not
+    # counted, tried again after its retry delay), the threshold's one pauses; two attempts and no
+    # cycle would have poisoned it at its second counted failure
+    caplog.set_level(logging.INFO, logger=INVOKER)
+    app = Dependency()
+    policy = fast_policy(max_delivery_attempts=2, delivery_retry_delay=0.2, max_retry_cycles=0,
+                         outage_probe_delay=30.0, max_outage_probe_delay=30.0, invoker_threads=1,
+                         pause_after_outage_failures=threshold)
+    server = engines(store_for("memory", "s"), policy, serve=True, application=app, name="orders")
+    client = engines(store_for("memory", "c"), name="client")
+    app.down.set()
+    _send(client, server, ["a"], 1)
+    assert wait_for(lambda: server.status().paused, timeout=30), (app.calls, server.status())
+    # no probe before 22.5 s (30 s less a quarter of jitter): the calls so far are those that paused it
+    assert app.calls == {"a-00": threshold}
+    status = server.status()
+    assert status.poisoned == 0 and status.retrying == 0 and status.delivery_failures == 0
+    [warning] = _log(caplog, logging.WARNING, "PAUSED")
+    assert f"{threshold} deliveries in a row failed as an outage fails" in warning
+    assert len(_log(caplog, logging.INFO, "not counted unless another message is delivered")) == threshold - 1
+
+
 def test_without_pause_on_outage_every_failure_counts_as_before(engines, store_for):
     app = Dependency()
     failures = []

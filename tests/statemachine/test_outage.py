@@ -12,14 +12,16 @@ NOT_PAUSED, U = Reason.NOT_PAUSED, Reason.UNEXPECTED
 
 TABLE = {
     "RUNNING": {"DELIVERED": NOOP, "FAILED": NOOP, "OUTAGE": ("SUSPECT", ["SUSPECT_MESSAGE"]),
+                "OUTAGES_IN_A_ROW": ("PAUSED", ["PAUSE"]),
                 "PROBE_DUE": NOT_PAUSED, "PROBE_EMPTY": NOT_PAUSED, "NOTHING_WAITING": NOT_PAUSED},
-    "SUSPECT": {"DELIVERED": ("RUNNING", ["CHARGE_SUSPECTS"]), "FAILED": NOOP, "OUTAGE": ("PAUSED", ["PAUSE"]),
+    "SUSPECT": {"DELIVERED": ("RUNNING", ["CHARGE_SUSPECTS"]), "FAILED": NOOP,
+                "OUTAGE": ("SUSPECT", ["SUSPECT_MESSAGE"]), "OUTAGES_IN_A_ROW": ("PAUSED", ["PAUSE"]),
                 "PROBE_DUE": NOT_PAUSED, "PROBE_EMPTY": NOT_PAUSED, "NOTHING_WAITING": NOT_PAUSED},
-    "PAUSED": {"DELIVERED": ("RUNNING", ["RESUME"]), "FAILED": NOOP, "OUTAGE": NOOP,
+    "PAUSED": {"DELIVERED": ("RUNNING", ["RESUME"]), "FAILED": NOOP, "OUTAGE": NOOP, "OUTAGES_IN_A_ROW": NOOP,
                "PROBE_DUE": ("PROBING", ["PROBE"]), "PROBE_EMPTY": U, "NOTHING_WAITING": U},
     "PROBING": {"DELIVERED": ("RUNNING", ["RESUME"]), "FAILED": ("RUNNING", ["RESUME"]),
-                "OUTAGE": ("PAUSED", ["BACK_OFF"]), "PROBE_DUE": NOOP, "PROBE_EMPTY": ("PAUSED", []),
-                "NOTHING_WAITING": ("RUNNING", ["RESUME"])},
+                "OUTAGE": ("PAUSED", ["BACK_OFF"]), "OUTAGES_IN_A_ROW": ("PAUSED", ["BACK_OFF"]),
+                "PROBE_DUE": NOOP, "PROBE_EMPTY": ("PAUSED", []), "NOTHING_WAITING": ("RUNNING", ["RESUME"])},
 }
 
 
@@ -39,14 +41,15 @@ def test_every_mode_is_reachable():
     assert reachable({ServiceMode.initial()}, service_transition, ServiceEvent) == set(ServiceMode)
 
 
-def test_one_outage_failure_is_only_a_suspicion_two_in_a_row_pause_and_one_success_resumes():
+def test_outage_failures_below_the_threshold_are_suspicions_the_threshold_pauses_and_one_success_resumes():
     mode = ServiceMode.initial()
-    for event in (ServiceEvent.OUTAGE, ServiceEvent.OUTAGE):
+    for event in (ServiceEvent.OUTAGE, ServiceEvent.OUTAGE, ServiceEvent.OUTAGES_IN_A_ROW):
         mode = service_transition(mode, event).state
     assert mode is ServiceMode.PAUSED and mode.paused
     # however many probes fail, the first delivery resumes
     for _ in range(5):
-        mode = service_transition(service_transition(mode, ServiceEvent.PROBE_DUE).state, ServiceEvent.OUTAGE).state
+        probing = service_transition(mode, ServiceEvent.PROBE_DUE).state
+        mode = service_transition(probing, ServiceEvent.OUTAGES_IN_A_ROW).state
         assert mode is ServiceMode.PAUSED
     mode = service_transition(service_transition(mode, ServiceEvent.PROBE_DUE).state, ServiceEvent.DELIVERED).state
     assert mode is ServiceMode.RUNNING and not mode.paused

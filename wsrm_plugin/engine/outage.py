@@ -167,6 +167,8 @@ class DeliveryPause:
         self.probes = 0
         self._next_probe = 0.0
         self._delay = policy.outage_probe_delay
+        #: Deliveries failed the way an outage fails since one last succeeded (reset by a pause).
+        self._in_a_row = 0
         #: Pauses since start (for tests and operators).
         self.pauses = 0
 
@@ -223,8 +225,14 @@ class DeliveryPause:
 
     def _event(self, event: ServiceEvent, error: BaseException | None = None) -> tuple[ServiceAction, ...]:
         with self._lock:
+            if event is ServiceEvent.OUTAGE:
+                self._in_a_row += 1
+                if self._in_a_row >= self.policy.pause_after_outage_failures or self.mode.paused:
+                    event = ServiceEvent.OUTAGES_IN_A_ROW
             result = service_transition(self.mode, event)
             self.mode = result.state
+            if self.mode is ServiceMode.RUNNING or ServiceAction.PAUSE in result.actions:
+                self._in_a_row = 0
             actions = tuple(a for a in result.actions if isinstance(a, ServiceAction))
             if error is not None and self.mode.paused:
                 self.error = f"{type(error).__name__}: {error}"
@@ -242,10 +250,10 @@ class DeliveryPause:
             if ServiceAction.RESUME in actions:
                 self.since, self.error = None, None
         if ServiceAction.PAUSE in actions:
-            self._log.warning("delivery to %s PAUSED: deliveries of different messages fail as an outage does "
-                        "(%s); no attempt is counted against any message; one message is tried every "
-                        "%g-%g s until one succeeds", self.service, self.error,
-                        self.policy.outage_probe_delay, self.policy.max_outage_probe_delay)
+            self._log.warning("delivery to %s PAUSED: %d deliveries in a row failed as an outage fails "
+                              "(%s); no attempt is counted against any message; one message is tried every "
+                              "%g-%g s until one succeeds", self.service, self.policy.pause_after_outage_failures,
+                              self.error, self.policy.outage_probe_delay, self.policy.max_outage_probe_delay)
         elif ServiceAction.RESUME in actions:
             self._log.info("delivery to %s RESUMED after %.1f s paused (%d probe(s) failed)", self.service,
                      time.time() - (since or time.time()), max(0, probes - 1))

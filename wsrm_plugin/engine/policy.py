@@ -286,9 +286,25 @@ class RMPolicy:
     #: message, as in WCF's queued delivery.
     pause_on_outage: bool = knob(
         True, Flag(),
-        "two deliveries failing in a row the way an outage fails pause delivery instead of counting "
-        "against the messages (NServiceBus `OnConsecutiveFailures`, MassTransit kill switch); False: "
-        "every failure counts, as WCF's do", wcf="— (every failure counts)")
+        "deliveries failing in a row the way an outage fails (`pause_after_outage_failures`) pause delivery "
+        "instead of counting against the messages (NServiceBus `OnConsecutiveFailures`, MassTransit kill "
+        "switch); False: every failure counts, as WCF's do", wcf="— (every failure counts)")
+    #: Deliveries failing in a row the way an outage fails that pause delivery.  Fewer are only
+    #: suspected: a message delivered meanwhile makes their failures count, as any other.  1
+    #: pauses at the first such failure: quickest off the mark during an outage, but a message
+    #: whose own failure looks like an outage (a bug that raises ``ConnectionError``) then
+    #: pauses delivery each time it is tried and is never poisoned.  Higher waits longer before
+    #: sparing the messages: each suspect is tried again after its retry delay meanwhile.
+    #: NServiceBus: ``OnConsecutiveFailures(n, ...)``; MassTransit's kill switch:
+    #: ``ActivationThreshold`` (with ``TripThreshold``, a failure rate); resilience4j:
+    #: ``minimumNumberOfCalls`` (with ``failureRateThreshold``).
+    pause_after_outage_failures: int = knob(
+        2, _COUNT,
+        "deliveries failing in a row the way an outage fails that pause delivery (fewer are suspects: a "
+        "delivery meanwhile makes them count); 1: the first pauses, and a message whose own failure looks "
+        "like an outage is then never poisoned (NServiceBus `OnConsecutiveFailures(n)`, MassTransit "
+        "`ActivationThreshold`)",
+        wcf="— (every failure counts)")
     #: Seconds before the first probe of a paused delivery; each failed probe doubles it, up to
     #: ``max_outage_probe_delay``, less up to a quarter of jitter.  NServiceBus:
     #: ``RateLimitSettings.TimeToWaitBetweenThrottledAttempts``; Spring Kafka: the container's

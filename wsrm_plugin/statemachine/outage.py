@@ -15,17 +15,21 @@ container pause, resilience4j's circuit breaker (closed, open, half-open).
 
 ===========  ========================================================================
  RUNNING     delivering at full speed
- SUSPECT     a delivery failed as an outage fails; the next outcome decides: another
+ SUSPECT     a delivery failed as an outage fails; what follows decides: another
              delivery succeeds (the failed message is to blame: its failure counts)
-             or another fails the same way (an outage: it does not)
+             or enough fail the same way in a row (an outage: none is counted)
  PAUSED      the service cannot work: nothing is delivered until the back-off ends
  PROBING     one message is being delivered to see whether the service works again
 ===========  ========================================================================
 
 What counts as "failing the way an outage fails" is the engine's
-classification (``wsrm_plugin.engine.outage``, steered by the policy); this
-machine only hears the verdict.  It is kept in memory by each process (each
-sees its own connections fail) and written to the store for ``wsrm status``.
+classification (``wsrm_plugin.engine.outage``, steered by the policy), and so
+is how many such failures in a row make an outage
+(``RMPolicy.pause_after_outage_failures``, 2 by default; NServiceBus's
+``OnConsecutiveFailures``): this machine only hears the verdict, OUTAGE while
+fewer have failed in a row, OUTAGES_IN_A_ROW at the threshold.  It is kept
+in memory by each process (each sees its own connections fail) and written to
+the store for ``wsrm status``.
 """
 
 from __future__ import annotations
@@ -71,7 +75,10 @@ class ServiceMode(Enum):
 class ServiceEvent(Enum):
     DELIVERED = "a delivery committed"
     FAILED = "a delivery failed, not the way an outage fails (the message's own failure)"
-    OUTAGE = "a delivery failed the way an outage fails (connection refused, database unavailable...)"
+    OUTAGE = ("a delivery failed the way an outage fails (connection refused, database unavailable...), "
+              "fewer in a row than the pause's threshold")
+    OUTAGES_IN_A_ROW = ("a delivery failed the way an outage fails, the threshold's number in a row "
+                        "(RMPolicy.pause_after_outage_failures)")
     PROBE_DUE = "the pause's back-off ended: one message may be tried"
     PROBE_EMPTY = "the probe found no message due: those the pause put off are not due yet"
     NOTHING_WAITING = "the probe found no message due and none put off by the pause: nothing waits for the service"
@@ -96,20 +103,24 @@ RULES: dict[tuple[ServiceMode, ServiceEvent], tuple[ServiceMode, tuple[ServiceAc
     (_M.RUNNING, _E.DELIVERED): (_M.RUNNING, ()),
     (_M.RUNNING, _E.FAILED): (_M.RUNNING, ()),
     (_M.RUNNING, _E.OUTAGE): (_M.SUSPECT, (_A.SUSPECT_MESSAGE,)),
+    (_M.RUNNING, _E.OUTAGES_IN_A_ROW): (_M.PAUSED, (_A.PAUSE,)),  # a threshold of one
 
     (_M.SUSPECT, _E.DELIVERED): (_M.RUNNING, (_A.CHARGE_SUSPECTS,)),
     (_M.SUSPECT, _E.FAILED): (_M.SUSPECT, ()),  # says nothing about the service
-    (_M.SUSPECT, _E.OUTAGE): (_M.PAUSED, (_A.PAUSE,)),
+    (_M.SUSPECT, _E.OUTAGE): (_M.SUSPECT, (_A.SUSPECT_MESSAGE,)),  # below the threshold still
+    (_M.SUSPECT, _E.OUTAGES_IN_A_ROW): (_M.PAUSED, (_A.PAUSE,)),
 
     (_M.PAUSED, _E.DELIVERED): (_M.RUNNING, (_A.RESUME,)),  # one begun before the pause
     (_M.PAUSED, _E.FAILED): (_M.PAUSED, ()),
     (_M.PAUSED, _E.OUTAGE): (_M.PAUSED, ()),  # one begun before the pause: not counted either
+    (_M.PAUSED, _E.OUTAGES_IN_A_ROW): (_M.PAUSED, ()),
     (_M.PAUSED, _E.PROBE_DUE): (_M.PROBING, (_A.PROBE,)),
 
     (_M.PROBING, _E.DELIVERED): (_M.RUNNING, (_A.RESUME,)),
     # the application ran and failed on the message's own account: the service works again
     (_M.PROBING, _E.FAILED): (_M.RUNNING, (_A.RESUME,)),
     (_M.PROBING, _E.OUTAGE): (_M.PAUSED, (_A.BACK_OFF,)),
+    (_M.PROBING, _E.OUTAGES_IN_A_ROW): (_M.PAUSED, (_A.BACK_OFF,)),
     (_M.PROBING, _E.PROBE_DUE): (_M.PROBING, ()),  # one probe at a time
     (_M.PROBING, _E.PROBE_EMPTY): (_M.PAUSED, ()),
     # nothing to learn from, and nothing kept from anyone: the next delivery tells (the store
