@@ -79,12 +79,18 @@ def test_concurrent_first_opens_migrate_once(store_url) -> None:
 
 @pytest.mark.parametrize("store_url", SQL_KINDS, indirect=True)
 def test_a_version_1_store_is_upgraded_in_place_when_opened(store_url, monkeypatch) -> None:
-    """Version 2 only adds the sender's indexes: the messages a version 1 store holds stay, and are claimable."""
+    """Version 2 only adds the sender's indexes: the messages a version 1 store holds stay, and are
+    claimable; version 5 (SQLite) reads the payloads they hold inline."""
+    import dataclasses
+
+    from wsrm_plugin.store import sqlite as sqlite_store
     from wsrm_plugin.store.sql import schema
 
     with monkeypatch.context() as old_code:
         old_code.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:1])
         old_code.setattr(schema, "LATEST_VERSION", 1)
+        # the old code kept every payload in its rms_message row
+        old_code.setattr(sqlite_store, "SQLITE", dataclasses.replace(sqlite_store.SQLITE, payload_apart=False))
         old = open_store(store_url())
         with old.begin() as tx:
             new_rms(tx)
@@ -104,6 +110,10 @@ def test_a_version_1_store_is_upgraded_in_place_when_opened(store_url, monkeypat
             assert {"rms_message_unacked", "rms_message_acked"} <= {r[0] for r in rows}
             due = tx.rms_messages.due_messages(limit=10, per_sequence=2)
             assert [(m.sequence_key, m.number) for m in due] == [("k1", 1), ("k1", 2)]
+            assert [m.payload for m in due] == [b"<env>0</env>", b"<env>1</env>"]
+            enqueue(tx, n=1)  # a new message beside the old ones (SQLite: its payload apart)
+            assert [m.payload for m in tx.rms_messages.list_for("k1")] == [
+                b"<env>0</env>", b"<env>1</env>", b"<env>2</env>", b"<env>0</env>"]
     finally:
         upgraded.close()
 

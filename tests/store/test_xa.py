@@ -241,6 +241,7 @@ def test_prepare_then_rollback_restores_every_row(store: StorageManager) -> None
         assert tx.invoker.next_deliverable("in-1").number == 1
         msgs = tx.rms_messages.list_for("k1")
         assert [(m.number, m.send_count, m.acked) for m in msgs] == [(1, 0, False), (2, 0, False)]
+        assert [m.payload for m in msgs] == [b"<env>0</env>", b"<env>1</env>"]  # purged, then restored
         assert enqueue(tx, n=1)[0].number == 3
 
 

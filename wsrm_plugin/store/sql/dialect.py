@@ -31,6 +31,11 @@ class Dialect:
     lateral: bool = False
     #: data-modifying statements in WITH (two dependent writes in one round trip)
     writable_cte: bool = False
+    #: an outgoing message's payload lives in a table of its own (``rms_payload``): SQLite
+    #: writes a whole row again, overflow pages and all, at every UPDATE of it, so each send
+    #: attempt and acknowledgement of a 1 MiB message wrote 1 MiB more to the WAL (and its
+    #: checkpoint); PostgreSQL's TOAST already keeps an unchanged large value out of an update
+    payload_apart: bool = False
 
     def sql(self, text: str) -> str:
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
@@ -40,7 +45,7 @@ class Dialect:
 
 
 SQLITE = Dialect(name="sqlite", placeholder="?", blob="BLOB", bigint="INTEGER", double="REAL",
-                 boolean="INTEGER", for_update="", skip_locked="", xa_table=True)
+                 boolean="INTEGER", for_update="", skip_locked="", xa_table=True, payload_apart=True)
 POSTGRES = Dialect(name="postgresql", placeholder="%s", blob="BYTEA", bigint="BIGINT",
                    double="DOUBLE PRECISION", boolean="BOOLEAN", for_update=" FOR UPDATE",
                    skip_locked=" FOR UPDATE OF {alias} SKIP LOCKED", xa_table=False, lateral=True,

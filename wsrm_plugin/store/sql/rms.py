@@ -18,7 +18,7 @@ from ..api import (
     UnknownSequenceError,
     _now,
 )
-from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMS_COLS, _cols, _msg, _rms
+from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMS_COLS, _cols, _msg, _rms, msg_cols
 from .transaction import SqlTransaction, _in_list
 
 
@@ -99,6 +99,9 @@ class _Rms(api.RmsSequenceManager):
         tx = self._tx
         tx.capture("rms_message", "seq_key = ?", (key,))
         tx.write("DELETE FROM rms_message WHERE seq_key = ?", (key,))
+        if tx.d.payload_apart:
+            tx.capture("rms_payload", "seq_key = ?", (key,))
+            tx.write("DELETE FROM rms_payload WHERE seq_key = ?", (key,))
         tx.capture_key("rms_sequence", key)
         tx.write("DELETE FROM rms_sequence WHERE seq_key = ?", (key,))
 
@@ -148,6 +151,11 @@ class _RmsMessages(api.RmsMessageManager):
             number = api.check_enqueue(seq, payload)
         if taken is None or not together:
             tx.capture_key("rms_message", sequence_key, number)
+            if tx.d.payload_apart:  # the row only names it: its updates then leave the payload be
+                tx.capture_key("rms_payload", sequence_key, number)
+                tx.write("INSERT INTO rms_payload (seq_key, number, payload) VALUES (?, ?, ?)",
+                         (sequence_key, number, values[3]))
+                values = (*values[:3], b"", *values[4:])
             tx.write(
                 f"INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}) VALUES ({', '.join('?' * len(_ENQUEUE_COLS))})",
                 (sequence_key, number, *values))
@@ -196,7 +204,7 @@ class _RmsMessages(api.RmsMessageManager):
 
     def _row(self, sequence_key: str, number: int, lock: bool = False) -> RmsMessage | None:
         tx = self._tx
-        row = tx.one(f"SELECT {_cols(_MSG_COLS)} FROM rms_message WHERE seq_key = ? AND number = ?"
+        row = tx.one(f"SELECT {msg_cols(tx.d)} FROM rms_message WHERE seq_key = ? AND number = ?"
                      + (tx.d.for_update if lock else ""), (sequence_key, number))
         return _msg(row) if row else None
 
@@ -212,7 +220,7 @@ class _RmsMessages(api.RmsMessageManager):
         return msg
 
     def find_by_message_id(self, message_id: str) -> RmsMessage | None:
-        row = self._tx.one(f"SELECT {_cols(_MSG_COLS)} FROM rms_message WHERE message_id = ? "
+        row = self._tx.one(f"SELECT {msg_cols(self._tx.d)} FROM rms_message WHERE message_id = ? "
                            "ORDER BY created_at LIMIT 1", (message_id,))
         return _msg(row) if row else None
 
@@ -264,7 +272,7 @@ class _RmsMessages(api.RmsMessageManager):
                     "ORDER BY next_send_at, number LIMIT ?) x "
                     "WHERE s.sequence_id IS NOT NULL AND NOT s.faulted "
                     "ORDER BY x.rn, s.seq_key LIMIT ?) "
-                    f"SELECT {_cols(_MSG_COLS, 'm')}, {_cols(_RMS_COLS, 's')} "
+                    f"SELECT {msg_cols(tx.d, 'm')}, {_cols(_RMS_COLS, 's')} "
                     "FROM r JOIN rms_message m ON m.ctid = r.tid "
                     "JOIN rms_sequence s ON s.seq_key = r.seq_key "
                     "WHERE m.ctid = ANY(ARRAY(SELECT tid FROM r)) "
@@ -277,7 +285,7 @@ class _RmsMessages(api.RmsMessageManager):
             # message in SQL (a window over all of them) made a batch cost as much as the backlog
             # is long: 100,000 queued messages were ranked for every 50 sent.
             rows = tx.all(
-                f"SELECT {_cols(_MSG_COLS, 'm')}, {_cols(_RMS_COLS, 's')} FROM rms_sequence s "
+                f"SELECT {msg_cols(tx.d, 'm')}, {_cols(_RMS_COLS, 's')} FROM rms_sequence s "
                 "JOIN rms_message m ON m.rowid IN "
                 "(SELECT x.rowid FROM rms_message x WHERE x.seq_key = s.seq_key AND NOT x.acked "
                 "AND x.next_send_at <= ? ORDER BY x.next_send_at, x.number LIMIT ?) "
@@ -291,7 +299,7 @@ class _RmsMessages(api.RmsMessageManager):
                            for rank, m in enumerate(sorted(msgs, key=lambda m: (m.next_send_at, m.number)), 1))
             return [m for _, m in order[:limit]]
         rows = tx.all(
-            f"SELECT {_cols(_MSG_COLS, 'm')} FROM rms_message m "
+            f"SELECT {msg_cols(tx.d, 'm')} FROM rms_message m "
             "JOIN rms_sequence s ON s.seq_key = m.seq_key "
             "WHERE NOT m.acked AND m.next_send_at <= ? AND s.sequence_id IS NOT NULL "
             "AND NOT s.faulted ORDER BY m.next_send_at, m.seq_key, m.number LIMIT ?"
@@ -319,7 +327,7 @@ class _RmsMessages(api.RmsMessageManager):
         tx.capture_key("rms_message", sequence_key, number)
         rows = tx.write_all(
             "UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, "
-            f"next_send_at = ? WHERE seq_key = ? AND number = ? RETURNING {_cols(_MSG_COLS)}",
+            f"next_send_at = ? WHERE seq_key = ? AND number = ? RETURNING {msg_cols(tx.d)}",
             (_now(now), next_send_at, sequence_key, number))
         if not rows:
             raise UnknownMessageError(
@@ -419,11 +427,13 @@ class _RmsMessages(api.RmsMessageManager):
                 self._seq(key)
             where = f"seq_key = ? AND {purgeable}"
             tx.capture("rms_message", where, (key,))
-            counts = tx.write_all(f"DELETE FROM rms_message WHERE {where} RETURNING send_count", (key,))
+            counts = tx.write_all(f"DELETE FROM rms_message WHERE {where} RETURNING send_count, number", (key,))
             count = len(counts)
             if not count:
                 continue
-            extra = sum(sent - 1 for (sent,) in counts if sent > 1)
+            if tx.d.payload_apart:
+                self._delete_payloads(key, [n for _, n in counts])
+            extra = sum(sent - 1 for (sent, _) in counts if sent > 1)
             if extra:
                 tx.capture_key("rms_sequence", key)
                 tx.write("UPDATE rms_sequence SET purged_retransmissions = "
@@ -431,7 +441,17 @@ class _RmsMessages(api.RmsMessageManager):
             purged += int(count)
         return purged
 
+    def _delete_payloads(self, key: str, numbers: list[int]) -> None:
+        """The payloads of the messages of ``key`` just deleted (``Dialect.payload_apart``)."""
+        tx = self._tx
+        numbers = sorted(numbers)
+        for i in range(0, len(numbers), 500):
+            where = f"seq_key = ? AND number IN ({_in_list(numbers[i:i + 500])})"
+            params = (key, *numbers[i:i + 500])
+            tx.capture("rms_payload", where, params)
+            tx.write(f"DELETE FROM rms_payload WHERE {where}", params)
+
     def list_for(self, sequence_key: str) -> list[RmsMessage]:
-        rows = self._tx.all(f"SELECT {_cols(_MSG_COLS)} FROM rms_message WHERE seq_key = ? "
+        rows = self._tx.all(f"SELECT {msg_cols(self._tx.d)} FROM rms_message WHERE seq_key = ? "
                             "ORDER BY number", (sequence_key,))
         return [_msg(r) for r in rows]

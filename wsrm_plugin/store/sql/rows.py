@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import api
+from .dialect import Dialect
 from ..api import (
     BufferedMessage,
     RmdSequence,
@@ -43,6 +44,7 @@ _POISON_COLS = ("sequence_id", "number", "message_id", "action", "soap_version",
 PRIMARY_KEYS = {
     "rms_sequence": ("seq_key",),
     "rms_message": ("seq_key", "number"),
+    "rms_payload": ("seq_key", "number"),
     "rmd_sequence": ("sequence_id",),
     "invoker_sequence": ("sequence_id",),
     "invoker_message": ("sequence_id", "number"),
@@ -59,6 +61,20 @@ def _cols(cols: tuple[str, ...], alias: str = "") -> str:
     (the joins were 60 generator steps per reliable message)."""
     prefix = f"{alias}." if alias else ""
     return ", ".join(prefix + c for c in cols)
+
+
+@functools.cache
+def msg_cols(d: Dialect, alias: str = "") -> str:
+    """The columns of ``rms_message`` rows (:data:`_MSG_COLS`), the payload read from
+    ``rms_payload`` where the dialect keeps it apart (``alias`` names the message table, or
+    nothing in a statement on ``rms_message`` alone).  Rows written before that table was
+    made have theirs inline, and no row in it."""
+    if not d.payload_apart:
+        return _cols(_MSG_COLS, alias)
+    m = alias or "rms_message"
+    payload = (f"COALESCE((SELECT p.payload FROM rms_payload p WHERE p.seq_key = {m}.seq_key "
+               f"AND p.number = {m}.number), {m}.payload)")
+    return ", ".join(payload if c == "payload" else f"{m}.{c}" for c in _MSG_COLS)
 
 
 def _blob(value: Any) -> bytes | None:

@@ -1,0 +1,71 @@
+"""A large outgoing message costs its payload's bytes once in the SQLite store, not at every change.
+
+SQLite writes a whole row again at every UPDATE, overflow pages included, so
+with the payload in ``rms_message`` each send attempt and acknowledgement of a
+1 MiB message wrote 1 MiB more to the WAL (and again at its checkpoint).  These
+tests count the bytes the process writes (``/proc/self/io``), not time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from wsrm_plugin.store import open_store
+
+from .test_managers import new_rms
+
+MIB = 1 << 20
+
+
+def _written() -> int:
+    """Bytes this process has handed to write(2)/pwrite(2) so far."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no wchar in /proc/self/io")
+
+
+@pytest.fixture
+def sqlite_store(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path}/store.db")
+    yield store
+    store.close()
+
+
+def test_send_attempts_and_acknowledgements_leave_a_large_payload_unwritten(sqlite_store) -> None:
+    payload = b"<env>" + b"x" * MIB + b"</env>"
+    before = _written()
+    with sqlite_store.begin() as tx:
+        new_rms(tx)
+        tx.rms.update("k1", sequence_id="seq-1", started=True, next_control_at=None)
+        for i in range(3):
+            tx.rms_messages.enqueue("k1", payload, action="urn:op", soap_version="1.1", message_id=f"urn:m{i}")
+    enqueued = _written() - before
+    assert 3 * MIB <= enqueued < 4 * MIB  # each payload once
+    before = _written()
+    for attempt in range(3):
+        with sqlite_store.begin() as tx:
+            due = tx.rms_messages.due_messages(limit=10, per_sequence=10)
+            assert [m.payload for m in due] == [payload] * 3
+            tx.rms_messages.record_send_attempts_across({"k1": [1, 2, 3]}, next_send_at=0.0)
+    with sqlite_store.begin() as tx:
+        assert tx.rms_messages.mark_acked("k1", [(1, 3)]) == [1, 2, 3]
+    changed = _written() - before
+    assert changed < MIB // 4, f"{changed} bytes written for 3 attempts and an ack of 3 x 1 MiB"
+    with sqlite_store.begin() as tx:
+        assert tx.rms_messages.purge_acked("k1") == 3
+        assert tx.one("SELECT COUNT(*) FROM rms_payload")[0] == 0
+
+
+def test_deleting_a_sequence_deletes_its_payloads(sqlite_store) -> None:
+    with sqlite_store.begin() as tx:
+        new_rms(tx)
+        tx.rms_messages.enqueue("k1", b"<env/>", action="urn:op", soap_version="1.1", message_id="urn:m")
+    with sqlite_store.begin() as tx:
+        assert tx.one("SELECT COUNT(*) FROM rms_payload")[0] == 1
+        assert tx.one("SELECT LENGTH(payload) FROM rms_message")[0] == 0
+        tx.rms.delete("k1")
+    with sqlite_store.begin() as tx:
+        assert tx.one("SELECT COUNT(*) FROM rms_payload")[0] == 0
