@@ -54,9 +54,24 @@ def test_send_attempts_and_acknowledgements_leave_a_large_payload_unwritten(sqli
         assert tx.rms_messages.mark_acked("k1", [(1, 3)]) == [1, 2, 3]
     changed = _written() - before
     assert changed < MIB // 4, f"{changed} bytes written for 3 attempts and an ack of 3 x 1 MiB"
+    before = _written()
     with sqlite_store.begin() as tx:
         assert tx.rms_messages.purge_acked("k1") == 3
         assert tx.one("SELECT COUNT(*) FROM rms_payload")[0] == 0
+    purged = _written() - before
+    assert purged < MIB // 4, f"{purged} bytes written to purge 3 x 1 MiB (secure_delete=FAST: free pages kept)"
+
+
+@pytest.mark.parametrize(("query", "zeroed"), [("", 2), ("?secure_delete=1", 1)])
+def test_secure_delete_is_a_store_option(tmp_path, query: str, zeroed: int) -> None:
+    """SQLite's own secure_delete: FAST by default (2), ON (1) from the URL, as Debian builds it."""
+    store = open_store(f"sqlite:///{tmp_path}/store.db{query}")
+    try:
+        assert store.secure_delete is (zeroed == 1)
+        with store.begin() as tx:
+            assert tx.one("PRAGMA secure_delete")[0] == zeroed
+    finally:
+        store.close()
 
 
 def test_deleting_a_sequence_deletes_its_payloads(sqlite_store) -> None:

@@ -58,6 +58,8 @@ _OPTIONS: dict[str, Any] = {"lock_timeout": float, "pool_size": int}
 #: and commit marks (the decision of a transaction with other branches kept in the store's
 #: database, see txmanager.marks)
 _PG_OPTIONS: dict[str, Any] = {"prepare_statements": _flag, "commit_marks": _flag}
+#: SQLite only: zero what a delivered message leaves in the file (see SqliteStore)
+_SQLITE_OPTIONS: dict[str, Any] = {"secure_delete": _flag}
 
 
 def _options(query: str, url: str, known: dict[str, Any] = _OPTIONS) -> dict[str, Any]:
@@ -100,7 +102,8 @@ def open_store(url: str, *, create: bool = True, **options: Any) -> StorageManag
             raise ValueError(
                 f"SQLite store URL {url!r} must look like sqlite:///relative/file.db or "
                 "sqlite:////absolute/file.db")
-        return SqliteStore(parts.path[1:], create=create, **{**_options(parts.query, url), **options})
+        return SqliteStore(parts.path[1:], create=create,
+                           **{**_options(parts.query, url, {**_OPTIONS, **_SQLITE_OPTIONS}), **options})
     if scheme in ("postgresql", "postgres"):
         from .postgres import PostgresStore
         if rest.startswith("//"):

@@ -220,7 +220,12 @@ class SqliteStore(api.StorageManager):
     concurrent_sequences = False  # one transaction at a time owns the file
 
     def __init__(self, path: str | os.PathLike[str], *, lock_timeout: float = 30.0,
-                 pool_size: int = 4, create: bool = True) -> None:
+                 pool_size: int = 4, create: bool = True, secure_delete: bool = False) -> None:
+        """``secure_delete``: overwrite with zeros the pages a deleted message leaves free
+        (``?secure_delete=1``; SQLite's ``secure_delete=ON``, the default of Debian's build).
+        By default (``FAST``) only what shares a page with live rows is zeroed: zeroing a
+        delivered 1 MiB payload's free pages wrote 1 MiB more to the WAL per message (1.3 ms of
+        CPU here), and the pages are overwritten when reused anyway."""
         self.path = os.path.abspath(os.fspath(path))
         parent = os.path.dirname(self.path)
         if not os.path.isdir(parent):
@@ -230,6 +235,7 @@ class SqliteStore(api.StorageManager):
         self.url = "sqlite:///" + self.path
         self.lock_timeout = lock_timeout
         self.pool_size = pool_size
+        self.secure_delete = secure_delete
         self._gate = _gate_for(os.path.realpath(self.path))
         self._sync = _GroupSync(os.path.realpath(self.path) + "-wal")
         self._idle: list[sqlite3.Connection] = []
@@ -246,6 +252,7 @@ class SqliteStore(api.StorageManager):
                                timeout=self.lock_timeout)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")  # the WAL's fsync is ours: see _GroupSync
+        conn.execute(f"PRAGMA secure_delete={'ON' if self.secure_delete else 'FAST'}")
         return conn
 
     def _take(self) -> sqlite3.Connection:
