@@ -19,7 +19,11 @@ watcher looks for free names every ``watch_interval``; the first to get one
 fence), runs one recovery pass with its own resources -- commit what the
 node decided, roll back its other prepared branches, no safety interval
 needed since nothing of the node can be running any more -- and lets it
-go.  A host that starts later claims the lowest free name again.
+go.  A host that starts later claims the lowest free name again.  What else
+the dead host left in the database under its node's name (an engine's
+reports of a paused delivery, of unreachable peers) is cleared by the
+takeover's listeners (:meth:`PostgresNodes.add_takeover_listener`): a reliable
+engine on a claimed node's transaction manager registers one by itself.
 
 A host whose lease session fails has lost its name (another host may hold
 it a moment later): its decisions fail the fence from then on, ``on_lost``
@@ -34,6 +38,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -54,6 +59,10 @@ log = logging.getLogger(__name__)
 
 class NoFreeNodeError(RuntimeError):
     """Every node name stayed held by a live host for the whole wait."""
+
+
+#: Which PostgresNodes claimed the node of a transaction manager (see :meth:`PostgresNodes.of`).
+_CLAIMED_BY: weakref.WeakKeyDictionary[TransactionManager, PostgresNodes] = weakref.WeakKeyDictionary()
 
 
 class PostgresNodes:
@@ -94,6 +103,39 @@ class PostgresNodes:
         self._watching = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._listeners: list[Callable[[str], object]] = []
+        self._listeners_lock = threading.Lock()
+
+    @classmethod
+    def of(cls, tm: Any) -> PostgresNodes | None:
+        """The :class:`PostgresNodes` whose :meth:`claim` made ``tm``, if one did: what a part
+        built on ``tm`` (a reliable engine) needs to know its node is one of several hosts'."""
+        try:
+            return _CLAIMED_BY.get(tm)
+        except TypeError:  # not weakly referable: not a transaction manager claim() made
+            return None
+
+    def add_takeover_listener(self, listener: Callable[[str], object]) -> None:
+        """Call ``listener(node)`` after this host took over ``node`` from a host that died
+        holding it (before its takeover releases it again): the moment to clear what the dead
+        host left under that name besides its transactions.  Called in the watcher's thread;
+        what it raises is logged and does not stop the takeover."""
+        with self._listeners_lock:
+            self._listeners.append(listener)
+
+    def remove_takeover_listener(self, listener: Callable[[str], object]) -> None:
+        with self._listeners_lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def _taken_over(self, node: str) -> None:
+        with self._listeners_lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener(node)
+            except Exception:  # noqa: BLE001 -- one listener's failure must not stop the takeover
+                log.exception("a takeover listener failed for node %s", node)
 
     @property
     def node(self) -> str | None:
@@ -137,6 +179,7 @@ class PostgresNodes:
             session.close()
             raise
         self.session, self.claim_, self._tm = session, claim, tm
+        _CLAIMED_BY[tm] = self
         if self.tag_sessions:
             if os.environ.setdefault("PGAPPNAME", session_tag(claim.node)) != session_tag(claim.node):
                 log.warning("PGAPPNAME is set (%r): the sessions of this process are not tagged with node "
@@ -231,6 +274,8 @@ class PostgresNodes:
             report = RecoveryManager(dlog, resources, node, safety_interval=0.0).recover_once()
         finally:
             dlog.close()
+            if previous is not None:  # a host died holding it: what else it left is stale too
+                self._taken_over(node)
         if report.acted or report.errors or report.held or previous is not None:
             log.warning("node %s (held by %s until it died) taken over by %s: %s in %.3fs", node, previous,
                         self.node, report.summary(), time.monotonic() - started)

@@ -13,6 +13,9 @@ balancer (503 once the host lost its node, as ``/healthz/live``).  Configuration
 stops once its orders branch is prepared (the mark not written), writes
 ``held-<pid>`` into ``MARK_DIR``, and goes on when ``MARK_DIR/release``
 appears (only the first delivery of it, on any host).  Each process writes ``started-<pid>`` (its node) there.
+``OUTAGE_FILE``: while that file exists, this host's deliveries fail as a database outage fails (a
+refused connection), so its delivery pauses.  ``UNREACHABLE_PEER``: an address this host sends one
+message to at start (nobody answers there, so the peer is judged unreachable).
 
 Test-only endpoints, served on the host's own address: ``/probe-commit``
 runs one XA transaction across both databases and ``/probe-decision``
@@ -67,7 +70,12 @@ def _checkpoint(point: str, index: int) -> None:
         _mark(f"released-{os.getpid()}", {"node": nodes.node})
 
 
+OUTAGE_FILE = os.environ.get("OUTAGE_FILE")
+
+
 def _insert(item: str) -> None:
+    if OUTAGE_FILE and os.path.exists(OUTAGE_FILE):
+        raise ConnectionRefusedError(f"the orders database refused the connection ({OUTAGE_FILE} exists)")
     _holding.item = item if item == HOLD_ITEM else None
     _plain_insert(item)
 
@@ -127,6 +135,11 @@ def main() -> None:
     report = app.start().lifecycle_report
     nodes.start_watcher(tm)
     server = HttpServer(wsgi, host, int(port), threads=8).start()
+    if os.environ.get("UNREACHABLE_PEER"):
+        from tests.spyne_server.conftest import Envelopes, action
+
+        envelope = Envelopes(server.url)("record", f"to-nowhere-{os.getpid()}")
+        app.engine.send(os.environ["UNREACHABLE_PEER"], envelope, action=action("record"))
     recovery = report.recovery if report is not None else None
     _mark(f"started-{os.getpid()}", {"node": tm.node, "pid": os.getpid(), "epoch": nodes.claim_.epoch,
                                       "rolled_back": len(recovery.rolled_back) if recovery else 0,

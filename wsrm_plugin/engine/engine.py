@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -37,6 +36,7 @@ from .inbound import Inbound
 from .invoker import Application, FailedDelivery, InvokerWorker
 from .policy import RMPolicy
 from .reachability import UnreachablePeer
+from .reporter import NodeReports, reporter_name
 from .resend import ResendResult, resend_faulted
 from .retransmission import RetransmissionWorker
 from .source import SendReceipt, SequenceFault, Source
@@ -179,6 +179,10 @@ class ReliableEngine:
 
         policy = self.policy
         endpoint = lambda: self.endpoint_address  # noqa: E731 -- read late: serve() may set it
+        #: Who this process is in the conditions it reports to the store, and who withdraws a dead
+        #: host's (:mod:`.reporter`).
+        reporter = reporter_name(name, tm)
+        self.node_reports = NodeReports(self.store, tm)
         self.source = Source(self.store, policy, tm=tm, endpoint=endpoint, wake=self._wake_sender,
                              ambient=self._ambient, on_fault=on_sequence_fault,
                              end_offered=lambda offered_id: self.destination.end_offered(offered_id))
@@ -189,7 +193,7 @@ class ReliableEngine:
                                understands=understands, knows=knows)
         self.retransmission = RetransmissionWorker(self.store, policy, self.source, self.destination,
                                                    self.inbound, self.transport, on_reachable=self._peer_is_back,
-                                                   name=name)
+                                                   name=name, reporter=reporter)
         self.acknowledgement = AcknowledgementWorker(self.store, policy, self.destination, self.inbound,
                                                      self.transport, source=self.source,
                                                      reachability=self.retransmission.reachability)
@@ -198,7 +202,7 @@ class ReliableEngine:
                                      after_commit=self._wake_sender,
                                      on_delivered=self.back_channel.delivered,
                                      wake_invoker=self._wake_invoker, service=name,
-                                     reporter=f"{name}@{socket.gethostname()}")
+                                     reporter=reporter)
         if policy.delivers_on_receive(tm is not None, self.store.commits_are_costly):
             self.destination.deliver_on_receive(self.invoker)
         if not policy.replies_in_order:
@@ -293,6 +297,7 @@ class ReliableEngine:
             _freeze_start_up_objects()
         if not self.invoker.running:
             self.invoker.withdraw_pause()  # what a predecessor of this process left reported
+            self.node_reports.attach()  # and what a dead host leaves: withdrawn by who takes it over
         for worker in self._workers:
             worker.start()
         self.invoker.running = True
@@ -340,6 +345,8 @@ class ReliableEngine:
             worker.stop(timeout)
         if was_running and self.invoker.paused:
             self.invoker.withdraw_pause()
+        if was_running:
+            self.node_reports.detach()
         self.retransmission.close()
         for server in self._servers:
             server.stop(timeout)

@@ -180,7 +180,8 @@ class RetransmissionWorker:
 
     def __init__(self, store: StorageManager, policy: RMPolicy, source: Source, destination: Destination,
                  inbound: Inbound, transport: Transport, *,
-                 on_reachable: Callable[[str], None] | None = None, name: str = "wsrm") -> None:
+                 on_reachable: Callable[[str], None] | None = None, name: str = "wsrm",
+                 reporter: str | None = None) -> None:
         self.store = store
         self.policy = policy
         self.source = source
@@ -220,8 +221,8 @@ class RetransmissionWorker:
         self._nothing_to_probe: dict[str, float] = {}
         #: Messages held for unreachable peers (not sent, parked in the store) since the start.
         self.held = 0
-        #: Who this process is in the conditions it reports for ``wsrm status``.
-        self.reporter = f"{name}@{socket.gethostname()}"
+        #: Who this process is in the conditions it reports for ``wsrm status`` (:mod:`.reporter`).
+        self.reporter = reporter or f"{name}@{socket.gethostname()}"
         self._reported: set[str] = set()
         self._reported_changes = -1
         self._next_report = 0.0
