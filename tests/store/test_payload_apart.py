@@ -14,6 +14,7 @@ import pytest
 
 from wsrm_plugin.store import open_store
 
+from .conftest import KINDS
 from .test_managers import new_rms
 
 MIB = 1 << 20
@@ -84,3 +85,17 @@ def test_deleting_a_sequence_deletes_its_payloads(sqlite_store) -> None:
         tx.rms.delete("k1")
     with sqlite_store.begin() as tx:
         assert tx.one("SELECT COUNT(*) FROM rms_payload")[0] == 0
+
+
+@pytest.mark.parametrize("store_url", [KINDS[2]], indirect=True)
+def test_postgresql_compresses_payloads_with_lz4(store_url) -> None:
+    """pglz spent about 9 ms of the backend's CPU per compressible MiB at the enqueue; lz4 a fraction."""
+    store = open_store(store_url())
+    try:
+        with store.begin() as tx:
+            rows = tx.all("SELECT attrelid::regclass::text, attcompression FROM pg_attribute "
+                          "WHERE attname = 'payload' AND attrelid IN "
+                          "('rms_message'::regclass, 'invoker_message'::regclass, 'poison_message'::regclass)")
+        assert sorted(rows) == [("invoker_message", "l"), ("poison_message", "l"), ("rms_message", "l")]
+    finally:
+        store.close()
