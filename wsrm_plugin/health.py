@@ -23,6 +23,13 @@ database outage must not make an orchestrator restart every replica):
   works.  Once it failed another host may hold the name: this process can
   decide no XA transaction any more, and a restart claims a name anew.  It
   fails readiness too.
+* ``servers``: the built-in HTTP servers the engine or the service started
+  (``serve()``) still serve.  One whose loop kept failing gave up and closed
+  its socket (:mod:`wsrm_plugin.engine.http_server`): a probe through it is
+  refused anyway, but a probe through another server (the service served by
+  gunicorn, the engine's own endpoint by the built-in one) must hear it too,
+  for the short while before the server ends the process (or for good, with
+  ``exit_on_failure=False``).
 
 **Readiness** checks what traffic needs now:
 
@@ -101,7 +108,8 @@ class NodeHealth:
     """
 
     def __init__(self, engine: Any, recovered: Callable[[], bool], *, max_poison: int | None = None,
-                 store_timeout: float = 2.0, stuck_after: float | None = None, min_interval: float = 1.0) -> None:
+                 store_timeout: float = 2.0, stuck_after: float | None = None, min_interval: float = 1.0,
+                 servers: Callable[[], Iterable[Any]] | None = None) -> None:
         if store_timeout <= 0:
             raise ValueError(f"store_timeout must be > 0 seconds, not {store_timeout!r}")
         self.engine = engine
@@ -112,6 +120,8 @@ class NodeHealth:
         #: timeout per message of a round, a slow delivery)
         self.stuck_after = stuck_after if stuck_after is not None else max(120.0, 10 * engine.policy.http_timeout)
         self.min_interval = min_interval
+        #: The built-in HTTP servers to watch (default: the engine's, ``engine.servers``).
+        self.servers = servers if servers is not None else (lambda: getattr(engine, "servers", ()))
         self._lock = threading.Lock()
         self._probe: threading.Thread | None = None
         self._probe_result: tuple[Any, BaseException | None] | None = None
@@ -121,9 +131,20 @@ class NodeHealth:
     # -- liveness -------------------------------------------------------------------------------
 
     def liveness(self) -> HealthReport:
-        node = self._node_check()
-        checks = (self._workers_check(),) if node is None else (self._workers_check(), node)
-        return HealthReport(checks)
+        checks = (self._workers_check(), self._node_check(), self._servers_check())
+        return HealthReport(tuple(c for c in checks if c is not None))
+
+    def _servers_check(self) -> Check | None:
+        """The built-in HTTP servers started for this engine (none: no check)."""
+        servers = list(self.servers())
+        if not servers:
+            return None
+        failed = [s for s in servers if getattr(s, "failure", None) is not None]
+        if failed:
+            what = "; ".join(f"{s.url}: {type(s.failure).__name__}: {s.failure}" for s in failed)
+            return Check("servers", "fail", f"the built-in HTTP server stopped serving ({what}): restart the process",
+                         {"failed": [s.url for s in failed]})
+        return Check("servers", "pass", f"{len(servers)} HTTP server(s) serving")
 
     def _node_check(self) -> Check | None:
         """The claim on the node name, when the transaction manager's log holds one in a database."""

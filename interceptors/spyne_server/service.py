@@ -163,7 +163,8 @@ class ReliableService:
                                                  understands=understands)
         self._deliver = ChainDeliverer(self.chain_app, self.interceptor)
         #: liveness and readiness (:mod:`wsrm_plugin.health`), served at ``health_path`` + /live, /ready
-        self.health = NodeHealth(self.engine, lambda: self.lifecycle_report is not None, max_poison=max_poison)
+        self.health = NodeHealth(self.engine, lambda: self.lifecycle_report is not None, max_poison=max_poison,
+                                 servers=lambda: (*self._servers, *self.engine.servers))
         # the chain, behind the MakeConnection mailbox when there is one
         front: Callable[..., Iterable[bytes]] = (self.chain_app if self.mailbox is None
                                                  else self.mailbox.middleware(self.chain_app))

@@ -20,6 +20,8 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -213,6 +215,81 @@ def test_a_process_serving_with_wait_exits_with_an_error_when_its_server_gives_u
         err = proc.stderr.read()
         assert "stopped serving" in err  # the CRITICAL line (logging's last resort handler here)
         assert err.rstrip().splitlines()[-1].startswith("wsrm_plugin.engine.http_server.HttpServerFailed")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_liveness_through_another_server_fails_once_a_built_in_server_gave_up():
+    # the engine's RM endpoint on one built-in server, its health on another (as a service served by
+    # gunicorn whose engine also serves its own endpoint): the first gives up, the second says so
+    from wsrm_plugin.engine import ReliableEngine
+    from wsrm_plugin.health import HealthRoutes, NodeHealth
+
+    heard: list[BaseException] = []
+    engine = ReliableEngine("memory:", name="endpoint").start()
+    try:
+        endpoint = engine.serve(max_restarts=0, on_failure=heard.append)
+        health = NodeHealth(engine, lambda: True)
+        with HttpServer(HealthRoutes(hello, health)) as probes:
+            def live() -> tuple[int, str]:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{probes.port}/healthz/live", timeout=5) as r:
+                        return r.status, r.read().decode()
+                except urllib.error.HTTPError as error:
+                    return error.code, error.read().decode()
+
+            status, body = live()
+            assert status == 200 and '"servers":{"status":"pass"' in body, body
+            _Failing(endpoint, times=1000)
+            endpoint._server.pull_trigger()
+            assert wait_for(lambda: heard, timeout=30)
+            status, body = live()
+            assert status == 503 and '"servers":{"status":"fail"' in body and endpoint.url in body, body
+            assert "restart the process" in body
+    finally:
+        engine.stop(5)
+
+
+SERVE_WITHOUT_WAITING = textwrap.dedent("""
+    import signal, threading
+    from interceptors.spyne_server.service import reliable_service
+    from tests.spyne_server import service
+
+    def fail(*_):  # the test's way to break the loop for good
+        listener = server._server
+        def broken():
+            raise ValueError("filedescriptor out of range in select()")
+        listener.readable = broken
+        listener.pull_trigger()
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, fail)
+    app = reliable_service(service.application(), "sqlite:///" + {store!r}).start()
+    server = app.serve(max_restarts=1)
+    print("READY", server.port, flush=True)
+    stop.wait()  # blocks on its own event, not on server.wait(): nothing would notice the server
+    app.stop(5)
+""")
+
+
+def test_a_service_whose_main_thread_does_not_wait_on_its_server_is_ended_for_its_supervisor(tmp_path):
+    script = tmp_path / "serve.py"
+    script.write_text(SERVE_WITHOUT_WAITING.format(store=str(tmp_path / "store.db")))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=root, env={**os.environ, "PYTHONPATH": root})
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("READY"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        port = int(line.split()[1])
+        assert get(port) in (200, 405, 500)  # served (spyne answers a bare GET as it likes)
+        proc.send_signal(__import__("signal").SIGUSR1)
+        assert proc.wait(30) == 70  # EX_SOFTWARE: systemd's Restart=on-failure, any Kubernetes restart
+        err = proc.stderr.read()
+        assert "stopped serving and nothing waits on it" in err and f"ending process {proc.pid}" in err, err
     finally:
         if proc.poll() is None:
             proc.kill()

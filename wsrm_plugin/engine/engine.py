@@ -329,6 +329,11 @@ class ReliableEngine:
             self.endpoint_address = server.url
         return server
 
+    @property
+    def servers(self) -> tuple[HttpServer, ...]:
+        """The built-in HTTP servers :meth:`serve` started (and :meth:`stop` has not stopped)."""
+        return tuple(self._servers)
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop workers and servers; with ``terminate_on_shutdown`` end the source sequences first.
 

@@ -27,7 +27,13 @@ by the kernel, never answered: a zombie).  :class:`HttpServer` now:
   instead of hanging), logs CRITICAL, records :attr:`HttpServer.failure`, calls
   ``on_failure`` and makes :meth:`HttpServer.wait` raise
   :class:`HttpServerFailed`: a process that serves with ``server.wait(stop)``
-  exits, and its supervisor (systemd, Kubernetes) starts a fresh one.
+  exits, and its supervisor (systemd, Kubernetes) starts a fresh one.  A
+  process that does not wait on the server (its main thread blocks on
+  something else) would live on without serving, a zombie to its supervisor:
+  so when nobody waits and no ``on_failure`` hook took the failure over, the
+  server ends the process itself, with :data:`EXIT_STATUS` (``exit_on_failure``
+  says otherwise: True always, False never).  The health checks' liveness
+  fails meanwhile (:mod:`wsrm_plugin.health`, its ``servers`` check).
 """
 
 from __future__ import annotations
@@ -35,18 +41,25 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HttpServer", "HttpServerFailed", "usable_connection_limit"]
+__all__ = ["EXIT_STATUS", "HttpServer", "HttpServerFailed", "usable_connection_limit"]
 
 log = logging.getLogger(__name__)
 
 #: Failures of the loop within this many seconds that make the server give up.
 _RESTART_WINDOW = 60.0
+#: The status a process ends with when its server gave up and nothing else would end it
+#: (``EX_SOFTWARE`` of sysexits.h: an internal error; systemd's ``Restart=on-failure`` restarts it).
+EXIT_STATUS = 70
+#: Seconds a server that gave up leaves for a thread to come and wait on it before it ends the
+#: process (a server that fails right at start, before the main thread reached ``wait``).
+_WAITER_GRACE = 1.0
 
 
 class HttpServerFailed(RuntimeError):
@@ -151,20 +164,26 @@ class HttpServer:
     allows), idle ones closed after ``channel_timeout`` seconds, a request not
     fully received ``request_timeout`` seconds (plus a second per
     ``request_min_rate`` bytes) after its first byte closed too.
-    ``on_failure(error)`` hears when the loop failed for good.
+    ``on_failure(error)`` hears when the loop failed for good; ``exit_on_failure``
+    says whether the server then ends the process (:data:`EXIT_STATUS`): None
+    (the default) when neither a thread waits in :meth:`wait` nor ``on_failure``
+    is given, True always (after ``on_failure``), False never.
     """
 
     def __init__(self, app: Callable[..., Any], host: str = "127.0.0.1", port: int = 0, *,
                  threads: int = 4, max_body: int = 64 * 1024 * 1024, path: str = "/",
                  connection_limit: int = 1000, channel_timeout: float = 60.0, request_timeout: float = 30.0,
                  request_min_rate: float = 64 * 1024, max_restarts: int = 5,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 exit_on_failure: bool | None = None) -> None:
         for name, value in (("connection_limit", connection_limit), ("channel_timeout", channel_timeout),
                             ("request_timeout", request_timeout), ("request_min_rate", request_min_rate)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a number > 0, not {value!r}")
         if not isinstance(max_restarts, int) or max_restarts < 0:
             raise ValueError(f"max_restarts must be an int >= 0, not {max_restarts!r}")
+        if exit_on_failure not in (None, True, False):
+            raise ValueError(f"exit_on_failure must be True, False or None (automatic), not {exit_on_failure!r}")
         self.app = app
         self.host = host
         self.requested_port = port
@@ -177,6 +196,7 @@ class HttpServer:
         self.request_min_rate = request_min_rate
         self.max_restarts = max_restarts
         self.on_failure = on_failure
+        self.exit_on_failure = exit_on_failure
         #: The connection limit in force (``connection_limit``, or less: see :func:`usable_connection_limit`).
         self.connection_limit = connection_limit
         #: Times the loop failed and was started again; the error that made the server give up.
@@ -190,6 +210,9 @@ class HttpServer:
         self._stopping = False
         self._ended = threading.Event()
         self._failures: deque[float] = deque()
+        #: Threads inside wait(): they raise HttpServerFailed, so the server need not end the process.
+        self._waiters = 0
+        self._waiters_lock = threading.Lock()
 
     def start(self) -> HttpServer:
         import waitress
@@ -304,6 +327,24 @@ class HttpServer:
                 self.on_failure(exc)
             except Exception:  # noqa: BLE001 -- the hook's own failure must not hide the server's
                 log.exception("on_failure hook of the HTTP server raised")
+        if self._ends_process():
+            _exit_process(f"the HTTP server on {self.url} stopped serving and nothing waits on it "
+                          "(HttpServer.wait) or handles it (on_failure)")
+
+    def _ends_process(self) -> bool:
+        """Whether this failure must end the process (see ``exit_on_failure``)."""
+        if self.exit_on_failure is not None:
+            return self.exit_on_failure
+        if self.on_failure is not None:
+            return False
+        deadline = time.monotonic() + _WAITER_GRACE
+        while True:
+            with self._waiters_lock:
+                if self._waiters:
+                    return False  # wait() raises in that thread: the application ends the process
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(0.05)
 
     def _listener_error(self, server: Any) -> None:
         """An exception while accepting a connection: that connection is lost, the listening socket
@@ -332,15 +373,21 @@ class HttpServer:
         restarts.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self.failure is not None:
-                raise HttpServerFailed(f"the HTTP server on {self.url} stopped serving: "
-                                       f"{type(self.failure).__name__}: {self.failure}") from self.failure
-            if (stop is not None and stop.is_set()) or (self._ended.is_set() and self._stopping):
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            self._ended.wait(0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic())))
+        with self._waiters_lock:
+            self._waiters += 1
+        try:
+            while True:
+                if self.failure is not None:
+                    raise HttpServerFailed(f"the HTTP server on {self.url} stopped serving: "
+                                           f"{type(self.failure).__name__}: {self.failure}") from self.failure
+                if (stop is not None and stop.is_set()) or (self._ended.is_set() and self._stopping):
+                    return True
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                self._ended.wait(0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic())))
+        finally:
+            with self._waiters_lock:
+                self._waiters -= 1
 
     def stop(self, timeout: float = 10.0) -> None:
         """Close the listening socket and every connection, and stop waitress's threads."""
@@ -375,6 +422,24 @@ class HttpServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _exit_process(why: str) -> None:
+    """End the process at once with :data:`EXIT_STATUS`, for its supervisor to start a fresh one.
+
+    ``os._exit``: the main thread is blocked elsewhere and cannot be told, and
+    nothing owed is lost (the store keeps it; a new process resumes from it,
+    as after a crash).  The log handlers are flushed first so the reason is read.
+    """
+    log.critical("%s: ending process %d with status %d so that its supervisor starts a fresh one "
+                 "(HttpServer(exit_on_failure=False), or an on_failure hook, to handle it otherwise)",
+                 why, os.getpid(), EXIT_STATUS)
+    for stream in [*logging.getLogger().handlers, *log.handlers, sys.stderr, sys.stdout]:
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001,S110 -- exiting anyway
+            pass
+    os._exit(EXIT_STATUS)
 
 
 def _soft_nofile() -> str:
