@@ -44,6 +44,16 @@ database outage must not make an orchestrator restart every replica):
   (``wsrm poison``).  A warning by default, not a failure: every replica
   shares the store, so failing readiness would take them all out of the
   load balancer for one bad message; ``max_poison=N`` fails beyond N.
+* ``peers``: the peers this process sends to (a client's reply endpoint, a
+  service it calls) that the sender judged unreachable
+  (:mod:`wsrm_plugin.engine.reachability`: its circuit breaker is open, one
+  probe at a time goes there).  Degraded, not unready, by default: the
+  service still takes and delivers messages, the ones for that peer wait in
+  the store and go at once when it answers, and every replica would see the
+  same peer down (failing readiness would take them all out of the load
+  balancer because of someone else's outage; the health groups of Spring
+  Boot and Kubernetes' advice keep such a dependency out of readiness);
+  ``max_unreachable_peers=N`` fails beyond N.
 
 A readiness answer is reused for ``min_interval`` seconds, so that probes
 from several checkers (haproxy every 2 s, kubelet every 10 s) cost one store
@@ -60,7 +70,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Check", "HealthReport", "NodeHealth", "HealthRoutes", "CONTENT_TYPE"]
+__all__ = ["Check", "HealthReport", "NodeHealth", "HealthRoutes", "CONTENT_TYPE", "peers_check"]
 
 log = logging.getLogger(__name__)
 
@@ -109,12 +119,17 @@ class NodeHealth:
 
     def __init__(self, engine: Any, recovered: Callable[[], bool], *, max_poison: int | None = None,
                  store_timeout: float = 2.0, stuck_after: float | None = None, min_interval: float = 1.0,
-                 servers: Callable[[], Iterable[Any]] | None = None) -> None:
+                 servers: Callable[[], Iterable[Any]] | None = None,
+                 max_unreachable_peers: int | None = None) -> None:
         if store_timeout <= 0:
             raise ValueError(f"store_timeout must be > 0 seconds, not {store_timeout!r}")
+        for name, value in (("max_poison", max_poison), ("max_unreachable_peers", max_unreachable_peers)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"{name} must be an int >= 0 or None (only warn), not {value!r}")
         self.engine = engine
         self.recovered = recovered
         self.max_poison = max_poison
+        self.max_unreachable_peers = max_unreachable_peers
         self.store_timeout = store_timeout
         #: a step longer than this is stuck: well beyond the longest a healthy one takes (an HTTP
         #: timeout per message of a round, a slow delivery)
@@ -205,6 +220,7 @@ class NodeHealth:
                         {"paused_since": status.paused_since, "waiting": status.waiting})
         else:
             yield Check("delivery", "pass", "delivering", {"buffered": status.buffered})
+        yield peers_check(getattr(status, "unreachable_peers", ()), self.max_unreachable_peers)
         poisoned = status.poisoned
         if not poisoned:
             yield Check("poison", "pass", "no poison messages")
@@ -245,6 +261,23 @@ class NodeHealth:
         with self._lock:
             self._probe_result = result
         self._probe_done.set()
+
+
+def peers_check(unreachable: Iterable[Any], max_unreachable: int | None = None) -> Check:
+    """The ``peers`` check from the sender's unreachable peers
+    (:class:`~wsrm_plugin.engine.reachability.UnreachablePeer`): ``warn`` while any is
+    unreachable, ``fail`` beyond ``max_unreachable`` (None: never)."""
+    peers = list(unreachable)
+    if not peers:
+        return Check("peers", "pass", "every peer answers")
+    failing = max_unreachable is not None and len(peers) > max_unreachable
+    now = time.time()
+    what = "; ".join(f"{p.address} since {max(0.0, now - p.since):.0f} s ({p.last_error}), "
+                     f"{p.held} message(s) wait" for p in peers)
+    return Check("peers", "fail" if failing else "warn",
+                 f"{len(peers)} peer(s) unreachable, one probe at a time goes to each: {what}",
+                 {"unreachable": [{"address": p.address, "since": p.since, "last_error": p.last_error,
+                                   "probes": p.probes, "held": p.held} for p in peers]})
 
 
 class HealthRoutes:

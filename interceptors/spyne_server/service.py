@@ -103,7 +103,9 @@ class ReliableService:
     :meth:`start` and :meth:`stop`; messages received while they are stopped
     wait in the store.  ``wsgi_app`` also answers ``GET {health_path}/live`` and
     ``/ready`` (:mod:`wsrm_plugin.health`; ``health_path=None``: not served;
-    ``max_poison``: poison messages beyond which it is not ready).
+    ``max_poison``: poison messages beyond which it is not ready;
+    ``max_unreachable_peers``: unreachable peers beyond which it is not ready,
+    None: they only make it degraded).
     ``endpoint_address`` is this service's public URL (the
     AcksTo of the reply sequences it opens); by default the URL :meth:`serve`
     listens on, else the first request's URL.  ``recovery_interval`` (seconds,
@@ -132,7 +134,8 @@ class ReliableService:
                  publish_policy: RMPolicyAssertion | bool = True, name: str = "wsrm-server",
                  recovery_interval: float | None = None, health_path: str | None = "/healthz",
                  max_poison: int | None = None, make_connection: bool = False,
-                 understands: Iterable[str] = (), transport: Transport | None = None) -> None:
+                 understands: Iterable[str] = (), transport: Transport | None = None,
+                 max_unreachable_peers: int | None = None) -> None:
         check_recovery_interval(recovery_interval, tm)
         self.policy = policy or RMPolicy()
         self.recovery_interval = recovery_interval
@@ -164,7 +167,8 @@ class ReliableService:
         self._deliver = ChainDeliverer(self.chain_app, self.interceptor)
         #: liveness and readiness (:mod:`wsrm_plugin.health`), served at ``health_path`` + /live, /ready
         self.health = NodeHealth(self.engine, lambda: self.lifecycle_report is not None, max_poison=max_poison,
-                                 servers=lambda: (*self._servers, *self.engine.servers))
+                                 servers=lambda: (*self._servers, *self.engine.servers),
+                                 max_unreachable_peers=max_unreachable_peers)
         # the chain, behind the MakeConnection mailbox when there is one
         front: Callable[..., Iterable[bytes]] = (self.chain_app if self.mailbox is None
                                                  else self.mailbox.middleware(self.chain_app))

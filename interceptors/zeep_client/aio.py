@@ -199,9 +199,12 @@ class AsyncReliableClient:
     async def unacknowledged(self) -> Any:
         return await asyncio.to_thread(self.sync.unacknowledged)
 
-    async def health(self) -> Any:
-        """The client's :class:`~interceptors.zeep_client.health.ClientHealth` (reads the store)."""
-        return await asyncio.to_thread(self.sync.health)
+    async def health(self, *, max_unacknowledged: int | None = None, max_age: float | None = None,
+                     max_unreachable_peers: int | None = None) -> Any:
+        """The client's :class:`~interceptors.zeep_client.health.ClientHealth` (reads the store;
+        thresholds as ``ReliableClient.health``'s)."""
+        return await asyncio.to_thread(self.sync.health, max_unacknowledged=max_unacknowledged, max_age=max_age,
+                                       max_unreachable_peers=max_unreachable_peers)
 
     async def stop(self, timeout: float = 10.0, *, discard_unsent: bool = False) -> None:
         """Stop the client (``ReliableClient.stop``), after the calls already submitted."""

@@ -567,10 +567,12 @@ class ReliableClient:
                 faulted[name] = seq.fault_reason or "faulted"
         return left, faulted
 
-    def health(self, *, max_unacknowledged: int | None = None, max_age: float | None = None) -> ClientHealth:
-        """Is this client keeping up?  Unacknowledged calls, the oldest's age, faulted sequences...
-        (:mod:`~interceptors.zeep_client.health`; reads the store)."""
-        return client_health(self, max_unacknowledged=max_unacknowledged, max_age=max_age)
+    def health(self, *, max_unacknowledged: int | None = None, max_age: float | None = None,
+               max_unreachable_peers: int | None = None) -> ClientHealth:
+        """Is this client keeping up?  Unacknowledged calls, the oldest's age, faulted sequences,
+        unreachable peers... (:mod:`~interceptors.zeep_client.health`; reads the store)."""
+        return client_health(self, max_unacknowledged=max_unacknowledged, max_age=max_age,
+                             max_unreachable_peers=max_unreachable_peers)
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every message this client enqueued is acknowledged by the service.

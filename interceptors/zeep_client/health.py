@@ -8,10 +8,20 @@ faulted sequences (their calls wait for ``resend_faulted``), replies
 awaited by futures in this process, and whether the engine runs.
 
 ``status`` is ``fail`` when the store cannot be read or the engine is not
-running (nothing is sent), ``warn`` when a sequence is faulted, or when the
-oldest unacknowledged call is older than ``max_age`` seconds or there are
-more than ``max_unacknowledged`` calls (when given), else ``pass``: the
-statuses of :mod:`wsrm_plugin.health`, whose JSON shape ``to_json`` has.
+running (nothing is sent), ``warn`` when a sequence is faulted, when the
+service (or another peer of the engine) is unreachable, or when the oldest
+unacknowledged call is older than ``max_age`` seconds or there are more than
+``max_unacknowledged`` calls (when given), else ``pass``: the statuses of
+:mod:`wsrm_plugin.health`, whose JSON shape ``to_json`` has.
+
+An unreachable peer (the sender's circuit breaker open: its calls wait in
+the store, one probe at a time goes to it, all go at once when it answers)
+makes the client degraded, not failed: the client still takes calls and
+keeps every one, which is what a reliable client is for, and restarting or
+unrouting it would not bring the service back (Spring Boot keeps such a
+dependency out of its readiness group for the same reason).
+``max_unreachable_peers=N`` fails beyond N (0: any), for an application
+that would rather stop taking work while its service is away.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wsrm_plugin.engine.source import SequenceKey
-from wsrm_plugin.health import Check, HealthReport
+from wsrm_plugin.health import Check, HealthReport, peers_check
 
 __all__ = ["ClientHealth", "client_health"]
 
@@ -42,6 +52,8 @@ class ClientHealth:
     running: bool = False
     #: Why the store could not be read, when it could not (the counts are then 0).
     store_error: str | None = None
+    #: The peers the engine's sender judged unreachable (its circuit breaker open), by address.
+    unreachable_peers: tuple[str, ...] = ()
     report: HealthReport = field(default_factory=lambda: HealthReport(()))
 
     @property
@@ -52,8 +64,8 @@ class ClientHealth:
         return self.report.to_json()
 
 
-def client_health(rc: Any, *, max_unacknowledged: int | None = None,
-                  max_age: float | None = None) -> ClientHealth:
+def client_health(rc: Any, *, max_unacknowledged: int | None = None, max_age: float | None = None,
+                  max_unreachable_peers: int | None = None) -> ClientHealth:
     """The health of reliable client ``rc`` (thresholds as in the module docstring)."""
     running = bool(rc.engine.started)
     checks = [Check("engine", "pass" if running else "fail",
@@ -80,9 +92,11 @@ def client_health(rc: Any, *, max_unacknowledged: int | None = None,
         checks.append(Check("sequences", "warn" if faulted else "pass",
                             f"{len(faulted)} faulted sequence(s): resend_faulted() once the cause is fixed"
                             if faulted else "no faulted sequence", {"faulted": faulted} if faulted else {}))
+    unreachable = rc.engine.retransmission.reachability.unreachable()  # in memory: no store needed
+    checks.append(peers_check(unreachable, max_unreachable_peers))
     return ClientHealth(unacknowledged=unacked, oldest_unacknowledged_age=age, faulted=faulted,
                         pending_replies=rc.pending_futures(), running=running, store_error=error,
-                        report=HealthReport(tuple(checks)))
+                        unreachable_peers=tuple(p.address for p in unreachable), report=HealthReport(tuple(checks)))
 
 
 def _read(rc: Any) -> tuple[int, float | None, dict[str, str]]:

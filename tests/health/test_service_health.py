@@ -70,7 +70,7 @@ def test_live_and_ready_answer_json_in_the_health_format(services):
     assert headers["content-type"] == CONTENT_TYPE
     assert body["status"] == "pass"
     assert {name: check["status"] for name, check in body["checks"].items()} == {
-        "recovery": "pass", "store": "pass", "delivery": "pass", "poison": "pass"}
+        "recovery": "pass", "store": "pass", "delivery": "pass", "peers": "pass", "poison": "pass"}
     status, body, _ = get(server.url + "healthz/live")
     assert status == 200 and body["checks"]["workers"]["status"] == "pass"
     assert urllib.request.urlopen(server.url + "?wsdl", timeout=10).status == 200  # the rest is the service's
@@ -97,6 +97,38 @@ def test_paused_delivery_is_not_ready(services, monkeypatch):
     assert status == 503
     delivery = body["checks"]["delivery"]
     assert delivery["status"] == "fail" and "orders database down" in delivery["output"] and delivery["waiting"] == 4
+
+
+def test_an_unreachable_peer_makes_the_service_degraded_not_unready_and_clears_once_it_is_back(services):
+    # service A sends to service B; B stops (connections refused) and starts again on its port
+    from tests.spyne_server.conftest import Envelopes, action
+
+    a = _serve(services, "memory:").start()
+    b = reliable_service(service.application(), "memory:", fast_policy())
+    services.append(b)
+    b_http = b.serve()
+    b.start()
+    port, build = b_http.port, Envelopes(b.url)
+    assert wait_for(lambda: get(a.url + "healthz/ready")[0] == 200)
+    assert get(a.url + "healthz/ready")[1]["checks"]["peers"]["status"] == "pass"
+
+    b_http.stop()
+    for i in range(2):
+        a.engine.send(b.url, build("record", f"to-b-{i}"), action=action("record"))
+    assert wait_for(lambda: get(a.url + "healthz/ready")[1]["checks"]["peers"]["status"] == "warn", timeout=30), \
+        a.engine.status()
+    status, body, _ = get(a.url + "healthz/ready")
+    assert status == 200 and body["status"] == "warn", body  # degraded: still in the load balancer
+    [peer] = body["checks"]["peers"]["unreachable"]
+    assert peer["address"] == b.url and "Refused" in peer["last_error"]
+    a.health.max_unreachable_peers = 0  # reliable_service(..., max_unreachable_peers=0)
+    assert wait_for(lambda: get(a.url + "healthz/ready")[0] == 503)
+    a.health.max_unreachable_peers = None
+
+    b.serve(port=port)
+    assert wait_for(lambda: get(a.url + "healthz/ready")[1]["status"] == "pass", timeout=30), \
+        get(a.url + "healthz/ready")[1]
+    assert wait_for(lambda: a.engine.status().unacked == 0, timeout=30)
 
 
 def test_a_worker_stuck_in_one_step_is_not_live(services):
