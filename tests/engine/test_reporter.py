@@ -41,3 +41,13 @@ def test_forgetting_a_node_removes_its_reports_of_every_kind_and_nobody_elses():
     assert left == [(paused, "orders@web1/orders-12"), (paused, "orders@web2/orders-0"),
                     (unreachable, "orders@web3")]
     assert reports.forget("orders-2") == 0
+
+
+def test_forgetting_a_node_may_spare_the_reports_of_this_host():
+    store = open_store("memory:")
+    paused = NodeCondition.DELIVERY_PAUSED
+    _put(store, paused, "orders", "orders@old-vm/orders-0")  # a dead earlier holder of the name
+    _put(store, paused, "client", "client@new-vm/orders-0")  # a sibling engine of this process
+    assert NodeReports(store).forget("orders-0", except_host="new-vm") == 1
+    with store.begin() as tx:
+        assert [c.reporter for c in tx.conditions.list_all()] == ["client@new-vm/orders-0"]

@@ -10,7 +10,7 @@ it, withdraws A's reports.  ``wsrm status`` and the metrics stop showing
 A's pause within the takeover bound (the measured time is printed), B stays
 ready, and messages sent afterwards through haproxy are delivered once.
 
-Expected duration: about 1 minute.
+Expected duration: 15-30 s.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tests.spyne_server.conftest import Envelopes, action
 from .clients import Clients, check_exactly_once_in_order, client_policy
 from .cluster import Cluster, wait_for
 
-pytestmark = [pytest.mark.slow(minutes=1.5), pytest.mark.postgres, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow(minutes=0.5), pytest.mark.postgres, pytest.mark.timeout(600)]
 
 BOUND = 5.0
 FIRST = 6  # messages sent to host A while its database is down

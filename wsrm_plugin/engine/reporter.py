@@ -15,7 +15,10 @@ its paused delivery for ever.  The death of a host is proven, without a
 clock, when a living host takes its node over; so the reporter names the node
 too (``orders@web1/orders-2``: simulated hosts may share a host name), and the
 engine registers with the takeover to remove every report made under a node
-taken over (:class:`NodeReports`).
+taken over (:class:`NodeReports`).  A host that claims a dead host's name
+before anyone took it over (no other host was alive) clears the reports made
+under it from other host names at its start: it holds the name, so their
+makers are gone.
 """
 
 from __future__ import annotations
@@ -43,9 +46,11 @@ def reporter_name(name: str, tm: Any = None) -> str:
     return f"{base}/{tm.node}" if PostgresNodes.of(tm) is not None else base
 
 
-def _node_of(reporter: str) -> str | None:
+def _host_and_node(reporter: str) -> tuple[str, str] | None:
+    """``(host, node)`` of ``name@host/node``; None for a reporter without a node."""
     head, slash, node = reporter.rpartition("/")
-    return node if slash and "@" in head else None
+    _, at, host = head.rpartition("@")
+    return (host, node) if slash and at else None
 
 
 class NodeReports:
@@ -59,24 +64,35 @@ class NodeReports:
     def __init__(self, store: StorageManager, tm: Any = None) -> None:
         self.store = store
         self.nodes = PostgresNodes.of(tm)
+        self.node: str | None = tm.node if self.nodes is not None else None
         #: Reports removed, by node taken over (for tests and operators).
         self.cleared: dict[str, int] = {}
 
     def attach(self) -> None:
-        if self.nodes is not None:
-            self.nodes.add_takeover_listener(self.forget)
+        """At the engine's start: listen to the takeovers, and clear what earlier holders of this
+        node on other hosts left (those on this host are its predecessors', withdrawn by name, or
+        a sibling engine's of this process)."""
+        if self.nodes is None or self.node is None:
+            return
+        self.nodes.add_takeover_listener(self.forget)
+        try:
+            self.forget(self.node, except_host=socket.gethostname())
+        except Exception as exc:  # noqa: BLE001 -- the store is down: the next takeover or start clears them
+            log.debug("reports of earlier holders of node %s not withdrawn: %s", self.node, exc)
 
     def detach(self) -> None:
         if self.nodes is not None:
             self.nodes.remove_takeover_listener(self.forget)
 
-    def forget(self, node: str) -> int:
-        """Remove every condition reported from ``node`` (whatever the engine or host name); how many."""
+    def forget(self, node: str, *, except_host: str | None = None) -> int:
+        """Remove every condition reported from ``node`` (whatever the engine or host name, but
+        ``except_host``); how many."""
         removed = 0
         with self.store.begin() as tx:
             for kind in KINDS:
                 for condition in tx.conditions.list_all(kind):
-                    if _node_of(condition.reporter) == node:
+                    where = _host_and_node(condition.reporter)
+                    if where is not None and where[1] == node and where[0] != except_host:
                         removed += tx.conditions.remove(kind, subject=condition.subject,
                                                         reporter=condition.reporter)
         self.cleared[node] = self.cleared.get(node, 0) + removed
