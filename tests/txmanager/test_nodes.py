@@ -284,3 +284,25 @@ def test_wsrm_nodes_lists_who_holds_what(dbs, hosts, capsys):
     svc0, svc1 = (line.split() for line in lines[1:])
     assert svc0[:3] == ["svc-0", "1", "free"] and svc0[-1] == "1"  # its prepared branch, in doubt until taken over
     assert svc1[:3] == ["svc-1", "1", "yes"]
+
+
+def test_takeover_listeners_hear_each_dead_holders_node_once_and_a_failing_one_stops_nothing(dbs, hosts):
+    store, app = dbs
+    a, tma, _ = hosts(store, app)
+    b, tmb, _ = hosts(store, app)
+    assert PostgresNodes.of(tma) is a and PostgresNodes.of(tmb) is b and PostgresNodes.of(object()) is None
+    heard: list[str] = []
+
+    def broken(node: str) -> None:
+        raise RuntimeError("a listener that fails")
+
+    b.add_takeover_listener(broken)
+    b.add_takeover_listener(heard.append)
+    assert b.take_over_free(tmb._resources) == {} and heard == []  # a is alive
+    _kill_host(store, a)
+    assert set(b.take_over_free(tmb._resources)) == {"svc-0"}
+    assert heard == ["svc-0"]
+    b.take_over_free(tmb._resources)  # settled: the name stays free, nobody died again
+    assert heard == ["svc-0"]
+    b.remove_takeover_listener(heard.append)
+    b.remove_takeover_listener(heard.append)  # twice: nothing to remove, no error
