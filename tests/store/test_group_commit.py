@@ -77,3 +77,58 @@ def test_a_transaction_that_changed_nothing_does_not_fsync(tmp_path):
         assert store._sync.syncs == before + 1
     finally:
         store.close()
+
+
+def test_a_commit_not_durable_waits_for_no_fsync_and_the_next_durable_one_covers_it(tmp_path):
+    """``begin(durable=False)`` (a send attempt recorded, an acknowledgement applied): its commit
+    returns without an fsync of its own, and the next durable commit's fsync makes both durable."""
+    store = SqliteStore(tmp_path / "lazy.db")
+    try:
+        with store.begin() as tx:
+            tx.write("CREATE TABLE t (x INTEGER)")
+        sync = store._sync
+        before = sync.syncs
+        with store.begin(durable=False) as tx:
+            tx.write("INSERT INTO t VALUES (1)")
+        assert sync.syncs == before
+        assert sync._synced < sync._committed  # numbered, left for the next sync
+        with store.begin(durable=False) as tx:
+            tx.write("INSERT INTO t VALUES (2)")
+            tx.make_durable()  # a decision nobody may be told of and then have forgotten
+        assert sync.syncs == before + 1
+        with store.begin(durable=False) as tx:
+            tx.write("INSERT INTO t VALUES (3)")
+        with store.begin() as tx:
+            tx.write("INSERT INTO t VALUES (4)")
+        assert sync.syncs == before + 2
+        assert sync._synced == sync._committed  # the durable commit's fsync covered the one before
+    finally:
+        store.close()
+
+
+_KILLED_AFTER_LAZY_COMMIT = """
+import os, signal, sys
+from wsrm_plugin.store.sqlite import SqliteStore
+store = SqliteStore(sys.argv[1])
+with store.begin() as tx:
+    tx.write("CREATE TABLE t (x INTEGER)")
+with store.begin(durable=False) as tx:
+    tx.write("INSERT INTO t VALUES (7)")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_commit_not_durable_survives_a_kill_of_its_process(tmp_path):
+    """Only a power loss may forget it: the commit is in the WAL, which the kernel keeps."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "killed.db"
+    done = subprocess.run([sys.executable, "-c", _KILLED_AFTER_LAZY_COMMIT, str(path)], timeout=60)
+    assert done.returncode == -9
+    store = SqliteStore(path)
+    try:
+        with store.begin() as tx:
+            assert tx.one("SELECT x FROM t")[0] == 7
+    finally:
+        store.close()

@@ -109,7 +109,9 @@ class BackChannel:
 
     def _hand_out(self, identifier: str, number: int, soap: SoapVersion) -> BackChannelReply:
         key = reply_sequence_key(identifier)
-        with self.store.begin() as tx:
+        # not durable: a send attempt recorded, which a power loss may forget (the reply then waits
+        # for its request's next copy, as one whose response was lost); a killed process keeps it
+        with self.store.begin(durable=False) as tx:
             seq = tx.rms.get(key)
             replies = back_channel_replies(tx, identifier) if seq is not None else None
             reply = (replies or {}).get(number)

@@ -302,7 +302,9 @@ class SqliteStore(api.StorageManager):
             if bound is not None:
                 return bound
             log.debug("begin(xa=...): no current transaction, using a local store transaction")
-        return self._open(capture_undo=False)
+        tx = self._open(capture_undo=False)
+        tx.waits_for_disk = durable
+        return tx
 
     def _open(self, *, capture_undo: bool, allow_in_doubt: bool = False) -> SqlTransaction:
         """A transaction owning the file; waits while prepared branches hold the store."""
@@ -344,7 +346,12 @@ class SqliteStore(api.StorageManager):
             delay = min(delay * 2, 0.05)
 
     def _finish(self, tx: SqlTransaction, commit: bool) -> None:
-        """Commit (durably: returns once the WAL is fsynced) or roll back, and give the file back."""
+        """Commit (durably: returns once the WAL is fsynced) or roll back, and give the file back.
+
+        A transaction begun with ``durable=False`` returns from its commit without waiting for
+        the fsync: its commit is in the WAL (a killed process loses nothing the kernel has), and
+        the WAL reaches the disk in commit order, so the next durable commit's fsync covers it
+        and a power loss forgets at most the last such commits, never one before a durable one."""
         conn = tx.conn
         tx.mark_closed()
         seq = 0
@@ -366,7 +373,7 @@ class SqliteStore(api.StorageManager):
         finally:
             self._give(conn)
             self._gate.release()
-        if seq:  # outside the file: the next transaction runs (and commits) while this one syncs
+        if seq and tx.waits_for_disk:  # outside the file: the next transaction runs (and commits) while this one syncs
             self._sync.wait_durable(seq)
 
     @staticmethod

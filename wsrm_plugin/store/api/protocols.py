@@ -649,8 +649,10 @@ class StorageManager(ABC):
         at most the last such commits, never one made after them durably, and
         nothing that was acknowledged or delivered.  PostgreSQL commits it
         with ``synchronous_commit`` off (no WAL flush to wait for, so the rows
-        it locked are free sooner); the other stores commit as usual.  Ignored
-        for a branch of an XA transaction.
+        it locked are free sooner); SQLite returns from the commit without
+        waiting for the WAL's fsync, which the next durable commit's covers (a
+        killed process loses neither: only a power loss can); the memory store
+        commits as usual.  Ignored for a branch of an XA transaction.
         """
 
     @abstractmethod

@@ -66,6 +66,10 @@ class SqlTransaction(api.StoreTransaction):
         #: sent right after the lazy BEGIN (settings of this transaction only)
         self.begin_with = ""
         self.begun = False
+        #: The commit waits for the disk (False: begun with ``durable=False``; the SQLite store
+        #: then returns from the commit without waiting for the WAL's fsync, which the next
+        #: durable commit's covers, as WAL commits reach the disk in their order).
+        self.waits_for_disk = True
         self._wrote = False
         self._savepoints = 0
         #: the store's prepared statements (PostgreSQL), or None: every statement sent as text
@@ -274,6 +278,7 @@ class SqlTransaction(api.StoreTransaction):
         self._numbered[key] = (number, last or was_last)
 
     def make_durable(self) -> None:
+        self.waits_for_disk = True
         if not self.begin_with:
             return
         self.begin_with = ""
