@@ -174,6 +174,9 @@ class Destination:
         self._receipts: Combiner[_Receipt] | None = Combiner(self._record_batch, batch) if batch > 1 else None
         #: The invoker that takes messages on receipt (``deliver_on_receive``), or None.
         self._direct: InvokerWorker | None = None
+        #: Only requests whose reply goes back in the HTTP response are taken on receipt (the
+        #: automatic ``deliver_on_receive`` of a store whose commits cost little: see there).
+        self._direct_answers_only = False
         #: Receives under way, by sequence and number, while delivering on receipt (see :meth:`_wait_turn`).
         self._turns: dict[str, Counter[int]] = {}
         self._turns_changed = threading.Condition()
@@ -212,12 +215,18 @@ class Destination:
             while len(self._offered_by_us) > _REMEMBERED_OWNERS:
                 self._offered_by_us.popitem(last=False)
 
-    def deliver_on_receive(self, invoker: InvokerWorker) -> None:
+    def deliver_on_receive(self, invoker: InvokerWorker, *, answers_only: bool = False) -> None:
         """Hand each message that is next in order to ``invoker``'s application in its receive's
         transaction (``RMPolicy.deliver_on_receive``).  Concurrent receives are then recorded
-        one by one, unless ``receive_batch`` was set: a batch is always buffered."""
+        one by one, unless ``receive_batch`` was set: a batch is always buffered.
+
+        ``answers_only``: only requests whose reply goes back in the HTTP response to them
+        (an operation that answers, an anonymous ReplyTo).  Their receiving thread waits for
+        the reply anyway: delivering in that thread saves the hand-off to an invoker thread
+        and back, and the reply is ready when the receive's transaction commits."""
         self._direct = invoker
-        if self.policy.receive_batch is None:
+        self._direct_answers_only = answers_only
+        if self.policy.receive_batch is None and not answers_only:
             self._receipts = None
 
     # -- CreateSequence --------------------------------------------------------------------------
@@ -461,7 +470,7 @@ class Destination:
         never runs ahead of the store.
         """
         item = _Receipt(header, version, envelope, addressing, principal, soap_ns, ack_requested, expects_reply)
-        if self._receipts is None and self._delivers_now():
+        if self._receipts is None and self._delivers_now(item):
             self._wait_turn(item)
             try:
                 return self._receive(item)
@@ -479,13 +488,20 @@ class Destination:
             return self._discarded(skipped.seq, header.message_number, skipped.expected)
         return self._accepted(item, *recorded)
 
-    def _delivers_now(self) -> bool:
-        """Is a message next in order delivered on receipt now (the engine started, its
+    def _delivers_now(self, item: _Receipt) -> bool:
+        """Is ``item``, if next in order, delivered on receipt now (the engine started, its
         application quick, delivery not paused by an outage: then it is buffered, and
         acknowledged as soon as the store has it)?"""
         invoker = self._direct
+        if self._direct_answers_only and not self._answered_on_back_channel(item):
+            return False
         return (invoker is not None and invoker.application is not None and invoker.running and invoker.quick
                 and not invoker.paused)
+
+    def _answered_on_back_channel(self, item: _Receipt) -> bool:
+        """Does ``item`` call an operation whose reply goes back in the HTTP response to it?"""
+        reply_to = item.addressing.reply_to
+        return item.expects_reply and self._anonymous(reply_to.address if reply_to is not None else None)
 
     def _wait_turn(self, item: _Receipt) -> None:
         """Delivering on receipt: let the receives of a sequence in by number, as CXF's in-order
@@ -569,7 +585,7 @@ class Destination:
 
     def _record_alone(self, item: _Receipt) -> tuple[RmdSequence, Reception]:
         invoker = self._direct
-        if invoker is None or not self._delivers_now():
+        if invoker is None or not self._delivers_now(item):
             item.wrote = False
             with self.store.begin() as tx:
                 return self._record(tx, item)

@@ -205,6 +205,8 @@ class ReliableEngine:
                                      reporter=reporter)
         if policy.delivers_on_receive(tm is not None, self.store.commits_are_costly):
             self.destination.deliver_on_receive(self.invoker)
+        elif policy.delivers_answers_on_receive(tm is not None, self.store.commits_are_costly):
+            self.destination.deliver_on_receive(self.invoker, answers_only=True)
         if not policy.replies_in_order:
             self.destination.replies_to(self.invoker)
         # The invoker threads grow with the work: the first polls; a message recorded for delivery

@@ -488,8 +488,10 @@ class RMPolicy:
     #: wait for threads).  None: on with InOrder delivery under a transaction manager (where
     #: the second transaction costs most) or where a commit is costly (SQLite, PostgreSQL: a
     #: second flush; bench_compare, SQLite: 1.02 fsyncs per message on the service instead of
-    #: 1.82, 0.79 of plain calls instead of 0.72), off otherwise (the memory store).
-    #: Concurrent receives are then recorded one by one unless ``receive_batch`` says
+    #: 1.82, 0.79 of plain calls instead of 0.72); otherwise (the memory store) only for a
+    #: request whose reply goes back in the HTTP response to it (an operation that answers, an
+    #: anonymous ReplyTo), whose receiving thread waits for that reply anyway: no hand-off to
+    #: an invoker thread and back on a sequential caller's path.  Concurrent receives are then recorded one by one unless ``receive_batch`` says
     #: otherwise (a batch is always buffered: delivering several messages in one transaction
     #: is ``delivery_batch``'s trade-off).
     deliver_on_receive: bool | None = knob(
@@ -499,8 +501,10 @@ class RMPolicy:
         "of two, no buffer row; one that is not next, or whose delivery fails, is buffered as without it; the "
         "acknowledgement then waits for the application (an application slower than 50 ms a message, lately, "
         "gets its messages through the buffer, so that it holds no HTTP threads); `None`: on with InOrder "
-        "delivery under a transaction manager or where a commit is costly (SQLite, PostgreSQL), off otherwise "
-        "(the memory store); receives delivered on receipt are recorded one by one unless `receive_batch` is set",
+        "delivery under a transaction manager or where a commit is costly (SQLite, PostgreSQL), otherwise "
+        "(the memory store) only for requests whose reply goes back in the HTTP response (their receiving "
+        "thread waits for it anyway); receives delivered on receipt are recorded one by one unless "
+        "`receive_batch` is set",
         cxf="— (CXF always delivers in the receiving thread)")
     #: Several hosts on one PostgreSQL store (``txmanager.nodes.PostgresNodes``): the time
     #: from a host's death to its XA transactions being finished by a living host, and so
@@ -553,6 +557,12 @@ class RMPolicy:
         if self.deliver_on_receive is None:
             return (transaction_manager or costly_commits) and self.in_order
         return self.deliver_on_receive
+
+    def delivers_answers_on_receive(self, transaction_manager: bool, costly_commits: bool = False) -> bool:
+        """Are requests whose reply goes back in the HTTP response delivered on receipt where
+        :meth:`delivers_on_receive` says the others are not (``deliver_on_receive`` None)?"""
+        return self.deliver_on_receive is None and self.in_order and not self.delivers_on_receive(
+            transaction_manager, costly_commits)
 
     @property
     def discards_out_of_order(self) -> bool:
