@@ -209,6 +209,9 @@ class ReliableClient:
         self._resolve_on_receipt: dict[str, str] = {}
         #: Requests whose future was resolved on receipt: their delivery has nothing more to do.
         self._resolved_on_receipt: set[str] = set()
+        #: Replies read by :meth:`_consumes_reply` in the transaction recording them, by request
+        #: message id: (result, fault), for :meth:`_reply_recorded` after the commit.
+        self._consuming: dict[str, tuple[Any, Any]] = {}
         self._targets: set[str] = set()
         self._lock = threading.Lock()
         self._started = False
@@ -224,6 +227,7 @@ class ReliableClient:
             on_enqueued=self._enqueued, check=self._check_call)
         engine.source.fault_listeners.append(self._on_sequence_fault)
         engine.destination.recorded_listeners.append(self._reply_recorded)
+        engine.destination.reply_consumers.append(self._consumes_reply)
         self.chain = chain if chain is not None else InterceptorChain([], load_entry_points=False)
         self.chain.add(self.interceptor)
         self._unengaged = _own_copy(client)  # what with_key() engages a chain of its own on
@@ -411,29 +415,56 @@ class ReliableClient:
         if gtx is not None and options.future is not None:
             gtx.register_synchronization(_ResolveOnRollback(options.future))
 
-    def _reply_recorded(self, envelope: bytes, addressing: Any) -> None:
-        """A message was recorded for delivery (the receiving thread, after its commit): if it is
-        the reply to a call of this client that has a future and no callback, resolve the future
-        now.  The reply is in the store already, exactly as when the invoker delivers it (which
-        then only consumes it): the caller does not wait for an invoker thread and its delivery
-        transaction.  A reply that cannot be read is left to that delivery, which reports it."""
+    def _consumes_reply(self, envelope: bytes, addressing: Any) -> bool:
+        """In the transaction that records a message: is it the reply to a call of this client
+        whose future resolves on it (no callback)?  Then its delivery would only consume it, and
+        the destination takes it in that transaction instead (``Destination.reply_consumers``):
+        one store transaction per reply instead of two.  The reply is read here, so one that
+        cannot be read is buffered and left to its delivery, which reports it."""
         request = addressing.relates_to
         if request is None:
-            return
+            return False
         with self._lock:
             operation = self._resolve_on_receipt.get(request)
             future = self._futures.get(request)
         if operation is None or future is None or future.done():
-            return
+            return False
         try:
-            result, fault = deserialize_reply(self.zeep, operation, envelope, self.engine.policy.max_message_size)
+            parsed = deserialize_reply(self.zeep, operation, envelope, self.engine.policy.max_message_size)
         except Exception:  # noqa: BLE001 -- the delivery reads it again and reports what is wrong
+            return False
+        with self._lock:
+            self._consuming[request] = parsed
+        return True
+
+    def _reply_recorded(self, envelope: bytes, addressing: Any, *, consumed: bool = False) -> None:
+        """A message was recorded for delivery, or consumed (the receiving thread, after its
+        commit): if it is the reply to a call of this client that has a future and no callback,
+        resolve the future now.  The reply is in the store already, exactly as when the invoker
+        delivers it (which then only consumes it): the caller does not wait for an invoker thread
+        and its delivery transaction.  A reply that cannot be read is left to that delivery,
+        which reports it."""
+        request = addressing.relates_to
+        if request is None:
             return
+        with self._lock:
+            parsed = self._consuming.pop(request, None)
+            operation = self._resolve_on_receipt.get(request)
+            future = self._futures.get(request)
+        if operation is None or future is None or future.done():
+            return
+        if parsed is None:
+            try:
+                parsed = deserialize_reply(self.zeep, operation, envelope, self.engine.policy.max_message_size)
+            except Exception:  # noqa: BLE001 -- the delivery reads it again and reports what is wrong
+                return
+        result, fault = parsed
         with self._lock:
             if self._futures.pop(request, None) is not future:
                 return  # delivered (or cancelled) meanwhile
             self._resolve_on_receipt.pop(request, None)
-            self._resolved_on_receipt.add(request)
+            if not consumed:  # its delivery is still to come, and only consumes it
+                self._resolved_on_receipt.add(request)
         if fault is not None:
             future.set_exception(fault)
         else:
@@ -442,6 +473,8 @@ class ReliableClient:
     def _on_reply(self, envelope: bytes, context: Any, info: dict[str, Any]) -> None:
         """A reply arrived (invoker thread, inside the delivery transaction)."""
         operation = info["operation"]
+        with self._lock:
+            self._consuming.pop(context.relates_to, None)  # read for a consumption that rolled back
         if not info.get("callback"):
             with self._lock:
                 if context.relates_to in self._resolved_on_receipt:
@@ -501,6 +534,8 @@ class ReliableClient:
                 self.engine.source.fault_listeners.append(self._on_sequence_fault)
             if self._reply_recorded not in self.engine.destination.recorded_listeners:
                 self.engine.destination.recorded_listeners.append(self._reply_recorded)
+            if self._consumes_reply not in self.engine.destination.reply_consumers:
+                self.engine.destination.reply_consumers.append(self._consumes_reply)
             if self._owns_engine:
                 self.engine.start()
                 self._lifecycle.start_recovery(self.recovery_interval, self.lifecycle_report)
@@ -619,10 +654,13 @@ class ReliableClient:
             self.engine.source.fault_listeners.remove(self._on_sequence_fault)
         if self._reply_recorded in self.engine.destination.recorded_listeners:
             self.engine.destination.recorded_listeners.remove(self._reply_recorded)
+        if self._consumes_reply in self.engine.destination.reply_consumers:
+            self.engine.destination.reply_consumers.remove(self._consumes_reply)
         with self._lock:
             futures, self._futures = list(self._futures.values()), {}
             self._resolve_on_receipt.clear()
             self._resolved_on_receipt.clear()
+            self._consuming.clear()
         for future in futures:
             future.cancel()
         self._started = False

@@ -42,28 +42,38 @@ def test_in_out_returns_a_future_with_the_result(clients):
     assert rc.pending_futures() == 0
 
 
-def test_a_future_resolves_once_its_reply_is_recorded_without_waiting_for_its_delivery(clients, monkeypatch):
-    """The reply is in the store when the future resolves; its delivery (an invoker thread's
-    transaction) is no longer on the caller's path, and still consumes the reply afterwards
-    (the same without a listener: tests/anonymous/test_back_channel.py)."""
+def test_a_future_resolves_on_its_reply_s_record_which_consumes_it(clients, monkeypatch):
+    """The reply is in the store when the future resolves, and nothing else is left to do: the
+    transaction that records it takes it (Destination.reply_consumers), so no delivery (an
+    invoker thread's transaction) follows (the same without a listener:
+    tests/anonymous/test_back_channel.py)."""
     rc = clients(listen=("127.0.0.1", 0))
-    delivering = threading.Event()
-    release = threading.Event()
+    delivered: list[object] = []
     on_reply = rc._on_reply
 
-    def held_delivery(*args, **kwargs):
-        delivering.set()
-        release.wait(30)
+    def counted_delivery(*args, **kwargs):
+        delivered.append(args)
         return on_reply(*args, **kwargs)
 
-    monkeypatch.setattr(rc, "_on_reply", held_delivery)
-    future = rc.service.echo("early")
-    assert future.result(timeout=30) == "re:early"
-    assert wait_for(delivering.is_set)  # the delivery came after, and is held
-    assert rc.engine.store.status().buffered == 1  # recorded, not yet delivered
-    release.set()
-    assert wait_for(lambda: rc.engine.store.status().buffered == 0)
-    assert rc.pending_futures() == 0 and not rc._resolved_on_receipt
+    monkeypatch.setattr(rc, "_on_reply", counted_delivery)
+    futures = [rc.service.echo(f"early-{i}") for i in range(3)]
+    assert [f.result(timeout=30) for f in futures] == [f"re:early-{i}" for i in range(3)]
+    assert rc.engine.store.status().buffered == 0  # taken by its record, never buffered
+    assert rc.engine.status().delivered == 3 and rc.engine.status().delivered_on_receipt == 3
+    assert delivered == []  # no delivery came after
+    assert rc.pending_futures() == 0 and not rc._resolved_on_receipt and not rc._consuming
+
+
+def test_a_reply_that_cannot_be_consumed_on_its_record_is_delivered_later(clients, monkeypatch):
+    """A reply whose consumer says no (here: it cannot be read on its record) is buffered and
+    resolves its future in its delivery, as before."""
+    rc = clients(listen=("127.0.0.1", 0))
+    monkeypatch.setattr(rc, "_consumes_reply", lambda envelope, addressing: False)
+    rc.engine.destination.reply_consumers[:] = [rc._consumes_reply]
+    assert rc.service.echo("late").result(timeout=30) == "re:late"
+    assert wait_for(lambda: rc.engine.store.status().buffered == 0)  # delivered, after the future
+    assert wait_for(lambda: rc.engine.status().delivered == 1)
+    assert rc.engine.status().delivered_on_receipt == 0
 
 
 def test_a_fault_is_raised_by_the_future(clients):

@@ -106,6 +106,11 @@ class _Receipt:
     direct: bool = False
     #: Taken in that transaction (recorded as delivered, never buffered): delivered on commit.
     taken: bool = False
+    #: Taken in that transaction with nothing to run: a reply whose call is answered by its
+    #: record (see ``Destination.reply_consumers``).
+    consumed: bool = False
+    #: Consuming it made the sender's work due (the request sequence's Close or Terminate).
+    wake_sender: bool = False
     #: It filled a gap: the messages buffered behind it are the invoker threads' to deliver.
     filled_gap: bool = False
     #: Handed to the application (False for a protocol marker it never sees).
@@ -183,10 +188,28 @@ class Destination:
         #: The last number each sequence took on receipt in this process (a bounded memory).
         self._taken_upto: OrderedDict[str, int] = OrderedDict()
         #: Observers of every message recorded in the buffer for later delivery (not a duplicate,
-        #: not delivered on receipt), told after its commit with (envelope, addressing): it is
-        #: durable by then.  The reliable zeep client resolves a call's future there, off the
+        #: not delivered on receipt) or consumed on receipt (``reply_consumers``), told after its
+        #: commit with (envelope, addressing, consumed=...): it is durable by then.  The reliable zeep client resolves a call's future there, off the
         #: invoker's path; they must not raise, nor take long (the receiving thread runs them).
-        self.recorded_listeners: list[Callable[[bytes, AddressingHeaders], None]] = []
+        self.recorded_listeners: list[Callable[..., None]] = []
+        #: Asked, in the transaction that records a message, whether its delivery would have
+        #: nothing to do: the reliable zeep client's reply to a call whose future resolves on the
+        #: reply's record (no callback).  One that says yes has the message taken in that
+        #: transaction, when it is next in order (recorded as delivered, never buffered: the
+        #: delivery machine's "taken on receipt", with nothing to hand over), so no second
+        #: transaction consumes it later; its ``recorded_listeners`` are told with
+        #: ``consumed=True``.  A crash loses nothing by it: a consumed reply's delivery after a
+        #: restart would have found no call waiting either.  They must not raise (an error
+        #: counts as no), nor take long.
+        self.reply_consumers: list[Callable[[bytes, AddressingHeaders], bool]] = []
+        #: The source's side of a consumed reply, in its transaction (``Source.reply_consumed``:
+        #: the request has its reply); True when the sender has work now.  Set by the engine.
+        self.reply_arrived: Callable[[StoreTransaction, str], bool] = lambda tx, relates_to: False
+        #: Wakes the engine's sender (set by the engine).
+        self.wake_sender: Callable[[], None] = lambda: None
+        #: Counts a consumed reply as delivered, as its delivery would have (the invoker's count,
+        #: ``EngineStatus.delivered``; set by the engine).
+        self.count_delivered: Callable[[], None] = lambda: None
         #: The invoker that hands out replies on offered sequences as they arrive, or None.
         self._replies: InvokerWorker | None = None
         #: Whether each destination sequence is one this engine offered (a bounded memory).
@@ -664,6 +687,7 @@ class Destination:
         identifier, number = header.identifier, header.message_number
         slog = for_sequence(log, identifier, number)
         now = time.time()
+        item.consumed = item.wake_sender = False  # a record tried again (alone, after its batch rolled back)
         # a steady stream's next message: recorded and taken in the round trip that locks its
         # sequence, before the checks below, which roll the transaction back if they refuse it
         guessed = (tx.receive_in_order(identifier, number, now=now)
@@ -708,6 +732,10 @@ class Destination:
             if changes:
                 tx.rmd.update(identifier, **changes)
             taken = item.direct and not reception.duplicate and tx.invoker.take_next(identifier, number)
+            if not taken and not reception.duplicate and self._consumed_here(item):
+                taken = item.consumed = tx.invoker.take_next(identifier, number)
+                if taken and addressing.relates_to is not None:
+                    item.wake_sender = self.reply_arrived(tx, addressing.relates_to)
         if not reception.duplicate:
             if taken:
                 item.taken, item.filled_gap = True, fills_gap  # delivered before this transaction ends
@@ -730,12 +758,38 @@ class Destination:
             tx.rmd.request_ack(identifier, due_at=now + delay)
         return seq, reception
 
+    def _consumed_here(self, item: _Receipt) -> bool:
+        """Does a reply consumer say ``item``'s delivery would have nothing to do?"""
+        for consumer in self.reply_consumers:
+            try:
+                if consumer(item.envelope, item.addressing):
+                    return True
+            except Exception:  # noqa: BLE001 -- a consumer must not fail the receive: it is buffered
+                log.exception("a reply consumer failed")
+        return False
+
+    def _tell_recorded(self, item: _Receipt, slog: logging.LoggerAdapter) -> None:
+        for listener in self.recorded_listeners:
+            try:
+                listener(item.envelope, item.addressing, consumed=item.consumed)
+            except Exception:  # noqa: BLE001 -- an observer must not fail the receive
+                slog.exception("a recorded-message listener failed")
+
     def _accepted(self, item: _Receipt, seq: RmdSequence, reception: Reception) -> Accepted:
         """After the commit: wake the invoker, and the acknowledgement for the back-channel."""
         identifier, number = item.header.identifier, item.header.message_number
         slog = for_sequence(log, identifier, number)
         if reception.duplicate:
             slog.debug("duplicate: acknowledged again, not delivered")
+        elif item.consumed:
+            slog.debug("accepted and consumed (its call is answered)")
+            self.delivered_on_receipt += 1
+            self.count_delivered()
+            self._tell_recorded(item, slog)
+            if item.wake_sender:
+                self.wake_sender()
+            if item.filled_gap:
+                self._wake_invoker()  # the messages buffered behind it are deliverable now
         elif item.taken and self._direct is not None:
             slog.debug("accepted and delivered")
             if item.handed_over:  # not a protocol marker (1.0's LastMessage)
@@ -745,11 +799,7 @@ class Destination:
                 self._wake_invoker()  # the messages buffered behind it are deliverable now
         else:
             slog.debug("accepted")
-            for listener in self.recorded_listeners:
-                try:
-                    listener(item.envelope, item.addressing)
-                except Exception:  # noqa: BLE001 -- an observer must not fail the receive
-                    slog.exception("a recorded-message listener failed")
+            self._tell_recorded(item, slog)
             if self._replies is not None and self._replies.running and self.is_offered_by_us(identifier):
                 # a reply: handed out now, whatever the replies before it (each resolves its own call)
                 if not self._replies.deliver_now(identifier, number):

@@ -188,6 +188,8 @@ class ReliableEngine:
                              end_offered=lambda offered_id: self.destination.end_offered(offered_id))
         self.destination = Destination(self.store, policy, endpoint=endpoint, wake_invoker=self._wake_invoker,
                                        wake_acks=self._wake_acks, wake_release=self._wake_release)
+        self.destination.reply_arrived = self.source.reply_consumed
+        self.destination.wake_sender = self._wake_sender
         self.back_channel = BackChannel(self.store, policy, self.destination)
         self.inbound = Inbound(self.source, self.destination, policy, self.back_channel, answers=answers,
                                understands=understands, knows=knows)
@@ -203,6 +205,7 @@ class ReliableEngine:
                                      on_delivered=self.back_channel.delivered,
                                      wake_invoker=self._wake_invoker, service=name,
                                      reporter=reporter)
+        self.destination.count_delivered = self.invoker.count_consumed
         if policy.delivers_on_receive(tm is not None, self.store.commits_are_costly):
             self.destination.deliver_on_receive(self.invoker)
         elif policy.delivers_answers_on_receive(tm is not None, self.store.commits_are_costly):

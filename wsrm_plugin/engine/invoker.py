@@ -285,6 +285,11 @@ class InvokerWorker:
         self._on_delivered()
         self.settlement.succeeded()
 
+    def count_consumed(self) -> None:
+        """A reply was consumed in the transaction that recorded it (``Destination.reply_consumers``):
+        handed to its call there, so counted as delivered."""
+        self.delivered += 1
+
     def deliver_through(self, sequence_id: str, number: int, limit: int = CATCH_UP_STEPS) -> None:
         """Deliver the sequence's buffered messages in order, up to ``number``, from the calling
         (receiving) thread: one transaction each, exactly as the invoker threads would.

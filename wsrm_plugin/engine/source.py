@@ -843,6 +843,19 @@ class Source:
             if self._acknowledge_awaited(tx, request.sequence_key, request.number):
                 self._ambient.wake_sender = True
 
+    def reply_consumed(self, tx: StoreTransaction, relates_to: str) -> bool:
+        """The reply to request ``relates_to`` was recorded and consumed in ``tx`` (no delivery
+        will follow: ``Destination.reply_consumers``): what its delivery would have done here
+        (:meth:`reply_arrived`).  True when that made the sender's work due (its Close or
+        Terminate): wake it after the commit."""
+        request = tx.rms_messages.find_by_message_id(relates_to)
+        if request is None or not request.reply_pending:
+            return False
+        tx.rms_messages.reply_received(request.sequence_key, request.number)
+        if not request.acked and self._replies_on_back_channel():
+            return self._acknowledge_awaited(tx, request.sequence_key, request.number)
+        return False
+
     def exchange_acknowledged(self, store_key: str, number: int) -> None:
         """The HTTP response to a copy of request ``number`` acknowledged it and carried no reply.
 
