@@ -189,8 +189,9 @@ class Destination:
         self._taken_upto: OrderedDict[str, int] = OrderedDict()
         #: Observers of every message recorded in the buffer for later delivery (not a duplicate,
         #: not delivered on receipt) or consumed on receipt (``reply_consumers``), told after its
-        #: commit with (envelope, addressing, consumed=...): it is durable by then.  The reliable zeep client resolves a call's future there, off the
-        #: invoker's path; they must not raise, nor take long (the receiving thread runs them).
+        #: commit with (envelope, addressing, consumed=...): it is durable by then.  The reliable
+        #: zeep client resolves a call's future there, off the invoker's path; they must not
+        #: raise, nor take long (the receiving thread runs them).
         self.recorded_listeners: list[Callable[..., None]] = []
         #: Asked, in the transaction that records a message, whether its delivery would have
         #: nothing to do: the reliable zeep client's reply to a call whose future resolves on the

@@ -491,9 +491,9 @@ class RMPolicy:
     #: 1.82, 0.79 of plain calls instead of 0.72); otherwise (the memory store) only for a
     #: request whose reply goes back in the HTTP response to it (an operation that answers, an
     #: anonymous ReplyTo), whose receiving thread waits for that reply anyway: no hand-off to
-    #: an invoker thread and back on a sequential caller's path.  Concurrent receives are then recorded one by one unless ``receive_batch`` says
-    #: otherwise (a batch is always buffered: delivering several messages in one transaction
-    #: is ``delivery_batch``'s trade-off).
+    #: an invoker thread and back on a sequential caller's path.  Concurrent receives are then
+    #: recorded one by one unless ``receive_batch`` says otherwise (a batch is always buffered:
+    #: delivering several messages in one transaction is ``delivery_batch``'s trade-off).
     deliver_on_receive: bool | None = knob(
         None, Flag(none="automatic"),
         "hand a message that is next in order to the application in the transaction that receives it, in the "
