@@ -75,7 +75,10 @@ class MemoryStore(api.StorageManager):
         self.url = f"memory:{name}" if name != "memory" else "memory:"
         self.name = name
         self.lock_timeout = lock_timeout
-        self._cond = threading.Condition()
+        #: The mutex of the tables and locks, taken bare by the readers (a C-level ``with``:
+        #: the Condition's own ``__enter__`` is Python, and a delivery reads dozens of rows).
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._tables: dict[str, dict[Any, Any]] = {t: {} for t in (_RMS, _MSG, _RMD, _INV, _BUF, _POI, _CON)}
         self._groups: dict[str, dict[Any, dict[Any, Any]]] = {t: {} for t in _GROUPED}
         #: the committed source messages indexed for due batches and acknowledgements (a backlog)
@@ -172,20 +175,25 @@ class MemoryStore(api.StorageManager):
                     del groups[key[0]]
 
     def _snapshot(self, table: str) -> dict[Any, Any]:
-        with self._cond:
+        with self._mutex:
             return dict(self._tables[table])
 
     def _snapshot_group(self, table: str, group: Any) -> dict[Any, Any]:
-        with self._cond:
+        with self._mutex:
             return dict(self._groups[table].get(group, ()))
 
+    def _groups_of(self, table: str) -> list[Any]:
+        """The sequences with committed rows in grouped ``table``."""
+        with self._mutex:
+            return list(self._groups[table])
+
     def _committed(self, table: str, key: Any) -> Any:
-        with self._cond:
+        with self._mutex:
             return self._tables[table].get(key)
 
     def _indexed(self, query: str, *args: Any) -> Any:
         """``MessageIndex.<query>(*args)`` on the committed messages, under the mutex."""
-        with self._cond:
+        with self._mutex:
             return getattr(self._messages, query)(*args)
 
 
@@ -743,8 +751,10 @@ class _Invoker(api.InvokerBufferManager):
     def claim_next(self, *, in_order: bool = True, now: float | None = None) -> BufferedMessage | None:
         tx = self._tx
         now = _now(now)
-        if in_order:  # every sequence with buffered messages has a delivery record: look up, don't scan
-            for sequence_id in sorted(tx._scan(_INV)):
+        if in_order:  # the sequences with buffered messages, each its next number looked up: no scan
+            staged = {key[0] for (table, key), value in tx._changes.items()
+                      if table == _BUF and value is not _DELETED}
+            for sequence_id in sorted(staged.union(tx._store._groups_of(_BUF))):
                 if self._due_in_order(sequence_id, now) is None:
                     continue
                 if not tx._lock(RANK_INVOKER, sequence_id, wait=False):
