@@ -83,7 +83,8 @@ the statements PostgreSQL spent longest on (run one scenario to read them); a nu
 lists that many.
 
 Profiling: ``BENCH_PROFILE=DIR`` attaches ``py-spy record --idle --threads``
-(raw collapsed stacks, waits included; ``BENCH_PROFILE_IDLE=0``: on-CPU samples only) to every
+(raw collapsed stacks, waits included; ``BENCH_PROFILE_IDLE=0``: py-spy's on-CPU guess, which counts
+lock waits; ``BENCH_PROFILE_IDLE=gil``: only the thread holding the GIL, the Python CPU) to every
 client and server process and writes ``DIR/<scenario>-<tag>-<role>.txt``; ``BENCH_PROFILER=yappi`` writes
 yappi CPU profiles of all threads (``.pstats``) from inside the processes instead.
 """
@@ -665,7 +666,8 @@ class _Child:
                 time.sleep(0.5)
                 kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
                 pid = int(kids[0]) if kids else pid
-            idle = ["--idle"] if os.environ.get("BENCH_PROFILE_IDLE", "1") != "0" else []
+            mode = os.environ.get("BENCH_PROFILE_IDLE", "1")  # "gil": only the thread holding the GIL
+            idle = ["--gil"] if mode == "gil" else ["--idle"] if mode != "0" else []
             self.spy = subprocess.Popen([spy, "record", "--pid", str(pid), *idle, "--threads", "-r", "200",
                                          "-f", "raw", "-o", profile_out],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
