@@ -11,13 +11,11 @@ specification and WCF examples are retyped from the public documents (named
 beside each); where a document leaves out namespace declarations, they are the
 ones its prefix table names.
 
-Not replayed: the examples of Microsoft's MS-WSRVCRR and MS-WSRVCRM documents
-(section 4 of each).  Only the openings of those documents could be read with
-the tools of this session, not their examples; WCF's messages are replayed from
-Microsoft's WS-RM 1.1 interoperability page instead (the same implementation's
-CreateSequence with Offer, Sequence, AckRequested, SequenceAcknowledgement with
-the flow-control extension ``netrm:BufferRemaining`` that MS-WSRVCRM defines,
-CloseSequence and TerminateSequence).
+Microsoft's MS-WSRVCRR and MS-WSRVCRM section 4 examples are replayed by
+``test_microsoft.py``; WCF's messages here come from Microsoft's WS-RM 1.1
+interoperability page (CreateSequence with Offer, Sequence, AckRequested,
+SequenceAcknowledgement with the flow-control extension ``netrm:BufferRemaining``
+that MS-WSRVCRM defines, CloseSequence and TerminateSequence).
 """
 
 from __future__ import annotations

@@ -284,7 +284,8 @@ class Destination:
                               expires=now + expires.total_seconds() if expires else None, now=now)
                 accept = None
                 if reply_address is not None and offered_id is not None:
-                    accept = self._accept_offer(tx, offered_id, reply_address, version, wsa, sequence_id)
+                    accept = self._accept_offer(tx, offered_id, reply_address, version, wsa, sequence_id,
+                                                addressing)
                 response = CreateSequenceResponse(sequence_id, accept=accept)
                 for_sequence(log, sequence_id).info("sequence created for %s (AcksTo %s)", peer,
                                                     request.acks_to.address)
@@ -354,7 +355,25 @@ class Destination:
             tx.rms.update(holder.key, target=target)
         for_sequence(log, identifier).info("CreateSequence repeated with offer %s (new MessageID): same sequence",
                                            offer.identifier)
-        return CreateSequenceResponse(identifier, accept=EndpointReference(holder.acks_to))
+        return CreateSequenceResponse(identifier, accept=self._accept_acks_to(holder.acks_to, addressing))
+
+    def _accept_acks_to(self, acks_to: str, addressing: AddressingHeaders) -> EndpointReference:
+        """The AcksTo of an Accept: where the peer sends its acknowledgements of our replies.
+
+        They arrive at this endpoint -- riding on the peer's requests, or posted to it -- so
+        the Accept names it: the address the CreateSequence was sent to (its wsa:To), or
+        this engine's own.  Anonymous would say "in the HTTP responses to our messages",
+        which a peer getting its replies in HTTP responses cannot do; WCF's client faults
+        a sequence whose Accept names any address but the one it sends to
+        (AcksToMustBeSameAsRemoteAddress), and Microsoft's MS-WSRVCRR 4.1.1 shows its
+        service's own address there.
+        """
+        if not self._anonymous(acks_to):
+            return EndpointReference(acks_to)
+        to = addressing.to
+        if to and not self._anonymous(to) and not EndpointReference(to).is_none:
+            return EndpointReference(to)
+        return EndpointReference(self._endpoint() or acks_to)
 
     def _check_limits(self, tx: StoreTransaction, version: RMVersion, peer: str, principal: str | None) -> None:
         open_ids = [s.sequence_id for s in tx.rmd.list_all() if not s.terminated]
@@ -396,13 +415,13 @@ class Destination:
         return address if address is not None else (addressing.version or WSA_2005_08).anonymous
 
     def _accept_offer(self, tx: StoreTransaction, offered_id: str, reply_address: str, version: RMVersion,
-                      wsa: AddressingVersion, sequence_id: str) -> EndpointReference:
+                      wsa: AddressingVersion, sequence_id: str, addressing: AddressingHeaders) -> EndpointReference:
         key = reply_sequence_key(sequence_id)
         acks_to = (self._endpoint() if self.policy.decoupled_acks else None) or wsa.anonymous
         tx.rms.create(key, target=reply_address, acks_to=acks_to, rm_version=version.ns, wsa_version=wsa.ns,
                       next_control_at=None)
         tx.rms.update(key, sequence_id=offered_id, started=True)
-        return EndpointReference(acks_to)
+        return self._accept_acks_to(acks_to, addressing)
 
     # -- application messages --------------------------------------------------------------------
 

@@ -649,15 +649,29 @@ class Source:
                     return seq.key
         return None
 
+    def _accepted_acks_to(self, address: str, seq: RmsSequence) -> str:
+        """Where acknowledgements of the offered sequence go, from the Accept's AcksTo.
+
+        An Accept naming the very address our requests go to (WCF's service always does:
+        MS-WSRVCRR 4.1.1) asks for what the anonymous one does here: acknowledgements
+        riding on those requests (WCF's R1601), in our HTTP responses to its messages, or
+        posted there when no request goes soon.  Kept as anonymous, so that a peer
+        naming itself costs no standalone acknowledgement per reply.
+        """
+        if address == seq.target:
+            return (_wsa_of(seq) or self.policy.addressing).anonymous
+        return address
+
     def on_create_sequence_response(self, store_key: str, response: CreateSequenceResponse,
                                     version: RMVersion, *, create_offered: Callable[..., None]) -> None:
         """The peer opened the sequence: record its identifier; accept the offered sequence."""
         now = time.time()
         with self.store.begin() as tx:
             preview = tx.rms.list_all()  # no lock: only to learn the offer before locking in order
-            offered_id = next((s.offered_id for s in preview if s.key == store_key), None)
-            if response.accept is not None and offered_id is not None:
-                create_offered(tx, offered_id, response.accept.address, version)
+            mine = next((s for s in preview if s.key == store_key), None)
+            offered_id = mine.offered_id if mine is not None else None
+            if response.accept is not None and offered_id is not None and mine is not None:
+                create_offered(tx, offered_id, self._accepted_acks_to(response.accept.address, mine), version)
             seq = tx.rms.get(store_key)
             if seq is None:
                 return
