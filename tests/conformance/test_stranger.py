@@ -22,10 +22,14 @@ from tests.engine.support import (
 )
 from wsrm_plugin.engine import DeliveryContext, ReliableEngine, RMPolicy
 from wsrm_plugin.engine.http_server import HttpServer
+from wsrm_plugin.makeconnection import Poller, mc_address_for
 from wsrm_plugin.wire import (
     RM11, SOAP12, AckRequested, CloseSequence, SequenceAcknowledgement, SequenceTerminated, TerminateSequence,
-    UnknownSequence, fault_envelope, to_bytes,
+    UnknownSequence, build_envelope, fault_envelope, to_bytes,
 )
+
+from . import service as conformance
+from .peer import echo
 
 FAST = dict(base_retransmission_interval=0.2, exponential_backoff=False, poll_interval=0.05, http_timeout=5.0)
 
@@ -196,3 +200,46 @@ def test_an_addressed_client_hears_its_peer_on_the_offered_sequence(tmp_path):
     finally:
         client.stop(timeout=5)
         server.stop(timeout=5)
+
+
+def test_a_stranger_cannot_post_on_the_sequence_a_polling_client_offered(servers):
+    """The same with a WS-MakeConnection client: its Offer Endpoint and ReplyTo are a WS-MC anonymous
+    URI, its replies come in the answers to its MakeConnection polls, and its engine's endpoint is
+    nonetheless reachable (served inside the firewall).  A stranger's reply on the offered sequence,
+    AckRequested, Close and Terminate are UnknownSequence; the real replies still arrive."""
+    server = servers(make_connection=True)
+    replies: list[bytes] = []
+
+    def take(envelope: bytes, context: DeliveryContext) -> None:
+        replies.append(envelope)
+
+    client = ReliableEngine("memory:", RMPolicy(**FAST), application=take, name="client",
+                            endpoint_address=mc_address_for("behind-the-firewall"))
+    listener = HttpServer(client.endpoint, "127.0.0.1", 0).start()
+    client.start()
+    poller = Poller(client, client.endpoint_address, lambda: [server.url], interval=0.05).start()
+    try:
+        def call(text: str) -> None:
+            client.send(server.url, to_bytes(build_envelope(SOAP12, [], echo(text))),
+                        action=f"{conformance.TNS}/echo", expect_reply=True)
+
+        call("p1")
+        assert wait_for(lambda: len(replies) == 1, timeout=30)
+        _, offered_id, before = _offered_state(client)
+        for body in (application_message(RM11, listener.url, offered_id, 2, "forged"),
+                     protocol_request(RM11, listener.url, RM11.action("AckRequested"), None,
+                                      [AckRequested(offered_id).to_xml(RM11, SOAP12)]),
+                     protocol_request(RM11, listener.url, RM11.action("CloseSequence"),
+                                      CloseSequence(offered_id).to_xml(RM11)),
+                     protocol_request(RM11, listener.url, RM11.action("TerminateSequence"),
+                                      TerminateSequence(offered_id).to_xml(RM11))):
+            answer = post(listener.url, body)
+            assert answer.status == 400 and isinstance(answer.fault(), UnknownSequence), answer.body
+        assert _offered_state(client)[2] == before
+        call("p2")  # its reply is number 2 on the offered sequence: the stranger's took no slot
+        assert wait_for(lambda: len(replies) == 2, timeout=30)
+        assert b"re:p2" in replies[1] and b"forged" not in b"".join(replies)
+    finally:
+        poller.stop(timeout=5)
+        client.stop(timeout=5)
+        listener.stop(timeout=5)
