@@ -128,6 +128,9 @@ def marks_left(dsn: str) -> int:
     conn = psycopg2.connect(dsn)
     try:
         with conn, conn.cursor() as cur:
+            cur.execute("SELECT to_regclass('txm_commit_mark') IS NOT NULL")
+            if not cur.fetchone()[0]:
+                return 0  # killed before it created the table: no mark was ever written
             cur.execute("SELECT count(*) FROM txm_commit_mark")
             return int(cur.fetchone()[0])
     finally:

@@ -249,7 +249,11 @@ def test_a_takeover_waits_for_a_decision_in_flight_and_then_fences_the_next(dbs)
         old.close()  # the old holder's claim is gone; its data session is not
         with data.cursor() as cur:
             cur.execute("SELECT txm_fence(%s, %s)", ("w-0", claim.epoch))  # a decision in flight
-        assert try_lock(new, "w-0", create=False) == node_id
+        # the server releases the closed session's lock when its backend has exited, a moment later
+        deadline = time.monotonic() + 30
+        while (got := try_lock(new, "w-0", create=False)) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert got == node_id
         taken: list = []
         thread = threading.Thread(target=lambda: taken.append(seize(new, "w-0", node_id, "db")))
         thread.start()
