@@ -99,3 +99,30 @@ def test_postgresql_compresses_payloads_with_lz4(store_url) -> None:
         assert sorted(rows) == [("invoker_message", "l"), ("poison_message", "l"), ("rms_message", "l")]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("store_url", KINDS, indirect=True)
+def test_status_counts_messages_without_reading_their_payloads(store_url) -> None:
+    """``status()`` (``wsrm status``, every health check) tallies each sequence's messages; it
+    used to list them, reading every stored payload."""
+    import tracemalloc
+
+    store = open_store(store_url())
+    try:
+        with store.begin() as tx:
+            new_rms(tx)
+            for i in range(3):
+                tx.rms_messages.enqueue("k1", b"<env>" + b"x" * MIB + b"</env>", action="urn:op",
+                                        soap_version="1.1", message_id=f"urn:m{i}")
+            tx.rms_messages.record_send_attempts_across({"k1": [1, 2]}, next_send_at=0.0)
+            tx.rms_messages.record_send_attempts_across({"k1": [1]}, next_send_at=0.0)
+        tracemalloc.start()
+        try:
+            [seq] = store.status().rms
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert (seq.stored, seq.unacked, seq.retransmissions) == (3, 3, 1)
+        assert peak < MIB // 4, f"status() held {peak} bytes"
+    finally:
+        store.close()

@@ -233,6 +233,14 @@ class RmsMessageManager(_Manager, ABC):
     def list_for(self, sequence_key: str) -> list[RmsMessage]:
         """Every stored message of a sequence by number (no lock)."""
 
+    def tally(self, sequence_key: str) -> tuple[int, int, int]:
+        """(stored, unacknowledged, transmissions beyond each message's first) of a sequence, for
+        ``status()`` (no lock).  A SQL store counts without reading a payload: listing the
+        messages read every stored payload at each health check."""
+        msgs = self.list_for(sequence_key)
+        return (len(msgs), sum(1 for m in msgs if not m.acked),
+                sum(max(m.send_count - 1, 0) for m in msgs))
+
 
 class RmdSequenceManager(_Manager, ABC):
     """Destination sequences: what was received, what is owed to the peer."""
@@ -691,12 +699,11 @@ class StorageManager(ABC):
 def _status_of(tx: StoreTransaction, prepared: int = 0) -> StoreStatus:
     rms = []
     for seq in tx.rms.list_all():
-        msgs = tx.rms_messages.list_for(seq.key)
+        stored, unacked, resent = tx.rms_messages.tally(seq.key)
         rms.append(RmsSequenceStatus(
             key=seq.key, sequence_id=seq.sequence_id, state=rms_state_name(seq),
-            next_number=seq.next_number,
-            unacked=sum(1 for m in msgs if not m.acked), stored=len(msgs),
-            retransmissions=seq.purged_retransmissions + sum(max(m.send_count - 1, 0) for m in msgs),
+            next_number=seq.next_number, unacked=unacked, stored=stored,
+            retransmissions=seq.purged_retransmissions + resent,
             fault_reason=seq.fault_reason, last_activity=seq.last_activity))
     rmd = []
     for dseq in tx.rmd.list_all():

@@ -451,6 +451,13 @@ class _RmsMessages(api.RmsMessageManager):
             tx.capture("rms_payload", where, params)
             tx.write(f"DELETE FROM rms_payload WHERE {where}", params)
 
+    def tally(self, sequence_key: str) -> tuple[int, int, int]:
+        row = self._tx.one(
+            "SELECT COUNT(*), COALESCE(SUM(CASE WHEN acked THEN 0 ELSE 1 END), 0), "
+            "COALESCE(SUM(CASE WHEN send_count > 1 THEN send_count - 1 ELSE 0 END), 0) "
+            "FROM rms_message WHERE seq_key = ?", (sequence_key,))
+        return int(row[0]), int(row[1]), int(row[2])
+
     def list_for(self, sequence_key: str) -> list[RmsMessage]:
         rows = self._tx.all(f"SELECT {msg_cols(self._tx.d)} FROM rms_message WHERE seq_key = ? "
                             "ORDER BY number", (sequence_key,))
