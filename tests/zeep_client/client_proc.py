@@ -4,6 +4,9 @@
 with a persisted callback (``append_reply``, or the import path given as a 6th argument), prints
 ``sent`` and waits to be killed; ``... resume 0`` only starts (the
 lifecycle listener restores callbacks and resumes), prints the lifecycle report as JSON and waits.
+``... futures N`` makes N in-out calls one after the other, each waiting for its future (no
+callback: the reply is consumed by its record), printing ``answer TEXT`` for each, then waits.  A
+PORT of 0 serves no listener: the replies come in the HTTP responses.
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ POLICY = RMPolicy(base_retransmission_interval=0.2, exponential_backoff=False, p
 def main() -> None:
     wsdl, store, port, mode, count = sys.argv[1:6]
     callback = sys.argv[6] if len(sys.argv) > 6 else "tests.zeep_client.service:append_reply"
-    rc = reliable_client(zeep.Client(wsdl), store, POLICY, listen=("127.0.0.1", int(port)), key="orders",
-                         name="crash-client")
-    if mode == "send":
+    listen = ("127.0.0.1", int(port)) if int(port) else None
+    rc = reliable_client(zeep.Client(wsdl), store, POLICY, listen=listen, key="orders", name="crash-client")
+    if mode == "futures":
+        for i in range(int(count)):
+            print("answer", rc.service.echo(f"q{i}").result(timeout=60), flush=True)
+    elif mode == "send":
         for i in range(int(count)):
             rc.service.echo(f"q{i}", _callback=callback, _context=f"c{i}")
         print("sent", flush=True)

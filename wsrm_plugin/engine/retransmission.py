@@ -209,6 +209,9 @@ class RetransmissionWorker:
         #: Acknowledgements of back-channel replies owed to the peers: sequence key -> (when it
         #: goes on its own unless a request carried it first, the sequence)
         self._reply_acks: dict[str, tuple[float, RmsSequence]] = {}
+        #: The replies a predecessor of this process recorded may be owed their acknowledgement
+        #: (it was killed before one went): looked at in the first round (see _owe_reply_acks).
+        self._looked_for_owed_acks = False
         self._reply_acks_lock = threading.Lock()
         #: Why a message is sent again, noted at the attempt or round that decided it (observed only).
         self._again: dict[tuple[str, int], str] = {}
@@ -233,6 +236,8 @@ class RetransmissionWorker:
         probed = self._probe(now)
         controlled = self._control(now)
         sent = self._transmit(now)
+        if not self._looked_for_owed_acks:
+            self._owe_reply_acks()
         replies_acked = self._acknowledge_replies()
         kept = self._keep_alive(time.time())
         self._report_unreachable()
@@ -1214,6 +1219,29 @@ class RetransmissionWorker:
         self.inbound.handle(data, via_response=True)
         if seq.offered_id:
             with self._reply_acks_lock:
+                self._reply_acks.setdefault(seq.key, (time.monotonic() + _REPLY_ACK_WAIT, seq))
+
+    def _owe_reply_acks(self) -> None:
+        """At the first round: the back-channel replies a predecessor of this process recorded
+        may not have been acknowledged (it died before the next request or its own POST carried
+        the acknowledgement, which only its memory owed), and the peer then keeps them, and their
+        requests' sequence, until that sequence ends.  So each sequence whose offered sequence
+        received replies owes its acknowledgement once now (carried by a request within the
+        usual wait, else POSTed)."""
+        if not self.source._replies_on_back_channel():
+            self._looked_for_owed_acks = True
+            return
+        try:
+            with self.store.begin() as tx:
+                owing = [seq for seq in tx.rms.list_all()
+                         if seq.offered_id and seq.started and not seq.faulted and not seq.terminate_sent
+                         and (rmd := tx.rmd.get(seq.offered_id)) is not None and rmd.received]
+        except StoreError as exc:  # looked at again in the next round
+            log.debug("acknowledgements owed by a predecessor not looked for: %s", exc)
+            return
+        self._looked_for_owed_acks = True
+        with self._reply_acks_lock:
+            for seq in owing:
                 self._reply_acks.setdefault(seq.key, (time.monotonic() + _REPLY_ACK_WAIT, seq))
 
     def _owed_reply_ack(self, seq: RmsSequence) -> SequenceAcknowledgement | None:
