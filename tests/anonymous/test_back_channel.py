@@ -155,3 +155,15 @@ def test_back_channel_replies_do_not_wait_for_the_poll_interval(servers, clients
     elapsed = time.monotonic() - started
     assert elapsed < 10.0, f"20 calls took {elapsed:.1f} s with poll_interval 2 s"
     assert service.RAN == collections.Counter({"warm-up": 1, **{f"p{i}": 1 for i in range(20)}})
+
+
+def test_the_sender_learns_from_the_acknowledgements_riding_on_back_channel_replies(servers, clients):
+    """A reply in the HTTP response carries the acknowledgement of its request: the sender's
+    pacing counts it, so what it remembers as sent and not known acknowledged does not grow with
+    every call of a long sequence (it used to, up to 4,096 numbers walked at every round)."""
+    rc = clients(servers().url)
+    for i in range(12):
+        assert rc.service.echo(f"p{i}").result(timeout=30) == f"re:p{i}"
+    flows = list(rc.engine.retransmission._flows.values())
+    assert flows and all(not flow.outstanding for flow in flows)
+    assert any(flow.known.is_complete_up_to(12) for flow in flows)

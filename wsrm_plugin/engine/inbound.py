@@ -593,8 +593,9 @@ class Inbound:
         except SoapFault as fault:
             log.warning("unreadable response%s (%s); treating it as lost", f" ({origin})" if origin else "", fault)
             return ResponseContent()
-        if message.sequence is not None:
-            return ResponseContent(reliable=True)  # a reply on the back-channel: the caller handles it
+        if message.sequence is not None:  # a reply on the back-channel: the caller handles it (acks too),
+            # and learns from the acknowledgements it carries what the peer took (pacing)
+            return ResponseContent(reliable=True, acks=tuple(ack for ack, _ in message.acks))
         acks = tuple(ack for ack, _ in message.acks)
         for ack, version in message.acks:
             try:
