@@ -39,6 +39,7 @@ from ..wire import (
     SoapFault, TerminateSequence, UnknownSequence, WSA_2005_08,
 )
 from ..wire.namespaces import RM_VERSIONS
+from . import observe
 from .ackbuilder import acknowledgement_of
 from .combiner import ALONE, Combiner
 from .faults import busy_fault, fault_for_transition
@@ -805,6 +806,11 @@ class Destination:
             slog.debug("accepted and consumed (its call is answered)")
             self.delivered_on_receipt += 1
             self.count_delivered()
+            observer = observe.active
+            if observer is not None:  # a delivery, which the receive's transaction committed
+                observer.delivering(item.envelope, sequence_id=identifier, number=number,
+                                    action=item.addressing.action or "", message_id=item.addressing.message_id,
+                                    transaction=None).end()
             self._tell_recorded(item, slog)
             if item.wake_sender:
                 self.wake_sender()
