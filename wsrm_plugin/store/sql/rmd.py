@@ -18,6 +18,8 @@ from .rows import _RMD_COLS, _cols, _rmd
 from .statements import _rmd_assignments
 from .transaction import SqlTransaction
 
+_SELECT_RMD = f"SELECT {_cols(_RMD_COLS)} FROM rmd_sequence WHERE sequence_id = ?"
+
 
 class _Rmd(api.RmdSequenceManager):
     _tx: SqlTransaction
@@ -41,16 +43,7 @@ class _Rmd(api.RmdSequenceManager):
 
     def get(self, sequence_id: str) -> RmdSequence | None:
         tx = self._tx
-        tx.lock(RANK_RMD, sequence_id)
-        held = tx.held_rmd.get(sequence_id)
-        if held is not None:  # locked by this transaction since it read it: nobody else changed it
-            return held
-        row = tx.one(f"SELECT {_cols(_RMD_COLS)} FROM rmd_sequence WHERE sequence_id = ?"
-                     + tx.d.for_update, (sequence_id,))
-        if row is None:
-            return None
-        seq = tx.held_rmd[sequence_id] = _rmd(row)
-        return seq
+        return tx.locked_sequence(RANK_RMD, tx.held_rmd, sequence_id, _SELECT_RMD, _rmd)
 
     def _set(self, sequence_id: str, changes: dict[str, Any]) -> RmdSequence:
         tx = self._tx

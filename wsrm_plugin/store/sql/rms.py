@@ -21,6 +21,8 @@ from ..api import (
 from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMS_COLS, _cols, _msg, _rms, msg_cols
 from .transaction import SqlTransaction, _in_list
 
+_SELECT_RMS = f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?"
+
 
 class _Rms(api.RmsSequenceManager):
     _tx: SqlTransaction
@@ -45,16 +47,7 @@ class _Rms(api.RmsSequenceManager):
 
     def get(self, key: str) -> RmsSequence | None:
         tx = self._tx
-        tx.lock(RANK_RMS, key)
-        held = tx.held_rms.get(key)
-        if held is not None:  # locked by this transaction since it read it: nobody else changed it
-            return held
-        row = tx.one(f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?"
-                     + tx.d.for_update, (key,))
-        if row is None:
-            return None
-        seq = tx.held_rms[key] = _rms(row)
-        return seq
+        return tx.locked_sequence(RANK_RMS, tx.held_rms, key, _SELECT_RMS, _rms)
 
     def get_by_sequence_id(self, sequence_id: str) -> RmsSequence | None:
         tx = self._tx

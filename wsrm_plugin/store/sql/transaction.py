@@ -9,7 +9,7 @@ row it touches (or "did not exist") is kept, keyed by table and primary key.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
@@ -137,6 +137,23 @@ class SqlTransaction(api.StoreTransaction):
         row = cur.fetchone()
         cur.close()
         return row
+
+    def locked_sequence(self, rank: int, held: dict[str, Any], key: str, select: str,
+                        parse: Callable[[Any], Any]) -> Any:
+        """A sequence's record, locked for the rest of this transaction; None if there is none.
+
+        What this transaction read once stays locked and unchanged by anyone else,
+        so the second ask is answered from ``held`` without a round trip.
+        """
+        self.lock(rank, key)
+        seq = held.get(key)
+        if seq is not None:
+            return seq
+        row = self.one(select + self.d.for_update, (key,))
+        if row is None:
+            return None
+        seq = held[key] = parse(row)
+        return seq
 
     def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         cur = self.execute(sql, params)
