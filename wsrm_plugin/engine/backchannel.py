@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..store import StorageManager
+from ..store import RmsMessage, RmsSequence, StorageManager
 from ..wire import SequenceHeader, SoapVersion
 from .destination import Destination
 from .envelopes import stamp
@@ -87,38 +87,41 @@ class BackChannel:
         deadline = time.monotonic() + self.policy.back_channel_reply_wait
         while True:
             with self._changed:
-                outcome = self._look(identifier, number)
+                outcome, taken = self._take(identifier, number)
                 remaining = deadline - time.monotonic()
                 if outcome is not Outcome.TIMED_OUT or remaining <= 0:
                     break
                 self._changed.wait(min(remaining, self.policy.poll_interval))
-        if outcome is Outcome.REPLY:
-            return self._hand_out(identifier, number, soap)
+        if taken is not None:
+            return self._hand_out(identifier, number, soap, *taken)
         return BackChannelReply(outcome)
 
-    def _look(self, identifier: str, number: int) -> Outcome:
-        with self.store.begin() as tx:
+    def _take(self, identifier: str, number: int) -> tuple[Outcome, tuple[RmsSequence, RmsMessage] | None]:
+        """Look for the reply to request ``number`` and, when it is there, count it as sent (the
+        client may acknowledge it now, and the worker never sends it), in one transaction.
+
+        Not durable: a send attempt recorded, which a power loss may forget (the reply then waits
+        for its request's next copy, as one whose response was lost); a killed process keeps it.
+        The look takes no lock; the sequence's row is locked only once its reply is there."""
+        with self.store.begin(durable=False) as tx:
             replies = back_channel_replies(tx, identifier)
             if replies is None:
-                return Outcome.NOT_APPLICABLE
-            if number in replies:
-                return Outcome.REPLY
-            if number in tx.invoker.state(identifier).delivered:
-                return Outcome.DELIVERED
-        return Outcome.TIMED_OUT
-
-    def _hand_out(self, identifier: str, number: int, soap: SoapVersion) -> BackChannelReply:
-        key = reply_sequence_key(identifier)
-        # not durable: a send attempt recorded, which a power loss may forget (the reply then waits
-        # for its request's next copy, as one whose response was lost); a killed process keeps it
-        with self.store.begin(durable=False) as tx:
+                return Outcome.NOT_APPLICABLE, None
+            reply = replies.get(number)
+            if reply is None:
+                if number in tx.invoker.state(identifier).delivered:
+                    return Outcome.DELIVERED, None
+                return Outcome.TIMED_OUT, None
+            key = reply_sequence_key(identifier)
             seq = tx.rms.get(key)
-            replies = back_channel_replies(tx, identifier) if seq is not None else None
-            reply = (replies or {}).get(number)
-            if seq is None or reply is None or seq.sequence_id is None:
-                return BackChannelReply(Outcome.DELIVERED)  # acknowledged (or ended) meanwhile
-            # counted as sent: the client may acknowledge it now (and the worker never sends it)
+            if seq is None or seq.sequence_id is None:
+                return Outcome.DELIVERED, None  # acknowledged (or ended) meanwhile
             tx.rms_messages.record_send_attempt(key, reply.number, next_send_at=NEVER)
+        return Outcome.REPLY, (seq, reply)
+
+    def _hand_out(self, identifier: str, number: int, soap: SoapVersion, seq: RmsSequence,
+                  reply: RmsMessage) -> BackChannelReply:
+        """The reply, stamped with its sequence header and the acknowledgement of the request."""
         rm = rm_version_of(seq)
         reply_soap = SoapVersion.for_namespace(reply.soap_version) or soap
         headers = [SequenceHeader(seq.sequence_id, reply.number).to_xml(rm, reply_soap)]
