@@ -122,6 +122,7 @@ class BackChannel:
     def _hand_out(self, identifier: str, number: int, soap: SoapVersion, seq: RmsSequence,
                   reply: RmsMessage) -> BackChannelReply:
         """The reply, stamped with its sequence header and the acknowledgement of the request."""
+        assert seq.sequence_id is not None  # _take hands out only on a started sequence
         rm = rm_version_of(seq)
         reply_soap = SoapVersion.for_namespace(reply.soap_version) or soap
         headers = [SequenceHeader(seq.sequence_id, reply.number).to_xml(rm, reply_soap)]
