@@ -164,3 +164,148 @@ def test_a_pipelined_rounds_acknowledgements_are_applied_once_not_once_per_lane(
     assert received.snapshot() == [f"a{i}" for i in range(24)]
     assert any(lanes >= 2 for lanes, _ in rounds), rounds  # some round was pipelined
     assert all(acks == 1 for _, acks in rounds), rounds  # one sequence: one application per round
+
+
+class Gathering(InFlight):
+    """A service that holds each application message until ``gather`` are in flight at once (or
+    ``patience`` seconds passed), then lets everything through: a sender that keeps fewer in
+    flight waits out the patience with each request (kept below the sender's HTTP timeout)."""
+
+    def __init__(self, gather: int, patience: float) -> None:
+        super().__init__(delay=0.0)
+        self.gather = gather
+        self.patience = patience
+        self._gathered = threading.Condition()
+        self._waiting = 0
+        self.gathered = False
+
+    def __call__(self, app: Callable[..., Any]) -> Callable[..., Any]:
+        def held(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+            if _APPLICATION_MESSAGE.search(environ["wsgi.input"].getvalue()):
+                with self._gathered:
+                    self._waiting += 1
+                    self._gathered.notify_all()
+                    if self._waiting >= self.gather:
+                        self.gathered = True
+                    self._gathered.wait_for(lambda: self.gathered, timeout=self.patience)
+                try:
+                    return list(app(environ, start_response))
+                finally:
+                    with self._gathered:
+                        self._waiting -= 1
+            return app(environ, start_response)
+
+        return super().__call__(held)
+
+
+def _gathering_server(engines, watch: Gathering, received: Recorder) -> ReliableEngine:
+    """An engine serving with enough HTTP threads that the service, not the server, holds requests."""
+    server = engines("memory:", fast_policy(), application=received)
+    server.serve(middleware=watch, threads=24)
+    return server
+
+
+def test_by_default_the_requests_in_flight_grow_with_the_sequences_due(engines):
+    """16 sequences due: one request each in flight at once, not the 4 a fixed pool allowed."""
+    watch = Gathering(gather=12, patience=4.0)
+    received = Recorder()
+    server = _gathering_server(engines, watch, received)
+    client = _client_with_backlog(server, fast_policy(base_retransmission_interval=30.0),
+                                  {key: 2 for key in "abcdefghijklmnop"})
+    try:
+        assert wait_for(lambda: client.status().unacked == 0 and len(received.snapshot()) == 32, timeout=60), \
+            client.status()
+        assert client.status().retransmissions == 0  # nothing was held past the HTTP timeout
+    finally:
+        client.stop(timeout=5)
+    assert watch.gathered and watch.most_sequences >= 12, watch.most_sequences  # they went out together
+    assert watch.most_per_sequence == 1  # never two of one sequence: each in order on its lane
+    assert _by_key(received.snapshot()) == {key: [f"{key}0", f"{key}1"] for key in "abcdefghijklmnop"}
+
+
+def test_send_concurrency_caps_the_requests_in_flight_whatever_the_sequences_due(engines):
+    watch = Gathering(gather=5, patience=0.3)  # never 5 at once: each request waits out the patience
+    received = Recorder()
+    server = _gathering_server(engines, watch, received)
+    client = _client_with_backlog(server, fast_policy(send_concurrency=4, base_retransmission_interval=30.0),
+                                  {key: 1 for key in "abcdefgh"})
+    try:
+        assert wait_for(lambda: client.status().unacked == 0 and len(received.snapshot()) == 8, timeout=60), \
+            client.status()
+    finally:
+        client.stop(timeout=5)
+    assert watch.most_sequences == 4
+
+
+def test_a_sequence_sent_one_message_at_a_time_has_one_request_in_flight_and_no_lanes(engines):
+    """A caller that waits for each message's acknowledgement keeps one sequence with one message
+    due: one request in flight, sent by the sender's own thread (no lane thread started)."""
+    watch = InFlight(delay=0.02)
+    received = Recorder()
+    server = engines("memory:", fast_policy(), serve=True, middleware=watch, application=received)
+    client = engines("memory:", fast_policy(), name="client")
+    lanes_before = {t.ident for t in threading.enumerate() if t.name.startswith("wsrm-send")}
+    for i in range(6):
+        client.send(server.endpoint_address, payload(f"a{i}"), action=ACTION, key="a")
+        assert wait_for(lambda: client.status().unacked == 0 and len(received.snapshot()) == i + 1), \
+            client.status()
+    assert watch.most_per_sequence == 1 and watch.most_sequences == 1
+    assert {t.ident for t in threading.enumerate() if t.name.startswith("wsrm-send")} == lanes_before
+    assert received.snapshot() == [f"a{i}" for i in range(6)]
+
+
+class Unavailable(InFlight):
+    """A service that answers its application messages 503 (as a gateway does for a peer that is
+    down) while ``down`` is set; ``since(moment)``: the most requests in flight at once after it."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(delay)
+        self.down = True
+        self._starts: list[tuple[float, float]] = []  # (start, end) of each refused request
+
+    def __call__(self, app: Callable[..., Any]) -> Callable[..., Any]:
+        def refusing(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+            if not self.down or not _APPLICATION_MESSAGE.search(environ["wsgi.input"].getvalue()):
+                return app(environ, start_response)  # CreateSequence is answered: the sequences start
+            start = time.monotonic()
+            time.sleep(self.delay)  # InFlight's own delay is spent after this answer is decided
+            start_response("503 Service Unavailable", [("Content-Type", "text/plain"), ("Retry-After", "1")])
+            with self._lock:
+                self._starts.append((start, time.monotonic()))
+            return [b"down"]
+
+        return super().__call__(refusing)
+
+    def most_at_once_after(self, moment: float) -> tuple[int, int]:
+        """(requests refused that started after ``moment``, the most of them in flight at once)."""
+        with self._lock:
+            spans = [(s, e) for s, e in self._starts if s >= moment]
+        most = max((sum(1 for s, e in spans if s <= start < e) for start, _ in spans), default=0)
+        return len(spans), most
+
+
+def test_an_unreachable_peer_gets_one_request_at_a_time_from_the_grown_lanes(engines):
+    """16 sequences due to a peer that turns everything away: the round's 16 lanes meet the 503s
+    together, the peer is judged unreachable, and from then on one probe at a time goes to it
+    (the breaker is per peer, not per lane); once it answers, everything is delivered."""
+    watch = Unavailable(delay=0.05)
+    received = Recorder()
+    server = engines("memory:", fast_policy(), application=received)
+    server.serve(middleware=watch, threads=24)
+    keys = "abcdefghijklmnop"
+    policy = fast_policy(exponential_backoff=True, max_retransmission_interval=1.0)
+    client = _client_with_backlog(server, policy, {key: 2 for key in keys})
+    try:
+        assert wait_for(lambda: client.status().unreachable_peers != (), timeout=30), client.status()
+        tripped = time.monotonic()
+        assert wait_for(lambda: watch.most_at_once_after(tripped)[0] >= 3, timeout=30)  # a few probes
+        refused, most = watch.most_at_once_after(tripped)
+        assert most == 1, (refused, most)
+        assert watch.most_sequences >= 8  # before the judgement the lanes did go out together
+        watch.down = False
+        assert wait_for(lambda: client.status().unacked == 0 and len(received.snapshot()) == 32, timeout=60), \
+            client.status()
+        assert client.status().faulted_sequences == 0
+    finally:
+        client.stop(timeout=5)
+    assert _by_key(received.snapshot()) == {key: [f"{key}0", f"{key}1"] for key in keys}

@@ -691,11 +691,12 @@ class RetransmissionWorker:
         chains = _chains(plan)
         exchanges: list[tuple[_Planned, Exchange]] = []
         try:
-            if len(chains) > 1 and self.policy.send_concurrency > 1:
+            if len(chains) > 1 and self.policy.send_lanes(len(chains)) > 1:
                 # Several independent sequences: each gets a lane of its own, and they go out at
-                # once.  The destination records a sequence's messages one at a time (its
-                # acknowledgement state is one row), so parallel requests on one sequence mostly
-                # wait for each other there; on different sequences their durable receives overlap.
+                # once, as many as send_concurrency allows (one per sequence by default).  The
+                # destination records a sequence's messages one at a time (its acknowledgement
+                # state is one row), so parallel requests on one sequence mostly wait for each
+                # other there; on different sequences their durable receives overlap.
                 self._run_lanes([[item for items in chain for item in items] for chain in chains], exchanges)
                 return True
             for chain in chains:
@@ -707,7 +708,7 @@ class RetransmissionWorker:
                 self._settle(exchanges)
 
     def _send_pipelined(self, items: list[_Planned], exchanges: list[tuple[_Planned, Exchange]]) -> None:
-        """One sequence's messages over up to ``send_concurrency`` keep-alive connections at once.
+        """One sequence's messages over up to ``send_lanes(1)`` keep-alive connections at once.
 
         The peer's durable receive of one overlaps the others' transfer and
         parsing instead of adding up.  They were claimed (and the window
@@ -716,7 +717,7 @@ class RetransmissionWorker:
         out-of-order messages gets them one at a time, in order.
         """
         flow = self._flow(items[0].sequence.key)
-        lanes = 1 if flow.ordered else min(self.policy.send_concurrency, len(items))
+        lanes = 1 if flow.ordered else min(self.policy.send_lanes(1), len(items))
         started = time.monotonic()
         if flow.ordered:
             self._send_in_order(items, flow, exchanges)
@@ -728,7 +729,11 @@ class RetransmissionWorker:
 
     def _run_lanes(self, lanes: list[list[_Planned]], exchanges: list[tuple[_Planned, Exchange]]) -> None:
         """Send each lane on a thread of the pool; returns once every send has ended and the
-        round's acknowledgements are applied (one store transaction per sequence, not per lane)."""
+        round's acknowledgements are applied (one store transaction per sequence, not per lane).
+
+        The pool starts a thread only when a lane finds none idle, up to the policy's
+        ``most_requests_in_flight``: the lanes in flight grow with the sequences a round has
+        due, and a sender that only ever has one sequence due keeps a thread or a few."""
         pool = self._lanes()
         with self.source.coalesced_acks() as pending:
             futures = [pool.submit(self._send_lane, lane, exchanges, pending) for lane in lanes]
@@ -829,7 +834,7 @@ class RetransmissionWorker:
             flow = self._flows.get(key)
             if flow is None:
                 flow = self._flows[key] = SequenceFlow(batch=self.policy.send_batch,
-                                                       concurrency=self.policy.send_concurrency)
+                                                       concurrency=self.policy.send_lanes(1))
             return flow
 
     def _peer(self, target: str) -> RttEstimator:
@@ -919,7 +924,7 @@ class RetransmissionWorker:
     def _lanes(self) -> ThreadPoolExecutor:
         with self._pool_lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=self.policy.send_concurrency,
+                self._pool = ThreadPoolExecutor(max_workers=self.policy.most_requests_in_flight,
                                                 thread_name_prefix="wsrm-send")
             return self._pool
 

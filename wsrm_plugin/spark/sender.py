@@ -57,7 +57,8 @@ class Sender:
         if isinstance(store, str):
             # one pooled session per request in flight plus the workers' own; a smaller pool
             # closes and reopens sessions all the time (a PostgreSQL backend fork each)
-            sized: dict[str, Any] = {} if "pool_size=" in store else {"pool_size": self.policy.send_concurrency + 4}
+            in_flight = self.policy.most_requests_in_flight
+            sized: dict[str, Any] = {} if "pool_size=" in store else {"pool_size": in_flight + 4}
             store = open_store(store, **sized)
         self.store = store
         self.engine = ReliableEngine(self.store, self.policy, name="wsrm-sender")
@@ -145,8 +146,9 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--retransmission-interval", type=float, default=None,
                         help="base retransmission interval in seconds")
     parser.add_argument("--send-concurrency", type=int, default=None,
-                        help="messages in flight at once (default %d); each waits for the service's "
-                             "durable receive, so this, not CPU, bounds a sender" % RMPolicy.send_concurrency)
+                        help="messages in flight at once, at most (default: one per sequence with messages "
+                             "due, up to %d); each waits for the service's durable receive, so this, not CPU, "
+                             "bounds a sender" % RMPolicy().most_requests_in_flight)
     parser.add_argument("--send-batch", type=int, default=None,
                         help="due messages claimed per store transaction (default %d)" % RMPolicy.send_batch)
 
