@@ -1,0 +1,158 @@
+"""Where one reliable request-reply call's time goes: store transactions, fsyncs, HTTP exchanges
+and thread wake-ups, by thread, in one process.
+
+``bench_compare.py --latency`` measures whole processes from outside; this one says what a call
+does on its way.  A reliable zeep client and a reliable spyne service (the ``quote`` operation of
+``bench_compare``, no database) run in this process over loopback HTTP, on memory or SQLite
+stores; after ``--warm-up`` calls, ``--calls`` sequential calls are made, each waiting for its
+answer, while every store commit, fsync, HTTP POST and ``Event.set`` is counted per thread
+(the engine's workers are named ``<engine>-rms``, ``-rmd``, ``-invoker-N``; waitress's threads
+serve the service).  It prints the counts per call, then one call's timeline with the stack
+that led to each event (the client and the service share one interpreter, so the timeline's
+milliseconds are only indicative: count, don't time).
+
+Run::
+
+    .venv/bin/python bench/bench_call_path.py [--store memory|sqlite] [--calls 50] [--no-timeline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+#: (perf_counter, thread name, event) while recording
+EVENTS: list[tuple[float, str, str]] = []
+_recording = threading.Event()
+
+
+def _note(what: str) -> None:
+    if _recording.is_set():
+        EVENTS.append((time.perf_counter(), threading.current_thread().name, what))
+
+
+def _where(depth: int = 5) -> str:
+    """The last few frames of the library (wsrm_plugin, interceptors) that led here."""
+    frames = traceback.extract_stack(limit=24)[:-3]
+    names = [f.name for f in frames if "wsrm_plugin" in f.filename or "interceptors" in f.filename]
+    return "/".join(names[-depth:])
+
+
+def _instrument() -> None:
+    """Count commits, fsyncs, POSTs and wake-ups (monkeypatched: a measuring tool only)."""
+    from wsrm_plugin.engine import http_client
+    from wsrm_plugin.store import memory, sqlite
+
+    def wrap_finish(cls: Any, label: str) -> None:
+        original = cls._finish
+
+        def finish(self: Any, tx: Any, commit: bool) -> None:
+            durable = getattr(tx, "waits_for_disk", True)
+            _note(f"{label} {'commit' if commit else 'rollback'}{'' if durable else ' (not durable)'}"
+                  f"  {_where()}")
+            original(self, tx, commit)
+        cls._finish = finish
+
+    wrap_finish(memory.MemoryStore, "memory")
+    wrap_finish(sqlite.SqliteStore, "sqlite")
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        _note("fsync")
+        real_fsync(fd)
+    os.fsync = fsync  # type: ignore[assignment]
+    post = http_client.HttpConnection.post
+
+    def counted_post(self: Any, path: str, headers: dict[str, str], body: bytes, limit: int) -> Any:
+        _note(f"POST {headers.get('SOAPAction', '')}  {_where()}")
+        response = post(self, path, headers, body, limit)
+        _note(f"response {response[0]}, {len(response[2])} bytes")
+        return response
+    http_client.HttpConnection.post = counted_post  # type: ignore[method-assign]
+    event_set = threading.Event.set
+
+    def counted_set(self: threading.Event) -> None:
+        _note(f"wake  {_where(3)}")
+        event_set(self)
+    threading.Event.set = counted_set  # type: ignore[method-assign]
+
+
+def _kind(event: str) -> str:
+    return event.split("  ")[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", choices=("memory", "sqlite"), default="memory")
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--warm-up", type=int, default=10)
+    parser.add_argument("--no-timeline", action="store_true")
+    args = parser.parse_args(argv)
+    _instrument()
+
+    import zeep
+
+    import bench_compare as bc
+    from interceptors.spyne_server.service import reliable_service
+    from interceptors.zeep_client.client import reliable_client
+
+    class _NoRows:
+        def record(self, item: str, note: str) -> None:
+            pass
+    bc.ROWS = _NoRows()  # type: ignore[assignment]
+    tmp = Path(tempfile.mkdtemp(prefix="call-path-"))
+    store = (lambda role: "memory:") if args.store == "memory" else (lambda role: f"sqlite:///{tmp}/{role}.db")
+    service = reliable_service(bc._application(), store("service"), bc._policy(0.2), name="service")
+    service.serve(threads=4)
+    service.start()
+    rc = reliable_client(zeep.Client(service.url + "?wsdl"), store("client"), bc._policy(0.2), key="bench",
+                         name="client")
+    try:
+        for i in range(args.warm_up):
+            rc.service.quote(f"warm-{i}", "x").result(timeout=30)
+        time.sleep(0.2)
+        timeline: list[tuple[float, str, str]] = []
+        cpu, started = time.process_time(), time.perf_counter()
+        for i in range(args.calls):
+            _recording.set()
+            t0 = time.perf_counter()
+            rc.service.quote(f"call-{i}", "x").result(timeout=30)
+            if i == args.calls // 2:
+                timeline = [(t0, "caller", "call starts"), *EVENTS[-200:], (time.perf_counter(), "caller", "answered")]
+                timeline = [e for e in timeline if e[0] >= t0]
+        time.sleep(0.2)  # what a call leaves to do after its answer is counted too
+        _recording.clear()
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    finally:
+        rc.stop(timeout=5)
+        service.stop(timeout=5)
+    counts: collections.Counter[tuple[str, str]] = collections.Counter(
+        (name.rsplit("-", 1)[0] if name.startswith("waitress") else name, _kind(what)) for _, name, what in EVENTS)
+    print(f"{args.store} stores, {args.calls} sequential calls: {wall / args.calls * 1000:.2f} ms and "
+          f"{cpu / args.calls * 1000:.2f} ms of CPU (client and service together) per call")
+    print("per call, by thread:")
+    for (thread, kind), n in sorted(counts.items()):
+        print(f"  {thread:28} {kind:34} {n / args.calls:6.2f}")
+    if not args.no_timeline and timeline:
+        print("one call (ms from its start; the two sides share one interpreter):")
+        t0 = timeline[0][0]
+        for at, thread, what in timeline:
+            print(f"  {(at - t0) * 1000:8.3f}  {thread[:28]:28} {what}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
