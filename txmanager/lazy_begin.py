@@ -50,6 +50,9 @@ _AUTOCOMMIT = ext.connection.autocommit
 
 _OFF = os.environ.get("TXMANAGER_LAZY_BEGIN") == "0"
 
+#: psycopg2's own cursor(), which makes a cursor of the connection's ``cursor_factory``
+_new_cursor = ext.connection.cursor
+
 # A branch's modes (plain strings: compared by identity on the hot path).
 _PENDING = "pending"    # started, nothing sent yet: BEGIN goes with the first statement
 _SQL = "sql"            # BEGIN sent by this module; psycopg2 in autocommit mode
@@ -126,11 +129,15 @@ class LazyBeginConnection(ext.connection):
         self._xid: Xid | None = None
         #: a cursor this module cannot follow was handed out: branches use tpc_begin from now on
         self._classic = False
+        self._own_cursor: Any = None
 
     # -- what the application calls ---------------------------------------------------------
 
     def cursor(self, name: str | None = None, cursor_factory: Any = None, scrollable: bool | None = None,
                withhold: bool = False) -> Any:
+        if (name is None and cursor_factory is None and scrollable is None and not withhold
+                and self.cursor_factory is LazyBeginCursor):
+            return _new_cursor(self)  # the usual call: no keywords for psycopg2 to parse
         factory = cursor_factory or self.cursor_factory
         if name is None and isinstance(factory, type) and issubclass(factory, LazyBeginCursor):
             return ext.connection.cursor(self, cursor_factory=factory, withhold=withhold,
@@ -209,6 +216,12 @@ class LazyBeginConnection(ext.connection):
 
     def commit_branch(self) -> None:
         """Commit the branch: in one phase, or its prepared transaction when it was prepared here."""
+        if self._mode is _SQL:  # the usual one-phase case, without the general path's calls
+            self._by_sql("COMMIT", None, "COMMIT")
+            self._mode = self._xid = None
+            if not self.closed:
+                _AUTOCOMMIT.__set__(self, False)
+            return
         self._end(commit=True)
         self._branch_over()
 
@@ -261,9 +274,13 @@ class LazyBeginConnection(ext.connection):
         # _PENDING: nothing was sent, nothing to end
 
     def _by_sql(self, statement: str, params: tuple[Any, ...] | None, expected: str) -> None:
-        with ext.cursor(self) as cur:
-            cur.execute(statement, params)
-            answer = cur.statusmessage
+        cur = self._own_cursor
+        if cur is None or cur.closed:
+            # one plain cursor kept for the branch's own statements: making one per COMMIT was
+            # a visible share of a one-phase transaction's client CPU
+            self._own_cursor = cur = ext.cursor(self)
+        cur.execute(statement, params)
+        answer = cur.statusmessage
         if answer != expected:
             # PostgreSQL ends an aborted transaction's COMMIT or PREPARE with a ROLLBACK, and no error
             raise psycopg2.DatabaseError(f"{expected} was answered {answer!r}: the transaction was "

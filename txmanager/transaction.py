@@ -70,7 +70,7 @@ from .xid import Xid
 if TYPE_CHECKING:
     from .log import TransactionLog
 
-__all__ = ["Status", "Synchronization", "Transaction", "CHECKPOINTS", "Checkpoint", "PreparedBranch"]
+__all__ = ["AfterCompletion", "Status", "Synchronization", "Transaction", "CHECKPOINTS", "Checkpoint", "PreparedBranch"]
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,22 @@ class PreparedBranch:
         return cls(Xid.from_text(xid_text), name)
 
 
+class AfterCompletion:
+    """A :class:`Synchronization` with nothing to do before completion (a pool that takes its
+    connection back afterwards): the transaction does not call its ``before_completion``.
+
+    A transaction whose synchronizations are all of this kind skips the
+    before-completion pass altogether, a share of a short transaction's own cost."""
+
+    __slots__ = ()
+
+    def before_completion(self) -> None:
+        pass
+
+    def after_completion(self, status: Status) -> None:
+        raise NotImplementedError
+
+
 class _Branch:
     """One transaction branch: an xid and the resource that prepares and commits it."""
 
@@ -218,6 +234,8 @@ class Transaction:
         self._branches: list[_Branch] = []
         self._enlisted: list[_Enlistment] = []
         self._syncs: list[Synchronization] = []
+        #: a synchronization that is no AfterCompletion was registered: run before_completion
+        self._before = False
 
     def __repr__(self) -> str:
         return f"<Transaction {self.xid} {self.status.name}>"
@@ -325,7 +343,8 @@ class Transaction:
             if self._branch_prefix:
                 bqual = self._branch_prefix + bqual
             branch = _Branch(index, self.xid.branch(bqual), resource)
-            if deadline is not None:  # pass the time left on to the resource
+            if deadline is not None and getattr(resource, "takes_transaction_timeout", True):
+                # pass the time left on to the resource (one that says it takes none is not asked)
                 try:
                     resource.set_transaction_timeout(max(1, math.ceil(deadline - self._clock())))
                 except (XAException, AttributeError) as e:
@@ -367,6 +386,8 @@ class Transaction:
                     or (deadline is not None and self._clock() > deadline)):
                 self._check_active("register a synchronization")
             self._syncs.append(sync)
+            if not isinstance(sync, AfterCompletion):
+                self._before = True
 
     def _enlistment(self, resource: XAResource) -> _Enlistment | None:
         for enl in self._enlisted:
@@ -392,12 +413,7 @@ class Transaction:
         try:
             enl.resource.end(enl.branch.xid, flag)
         except XAException as e:
-            enl.state = "failed"
-            self._mark_rollback(e)
-            if e.is_rollback:
-                return False
-            raise TransactionError(f"{_name(enl.resource)} failed to end branch "
-                                   f"{enl.branch.xid}: {e}") from e
+            return self._end_failed(enl, e)
         if flag == TMSUSPEND:
             enl.state = "suspended"
         elif flag == TMFAIL:
@@ -407,10 +423,31 @@ class Transaction:
             enl.state = "ended"
         return True
 
+    def _end_failed(self, enl: _Enlistment, e: XAException) -> bool:
+        """What a refused ``end`` means: False when the branch is rolled back, else raise."""
+        enl.state = "failed"
+        self._mark_rollback(e)
+        if e.is_rollback:
+            return False
+        raise TransactionError(f"{_name(enl.resource)} failed to end branch "
+                               f"{enl.branch.xid}: {e}") from e
+
     def _end_all(self) -> None:
         """End every open association before completion; failures force a rollback."""
         for enl in self._enlisted:
-            if enl.state in ("active", "suspended"):
+            state = enl.state
+            if state == "active" and not self._rollback_only:  # the usual case, without _end's call
+                try:
+                    enl.resource.end(enl.branch.xid, TMSUCCESS)
+                except XAException as e:
+                    try:
+                        self._end_failed(enl, e)
+                    except TransactionError as te:
+                        log.warning("%s", te)
+                else:
+                    enl.state = "ended"
+                continue
+            if state in ("active", "suspended"):
                 try:
                     self._end(enl, TMFAIL if self._rollback_only else TMSUCCESS)
                 except TransactionError as e:
@@ -442,7 +479,12 @@ class Transaction:
         Returns normally when the commit decision was made, even if a resource
         could not be reached for phase 2 (the recovery manager finishes it).
         """
-        self._enter_completion("commit")
+        lock = self._lock
+        with lock:  # what _enter_completion does, inline: this runs once per transaction
+            if self._completing or self._phase is not _ACTIVE:
+                state = "completing" if self._completing else self._phase.name
+                raise IllegalStateError(f"cannot commit transaction {self.xid}: it is {state}")
+            self._completing = True
         try:
             self._commit()
         finally:
@@ -465,7 +507,7 @@ class Transaction:
         """
         self._enter_completion("prepare")
         try:
-            if not self._rollback_only and not self.is_expired() and self._syncs:
+            if not self._rollback_only and not self.is_expired() and self._before:
                 self._before_completion()
             if self.is_expired():
                 self._timed_out = True
@@ -527,7 +569,7 @@ class Transaction:
 
     def _commit(self) -> None:
         deadline, clock = self.deadline, self._clock
-        if (not self._rollback_only and self._syncs
+        if (not self._rollback_only and self._before
                 and not (deadline is not None and clock() > deadline)):
             self._before_completion()
         if deadline is not None and clock() > deadline:
@@ -550,6 +592,9 @@ class Transaction:
     def _before_completion(self) -> None:
         i = 0
         while i < len(self._syncs):  # a sync may register more syncs
+            if isinstance(self._syncs[i], AfterCompletion):
+                i += 1
+                continue
             try:
                 self._syncs[i].before_completion()
             except Exception as e:

@@ -17,10 +17,11 @@ import psycopg2.extensions as ext
 
 from .. import marks as _marks
 from ..lazy_begin import LazyBeginConnection
+from ..transaction import AfterCompletion
 from ..xa import (
     XAResource,
 )
-from .resource import PostgresXAResource, offer_session, session_for_database
+from .resource import _SESSIONS_ATTR, PostgresXAResource, offer_session, session_for_database
 from .server import (
     Connection,
     _describe,
@@ -46,7 +47,7 @@ class _TransactionManager(Protocol):
     def register_resource(self, resource: XAResource) -> None: ...
 
 
-class _ReturnToPool:
+class _ReturnToPool(AfterCompletion):
     """Gives a transaction's connection back to the pool once the transaction is over.
 
     Not at the end of the ``with`` block: the branch stays open on the
@@ -58,9 +59,6 @@ class _ReturnToPool:
     def __init__(self, ds: "XADataSource", key: tuple[int, int]) -> None:
         self._ds = ds
         self._key = key
-
-    def before_completion(self) -> None:
-        pass
 
     def after_completion(self, status: Any) -> None:
         self._ds._transaction_over(self._key)
@@ -202,7 +200,9 @@ class XADataSource:
         key = (get_ident(), id(tx))
         entry = self._enlisted.get(key)
         if entry is None:
-            shared = session_for_database(tx, self.identity) if self.share_sessions else None
+            # no sessions offered yet (the usual first enlistment): no lookup call
+            shared = (session_for_database(tx, self.identity)
+                      if self.share_sessions and getattr(tx, _SESSIONS_ATTR, None) else None)
             if shared is not None:
                 return self._join(tx, key, shared)
             resource = self._acquire()

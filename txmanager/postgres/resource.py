@@ -290,7 +290,10 @@ class PostgresXAResource:
                 "start/end); commit or roll it back before starting a branch",
             )
         try:
-            _begin_branch(conn, xid)
+            if type(conn) is LazyBeginConnection:  # what _begin_branch does, one call fewer
+                conn.begin_branch(xid)
+            else:
+                _begin_branch(conn, xid)
         except psycopg2.Error as exc:
             lost = self._is_session_lost(conn, exc)
             self._drop_session()
@@ -305,6 +308,15 @@ class PostgresXAResource:
             b = self._branch
             if b is None or b.xid is not xid:  # the TM passes the very xid it started
                 b = self._current(xid)
+            if flags == TMSUCCESS and b.state is _State.ACTIVE:  # the usual case, tested first
+                conn = self._session
+                if conn is not None and not conn.closed:
+                    if conn.get_transaction_status() == ext.TRANSACTION_STATUS_INERROR:
+                        b.state = _State.ROLLBACK_ONLY
+                        raise XAException(XA_RBROLLBACK, f"{xid}: a statement of the branch failed; "
+                                                         "it can only be rolled back")
+                    b.state = _State.IDLE
+                    return
             if flags not in (TMSUCCESS, TMFAIL, TMSUSPEND):
                 raise XAException(XAER_INVAL, f"end flags {flags:#x}: use TMSUCCESS, TMFAIL or TMSUSPEND")
             allowed = (_State.ACTIVE,) if flags == TMSUSPEND else (_State.ACTIVE, _State.SUSPENDED)
@@ -415,7 +427,10 @@ class PostgresXAResource:
         if conn is None or conn.closed or conn.get_transaction_status() == ext.TRANSACTION_STATUS_INERROR:
             conn = self._check_usable(b)  # raises the XA_RB* the branch deserves
         try:
-            _commit_branch(conn)
+            if type(conn) is LazyBeginConnection:  # what _commit_branch does, one call fewer
+                conn.commit_branch()
+            else:
+                _commit_branch(conn)
         except psycopg2.Error as exc:
             if self._is_session_lost(conn, exc):
                 self._drop_session()
@@ -711,6 +726,9 @@ class PostgresXAResource:
 
     def get_transaction_timeout(self) -> int:
         return 0
+
+    #: the transaction manager need not call set_transaction_timeout (it always answers False)
+    takes_transaction_timeout = False
 
     def set_transaction_timeout(self, seconds: int) -> bool:
         """Not supported: returns False, and the transaction manager enforces its deadline.
