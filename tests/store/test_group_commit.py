@@ -132,3 +132,56 @@ def test_a_commit_not_durable_survives_a_kill_of_its_process(tmp_path):
             assert tx.one("SELECT x FROM t")[0] == 7
     finally:
         store.close()
+
+
+def test_what_a_transaction_read_is_on_disk_before_its_commit_returns(tmp_path, monkeypatch):
+    """A message sent, an acknowledgement, a reply handed out: what a transaction read leaves the
+    process once it returns, so it must not be a commit whose fsync is still under way (another
+    thread's, which a power loss would take back: the message sent, then forgotten, and its
+    number given to another message the peer then drops as a duplicate).  A commit begun with
+    ``durable=False`` is not waited for: it is bookkeeping a power loss may forget."""
+    store = SqliteStore(tmp_path / "visible.db")
+    try:
+        with store.begin() as tx:
+            tx.write("CREATE TABLE t (x INTEGER)")
+        sync = store._sync
+        real_fsync = sync._fsync
+        in_fsync, release = threading.Event(), threading.Event()
+
+        def slow_fsync() -> None:
+            in_fsync.set()
+            assert release.wait(30)
+            real_fsync()
+
+        monkeypatch.setattr(sync, "_fsync", slow_fsync)
+        writer = threading.Thread(target=lambda: _insert(store, 1))
+        writer.start()
+        assert in_fsync.wait(30)  # committed, its fsync under way
+        read: list[int] = []
+        reader = threading.Thread(target=lambda: read.append(_read(store)))
+        reader.start()
+        reader.join(0.3)
+        assert reader.is_alive() and read == []  # read it, and waits for its fsync before returning
+        release.set()
+        reader.join(30)
+        writer.join(30)
+        assert read == [1]
+
+        monkeypatch.setattr(sync, "_fsync", real_fsync)
+        before = sync.syncs
+        with store.begin(durable=False) as tx:
+            tx.write("INSERT INTO t VALUES (2)")
+        assert _read(store) == 2  # a commit not durable is not waited for
+        assert sync.syncs == before
+    finally:
+        store.close()
+
+
+def _insert(store: SqliteStore, x: int) -> None:
+    with store.begin() as tx:
+        tx.write("INSERT INTO t VALUES (?)", (x,))
+
+
+def _read(store: SqliteStore) -> int:
+    with store.begin() as tx:
+        return int(tx.one("SELECT COUNT(*) FROM t")[0])

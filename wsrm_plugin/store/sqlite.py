@@ -160,16 +160,25 @@ class _GroupSync:
         self.wal_path = wal_path
         self._cond = threading.Condition(threading.Lock())
         self._committed = 0
+        self._needed = 0
         self._synced = 0
         self._syncing = False
         self.syncs = 0      #: fsyncs run
         self.commits = 0    #: commits that needed one
 
-    def note_commit(self) -> int:
+    @property
+    def needed(self) -> int:
+        """The number of the last commit noted that must reach the disk before anything it
+        wrote is relied on outside (every one but ``durable=False``'s; caller holds the file)."""
+        return self._needed
+
+    def note_commit(self, durable: bool = True) -> int:
         """Number the commit just done (call while still holding the file)."""
         with self._cond:
             self._committed += 1
             self.commits += 1
+            if durable:
+                self._needed = self._committed
             return self._committed
 
     def wait_durable(self, seq: int) -> None:
@@ -323,6 +332,8 @@ class SqliteStore(api.StorageManager):
                 if not in_doubt:
                     tx = SqlTransaction(self, conn, SQLITE, capture_undo=capture_undo)
                     tx._changes_at_begin = conn.total_changes  # type: ignore[attr-defined]
+                    # every commit numbered so far is visible to this transaction (it holds the file)
+                    tx._sees_upto = self._sync.needed  # type: ignore[attr-defined]
                     return tx
                 conn.execute("ROLLBACK")
             except BaseException as exc:
@@ -367,7 +378,7 @@ class SqliteStore(api.StorageManager):
                         raise StoreUnavailableError(f"store {self.path} cannot take writes now: {exc}") from exc
                     raise
                 if changed:
-                    seq = self._sync.note_commit()
+                    seq = self._sync.note_commit(tx.waits_for_disk)
             elif conn.in_transaction:
                 conn.execute("ROLLBACK")
         finally:
@@ -375,6 +386,12 @@ class SqliteStore(api.StorageManager):
             self._gate.release()
         if seq and tx.waits_for_disk:  # outside the file: the next transaction runs (and commits) while this one syncs
             self._sync.wait_durable(seq)
+        else:
+            # What this transaction read may leave the process once it returns (a message sent, an
+            # acknowledgement, a reply handed out): never a commit a power loss could still take
+            # back (its committer is waiting for that fsync, or shares it), but the bookkeeping
+            # committed with durable=False, which may be forgotten.  Free when nothing waits.
+            self._sync.wait_durable(getattr(tx, "_sees_upto", 0))
 
     @staticmethod
     def _translate(exc: BaseException) -> Exception | None:
