@@ -131,16 +131,17 @@ class TransactionManager:
             if self.log.is_pending(gxid):
                 raise IllegalStateError(f"the recovery log still has {gxid} pending; a new "
                                         "transaction cannot reuse its gtrid")
-        tx = Transaction(gxid, log=self.log,
-                         timeout=self.default_timeout if timeout is None else timeout,
-                         checkpoint=self._checkpoint, retries=self._retries,
-                         retry_delay=self._retry_delay, on_end=self._ended,
-                         branch_prefix=(branch_prefix.encode() if isinstance(branch_prefix, str)
-                                        else branch_prefix))
-        with self._mutex:
-            if xid is not None and gxid.gtrid in self._in_flight:
-                raise IllegalStateError(f"transaction {gxid} is already running")
+        tx = Transaction._new(gxid, self.log, self.default_timeout if timeout is None else timeout,
+                              self._checkpoint, self._retries, self._retry_delay, self._ended,
+                              branch_prefix.encode() if isinstance(branch_prefix, str) else branch_prefix)
+        if xid is None:
+            # a fresh gtrid is no other transaction's: one dict store (atomic) needs no mutex
             self._in_flight[gxid.gtrid] = tx
+        else:
+            with self._mutex:
+                if gxid.gtrid in self._in_flight:
+                    raise IllegalStateError(f"transaction {gxid} is already running")
+                self._in_flight[gxid.gtrid] = tx
         self._local.tx = tx
         return tx
 
@@ -211,9 +212,11 @@ class TransactionManager:
         return tx
 
     def _ended(self, tx: Transaction) -> None:
-        with self._mutex:
-            if self._in_flight.get(tx.xid.gtrid) is tx:
-                del self._in_flight[tx.xid.gtrid]
+        # No mutex: while the gtrid is in the dict no other transaction can take it (begin
+        # refuses a running gtrid), so nothing can replace ``tx`` between the look and the pop.
+        gtrid = tx.xid.gtrid
+        if self._in_flight.get(gtrid) is tx:
+            self._in_flight.pop(gtrid, None)
 
     def _in_flight_gtrids(self) -> set[bytes]:
         with self._mutex:
@@ -446,7 +449,7 @@ class _TransactionScope(contextlib.ContextDecorator):
         self._tx = None
         assert tx is not None
         local = tm._local
-        bound: Transaction | None = getattr(local, "tx", None)
+        bound: Transaction | None = local.tx  # set by __enter__'s begin on this very thread
         if bound is not tx or tx._finished:
             return  # the body committed, rolled back or suspended it itself
         if exc is None:
