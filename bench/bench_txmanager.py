@@ -21,10 +21,17 @@ so that machine noise hits both sides alike:
   idle vCPUs halt, it costs several times its CPU in wall time: the server's vCPU, idle longer,
   is slower to wake.
 * no server: the one-database transaction through a stand-in connection that
-  does no I/O, so that only this project's Python runs (warm in the caches):
-  the floor of what the manager adds per transaction.  The client CPU
-  difference against the real server is several times that floor: the same
-  code runs cold after every round trip.
+  does no I/O, so that only the manager, the data source and the XA resource
+  run, warm in the caches.  It is NOT the floor of what the manager adds: the
+  stand-in skips psycopg2 and :mod:`txmanager.lazy_begin` (the BEGIN sent with
+  the first statement, the COMMIT by a cursor whose answer is checked), which
+  the real path runs.  Counted with callgrind (``bench/count_txmanager.py``,
+  client instructions per transaction), the client CPU difference is work
+  done, not cold caches: plain BEGIN/UPDATE/COMMIT 42,100; the manager's
+  statements by psycopg2 alone 53,800 (a second cursor, its status decoded);
+  through LazyBeginConnection 59,800; through the manager 179,400 before the
+  cuts of issue 33, 137,000 after.  The CPU difference above follows these
+  counts (about 4 instructions a nanosecond here, as for the warm stand-in).
 * group commit: the two-database transfer from 8 threads at once (each on its
   own accounts, so they never wait on each other's row locks), through one
   transaction manager: the recovery log's fsyncs per transaction (1.0 without
@@ -400,8 +407,9 @@ def main() -> None:
                         args.threads, args.chunk, busy_us=tm_us - raw_us)
     print(report(times, args.per_block, args.threads, busy_us=tm_us - raw_us))
     print(f"one-database, no server: {tm_us - raw_us:.1f} us of Python per transaction (the manager, the "
-          f"data source and the XA resource, warm); beside the client CPU difference above, the rest of "
-          f"which is the same code run between round trips, its caches cold")
+          f"data source and the XA resource, warm, through a stand-in that skips psycopg2 and "
+          f"lazy_begin: less than the real path runs; bench/count_txmanager.py counts the instructions "
+          f"of each layer)")
 
 
 if __name__ == "__main__":

@@ -147,7 +147,10 @@ class TransactionManager:
 
     def get_transaction(self) -> Transaction | None:
         """The calling thread's transaction, or None (a finished one is unbound)."""
-        tx = getattr(self._local, "tx", None)
+        try:
+            tx = self._local.tx  # an attribute read costs less than getattr()'s call
+        except AttributeError:  # this thread never began one
+            return None
         if tx is not None and tx._finished:
             self._local.tx = tx = None
         return tx

@@ -339,50 +339,73 @@ class Transaction:
         (``TMRESUME``), a delisted one re-joins its branch.  Returns False
         when the resource is already active in this transaction.
         """
-        with self._lock:
-            deadline = self.deadline
-            if (self._phase is not _ACTIVE or self._rollback_only or self._timed_out
-                    or (deadline is not None and self._clock() > deadline)):
-                self._check_active("enlist a resource")
-            enl = self._enlistment(resource) if self._enlisted else None
-            if enl is not None:
-                if enl.state == "active":
-                    return False
-                if enl.state == "failed":
-                    raise RollbackError(f"{enl.branch.name} was delisted with TMFAIL; "
-                                        "the transaction can only roll back", xid=self.xid)
-                flag = TMRESUME if enl.state == "suspended" else TMJOIN
-                self._start(resource, enl.branch.xid, flag)
-                enl.state = "active"
-                return True
-            for branch in self._branches:
-                if branch.resource is not resource and _same_rm(branch.resource, resource):
-                    try:
-                        self._start(resource, branch.xid, TMJOIN)
-                    except TransactionError as e:
-                        log.debug("join of %s to %s refused (%s); starting a new branch",
-                                  resource, branch.xid, e)
-                        continue
-                    self._enlisted.append(_Enlistment(resource, branch))
-                    return True
-            index = len(self._branches)
-            bqual = _BQUALS[index] if index < 16 else _bqual(index)
-            if self._branch_prefix:
-                bqual = self._branch_prefix + bqual
-            branch = _Branch(index, self.xid.branch(bqual), resource)
-            if deadline is not None and getattr(resource, "takes_transaction_timeout", True):
-                # pass the time left on to the resource (one that says it takes none is not asked)
-                try:
-                    resource.set_transaction_timeout(max(1, math.ceil(deadline - self._clock())))
-                except (XAException, AttributeError) as e:
-                    log.debug("%s does not take a transaction timeout: %s", _name(resource), e)
-            try:
-                resource.start(branch.xid, TMNOFLAGS)
-            except XAException as e:
-                self._start_failed(resource, branch.xid, e)
-            self._branches.append(branch)
-            self._enlisted.append(_Enlistment(resource, branch))
+        lock = self._lock
+        lock.acquire()  # not ``with``: its two special-method calls cost twice this (callgrind)
+        try:
+            return self._enlist(resource)
+        finally:
+            lock.release()
+
+    def enlist_with_synchronization(self, resource: XAResource, sync: Synchronization) -> bool:
+        """:meth:`enlist_resource`, then (unless that raised) :meth:`register_synchronization`,
+        under one acquisition of the transaction's lock: what a pool's data source does at
+        the first use of each of its connections in a transaction."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            enlisted = self._enlist(resource)
+            self._syncs.append(sync)
+            if not isinstance(sync, AfterCompletion):
+                self._before = True
+            return enlisted
+        finally:
+            lock.release()
+
+    def _enlist(self, resource: XAResource) -> bool:
+        """enlist_resource, its lock held."""
+        deadline = self.deadline
+        if (self._phase is not _ACTIVE or self._rollback_only or self._timed_out
+                or (deadline is not None and self._clock() > deadline)):
+            self._check_active("enlist a resource")
+        enl = self._enlistment(resource) if self._enlisted else None
+        if enl is not None:
+            if enl.state == "active":
+                return False
+            if enl.state == "failed":
+                raise RollbackError(f"{enl.branch.name} was delisted with TMFAIL; "
+                                    "the transaction can only roll back", xid=self.xid)
+            flag = TMRESUME if enl.state == "suspended" else TMJOIN
+            self._start(resource, enl.branch.xid, flag)
+            enl.state = "active"
             return True
+        for branch in self._branches:
+            if branch.resource is not resource and _same_rm(branch.resource, resource):
+                try:
+                    self._start(resource, branch.xid, TMJOIN)
+                except TransactionError as e:
+                    log.debug("join of %s to %s refused (%s); starting a new branch",
+                              resource, branch.xid, e)
+                    continue
+                self._enlisted.append(_Enlistment(resource, branch))
+                return True
+        index = len(self._branches)
+        bqual = _BQUALS[index] if index < 16 else _bqual(index)
+        if self._branch_prefix:
+            bqual = self._branch_prefix + bqual
+        branch = _Branch(index, self.xid.branch(bqual), resource)
+        if deadline is not None and getattr(resource, "takes_transaction_timeout", True):
+            # pass the time left on to the resource (one that says it takes none is not asked)
+            try:
+                resource.set_transaction_timeout(max(1, math.ceil(deadline - self._clock())))
+            except (XAException, AttributeError) as e:
+                log.debug("%s does not take a transaction timeout: %s", _name(resource), e)
+        try:
+            resource.start(branch.xid, TMNOFLAGS)
+        except XAException as e:
+            self._start_failed(resource, branch.xid, e)
+        self._branches.append(branch)
+        self._enlisted.append(_Enlistment(resource, branch))
+        return True
 
     def delist_resource(self, resource: XAResource, flag: int = TMSUCCESS) -> bool:
         """End ``resource``'s association: TMSUCCESS (work done), TMSUSPEND, or TMFAIL
@@ -407,7 +430,9 @@ class Transaction:
 
     def register_synchronization(self, sync: Synchronization) -> None:
         """Call ``sync`` around completion (may also be called from ``before_completion``)."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: see enlist_resource
+        try:
             deadline = self.deadline
             if (self._phase is not _ACTIVE or self._rollback_only or self._timed_out
                     or (deadline is not None and self._clock() > deadline)):
@@ -415,6 +440,8 @@ class Transaction:
             self._syncs.append(sync)
             if not isinstance(sync, AfterCompletion):
                 self._before = True
+        finally:
+            lock.release()
 
     def _enlistment(self, resource: XAResource) -> _Enlistment | None:
         for enl in self._enlisted:
@@ -507,13 +534,16 @@ class Transaction:
         could not be reached for phase 2 (the recovery manager finishes it).
         """
         lock = self._lock
-        with lock:  # what _enter_completion does, inline: this runs once per transaction
+        lock.acquire()  # what _enter_completion does, inline (and not ``with``: see enlist_resource)
+        try:
             if self._completing or self._phase is not _ACTIVE:
                 state = "completing" if self._completing else self._phase.name
                 raise IllegalStateError(f"cannot commit transaction {self.xid}: it is {state}")
             self._completing = True
             if not self._before:  # no before_completion to run while ACTIVE: PREPARING now, one lock
                 self._phase = _PREPARING
+        finally:
+            lock.release()
         try:
             self._commit()
         finally:

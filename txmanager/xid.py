@@ -161,7 +161,7 @@ class Xid:
         xid.bqual = b""
         xid._gid = None
         xid.__class__ = Xid
-        return xid  # type: ignore[no-any-return]
+        return xid
 
     def branch(self, bqual: bytes | str) -> "Xid":
         """The branch of this global transaction with the given qualifier."""
@@ -178,7 +178,7 @@ class Xid:
         xid.bqual = bq
         xid._gid = gid
         xid.__class__ = Xid
-        return xid  # type: ignore[no-any-return]
+        return xid
 
     def global_xid(self) -> "Xid":
         """The xid with the branch qualifier stripped (names the global transaction)."""
@@ -268,7 +268,7 @@ class _XidParts:
 
 
 # __class__ may change only between classes of the same layout: fail at import, not at begin
-assert Xid.__slots__ == _XidParts.__slots__, (Xid.__slots__, _XidParts.__slots__)  # type: ignore[attr-defined]
+assert Xid.__slots__ == _XidParts.__slots__, (Xid.__slots__, _XidParts.__slots__)
 
 
 def _printable(b: bytes) -> str:

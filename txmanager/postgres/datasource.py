@@ -17,7 +17,7 @@ import psycopg2.extensions as ext
 
 from .. import marks as _marks
 from ..lazy_begin import LazyBeginConnection
-from ..transaction import AfterCompletion
+from ..transaction import AfterCompletion, Transaction
 from ..xa import (
     XAResource,
 )
@@ -214,8 +214,12 @@ class XADataSource:
                     return self._join(tx, key, shared)
             self._enlisted[key] = (tx, resource)
             try:
-                tx.register_synchronization(_ReturnToPool(self, key))
-                if not tx.enlist_resource(resource):
+                if type(tx) is Transaction:  # both under one acquisition of its lock
+                    enlisted = tx.enlist_with_synchronization(resource, _ReturnToPool(self, key))
+                else:
+                    tx.register_synchronization(_ReturnToPool(self, key))
+                    enlisted = tx.enlist_resource(resource)
+                if not enlisted:
                     raise RuntimeError(f"the transaction refused to enlist {self.resource_name}")
             except BaseException:
                 self._transaction_over(key)
@@ -328,10 +332,14 @@ class XADataSource:
             and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE
         )
         if reusable:
-            with self._lock:  # the size check and the append go together
+            lock = self._lock
+            lock.acquire()  # the size check and the append go together (not ``with``: half the cost)
+            try:
                 if not self._closed and len(self._idle) < self.pool_size:
                     self._idle.append(resource)
                     return
+            finally:
+                lock.release()
         resource.close()
 
     def _transaction_over(self, key: tuple[int, int]) -> None:

@@ -1,0 +1,139 @@
+"""Client instructions and calls per one-database transaction (callgrind), by path.
+
+Wall and CPU times on a shared machine wander; instruction counts do not.  Each
+path runs ``n`` transactions against a throwaway PostgreSQL, once with 1,000 and
+once with 3,000 under ``valgrind --tool=callgrind`` (client process only: the
+server is another process); the difference over 2,000 is the cost of one
+transaction, without start-up.  Paths:
+
+* ``plain``: psycopg2 BEGIN/UPDATE/COMMIT (``conn.commit()``), the baseline;
+* ``sql``: the statements as the manager sends them, by psycopg2 alone
+  (``BEGIN;`` with the UPDATE in autocommit mode, then COMMIT by a cursor);
+* ``lazy``: the same through :class:`txmanager.lazy_begin.LazyBeginConnection`;
+* ``tm``: ``with tm.transaction(): with ds.connection() ...`` (one XADataSource,
+  one-phase commit, a recovery log that one phase never writes to).
+
+``--calls`` counts instead the Python and C calls per transaction (sys.setprofile).
+
+Run: .venv/bin/python bench/count_txmanager.py [--paths plain,sql,lazy,tm] [--calls]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+UPDATE = "UPDATE account SET balance = balance + %s WHERE id = %s"
+
+
+def run(path: str, n: int, dsn: str, calls: bool) -> None:
+    """Run ``n`` transactions of ``path`` after 200 of warm-up (this is what valgrind runs)."""
+    import psycopg2
+
+    from txmanager import TransactionManager
+    from txmanager.lazy_begin import LazyBeginConnection
+    from txmanager.postgres import XADataSource
+    from txmanager.xid import Xid
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tm = TransactionManager(node="count", log=f"{tmp}/tx.log")
+        ds = XADataSource(dsn, tm, register_for_recovery=False)
+        plain = psycopg2.connect(dsn)
+        auto = psycopg2.connect(dsn)
+        auto.autocommit = True
+        lazy = psycopg2.connect(dsn, connection_factory=LazyBeginConnection)
+        xid = Xid.new_global("count").branch(b"0")
+
+        def one_plain(i: int) -> None:
+            with plain.cursor() as c:
+                c.execute(UPDATE, (1, i % 10))
+            plain.commit()
+
+        def one_sql(i: int) -> None:
+            with auto.cursor() as c:
+                c.execute("BEGIN;" + UPDATE, (1, i % 10))
+            with auto.cursor() as c:
+                c.execute("COMMIT")
+                assert c.statusmessage == "COMMIT"
+
+        def one_lazy(i: int) -> None:
+            lazy.begin_branch(xid)
+            with lazy.cursor() as c:
+                c.execute(UPDATE, (1, i % 10))
+            lazy.commit_branch()
+
+        def one_tm(i: int) -> None:
+            with tm.transaction():
+                with ds.connection() as a, a.cursor() as c:
+                    c.execute(UPDATE, (1, i % 10))
+
+        one = {"plain": one_plain, "sql": one_sql, "lazy": one_lazy, "tm": one_tm}[path]
+        for i in range(200):
+            one(i)
+        if not calls:
+            for i in range(n):
+                one(i)
+        else:
+            counted: collections.Counter[str] = collections.Counter()
+
+            def profile(frame, event, arg):  # noqa: ANN001 -- sys.setprofile's signature
+                if event == "call":
+                    counted[f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}"] += 1
+                elif event == "c_call":
+                    counted[getattr(arg, "__qualname__", str(arg))] += 1
+
+            sys.setprofile(profile)
+            for i in range(n):
+                one(i)
+            sys.setprofile(None)
+            print(f"{path}: {sum(counted.values()) / n:.0f} calls per transaction")
+            for name, k in counted.most_common(12):
+                print(f"  {k / n:5.1f} {name}")
+        ds.close()
+        tm.close()
+        for conn in (plain, auto, lazy):
+            conn.close()
+
+
+def instructions(path: str, n: int, dsn: str) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/callgrind.out"
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+                        __file__, "--run", path, "--n", str(n), "--dsn", dsn],
+                       check=True, capture_output=True)
+        with open(out) as f:
+            return int(re.search(r"^totals: (\d+)", f.read(), re.M).group(1))  # type: ignore[union-attr]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--paths", default="plain,sql,lazy,tm")
+    p.add_argument("--calls", action="store_true", help="count calls instead of instructions")
+    p.add_argument("--run", help=argparse.SUPPRESS)
+    p.add_argument("--n", type=int, default=1000, help=argparse.SUPPRESS)
+    p.add_argument("--dsn", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.run:
+        run(args.run, args.n, args.dsn, calls=False)
+        return
+    from wsrm_plugin.tools.bank import create_bank
+    from wsrm_plugin.tools.pgserver import ThrowawayPostgres
+
+    with ThrowawayPostgres() as pg:
+        pg.create_database("count")
+        create_bank(pg.dsn("count"), 10, 1_000_000)
+        for path in args.paths.split(","):
+            if args.calls:
+                run(path, 1000, pg.dsn("count"), calls=True)
+                continue
+            per = (instructions(path, 3000, pg.dsn("count")) - instructions(path, 1000, pg.dsn("count"))) / 2000
+            print(f"{path}: {per:,.0f} client instructions per transaction")
+
+
+if __name__ == "__main__":
+    main()
