@@ -22,16 +22,21 @@ so that machine noise hits both sides alike:
   is slower to wake.
 * no server: the one-database transaction through a stand-in connection that
   does no I/O, so that only the manager, the data source and the XA resource
-  run, warm in the caches.  It is NOT the floor of what the manager adds: the
-  stand-in skips psycopg2 and :mod:`txmanager.lazy_begin` (the BEGIN sent with
-  the first statement, the COMMIT by a cursor whose answer is checked), which
-  the real path runs.  Counted with callgrind (``bench/count_txmanager.py``,
-  client instructions per transaction), the client CPU difference is work
-  done, not cold caches: plain BEGIN/UPDATE/COMMIT 42,100; the manager's
-  statements by psycopg2 alone 53,800 (a second cursor, its status decoded);
-  through LazyBeginConnection 59,800; through the manager 179,400 before the
-  cuts of issue 33, 137,000 after.  The CPU difference above follows these
-  counts (about 4 instructions a nanosecond here, as for the warm stand-in).
+  run, warm in the caches.  It skips psycopg2 and :mod:`txmanager.lazy_begin`
+  (the BEGIN sent with the first statement, the COMMIT by a cursor whose answer
+  is checked), which the real path runs.  What callgrind counts
+  (``bench/count_txmanager.py``; client instructions per transaction, which no
+  cache changes) splits the client CPU difference above in two: the number of
+  instructions, and what each costs.  Plain BEGIN/UPDATE/COMMIT runs 41,000;
+  the manager's statements by psycopg2 alone 54,300 (a second cursor, its
+  answer decoded); through LazyBeginConnection 58,300; through the manager
+  179,400 before the cuts of issue 33, 135,900 after (the stand-in: 90,600,
+  against 4,400 for its own calls alone).  The manager's own code is thus
+  three quarters of the instructions above plain, and they run at about 3.6 a
+  nanosecond between round trips here against 13 warm in the stand-in's loop:
+  26 us above plain for 95,000 instructions, 6.5 us for the stand-in's 86,000.
+  Both halves are real: the code runs cold after every round trip, and the
+  only remedy is less of it.
 * group commit: the two-database transfer from 8 threads at once (each on its
   own accounts, so they never wait on each other's row locks), through one
   transaction manager: the recovery log's fsyncs per transaction (1.0 without
@@ -408,8 +413,8 @@ def main() -> None:
     print(report(times, args.per_block, args.threads, busy_us=tm_us - raw_us))
     print(f"one-database, no server: {tm_us - raw_us:.1f} us of Python per transaction (the manager, the "
           f"data source and the XA resource, warm, through a stand-in that skips psycopg2 and "
-          f"lazy_begin: less than the real path runs; bench/count_txmanager.py counts the instructions "
-          f"of each layer)")
+          f"lazy_begin); the same instructions cost 3-4 times as much between round trips, and the "
+          f"real path runs lazy_begin's too: bench/count_txmanager.py counts each layer's (callgrind)")
 
 
 if __name__ == "__main__":

@@ -116,7 +116,10 @@ class TransactionManager:
         """
         if self._closed:
             raise IllegalStateError("the transaction manager is closed")
-        current = getattr(self._local, "tx", None)
+        try:
+            current = self._local.tx  # an attribute read costs less than getattr()'s call
+        except AttributeError:  # this thread never began one
+            current = None
         if current is not None and not current._finished:
             raise NotSupportedError(f"thread already has transaction {current.xid}; nested "
                                     "transactions are not supported (suspend() it first)")
