@@ -30,11 +30,11 @@ so that machine noise hits both sides alike:
   instructions, and what each costs.  Plain BEGIN/UPDATE/COMMIT runs 41,000;
   the manager's statements by psycopg2 alone 54,300 (a second cursor, its
   answer decoded); through LazyBeginConnection 58,300; through the manager
-  179,400 before the cuts of issue 33, 135,900 after (the stand-in: 90,600,
+  179,400 before the cuts of issue 33, 134,400 after (the stand-in: 90,600,
   against 4,400 for its own calls alone).  The manager's own code is thus
   three quarters of the instructions above plain, and they run at about 3.6 a
   nanosecond between round trips here against 13 warm in the stand-in's loop:
-  26 us above plain for 95,000 instructions, 6.5 us for the stand-in's 86,000.
+  24-27 us above plain for 93,000 instructions, 6.5 us for the stand-in's 86,000.
   Both halves are real: the code runs cold after every round trip, and the
   only remedy is less of it.
 * group commit: the two-database transfer from 8 threads at once (each on its
