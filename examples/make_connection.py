@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             right = all(results[f"call-{q}"] == 3 * q for q in range(1, args.calls + 1))
             wait_for(lambda: service.engine.status().unacked == 0, timeout=60)  # every reply acknowledged
             mc_id = mc_anonymous_id(rc.engine.endpoint_address)
+            # a copy retransmitted before its acknowledgement came may still be parked: the next poll takes it
+            wait_for(lambda: service.mailbox.pending(mc_id) == 0, timeout=30)
             print(f"replies right: {right}; polls answered with a reply: {rc.poller.received}; "
                   f"left in the service's mailbox: {service.mailbox.pending(mc_id)}")
             if proxy is not None:
