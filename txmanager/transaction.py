@@ -162,15 +162,14 @@ class AfterCompletion:
     connection back afterwards): the transaction does not call its ``before_completion``.
 
     A transaction whose synchronizations are all of this kind skips the
-    before-completion pass altogether, a share of a short transaction's own cost."""
+    before-completion pass altogether, a share of a short transaction's own cost.
+    A subclass defines ``after_completion(status)``, the part of the
+    :class:`Synchronization` protocol it has work for."""
 
     __slots__ = ()
 
     def before_completion(self) -> None:
         pass
-
-    def after_completion(self, status: Status) -> None:
-        raise NotImplementedError
 
 
 class _Branch:
