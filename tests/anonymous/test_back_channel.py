@@ -164,6 +164,10 @@ def test_the_sender_learns_from_the_acknowledgements_riding_on_back_channel_repl
     rc = clients(servers().url)
     for i in range(12):
         assert rc.service.echo(f"p{i}").result(timeout=30) == f"re:p{i}"
-    flows = list(rc.engine.retransmission._flows.values())
-    assert flows and all(not flow.outstanding for flow in flows)
-    assert any(flow.known.is_complete_up_to(12) for flow in flows)
+    # the caller has its reply once it is recorded, a little before the sender's round ends and
+    # merges what that round's answers acknowledged: wait for the round, not a fixed time
+    flows = lambda: list(rc.engine.retransmission._flows.values())  # noqa: E731
+    assert wait_for(lambda: any(flow.known.is_complete_up_to(12) for flow in flows()), timeout=30), \
+        [flow.known for flow in flows()]
+    assert wait_for(lambda: flows() and all(not flow.outstanding for flow in flows()), timeout=30), \
+        [flow.outstanding for flow in flows()]
