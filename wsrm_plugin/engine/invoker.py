@@ -309,35 +309,14 @@ class InvokerWorker:
         (the receive itself succeeded)."""
         if self.application is None or self.pause.paused:
             return
+
+        def next_in_line(tx: StoreTransaction) -> BufferedMessage | None:
+            msg = tx.invoker.next_deliverable(sequence_id, in_order=True, now=time.time())
+            return None if msg is None or msg.number > number else msg
+
         for _ in range(limit):
-            msg: BufferedMessage | None = None
-            delivering: MessageState | None = None
-            try:
-                with self._transaction() as tx:
-                    msg = tx.invoker.next_deliverable(sequence_id, in_order=True, now=time.time())
-                    if msg is None or msg.number > number:
-                        return
-                    try:
-                        delivering = self._ledger.apply(msg, _E.FOLLOW).state
-                    except InvalidTransition:
-                        return  # it failed before: the invoker threads deliver it alone
-                    self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
-                    try:
-                        handed_over = self._deliver(tx, msg)
-                    except Exception:
-                        self._ledger.apply(msg, _E.FAILED, state=delivering)  # before the rollback frees it
-                        delivering = None
-                        raise
-            except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
-                if msg is None or (delivering is None and self._ledger.state(msg).stage is not Stage.SETTLING):
-                    log.debug("delivering the buffer of %s from a receive stopped: %s", sequence_id, exc)
-                    return
-                if delivering is not None:  # the application succeeded, the commit did not
-                    self._ledger.apply(msg, _E.FAILED, state=delivering)
-                self.settlement.judge(msg, exc)
-                return
-            self.delivered_on_receive(handed_over)
-            if msg.number >= number:
+            msg = self._take_along(next_in_line, f"the buffer of {sequence_id}")
+            if msg is None or msg.number >= number:
                 return
 
     def deliver_now(self, sequence_id: str, number: int) -> bool:
@@ -353,17 +332,33 @@ class InvokerWorker:
         """
         if self.application is None or self.pause.paused:
             return False
+        return self._take_along(lambda tx: tx.invoker.get(sequence_id, number),
+                                f"reply {number} of {sequence_id}") is not None
+
+    def _take_along(self, pick: Callable[[StoreTransaction], BufferedMessage | None],
+                    what: str) -> BufferedMessage | None:
+        """Deliver the message ``pick`` finds, in a transaction of its own in the calling
+        (receiving) thread; the message if it was delivered, None if not.
+
+        The one place where a receive delivers a buffered message itself, so
+        both ways of doing it (in order, and a reply whatever precedes it)
+        ask the machine the same question (FOLLOW) and settle a failure the
+        same way: the application succeeded but the commit did not, or it
+        raised -- either way the message is judged like any failed delivery,
+        while a failure before anything was taken (the store's) is left to the
+        invoker threads, since the receive itself succeeded.
+        """
         msg: BufferedMessage | None = None
         delivering: MessageState | None = None
         try:
             with self._transaction() as tx:
-                msg = tx.invoker.get(sequence_id, number)
+                msg = pick(tx)
                 if msg is None:
-                    return False
+                    return None
                 try:
                     delivering = self._ledger.apply(msg, _E.FOLLOW).state
                 except InvalidTransition:
-                    return False
+                    return None  # it failed before: the invoker threads deliver it alone
                 self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
                 try:
                     handed_over = self._deliver(tx, msg)
@@ -373,14 +368,14 @@ class InvokerWorker:
                     raise
         except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
             if msg is None or (delivering is None and self._ledger.state(msg).stage is not Stage.SETTLING):
-                log.debug("delivering reply %d of %s on receipt stopped: %s", number, sequence_id, exc)
-                return False
+                log.debug("delivering %s on receipt stopped: %s", what, exc)
+                return None
             if delivering is not None:  # the application succeeded, the commit did not
                 self._ledger.apply(msg, _E.FAILED, state=delivering)
             self.settlement.judge(msg, exc)
-            return False
+            return None
         self.delivered_on_receive(handed_over)
-        return True
+        return msg
 
     # -- the invoker threads' steps ---------------------------------------------------------------
 
