@@ -88,7 +88,8 @@ async def run(args: argparse.Namespace) -> None:
                 await asyncio.sleep(0.1)
             print(f"REPLIES {count}", flush=True)
             await rc.flush(timeout=120)
-    print(f"LOOP {loop_watch.report()} slowest_cpu_ms={loop_watch.slowest_cpu * 1000:.3f}", flush=True)
+    print(f"LOOP {loop_watch.report()} slowest_cpu_ms={loop_watch.slowest_cpu * 1000:.3f} "
+          f"callbacks={loop_watch.callbacks} off_loop_calls={sum(loop_watch.off_loop_calls.values())}", flush=True)
     print("DONE", flush=True)
 
 

@@ -12,6 +12,15 @@ time in its own wait.  On Linux the slowest callback's wall time is split
 further with the thread's scheduler statistics (``/proc/thread-self/schedstat``):
 time on a CPU, time runnable but waiting for a CPU (a loaded machine), and the
 rest, asleep (waiting for the GIL, or blocked).
+
+Those times are reported, not asserted: on a loaded machine a callback's
+times grow with whatever else runs (a garbage collection in the callback, a
+cache another process emptied), so what tests assert is what ran.  The watch
+profiles the loop's thread while a callback runs and keeps every call into
+code that has no business on an event loop (:data:`OFF_LOOP`): the engine,
+the store, the transaction manager, zeep's serializers, a database driver,
+HTTP, an import (a file read), a sleep or an fsync.  A bridge that ran any
+of them on the loop would make it wait, however fast the machine.
 """
 
 from __future__ import annotations
@@ -19,10 +28,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+#: Modules whose Python code must never run in a loop callback (a name and its submodules) ...
+OFF_LOOP = ("wsrm_plugin", "txmanager", "interceptors", "zeep", "lxml", "sqlite3", "psycopg2", "requests",
+            "urllib3", "httpx", "httpcore", "http", "socket", "ssl", "importlib", "opentelemetry")
+#: ... but for these, which only queue the call or look something up in memory.
+ON_LOOP = ("interceptors.zeep_client.aio", "interceptors.aio_bridge", "txmanager.manager.current_transactions",
+           "zeep.proxy")
+#: Calls allowed with all they call: a look-up in memory (the operation's name in zeep's parsed WSDL).
+LOOKUPS = frozenset({"interceptors.zeep_client.client._Service.__getattr__"})
+#: Built-in functions that block (C code: no Python frame of their own).
+OFF_LOOP_BUILTINS = frozenset({"time.sleep", "posix.fsync", "posix.fdatasync", "posix.sync", "select.select",
+                               "select.poll", "_socket.getaddrinfo"})
+
+
+def _off_loop(module: str, qualname: str) -> bool:
+    name = f"{module}.{qualname}"
+    if any(name == allowed or name.startswith(allowed + ".") for allowed in ON_LOOP):
+        return False
+    return any(module == banned or module.startswith(banned + ".") for banned in OFF_LOOP)
 
 
 @dataclass
@@ -37,6 +69,8 @@ class LoopWatch:
     slowest_split: tuple[float, float, float] | None = None
     #: the longest any one callback slept (waiting for the GIL, or blocked): what blocking shows as
     slowest_asleep: float = 0.0
+    #: calls made in a loop callback that belong off the loop (see OFF_LOOP), by name: none expected
+    off_loop_calls: Counter[str] = field(default_factory=Counter)
 
     def report(self) -> str:
         walls = sorted(self.walls)
@@ -48,7 +82,9 @@ class LoopWatch:
         return (f"{self.callbacks} loop callbacks; slowest {self.slowest_wall * 1000:.3f} ms wall{split} "
                 f"({self.slowest_what}), slowest on-CPU {self.slowest_cpu * 1000:.3f} ms, "
                 f"longest asleep in one callback {self.slowest_asleep * 1000:.3f} ms, "
-                f"99.9th percentile {p999 * 1000:.3f} ms wall, {self.over_ms_wall} over 1 ms wall")
+                f"99.9th percentile {p999 * 1000:.3f} ms wall, {self.over_ms_wall} over 1 ms wall; "
+                f"{sum(self.off_loop_calls.values())} call(s) that belong off the loop "
+                f"{dict(self.off_loop_calls.most_common(10))}")
 
 
 @contextlib.contextmanager
@@ -70,12 +106,33 @@ def watch_loop() -> Iterator[LoopWatch]:
         on_cpu, waiting, _ = os.pread(fd, 128, 0).split()
         return int(on_cpu), int(waiting)
 
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        """Notes the outermost call into off-loop code of each call chain of a callback."""
+        if not getattr(stats, "in_callback", False) or getattr(stats, "off_loop_depth", 0):
+            if getattr(stats, "off_loop_depth", 0) and event in ("call", "return"):
+                stats.off_loop_depth += 1 if event == "call" else -1
+            return
+        if event == "call":
+            module = frame.f_globals.get("__name__") or ""
+            name = f"{module}.{frame.f_code.co_qualname}"
+            if name in LOOKUPS:
+                stats.off_loop_depth = 1
+            elif _off_loop(module, frame.f_code.co_qualname):
+                watch.off_loop_calls[name] += 1
+                stats.off_loop_depth = 1  # what it calls in turn is its own business
+        elif event == "c_call":
+            name = f"{getattr(arg, '__module__', None)}.{getattr(arg, '__qualname__', '?')}"
+            if name in OFF_LOOP_BUILTINS:
+                watch.off_loop_calls[name] += 1
+
     def timed(handle: asyncio.Handle) -> None:
         before = schedstat()
         wall, cpu = time.perf_counter(), time.thread_time()
+        stats.in_callback, stats.off_loop_depth = True, 0
         try:
             original(handle)
         finally:
+            stats.in_callback = False
             cpu = time.thread_time() - cpu
             wall = time.perf_counter() - wall
             after = schedstat()
@@ -95,7 +152,10 @@ def watch_loop() -> Iterator[LoopWatch]:
             watch.slowest_cpu = max(watch.slowest_cpu, cpu)
 
     asyncio.Handle._run = timed  # type: ignore[method-assign]
+    previous = sys.getprofile()
+    sys.setprofile(profile)  # this thread's, where the loop runs
     try:
         yield watch
     finally:
+        sys.setprofile(previous)
         asyncio.Handle._run = original  # type: ignore[method-assign]

@@ -4,8 +4,8 @@ Real processes: the demo's reliable spyne server (:mod:`wsrm_plugin.tools.demo_p
 asyncio client program (:mod:`tests.aio.client_program`), each with a SQLite store, the lossy
 proxy between them.  The client is SIGKILLed once, among its request-reply calls, and
 restarted: every call reaches the service exactly once and in order, every reply reaches the
-persisted callback exactly once, and the loop's slowest callback is printed (and its time on the
-CPU must stay under a millisecond).  About 60-120 s here.
+persisted callback exactly once, and the loop's slowest callback is printed (none of its callbacks
+may run what blocks: the engine, the store, zeep, an import; see :mod:`tests.aio.loopwatch`).  About 60-120 s here.
 """
 
 from __future__ import annotations
@@ -125,5 +125,6 @@ def test_an_asyncio_client_killed_and_restarted_delivers_every_call_once_in_orde
     assert [i for i in served if i.startswith("e")] == [in_out_item(n) for n in range(1, IN_OUT + 1)]
     replies = _rows(tmp_path / "client.db", f"SELECT item, reply FROM {REPLY_TABLE} ORDER BY rowid")
     assert sorted(replies) == [(in_out_item(n), "re:" + in_out_item(n)) for n in range(1, IN_OUT + 1)]
-    slowest_cpu = float(loop_line.rsplit("slowest_cpu_ms=", 1)[1])
-    assert slowest_cpu < 1.0, loop_line
+    # the loop never ran what blocks (the callbacks' times are printed above: a loaded machine stretches them)
+    assert int(loop_line.rsplit("callbacks=", 1)[1].split()[0]) > 0, loop_line
+    assert loop_line.endswith(" off_loop_calls=0"), loop_line

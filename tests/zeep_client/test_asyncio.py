@@ -2,7 +2,10 @@
 
 Each test runs an asyncio program against the real spyne service on
 loopback, with the loop watched (:mod:`tests.aio.loopwatch`): the bridge
-must never make the loop wait.
+must never make the loop wait, so no callback of the loop may run the
+engine, the store, zeep's serializers or anything else that blocks (what ran
+is asserted; the callbacks' times, which a loaded machine stretches, are
+printed).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ def test_one_way_calls_return_once_stored_and_arrive_in_order(server, tmp_path):
     assert stored == 30
     assert wait_for(lambda: len(service.RECEIVED) >= 30)
     assert service.RECEIVED == [f"m{i}" for i in range(30)]
-    assert loop.slowest_cpu < 0.001, loop.report()
+    assert loop.callbacks > 0 and not loop.off_loop_calls, loop.report()
 
 
 def test_request_reply_is_awaited_for_its_result_and_a_fault_is_raised(server):
@@ -78,7 +81,7 @@ def test_request_reply_is_awaited_for_its_result_and_a_fault_is_raised(server):
     print(loop.report())
     assert sorted(results) == sorted(f"re:q{i}" for i in range(10))
     assert later == "re:later"
-    assert loop.slowest_cpu < 0.001, loop.report()
+    assert loop.callbacks > 0 and not loop.off_loop_calls, loop.report()
 
 
 def test_a_persisted_callback_gets_the_reply_too(server):
