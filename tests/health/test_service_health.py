@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -135,9 +136,23 @@ def test_a_worker_stuck_in_one_step_is_not_live(services):
     server = _serve(services, "memory:").start()
     server.health.stuck_after = 0.5
     worker = server.engine.workers[0]
-    worker.busy_since = time.monotonic() - 1.0  # as a step that never returned would leave it
-    status, body, _ = get(server.url + "healthz/live")
-    assert status == 503 and worker.name in body["checks"]["workers"]["stuck"]
+    # its next step does not return (a deadlock, a peer that never answers) until released; a
+    # busy_since set by hand would be written over by the worker's next step, 50 ms later at most
+    released = threading.Event()
+    step = worker._step
+
+    def stuck() -> bool:
+        released.wait(60)
+        return step()
+
+    worker._step = stuck
+    try:
+        assert wait_for(lambda: get(server.url + "healthz/live")[0] == 503, timeout=30)
+        status, body, _ = get(server.url + "healthz/live")
+        assert status == 503 and worker.name in body["checks"]["workers"]["stuck"]
+    finally:
+        released.set()
+    assert wait_for(lambda: get(server.url + "healthz/live")[0] == 200, timeout=30)  # its step ended
 
 
 def test_health_routes_can_be_left_out(services):
@@ -161,7 +176,8 @@ def test_ready_follows_the_stores_postgresql_down_and_back(services):
     pg = start_throwaway_server()
     try:
         server = _serve(services, "postgresql:" + pg.create_database("healthstore")).start()
-        assert get(server.url + "healthz/ready")[0] == 200
+        # (the store check wants a status read within 2 s, which a loaded machine may miss once)
+        assert wait_for(lambda: get(server.url + "healthz/ready")[0] == 200, timeout=30)
         pg.stop()
         assert wait_for(lambda: get(server.url + "healthz/ready")[0] == 503, timeout=30)
         status, body, _ = get(server.url + "healthz/ready")
