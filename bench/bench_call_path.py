@@ -14,6 +14,11 @@ milliseconds are only indicative: count, don't time).
 Run::
 
     .venv/bin/python bench/bench_call_path.py [--store memory|sqlite] [--calls 50] [--no-timeline]
+        [--idle-sequences N]
+
+``--idle-sequences N`` first fills the service's store with N other clients' sequences (each a
+destination sequence and the reply sequence accepted from its Offer, as a request-reply client
+leaves them): a call's cost must not grow with them (``--idle-sequences 0`` against ``900``; ``max_open_sequences`` is 1,000).
 """
 
 from __future__ import annotations
@@ -94,12 +99,32 @@ def _kind(event: str) -> str:
     return event.split("  ")[0]
 
 
+def _idle_sequences(store: Any, count: int) -> None:
+    """``count`` other clients' sequences, as request-reply clients that went quiet leave them."""
+    from wsrm_plugin.engine.source import reply_sequence_key
+    from wsrm_plugin.wire import RM11, WSA_2005_08
+
+    anonymous = "http://www.w3.org/2005/08/addressing/anonymous"
+    for first in range(0, count, 500):
+        with store.begin() as tx:
+            for i in range(first, min(count, first + 500)):  # RMD locks before RMS ones
+                tx.rmd.create(f"urn:uuid:idle-{i}", acks_to=anonymous, rm_version=RM11.ns,
+                              wsa_version=WSA_2005_08.ns)
+            for i in range(first, min(count, first + 500)):
+                sid, offered = f"urn:uuid:idle-{i}", f"urn:uuid:idle-offer-{i}"
+                key = reply_sequence_key(sid)
+                tx.rms.create(key, target=anonymous, acks_to=anonymous, rm_version=RM11.ns,
+                              wsa_version=WSA_2005_08.ns, next_control_at=None)
+                tx.rms.update(key, sequence_id=offered, started=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", choices=("memory", "sqlite"), default="memory")
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--warm-up", type=int, default=10)
     parser.add_argument("--no-timeline", action="store_true")
+    parser.add_argument("--idle-sequences", type=int, default=0)
     args = parser.parse_args(argv)
     _instrument()
 
@@ -116,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="call-path-"))
     store = (lambda role: "memory:") if args.store == "memory" else (lambda role: f"sqlite:///{tmp}/{role}.db")
     service = reliable_service(bc._application(), store("service"), bc._policy(0.2), name="service")
+    _idle_sequences(service.engine.store, args.idle_sequences)
     service.serve(threads=4)
     service.start()
     rc = reliable_client(zeep.Client(service.url + "?wsdl"), store("client"), bc._policy(0.2), key="bench",

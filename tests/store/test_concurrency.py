@@ -66,6 +66,32 @@ def test_a_locked_sequence_makes_others_wait_then_time_out(open_kind) -> None:
         assert enqueue(tx)[0].number == 1
 
 
+def test_peek_reads_a_sequence_another_transaction_holds_without_waiting_for_it(open_kind) -> None:
+    """``peek`` (the look a back-channel request takes at its reply sequence on every call, and a
+    transaction holding RMD locks takes before an RMS lock) never waits for a lock, sees its own
+    transaction's changes, and answers by key or by identifier as ``get`` does.  (SQLite runs one
+    transaction at a time, so there nobody else holds a lock while it looks.)"""
+    store = open_kind(lock_timeout=0.3)
+    with store.begin() as tx:
+        new_rms(tx)
+        new_rms(tx, "k2")
+        tx.rms.update("k2", sequence_id="seq-2")
+    holder = store.begin() if store.concurrent_sequences else None
+    if holder is not None:
+        holder.rms.get("k1")
+    try:
+        with store.begin() as other:
+            assert other.rms.peek("k1").key == "k1"  # would raise LockTimeoutError if it waited
+            assert other.rms.peek_by_sequence_id("seq-2").key == "k2"
+            assert other.rms.peek("nope") is None and other.rms.peek_by_sequence_id("nope") is None
+            other.rms.update("k2", expires=500.0)
+            assert other.rms.peek("k2").expires == 500.0  # its own change
+            assert other.rms.peek_by_sequence_id("seq-2").expires == 500.0
+    finally:
+        if holder is not None:
+            holder.rollback()
+
+
 def test_waiters_proceed_when_the_holder_commits(store: StorageManager) -> None:
     with store.begin() as tx:
         new_rms(tx)

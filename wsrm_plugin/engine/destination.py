@@ -322,7 +322,7 @@ class Destination:
         if offer is None:
             return None
         # a scan without locks: the RMS lock may only be taken after the RMD's (lock order)
-        return next((s for s in tx.rms.list_all() if s.sequence_id == offer.identifier), None)
+        return tx.rms.peek_by_sequence_id(offer.identifier)
 
     def _offered_before(self, tx: StoreTransaction, holder: RmsSequence | None, request: CreateSequence,
                         version: RMVersion, addressing: AddressingHeaders, peer: str,

@@ -211,7 +211,7 @@ def back_channel_replies(tx: StoreTransaction, rmd_sequence_id: str) -> dict[int
     """Unacknowledged back-channel replies of ``rmd_sequence_id``'s offered sequence, by the
     number of the request each answers (no lock); None when its replies go to an address."""
     key = reply_sequence_key(rmd_sequence_id)
-    seq = next((s for s in tx.rms.list_all() if s.key == key), None)
+    seq = tx.rms.peek(key)
     if seq is None or not is_back_channel(seq.target):
         return None
     found: dict[int, RmsMessage] = {}
@@ -667,8 +667,7 @@ class Source:
         """The peer opened the sequence: record its identifier; accept the offered sequence."""
         now = time.time()
         with self.store.begin() as tx:
-            preview = tx.rms.list_all()  # no lock: only to learn the offer before locking in order
-            mine = next((s for s in preview if s.key == store_key), None)
+            mine = tx.rms.peek(store_key)  # no lock: only to learn the offer before locking in order
             offered_id = mine.offered_id if mine is not None else None
             if response.accept is not None and offered_id is not None and mine is not None:
                 create_offered(tx, offered_id, self._accepted_acks_to(response.accept.address, mine), version)

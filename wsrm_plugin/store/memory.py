@@ -380,6 +380,9 @@ class _Rms(api.RmsSequenceManager):
         self._tx._lock(RANK_RMS, key)
         return self._tx._read(_RMS, key)
 
+    def peek(self, key: str) -> RmsSequence | None:
+        return self._tx._read(_RMS, key)
+
     def get_by_sequence_id(self, sequence_id: str) -> RmsSequence | None:
         for key, seq in self._tx._scan(_RMS).items():
             if seq.sequence_id == sequence_id:

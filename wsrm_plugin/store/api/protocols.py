@@ -89,6 +89,21 @@ class RmsSequenceManager(_Manager, ABC):
     def list_all(self) -> list[RmsSequence]:
         """Every source sequence (no lock), oldest first."""
 
+    def peek(self, key: str) -> RmsSequence | None:
+        """The sequence as this transaction sees it, without locking it, or None.
+
+        For a look taken before the lock it may lead to (a transaction locks
+        RMD records before RMS ones, so one holding an RMD lock may only read
+        an RMS record), or where an answer that changes a moment later is
+        harmless.  Per call, not per sequence: the stores answer it by key;
+        this default scans, for a store that has nothing better.
+        """
+        return next((seq for seq in self.list_all() if seq.key == key), None)
+
+    def peek_by_sequence_id(self, sequence_id: str) -> RmsSequence | None:
+        """:meth:`peek` of the sequence whose peer-assigned identifier is ``sequence_id``."""
+        return next((seq for seq in self.list_all() if seq.sequence_id == sequence_id), None)
+
     # shared helper
     def require(self, key: str) -> RmsSequence:
         seq = self.get(key)

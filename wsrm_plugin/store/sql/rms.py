@@ -60,6 +60,18 @@ class _Rms(api.RmsSequenceManager):
         tx.lock(RANK_RMS, seq.key)
         return seq
 
+    def peek(self, key: str) -> RmsSequence | None:
+        tx = self._tx
+        seq = tx.held_rms.get(key)
+        if seq is not None:
+            return seq
+        row = tx.one(_SELECT_RMS, (key,))
+        return None if row is None else _rms(row)
+
+    def peek_by_sequence_id(self, sequence_id: str) -> RmsSequence | None:
+        row = self._tx.one(f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE sequence_id = ?", (sequence_id,))
+        return None if row is None else _rms(row)
+
     def update(self, key: str, **changes: Any) -> RmsSequence:
         RmsSequence.check_changes(changes)
         seq = self.require(key)
