@@ -19,11 +19,20 @@ taken over (:class:`NodeReports`).  A host that claims a dead host's name
 before anyone took it over (no other host was alive) clears the reports made
 under it from other host names at its start: it holds the name, so their
 makers are gone.
+
+Several processes of one host on one store (gunicorn workers) must not share
+a reporter name either, or one worker's start withdraws a living sibling's
+paused delivery.  Under a transaction manager each has a node of its own
+(:class:`txmanager.slots.NodeSlots`), named in the reporter, and the next
+holder of a slot withdraws what its dead holder left.  Without one the
+reporter names the process (``orders@web1#4711``), and a start withdraws the
+reports of this host's processes that no longer run: the kernel says which.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from typing import Any
 
@@ -40,10 +49,11 @@ KINDS = (NodeCondition.DELIVERY_PAUSED, NodeCondition.UNREACHABLE_PEER)
 
 
 def reporter_name(name: str, tm: Any = None) -> str:
-    """``name@host``, and ``/node`` when ``tm``'s node is one of several hosts' (claimed by a
-    :class:`~txmanager.nodes.PostgresNodes`)."""
+    """``name@host/node`` under a transaction manager (its node is this process's alone among
+    those sharing the store), ``name@host#pid`` without one."""
     base = f"{name}@{socket.gethostname()}"
-    return f"{base}/{tm.node}" if PostgresNodes.of(tm) is not None else base
+    node = getattr(tm, "node", None)
+    return f"{base}/{node}" if node else f"{base}#{os.getpid()}"
 
 
 def _host_and_node(reporter: str) -> tuple[str, str] | None:
@@ -51,6 +61,23 @@ def _host_and_node(reporter: str) -> tuple[str, str] | None:
     head, slash, node = reporter.rpartition("/")
     _, at, host = head.rpartition("@")
     return (host, node) if slash and at else None
+
+
+def _host_and_pid(reporter: str) -> tuple[str, int] | None:
+    """``(host, pid)`` of ``name@host#pid``; None for any other reporter."""
+    head, hash_, pid = reporter.rpartition("#")
+    _, at, host = head.rpartition("@")
+    return (host, int(pid)) if hash_ and at and pid.isdigit() else None
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it runs
+        return True
+    return True
 
 
 class NodeReports:
@@ -73,6 +100,10 @@ class NodeReports:
         node on other hosts left (those on this host are its predecessors', withdrawn by name, or
         a sibling engine's of this process)."""
         if self.nodes is None or self.node is None:
+            try:
+                self.forget_dead_processes()
+            except Exception as exc:  # noqa: BLE001 -- the store is down: the next start clears them
+                log.debug("reports of this host's dead processes not withdrawn: %s", exc)
             return
         self.nodes.add_takeover_listener(self.forget)
         try:
@@ -99,4 +130,20 @@ class NodeReports:
         if removed:
             log.info("node %s was taken over (its host died): %d condition(s) it reported to the store "
                      "(a paused delivery, unreachable peers) are withdrawn", node, removed)
+        return removed
+
+    def forget_dead_processes(self) -> int:
+        """Remove the conditions reported by processes of this host that no longer run
+        (reporters ``name@host#pid``, engines without a transaction manager); how many."""
+        host, removed = socket.gethostname(), 0
+        with self.store.begin() as tx:
+            for kind in KINDS:
+                for condition in tx.conditions.list_all(kind):
+                    who = _host_and_pid(condition.reporter)
+                    if who is not None and who[0] == host and who[1] != os.getpid() and not _running(who[1]):
+                        removed += tx.conditions.remove(kind, subject=condition.subject,
+                                                        reporter=condition.reporter)
+        if removed:
+            log.info("%d condition(s) reported by processes of this host that no longer run are withdrawn",
+                     removed)
         return removed

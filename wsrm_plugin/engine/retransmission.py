@@ -28,7 +28,6 @@ sequence is faulted and the application told (:meth:`Source.report_and_release`)
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +53,7 @@ from .destination import Destination
 from .envelopes import protocol_message, stamp
 from .inbound import Inbound, ResponseContent
 from .logs import for_sequence
+from .reporter import reporter_name
 from .pacing import Exchange, RttEstimator, SequenceFlow
 from .policy import AckRequestMode, RMPolicy
 from .reachability import Gate, Reachability, failure_of, retry_after_of
@@ -225,7 +225,7 @@ class RetransmissionWorker:
         #: Messages held for unreachable peers (not sent, parked in the store) since the start.
         self.held = 0
         #: Who this process is in the conditions it reports for ``wsrm status`` (:mod:`.reporter`).
-        self.reporter = reporter or f"{name}@{socket.gethostname()}"
+        self.reporter = reporter or reporter_name(name)
         self._reported: set[str] = set()
         self._reported_changes = -1
         self._next_report = 0.0
