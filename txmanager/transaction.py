@@ -686,6 +686,8 @@ class Transaction:
         self._finish(_COMMITTED)
 
     def _commit_two_phase(self, branches: list[_Branch]) -> None:
+        """Prepare, decide durably, commit: the decision is the log's record or, where one
+        branch can carry it, that branch's one-phase commit with a commit mark."""
         cp = self._checkpoint  # tested inline: a hook point per branch and phase
         if cp is not None:
             cp("before_prepare", 0)
@@ -696,6 +698,39 @@ class Transaction:
         holder = _mark_holder(branches, fence) if hasattr(self._log, "log_mark_source") else None
         if holder is not None:  # it commits last, in one phase, with the decision
             branches = [b for b in branches if b is not holder]
+        prepared = self._prepare(branches)
+        if not prepared:  # all read-only: nothing to log, nothing to commit
+            if holder is not None:
+                self._commit_one_phase(holder)
+                return
+            self._finish(_COMMITTED)
+            return
+        if cp is not None:
+            cp("before_log", 0)
+        if self._rollback_only:
+            self._abort("marked rollback-only during prepare", self._cause)
+        if holder is not None:
+            self._commit_marked(holder, prepared, fence)
+        else:
+            try:
+                self._log.log_commit_decision(self.xid, [(b.xid, b.name) for b in prepared])
+            except Exception as e:  # noqa: BLE001 -- no durable decision means no commit
+                self._abort("the commit decision could not be logged", e)
+        if cp is not None:
+            cp("logged", 0)
+        self._phase = _COMMITTING
+        heuristics, left, agreeing = self._commit_decided(prepared)
+        if cp is not None:
+            cp("before_done", 0)
+        self._forget_decision(holder, left, heuristics)
+        if heuristics:
+            self._raise_heuristic(True, heuristics, agreeing)
+        self._finish(_COMMITTED)
+
+    def _prepare(self, branches: list[_Branch]) -> list[_Branch]:
+        """Phase 1: every branch votes; the ones that must be committed (voted XA_OK).  A no, a
+        failure, a timeout or rollback-only rolls everything back (raises)."""
+        cp = self._checkpoint
         for branch in branches:
             if self._rollback_only or self.is_expired():
                 break
@@ -717,27 +752,12 @@ class Transaction:
         if self._timed_out or self._rollback_only:
             self._abort("rollback-only during prepare", self._cause)
         self._phase = _PREPARED
-        prepared = [b for b in branches if b.vote == XA_OK]
-        if not prepared:  # all read-only: nothing to log, nothing to commit
-            if holder is not None:
-                self._commit_one_phase(holder)
-                return
-            self._finish(_COMMITTED)
-            return
-        if cp is not None:
-            cp("before_log", 0)
-        if self._rollback_only:
-            self._abort("marked rollback-only during prepare", self._cause)
-        if holder is not None:
-            self._commit_marked(holder, prepared, fence)
-        else:
-            try:
-                self._log.log_commit_decision(self.xid, [(b.xid, b.name) for b in prepared])
-            except Exception as e:  # noqa: BLE001 -- no durable decision means no commit
-                self._abort("the commit decision could not be logged", e)
-        if cp is not None:
-            cp("logged", 0)
-        self._phase = _COMMITTING
+        return [b for b in branches if b.vote == XA_OK]
+
+    def _commit_decided(self, prepared: list[_Branch]) -> tuple[list[tuple[Xid, int]], list[_Branch], int]:
+        """Phase 2, once decided: the heuristic outcomes, the branches left to recovery (not
+        reached) and how many branches agree with the decision."""
+        cp = self._checkpoint
         heuristics: list[tuple[Xid, int]] = []
         left: list[_Branch] = []
         agreeing = 0
@@ -752,8 +772,12 @@ class Transaction:
                 agreeing += 1  # decided; recovery will commit it
             else:
                 heuristics.append((branch.xid, outcome))
-        if cp is not None:
-            cp("before_done", 0)
+        return heuristics, left, agreeing
+
+    def _forget_decision(self, holder: _Branch | None, left: list[_Branch],
+                         heuristics: list[tuple[Xid, int]]) -> None:
+        """The decision is no longer needed once every branch committed: drop its mark or log
+        it done.  Kept while a branch is left to recovery (or a heuristic is to be seen)."""
         if left:
             log.warning("transaction %s committed, but %s could not be reached; the recovery "
                         "manager will commit %s", self.xid, ", ".join(b.name for b in left),
@@ -767,9 +791,6 @@ class Transaction:
             except Exception as e:  # noqa: BLE001 -- harmless: recovery re-commits, hears NOTA
                 log.warning("could not log 'done' for %s (recovery will tidy up): %s",
                             self.xid, e)
-        if heuristics:
-            self._raise_heuristic(True, heuristics, agreeing)
-        self._finish(_COMMITTED)
 
     def _commit_marked(self, holder: _Branch, prepared: list[_Branch], fence: Any = None) -> None:
         """The decision as a commit mark: ``holder`` commits in one phase with a row naming
