@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -67,9 +66,10 @@ def report(expected: Iterable[str], received: Iterable[str]) -> bool:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port to serve on across restarts, below the ones the kernel hands to outgoing connections."""
+    from wsrm_plugin.engine.transport import free_port as below_the_ephemeral_range
+
+    return below_the_ephemeral_range()
 
 
 class Peer:

@@ -22,20 +22,13 @@ from pathlib import Path
 import pytest
 
 from tests.aio.client_program import REPLY_TABLE, in_out_item, one_way_item
+from wsrm_plugin.engine.transport import free_port as _free_port
 from wsrm_plugin.tools.demo_peer import SERVER_TABLE
 from wsrm_plugin.tools.proxy import LossyProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 ONE_WAY, IN_OUT = 500, 100
 KILL_AT = ONE_WAY + 40  # among the request-reply calls
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Lines:

@@ -5,24 +5,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, IO
+from typing import IO, Any
 
 import psycopg2
 
 from tests.spyne_server import service
+from wsrm_plugin.engine.transport import free_port  # noqa: F401 -- the deployment tests take it from here
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def create_orders(dsn: str) -> None:

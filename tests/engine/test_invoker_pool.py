@@ -102,6 +102,6 @@ def test_idle_invoker_threads_do_not_poll(engines, threads) -> None:
             steps[name] = steps.get(name, 0) + 1
             return counted()
         worker._step = step  # noqa: SLF001
-    time.sleep(1.0)  # 20 poll intervals of fast_policy
-    assert steps.get("wsrm-invoker-0", 0) >= 5
+    # 20 poll intervals of fast_policy (a second; longer when the machine is loaded)
+    assert wait_for(lambda: steps.get("wsrm-invoker-0", 0) >= 20, timeout=60), steps
     assert all(steps.get(w.name, 0) == 0 for w in invokers[1:]), steps

@@ -29,6 +29,7 @@ from tests.engine.support import wait_for
 from tests.spyne_server import service
 from tests.spyne_server.conftest import fast_policy
 from wsrm_plugin.engine.engine import EngineStatus
+from wsrm_plugin.engine.transport import free_port as _free_port
 from wsrm_plugin.health import CONTENT_TYPE
 
 
@@ -213,14 +214,6 @@ backend hosts
     http-response set-header X-Served-By %[srv_name]
 {servers}
 """
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _served_by(url: str, count: int) -> list[str]:

@@ -36,7 +36,6 @@ import logging
 import os
 import select
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -243,10 +242,11 @@ def parse_deliveries(content: str) -> list[Delivery]:
 
 
 def unused_tcp_port(host: str = "127.0.0.1") -> int:
-    """A port free right now on ``host`` (for an AcksTo listener the client binds)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A port free right now on ``host`` (for an AcksTo listener the client binds), below the
+    ephemeral range (see :func:`wsrm_plugin.engine.transport.free_port`)."""
+    from wsrm_plugin.engine.transport import free_port
+
+    return free_port(host)
 
 
 class GsoapServer:

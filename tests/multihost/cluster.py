@@ -34,9 +34,9 @@ from typing import IO, Any
 
 import psycopg2
 
+from tests.spyne_server import service
 from txmanager.xid import Xid
 from wsrm_plugin.tools.pgserver import ThrowawayPostgres
-from tests.spyne_server import service
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST_PORT = 8080
@@ -388,11 +388,10 @@ def _node_of(gid: str) -> str | None:
 
 
 def _free_port(host: str) -> int:
-    import socket
+    """Below the ephemeral range: see :func:`wsrm_plugin.engine.transport.free_port`."""
+    from wsrm_plugin.engine.transport import free_port
 
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_port(host)
 
 
 #: The load balancer of the tests, and the example of the deployment guide (docs/deploy.md):

@@ -28,7 +28,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -74,9 +73,10 @@ def _check_java() -> None:
 
 
 def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """Below the ephemeral range: see :func:`wsrm_plugin.engine.transport.free_port`."""
+    from wsrm_plugin.engine.transport import free_port
+
+    return free_port(host)
 
 
 def _environ_of(pid: int) -> bytes:

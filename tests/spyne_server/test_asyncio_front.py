@@ -22,18 +22,11 @@ from interceptors.spyne_server.aio import aiohttp_app, asgi_app
 from interceptors.spyne_server.service import ReliableService, reliable_service
 from interceptors.zeep_client.client import reliable_client
 from tests.engine.support import wait_for
+from wsrm_plugin.engine.transport import free_port as _free_port
 from wsrm_plugin.tools.proxy import LossyProxy
 
 from . import service
 from .conftest import fast_policy
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _serve_uvicorn(svc: ReliableService, port: int) -> Callable[[], None]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,17 +12,12 @@ import psycopg2
 import pytest
 
 from tests.engine.support import wait_for
+from wsrm_plugin.engine.transport import free_port as _free_port
 
 from . import service
 from .conftest import Envelopes, action
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _rows(dsn: str) -> list[tuple[str, str]]:

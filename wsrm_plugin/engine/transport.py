@@ -22,6 +22,7 @@ import binascii
 import hmac
 import http.client
 import logging
+import random
 import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -384,8 +385,38 @@ class BasicAuth:
         return self.app(environ, start_response)
 
 
+#: The lowest port :func:`free_port` hands out: above the registered services most machines run.
+FREE_PORTS_FROM = 20000
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (for tests that need a dead address)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port nothing listens on right now: for a server started on it later (another process,
+    a restart on the same port), or for a dead address.
+
+    Chosen at random below the kernel's ephemeral range, not by binding port 0: a port from that
+    range can be taken between now and its use by any process's outgoing connection (as its
+    local port) or by another server bound to port 0, and then the server cannot bind it, or the
+    dead address answers.  A loaded machine running tests in parallel does that now and then.
+    """
+    low = _ephemeral_low()
+    if low - FREE_PORTS_FROM >= 1000:
+        for _ in range(100):
+            port = random.randrange(FREE_PORTS_FROM, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue  # something has it: another one
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room below the range
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; the IANA range's elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152

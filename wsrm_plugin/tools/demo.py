@@ -46,7 +46,6 @@ import logging
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,6 +56,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from wsrm_plugin.engine.transport import free_port as transport_free_port
 from wsrm_plugin.tools.demo_peer import REPLY_TABLE, SERVER_TABLE, item_name
 from wsrm_plugin.tools.proxy import LossyProxy
 
@@ -161,9 +161,8 @@ def verify(expected: Sequence[str], received: Sequence[str], replies: Sequence[s
 # -- the two processes ----------------------------------------------------------------------------
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port for a peer process to serve on (see :func:`wsrm_plugin.engine.transport.free_port`)."""
+    return transport_free_port()
 
 
 class Peer:

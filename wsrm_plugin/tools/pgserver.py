@@ -28,7 +28,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -114,9 +113,9 @@ def find_bindir(explicit: str | os.PathLike[str] | None = None) -> Path:
 
 
 def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    from wsrm_plugin.engine.transport import free_port  # below the ephemeral range: see there
+
+    return free_port(host)
 
 
 def _process_state(pid: int) -> str | None:
