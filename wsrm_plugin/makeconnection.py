@@ -32,7 +32,7 @@ from lxml import etree
 
 from .engine.envelopes import protocol_message
 from .engine.transport import Response, Transport, TransportError
-from .wire import AddressingHeaders, SoapFault, parse_envelope, parse_rm_element, to_bytes
+from .wire import AddressingHeaders, SequenceHeader, SoapFault, parse_envelope, parse_rm_element, to_bytes
 from .wire.mc import MakeConnection, MessagePending
 from .wire.namespaces import MAKE_CONNECTION_ACTION, WSMC_NS, mc_anonymous_id, mc_anonymous_uri
 from .wire.xmlsafe import DEFAULT_MAX_SIZE
@@ -73,17 +73,26 @@ class Mailbox:
     an idle client does not find the same message queued many times.
     ``max_per_client`` bounds what one id may hold (the oldest is dropped;
     the engine retransmits it later), so a client that never polls cannot
-    fill the server's memory.
+    fill the server's memory.  A parked copy of a sequence message that the
+    client acknowledged meanwhile (it took an earlier copy, and its
+    acknowledgement came back on another poll or request) is dropped when its
+    turn comes instead of handed out again: ``acknowledged(sequence id,
+    number)`` says so (``engine.source.acknowledged``).
     """
 
     def __init__(self, *, max_per_client: int = 1000, max_message_size: int = DEFAULT_MAX_SIZE,
-                 owner_of: Callable[[str], str | None] | None = None) -> None:
+                 owner_of: Callable[[str], str | None] | None = None,
+                 acknowledged: Callable[[str, int], bool] | None = None) -> None:
         self.max_per_client = max_per_client
         self.max_message_size = max_message_size
         #: The principal a sequence belongs to (``engine.destination.owner_of``): a box whose
         #: messages belong to a principal is emptied by that principal's polls only.
         self.owner_of = owner_of
-        self._boxes: dict[str, OrderedDict[str, bytes]] = {}
+        #: Has the client acknowledged this message of our sequence? (``engine.source.acknowledged``)
+        self.acknowledged = acknowledged
+        #: Parked copies dropped at their turn because the client had acknowledged them meanwhile.
+        self.dropped_acknowledged = 0
+        self._boxes: dict[str, OrderedDict[str, tuple[bytes, tuple[str, int] | None]]] = {}
         self._owners: dict[str, str] = {}
         self._lock = threading.Lock()
 
@@ -95,6 +104,7 @@ class Mailbox:
         parsed = parse_envelope(envelope, max_size=1 << 30)
         message_id = AddressingHeaders.from_header(parsed.headers).message_id
         owner = self._owner(parsed.headers)
+        numbered = _sequence_message(parsed.headers)
         with self._lock:
             if owner is not None:
                 bound = self._owners.setdefault(mc_id, owner)
@@ -104,7 +114,7 @@ class Mailbox:
             box = self._boxes.setdefault(mc_id, OrderedDict())
             key = message_id or uuid.uuid4().hex
             box.pop(key, None)
-            box[key] = envelope
+            box[key] = (envelope, numbered)
             while len(box) > self.max_per_client:
                 box.popitem(last=False)
         log.debug("parked %s for WS-MC client %s", message_id, mc_id)
@@ -133,13 +143,28 @@ class Mailbox:
             return len(self._boxes.get(mc_id, ()))
 
     def take(self, mc_id: str) -> tuple[bytes | None, bool]:
-        """The oldest message for ``mc_id`` and whether more wait."""
-        with self._lock:
-            box = self._boxes.get(mc_id)
-            if not box:
-                return None, False
-            _, envelope = box.popitem(last=False)
-            return envelope, bool(box)
+        """The oldest message for ``mc_id`` the client still needs, and whether more wait."""
+        while True:
+            with self._lock:
+                box = self._boxes.get(mc_id)
+                if not box:
+                    return None, False
+                _, (envelope, numbered) = box.popitem(last=False)
+                more = bool(box)
+            if numbered is None or not self._was_acknowledged(*numbered):
+                return envelope, more
+            self.dropped_acknowledged += 1
+            log.debug("dropped the parked copy of message %d of %s for WS-MC client %s: the client "
+                      "acknowledged it meanwhile", numbered[1], numbered[0], mc_id)
+
+    def _was_acknowledged(self, identifier: str, number: int) -> bool:
+        if self.acknowledged is None:
+            return False
+        try:
+            return self.acknowledged(identifier, number)
+        except Exception as exc:  # noqa: BLE001 -- when in doubt, hand it out: the client discards a duplicate
+            log.debug("could not learn whether message %d of %s was acknowledged: %s", number, identifier, exc)
+            return False
 
     def middleware(self, app: Callable[..., Any]) -> Callable[..., Any]:
         """WSGI middleware answering MakeConnection polls; everything else goes to ``app``."""
@@ -193,6 +218,16 @@ class Mailbox:
             return _respond(start_response, 200, to_bytes(reply.root), reply.version)
 
         return wsgi
+
+
+def _sequence_message(headers: Iterable[etree._Element]) -> tuple[str, int] | None:
+    """(identifier, number) of a parked envelope's wsrm:Sequence header; None for another message."""
+    for header in headers:
+        if isinstance(header.tag, str) and etree.QName(header).localname == SequenceHeader.TAG:
+            parsed = parse_rm_element(header)
+            if parsed is not None and isinstance(parsed[0], SequenceHeader):
+                return parsed[0].identifier, parsed[0].message_number
+    return None
 
 
 def fault_bytes(fault: SoapFault, soap: Any, headers: Iterable[etree._Element] = ()) -> bytes:

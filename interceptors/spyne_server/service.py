@@ -156,6 +156,7 @@ class ReliableService:
                                      understands=None, knows=_knowing(application), name=name)
         if self.mailbox is not None:
             self.mailbox.owner_of = self.engine.destination.owner_of
+            self.mailbox.acknowledged = self.engine.source.acknowledged
         self.interceptor = ReliableMessagingInterceptor(self.engine, required=required)
         self.chain = chain if chain is not None else default_chain()
         self.chain.add(self.interceptor)

@@ -68,6 +68,30 @@ def test_make_connection_polling_delivers_replies_to_a_client_without_listener(m
         rc.stop(timeout=5)
 
 
+def test_a_parked_copy_the_client_acknowledged_meanwhile_is_dropped_not_handed_out(mc_server):
+    """A retransmitted reply parked after the client took (and acknowledged) an earlier copy: the
+    mailbox asks the source at its turn and drops it, so the poll finds nothing and the client gets
+    no duplicate."""
+    server, mailbox = mc_server
+    mailbox.acknowledged = server.source.acknowledged  # as reliable_service(make_connection=True) wires it
+    parked: list[tuple[str, bytes]] = []
+    park = mailbox.park
+    mailbox.park = lambda mc_id, envelope: (parked.append((mc_id, envelope)), park(mc_id, envelope))[1]
+    zc = zeep.Client(server.endpoint_address + "?wsdl")
+    rc = reliable_client(zc, "memory:", fast_policy(), make_connection=True, name="poller", poll_interval=0.05)
+    try:
+        assert rc.service.echo("once").result(timeout=30) == "re:once"
+        assert wait_for(lambda: server.status().unacked == 0)  # the client acknowledged the reply
+        mc_id = rc.listener_address[len(WSMC_ANONYMOUS_PREFIX):]
+        [reply] = [envelope for box, envelope in parked if box == mc_id and b"re:once" in envelope]
+        received = rc.poller.received
+        park(mc_id, reply)  # the copy a retransmission would park
+        assert wait_for(lambda: mailbox.dropped_acknowledged == 1), mailbox.pending(mc_id)
+        assert mailbox.pending(mc_id) == 0 and rc.poller.received == received
+    finally:
+        rc.stop(timeout=5)
+
+
 def test_make_connection_with_a_foreign_address_is_a_sender_fault(mc_server):
     import urllib.error
     import urllib.request

@@ -662,6 +662,17 @@ class Source:
             return (_wsa_of(seq) or self.policy.addressing).anonymous
         return address
 
+    def acknowledged(self, sequence_id: str, number: int) -> bool:
+        """Has the destination acknowledged message ``number`` of our sequence ``sequence_id``
+        (or is the sequence gone)?  Asked by the WS-MakeConnection mailbox before it hands
+        out a parked copy: one the client already acknowledged is not worth its poll."""
+        with self.store.begin() as tx:
+            seq = tx.rms.peek_by_sequence_id(sequence_id)
+            if seq is None:
+                return True
+            msg = tx.rms_messages.get(seq.key, number)
+            return msg is None or msg.acked
+
     def on_create_sequence_response(self, store_key: str, response: CreateSequenceResponse,
                                     version: RMVersion, *, create_offered: Callable[..., None]) -> None:
         """The peer opened the sequence: record its identifier; accept the offered sequence."""
