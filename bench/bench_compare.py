@@ -80,7 +80,7 @@ Several knobs in one variant are joined with ``+`` (``sqlite~send_concurrency=2+
 
 ``BENCH_PG_STATEMENTS=1`` loads ``pg_stat_statements`` and lists, at the end,
 the statements PostgreSQL spent longest on (run one scenario to read them); a number above 1
-lists that many.
+lists that many; ``BENCH_PG_STATEMENTS=calls`` lists the 15 run most often instead.
 
 Profiling: ``BENCH_PROFILE=DIR`` attaches ``py-spy record --idle --threads``
 (raw collapsed stacks, waits included; ``BENCH_PROFILE_IDLE=0``: py-spy's on-CPU guess, which counts
@@ -776,13 +776,14 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
     conn = psycopg2.connect(pg.dsn("postgres"))
     try:
         with conn.cursor() as cur:
+            by_calls = os.environ.get("BENCH_PG_STATEMENTS") == "calls"  # else by time
             cur.execute("SELECT query, sum(calls), sum(total_exec_time + total_plan_time), "
-                        "sum(total_plan_time) FROM pg_stat_statements GROUP BY query ORDER BY 3 DESC LIMIT %s",
-                        (top,))
+                        "sum(total_plan_time) FROM pg_stat_statements GROUP BY query "
+                        f"ORDER BY {2 if by_calls else 3} DESC LIMIT %s", (top,))
             rows = cur.fetchall()
     finally:
         conn.close()
-    print(f"statements by PostgreSQL time, planning included (per message of the run, {messages} messages; "
+    print(f"statements by {'calls' if by_calls else 'PostgreSQL time'}, planning included (per message of the run, {messages} messages; "
           f"these {len(rows)}: {sum(r[1] for r in rows) / messages:.2f} calls, "
           f"{1000 * sum(r[2] for r in rows) / messages:.0f} us):")
     for query, calls, ms, planning in rows:
@@ -1217,7 +1218,8 @@ def main(argv: list[str] | None = None) -> int:
             _report_aims(args, ratios, cpu_ratios)
         if statements:
             top = os.environ["BENCH_PG_STATEMENTS"]
-            _print_statements(pg, args.calls * args.rounds * len(scenarios), int(top) if int(top) > 1 else 15)
+            _print_statements(pg, args.calls * args.rounds * len(scenarios),
+                              int(top) if top.isdigit() and int(top) > 1 else 15)
     finally:
         pg.close()
         shutil.rmtree(workdir, ignore_errors=True)
