@@ -142,7 +142,7 @@ class AsyncReliableClient:
     async def submit(self, operation: str, *args: Any, **kwargs: Any) -> Any:
         """Store ``operation``'s call; its receipt (one-way) or an asyncio.Future of its reply."""
         _refuse_loop_transaction()
-        outcome = await self._lane.submit(lambda: self.sync.call(operation, *args, **kwargs))
+        outcome = await self._lane.submit(lambda: self.sync.call(operation, *args, _caller_waits=False, **kwargs))
         if isinstance(outcome, Future):
             return asyncio.wrap_future(outcome)
         return outcome

@@ -78,6 +78,7 @@ from zeep.proxy import ServiceProxy
 
 from interceptors.chain import InterceptorChain
 from interceptors.zeep_client.adapter import engage_client
+from interceptors.zeep_client.call_future import CallFuture
 from interceptors.zeep_client.aio import AsyncReliableClient, is_async_client, sync_twin
 from interceptors.zeep_client.health import ClientHealth, client_health
 from interceptors.zeep_client.httpx_transport import HttpxTransport
@@ -265,13 +266,17 @@ class ReliableClient:
         return getattr(op.abstract, "output_message", None) is None
 
     def call(self, operation: str, *args: Any, _callback: str | None = None, _context: str | None = None,
-             **kwargs: Any) -> SendReceipt | Future:
+             _caller_waits: bool = True, **kwargs: Any) -> SendReceipt | Future:
         """Enqueue ``operation``; a one-way call returns its receipt, an in-out call a Future.
 
         ``_callback`` (``"package.module:function"``, taking a :class:`ReliableReply`)
         is persisted with the message and called when the reply arrives, even
         after a restart; ``_context`` is a string handed back to it as
-        ``reply.user_context``.  The future holds the result or the fault.
+        ``reply.user_context``.  The future holds the result or the fault.  A caller
+        that waits for it with ``result()`` sends the request from its own thread when
+        nothing else is being sent on its sequence (:mod:`.call_future`);
+        ``_caller_waits=False`` says it will not (an asyncio caller): the sender sends
+        the request at once.
         """
         one_way = self.is_one_way(operation)
         if one_way and (_callback or _context):
@@ -279,7 +284,8 @@ class ReliableClient:
         if _callback is not None:
             import_callback(_callback)
         options = CallOptions(callback=_callback, user_context=_context, one_way=one_way,
-                              future=None if one_way else Future(), operation=operation)
+                              future=None if one_way else CallFuture() if _caller_waits else Future(),
+                              operation=operation)
         token = current_call().set(options)
         try:
             getattr(self.zeep.service, operation)(*args, **kwargs)
@@ -414,6 +420,19 @@ class ReliableClient:
         gtx = self.tm.get_transaction() if self.tm is not None else None
         if gtx is not None and options.future is not None:
             gtx.register_synchronization(_ResolveOnRollback(options.future))
+        if isinstance(options.future, CallFuture):
+            key, number = receipt.sequence_key, receipt.number
+            options.future.send_when_waited(lambda: self.engine.send_for_caller(key, number),
+                                            lambda: self.engine.leave_to_sender(key, number), self._longest_send())
+
+    def _longest_send(self) -> float | None:
+        """How long the engine's send of a request can take at most (None: unknown): its HTTP
+        timeout (zeep's operation timeout when it has one) for each of the transport's two tries."""
+        zeep_transport = getattr(self.zeep, "transport", None)
+        timeouts = [t for t in (getattr(self.engine.transport, "timeout", None),
+                                getattr(getattr(zeep_transport, "_inner", zeep_transport), "operation_timeout", None))
+                    if isinstance(t, (int, float))]
+        return 2 * max(timeouts) if timeouts else None
 
     def _consumes_reply(self, envelope: bytes, addressing: Any) -> bool:
         """In the transaction that records a message: is it the reply to a call of this client

@@ -243,9 +243,11 @@ class ReliableClientInterceptor(Interceptor):
             message.to_bytes()  # raises the chain's error for a message with no envelope
         # the tree itself: the engine adds its headers in place and hands it to the first transmission
         # (no parse on the way); the message is consumed here, nobody else reads it
+        # a future its caller may wait on: the caller's thread may send the request (call_future)
+        caller_may_send = not one_way and callable(getattr(options.future, "send_when_waited", None))
         receipt = self.engine.send(message.address, message.envelope, action=_action_of(message),
                                    key=self.key, expect_reply=not one_way, reply_callback=reply_callback,
-                                   reply_context=reply_context)
+                                   reply_context=reply_context, caller_may_send=caller_may_send)
         options.receipt = receipt
         if self._on_enqueued is not None:
             self._on_enqueued(message.address, receipt, options)

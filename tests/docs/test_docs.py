@@ -50,7 +50,7 @@ def test_the_site_builds_with_warnings_as_errors(site):
 def test_the_concepts_page_draws_the_state_machines_from_their_code(site):
     from wsrm_plugin.statemachine.diagram import machine
 
-    names = ("rms", "rmd", "invoker", "peer", "delivery", "outage")
+    names = ("rms", "rmd", "invoker", "peer", "lane", "delivery", "outage")
     page = (site / "concepts.html").read_text()
     drawings = re.findall(r'(?:src|data)="(_images/graphviz-[0-9a-f]+\.svg)"', page)
     assert len(set(drawings)) == len(names), drawings

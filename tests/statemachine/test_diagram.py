@@ -18,7 +18,7 @@ import pytest
 from wsrm_plugin.statemachine import InvalidTransition, Reason, Transition
 from wsrm_plugin.statemachine.diagram import Machine, edges, machine, to_dot
 
-NAMES = ("rms", "rmd", "invoker", "peer", "delivery", "outage")
+NAMES = ("rms", "rmd", "invoker", "peer", "lane", "delivery", "outage")
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -185,7 +185,8 @@ class ReliableEngine:
         self.node_reports = NodeReports(self.store, tm)
         self.source = Source(self.store, policy, tm=tm, endpoint=endpoint, wake=self._wake_sender,
                              ambient=self._ambient, on_fault=on_sequence_fault,
-                             end_offered=lambda offered_id: self.destination.end_offered(offered_id))
+                             end_offered=lambda offered_id: self.destination.end_offered(offered_id),
+                             wake_in=lambda seconds, token: self._workers[0].wake_in(seconds, token))
         self.destination = Destination(self.store, policy, endpoint=endpoint, wake_invoker=self._wake_invoker,
                                        wake_acks=self._wake_acks, wake_release=self._wake_release)
         self.destination.reply_arrived = self.source.reply_consumed
@@ -255,11 +256,29 @@ class ReliableEngine:
 
     def send(self, target: str, envelope: Any, *, action: str | None = None, key: str = "",
              expect_reply: bool = False, message_id: str | None = None,
-             reply_callback: str | None = None, reply_context: bytes | None = None) -> SendReceipt:
+             reply_callback: str | None = None, reply_context: bytes | None = None,
+             caller_may_send: bool = False) -> SendReceipt:
         """Enqueue ``envelope`` for reliable delivery to ``target`` (see :meth:`Source.send`)."""
         return self.source.send(target, envelope, action=action, key=key, expect_reply=expect_reply,
                                 message_id=message_id, reply_callback=reply_callback,
-                                reply_context=reply_context)
+                                reply_context=reply_context, caller_may_send=caller_may_send)
+
+    def send_for_caller(self, sequence_key: str, number: int) -> bool:
+        """Send an enqueued request from the calling thread, which then waits for its reply (see
+        :meth:`RetransmissionWorker.send_for_caller`); False when the sender's round sends it.
+
+        Only while the sender runs: a stopped engine sends nothing, from any thread.
+        """
+        if not self._workers[0].running:
+            return False
+        self._workers[0].cancel((sequence_key, number))  # sent now, from here or by the sender
+        return self.retransmission.send_for_caller(sequence_key, number)
+
+    def leave_to_sender(self, sequence_key: str, number: int) -> None:
+        """The caller of an enqueued request will not send it (see :meth:`send_for_caller`): the
+        sender sends it now rather than when the caller's grace ends."""
+        self._workers[0].cancel((sequence_key, number))
+        self.retransmission.leave_to_round(sequence_key, number)
 
     def resend_faulted(self, sequence: str) -> ResendResult:
         """Send a faulted sequence's unacknowledged messages again on a new sequence (see :mod:`.resend`).

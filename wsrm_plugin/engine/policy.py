@@ -441,6 +441,16 @@ class RMPolicy:
     http_timeout: float = knob(
         10.0, _SECONDS, "HTTP timeout of the engine's sends (a zeep client's `operation_timeout` wins)",
         cxf="the conduit's `ReceiveTimeout`", wcf="`sendTimeout`")
+    #: A reliable client's in-out request is kept this long for its caller's thread, which sends it
+    #: itself when it waits for the reply (``future.result()``) and the sequence's lane is idle
+    #: (:mod:`wsrm_plugin.statemachine.lane`); the sender sends it after that, or at once when the
+    #: lane is busy.  The request is stored before either sends it.  None: the sender sends every
+    #: request, handed over from the caller's thread and its reply handed back (two thread switches).
+    caller_send_grace: float | None = knob(
+        0.01, Seconds(none="the sender sends every request"),
+        "seconds an in-out request of a reliable client waits for its caller's thread to send it (the caller "
+        "waiting for the reply sends it, when no other send is under way on its sequence, and reads the reply "
+        "in its own thread) before the sender sends it; `None`: the sender sends every request")
     #: Threads delivering buffered messages, at most: the first looks at the store on the poll
     #: interval; a message recorded for delivery wakes a thread that is not busy already, so
     #: messages of several sequences get a thread each, and idle ones cost nothing.  One

@@ -38,7 +38,7 @@ from typing import Any
 
 from lxml import etree
 
-from ..statemachine import AckRanges, RMSDuty, rms_duties
+from ..statemachine import AckRanges, InvalidTransition, LaneEvent, LaneState, RMSDuty, lane_transition, rms_duties
 from ..store import (
     NodeCondition, RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreError, UnknownSequenceError,
 )
@@ -229,6 +229,16 @@ class RetransmissionWorker:
         self._reported: set[str] = set()
         self._reported_changes = -1
         self._next_report = 0.0
+        #: Who sends each sequence's messages now (:mod:`wsrm_plugin.statemachine.lane`): only
+        #: sequences that are not idle have an entry.
+        self._lane_states: dict[str, LaneState] = {}
+        self._lane_lock = threading.Lock()
+        #: Notified when a lane's round ends (a caller may be waiting for it: send_for_caller).
+        self._lane_idle = threading.Condition(self._lane_lock)
+        #: A round's and a caller's exchanges are settled one at a time (a sequence's flow learns from both).
+        self._settle_lock = threading.Lock()
+        #: Requests their callers sent from their own threads (statemachine.lane's SEND_FROM_CALLER).
+        self.sent_by_callers = 0
 
     def step(self) -> bool:
         now = time.time()
@@ -688,6 +698,18 @@ class RetransmissionWorker:
 
     def _transmit(self, now: float) -> bool:
         plan = self._claim(now)
+        if not plan:
+            return False
+        keys = {item.sequence.key for item in plan}
+        for key in keys:
+            self._lane(key, LaneEvent.ROUND_CLAIMED)
+        try:
+            return self._transmit_plan(plan)
+        finally:
+            for key in keys:
+                self._lane(key, LaneEvent.ROUND_ENDED)
+
+    def _transmit_plan(self, plan: list[_Planned]) -> bool:
         chains = _chains(plan)
         exchanges: list[tuple[_Planned, Exchange]] = []
         try:
@@ -827,6 +849,117 @@ class RetransmissionWorker:
         self._bump(fast_retransmits=len(planned))
         return planned
 
+    # -- a waiting caller sends its own request (statemachine.lane) ----------------------------------
+
+    def _lane(self, key: str, event: LaneEvent) -> None:
+        """Apply ``event`` to sequence ``key``'s lane (raises InvalidTransition when it is refused)."""
+        with self._lane_lock:
+            state = lane_transition(self._lane_states.get(key, LaneState()), event).state
+            if state.idle:
+                self._lane_states.pop(key, None)
+            else:
+                self._lane_states[key] = state
+            if event is LaneEvent.ROUND_ENDED:
+                self._lane_idle.notify_all()
+
+    def _caller_claims_lane(self, key: str) -> bool:
+        """CALLER_CLAIMS on ``key``'s lane; while a round is finishing on it, wait for its end (at
+        most the caller's grace, after which the round may take the request anyway).
+
+        The round that sent this caller's previous request resolved its future before the round
+        ended (applying the round's acknowledgements, settling): a caller that calls again at once
+        finds that round still on the lane, and leaving its request to the sender there would
+        keep every following call of it on the sender's thread.  Another caller's request on
+        the lane is not waited for: the sender's round sends beside it."""
+        deadline = time.monotonic() + (self.policy.caller_send_grace or 0.0)
+        with self._lane_lock:
+            while True:
+                state = self._lane_states.get(key, LaneState())
+                try:
+                    self._lane_states[key] = lane_transition(state, LaneEvent.CALLER_CLAIMS).state
+                    return True
+                except InvalidTransition:
+                    left = deadline - time.monotonic()
+                    if state.caller_sending or left <= 0:
+                        return False
+                    self._lane_idle.wait(left)
+
+    def lane_of(self, key: str) -> LaneState:
+        """Who sends sequence ``key``'s messages now."""
+        with self._lane_lock:
+            return self._lane_states.get(key, LaneState())
+
+    def send_for_caller(self, key: str, number: int) -> bool:
+        """Send message ``number`` of sequence ``key`` from the calling thread, if its lane is idle.
+
+        For a caller that waits for the reply of its own request: its thread
+        sends the request and reads the answer (which resolves its call) instead
+        of handing both over to the sender's thread and back.  The message is
+        claimed as a round claims it (its first attempt recorded, with the next
+        retransmission time, before it goes out), so when this thread's send
+        fails or never ends, the retransmission timer sends it again.  False,
+        and nothing sent, when the lane is not idle or the store says the
+        message is not this caller's to send (a round claimed it, it was sent or
+        acknowledged already, something before it is still unacknowledged, its
+        peer is unreachable...): the sender's round sends it then.
+        """
+        if not self._caller_claims_lane(key):
+            self.leave_to_round(key, number)
+            return False
+        item: _Planned | None = None
+        exchange: Exchange | None = None
+        try:
+            item = self._claim_for_caller(key, number)
+            if item is not None:
+                self._bump(sent_by_callers=1)
+                with self.source.coalesced_acks():
+                    exchange = self._send_message(item)
+                self._settle([(item, exchange)])
+        finally:
+            self._lane(key, LaneEvent.CALLER_ENDED)
+        if item is None:
+            self.leave_to_round(key, number)
+        return item is not None
+
+    def leave_to_round(self, key: str, number: int) -> None:
+        """Message ``number`` of ``key`` was kept for its caller, who will not send it: due at once
+        (not when the caller's grace ends), and the sender woken."""
+        try:
+            with self.store.begin(durable=False) as tx:
+                msg = tx.rms_messages.get(key, number)
+                if msg is None or msg.acked or msg.send_count:
+                    return
+                tx.rms_messages.make_due(key, [number], at=time.time())
+        except (StoreError, UnknownSequenceError) as exc:  # the grace ends anyway: the sender sends it then
+            log.debug("message %d of %s left to the sender's grace: %s", number, key, exc)
+            return
+        self.source._wake()
+
+    def _claim_for_caller(self, key: str, number: int) -> _Planned | None:
+        """Claim message ``number`` for its caller's thread: only its first transmission, due now,
+        of a transmitting sequence whose earlier messages are all acknowledged, to a peer that
+        is sent to.  One store transaction, as a round's claim (not durable: a claim a crash
+        forgot only means the message is sent again)."""
+        policy = self.policy
+        if policy.max_unacknowledged is not None:
+            return None  # the window is the round's to count
+        now = time.time()
+        with self.store.begin(durable=False) as tx:
+            seq = tx.rms.get(key)
+            if seq is None or not rms_life(seq).transmitting or seq.sequence_id is None \
+                    or is_back_channel(seq.target) or self.reachability.gate(seq.target) is not Gate.SEND:
+                return None
+            msg = tx.rms_messages.get(key, number)
+            if msg is None or msg.acked or msg.send_count:
+                return None  # a round sent it (or it was acknowledged meanwhile)
+            if number > 1:
+                before = tx.rms_messages.get(key, number - 1)
+                if before is not None and not before.acked:
+                    return None  # it would overtake a message still out, or lost
+            next_at = now + self._retry_delay(seq.target, 1) if policy.retransmits else _NEVER
+            tx.rms_messages.record_send_attempt(key, number, next_send_at=next_at, now=now)
+        return _Planned(msg, seq, request_ack=policy.ack_request is AckRequestMode.ALWAYS)
+
     # -- pacing: what the answers say ------------------------------------------------------------
 
     def _flow(self, key: str) -> SequenceFlow:
@@ -875,6 +1008,10 @@ class RetransmissionWorker:
 
     def _settle(self, exchanges: list[tuple[_Planned, Exchange]]) -> None:
         """Apply a round's evidence: resend what was proven lost now, probe the silent ends soon."""
+        with self._settle_lock:
+            self._settle_now(exchanges)
+
+    def _settle_now(self, exchanges: list[tuple[_Planned, Exchange]]) -> None:
         by_sequence: dict[str, tuple[RmsSequence, list[Exchange]]] = {}
         for item, exchange in exchanges:
             by_sequence.setdefault(item.sequence.key, (item.sequence, []))[1].append(exchange)

@@ -18,6 +18,7 @@ events, each in its own short store transaction.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -254,12 +255,14 @@ class Source:
                  endpoint: Callable[[], str | None], wake: Callable[[], None],
                  ambient: threading.local,
                  on_fault: Callable[[SequenceFault], None] | None = None,
-                 end_offered: Callable[[str], None] | None = None) -> None:
+                 end_offered: Callable[[str], None] | None = None,
+                 wake_in: Callable[[float, object], None] | None = None) -> None:
         self.store = store
         self.policy = policy
         self.tm = tm
         self._endpoint = endpoint
         self._wake = wake
+        self._wake_in = wake_in
         self._ambient = ambient
         self._on_fault = on_fault
         self._end_offered = end_offered
@@ -280,16 +283,32 @@ class Source:
         """The caller's transaction (invoker delivery, or XA), else a local one."""
         return _SourceTransaction(self)
 
-    def _wake_after_commit(self) -> None:
-        """Wake the sender once the caller's transaction commits (at once if it already did)."""
+    def _wake_after_commit(self, kept: float | None = None, receipt: SendReceipt | None = None) -> None:
+        """Wake the sender once the caller's transaction commits (at once if it already did);
+        ``kept``: the message of ``receipt`` is kept that long for its caller's thread: wake it
+        then instead, unless the caller took it (``ReliableEngine.send_for_caller``)."""
         if getattr(self._ambient, "tx", None) is not None:
             self._ambient.wake_sender = True
             return  # the invoker wakes the workers after its commit
+        wake = self._wake
+        if kept is not None and self._wake_in is not None and receipt is not None:
+            wake = functools.partial(self._wake_in, kept, (receipt.sequence_key, receipt.number))
         gtx = self.tm.get_transaction() if self.tm is not None else None
         if gtx is None:
-            self._wake()
+            wake()
             return
-        gtx.register_synchronization(_WakeAfter(self._wake))
+        gtx.register_synchronization(_WakeAfter(wake))
+
+    def _kept_for_caller(self, caller_may_send: bool) -> float | None:
+        """How long a new request is kept for its caller's thread to send (None: not kept).
+
+        Never inside a delivery's transaction: the invoker wakes the sender after its commit,
+        and its thread cannot wait for a reply before that commit anyway."""
+        grace = self.policy.caller_send_grace
+        if not caller_may_send or grace is None or self._wake_in is None \
+                or getattr(self._ambient, "tx", None) is not None:
+            return None
+        return grace
 
     @property
     def endpoint_address(self) -> str | None:
@@ -329,7 +348,8 @@ class Source:
 
     def send(self, target: str, envelope: bytes | etree._Element, *, action: str | None = None, key: str = "",
              expect_reply: bool = False, message_id: str | None = None,
-             reply_callback: str | None = None, reply_context: bytes | None = None) -> SendReceipt:
+             reply_callback: str | None = None, reply_context: bytes | None = None,
+             caller_may_send: bool = False) -> SendReceipt:
         """Enqueue ``envelope`` for ``target`` reliably; returns where it went.
 
         ``expect_reply`` puts the message on a sequence created with an Offer
@@ -339,6 +359,9 @@ class Source:
         (``"module:function"``) is called with the reply when it arrives.
         ``envelope`` may also be the envelope's lxml tree (a SOAP client's own):
         it is not parsed again, and becomes the stored message (changed in place).
+        ``caller_may_send``: the caller may send it from its own thread while it waits for the
+        reply (``RetransmissionWorker.send_for_caller``): it is kept for it for
+        ``policy.caller_send_grace`` seconds before the sender sends it.
         """
         if not isinstance(envelope, (bytes, bytearray, etree._Element)):
             raise TypeError(f"envelope must be the SOAP envelope as bytes, not {type(envelope).__name__}")
@@ -350,25 +373,26 @@ class Source:
         if expect_reply or reply_callback:
             reply_to = self._endpoint() or self.policy.addressing.anonymous
             expect_reply = True
+        kept = self._kept_for_caller(caller_may_send)
         observer = observe.active
         if observer is not None:
             return self._send_observed(observer, target, envelope, action=action, key=key,
                                        expect_reply=expect_reply, message_id=message_id, reply_to=reply_to,
-                                       reply_callback=reply_callback, reply_context=reply_context)
+                                       reply_callback=reply_callback, reply_context=reply_context, kept=kept)
         outgoing = prepare_outgoing(envelope if isinstance(envelope, etree._Element) else bytes(envelope),
                                     to=target, action=action, message_id=message_id,
                                     reply_to=reply_to, relates_to=None, wsa=self.policy.addressing,
                                     max_size=self.policy.max_message_size)
         with self.transaction() as tx:
             receipt = self._enqueue_outgoing(tx, (target, key, expect_reply), outgoing, reply_callback,
-                                             reply_context)
-        self._wake_after_commit()
+                                             reply_context, kept=kept)
+        self._wake_after_commit(kept, receipt)
         return receipt
 
     def _send_observed(self, observer: observe.Observer, target: str, envelope: bytes | etree._Element, *,
                        action: str | None, key: str, expect_reply: bool, message_id: str | None,
                        reply_to: str | None, reply_callback: str | None,
-                       reply_context: bytes | None) -> SendReceipt:
+                       reply_context: bytes | None, kept: float | None = None) -> SendReceipt:
         """:meth:`send`, told to ``observer``: its step ends when the caller's transaction does."""
         gtx = self.tm.get_transaction() if self.tm is not None else None
         step = observer.sending(target=target, action=action, reply=False,
@@ -380,7 +404,7 @@ class Source:
                                         max_size=self.policy.max_message_size, extra=step.headers())
             with self.transaction() as tx:
                 receipt = self._enqueue_outgoing(tx, (target, key, expect_reply), outgoing, reply_callback,
-                                                 reply_context)
+                                                 reply_context, kept=kept)
         except BaseException as exc:
             step.end(exc)
             raise
@@ -390,24 +414,27 @@ class Source:
             gtx.register_synchronization(_EndWithTransaction(step))  # the call ends with its transaction
         else:
             step.end()
-        self._wake_after_commit()
+        self._wake_after_commit(kept, receipt)
         return receipt
 
     def _enqueue_outgoing(self, tx: StoreTransaction, ident: tuple[str, str, bool], outgoing: OutgoingMessage,
-                          reply_callback: str | None = None, reply_context: bytes | None = None) -> SendReceipt:
+                          reply_callback: str | None = None, reply_context: bytes | None = None, *,
+                          kept: float | None = None) -> SendReceipt:
         """Enqueue a prepared message on the current sequence for ``ident`` (target, key,
-        offered), opening one when there is none that takes it."""
+        offered), opening one when there is none that takes it.  ``kept``: due only that many
+        seconds from now (kept for its caller's thread, which may send it before)."""
+        send_at = None if kept is None else time.time() + kept
         receipt = self._enqueue_on_current(tx, ident, outgoing.payload, outgoing.action, outgoing.soap.ns,
-                                           outgoing.message_id, reply_callback, reply_context)
+                                           outgoing.message_id, reply_callback, reply_context, send_at)
         if receipt is None:
             seq = self._open_sequence(tx, *ident)
             receipt = self._enqueue(tx, seq, outgoing.payload, outgoing.action, outgoing.soap.ns,
-                                    outgoing.message_id, reply_callback, reply_context)
+                                    outgoing.message_id, reply_callback, reply_context, send_at)
         return receipt
 
     def _enqueue_on_current(self, tx: StoreTransaction, ident: tuple[str, str, bool], payload: bytes,
                             action: str, soap_ns: str, message_id: str, reply_callback: str | None,
-                            reply_context: bytes | None) -> SendReceipt | None:
+                            reply_context: bytes | None, send_at: float | None = None) -> SendReceipt | None:
         """Enqueue on the sequence this engine last used for ``ident`` without reading it first.
 
         The store refuses a sequence that takes no more messages (or is gone)
@@ -428,7 +455,7 @@ class Source:
         try:
             msg = tx.rms_messages.enqueue(cached, payload, action=action, soap_version=soap_ns,
                                           message_id=message_id, reply_callback=reply_callback,
-                                          reply_context=reply_context,
+                                          reply_context=reply_context, send_at=send_at,
                                           awaits_reply=ident[2] and self._replies_on_back_channel())
         except (SequenceNotOpenError, UnknownSequenceError):
             return None
@@ -436,7 +463,7 @@ class Source:
 
     def _enqueue(self, tx: StoreTransaction, seq: RmsSequence, payload: bytes, action: str, soap_ns: str,
                  message_id: str, reply_callback: str | None = None,
-                 reply_context: bytes | None = None) -> SendReceipt:
+                 reply_context: bytes | None = None, send_at: float | None = None) -> SendReceipt:
         self._ambient.wake_sender = True  # inside a delivery: the invoker wakes the sender after its commit
         limit = self.policy.max_sequence_length
         rm = rm_version_of(seq)
@@ -444,7 +471,7 @@ class Source:
         msg = tx.rms_messages.enqueue(
             seq.key, payload, action=action, soap_version=soap_ns, message_id=message_id,
             last=rolls_over and rm is RM10, reply_callback=reply_callback, reply_context=reply_context,
-            awaits_reply=seq.offered_id is not None and self._replies_on_back_channel())
+            send_at=send_at, awaits_reply=seq.offered_id is not None and self._replies_on_back_channel())
         if rolls_over and rm is not RM10:
             tx.rms.mark_last(seq.key)
         if rolls_over:

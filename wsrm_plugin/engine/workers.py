@@ -28,6 +28,14 @@ class Worker:
         self._step = step
         self.interval = interval
         self._wakeup = threading.Event()
+        #: Work was signalled (:meth:`wake`) since the step began; without it, a wake-up only
+        #: has the thread look again at how long to sleep (:meth:`wake_in`).
+        self._work = False
+        #: Steps due at a time (``time.monotonic()``), by their owners' tokens (:meth:`wake_in`).
+        self._due: dict[object, float] = {}
+        #: When the thread's current sleep ends (None: not asleep, or until woken).
+        self._sleep_until: float | None = None
+        self._due_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.errors = 0
@@ -52,7 +60,47 @@ class Worker:
         return self.busy_since is None and not self._wakeup.is_set()
 
     def wake(self) -> None:
+        self._work = True
         self._wakeup.set()
+
+    def wake_in(self, seconds: float, token: object) -> None:
+        """Run a step within ``seconds``, not at once, unless :meth:`cancel` of ``token`` comes
+        first: for work that falls due then (a request kept for its caller's thread, which the
+        sender sends if the caller did not)."""
+        at = time.monotonic() + seconds
+        with self._due_lock:
+            self._due[token] = at
+            asleep_past = self._sleep_until is None or self._sleep_until > at
+        if self.busy_since is None and asleep_past:
+            self._wakeup.set()  # only to sleep less: no step unless the time comes
+
+    def cancel(self, token: object) -> None:
+        """The step :meth:`wake_in` asked for under ``token`` is no longer needed."""
+        with self._due_lock:
+            self._due.pop(token, None)
+
+    def _sleep(self) -> None:
+        """Wait until woken with work, the poll interval ends, or a step falls due (:meth:`wake_in`)."""
+        poll_at = None if self.interval is None else time.monotonic() + self.interval
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            with self._due_lock:
+                fired = [token for token, at in self._due.items() if at <= now]
+                for token in fired:
+                    del self._due[token]
+                if fired:
+                    return
+                until = min((at for at in (poll_at, *self._due.values()) if at is not None), default=None)
+                self._sleep_until = until
+            if poll_at is not None and now >= poll_at:
+                return
+            woken = self._wakeup.wait(None if until is None else until - now)
+            with self._due_lock:
+                self._sleep_until = None
+            if self._work:
+                return
+            if woken:
+                self._wakeup.clear()  # by wake_in or stop: look again at how long to sleep
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Ask the thread to finish its step and end; False if it is still running after ``timeout``."""
@@ -70,6 +118,7 @@ class Worker:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
+            self._work = False
             self._wakeup.clear()
             self.busy_since = time.monotonic()
             try:
@@ -80,4 +129,4 @@ class Worker:
                 busy = False
             self.busy_since = None
             if not busy and not self._stopping.is_set():
-                self._wakeup.wait(self.interval)  # None: until woken (a pool's extra thread)
+                self._sleep()  # interval None: until woken (a pool's extra thread)

@@ -10,6 +10,7 @@ or not.
 * :mod:`.rms` - the source sequence (CreateSequence, (re)transmission, close, terminate);
 * :mod:`.rmd` - the destination sequence (accepting, acking, close, terminate);
 * :mod:`.invoker` - the buffer between the destination and the application;
+* :mod:`.lane` - who sends a source sequence's messages now (the sender's round, a waiting caller);
 * :mod:`.peer` - whether the source can reach a peer (its circuit breaker: one probe while it is down);
 * :mod:`.delivery` - one buffered message's life in the invoker (retries, cycles, poison);
 * :mod:`.outage` - whether the service can work at all (running, suspect, paused, probing);
@@ -36,6 +37,7 @@ from .invoker import (
     invoker_duties,
     invoker_transition,
 )
+from .lane import LaneAction, LaneEvent, LaneState, lane_transition
 from .peer import PeerAction, PeerDuty, PeerEvent, PeerState, peer_duties, peer_failure, peer_transition
 from .outage import ServiceAction, ServiceEvent, ServiceMode, service_transition
 from .rmd import RMDAction, RMDDuty, RMDEvent, RMDState, Reception, rmd_duties, rmd_receive, rmd_transition
@@ -61,6 +63,9 @@ __all__ = [
     "InvokerDuty",
     "InvokerEvent",
     "InvokerState",
+    "LaneAction",
+    "LaneEvent",
+    "LaneState",
     "PeerAction",
     "PeerDuty",
     "PeerEvent",
@@ -86,6 +91,7 @@ __all__ = [
     "duties",
     "invoker_duties",
     "invoker_transition",
+    "lane_transition",
     "peer_duties",
     "peer_failure",
     "peer_transition",
@@ -127,6 +133,11 @@ def _(state: InvokerState, event: InvokerEvent) -> Transition[InvokerState]:
 @transition.register
 def _(state: PeerState, event: PeerEvent) -> Transition[PeerState]:
     return peer_transition(state, event)
+
+
+@transition.register
+def _(state: LaneState, event: LaneEvent) -> Transition[LaneState]:
+    return lane_transition(state, event)
 
 
 @transition.register

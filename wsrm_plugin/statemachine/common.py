@@ -95,6 +95,10 @@ class Reason(Enum):
         None,
         "delivery is not paused: there is nothing to probe",
     )
+    LANE_BUSY = (
+        None,
+        "the sequence's lane is not idle: the request goes with the sender's round, which its commit woke",
+    )
     UNEXPECTED = (
         None,
         "the state never asked for this (a worker acted out of turn or a peer answered a request"

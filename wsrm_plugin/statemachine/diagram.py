@@ -104,6 +104,7 @@ def to_dot(m: Machine) -> str:
 def _builtin() -> dict[str, Machine]:
     from .delivery import MessageEvent, MessageState, message_transition
     from .invoker import InvokerEvent, InvokerState, invoker_transition
+    from .lane import LaneEvent, LaneState, lane_transition
     from .peer import PeerEvent, PeerState, peer_transition
     from .outage import ServiceEvent, ServiceMode, service_transition
     from .rmd import RMDEvent, RMDState, rmd_transition
@@ -118,6 +119,8 @@ def _builtin() -> dict[str, Machine]:
                            invoker_transition, lambda: (InvokerState.initial(),)),
         "peer": Machine("peer", "peer reachability (the source's circuit breaker)", PeerState.valid_states,
                         lambda: PeerEvent, peer_transition, lambda: (PeerState.initial(),)),
+        "lane": Machine("lane", "who sends a source sequence's messages (the sender's round, a waiting caller)",
+                        LaneState.valid_states, lambda: LaneEvent, lane_transition, lambda: (LaneState.initial(),)),
         "delivery": Machine("delivery", "a buffered message in the invoker", MessageState.valid_states,
                             lambda: MessageEvent, message_transition,
                             lambda: (MessageState.initial(), MessageState.initial(taken_on_receipt=True))),

@@ -1,0 +1,144 @@
+"""A caller waiting for its reply sends its own request from its thread (statemachine.lane).
+
+Real parts: a reliable spyne service and reliable zeep clients over loopback HTTP, memory and
+SQLite stores.  The request is stored before any thread sends it, the caller's thread claims it as
+a sender's round would (so its retransmission timer covers a send the caller started), and what
+the caller does not send (it never waits, waits with a short timeout, or the lane is busy) the
+sender sends.  Each test waits for what it asserts; about 5 s for the file on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import wait
+
+import pytest
+import zeep
+
+from interceptors.spyne_server.service import reliable_service
+from interceptors.zeep_client.client import reliable_client
+from tests.engine.support import wait_for
+from wsrm_plugin.tools.proxy import LossyProxy, lose_first
+
+from . import service
+from .conftest import fast_policy
+
+
+@pytest.fixture
+def svc():
+    service.reset()
+    svc = reliable_service(service.spyne_app(), "memory:", fast_policy())
+    svc.serve()
+    svc.start()
+    yield svc
+    svc.stop(timeout=5)
+
+
+def _client(url, store, **policy):
+    return reliable_client(zeep.Client(url + "?wsdl"), store, fast_policy(**policy))
+
+
+def _posting_threads(rc):
+    """The names of the threads that POST each application request of ``rc``'s engine."""
+    threads: list[str] = []
+    transport = rc.engine.transport
+    send = transport.send
+
+    def recording(address, envelope, headers):
+        if b"echo" in envelope and b"CreateSequence" not in envelope:
+            threads.append(threading.current_thread().name)
+        return send(address, envelope, headers)
+    transport.send = recording
+    return threads
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_waiting_caller_posts_its_request_and_reads_its_reply_in_its_own_thread(svc, store, tmp_path):
+    # a grace long enough that the sender never takes a request its caller is about to send, and
+    # no retransmission of a request whose answer is slow on a loaded machine
+    rc = _client(svc.url, "memory:" if store == "memory" else f"sqlite:///{tmp_path}/client.db",
+                 caller_send_grace=30.0, base_retransmission_interval=30.0)
+    try:
+        posting = _posting_threads(rc)
+        assert rc.service.echo("q0").result(timeout=60) == "re:q0"  # opens the sequence: the sender's
+        for i in range(1, 6):
+            assert rc.service.echo(f"q{i}").result(timeout=60) == f"re:q{i}"
+        me = threading.current_thread().name
+        assert posting[1:] == [me] * 5, posting
+        assert rc.engine.retransmission.sent_by_callers == 5
+        assert service.ECHOED == [f"q{i}" for i in range(6)]
+        assert wait_for(lambda: rc.engine.store.status().unacked == 0, timeout=30)
+    finally:
+        rc.stop(timeout=5)
+
+
+def test_a_callers_send_that_fails_is_sent_again_by_the_retransmission_timer(svc):
+    proxy = LossyProxy(svc.url, script=lose_first(b">lost<"), drop_mode="close").start()
+    rc = _client(proxy.url, "memory:", caller_send_grace=30.0)
+    try:
+        assert rc.service.echo("first").result(timeout=60) == "re:first"
+        future = rc.service.echo("lost")
+        # the caller's own send is dropped: its timer (0.2 s here) sends it again from the sender
+        assert future.result(timeout=60) == "re:lost"
+        assert rc.engine.retransmission.sent_by_callers == 1
+        assert rc.engine.retransmission.retransmissions >= 1
+        assert service.ECHOED == ["first", "lost"]
+    finally:
+        rc.stop(timeout=5)
+        proxy.stop()
+
+
+def test_a_caller_that_never_waits_gets_its_request_sent_by_the_sender_after_the_grace(svc):
+    rc = _client(svc.url, "memory:", caller_send_grace=0.05)
+    try:
+        posting = _posting_threads(rc)
+        futures = [rc.service.echo(f"w{i}") for i in range(5)]
+        done, _ = wait(futures, timeout=60)  # not result(): nothing here sends
+        assert len(done) == 5
+        assert [f.result() for f in futures] == [f"re:w{i}" for i in range(5)]
+        assert rc.engine.retransmission.sent_by_callers == 0
+        assert threading.current_thread().name not in posting
+        assert sorted(service.ECHOED) == [f"w{i}" for i in range(5)]
+    finally:
+        rc.stop(timeout=5)
+
+
+def test_a_short_timeout_leaves_the_request_to_the_sender_at_once(svc):
+    rc = _client(svc.url, "memory:", caller_send_grace=30.0)
+    try:
+        assert rc.service.echo("first").result(timeout=60) == "re:first"
+        future = rc.service.echo("short")
+        # shorter than the longest send (twice the 5 s HTTP timeout): the caller must not send it,
+        # and the sender sends it now, not when the 30 s grace ends
+        with pytest.raises(TimeoutError):
+            future.result(timeout=0.0)
+        assert future.result(timeout=9.0) == "re:short"
+        assert rc.engine.retransmission.sent_by_callers == 0
+    finally:
+        rc.stop(timeout=5)
+
+
+def test_callers_on_one_sequence_from_many_threads_each_get_their_own_reply_once(svc):
+    rc = _client(svc.url, "memory:")
+    answers: dict[str, str] = {}
+    errors: list[BaseException] = []
+
+    def caller(n: int) -> None:
+        try:
+            for i in range(10):
+                text = f"t{n}-{i}"
+                answers[text] = rc.service.echo(text).result(timeout=60)
+        except BaseException as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=caller, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert errors == []
+        assert answers == {f"t{n}-{i}": f"re:t{n}-{i}" for n in range(4) for i in range(10)}
+        assert sorted(service.ECHOED) == sorted(answers)  # each ran once
+    finally:
+        rc.stop(timeout=5)
