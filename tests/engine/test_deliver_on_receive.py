@@ -38,12 +38,14 @@ class ThreadRecorder(Recorder):
 def _store(kind: str, request) -> str:
     if kind == "memory":
         return "memory:"
+    if kind == "sqlite":  # delivered apart from its receive's transaction (test_deliver_apart.py)
+        return f"sqlite:///{request.getfixturevalue('tmp_path')}/dor.db"
     return "postgresql:" + request.getfixturevalue("pg_dsn_factory")("dor")
 
 
 #: PostgreSQL records a steady stream's message in the round trip that locks its sequence, before
 #: the checks (``StoreTransaction.receive_in_order``): its rollbacks and wrong guesses, tested here
-KINDS = ["memory", pytest.param("postgresql", marks=pytest.mark.postgres)]
+KINDS = ["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 
 
 def served(engines, application, store: str = "memory:") -> tuple[ReliableEngine, str, str]:

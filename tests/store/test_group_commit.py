@@ -185,3 +185,43 @@ def _insert(store: SqliteStore, x: int) -> None:
 def _read(store: SqliteStore) -> int:
     with store.begin() as tx:
         return int(tx.one("SELECT COUNT(*) FROM t")[0])
+
+
+def test_a_commit_that_waits_for_the_disk_later_returns_first_and_its_readers_wait(tmp_path, monkeypatch):
+    """``wait_for_disk_later()`` (a receive that buffers a message and then delivers it in a
+    commit of its own, which covers this one): the commit returns while its fsync has not run,
+    but a transaction that reads it (a duplicate, acknowledged) returns only once it is on
+    disk, and ``wait_for_disk()`` waits for it after all."""
+    store = SqliteStore(tmp_path / "later.db")
+    try:
+        with store.begin() as tx:
+            tx.write("CREATE TABLE t (x INTEGER)")
+        sync = store._sync
+        real_fsync = sync._fsync
+        release = threading.Event()
+
+        def held_fsync() -> None:
+            assert release.wait(30)
+            real_fsync()
+
+        monkeypatch.setattr(sync, "_fsync", held_fsync)
+        with store.begin() as buffered:
+            buffered.wait_for_disk_later()
+            buffered.write("INSERT INTO t VALUES (1)")
+        assert sync._synced < sync._committed == sync.needed  # returned unsynced, counted as durable
+        read: list[int] = []
+        reader = threading.Thread(target=lambda: read.append(_read(store)))
+        reader.start()
+        reader.join(0.3)
+        assert reader.is_alive() and read == []  # read it: waits for its fsync
+        waiter = threading.Thread(target=buffered.wait_for_disk)
+        waiter.start()
+        waiter.join(0.3)
+        assert waiter.is_alive()
+        release.set()
+        reader.join(30)
+        waiter.join(30)
+        assert read == [1] and not waiter.is_alive()
+        assert sync._synced == sync._committed
+    finally:
+        store.close()

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..statemachine import InvalidTransition, Reception, RMDEvent, rmd_receive, rmd_transition
+from ..statemachine import InvalidTransition, Reception, RMDEvent, Stage, rmd_receive, rmd_transition
 from ..store import BufferedMessage, RmdSequence, RmsSequence, StorageManager, StoreTransaction
 from ..wire import (
     AddressingHeaders, AddressingVersion, CloseSequence, CreateSequence, CreateSequenceRefused,
@@ -118,6 +118,8 @@ class _Receipt:
     handed_over: bool = False
     #: Holding its turn among the receives of its sequence (see ``Destination._wait_turn``).
     turn: bool = False
+    #: Delivered after its receive's commit, outside it (``Destination._record_then_deliver``).
+    apart: bool = False
 
 
 @dataclass(frozen=True)
@@ -633,6 +635,8 @@ class Destination:
             item.wrote = False
             with self.store.begin() as tx:
                 return self._record(tx, item)
+        if invoker.delivers_apart:
+            return self._record_then_deliver(item, invoker)
         item.wrote = item.taken = item.handed_over = False
         item.direct = True
         try:
@@ -664,6 +668,64 @@ class Destination:
             raise
         invoker.failed_on_receipt(msg, failure)
         return recorded
+
+    def _record_then_deliver(self, item: _Receipt, invoker: InvokerWorker) -> tuple[RmdSequence, Reception]:
+        """Delivery on receipt on a store whose transactions take turns on the whole file: the
+        message buffered in a short transaction, then delivered outside it
+        (:meth:`InvokerWorker.deliver_received`).
+
+        The application runs while the receives and deliveries of other sequences take
+        the file, and their commits share one fsync (SQLite's group commit) instead of
+        each waiting, one after the other, for the application of the one before.  The
+        buffering commit does not wait for the disk: the delivery's durable commit covers it
+        (WAL commits reach the disk in order), and nothing is acknowledged before that; a
+        receive that reads it (a duplicate of the message) waits for the disk, as for any
+        durable commit.
+        Held in this process from that transaction on, so no invoker thread takes the
+        message meanwhile; the receives of its sequence behind it wait for their turn
+        (:meth:`_wait_turn`) until it is delivered."""
+        item.wrote = item.taken = item.handed_over = item.direct = False
+        held: BufferedMessage | None = None
+        try:
+            with self.store.begin() as tx:
+                recorded = self._record(tx, item)
+                if not recorded[1].duplicate and not item.taken and self._next_to_deliver(tx, item, recorded[1]):
+                    ready = self._taken_message(item)  # as buffered: the payload is not read back
+                    if invoker.message_state(ready).stage is Stage.WAITING:
+                        held = ready
+                        invoker.hold(held)  # under the transaction that buffered it: no one took it yet
+                        tx.wait_for_disk_later()  # the delivery's commit waits, before anything is answered
+        except BaseException:
+            if held is not None:
+                invoker.release(held)
+            raise
+        if held is None:
+            return recorded
+        handed_over = invoker.deliver_received(held)
+        if handed_over is None:  # not delivered (judged as a failed delivery): answered as buffered
+            tx.wait_for_disk()
+            return recorded
+        item.taken = item.apart = True
+        item.handed_over = handed_over
+        item.filled_gap = recorded[1].received.highest > item.header.message_number
+        self._pass_turn(item, taken=True)
+        return recorded
+
+    def _next_to_deliver(self, tx: StoreTransaction, item: _Receipt, reception: Reception) -> bool:
+        """Is ``item``, just buffered in ``tx``, the message its sequence delivers next?
+
+        InOrder: every number before it delivered (the delivered numbers are a
+        prefix, so exactly ``number - 1`` of the received ones are delivered),
+        which the put's read of the delivered ranges answers without a
+        statement; those after it, buffered, follow it from the buffer.
+        Otherwise the buffer is asked."""
+        number = item.header.message_number
+        if not self.policy.in_order:
+            ready = tx.invoker.next_deliverable(item.header.identifier, in_order=False, now=time.time())
+            return ready is not None and ready.number == number
+        received = reception.received
+        return received.is_complete_up_to(number) \
+            and received.count - tx.invoker.held(item.header.identifier, received) == number - 1
 
     @staticmethod
     def _taken_message(item: _Receipt) -> BufferedMessage:
@@ -820,7 +882,8 @@ class Destination:
             slog.debug("accepted and delivered")
             if item.handed_over:  # not a protocol marker (1.0's LastMessage)
                 self.delivered_on_receipt += 1
-            self._direct.delivered_on_receive(item.handed_over)
+            if not item.apart:  # deliver_received counted it
+                self._direct.delivered_on_receive(item.handed_over)
             if item.filled_gap:
                 self._wake_invoker()  # the messages buffered behind it are deliverable now
         else:

@@ -187,6 +187,10 @@ class InvokerWorker:
         self._ledger = MessageLedger(policy.max_retry_cycles)
         #: Whether the service can work at all (the outage pause).
         #: The pause as the store shows it to ``wsrm status`` (reporter: this process's name and host).
+        self._wake_invoker = wake_invoker
+        #: An invoker thread found the oldest deliverable message held by a receive that delivers
+        #: it apart (:meth:`deliver_received`) and went idle: woken when that delivery ends.
+        self._passed_held = False
         self.report = PauseReport(store, reporter or service)
         self.pause = DeliveryPause(policy, service, record=self.report, wake=wake_invoker, logger=log)
         #: What follows a failed delivery.
@@ -259,6 +263,44 @@ class InvokerWorker:
         invoker threads (see ``Destination._record_alone``)."""
         self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
         return self._deliver(tx, msg, buffered=False)
+
+    @property
+    def delivers_apart(self) -> bool:
+        """Does a receive that delivers record the message first and run the application
+        outside the store's transactions (:meth:`deliver_received`)?  On a store whose
+        transactions take turns on the whole file (SQLite), without a transaction manager:
+        a receive that ran the application in its transaction held every other sequence's
+        receives and deliveries for as long, and their commits could not share an fsync."""
+        return self.tm is None and self.store.defers_transactions
+
+    def deliver_received(self, msg: BufferedMessage) -> bool | None:
+        """Deliver ``msg``, which the calling receive just buffered and :meth:`hold`-s, in a
+        transaction that takes the store only when the application touches it, or at the end
+        to mark it delivered: True if it was (the commit durable).
+
+        The receive's own transaction committed the message into the buffer (so a crash from
+        here on leaves it there, delivered again by whoever takes the buffer next, as any
+        buffered message), and held it in this process, so no invoker thread takes it
+        meanwhile.  Everything the delivery does in the store commits or rolls back at once
+        with its removal from the buffer, which fails if someone else (another process on the
+        same file) delivered it in the meantime.  A failure is judged like a failed delivery
+        on receipt (:meth:`failed_on_receipt`): the message stays buffered.
+
+        None if it was not delivered, else whether it was handed to the application (False
+        for a protocol marker it never sees), counted as :meth:`delivered_on_receive` counts."""
+        try:
+            with _DeliveryTransaction(self.store, None, deferred=True) as tx:
+                self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
+                handed_over = self._deliver(tx, msg)
+        except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
+            self.failed_on_receipt(msg, exc)
+            return None
+        self.release(msg)
+        self.delivered_on_receive(handed_over)
+        if self._passed_held:  # an invoker thread went idle on it: others may be waiting behind it
+            self._passed_held = False
+            self._wake_invoker()
+        return handed_over
 
     def hold(self, msg: BufferedMessage) -> None:
         """Its delivery on receipt failed: keep the invoker threads off ``msg`` until
@@ -444,7 +486,8 @@ class InvokerWorker:
         try:
             taken, error = self._ledger.take(claimed, _E.CLAIM)
         except InvalidTransition:
-            return False  # another thread is judging its failure: not ours to run
+            self._passed_held = True  # woken when it is settled or delivered (deliver_received)
+            return False  # another thread is judging its failure, or delivers it: not ours to run
         work.claimed = claimed
         if MessageAction.GIVE_UP in taken.actions:  # out of attempts inside a batch; first now
             work.settled = self.settlement.give_up(tx, claimed, error or RecordedFailure(claimed.last_error))
@@ -677,11 +720,12 @@ class _DeliveryTransaction:
     the global transaction with whatever the store's exit raised.
     """
 
-    __slots__ = ("_store", "_tm", "_scope", "_tx", "_steps")
+    __slots__ = ("_store", "_tm", "_scope", "_tx", "_steps", "_deferred")
 
-    def __init__(self, store: StorageManager, tm: Any) -> None:
+    def __init__(self, store: StorageManager, tm: Any, deferred: bool = False) -> None:
         self._store = store
         self._tm = tm
+        self._deferred = deferred
         self._scope: Any = None
         self._tx: StoreTransaction | None = None
         self._steps: list[observe.Step] | None = None
@@ -692,7 +736,7 @@ class _DeliveryTransaction:
             _open_steps().append(self._steps)
         tm = self._tm
         if tm is None:
-            tx = self._tx = self._store.begin()
+            tx = self._tx = self._store.begin_deferred() if self._deferred else self._store.begin()
             return tx.__enter__()
         scope = tm.transaction()
         scope.__enter__()

@@ -227,6 +227,7 @@ class SqliteStore(api.StorageManager):
     """A durable store in one SQLite file (``open_store("sqlite:///path/to/file.db")``)."""
 
     concurrent_sequences = False  # one transaction at a time owns the file
+    defers_transactions = True  # begin_deferred: the file is taken at the first statement
 
     def __init__(self, path: str | os.PathLike[str], *, lock_timeout: float = 30.0,
                  pool_size: int = 4, create: bool = True, secure_delete: bool = False) -> None:
@@ -315,10 +316,42 @@ class SqliteStore(api.StorageManager):
         tx.waits_for_disk = durable
         return tx
 
+    def begin_deferred(self) -> SqlTransaction:
+        """A transaction that takes the file at its first statement, not before.
+
+        For a delivery whose application runs first and touches the store only
+        at its end, if at all (marking the message delivered, a reply or a
+        message it enqueues): the file, which every other transaction of every
+        sequence waits for, is not held while the application runs.  What it
+        reads and writes is one ordinary transaction from its first statement
+        to its commit; nothing before that first statement is part of it."""
+        if self._closed:
+            raise StoreClosedError(f"{self.url} is closed")
+        tx = SqlTransaction(self, None, SQLITE)
+        tx.attach = self._attach  # type: ignore[attr-defined]
+        return tx
+
+    def _attach(self, tx: SqlTransaction) -> None:
+        """A deferred transaction's first statement: the file taken, its transaction begun."""
+        conn = self._acquire(allow_in_doubt=False)
+        tx.conn = conn
+        tx._changes_at_begin = conn.total_changes  # type: ignore[attr-defined]
+        tx._sees_upto = self._sync.needed  # type: ignore[attr-defined]
+
     def _open(self, *, capture_undo: bool, allow_in_doubt: bool = False) -> SqlTransaction:
         """A transaction owning the file; waits while prepared branches hold the store."""
         if self._closed:
             raise StoreClosedError(f"{self.url} is closed")
+        conn = self._acquire(allow_in_doubt=allow_in_doubt)
+        tx = SqlTransaction(self, conn, SQLITE, capture_undo=capture_undo)
+        tx._changes_at_begin = conn.total_changes  # type: ignore[attr-defined]
+        # every commit numbered so far is visible to this transaction (it holds the file)
+        tx._sees_upto = self._sync.needed  # type: ignore[attr-defined]
+        return tx
+
+    def _acquire(self, *, allow_in_doubt: bool) -> sqlite3.Connection:
+        """The file taken and a connection in BEGIN IMMEDIATE on it; waits while prepared
+        branches hold the store."""
         deadline = time.monotonic() + self.lock_timeout
         delay = 0.002
         while True:
@@ -330,11 +363,7 @@ class SqliteStore(api.StorageManager):
                 in_doubt = [] if allow_in_doubt else [r[0] for r in conn.execute(
                     "SELECT xid FROM xa_prepared ORDER BY prepared_at LIMIT 10")]
                 if not in_doubt:
-                    tx = SqlTransaction(self, conn, SQLITE, capture_undo=capture_undo)
-                    tx._changes_at_begin = conn.total_changes  # type: ignore[attr-defined]
-                    # every commit numbered so far is visible to this transaction (it holds the file)
-                    tx._sees_upto = self._sync.needed  # type: ignore[attr-defined]
-                    return tx
+                    return conn
                 conn.execute("ROLLBACK")
             except BaseException as exc:
                 if conn is not None:
@@ -362,9 +391,13 @@ class SqliteStore(api.StorageManager):
         A transaction begun with ``durable=False`` returns from its commit without waiting for
         the fsync: its commit is in the WAL (a killed process loses nothing the kernel has), and
         the WAL reaches the disk in commit order, so the next durable commit's fsync covers it
-        and a power loss forgets at most the last such commits, never one before a durable one."""
+        and a power loss forgets at most the last such commits, never one before a durable one.
+        One that waits for the disk later (:meth:`~.api.StoreTransaction.wait_for_disk_later`)
+        is numbered as durable, so its readers wait for it, but returns at once."""
         conn = tx.conn
         tx.mark_closed()
+        if conn is None:  # deferred, and no statement came: it never had the file, nor read anything
+            return
         seq = 0
         try:
             if commit:
@@ -384,7 +417,9 @@ class SqliteStore(api.StorageManager):
         finally:
             self._give(conn)
             self._gate.release()
-        if seq and tx.waits_for_disk:  # outside the file: the next transaction runs (and commits) while this one syncs
+        tx._commit_seq = seq  # type: ignore[attr-defined]
+        # outside the file: the next transaction runs (and commits) while this one syncs
+        if seq and tx.waits_for_disk and not tx.returns_before_disk:
             self._sync.wait_durable(seq)
         else:
             # What this transaction read may leave the process once it returns (a message sent, an
@@ -392,6 +427,10 @@ class SqliteStore(api.StorageManager):
             # back (its committer is waiting for that fsync, or shares it), but the bookkeeping
             # committed with durable=False, which may be forgotten.  Free when nothing waits.
             self._sync.wait_durable(getattr(tx, "_sees_upto", 0))
+
+    def _wait_for_disk(self, tx: SqlTransaction) -> None:
+        """``tx.wait_for_disk()``: its commit, numbered by :meth:`_finish`, is on disk."""
+        self._sync.wait_durable(getattr(tx, "_commit_seq", 0))
 
     @staticmethod
     def _translate(exc: BaseException) -> Exception | None:

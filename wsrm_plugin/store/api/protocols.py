@@ -596,6 +596,25 @@ class StoreTransaction(ABC):
     #: True when :meth:`savepoint` works (the memory and SQL stores).
     supports_savepoints: ClassVar[bool] = False
 
+    def wait_for_disk_later(self) -> None:
+        """Its commit returns before it is on disk; whoever reads it still waits for the disk.
+
+        For a step whose caller commits durably again before it tells anyone
+        anything (a message buffered by a receive that then delivers it in a
+        transaction of its own: that commit's wait covers this one, as commits
+        reach the disk in order).  Unlike ``durable=False`` the commit counts
+        as durable for every other transaction: one that reads it (a duplicate
+        of the message, acknowledged) returns only once it is on disk.  Stores
+        that do not make a commit's durability wait for others wait as usual.
+        Set before the commit; :meth:`wait_for_disk` waits for it after all.
+        """
+        return None
+
+    def wait_for_disk(self) -> None:
+        """After a commit that :meth:`wait_for_disk_later`: return once it is on disk (the
+        caller's durable commit that was to cover it did not happen)."""
+        return None
+
     def make_durable(self) -> None:
         """This transaction's commit waits for the disk after all (begun with ``durable=False``).
 
@@ -677,6 +696,21 @@ class StorageManager(ABC):
         killed process loses neither: only a power loss can); the memory store
         commits as usual.  Ignored for a branch of an XA transaction.
         """
+
+    #: :meth:`begin_deferred` gives a transaction that holds nothing until its first
+    #: statement (SQLite: the whole file waits for a transaction from its first statement).
+    defers_transactions: ClassVar[bool] = False
+
+    def begin_deferred(self) -> StoreTransaction:
+        """A local transaction that takes the store only at its first statement.
+
+        For a delivery whose application runs before it touches the store (the
+        destination's delivery on receipt on a store whose transactions take
+        turns on the whole file): the others are not held while it runs.  From
+        its first statement to its end it is one ordinary transaction; nothing
+        before that statement is part of it.  Stores that hold nothing at
+        ``begin`` (rows are locked as they are touched) give :meth:`begin`'s."""
+        return self.begin()
 
     @abstractmethod
     def xa_resource(self) -> XAResource:

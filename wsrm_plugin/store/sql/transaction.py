@@ -70,6 +70,9 @@ class SqlTransaction(api.StoreTransaction):
         #: then returns from the commit without waiting for the WAL's fsync, which the next
         #: durable commit's covers, as WAL commits reach the disk in their order).
         self.waits_for_disk = True
+        #: :meth:`wait_for_disk_later`: the SQLite store's commit counts as durable for its
+        #: readers but returns before the fsync.
+        self.returns_before_disk = False
         self._wrote = False
         self._savepoints = 0
         #: the store's prepared statements (PostgreSQL), or None: every statement sent as text
@@ -101,6 +104,8 @@ class SqlTransaction(api.StoreTransaction):
         self._check_open()
         if self._numbered and ("rms_sequence" in sql or (then is not None and "rms_sequence" in then[0])):
             self.flush()  # the statement reads or writes what enqueue has only remembered so far
+        if self.conn is None:  # a deferred transaction's first statement (SqliteStore.begin_deferred)
+            self.attach(self)  # type: ignore[attr-defined]
         begin = ""
         if self.lazy_begin and not self.begun and (_opens_transaction(sql) or then is not None):
             begin = "BEGIN; " + self.begin_with
@@ -293,6 +298,14 @@ class SqlTransaction(api.StoreTransaction):
         """Remember that enqueue handed out ``number`` on sequence ``key`` (written by :meth:`flush`)."""
         _, was_last = self._numbered.get(key, (0, False))
         self._numbered[key] = (number, last or was_last)
+
+    def wait_for_disk_later(self) -> None:
+        self.returns_before_disk = True  # only the SQLite store's commit reads it
+
+    def wait_for_disk(self) -> None:
+        wait = getattr(self._store, "_wait_for_disk", None)  # the others' commits waited already
+        if wait is not None:
+            wait(self)
 
     def make_durable(self) -> None:
         self.waits_for_disk = True

@@ -1,0 +1,101 @@
+"""SQLite: a receive that delivers runs the application outside the store's transactions.
+
+An SQLite store's transactions take turns on the whole file.  A receive that
+delivered on receipt in its own transaction held the file while the
+application ran, so the receives of every other sequence waited for it, and
+their commits, one after the other, could not share an fsync.  Now the
+message is buffered in a short transaction and delivered in one that takes the
+file only at its first statement (``SqliteStore.begin_deferred``): the
+applications of several sequences run at once, and their commits share the
+WAL's fsync.  Real HTTP on 127.0.0.1, a real SQLite file; each test waits for
+what it asserts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from .conftest import fast_policy
+from .support import RM11, Recorder, wait_for
+from .test_bad_input import open_sequence, send_ok
+
+SEQUENCES = 4
+
+
+def _served(engines, store_for, application):
+    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True), serve=True,
+                     application=application, name="server")
+    assert server.invoker.delivers_apart
+    return server, server.endpoint_address
+
+
+def test_the_applications_of_two_sequences_run_at_once(engines, store_for) -> None:
+    """a1's application waits until b1's has run: with the file held while a1's ran, b1 could
+    not even be received, and a1 would give up waiting."""
+    received = Recorder()
+    b_delivered = threading.Event()
+    a_saw_b: list[bool] = []
+
+    def application(envelope: bytes, context: object) -> None:
+        received(envelope, context)
+        text = received.snapshot()[-1]
+        if text == "a1":
+            a_saw_b.append(b_delivered.wait(20))
+        elif text == "b1":
+            b_delivered.set()
+
+    server, url = _served(engines, store_for, application)
+    a, b = open_sequence(url, RM11), open_sequence(url, RM11)
+    answers: dict[str, list[tuple[int, int]]] = {}
+    first = threading.Thread(target=lambda: answers.__setitem__("a", send_ok(url, RM11, a, 1, "a1")))
+    first.start()
+    assert wait_for(lambda: received.snapshot() == ["a1"], timeout=20)  # a1's application runs
+    assert send_ok(url, RM11, b, 1, "b1") == [(1, 1)]  # received, delivered, durable meanwhile
+    first.join(30)
+    assert a_saw_b == [True] and answers == {"a": [(1, 1)]}
+    assert received.snapshot() == ["a1", "b1"]
+    assert wait_for(lambda: server.status().delivered == 2, timeout=10), server.status()
+    assert server.destination.delivered_on_receipt == 2
+    with server.store.begin() as tx:
+        assert tx.invoker.count() == 0
+
+
+def test_deliveries_of_several_sequences_share_one_fsync(engines, store_for, monkeypatch) -> None:
+    """Four sequences' messages in their applications at once (a barrier); their commits come
+    while the first one's fsync runs (slowed to 0.5 s), and the next fsync covers all of them."""
+    received = Recorder()
+    at_barrier: list[int] = []  # fsyncs run when the four applications were all in
+    barrier = threading.Barrier(SEQUENCES, action=lambda: at_barrier.append(sync.syncs))
+
+    def application(envelope: bytes, context: object) -> None:
+        received(envelope, context)
+        barrier.wait(20)
+
+    server, url = _served(engines, store_for, application)
+    identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
+    sync = server.store._sync
+    real_fsync = sync._fsync
+
+    def slow_fsync() -> None:
+        time.sleep(0.5)
+        real_fsync()
+
+    monkeypatch.setattr(sync, "_fsync", slow_fsync)
+    answered: dict[str, list[tuple[int, int]]] = {}
+
+    def send(identifier: str, text: str) -> None:
+        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
+
+    threads = [threading.Thread(target=send, args=(identifier, f"m{n}"))
+               for n, identifier in enumerate(identifiers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)]
+    assert answered == {identifier: [(1, 1)] for identifier in identifiers}
+    assert len(at_barrier) == 1
+    syncs = sync.syncs - at_barrier[0]  # the four deliveries' commits, and what they cover
+    assert syncs < SEQUENCES, f"{syncs} fsyncs for {SEQUENCES} deliveries at once: none shared"
+    assert server.destination.delivered_on_receipt == SEQUENCES
