@@ -93,6 +93,10 @@ class _Planned:
     piggyback: list[RmdSequence] = field(default_factory=list)
     #: The one request the peer's breaker let through while it is unreachable.
     probe: bool = False
+    #: The acknowledgement of back-channel replies it carries, read (and taken from the owed ones)
+    #: by its claim; None with ``reply_ack_taken`` false: looked up when it is sent.
+    reply_ack: SequenceAcknowledgement | None = None
+    reply_ack_taken: bool = False
 
 
 def _chains(plan: list[_Planned]) -> list[list[list[_Planned]]]:
@@ -239,9 +243,13 @@ class RetransmissionWorker:
         self._settle_lock = threading.Lock()
         #: Requests their callers sent from their own threads (statemachine.lane's SEND_FROM_CALLER).
         self.sent_by_callers = 0
+        #: The plain acknowledgements that came with callers' exchanges, not applied yet: the next
+        #: caller's claim on their sequence applies them in its transaction, a round the rest.
+        self._callers_acks = PendingAcks()
 
     def step(self) -> bool:
         now = time.time()
+        self._apply_callers_acks()
         released = self._release_held()
         probed = self._probe(now)
         controlled = self._control(now)
@@ -912,7 +920,9 @@ class RetransmissionWorker:
             item = self._claim_for_caller(key, number)
             if item is not None:
                 self._bump(sent_by_callers=1)
-                with self.source.coalesced_acks():
+                # its answer's acknowledgements wait for the next claim on the sequence (or the
+                # sender's next round): a store transaction less before the caller has its reply
+                with self.source.coalesced_acks(self._callers_acks):
                     exchange = self._send_message(item)
                 self._settle([(item, exchange)])
         finally:
@@ -936,29 +946,75 @@ class RetransmissionWorker:
         self.source._wake()
 
     def _claim_for_caller(self, key: str, number: int) -> _Planned | None:
-        """Claim message ``number`` for its caller's thread: only its first transmission, due now,
-        of a transmitting sequence whose earlier messages are all acknowledged, to a peer that
-        is sent to.  One store transaction, as a round's claim (not durable: a claim a crash
-        forgot only means the message is sent again)."""
+        """Claim message ``number`` for its caller's thread: only its first transmission, of a
+        transmitting sequence whose message before it is acknowledged, to a peer that is sent
+        to.  One store transaction, as a round's claim (not durable: a claim a crash forgot only
+        means the message is sent again), which also reads the acknowledgement of the replies
+        the request carries and applies what earlier callers' answers acknowledged."""
         policy = self.policy
         if policy.max_unacknowledged is not None:
             return None  # the window is the round's to count
+        with self._reply_acks_lock:
+            owed = self._reply_acks.get(key)
+        offered_id = owed[1].offered_id if owed is not None else None
         now = time.time()
-        with self.store.begin(durable=False) as tx:
-            seq = tx.rms.get(key)
-            if seq is None or not rms_life(seq).transmitting or seq.sequence_id is None \
-                    or is_back_channel(seq.target) or self.reachability.gate(seq.target) is not Gate.SEND:
-                return None
-            msg = tx.rms_messages.get(key, number)
-            if msg is None or msg.acked or msg.send_count:
-                return None  # a round sent it (or it was acknowledged meanwhile)
-            if number > 1:
-                before = tx.rms_messages.get(key, number - 1)
-                if before is not None and not before.acked:
-                    return None  # it would overtake a message still out, or lost
-            next_at = now + self._retry_delay(seq.target, 1) if policy.retransmits else _NEVER
-            tx.rms_messages.record_send_attempt(key, number, next_send_at=next_at, now=now)
-        return _Planned(msg, seq, request_ack=policy.ack_request is AckRequestMode.ALWAYS)
+        claimed: tuple[RmsMessage, RmsSequence] | None = None
+        owes_control = False
+        try:
+            with self.store.begin(durable=False) as tx:
+                # the acknowledgement of the replies this request carries, read here rather than in
+                # a transaction of its own when it is sent (RMD rows before RMS ones, as everywhere)
+                rmd = tx.rmd.get(offered_id) if offered_id else None
+                seq = tx.rms.get(key)
+                if seq is not None and seq.sequence_id is not None and rms_life(seq).transmitting:
+                    owes_control = self._apply_callers_ack(tx, seq, now)
+                    seq = tx.rms.get(key)
+                if seq is not None and rms_life(seq).transmitting and seq.sequence_id is not None \
+                        and not is_back_channel(seq.target) and self.reachability.gate(seq.target) is Gate.SEND:
+                    claimed = self._claim_in(tx, seq, number, now)
+        except WSRMFault as fault:  # rolled back: the peer acknowledged what was never sent
+            for_sequence(log, None, key=key).warning("acknowledgement refused: %s", fault)
+            return None
+        if owes_control:
+            self.source._wake()  # every message acknowledged after the last: Close/Terminate is due
+        if claimed is None:
+            return None
+        msg, seq = claimed
+        with self._reply_acks_lock:
+            taken = self._reply_acks.pop(key, None) is not None
+        return _Planned(msg, seq, request_ack=policy.ack_request is AckRequestMode.ALWAYS,
+                        reply_ack=self.destination.ack_for(rmd) if taken and rmd is not None else None,
+                        reply_ack_taken=True)
+
+    def _claim_in(self, tx: Any, seq: RmsSequence, number: int, now: float) -> tuple[RmsMessage, RmsSequence] | None:
+        """In ``tx``: record the first attempt of message ``number`` of ``seq`` when it is the
+        caller's to send (unsent, unacknowledged, the message before it acknowledged)."""
+        key = seq.key
+        msg = tx.rms_messages.get(key, number)
+        if msg is None or msg.acked or msg.send_count:
+            return None  # a round sent it (or it was acknowledged meanwhile)
+        if number > 1:
+            before = tx.rms_messages.get(key, number - 1)
+            if before is not None and not before.acked:
+                return None  # it would overtake a message still out, or lost
+        next_at = now + self._retry_delay(seq.target, 1) if self.policy.retransmits else _NEVER
+        tx.rms_messages.record_send_attempt(key, number, next_send_at=next_at, now=now)
+        return msg, seq
+
+    def _apply_callers_ack(self, tx: Any, seq: RmsSequence, now: float) -> bool:
+        """In ``tx``: apply the acknowledgement of ``seq`` that earlier callers' answers brought;
+        True when that made the sequence's Close or Terminate due."""
+        held = self._callers_acks.pop(_sid(seq))
+        if held is None:
+            return False
+        ack, version = held
+        return self.source._apply_ack(tx, seq, ack, version, now)[1]
+
+    def _apply_callers_acks(self) -> None:
+        """Apply, each in a transaction of its own, what callers' answers acknowledged and no
+        claim applied since (a round's work: the caller has its reply by now)."""
+        for identifier in self._callers_acks.identifiers():
+            self.source._flush_ack(self._callers_acks, identifier)
 
     # -- pacing: what the answers say ------------------------------------------------------------
 
@@ -1072,6 +1128,10 @@ class RetransmissionWorker:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+        try:
+            self._apply_callers_acks()
+        except StoreError as exc:  # only bookkeeping: the messages are acknowledged again
+            log.debug("acknowledgements of callers' answers not applied at stop: %s", exc)
         if self._reported:
             try:
                 with self.store.begin() as tx:
@@ -1198,7 +1258,7 @@ class RetransmissionWorker:
             piggybacked = self.destination.ack_for(rmd)
             if piggybacked is not None:
                 headers.append(piggybacked.to_xml(rm_version_of(rmd), soap))
-        reply_ack = self._owed_reply_ack(seq)
+        reply_ack = item.reply_ack if item.reply_ack_taken else self._owed_reply_ack(seq)
         if reply_ack is not None:
             headers.append(reply_ack.to_xml(rm, soap))
         exchange = self._transmit_observed(item, stamp(msg.payload, headers), soap)
