@@ -52,3 +52,30 @@ def test_one_parse_per_message_on_each_side(servers, clients, monkeypatch):
     assert total <= 2.5 * CALLS, f"{total} parses for {CALLS} calls: {dict(parses)}"
     assert total >= CALLS, dict(parses)  # the counter counts: every request is parsed at least once
     print(f"{total} parses for {CALLS} calls: {dict(parses)}")
+
+
+def test_a_reply_in_the_http_response_is_parsed_once_on_its_way_to_the_caller(servers, clients, monkeypatch):
+    # per sequential request-reply call, on the client: the response carrying the reply once by the
+    # engine (it read it for its acknowledgements and hands that read on to record the reply: 2
+    # parses before), and the reply's body once more by zeep's reading of the result.  (The
+    # server's threads, waitress's, are not counted here.)
+    server = servers()
+    rc = clients(server.url)
+    rc.service.echo("warm-up").result(timeout=60)
+    assert wait_for(lambda: server.engine.status().unacked == 0 and rc.engine.status().unacked == 0)
+    parses: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+    real_parser = xmlsafe._parser
+
+    def counting_parser():
+        with lock:
+            parses[threading.current_thread().name] += 1
+        return real_parser()
+
+    monkeypatch.setattr(xmlsafe, "_parser", counting_parser)
+    for i in range(CALLS):
+        assert rc.service.echo(f"e{i}").result(timeout=60) is not None
+    monkeypatch.setattr(xmlsafe, "_parser", real_parser)
+    client = sum(n for thread, n in parses.items() if not thread.startswith("waitress"))
+    assert client <= 2.5 * CALLS, f"{client} parses on the client for {CALLS} calls: {dict(parses)}"
+    assert client >= 2 * CALLS, dict(parses)  # the counter counts

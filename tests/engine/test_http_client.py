@@ -225,3 +225,14 @@ def test_https_is_verified_with_the_default_trust_store(transport, certificate, 
         assert transport.send(peer.url, b"2", {}).body == b"<a/>\n"
     assert peer.connections == 2  # the refused one, then one for both requests
     assert [r.split(b"\r\n\r\n")[1] for r in peer.requests] == [b"1", b"2"]
+
+
+def test_a_connection_of_a_thread_that_ended_is_closed_when_another_thread_connects(transport):
+    # callers' threads send their own requests: a thread per call must not keep a socket per thread
+    with ScriptedPeer([OK, OK]) as peer:
+        thread = threading.Thread(target=lambda: transport.send(peer.url, b"<e/>", {}))
+        thread.start()
+        thread.join(30)
+        assert len(transport._all) == 1
+        assert transport.send(peer.url, b"<e/>", {}).status == 200  # the peer serves one connection at a time
+        assert len(transport._all) == 1 and peer.connections == 2

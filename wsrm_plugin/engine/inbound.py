@@ -132,6 +132,9 @@ class ResponseContent:
     #: The acknowledgements it carried (already applied): the sender learns from them what the
     #: peer kept (:mod:`.pacing`).
     acks: tuple[SequenceAcknowledgement, ...] = ()
+    #: A reliable one as read here: :meth:`Inbound.handle` takes it as it is (``read=``), not
+    #: parsing the same bytes again.
+    message: Message | None = None
 
 
 @dataclass
@@ -218,16 +221,20 @@ class Inbound:
 
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
                remote_addr: str | None = None, parsed: etree._Element | None = None,
-               addressing: AddressingHeaders | None = None, via_response: bool = False) -> Reply:
+               addressing: AddressingHeaders | None = None, via_response: bool = False,
+               read: Message | None = None) -> Reply:
         """Answer one received request: an envelope (200), nothing to say (202), or a fault.
 
         ``parsed`` is ``data``'s tree when the caller parsed it already (safely:
         :func:`~wsrm_plugin.wire.xmlsafe.parse_xml`); it is only read.  ``addressing`` is
-        what its WS-A headers say when the caller read them already.  ``via_response``:
-        ``data`` came in the HTTP response to a request of ours (see :class:`_Received`).
+        what its WS-A headers say when the caller read them already.  ``read``: ``data`` as
+        :func:`read_message` read it already (a reply in a response, :meth:`read_response`).
+        ``via_response``: ``data`` came in the HTTP response to a request of ours (see
+        :class:`_Received`).
         """
         try:
-            message = read_message(data, self.policy.max_message_size, parsed, addressing)
+            message = read if read is not None else \
+                read_message(data, self.policy.max_message_size, parsed, addressing)
         except SoapFault as fault:
             self.faults_sent += 1
             log.info("refused a request from %s: %s", remote_addr, fault)
@@ -595,7 +602,7 @@ class Inbound:
             return ResponseContent()
         if message.sequence is not None:  # a reply on the back-channel: the caller handles it (acks too),
             # and learns from the acknowledgements it carries what the peer took (pacing)
-            return ResponseContent(reliable=True, acks=tuple(ack for ack, _ in message.acks))
+            return ResponseContent(reliable=True, acks=tuple(ack for ack, _ in message.acks), message=message)
         acks = tuple(ack for ack, _ in message.acks)
         for ack, version in message.acks:
             try:

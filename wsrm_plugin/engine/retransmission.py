@@ -1346,7 +1346,7 @@ class RetransmissionWorker:
                 and EndpointReference(seq.acks_to).is_anonymous:
             self._last_message_accepted(seq, msg.number)
         if content is not None and content.reliable:
-            self._reply_on_back_channel(seq, response.body)
+            self._reply_on_back_channel(seq, response.body, content.message)
         if item.piggyback and 200 <= response.status < 300:
             for rmd in item.piggyback:
                 self.destination.ack_delivered(rmd)
@@ -1405,7 +1405,7 @@ class RetransmissionWorker:
             return
         for_sequence(log, seq.sequence_id, msg.number).info("peer busy (HTTP 503): next attempt in %.1fs", wait)
 
-    def _reply_on_back_channel(self, seq: RmsSequence, data: bytes) -> None:
+    def _reply_on_back_channel(self, seq: RmsSequence, data: bytes, read: Any = None) -> None:
         """A reply came in the HTTP response (we offered with an anonymous endpoint).
 
         It is handled like one received on a listener (from the peer we addressed).
@@ -1418,7 +1418,7 @@ class RetransmissionWorker:
         two: a sequential request-reply caller's next request no longer waits
         behind the acknowledgement's own round trip either.
         """
-        self.inbound.handle(data, via_response=True)
+        self.inbound.handle(data, via_response=True, read=read)  # read: the response as read already
         if seq.offered_id:
             with self._reply_acks_lock:
                 self._reply_acks.setdefault(seq.key, (time.monotonic() + _REPLY_ACK_WAIT, seq))

@@ -136,6 +136,10 @@ class HttpTransport:
             self._extra["Authorization"] = f"Basic {token}"
         self._local = threading.local()
         self._all: list[HttpConnection] = []
+        #: The thread each connection belongs to: a caller's thread sends its own requests
+        #: (``RetransmissionWorker.send_for_caller``), and a program that makes a thread per
+        #: call must not keep a socket per thread that ever called.
+        self._owners: dict[HttpConnection, threading.Thread] = {}
         self._all_lock = threading.Lock()
 
     def _connections(self) -> dict[tuple[str, str, int], HttpConnection]:
@@ -166,7 +170,14 @@ class HttpTransport:
         conn = HttpConnection(*peer, timeout=self.timeout)
         conns[peer] = conn
         with self._all_lock:
+            orphans = [c for c, owner in self._owners.items() if not owner.is_alive()]
+            for orphan in orphans:
+                del self._owners[orphan]
+                self._all.remove(orphan)
             self._all.append(conn)
+            self._owners[conn] = threading.current_thread()
+        for orphan in orphans:  # their threads ended: nobody will send on them again
+            orphan.close()
         return conn, False
 
     def _drop(self, peer: tuple[str, str, int]) -> None:
@@ -176,6 +187,7 @@ class HttpTransport:
             with self._all_lock:
                 if conn in self._all:
                     self._all.remove(conn)
+                self._owners.pop(conn, None)
 
     def send(self, address: str, envelope: bytes, headers: Mapping[str, str]) -> Response:
         peer, path = self._split(address)
@@ -211,6 +223,7 @@ class HttpTransport:
         """Close every connection this transport opened, in every thread."""
         with self._all_lock:
             conns, self._all = self._all, []
+            self._owners.clear()
         for conn in conns:
             try:
                 conn.close()
