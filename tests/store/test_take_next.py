@@ -353,3 +353,29 @@ def test_receive_in_order_waits_for_the_receive_before_it(open_kind) -> None:
     assert len(results) == 1 and results[0] is not None and results[0][1] is True
     assert _received(store, "s").received == AckRanges.from_ranges([(1, 3)])
     assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
+
+
+def test_mark_next_delivered_removes_the_next_message_and_refuses_one_that_is_not(store: StorageManager) -> None:
+    """``mark_next_delivered``: the delivery on receipt that ran its method outside the store's
+    transactions (SQLite) marks its buffered message without reading the sequence first; its
+    writes refuse a message no longer buffered, or no longer the next, and the transaction
+    then rolls back with whatever the method wrote."""
+    from wsrm_plugin.store import UnknownMessageError
+
+    _put(store, "s", 1)
+    with store.begin() as tx:
+        tx.invoker.mark_next_delivered("s", 1)
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 1)])
+    _put(store, "s", 3)  # 2 missing: 3 is not the next
+    with pytest.raises(UnknownMessageError), store.begin() as tx:
+        tx.invoker.mark_next_delivered("s", 3)
+    with pytest.raises(UnknownMessageError), store.begin() as tx:
+        tx.invoker.mark_next_delivered("s", 2)  # not buffered
+    with store.begin() as tx:
+        assert tx.invoker.count("s") == 1  # 3 still buffered
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 1)])
+    _put(store, "s", 2)
+    with store.begin() as tx:
+        tx.invoker.mark_next_delivered("s", 2)
+        tx.invoker.mark_next_delivered("s", 3)
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])

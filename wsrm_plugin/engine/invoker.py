@@ -291,7 +291,7 @@ class InvokerWorker:
         try:
             with _DeliveryTransaction(self.store, None, deferred=True) as tx:
                 self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
-                handed_over = self._deliver(tx, msg)
+                handed_over = self._deliver(tx, msg, next_in_order=self.policy.in_order)
         except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
             self.failed_on_receipt(msg, exc)
             return None
@@ -616,16 +616,19 @@ class InvokerWorker:
 
     # -- delivering --------------------------------------------------------------------------------
 
-    def _deliver(self, tx: StoreTransaction, msg: BufferedMessage, *, buffered: bool = True) -> bool:
+    def _deliver(self, tx: StoreTransaction, msg: BufferedMessage, *, buffered: bool = True,
+                 next_in_order: bool = False) -> bool:
 
         """Hand ``msg`` over in ``tx``; False for a protocol marker the application never sees.
 
         ``buffered=False``: a message taken on receipt (its number is already
-        recorded as delivered in ``tx``), with no buffer row to remove."""
+        recorded as delivered in ``tx``), with no buffer row to remove.
+        ``next_in_order``: it was the next in order when it was buffered
+        (``mark_next_delivered``)."""
         slog = for_sequence(log, msg.sequence_id, msg.number)
         if msg.action == _LAST_MESSAGE_ACTION:
             if buffered:
-                tx.invoker.mark_delivered(msg.sequence_id, msg.number)
+                self._mark_delivered(tx, msg, next_in_order)
             slog.debug("LastMessage marker consumed")
             return False
         self._ambient.wake_sender = True
@@ -642,9 +645,16 @@ class InvokerWorker:
         else:
             self._hand_over(tx, msg, context)
         if buffered:
-            tx.invoker.mark_delivered(msg.sequence_id, msg.number)
+            self._mark_delivered(tx, msg, next_in_order)
         slog.debug("delivered")
         return True
+
+    @staticmethod
+    def _mark_delivered(tx: StoreTransaction, msg: BufferedMessage, next_in_order: bool) -> None:
+        if next_in_order:
+            tx.invoker.mark_next_delivered(msg.sequence_id, msg.number)
+        else:
+            tx.invoker.mark_delivered(msg.sequence_id, msg.number)
 
     def _deliver_observed(self, observer: observe.Observer, tx: StoreTransaction, msg: BufferedMessage,
                           context: DeliveryContext) -> None:

@@ -327,12 +327,11 @@ class SqliteStore(api.StorageManager):
         to its commit; nothing before that first statement is part of it."""
         if self._closed:
             raise StoreClosedError(f"{self.url} is closed")
-        tx = SqlTransaction(self, None, SQLITE)
-        tx.attach = self._attach  # type: ignore[attr-defined]
-        return tx
+        return SqlTransaction(self, None, SQLITE)
 
     def _attach(self, tx: SqlTransaction) -> None:
-        """A deferred transaction's first statement: the file taken, its transaction begun."""
+        """A deferred transaction's first statement (``SqlTransaction.execute``): the file
+        taken, its transaction begun."""
         conn = self._acquire(allow_in_doubt=False)
         tx.conn = conn
         tx._changes_at_begin = conn.total_changes  # type: ignore[attr-defined]

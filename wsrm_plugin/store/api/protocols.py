@@ -365,6 +365,15 @@ class InvokerBufferManager(_Manager, ABC):
     def mark_delivered(self, sequence_id: str, number: int) -> None:
         """Remove the message from the buffer and record its number as delivered."""
 
+    def mark_next_delivered(self, sequence_id: str, number: int) -> None:
+        """:meth:`mark_delivered` for a message that was the next in order when this process
+        buffered it (InOrder: every number before it delivered).  A store may check that in its
+        writes instead of reading the sequence first; :class:`UnknownMessageError` if the
+        message is no longer buffered, or no longer the next (delivered elsewhere meanwhile)."""
+        if not _is_prefix(self.state(sequence_id).delivered, number - 1):
+            raise UnknownMessageError(f"message {number} of sequence {sequence_id!r} is not the next to deliver")
+        self.mark_delivered(sequence_id, number)
+
     def take_next(self, sequence_id: str, number: int) -> bool:
         """Record ``number`` as delivered without buffering it, if it is the next one in order.
 
@@ -783,3 +792,8 @@ def exit_global(tx: Any, exc_type: Any) -> None:
             tx._global.set_rollback_only()
         except Exception:  # the TM may already be rolling back
             log.debug("could not mark %s rollback-only", tx._global, exc_info=True)
+
+
+def _is_prefix(delivered: AckRanges, upto: int) -> bool:
+    """Are ``delivered`` exactly the numbers 1..upto?"""
+    return delivered.count == upto and (upto == 0 or delivered.is_complete_up_to(upto))

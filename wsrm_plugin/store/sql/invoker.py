@@ -208,6 +208,32 @@ class _Invoker(api.InvokerBufferManager):
         tx.read_ahead.get(sequence_id, {}).pop(number, None)
         tx.held_invoker[sequence_id] = (delivered, upto)
 
+    def mark_next_delivered(self, sequence_id: str, number: int) -> None:
+        """Two writes, no read: the buffered row removed, and the delivered ranges moved from
+        exactly 1..number-1 to 1..number (a delivery on receipt that ran its method outside
+        the store's transactions; the put that buffered the message made the sequence's row)."""
+        if not self._tx.d.for_update:  # one writer at a time (SQLite): no row to lock and compare
+            tx = self._tx
+            tx.lock(RANK_INVOKER, sequence_id)
+            tx.capture_key("invoker_message", sequence_id, number)
+            tx.capture_key("invoker_sequence", sequence_id)
+            if tx.write("DELETE FROM invoker_message WHERE sequence_id = ? AND number = ?",
+                        (sequence_id, number)) == 0:
+                raise UnknownMessageError(
+                    f"message {number} of sequence {sequence_id!r} is not in the invoker buffer")
+            if tx.write("UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? WHERE sequence_id = ? "
+                        "AND delivered_upto = ? AND delivered = ?",
+                        (_prefix(number), number, sequence_id, number - 1, _prefix(number - 1))) == 0:
+                raise UnknownMessageError(
+                    f"message {number} of sequence {sequence_id!r} is no longer the next to deliver")
+            tx.read_ahead.get(sequence_id, {}).pop(number, None)
+            tx.held_invoker[sequence_id] = (api.parse_ranges(_prefix(number)), number)
+            return
+        held = self._lock_sequence(sequence_id)  # PostgreSQL: locked, then compared
+        if held is None or held[1] != number - 1 or held[0].count != number - 1:
+            raise UnknownMessageError(f"message {number} of sequence {sequence_id!r} is not the next to deliver")
+        self.mark_delivered(sequence_id, number)
+
     def take_next(self, sequence_id: str, number: int) -> bool:
         """One statement, no read first: the row changes only if its delivered ranges are exactly
         1..number-1 and ``number`` is not buffered.  A delivery of the sequence in progress

@@ -36,7 +36,9 @@ class SqlTransaction(api.StoreTransaction):
     """A store transaction on one DB-API connection.
 
     ``finish(tx, commit)`` is the owning store's callback that ends the
-    database transaction and gives the connection back.  When ``capture_undo``
+    database transaction and gives the connection back.  ``conn`` None: a
+    deferred transaction (``SqliteStore.begin_deferred``), given its
+    connection by the store's ``_attach`` at its first statement.  When ``capture_undo``
     is set, :attr:`undo` collects the before-image of every row the
     transaction writes, the first time it writes it (the SQLite store's XA
     prepare keeps them durably).
@@ -105,7 +107,7 @@ class SqlTransaction(api.StoreTransaction):
         if self._numbered and ("rms_sequence" in sql or (then is not None and "rms_sequence" in then[0])):
             self.flush()  # the statement reads or writes what enqueue has only remembered so far
         if self.conn is None:  # a deferred transaction's first statement (SqliteStore.begin_deferred)
-            self.attach(self)  # type: ignore[attr-defined]
+            self._store._attach(self)
         begin = ""
         if self.lazy_begin and not self.begun and (_opens_transaction(sql) or then is not None):
             begin = "BEGIN; " + self.begin_with
