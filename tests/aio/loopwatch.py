@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import sys
 import threading
@@ -106,8 +107,15 @@ def watch_loop() -> Iterator[LoopWatch]:
         on_cpu, waiting, _ = os.pread(fd, 128, 0).split()
         return int(on_cpu), int(waiting)
 
+    def collecting(phase: str, info: dict[str, Any]) -> None:
+        # a garbage collection the loop's allocations set off finalizes whatever it finds (a
+        # connection pool the engine dropped, say): not the bridge's doing, and no wait of its
+        stats.in_gc = phase == "start"
+
     def profile(frame: FrameType, event: str, arg: Any) -> None:
         """Notes the outermost call into off-loop code of each call chain of a callback."""
+        if getattr(stats, "in_gc", False):
+            return
         if not getattr(stats, "in_callback", False) or getattr(stats, "off_loop_depth", 0):
             if getattr(stats, "off_loop_depth", 0) and event in ("call", "return"):
                 stats.off_loop_depth += 1 if event == "call" else -1
@@ -154,8 +162,10 @@ def watch_loop() -> Iterator[LoopWatch]:
     asyncio.Handle._run = timed  # type: ignore[method-assign]
     previous = sys.getprofile()
     sys.setprofile(profile)  # this thread's, where the loop runs
+    gc.callbacks.append(collecting)
     try:
         yield watch
     finally:
+        gc.callbacks.remove(collecting)
         sys.setprofile(previous)
         asyncio.Handle._run = original  # type: ignore[method-assign]
