@@ -418,7 +418,9 @@ class SqliteStore(api.StorageManager):
             self._gate.release()
         tx._commit_seq = seq  # type: ignore[attr-defined]
         # outside the file: the next transaction runs (and commits) while this one syncs
-        if seq and tx.waits_for_disk and not tx.returns_before_disk:
+        if tx.returns_before_disk:
+            return  # its caller waits later (wait_for_disk, or a durable commit after it): for all it read too
+        if seq and tx.waits_for_disk:
             self._sync.wait_durable(seq)
         else:
             # What this transaction read may leave the process once it returns (a message sent, an
@@ -428,8 +430,9 @@ class SqliteStore(api.StorageManager):
             self._sync.wait_durable(getattr(tx, "_sees_upto", 0))
 
     def _wait_for_disk(self, tx: SqlTransaction) -> None:
-        """``tx.wait_for_disk()``: its commit, numbered by :meth:`_finish`, is on disk."""
-        self._sync.wait_durable(getattr(tx, "_commit_seq", 0))
+        """``tx.wait_for_disk()``: its commit, numbered by :meth:`_finish`, and every commit it
+        could read are on disk."""
+        self._sync.wait_durable(max(getattr(tx, "_commit_seq", 0), getattr(tx, "_sees_upto", 0)))
 
     @staticmethod
     def _translate(exc: BaseException) -> Exception | None:

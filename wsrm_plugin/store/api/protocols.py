@@ -613,9 +613,14 @@ class StoreTransaction(ABC):
         transaction of its own: that commit's wait covers this one, as commits
         reach the disk in order).  Unlike ``durable=False`` the commit counts
         as durable for every other transaction: one that reads it (a duplicate
-        of the message, acknowledged) returns only once it is on disk.  Stores
-        that do not make a commit's durability wait for others wait as usual.
-        Set before the commit; :meth:`wait_for_disk` waits for it after all.
+        of the message, acknowledged) returns only once it is on disk.  Its
+        caller's later wait covers every commit before this one too, so this
+        one does not wait for the commits it read either: what it read must
+        not leave the process before that wait (the delivery on receipt's
+        method runs meanwhile, as it ran before its transaction's commit when
+        it ran inside it).  Stores that do not make a commit's durability wait
+        for others wait as usual.  Set before the commit; :meth:`wait_for_disk`
+        waits for it (and what it read) after all.
         """
         return None
 
