@@ -65,6 +65,8 @@ def _policy(args: argparse.Namespace) -> RMPolicy:
     if getattr(args, "held_bytes", None):
         limits.update(max_held_bytes=args.held_bytes, max_held_bytes_per_peer=args.held_bytes,
                       max_held_bytes_per_sequence=args.held_bytes)
+    if getattr(args, "deliver_apart", False):
+        limits["deliver_apart"] = True
     return RMPolicy(rm_version=args.rm, base_retransmission_interval=args.base_interval,
                     exponential_backoff=False, max_retries=args.max_retries, poll_interval=0.05,
                     http_timeout=5.0, **limits)
@@ -386,6 +388,8 @@ def parser() -> argparse.ArgumentParser:
     server.add_argument("--log", help="SQLite file recording each delivery")
     server.add_argument("--held-bytes", type=int, help="the destination's byte budgets (all three)")
     server.add_argument("--max-message-size", type=int)
+    server.add_argument("--deliver-apart", action="store_true",
+                        help="RMPolicy.deliver_apart: on SQLite, run the application outside the store's transactions")
     server.add_argument("--record-in-store", action="store_true",
                         help="record each delivery in the store's database, in the delivery's transaction")
     client = p.add_argument_group("client")

@@ -24,10 +24,19 @@ SEQUENCES = 4
 
 
 def _served(engines, store_for, application):
-    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True), serve=True,
-                     application=application, name="server")
+    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True, deliver_apart=True),
+                     serve=True, application=application, name="server")
     assert server.invoker.delivers_apart
     return server, server.endpoint_address
+
+
+def test_off_by_default_and_only_on_sqlite_without_a_transaction_manager(engines, store_for) -> None:
+    """A quick method is delivered inside the receiving transaction (one commit, less CPU): the
+    policy asks for delivery apart, for methods that wait."""
+    quiet = engines(store_for("sqlite", "quiet"), fast_policy(deliver_on_receive=True), name="quiet")
+    assert not quiet.invoker.delivers_apart
+    memory = engines("memory:", fast_policy(deliver_on_receive=True, deliver_apart=True), name="memory")
+    assert not memory.invoker.delivers_apart  # its transactions do not take turns on a file
 
 
 def test_the_applications_of_two_sequences_run_at_once(engines, store_for) -> None:

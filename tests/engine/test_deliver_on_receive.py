@@ -38,7 +38,7 @@ class ThreadRecorder(Recorder):
 def _store(kind: str, request) -> str:
     if kind == "memory":
         return "memory:"
-    if kind == "sqlite":  # delivered apart from its receive's transaction (test_deliver_apart.py)
+    if kind == "sqlite":  # deliver_apart: outside its receive's transaction (test_deliver_apart.py)
         return f"sqlite:///{request.getfixturevalue('tmp_path')}/dor.db"
     return "postgresql:" + request.getfixturevalue("pg_dsn_factory")("dor")
 
@@ -50,8 +50,8 @@ KINDS = ["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgr
 
 def served(engines, application, store: str = "memory:") -> tuple[ReliableEngine, str, str]:
     """A server that delivers on receipt, and a sequence opened on it by hand."""
-    server = engines(store, fast_policy(deliver_on_receive=True), serve=True, application=application,
-                     name="server")
+    server = engines(store, fast_policy(deliver_on_receive=True, deliver_apart=True), serve=True,
+                     application=application, name="server")
     url = server.endpoint_address
     return server, url, open_sequence(url, RM11)
 
@@ -118,8 +118,8 @@ def test_a_failed_delivery_on_receipt_keeps_the_message_for_the_invoker(engines,
         return False
 
     received = ThreadRecorder(fail_on=fail_first_m2)
-    server = engines(_store(kind, request), fast_policy(deliver_on_receive=True), serve=True,
-                     application=received, name="server")
+    server = engines(_store(kind, request), fast_policy(deliver_on_receive=True, deliver_apart=True),
+                     serve=True, application=received, name="server")
     client = engines("memory:", fast_policy(send_concurrency=1), name="client")
     for i in range(5):
         client.send(server.endpoint_address, payload(f"m{i}"), action=ACTION)

@@ -267,11 +267,12 @@ class InvokerWorker:
     @property
     def delivers_apart(self) -> bool:
         """Does a receive that delivers record the message first and run the application
-        outside the store's transactions (:meth:`deliver_received`)?  On a store whose
-        transactions take turns on the whole file (SQLite), without a transaction manager:
-        a receive that ran the application in its transaction held every other sequence's
-        receives and deliveries for as long, and their commits could not share an fsync."""
-        return self.tm is None and self.store.defers_transactions
+        outside the store's transactions (:meth:`deliver_received`)?  ``RMPolicy.deliver_apart``,
+        on a store whose transactions take turns on the whole file (SQLite), without a
+        transaction manager: a receive that runs the application in its transaction holds
+        every other sequence's receives and deliveries for as long, and their commits cannot
+        share an fsync."""
+        return self.policy.deliver_apart and self.tm is None and self.store.defers_transactions
 
     def deliver_received(self, msg: BufferedMessage) -> bool | None:
         """Deliver ``msg``, which the calling receive just buffered and :meth:`hold`-s, in a
