@@ -142,3 +142,25 @@ def test_callers_on_one_sequence_from_many_threads_each_get_their_own_reply_once
         assert sorted(service.ECHOED) == sorted(answers)  # each ran once
     finally:
         rc.stop(timeout=5)
+
+
+def test_a_sqlite_service_delivering_apart_answers_each_request_at_its_first_delivery(tmp_path):
+    # a SQLite service delivering on receipt apart from the receive (deliver_apart:
+    # InvokerWorker.deliver_received) enqueues the reply before the buffer row is marked delivered,
+    # which the lock order check refused: every request-reply call's first delivery failed, ran
+    # the application twice and waited for a retry
+    service.reset()
+    svc = reliable_service(service.spyne_app(), f"sqlite:///{tmp_path}/service.db",
+                           fast_policy(deliver_apart=True))
+    assert svc.engine.invoker.delivers_apart
+    svc.serve()
+    svc.start()
+    rc = _client(svc.url, "memory:")
+    try:
+        for i in range(5):
+            assert rc.service.echo(f"s{i}").result(timeout=60) == f"re:s{i}"
+        assert svc.engine.status().delivery_failures == 0
+        assert service.ECHOED == [f"s{i}" for i in range(5)]
+    finally:
+        rc.stop(timeout=5)
+        svc.stop(timeout=5)

@@ -38,6 +38,7 @@ from ..statemachine import (
 from ..store import (
     BufferedMessage, StorageManager, StoreTransaction,
 )
+from ..store.api import RANK_INVOKER
 from ..wire import RM10, AddressingHeaders
 from . import observe
 from .envelopes import read_trusted
@@ -292,6 +293,9 @@ class InvokerWorker:
         try:
             with _DeliveryTransaction(self.store, None, deferred=True) as tx:
                 self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
+                # the buffer row is marked delivered after the application ran, which may have
+                # enqueued its reply: order it first, as the invoker's claim takes it first
+                tx.order_as_first(RANK_INVOKER, msg.sequence_id)
                 handed_over = self._deliver(tx, msg, next_in_order=self.policy.in_order)
         except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
             self.failed_on_receipt(msg, exc)

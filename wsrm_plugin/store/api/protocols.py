@@ -550,6 +550,20 @@ class StoreTransaction(ABC):
         self._held.add((rank, key))
         self._max_rank = max(self._max_rank, rank)
 
+    def order_as_first(self, rank: int, key: Any) -> None:
+        """Count the lock of ``rank`` on ``key`` as this transaction's first, for the order check.
+
+        Only for a transaction of a store whose transactions take the whole store
+        (``StorageManager.defers_transactions``): no lock of one can wait for a row
+        another holds, so the order is bookkeeping alone there.  The delivery on
+        receipt of such a store (``InvokerWorker.deliver_received``) runs the
+        application before it touches the buffer (the file is taken at the first
+        statement); an application that answers enqueues its reply (an RMS sequence)
+        before the buffer row is marked delivered, as the invoker's claim would have
+        taken it first."""
+        if self._check_lock_order(rank, key):
+            self._note_lock(rank, key)
+
     def _check_open(self) -> None:
         if self._closed:
             raise TransactionClosedError("this store transaction has already ended; begin a new one")
