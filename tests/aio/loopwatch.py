@@ -42,10 +42,11 @@ from typing import Any
 OFF_LOOP = ("wsrm_plugin", "txmanager", "interceptors", "zeep", "lxml", "sqlite3", "psycopg2", "requests",
             "urllib3", "httpx", "httpcore", "http", "socket", "ssl", "importlib", "opentelemetry")
 #: ... but for these, which only queue the call or look something up in memory.
-ON_LOOP = ("interceptors.zeep_client.aio", "interceptors.aio_bridge", "txmanager.manager.current_transactions",
-           "zeep.proxy")
-#: Calls allowed with all they call: a look-up in memory (the operation's name in zeep's parsed WSDL).
-LOOKUPS = frozenset({"interceptors.zeep_client.client._Service.__getattr__"})
+ON_LOOP = ("interceptors.zeep_client.aio", "interceptors.aio_bridge", "zeep.proxy")
+#: Calls allowed with all they call: look-ups in memory (the operation's name in zeep's parsed WSDL;
+#: the transaction each live manager has bound to this thread, which a call must refuse).
+LOOKUPS = frozenset({"interceptors.zeep_client.client._Service.__getattr__",
+                     "txmanager.manager.current_transactions"})
 #: Built-in functions that block (C code: no Python frame of their own).
 OFF_LOOP_BUILTINS = frozenset({"time.sleep", "posix.fsync", "posix.fdatasync", "posix.sync", "select.select",
                                "select.poll", "_socket.getaddrinfo"})
