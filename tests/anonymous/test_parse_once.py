@@ -24,12 +24,8 @@ from . import service
 CALLS = 20
 
 
-def test_one_parse_per_message_on_each_side(servers, clients, monkeypatch):
-    server = servers()
-    rc = clients(server.url)
-    rc.service.echo("warm-up").result(timeout=60)  # the sequences exist; what follows is steady state
-    assert wait_for(lambda: server.engine.status().unacked == 0 and rc.engine.status().unacked == 0)
-
+def _count_parses(monkeypatch) -> collections.Counter[str]:
+    """XML parses from now on, by thread name (every parse takes ``xmlsafe._parser``)."""
     parses: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
     real_parser = xmlsafe._parser
@@ -40,11 +36,21 @@ def test_one_parse_per_message_on_each_side(servers, clients, monkeypatch):
         return real_parser()
 
     monkeypatch.setattr(xmlsafe, "_parser", counting_parser)
+    return parses
+
+
+def test_one_parse_per_message_on_each_side(servers, clients, monkeypatch):
+    server = servers()
+    rc = clients(server.url)
+    rc.service.echo("warm-up").result(timeout=60)  # the sequences exist; what follows is steady state
+    assert wait_for(lambda: server.engine.status().unacked == 0 and rc.engine.status().unacked == 0)
+
+    parses = _count_parses(monkeypatch)
     for i in range(CALLS):
         rc.service.note(f"n{i}")
     assert wait_for(lambda: all(service.RAN[f"n{i}"] == 1 for i in range(CALLS)), timeout=60), service.RAN
     assert wait_for(lambda: rc.engine.status().unacked == 0, timeout=60)
-    monkeypatch.setattr(xmlsafe, "_parser", real_parser)
+    monkeypatch.undo()
 
     total = sum(parses.values())
     # two per call (the request on the server, the response on the client); a little slack for
@@ -63,19 +69,10 @@ def test_a_reply_in_the_http_response_is_parsed_once_on_its_way_to_the_caller(se
     rc = clients(server.url)
     rc.service.echo("warm-up").result(timeout=60)
     assert wait_for(lambda: server.engine.status().unacked == 0 and rc.engine.status().unacked == 0)
-    parses: collections.Counter[str] = collections.Counter()
-    lock = threading.Lock()
-    real_parser = xmlsafe._parser
-
-    def counting_parser():
-        with lock:
-            parses[threading.current_thread().name] += 1
-        return real_parser()
-
-    monkeypatch.setattr(xmlsafe, "_parser", counting_parser)
+    parses = _count_parses(monkeypatch)
     for i in range(CALLS):
         assert rc.service.echo(f"e{i}").result(timeout=60) is not None
-    monkeypatch.setattr(xmlsafe, "_parser", real_parser)
+    monkeypatch.undo()
     client = sum(n for thread, n in parses.items() if not thread.startswith("waitress"))
     assert client <= 2.5 * CALLS, f"{client} parses on the client for {CALLS} calls: {dict(parses)}"
     assert client >= 2 * CALLS, dict(parses)  # the counter counts
