@@ -329,23 +329,21 @@ class SqliteStore(api.StorageManager):
             raise StoreClosedError(f"{self.url} is closed")
         return SqlTransaction(self, None, SQLITE)
 
-    def _attach(self, tx: SqlTransaction) -> None:
-        """A deferred transaction's first statement (``SqlTransaction.execute``): the file
-        taken, its transaction begun."""
-        conn = self._acquire(allow_in_doubt=False)
+    def _attach(self, tx: SqlTransaction, *, allow_in_doubt: bool = False) -> None:
+        """``tx`` takes the file and begins: at once (:meth:`_open`), or at a deferred
+        transaction's first statement (``SqlTransaction.execute``)."""
+        conn = self._acquire(allow_in_doubt=allow_in_doubt)
         tx.conn = conn
         tx._changes_at_begin = conn.total_changes  # type: ignore[attr-defined]
+        # every commit numbered so far is visible to this transaction (it holds the file)
         tx._sees_upto = self._sync.needed  # type: ignore[attr-defined]
 
     def _open(self, *, capture_undo: bool, allow_in_doubt: bool = False) -> SqlTransaction:
         """A transaction owning the file; waits while prepared branches hold the store."""
         if self._closed:
             raise StoreClosedError(f"{self.url} is closed")
-        conn = self._acquire(allow_in_doubt=allow_in_doubt)
-        tx = SqlTransaction(self, conn, SQLITE, capture_undo=capture_undo)
-        tx._changes_at_begin = conn.total_changes  # type: ignore[attr-defined]
-        # every commit numbered so far is visible to this transaction (it holds the file)
-        tx._sees_upto = self._sync.needed  # type: ignore[attr-defined]
+        tx = SqlTransaction(self, None, SQLITE, capture_undo=capture_undo)
+        self._attach(tx, allow_in_doubt=allow_in_doubt)
         return tx
 
     def _acquire(self, *, allow_in_doubt: bool) -> sqlite3.Connection:
