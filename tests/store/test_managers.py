@@ -295,6 +295,22 @@ def test_rmd_sequence_lifecycle(store: StorageManager) -> None:
         assert tx.rmd.get("s1") is None
 
 
+def test_open_ids_are_the_sequences_not_terminated(store: StorageManager) -> None:
+    """What the open-sequence limits count at each CreateSequence, without reading rows."""
+    with store.begin() as tx:
+        new_rmd(tx, "a", principal="CN=one")
+        new_rmd(tx, "b", principal="CN=two")
+        new_rmd(tx, "c", principal="CN=one")
+        new_rmd(tx, "d")
+        tx.rmd.update("c", terminated=True)
+        tx.rmd.update("b", closed=True)
+        assert sorted(tx.rmd.open_ids()) == ["a", "b", "d"]
+        assert tx.rmd.open_ids("CN=one") == ["a"]
+        assert tx.rmd.open_ids("CN=nobody") == []
+    with store.begin() as tx:
+        assert sorted(tx.rmd.open_ids()) == ["a", "b", "d"]
+
+
 def test_rmd_huge_numbers_stay_compact(store: StorageManager) -> None:
     with store.begin() as tx:
         new_rmd(tx)

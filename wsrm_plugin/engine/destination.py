@@ -379,11 +379,11 @@ class Destination:
         return EndpointReference(self._endpoint() or acks_to)
 
     def _check_limits(self, tx: StoreTransaction, version: RMVersion, peer: str, principal: str | None) -> None:
-        open_ids = [s.sequence_id for s in tx.rmd.list_all() if not s.terminated]
+        open_ids = tx.rmd.open_ids()
         with self._peers_lock:
             mine = sum(1 for sid in open_ids if self._peers.get(sid) == peer)
         if principal is not None:
-            mine = max(mine, sum(1 for s in tx.rmd.list_all() if not s.terminated and s.principal == principal))
+            mine = max(mine, len(tx.rmd.open_ids(principal)))
         limit = None
         if len(open_ids) >= self.policy.max_open_sequences:
             limit = f"{len(open_ids)} sequences are open (limit {self.policy.max_open_sequences})"

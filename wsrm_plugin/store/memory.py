@@ -686,6 +686,10 @@ class _Rmd(api.RmdSequenceManager):
     def list_all(self) -> list[RmdSequence]:
         return sorted(self._tx._scan(_RMD).values(), key=lambda s: (s.created_at, s.sequence_id))
 
+    def open_ids(self, principal: str | None = None) -> list[str]:
+        return [sid for sid, s in self._tx._scan(_RMD).items()
+                if not s.terminated and (principal is None or s.principal == principal)]
+
     def delete(self, sequence_id: str) -> None:
         self.require(sequence_id)
         self._tx._delete(_RMD, sequence_id)

@@ -301,6 +301,16 @@ class RmdSequenceManager(_Manager, ABC):
     def list_all(self) -> list[RmdSequence]:
         """Every destination sequence (no lock), oldest first."""
 
+    def open_ids(self, principal: str | None = None) -> list[str]:
+        """Identifiers of the sequences not terminated, of one ``principal`` if given (no lock).
+
+        What the limits on open sequences count at each CreateSequence: a store overrides it to
+        read identifiers only, since reading every row made each new sequence cost more with
+        every sequence already open.
+        """
+        return [s.sequence_id for s in self.list_all()
+                if not s.terminated and (principal is None or s.principal == principal)]
+
     @abstractmethod
     def delete(self, sequence_id: str) -> None:
         """Forget the sequence (its invoker buffer is the invoker manager's: ``discard``)."""

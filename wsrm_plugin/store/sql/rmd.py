@@ -89,6 +89,14 @@ class _Rmd(api.RmdSequenceManager):
                             "ORDER BY created_at, sequence_id")
         return [_rmd(r) for r in rows]
 
+    def open_ids(self, principal: str | None = None) -> list[str]:
+        if principal is None:
+            rows = self._tx.all("SELECT sequence_id FROM rmd_sequence WHERE NOT terminated")
+        else:
+            rows = self._tx.all("SELECT sequence_id FROM rmd_sequence WHERE NOT terminated AND principal = ?",
+                                (principal,))
+        return [r[0] for r in rows]
+
     def delete(self, sequence_id: str) -> None:
         self.require(sequence_id)
         tx = self._tx
