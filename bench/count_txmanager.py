@@ -92,7 +92,7 @@ def run(path: str, n: int, dsn: str, calls: bool) -> None:
                 one(i)
             sys.setprofile(None)
             print(f"{path}: {sum(counted.values()) / n:.0f} calls per transaction")
-            for name, k in counted.most_common(12):
+            for name, k in counted.most_common(int(os.environ.get("COUNT_TOP", "12"))):
                 print(f"  {k / n:5.1f} {name}")
         ds.close()
         tm.close()

@@ -214,7 +214,7 @@ class Transaction:
     __slots__ = ("xid", "_branch_prefix", "_log", "_clock", "timeout", "deadline", "_checkpoint",
                  "_retries", "_retry_delay", "_on_end", "_lock", "_phase", "_rollback_only",
                  "_timed_out", "_cause", "_completing", "_finished", "_branches", "_enlisted",
-                 "_syncs", "_before", "__dict__", "__weakref__")
+                 "_syncs", "_before", "_sole", "_sole_xid", "__dict__", "__weakref__")
 
     def __init__(self, xid: Xid, *, log: "TransactionLog", timeout: float | None = None,
                  checkpoint: Checkpoint | None = None, retries: int = 3,
@@ -262,6 +262,9 @@ class Transaction:
         self._syncs: list[Synchronization] = []
         #: a synchronization that is no AfterCompletion was registered: run before_completion
         self._before = False
+        #: the one resource of a transaction that has only one (see _enlist), its branch xid in
+        #: ``_sole_xid``; None once a second one enlisted (or before the first)
+        self._sole: XAResource | None = None
 
     def __repr__(self) -> str:
         return f"<Transaction {self.xid} {self.status.name}>"
@@ -292,6 +295,8 @@ class Transaction:
     @property
     def branches(self) -> tuple[tuple[Xid, XAResource], ...]:
         """(branch xid, resource) of every branch, in enlistment order."""
+        if self._sole is not None:
+            return ((self._sole_xid, self._sole),)
         return tuple((b.xid, b.resource) for b in self._branches)
 
     def set_rollback_only(self) -> None:
@@ -366,6 +371,13 @@ class Transaction:
         if (self._phase is not _ACTIVE or self._rollback_only or self._timed_out
                 or (deadline is not None and self._clock() > deadline)):
             self._check_active("enlist a resource")
+        sole = self._sole
+        if sole is not None:
+            if sole is resource:
+                return False  # already active in the transaction
+            self._promote()  # a second resource: the full two-phase bookkeeping from here on
+        elif not self._enlisted:
+            return self._enlist_sole(resource, deadline)
         enl = self._enlistment(resource) if self._enlisted else None
         if enl is not None:
             if enl.state == "active":
@@ -406,6 +418,48 @@ class Transaction:
         self._enlisted.append(_Enlistment(resource, branch))
         return True
 
+    def _enlist_sole(self, resource: XAResource, deadline: float | None) -> bool:
+        """The transaction's first resource: its branch starts, and nothing else is made.
+
+        A transaction that never enlists a second resource commits in one
+        phase, and its only branch needs none of the objects that track
+        several (a branch and an enlistment object each, found again at
+        completion by walking their lists): the resource and its xid are kept
+        as they are, and :meth:`_promote` makes those objects the moment
+        anything needs them (a second resource, a delist, a suspend, a
+        rollback, a commit that cannot take the one-phase path).  This is
+        the one-phase path of Narayana's and Atomikos' managers, where one
+        resource is never prepared and nothing is logged.
+        """
+        bqual = self._branch_prefix + b"0" if self._branch_prefix else b"0"
+        xid = self.xid.branch(bqual)
+        if deadline is not None and getattr(resource, "takes_transaction_timeout", True):
+            try:
+                resource.set_transaction_timeout(max(1, math.ceil(deadline - self._clock())))
+            except (XAException, AttributeError) as e:
+                log.debug("%s does not take a transaction timeout: %s", _name(resource), e)
+        try:
+            resource.start(xid, TMNOFLAGS)
+        except XAException as e:
+            self._start_failed(resource, xid, e)
+        self._sole_xid = xid
+        self._sole = resource
+        return True
+
+    def _promote(self, state: str = "active") -> _Branch | None:
+        """The sole resource's branch and enlistment as objects, as every other branch has:
+        from here on the transaction runs the general path (see :meth:`_enlist_sole`)."""
+        resource = self._sole
+        if resource is None:
+            return None
+        branch = _Branch(0, self._sole_xid, resource)
+        enl = _Enlistment(resource, branch)
+        enl.state = state
+        self._branches.append(branch)
+        self._enlisted.append(enl)
+        self._sole = None
+        return branch
+
     def delist_resource(self, resource: XAResource, flag: int = TMSUCCESS) -> bool:
         """End ``resource``'s association: TMSUCCESS (work done), TMSUSPEND, or TMFAIL
         (the work failed: the transaction is marked rollback-only).
@@ -419,6 +473,7 @@ class Transaction:
             if self._phase != Status.ACTIVE:
                 raise IllegalStateError(
                     f"cannot delist: transaction {self.xid} is {self._phase.name}")
+            self._promote()
             enl = self._enlistment(resource)
             if enl is None:
                 raise IllegalStateError(f"{resource!r} is not enlisted in transaction {self.xid}")
@@ -509,6 +564,7 @@ class Transaction:
     def _suspend_all(self) -> list[XAResource]:
         """End active associations with TMSUSPEND (for the manager's ``suspend``)."""
         with self._lock:
+            self._promote()
             suspended = []
             for enl in self._enlisted:
                 if enl.state == "active":
@@ -519,6 +575,7 @@ class Transaction:
     def _resume_all(self) -> None:
         """Resume associations suspended by ``_suspend_all`` (TMRESUME)."""
         with self._lock:
+            self._promote()
             for enl in self._enlisted:
                 if enl.state == "suspended":
                     self._start(enl.resource, enl.branch.xid, TMRESUME)
@@ -565,6 +622,7 @@ class Transaction:
         """
         self._enter_completion("prepare")
         try:
+            self._promote()
             if not self._rollback_only and not self.is_expired() and self._before:
                 self._before_completion()
             if self.is_expired():
@@ -605,6 +663,7 @@ class Transaction:
         """Roll back every branch.  Raises only for a heuristic outcome."""
         self._enter_completion("roll back")
         try:
+            self._promote()
             self._end_all()
             self._phase = Status.ROLLING_BACK
             self._finish_rollback(self._branches, None, explicit=True)
@@ -633,6 +692,11 @@ class Transaction:
         if deadline is not None and clock() > deadline:
             self._timed_out = True
             self._rollback_only = True
+        sole = self._sole
+        if sole is not None:
+            if not self._rollback_only and self._checkpoint is None and self._commit_sole(sole):
+                return
+            self._promote()  # the general path (a crash-test hook wants to see each point)
         self._end_all()
         if self._phase is _ACTIVE:
             with self._lock:
@@ -663,13 +727,47 @@ class Transaction:
                 return
             i += 1
 
+    def _commit_sole(self, resource: XAResource) -> bool:
+        """Commit the transaction's only resource in one phase, without the objects of the
+        general path; False (promoted, nothing done yet but what the general path does
+        alike) when its branch could not be ended: then the general path goes on."""
+        xid = self._sole_xid
+        try:
+            resource.end(xid, TMSUCCESS)
+        except XAException as e:
+            self._promote()
+            enl = self._enlisted[0]
+            try:
+                self._end_failed(enl, e)
+            except TransactionError as te:
+                log.warning("%s", te)
+            return False
+        if self._phase is _ACTIVE:
+            with self._lock:
+                self._phase = _PREPARING
+        self._phase = _COMMITTING
+        try:
+            resource.commit(xid, one_phase=True)
+        except Exception as e:  # noqa: BLE001 -- sorted out as the general path does
+            branch = self._promote("ended")
+            assert branch is not None
+            self._one_phase_failed(branch, e)
+        self._finish(_COMMITTED)
+        return True
+
     def _commit_one_phase(self, branch: _Branch) -> None:
         if self._checkpoint is not None:
             self._checkpoint("before_commit_one_phase", 0)
         self._phase = _COMMITTING
         try:
             branch.resource.commit(branch.xid, one_phase=True)
-        except XAException as e:
+        except Exception as e:  # noqa: BLE001 -- sorted out below
+            self._one_phase_failed(branch, e)
+        self._finish(_COMMITTED)
+
+    def _one_phase_failed(self, branch: _Branch, e: Exception) -> None:
+        """What a failed one-phase commit means: raises, except for a heuristic commit (done)."""
+        if isinstance(e, XAException):
             if e.is_rollback or e.code == XAER_NOTA:
                 branch.rolled_back = True
                 self._phase = Status.ROLLING_BACK
@@ -680,10 +778,10 @@ class Transaction:
                 code = e.code if e.is_heuristic else XA_HEURHAZ
                 self._record_heuristic(branch, code)
                 self._raise_heuristic(True, [(branch.xid, code)], agreeing=0, cause=e)
-        except Exception as e:  # noqa: BLE001 -- a lost connection: outcome unknown
-            self._record_heuristic(branch, XA_HEURHAZ)
-            self._raise_heuristic(True, [(branch.xid, XA_HEURHAZ)], agreeing=0, cause=e)
-        self._finish(_COMMITTED)
+            return
+        # a lost connection: outcome unknown
+        self._record_heuristic(branch, XA_HEURHAZ)
+        self._raise_heuristic(True, [(branch.xid, XA_HEURHAZ)], agreeing=0, cause=e)
 
     def _commit_two_phase(self, branches: list[_Branch]) -> None:
         """Prepare, decide durably, commit: the decision is the log's record or, where one

@@ -245,3 +245,54 @@ def test_the_recovery_resource_works_with_fresh_connections(dbs, tm, sources):
         assert resource.recover() == []
     finally:
         resource.close()
+
+
+def _transaction_module_calls(work) -> dict[str, int]:
+    """Python calls into txmanager/transaction.py while ``work()`` runs, by qualified name."""
+    import collections
+    import sys
+
+    seen: collections.Counter[str] = collections.Counter()
+
+    def profile(frame, event, arg):  # noqa: ANN001 -- sys.setprofile's signature
+        if event == "call" and frame.f_code.co_filename.endswith("txmanager/transaction.py"):
+            seen[frame.f_code.co_qualname] += 1
+
+    sys.setprofile(profile)
+    try:
+        work()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_one_database_takes_the_one_phase_path_and_a_second_promotes_it(dbs, tm, sources):
+    """Counted, not timed: one database's transaction makes no branch objects and writes no
+    log record; a second database's connection in the same transaction turns it two-phase."""
+    a, b = sources
+    fsyncs = tm.log.fsyncs
+
+    def one() -> None:
+        with tm.transaction():
+            with a.connection() as conn:
+                insert(conn, "one")
+
+    seen = _transaction_module_calls(one)
+    assert seen["Transaction._enlist_sole"] == 1 and seen["Transaction._commit_sole"] == 1
+    assert seen["_Branch.__init__"] == 0 and seen["Transaction._promote"] == 0
+    assert tm.log.fsyncs == fsyncs, "one phase writes no log record"
+
+    def two() -> None:
+        with tm.transaction():
+            with a.connection() as conn:
+                insert(conn, "two")
+            with b.connection() as conn:
+                insert(conn, "two")
+
+    seen = _transaction_module_calls(two)
+    assert seen["Transaction._promote"] == 1 and seen["_Branch.__init__"] == 2
+    assert seen["Transaction._commit_two_phase"] == 1 and seen["Transaction._commit_sole"] == 0
+    assert tm.log.fsyncs > fsyncs, "the decision is logged"
+    assert values(dbs[0]) == ["one", "two"] and values(dbs[1]) == ["two"]
+    assert prepared_gids(dbs[0]) == prepared_gids(dbs[1]) == []
+    assert len(a._idle) == 1 and len(b._idle) == 1, "both sessions went back to their pools"
