@@ -165,6 +165,20 @@ def test_an_acknowledgement_marks_without_reading_first(store: StorageManager) -
         assert [m.number for m in tx.rms_messages.list_for("k1") if not m.acked] == [5]
 
 
+def test_an_acknowledgement_applied_reads_its_source_sequence_once(store: StorageManager) -> None:
+    """What the sender does with an acknowledgement: the sequence by the peer's identifier, its
+    messages marked, its acknowledged ones purged; the row read once, then held (it is locked)."""
+    started(store, messages=5)
+    with store.begin() as tx:
+        seen = statements(tx)
+        seq = tx.rms.get_by_sequence_id("seq-1")
+        assert tx.rms_messages.mark_acked(seq.key, [(1, 3)]) == [1, 2, 3]
+        assert tx.rms_messages.has_unacked(seq.key)
+        assert tx.rms_messages.purge_acked(seq.key) == 3
+        assert tx.rms.get(seq.key).last_activity is not None
+    assert count(seen, "SELECT seq_key, target") == 1, seen
+
+
 def test_one_enqueue_is_one_statement_on_postgresql_three_on_sqlite(store: StorageManager) -> None:
     """The transactional outbox's insert, plus the sequence's number: what a one-message
     transaction of an application pays for reliable sending.  PostgreSQL takes the number and

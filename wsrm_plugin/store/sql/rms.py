@@ -58,6 +58,7 @@ class _Rms(api.RmsSequenceManager):
             return None
         seq = _rms(row)
         tx.lock(RANK_RMS, seq.key)
+        tx.held_rms[seq.key] = seq  # locked as get() locks it: its next read needs no round trip
         return seq
 
     def peek(self, key: str) -> RmsSequence | None:
@@ -250,8 +251,9 @@ class _RmsMessages(api.RmsMessageManager):
             newly.extend(sorted(r[0] for r in tx.write_all(
                 f"UPDATE rms_message SET acked = TRUE WHERE {where} RETURNING number", params)))
         tx.capture_key("rms_sequence", sequence_key)
-        tx.write("UPDATE rms_sequence SET last_activity = ? WHERE seq_key = ?",
-                 (_now(now), sequence_key))
+        t = _now(now)
+        tx.write("UPDATE rms_sequence SET last_activity = ? WHERE seq_key = ?", (t, sequence_key))
+        tx.held_rms[sequence_key] = replace(seq, last_activity=t)  # the purge after it reads it again
         return newly
 
     def due_messages(self, now: float | None = None, limit: int = 100, *,
