@@ -311,3 +311,32 @@ def test_an_unreachable_peer_gets_one_request_at_a_time_from_the_grown_lanes(eng
     finally:
         client.stop(timeout=5)
     assert _by_key(received.snapshot()) == {key: [f"{key}0", f"{key}1"] for key in keys}
+
+
+def test_a_rounds_acknowledgements_are_applied_in_one_transaction(engines, monkeypatch):
+    """The lanes of one round merge their sequences' acknowledgements, and the round applies them
+    all in one store transaction (16 sequences took 16 transactions, each a turn on an SQLite
+    file and its commit); each sequence's messages are acknowledged and released as before."""
+    from wsrm_plugin.engine.source import Source
+
+    applied: dict[int, set[str]] = {}
+    kept: list[Any] = []  # the transactions, alive: their ids stay theirs
+    real = Source._apply_ack
+
+    def watched(self, tx, seq, ack, version, now):
+        kept.append(tx)
+        applied.setdefault(id(tx), set()).add(seq.key)
+        return real(self, tx, seq, ack, version, now)
+
+    monkeypatch.setattr(Source, "_apply_ack", watched)
+    received = Recorder()
+    server = engines("memory:", fast_policy(), serve=True, middleware=InFlight(delay=0.05), application=received)
+    policy = fast_policy(send_concurrency=4, base_retransmission_interval=5.0)
+    client = _client_with_backlog(server, policy, {"a": 3, "b": 3, "c": 3, "d": 3})
+    try:
+        assert wait_for(lambda: client.status().unacked == 0 and len(received.snapshot()) == 12), \
+            client.status()
+    finally:
+        client.stop(timeout=5)
+    assert max(len(keys) for keys in applied.values()) >= 2, applied
+    assert _by_key(received.snapshot()) == {key: [f"{key}{i}" for i in range(3)] for key in "abcd"}
