@@ -200,6 +200,17 @@ class LazyBeginConnection(ext.connection):
         self._xid = xid
         self._mode = _PENDING
 
+    def begin_unnamed(self) -> bool:
+        """:meth:`begin_branch` of a branch whose xid comes later, if ever (only PREPARE
+        needs it: give it as ``_xid`` before); False, having done nothing, where psycopg2's
+        ``tpc_begin`` runs the branch, which takes the xid now."""
+        if _OFF or self._classic or self.isolation_level is not None or self.readonly is not None \
+                or self.deferrable is not None:
+            return False
+        _AUTOCOMMIT.__set__(self, True)
+        self._mode = _PENDING
+        return True
+
     def prepare_branch(self) -> bool:
         """PREPARE the branch; False when no statement ran (nothing to prepare: it is over)."""
         mode = self._mode
@@ -315,6 +326,10 @@ class LazyBeginConnection(ext.connection):
             log.debug("%r: a cursor it cannot follow; its branches use tpc_begin from now on", self)
         self._classic = True
         mode = self._mode
+        if mode is _PENDING and self._xid is None:
+            # a branch with no xid yet (begin_unnamed) cannot go to tpc_begin: its BEGIN goes now
+            self._begin_now()
+            mode = _SQL
         if mode is _PENDING:  # nothing sent yet: psycopg2's own two-phase mode can still take over
             assert self._xid is not None
             _AUTOCOMMIT.__set__(self, False)

@@ -124,27 +124,30 @@ class TransactionManager:
             raise NotSupportedError(f"thread already has transaction {current.xid}; nested "
                                     "transactions are not supported (suspend() it first)")
         if xid is None:
-            # 128 fresh random bits: no need to ask the log or the running
-            # transactions whether the gtrid is taken.
-            gxid = Xid.new_global(self.node)
-        else:
-            gxid = xid
-            if gxid.bqual:
-                raise ValueError(f"{gxid} has a branch qualifier; begin() needs a global xid")
-            if self.log.is_pending(gxid):
-                raise IllegalStateError(f"the recovery log still has {gxid} pending; a new "
-                                        "transaction cannot reuse its gtrid")
+            # The gtrid is made when first asked for (Transaction.xid), and the transaction
+            # joins the running set then: one committed in one phase by a resource that needs
+            # no xid never formats one.  A fresh gtrid (random bits of this process, a
+            # counter) is no other transaction's: no need to ask the log or the running ones.
+            self._local.tx = tx = Transaction._new(
+                None, self.log, self.default_timeout if timeout is None else timeout,
+                self._checkpoint, self._retries, self._retry_delay, self._ended,
+                branch_prefix.encode() if isinstance(branch_prefix, str) else branch_prefix,
+                self.node, self._in_flight)
+            return tx
+        gxid = xid
+        if gxid.bqual:
+            raise ValueError(f"{gxid} has a branch qualifier; begin() needs a global xid")
+        if self.log.is_pending(gxid):
+            raise IllegalStateError(f"the recovery log still has {gxid} pending; a new "
+                                    "transaction cannot reuse its gtrid")
         tx = Transaction._new(gxid, self.log, self.default_timeout if timeout is None else timeout,
                               self._checkpoint, self._retries, self._retry_delay, self._ended,
-                              branch_prefix.encode() if isinstance(branch_prefix, str) else branch_prefix)
-        if xid is None:
-            # a fresh gtrid is no other transaction's: one dict store (atomic) needs no mutex
+                              branch_prefix.encode() if isinstance(branch_prefix, str) else branch_prefix,
+                              self.node, self._in_flight)
+        with self._mutex:
+            if gxid.gtrid in self._in_flight:
+                raise IllegalStateError(f"transaction {gxid} is already running")
             self._in_flight[gxid.gtrid] = tx
-        else:
-            with self._mutex:
-                if gxid.gtrid in self._in_flight:
-                    raise IllegalStateError(f"transaction {gxid} is already running")
-                self._in_flight[gxid.gtrid] = tx
         self._local.tx = tx
         return tx
 
@@ -220,7 +223,10 @@ class TransactionManager:
     def _ended(self, tx: Transaction) -> None:
         # No mutex: while the gtrid is in the dict no other transaction can take it (begin
         # refuses a running gtrid), so nothing can replace ``tx`` between the look and the pop.
-        gtrid = tx.xid.gtrid
+        xid = tx._xid
+        if xid is None:
+            return  # never named: never in the running set
+        gtrid = xid.gtrid
         if self._in_flight.get(gtrid) is tx:
             self._in_flight.pop(gtrid, None)
 

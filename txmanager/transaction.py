@@ -85,6 +85,8 @@ _TRANSIENT = frozenset((XAER_RMFAIL, XA_RETRY))
 
 _new_object = object.__new__
 _monotonic = time.monotonic
+#: makes a transaction's xids when first asked for (two threads asking at once get one)
+_naming = _thread.allocate_lock()
 
 
 def _bqual(index: int) -> bytes:
@@ -211,7 +213,7 @@ class Transaction:
 
     # Slots, not an instance dict: making a transaction with a 21-key dict cost more client CPU
     # than the rest of its begin (callgrind).  ``__dict__`` stays for attributes others attach.
-    __slots__ = ("xid", "_branch_prefix", "_log", "_clock", "timeout", "deadline", "_checkpoint",
+    __slots__ = ("_xid", "_node", "_registry", "_branch_prefix", "_log", "_clock", "timeout", "deadline", "_checkpoint",
                  "_retries", "_retry_delay", "_on_end", "_lock", "_phase", "_rollback_only",
                  "_timed_out", "_cause", "_completing", "_finished", "_branches", "_enlisted",
                  "_syncs", "_before", "_sole", "_sole_xid", "__dict__", "__weakref__")
@@ -222,23 +224,34 @@ class Transaction:
                  clock: Callable[[], float] = time.monotonic, branch_prefix: bytes = b"") -> None:
         if xid.bqual:
             raise ValueError(f"{xid} is a branch xid; a transaction needs a global xid")
-        self._setup(xid, log, timeout, checkpoint, retries, retry_delay, on_end, clock, branch_prefix)
+        self._setup(xid, log, timeout, checkpoint, retries, retry_delay, on_end, clock, branch_prefix,
+                    None, None)
 
     @classmethod
-    def _new(cls, xid: Xid, log: "TransactionLog", timeout: float | None, checkpoint: Checkpoint | None,
-             retries: int, retry_delay: float, on_end: Callable[["Transaction"], None] | None,
-             branch_prefix: bytes) -> "Transaction":
+    def _new(cls, xid: Xid | None, log: "TransactionLog", timeout: float | None,
+             checkpoint: Checkpoint | None, retries: int, retry_delay: float,
+             on_end: Callable[["Transaction"], None] | None, branch_prefix: bytes,
+             node: str, registry: dict[bytes, "Transaction"]) -> "Transaction":
         """What ``Transaction(xid, log=..., ...)`` makes, for the manager's ``begin``: a class
         called with keywords builds a dict of them and matches them by name, which cost as
-        much as the rest of the transaction's set-up (callgrind); positional arguments do not."""
+        much as the rest of the transaction's set-up (callgrind); positional arguments do not.
+
+        With ``xid`` None the global xid is made the first time something asks for it (see
+        :attr:`xid`), and the transaction is then put in ``registry`` (the manager's running
+        transactions, by gtrid) under it."""
         tx = _new_object(cls)
-        tx._setup(xid, log, timeout, checkpoint, retries, retry_delay, on_end, _monotonic, branch_prefix)
+        tx._setup(xid, log, timeout, checkpoint, retries, retry_delay, on_end, _monotonic, branch_prefix,
+                  node, registry)
         return tx
 
-    def _setup(self, xid: Xid, log: "TransactionLog", timeout: float | None, checkpoint: Checkpoint | None,
-               retries: int, retry_delay: float, on_end: Callable[["Transaction"], None] | None,
-               clock: Callable[[], float], branch_prefix: bytes) -> None:
-        self.xid = xid
+    def _setup(self, xid: Xid | None, log: "TransactionLog", timeout: float | None,
+               checkpoint: Checkpoint | None, retries: int, retry_delay: float,
+               on_end: Callable[["Transaction"], None] | None, clock: Callable[[], float],
+               branch_prefix: bytes, node: str | None,
+               registry: dict[bytes, "Transaction"] | None) -> None:
+        self._xid = xid
+        self._node = node
+        self._registry = registry
         # Several processes working under one gtrid (a Spark job's tasks) need
         # branch qualifiers that cannot collide: each names its own prefix.
         self._branch_prefix = branch_prefix
@@ -263,11 +276,28 @@ class Transaction:
         #: a synchronization that is no AfterCompletion was registered: run before_completion
         self._before = False
         #: the one resource of a transaction that has only one (see _enlist), its branch xid in
-        #: ``_sole_xid``; None once a second one enlisted (or before the first)
+        #: ``_sole_xid`` (None until something needs it); None once a second one enlisted (or
+        #: before the first)
         self._sole: XAResource | None = None
+        self._sole_xid: Xid | None = None
 
     def __repr__(self) -> str:
         return f"<Transaction {self.xid} {self.status.name}>"
+
+    @property
+    def xid(self) -> Xid:
+        """The global xid.  One the manager made is made when first asked for: a transaction
+        committed in one phase by a resource that needs no xid for it never formats one."""
+        xid = self._xid
+        if xid is None:
+            with _naming:  # held for no call out: the naming never waits on anything else
+                xid = self._xid
+                if xid is None:
+                    self._xid = xid = Xid.new_global(self._node)
+                    registry = self._registry
+                    if registry is not None and not self._finished:
+                        registry[xid.gtrid] = self  # running: recovery must leave its branches be
+        return xid
 
     # -- state -------------------------------------------------------------------
 
@@ -296,7 +326,7 @@ class Transaction:
     def branches(self) -> tuple[tuple[Xid, XAResource], ...]:
         """(branch xid, resource) of every branch, in enlistment order."""
         if self._sole is not None:
-            return ((self._sole_xid, self._sole),)
+            return ((self._name_sole(), self._sole),)
         return tuple((b.xid, b.resource) for b in self._branches)
 
     def set_rollback_only(self) -> None:
@@ -361,6 +391,28 @@ class Transaction:
             self._syncs.append(sync)
             if not isinstance(sync, AfterCompletion):
                 self._before = True
+            return enlisted
+        finally:
+            lock.release()
+
+    def _enlist_first(self, resource: XAResource, sync: Synchronization) -> bool:
+        """:meth:`enlist_with_synchronization` for a pool's session and its synchronization
+        with nothing to do before completion, made by a pool that saw nothing enlisted yet:
+        the one-phase path's enlistment (:meth:`_enlist_sole`) without the general one's
+        look for the resource among others.  The synchronization is registered only when
+        the resource was enlisted."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            deadline = self.deadline
+            if (self._sole is None and not self._enlisted and self._phase is _ACTIVE
+                    and not self._rollback_only and not self._timed_out
+                    and (deadline is None or self._clock() <= deadline)):
+                enlisted = self._enlist_sole(resource, deadline)
+            else:  # another thread came first, or it is too late: as the general path says
+                enlisted = self._enlist(resource)
+            if enlisted:
+                self._syncs.append(sync)
             return enlisted
         finally:
             lock.release()
@@ -431,20 +483,35 @@ class Transaction:
         the one-phase path of Narayana's and Atomikos' managers, where one
         resource is never prepared and nothing is logged.
         """
-        bqual = self._branch_prefix + b"0" if self._branch_prefix else b"0"
-        xid = self.xid.branch(bqual)
         if deadline is not None and getattr(resource, "takes_transaction_timeout", True):
             try:
                 resource.set_transaction_timeout(max(1, math.ceil(deadline - self._clock())))
             except (XAException, AttributeError) as e:
                 log.debug("%s does not take a transaction timeout: %s", _name(resource), e)
+        # A resource that can start its branch before it has a name (see start_unnamed in
+        # PostgresXAResource) asks for one only when something needs it: one phase never does.
+        start_unnamed = getattr(resource, "start_unnamed", None)
         try:
-            resource.start(xid, TMNOFLAGS)
+            if start_unnamed is not None:
+                start_unnamed(self._name_sole)
+            else:
+                resource.start(self._name_sole(), TMNOFLAGS)
         except XAException as e:
-            self._start_failed(resource, xid, e)
-        self._sole_xid = xid
+            self._start_failed(resource, self._name_sole(), e)
         self._sole = resource
         return True
+
+    def _name_sole(self) -> Xid:
+        """The sole resource's branch xid, made the first time it is needed."""
+        xid = self._sole_xid
+        if xid is None:
+            gxid = self.xid
+            with _naming:
+                xid = self._sole_xid
+                if xid is None:
+                    prefix = self._branch_prefix
+                    self._sole_xid = xid = gxid.branch(prefix + b"0" if prefix else b"0")
+        return xid
 
     def _promote(self, state: str = "active") -> _Branch | None:
         """The sole resource's branch and enlistment as objects, as every other branch has:
@@ -452,7 +519,7 @@ class Transaction:
         resource = self._sole
         if resource is None:
             return None
-        branch = _Branch(0, self._sole_xid, resource)
+        branch = _Branch(0, self._name_sole(), resource)
         enl = _Enlistment(resource, branch)
         enl.state = state
         self._branches.append(branch)
@@ -731,7 +798,22 @@ class Transaction:
         """Commit the transaction's only resource in one phase, without the objects of the
         general path; False (promoted, nothing done yet but what the general path does
         alike) when its branch could not be ended: then the general path goes on."""
-        xid = self._sole_xid
+        fused = getattr(resource, "end_and_commit_one_phase", None)
+        if fused is not None:  # end and commit in one call (see PostgresXAResource)
+            phase = self._phase
+            self._phase = _COMMITTING
+            try:
+                done = fused(self._sole_xid)  # None: the branch was never named
+            except Exception as e:  # noqa: BLE001 -- sorted out as the general path does
+                branch = self._promote("ended")
+                assert branch is not None
+                self._one_phase_failed(branch, e)
+                done = True
+            if done:
+                self._finish(_COMMITTED)
+                return True
+            self._phase = phase  # not in a state to: end and commit apart say why
+        xid = self._name_sole()
         try:
             resource.end(xid, TMSUCCESS)
         except XAException as e:

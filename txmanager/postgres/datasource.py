@@ -21,7 +21,7 @@ from ..transaction import AfterCompletion, Transaction
 from ..xa import (
     XAResource,
 )
-from .resource import _SESSIONS_ATTR, PostgresXAResource, offer_session, session_for_database
+from .resource import PostgresXAResource, offer_session, session_for_database
 from .server import (
     Connection,
     _describe,
@@ -56,12 +56,15 @@ class _ReturnToPool(AfterCompletion):
 
     __slots__ = ("_ds", "_key")
 
-    def __init__(self, ds: "XADataSource", key: tuple[int, int]) -> None:
+    def __init__(self, ds: "XADataSource", key: tuple[int, int] | None) -> None:
         self._ds = ds
+        #: whose transaction it is; a pooled session's own (made once) is told at each enlistment
         self._key = key
 
     def after_completion(self, status: Any) -> None:
-        self._ds._transaction_over(self._key)
+        key = self._key
+        assert key is not None
+        self._ds._transaction_over(key)
 
 
 class _ConnectionScope:
@@ -199,10 +202,12 @@ class XADataSource:
         """
         key = (get_ident(), id(tx))
         entry = self._enlisted.get(key)
-        if entry is None:
-            # no sessions offered yet (the usual first enlistment): no lookup call
-            shared = (session_for_database(tx, self.identity)
-                      if self.share_sessions and getattr(tx, _SESSIONS_ATTR, None) else None)
+        if entry is not None:
+            resource = entry[1]
+        elif type(tx) is Transaction and tx._sole is None and not tx._enlisted:
+            resource = self._enlist_first(tx, key)
+        else:
+            shared = session_for_database(tx, self.identity) if self.share_sessions else None
             if shared is not None:
                 return self._join(tx, key, shared)
             resource = self._acquire()
@@ -224,14 +229,36 @@ class XADataSource:
             except BaseException:
                 self._transaction_over(key)
                 raise
+            resource._shared_as = None
             if self.share_sessions:
                 offer_session(tx, self.identity, resource)
-        else:
-            resource = entry[1]
         conn = resource._session
         if conn is None or conn.closed:
             conn = resource.connection
         return conn
+
+    def _enlist_first(self, tx: Transaction, key: tuple[int, int]) -> PostgresXAResource:
+        """The transaction's first resource (the usual case): a pooled session joins it on the
+        one-phase path (:meth:`Transaction._enlist_sole`).  Nothing else can be in the
+        transaction yet, so there is no branch of this database to share, and other users
+        find this one through the transaction itself (:func:`session_for_database`)."""
+        resource = self._acquire()
+        self._enlisted[key] = (tx, resource)
+        sync = resource._pool_return
+        sync._key = key
+        try:
+            if not tx._enlist_first(resource, sync):
+                raise RuntimeError(f"the transaction refused to enlist {self.resource_name}")
+        except BaseException:
+            self._transaction_over(key)
+            raise
+        if tx._sole is resource:
+            resource._shared_as = self.identity if self.share_sessions else None
+        else:  # another thread's resource came first (a transaction shared by threads)
+            resource._shared_as = None
+            if self.share_sessions:
+                offer_session(tx, self.identity, resource)
+        return resource
 
     def _join(self, tx: _Transaction, key: tuple[int, int], shared: PostgresXAResource) -> Connection:
         """Work in the branch another user of this database runs: its session, not ours to pool."""
@@ -320,9 +347,12 @@ class XADataSource:
             if conn is not None and not conn.closed:
                 return resource
             resource.close()
-        return PostgresXAResource(self._connect, resource_name=self.resource_name,
-                                  read_only_check=self.read_only_check, marks=self._marks,
-                                  database=self.database)
+        resource = PostgresXAResource(self._connect, resource_name=self.resource_name,
+                                      read_only_check=self.read_only_check, marks=self._marks,
+                                      database=self.database)
+        # made once per pooled session, not once per transaction (see _enlist_first)
+        resource._pool_return = _ReturnToPool(self, None)
+        return resource
 
     def _release(self, resource: PostgresXAResource) -> None:
         conn = resource._session

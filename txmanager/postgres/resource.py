@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import psycopg2
@@ -120,9 +121,17 @@ class PostgresXAResource:
         self._ended: OrderedDict[Xid, _Ended] = OrderedDict()
         self._scan_open = False
         self._lock = threading.RLock()
+        #: the database identity under which this session's branch is shared, when it is a
+        #: transaction's first resource (see session_for_database); set by XADataSource
+        self._shared_as: str | None = None
+        #: XADataSource's synchronization that takes this session back to its pool
+        self._pool_return: Any = None
+        #: gives the branch its xid when something needs it (see start_unnamed)
+        self._namer: Callable[[], Xid] | None = None
 
     def __repr__(self) -> str:
-        branch = f" {self._branch.xid} {self._branch.state}" if self._branch else ""
+        b = self._branch
+        branch = f" {b.xid if b.xid is not None else '(unnamed)'} {b.state}" if b else ""
         return f"<PostgresXAResource {self.resource_name}{branch}>"
 
     # -- connections -------------------------------------------------------------
@@ -260,11 +269,13 @@ class PostgresXAResource:
             lock = self._lock
             lock.acquire()
             try:
-                self._begin(xid)
+                self._begin(xid, None)
             finally:
                 lock.release()
             return
         with self._lock:
+            if self._namer is not None:
+                self._name_branch()
             if flags in (TMJOIN, TMRESUME):
                 b = self._current(xid)
                 wanted = _State.IDLE if flags == TMJOIN else _State.SUSPENDED
@@ -277,8 +288,40 @@ class PostgresXAResource:
             else:
                 raise XAException(XAER_INVAL, f"start flags {flags:#x}: use TMNOFLAGS, TMJOIN or TMRESUME")
 
-    def _begin(self, xid: Xid) -> None:
+    def start_unnamed(self, namer: Callable[[], Xid]) -> None:
+        """``start(namer(), TMNOFLAGS)``, with the xid asked for only when something needs it.
+
+        A transaction manager's one-phase path starts its only resource so: a
+        branch that commits in one phase on a :class:`LazyBeginConnection`
+        never needs its xid (the gid is for PREPARE), so none is made.  Any
+        other call on the branch (it then names it) asks ``namer`` first.
+        """
+        lock = self._lock
+        lock.acquire()
+        try:
+            self._begin(None, namer)
+        finally:
+            lock.release()
+
+    def _name_branch(self) -> None:
+        """Give the branch started by :meth:`start_unnamed` its xid, before a call that
+        names it (or a message that shows it)."""
+        namer, self._namer = self._namer, None
+        b = self._branch
+        if namer is None or b is None or b.xid is not None:
+            return
+        b.xid = xid = namer()
+        conn = self._session
+        if isinstance(conn, LazyBeginConnection) and conn.in_branch and conn._xid is None:
+            conn._xid = xid  # what its PREPARE will need
+
+    def _begin(self, xid: Xid | None, namer: Callable[[], Xid] | None) -> None:
         if self._branch is not None:
+            if self._namer is not None:
+                self._name_branch()
+            if xid is None:
+                assert namer is not None
+                xid = namer()
             if self._branch.xid == xid:
                 raise XAException(XAER_DUPID, f"{xid} is already started on this session")
             raise XAException(
@@ -297,22 +340,33 @@ class PostgresXAResource:
             )
         try:
             if type(conn) is LazyBeginConnection:  # what _begin_branch does, one call fewer
-                conn.begin_branch(xid)
+                if xid is None and not conn.begin_unnamed():
+                    assert namer is not None
+                    xid = namer()  # psycopg2's tpc_begin runs this branch: it takes the xid now
+                if xid is not None:
+                    conn.begin_branch(xid)
             else:
+                if xid is None:
+                    assert namer is not None
+                    xid = namer()
                 _begin_branch(conn, xid)
         except psycopg2.Error as exc:
             lost = self._is_session_lost(conn, exc)
             self._drop_session()
+            shown = xid if xid is not None else namer() if namer is not None else None
             raise XAException(XAER_RMFAIL if lost else XAER_RMERR,
-                              f"{self.resource_name}: cannot start {xid}: {_describe(exc)}") from exc
-        if self._ended:
+                              f"{self.resource_name}: cannot start {shown}: {_describe(exc)}") from exc
+        if xid is not None and self._ended:
             self._ended.pop(xid, None)
-        self._branch = _Branch(xid, _State.ACTIVE)
+        self._branch = _Branch(xid, _State.ACTIVE)  # type: ignore[arg-type]  # None: unnamed
+        self._namer = namer if xid is None else None
 
     def end(self, xid: Xid, flags: int = TMSUCCESS) -> None:
         lock = self._lock
         lock.acquire()  # the usual case first, under acquire/release (half a ``with``'s cost)
         try:
+            if self._namer is not None:
+                self._name_branch()
             b = self._branch
             if flags == TMSUCCESS and b is not None and b.xid is xid and b.state is _State.ACTIVE:
                 conn = self._session
@@ -352,6 +406,8 @@ class PostgresXAResource:
 
     def prepare(self, xid: Xid) -> int:
         with self._lock:
+            if self._namer is not None:
+                self._name_branch()
             b = self._current(xid)
             if b.state is _State.ROLLBACK_ONLY:
                 raise self._refuse(b, XA_RBROLLBACK, "it was marked rollback-only")
@@ -414,6 +470,8 @@ class PostgresXAResource:
         lock = self._lock
         lock.acquire()  # the usual case first, under acquire/release (half a ``with``'s cost)
         try:
+            if self._namer is not None:
+                self._name_branch()
             b = self._branch
             if b is not None and (b.xid is xid or b.xid == xid):
                 if one_phase:
@@ -434,6 +492,37 @@ class PostgresXAResource:
             self._finish_prepared(xid, commit=True)
             self._ended.pop(xid, None)
 
+    def end_and_commit_one_phase(self, xid: Xid | None) -> bool:
+        """``end(xid, TMSUCCESS)`` and ``commit(xid, one_phase=True)`` in one call, for a
+        transaction manager whose only branch this is (nothing of its own to do between them);
+        ``xid`` None for a branch started by :meth:`start_unnamed` and never named since.
+
+        False, having done nothing, unless the branch is active on a session that can commit
+        it: the manager then calls ``end`` and ``commit``, which say what is wrong.  Raises
+        what ``commit`` raises once the COMMIT was sent.
+        """
+        lock = self._lock
+        lock.acquire()
+        try:
+            b = self._branch
+            if b is None or b.xid is not xid or b.state is not _State.ACTIVE:
+                return False
+            conn = self._session
+            if conn is None or conn.closed or conn.get_transaction_status() == ext.TRANSACTION_STATUS_INERROR:
+                return False
+            b.state = _State.IDLE
+            try:
+                if type(conn) is LazyBeginConnection:
+                    conn.commit_branch()
+                else:
+                    _commit_branch(conn)
+            except psycopg2.Error as exc:
+                self._commit_failed(b, conn, exc)
+            self._branch = self._namer = None
+            return True
+        finally:
+            lock.release()
+
     def _commit_one_phase(self, b: _Branch) -> None:
         if b.state is _State.ROLLBACK_ONLY:
             raise self._refuse(b, XA_RBROLLBACK, "it was marked rollback-only")
@@ -449,13 +538,19 @@ class PostgresXAResource:
             else:
                 _commit_branch(conn)
         except psycopg2.Error as exc:
-            if self._is_session_lost(conn, exc):
-                self._drop_session()
-                self._give_up(b, XAER_RMFAIL)
-                raise XAException(XAER_RMFAIL, f"{self.resource_name}: connection lost during COMMIT of "
-                                               f"{b.xid}: its outcome is unknown: {_describe(exc)}") from exc
-            raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
+            self._commit_failed(b, conn, exc)
         self._branch = None
+
+    def _commit_failed(self, b: _Branch, conn: Connection, exc: psycopg2.Error) -> None:
+        """Raise what a failed one-phase COMMIT of ``b`` means (in an ``except`` of it)."""
+        if self._namer is not None:
+            self._name_branch()
+        if self._is_session_lost(conn, exc):
+            self._drop_session()
+            self._give_up(b, XAER_RMFAIL)
+            raise XAException(XAER_RMFAIL, f"{self.resource_name}: connection lost during COMMIT of "
+                                           f"{b.xid}: its outcome is unknown: {_describe(exc)}") from exc
+        raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
 
     # -- commit marks (see txmanager.marks) -----------------------------------------------
 
@@ -479,6 +574,8 @@ class PostgresXAResource:
         the mark is written only while the claim's epoch is current, else the
         branch rolls back (XA_RBOTHER, SQLSTATE WX001)."""
         with self._lock:
+            if self._namer is not None:
+                self._name_branch()
             if fence is not None and fence.node != node:
                 raise XAException(XAER_PROTO, f"the fence of node {fence.node} cannot decide for node {node}")
             if self._marks is None:
@@ -663,6 +760,8 @@ class PostgresXAResource:
         statement running on the session (see :meth:`set_transaction_timeout`).
         """
         with self._lock:
+            if self._namer is not None:
+                self._name_branch()
             b = self._branch
             if b is not None and b.xid == xid:
                 if b.state is _State.PREPARED:
@@ -761,6 +860,8 @@ class PostgresXAResource:
     def close(self) -> None:
         """Close both connections.  An unprepared branch rolls back; a prepared one stays for recovery."""
         with self._lock:
+            if self._namer is not None:
+                self._name_branch()
             if self._branch is not None:
                 # a prepared branch is expected here after Transaction.prepare_and_detach:
                 # another process decides it; anything else is work being thrown away
@@ -785,10 +886,17 @@ def session_for_database(tx: Any, identity: str | None) -> "PostgresXAResource |
     """The resource whose session carries ``tx``'s branch in database ``identity``, if one does."""
     if identity is None:
         return None
-    sessions = getattr(tx, _SESSIONS_ATTR, None)
-    if not sessions:
-        return None
-    resource = sessions.get(identity)
+    # The transaction's first resource, offered first: an XADataSource's on the one-phase path
+    # is told by the transaction itself, with no dict of its own (see XADataSource._enlist_first).
+    resource = getattr(tx, "_sole", None)
+    if resource is None:
+        branches = getattr(tx, "_branches", None)
+        resource = branches[0].resource if branches else None
+    if getattr(resource, "_shared_as", None) != identity:
+        sessions = getattr(tx, _SESSIONS_ATTR, None)
+        if not sessions:
+            return None
+        resource = sessions.get(identity)
     if resource is None or resource._branch is None:  # in_branch, without the property's call
         return None
     conn = resource._session
