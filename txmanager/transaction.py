@@ -396,11 +396,12 @@ class Transaction:
             lock.release()
 
     def _enlist_first(self, resource: XAResource, sync: Synchronization) -> bool:
-        """:meth:`enlist_with_synchronization` for a pool's session and its synchronization
-        with nothing to do before completion, made by a pool that saw nothing enlisted yet:
-        the one-phase path's enlistment (:meth:`_enlist_sole`) without the general one's
-        look for the resource among others.  The synchronization is registered only when
-        the resource was enlisted."""
+        """:meth:`enlist_with_synchronization` for a pool's session that starts unnamed and
+        takes no transaction timeout (a :class:`~txmanager.postgres.PostgresXAResource`), and
+        its synchronization with nothing to do before completion, made by a pool that saw
+        nothing enlisted yet: the one-phase path's enlistment (:meth:`_enlist_sole`) without
+        the general one's look for the resource among others.  The synchronization is
+        registered only when the resource was enlisted."""
         lock = self._lock
         lock.acquire()
         try:
@@ -408,7 +409,12 @@ class Transaction:
             if (self._sole is None and not self._enlisted and self._phase is _ACTIVE
                     and not self._rollback_only and not self._timed_out
                     and (deadline is None or self._clock() <= deadline)):
-                enlisted = self._enlist_sole(resource, deadline)
+                try:
+                    resource.start_unnamed(self._name_sole)  # type: ignore[attr-defined]
+                except XAException as e:
+                    self._start_failed(resource, self._name_sole(), e)
+                self._sole = resource
+                enlisted = True
             else:  # another thread came first, or it is too late: as the general path says
                 enlisted = self._enlist(resource)
             if enlisted:
@@ -668,7 +674,13 @@ class Transaction:
         finally:
             lock.release()
         try:
-            self._commit()
+            sole = self._sole
+            if (sole is not None and not self._before and self._checkpoint is None
+                    and not self._rollback_only):
+                deadline = self.deadline
+                if (deadline is None or self._clock() <= deadline) and self._commit_sole(sole):
+                    return
+            self._commit()  # what the one-phase path leaves undone, the general path does
         finally:
             self._leave_completion()
 

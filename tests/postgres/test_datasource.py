@@ -278,7 +278,9 @@ def test_one_database_takes_the_one_phase_path_and_a_second_promotes_it(dbs, tm,
                 insert(conn, "one")
 
     seen = _transaction_module_calls(one)
-    assert seen["Transaction._enlist_sole"] == 1 and seen["Transaction._commit_sole"] == 1
+    assert seen["Transaction._enlist_first"] == 1 and seen["Transaction._commit_sole"] == 1
+    assert seen["Transaction._name_sole"] == 0 and seen["Transaction.xid"] == 0, \
+        "no xid is made (or formatted) for a transaction whose one branch nobody names"
     assert seen["_Branch.__init__"] == 0 and seen["Transaction._promote"] == 0
     assert tm.log.fsyncs == fsyncs, "one phase writes no log record"
 

@@ -67,6 +67,22 @@ class _ReturnToPool(AfterCompletion):
         self._ds._transaction_over(key)
 
 
+class _SessionReturn(_ReturnToPool):
+    """A pooled session's own :class:`_ReturnToPool`, made once with it: never a borrowed
+    session's, so it takes its session back without looking."""
+
+    __slots__ = ("_resource",)
+
+    def __init__(self, ds: "XADataSource", resource: PostgresXAResource) -> None:
+        super().__init__(ds, None)
+        self._resource = resource
+
+    def after_completion(self, status: Any) -> None:
+        ds = self._ds
+        ds._enlisted.pop(self._key, None)  # type: ignore[arg-type]  # set at each enlistment
+        ds._release(self._resource)
+
+
 class _ConnectionScope:
     """What ``XADataSource.connection()`` returns.
 
@@ -351,7 +367,7 @@ class XADataSource:
                                       read_only_check=self.read_only_check, marks=self._marks,
                                       database=self.database)
         # made once per pooled session, not once per transaction (see _enlist_first)
-        resource._pool_return = _ReturnToPool(self, None)
+        resource._pool_return = _SessionReturn(self, resource)
         return resource
 
     def _release(self, resource: PostgresXAResource) -> None:

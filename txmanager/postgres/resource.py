@@ -299,6 +299,18 @@ class PostgresXAResource:
         lock = self._lock
         lock.acquire()
         try:
+            conn = self._session
+            if (self._branch is None and conn is not None and type(conn) is LazyBeginConnection
+                    and not conn.closed and conn.status == ext.STATUS_READY
+                    and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE):
+                try:
+                    begun = conn.begin_unnamed()  # the usual case: what _begin does, inline
+                except psycopg2.Error:
+                    begun = False  # _begin says what it means
+                if begun:
+                    self._branch = _Branch(None, _State.ACTIVE)  # type: ignore[arg-type]
+                    self._namer = namer
+                    return
             self._begin(None, namer)
         finally:
             lock.release()
