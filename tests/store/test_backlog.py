@@ -208,3 +208,39 @@ def test_a_sqlite_batch_reads_the_rows_only_of_the_messages_it_takes(tmp_path, m
     assert [(m.sequence_key, m.number) for m in due] == (
         [(f"k{s:02d}", n) for n in (1, 2, 3) for s in range(16)] + [("k00", 4), ("k01", 4)])
     assert built[0] == BATCH, f"{built[0]} message rows read for a batch of {BATCH}"
+
+
+@pytest.mark.parametrize("counts", [(40, 1, 2, 0, 30, 3, 1, 25), (9,) * 8, (60, 60), (2,) * 16 + (70,)],
+                         ids=["uneven", "even", "two", "one-long"])
+def test_a_round_robin_batch_is_the_same_whoever_has_few_or_many(store: StorageManager, counts) -> None:
+    """A batch asks each sequence first for about its share (twice the batch over the sequences);
+    where that leaves it short while a sequence had more, it asks again: the batch is always the
+    round robin over every due message, whatever the sequences hold."""
+    with store.begin() as tx:
+        for s, count in enumerate(counts):
+            key = f"q{s:02d}"
+            tx.rms.create(key, target="http://127.0.0.1:9/", acks_to="urn:a", rm_version="v", wsa_version="w")
+            tx.rms.update(key, sequence_id=f"sid-{key}")
+            for i in range(count):
+                tx.rms_messages.enqueue(key, b"<x/>", action="a", soap_version="1.1", message_id=f"{key}-{i}")
+    with store.begin() as tx:
+        due = tx.rms_messages.due_messages(limit=BATCH, per_sequence=BATCH)
+    ranked = sorted((n, f"q{s:02d}") for s, count in enumerate(counts) for n in range(1, min(count, BATCH) + 1))
+    assert [(m.sequence_key, m.number) for m in due] == [(key, n) for n, key in ranked[:BATCH]]
+
+
+def test_a_memory_batch_over_many_sequences_visits_about_what_it_takes() -> None:
+    """16 sequences of 60 queued messages, a batch of 50: each sequence is asked for about twice
+    its share (8), not for a whole batch (800 index entries popped, rows read and sorted)."""
+    from wsrm_plugin.store.memory import MemoryStore
+
+    store = MemoryStore()
+    with store.begin() as tx:
+        for s in range(16):
+            key = f"k{s:02d}"
+            tx.rms.create(key, target="http://127.0.0.1:9/", acks_to="urn:a", rm_version="v", wsa_version="w")
+            tx.rms.update(key, sequence_id=f"sid-{key}")
+            for i in range(60):
+                tx.rms_messages.enqueue(key, b"<x/>", action="a", soap_version="1.1", message_id=f"{key}-{i}")
+    visited = _rows_touched(store, lambda tx: tx.rms_messages.due_messages(limit=BATCH, per_sequence=BATCH))
+    assert visited <= 3 * BATCH, f"{visited} rows visited for a batch of {BATCH}"

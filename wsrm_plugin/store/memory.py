@@ -504,18 +504,36 @@ class _RmsMessages(api.RmsMessageManager):
                      per_sequence: int | None = None) -> list[RmsMessage]:
         t = _now(now)
         tx = self._tx
-        seqs = tx._scan(_RMS)
-        take = limit if per_sequence is None else min(per_sequence, limit)
-        # Each sequence's first due messages from the store's index (the committed rows) and this
-        # transaction's own: what a batch touches does not grow with the backlog.
-        by_sequence: dict[str, list[RmsMessage]] = {}
         store = tx._store
-        for key, seq in seqs.items():
-            if seq.sequence_id is None or seq.faulted:
-                continue
+        full = limit if per_sequence is None else min(per_sequence, limit)
+        # The sequences that may have a message due: from the store's index (the committed rows)
+        # and this transaction's own, so what a batch touches does not grow with the backlog.
+        keys = [key for key, seq in tx._scan(_RMS).items()
+                if seq.sequence_id is not None and not seq.faulted
+                and (tx._own_messages(key) or store._indexed("may_be_due", key, t))]
+        take = full
+        if per_sequence is not None and len(keys) > 1:
+            # Round robin: each sequence's first messages, then the seconds...  The batch takes
+            # about its share of each (16 sequences: 4 of a batch of 50), so each is first asked
+            # for twice that, not for a whole batch (800 candidates read and sorted for 50 taken);
+            # only when that leaves the batch short while a sequence had more are they asked again.
+            take = min(full, max(4, 2 * -(-limit // len(keys))))
+        while True:
+            out, short = self._due_round(t, keys, limit, take, round_robin=per_sequence is not None)
+            if len(out) >= limit or not short or take >= full:
+                return out
+            take = full
+
+    def _due_round(self, t: float, keys: list[str], limit: int, take: int, *,
+                   round_robin: bool) -> tuple[list[RmsMessage], bool]:
+        """:meth:`due_messages` from each sequence's first ``take`` due messages; and whether a
+        sequence had that many (it may have more)."""
+        tx = self._tx
+        store = tx._store
+        by_sequence: dict[str, list[RmsMessage]] = {}
+        short = False
+        for key in keys:
             own = tx._own_messages(key)
-            if not own and not store._indexed("may_be_due", key, t):
-                continue
             due = store._indexed("first_due", key, t, take + len(own))
             if own:
                 found = {m.number: m for m in due}
@@ -525,7 +543,8 @@ class _RmsMessages(api.RmsMessageManager):
                                              and m.next_send_at <= t), key=lambda m: (m.next_send_at, m.number))
             if due:
                 by_sequence[key] = due
-        if per_sequence is None:  # oldest first, across sequences
+                short = short or len(due) >= take
+        if not round_robin:  # oldest first, across sequences
             ordered = sorted((m for msgs in by_sequence.values() for m in msgs),
                              key=lambda m: (m.next_send_at, m.sequence_key, m.number))
         elif len(by_sequence) == 1:
@@ -555,7 +574,7 @@ class _RmsMessages(api.RmsMessageManager):
             row = rows.get(msg.number)
             if row is not None and not row.acked and row.next_send_at <= t:
                 out.append(row)
-        return out
+        return out, short
 
     def record_send_attempt(self, sequence_key: str, number: int, *, next_send_at: float,
                             now: float | None = None) -> RmsMessage:

@@ -295,16 +295,26 @@ class _RmsMessages(api.RmsMessageManager):
             # takes: with 16 sequences of 100 queued messages each, reading every candidate's row
             # read 800 payloads for a batch of 50 (6.4 ms a claim, holding the file that every
             # enqueue waits for, against 1.0 ms).
-            candidates = tx.all(
-                "SELECT x.rowid, x.seq_key, x.number, x.next_send_at FROM rms_sequence s "
-                "JOIN rms_message x ON x.rowid IN "
-                "(SELECT y.rowid FROM rms_message y WHERE y.seq_key = s.seq_key AND NOT y.acked "
-                "AND y.next_send_at <= ? ORDER BY y.next_send_at, y.number LIMIT ?) "
-                "WHERE s.sequence_id IS NOT NULL AND NOT s.faulted",
-                (_now(now), per_sequence))
-            ranked: dict[str, list[tuple[float, int, int]]] = {}
-            for rowid, key, number, next_send_at in candidates:
-                ranked.setdefault(key, []).append((next_send_at, number, rowid))
+            # Each sequence is first asked for about twice its share of the batch (as the memory
+            # store does); again for up to ``per_sequence`` only when that leaves the batch short
+            # while a sequence had that many.
+            full = min(per_sequence, limit)
+            take = min(full, max(4, 2 * -(-limit // max(1, int(tx.one(
+                "SELECT count(*) FROM rms_sequence WHERE sequence_id IS NOT NULL AND NOT faulted")[0])))))
+            while True:
+                candidates = tx.all(
+                    "SELECT x.rowid, x.seq_key, x.number, x.next_send_at FROM rms_sequence s "
+                    "JOIN rms_message x ON x.rowid IN "
+                    "(SELECT y.rowid FROM rms_message y WHERE y.seq_key = s.seq_key AND NOT y.acked "
+                    "AND y.next_send_at <= ? ORDER BY y.next_send_at, y.number LIMIT ?) "
+                    "WHERE s.sequence_id IS NOT NULL AND NOT s.faulted",
+                    (_now(now), take))
+                ranked: dict[str, list[tuple[float, int, int]]] = {}
+                for rowid, key, number, next_send_at in candidates:
+                    ranked.setdefault(key, []).append((next_send_at, number, rowid))
+                if len(candidates) >= limit or take >= full or all(len(c) < take for c in ranked.values()):
+                    break
+                take = full
             chosen = sorted((rank, at, key, number, rowid)
                             for key, keys in ranked.items()
                             for rank, (at, number, rowid) in enumerate(sorted(keys), 1))[:limit]
