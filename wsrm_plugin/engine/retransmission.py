@@ -1162,10 +1162,12 @@ class RetransmissionWorker:
             for msg in self._paced(tx.rms_messages.due_messages(now, limit=policy.send_batch,
                                                                 per_sequence=policy.send_batch)):
                 key = msg.sequence_key
-                if key not in sequences:
-                    sequences[key] = tx.rms.get(key)
+                if key not in sequences:  # its state judged once per round, not per message
+                    seq = tx.rms.get(key)
+                    sequences[key] = seq if seq is not None and seq.sequence_id is not None \
+                        and rms_life(seq).transmitting else None
                 seq = sequences[key]
-                if seq is None or not rms_life(seq).transmitting or seq.sequence_id is None:
+                if seq is None:
                     continue
                 if is_back_channel(seq.target):
                     # replies that only travel in HTTP responses (a restart made them due): never posted
