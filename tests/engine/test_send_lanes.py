@@ -340,3 +340,49 @@ def test_a_rounds_acknowledgements_are_applied_in_one_transaction(engines, monke
         client.stop(timeout=5)
     assert max(len(keys) for keys in applied.values()) >= 2, applied
     assert _by_key(received.snapshot()) == {key: [f"{key}{i}" for i in range(3)] for key in "abcd"}
+
+
+class CreatesInFlight:
+    """WSGI middleware: each CreateSequence takes ``delay`` seconds; the most in flight at once."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.most = 0
+        self._now = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, app: Callable[..., Any]) -> Callable[..., Any]:
+        def middleware(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+            body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+            environ["wsgi.input"] = io.BytesIO(body)
+            if not re.search(rb"<(\w+:)?CreateSequence[\s>]", body):
+                return app(environ, start_response)
+            with self._lock:
+                self._now += 1
+                self.most = max(self.most, self._now)
+            try:
+                time.sleep(self.delay)
+                return list(app(environ, start_response))
+            finally:
+                with self._lock:
+                    self._now -= 1
+
+        return middleware
+
+
+def test_new_sequences_are_created_at_once_each_on_a_lane(engines):
+    """Callers opening several sequences together: their CreateSequence exchanges go out side by
+    side on the sending lanes (one after the other, the last sequence's messages waited for
+    every other sequence's creation)."""
+    watch = CreatesInFlight(delay=0.2)
+    received = Recorder()
+    server = engines("memory:", fast_policy(), serve=True, middleware=watch, application=received)
+    policy = fast_policy(send_concurrency=4, base_retransmission_interval=5.0)
+    client = _client_with_backlog(server, policy, {"a": 2, "b": 2, "c": 2, "d": 2})
+    try:
+        assert wait_for(lambda: client.status().unacked == 0 and len(received.snapshot()) == 8), \
+            client.status()
+    finally:
+        client.stop(timeout=5)
+    assert watch.most >= 2
+    assert _by_key(received.snapshot()) == {key: [f"{key}{i}" for i in range(2)] for key in "abcd"}
