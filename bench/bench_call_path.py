@@ -66,7 +66,8 @@ def _instrument() -> None:
 
         def finish(self: Any, tx: Any, commit: bool) -> None:
             durable = getattr(tx, "waits_for_disk", True)
-            _note(f"{label} {'commit' if commit else 'rollback'}{'' if durable else ' (not durable)'}"
+            how = "" if not durable or not getattr(tx, "returns_before_disk", False) else " (disk waited for later)"
+            _note(f"{label} {'commit' if commit else 'rollback'}{'' if durable else ' (not durable)'}{how}"
                   f"  {_where()}")
             original(self, tx, commit)
         cls._finish = finish

@@ -35,12 +35,12 @@ import time
 from dataclasses import dataclass
 
 from ..store import RmsMessage, RmsSequence, StorageManager
-from ..wire import SequenceHeader, SoapVersion
+from ..wire import SequenceAcknowledgement, SequenceHeader, SoapVersion
 from .destination import Destination
 from .envelopes import stamp
 from .logs import for_sequence
 from .policy import RMPolicy
-from .source import NEVER, back_channel_replies, reply_sequence_key, rm_version_of
+from .source import back_channel_replies, count_reply_handed_out, reply_sequence_key, rm_version_of
 
 __all__ = ["BackChannel", "Outcome", "BackChannelReply"]
 
@@ -112,21 +112,28 @@ class BackChannel:
                 if number in tx.invoker.state(identifier).delivered:
                     return Outcome.DELIVERED, None
                 return Outcome.TIMED_OUT, None
-            key = reply_sequence_key(identifier)
-            seq = tx.rms.get(key)
-            if seq is None or seq.sequence_id is None:
+            taken = count_reply_handed_out(tx, reply_sequence_key(identifier), reply.number)
+            if taken is None:
                 return Outcome.DELIVERED, None  # acknowledged (or ended) meanwhile
-            tx.rms_messages.record_send_attempt(key, reply.number, next_send_at=NEVER)
-        return Outcome.REPLY, (seq, reply)
+        return Outcome.REPLY, taken
+
+    def hand_out(self, identifier: str, number: int, soap: SoapVersion, taken: tuple[RmsSequence, RmsMessage],
+                 ack: SequenceAcknowledgement | None) -> BackChannelReply:
+        """The reply that the receive of request ``number`` took in its own transaction (it was
+        delivered there: ``Destination``'s delivery on receipt), with ``ack``, the acknowledgement
+        that receive made: no transaction of its own to find the reply, none to read the
+        acknowledgement."""
+        return self._hand_out(identifier, number, soap, *taken, ack=ack)
 
     def _hand_out(self, identifier: str, number: int, soap: SoapVersion, seq: RmsSequence,
-                  reply: RmsMessage) -> BackChannelReply:
+                  reply: RmsMessage, ack: SequenceAcknowledgement | None = None) -> BackChannelReply:
         """The reply, stamped with its sequence header and the acknowledgement of the request."""
         assert seq.sequence_id is not None  # _take hands out only on a started sequence
         rm = rm_version_of(seq)
         reply_soap = SoapVersion.for_namespace(reply.soap_version) or soap
         headers = [SequenceHeader(seq.sequence_id, reply.number).to_xml(rm, reply_soap)]
-        ack = self.destination.current_ack(identifier)  # names request ``number``: it was recorded
+        if ack is None:
+            ack = self.destination.current_ack(identifier)  # names request ``number``: it was recorded
         if ack is not None:
             headers.append(ack.to_xml(rm, reply_soap))
         self.handed_out += 1

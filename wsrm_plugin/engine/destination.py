@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..statemachine import InvalidTransition, Reception, RMDEvent, Stage, rmd_receive, rmd_transition
-from ..store import BufferedMessage, RmdSequence, RmsSequence, StorageManager, StoreTransaction
+from ..store import BufferedMessage, RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreTransaction
 from ..wire import (
     AddressingHeaders, AddressingVersion, CloseSequence, CreateSequence, CreateSequenceRefused,
     CreateSequenceResponse, EndpointReference, RMVersion, SequenceAcknowledgement, SequenceHeader,
@@ -45,7 +45,7 @@ from .combiner import ALONE, Combiner
 from .faults import busy_fault, fault_for_transition
 from .logs import for_sequence
 from .policy import RMPolicy
-from .source import back_channel_replies, reply_sequence_key
+from .source import SendReceipt, back_channel_replies, count_reply_handed_out, reply_sequence_key
 from ..store.api.states import received_ranges, rmd_changes, rmd_state, rms_life
 
 if TYPE_CHECKING:
@@ -120,6 +120,8 @@ class _Receipt:
     turn: bool = False
     #: Delivered after its receive's commit, outside it (``Destination._record_then_deliver``).
     apart: bool = False
+    #: Its back-channel reply, taken in its receive's transaction (see :attr:`Accepted.reply`).
+    reply: tuple[RmsSequence, RmsMessage] | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,9 @@ class Accepted:
     #: InOrder delivery, and a number before it is missing: it cannot be delivered until the
     #: gap is filled, so nobody should wait for its delivery now.
     behind_gap: bool = False
+    #: Delivered on receipt, its reply for the back-channel taken in the same transaction
+    #: (counted as sent): the reply's sequence and message, to hand out with ``ack``.
+    reply: tuple[RmsSequence, RmsMessage] | None = None
 
 
 class Destination:
@@ -634,7 +639,10 @@ class Destination:
         if invoker is None or not self._delivers_now(item):
             item.wrote = False
             with self.store.begin() as tx:
-                return self._record(tx, item)
+                recorded = self._record(tx, item)
+                if item.consumed:
+                    tx.wait_for_disk_later()  # see _record_batch
+                return recorded
         if invoker.delivers_apart:
             return self._record_then_deliver(item, invoker)
         item.wrote = item.taken = item.handed_over = False
@@ -643,9 +651,12 @@ class Destination:
             with invoker.transaction() as tx:
                 recorded = self._record(tx, item)
                 if item.taken:
-                    item.handed_over = invoker.deliver_taken(tx, self._taken_message(item))
+                    replies: list[SendReceipt] = []
+                    item.handed_over = invoker.deliver_taken(tx, self._taken_message(item), replies)
+                    item.reply = self._back_channel_reply(tx, item, replies)
             return recorded
         except Exception as exc:
+            item.reply = None
             if not item.taken:
                 raise  # the receive itself failed or was refused: as without delivery on receipt
             failure = exc
@@ -668,6 +679,20 @@ class Destination:
             raise
         invoker.failed_on_receipt(msg, failure)
         return recorded
+
+    def _back_channel_reply(self, tx: StoreTransaction, item: _Receipt,
+                            replies: list[SendReceipt]) -> tuple[RmsSequence, RmsMessage] | None:
+        """In the transaction that delivered ``item`` on receipt: the one reply its application
+        enqueued for the back-channel, counted as sent there (as ``BackChannel`` would count it
+        in a transaction of its own after the commit), so the receiving thread answers with it
+        at once.  Committed with the delivery, or rolled back with it; a response that never
+        reaches the client leaves the reply stored, for the request's next copy."""
+        if len(replies) != 1 or not self._answered_on_back_channel(item):
+            return None
+        receipt = replies[0]
+        if receipt.sequence_key != reply_sequence_key(item.header.identifier):
+            return None
+        return count_reply_handed_out(tx, receipt.sequence_key, receipt.number)
 
     def _record_then_deliver(self, item: _Receipt, invoker: InvokerWorker) -> tuple[RmdSequence, Reception]:
         """Delivery on receipt on a store whose transactions take turns on the whole file: the
@@ -757,6 +782,16 @@ class Destination:
                         if item.wrote:
                             raise  # its writes are in the transaction: only a rollback undoes them
                         outcomes.append(exc)
+                if all(item.consumed for item in items):
+                    # Replies whose calls are answered by their record: the callers have them
+                    # from the network, so their commit does not wait for the disk (the next
+                    # call's enqueue, which waits, covers it).  Whatever reads the record (the
+                    # acknowledgement of the replies, on the next request or on its own) waits
+                    # for the disk first, so a power loss that forgets it forgets it on both
+                    # sides: the reply stays with the peer, comes again in answer to its
+                    # request's next copy, and is dropped then (its caller is gone; such a call
+                    # has no callback to run twice).  See the concepts page's crash table.
+                    tx.wait_for_disk_later()
         except Exception as exc:
             if len(items) == 1:
                 return [exc]
@@ -907,7 +942,7 @@ class Destination:
             self._wake_acks()
         behind_gap = self.policy.in_order and not reception.received.is_complete_up_to(number)
         return Accepted(identifier, number, reception.duplicate, ack, offered=seq.offered_id is not None,
-                        behind_gap=behind_gap)
+                        behind_gap=behind_gap, reply=item.reply)
 
     def ack_requested(self, identifier: str, version: RMVersion, *, principal: str | None) -> RmdSequence:
         """An AckRequested: returns the sequence; a non-anonymous AcksTo gets an ack at once.

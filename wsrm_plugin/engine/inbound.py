@@ -405,7 +405,11 @@ class Inbound:
                 # No acknowledgement (a copy of a request is done once its exchange carries one):
                 # the source sends it again, and its copy after the gap is filled gets the reply.
                 return Reply.accepted()
-            back = self.back_channel.reply_for(header.identifier, header.message_number, message.soap)
+            if accepted.reply is not None:  # delivered on receipt: its reply taken with it
+                back = self.back_channel.hand_out(header.identifier, header.message_number, message.soap,
+                                                  accepted.reply, accepted.ack)
+            else:
+                back = self.back_channel.reply_for(header.identifier, header.message_number, message.soap)
             if back.outcome is Outcome.REPLY:
                 return Reply.envelope(back.envelope, back.soap or message.soap, back.action)
             if back.outcome is Outcome.TIMED_OUT:

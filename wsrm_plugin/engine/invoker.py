@@ -256,14 +256,17 @@ class InvokerWorker:
         a receive that delivers on receipt runs in one of these."""
         return self._transaction()
 
-    def deliver_taken(self, tx: StoreTransaction, msg: BufferedMessage) -> bool:
+    def deliver_taken(self, tx: StoreTransaction, msg: BufferedMessage,
+                      replies: list[SendReceipt] | None = None) -> bool:
         """Hand over ``msg``, which ``tx`` just received and took (``take_next``): never buffered.
 
-        An exception propagates: ``tx`` must roll back, receipt and all, and
-        the message is then received again without delivering it, for the
-        invoker threads (see ``Destination._record_alone``)."""
+        ``replies`` gets the receipts of the replies the application enqueued
+        (the receive hands a back-channel one out in ``tx`` too).  An exception
+        propagates: ``tx`` must roll back, receipt and all, and the message is
+        then received again without delivering it, for the invoker threads (see
+        ``Destination._record_alone``)."""
         self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
-        return self._deliver(tx, msg, buffered=False)
+        return self._deliver(tx, msg, buffered=False, replies=replies)
 
     @property
     def delivers_apart(self) -> bool:
@@ -622,7 +625,7 @@ class InvokerWorker:
     # -- delivering --------------------------------------------------------------------------------
 
     def _deliver(self, tx: StoreTransaction, msg: BufferedMessage, *, buffered: bool = True,
-                 next_in_order: bool = False) -> bool:
+                 next_in_order: bool = False, replies: list[SendReceipt] | None = None) -> bool:
 
         """Hand ``msg`` over in ``tx``; False for a protocol marker the application never sees.
 
@@ -651,6 +654,8 @@ class InvokerWorker:
             self._hand_over(tx, msg, context)
         if buffered:
             self._mark_delivered(tx, msg, next_in_order)
+        if replies is not None:
+            replies.extend(context.replies)
         slog.debug("delivered")
         return True
 

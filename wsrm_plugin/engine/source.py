@@ -223,6 +223,16 @@ def back_channel_replies(tx: StoreTransaction, rmd_sequence_id: str) -> dict[int
     return found
 
 
+def count_reply_handed_out(tx: StoreTransaction, key: str, number: int) -> tuple[RmsSequence, RmsMessage] | None:
+    """In ``tx``: back-channel reply ``number`` of sequence ``key`` counted as sent (its client may
+    acknowledge it from now on, and the sender never sends it); the sequence and the reply, or
+    None when the sequence is gone or not started (acknowledged, or ended, meanwhile)."""
+    seq = tx.rms.get(key)
+    if seq is None or seq.sequence_id is None:
+        return None
+    return seq, tx.rms_messages.record_send_attempt(key, number, next_send_at=NEVER)
+
+
 class PendingAcks:
     """Plain acknowledgements merged per sequence until a :meth:`Source.coalesced_acks` block ends.
 

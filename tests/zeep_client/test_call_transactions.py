@@ -1,0 +1,108 @@
+"""What one sequential request-reply call costs the stores: transactions and fsyncs, counted.
+
+Real parts: a reliable spyne service and a reliable zeep client over loopback HTTP, on memory and
+SQLite stores.  The service receives a back-channel request, delivers it and takes its reply for
+the HTTP response in one transaction (the acknowledgement the response carries is the one that
+receive made); a SQLite client records the reply, which answers its caller, without waiting for
+the disk there, so each call waits for one client fsync (its request's enqueue), and whatever
+reads the reply's record (the acknowledgement the next request carries) waits for the disk
+first.  Counts, never time; each call waits for its answer (a few seconds for the file).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import zeep
+
+from interceptors.spyne_server.service import reliable_service
+from interceptors.zeep_client.client import reliable_client
+from tests.engine.support import wait_for
+
+from . import service
+from .conftest import fast_policy
+
+CALLS = 8
+#: a grace and a retransmission interval long enough that nothing but the caller sends a request
+QUIET = dict(caller_send_grace=30.0, base_retransmission_interval=30.0)
+
+
+def _store(kind: str, tmp_path: Any, role: str) -> str:
+    return "memory:" if kind == "memory" else f"sqlite:///{tmp_path}/{role}.db"
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def pair(request: Any, tmp_path: Any) -> Iterator[tuple[Any, Any]]:
+    service.reset()
+    svc = reliable_service(service.spyne_app(), _store(request.param, tmp_path, "service"), fast_policy(**QUIET))
+    svc.serve()
+    svc.start()
+    rc = reliable_client(zeep.Client(svc.url + "?wsdl"), _store(request.param, tmp_path, "client"),
+                         fast_policy(**QUIET))
+    try:
+        yield svc, rc
+    finally:
+        rc.stop(timeout=5)
+        svc.stop(timeout=5)
+
+
+def _count_commits(store: Any) -> Counter[str]:
+    """Commits of ``store``, by the name of the thread that made them (waitress's threads
+    counted as one)."""
+    counts: Counter[str] = Counter()
+    finish = store._finish
+
+    def counting(tx: Any, commit: bool) -> None:
+        name = threading.current_thread().name
+        counts["receiving" if name.startswith("waitress") else name] += 1
+        finish(tx, commit)
+    store._finish = counting
+    return counts
+
+
+def test_the_service_answers_a_call_with_the_reply_its_receipt_took_in_its_own_transaction(pair):
+    svc, rc = pair
+    # the first opens the sequences, the second's riding acknowledgement fills the service's
+    # caches of who owns the sequences it names
+    assert [rc.service.echo(f"q{i}").result(timeout=60) for i in range(2)] == ["re:q0", "re:q1"]
+    handed_out = svc.engine.back_channel.handed_out
+    commits = _count_commits(svc.engine.store)
+    for i in range(2, CALLS + 2):
+        assert rc.service.echo(f"q{i}").result(timeout=60) == f"re:q{i}"
+    assert svc.engine.back_channel.handed_out - handed_out == CALLS
+    assert svc.engine.destination.delivered_on_receipt == CALLS + 2
+    # per call: the acknowledgement of the previous reply (riding on the request), and the
+    # receipt that delivers the request and takes its reply; the reply was neither looked for
+    # nor its acknowledgement read in transactions of their own (4 per call before)
+    assert commits["receiving"] <= 2 * CALLS, commits
+    assert service.ECHOED == [f"q{i}" for i in range(CALLS + 2)]
+
+
+def test_a_sqlite_client_waits_for_one_fsync_per_call_and_acknowledges_replies_only_from_disk(tmp_path):
+    service.reset()
+    svc = reliable_service(service.spyne_app(), "memory:", fast_policy(**QUIET))
+    svc.serve()
+    svc.start()
+    rc = reliable_client(zeep.Client(svc.url + "?wsdl"), f"sqlite:///{tmp_path}/client.db", fast_policy(**QUIET))
+    try:
+        assert rc.service.echo("q0").result(timeout=60) == "re:q0"
+        sync = rc.engine.store._sync
+        syncs = sync.syncs
+        for i in range(1, CALLS + 1):
+            assert rc.service.echo(f"q{i}").result(timeout=60) == f"re:q{i}"
+            # answered before its record reached the disk (the next enqueue's fsync covers it)...
+        assert sync._needed > sync._synced  # ...the last reply's record is not on disk yet
+        # each call's enqueue, and nothing for its reply's record (2 per call before); the
+        # engine's own rounds may add a few
+        assert sync.syncs - syncs <= CALLS + 3, sync.syncs - syncs
+        # what reads the record waits for the disk: the replies' acknowledgement goes on its own
+        # after 50 ms with no request to carry it, and the service then frees the replies
+        assert wait_for(lambda: svc.engine.store.status().unacked == 0, timeout=30)
+        assert sync._synced >= sync._needed
+    finally:
+        rc.stop(timeout=5)
+        svc.stop(timeout=5)
