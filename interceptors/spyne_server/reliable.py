@@ -195,7 +195,9 @@ class ReliableMessagingInterceptor(Interceptor):
             return
         apply_addressing(message)  # the reply's own MessageID, kept by every retransmission
         try:
-            delivery.reply(message.to_bytes())
+            # its tree, not its bytes: stored (and stamped for the response) without a parse;
+            # the message is aborted below, so nothing here touches the tree again
+            delivery.reply(message.envelope)
         except ValueError as exc:
             log.error("the response to message %s cannot be sent reliably and is dropped: %s",
                       delivery.message_id, exc)

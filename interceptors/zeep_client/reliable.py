@@ -35,6 +35,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from wsrm_plugin.engine.parsed import TREES
 from wsrm_plugin.wire.xmlsafe import parse_xml
 
 from interceptors.chain import Direction, Interceptor, Message, Phase, Response, Role
@@ -268,7 +269,9 @@ def deserialize_reply(zeep_client: Any, operation_name: str, envelope: bytes,
     """Turn a reply envelope into (result, fault) with zeep's own binding, without its plugins."""
     binding = zeep_client.service._binding
     operation = binding.get(operation_name)
-    doc = parse_xml(envelope, max_size=max_size)
+    doc = TREES.take(envelope)  # the reply's tree, when this process read it moments ago
+    if doc is None:
+        doc = parse_xml(envelope, max_size=max_size)
     fault = doc.find("soap-env:Body/soap-env:Fault", namespaces=binding.nsmap)
     if fault is not None:
         try:

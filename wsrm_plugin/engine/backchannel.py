@@ -34,10 +34,12 @@ import threading
 import time
 from dataclasses import dataclass
 
+from lxml import etree
+
 from ..store import RmsMessage, RmsSequence, StorageManager
 from ..wire import SequenceAcknowledgement, SequenceHeader, SoapVersion
 from .destination import Destination
-from .envelopes import stamp
+from .envelopes import stamped
 from .logs import for_sequence
 from .policy import RMPolicy
 from .source import back_channel_replies, count_reply_handed_out, reply_sequence_key, rm_version_of
@@ -60,6 +62,8 @@ class BackChannelReply:
     envelope: bytes = b""
     soap: SoapVersion | None = None
     action: str | None = None
+    #: ``envelope``'s tree (it serializes to those bytes; nobody may change it).
+    tree: etree._Element | None = None
 
 
 class BackChannel:
@@ -139,4 +143,5 @@ class BackChannel:
         self.handed_out += 1
         for_sequence(log, seq.sequence_id, reply.number).debug(
             "reply to message %d of %s handed out on the back-channel", number, identifier)
-        return BackChannelReply(Outcome.REPLY, stamp(reply.payload, headers), reply_soap, reply.action)
+        data, tree = stamped(reply.payload, headers)
+        return BackChannelReply(Outcome.REPLY, data, reply_soap, reply.action, tree)

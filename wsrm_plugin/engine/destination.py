@@ -122,6 +122,13 @@ class _Receipt:
     apart: bool = False
     #: Its back-channel reply, taken in its receive's transaction (see :attr:`Accepted.reply`).
     reply: tuple[RmsSequence, RmsMessage] | None = None
+    #: Plain acknowledgements that rode on it, applied in its receive's transaction
+    #: (``Destination.apply_riding_ack``) unless that ends without a commit.
+    acks: tuple[tuple[SequenceAcknowledgement, RMVersion], ...] = ()
+    #: Applied, and committed with the receipt (see :attr:`Accepted.acks_applied`).
+    acks_applied: bool = False
+    #: Applying them made the sender's work due (a Close or Terminate): woken after the commit.
+    acks_wake: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,9 @@ class Accepted:
     #: Delivered on receipt, its reply for the back-channel taken in the same transaction
     #: (counted as sent): the reply's sequence and message, to hand out with ``ack``.
     reply: tuple[RmsSequence, RmsMessage] | None = None
+    #: The acknowledgements that rode on it were applied in its receipt's transaction (else
+    #: the caller applies them, as before the receipt).
+    acks_applied: bool = False
 
 
 class Destination:
@@ -214,6 +224,10 @@ class Destination:
         #: The source's side of a consumed reply, in its transaction (``Source.reply_consumed``:
         #: the request has its reply); True when the sender has work now.  Set by the engine.
         self.reply_arrived: Callable[[StoreTransaction, str], bool] = lambda tx, relates_to: False
+        #: The source's side of an acknowledgement riding on a received message, in that
+        #: message's receipt (``Source.apply_riding_ack``); True when the sender has work now.
+        #: None: the receipt leaves them to its caller.  Set by the engine.
+        self.apply_riding_ack: Callable[[StoreTransaction, SequenceAcknowledgement, RMVersion], bool] | None = None
         #: Wakes the engine's sender (set by the engine).
         self.wake_sender: Callable[[], None] = lambda: None
         #: Counts a consumed reply as delivered, as its delivery would have (the invoker's count,
@@ -508,7 +522,8 @@ class Destination:
 
     def receive(self, header: SequenceHeader, version: RMVersion, envelope: bytes,
                 addressing: AddressingHeaders, *, principal: str | None, soap_ns: str,
-                ack_requested: bool = False, expects_reply: bool = False) -> Accepted:
+                ack_requested: bool = False, expects_reply: bool = False,
+                acks: tuple[tuple[SequenceAcknowledgement, RMVersion], ...] = ()) -> Accepted:
         """Record an application message and buffer it for the application (duplicates: neither).
 
         ``expects_reply``: its operation answers.  When no reply could reach the
@@ -520,7 +535,8 @@ class Destination:
         answered only once that transaction committed, so an acknowledgement
         never runs ahead of the store.
         """
-        item = _Receipt(header, version, envelope, addressing, principal, soap_ns, ack_requested, expects_reply)
+        item = _Receipt(header, version, envelope, addressing, principal, soap_ns, ack_requested, expects_reply,
+                        acks=acks if self.apply_riding_ack is not None else ())
         if self._receipts is None and self._delivers_now(item):
             self._wait_turn(item)
             try:
@@ -805,7 +821,7 @@ class Destination:
         identifier, number = header.identifier, header.message_number
         slog = for_sequence(log, identifier, number)
         now = time.time()
-        item.consumed = item.wake_sender = False  # a record tried again (alone, after its batch rolled back)
+        item.consumed = item.wake_sender = item.acks_applied = False  # a record tried again (alone, after its batch rolled back)
         # a steady stream's next message: recorded and taken in the round trip that locks its
         # sequence, before the checks below, which roll the transaction back if they refuse it
         guessed = (tx.receive_in_order(identifier, number, now=now)
@@ -874,7 +890,25 @@ class Destination:
         if not self._anonymous(seq.acks_to):
             delay = 0.0 if item.ack_requested else self.policy.acknowledgement_interval
             tx.rmd.request_ack(identifier, due_at=now + delay)
+        if item.acks:
+            self._apply_riding_acks(tx, item)
         return seq, reception
+
+    def _apply_riding_acks(self, tx: StoreTransaction, item: _Receipt) -> None:
+        """The acknowledgements that rode on ``item``, applied in its receipt's transaction (after
+        its RMD row, as the store's lock order wants): one transaction per message instead of
+        two.  A wrong one is ignored, as it was in a transaction of its own (a bad
+        acknowledgement must not get the message refused); it is refused before it writes."""
+        apply = self.apply_riding_ack
+        assert apply is not None
+        item.acks_wake = False
+        for ack, version in item.acks:
+            try:
+                item.acks_wake = apply(tx, ack, version) or item.acks_wake
+            except SoapFault as fault:
+                for_sequence(log, item.header.identifier, item.header.message_number).warning(
+                    "piggybacked acknowledgement ignored: %s", fault)
+        item.acks_applied = True
 
     def _consumed_here(self, item: _Receipt) -> bool:
         """Does a reply consumer say ``item``'s delivery would have nothing to do?"""
@@ -934,6 +968,8 @@ class Destination:
                 # it missed delivery on receipt (the one before it was buffered, or a gap): deliver
                 # the buffer up to it before answering, so that the next message finds itself next
                 self._direct.deliver_through(identifier, number)
+        if item.acks_wake:
+            self.wake_sender()  # an acknowledgement that rode on it made a Close or Terminate due
         ack = None
         after = reception.transition.state
         if self._anonymous(seq.acks_to):
@@ -942,7 +978,7 @@ class Destination:
             self._wake_acks()
         behind_gap = self.policy.in_order and not reception.received.is_complete_up_to(number)
         return Accepted(identifier, number, reception.duplicate, ack, offered=seq.offered_id is not None,
-                        behind_gap=behind_gap, reply=item.reply)
+                        behind_gap=behind_gap, reply=item.reply, acks_applied=item.acks_applied)
 
     def ack_requested(self, identifier: str, version: RMVersion, *, principal: str | None) -> RmdSequence:
         """An AckRequested: returns the sequence; a non-anonymous AcksTo gets an ack at once.

@@ -110,6 +110,12 @@ def prepare_outgoing(data: bytes | etree._Element, *, to: str, action: str | Non
 
 def stamp(payload: bytes, headers: Iterable[etree._Element]) -> bytes:
     """``payload`` with ``headers`` first in its Header, replacing older WS-RM headers."""
+    return stamped(payload, headers)[0]
+
+
+def stamped(payload: bytes, headers: Iterable[etree._Element]) -> tuple[bytes, etree._Element]:
+    """:func:`stamp`, and the tree the bytes were serialized from (the caller's now: a front end
+    that answers with it need neither parse the bytes nor serialize the tree again)."""
     root = TREES.take(payload)
     envelope = Envelope.from_element(root) if root is not None else read_trusted(payload)
     header = _header_parent(envelope)
@@ -117,7 +123,7 @@ def stamp(payload: bytes, headers: Iterable[etree._Element]) -> bytes:
         header.remove(old)
     for position, element in enumerate(headers):
         header.insert(position, element)
-    return to_bytes(envelope.root)
+    return to_bytes(envelope.root), envelope.root
 
 
 def protocol_message(soap: SoapVersion, wsa: AddressingVersion, *, to: str, action: str,

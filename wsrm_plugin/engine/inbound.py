@@ -149,6 +149,9 @@ class _Received:
     #: MakeConnection poll's answer): from the peer we addressed, not from whoever can reach
     #: our listener.
     via_response: bool = False
+    #: Plain acknowledgements that ride on its application message, left to that message's
+    #: receipt to apply in its own transaction (``Destination.apply_riding_ack``).
+    riding_acks: list[tuple[SequenceAcknowledgement, RMVersion]] = field(default_factory=list)
 
 
 @dataclass
@@ -235,6 +238,10 @@ class Inbound:
         try:
             message = read if read is not None else \
                 read_message(data, self.policy.max_message_size, parsed, addressing)
+            if read is not None and via_response and message.sequence is not None:
+                # a reply in a response: whoever reads its body next (the call it answers) takes
+                # this tree instead of a parse; nothing here changes it
+                TREES.remember(message.raw, message.envelope.root)
         except SoapFault as fault:
             self.faults_sent += 1
             log.info("refused a request from %s: %s", remote_addr, fault)
@@ -353,9 +360,15 @@ class Inbound:
         # sender would retransmit it, with the same acknowledgement, for ever.
         standalone = message.sequence is None and message.body is None and not message.ack_requests
         riding = message.sequence[0].identifier if message.sequence is not None else None
+        # applied by the message's receipt, in its transaction (a plain one; a Nack or a Final
+        # acknowledgement at once): a store transaction less per message
+        deferred = riding is not None and message.body is None and self.destination.apply_riding_ack is not None
         for ack, version in message.acks:
             try:
                 self._check_sender(ack.identifier, version, received, riding=riding)
+                if deferred and not ack.nacks and not ack.final:
+                    received.riding_acks.append((ack, version))
+                    continue
                 self.source.on_ack(ack, version)
             except SoapFault as fault:
                 if standalone:
@@ -388,13 +401,20 @@ class Inbound:
             return None
         header, version = message.sequence
         ack_requested = any(a.identifier == header.identifier for a, _ in message.ack_requests)
-        if observe.active is None:
-            accepted = self.destination.receive(
-                header, version, message.raw, message.addressing, principal=received.principal,
-                soap_ns=message.soap.ns, ack_requested=ack_requested, expects_reply=bool(received.expects_reply))
-        else:
-            accepted = self._receive_observed(observe.active, message, received.principal, ack_requested,
-                                              bool(received.expects_reply))
+        riding = tuple(received.riding_acks)
+        accepted: Accepted | None = None
+        try:
+            if observe.active is None:
+                accepted = self.destination.receive(
+                    header, version, message.raw, message.addressing, principal=received.principal,
+                    soap_ns=message.soap.ns, ack_requested=ack_requested,
+                    expects_reply=bool(received.expects_reply), acks=riding)
+            else:
+                accepted = self._receive_observed(observe.active, message, received.principal, ack_requested,
+                                                  bool(received.expects_reply), riding)
+        finally:
+            if riding and (accepted is None or not accepted.acks_applied):
+                self._apply_riding_acks(riding, failed=accepted is None)
         reply_to = message.addressing.reply_to
         if (accepted.offered and self.back_channel is not None and received.expects_reply is not False
                 and is_back_channel(reply_to.address if reply_to else None)):
@@ -411,13 +431,27 @@ class Inbound:
             else:
                 back = self.back_channel.reply_for(header.identifier, header.message_number, message.soap)
             if back.outcome is Outcome.REPLY:
-                return Reply.envelope(back.envelope, back.soap or message.soap, back.action)
+                return Reply.envelope(back.envelope, back.soap or message.soap, back.action, tree=back.tree)
             if back.outcome is Outcome.TIMED_OUT:
                 # No acknowledgement: a source that stops retrying a request once its exchange
                 # carries one (WCF's initiator) sends it again and its copy gets the reply.
                 return Reply.accepted()
         answer.acknowledge(accepted.ack, version)
         return None
+
+    def _apply_riding_acks(self, acks: tuple[tuple[SequenceAcknowledgement, RMVersion], ...], *,
+                           failed: bool) -> None:
+        """What the receipt of the message they rode on did not apply (it was refused, discarded,
+        or rolled back): each in a transaction of its own, as without that receipt."""
+        for ack, version in acks:
+            try:
+                self.source.on_ack(ack, version)
+            except SoapFault as fault:
+                log.warning("piggybacked acknowledgement ignored: %s", fault)
+            except Exception:  # noqa: BLE001 -- the receive's own error is the one to answer
+                if not failed:
+                    raise
+                log.debug("piggybacked acknowledgement not applied", exc_info=True)
 
     def _apply_ack_requests(self, message: Message, received: _Received, answer: _Answer) -> Reply | None:
         for request, version in message.ack_requests:
@@ -454,7 +488,8 @@ class Inbound:
         return Reply.envelope(to_bytes(envelope), soap, action, tree=envelope)
 
     def _receive_observed(self, observer: observe.Observer, message: Message, principal: str | None,
-                          ack_requested: bool, expects_reply: bool) -> Accepted:
+                          ack_requested: bool, expects_reply: bool,
+                          acks: tuple[tuple[SequenceAcknowledgement, RMVersion], ...] = ()) -> Accepted:
         """The destination's receive, told to ``observer``, which may change what is stored."""
         assert message.sequence is not None
         header, version = message.sequence
@@ -466,7 +501,7 @@ class Inbound:
         try:
             accepted = self.destination.receive(
                 header, version, step.data, message.addressing, principal=principal, soap_ns=message.soap.ns,
-                ack_requested=ack_requested, expects_reply=expects_reply)
+                ack_requested=ack_requested, expects_reply=expects_reply, acks=acks)
         except BaseException as exc:
             step.end(exc)
             raise

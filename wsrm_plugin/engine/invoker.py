@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lxml import etree
+
 from ..statemachine import (
     InvalidTransition, MessageAction, MessageEvent, MessageState, ServiceMode, Stage,
 )
@@ -81,8 +83,11 @@ class DeliveryContext:
     _source: Source = field(repr=False)
     replies: list[SendReceipt] = field(default_factory=list)
 
-    def reply(self, envelope: bytes, *, action: str | None = None) -> SendReceipt:
+    def reply(self, envelope: bytes | etree._Element, *, action: str | None = None) -> SendReceipt:
         """Send ``envelope`` as the response to this message, reliably, on the offered sequence.
+
+        ``envelope`` may be the response's lxml tree (a front end's own, not parsed again; it
+        becomes the stored message, changed in place: the caller lets go of it).
 
         It is enqueued in the delivery's transaction: it goes out only if the
         delivery commits.  With an anonymous ReplyTo (a client without a

@@ -489,7 +489,7 @@ class Source:
                 "sequence reached max_sequence_length %d; the next message starts a new one", limit)
         return SendReceipt(seq.key, msg.number, message_id)
 
-    def enqueue_reply(self, tx: StoreTransaction, rmd_sequence_id: str, envelope: bytes, *,
+    def enqueue_reply(self, tx: StoreTransaction, rmd_sequence_id: str, envelope: bytes | etree._Element, *,
                       reply_to: str | None, relates_to: str | None, action: str | None,
                       answers: int | None = None) -> SendReceipt | None:
         """Enqueue a response on the sequence offered with destination sequence ``rmd_sequence_id``.
@@ -539,7 +539,7 @@ class Source:
             reply_context=_ANSWERS + str(answers).encode() if answers is not None else None)
         return SendReceipt(seq.key, msg.number, outgoing.message_id)
 
-    def _reply_on_own_sequence(self, tx: StoreTransaction, reply_to: str, envelope: bytes, *,
+    def _reply_on_own_sequence(self, tx: StoreTransaction, reply_to: str, envelope: bytes | etree._Element, *,
                                relates_to: str | None, action: str | None) -> SendReceipt:
         """A reply to a request whose sequence came without an Offer, for an addressable ReplyTo.
 
@@ -882,6 +882,23 @@ class Source:
             slog.debug("acknowledged %s (%d new)", SequenceAcknowledgement.ranges_from_numbers(newly), len(newly))
         if owes_control:
             self._wake()
+
+    def apply_riding_ack(self, tx: StoreTransaction, ack: SequenceAcknowledgement, version: RMVersion) -> bool:
+        """:meth:`on_ack`'s work in ``tx``, the receipt of the message ``ack`` rode on (its
+        sequence's row locked first, as everywhere; a plain acknowledgement, no Nack nor Final):
+        no transaction of its own before the receipt's.  Raises the fault :meth:`on_ack` would,
+        before anything is written; True when the sequence owes its Close or Terminate now (wake
+        the sender after the commit)."""
+        seq = tx.rms.get_by_sequence_id(ack.identifier)
+        if seq is None:
+            raise UnknownSequence(ack.identifier, version=version)
+        if not rms_life(seq).transmitting:
+            return False
+        newly, owes_control = self._apply_ack(tx, seq, ack, version, time.time())
+        if newly:
+            for_sequence(log, ack.identifier).debug(
+                "acknowledged %s (%d new)", SequenceAcknowledgement.ranges_from_numbers(newly), len(newly))
+        return owes_control
 
     def _apply_ack(self, tx: StoreTransaction, seq: RmsSequence, ack: SequenceAcknowledgement,
                    version: RMVersion, now: float) -> tuple[list[int], bool]:
