@@ -821,7 +821,8 @@ class Destination:
         identifier, number = header.identifier, header.message_number
         slog = for_sequence(log, identifier, number)
         now = time.time()
-        item.consumed = item.wake_sender = item.acks_applied = False  # a record tried again (alone, after its batch rolled back)
+        # a record tried again (alone, after its batch rolled back) starts afresh
+        item.consumed = item.wake_sender = item.acks_applied = False
         # a steady stream's next message: recorded and taken in the round trip that locks its
         # sequence, before the checks below, which roll the transaction back if they refuse it
         guessed = (tx.receive_in_order(identifier, number, now=now)
