@@ -771,17 +771,20 @@ class Source:
                 self._flush_acks(pending)
 
     def _flush_acks(self, pending: "PendingAcks") -> None:
-        """Apply every sequence's merged acknowledgement in one store transaction.
+        """Apply every sequence's merged acknowledgement, in one store transaction where the
+        store's transactions take turns on the whole store anyway (SQLite).
 
-        A round of 16 sequences applied its acknowledgements in 16 transactions
-        (on SQLite 16 turns on the file, each with its BEGIN, its look for in-doubt
-        branches and its COMMIT; on PostgreSQL three round trips each).  The
-        sequences' rows are taken in the order of their identifiers.  Should one
-        acknowledgement be refused (a fault) or the transaction fail, nothing of
-        it stays, and each is applied alone, as before: the others still apply,
-        and the refused one is logged."""
+        A round of 16 sequences applied its acknowledgements in 16 transactions: on
+        SQLite 16 turns on the file, each with its BEGIN, its look for in-doubt
+        branches and its COMMIT.  Where rows are locked one by one (PostgreSQL, memory)
+        each stays a transaction of its own: one holding 16 sequences' rows would wait
+        for each caller's transaction that enqueues on one of them (under XA, until its
+        commit) while holding the others' (measured: a caller's enqueue waited 1.4 ms
+        instead of 0.24).  Should one acknowledgement be refused (a fault) or the
+        transaction fail, nothing of it stays, and each is applied alone, as before:
+        the others still apply, and the refused one is logged."""
         identifiers = sorted(pending.identifiers())
-        if len(identifiers) <= 1:
+        if len(identifiers) <= 1 or self.store.concurrent_sequences:
             for identifier in identifiers:
                 self._flush_ack(pending, identifier)
             return
