@@ -74,6 +74,7 @@ def _instrument() -> None:
 
     wrap_finish(memory.MemoryStore, "memory")
     wrap_finish(sqlite.SqliteStore, "sqlite")
+    _instrument_postgres()
     real_fsync = os.fsync
 
     def fsync(fd: int) -> None:
@@ -94,6 +95,56 @@ def _instrument() -> None:
         _note(f"wake  {_where(3)}")
         event_set(self)
     threading.Event.set = counted_set  # type: ignore[method-assign]
+
+
+def _instrument_postgres() -> None:
+    """Count PostgreSQL round trips of the store's and the XA data source's sessions (their
+    LazyBeginCursor, and the branch's own COMMIT/PREPARE), each named by what it ends or starts."""
+    from txmanager import lazy_begin
+
+    cursor_execute = lazy_begin.LazyBeginCursor.execute
+
+    def execute(self: Any, query: Any, vars: Any = None) -> Any:  # noqa: A002
+        _note(f"pg {_statement(query, self.connection)}  {_where()}")
+        return cursor_execute(self, query, vars)
+    lazy_begin.LazyBeginCursor.execute = execute  # type: ignore[method-assign]
+    by_sql = lazy_begin.LazyBeginConnection._by_sql
+
+    def counted_by_sql(self: Any, statement: str, params: Any, expected: str) -> None:
+        _note(f"pg {_statement(statement, self)}  {_where()}")
+        by_sql(self, statement, params, expected)
+    lazy_begin.LazyBeginConnection._by_sql = counted_by_sql  # type: ignore[method-assign]
+    from wsrm_plugin.store.sql import transaction
+
+    text = transaction.SqlTransaction._text
+
+    def named_text(self: Any, sql: str, params: Any) -> str:
+        _LAST_SQL.sql = " ".join(sql.split()[:6])  # which statement an EXECUTE runs
+        return text(self, sql, params)
+    transaction.SqlTransaction._text = named_text  # type: ignore[method-assign]
+
+
+#: the store's last statement in this thread (its first words): what an EXECUTE runs
+_LAST_SQL = threading.local()
+
+
+def _statement(query: Any, conn: Any) -> str:
+    """A round trip's kind: what it ends (COMMIT, PREPARE...), else its first statement's verb."""
+    text = query.decode() if isinstance(query, bytes) else str(query)
+    words = " ".join(text.split()).upper()
+    verb = words.removeprefix("BEGIN;").strip().split(" ", 1)[0].rstrip(";")
+    if verb == "EXECUTE":  # a prepared statement: name its own first words
+        verb = getattr(_LAST_SQL, "sql", "EXECUTE")
+    elif verb in ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH", "PREPARE", "SET"):
+        verb = " ".join(words.removeprefix("BEGIN;").split()[:6])
+    lazy = "BEGIN+" if words.startswith("BEGIN;") or getattr(conn, "_mode", None) == "pending" else ""
+    ends = ""
+    for end in ("COMMIT PREPARED", "PREPARE TRANSACTION", "ROLLBACK", "COMMIT"):
+        if words.endswith(end) or words.endswith(end + ";") or f";{end}" in words.replace("; ", ";"):
+            ends = "+" + end
+            break
+    durable = " (not durable)" if "SYNCHRONOUS_COMMIT TO OFF" in words else ""
+    return f"{lazy}{verb}{ends}{durable}"
 
 
 def _kind(event: str) -> str:
@@ -121,7 +172,10 @@ def _idle_sequences(store: Any, count: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--store", choices=("memory", "sqlite"), default="memory")
+    parser.add_argument("--store", choices=("memory", "sqlite", "xa1"), default="memory",
+                        help="xa1: PostgreSQL stores under XA, each in its side's application database "
+                             "(a throwaway server; the business row and the service's row written "
+                             "through an XADataSource, as bench_compare's xa1)")
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--warm-up", type=int, default=10)
     parser.add_argument("--no-timeline", action="store_true")
@@ -140,23 +194,61 @@ def main(argv: list[str] | None = None) -> int:
             pass
     bc.ROWS = _NoRows()  # type: ignore[assignment]
     tmp = Path(tempfile.mkdtemp(prefix="call-path-"))
-    store = (lambda role: "memory:") if args.store == "memory" else (lambda role: f"sqlite:///{tmp}/{role}.db")
-    service = reliable_service(bc._application(), store("service"), bc._policy(0.2), name="service")
+    closers: list[Any] = []
+    tms: dict[str, Any] = {}
+    client_ds = None
+    if args.store == "xa1":
+        from txmanager import TransactionManager
+        from txmanager.postgres import XADataSource
+        from wsrm_plugin.tools.pgserver import ThrowawayPostgres
+
+        pg = ThrowawayPostgres().start()
+        closers.append(pg.close)
+        dsns = {role: pg.create_database(f"{role}_app") for role in ("service", "client")}
+        bc._execute(dsns["service"], "CREATE TABLE received (item text NOT NULL, note text)")
+        bc._execute(dsns["client"], "CREATE TABLE business (id bigserial PRIMARY KEY, item text NOT NULL)")
+        for role in dsns:
+            tms[role] = TransactionManager(node=f"call-path-{role}", log=tmp / f"{role}.tmlog")
+            closers.insert(0, tms[role].close)
+        service_ds = XADataSource(dsns["service"], tms["service"])
+        client_ds = XADataSource(dsns["client"], tms["client"])
+        closers[:0] = [service_ds.close, client_ds.close]
+        bc.ROWS = bc._Rows(dsns["service"], ds=service_ds)
+        urls = {role: "postgresql:" + dsn for role, dsn in dsns.items()}
+    elif args.store == "memory":
+        urls = {"service": "memory:", "client": "memory:"}
+    else:
+        urls = {role: f"sqlite:///{tmp}/{role}.db" for role in ("service", "client")}
+    service = reliable_service(bc._application(), urls["service"], bc._policy(0.2), name="service",
+                               tm=tms.get("service"))
     _idle_sequences(service.engine.store, args.idle_sequences)
     service.serve(threads=4)
     service.start()
-    rc = reliable_client(zeep.Client(service.url + "?wsdl"), store("client"), bc._policy(0.2), key="bench",
-                         name="client")
+    rc = reliable_client(zeep.Client(service.url + "?wsdl"), urls["client"], bc._policy(0.2), key="bench",
+                         name="client", tm=tms.get("client"))
+
+    def quote(item: str) -> None:
+        """One call (under XA: the business row and the enqueue in one transaction), and its answer."""
+        tm = tms.get("client")
+        if tm is None:
+            future = rc.service.quote(item, "x")
+        else:
+            with tm.transaction():
+                with client_ds.connection() as conn, conn.cursor() as cur:
+                    cur.execute("INSERT INTO business (item) VALUES (%s)", (item,))
+                future = rc.service.quote(item, "x")
+            _note("caller's transaction committed")
+        future.result(timeout=30)
     try:
         for i in range(args.warm_up):
-            rc.service.quote(f"warm-{i}", "x").result(timeout=30)
+            quote(f"warm-{i}")
         time.sleep(0.2)
         timeline: list[tuple[float, str, str]] = []
         cpu, started = time.process_time(), time.perf_counter()
         for i in range(args.calls):
             _recording.set()
             t0 = time.perf_counter()
-            rc.service.quote(f"call-{i}", "x").result(timeout=30)
+            quote(f"call-{i}")
             if i == args.calls // 2:
                 timeline = [(t0, "caller", "call starts"), *EVENTS[-200:], (time.perf_counter(), "caller", "answered")]
                 timeline = [e for e in timeline if e[0] >= t0]
@@ -166,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         rc.stop(timeout=5)
         service.stop(timeout=5)
+        for close in closers:
+            close()
     counts: collections.Counter[tuple[str, str]] = collections.Counter(
         (name.rsplit("-", 1)[0] if name.startswith("waitress") else name, _kind(what)) for _, name, what in EVENTS)
     print(f"{args.store} stores, {args.calls} sequential calls: {wall / args.calls * 1000:.2f} ms and "
@@ -173,6 +267,15 @@ def main(argv: list[str] | None = None) -> int:
     print("per call, by thread:")
     for (thread, kind), n in sorted(counts.items()):
         print(f"  {thread:28} {kind:34} {n / args.calls:6.2f}")
+    if args.store == "xa1":  # PostgreSQL round trips and transactions ended, by side
+        sides: collections.Counter[str] = collections.Counter()
+        for (thread, kind), n in counts.items():
+            if kind.startswith("pg "):
+                side = "service" if thread.startswith(("service", "waitress")) else "client"
+                sides[f"{side} round trips"] += n
+                if "+COMMIT" in kind or "+ROLLBACK" in kind:
+                    sides[f"{side} commits"] += n
+        print("PostgreSQL per call: " + ", ".join(f"{k} {v / args.calls:.2f}" for k, v in sorted(sides.items())))
     if not args.no_timeline and timeline:
         print("one call (ms from its start; the two sides share one interpreter):")
         t0 = timeline[0][0]

@@ -188,6 +188,65 @@ def test_acks_of_purged_messages_are_not_invalid(store: StorageManager) -> None:
         assert tx.rms_messages.mark_acked("k1", [(1, 3)]) == []
 
 
+def test_acknowledge_marks_purges_and_says_what_is_left(store: StorageManager) -> None:
+    """``acknowledge``: mark_acked, has_unacked and purge_acked as one step (the PostgreSQL store
+    runs it as one statement): the same outcome on every store."""
+    started(store, messages=4)
+    with store.begin() as tx:
+        req = tx.rms_messages.enqueue("k1", b"<req/>", action="urn:op", soap_version="1.2",
+                                      message_id="urn:req-5", awaits_reply=True)
+        tx.rms_messages.record_send_attempt("k1", req.number, next_send_at=1e12)
+        for _ in range(2):  # message 1 went three times
+            tx.rms_messages.record_send_attempt("k1", 1, next_send_at=1e12)
+        enqueue(tx, n=1)  # number 6: handed out, never sent
+    with store.begin() as tx:
+        assert tx.rms_messages.acknowledge("k1", [(1, 2)]) == ([1, 2], True)
+        assert [m.number for m in tx.rms_messages.list_for("k1")] == [3, 4, 5, 6]  # purged
+        assert tx.rms.get("k1").purged_retransmissions == 2
+        # a request waiting for its reply is kept unacknowledged when asked to
+        assert tx.rms_messages.acknowledge("k1", [(1, 5)], keep_awaiting=True) == ([3, 4], True)
+        assert not tx.rms_messages.get("k1", 5).acked
+        with pytest.raises(InvalidAcknowledgementError) as unsent:
+            tx.rms_messages.acknowledge("k1", [(5, 6)])
+        assert unsent.value.numbers == (6,)
+        with pytest.raises(InvalidAcknowledgementError) as beyond:
+            tx.rms_messages.acknowledge("k1", [(1, 8)], keep_awaiting=True)
+        assert beyond.value.numbers == (7, 8)
+        assert not tx.rms_messages.get("k1", 5).acked  # nothing changed by either
+        # acknowledged, it stays while its reply is pending, then goes with the next acknowledgement
+        assert tx.rms_messages.acknowledge("k1", [(1, 5)]) == ([5], True)
+        assert tx.rms_messages.get("k1", 5).acked
+        tx.rms_messages.reply_received("k1", 5)
+        tx.rms_messages.record_send_attempt("k1", 6, next_send_at=1e12)
+        assert tx.rms_messages.acknowledge("k1", [(1, 6)]) == ([6], False)
+        assert tx.rms_messages.list_for("k1") == []
+        assert tx.rms_messages.acknowledge("k1", [(1, 6)]) == ([], False)
+        assert tx.rms_messages.acknowledge("k1", []) == ([], False)
+    assert store.status().retransmissions == 2
+
+
+def test_claim_first_send_takes_only_an_unsent_message_next_in_line(store: StorageManager) -> None:
+    """What a caller's thread may send itself: unsent, unacknowledged, the message before it
+    acknowledged (or purged); claimed, its first attempt is recorded."""
+    started(store, messages=1)
+    with store.begin() as tx:
+        enqueue(tx, n=2)  # 2 and 3, unsent
+    with store.begin() as tx:
+        assert tx.rms_messages.claim_first_send("k1", 2, next_send_at=50.0, now=10.0) is None  # 1 is out
+        assert tx.rms_messages.claim_first_send("k1", 1, next_send_at=50.0, now=10.0) is None  # sent already
+        assert tx.rms_messages.claim_first_send("k1", 9, next_send_at=50.0, now=10.0) is None  # unknown
+        assert tx.rms_messages.get("k1", 2).send_count == 0
+        tx.rms_messages.acknowledge("k1", [(1, 1)])  # purged
+        claimed = tx.rms_messages.claim_first_send("k1", 2, next_send_at=50.0, now=10.0)
+        assert (claimed.number, claimed.send_count, claimed.payload) == (2, 0, b"<env>0</env>")  # as it was
+        after = tx.rms_messages.get("k1", 2)
+        assert (after.send_count, after.next_send_at, after.last_sent_at) == (1, 50.0, 10.0)
+        assert tx.rms_messages.claim_first_send("k1", 2, next_send_at=60.0) is None  # once
+        assert tx.rms_messages.claim_first_send("k1", 3, next_send_at=60.0) is None  # 2 is out
+        tx.rms_messages.acknowledge("k1", [(2, 2)])
+        assert tx.rms_messages.claim_first_send("k1", 3, next_send_at=60.0).number == 3
+
+
 def test_due_messages_and_send_attempts(store: StorageManager) -> None:
     with store.begin() as tx:
         new_rms(tx, "unstarted")

@@ -824,10 +824,14 @@ class Destination:
         # a record tried again (alone, after its batch rolled back) starts afresh
         item.consumed = item.wake_sender = item.acks_applied = False
         # a steady stream's next message: recorded and taken in the round trip that locks its
-        # sequence, before the checks below, which roll the transaction back if they refuse it
+        # sequence, before the checks below, which roll the transaction back if they refuse it;
+        # so is the reply a call's future takes (consumed: its delivery would have nothing to do)
+        consuming = (not item.direct and not header.last_message and addressing.relates_to is not None
+                     and bool(self.reply_consumers) and self._consumed_here(item))
         guessed = (tx.receive_in_order(identifier, number, now=now)
-                   if item.direct and not header.last_message else None)
+                   if (item.direct or consuming) and not header.last_message else None)
         if guessed is not None:
+            item.wrote = True  # a refusal below must roll its writes back, in a batch too
             before, taken_with_receipt = guessed
             seq = self._checked(before, identifier, version, item.principal)
         else:
@@ -860,6 +864,10 @@ class Destination:
             if changes:
                 tx.rmd.update(identifier, **changes)
             taken = taken_with_receipt
+            if consuming and taken:  # a guess that holds is never a duplicate
+                item.consumed = True
+                assert addressing.relates_to is not None
+                item.wake_sender = self.reply_arrived(tx, addressing.relates_to)
         elif item.direct and not reception.duplicate and not changes:  # the common case: one call
             taken = tx.receive_and_take(identifier, number, last=header.last_message, now=now)
         else:

@@ -998,17 +998,11 @@ class RetransmissionWorker:
     def _claim_in(self, tx: Any, seq: RmsSequence, number: int, now: float) -> tuple[RmsMessage, RmsSequence] | None:
         """In ``tx``: record the first attempt of message ``number`` of ``seq`` when it is the
         caller's to send (unsent, unacknowledged, the message before it acknowledged)."""
-        key = seq.key
-        msg = tx.rms_messages.get(key, number)
-        if msg is None or msg.acked or msg.send_count:
-            return None  # a round sent it (or it was acknowledged meanwhile)
-        if number > 1:
-            before = tx.rms_messages.get(key, number - 1)
-            if before is not None and not before.acked:
-                return None  # it would overtake a message still out, or lost
+        # None: a round sent it (or it was acknowledged meanwhile), or it would overtake a message
+        # still out, or lost
         next_at = now + self._retry_delay(seq.target, 1) if self.policy.retransmits else _NEVER
-        tx.rms_messages.record_send_attempt(key, number, next_send_at=next_at, now=now)
-        return msg, seq
+        msg = tx.rms_messages.claim_first_send(seq.key, number, next_send_at=next_at, now=now)
+        return None if msg is None else (msg, seq)
 
     def _apply_callers_ack(self, tx: Any, seq: RmsSequence, now: float) -> bool:
         """In ``tx``: apply the acknowledgement of ``seq`` that earlier callers' answers brought;

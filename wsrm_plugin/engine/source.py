@@ -907,19 +907,16 @@ class Source:
                    version: RMVersion, now: float) -> tuple[list[int], bool]:
         """The newly acknowledged numbers, and whether the sequence now owes a control message
         (every message acknowledged after the application's last: Close or Terminate)."""
-        ranges = ack.ranges
-        if seq.offered_id is not None and ranges and self._replies_on_back_channel():
-            ranges = self._without_awaited_replies(tx, seq, ack)
-        try:
-            newly = tx.rms_messages.mark_acked(seq.key, ranges, now=now) if ranges else []
+        # a request still waiting for its back-channel reply stays unacknowledged: it goes again
+        # on its backoff, and its copy's HTTP response brings the reply the destination stored
+        keep_awaiting = seq.offered_id is not None and self._replies_on_back_channel()
+        try:  # acknowledged, and what it finished purged
+            newly, pending = tx.rms_messages.acknowledge(seq.key, ack.ranges, now, keep_awaiting=keep_awaiting)
         except InvalidAcknowledgementError as exc:
             raise InvalidAcknowledgement(ack.identifier, str(exc), version=version) from None
-        pending = tx.rms_messages.has_unacked(seq.key)
         before = rms_state(seq, int(pending) + len(newly))
         event = RMSEvent.ACK if pending else RMSEvent.ACKALL
         after = rms_transition(before, event).state
-        if newly:
-            tx.rms_messages.purge_acked(seq.key)
         missing = pending and ack.final and self._not_in(tx, seq, ack)
         if missing:
             self.fault_in(tx, seq, f"the destination closed the sequence with {missing} message(s) "
@@ -936,25 +933,6 @@ class Source:
         it names that waits for its reply here is not one of them)."""
         named = AckRanges.from_ranges(ack.ranges)
         return sum(1 for m in tx.rms_messages.list_for(seq.key) if not m.acked and m.number not in named)
-
-    @staticmethod
-    def _without_awaited_replies(tx: StoreTransaction, seq: RmsSequence,
-                                 ack: SequenceAcknowledgement) -> list[tuple[int, int]]:
-        """``ack``'s ranges less the requests still waiting for a back-channel reply.
-
-        Such a request stays unacknowledged here, so it goes again on its backoff
-        and its copy's HTTP response brings the reply the destination stored; the
-        numbers must still have been sent (an acknowledgement naming a number
-        never sent is refused whole, before this).
-        """
-        awaiting = [m.number for m in tx.rms_messages.list_for(seq.key) if m.reply_pending and not m.acked]
-        if not awaiting:
-            return list(ack.ranges)
-        ranges = AckRanges.from_ranges(ack.ranges)
-        highest = max((upper for _, upper in ack.ranges), default=0)
-        if highest > seq.highest_number:
-            return list(ack.ranges)  # refused whole by mark_acked, as any acknowledgement of the unsent
-        return list(ranges.difference(AckRanges.of(awaiting)).ranges)
 
     def reply_arrived(self, tx: StoreTransaction, request: RmsMessage) -> None:
         """The reply to ``request`` was delivered (in ``tx``, the delivery's): it may be purged,
@@ -1009,14 +987,12 @@ class Source:
         if seq is None or seq.offered_id is None or not seq.started or seq.faulted or seq.terminate_sent:
             return False
         try:
-            newly = tx.rms_messages.mark_acked(seq.key, [(number, number)])
+            newly, pending = tx.rms_messages.acknowledge(seq.key, [(number, number)])
         except InvalidAcknowledgementError:
             return False
         if not newly:
             return False
-        pending = tx.rms_messages.has_unacked(seq.key)
         after = rms_transition(rms_state(seq, int(pending) + 1), RMSEvent.ACK if pending else RMSEvent.ACKALL).state
-        tx.rms_messages.purge_acked(seq.key)
         if _owes_control(after):
             tx.rms.update(seq.key, next_control_at=time.time())
             return True

@@ -162,6 +162,55 @@ class RmsMessageManager(_Manager, ABC):
         names a number never sent: not handed out yet, or still unsent.
         """
 
+    def acknowledge(self, sequence_key: str, ranges: Iterable[tuple[int, int]],
+                    now: float | None = None, *, keep_awaiting: bool = False) -> tuple[list[int], bool]:
+        """Apply an acknowledgement and purge what it finished: :meth:`mark_acked`, then whether
+        the sequence still has an unacknowledged message (:meth:`has_unacked`), then, when
+        anything was newly acknowledged, :meth:`purge_acked` of the sequence.  Returns (the
+        numbers acknowledged for the first time, whether one is still unacknowledged).
+
+        ``keep_awaiting``: a request the acknowledgement names that still waits for its reply
+        (``reply_pending``) stays unacknowledged (a source whose replies come in HTTP responses
+        sends it again until its reply came), unless the acknowledgement names a number never
+        handed out (refused whole).
+
+        What every acknowledgement does, as one step: the PostgreSQL store runs it in
+        one round trip instead of six.  :class:`InvalidAcknowledgementError`, and
+        nothing changed, as :meth:`mark_acked`.
+        """
+        merged = AckRanges.from_ranges(ranges)
+        if keep_awaiting and merged.ranges:
+            awaiting = [m.number for m in self.list_for(sequence_key) if m.reply_pending and not m.acked]
+            seq = self._tx.rms.get(sequence_key)
+            highest = max(upper for _, upper in merged.ranges)
+            if awaiting and (seq is None or highest <= seq.highest_number):
+                merged = merged.difference(AckRanges.of(awaiting))
+        newly = self.mark_acked(sequence_key, merged.ranges, now=now) if merged.ranges else []
+        pending = self.has_unacked(sequence_key)
+        if newly:
+            self.purge_acked(sequence_key)
+        return newly, pending
+
+    def claim_first_send(self, sequence_key: str, number: int, *, next_send_at: float,
+                         now: float | None = None) -> RmsMessage | None:
+        """Record the first transmission of message ``number`` (as :meth:`record_send_attempt`)
+        if it is still unsent and unacknowledged and the message before it is acknowledged (or
+        purged); the message as it was before, or None, having changed nothing.
+
+        A caller's thread sending its own request claims it so (a round never sends it then,
+        and the retransmission timer covers a send that never ends); the PostgreSQL store in
+        one round trip instead of three.
+        """
+        msg = self.get(sequence_key, number)
+        if msg is None or msg.acked or msg.send_count:
+            return None
+        if number > 1:
+            before = self.get(sequence_key, number - 1)
+            if before is not None and not before.acked:
+                return None
+        self.record_send_attempt(sequence_key, number, next_send_at=next_send_at, now=now)
+        return msg
+
     @abstractmethod
     def due_messages(self, now: float | None = None, limit: int = 100, *,
                      per_sequence: int | None = None) -> list[RmsMessage]:

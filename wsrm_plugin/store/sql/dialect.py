@@ -36,6 +36,9 @@ class Dialect:
     #: attempt and acknowledgement of a 1 MiB message wrote 1 MiB more to the WAL (and its
     #: checkpoint); PostgreSQL's TOAST already keeps an unchanged large value out of an update
     payload_apart: bool = False
+    #: a large payload is written with ``COPY ... FROM STDIN (FORMAT binary)`` (see
+    #: :meth:`SqlTransaction.copy_in`) rather than as a literal in the statement's text
+    copy_binary: bool = False
 
     def sql(self, text: str) -> str:
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
@@ -49,4 +52,4 @@ SQLITE = Dialect(name="sqlite", placeholder="?", blob="BLOB", bigint="INTEGER", 
 POSTGRES = Dialect(name="postgresql", placeholder="%s", blob="BYTEA", bigint="BIGINT",
                    double="DOUBLE PRECISION", boolean="BOOLEAN", for_update=" FOR UPDATE",
                    skip_locked=" FOR UPDATE OF {alias} SKIP LOCKED", xa_table=False, lateral=True,
-                   writable_cte=True)
+                   writable_cte=True, copy_binary=True)

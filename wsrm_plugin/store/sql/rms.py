@@ -22,6 +22,23 @@ from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMS_COLS, _cols, _msg, _rms, msg_co
 from .transaction import SqlTransaction, _in_list
 
 _SELECT_RMS = f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?"
+#: Payloads of at least this many bytes are written with COPY (``Dialect.copy_binary``): its extra
+#: round trip costs less than the server's lexer over the payload's hex from here on
+COPY_PAYLOAD_AT = 32 * 1024
+#: the binary form of each of the enqueue's columns (:data:`_ENQUEUE_COLS`), for COPY
+_ENQUEUE_TYPES = ("text", "int8", "text", "text", "text", "bytea", "bool", "text", "bytea", "bool", "float8",
+                  "float8")
+
+
+def _read_cols(tx: SqlTransaction, alias: str = "") -> str:
+    """The columns of ``rms_message`` rows to read (:func:`.rows.msg_cols`), a payload of
+    :data:`COPY_PAYLOAD_AT` bytes or more left out (NULL) where the dialect reads those with COPY
+    (:meth:`_RmsMessages._with_payloads`): ``octet_length`` reads only a stored value's header."""
+    if not tx.d.copy_binary:
+        return msg_cols(tx.d, alias)
+    m = f"{alias}." if alias else ""
+    return ", ".join(f"CASE WHEN octet_length({m}payload) < {COPY_PAYLOAD_AT} THEN {m}payload END"
+                     if c == "payload" else m + c for c in _MSG_COLS)
 
 
 class _Rms(api.RmsSequenceManager):
@@ -147,8 +164,11 @@ class _RmsMessages(api.RmsMessageManager):
                       reply_callback is not None or awaits_reply, t if send_at is None else send_at, t)
         # PostgreSQL: the number taken and the message inserted in one statement (a round trip
         # less on the application's own transaction); where the store keeps an undo image
-        # (SQLite's XA branches), the insert is captured first, so it stays a statement of its own
-        together = tx.d.writable_cte and tx.undo is None
+        # (SQLite's XA branches), the insert is captured first, so it stays a statement of its own.
+        # A large payload goes by COPY in its binary form instead (SqlTransaction.copy_in), after
+        # the statement that takes the number: a round trip more, and much less of both sides' CPU
+        copied = tx.d.copy_binary and tx.undo is None and bool(values) and len(values[3]) >= COPY_PAYLOAD_AT
+        together = tx.d.writable_cte and tx.undo is None and not copied
         taken = self._take_number(sequence_key, last, values if together else ()) if values else None
         if taken is not None:
             number = taken.next_number - 1
@@ -162,9 +182,12 @@ class _RmsMessages(api.RmsMessageManager):
                 tx.write("INSERT INTO rms_payload (seq_key, number, payload) VALUES (?, ?, ?)",
                          (sequence_key, number, values[3]))
                 values = (*values[:3], b"", *values[4:])
-            tx.write(
-                f"INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}) VALUES ({', '.join('?' * len(_ENQUEUE_COLS))})",
-                (sequence_key, number, *values))
+            if copied:
+                tx.copy_in("rms_message", _ENQUEUE_COLS, _ENQUEUE_TYPES, (sequence_key, number, *values))
+            else:
+                tx.write(
+                    f"INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}) VALUES ({', '.join('?' * len(_ENQUEUE_COLS))})",
+                    (sequence_key, number, *values))
         if taken is not None:  # the row is written already
             tx.held_rms[sequence_key] = taken
         else:
@@ -183,14 +206,15 @@ class _RmsMessages(api.RmsMessageManager):
     def _take_number(self, sequence_key: str, last: bool, message: tuple[Any, ...] = ()) -> RmsSequence | None:
         """The transaction's first enqueue on a sequence: lock its row and take the next number in
         one ``UPDATE ... RETURNING`` (the row as changed), instead of a SELECT ... FOR UPDATE and
-        an UPDATE.  None when the sequence is held already (the batch's later enqueues only
-        remember their numbers, see :meth:`SqlTransaction.flush`), or takes no message: then
-        nothing was changed and the caller's check says precisely why.
+        an UPDATE (also when the transaction read the row already: a reply enqueued after its
+        sequence was looked at).  None when the transaction enqueued on it already (the batch's
+        later enqueues only remember their numbers, see :meth:`SqlTransaction.flush`), or it takes
+        no message: then nothing was changed and the caller's check says precisely why.
 
         With ``message`` (the values of the rms_message row after its key) the same statement
         inserts the message under the number taken (a data-modifying WITH)."""
         tx = self._tx
-        if sequence_key in tx.held_rms or sequence_key in tx._numbered:
+        if sequence_key in tx._numbered or sequence_key in tx.took_number:
             return None
         tx.lock(RANK_RMS, sequence_key)
         tx.capture_key("rms_sequence", sequence_key)
@@ -206,13 +230,25 @@ class _RmsMessages(api.RmsMessageManager):
                 f"WITH s AS ({update}), m AS (INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}) "
                 f"SELECT s.seq_key, s.highest_number, {', '.join('?' * len(rest))} FROM s RETURNING number) "
                 f"SELECT {_cols(_RMS_COLS, 's')} FROM s", (sequence_key, api.MAX_MESSAGE_NUMBER, *message))
-        return _rms(rows[0]) if rows else None
+        if not rows:
+            return None
+        tx.took_number.add(sequence_key)
+        return _rms(rows[0])
 
     def _row(self, sequence_key: str, number: int, lock: bool = False) -> RmsMessage | None:
         tx = self._tx
-        row = tx.one(f"SELECT {msg_cols(tx.d)} FROM rms_message WHERE seq_key = ? AND number = ?"
+        row = tx.one(f"SELECT {_read_cols(tx)} FROM rms_message WHERE seq_key = ? AND number = ?"
                      + (tx.d.for_update if lock else ""), (sequence_key, number))
-        return _msg(row) if row else None
+        return self._with_payloads([_msg(row)])[0] if row else None
+
+    def _with_payloads(self, msgs: list[RmsMessage]) -> list[RmsMessage]:
+        """``msgs`` with the large payloads :func:`_read_cols` left out read, by one COPY."""
+        missing = [(m.sequence_key, m.number) for m in msgs if m.payload is None]
+        if not missing:
+            return msgs
+        found = self._tx.copy_out_payloads("rms_message", "seq_key, number", missing)
+        return [m if m.payload is not None else replace(m, payload=found[(m.sequence_key, m.number)])
+                for m in msgs]
 
     def get(self, sequence_key: str, number: int) -> RmsMessage | None:
         self._seq(sequence_key)  # sequence row first, then its messages: one order for all
@@ -256,6 +292,69 @@ class _RmsMessages(api.RmsMessageManager):
         tx.held_rms[sequence_key] = replace(seq, last_activity=t)  # the purge after it reads it again
         return newly
 
+    def acknowledge(self, sequence_key: str, ranges: Iterable[tuple[int, int]],
+                    now: float | None = None, *, keep_awaiting: bool = False) -> tuple[list[int], bool]:
+        """On PostgreSQL, one statement: the check that every number named was sent, the
+        acknowledged messages deleted (those that wait for no reply: what :meth:`purge_acked`
+        would delete next) or marked (those that do), the sequence's row written, and whether
+        one is left unacknowledged; nothing written when the check fails.  The sequence's new
+        row comes back with it, held for the rest of the transaction.
+
+        Unlike the three steps, acknowledged messages left from before (a reply's request
+        acknowledged before its reply came) are purged even when nothing is newly
+        acknowledged: they would only wait for the next acknowledgement otherwise."""
+        tx = self._tx
+        merged = api.AckRanges.from_ranges(ranges)
+        if not merged.ranges or not tx.d.writable_cte or tx.undo is not None or tx.d.payload_apart:
+            return super().acknowledge(sequence_key, merged.ranges, now, keep_awaiting=keep_awaiting)
+        seq = self._seq(sequence_key)
+        api.check_ack(seq, merged, lambda lo, hi: ())  # a number never handed out: refused before any statement
+        within = "(" + " OR ".join("number BETWEEN ? AND ?" for _ in merged.ranges) + ")"
+        bounds = [v for pair in merged.ranges for v in pair]
+        # kept waiting for their replies: not acknowledged, and still unacknowledged after it
+        kept = "reply_pending" if keep_awaiting else "FALSE"
+        ok = "NOT EXISTS (SELECT 1 FROM bad)"
+        tx.capture_key("rms_sequence", sequence_key)
+        rows = tx.write_all(
+            f"WITH bad AS (SELECT number FROM rms_message WHERE seq_key = ? AND {within} AND send_count = 0 "
+            f"AND NOT {kept} ORDER BY number LIMIT 20), "
+            f"d AS (DELETE FROM rms_message WHERE seq_key = ? AND NOT reply_pending AND (acked OR {within}) "
+            f"AND {ok} RETURNING number, acked, send_count), "
+            f"u AS (UPDATE rms_message SET acked = TRUE WHERE seq_key = ? AND reply_pending AND NOT {kept} "
+            f"AND NOT acked AND {within} AND {ok} RETURNING number), "
+            "s AS (UPDATE rms_sequence SET last_activity = ?, purged_retransmissions = purged_retransmissions "
+            "+ (SELECT COALESCE(SUM(send_count - 1), 0) FROM d WHERE send_count > 1) "
+            f"WHERE seq_key = ? AND {ok} RETURNING {_cols(_RMS_COLS)}) "
+            "SELECT ARRAY(SELECT number FROM bad), "
+            "ARRAY(SELECT number FROM d WHERE NOT acked UNION ALL SELECT number FROM u ORDER BY 1), "
+            f"EXISTS (SELECT 1 FROM rms_message WHERE seq_key = ? AND NOT acked AND (NOT {within} OR {kept})), "
+            f"{_cols(_RMS_COLS, 's')} FROM (SELECT 1) AS one LEFT JOIN s ON TRUE",
+            (sequence_key, *bounds, sequence_key, *bounds, sequence_key, *bounds, _now(now), sequence_key,
+             sequence_key, *bounds))
+        bad, newly, pending = rows[0][:3]
+        if bad:
+            raise api.InvalidAcknowledgementError(sequence_key, sorted(bad), seq.highest_number)
+        if rows[0][3] is not None:
+            tx.held_rms[sequence_key] = _rms(rows[0][3:])
+        return list(newly), bool(pending)
+
+    def claim_first_send(self, sequence_key: str, number: int, *, next_send_at: float,
+                         now: float | None = None) -> RmsMessage | None:
+        """On PostgreSQL, one statement: the message read, the one before it checked and the
+        attempt recorded."""
+        tx = self._tx
+        if not tx.d.writable_cte or tx.undo is not None:
+            return super().claim_first_send(sequence_key, number, next_send_at=next_send_at, now=now)
+        self._seq(sequence_key)
+        rows = tx.write_all(
+            f"WITH m AS (SELECT {_read_cols(tx)} FROM rms_message WHERE seq_key = ? AND number = ? "
+            "AND NOT acked AND send_count = 0 AND NOT EXISTS (SELECT 1 FROM rms_message b "
+            "WHERE b.seq_key = ? AND b.number = ? AND NOT b.acked)), "
+            "u AS (UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, next_send_at = ? "
+            "WHERE seq_key = ? AND number = ? AND EXISTS (SELECT 1 FROM m)) SELECT * FROM m",
+            (sequence_key, number, sequence_key, number - 1, _now(now), next_send_at, sequence_key, number))
+        return self._with_payloads([_msg(rows[0])])[0] if rows else None
+
     def due_messages(self, now: float | None = None, limit: int = 100, *,
                      per_sequence: int | None = None) -> list[RmsMessage]:
         tx = self._tx
@@ -279,14 +378,14 @@ class _RmsMessages(api.RmsMessageManager):
                     "ORDER BY next_send_at, number LIMIT ?) x "
                     "WHERE s.sequence_id IS NOT NULL AND NOT s.faulted "
                     "ORDER BY x.rn, s.seq_key LIMIT ?) "
-                    f"SELECT {msg_cols(tx.d, 'm')}, {_cols(_RMS_COLS, 's')} "
+                    f"SELECT {_read_cols(tx, 'm')}, {_cols(_RMS_COLS, 's')} "
                     "FROM r JOIN rms_message m ON m.ctid = r.tid "
                     "JOIN rms_sequence s ON s.seq_key = r.seq_key "
                     "WHERE m.ctid = ANY(ARRAY(SELECT tid FROM r)) "
                     "AND NOT m.acked AND m.next_send_at <= ? AND s.sequence_id IS NOT NULL AND NOT s.faulted "
                     "ORDER BY r.rn, m.next_send_at, m.seq_key, m.number LIMIT ?"
                     + tx.d.lock_of("s, m"), (_now(now), per_sequence, 4 * limit, _now(now), limit))
-                return self._with_sequences(rows)
+                return self._with_payloads(self._with_sequences(rows))
             # SQLite (no LATERAL): each sequence's first due messages by a correlated subquery on
             # the unacked index, one index range per sequence, ranked here.  Ranking every due
             # message in SQL (a window over all of them) made a batch cost as much as the backlog
@@ -331,12 +430,12 @@ class _RmsMessages(api.RmsMessageManager):
                 found.update(((m.sequence_key, m.number), m) for m in self._with_sequences(rows))
             return [found[(key, number)] for _, _, key, number, _ in chosen if (key, number) in found]
         rows = tx.all(
-            f"SELECT {msg_cols(tx.d, 'm')} FROM rms_message m "
+            f"SELECT {_read_cols(tx, 'm')} FROM rms_message m "
             "JOIN rms_sequence s ON s.seq_key = m.seq_key "
             "WHERE NOT m.acked AND m.next_send_at <= ? AND s.sequence_id IS NOT NULL "
             "AND NOT s.faulted ORDER BY m.next_send_at, m.seq_key, m.number LIMIT ?"
             + tx.d.lock_of("s, m"), (_now(now), limit))
-        return [_msg(r) for r in rows]
+        return self._with_payloads([_msg(r) for r in rows])
 
     def _with_sequences(self, rows: list[Any]) -> list[RmsMessage]:
         """The messages of rows that also hold their sequence's columns; the sequences, which
@@ -413,14 +512,14 @@ class _RmsMessages(api.RmsMessageManager):
         return changed
 
     def reply_received(self, sequence_key: str, number: int) -> RmsMessage:
-        self._require(sequence_key, number)
+        self._seq(sequence_key)  # sequence row first, then its messages: one order for all
         tx = self._tx
         tx.capture_key("rms_message", sequence_key, number)
-        tx.write("UPDATE rms_message SET reply_pending = FALSE WHERE seq_key = ? AND number = ?",
-                 (sequence_key, number))
-        found = self._row(sequence_key, number)
-        assert found is not None
-        return found
+        rows = tx.write_all(f"UPDATE rms_message SET reply_pending = FALSE WHERE seq_key = ? AND number = ? "
+                            f"RETURNING {msg_cols(tx.d)}", (sequence_key, number))
+        if not rows:
+            raise UnknownMessageError(f"no message {number} of RMS sequence {sequence_key!r} in the store")
+        return _msg(rows[0])
 
     def count_unacked(self, sequence_key: str | None = None) -> int:
         if sequence_key is None:

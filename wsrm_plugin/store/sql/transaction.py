@@ -9,6 +9,7 @@ row it touches (or "did not exist") is kept, keyed by table and primary key.
 from __future__ import annotations
 
 import contextlib
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
@@ -95,6 +96,9 @@ class SqlTransaction(api.StoreTransaction):
         #: Numbers enqueue handed out and not yet written to their rms_sequence row: key ->
         #: (highest number, the last one).  See :meth:`flush`.
         self._numbered: dict[str, tuple[int, bool]] = {}
+        #: Sequences whose row an enqueue of this transaction changed already (a later enqueue on
+        #: one only remembers its number, in :attr:`_numbered`).
+        self.took_number: set[str] = set()
         # rms, rms_messages, rmd and invoker: made on first use (see _OnFirstUse)
 
     # -- statements -----------------------------------------------------------------
@@ -132,6 +136,60 @@ class SqlTransaction(api.StoreTransaction):
                 raise translated from exc
             raise
         return cur
+
+    def copy_in(self, table: str, columns: Sequence[str], types: Sequence[str], row: Sequence[Any]) -> None:
+        """Insert one row with ``COPY ... FROM STDIN (FORMAT binary)`` (PostgreSQL): for a row with
+        a large payload, which as a literal in a statement's text costs the server its lexer over
+        twice the payload's size (psycopg2 sends bytea in hex) and the client that hex, both more
+        than the rest of the enqueue; in COPY's binary format the payload goes as it is, after a
+        length.  ``types`` name each column's binary form: ``text``, ``bytea``, ``int8``,
+        ``float8`` or ``bool``."""
+        self._check_open()
+        self._wrote = True
+        try:
+            cur = self.conn.cursor()
+            try:
+                if self.lazy_begin and not self.begun:  # COPY runs inside the transaction
+                    cur.execute("BEGIN; " + self.begin_with)
+                    self.begun = True
+                pieces = _copy_pieces(row, types, getattr(self.conn, "encoding", "UTF8"))
+                cur.copy_expert(f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT binary)",
+                                _Pieces(pieces), size=1 << 20)
+            finally:
+                cur.close()
+        except Exception as exc:
+            translated = self._store._translate(exc)
+            self._doom(translated or exc)
+            if translated is not None:
+                raise translated from exc
+            raise
+
+    def copy_out_payloads(self, table: str, keys: str, wanted: Sequence[tuple[Any, Any]]) -> dict[tuple[Any, Any], bytes]:
+        """The ``payload`` of the rows of ``table`` whose two key columns (``keys``: "a, b") are
+        among ``wanted``, read with ``COPY ... TO STDOUT (FORMAT binary)`` (PostgreSQL): as its
+        bytes, where a SELECT brings it in hex, twice its size, for the server to encode and
+        this side to decode."""
+        self._check_open()
+        if not wanted:
+            return {}
+        try:
+            cur = self.conn.cursor()
+            try:
+                rows = ", ".join(cur.mogrify("(%s, %s)", pair).decode() for pair in wanted)
+                chunks = _Chunks()
+                cur.copy_expert(f"COPY (SELECT {keys}, payload FROM {table} WHERE ({keys}) IN ({rows})) "
+                                "TO STDOUT (FORMAT binary)", chunks)
+            finally:
+                cur.close()
+        except Exception as exc:
+            translated = self._store._translate(exc)
+            self._doom(translated or exc)
+            if translated is not None:
+                raise translated from exc
+            raise
+        codec = _codec(getattr(self.conn, "encoding", "UTF8"))
+        return {(first.decode(codec), struct.unpack(">q", second)[0]): payload
+                for first, second, payload in _copy_rows(chunks.received)}
 
     def _text(self, sql: str, params: Sequence[Any]) -> str:
         """What is sent for ``sql``: ``EXECUTE`` of its prepared statement, or the statement."""
@@ -275,7 +333,7 @@ class SqlTransaction(api.StoreTransaction):
         self._savepoints += 1
         name = f"wsrm_sp{self._savepoints}"
         undo = dict(self.undo) if self.undo is not None else None
-        numbered = dict(self._numbered)
+        numbered, took = dict(self._numbered), set(self.took_number)
         self.execute(f"SAVEPOINT {name}")
         try:
             yield
@@ -285,6 +343,7 @@ class SqlTransaction(api.StoreTransaction):
                 self.execute(f"RELEASE SAVEPOINT {name}")
                 self.undo = undo
                 self._numbered = numbered  # a flush inside the savepoint is undone too
+                self.took_number = took
                 self._forget_held()  # its writes are undone, and the locks it took released
             raise
         self.execute(f"RELEASE SAVEPOINT {name}")
@@ -426,6 +485,121 @@ class _OnFirstUse(Generic[_M]):
             return self
         manager = tx.__dict__[self._name] = self._cls(tx)
         return manager
+
+
+#: COPY's binary format: the signature, no flags, no header extension; and its trailer
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+_COPY_TRAILER = struct.pack(">h", -1)
+_NULL = struct.pack(">i", -1)
+
+
+def _codec(encoding: str) -> str:
+    """Python's name of a PostgreSQL client encoding (psycopg2's table)."""
+    from psycopg2 import extensions as ext  # the PostgreSQL store's driver (SQLite has no COPY)
+
+    return str(ext.encodings.get(encoding, "utf-8"))
+
+
+def _copy_pieces(row: Sequence[Any], types: Sequence[str], encoding: str) -> list[bytes]:
+    """One row of COPY's binary format, as pieces (a large payload is one of them, not copied)."""
+    codec = _codec(encoding)
+    head = [_COPY_HEADER, struct.pack(">h", len(row))]
+    pieces: list[bytes] = []
+    for value, kind in zip(row, types, strict=True):
+        if value is None:
+            head.append(_NULL)
+            continue
+        if kind == "text":
+            data = value.encode(codec)
+        elif kind == "bytea":
+            data = value if isinstance(value, bytes) else bytes(value)
+        elif kind == "int8":
+            data = struct.pack(">q", int(value))
+        elif kind == "float8":
+            data = struct.pack(">d", float(value))
+        elif kind == "bool":
+            data = b"\x01" if value else b"\x00"
+        else:
+            raise ValueError(f"no binary COPY form for a column of type {kind!r}")
+        head.append(struct.pack(">i", len(data)))
+        if len(data) > 4096:  # sent as it is: no copy of it joined with the rest
+            pieces += [b"".join(head), data]
+            head = []
+        else:
+            head.append(data)
+    head.append(_COPY_TRAILER)
+    return [*pieces, b"".join(head)]
+
+
+class _Pieces:
+    """A file for psycopg2's ``copy_expert`` that hands over prepared pieces, one per read."""
+
+    __slots__ = ("_pieces",)
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self._pieces = pieces[::-1]
+
+    def read(self, size: int = -1) -> bytes:
+        return self._pieces.pop() if self._pieces else b""
+
+
+class _Chunks:
+    """A file for psycopg2's ``copy_expert`` that keeps what COPY TO sends, a message a chunk."""
+
+    __slots__ = ("received",)
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self.received.append(data)
+        return len(data)
+
+
+def _copy_rows(chunks: list[bytes]) -> list[list[bytes]]:
+    """The rows of COPY's binary format (their fields' bytes; a NULL as b"").  PostgreSQL sends
+    each row in a message of its own (the header with the first, the trailer alone): a field is
+    sliced out of its message, copied once.  Messages cut otherwise are joined first."""
+    try:
+        rows: list[list[bytes]] = []
+        for index, chunk in enumerate(chunks):
+            if _copy_chunk(chunk, rows, first=index == 0):
+                return rows
+        raise ValueError("COPY's output ended without its trailer")
+    except (struct.error, IndexError):
+        rows = []
+        if len(chunks) > 1 and _copy_chunk(b"".join(chunks), rows, first=True):
+            return rows
+        raise ValueError("COPY's binary output could not be read") from None
+
+
+def _copy_chunk(data: bytes, rows: list[list[bytes]], *, first: bool) -> bool:
+    """Append the rows of one message of COPY's binary output to ``rows``; True at the trailer.
+    A field that runs past the message raises IndexError."""
+    at = 0
+    if first:
+        if data[:11] != _COPY_HEADER[:11]:
+            raise ValueError("not COPY's binary format")
+        at = 19 + struct.unpack_from(">i", data, 15)[0]
+    view = memoryview(data)
+    while at < len(data):
+        (count,) = struct.unpack_from(">h", data, at)
+        at += 2
+        if count < 0:
+            return True
+        fields = []
+        for _ in range(count):
+            (size,) = struct.unpack_from(">i", data, at)
+            at += 4
+            if size < 0:
+                fields.append(b"")
+                continue
+            if at + size > len(data):
+                raise IndexError("a field runs past its message")
+            fields.append(bytes(view[at:at + size]))
+            at += size
+        rows.append(fields)
+    return False
 
 
 def _opens_transaction(sql: str) -> bool:
