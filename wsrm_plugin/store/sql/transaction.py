@@ -164,9 +164,10 @@ class SqlTransaction(api.StoreTransaction):
                 raise translated from exc
             raise
 
-    def copy_out_payloads(self, table: str, keys: str, wanted: Sequence[tuple[Any, Any]]) -> dict[tuple[Any, Any], bytes]:
-        """The ``payload`` of the rows of ``table`` whose two key columns (``keys``: "a, b") are
-        among ``wanted``, read with ``COPY ... TO STDOUT (FORMAT binary)`` (PostgreSQL): as its
+    def copy_out_payloads(self, table: str, keys: str,
+                          wanted: Sequence[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
+        """The ``payload`` of the rows of ``table`` whose two key columns (``keys``: "a, b", a text
+        and a bigint) are among ``wanted``, read with ``COPY ... TO STDOUT (FORMAT binary)`` (PostgreSQL): as its
         bytes, where a SELECT brings it in hex, twice its size, for the server to encode and
         this side to decode."""
         self._check_open()
