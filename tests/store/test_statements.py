@@ -206,3 +206,49 @@ def test_one_enqueue_is_one_statement_on_postgresql_three_on_sqlite(store: Stora
             enqueue(tx, n=1)
     with store.begin() as tx:
         assert tx.rms.get("k1").next_number == 4
+
+
+def test_an_acknowledgement_is_one_statement_on_postgresql(store: StorageManager) -> None:
+    """``acknowledge``: the check that every number named was sent, the messages acknowledged and
+    purged, the sequence's row written and "anything left?" -- six statements, one on PostgreSQL;
+    the sequence's new row held after it (no read of it follows)."""
+    started(store, messages=5)
+    with store.begin() as tx:
+        seq = tx.rms.get_by_sequence_id("seq-1")
+        seen = statements(tx)
+        assert tx.rms_messages.acknowledge(seq.key, [(1, 3)]) == ([1, 2, 3], True)
+        assert tx.rms.get(seq.key).last_activity is not None
+    if store.url.startswith("postgresql"):
+        assert len(seen) == 1, seen
+    else:
+        assert len(seen) >= 4, seen
+
+
+def test_a_callers_claim_and_a_replys_request_are_one_statement_each_on_postgresql(store: StorageManager) -> None:
+    """What a caller's thread and the reply's record do to the request: claim its first send
+    (read, check the one before, record the attempt), then mark it answered (update and read)."""
+    started(store, messages=0)
+    with store.begin() as tx:
+        tx.rms_messages.enqueue("k1", b"<req/>", action="urn:op", soap_version="1.1", message_id="urn:r1",
+                                awaits_reply=True)
+    with store.begin() as tx:
+        tx.rms.get("k1")
+        seen = statements(tx)
+        assert tx.rms_messages.claim_first_send("k1", 1, next_send_at=1e12).number == 1
+        assert not tx.rms_messages.reply_received("k1", 1).reply_pending
+    if store.url.startswith("postgresql"):
+        assert len(seen) == 2, seen
+
+
+def test_a_reply_enqueued_after_its_sequence_was_read_is_one_statement_on_postgresql(store: StorageManager) -> None:
+    """A delivery reads the reply's sequence (its checks), then enqueues on it: the number taken
+    and the message inserted in one statement all the same (no UPDATE left for the commit)."""
+    started(store, messages=0)
+    with store.begin() as tx:
+        tx.rms.get("k1")
+        seen = statements(tx)
+        (msg,) = enqueue(tx)
+        tx.flush()
+    assert msg.number == 1
+    if store.url.startswith("postgresql"):
+        assert len(seen) == 1 and seen[0].startswith("WITH s AS (UPDATE rms_sequence"), seen
