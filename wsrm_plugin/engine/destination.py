@@ -826,6 +826,7 @@ class Destination:
         # a steady stream's next message: recorded and taken in the round trip that locks its
         # sequence, before the checks below, which roll the transaction back if they refuse it;
         # so is the reply a call's future takes (consumed: its delivery would have nothing to do)
+        # (asked once: a consumer reads the reply, and keeps what it read for the call)
         consuming = (not item.direct and not header.last_message and addressing.relates_to is not None
                      and bool(self.reply_consumers) and self._consumed_here(item))
         guessed = (tx.receive_in_order(identifier, number, now=now)
@@ -875,7 +876,8 @@ class Destination:
             if changes:
                 tx.rmd.update(identifier, **changes)
             taken = item.direct and not reception.duplicate and tx.invoker.take_next(identifier, number)
-            if not taken and not reception.duplicate and self._consumed_here(item):
+            if not taken and not reception.duplicate and (consuming or (
+                    (item.direct or header.last_message) and self._consumed_here(item))):
                 taken = item.consumed = tx.invoker.take_next(identifier, number)
                 if taken and addressing.relates_to is not None:
                     item.wake_sender = self.reply_arrived(tx, addressing.relates_to)
