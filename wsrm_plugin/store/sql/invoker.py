@@ -19,14 +19,37 @@ from ..api import (
 )
 from .rows import _BUF_COLS, _POISON_COLS, _buf, _cols, _poison, _waiting
 from .statements import _TAKE_LOCKED, _prefix, _take_params
+from .rms import COPY_PAYLOAD_AT
 from .transaction import SqlTransaction, _in_list
 
 #: How many buffered messages of a sequence a batch of deliveries reads at once.
 _READ_AHEAD = 50
+#: the columns a put writes, and their binary form for COPY (``SqlTransaction.copy_in``)
+_PUT_COLS = ("sequence_id", "number", "message_id", "action", "soap_version", "payload", "reply_to", "received_at")
+_PUT_TYPES = ("text", "int8", "text", "text", "text", "bytea", "text", "float8")
+
+
+def _read_cols(tx: SqlTransaction, alias: str = "") -> str:
+    """The columns of buffered messages to read, a payload of ``COPY_PAYLOAD_AT`` bytes or more
+    left out (NULL) where the dialect reads those with COPY (``_Invoker._with_payloads``)."""
+    if not tx.d.copy_binary:
+        return _cols(_BUF_COLS, alias)
+    m = f"{alias}." if alias else ""
+    return ", ".join(f"CASE WHEN octet_length({m}payload) < {COPY_PAYLOAD_AT} THEN {m}payload END"
+                     if c == "payload" else m + c for c in _BUF_COLS)
 
 
 class _Invoker(api.InvokerBufferManager):
     _tx: SqlTransaction
+
+    def _with_payloads(self, msgs: list[BufferedMessage]) -> list[BufferedMessage]:
+        """``msgs`` with the large payloads :func:`_read_cols` left out read, by one COPY."""
+        missing = [(m.sequence_id, m.number) for m in msgs if m.payload is None]
+        if not missing:
+            return msgs
+        found = self._tx.copy_out_payloads("invoker_message", "sequence_id, number", missing)
+        return [m if m.payload is not None else replace(m, payload=found[(m.sequence_id, m.number)])
+                for m in msgs]
 
     def _lock_sequence(self, sequence_id: str) -> tuple[api.AckRanges, int] | None:
         """Lock the sequence's invoker row; its delivered ranges and in-order prefix."""
@@ -61,12 +84,17 @@ class _Invoker(api.InvokerBufferManager):
         tx = self._tx
         tx.lock(RANK_INVOKER, sequence_id)
         tx.capture_key("invoker_message", sequence_id, number)
-        n = tx.write(
-            "INSERT INTO invoker_message (sequence_id, number, message_id, action, soap_version, "
-            "payload, reply_to, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (sequence_id, number) DO NOTHING",
-            (sequence_id, number, message_id, action, soap_version, bytes(payload), reply_to,
-             _now(now)))
+        row = (sequence_id, number, message_id, action, soap_version, bytes(payload), reply_to, _now(now))
+        if tx.d.copy_binary and tx.undo is None and len(payload) >= COPY_PAYLOAD_AT:
+            # as its bytes (see SqlTransaction.copy_in).  COPY has no ON CONFLICT: a row of that
+            # number already there (which the destination's lock on the sequence rules out) fails
+            # the transaction, and the peer sends the message again
+            tx.copy_in("invoker_message", _PUT_COLS, _PUT_TYPES, row)
+            n = 1
+        else:
+            n = tx.write(
+                f"INSERT INTO invoker_message ({_cols(_PUT_COLS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (sequence_id, number) DO NOTHING", row)
         if n == 0:
             return False
         if number in self._delivered(sequence_id, create=True):
@@ -108,26 +136,27 @@ class _Invoker(api.InvokerBufferManager):
         if in_order:
             return _waiting(self._next_in_order(sequence_id, upto), now)
         if now is None:
-            row = tx.one(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message WHERE sequence_id = ? "
+            row = tx.one(f"SELECT {_read_cols(tx)} FROM invoker_message WHERE sequence_id = ? "
                          "ORDER BY number LIMIT 1", (sequence_id,))
         else:
-            row = tx.one(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message WHERE sequence_id = ? "
+            row = tx.one(f"SELECT {_read_cols(tx)} FROM invoker_message WHERE sequence_id = ? "
                          "AND (next_attempt_at IS NULL OR next_attempt_at <= ?) ORDER BY number LIMIT 1",
                          (sequence_id, now))
-        return _buf(row) if row else None
+        return self._with_payloads([_buf(row)])[0] if row else None
 
     def _next_in_order(self, sequence_id: str, upto: int) -> BufferedMessage | None:
         tx = self._tx
         ahead = tx.read_ahead.get(sequence_id)
         if ahead is None:  # the sequence's first message in this transaction: that one only
             tx.read_ahead[sequence_id] = {}
-            row = tx.one(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message "
+            row = tx.one(f"SELECT {_read_cols(tx)} FROM invoker_message "
                          "WHERE sequence_id = ? AND number = ?", (sequence_id, upto + 1))
-            return _buf(row) if row else None
+            return self._with_payloads([_buf(row)])[0] if row else None
         if upto + 1 not in ahead:  # a second one: a batch, read the next ones at once
-            rows = tx.all(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message WHERE sequence_id = ? "
+            rows = tx.all(f"SELECT {_read_cols(tx)} FROM invoker_message WHERE sequence_id = ? "
                           "AND number BETWEEN ? AND ?", (sequence_id, upto + 1, upto + _READ_AHEAD))
-            ahead = tx.read_ahead[sequence_id] = {msg.number: msg for msg in map(_buf, rows)}
+            ahead = tx.read_ahead[sequence_id] = {
+                msg.number: msg for msg in self._with_payloads([_buf(r) for r in rows])}
         return ahead.get(upto + 1)
 
     def next_deliverable(self, sequence_id: str, *, in_order: bool = True,
@@ -155,14 +184,14 @@ class _Invoker(api.InvokerBufferManager):
                 source = ("FROM invoker_sequence s JOIN invoker_message b ON b.sequence_id = s.sequence_id "
                           "AND b.number = s.delivered_upto + 1")
             row = tx.one(
-                f"SELECT s.sequence_id, s.delivered_upto, s.delivered, {_cols(_BUF_COLS, 'b')} {source} "
+                f"SELECT s.sequence_id, s.delivered_upto, s.delivered, {_read_cols(tx, 'b')} {source} "
                 f"WHERE {due} ORDER BY b.received_at, s.sequence_id LIMIT 1" + tx.d.lock_of("s"), (now,))
             if row is None:
                 return None
             tx.lock(RANK_INVOKER, row[0])
             upto = int(row[1])
             tx.held_invoker[row[0]] = (api.parse_ranges(row[2]), upto)
-            msg = _buf(row[3:])
+            msg = self._with_payloads([_buf(row[3:])])[0]
             if msg.number != upto + 1:
                 # A delivery of the sequence committed between this statement's snapshot and its
                 # lock: PostgreSQL locked the row's new version and re-checked the statement's
@@ -297,9 +326,9 @@ class _Invoker(api.InvokerBufferManager):
 
     def get(self, sequence_id: str, number: int) -> BufferedMessage | None:
         self._lock_sequence(sequence_id)
-        row = self._tx.one(f"SELECT {_cols(_BUF_COLS)} FROM invoker_message WHERE sequence_id = ? "
+        row = self._tx.one(f"SELECT {_read_cols(self._tx)} FROM invoker_message WHERE sequence_id = ? "
                            "AND number = ?", (sequence_id, number))
-        return _buf(row) if row else None
+        return self._with_payloads([_buf(row)])[0] if row else None
 
     def record_failure(self, sequence_id: str, number: int, *, attempts: int, cycle: int,
                        next_attempt_at: float | None, error: str) -> BufferedMessage:
