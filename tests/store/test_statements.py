@@ -252,3 +252,15 @@ def test_a_reply_enqueued_after_its_sequence_was_read_is_one_statement_on_postgr
     assert msg.number == 1
     if store.url.startswith("postgresql"):
         assert len(seen) == 1 and seen[0].startswith("WITH s AS (UPDATE rms_sequence"), seen
+
+
+def test_a_source_sequence_held_is_found_by_its_identifier_without_a_statement(store: StorageManager) -> None:
+    """A reply's record holds its request's sequence (it marked the request answered), then applies
+    the acknowledgement riding on the reply, which names the sequence by the peer's identifier."""
+    started(store, messages=1)
+    with store.begin() as tx:
+        held = tx.rms.get("k1")
+        seen = statements(tx)
+        assert tx.rms.get_by_sequence_id("seq-1") == held
+        assert tx.rms.get_by_sequence_id("seq-unknown") is None
+    assert len(seen) == 1, seen

@@ -69,6 +69,9 @@ class _Rms(api.RmsSequenceManager):
     def get_by_sequence_id(self, sequence_id: str) -> RmsSequence | None:
         tx = self._tx
         tx.lock(RANK_RMS, ("sequence_id", sequence_id))
+        for held in tx.held_rms.values():  # locked by this transaction already, and as it is now
+            if held.sequence_id == sequence_id:  # (a reply's record: its request's sequence)
+                return held
         row = tx.one(f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE sequence_id = ?"
                      + tx.d.for_update, (sequence_id,))
         if row is None:
