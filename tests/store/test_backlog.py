@@ -231,7 +231,10 @@ def test_a_round_robin_batch_is_the_same_whoever_has_few_or_many(store: StorageM
 
 def test_a_memory_batch_over_many_sequences_visits_about_what_it_takes() -> None:
     """16 sequences of 60 queued messages, a batch of 50: each sequence is asked for about twice
-    its share (8), not for a whole batch (800 index entries popped, rows read and sorted)."""
+    its share (8), not for a whole batch (800 index entries popped, rows read and sorted).  The
+    SQL stores ask the same way (the test above counts SQLite's rows read; PostgreSQL's tuples
+    read depend on its planner's statistics: 3,552 -> 2,208 here, fresh, and a claim's read of
+    16 sequences of 100 messages, analyzed, 17 -> 9 ms on a loaded machine)."""
     from wsrm_plugin.store.memory import MemoryStore
 
     store = MemoryStore()
