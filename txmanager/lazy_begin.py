@@ -87,6 +87,8 @@ class LazyBeginCursor(ext.cursor):
     def execute(self, query: Any, vars: Any = None) -> None:  # noqa: A002 -- psycopg2's name
         conn = self.connection
         if conn._mode is not _PENDING:
+            if conn._lagging:  # a cursor kept from a branch, used after it
+                conn._restore_autocommit()
             return ext.cursor.execute(self, query, vars)
         return conn._execute_first(self, query, vars)
 
@@ -130,11 +132,17 @@ class LazyBeginConnection(ext.connection):
         #: a cursor this module cannot follow was handed out: branches use tpc_begin from now on
         self._classic = False
         self._own_cursor: Any = None
+        #: psycopg2's autocommit flag is still on after a branch committed in one phase, while
+        #: the connection shows it off: set back only when something is to run outside a branch
+        #: (setting it costs more than the rest of the commit, and the next branch wants it on)
+        self._lagging = False
 
     # -- what the application calls ---------------------------------------------------------
 
     def cursor(self, name: str | None = None, cursor_factory: Any = None, scrollable: bool | None = None,
                withhold: bool = False) -> Any:
+        if self._lagging:
+            self._restore_autocommit()
         if (name is None and cursor_factory is None and scrollable is None and not withhold
                 and self.cursor_factory is LazyBeginCursor):
             return _new_cursor(self)  # the usual call: no keywords for psycopg2 to parse
@@ -147,32 +155,46 @@ class LazyBeginConnection(ext.connection):
                                      scrollable=scrollable)
 
     def lobject(self, *args: Any, **kwargs: Any) -> Any:
+        self._restore_autocommit()
         self._cannot_follow(named=True)
         return ext.connection.lobject(self, *args, **kwargs)
 
     @property
     def autocommit(self) -> bool:
         """False during a branch, as in psycopg2's two-phase mode (psycopg2's own flag is on then)."""
-        return False if self._mode is not None else _AUTOCOMMIT.__get__(self)
+        if self._mode is not None or self._lagging:
+            return False
+        return bool(_AUTOCOMMIT.__get__(self))
 
     @autocommit.setter
     def autocommit(self, value: bool) -> None:
         self._refuse_in_branch("set_session")
+        self._lagging = False
         _AUTOCOMMIT.__set__(self, value)
 
     def set_session(self, *args: Any, **kwargs: Any) -> None:
         self._refuse_in_branch("set_session")
+        self._restore_autocommit()
         ext.connection.set_session(self, *args, **kwargs)
 
     def commit(self) -> None:
         if self._mode is not None and self._mode is not _TPC:
             raise psycopg2.ProgrammingError("commit cannot be used during a two-phase transaction")
+        self._restore_autocommit()
         ext.connection.commit(self)
 
     def rollback(self) -> None:
         if self._mode is not None and self._mode is not _TPC:
             raise psycopg2.ProgrammingError("rollback cannot be used during a two-phase transaction")
+        self._restore_autocommit()
         ext.connection.rollback(self)
+
+    def _restore_autocommit(self) -> None:
+        """psycopg2's autocommit flag as the connection shows it, off (see ``_lagging``)."""
+        if self._lagging:
+            self._lagging = False
+            if not self.closed:
+                _AUTOCOMMIT.__set__(self, False)
 
     def _refuse_in_branch(self, what: str) -> None:
         if self._mode is not None and self._mode is not _TPC:
@@ -193,10 +215,14 @@ class LazyBeginConnection(ext.connection):
         """Start branch ``xid``: nothing is sent (psycopg2's ``tpc_begin`` sends nothing either)."""
         if _OFF or self._classic or self.isolation_level is not None or self.readonly is not None \
                 or self.deferrable is not None:
+            self._restore_autocommit()
             self.tpc_begin(psycopg_xid(xid))
             self._mode = _TPC
             return
-        _AUTOCOMMIT.__set__(self, True)  # a flag of psycopg2's: no round trip
+        if self._lagging:  # on still since the last branch
+            self._lagging = False
+        else:
+            _AUTOCOMMIT.__set__(self, True)  # a flag of psycopg2's: no round trip
         self._xid = xid
         self._mode = _PENDING
 
@@ -207,7 +233,10 @@ class LazyBeginConnection(ext.connection):
         if _OFF or self._classic or self.isolation_level is not None or self.readonly is not None \
                 or self.deferrable is not None:
             return False
-        _AUTOCOMMIT.__set__(self, True)
+        if self._lagging:  # on still since the last branch
+            self._lagging = False
+        else:
+            _AUTOCOMMIT.__set__(self, True)
         self._mode = _PENDING
         return True
 
@@ -228,10 +257,16 @@ class LazyBeginConnection(ext.connection):
     def commit_branch(self) -> None:
         """Commit the branch: in one phase, or its prepared transaction when it was prepared here."""
         if self._mode is _SQL:  # the usual one-phase case, without the general path's calls
-            self._by_sql("COMMIT", None, "COMMIT")
+            cur = self._own_cursor
+            if cur is None or cur.closed:
+                self._own_cursor = cur = ext.cursor(self)
+            cur.execute("COMMIT")  # what _by_sql does, inline
+            if cur.statusmessage != "COMMIT":
+                raise psycopg2.DatabaseError(f"COMMIT was answered {cur.statusmessage!r}: the "
+                                             "transaction was rolled back (one of its statements "
+                                             "failed)")
             self._mode = self._xid = None
-            if not self.closed:
-                _AUTOCOMMIT.__set__(self, False)
+            self._lagging = True  # psycopg2's flag stays on until something runs outside a branch
             return
         self._end(commit=True)
         self._branch_over()
@@ -315,6 +350,8 @@ class LazyBeginConnection(ext.connection):
         return ext.cursor.execute(cur, query, vars)
 
     def _begin_now(self) -> None:
+        if self._lagging:
+            self._restore_autocommit()
         if self._mode is _PENDING:
             self._mode = _SQL
             with ext.cursor(self) as cur:

@@ -87,6 +87,8 @@ _new_object = object.__new__
 _monotonic = time.monotonic
 #: makes a transaction's xids when first asked for (two threads asking at once get one)
 _naming = _thread.allocate_lock()
+#: a transaction's branches and enlistments until it has more than one resource: none
+_NONE: tuple[()] = ()
 
 
 def _bqual(index: int) -> bytes:
@@ -270,8 +272,9 @@ class Transaction:
         self._cause: BaseException | None = None
         self._completing = False
         self._finished = False
-        self._branches: list[_Branch] = []
-        self._enlisted: list[_Enlistment] = []
+        # no list until a second resource (see _promote): the one-phase path has none
+        self._branches: list[_Branch] = _NONE  # type: ignore[assignment]
+        self._enlisted: list[_Enlistment] = _NONE  # type: ignore[assignment]
         self._syncs: list[Synchronization] = []
         #: a synchronization that is no AfterCompletion was registered: run before_completion
         self._before = False
@@ -528,8 +531,8 @@ class Transaction:
         branch = _Branch(0, self._name_sole(), resource)
         enl = _Enlistment(resource, branch)
         enl.state = state
-        self._branches.append(branch)
-        self._enlisted.append(enl)
+        self._branches = [branch]  # the sole resource was the only one: nothing else is in
+        self._enlisted = [enl]
         self._sole = None
         return branch
 

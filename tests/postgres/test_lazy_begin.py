@@ -297,6 +297,43 @@ def test_the_connection_shows_no_autocommit_during_a_branch_and_keeps_it_from_be
     conn.autocommit = False
 
 
+@pytest.mark.parametrize("how", ["new cursor", "kept cursor", "executemany", "with conn"])
+def test_after_a_one_phase_commit_the_session_is_out_of_autocommit_for_what_runs_next(resource, db, how):
+    """psycopg2's own autocommit flag stays on after a branch's one-phase COMMIT (setting it
+    costs more than the rest of the commit, and the next branch wants it on): whatever runs
+    outside a branch next still runs in a transaction of its own, as before."""
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    kept = conn.cursor()
+    kept.execute("INSERT INTO t (v) VALUES ('committed')")
+    resource.end(xid, TMSUCCESS)
+    resource.commit(xid, one_phase=True)
+    assert conn.autocommit is False
+    if how == "with conn":
+        with pytest.raises(ZeroDivisionError), conn:
+            with conn.cursor() as cur:
+                cur.execute("INSERT INTO t (v) VALUES ('outside')")
+            1 / 0  # noqa: B018 -- the with block fails: psycopg2 rolls its transaction back
+    else:
+        cur = kept if how == "kept cursor" else conn.cursor()
+        if how == "executemany":
+            cur.executemany("INSERT INTO t (v) VALUES (%s)", [("outside",)])
+        else:
+            cur.execute("INSERT INTO t (v) VALUES ('outside')")
+        assert conn.info.transaction_status == ext.TRANSACTION_STATUS_INTRANS
+        conn.rollback()
+    assert values(db) == ["committed"]
+    assert conn.autocommit is False and not conn.closed
+    xid = new_xid()  # and the next branch begins lazily as ever
+    resource.start(xid)
+    insert(resource, "next")
+    assert lazily_begun(conn)
+    resource.end(xid, TMSUCCESS)
+    resource.commit(xid, one_phase=True)
+    assert values(db) == ["committed", "next"]
+
+
 def test_with_conn_inside_a_branch_raises_as_in_psycopg2s_two_phase_mode(resource, db):
     conn = resource.connection
     xid = new_xid()
