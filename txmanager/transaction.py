@@ -685,7 +685,9 @@ class Transaction:
                     return
             self._commit()  # what the one-phase path leaves undone, the general path does
         finally:
-            self._leave_completion()
+            # a manager's transaction never named was never in its running set: nothing to end
+            if self._xid is not None or self._registry is None:
+                self._leave_completion()
 
     def prepare_and_detach(self) -> list[PreparedBranch]:
         """Phase 1 only: prepare every branch and hand the decision to someone else.
