@@ -29,9 +29,12 @@ so that machine noise hits both sides alike:
   cache changes) splits the client CPU difference above in two: the number of
   instructions, and what each costs.  Plain BEGIN/UPDATE/COMMIT runs 41,000;
   the manager's statements by psycopg2 alone 54,300 (a second cursor, its
-  answer decoded); through LazyBeginConnection 58,300; through the manager
-  179,400 before the cuts of issue 33, 134,400 after (the stand-in: 90,600,
-  against 4,400 for its own calls alone).  The manager's own code is thus
+  answer decoded); through LazyBeginConnection 58,300 (55,000 once it left
+  psycopg2's autocommit flag on between branches); through the manager
+  179,400 before the cuts of issue 33, 134,400 after, 103,000 with the
+  one-phase path (the stand-in: 90,600, against 4,400 for its own calls
+  alone, before that path: a stand-in connection is no LazyBeginConnection,
+  so its branch gets its xid at start, as the one-phase path's does not).  The manager's own code is thus
   three quarters of the instructions above plain, and they run at about 3.6 a
   nanosecond between round trips here against 13 warm in the stand-in's loop:
   24-27 us above plain for 93,000 instructions, 6.5 us for the stand-in's 86,000.
