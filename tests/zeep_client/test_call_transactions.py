@@ -1,7 +1,8 @@
 """What one sequential request-reply call costs the stores: transactions and fsyncs, counted.
 
 Real parts: a reliable spyne service and a reliable zeep client over loopback HTTP, on memory and
-SQLite stores.  The service receives a back-channel request, applies the acknowledgement riding on
+SQLite stores.  The client's caller enqueues its request and claims it for its own send in one
+transaction, and records the reply in another.  The service receives a back-channel request, applies the acknowledgement riding on
 it, delivers it and takes its reply for the HTTP response in one transaction (the acknowledgement
 the response carries is the one that receive made); a SQLite client records the reply, which answers its caller, without waiting for
 the disk there, so each call waits for one client fsync (its request's enqueue), and whatever
@@ -71,6 +72,8 @@ def test_the_service_answers_a_call_with_the_reply_its_receipt_took_in_its_own_t
     assert [rc.service.echo(f"q{i}").result(timeout=60) for i in range(2)] == ["re:q0", "re:q1"]
     handed_out = svc.engine.back_channel.handed_out
     commits = _count_commits(svc.engine.store)
+    client_commits = _count_commits(rc.engine.store)
+    caller = threading.current_thread().name
     for i in range(2, CALLS + 2):
         assert rc.service.echo(f"q{i}").result(timeout=60) == f"re:q{i}"
     assert svc.engine.back_channel.handed_out - handed_out == CALLS
@@ -80,6 +83,11 @@ def test_the_service_answers_a_call_with_the_reply_its_receipt_took_in_its_own_t
     # the reply not looked for, nor the acknowledgement read in transactions of their own (4 before)
     assert commits["receiving"] == CALLS, commits
     assert svc.engine.store.status().unacked <= 1  # the riding acknowledgements freed every reply but the last
+    # the caller's two: its request's enqueue, which claims it for the caller's send too (the
+    # first attempt recorded, the acknowledgements of the previous exchange applied), and the
+    # reply's record, which consumes it (3 before: the claim was a transaction of its own)
+    assert client_commits[caller] == 2 * CALLS, client_commits
+    assert rc.engine.retransmission.sent_by_callers == CALLS + 1
     assert service.ECHOED == [f"q{i}" for i in range(CALLS + 2)]
 
 

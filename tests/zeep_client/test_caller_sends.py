@@ -103,6 +103,30 @@ def test_a_caller_that_never_waits_gets_its_request_sent_by_the_sender_after_the
         rc.stop(timeout=5)
 
 
+def test_a_request_claimed_by_its_enqueue_whose_caller_never_waits_goes_with_the_sender_after_the_grace(svc):
+    # once the sequence runs, a request kept for its caller is claimed for it by its enqueue's
+    # transaction (its first attempt recorded, due only at its retransmission time): a caller
+    # that never sends it must not leave it there until then, nor keep the lane from others
+    rc = _client(svc.url, "memory:", caller_send_grace=0.05, base_retransmission_interval=30.0)
+    try:
+        assert rc.service.echo("first").result(timeout=60) == "re:first"  # opens the sequence: the sender's
+        assert rc.service.echo("second").result(timeout=60) == "re:second"  # the caller's, claimed by its enqueue
+        sent_by_callers = rc.engine.retransmission.sent_by_callers
+        assert sent_by_callers >= 1
+        posting = _posting_threads(rc)
+        futures = [rc.service.echo(f"w{i}") for i in range(3)]
+        done, _ = wait(futures, timeout=20)  # not result(): nothing here sends; 30 s would be the timer
+        assert len(done) == 3
+        assert [f.result() for f in futures] == [f"re:w{i}" for i in range(3)]
+        assert rc.engine.retransmission.sent_by_callers == sent_by_callers  # none by a caller since
+        assert threading.current_thread().name not in posting
+        assert rc.service.echo("after").result(timeout=60) == "re:after"  # the lane is free again
+        assert rc.engine.retransmission.sent_by_callers == sent_by_callers + 1
+        assert service.ECHOED == ["first", "second", "w0", "w1", "w2", "after"]
+    finally:
+        rc.stop(timeout=5)
+
+
 def test_a_short_timeout_leaves_the_request_to_the_sender_at_once(svc):
     rc = _client(svc.url, "memory:", caller_send_grace=30.0)
     try:

@@ -198,6 +198,7 @@ class ReliableEngine:
         self.retransmission = RetransmissionWorker(self.store, policy, self.source, self.destination,
                                                    self.inbound, self.transport, on_reachable=self._peer_is_back,
                                                    name=name, reporter=reporter)
+        self.source.early_claim = self.retransmission.early_claim
         self.acknowledgement = AcknowledgementWorker(self.store, policy, self.destination, self.inbound,
                                                      self.transport, source=self.source,
                                                      reachability=self.retransmission.reachability)

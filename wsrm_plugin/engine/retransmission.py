@@ -97,6 +97,42 @@ class _Planned:
     #: by its claim; None with ``reply_ack_taken`` false: looked up when it is sent.
     reply_ack: SequenceAcknowledgement | None = None
     reply_ack_taken: bool = False
+    #: Claimed by its enqueue (:meth:`RetransmissionWorker.early_claim`): the reply sequence whose
+    #: acknowledgement it carries, as read then (taken from the owed ones when it is sent).
+    reply_ack_rmd: RmdSequence | None = None
+
+
+class _EarlyClaim:
+    """A waiting caller's claim of its request, made in the transaction that enqueues it."""
+
+    def __init__(self, worker: "RetransmissionWorker", key: str, rmd: RmdSequence | None) -> None:
+        self._worker = worker
+        self._key = key
+        self._rmd = rmd
+        self._item: _Planned | None = None
+        self._owes_control = False
+
+    def claim(self, tx: Any, receipt: Any) -> None:
+        """In the enqueue's transaction, after it: claim the message just enqueued."""
+        if receipt.sequence_key == self._key:  # else the sequence took no more: a new one got it
+            self._item, self._owes_control = self._worker._claim_early(tx, self._key, receipt.number)
+            if self._item is not None:
+                self._item.reply_ack_rmd = self._rmd
+
+    def committed(self) -> None:
+        """The enqueue committed: the claim is its caller's (or the lane is free again)."""
+        worker = self._worker
+        if self._owes_control:
+            worker.source._wake()  # every message acknowledged after the last: Close/Terminate is due
+        if self._item is None:
+            worker._lane(self._key, LaneEvent.CALLER_ENDED)
+        else:
+            worker._hold_early(self._item)
+
+    def abandon(self) -> None:
+        """The enqueue failed or rolled back: nothing was claimed."""
+        self._item = None
+        self._worker._lane(self._key, LaneEvent.CALLER_ENDED)
 
 
 def _chains(plan: list[_Planned]) -> list[list[list[_Planned]]]:
@@ -246,9 +282,13 @@ class RetransmissionWorker:
         #: The plain acknowledgements that came with callers' exchanges, not applied yet: the next
         #: caller's claim on their sequence applies them in its transaction, a round the rest.
         self._callers_acks = PendingAcks()
+        #: Requests claimed for their callers by their enqueue's transaction (:meth:`early_claim`),
+        #: not sent yet: (sequence key, number) -> (the claim, when it goes to a round instead).
+        self._early: dict[tuple[str, int], tuple[_Planned, float]] = {}
 
     def step(self) -> bool:
         now = time.time()
+        self._expire_early_claims()
         self._apply_callers_acks()
         released = self._release_held()
         probed = self._probe(now)
@@ -876,7 +916,7 @@ class RetransmissionWorker:
                 self._lane_states.pop(key, None)
             else:
                 self._lane_states[key] = state
-            if event is LaneEvent.ROUND_ENDED:
+            if event is LaneEvent.ROUND_ENDED or event is LaneEvent.CALLER_ENDED:
                 self._lane_idle.notify_all()
 
     def _caller_claims_lane(self, key: str) -> bool:
@@ -887,7 +927,8 @@ class RetransmissionWorker:
         ended (applying the round's acknowledgements, settling): a caller that calls again at once
         finds that round still on the lane, and leaving its request to the sender there would
         keep every following call of it on the sender's thread.  Another caller's request on
-        the lane is not waited for: the sender's round sends beside it."""
+        the lane is not waited for once it is out (the sender's round sends beside it); one its
+        enqueue claimed and its caller has not sent yet is (:meth:`early_claim`)."""
         deadline = time.monotonic() + (self.policy.caller_send_grace or 0.0)
         with self._lane_lock:
             while True:
@@ -897,7 +938,11 @@ class RetransmissionWorker:
                     return True
                 except InvalidTransition:
                     left = deadline - time.monotonic()
-                    if state.caller_sending or left <= 0:
+                    # another caller's request claimed by its enqueue and not sent yet: wait for
+                    # its send to start (or its grace to end), as for a round's end, rather than
+                    # have this request overtake it with the round
+                    waits = not state.caller_sending or any(k == key for k, _ in self._early)
+                    if not waits or left <= 0:
                         return False
                     self._lane_idle.wait(left)
 
@@ -920,6 +965,10 @@ class RetransmissionWorker:
         acknowledged already, something before it is still unacknowledged, its
         peer is unreachable...): the sender's round sends it then.
         """
+        early = self._take_early(key, number)
+        if early is not None:
+            self._send_early(key, early)
+            return True
         if not self._caller_claims_lane(key):
             self.leave_to_round(key, number)
             return False
@@ -943,6 +992,16 @@ class RetransmissionWorker:
     def leave_to_round(self, key: str, number: int) -> None:
         """Message ``number`` of ``key`` was kept for its caller, who will not send it: due at once
         (not when the caller's grace ends), and the sender woken."""
+        if self._take_early(key, number) is not None:  # claimed (never sent): due now all the same
+            try:
+                with self.store.begin(durable=False) as tx:
+                    tx.rms_messages.make_due(key, [number], at=time.time())
+            except (StoreError, UnknownSequenceError) as exc:  # its retransmission timer sends it
+                log.debug("message %d of %s left to its retransmission timer: %s", number, key, exc)
+            finally:
+                self._lane(key, LaneEvent.CALLER_ENDED)
+            self.source._wake()
+            return
         try:
             with self.store.begin(durable=False) as tx:
                 msg = tx.rms_messages.get(key, number)
@@ -953,6 +1012,94 @@ class RetransmissionWorker:
             log.debug("message %d of %s left to the sender's grace: %s", number, key, exc)
             return
         self.source._wake()
+
+    # -- the caller's claim made by its request's enqueue ------------------------------------------
+
+    def early_claim(self, tx: Any, key: str) -> "_EarlyClaim | None":
+        """In the transaction about to enqueue a request on sequence ``key`` for a caller that
+        will wait for its reply (``Source.send``, kept for it): take the lane for that caller now
+        and read what its claim needs before the enqueue locks the sequence (the replies'
+        acknowledgement it will carry: RMD rows first); None when the lane is not idle.  The
+        claim itself follows the enqueue in the same transaction (:meth:`_EarlyClaim.claim`),
+        so the caller's send needs no transaction of its own (:meth:`send_for_caller`)."""
+        if self.policy.max_unacknowledged is not None:
+            return None  # the window is the round's to count
+        with self._lane_lock:
+            try:
+                self._lane_states[key] = lane_transition(self._lane_states.get(key, LaneState()),
+                                                         LaneEvent.CALLER_CLAIMS).state
+            except InvalidTransition:
+                return None
+        try:
+            with self._reply_acks_lock:
+                owed = self._reply_acks.get(key)
+            offered_id = owed[1].offered_id if owed is not None else None
+            rmd = tx.rmd.get(offered_id) if offered_id else None
+        except BaseException:
+            self._lane(key, LaneEvent.CALLER_ENDED)
+            raise
+        return _EarlyClaim(self, key, rmd)
+
+    def _claim_early(self, tx: Any, key: str, number: int) -> tuple[_Planned | None, bool]:
+        """:meth:`_claim_for_caller`'s work in the enqueue's transaction (the sequence's row
+        locked by the enqueue): the claim, or None; whether the callers' acknowledgements it
+        applied made the sequence's Close or Terminate due."""
+        now = time.time()
+        owes_control = False
+        seq = tx.rms.get(key)
+        if seq is not None and seq.sequence_id is not None and rms_life(seq).transmitting:
+            owes_control = self._apply_callers_ack(tx, seq, now)
+            seq = tx.rms.get(key)
+        if seq is None or seq.sequence_id is None or not rms_life(seq).transmitting \
+                or is_back_channel(seq.target) or self.reachability.gate(seq.target) is not Gate.SEND:
+            return None, owes_control
+        claimed = self._claim_in(tx, seq, number, now)
+        if claimed is None:
+            return None, owes_control
+        msg, seq = claimed
+        return _Planned(msg, seq, request_ack=self.policy.ack_request is AckRequestMode.ALWAYS), owes_control
+
+    def _hold_early(self, item: _Planned) -> None:
+        """A claim the enqueue committed: its caller's to send until the grace ends."""
+        at = time.monotonic() + (self.policy.caller_send_grace or 0.0)
+        with self._lane_lock:
+            self._early[(item.sequence.key, item.message.number)] = (item, at)
+
+    def _take_early(self, key: str, number: int) -> _Planned | None:
+        """The early claim of message ``number`` of ``key``, taken (once: by its caller's send, by
+        its caller leaving it, or when the grace ends)."""
+        with self._lane_lock:
+            held = self._early.pop((key, number), None)
+            if held is not None:
+                self._lane_idle.notify_all()  # a caller may wait for this one's send to start
+        return held[0] if held is not None else None
+
+    def _expire_early_claims(self) -> None:
+        """Early claims whose callers did not come within the grace go to the round now."""
+        if not self._early:
+            return
+        now = time.monotonic()
+        with self._lane_lock:
+            expired = [where for where, (_, at) in self._early.items() if at <= now]
+        for key, number in expired:
+            self.leave_to_round(key, number)
+
+    def _send_early(self, key: str, item: _Planned) -> None:
+        """Send a request its enqueue claimed, from its caller's thread (the lane is the caller's
+        since that claim)."""
+        try:
+            rmd = item.reply_ack_rmd
+            if rmd is not None:
+                with self._reply_acks_lock:
+                    taken = self._reply_acks.pop(key, None) is not None
+                item.reply_ack = self.destination.ack_for(rmd) if taken else None
+                item.reply_ack_taken = True
+            self._bump(sent_by_callers=1)
+            with self.source.coalesced_acks(self._callers_acks):
+                exchange = self._send_message(item)
+            self._settle([(item, exchange)])
+        finally:
+            self._lane(key, LaneEvent.CALLER_ENDED)
 
     def _claim_for_caller(self, key: str, number: int) -> _Planned | None:
         """Claim message ``number`` for its caller's thread: only its first transmission, of a

@@ -28,6 +28,11 @@ caller is: its message then goes with the round, which the commit woke.  That
 keeps a caller's send from overtaking what a round sends, so a peer that
 drops messages sent after a gap is not made to drop them by the caller.
 
+When the lane is idle as a caller's request is enqueued, the enqueue's own
+transaction makes the claim and CALLER_CLAIMS happens then: the lane is the
+caller's until its send ends, or until it leaves the request to the sender
+(its grace ended, or it waits with a short timeout).
+
 Kept in the sender's memory (one process's threads); the store's claim is
 what makes a message go once per attempt across processes.  Nothing here
 does I/O.
