@@ -114,6 +114,13 @@ def _instrument_postgres() -> None:
         _note(f"pg {_statement(statement, self)}  {_where()}")
         by_sql(self, statement, params, expected)
     lazy_begin.LazyBeginConnection._by_sql = counted_by_sql  # type: ignore[method-assign]
+    commit_branch = lazy_begin.LazyBeginConnection.commit_branch
+
+    def counted_commit_branch(self: Any) -> None:
+        if getattr(self, "_mode", None) == "sql":  # the one-phase COMMIT it sends itself (else by _by_sql)
+            _note(f"pg COMMIT+COMMIT  {_where()}")
+        commit_branch(self)
+    lazy_begin.LazyBeginConnection.commit_branch = counted_commit_branch  # type: ignore[method-assign]
     from wsrm_plugin.store.sql import transaction
 
     text = transaction.SqlTransaction._text
