@@ -973,16 +973,10 @@ class RetransmissionWorker:
             self.leave_to_round(key, number)
             return False
         item: _Planned | None = None
-        exchange: Exchange | None = None
         try:
             item = self._claim_for_caller(key, number)
             if item is not None:
-                self._bump(sent_by_callers=1)
-                # its answer's acknowledgements wait for the next claim on the sequence (or the
-                # sender's next round): a store transaction less before the caller has its reply
-                with self.source.coalesced_acks(self._callers_acks):
-                    exchange = self._send_message(item)
-                self._settle([(item, exchange)])
+                self._transmit_for_caller(item)
         finally:
             self._lane(key, LaneEvent.CALLER_ENDED)
         if item is None:
@@ -1094,12 +1088,18 @@ class RetransmissionWorker:
                     taken = self._reply_acks.pop(key, None) is not None
                 item.reply_ack = self.destination.ack_for(rmd) if taken else None
                 item.reply_ack_taken = True
-            self._bump(sent_by_callers=1)
-            with self.source.coalesced_acks(self._callers_acks):
-                exchange = self._send_message(item)
-            self._settle([(item, exchange)])
+            self._transmit_for_caller(item)
         finally:
             self._lane(key, LaneEvent.CALLER_ENDED)
+
+    def _transmit_for_caller(self, item: _Planned) -> None:
+        """Send ``item`` from its caller's thread and settle the attempt there.  Its answer's
+        acknowledgements wait for the next claim on the sequence (or the sender's next round): a
+        store transaction less before the caller has its reply."""
+        self._bump(sent_by_callers=1)
+        with self.source.coalesced_acks(self._callers_acks):
+            exchange = self._send_message(item)
+        self._settle([(item, exchange)])
 
     def _claim_for_caller(self, key: str, number: int) -> _Planned | None:
         """Claim message ``number`` for its caller's thread: only its first transmission, of a
