@@ -87,7 +87,11 @@ def test_a_host_killed_while_paused_leaves_no_stale_pause_once_taken_over(cluste
         assert "wsrm_delivery_paused 0\n" in exposition(shown)
         assert wait_for(lambda: b.status("healthz/ready") == 200, 30)
 
-        # and messages flow: through haproxy, B alone alive
+        # and messages flow: through haproxy, B alone alive, once haproxy's health checks say so
+        # (B was started by hand, and A was down for paused delivery: routing to neither, haproxy
+        # answered the clients' first request with a 503 in a loaded run)
+        assert wait_for(lambda: (f"h{b.index}" in cluster.lb_up()) and f"h{a.index}" not in cluster.lb_up(), 60), (
+            cluster.lb_up())
         clients = Clients(cluster, 1)
         try:
             clients.send(20)
