@@ -12,7 +12,7 @@ import contextlib
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, overload
 
 from .. import api
 from ..api import (
@@ -130,12 +130,17 @@ class SqlTransaction(api.StoreTransaction):
                 cur.close()
             if statements is not None:
                 statements.failed(self.conn, exc)
-            translated = self._store._translate(exc)
-            self._doom(translated or exc)
-            if translated is not None:
-                raise translated from exc
-            raise
+            self._fail(exc)
         return cur
+
+    def _fail(self, exc: Exception) -> NoReturn:
+        """Doom the transaction for the driver's error ``exc`` and raise it as the store's own
+        exception when there is one for it: a statement and a COPY fail alike."""
+        translated = self._store._translate(exc)
+        self._doom(translated or exc)
+        if translated is not None:
+            raise translated from exc
+        raise exc
 
     def copy_in(self, table: str, columns: Sequence[str], types: Sequence[str], row: Sequence[Any]) -> None:
         """Insert one row with ``COPY ... FROM STDIN (FORMAT binary)`` (PostgreSQL): for a row with
@@ -158,11 +163,7 @@ class SqlTransaction(api.StoreTransaction):
             finally:
                 cur.close()
         except Exception as exc:
-            translated = self._store._translate(exc)
-            self._doom(translated or exc)
-            if translated is not None:
-                raise translated from exc
-            raise
+            self._fail(exc)
 
     def copy_out_payloads(self, table: str, keys: str,
                           wanted: Sequence[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
@@ -183,11 +184,7 @@ class SqlTransaction(api.StoreTransaction):
             finally:
                 cur.close()
         except Exception as exc:
-            translated = self._store._translate(exc)
-            self._doom(translated or exc)
-            if translated is not None:
-                raise translated from exc
-            raise
+            self._fail(exc)
         codec = _codec(getattr(self.conn, "encoding", "UTF8"))
         return {(first.decode(codec), struct.unpack(">q", second)[0]): payload
                 for first, second, payload in _copy_rows(chunks.received)}
