@@ -19,7 +19,7 @@ import pytest
 
 from txmanager import TransactionManager
 from wsrm_plugin.store import StorageManager
-from wsrm_plugin.store.sql.rms import COPY_PAYLOAD_AT
+from wsrm_plugin.store.sql.large_payloads import COPY_PAYLOAD_AT
 
 from .test_managers import new_rms
 

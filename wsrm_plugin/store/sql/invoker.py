@@ -19,7 +19,7 @@ from ..api import (
 )
 from .rows import _BUF_COLS, _POISON_COLS, _buf, _cols, _poison, _waiting
 from .statements import _TAKE_LOCKED, _prefix, _take_params
-from .rms import COPY_PAYLOAD_AT
+from .large_payloads import COPY_PAYLOAD_AT, cols_leaving_large_payloads, with_large_payloads
 from .transaction import SqlTransaction, _in_list
 
 #: How many buffered messages of a sequence a batch of deliveries reads at once.
@@ -32,11 +32,7 @@ _PUT_TYPES = ("text", "int8", "text", "text", "text", "bytea", "text", "float8")
 def _read_cols(tx: SqlTransaction, alias: str = "") -> str:
     """The columns of buffered messages to read, a payload of ``COPY_PAYLOAD_AT`` bytes or more
     left out (NULL) where the dialect reads those with COPY (``_Invoker._with_payloads``)."""
-    if not tx.d.copy_binary:
-        return _cols(_BUF_COLS, alias)
-    m = f"{alias}." if alias else ""
-    return ", ".join(f"CASE WHEN octet_length({m}payload) < {COPY_PAYLOAD_AT} THEN {m}payload END"
-                     if c == "payload" else m + c for c in _BUF_COLS)
+    return cols_leaving_large_payloads(_BUF_COLS, alias) if tx.d.copy_binary else _cols(_BUF_COLS, alias)
 
 
 class _Invoker(api.InvokerBufferManager):
@@ -44,12 +40,8 @@ class _Invoker(api.InvokerBufferManager):
 
     def _with_payloads(self, msgs: list[BufferedMessage]) -> list[BufferedMessage]:
         """``msgs`` with the large payloads :func:`_read_cols` left out read, by one COPY."""
-        missing = [(m.sequence_id, m.number) for m in msgs if m.payload is None]
-        if not missing:
-            return msgs
-        found = self._tx.copy_out_payloads("invoker_message", "sequence_id, number", missing)
-        return [m if m.payload is not None else replace(m, payload=found[(m.sequence_id, m.number)])
-                for m in msgs]
+        return with_large_payloads(self._tx, msgs, "invoker_message", "sequence_id, number",
+                                   lambda m: (m.sequence_id, m.number))
 
     def _lock_sequence(self, sequence_id: str) -> tuple[api.AckRanges, int] | None:
         """Lock the sequence's invoker row; its delivered ranges and in-order prefix."""

@@ -19,12 +19,10 @@ from ..api import (
     _now,
 )
 from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMS_COLS, _cols, _msg, _rms, msg_cols
+from .large_payloads import COPY_PAYLOAD_AT, cols_leaving_large_payloads, with_large_payloads
 from .transaction import SqlTransaction, _in_list
 
 _SELECT_RMS = f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?"
-#: Payloads of at least this many bytes are written with COPY (``Dialect.copy_binary``): its extra
-#: round trip costs less than the server's lexer over the payload's hex from here on
-COPY_PAYLOAD_AT = 32 * 1024
 #: the binary form of each of the enqueue's columns (:data:`_ENQUEUE_COLS`), for COPY
 _ENQUEUE_TYPES = ("text", "int8", "text", "text", "text", "bytea", "bool", "text", "bytea", "bool", "float8",
                   "float8")
@@ -32,13 +30,9 @@ _ENQUEUE_TYPES = ("text", "int8", "text", "text", "text", "bytea", "bool", "text
 
 def _read_cols(tx: SqlTransaction, alias: str = "") -> str:
     """The columns of ``rms_message`` rows to read (:func:`.rows.msg_cols`), a payload of
-    :data:`COPY_PAYLOAD_AT` bytes or more left out (NULL) where the dialect reads those with COPY
-    (:meth:`_RmsMessages._with_payloads`): ``octet_length`` reads only a stored value's header."""
-    if not tx.d.copy_binary:
-        return msg_cols(tx.d, alias)
-    m = f"{alias}." if alias else ""
-    return ", ".join(f"CASE WHEN octet_length({m}payload) < {COPY_PAYLOAD_AT} THEN {m}payload END"
-                     if c == "payload" else m + c for c in _MSG_COLS)
+    :data:`.large_payloads.COPY_PAYLOAD_AT` bytes or more left out (NULL) where the dialect reads
+    those with COPY (:meth:`_RmsMessages._with_payloads`)."""
+    return cols_leaving_large_payloads(_MSG_COLS, alias) if tx.d.copy_binary else msg_cols(tx.d, alias)
 
 
 class _Rms(api.RmsSequenceManager):
@@ -246,12 +240,8 @@ class _RmsMessages(api.RmsMessageManager):
 
     def _with_payloads(self, msgs: list[RmsMessage]) -> list[RmsMessage]:
         """``msgs`` with the large payloads :func:`_read_cols` left out read, by one COPY."""
-        missing = [(m.sequence_key, m.number) for m in msgs if m.payload is None]
-        if not missing:
-            return msgs
-        found = self._tx.copy_out_payloads("rms_message", "seq_key, number", missing)
-        return [m if m.payload is not None else replace(m, payload=found[(m.sequence_key, m.number)])
-                for m in msgs]
+        return with_large_payloads(self._tx, msgs, "rms_message", "seq_key, number",
+                                   lambda m: (m.sequence_key, m.number))
 
     def get(self, sequence_key: str, number: int) -> RmsMessage | None:
         self._seq(sequence_key)  # sequence row first, then its messages: one order for all
