@@ -24,8 +24,6 @@ import time
 import traceback
 from pathlib import Path
 
-from lxml import etree
-
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -33,18 +31,11 @@ if str(ROOT) not in sys.path:
 from wsrm_plugin.engine import ReliableEngine, RMPolicy  # noqa: E402
 from wsrm_plugin.store import sqlite as sqlite_store  # noqa: E402
 from wsrm_plugin.store.sql import SqlTransaction  # noqa: E402
-from wsrm_plugin.wire import SOAP12, build_envelope, to_bytes  # noqa: E402
+from bench._one_process import ACTION, Deliveries, open_sequences, payload  # noqa: E402
 
-ACTION = "urn:wsrm-bench:item"
 #: The engine's functions a client transaction is named after (the innermost on its stack).
 ORIGINS = ("_claim", "_flush_acks", "_flush_ack", "_enqueue_outgoing", "send_for_caller", "_apply_callers_acks",
            "_control", "_reclaim", "_make_due", "_hold", "_acknowledge_replies", "_keep_alive", "step")
-
-
-def _payload(text: str) -> bytes:
-    item = etree.Element("{urn:wsrm-bench}item")
-    item.text = text
-    return to_bytes(build_envelope(SOAP12, [], item))
 
 
 def _origin() -> str:
@@ -92,30 +83,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=1600)
     p.add_argument("--sequences", type=int, default=16)
     args = p.parse_args(argv)
-    delivered: list[int] = []
-
-    def application(envelope: bytes, context: object) -> None:
-        delivered.append(1)
-
-    def wait_delivered(n: int) -> None:
-        deadline = time.monotonic() + 600
-        while len(delivered) < n:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"only {len(delivered)} of {n} delivered after 600 s")
-            time.sleep(0.005)
+    delivered = Deliveries()
 
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp, "client.db").resolve())
         counts = _Counts(path)
-        server = ReliableEngine("memory:", RMPolicy(), application=application)
+        server = ReliableEngine("memory:", RMPolicy(), application=delivered.application)
         server.serve()
         server.start()
         client = ReliableEngine(f"sqlite:///{path}", RMPolicy()).start()
         try:
             url = server.endpoint_address
-            for k in range(args.sequences):  # open every sequence first
-                client.send(url, _payload("warm"), action=ACTION, key=f"k{k}")
-            wait_delivered(args.sequences)
+            open_sequences(client, url, args.sequences, delivered)
             while client.status().unacked:
                 time.sleep(0.01)
             counts.clear()
@@ -126,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def caller(k: int) -> None:
                 for i in range(per):
-                    client.send(url, _payload(f"m{i}"), action=ACTION, key=f"k{k}")
+                    client.send(url, payload(f"m{i}"), action=ACTION, key=f"k{k}")
 
             threads = [threading.Thread(target=caller, args=(k,)) for k in range(args.sequences)]
             started = time.monotonic()
@@ -134,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 t.start()
             for t in threads:
                 t.join()
-            wait_delivered(args.sequences + n)
+            delivered.wait(args.sequences + n)
             while client.status().unacked:  # the last acknowledgements applied
                 time.sleep(0.01)
             wall = time.monotonic() - started

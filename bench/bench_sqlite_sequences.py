@@ -34,8 +34,6 @@ import threading
 import time
 from pathlib import Path
 
-from lxml import etree
-
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -43,15 +41,8 @@ if str(ROOT) not in sys.path:
 from wsrm_plugin.engine import ReliableEngine, RMPolicy  # noqa: E402
 from wsrm_plugin.store import sqlite as sqlite_store  # noqa: E402
 from wsrm_plugin.store.sql import SqlTransaction  # noqa: E402
-from wsrm_plugin.wire import SOAP12, build_envelope, to_bytes  # noqa: E402
+from bench._one_process import ACTION, Deliveries, open_sequences, payload  # noqa: E402
 
-ACTION = "urn:wsrm-bench:item"
-
-
-def _payload(text: str) -> bytes:
-    item = etree.Element("{urn:wsrm-bench}item")
-    item.text = text
-    return to_bytes(build_envelope(SOAP12, [], item))
 
 
 class _Counts:
@@ -91,39 +82,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--app-ms", type=float, default=1.0, help="how long the method waits per message")
     args = p.parse_args(argv)
     counts = _Counts()
-    delivered = []
-    lock = threading.Lock()
-
-    def application(envelope: bytes, context: object) -> None:
-        time.sleep(args.app_ms / 1000)
-        with lock:
-            delivered.append(1)
-
-    def wait_delivered(n: int) -> None:
-        deadline = time.monotonic() + 600
-        while len(delivered) < n:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"only {len(delivered)} of {n} delivered after 600 s")
-            time.sleep(0.005)
+    delivered = Deliveries(args.app_ms)
 
     with tempfile.TemporaryDirectory() as tmp:
         server = ReliableEngine(f"sqlite:///{tmp}/service.db", RMPolicy(deliver_on_receive=True),
-                                application=application)
+                                application=delivered.application)
         server.serve()
         server.start()
         client = ReliableEngine("memory:", RMPolicy()).start()
         try:
             url = server.endpoint_address
-            for k in range(args.sequences):  # open every sequence first
-                client.send(url, _payload("warm"), action=ACTION, key=f"k{k}")
-            wait_delivered(args.sequences)
+            open_sequences(client, url, args.sequences, delivered)
             sync = server.store._sync  # type: ignore[attr-defined]
             before = (sync.syncs, sync.commits, counts.held, counts.taken, counts.statements)
             cpu = resource.getrusage(resource.RUSAGE_SELF)
             started = time.monotonic()
             for i in range(args.calls):
-                client.send(url, _payload(f"m{i}"), action=ACTION, key=f"k{i % args.sequences}")
-            wait_delivered(args.sequences + args.calls)
+                client.send(url, payload(f"m{i}"), action=ACTION, key=f"k{i % args.sequences}")
+            delivered.wait(args.sequences + args.calls)
             wall = time.monotonic() - started
             cpu_after = resource.getrusage(resource.RUSAGE_SELF)
             n = args.calls
