@@ -23,15 +23,21 @@ SMALL, LARGE = 200, 4000
 BATCH = 50
 
 
-def _backlog(store: StorageManager, queued: int) -> None:
-    """Two started sequences: "a" with ``queued`` messages, of which the first BATCH were sent
-    once (waiting for their acknowledgement), and "b" with a few."""
+def _queue(store: StorageManager, queued: dict[str, int]) -> None:
+    """Started sequences (``sid-<key>``), each with its number of messages queued."""
     with store.begin() as tx:
-        for key, count in (("a", queued), ("b", 5)):
+        for key, count in queued.items():
             tx.rms.create(key, target="http://127.0.0.1:9/", acks_to="urn:a", rm_version="v", wsa_version="w")
             tx.rms.update(key, sequence_id=f"sid-{key}")
             for i in range(count):
-                tx.rms_messages.enqueue(key, b"<x/>", action="a", soap_version="1.1", message_id=f"{key}{i}")
+                tx.rms_messages.enqueue(key, b"<x/>", action="a", soap_version="1.1", message_id=f"{key}-{i}")
+
+
+def _backlog(store: StorageManager, queued: int) -> None:
+    """Two started sequences: "a" with ``queued`` messages, of which the first BATCH were sent
+    once (waiting for their acknowledgement), and "b" with a few."""
+    _queue(store, {"a": queued, "b": 5})
+    with store.begin() as tx:
         tx.rms_messages.record_send_attempts("a", range(1, BATCH + 1), next_send_at=time.time() + 3600)
 
 
@@ -188,13 +194,7 @@ def test_a_sqlite_batch_reads_the_rows_only_of_the_messages_it_takes(tmp_path, m
     from wsrm_plugin.store.sql import rms, rows
 
     store = open_store(f"sqlite:///{tmp_path}/s.db")
-    with store.begin() as tx:
-        for s in range(16):
-            key = f"k{s:02d}"
-            tx.rms.create(key, target="http://127.0.0.1:9/", acks_to="urn:a", rm_version="v", wsa_version="w")
-            tx.rms.update(key, sequence_id=f"sid-{key}")
-            for i in range(60):
-                tx.rms_messages.enqueue(key, b"<x/>", action="a", soap_version="1.1", message_id=f"{key}-{i}")
+    _queue(store, {f"k{s:02d}": 60 for s in range(16)})
     built = [0]
     real = rows._msg
 
@@ -216,13 +216,7 @@ def test_a_round_robin_batch_is_the_same_whoever_has_few_or_many(store: StorageM
     """A batch asks each sequence first for about its share (twice the batch over the sequences);
     where that leaves it short while a sequence had more, it asks again: the batch is always the
     round robin over every due message, whatever the sequences hold."""
-    with store.begin() as tx:
-        for s, count in enumerate(counts):
-            key = f"q{s:02d}"
-            tx.rms.create(key, target="http://127.0.0.1:9/", acks_to="urn:a", rm_version="v", wsa_version="w")
-            tx.rms.update(key, sequence_id=f"sid-{key}")
-            for i in range(count):
-                tx.rms_messages.enqueue(key, b"<x/>", action="a", soap_version="1.1", message_id=f"{key}-{i}")
+    _queue(store, {f"q{s:02d}": count for s, count in enumerate(counts)})
     with store.begin() as tx:
         due = tx.rms_messages.due_messages(limit=BATCH, per_sequence=BATCH)
     ranked = sorted((n, f"q{s:02d}") for s, count in enumerate(counts) for n in range(1, min(count, BATCH) + 1))
@@ -238,12 +232,6 @@ def test_a_memory_batch_over_many_sequences_visits_about_what_it_takes() -> None
     from wsrm_plugin.store.memory import MemoryStore
 
     store = MemoryStore()
-    with store.begin() as tx:
-        for s in range(16):
-            key = f"k{s:02d}"
-            tx.rms.create(key, target="http://127.0.0.1:9/", acks_to="urn:a", rm_version="v", wsa_version="w")
-            tx.rms.update(key, sequence_id=f"sid-{key}")
-            for i in range(60):
-                tx.rms_messages.enqueue(key, b"<x/>", action="a", soap_version="1.1", message_id=f"{key}-{i}")
+    _queue(store, {f"k{s:02d}": 60 for s in range(16)})
     visited = _rows_touched(store, lambda tx: tx.rms_messages.due_messages(limit=BATCH, per_sequence=BATCH))
     assert visited <= 3 * BATCH, f"{visited} rows visited for a batch of {BATCH}"
