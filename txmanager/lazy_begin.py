@@ -52,6 +52,7 @@ _OFF = os.environ.get("TXMANAGER_LAZY_BEGIN") == "0"
 
 #: psycopg2's own cursor(), which makes a cursor of the connection's ``cursor_factory``
 _new_cursor = ext.connection.cursor
+_execute = ext.cursor.execute
 
 # A branch's modes (plain strings: compared by identity on the hot path).
 _PENDING = "pending"    # started, nothing sent yet: BEGIN goes with the first statement
@@ -89,7 +90,15 @@ class LazyBeginCursor(ext.cursor):
         if conn._mode is not _PENDING:
             if conn._lagging:  # a cursor kept from a branch, used after it
                 conn._restore_autocommit()
-            return ext.cursor.execute(self, query, vars)
+            return _execute(self, query, vars)
+        if type(query) is str:  # the usual first statement: _execute_first's first try, inline
+            conn._mode = _SQL
+            try:
+                return _execute(self, "BEGIN;" + query, vars)
+            except psycopg2.Error:
+                if conn.closed or conn.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
+                    raise
+            return conn._execute_after_begin(self, query, vars)
         return conn._execute_first(self, query, vars)
 
     # The rest run their statements from C, past execute(): BEGIN goes first, on its own.
@@ -342,9 +351,13 @@ class LazyBeginConnection(ext.connection):
         except psycopg2.Error:
             if self.closed or self.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
                 raise
-        # The query string did not parse, so its BEGIN never ran either: begin now and run the
-        # statement again, to fail inside the transaction as it would after psycopg2's BEGIN
-        # (the branch can then only roll back, and no later statement runs outside it).
+        return self._execute_after_begin(cur, query, vars)
+
+    def _execute_after_begin(self, cur: LazyBeginCursor, query: Any, vars: Any) -> None:  # noqa: A002
+        """The first statement's query string did not parse (or psycopg2 refused its
+        parameters), so its BEGIN never ran either: begin now and run the statement again, to
+        fail inside the transaction as it would after psycopg2's BEGIN (the branch can then
+        only roll back, and no later statement runs outside it)."""
         with ext.cursor(self) as begin:
             begin.execute("BEGIN")
         return ext.cursor.execute(cur, query, vars)

@@ -117,12 +117,16 @@ class TransactionManager:
         branch qualifier: processes that share one gtrid (the tasks of a Spark
         job) each pass their own, so their branches never collide.
         """
+        return self._begin_in(self._local.__dict__, timeout, xid, branch_prefix)
+
+    def _begin_in(self, bound: dict[str, Transaction | None], timeout: float | None, xid: Xid | None,
+                  branch_prefix: bytes | str) -> Transaction:
+        """:meth:`begin`, given the calling thread's dict of ``_local`` (``bound``): one read of
+        the thread-local object rather than one per access (each cost what three dict operations
+        do), which a ``with tm.transaction()`` block keeps for its end."""
         if self._closed:
             raise IllegalStateError("the transaction manager is closed")
-        try:
-            current = self._local.tx  # an attribute read costs less than getattr()'s call
-        except AttributeError:  # this thread never began one
-            current = None
+        current = bound.get("tx")
         if current is not None and not current._finished:
             raise NotSupportedError(f"thread already has transaction {current.xid}; nested "
                                     "transactions are not supported (suspend() it first)")
@@ -136,7 +140,7 @@ class TransactionManager:
                       self._checkpoint, self._retries, self._retry_delay, self._ended, _monotonic,
                       branch_prefix.encode() if isinstance(branch_prefix, str) else branch_prefix,
                       self.node, self._in_flight)
-            self._local.tx = tx
+            bound["tx"] = tx
             return tx
         gxid = xid
         if gxid.bqual:
@@ -152,7 +156,7 @@ class TransactionManager:
             if gxid.gtrid in self._in_flight:
                 raise IllegalStateError(f"transaction {gxid} is already running")
             self._in_flight[gxid.gtrid] = tx
-        self._local.tx = tx
+        bound["tx"] = tx
         return tx
 
     def get_transaction(self) -> Transaction | None:
@@ -445,7 +449,8 @@ class _TransactionScope(contextlib.ContextDecorator):
     a one-phase transaction's own cost.
     """
 
-    __slots__ = ("_tm", "_timeout", "_tx")
+    __slots__ = ("_tm", "_timeout", "_tx", "_bound")
+    _bound: dict[str, Transaction | None]  # the thread's dict of tm._local, set by __enter__
 
     def __init__(self, tm: TransactionManager, timeout: float | None) -> None:
         self._tm = tm
@@ -456,26 +461,28 @@ class _TransactionScope(contextlib.ContextDecorator):
         return _TransactionScope(self._tm, self._timeout)  # a fresh one per decorated call
 
     def __enter__(self) -> Transaction:
-        self._tx = tx = self._tm.begin(self._timeout)
+        tm = self._tm
+        # the thread's binding, read once for both ends of the block (which run in one thread)
+        self._bound = bound = tm._local.__dict__
+        self._tx = tx = tm._begin_in(bound, self._timeout, None, b"")
         return tx
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: object) -> None:
-        tm, tx = self._tm, self._tx
-        self._tx = None
+        tx = self._tx
         assert tx is not None
-        local = tm._local
-        bound: Transaction | None = local.tx  # set by __enter__'s begin on this very thread
-        if bound is not tx or tx._finished:
+        bound = self._bound
+        self._tx = None
+        if bound.get("tx") is not tx or tx._finished:
             return  # the body committed, rolled back or suspended it itself
         if exc is None:
             try:
                 tx.commit()
             finally:
-                local.tx = None
+                bound["tx"] = None
             return
         try:
-            tm.rollback()
+            self._tm.rollback()
         except Exception as rb_exc:  # noqa: BLE001 -- don't hide the body's error
             log.error("rollback of %s after %r failed: %s", tx.xid, exc, rb_exc)
             exc.add_note(f"and the rollback of {tx.xid} failed: {rb_exc!r}")

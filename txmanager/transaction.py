@@ -681,8 +681,22 @@ class Transaction:
             if (sole is not None and not self._before and self._checkpoint is None
                     and not self._rollback_only):
                 deadline = self.deadline
-                if (deadline is None or self._clock() <= deadline) and self._commit_sole(sole):
-                    return
+                if deadline is None or self._clock() <= deadline:
+                    # _commit_sole's first step, inline: the usual end of a one-phase transaction
+                    fused = getattr(sole, "end_and_commit_one_phase", None)
+                    if fused is not None:
+                        self._phase = _COMMITTING
+                        try:
+                            done = fused(self._sole_xid)  # None: the branch was never named
+                        except Exception as e:  # noqa: BLE001 -- sorted out as the general path does
+                            self._one_phase_failed(self._promote("ended"), e)  # type: ignore[arg-type]
+                            done = True
+                        if done:
+                            self._finish(_COMMITTED)
+                            return
+                        self._phase = _PREPARING  # not in a state to: end and commit apart say why
+                    if self._commit_sole(sole, try_fused=False):
+                        return
             self._commit()  # what the one-phase path leaves undone, the general path does
         finally:
             # a manager's transaction never named was never in its running set: nothing to end
@@ -811,11 +825,12 @@ class Transaction:
                 return
             i += 1
 
-    def _commit_sole(self, resource: XAResource) -> bool:
+    def _commit_sole(self, resource: XAResource, try_fused: bool = True) -> bool:
         """Commit the transaction's only resource in one phase, without the objects of the
         general path; False (promoted, nothing done yet but what the general path does
-        alike) when its branch could not be ended: then the general path goes on."""
-        fused = getattr(resource, "end_and_commit_one_phase", None)
+        alike) when its branch could not be ended: then the general path goes on.
+        ``try_fused`` False: the resource's ``end_and_commit_one_phase`` was tried already."""
+        fused = getattr(resource, "end_and_commit_one_phase", None) if try_fused else None
         if fused is not None:  # end and commit in one call (see PostgresXAResource)
             phase = self._phase
             self._phase = _COMMITTING

@@ -183,6 +183,19 @@ def test_pool_size_zero_closes_each_session_after_its_transaction(dbs, tm):
         ds.close()
 
 
+def test_a_session_released_after_close_is_closed_not_pooled(dbs, tm):
+    """The pool's release takes no lock: a transaction that ends after its data source closed
+    (and took its idle list) still closes its session rather than leave it in a list."""
+    ds = XADataSource(dbs[0], tm)
+    with tm.transaction():
+        with ds.connection() as conn:
+            insert(conn, "x")
+        ds.close()
+        assert not conn.closed, "the branch is still open: close() leaves it to its transaction"
+    assert conn.closed and ds._idle == []
+    assert values(dbs[0]) == ["x"]
+
+
 def test_read_only_branches_drop_out_of_phase_two(dbs, tm):
     a = XADataSource(dbs[0], tm, read_only_check=True)
     b = XADataSource(dbs[1], tm, read_only_check=True)
@@ -257,6 +270,8 @@ def _transaction_module_calls(work) -> dict[str, int]:
     def profile(frame, event, arg):  # noqa: ANN001 -- sys.setprofile's signature
         if event == "call" and frame.f_code.co_filename.endswith("txmanager/transaction.py"):
             seen[frame.f_code.co_qualname] += 1
+        elif event == "c_call" and getattr(arg, "__name__", None) == "acquire":
+            seen["lock acquisitions"] += 1  # any lock's, made by anyone
 
     sys.setprofile(profile)
     try:
@@ -278,10 +293,13 @@ def test_one_database_takes_the_one_phase_path_and_a_second_promotes_it(dbs, tm,
                 insert(conn, "one")
 
     seen = _transaction_module_calls(one)
-    assert seen["Transaction._enlist_first"] == 1 and seen["Transaction._commit_sole"] == 1
+    assert seen["Transaction._enlist_first"] == 1 and seen["Transaction.commit"] == 1
+    assert seen["Transaction._commit_sole"] == 0, "commit ends and commits the session in one call"
     assert seen["Transaction._name_sole"] == 0 and seen["Transaction.xid"] == 0, \
         "no xid is made (or formatted) for a transaction whose one branch nobody names"
     assert seen["_Branch.__init__"] == 0 and seen["Transaction._promote"] == 0
+    assert seen["lock acquisitions"] == 2, "the transaction's lock, to enlist and to commit: " \
+        "the session (its own the transaction's until completion) and the pool take none"
     assert tm.log.fsyncs == fsyncs, "one phase writes no log record"
 
     def two() -> None:

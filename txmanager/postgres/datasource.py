@@ -334,7 +334,11 @@ class XADataSource:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for resource in idle:
+        while idle:
+            try:
+                resource = idle.pop()  # a release racing this takes back what it appended
+            except IndexError:
+                break
             resource.close()
         if self._marks is not None and len(self._marks):
             cleaner = self._recovery_resource or self.xa_resource_for_recovery()
@@ -371,21 +375,25 @@ class XADataSource:
         return resource
 
     def _release(self, resource: PostgresXAResource) -> None:
+        """Back to the idle list when it can run another branch (else closed).
+
+        No lock (a lock pair was a visible share of a one-phase transaction): an append is
+        atomic, and one that races :meth:`close` is taken back here (``remove`` and close()'s
+        ``pop`` each take a session once).  Two releases at once may leave one session more
+        than ``pool_size`` idle, until the next acquire."""
         conn = resource._session
-        reusable = (
-            resource._branch is None and conn is not None and not conn.closed
-            and conn.status == ext.STATUS_READY
-            and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE
-        )
-        if reusable:
-            lock = self._lock
-            lock.acquire()  # the size check and the append go together (not ``with``: half the cost)
-            try:
-                if not self._closed and len(self._idle) < self.pool_size:
-                    self._idle.append(resource)
-                    return
-            finally:
-                lock.release()
+        if (resource._branch is None and conn is not None and not conn.closed
+                and conn.status == ext.STATUS_READY
+                and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE):
+            idle = self._idle
+            if len(idle) < self.pool_size:
+                idle.append(resource)
+                if not self._closed:
+                    return  # close(), not yet begun, will find it in this list
+                try:
+                    idle.remove(resource)
+                except ValueError:
+                    return  # close() took it from the list and closes it
         resource.close()
 
     def _transaction_over(self, key: tuple[int, int]) -> None:

@@ -128,6 +128,8 @@ class PostgresXAResource:
         self._pool_return: Any = None
         #: gives the branch its xid when something needs it (see start_unnamed)
         self._namer: Callable[[], Xid] | None = None
+        #: a finished unnamed branch's object, for the next one (see end_and_commit_one_phase)
+        self._spare: _Branch | None = None
 
     def __repr__(self) -> str:
         b = self._branch
@@ -295,25 +297,35 @@ class PostgresXAResource:
         branch that commits in one phase on a :class:`LazyBeginConnection`
         never needs its xid (the gid is for PREPARE), so none is made.  Any
         other call on the branch (it then names it) asks ``namer`` first.
+
+        The usual case (an idle session of this module's connection class) takes no lock: a
+        lock pair was a tenth of the manager's own cost of a one-phase transaction, and it
+        orders nothing here.  The session carries no branch, so the only callers are the
+        transaction starting one (which serializes its own calls) and recovery, which
+        touches other xids on the control connection; a branch that recovery names
+        meanwhile (``_name_branch``, under the lock) only sends :meth:`end_and_commit_one_phase`
+        back to ``end`` and ``commit``, which take the lock.
         """
-        lock = self._lock
-        lock.acquire()
-        try:
-            conn = self._session
-            if (self._branch is None and conn is not None and type(conn) is LazyBeginConnection
-                    and not conn.closed and conn.status == ext.STATUS_READY
-                    and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE):
-                try:
-                    begun = conn.begin_unnamed()  # the usual case: what _begin does, inline
-                except psycopg2.Error:
-                    begun = False  # _begin says what it means
-                if begun:
-                    self._branch = _Branch(None, _State.ACTIVE)  # type: ignore[arg-type]
-                    self._namer = namer
-                    return
+        conn = self._session
+        if (self._branch is None and conn is not None and type(conn) is LazyBeginConnection
+                and not conn.closed and conn.status == ext.STATUS_READY
+                and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE):
+            try:
+                begun = conn.begin_unnamed()  # the usual case: what _begin does, inline
+            except psycopg2.Error:
+                begun = False  # _begin says what it means
+            if begun:
+                b = self._spare
+                if b is None:
+                    b = _Branch(None, _State.ACTIVE)  # type: ignore[arg-type]
+                else:  # the last one-phase branch's object (see end_and_commit_one_phase)
+                    self._spare = None
+                    b.state = _State.ACTIVE
+                self._namer = namer
+                self._branch = b
+                return
+        with self._lock:
             self._begin(None, namer)
-        finally:
-            lock.release()
 
     def _name_branch(self) -> None:
         """Give the branch started by :meth:`start_unnamed` its xid, before a call that
@@ -512,28 +524,29 @@ class PostgresXAResource:
         False, having done nothing, unless the branch is active on a session that can commit
         it: the manager then calls ``end`` and ``commit``, which say what is wrong.  Raises
         what ``commit`` raises once the COMMIT was sent.
+
+        No lock, as in :meth:`start_unnamed`: the branch is the calling transaction's, which
+        completes it once; a failure is sorted out under the lock.
         """
-        lock = self._lock
-        lock.acquire()
+        b = self._branch
+        if b is None or b.xid is not xid or b.state is not _State.ACTIVE:
+            return False
+        conn = self._session
+        if conn is None or conn.closed or conn.get_transaction_status() == ext.TRANSACTION_STATUS_INERROR:
+            return False
+        b.state = _State.IDLE
         try:
-            b = self._branch
-            if b is None or b.xid is not xid or b.state is not _State.ACTIVE:
-                return False
-            conn = self._session
-            if conn is None or conn.closed or conn.get_transaction_status() == ext.TRANSACTION_STATUS_INERROR:
-                return False
-            b.state = _State.IDLE
-            try:
-                if type(conn) is LazyBeginConnection:
-                    conn.commit_branch()
-                else:
-                    _commit_branch(conn)
-            except psycopg2.Error as exc:
+            if type(conn) is LazyBeginConnection:
+                conn.commit_branch()
+            else:
+                _commit_branch(conn)
+        except psycopg2.Error as exc:
+            with self._lock:
                 self._commit_failed(b, conn, exc)
-            self._branch = self._namer = None
-            return True
-        finally:
-            lock.release()
+        self._branch = self._namer = None
+        if xid is None:  # nobody was given it: the next unnamed branch reuses it
+            self._spare = b
+        return True
 
     def _commit_one_phase(self, b: _Branch) -> None:
         if b.state is _State.ROLLBACK_ONLY:
