@@ -298,8 +298,10 @@ class _RmsMessages(api.RmsMessageManager):
         acknowledged: they would only wait for the next acknowledgement otherwise."""
         tx = self._tx
         merged = api.AckRanges.from_ranges(ranges)
-        if not merged.ranges or not tx.d.writable_cte or tx.undo is not None or tx.d.payload_apart:
+        if not merged.ranges or tx.undo is not None:
             return super().acknowledge(sequence_key, merged.ranges, now, keep_awaiting=keep_awaiting)
+        if not tx.d.writable_cte or tx.d.payload_apart:
+            return self._acknowledge_in_four(sequence_key, merged, now, keep_awaiting=keep_awaiting)
         seq = self._seq(sequence_key)
         api.check_ack(seq, merged, lambda lo, hi: ())  # a number never handed out: refused before any statement
         within = "(" + " OR ".join("number BETWEEN ? AND ?" for _ in merged.ranges) + ")"
@@ -330,6 +332,48 @@ class _RmsMessages(api.RmsMessageManager):
         if rows[0][3] is not None:
             tx.held_rms[sequence_key] = _rms(rows[0][3:])
         return list(newly), bool(pending)
+
+    def _acknowledge_in_four(self, sequence_key: str, merged: api.AckRanges, now: float | None, *,
+                             keep_awaiting: bool) -> tuple[list[int], bool]:
+        """:meth:`acknowledge` where one statement cannot write two tables (SQLite): one read
+        (the check that every number named was sent, whether one stays unacknowledged, whether
+        a request named waits for its reply), the acknowledged messages deleted and their
+        payloads after them, the sequence's row written once.  Four statements where the three
+        steps ran six or seven, each of them while the store's file is held by this
+        transaction (every enqueue waits for it); the same result, as on PostgreSQL."""
+        tx = self._tx
+        seq = self._seq(sequence_key)
+        api.check_ack(seq, merged, lambda lo, hi: ())  # a number never handed out: refused before any statement
+        within = "(" + " OR ".join("number BETWEEN ? AND ?" for _ in merged.ranges) + ")"
+        bounds = [v for pair in merged.ranges for v in pair]
+        kept = "reply_pending" if keep_awaiting else "0"  # kept waiting for their replies
+        bad, pending, to_mark = tx.one(
+            "SELECT (SELECT group_concat(number) FROM (SELECT number FROM rms_message WHERE seq_key = ? "
+            f"AND {within} AND send_count = 0 AND NOT {kept} ORDER BY number LIMIT 20)), "
+            f"EXISTS (SELECT 1 FROM rms_message WHERE seq_key = ? AND NOT acked AND (NOT {within} OR {kept})), "
+            f"EXISTS (SELECT 1 FROM rms_message WHERE seq_key = ? AND reply_pending AND NOT acked AND NOT {kept} "
+            f"AND {within})", (sequence_key, *bounds, sequence_key, *bounds, sequence_key, *bounds))
+        if bad:
+            raise api.InvalidAcknowledgementError(sequence_key, sorted(int(n) for n in str(bad).split(",")),
+                                                  seq.highest_number)
+        deleted = tx.write_all(
+            f"DELETE FROM rms_message WHERE seq_key = ? AND NOT reply_pending AND (acked OR {within}) "
+            "RETURNING number, acked, send_count", (sequence_key, *bounds))
+        newly = [number for number, acked, _ in deleted if not acked]
+        if to_mark:  # requests whose replies are still to come: acknowledged, kept until they come
+            newly.extend(r[0] for r in tx.write_all(
+                "UPDATE rms_message SET acked = TRUE WHERE seq_key = ? AND reply_pending AND NOT acked "
+                f"AND {within} RETURNING number", (sequence_key, *bounds)))
+        if deleted and tx.d.payload_apart:
+            self._delete_payloads(sequence_key, [number for number, _, _ in deleted])
+        extra = sum(sent - 1 for _, _, sent in deleted if sent > 1)
+        t = _now(now)
+        tx.capture_key("rms_sequence", sequence_key)
+        tx.write("UPDATE rms_sequence SET last_activity = ?, purged_retransmissions = purged_retransmissions + ? "
+                 "WHERE seq_key = ?", (t, int(extra), sequence_key))
+        tx.held_rms[sequence_key] = replace(seq, last_activity=t,
+                                            purged_retransmissions=seq.purged_retransmissions + int(extra))
+        return sorted(newly), bool(pending)
 
     def claim_first_send(self, sequence_key: str, number: int, *, next_send_at: float,
                          now: float | None = None) -> RmsMessage | None:
