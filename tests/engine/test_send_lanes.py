@@ -397,3 +397,45 @@ def test_new_sequences_are_created_at_once_each_on_a_lane(engines):
         client.stop(timeout=5)
     assert watch.most >= 2
     assert _by_key(received.snapshot()) == {key: [f"{key}{i}" for i in range(2)] for key in "abcd"}
+
+
+class SlowFor(InFlight):
+    """InFlight whose application messages of the keys in ``slow`` (their items' first letter)
+    take ``slow_delay`` seconds, the others ``delay``."""
+
+    def __init__(self, delay: float, slow: str, slow_delay: float) -> None:
+        super().__init__(delay)
+        self.slow = slow
+        self.slow_delay = slow_delay
+
+    def __call__(self, app: Callable[..., Any]) -> Callable[..., Any]:
+        def slowed(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+            text = item_text(environ["wsgi.input"].getvalue()) if _APPLICATION_MESSAGE.search(
+                environ["wsgi.input"].getvalue()) else None
+            if text is not None and text[0] in self.slow:
+                time.sleep(self.slow_delay - self.delay)
+            return app(environ, start_response)
+
+        return super().__call__(slowed)
+
+
+def test_a_lane_done_with_its_rounds_messages_takes_more_of_its_sequence_while_another_lane_sends(engines):
+    """A round of two sequences, one of them slow at the service: the fast one's lane does not
+    wait for the slow one to end the round, it claims and sends its sequence's next messages
+    (each claim recording the attempts before the send, as a round's does).  Without that its
+    next messages waited for the next round, after the slow lane's second message."""
+    watch = SlowFor(delay=0.02, slow="b", slow_delay=1.5)
+    received = Recorder()
+    server = engines("memory:", fast_policy(), serve=True, middleware=watch, application=received)
+    policy = fast_policy(send_concurrency=4, send_batch=4, base_retransmission_interval=30.0)
+    client = _client_with_backlog(server, policy, {"a": 6, "b": 2})
+    try:
+        assert wait_for(lambda: client.status().unacked == 0 and len(received.snapshot()) == 8, timeout=60), \
+            client.status()
+    finally:
+        client.stop(timeout=5)
+    arrived = [text for _, text in watch.arrivals]
+    assert arrived.index("a5") < arrived.index("b1"), arrived  # a's lane went on while b's sent b0
+    assert client.retransmission.refilled >= 4, client.retransmission.refilled
+    assert client.retransmission.retransmissions == 0  # each sent once: the claims counted their attempts
+    assert _by_key(received.snapshot()) == {"a": [f"a{i}" for i in range(6)], "b": ["b0", "b1"]}

@@ -85,6 +85,29 @@ _REPLY_ACK_WAIT = 0.05
 _MAX_GO_BACKS = 16
 
 
+#: Times a sending lane takes more of its sequence while the round's other lanes still send.
+_MAX_REFILLS = 4
+#: Messages a lane's refill takes at least (else as many as it sent last).
+_REFILL_AT_LEAST = 2
+
+
+class _Sending:
+    """How many of a round's lanes are still sending (``RetransmissionWorker._run_lanes``)."""
+
+    def __init__(self, lanes: int) -> None:
+        self._lock = threading.Lock()
+        self._left = lanes
+
+    def others(self) -> bool:
+        """Does another lane of the round still send?"""
+        with self._lock:
+            return self._left > 1
+
+    def ended(self) -> None:
+        with self._lock:
+            self._left -= 1
+
+
 @dataclass
 class _Planned:
     message: RmsMessage
@@ -257,6 +280,10 @@ class RetransmissionWorker:
         self._again: dict[tuple[str, int], str] = {}
         self.fast_retransmits = 0
         self.loss_probes = 0
+        #: A lane's claims of more of its sequence while its round's other lanes still sent
+        #: (:meth:`_refill`), and the messages they took.
+        self.refill_claims = 0
+        self.refilled = 0
         #: Whether each peer can be reached; ``on_reachable(address)`` hears when one is back.
         self.reachability = Reachability(policy, on_reachable=self._peer_is_back)
         self._on_reachable = on_reachable
@@ -776,7 +803,8 @@ class RetransmissionWorker:
                 # destination records a sequence's messages one at a time (its acknowledgement
                 # state is one row), so parallel requests on one sequence mostly wait for each
                 # other there; on different sequences their durable receives overlap.
-                self._run_lanes([[item for items in chain for item in items] for chain in chains], exchanges)
+                self._run_lanes([[item for items in chain for item in items] for chain in chains], exchanges,
+                                refill=True)
                 return True
             for chain in chains:
                 for items in chain:  # a rolled-over sequence before its successor
@@ -806,27 +834,75 @@ class RetransmissionWorker:
             self._run_lanes([items[i::lanes] for i in range(lanes)], exchanges)
         flow.note_round(ordered=flow.ordered, seconds=time.monotonic() - started)
 
-    def _run_lanes(self, lanes: list[list[_Planned]], exchanges: list[tuple[_Planned, Exchange]]) -> None:
+    def _run_lanes(self, lanes: list[list[_Planned]], exchanges: list[tuple[_Planned, Exchange]], *,
+                   refill: bool = False) -> None:
         """Send each lane on a thread of the pool; returns once every send has ended and the
         round's acknowledgements are applied (one store transaction per sequence, not per lane).
 
         The pool starts a thread only when a lane finds none idle, up to the policy's
         ``most_requests_in_flight``: the lanes in flight grow with the sequences a round has
-        due, and a sender that only ever has one sequence due keeps a thread or a few."""
+        due, and a sender that only ever has one sequence due keeps a thread or a few.
+
+        ``refill``: each lane is one sequence's (or chain's) messages; a lane that has sent
+        them while another lane of the round still sends takes its sequence's next ones
+        (:meth:`_refill`) rather than wait for the round's end."""
         pool = self._lanes()
+        sending = _Sending(len(lanes)) if refill else None
         with self.source.coalesced_acks() as pending:
-            futures = [pool.submit(self._send_lane, lane, exchanges, pending) for lane in lanes]
+            futures = [pool.submit(self._send_lane, lane, exchanges, pending, sending) for lane in lanes]
             wait(futures)  # every lane has merged its acknowledgements before they are applied
             for future in futures:
                 future.result()
 
     def _send_lane(self, items: list[_Planned], exchanges: list[tuple[_Planned, Exchange]],
-                   pending: PendingAcks | None = None) -> None:
-        with self.source.coalesced_acks(pending):  # one store transaction for the acks, not one per message
-            for item in items:
-                exchange = self._send_or_hold(item)
-                if exchange is not None:
-                    exchanges.append((item, exchange))
+                   pending: PendingAcks | None = None, sending: "_Sending | None" = None) -> None:
+        refills = _MAX_REFILLS if sending is not None and len({i.sequence.key for i in items}) == 1 else 0
+        try:
+            with self.source.coalesced_acks(pending):  # one store transaction for the acks, not one per message
+                while items:
+                    taken = True  # the peer took each of them: no gap, no failure, nothing held
+                    for item in items:
+                        exchange = self._send_or_hold(item)
+                        if exchange is not None:
+                            exchanges.append((item, exchange))
+                        taken = taken and exchange is not None and exchange.answered and (
+                            exchange.bare or (exchange.ack is not None and item.message.number in exchange.ack))
+                    if not taken or refills <= 0 or sending is None or not sending.others():
+                        break
+                    refills -= 1
+                    items = self._refill(items[-1].sequence, len(items))
+        finally:
+            if sending is not None:
+                sending.ended()
+
+    def _refill(self, seq: RmsSequence, count: int) -> list[_Planned]:
+        """The next ``count`` (at least a few) messages of ``seq`` never sent yet, claimed for
+        the lane that has just sent its round's messages of it (``_run_lanes``).
+
+        Only the plain case: a reachable peer that took every message the lane sent, never
+        seen discarding one sent after a gap, no window to keep (``max_unacknowledged``), no
+        retransmission due in the sequence; at most the flow's claim limit (a sequence sent in
+        order keeps its window).  Everything else (retransmissions, probes, piggybacked
+        acknowledgements) waits for the next round as before.  The claim records each attempt
+        before the send, as a round's does, and is no more durable: a crash forgets at most
+        that they were sent (they are sent again)."""
+        policy = self.policy
+        key = seq.key
+        flow = self._flow(key)
+        if (policy.max_unacknowledged is not None or flow.discards_seen or flow.probing
+                or is_back_channel(seq.target) or self.reachability.gate(seq.target) is not Gate.SEND):
+            return []
+        count = min(max(count, _REFILL_AT_LEAST), flow.claim_limit())
+        now = time.time()
+        next_at = now + self._retry_delay(seq.target, 1) if policy.retransmits else _NEVER
+        with self.store.begin(durable=False) as tx:
+            current = tx.rms.get(key)
+            if current is None or current.sequence_id is None or not rms_life(current).transmitting:
+                return []
+            msgs = tx.rms_messages.claim_first_sends(key, count, next_send_at=next_at, now=now)
+        self._bump(refill_claims=1, refilled=len(msgs))
+        always = policy.ack_request is AckRequestMode.ALWAYS
+        return [_Planned(msg, current, request_ack=always) for msg in msgs]
 
     def _send_in_order(self, items: list[_Planned], flow: SequenceFlow,
                        exchanges: list[tuple[_Planned, Exchange]]) -> None:

@@ -576,6 +576,25 @@ class _RmsMessages(api.RmsMessageManager):
                 out.append(row)
         return out, short
 
+    def claim_first_sends(self, sequence_key: str, limit: int, *, next_send_at: float,
+                          now: float | None = None) -> list[RmsMessage]:
+        """From the index's first due messages of the sequence (and this transaction's own), not
+        from all of them: what it reads does not grow with the backlog."""
+        t = _now(now)
+        tx = self._tx
+        self._seq(sequence_key)  # locked first: the committed rows read next stay as they are
+        own = tx._own_messages(sequence_key)
+        found = {m.number: m for m in tx._store._indexed("first_due", sequence_key, t, 2 * limit + len(own))}
+        found.update((m.number, m) for m in own)
+        current = (tx._current(m) for m in found.values())
+        msgs = heapq.nsmallest(max(0, limit), (m for m in current if m is not None and not m.acked
+                                               and m.next_send_at <= t), key=lambda m: m.number)
+        if not msgs or any(m.send_count for m in msgs):
+            return []
+        for msg in msgs:
+            self.record_send_attempt(sequence_key, msg.number, next_send_at=next_send_at, now=now)
+        return msgs
+
     def record_send_attempt(self, sequence_key: str, number: int, *, next_send_at: float,
                             now: float | None = None) -> RmsMessage:
         msg = self._require(sequence_key, number)

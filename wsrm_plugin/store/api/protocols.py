@@ -10,6 +10,7 @@ writes what its storage does differently.
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Self
@@ -248,6 +249,24 @@ class RmsMessageManager(_Manager, ABC):
                 continue
             found += 1
         return found
+
+    def claim_first_sends(self, sequence_key: str, limit: int, *, next_send_at: float,
+                          now: float | None = None) -> list[RmsMessage]:
+        """The lowest-numbered ``limit`` due messages of ``sequence_key``, their first transmission
+        recorded (as :meth:`record_send_attempts`), each as it was before; nothing when one of
+        them was sent before (a retransmission is due: the sender's rounds take that).
+
+        A sender's lane that has sent its round's messages of a sequence while the
+        round's other lanes still send takes the sequence's next ones so, in a
+        transaction on that sequence alone, instead of idling until the round ends.
+        The stores read only about that many rows."""
+        t = time.time() if now is None else now
+        self._tx.rms.get(sequence_key)  # the sequence's lock first, as everywhere
+        msgs = [m for m in self.list_for(sequence_key) if not m.acked and m.next_send_at <= t][:max(0, limit)]
+        if not msgs or any(m.send_count for m in msgs):
+            return []
+        self.record_send_attempts(sequence_key, [m.number for m in msgs], next_send_at=next_send_at, now=now)
+        return msgs
 
     def record_send_attempts_across(self, numbers: Mapping[str, Iterable[int]], *, next_send_at: float,
                                     now: float | None = None) -> int:

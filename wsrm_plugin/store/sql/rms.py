@@ -375,6 +375,21 @@ class _RmsMessages(api.RmsMessageManager):
                                             purged_retransmissions=seq.purged_retransmissions + int(extra))
         return sorted(newly), bool(pending)
 
+    def claim_first_sends(self, sequence_key: str, limit: int, *, next_send_at: float,
+                          now: float | None = None) -> list[RmsMessage]:
+        """Two statements: the messages read (by the sequence's unacknowledged ones, in number
+        order, only as many as asked for) and their attempts recorded."""
+        tx = self._tx
+        self._seq(sequence_key)  # sequence row first, then its messages: one order for all
+        rows = tx.all(f"SELECT {_read_cols(tx)} FROM rms_message WHERE seq_key = ? AND NOT acked "
+                      "AND next_send_at <= ? ORDER BY number LIMIT ?" + tx.d.for_update,
+                      (sequence_key, _now(now), max(0, limit)))
+        msgs = [_msg(r) for r in rows]
+        if not msgs or any(m.send_count for m in msgs):
+            return []
+        self.record_send_attempts(sequence_key, [m.number for m in msgs], next_send_at=next_send_at, now=now)
+        return self._with_payloads(msgs)
+
     def claim_first_send(self, sequence_key: str, number: int, *, next_send_at: float,
                          now: float | None = None) -> RmsMessage | None:
         """On PostgreSQL, one statement: the message read, the one before it checked and the
