@@ -219,7 +219,10 @@ class TransactionManager:
         """``with tm.transaction() as tx:`` -- commit on normal exit, roll back on an
         exception (which is re-raised).  A body that completes the transaction
         itself is left alone.  Also usable as a decorator."""
-        return _TransactionScope(self, timeout)
+        scope = _new_object(_TransactionScope)  # what _TransactionScope(self, timeout) makes, one call fewer
+        scope._tm = self
+        scope._timeout = timeout
+        return scope
 
     def _require(self, what: str) -> Transaction:
         tx = self.get_transaction()
@@ -473,7 +476,7 @@ class _TransactionScope(contextlib.ContextDecorator):
         assert tx is not None
         bound = self._bound
         self._tx = None
-        if bound.get("tx") is not tx or tx._finished:
+        if bound["tx"] is not tx or tx._finished:  # __enter__ set it: it is there
             return  # the body committed, rolled back or suspended it itself
         if exc is None:
             try:

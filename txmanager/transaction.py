@@ -215,10 +215,13 @@ class Transaction:
 
     # Slots, not an instance dict: making a transaction with a 21-key dict cost more client CPU
     # than the rest of its begin (callgrind).  ``__dict__`` stays for attributes others attach.
+    # ``_fused`` is set with ``_sole`` (never read without it): the sole resource ends and
+    # commits in one call, ``end_and_commit_one_phase`` (see PostgresXAResource).
+    _fused: bool
     __slots__ = ("_xid", "_node", "_registry", "_branch_prefix", "_log", "_clock", "timeout", "deadline", "_checkpoint",
                  "_retries", "_retry_delay", "_on_end", "_lock", "_phase", "_rollback_only",
                  "_timed_out", "_cause", "_completing", "_finished", "_branches", "_enlisted",
-                 "_syncs", "_before", "_sole", "_sole_xid", "__dict__", "__weakref__")
+                 "_syncs", "_before", "_sole", "_fused", "_sole_xid", "__dict__", "__weakref__")
 
     def __init__(self, xid: Xid, *, log: "TransactionLog", timeout: float | None = None,
                  checkpoint: Checkpoint | None = None, retries: int = 3,
@@ -417,6 +420,7 @@ class Transaction:
                 except XAException as e:
                     self._start_failed(resource, self._name_sole(), e)
                 self._sole = resource
+                self._fused = True  # it has end_and_commit_one_phase too
                 enlisted = True
             else:  # another thread came first, or it is too late: as the general path says
                 enlisted = self._enlist(resource)
@@ -508,6 +512,7 @@ class Transaction:
         except XAException as e:
             self._start_failed(resource, self._name_sole(), e)
         self._sole = resource
+        self._fused = hasattr(resource, "end_and_commit_one_phase")
         return True
 
     def _name_sole(self) -> Xid:
@@ -683,11 +688,11 @@ class Transaction:
                 deadline = self.deadline
                 if deadline is None or self._clock() <= deadline:
                     # _commit_sole's first step, inline: the usual end of a one-phase transaction
-                    fused = getattr(sole, "end_and_commit_one_phase", None)
-                    if fused is not None:
+                    if self._fused:
                         self._phase = _COMMITTING
                         try:
-                            done = fused(self._sole_xid)  # None: the branch was never named
+                            done = sole.end_and_commit_one_phase(  # type: ignore[attr-defined]
+                                self._sole_xid)  # None: the branch was never named
                         except Exception as e:  # noqa: BLE001 -- sorted out as the general path does
                             self._one_phase_failed(self._promote("ended"), e)  # type: ignore[arg-type]
                             done = True

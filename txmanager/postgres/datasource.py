@@ -33,6 +33,8 @@ from .server import (
 
 log = logging.getLogger(__name__)
 
+_new_object = object.__new__
+
 class _Transaction(Protocol):
     """What :class:`XADataSource` needs of the transaction manager's transaction."""
 
@@ -104,6 +106,8 @@ class _ConnectionScope:
         if tx is None:
             self._local = ds._local_connection()
             return self._local.__enter__()
+        if type(tx) is Transaction and tx._sole is None and not tx._enlisted:
+            return ds._enlist_first(tx)  # the usual case: nothing is in the transaction yet
         return ds._enlisted_connection(tx)
 
     def __exit__(self, *exc_info: Any) -> bool | None:
@@ -193,7 +197,10 @@ class XADataSource:
     def connection(self) -> contextlib.AbstractContextManager[Connection]:
         """``with ds.connection() as conn``: the connection of the thread's transaction
         branch here, or a local one outside a transaction (see the class docstring)."""
-        return _ConnectionScope(self)
+        scope = _new_object(_ConnectionScope)  # what _ConnectionScope(self) makes, one call fewer
+        scope._ds = self
+        scope._local = None
+        return scope
 
     def _connect(self) -> Connection:
         conn = psycopg2.connect(self.dsn, connection_factory=LazyBeginConnection)
@@ -220,8 +227,6 @@ class XADataSource:
         entry = self._enlisted.get(key)
         if entry is not None:
             resource = entry[1]
-        elif type(tx) is Transaction and tx._sole is None and not tx._enlisted:
-            resource = self._enlist_first(tx, key)
         else:
             shared = session_for_database(tx, self.identity) if self.share_sessions else None
             if shared is not None:
@@ -253,12 +258,22 @@ class XADataSource:
             conn = resource.connection
         return conn
 
-    def _enlist_first(self, tx: Transaction, key: tuple[int, int]) -> PostgresXAResource:
-        """The transaction's first resource (the usual case): a pooled session joins it on the
-        one-phase path (:meth:`Transaction._enlist_sole`).  Nothing else can be in the
-        transaction yet, so there is no branch of this database to share, and other users
-        find this one through the transaction itself (:func:`session_for_database`)."""
-        resource = self._acquire()
+    def _enlist_first(self, tx: Transaction) -> Connection:
+        """The connection of the transaction's first resource (the usual case): a pooled
+        session joins it on the one-phase path (:meth:`Transaction._enlist_sole`).  Nothing
+        else can be in the transaction yet, so there is no branch of this database to share
+        (nor an entry of this thread's in ``_enlisted``: that goes with an enlistment), and
+        other users find this one through the transaction itself (:func:`session_for_database`)."""
+        key = (get_ident(), id(tx))
+        try:
+            resource = self._idle.pop()  # what _acquire does first, inline
+        except IndexError:
+            resource = self._acquire()
+        else:
+            conn = resource._session
+            if conn is None or conn.closed:
+                resource.close()
+                resource = self._acquire()
         self._enlisted[key] = (tx, resource)
         sync = resource._pool_return
         sync._key = key
@@ -274,7 +289,10 @@ class XADataSource:
             resource._shared_as = None
             if self.share_sessions:
                 offer_session(tx, self.identity, resource)
-        return resource
+        conn = resource._session
+        if conn is None or conn.closed:
+            conn = resource.connection
+        return conn
 
     def _join(self, tx: _Transaction, key: tuple[int, int], shared: PostgresXAResource) -> Connection:
         """Work in the branch another user of this database runs: its session, not ours to pool."""
