@@ -92,7 +92,8 @@ def _instrument() -> None:
     event_set = threading.Event.set
 
     def counted_set(self: threading.Event) -> None:
-        _note(f"wake  {_where(3)}")
+        if self is not _recording:  # the bench's own switch, set before each call: not the library's
+            _note(f"wake  {_where(3)}")
         event_set(self)
     threading.Event.set = counted_set  # type: ignore[method-assign]
 

@@ -109,9 +109,14 @@ class HttpHeaders(MutableMapping[str, str]):
 
 
 def _soap_version_of(envelope: etree._Element | None) -> SoapVersion | None:
-    if envelope is None or not isinstance(envelope.tag, str):
+    # read from the tag's text rather than through an etree.QName: every look at a message's
+    # headers, body or fault asks for its version, a dozen times per message
+    if envelope is None:
         return None
-    return SoapVersion.for_namespace(etree.QName(envelope).namespace)
+    tag = envelope.tag
+    if not isinstance(tag, str) or not tag.startswith("{"):
+        return None
+    return SoapVersion.for_namespace(tag[1:tag.find("}")])
 
 
 def action_from_http(headers: Mapping[str, str], version: SoapVersion | None) -> str | None:
@@ -320,14 +325,14 @@ class Message:
     def is_fault(self) -> bool:
         body = self.body_element
         version = self.soap_version
-        return body is not None and version is not None and body.tag == version.qname("Fault").text
+        return body is not None and version is not None and body.tag == f"{{{version.ns}}}Fault"
 
     # -- headers ----------------------------------------------------------------
     def _part(self, local: str) -> etree._Element | None:
         version = self.soap_version
         if version is None or self.envelope is None:
             return None
-        tag = version.qname(local).text
+        tag = f"{{{version.ns}}}{local}"
         for child in children(self.envelope):
             if child.tag == tag:
                 return child

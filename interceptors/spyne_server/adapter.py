@@ -69,8 +69,16 @@ _TREE_KEY = "wsrm.envelope_tree"
 #: unwritten (the adapter throws it away: WS-I BP R2750); only a chunked WsgiApplication, whose
 #: empty answer is an empty list (the other kind joins str and bytes).
 _QUIET_ONE_WAY_KEY = "wsrm.quiet_one_way"
+#: In the environ of a request the adapter runs (a chunked WsgiApplication only): spyne leaves its
+#: answer's tree here instead of writing it out (:func:`_give_out_trees`)
+_OUT_TREE_KEY = "wsrm.out_tree"
 _ENGAGED = "_wsrm_interceptors_engaged"
 _TREES_TAKEN = "_wsrm_takes_chain_trees"
+_TREES_GIVEN = "_wsrm_gives_out_trees"
+#: spyne's events whose listeners may read or change the answer's bytes: while any has one, spyne
+#: writes its answer out as usual
+_STRING_EVENTS = ("method_return_string", "method_exception_string")
+_WSGI_STRING_EVENTS = ("wsgi_return", "wsgi_exception")
 
 
 def _elements_by_id(tree: etree._Element) -> dict[str, etree._Element]:
@@ -277,11 +285,14 @@ class ChainMiddleware:
         return self._invoke(request, environ)
 
     def _invoke(self, request: Message, environ: dict[str, Any] | None) -> Response:
-        status, headers, body, one_way = self._call_spyne(request, environ)
+        status, headers, body, one_way, tree = self._call_spyne(request, environ)
         if one_way and status == 200:
-            body = b""  # WS-I BP R2750: nothing to say to a one-way call (so nothing to parse)
+            body, tree = b"", None  # WS-I BP R2750: nothing to say to a one-way call (so nothing to parse)
         try:
-            envelope = parse_xml(body, max_size=max(len(body), 1)) if body.strip() else None
+            if tree is not None:  # spyne's own tree of its answer: not written out, so not parsed
+                envelope = tree
+            else:
+                envelope = parse_xml(body, max_size=max(len(body), 1)) if body.strip() else None
             if envelope is not None:
                 Envelope.from_element(envelope)
         except SoapFault as exc:
@@ -315,7 +326,9 @@ class ChainMiddleware:
         return Response(status, reply.envelope, headers)
 
     def _call_spyne(self, request: Message, environ: dict[str, Any] | None
-                    ) -> tuple[int, list[tuple[str, str]], bytes, bool]:
+                    ) -> tuple[int, list[tuple[str, str]], bytes, bool, etree._Element | None]:
+        """spyne's answer: status, headers, body, whether the call was one-way, and the tree of
+        the answer when spyne left it unwritten (:func:`_give_out_trees`; the body is empty then)."""
         body = request.to_bytes()  # the stored bytes when the tree is still theirs (a delivery)
         env = self._environ_for(request, environ)
         env["wsgi.input"] = io.BytesIO(body)
@@ -323,7 +336,11 @@ class ChainMiddleware:
         env[ENVIRON_KEY] = request
         env[_TREE_KEY] = request.envelope  # parsed safely already: spyne reads it, not the bytes
         env.pop(_ONE_WAY_KEY, None)
-        env[_QUIET_ONE_WAY_KEY] = bool(getattr(self.application, "chunked", False))
+        chunked = bool(getattr(self.application, "chunked", False))
+        env[_QUIET_ONE_WAY_KEY] = chunked
+        env.pop(_OUT_TREE_KEY, None)
+        if chunked and not _listens(getattr(self.application, "event_manager", None), _WSGI_STRING_EVENTS):
+            env[_OUT_TREE_KEY] = None  # spyne may leave its answer's tree here, unwritten
         captured: dict[str, Any] = {}
         written: list[bytes] = []
 
@@ -341,7 +358,7 @@ class ChainMiddleware:
         if "status" not in captured:
             raise RuntimeError("spyne returned without calling start_response")
         status = int(captured["status"].split(" ", 1)[0])
-        return status, captured["headers"], b"".join(written), bool(env.get(_ONE_WAY_KEY))
+        return status, captured["headers"], b"".join(written), bool(env.get(_ONE_WAY_KEY)), env.get(_OUT_TREE_KEY)
 
     @staticmethod
     def _environ_for(request: Message, environ: dict[str, Any] | None) -> dict[str, Any]:
@@ -446,6 +463,59 @@ def _take_chain_trees(protocol: Any) -> None:
     setattr(protocol, _TREES_TAKEN, True)
 
 
+def _listens(events: Any, names: Iterable[str]) -> bool:
+    """Has spyne event manager ``events`` a listener for any of ``names``?"""
+    handlers = getattr(events, "handlers", None)
+    return handlers is None or any(handlers.get(name) for name in names)
+
+
+def _give_out_trees(protocol: Any) -> None:
+    """Let spyne's SOAP protocol hand its answer's tree to the adapter instead of writing it out.
+
+    The adapter reads spyne's answer as a tree (its out chain adds headers, the
+    reliable service stores it and stamps it for the HTTP response), and spyne
+    builds that tree before writing it to bytes, which the adapter would parse
+    again into the same tree.  For a request the adapter runs and marks
+    (``_OUT_TREE_KEY`` in its environ: a chunked ``WsgiApplication`` with no
+    listener of the events that see the written answer), the protocol's
+    ``create_out_string`` leaves ``ctx.out_document`` there and writes nothing;
+    for every other request, and where writing could change the tree (pretty
+    printing), a method's own ``out_string`` or the events that read it
+    (``method_return_string``), MTOM, or a protocol that writes its answer its own
+    way, spyne writes it as usual.
+    """
+    from spyne.protocol.soap import Soap11
+
+    if not isinstance(protocol, Soap11) or getattr(protocol, _TREES_GIVEN, False):
+        return
+    if type(protocol).create_out_string is not Soap11.create_out_string:
+        return
+    write = protocol.create_out_string
+
+    def create_out_string(ctx: Any, charset: str | None = None) -> None:
+        environ = getattr(ctx.transport, "req_env", None)
+        tree = ctx.out_document
+        if (not isinstance(environ, dict) or _OUT_TREE_KEY not in environ or tree is None
+                or protocol.pretty_print or ctx.out_string is not None
+                or getattr(ctx.descriptor, "mtom", False) or not _method_string_unheard(ctx)):
+            write(ctx, charset)
+            return
+        environ[_OUT_TREE_KEY] = tree
+        ctx.out_string = []
+
+    protocol.create_out_string = create_out_string
+    setattr(protocol, _TREES_GIVEN, True)
+
+
+def _method_string_unheard(ctx: Any) -> bool:
+    """No listener of the events that see the answer's bytes (the application's, the method's)."""
+    if _listens(getattr(ctx.app, "event_manager", None), _STRING_EVENTS):
+        return False
+    descriptor = ctx.descriptor
+    return descriptor is None or not any(_listens(events, _STRING_EVENTS)
+                                         for events in getattr(descriptor, "event_managers", ()))
+
+
 def _decompose_incoming_envelope(protocol: Any, ctx: Any, message: Any = None) -> None:
     """spyne's ``Soap11.decompose_incoming_envelope``, with ``find`` where it runs two XPaths
     per request (see :func:`_elements_by_id` for why)."""
@@ -539,5 +609,6 @@ def engage(application: Application, chain: InterceptorChain | None = None, *,
         application.event_manager.add_listener("method_call", note_one_way)
         application.event_manager.add_listener("method_return_object", leave_one_way_answer_unwritten)
         _take_chain_trees(getattr(application, "in_protocol", None))
+        _give_out_trees(getattr(application, "out_protocol", None))
         setattr(application, _ENGAGED, True)
     return ChainMiddleware(wsgi_application, chain, max_message_size=max_message_size, understands=understands)

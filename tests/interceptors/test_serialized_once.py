@@ -130,3 +130,51 @@ def test_spyne_parses_itself_when_its_parser_would_build_another_tree(monkeypatc
     assert response.status_code == 200
     assert calls == ["own parse"]
     assert counting.parses == 1
+
+
+def _count_safe_parses(monkeypatch) -> list[int]:
+    """The adapter's own parses from now on (every safe parse takes ``xmlsafe._parser``)."""
+    from wsrm_plugin.wire import xmlsafe
+
+    parses = [0]
+    real = xmlsafe._parser
+
+    def counting():
+        parses[0] += 1
+        return real()
+
+    monkeypatch.setattr(xmlsafe, "_parser", counting)
+    return parses
+
+
+def _answer_app(name: str) -> Application:
+    class Answer(ServiceBase):
+        @rpc(Unicode, _returns=Unicode)
+        def echo(ctx, text):  # noqa: N805 -- spyne's signature
+            return f"re:{text}"
+
+    return Application([Answer], tns=TNS, name=name, in_protocol=Soap11(validator="lxml"),
+                       out_protocol=Soap11())
+
+
+def test_spyne_hands_over_its_answers_tree_instead_of_writing_it_out(monkeypatch):
+    parses = _count_safe_parses(monkeypatch)
+    response = _deliver(Service(_answer_app("TreeAnswerApp"), []), InterceptorChain([AddressingInterceptor()]),
+                        "tree")
+    assert response.status_code == 200
+    assert b">re:tree<" in response.body()
+    assert parses[0] == 0  # neither the request (the chain's tree) nor spyne's answer was parsed
+
+
+def test_a_listener_of_the_written_answer_sees_it_written_and_what_it_changes_is_sent(monkeypatch):
+    application = _answer_app("WrittenAnswerApp")
+
+    def rewrite(ctx):
+        ctx.out_string = [b"".join(ctx.out_string).replace(b"re:", b"seen:")]
+
+    application.event_manager.add_listener("method_return_string", rewrite)
+    parses = _count_safe_parses(monkeypatch)
+    response = _deliver(Service(application, []), InterceptorChain([AddressingInterceptor()]), "bytes")
+    assert response.status_code == 200
+    assert b">seen:bytes<" in response.body()
+    assert parses[0] == 1  # the written answer, read back by the adapter

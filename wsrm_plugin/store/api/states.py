@@ -33,14 +33,20 @@ def rms_state(seq: RmsSequence, unacked: int) -> RMSState:
     A faulted sequence may still hold the messages it failed (until they are
     reported): they no longer count as "in buffer".
     """
-    return RMSState(
-        sequence_started=seq.started,
-        messages_in_buffer=unacked > 0 and not seq.faulted,
-        last_message_received=seq.last_message,
-        terminate_sent=seq.terminate_sent,
-        closed=seq.closed,
-        faulted=seq.faulted,
-    )
+    factors = (seq.started, unacked > 0 and not seq.faulted, seq.last_message, seq.terminate_sent,
+               seq.closed, seq.faulted)
+    cacheable = all(type(f) is bool for f in factors)  # 1 == True: only real bools share a state
+    state = _RMS_STATES.get(factors) if cacheable else None
+    if state is None:  # built (and checked: a non-bool or an impossible combination raises) once
+        state = RMSState(*factors)
+        if cacheable:
+            _RMS_STATES[factors] = state
+    return state
+
+
+#: The RMS states built so far, by their factors (as :data:`_RMD_STATES`): every claim, send,
+#: acknowledgement and enqueue asks for one, a handful of times per message.
+_RMS_STATES: dict[tuple[bool, bool, bool, bool, bool, bool], RMSState] = {}
 
 
 def rms_life(seq: RmsSequence) -> RMSState:
