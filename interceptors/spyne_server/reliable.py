@@ -165,7 +165,7 @@ class ReliableMessagingInterceptor(Interceptor):
         # The chain stops here, and the engine reads the tree only before it stores the message:
         # the delivery (with an in-memory store, of these very bytes) takes it instead of a parse.
         # Filed first, since the invoker may deliver before handle() returns.
-        TREES.remember(data, envelope)
+        TREES.remember(data, envelope, message.addressing)  # what the chain read: not read again
         # the WS-A properties the chain's addressing interceptor read, if it ran: not read again
         reply = self.engine.handle(data, principal=principal, remote_addr=remote_addr,
                                    content_type=message.http_headers.get("Content-Type"),
@@ -193,11 +193,12 @@ class ReliableMessagingInterceptor(Interceptor):
             message.exchange.properties[_FAULT_KEY] = message.to_bytes()
             message.abort()
             return
-        apply_addressing(message)  # the reply's own MessageID, kept by every retransmission
+        written = apply_addressing(message)  # the reply's own MessageID, kept by every retransmission
         try:
-            # its tree, not its bytes: stored (and stamped for the response) without a parse;
-            # the message is aborted below, so nothing here touches the tree again
-            delivery.reply(message.envelope)
+            # its tree, not its bytes: stored (and stamped for the response) without a parse, nor a
+            # read of the WS-A headers just written; the message is aborted below, so nothing here
+            # touches the tree again
+            delivery.reply(message.envelope, addressing=written)
         except ValueError as exc:
             log.error("the response to message %s cannot be sent reliably and is dropped: %s",
                       delivery.message_id, exc)
@@ -229,12 +230,14 @@ class ChainDeliverer:
     def __call__(self, payload: bytes, context: DeliveryContext) -> None:
         soap = SoapVersion.for_namespace(context.soap_version) or SOAP11
         exchange = Exchange(properties={DELIVERY_KEY: context})
-        tree = TREES.take(payload)  # received by this process moments ago: its tree, not a second parse
-        if tree is None:
-            tree = parse_xml(payload, max_size=max(len(payload), 1))
+        # received by this process moments ago: its tree, not a second parse, and the WS-A
+        # properties the chain read from it then (as the chain's later steps saw them)
+        taken = TREES.take_noted(payload)
+        tree, addressing = taken if taken is not None else (parse_xml(payload, max_size=max(len(payload), 1)), None)
         request = Message(tree, Direction.IN, Role.SERVER, http_headers=_http_headers(soap, context.action),
                           address=self.interceptor.engine.endpoint_address, action=context.action,
                           exchange=exchange)
+        request.addressing = addressing
         request.serialized_as(payload)  # the tree is payload's: spyne gets these bytes, no serializing
         previous = current_delivery()
         _local.delivery = context

@@ -82,3 +82,31 @@ def test_a_reply_is_parsed_once_on_its_way_to_the_caller_and_not_again_by_the_se
     assert client >= CALLS, dict(parses)  # the counter counts
     assert server <= 1.5 * CALLS, f"{server} parses on the server for {CALLS} calls: {dict(parses)}"
     assert server >= CALLS, dict(parses)
+
+
+def test_the_service_reads_a_requests_ws_addressing_headers_once_and_never_its_replys(servers, clients, monkeypatch):
+    # per sequential request-reply call on the server: the request's WS-A headers as it arrives
+    # (the delivery on receipt takes that read with the request's tree), and none of the reply's,
+    # which its front end wrote (3 before: the delivery read the request's again, and the reply's
+    # enqueue read back what the addressing interceptor had just written)
+    from wsrm_plugin.wire.addressing import AddressingHeaders
+
+    server = servers()
+    rc = clients(server.url)
+    rc.service.echo("warm-up").result(timeout=60)
+    assert wait_for(lambda: server.engine.status().unacked == 0 and rc.engine.status().unacked == 0)
+    reads: collections.Counter[str] = collections.Counter()
+    real = AddressingHeaders.from_header.__func__
+
+    def counting(cls, header_elements):
+        elements = list(header_elements)
+        if elements:  # an envelope with headers to read (an answer spyne built has none)
+            reads[threading.current_thread().name] += 1
+        return real(cls, elements)
+
+    monkeypatch.setattr(AddressingHeaders, "from_header", classmethod(counting))
+    for i in range(CALLS):
+        assert rc.service.echo(f"a{i}").result(timeout=60) is not None
+    monkeypatch.undo()
+    server_reads = sum(n for thread, n in reads.items() if thread.startswith("waitress"))
+    assert CALLS <= server_reads <= 1.5 * CALLS, f"{server_reads} reads on the server for {CALLS} calls: {dict(reads)}"

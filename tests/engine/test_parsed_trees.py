@@ -21,6 +21,16 @@ def test_bytes_read_back_from_a_store_find_the_tree_of_the_bytes_that_were_store
     assert trees.take(b"<a><b>2</b></a>") is None
 
 
+def test_a_tree_is_handed_over_with_the_note_of_what_was_read_from_it():
+    trees = ParsedTrees()
+    payload, root, note = b"<a><b>1</b></a>", etree.Element("a"), object()
+    trees.remember(payload, root, note)
+    assert trees.take_noted(bytes(bytearray(payload))) == (root, note)
+    assert trees.take_noted(payload) is None  # handed over once, note and all
+    trees.remember(payload, root)
+    assert trees.take_noted(payload) == (root, None)
+
+
 def test_what_nobody_takes_is_bounded_in_count_and_bytes():
     by_count = ParsedTrees(limit=2)
     for i in range(3):

@@ -58,7 +58,8 @@ def _header_parent(envelope: Envelope) -> etree._Element:
 
 def prepare_outgoing(data: bytes | etree._Element, *, to: str, action: str | None, message_id: str | None,
                      reply_to: str | None, relates_to: str | None, wsa: AddressingVersion,
-                     max_size: int, extra: Iterable[etree._Element] = ()) -> OutgoingMessage:
+                     max_size: int, extra: Iterable[etree._Element] = (),
+                     addressing: AddressingHeaders | None = None) -> OutgoingMessage:
     """Add the WS-Addressing headers the application left out (To, Action, MessageID, ReplyTo).
 
     ``extra`` header blocks (an observer's trace context) come after them,
@@ -71,6 +72,8 @@ def prepare_outgoing(data: bytes | etree._Element, *, to: str, action: str | Non
     ``data`` may be the envelope's tree (a SOAP client's, no parse needed):
     it is then changed in place and becomes the stored message's tree, handed
     to the first transmission (:mod:`.parsed`) instead of a parse there.
+    ``addressing``: the WS-A headers the tree carries, as whoever wrote them (a
+    front end's addressing interceptor) knows them: not read from it again.
     """
     if isinstance(data, etree._Element):
         envelope = Envelope.from_element(data)
@@ -78,7 +81,7 @@ def prepare_outgoing(data: bytes | etree._Element, *, to: str, action: str | Non
     else:
         envelope = parse_envelope(data, max_size=max_size)
         size = len(data)
-    present = AddressingHeaders.from_header(envelope.headers)
+    present = addressing if addressing is not None and size is None else AddressingHeaders.from_header(envelope.headers)
     version = present.version or wsa
     if action is not None and present.action is not None and action != present.action:
         raise ValueError(f"action {action!r} disagrees with the envelope's wsa:Action {present.action!r}")

@@ -83,7 +83,8 @@ class DeliveryContext:
     _source: Source = field(repr=False)
     replies: list[SendReceipt] = field(default_factory=list)
 
-    def reply(self, envelope: bytes | etree._Element, *, action: str | None = None) -> SendReceipt:
+    def reply(self, envelope: bytes | etree._Element, *, action: str | None = None,
+              addressing: AddressingHeaders | None = None) -> SendReceipt:
         """Send ``envelope`` as the response to this message, reliably, on the offered sequence.
 
         ``envelope`` may be the response's lxml tree (a front end's own, not parsed again; it
@@ -93,11 +94,13 @@ class DeliveryContext:
         delivery commits.  With an anonymous ReplyTo (a client without a
         listener) it goes back in the HTTP response to the request.  A request
         sent without an Offer to an addressable ReplyTo is answered on a
-        sequence this engine opens to that endpoint (CXF's way).
+        sequence this engine opens to that endpoint (CXF's way).  ``addressing``: the WS-A
+        headers the tree carries, when the caller wrote or read them (a front end's addressing
+        interceptor): not read from it again.
         """
         receipt = self._source.enqueue_reply(self.transaction, self.sequence_id, envelope, reply_to=self.reply_to,
                                              relates_to=self.message_id, action=action,
-                                             answers=self.message_number)
+                                             answers=self.message_number, addressing=addressing)
         if receipt is None:
             raise ValueError(f"sequence {self.sequence_id} has no accepted offered sequence for replies "
                              f"to {self.reply_to or 'the anonymous ReplyTo'}; the client must offer one "

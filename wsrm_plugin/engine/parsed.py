@@ -19,12 +19,15 @@ messages' trees a taker gets does not matter.  The tree must be exactly what
 the bytes serialize, and nobody may touch it after ``remember``: ``take`` gives
 it to one owner, who may change it.  Bounded: entries nobody takes (a
 rolled-back enqueue, a duplicate, a delivery in another process) fall out.
+A tree may carry a note of what was read from it (the WS-A properties a front end
+read from a request), handed over with it so that the taker need not read it again.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Any
 
 from lxml import etree
 
@@ -46,13 +49,14 @@ class ParsedTrees:
         self._max_bytes = max_bytes
         self._bytes = 0
         self._count = 0
-        #: key -> [(payload, tree)], the oldest key first
-        self._trees: OrderedDict[tuple[int, bytes], list[tuple[bytes, etree._Element]]] = OrderedDict()
+        #: key -> [(payload, tree, note)], the oldest key first
+        self._trees: OrderedDict[tuple[int, bytes], list[tuple[bytes, etree._Element, Any]]] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
 
-    def remember(self, payload: bytes, root: etree._Element) -> None:
-        """File ``root`` (which serializes to ``payload``, and is no longer the caller's) under ``payload``."""
+    def remember(self, payload: bytes, root: etree._Element, note: Any = None) -> None:
+        """File ``root`` (which serializes to ``payload``, and is no longer the caller's) under
+        ``payload``, with ``note`` (what was read from it) for :meth:`take_noted`."""
         if type(payload) is not bytes or len(payload) > self._max_bytes:
             return
         key = _key(payload)
@@ -60,16 +64,16 @@ class ParsedTrees:
             entries = self._trees.get(key)
             if entries is None:
                 entries = self._trees[key] = []
-            for i, (filed, _) in enumerate(entries):
+            for i, (filed, _, _) in enumerate(entries):
                 if filed == payload:  # equal bytes: the newer tree replaces the older
-                    entries[i] = (payload, root)
+                    entries[i] = (payload, root, note)
                     return
-            entries.append((payload, root))
+            entries.append((payload, root, note))
             self._bytes += len(payload)
             self._count += 1
             while self._count > self._limit or self._bytes > self._max_bytes:
                 oldest = next(iter(self._trees))
-                dropped, _ = self._trees[oldest].pop(0)
+                dropped, _, _ = self._trees[oldest].pop(0)
                 if not self._trees[oldest]:
                     del self._trees[oldest]
                 self._bytes -= len(dropped)
@@ -77,6 +81,11 @@ class ParsedTrees:
 
     def take(self, payload: bytes) -> etree._Element | None:
         """The tree of bytes equal to ``payload`` if remembered (then forgotten here), else None."""
+        taken = self.take_noted(payload)
+        return taken[0] if taken is not None else None
+
+    def take_noted(self, payload: bytes) -> tuple[etree._Element, Any] | None:
+        """:meth:`take`, with the note the tree was filed with."""
         if type(payload) is not bytes:
             return None
         key = _key(payload)
@@ -84,7 +93,7 @@ class ParsedTrees:
             entries = self._trees.get(key)
             if entries is None:
                 return None
-            for i, (filed, root) in enumerate(entries):
+            for i, (filed, root, note) in enumerate(entries):
                 if filed is payload or filed == payload:
                     del entries[i]
                     if not entries:
@@ -92,7 +101,7 @@ class ParsedTrees:
                     self._bytes -= len(payload)
                     self._count -= 1
                     self.hits += 1
-                    return root
+                    return root, note
             return None
 
 

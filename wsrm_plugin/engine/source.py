@@ -37,8 +37,8 @@ from ..store import (
     StoreTransaction, UnknownSequenceError,
 )
 from ..wire import (
-    RM10, CreateSequenceResponse, EndpointReference, InvalidAcknowledgement, RMVersion, SequenceAcknowledgement,
-    UnknownSequence, WSRMFault, build_envelope, to_bytes,
+    RM10, AddressingHeaders, CreateSequenceResponse, EndpointReference, InvalidAcknowledgement, RMVersion,
+    SequenceAcknowledgement, UnknownSequence, WSRMFault, build_envelope, to_bytes,
 )
 from ..wire.namespaces import RM_VERSIONS, AddressingVersion, mc_anonymous_id
 from . import observe
@@ -518,7 +518,7 @@ class Source:
 
     def enqueue_reply(self, tx: StoreTransaction, rmd_sequence_id: str, envelope: bytes | etree._Element, *,
                       reply_to: str | None, relates_to: str | None, action: str | None,
-                      answers: int | None = None) -> SendReceipt | None:
+                      answers: int | None = None, addressing: AddressingHeaders | None = None) -> SendReceipt | None:
         """Enqueue a response on the sequence offered with destination sequence ``rmd_sequence_id``.
 
         Runs in the invoker's transaction.  A request sent without an Offer to
@@ -531,13 +531,15 @@ class Source:
         sequence itself goes there.  Such a reply is never sent by the worker;
         it waits in the store until the request's HTTP thread (or a
         retransmission of the request, ``answers`` = its message number)
-        takes it, and until the client acknowledges it.
+        takes it, and until the client acknowledges it.  ``addressing``: the WS-A headers the
+        envelope's tree carries, known to the caller (:func:`prepare_outgoing`).
         """
         seq = tx.rms.get(reply_sequence_key(rmd_sequence_id))
         if seq is None or not rms_life(seq).accepts_messages:
             if seq is None and not is_back_channel(reply_to):
                 assert reply_to is not None
-                return self._reply_on_own_sequence(tx, reply_to, envelope, relates_to=relates_to, action=action)
+                return self._reply_on_own_sequence(tx, reply_to, envelope, relates_to=relates_to, action=action,
+                                                   addressing=addressing)
             return None
         back_channel = is_back_channel(reply_to)
         if back_channel and not is_back_channel(seq.target):
@@ -553,7 +555,7 @@ class Source:
         outgoing = prepare_outgoing(envelope, to=to, action=action, message_id=None, reply_to=None,
                                     relates_to=relates_to, wsa=_wsa_of(seq) or wsa,
                                     max_size=self.policy.max_message_size,
-                                    extra=step.headers() if step is not None else ())
+                                    extra=step.headers() if step is not None else (), addressing=addressing)
         if step is not None:
             step.note(message_id=outgoing.message_id, action=outgoing.action)
             step.end()  # it commits or rolls back with the delivery, whose step says which
@@ -567,7 +569,8 @@ class Source:
         return SendReceipt(seq.key, msg.number, outgoing.message_id)
 
     def _reply_on_own_sequence(self, tx: StoreTransaction, reply_to: str, envelope: bytes | etree._Element, *,
-                               relates_to: str | None, action: str | None) -> SendReceipt:
+                               relates_to: str | None, action: str | None,
+                               addressing: AddressingHeaders | None = None) -> SendReceipt:
         """A reply to a request whose sequence came without an Offer, for an addressable ReplyTo.
 
         As CXF does for a client that includes no Offer (its default): the
@@ -578,7 +581,7 @@ class Source:
         outgoing = prepare_outgoing(envelope, to=reply_to, action=action, message_id=None, reply_to=None,
                                     relates_to=relates_to, wsa=self.policy.addressing,
                                     max_size=self.policy.max_message_size,
-                                    extra=step.headers() if step is not None else ())
+                                    extra=step.headers() if step is not None else (), addressing=addressing)
         if step is not None:
             step.note(message_id=outgoing.message_id, action=outgoing.action)
             step.end()
