@@ -288,6 +288,7 @@ class ChainMiddleware:
         status, headers, body, one_way, tree = self._call_spyne(request, environ)
         if one_way and status == 200:
             body, tree = b"", None  # WS-I BP R2750: nothing to say to a one-way call (so nothing to parse)
+        envelope: etree._Element | None
         try:
             if tree is not None:  # spyne's own tree of its answer: not written out, so not parsed
                 envelope = tree
