@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from .errors import HeuristicError, IllegalStateError, NotSupportedError
 from .log import MemoryLog, RecoveryLog, TransactionLog
 from .recovery import RecoveryManager
-from .transaction import Checkpoint, PreparedBranch, Status, Transaction
+from .transaction import Checkpoint, PreparedBranch, Status, Transaction, _Settings
 from .xa import XAER_NOTA, XAException, XAResource
 from .xid import Xid, default_node_name
 
@@ -71,9 +71,6 @@ class TransactionManager:
         self.node = node or default_node_name()
         Xid.new_global(self.node)  # validates the node name now, not at the first begin
         self.default_timeout = default_timeout
-        self._checkpoint = checkpoint
-        self._retries = retries
-        self._retry_delay = retry_delay
         self._owns_log = False
         if log is None:
             _log_warning(f"TransactionManager {self.node!r} has no recovery log: commit decisions "
@@ -95,6 +92,9 @@ class TransactionManager:
         self._local = threading.local()
         self._mutex = threading.Lock()
         self._in_flight: dict[bytes, Transaction] = {}
+        #: what each of its transactions is given: the log, the hook, the retries, the node
+        self._settings = _Settings(self.log, checkpoint, retries, retry_delay, self._ended, self.node,
+                                   self._in_flight)
         self._resources: list[XAResource] = []
         self._recovery = RecoveryManager(self.log, self._resources, self.node, safety_interval,
                                          in_flight=self._in_flight_gtrids)
@@ -103,6 +103,15 @@ class TransactionManager:
 
     def __repr__(self) -> str:
         return f"<TransactionManager node={self.node!r} log={self.log!r}>"
+
+    @property
+    def _checkpoint(self) -> Checkpoint | None:
+        """The crash-test hook the transactions begun from now on call (see :mod:`.transaction`)."""
+        return self._settings.checkpoint
+
+    @_checkpoint.setter
+    def _checkpoint(self, hook: Checkpoint | None) -> None:
+        self._settings.checkpoint = hook
 
     # -- the current thread's transaction -------------------------------------------
 
@@ -130,16 +139,19 @@ class TransactionManager:
         if current is not None and not current._finished:
             raise NotSupportedError(f"thread already has transaction {current.xid}; nested "
                                     "transactions are not supported (suspend() it first)")
+        settings = self._settings
+        if branch_prefix:
+            settings = settings.with_prefix(branch_prefix.encode() if isinstance(branch_prefix, str)
+                                            else branch_prefix)
+        if timeout is None:
+            timeout = self.default_timeout
         if xid is None:
             # The gtrid is made when first asked for (Transaction.xid), and the transaction
             # joins the running set then: one committed in one phase by a resource that needs
             # no xid never formats one.  A fresh gtrid (random bits of this process, a
             # counter) is no other transaction's: no need to ask the log or the running ones.
             tx = _new_object(Transaction)  # what Transaction._new does, one call fewer
-            tx._setup(None, self.log, self.default_timeout if timeout is None else timeout,
-                      self._checkpoint, self._retries, self._retry_delay, self._ended, _monotonic,
-                      branch_prefix.encode() if isinstance(branch_prefix, str) else branch_prefix,
-                      self.node, self._in_flight)
+            tx._setup(None, settings, timeout, _monotonic)
             bound["tx"] = tx
             return tx
         gxid = xid
@@ -148,10 +160,7 @@ class TransactionManager:
         if self.log.is_pending(gxid):
             raise IllegalStateError(f"the recovery log still has {gxid} pending; a new "
                                     "transaction cannot reuse its gtrid")
-        tx = Transaction._new(gxid, self.log, self.default_timeout if timeout is None else timeout,
-                              self._checkpoint, self._retries, self._retry_delay, self._ended,
-                              branch_prefix.encode() if isinstance(branch_prefix, str) else branch_prefix,
-                              self.node, self._in_flight)
+        tx = Transaction._new(gxid, settings, timeout)
         with self._mutex:
             if gxid.gtrid in self._in_flight:
                 raise IllegalStateError(f"transaction {gxid} is already running")
@@ -292,8 +301,8 @@ class TransactionManager:
         self.log.log_commit_decision(gxid, [(b.xid, b.resource_name) for b in branches])
         self._release_detached(gxid)
         left = [b for b in branches
-                if not _finish_prepared(resources[b.resource_name], b.xid, True, self._retries,
-                                        self._retry_delay)]
+                if not _finish_prepared(resources[b.resource_name], b.xid, True, self._settings.retries,
+                                        self._settings.retry_delay)]
         if left:
             log.warning("transaction %s committed, but %d branch(es) could not be reached; the "
                         "recovery manager will commit them", gxid, len(left))
@@ -308,7 +317,7 @@ class TransactionManager:
         self._release_detached(gxid)
         return [b for b in branches
                 if not _finish_prepared(self._resource_named(b.resource_name), b.xid, False,
-                                        self._retries, self._retry_delay)]
+                                        self._settings.retries, self._settings.retry_delay)]
 
     def _release_detached(self, gxid: Xid) -> None:
         with self._mutex:

@@ -204,6 +204,37 @@ class _Enlistment:
         self.state = "active"  # active | suspended | ended | failed
 
 
+class _Settings:
+    """What the transactions of one manager share, referenced by each as one field (setting
+    seven fields per transaction was a visible share of its begin).  The manager keeps one
+    (its crash-test hook may be changed on it between transactions); a begin with a branch
+    prefix gets a copy with that prefix."""
+
+    __slots__ = ("log", "checkpoint", "retries", "retry_delay", "on_end", "node", "registry",
+                 "branch_prefix")
+
+    def __init__(self, log: "TransactionLog", checkpoint: Checkpoint | None, retries: int,
+                 retry_delay: float, on_end: Callable[["Transaction"], None] | None,
+                 node: str | None, registry: dict[bytes, "Transaction"] | None,
+                 branch_prefix: bytes = b"") -> None:
+        self.log = log
+        self.checkpoint = checkpoint
+        self.retries = retries
+        self.retry_delay = retry_delay
+        self.on_end = on_end
+        #: the node that names the gtrid made when first asked for (see Transaction.xid)
+        self.node = node
+        #: the manager's running transactions, by gtrid (None: a transaction of its own)
+        self.registry = registry
+        # Several processes working under one gtrid (a Spark job's tasks) need
+        # branch qualifiers that cannot collide: each names its own prefix.
+        self.branch_prefix = branch_prefix
+
+    def with_prefix(self, branch_prefix: bytes) -> "_Settings":
+        return _Settings(self.log, self.checkpoint, self.retries, self.retry_delay, self.on_end,
+                         self.node, self.registry, branch_prefix)
+
+
 class Transaction:
     """A global transaction.  Created by :meth:`TransactionManager.begin`.
 
@@ -218,8 +249,7 @@ class Transaction:
     # ``_fused`` is set with ``_sole`` (never read without it): the sole resource ends and
     # commits in one call, ``end_and_commit_one_phase`` (see PostgresXAResource).
     _fused: bool
-    __slots__ = ("_xid", "_node", "_registry", "_branch_prefix", "_log", "_clock", "timeout", "deadline", "_checkpoint",
-                 "_retries", "_retry_delay", "_on_end", "_lock", "_phase", "_rollback_only",
+    __slots__ = ("_xid", "_cfg", "_clock", "timeout", "deadline", "_lock", "_phase", "_rollback_only",
                  "_timed_out", "_cause", "_completing", "_finished", "_branches", "_enlisted",
                  "_syncs", "_before", "_sole", "_fused", "_sole_xid", "__dict__", "__weakref__")
 
@@ -229,45 +259,32 @@ class Transaction:
                  clock: Callable[[], float] = time.monotonic, branch_prefix: bytes = b"") -> None:
         if xid.bqual:
             raise ValueError(f"{xid} is a branch xid; a transaction needs a global xid")
-        self._setup(xid, log, timeout, checkpoint, retries, retry_delay, on_end, clock, branch_prefix,
-                    None, None)
+        self._setup(xid, _Settings(log, checkpoint, retries, retry_delay, on_end, None, None,
+                                   branch_prefix), timeout, clock)
 
     @classmethod
-    def _new(cls, xid: Xid | None, log: "TransactionLog", timeout: float | None,
-             checkpoint: Checkpoint | None, retries: int, retry_delay: float,
-             on_end: Callable[["Transaction"], None] | None, branch_prefix: bytes,
-             node: str, registry: dict[bytes, "Transaction"]) -> "Transaction":
+    def _new(cls, xid: Xid | None, settings: "_Settings", timeout: float | None) -> "Transaction":
         """What ``Transaction(xid, log=..., ...)`` makes, for the manager's ``begin``: a class
         called with keywords builds a dict of them and matches them by name, which cost as
         much as the rest of the transaction's set-up (callgrind); positional arguments do not.
 
         With ``xid`` None the global xid is made the first time something asks for it (see
-        :attr:`xid`), and the transaction is then put in ``registry`` (the manager's running
-        transactions, by gtrid) under it."""
+        :attr:`xid`), and the transaction is then put in ``settings.registry`` (the manager's
+        running transactions, by gtrid) under it."""
         tx = _new_object(cls)
-        tx._setup(xid, log, timeout, checkpoint, retries, retry_delay, on_end, _monotonic, branch_prefix,
-                  node, registry)
+        tx._setup(xid, settings, timeout, _monotonic)
         return tx
 
-    def _setup(self, xid: Xid | None, log: "TransactionLog", timeout: float | None,
-               checkpoint: Checkpoint | None, retries: int, retry_delay: float,
-               on_end: Callable[["Transaction"], None] | None, clock: Callable[[], float],
-               branch_prefix: bytes, node: str | None,
-               registry: dict[bytes, "Transaction"] | None) -> None:
+    def _setup(self, xid: Xid | None, settings: "_Settings", timeout: float | None,
+               clock: Callable[[], float]) -> None:
         self._xid = xid
-        self._node = node
-        self._registry = registry
-        # Several processes working under one gtrid (a Spark job's tasks) need
-        # branch qualifiers that cannot collide: each names its own prefix.
-        self._branch_prefix = branch_prefix
-        self._log = log
+        self._cfg = settings  # what the manager's transactions share: one field, not seven
         self._clock = clock
-        self.timeout = timeout if timeout and timeout > 0 else None
-        self.deadline = clock() + self.timeout if self.timeout else None
-        self._checkpoint = checkpoint
-        self._retries = retries
-        self._retry_delay = retry_delay
-        self._on_end = on_end
+        if timeout and timeout > 0:
+            self.timeout: float | None = timeout
+            self.deadline: float | None = clock() + timeout
+        else:
+            self.timeout = self.deadline = None
         self._lock = _thread.RLock()  # threading.RLock() is a Python-level factory of this
         self._phase = _ACTIVE
         self._rollback_only = False
@@ -299,8 +316,8 @@ class Transaction:
             with _naming:  # held for no call out: the naming never waits on anything else
                 xid = self._xid
                 if xid is None:
-                    self._xid = xid = Xid.new_global(self._node)
-                    registry = self._registry
+                    self._xid = xid = Xid.new_global(self._cfg.node)
+                    registry = self._cfg.registry
                     if registry is not None and not self._finished:
                         registry[xid.gtrid] = self  # running: recovery must leave its branches be
         return xid
@@ -466,8 +483,8 @@ class Transaction:
                 return True
         index = len(self._branches)
         bqual = _BQUALS[index] if index < 16 else _bqual(index)
-        if self._branch_prefix:
-            bqual = self._branch_prefix + bqual
+        if self._cfg.branch_prefix:
+            bqual = self._cfg.branch_prefix + bqual
         branch = _Branch(index, self.xid.branch(bqual), resource)
         if deadline is not None and getattr(resource, "takes_transaction_timeout", True):
             # pass the time left on to the resource (one that says it takes none is not asked)
@@ -523,7 +540,7 @@ class Transaction:
             with _naming:
                 xid = self._sole_xid
                 if xid is None:
-                    prefix = self._branch_prefix
+                    prefix = self._cfg.branch_prefix
                     self._sole_xid = xid = gxid.branch(prefix + b"0" if prefix else b"0")
         return xid
 
@@ -683,7 +700,7 @@ class Transaction:
             lock.release()
         try:
             sole = self._sole
-            if (sole is not None and not self._before and self._checkpoint is None
+            if (sole is not None and not self._before and self._cfg.checkpoint is None
                     and not self._rollback_only):
                 deadline = self.deadline
                 if deadline is None or self._clock() <= deadline:
@@ -705,7 +722,7 @@ class Transaction:
             self._commit()  # what the one-phase path leaves undone, the general path does
         finally:
             # a manager's transaction never named was never in its running set: nothing to end
-            if self._xid is not None or self._registry is None:
+            if self._xid is not None or self._cfg.registry is None:
                 self._leave_completion()
 
     def prepare_and_detach(self) -> list[PreparedBranch]:
@@ -781,9 +798,9 @@ class Transaction:
             self._completing = True
 
     def _leave_completion(self) -> None:
-        if self._on_end is not None:
+        if self._cfg.on_end is not None:
             try:
-                self._on_end(self)
+                self._cfg.on_end(self)
             except Exception:  # noqa: BLE001 -- bookkeeping must not hide the outcome
                 log.exception("transaction end callback failed")
 
@@ -797,7 +814,7 @@ class Transaction:
             self._rollback_only = True
         sole = self._sole
         if sole is not None:
-            if not self._rollback_only and self._checkpoint is None and self._commit_sole(sole):
+            if not self._rollback_only and self._cfg.checkpoint is None and self._commit_sole(sole):
                 return
             self._promote()  # the general path (a crash-test hook wants to see each point)
         self._end_all()
@@ -875,8 +892,8 @@ class Transaction:
         return True
 
     def _commit_one_phase(self, branch: _Branch) -> None:
-        if self._checkpoint is not None:
-            self._checkpoint("before_commit_one_phase", 0)
+        if self._cfg.checkpoint is not None:
+            self._cfg.checkpoint("before_commit_one_phase", 0)
         self._phase = _COMMITTING
         try:
             branch.resource.commit(branch.xid, one_phase=True)
@@ -905,14 +922,14 @@ class Transaction:
     def _commit_two_phase(self, branches: list[_Branch]) -> None:
         """Prepare, decide durably, commit: the decision is the log's record or, where one
         branch can carry it, that branch's one-phase commit with a commit mark."""
-        cp = self._checkpoint  # tested inline: a hook point per branch and phase
+        cp = self._cfg.checkpoint  # tested inline: a hook point per branch and phase
         if cp is not None:
             cp("before_prepare", 0)
         # a log that cannot note where marks are (a TransactionLog of the caller's own) keeps
         # every decision itself
         # a node claimed in a database (txmanager.lease) writes marks only there, fenced
-        fence = getattr(self._log, "fence", None)
-        holder = _mark_holder(branches, fence) if hasattr(self._log, "log_mark_source") else None
+        fence = getattr(self._cfg.log, "fence", None)
+        holder = _mark_holder(branches, fence) if hasattr(self._cfg.log, "log_mark_source") else None
         if holder is not None:  # it commits last, in one phase, with the decision
             branches = [b for b in branches if b is not holder]
         prepared = self._prepare(branches)
@@ -930,7 +947,7 @@ class Transaction:
             self._commit_marked(holder, prepared, fence)
         else:
             try:
-                self._log.log_commit_decision(self.xid, [(b.xid, b.name) for b in prepared])
+                self._cfg.log.log_commit_decision(self.xid, [(b.xid, b.name) for b in prepared])
             except Exception as e:  # noqa: BLE001 -- no durable decision means no commit
                 self._abort("the commit decision could not be logged", e)
         if cp is not None:
@@ -947,7 +964,7 @@ class Transaction:
     def _prepare(self, branches: list[_Branch]) -> list[_Branch]:
         """Phase 1: every branch votes; the ones that must be committed (voted XA_OK).  A no, a
         failure, a timeout or rollback-only rolls everything back (raises)."""
-        cp = self._checkpoint
+        cp = self._cfg.checkpoint
         for branch in branches:
             if self._rollback_only or self.is_expired():
                 break
@@ -974,7 +991,7 @@ class Transaction:
     def _commit_decided(self, prepared: list[_Branch]) -> tuple[list[tuple[Xid, int]], list[_Branch], int]:
         """Phase 2, once decided: the heuristic outcomes, the branches left to recovery (not
         reached) and how many branches agree with the decision."""
-        cp = self._checkpoint
+        cp = self._cfg.checkpoint
         heuristics: list[tuple[Xid, int]] = []
         left: list[_Branch] = []
         agreeing = 0
@@ -1004,7 +1021,7 @@ class Transaction:
                 holder.resource.forget_mark(self.xid)  # type: ignore[attr-defined]
         else:
             try:
-                self._log.log_done(self.xid)
+                self._cfg.log.log_done(self.xid)
             except Exception as e:  # noqa: BLE001 -- harmless: recovery re-commits, hears NOTA
                 log.warning("could not log 'done' for %s (recovery will tidy up): %s",
                             self.xid, e)
@@ -1015,7 +1032,7 @@ class Transaction:
         resource = holder.resource
         try:
             # once per database for the life of the log: recovery must know to read its marks
-            self._log.log_mark_source(resource.database)  # type: ignore[attr-defined]
+            self._cfg.log.log_mark_source(resource.database)  # type: ignore[attr-defined]
         except Exception as e:  # noqa: BLE001 -- a mark recovery would not read decides nothing
             self._abort(f"the recovery log could not note {holder.name} as a keeper of commit marks", e)
         self._phase = _COMMITTING
@@ -1049,7 +1066,7 @@ class Transaction:
         """Phase 2 for one branch: None when committed, "left" for recovery, or a
         heuristic code (already written to the log)."""
         failed_before = False
-        for attempt in range(self._retries + 1):
+        for attempt in range(self._cfg.retries + 1):
             try:
                 branch.resource.commit(branch.xid, one_phase=False)
                 return None
@@ -1071,10 +1088,10 @@ class Transaction:
             except Exception as e:  # noqa: BLE001 -- a lost connection: try again
                 error = e
             failed_before = True
-            if attempt < self._retries:
+            if attempt < self._cfg.retries:
                 log.info("commit of %s on %s failed (%s); retrying", branch.xid, branch.name,
                          error)
-                time.sleep(min(self._retry_delay * 2 ** attempt, 2.0))
+                time.sleep(min(self._cfg.retry_delay * 2 ** attempt, 2.0))
         log.warning("commit of %s on %s still failing (%s); leaving it to recovery",
                     branch.xid, branch.name, error)
         return "left"
@@ -1121,7 +1138,7 @@ class Transaction:
     def _rollback_branch(self, branch: _Branch) -> int | None:
         """Roll back one branch: None when done (or left to presumed abort), else a
         heuristic code, already logged."""
-        for attempt in range(self._retries + 1):
+        for attempt in range(self._cfg.retries + 1):
             try:
                 branch.resource.rollback(branch.xid)
                 return None
@@ -1137,15 +1154,15 @@ class Transaction:
                 error: Exception = e
             except Exception as e:  # noqa: BLE001 -- a lost connection: try again
                 error = e
-            if attempt < self._retries:
-                time.sleep(min(self._retry_delay * 2 ** attempt, 2.0))
+            if attempt < self._cfg.retries:
+                time.sleep(min(self._cfg.retry_delay * 2 ** attempt, 2.0))
         log.warning("rollback of %s on %s failed (%s); if it was prepared, recovery will roll "
                     "it back (presumed abort)", branch.xid, branch.name, error)
         return None
 
     def _record_heuristic(self, branch: _Branch, code: int) -> None:
         try:
-            self._log.log_heuristic(self.xid, branch.xid, code, branch.name)
+            self._cfg.log.log_heuristic(self.xid, branch.xid, code, branch.name)
         except Exception as e:  # noqa: BLE001 -- still raise the heuristic to the caller
             log.error("could not log heuristic %s of %s: %s", error_name(code), branch.xid, e)
 
@@ -1184,8 +1201,8 @@ class Transaction:
                 log.exception("after_completion of %r failed", sync)
 
     def _cp(self, point: str, index: int) -> None:
-        if self._checkpoint is not None:
-            self._checkpoint(point, index)
+        if self._cfg.checkpoint is not None:
+            self._cfg.checkpoint(point, index)
 
 
 def _name(resource: object) -> str:
