@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 
 #: psycopg2's own autocommit flag (the class below shows another during a branch)
 _AUTOCOMMIT = ext.connection.autocommit
+#: psycopg2's own session settings, which it sends with its BEGIN (watched below)
+_ISOLATION_LEVEL = ext.connection.isolation_level
+_READONLY = ext.connection.readonly
+_DEFERRABLE = ext.connection.deferrable
 
 _OFF = os.environ.get("TXMANAGER_LAZY_BEGIN") == "0"
 
@@ -144,6 +148,11 @@ class LazyBeginConnection(ext.connection):
         self._xid: Xid | None = None
         #: a cursor this module cannot follow was handed out: branches use tpc_begin from now on
         self._classic = False
+        #: branches use tpc_begin (``_classic``, a session setting psycopg2 sends with its BEGIN,
+        #: or TXMANAGER_LAZY_BEGIN=0): kept up to date where those change, so that a branch's
+        #: start reads one flag rather than three of psycopg2's properties
+        self._tpc_only = _OFF or self.isolation_level is not None or self.readonly is not None \
+            or self.deferrable is not None
         self._own_cursor: Any = None
         #: psycopg2's autocommit flag is still on after a branch committed in one phase, while
         #: the connection shows it off: set back only when something is to run outside a branch
@@ -190,7 +199,53 @@ class LazyBeginConnection(ext.connection):
     def set_session(self, *args: Any, **kwargs: Any) -> None:
         self._refuse_in_branch("set_session")
         self._restore_autocommit()
-        ext.connection.set_session(self, *args, **kwargs)
+        try:
+            ext.connection.set_session(self, *args, **kwargs)
+        finally:
+            self._settings_changed()
+
+    def set_isolation_level(self, level: int | None) -> None:
+        try:
+            ext.connection.set_isolation_level(self, level)
+        finally:
+            self._settings_changed()
+
+    @property
+    def isolation_level(self) -> int | None:
+        return _ISOLATION_LEVEL.__get__(self)
+
+    @isolation_level.setter
+    def isolation_level(self, value: Any) -> None:
+        try:
+            _ISOLATION_LEVEL.__set__(self, value)
+        finally:
+            self._settings_changed()
+
+    @property
+    def readonly(self) -> bool | None:
+        return _READONLY.__get__(self)
+
+    @readonly.setter
+    def readonly(self, value: Any) -> None:
+        try:
+            _READONLY.__set__(self, value)
+        finally:
+            self._settings_changed()
+
+    @property
+    def deferrable(self) -> bool | None:
+        return _DEFERRABLE.__get__(self)
+
+    @deferrable.setter
+    def deferrable(self, value: Any) -> None:
+        try:
+            _DEFERRABLE.__set__(self, value)
+        finally:
+            self._settings_changed()
+
+    def _settings_changed(self) -> None:
+        self._tpc_only = (_OFF or self._classic or _ISOLATION_LEVEL.__get__(self) is not None
+                          or _READONLY.__get__(self) is not None or _DEFERRABLE.__get__(self) is not None)
 
     def commit(self) -> None:
         if self._mode is not None and self._mode is not _TPC:
@@ -228,8 +283,7 @@ class LazyBeginConnection(ext.connection):
 
     def begin_branch(self, xid: Xid) -> None:
         """Start branch ``xid``: nothing is sent (psycopg2's ``tpc_begin`` sends nothing either)."""
-        if _OFF or self._classic or self.isolation_level is not None or self.readonly is not None \
-                or self.deferrable is not None:
+        if self._tpc_only:
             self._restore_autocommit()
             self.tpc_begin(psycopg_xid(xid))
             self._mode = _TPC
@@ -245,8 +299,7 @@ class LazyBeginConnection(ext.connection):
         """:meth:`begin_branch` of a branch whose xid comes later, if ever (only PREPARE
         needs it: give it as ``_xid`` before); False, having done nothing, where psycopg2's
         ``tpc_begin`` runs the branch, which takes the xid now."""
-        if _OFF or self._classic or self.isolation_level is not None or self.readonly is not None \
-                or self.deferrable is not None:
+        if self._tpc_only:
             return False
         if self._lagging:  # on still since the last branch
             self._lagging = False
@@ -380,7 +433,7 @@ class LazyBeginConnection(ext.connection):
         """A cursor (or large object) this class cannot see the statements of is handed out."""
         if not self._classic:
             log.debug("%r: a cursor it cannot follow; its branches use tpc_begin from now on", self)
-        self._classic = True
+        self._classic = self._tpc_only = True
         mode = self._mode
         if mode is _PENDING and self._xid is None:
             # a branch with no xid yet (begin_unnamed) cannot go to tpc_begin: its BEGIN goes now

@@ -264,6 +264,50 @@ def test_a_session_with_an_isolation_level_begins_as_psycopg2_does(db):
     assert values(db) == ["a"]
 
 
+@pytest.mark.parametrize("setting", ["isolation_level", "readonly", "deferrable", "set_isolation_level"])
+def test_a_session_setting_made_any_way_sends_the_branch_through_psycopg2s_begin(db, setting):
+    """The connection keeps one flag for "psycopg2's BEGIN must carry the session settings"
+    rather than reading them at every branch: each way of setting them must update it, and
+    setting them back must clear it."""
+    def connect():
+        conn = psycopg2.connect(db, connection_factory=LazyBeginConnection)
+        if setting == "set_isolation_level":
+            conn.set_isolation_level(psycopg2.extensions.ISOLATION_LEVEL_SERIALIZABLE)
+        else:
+            setattr(conn, setting, "SERIALIZABLE" if setting == "isolation_level" else True)
+        return conn
+
+    r = PostgresXAResource(connect, resource_name=f"set-{setting}")
+    try:
+        for value in ("a", "b"):
+            xid = new_xid()
+            r.start_unnamed(lambda xid=xid: xid)
+            with r.connection.cursor() as cur:
+                shown = {"readonly": "read_only"}.get(setting, setting)
+                cur.execute("SHOW transaction_isolation" if "isolation" in setting
+                            else f"SHOW transaction_{shown}")
+                assert cur.fetchone()[0] in ("serializable", "on")
+            assert begun_by_psycopg2(r.connection)
+            if setting != "readonly":
+                insert(r, value)
+            r.end(xid, TMSUCCESS)
+            r.commit(xid, one_phase=True)
+        conn = r.connection
+        if setting == "set_isolation_level":
+            conn.set_isolation_level(psycopg2.extensions.ISOLATION_LEVEL_DEFAULT)
+        else:
+            setattr(conn, setting, None)
+        xid = new_xid()
+        r.start(xid)
+        insert(r, "c")
+        assert not begun_by_psycopg2(r.connection), "back to the default: the BEGIN goes lazily"
+        r.end(xid, TMSUCCESS)
+        r.commit(xid, one_phase=True)
+    finally:
+        r.close()
+    assert values(db) == (["c"] if setting == "readonly" else ["a", "b", "c"])
+
+
 def test_a_plain_psycopg2_connection_still_works_with_its_own_begin(db):
     r = PostgresXAResource(lambda: psycopg2.connect(db), resource_name="plain")
     try:
