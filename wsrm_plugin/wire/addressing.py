@@ -22,7 +22,7 @@ from .namespaces import (
     ADDRESSING_VERSIONS, PREFIXES, WSA_2004_08, WSA_2005_08, AddressingVersion, SoapVersion,
     mc_anonymous_id,
 )
-from .xmlsafe import children, resolve_qname, text_of
+from .xmlsafe import children, resolve_qname, split_tag, text_of
 
 __all__ = ["EndpointReference", "AddressingHeaders", "new_message_id", "HEADER_NAMES"]
 
@@ -285,13 +285,14 @@ class AddressingHeaders:
         versions: set[AddressingVersion] = set()
         parameters: list[etree._Element] = []
         for header in header_elements:
-            if not isinstance(header.tag, str):
+            tag = header.tag
+            if not isinstance(tag, str):
                 continue
-            qname = etree.QName(header)
-            wsa = AddressingVersion.for_namespace(qname.namespace)
-            if wsa is not None and qname.localname in HEADER_NAMES:
+            namespace, local = split_tag(tag)
+            wsa = AddressingVersion.for_namespace(namespace)
+            if wsa is not None and local in HEADER_NAMES:
                 versions.add(wsa)
-                found.setdefault(qname.localname, []).append(header)
+                found.setdefault(local, []).append(header)
             elif header.get(_IS_REF_PARAM, "").strip() in ("true", "1"):
                 # The marker is a wire artifact of echoing; to_elements adds it back.
                 parameter = copy.deepcopy(header)

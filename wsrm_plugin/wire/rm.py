@@ -30,7 +30,7 @@ from .faults import (
     InvalidAcknowledgement, InvalidMessageNumber, MalformedMessageError, MessageNumberRollover,
 )
 from .namespaces import MAX_MESSAGE_NUMBER, AddressingVersion, RMVersion, SoapVersion
-from .xmlsafe import children, text_of
+from .xmlsafe import children, split_tag, text_of
 
 __all__ = [
     "CreateSequence", "Offer", "CreateSequenceResponse", "SequenceHeader",
@@ -129,9 +129,9 @@ def _version_of(element: etree._Element, local: str) -> RMVersion:
 def _own_children(element: etree._Element, version: RMVersion):
     """(local name, child) for children in the WS-RM namespace; extensions are skipped."""
     for child in children(element):
-        qname = etree.QName(child)
-        if qname.namespace == version.ns:
-            yield qname.localname, child
+        namespace, local = split_tag(child.tag)
+        if namespace == version.ns:
+            yield local, child
 
 
 def _once(current: _T | None, value: _T, what: str, parent: str) -> _T:
@@ -656,11 +656,12 @@ def parse_rm_element(element: etree._Element) -> tuple[object, RMVersion] | None
     Faults in a well-recognised element are raised (they name the fault to
     send); an element this version doesn't define is "not one" (None).
     """
-    if not isinstance(element.tag, str):
+    tag = element.tag
+    if not isinstance(tag, str):
         return None
-    qname = etree.QName(element)
-    version = RMVersion.for_namespace(qname.namespace)
-    cls = _TYPES.get(qname.localname)
+    namespace, local = split_tag(tag)
+    version = RMVersion.for_namespace(namespace)
+    cls = _TYPES.get(local)
     if version is None or cls is None:
         return None
     if getattr(cls, "ONLY_11", False) and not version.is_11:

@@ -26,7 +26,7 @@ from .namespaces import (
     FAULT_CODES, SOAP11, SOAP12, SOAP_VERSIONS, WSA_2005_08, WSMC_NS, XML_NS, AddressingVersion,
     RMVersion, SoapVersion,
 )
-from .xmlsafe import DEFAULT_MAX_SIZE, children, parse_xml, resolve_qname, text_of
+from .xmlsafe import DEFAULT_MAX_SIZE, children, parse_xml, resolve_qname, split_tag, text_of
 
 __all__ = [
     "SoapVersion", "SOAP11", "SOAP12", "Envelope", "parse_envelope", "build_envelope",
@@ -100,25 +100,27 @@ class Envelope:
     @classmethod
     def from_element(cls, root: etree._Element) -> Envelope:
         """Read an already-parsed envelope (zeep and spyne hand one over)."""
-        if not isinstance(root.tag, str):
+        root_tag = root.tag
+        if not isinstance(root_tag, str):
             raise VersionMismatchFault(found=None)
-        qname = etree.QName(root)
-        version = SoapVersion.for_namespace(qname.namespace)
-        if version is None or qname.localname != "Envelope":
-            raise VersionMismatchFault(found=qname.text)
+        namespace, local = split_tag(root_tag)  # tags compared as text: every message is read here
+        version = SoapVersion.for_namespace(namespace)
+        if version is None or local != "Envelope":
+            raise VersionMismatchFault(found=root_tag)
+        header_tag, body_tag = f"{{{version.ns}}}Header", f"{{{version.ns}}}Body"
         headers: list[etree._Element] | None = None
         body: list[etree._Element] | None = None
         for child in children(root):
-            tag = etree.QName(child)
-            if tag.namespace == version.ns and tag.localname == "Header" and headers is None and body is None:
+            tag = child.tag
+            if tag == header_tag and headers is None and body is None:
                 headers = list(children(child))
-            elif tag.namespace == version.ns and tag.localname == "Body" and body is None:
+            elif tag == body_tag and body is None:
                 body = list(children(child))
-            elif body is not None and version is SOAP11 and tag.namespace != version.ns:
+            elif body is not None and version is SOAP11 and split_tag(tag)[0] != version.ns:
                 continue  # SOAP 1.1 allows trailing elements after the Body
             else:
                 raise MalformedMessageError(
-                    f"unexpected {tag.text} in the SOAP {version.name} Envelope "
+                    f"unexpected {tag} in the SOAP {version.name} Envelope "
                     "(expected an optional Header, then one Body)")
         if body is None:
             raise MalformedMessageError(f"the SOAP {version.name} Envelope has no Body")
@@ -166,8 +168,8 @@ def to_bytes(envelope: etree._Element) -> bytes:
     self-closing form with "tag name or namespace mismatch in element Body".
     """
     for child in children(envelope):
-        qname = etree.QName(child)
-        if (qname.localname == "Body" and SoapVersion.for_namespace(qname.namespace) is not None
+        namespace, local = split_tag(child.tag)
+        if (local == "Body" and SoapVersion.for_namespace(namespace) is not None
                 and len(child) == 0 and child.text is None):
             child.text = ""  # same infoset; only the serialization changes
     return etree.tostring(envelope, xml_declaration=True, encoding="utf-8")

@@ -29,7 +29,7 @@ from lxml import etree
 from .faults import MalformedMessageError, MessageTooLargeError, UnsafeXMLError
 
 __all__ = [
-    "DEFAULT_MAX_SIZE", "parse_xml", "children", "text_of", "resolve_qname",
+    "DEFAULT_MAX_SIZE", "parse_xml", "children", "text_of", "resolve_qname", "split_tag",
 ]
 
 #: Default limit on a message's size in bytes (4 MiB); callers pass their own.
@@ -156,6 +156,16 @@ def children(element: etree._Element) -> Iterator[etree._Element]:
     lxml's own filter (in C), not a generator: the envelope readers walk
     some forty children per message."""
     return element.iterchildren(etree.Element)
+
+
+def split_tag(tag: str) -> tuple[str | None, str]:
+    """An element's tag as (namespace or None, local name): what ``etree.QName(element)`` says,
+    read from the tag's text (the readers of every header of every message ask, and a QName
+    object costs several times this)."""
+    if tag[:1] != "{":
+        return None, tag
+    namespace, _, local = tag[1:].partition("}")
+    return namespace, local
 
 
 def text_of(element: etree._Element) -> str:
