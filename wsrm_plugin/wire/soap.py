@@ -43,12 +43,13 @@ _WSA_SUBSUBCODES = {"InvalidAddress", "InvalidEPR", "InvalidCardinality", "Missi
 
 def is_must_understand(header: etree._Element, soap: SoapVersion) -> bool:
     """Is ``header`` marked mustUnderstand *and* aimed at this (ultimate) receiver?"""
-    if (header.get(soap.qname("mustUnderstand").text) or "").strip() not in ("1", "true"):
+    # attribute names as text, not through etree.QName: every header of every message is asked
+    if (header.get(f"{{{soap.ns}}}mustUnderstand") or "").strip() not in ("1", "true"):
         return False
     if soap is SOAP12:
-        role = (header.get(soap.qname("role").text) or "").strip()
+        role = (header.get(f"{{{soap.ns}}}role") or "").strip()
         return role in ("", _ROLE_NEXT_12, _ROLE_ULTIMATE_12)
-    actor = (header.get(soap.qname("actor").text) or "").strip()
+    actor = (header.get(f"{{{soap.ns}}}actor") or "").strip()
     return actor in ("", _ACTOR_NEXT_11)
 
 
@@ -82,7 +83,7 @@ class Envelope:
     @property
     def is_fault(self) -> bool:
         body = self.body_element
-        return body is not None and body.tag == self.version.qname("Fault").text
+        return body is not None and body.tag == f"{{{self.version.ns}}}Fault"
 
     def fault(self) -> SoapFault | None:
         """The fault this envelope carries, as an exception (not raised), or None."""
