@@ -301,8 +301,10 @@ class PeerProcess:
         self.lines: list[str] = []
         self.errors: collections.deque[str] = collections.deque(maxlen=200)
         self.starts += 1
-        for stream, into in ((self.proc.stdout, self.lines), (self.proc.stderr, self.errors)):
-            threading.Thread(target=self._pump, args=(stream, into), daemon=True).start()
+        self._pumps = [threading.Thread(target=self._pump, args=(stream, into), daemon=True)
+                       for stream, into in ((self.proc.stdout, self.lines), (self.proc.stderr, self.errors))]
+        for pump in self._pumps:
+            pump.start()
         return self
 
     @staticmethod
@@ -334,7 +336,11 @@ class PeerProcess:
         return line.split(" ", 1)[1]
 
     def status(self) -> dict[str, Any] | None:
-        """A client's final JSON status line, if it printed one."""
+        """A client's final JSON status line, if it printed one.  Once the process ended, its
+        output is read to the end first (the pump threads may still be behind its exit)."""
+        if self.proc.poll() is not None:
+            for pump in self._pumps:
+                pump.join(30)
         for line in reversed(self.lines):
             if line.startswith("{"):
                 return json.loads(line)
