@@ -46,10 +46,12 @@ from txmanager.postgres import (
     LazyBeginConnection, PostgresXAResource, create_mark_table, database_identity, default_resource_name,
     offer_session, session_for_database,
 )
+from txmanager.transaction import Status
 from txmanager.xid import Xid
 
 from . import api
 from .api import LockTimeoutError, StoreClosedError, StoreUnavailableError
+from .late_commits import LateCommits
 from .sql import POSTGRES, SqlTransaction, migrate
 from .prepared import UNDEFINED_PREPARED, PreparedStatements
 
@@ -72,6 +74,11 @@ _LOCK_ERRORS = {
 #: or cannot connect now, 58 system error (I/O).
 _UNAVAILABLE_CLASSES = {"08", "53", "58"}
 _UNAVAILABLE_CODES = {"57P01", "57P02", "57P03"}
+
+#: The least a transaction can do that makes its durable commit flush the WAL: PostgreSQL
+#: flushes at a commit only when the transaction wrote WAL (a transaction id alone is not
+#: enough).  A row lock does, and KEY SHARE waits for nobody but a key's update or a delete.
+_WRITES_WAL = "SELECT 1 FROM schema_version ORDER BY version DESC LIMIT 1 FOR KEY SHARE"
 
 
 class PostgresStore(api.StorageManager):
@@ -105,6 +112,8 @@ class PostgresStore(api.StorageManager):
         self._lock = threading.Lock()
         self._closed = False
         self._recovery: PostgresXAResource | None = None
+        #: commits that returned before their WAL flush, and the flushes their readers owe
+        self._late = LateCommits()
         self._create = create
         self.schema_version_found = self._migrate()
 
@@ -261,14 +270,39 @@ class PostgresStore(api.StorageManager):
                 self._release(tx._resource)  # type: ignore[attr-defined]
 
     def _finish(self, tx: SqlTransaction, commit: bool) -> None:
+        """COMMIT or ROLLBACK, and the session back to the pool.
+
+        A commit that waits for the disk later (``wait_for_disk_later``) goes out with
+        ``synchronous_commit`` off and returns before its WAL flush; any transaction that ends
+        while such a commit may be unflushed ends only once the WAL is flushed past what it
+        could have read (:mod:`.late_commits`): by its own durable commit, or a flush."""
         conn = tx.conn
         tx.mark_closed()
+        late = self._late
+        owed = late.owed()  # before the COMMIT: what this transaction's statements could read
+        number = covered = 0
         try:
             if tx.lazy_begin:  # psycopg2 does not know of the BEGIN it sent: end it by SQL
                 if tx.begun and not conn.closed:
-                    with conn.cursor() as cur:
-                        cur.execute("COMMIT" if commit else "ROLLBACK")
-                        answer = cur.statusmessage
+                    text = "COMMIT" if commit else "ROLLBACK"
+                    if commit and tx.returns_before_disk and tx.waits_for_disk:
+                        number = late.start()
+                        text = "SET LOCAL synchronous_commit TO OFF; COMMIT"
+                    elif owed and commit and tx.waits_for_disk and tx.took_number:
+                        covered = late.covered_now()  # its commit has a transaction id: it flushes
+                    try:
+                        with conn.cursor() as cur:
+                            try:
+                                cur.execute(text)
+                                answer = cur.statusmessage
+                            except psycopg2.errors.InFailedSqlTransaction:
+                                if not number:
+                                    raise
+                                cur.execute("ROLLBACK")  # the SET refused: as the COMMIT would have
+                                answer = cur.statusmessage
+                    finally:
+                        if number:
+                            late.returned(number)
                     if commit and answer != "COMMIT":
                         # PostgreSQL ends an aborted transaction's COMMIT with a ROLLBACK, and no
                         # error: a statement failed that nobody saw fail (the store notes every
@@ -282,6 +316,12 @@ class PostgresStore(api.StorageManager):
                 conn.commit()
             elif not conn.closed:
                 conn.rollback()
+            if number:
+                tx._commit_seq = number  # type: ignore[attr-defined]  # for wait_for_disk
+            elif covered:
+                late.flushed(covered)
+            elif owed and tx.lazy_begin and not conn.closed:  # (every local transaction here is)
+                self._flush_wal(conn)
         except psycopg2.Error as exc:
             translated = self._translate(exc)
             if not conn.closed:
@@ -299,6 +339,37 @@ class PostgresStore(api.StorageManager):
             raise
         finally:
             self._release(tx._resource)  # type: ignore[attr-defined]
+
+    def _flush_wal(self, conn: Any) -> None:
+        """Return once the WAL is flushed past every commit that returned before now: a
+        transaction of its own that writes WAL, committed durably, flushes it (in autocommit
+        mode, one round trip)."""
+        covered = self._late.covered_now()
+        with conn.cursor() as cur:
+            cur.execute(f"BEGIN; SET LOCAL synchronous_commit TO ON; {_WRITES_WAL}; COMMIT")
+        self._late.flushed(covered)
+
+    def _wait_for_disk(self, tx: SqlTransaction) -> None:
+        """``tx.wait_for_disk()`` after a commit that returned before its flush."""
+        number = getattr(tx, "_commit_seq", 0)
+        if number and not self._late.is_flushed(number):
+            self._flush_now()
+
+    def _flush_now(self) -> None:
+        """:meth:`_flush_wal` on a session of the pool."""
+        resource = self._acquire()
+        try:
+            conn = resource.connection
+            conn.autocommit = True
+            try:
+                self._flush_wal(conn)
+            except psycopg2.Error as exc:
+                translated = self._translate(exc)
+                if translated is not None:
+                    raise translated from exc
+                raise
+        finally:
+            self._release(resource)
 
     def _translate(self, exc: BaseException) -> Exception | None:
         code = getattr(exc, "pgcode", None) or ""
@@ -351,19 +422,35 @@ class PostgresStore(api.StorageManager):
 
 
 class _BranchOver:
-    """Synchronization giving the branch's session back once the global transaction is over."""
+    """Synchronization giving the branch's session back once the global transaction is over.
 
-    __slots__ = ("_store", "_key")
+    Also the branch's part of the rule for commits that returned before their flush
+    (:mod:`.late_commits`): a branch that may have read one ends once the WAL is flushed past
+    it; its commit does that (prepared, or committed in one phase, with a transaction id)."""
+
+    __slots__ = ("_store", "_key", "_covered")
 
     def __init__(self, store: PostgresStore, key: Xid) -> None:
         self._store = store
         self._key = key
+        self._covered = 0
 
     def before_completion(self) -> None:
         """The branch's last statements, before it is prepared (or committed in one phase)."""
         tx = self._store._enlisted.get(self._key)  # one dict read, atomic: no lock
         if tx is not None and not tx.closed:
             tx.flush()
+            late = self._store._late
+            if late.owed():
+                self._covered = late.covered_now()
+                if not tx.took_number:  # (an enqueue wrote) its commit must flush
+                    tx.one(_WRITES_WAL)
 
     def after_completion(self, status: Any) -> None:
-        self._store._branch_over(self._key)
+        store = self._store
+        store._branch_over(self._key)
+        if status == Status.COMMITTED:
+            if self._covered:
+                store._late.flushed(self._covered)
+        elif store._late.owed():
+            store._flush_now()

@@ -359,7 +359,7 @@ class SqlTransaction(api.StoreTransaction):
         self._numbered[key] = (number, last or was_last)
 
     def wait_for_disk_later(self) -> None:
-        self.returns_before_disk = True  # only the SQLite store's commit reads it
+        self.returns_before_disk = True  # read by the SQLite and PostgreSQL stores' commits
 
     def wait_for_disk(self) -> None:
         wait = getattr(self._store, "_wait_for_disk", None)  # the others' commits waited already
