@@ -19,9 +19,9 @@ def statements(tx) -> list[str]:
     seen: list[str] = []
     execute = tx.execute
 
-    def counting(sql, params=()):
+    def counting(sql, params=(), **kw):
         seen.append(" ".join(sql.split()))
-        return execute(sql, params)
+        return execute(sql, params, **kw)
 
     tx.execute = counting
     return seen
@@ -243,6 +243,31 @@ def test_a_callers_claim_and_a_replys_request_are_one_statement_each_on_postgres
         assert not tx.rms_messages.reply_received("k1", 1).reply_pending
     if store.url.startswith("postgresql"):
         assert len(seen) == 2, seen
+
+
+def test_a_replys_record_marks_its_request_answered_in_one_round_trip_on_postgresql(store: StorageManager) -> None:
+    """The client's record of a reply: its request found by message id, the request's sequence
+    locked, the request marked answered -- three statements, one round trip on PostgreSQL, after
+    which the sequence's row is held (the acknowledgements that follow read no row)."""
+    started(store, messages=0)
+    with store.begin() as tx:
+        tx.rms_messages.enqueue("k1", b"<req/>", action="urn:op", soap_version="1.1", message_id="urn:r1",
+                                awaits_reply=True)
+        tx.rms_messages.enqueue("k1", b"<req/>", action="urn:op", soap_version="1.1", message_id="urn:r2")
+    with store.begin() as tx:
+        seen = statements(tx)
+        assert tx.rms_messages.mark_answered("urn:r1") == ("k1", 1, False)
+        assert tx.rms.get("k1").highest_number == 2
+        first = len(seen)
+        assert tx.rms_messages.mark_answered("urn:r1") is None  # answered already
+        assert tx.rms_messages.mark_answered("urn:r2") is None  # waits for no reply
+        assert tx.rms_messages.mark_answered("urn:nobody") is None
+    with store.begin() as tx:
+        assert not tx.rms_messages.get("k1", 1).reply_pending
+    if store.url.startswith("postgresql"):
+        assert first == 1, seen
+    else:
+        assert first >= 3, seen
 
 
 def test_a_reply_enqueued_after_its_sequence_was_read_is_one_statement_on_postgresql(store: StorageManager) -> None:

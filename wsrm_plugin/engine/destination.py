@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -129,6 +129,8 @@ class _Receipt:
     acks_applied: bool = False
     #: Applying them made the sender's work due (a Close or Terminate): woken after the commit.
     acks_wake: bool = False
+    #: The one of :attr:`acks` the reply's record applied already (``Destination.reply_arrived``), or -1.
+    ack_done: int = -1
 
 
 @dataclass(frozen=True)
@@ -223,7 +225,8 @@ class Destination:
         self.reply_consumers: list[Callable[[bytes, AddressingHeaders], bool]] = []
         #: The source's side of a consumed reply, in its transaction (``Source.reply_consumed``:
         #: the request has its reply); True when the sender has work now.  Set by the engine.
-        self.reply_arrived: Callable[[StoreTransaction, str], bool] = lambda tx, relates_to: False
+        self.reply_arrived: Callable[[StoreTransaction, str, Sequence[tuple[SequenceAcknowledgement, RMVersion]]],
+                                     tuple[bool, int]] = lambda tx, relates_to, riding: (False, -1)
         #: The source's side of an acknowledgement riding on a received message, in that
         #: message's receipt (``Source.apply_riding_ack``); True when the sender has work now.
         #: None: the receipt leaves them to its caller.  Set by the engine.
@@ -823,6 +826,7 @@ class Destination:
         now = time.time()
         # a record tried again (alone, after its batch rolled back) starts afresh
         item.consumed = item.wake_sender = item.acks_applied = False
+        item.ack_done = -1
         # a steady stream's next message: recorded and taken in the round trip that locks its
         # sequence, before the checks below, which roll the transaction back if they refuse it;
         # so is the reply a call's future takes (consumed: its delivery would have nothing to do)
@@ -868,7 +872,7 @@ class Destination:
             if consuming and taken:  # a guess that holds is never a duplicate
                 item.consumed = True
                 assert addressing.relates_to is not None
-                item.wake_sender = self.reply_arrived(tx, addressing.relates_to)
+                item.wake_sender, item.ack_done = self.reply_arrived(tx, addressing.relates_to, item.acks)
         elif item.direct and not reception.duplicate and not changes:  # the common case: one call
             taken = tx.receive_and_take(identifier, number, last=header.last_message, now=now)
         else:
@@ -880,7 +884,7 @@ class Destination:
                     (item.direct or header.last_message) and self._consumed_here(item))):
                 taken = item.consumed = tx.invoker.take_next(identifier, number)
                 if taken and addressing.relates_to is not None:
-                    item.wake_sender = self.reply_arrived(tx, addressing.relates_to)
+                    item.wake_sender, item.ack_done = self.reply_arrived(tx, addressing.relates_to, item.acks)
         if not reception.duplicate:
             if taken:
                 item.taken, item.filled_gap = True, fills_gap  # delivered before this transaction ends
@@ -913,7 +917,9 @@ class Destination:
         apply = self.apply_riding_ack
         assert apply is not None
         item.acks_wake = False
-        for ack, version in item.acks:
+        for index, (ack, version) in enumerate(item.acks):
+            if index == item.ack_done:
+                continue  # applied by the reply's record (see reply_arrived)
             try:
                 item.acks_wake = apply(tx, ack, version) or item.acks_wake
             except SoapFault as fault:
@@ -1147,6 +1153,6 @@ class Destination:
     def current_ack(self, identifier: str) -> SequenceAcknowledgement | None:
         """The acknowledgement of sequence ``identifier`` from committed state (no lock held after)."""
         with self.store.begin() as tx:
-            seq = tx.rmd.get(identifier)
+            seq = tx.rmd.read(identifier)
         return self.ack_for(seq) if seq is not None else None
 

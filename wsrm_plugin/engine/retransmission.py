@@ -60,6 +60,7 @@ from .reachability import Gate, Reachability, failure_of, retry_after_of
 from .source import AT_ONCE, CREATE_REFUSED, NEVER, PendingAcks, SequenceKey, Source, is_back_channel, rm_version_of
 from ..store.api.states import rms_life, rms_state
 from .transport import Response, Transport, TransportError
+from txmanager.transaction import Status
 
 __all__ = ["RetransmissionWorker"]
 
@@ -126,14 +127,25 @@ class _Planned:
 
 
 class _EarlyClaim:
-    """A waiting caller's claim of its request, made in the transaction that enqueues it."""
+    """A waiting caller's claim of its request, made in the transaction that enqueues it.
 
-    def __init__(self, worker: "RetransmissionWorker", key: str, rmd: RmdSequence | None) -> None:
+    In a global transaction, which commits later or not at all, the lane is taken only once
+    it committed (:meth:`after_completion`): until then the claim is the store's alone (the
+    message uncommitted, then sent once and due only at its retransmission time), so no
+    other caller nor round waits for a transaction that may last long; and the
+    acknowledgement of the replies it carries is read when it is sent, not under a lock
+    the transaction would hold."""
+
+    __slots__ = ("_worker", "_key", "_rmd", "_item", "_owes_control", "_global")
+
+    def __init__(self, worker: "RetransmissionWorker", key: str, rmd: RmdSequence | None, *,
+                 in_global: bool = False) -> None:
         self._worker = worker
         self._key = key
         self._rmd = rmd
         self._item: _Planned | None = None
         self._owes_control = False
+        self._global = in_global
 
     def claim(self, tx: Any, receipt: Any) -> None:
         """In the enqueue's transaction, after it: claim the message just enqueued."""
@@ -143,7 +155,11 @@ class _EarlyClaim:
                 self._item.reply_ack_rmd = self._rmd
 
     def committed(self) -> None:
-        """The enqueue committed: the claim is its caller's (or the lane is free again)."""
+        """The enqueue committed: the claim is its caller's (or the lane is free again).  In a
+        global transaction: the enqueue's part is over, and the transaction's commit decides."""
+        if self._global:
+            self._worker.source.tm.get_transaction().register_synchronization(self)
+            return
         worker = self._worker
         if self._owes_control:
             worker.source._wake()  # every message acknowledged after the last: Close/Terminate is due
@@ -155,7 +171,27 @@ class _EarlyClaim:
     def abandon(self) -> None:
         """The enqueue failed or rolled back: nothing was claimed."""
         self._item = None
-        self._worker._lane(self._key, LaneEvent.CALLER_ENDED)
+        if not self._global:
+            self._worker._lane(self._key, LaneEvent.CALLER_ENDED)
+
+    # -- a synchronization of the global transaction ----------------------------------------------
+
+    def before_completion(self) -> None:
+        pass
+
+    def after_completion(self, status: Any) -> None:
+        if status != Status.COMMITTED:
+            return  # the claim rolled back with the enqueue; no lane was taken
+        worker = self._worker
+        if self._owes_control:
+            worker.source._wake()
+        item = self._item
+        if item is None:
+            return
+        if worker._try_caller_lane(self._key):
+            worker._hold_early(item)
+        else:  # a round is on the lane now: the message it cannot see as due is made due for it
+            worker._claimed_to_round(self._key, item.message.number)
 
 
 def _chains(plan: list[_Planned]) -> list[list[list[_Planned]]]:
@@ -1085,21 +1121,40 @@ class RetransmissionWorker:
 
     # -- the caller's claim made by its request's enqueue ------------------------------------------
 
-    def early_claim(self, tx: Any, key: str) -> "_EarlyClaim | None":
-        """In the transaction about to enqueue a request on sequence ``key`` for a caller that
-        will wait for its reply (``Source.send``, kept for it): take the lane for that caller now
-        and read what its claim needs before the enqueue locks the sequence (the replies'
-        acknowledgement it will carry: RMD rows first); None when the lane is not idle.  The
-        claim itself follows the enqueue in the same transaction (:meth:`_EarlyClaim.claim`),
-        so the caller's send needs no transaction of its own (:meth:`send_for_caller`)."""
-        if self.policy.max_unacknowledged is not None:
-            return None  # the window is the round's to count
+    def _try_caller_lane(self, key: str) -> bool:
+        """CALLER_CLAIMS on ``key``'s lane if it is idle now (no wait)."""
         with self._lane_lock:
             try:
                 self._lane_states[key] = lane_transition(self._lane_states.get(key, LaneState()),
                                                          LaneEvent.CALLER_CLAIMS).state
             except InvalidTransition:
-                return None
+                return False
+        return True
+
+    def _claimed_to_round(self, key: str, number: int) -> None:
+        """Message ``number`` of ``key``, claimed by its enqueue in a global transaction, whose
+        caller could not take the lane at the commit: due at once for the sender's round."""
+        try:
+            with self.store.begin(durable=False) as tx:
+                tx.rms_messages.make_due(key, [number], at=time.time())
+        except (StoreError, UnknownSequenceError) as exc:  # its retransmission timer sends it
+            log.debug("message %d of %s left to its retransmission timer: %s", number, key, exc)
+        self.source._wake()
+
+    def early_claim(self, tx: Any, key: str, in_global: bool = False) -> "_EarlyClaim | None":
+        """In the transaction about to enqueue a request on sequence ``key`` for a caller that
+        will wait for its reply (``Source.send``, kept for it): take the lane for that caller now
+        and read what its claim needs before the enqueue locks the sequence (the replies'
+        acknowledgement it will carry: RMD rows first); None when the lane is not idle.  The
+        claim itself follows the enqueue in the same transaction (:meth:`_EarlyClaim.claim`),
+        so the caller's send needs no transaction of its own (:meth:`send_for_caller`).
+        ``in_global``: the enqueue is in a global transaction (see :class:`_EarlyClaim`)."""
+        if self.policy.max_unacknowledged is not None:
+            return None  # the window is the round's to count
+        if in_global:
+            return _EarlyClaim(self, key, None, in_global=True)
+        if not self._try_caller_lane(key):
+            return None
         try:
             with self._reply_acks_lock:
                 owed = self._reply_acks.get(key)

@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,7 +286,7 @@ class Source:
         self.fault_listeners: list[Callable[[SequenceFault], None]] = []
         #: Claims a request kept for its caller in the transaction that enqueues it (the sender's
         #: ``RetransmissionWorker.early_claim``, set by the engine), or None.
-        self.early_claim: Callable[[StoreTransaction, str], Any] | None = None
+        self.early_claim: Callable[[StoreTransaction, str, bool], Any] | None = None
         #: Whether each source sequence hears about its messages at our listener (a bounded memory).
         self._heard_at_listener: OrderedDict[str, tuple[bool, str | None]] = OrderedDict()
 
@@ -416,15 +416,16 @@ class Source:
     def _early_claim(self, tx: StoreTransaction, ident: tuple[str, str, bool], kept: float | None) -> Any:
         """The caller's claim of a request kept for it, begun in its enqueue's transaction (see
         ``RetransmissionWorker.early_claim``): one store transaction per call instead of two
-        before its send.  Only on the sequence the enqueue takes without opening one, and not in
-        a global transaction (it commits later, or not at all)."""
+        before its send.  Only on the sequence the enqueue takes without opening one; in a
+        global transaction too, where it is the caller's only once that commits."""
         if kept is None or self.early_claim is None or self.policy.max_sequence_length is not None:
-            return None
-        if self.tm is not None and self.tm.get_transaction() is not None:
             return None
         with self._lock:
             cached = self._current.get(ident)
-        return self.early_claim(tx, cached) if cached is not None else None
+        if cached is None:
+            return None
+        in_global = self.tm is not None and self.tm.get_transaction() is not None
+        return self.early_claim(tx, cached, in_global)
 
     def _send_observed(self, observer: observe.Observer, target: str, envelope: bytes | etree._Element, *,
                        action: str | None, key: str, expect_reply: bool, message_id: str | None,
@@ -975,18 +976,33 @@ class Source:
             if self._acknowledge_awaited(tx, request.sequence_key, request.number):
                 self._ambient.wake_sender = True
 
-    def reply_consumed(self, tx: StoreTransaction, relates_to: str) -> bool:
+    def reply_consumed(self, tx: StoreTransaction, relates_to: str,
+                       riding: Sequence[tuple[SequenceAcknowledgement, RMVersion]] = ()) -> tuple[bool, int]:
         """The reply to request ``relates_to`` was recorded and consumed in ``tx`` (no delivery
         will follow: ``Destination.reply_consumers``): what its delivery would have done here
-        (:meth:`reply_arrived`).  True when that made the sender's work due (its Close or
-        Terminate): wake it after the commit."""
-        request = tx.rms_messages.find_by_message_id(relates_to)
-        if request is None or not request.reply_pending:
-            return False
-        tx.rms_messages.reply_received(request.sequence_key, request.number)
-        if not request.acked and self._replies_on_back_channel():
-            return self._acknowledge_awaited(tx, request.sequence_key, request.number)
-        return False
+        (:meth:`reply_arrived`).  Whether that made the sender's work due (its Close or
+        Terminate: wake it after the commit), and which of the acknowledgements ``riding`` on
+        the reply it applied (-1: none).
+
+        The request, which waited for its reply unacknowledged, is acknowledged now: by the
+        acknowledgement riding on the reply when one names it (applied here, once the request
+        no longer waits, rather than after a statement of its own), else on its own."""
+        answered = tx.rms_messages.mark_answered(relates_to)
+        if answered is None:
+            return False, -1
+        key, number, acked = answered
+        if acked or not self._replies_on_back_channel():
+            return False, -1
+        seq = tx.rms.get(key)  # held by mark_answered: no statement
+        for index, (ack, version) in enumerate(riding):
+            if seq is None or ack.identifier != seq.sequence_id or ack.nacks or ack.final \
+                    or not any(lo <= number <= hi for lo, hi in ack.ranges):
+                continue
+            try:
+                return self.apply_riding_ack(tx, ack, version), index
+            except WSRMFault:  # refused before it wrote: the receipt says why when it tries it again
+                break
+        return self._acknowledge_awaited(tx, key, number), -1
 
     def exchange_acknowledged(self, store_key: str, number: int) -> None:
         """The HTTP response to a copy of request ``number`` acknowledged it and carried no reply.

@@ -284,6 +284,21 @@ class RmsMessageManager(_Manager, ABC):
     def reply_received(self, sequence_key: str, number: int) -> RmsMessage:
         """The response of an in-out message arrived: the message may now be purged."""
 
+    def mark_answered(self, message_id: str) -> tuple[str, int, bool] | None:
+        """The request whose message id is ``message_id``, if it waits for its reply, marked
+        answered (:meth:`reply_received`, its sequence locked first): its sequence's key, its
+        number, and whether it was acknowledged already.  None, nothing changed, when there is
+        no such request or it was answered already.
+
+        A client's record of a reply does this for the reply's request, on the caller's path:
+        the PostgreSQL store in one round trip instead of three (the look-up by message id, the
+        sequence's lock, the update), and the sequence's row comes with it."""
+        request = self.find_by_message_id(message_id)
+        if request is None or not request.reply_pending:
+            return None
+        self.reply_received(request.sequence_key, request.number)
+        return request.sequence_key, request.number, request.acked
+
     @abstractmethod
     def count_unacked(self, sequence_key: str | None = None) -> int:
         """Unacknowledged messages of one sequence or of all (no lock)."""
@@ -337,6 +352,14 @@ class RmdSequenceManager(_Manager, ABC):
     @abstractmethod
     def get(self, sequence_id: str) -> RmdSequence | None:
         """The sequence, locked for this transaction, or None."""
+
+    def read(self, sequence_id: str) -> RmdSequence | None:
+        """The sequence as committed, without locking it, or None: for an acknowledgement of it
+        (any committed state is a true one), which then waits for no receive of the sequence
+        nor holds one up.  On PostgreSQL a statement outside the transaction (its BEGIN not
+        sent: one round trip for a transaction that reads only this); the stores whose locks
+        cost nothing lock it all the same."""
+        return self.get(sequence_id)
 
     @abstractmethod
     def record_received(self, sequence_id: str, number: int, *, last: bool = False,

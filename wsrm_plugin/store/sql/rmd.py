@@ -45,6 +45,13 @@ class _Rmd(api.RmdSequenceManager):
         tx = self._tx
         return tx.locked_sequence(RANK_RMD, tx.held_rmd, sequence_id, _SELECT_RMD, _rmd)
 
+    def read(self, sequence_id: str) -> RmdSequence | None:
+        tx = self._tx
+        if not tx.lazy_begin or tx.begun:  # SQLite (its file is the lock), or a transaction under way
+            return self.get(sequence_id)
+        row = tx.one(_SELECT_RMD, (sequence_id,))
+        return _rmd(row) if row is not None else None
+
     def _set(self, sequence_id: str, changes: dict[str, Any]) -> RmdSequence:
         tx = self._tx
         tx.capture_key("rmd_sequence", sequence_id)

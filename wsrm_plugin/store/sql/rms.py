@@ -573,6 +573,33 @@ class _RmsMessages(api.RmsMessageManager):
             changed += tx.write(f"UPDATE rms_message SET {assignments} WHERE {where}", (*values, *params))
         return changed
 
+    def mark_answered(self, message_id: str) -> tuple[str, int, bool] | None:
+        """On PostgreSQL, one round trip: the request's sequence row locked (a statement of its
+        own, as ``receive_in_order`` does: the update after it then runs on a snapshot that sees
+        whatever it waited for), the request marked answered and the sequence's row read, held
+        for the rest of the transaction."""
+        tx = self._tx
+        if not tx.d.for_update or not tx.d.writable_cte or tx.undo is not None:
+            return super().mark_answered(message_id)
+        request = "(SELECT seq_key, number FROM rms_message WHERE message_id = ? ORDER BY created_at LIMIT 1)"
+        cur = tx.execute(
+            f"SELECT 1 FROM rms_sequence WHERE seq_key = (SELECT seq_key FROM {request} r) FOR UPDATE",
+            (message_id,),
+            then=(f"WITH m AS (UPDATE rms_message SET reply_pending = FALSE WHERE (seq_key, number) = {request} "
+                  "AND reply_pending RETURNING seq_key, number, acked) "
+                  f"SELECT m.number, m.acked, {_cols(_RMS_COLS, 's')} FROM m "
+                  "JOIN rms_sequence s ON s.seq_key = m.seq_key",
+                  (message_id,)))
+        row = cur.fetchone()
+        cur.close()
+        if row is None:
+            return None
+        seq = _rms(row[2:])
+        tx.lock(RANK_RMS, seq.key)
+        tx.held_rms[seq.key] = seq
+        tx._wrote = True
+        return seq.key, int(row[0]), bool(row[1])
+
     def reply_received(self, sequence_key: str, number: int) -> RmsMessage:
         self._seq(sequence_key)  # sequence row first, then its messages: one order for all
         tx = self._tx

@@ -1,0 +1,114 @@
+"""What a request-reply call inside an XA transaction costs the client's store, counted.
+
+Real parts: a reliable zeep client whose PostgreSQL store lives in the application's database
+(one branch, committed in one phase with the application's row), a reliable spyne service over
+loopback HTTP.  The caller's transaction enqueues the request and claims it for the caller's own
+send (its first attempt recorded: no transaction of its own after the commit); the lane is the
+caller's only once that commits.  The reply's record is the caller's one store transaction of
+its own, and it returns before its WAL flush (the next call's enqueue covers it).  A rolled-back
+call leaves nothing claimed and the next one goes as usual.  Counts, never time (a few seconds).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg2
+import pytest
+import zeep
+
+from interceptors.spyne_server.service import reliable_service
+from interceptors.zeep_client.client import reliable_client
+from tests.engine.support import wait_for
+from txmanager import TransactionManager
+from txmanager.postgres import XADataSource
+from wsrm_plugin.engine import retransmission
+from wsrm_plugin.store.postgres import PostgresStore
+
+from . import service
+from .conftest import fast_policy
+
+pytestmark = pytest.mark.postgres
+
+CALLS = 6
+#: nothing but the caller sends a request (no grace ends, no retransmission is due)
+QUIET = dict(caller_send_grace=30.0, base_retransmission_interval=30.0)
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.fixture
+def one_database(pg_dsn_factory: Any, tmp_path: Any):
+    dsn = pg_dsn_factory("xacall")
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute("CREATE TABLE orders (item text PRIMARY KEY)")
+    finally:
+        conn.close()
+    tm = TransactionManager(node="xa-call", log=tmp_path / "tm.log")
+    ds = XADataSource(dsn, tm)
+    store = PostgresStore(dsn)
+    service.reset()
+    svc = reliable_service(service.spyne_app(), "memory:", fast_policy(**QUIET))
+    svc.serve()
+    svc.start()
+    rc = reliable_client(zeep.Client(svc.url + "?wsdl"), store, fast_policy(**QUIET), tm=tm)
+    try:
+        yield tm, ds, store, rc
+    finally:
+        rc.stop(timeout=5)
+        svc.stop(timeout=5)
+        ds.close()
+        tm.close()
+
+
+def _call(tm: TransactionManager, ds: XADataSource, rc: Any, text: str) -> Any:
+    with tm.transaction():
+        with ds.connection() as conn, conn.cursor() as cur:
+            cur.execute("INSERT INTO orders VALUES (%s)", (text,))
+        future = rc.service.echo(text)
+    return future.result(timeout=60)
+
+
+def test_an_xa_call_claims_its_request_in_its_transaction_and_records_its_reply_without_a_flush(
+        one_database, monkeypatch):
+    tm, ds, store, rc = one_database
+    # every reply's acknowledgement rides on the next request, however slow a loaded machine is
+    monkeypatch.setattr(retransmission, "_REPLY_ACK_WAIT", 60.0)
+    assert [_call(tm, ds, rc, f"q{i}") for i in range(2)] == ["re:q0", "re:q1"]
+    caller = threading.current_thread().name
+    ended: list[tuple[bool, bool]] = []  # the caller's own store transactions: (began, returned before its flush)
+    finish = store._finish
+
+    def counting(tx: Any, commit: bool) -> None:
+        if threading.current_thread().name == caller:
+            ended.append((tx.begun, tx.returns_before_disk))
+        finish(tx, commit)
+    store._finish = counting
+    sent = rc.engine.retransmission.sent_by_callers
+    for i in range(2, CALLS + 2):
+        assert _call(tm, ds, rc, f"q{i}") == f"re:q{i}"
+    # the caller's thread sent each request itself, with no claim transaction of its own (2 per
+    # call before: the claim, then the reply's record); the record does not wait for the WAL
+    assert rc.engine.retransmission.sent_by_callers - sent == CALLS
+    assert [later for began, later in ended if began] == [True] * CALLS, ended
+    assert service.ECHOED == [f"q{i}" for i in range(CALLS + 2)]
+
+
+def test_a_rolled_back_xa_call_leaves_nothing_claimed(one_database):
+    tm, ds, store, rc = one_database
+    assert _call(tm, ds, rc, "first") == "re:first"
+    with pytest.raises(Boom):
+        with tm.transaction():
+            future = rc.service.echo("rolled-back")
+            raise Boom()
+    with pytest.raises(Exception, match="rolled back"):
+        future.result(timeout=5)
+    assert rc.engine.retransmission.lane_of(next(iter(rc.engine.source._current.values()))).idle
+    assert _call(tm, ds, rc, "second") == "re:second"  # its caller sends it at once, not the sender after the grace
+    assert wait_for(lambda: service.ECHOED == ["first", "second"])
+    assert rc.engine.store.status().unacked <= 1
