@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg2
+import psycopg2.extensions
 import pytest
 
 from tests.conftest import start_throwaway_server
@@ -129,7 +130,31 @@ def test_an_enqueue_commit_covers_it_without_a_statement_more(store, tmp_path):
                 tx.rms_messages.enqueue(seq.key, b"<e/>", action="a", soap_version=SOAP12, message_id="urn:m1")
         assert _positions(store)[1] >= written
         assert store._late.owed() == 0
-        assert not any("FOR KEY SHARE" in sql for sql in statements), statements
+        assert not any("wsrm-flush" in sql for sql in statements), statements
     finally:
         ds.close()
         tm.close()
+
+
+def test_a_store_whose_role_is_no_superuser_flushes_all_the_same(lazy_wal):
+    """The flush a reader owes needs no privilege of its own (nor a table): the role of an
+    application that owns only its database."""
+    admin = psycopg2.connect(lazy_wal.dsn("postgres"))
+    try:
+        admin.autocommit = True
+        with admin.cursor() as cur:
+            cur.execute("CREATE ROLE late_app LOGIN PASSWORD 'late' NOSUPERUSER")
+            cur.execute("CREATE DATABASE late_app OWNER late_app")
+    finally:
+        admin.close()
+    params = psycopg2.extensions.parse_dsn(lazy_wal.dsn("late_app"))
+    store = PostgresStore(psycopg2.extensions.make_dsn(**{**params, "user": "late_app", "password": "late"}))
+    try:
+        written = _record_later(store, "s1")
+        assert _positions(store)[1] < written
+        with store.begin() as tx:
+            assert tx.rmd.read("s1") is not None  # a read outside the transaction: the flush is its own
+        assert _positions(store)[1] >= written
+    finally:
+        store.close()
+        lazy_wal.drop_database("late_app")

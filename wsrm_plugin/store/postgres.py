@@ -77,8 +77,9 @@ _UNAVAILABLE_CODES = {"57P01", "57P02", "57P03"}
 
 #: The least a transaction can do that makes its durable commit flush the WAL: PostgreSQL
 #: flushes at a commit only when the transaction wrote WAL (a transaction id alone is not
-#: enough).  A row lock does, and KEY SHARE waits for nobody but a key's update or a delete.
-_WRITES_WAL = "SELECT 1 FROM schema_version ORDER BY version DESC LIMIT 1 FOR KEY SHARE"
+#: enough).  A transactional logical-decoding message writes a record and touches no table
+#: (no lock, no privilege beyond the default; a logical decoding consumer sees "wsrm-flush").
+_WRITES_WAL = "SELECT pg_logical_emit_message(TRUE, 'wsrm-flush', '')"
 
 
 class PostgresStore(api.StorageManager):
