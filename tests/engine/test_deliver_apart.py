@@ -108,3 +108,52 @@ def test_deliveries_of_several_sequences_share_one_fsync(engines, store_for, mon
     syncs = sync.syncs - at_barrier[0]  # the four deliveries' commits, and what they cover
     assert syncs < SEQUENCES, f"{syncs} fsyncs for {SEQUENCES} deliveries at once: none shared"
     assert server.destination.delivered_on_receipt == SEQUENCES
+
+
+def test_automatic_apart_when_another_transaction_holds_the_file_as_a_receive_begins(engines, store_for) -> None:
+    """By default (``deliver_apart=None``) a receive that finds the store's file free delivers
+    inside its transaction (one commit: one caller's messages in turn); one that finds another
+    transaction holding it (other sequences arriving at once) buffers the message and delivers
+    it apart, so that the file is not held while its application runs.  Both delivered once."""
+    received = Recorder()
+    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True), serve=True,
+                     application=received, name="server")
+    url = server.endpoint_address
+    invoker = server.invoker
+    assert server.policy.deliver_apart is None and not invoker.delivers_apart
+    decisions: list[bool] = []
+    decide = invoker.delivers_apart_now
+
+    def recorded(*args: object) -> bool:
+        decision = decide(*args)
+        decisions.append(decision)
+        return decision
+
+    invoker.delivers_apart_now = recorded  # type: ignore[method-assign]
+    apart: list[object] = []
+    deliver_received = invoker.deliver_received
+
+    def counted(msg: object) -> object:
+        apart.append(msg)
+        return deliver_received(msg)
+
+    invoker.deliver_received = counted  # type: ignore[method-assign]
+    a = open_sequence(url, RM11)
+    assert send_ok(url, RM11, a, 1, "a1") == [(1, 1)]  # nothing else holds the file
+    assert decisions == [False] and apart == []
+    answers: list[list[tuple[int, int]]] = []
+    holding = server.store.begin()
+    holding.rms.get("nothing")  # its first statement takes the file
+    try:
+        sender = threading.Thread(target=lambda: answers.append(send_ok(url, RM11, a, 2, "a2")))
+        sender.start()
+        assert wait_for(lambda: len(decisions) == 2, timeout=20)  # decided while the file was held
+    finally:
+        holding.rollback()
+    sender.join(30)
+    assert decisions == [False, True] and len(apart) == 1
+    assert answers == [[(1, 2)]]
+    assert received.snapshot() == ["a1", "a2"]
+    assert server.destination.delivered_on_receipt == 2
+    with server.store.begin() as tx:
+        assert tx.invoker.count() == 0

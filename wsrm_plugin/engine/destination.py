@@ -662,7 +662,7 @@ class Destination:
                 if item.consumed:
                     tx.wait_for_disk_later()  # see _record_batch
                 return recorded
-        if invoker.delivers_apart:
+        if invoker.delivers_apart_now(self._answered_on_back_channel(item)):
             return self._record_then_deliver(item, invoker)
         item.wrote = item.taken = item.handed_over = False
         item.direct = True

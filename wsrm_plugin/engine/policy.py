@@ -542,17 +542,22 @@ class RMPolicy:
     #: short transaction and runs the method outside it, in one that takes the store's file
     #: only when the method touches the store or to mark the message delivered (see
     #: ``InvokerWorker.deliver_received``).  Other sequences' receives then use the file while
-    #: the method waits, and their commits share fsyncs; the price is a second commit and
-    #: 0.1-0.15 ms more of the service's CPU per message.  Worth it for a method that waits
-    #: (1 ms of waiting, 16 sequences: 322 -> 605 msg/s in bench_sqlite_sequences.py); not for
-    #: a quick one on a machine whose cores are the limit (bench_compare --clients 16, a method
-    #: inserting one row: 448-468 msg/s against 484-497 delivered inside).
-    deliver_apart: bool = knob(
-        False, Flag(),
+    #: the method waits, and their commits share fsyncs (and so do the method's own commits in
+    #: its database); the price is a second commit.  Worth it when other transactions want the
+    #: file meanwhile; not for one caller's messages in turn.  None (automatic): apart when
+    #: another transaction holds the file as the receive begins (other sequences' receives at
+    #: once), inside otherwise, and never for a request whose reply goes back in its HTTP
+    #: response.  bench_compare --clients 16 (SQLite, a method inserting one row in
+    #: PostgreSQL, load 6-8): 367 against 278 msg/s delivered inside, the service's fsyncs per
+    #: message 0.87 against 1.01, PostgreSQL's WAL flushes 0.75 against 1.00, the same CPU.
+    deliver_apart: bool | None = knob(
+        None, Flag(none="automatic"),
         "SQLite store, no transaction manager: a receive that delivers (`deliver_on_receive`) buffers the "
         "message in a short transaction and runs the application outside it, so the store's file is free for "
         "other sequences while the application waits (its own database, a call out) and their commits share "
-        "fsyncs; costs a second commit per message: for applications that wait, not for quick ones",
+        "fsyncs; costs a second commit per message; `None`: apart when another transaction holds the store's "
+        "file as the receive begins (other sequences arriving at once), never for a request whose reply goes "
+        "back in its HTTP response",
         cxf="—")
     #: Several hosts on one PostgreSQL store (``txmanager.nodes.PostgresNodes``): the time
     #: from a host's death to its XA transactions being finished by a living host, and so

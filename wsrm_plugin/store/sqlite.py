@@ -138,6 +138,11 @@ class _FileGate:
             self._thread_lock.release()
             raise
 
+    @property
+    def in_use(self) -> bool:
+        """A thread of this process holds the file now."""
+        return self._thread_lock.locked()
+
     def release(self) -> None:
         self.holder = None
         try:
@@ -228,6 +233,9 @@ class SqliteStore(api.StorageManager):
 
     concurrent_sequences = False  # one transaction at a time owns the file
     defers_transactions = True  # begin_deferred: the file is taken at the first statement
+
+    def in_use(self) -> bool:
+        return self._gate.in_use
 
     def __init__(self, path: str | os.PathLike[str], *, lock_timeout: float = 30.0,
                  pool_size: int = 4, create: bool = True, secure_delete: bool = False) -> None:

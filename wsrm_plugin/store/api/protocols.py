@@ -830,6 +830,11 @@ class StorageManager(ABC):
     #: statement (SQLite: the whole file waits for a transaction from its first statement).
     defers_transactions: ClassVar[bool] = False
 
+    def in_use(self) -> bool:
+        """Does a transaction of this process hold the whole store now (SQLite's file)?  Always
+        False where transactions lock rows, not the store."""
+        return False
+
     def begin_deferred(self) -> StoreTransaction:
         """A local transaction that takes the store only at its first statement.
 
