@@ -103,9 +103,10 @@ def run(path: str, n: int, dsn: str, calls: bool) -> None:
 def instructions(path: str, n: int, dsn: str) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/callgrind.out"
+        # one hash seed for every run: dict probes (and so the count) move a few hundred with it
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
                         __file__, "--run", path, "--n", str(n), "--dsn", dsn],
-                       check=True, capture_output=True)
+                       check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": "0"})
         with open(out) as f:
             return int(re.search(r"^totals: (\d+)", f.read(), re.M).group(1))  # type: ignore[union-attr]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -150,3 +151,36 @@ def test_an_end_that_fails_on_the_one_phase_path_rolls_back_as_the_general_path_
         assert tx.status == Status.ROLLEDBACK and res.snapshot() == {}
         histories.append(calls(res))
     assert histories[0] == histories[1] and histories[0][:3] == ["start", "end", "rollback"]
+
+
+class _CountingLocal(threading.local):
+    """The manager's thread-local binding, counting every attribute read and write made on it."""
+
+    touched: collections.Counter[str] = collections.Counter()
+
+    def __getattribute__(self, name: str):  # noqa: ANN204 -- object's signature
+        _CountingLocal.touched[f"get {name}"] += 1
+        return super().__getattribute__(name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        _CountingLocal.touched[f"set {name}"] += 1
+        super().__setattr__(name, value)
+
+
+def test_a_transaction_block_reads_the_thread_binding_once(tm, a):
+    """Each read or write of a threading.local costs what three dict operations do: a ``with
+    tm.transaction()`` block takes the thread's dict once, for its start and its end alike,
+    and a suspend in the body is still seen (the block then leaves the transaction alone)."""
+    tm._local = _CountingLocal()
+    for _ in range(2):
+        _CountingLocal.touched.clear()
+        with tm.transaction() as tx:
+            tx.enlist_resource(a)
+            a.put("k", 1)
+        assert dict(_CountingLocal.touched) == {"get __dict__": 1}
+        assert tx.status == Status.COMMITTED and tm.get_transaction() is None
+    with tm.transaction() as tx:
+        assert tm.suspend() is tx
+    assert tx.status == Status.ACTIVE, "suspended in the block: the block does not commit it"
+    tm.resume(tx)
+    tm.rollback()
