@@ -32,7 +32,9 @@ so that machine noise hits both sides alike:
   answer decoded); through LazyBeginConnection 58,300 (55,000 once it left
   psycopg2's autocommit flag on between branches); through the manager
   179,400 before the cuts of issue 33, 134,400 after, 103,000 with the
-  one-phase path (the stand-in: 90,600, against 4,400 for its own calls
+  one-phase path, 89,800 without its locks on the session and the pool, with one read of
+  the thread binding and a smaller set-up (one hash seed for every run; plain counts 42,400
+  with it) (the stand-in: 90,600, against 4,400 for its own calls
   alone, before that path: a stand-in connection is no LazyBeginConnection,
   so its branch gets its xid at start, as the one-phase path's does not).  The manager's own code is thus
   three quarters of the instructions above plain, and they run at about 3.6 a
