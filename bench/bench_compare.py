@@ -80,7 +80,10 @@ Several knobs in one variant are joined with ``+`` (``sqlite~send_concurrency=2+
 
 ``BENCH_PG_STATEMENTS=1`` loads ``pg_stat_statements`` and lists, at the end,
 the statements PostgreSQL spent longest on (run one scenario to read them); a number above 1
-lists that many; ``BENCH_PG_STATEMENTS=calls`` lists the 15 run most often instead.
+lists that many; ``BENCH_PG_STATEMENTS=calls`` lists the 15 run most often instead, ``=wal`` the 15 that wrote most WAL.
+``BENCH_PG_WAITS=1`` samples ``pg_stat_activity`` every 2 ms through the rounds and lists, at the
+end, what the active sessions were doing or waiting for (wait event, the statement's start), with
+the lock holders' statements for lock waits: who waits on what (run one scenario to read them).
 
 Profiling: ``BENCH_PROFILE=DIR`` attaches ``py-spy record --idle --threads``
 (raw collapsed stacks, waits included; ``BENCH_PROFILE_IDLE=0``: py-spy's on-CPU guess, which counts
@@ -776,20 +779,69 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
     conn = psycopg2.connect(pg.dsn("postgres"))
     try:
         with conn.cursor() as cur:
-            by_calls = os.environ.get("BENCH_PG_STATEMENTS") == "calls"  # else by time
+            order = os.environ.get("BENCH_PG_STATEMENTS")
+            by_calls = order == "calls"  # else by time, or by WAL written
             cur.execute("SELECT query, sum(calls), sum(total_exec_time + total_plan_time), "
-                        "sum(total_plan_time) FROM pg_stat_statements GROUP BY query "
-                        f"ORDER BY {2 if by_calls else 3} DESC LIMIT %s", (top,))
+                        "sum(total_plan_time), sum(wal_bytes), sum(wal_fpi) FROM pg_stat_statements GROUP BY query "
+                        f"ORDER BY {2 if by_calls else 5 if order == 'wal' else 3} DESC LIMIT %s", (top,))
             rows = cur.fetchall()
     finally:
         conn.close()
-    print(f"statements by {'calls' if by_calls else 'PostgreSQL time'}, planning included (per message of the run, {messages} messages; "
+    print(f"statements by {'calls' if by_calls else 'WAL' if order == 'wal' else 'PostgreSQL time'}, planning included (per message of the run, {messages} messages; "
           f"these {len(rows)}: {sum(r[1] for r in rows) / messages:.2f} calls, "
           f"{1000 * sum(r[2] for r in rows) / messages:.0f} us):")
-    for query, calls, ms, planning in rows:
+    for query, calls, ms, planning, wal, fpi in rows:
         print(f"  {calls / messages:6.2f} calls {1000 * ms / messages:7.0f} us "
-              f"({1000 * planning / messages:5.0f} planning)  "
+              f"({1000 * planning / messages:5.0f} planning) {int(wal) / messages:6.0f} B WAL ({fpi / messages:4.2f} FPI)  "
               f"{' '.join(query.split())[:int(os.environ.get('BENCH_PG_STATEMENTS_WIDTH', '100'))]}")
+
+
+class _WaitSampler:
+    """``BENCH_PG_WAITS=1``: samples of what PostgreSQL's active sessions wait for (or run)."""
+
+    def __init__(self, pg: Any) -> None:
+        self.dsn = pg.dsn("postgres")
+        self.samples = 0
+        self.seen: Counter[tuple[str, str]] = Counter()
+        self.blockers: Counter[tuple[str, str]] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pg-wait-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psycopg2
+
+        conn = psycopg2.connect(self.dsn)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                while not self._stop.wait(0.002):
+                    cur.execute(
+                        "SELECT a.wait_event_type || ':' || a.wait_event, left(a.query, 70), "
+                        "(SELECT left(string_agg(b.state || ' ' || left(b.query, 50), ' | '), 160) "
+                        "FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(a.pid))) "
+                        "FROM pg_stat_activity a WHERE a.state = 'active' AND a.pid <> pg_backend_pid() "
+                        "AND a.backend_type = 'client backend'")
+                    self.samples += 1
+                    for event, query, blocker in cur.fetchall():
+                        what = (event or "CPU", " ".join((query or "").split()))
+                        self.seen[what] += 1
+                        if blocker:
+                            self.blockers[(what[1][:50], " ".join(blocker.split()))] += 1
+        finally:
+            conn.close()
+
+    def report(self, top: int = 20) -> None:
+        self._stop.set()
+        self._thread.join()
+        n = max(1, self.samples)
+        print(f"PostgreSQL's active sessions, {self.samples} samples (average sessions per sample):")
+        for (event, query), count in self.seen.most_common(top):
+            print(f"  {count / n:6.3f}  {event:28s} {query}")
+        if self.blockers:
+            print("lock waits: the waiting statement <- what its blockers were doing:")
+            for (query, blocker), count in self.blockers.most_common(top):
+                print(f"  {count / n:6.3f}  {query} <- {blocker}")
 
 
 def _pg_counters(pg: Any) -> dict[str, int]:
@@ -1155,6 +1207,7 @@ def main(argv: list[str] | None = None) -> int:
                            if statements else None).start()
     if statements:
         _execute(pg.dsn("postgres"), "CREATE EXTENSION pg_stat_statements")
+    sampler: _WaitSampler | None = None
     workdir = Path(tempfile.mkdtemp(prefix="bench-compare-"))
     os.environ["BENCH_WORKDIR"] = str(workdir)  # the roles' files go there too: removed at the end
     kind = "request-reply (each caller waits for its answer)" if args.latency else "one-way"
@@ -1178,6 +1231,8 @@ def main(argv: list[str] | None = None) -> int:
                 counted[scenario] = run_scenario(scenario, args, pg, workdir, strace=True)
                 failures += not counted[scenario].ok
                 print(_line(counted[scenario]), flush=True)
+        if os.environ.get("BENCH_PG_WAITS"):
+            sampler = _WaitSampler(pg)
         for round_no in range(1, args.rounds + 1):
             print(f"round {round_no}", flush=True)
             rates: dict[str, float] = {}
@@ -1220,6 +1275,8 @@ def main(argv: list[str] | None = None) -> int:
             top = os.environ["BENCH_PG_STATEMENTS"]
             _print_statements(pg, args.calls * args.rounds * len(scenarios),
                               int(top) if top.isdigit() and int(top) > 1 else 15)
+        if sampler is not None:
+            sampler.report()
     finally:
         pg.close()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -932,7 +932,7 @@ class RetransmissionWorker:
         now = time.time()
         next_at = now + self._retry_delay(seq.target, 1) if policy.retransmits else _NEVER
         with self.store.begin(durable=False) as tx:
-            current = tx.rms.get(key)
+            current = tx.rms.get(key, beside_enqueues=True)  # a caller's enqueue goes on beside it
             if current is None or current.sequence_id is None or not rms_life(current).transmitting:
                 return []
             msgs = tx.rms_messages.claim_first_sends(key, count, next_send_at=next_at, now=now)

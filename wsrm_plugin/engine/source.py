@@ -897,7 +897,8 @@ class Source:
         # not durable: an acknowledgement a crash forgot is learned again (the messages are sent
         # again and acknowledged again); meanwhile the sequence's row is free sooner for enqueues
         with self.store.begin(durable=False) as tx:
-            seq = tx.rms.get_by_sequence_id(ack.identifier)
+            # callers' enqueues on the sequence neither wait for it nor hold it up (beside_enqueues)
+            seq = tx.rms.get_by_sequence_id(ack.identifier, beside_enqueues=not ack.final)
             if seq is None:
                 raise UnknownSequence(ack.identifier, version=version)
             slog = for_sequence(log, ack.identifier)

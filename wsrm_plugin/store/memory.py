@@ -376,14 +376,14 @@ class _Rms(api.RmsSequenceManager):
         tx._write(_RMS, key, seq)
         return seq
 
-    def get(self, key: str) -> RmsSequence | None:
+    def get(self, key: str, *, beside_enqueues: bool = False) -> RmsSequence | None:
         self._tx._lock(RANK_RMS, key)
         return self._tx._read(_RMS, key)
 
     def peek(self, key: str) -> RmsSequence | None:
         return self._tx._read(_RMS, key)
 
-    def get_by_sequence_id(self, sequence_id: str) -> RmsSequence | None:
+    def get_by_sequence_id(self, sequence_id: str, *, beside_enqueues: bool = False) -> RmsSequence | None:
         for key, seq in self._tx._scan(_RMS).items():
             if seq.sequence_id == sequence_id:
                 found = self.get(key)  # lock, then read again: it may have changed meanwhile

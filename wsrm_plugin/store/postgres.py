@@ -6,7 +6,12 @@ workers in many threads and processes share one database; pollers
 (``due_messages``, ``claim_next``, ``purge_acked``) skip rows another
 transaction holds.  ``lock_timeout`` is set on each session, so a wait ends
 in :class:`~.api.LockTimeoutError` instead of hanging (a deadlock, which the
-lock order rules out among store transactions, surfaces the same way).
+lock order rules out among store transactions, surfaces the same way).  A
+source sequence's row has three kinds of holder: a caller's enqueue (its UPDATE
+of the number, FOR NO KEY UPDATE, until the caller's transaction ends), the
+sender's claim and the acknowledgements of a sequence open to enqueues (FOR
+KEY SHARE: none of these waits for another), and whatever changes its state
+(FOR UPDATE: waits for all of them, and they for it).
 
 Local transactions are plain BEGIN/COMMIT.  Under XA the session is a
 :class:`txmanager.postgres.PostgresXAResource` branch: ``PREPARE TRANSACTION``

@@ -63,12 +63,23 @@ class RmsSequenceManager(_Manager, ABC):
         """
 
     @abstractmethod
-    def get(self, key: str) -> RmsSequence | None:
-        """The sequence, locked for this transaction, or None."""
+    def get(self, key: str, *, beside_enqueues: bool = False) -> RmsSequence | None:
+        """The sequence, locked for this transaction, or None.
+
+        ``beside_enqueues``: locked only as work on its messages needs it (the sender's, an
+        acknowledgement that is not Final): while the sequence is open to enqueues (no last
+        message, not closing, not faulted), such work changes nothing of it but its messages,
+        and a store whose locks tell writers apart (PostgreSQL) then holds the row only against
+        changes of its state (close, terminate, fault, delete): callers' enqueues, which take
+        numbers from the same row, neither wait for that work nor hold it up.  Otherwise, and
+        on the other stores, the row is locked as for any change.  A write of the row later in
+        the transaction still holds off every other writer: nothing of it is lost.
+        """
 
     @abstractmethod
-    def get_by_sequence_id(self, sequence_id: str) -> RmsSequence | None:
-        """The sequence whose peer-assigned identifier is ``sequence_id`` (locked), or None."""
+    def get_by_sequence_id(self, sequence_id: str, *, beside_enqueues: bool = False) -> RmsSequence | None:
+        """The sequence whose peer-assigned identifier is ``sequence_id`` (locked as :meth:`get`
+        locks it), or None."""
 
     @abstractmethod
     def update(self, key: str, **changes: Any) -> RmsSequence:

@@ -27,6 +27,11 @@ class Dialect:
     skip_locked: str
     #: the SQLite store keeps prepared XA branches in its own table
     xa_table: bool
+    #: appended to a SELECT that locks its rows against deletes and key changes only (PostgreSQL's
+    #: ``FOR KEY SHARE``: an UPDATE of other columns, such as an enqueue's, goes on beside it), and
+    #: against every other writer but those (``FOR NO KEY UPDATE``); empty where ``for_update`` is
+    key_share: str = ""
+    no_key_update: str = ""
     #: LATERAL joins (a top-N per sequence without ranking every due message)
     lateral: bool = False
     #: data-modifying statements in WITH (two dependent writes in one round trip)
@@ -46,10 +51,20 @@ class Dialect:
     def lock_of(self, alias: str) -> str:
         return self.skip_locked.format(alias=alias)
 
+    def claim_lock(self, sequences: str, messages: str) -> str:
+        """A sender's claim: the messages locked, those others hold skipped; their sequences held
+        against close, terminate, fault and delete only where the database tells those apart
+        (``FOR KEY SHARE``), so that callers' enqueues on them neither hold the claim up nor wait
+        for it."""
+        if not self.key_share:
+            return self.lock_of(f"{sequences}, {messages}")
+        return f"{self.key_share} OF {sequences} SKIP LOCKED{self.lock_of(messages)}"
+
 
 SQLITE = Dialect(name="sqlite", placeholder="?", blob="BLOB", bigint="INTEGER", double="REAL",
                  boolean="INTEGER", for_update="", skip_locked="", xa_table=True, payload_apart=True)
 POSTGRES = Dialect(name="postgresql", placeholder="%s", blob="BYTEA", bigint="BIGINT",
                    double="DOUBLE PRECISION", boolean="BOOLEAN", for_update=" FOR UPDATE",
                    skip_locked=" FOR UPDATE OF {alias} SKIP LOCKED", xa_table=False, lateral=True,
-                   writable_cte=True, copy_binary=True)
+                   writable_cte=True, copy_binary=True, key_share=" FOR KEY SHARE",
+                   no_key_update=" FOR NO KEY UPDATE")

@@ -35,6 +35,20 @@ def _read_cols(tx: SqlTransaction, alias: str = "") -> str:
     return cols_leaving_large_payloads(_MSG_COLS, alias) if tx.d.copy_binary else msg_cols(tx.d, alias)
 
 
+#: An acknowledgement writes its sequence's ``last_activity`` only when the one stored is older
+#: than this many seconds (or it purges retransmitted messages, whose count the row keeps): on
+#: PostgreSQL the row is then written, and held against callers' enqueues, about once a second
+#: rather than at every acknowledgement.  What reads it (keep-alives, ``wsrm status``) works in
+#: seconds and minutes.
+ACTIVITY_GRAIN = 1.0
+
+
+#: A sequence no enqueue may add to (:meth:`_RmsMessages._take_number`): its last message
+#: known, closing or closed, or faulted.  An acknowledgement of any other owes no Close or
+#: Terminate: it changes nothing of the sequence but its messages.
+_CLOSED_TO_ENQUEUES = "last_message OR closed OR close_sent OR terminate_sent OR faulted"
+
+
 class _Rms(api.RmsSequenceManager):
     _tx: SqlTransaction
 
@@ -56,16 +70,24 @@ class _Rms(api.RmsSequenceManager):
             raise DuplicateSequenceError(f"an RMS sequence with key {key!r} already exists")
         return self.require(key)
 
-    def get(self, key: str) -> RmsSequence | None:
+    def get(self, key: str, *, beside_enqueues: bool = False) -> RmsSequence | None:
         tx = self._tx
+        if beside_enqueues and tx.d.key_share and key not in tx.held_rms:
+            seq = self._held_beside_enqueues("seq_key", key)
+            if seq is not None:
+                return seq
         return tx.locked_sequence(RANK_RMS, tx.held_rms, key, _SELECT_RMS, _rms)
 
-    def get_by_sequence_id(self, sequence_id: str) -> RmsSequence | None:
+    def get_by_sequence_id(self, sequence_id: str, *, beside_enqueues: bool = False) -> RmsSequence | None:
         tx = self._tx
         tx.lock(RANK_RMS, ("sequence_id", sequence_id))
         for held in tx.held_rms.values():  # locked by this transaction already, and as it is now
             if held.sequence_id == sequence_id:  # (a reply's record: its request's sequence)
                 return held
+        if beside_enqueues and tx.d.key_share:
+            found = self._held_beside_enqueues("sequence_id", sequence_id)
+            if found is not None:
+                return found
         row = tx.one(f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE sequence_id = ?"
                      + tx.d.for_update, (sequence_id,))
         if row is None:
@@ -73,6 +95,22 @@ class _Rms(api.RmsSequenceManager):
         seq = _rms(row)
         tx.lock(RANK_RMS, seq.key)
         tx.held_rms[seq.key] = seq  # locked as get() locks it: its next read needs no round trip
+        return seq
+
+    def _held_beside_enqueues(self, column: str, value: str) -> RmsSequence | None:
+        """The sequence, FOR KEY SHARE, if it is open to enqueues (``get(beside_enqueues=True)``):
+        held against close, terminate, fault and delete (their FOR UPDATE), not against
+        enqueues (their UPDATE of the number holds FOR NO KEY UPDATE).  None otherwise, and
+        then the row is not locked (the condition is checked before the lock): the caller
+        locks it FOR UPDATE, as before."""
+        tx = self._tx
+        row = tx.one(f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE {column} = ? "
+                     f"AND NOT ({_CLOSED_TO_ENQUEUES}){tx.d.key_share}", (value,))
+        if row is None:
+            return None
+        seq = _rms(row)
+        tx.lock(RANK_RMS, seq.key)
+        tx.held_rms[seq.key] = seq
         return seq
 
     def peek(self, key: str) -> RmsSequence | None:
@@ -102,17 +140,26 @@ class _Rms(api.RmsSequenceManager):
                     f"sequence id {sid!r} already belongs to RMS sequence {row[0]!r}")
         tx.capture_key("rms_sequence", key)
         names = sorted(changes)
-        tx.write(f"UPDATE rms_sequence SET {', '.join(f'{n} = ?' for n in names)} WHERE seq_key = ?",
-                 [*(changes[n] for n in names), key])
-        return self.require(key)
+        # the row as written comes back with it: held, with no read after it (which, FOR UPDATE,
+        # would wait for acknowledgements holding the row FOR KEY SHARE, see get_by_sequence_id)
+        return self._written(key, f"UPDATE rms_sequence SET {', '.join(f'{n} = ?' for n in names)} "
+                             f"WHERE seq_key = ? RETURNING {_cols(_RMS_COLS)}", [*(changes[n] for n in names), key])
 
     def mark_last(self, key: str) -> RmsSequence:
         self.require(key)
         tx = self._tx
         tx.capture_key("rms_sequence", key)
-        tx.write("UPDATE rms_sequence SET last_message = TRUE, last_number = highest_number "
-                 "WHERE seq_key = ?", (key,))
-        return self.require(key)
+        return self._written(key, "UPDATE rms_sequence SET last_message = TRUE, last_number = highest_number "
+                             f"WHERE seq_key = ? RETURNING {_cols(_RMS_COLS)}", (key,))
+
+    def _written(self, key: str, update: str, params: Any) -> RmsSequence:
+        """The sequence row an UPDATE ... RETURNING wrote, held for the rest of the transaction."""
+        tx = self._tx
+        rows = tx.write_all(update, params)
+        if not rows:
+            raise UnknownSequenceError("RMS", key)
+        seq = tx.held_rms[key] = _rms(rows[0])
+        return seq
 
     def delete(self, key: str) -> None:
         self.require(key)
@@ -217,7 +264,7 @@ class _RmsMessages(api.RmsMessageManager):
         tx.capture_key("rms_sequence", sequence_key)
         also = ", last_message = TRUE, last_number = highest_number + 1" if last else ""
         update = (f"UPDATE rms_sequence SET highest_number = highest_number + 1{also} WHERE seq_key = ? "
-                  "AND NOT (last_message OR closed OR close_sent OR terminate_sent OR faulted) "
+                  f"AND NOT ({_CLOSED_TO_ENQUEUES}) "
                   f"AND highest_number < ? RETURNING {_cols(_RMS_COLS)}")
         if not message:
             rows = tx.write_all(update, (sequence_key, api.MAX_MESSAGE_NUMBER))
@@ -289,9 +336,11 @@ class _RmsMessages(api.RmsMessageManager):
                     now: float | None = None, *, keep_awaiting: bool = False) -> tuple[list[int], bool]:
         """On PostgreSQL, one statement: the check that every number named was sent, the
         acknowledged messages deleted (those that wait for no reply: what :meth:`purge_acked`
-        would delete next) or marked (those that do), the sequence's row written, and whether
-        one is left unacknowledged; nothing written when the check fails.  The sequence's new
-        row comes back with it, held for the rest of the transaction.
+        would delete next) or marked (those that do), the sequence's row written when there is
+        something to write (its retransmissions purged, or its ``last_activity`` older than
+        :data:`ACTIVITY_GRAIN`) and no one else holds it, and whether one is left
+        unacknowledged; nothing written when the check fails.  The sequence's row as it is then
+        is held for the rest of the transaction.
 
         Unlike the three steps, acknowledged messages left from before (a reply's request
         acknowledged before its reply came) are purged even when nothing is newly
@@ -310,27 +359,38 @@ class _RmsMessages(api.RmsMessageManager):
         kept = "reply_pending" if keep_awaiting else "FALSE"
         ok = "NOT EXISTS (SELECT 1 FROM bad)"
         tx.capture_key("rms_sequence", sequence_key)
+        t = _now(now)
+        # The sequence's row is written (its last_activity, its purged retransmissions) only when
+        # there is something to write, and only when no one else holds it, as a caller's
+        # enqueue does until its transaction ends (``lk``, SKIP LOCKED: an acknowledgement never
+        # waits for a caller, see get_by_sequence_id).  Without it, retransmitted messages are
+        # only marked acknowledged, their count kept in their rows: the next acknowledgement
+        # that holds the row purges them (``acked OR ...``) and counts them then.
         rows = tx.write_all(
             f"WITH bad AS (SELECT number FROM rms_message WHERE seq_key = ? AND {within} AND send_count = 0 "
             f"AND NOT {kept} ORDER BY number LIMIT 20), "
+            "lk AS (SELECT seq_key FROM rms_sequence WHERE seq_key = ? AND (last_activity < ? OR EXISTS "
+            "(SELECT 1 FROM rms_message WHERE seq_key = ? AND NOT reply_pending AND send_count > 1 "
+            f"AND (acked OR {within}))) FOR NO KEY UPDATE SKIP LOCKED), "
             f"d AS (DELETE FROM rms_message WHERE seq_key = ? AND NOT reply_pending AND (acked OR {within}) "
-            f"AND {ok} RETURNING number, acked, send_count), "
-            f"u AS (UPDATE rms_message SET acked = TRUE WHERE seq_key = ? AND reply_pending AND NOT {kept} "
-            f"AND NOT acked AND {within} AND {ok} RETURNING number), "
+            f"AND {ok} AND (send_count <= 1 OR EXISTS (SELECT 1 FROM lk)) RETURNING number, acked, send_count), "
+            f"u AS (UPDATE rms_message SET acked = TRUE WHERE seq_key = ? AND NOT acked AND {within} AND {ok} "
+            f"AND ((reply_pending AND NOT {kept}) OR (NOT reply_pending AND send_count > 1 "
+            "AND NOT EXISTS (SELECT 1 FROM lk))) RETURNING number), "
             "s AS (UPDATE rms_sequence SET last_activity = ?, purged_retransmissions = purged_retransmissions "
             "+ (SELECT COALESCE(SUM(send_count - 1), 0) FROM d WHERE send_count > 1) "
-            f"WHERE seq_key = ? AND {ok} RETURNING {_cols(_RMS_COLS)}) "
+            f"WHERE seq_key = ? AND {ok} AND EXISTS (SELECT 1 FROM lk) RETURNING {_cols(_RMS_COLS)}) "
             "SELECT ARRAY(SELECT number FROM bad), "
             "ARRAY(SELECT number FROM d WHERE NOT acked UNION ALL SELECT number FROM u ORDER BY 1), "
             f"EXISTS (SELECT 1 FROM rms_message WHERE seq_key = ? AND NOT acked AND (NOT {within} OR {kept})), "
             f"{_cols(_RMS_COLS, 's')} FROM (SELECT 1) AS one LEFT JOIN s ON TRUE",
-            (sequence_key, *bounds, sequence_key, *bounds, sequence_key, *bounds, _now(now), sequence_key,
-             sequence_key, *bounds))
+            (sequence_key, *bounds, sequence_key, t - ACTIVITY_GRAIN, sequence_key, *bounds,
+             sequence_key, *bounds, sequence_key, *bounds, t, sequence_key, sequence_key, *bounds))
         bad, newly, pending = rows[0][:3]
         if bad:
             raise api.InvalidAcknowledgementError(sequence_key, sorted(bad), seq.highest_number)
-        if rows[0][3] is not None:
-            tx.held_rms[sequence_key] = _rms(rows[0][3:])
+        # the row as written, or as held before when the statement left it alone
+        tx.held_rms[sequence_key] = _rms(rows[0][3:]) if rows[0][3] is not None else seq
         return list(newly), bool(pending)
 
     def _acknowledge_in_four(self, sequence_key: str, merged: api.AckRanges, now: float | None, *,
@@ -444,7 +504,7 @@ class _RmsMessages(api.RmsMessageManager):
                         "WHERE m.ctid = ANY(ARRAY(SELECT tid FROM r)) "
                         "AND NOT m.acked AND m.next_send_at <= ? AND s.sequence_id IS NOT NULL AND NOT s.faulted "
                         "ORDER BY r.rn, m.next_send_at, m.seq_key, m.number LIMIT ?"
-                        + tx.d.lock_of("s, m"), (_now(now), take, 4 * limit, _now(now), limit))
+                        + tx.d.claim_lock("s", "m"), (_now(now), take, 4 * limit, _now(now), limit))
                     if len(rows) >= limit or take >= full or all(row[-1] < take for row in rows):
                         return self._with_payloads(self._with_sequences([row[:-1] for row in rows]))
                     take = full

@@ -1,0 +1,179 @@
+"""On PostgreSQL a caller's enqueue, the sender's claim and an acknowledgement of one sequence do
+not wait for each other; whatever changes the sequence's state still waits for all of them.
+
+The enqueue takes its number with an UPDATE of the sequence's row, held until the caller's
+transaction commits (under XA, after its PREPARE or its one-phase commit); the claim and an
+acknowledgement of a sequence still open to enqueues hold the row ``FOR KEY SHARE``, which
+that UPDATE does not wait for.  Close, terminate, fault and delete lock the row ``FOR UPDATE``
+and wait for all three.  Each test opens one transaction and then another on a store whose
+``lock_timeout`` is short: a wait that should not happen ends in ``LockTimeoutError`` (the test
+fails), a wait that should happen is asserted by that error.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from wsrm_plugin.store import LockTimeoutError, StorageManager, open_store
+
+from .test_managers import enqueue, started
+from .test_statements import statements
+
+pytestmark = pytest.mark.postgres
+
+WAIT = 0.5  # seconds before a lock wait gives up: only the tests that expect the wait wait it
+
+
+@pytest.fixture
+def store(fresh_db):
+    opened = open_store(fresh_db if fresh_db.startswith("postgresql") else "postgresql:" + fresh_db,
+                        lock_timeout=WAIT)
+    yield opened
+    opened.close()
+
+
+def _claim(store: StorageManager) -> dict[int, int]:
+    """A sender's claim, as the sender makes it: number -> send count, left open."""
+    tx = store.begin(durable=False)
+    due = tx.rms_messages.due_messages(limit=50, per_sequence=50)
+    return tx, {m.number: m.send_count for m in due}
+
+
+def test_an_acknowledgement_and_a_callers_enqueue_do_not_wait_for_each_other(store) -> None:
+    started(store, messages=3)
+    caller = store.begin()
+    [msg] = enqueue(caller, n=1)  # the caller's transaction holds the sequence's number
+    assert msg.number == 4
+    with store.begin(durable=False) as ack:
+        seq = ack.rms.get_by_sequence_id("seq-1", beside_enqueues=True)
+        assert ack.rms_messages.acknowledge(seq.key, [(1, 2)]) == ([1, 2], True)
+    caller.commit()
+    # and the other way round: an acknowledgement's transaction open, a caller enqueues
+    ack = store.begin(durable=False)
+    seq = ack.rms.get_by_sequence_id("seq-1", beside_enqueues=True)
+    assert ack.rms_messages.acknowledge(seq.key, [(3, 3)]) == ([3], True)
+    with store.begin() as caller:
+        assert [m.number for m in enqueue(caller, n=1)] == [5]
+    ack.commit()
+    with store.begin() as tx:
+        assert [m.number for m in tx.rms_messages.list_for("k1")] == [4, 5]
+        assert tx.rms.get("k1").next_number == 6
+
+
+def test_a_senders_claim_and_a_callers_enqueue_do_not_wait_for_each_other(store) -> None:
+    started(store, messages=0)
+    with store.begin() as tx:
+        enqueue(tx, n=2)  # due, never sent
+    caller = store.begin()
+    enqueue(caller, n=1)
+    claim, claimed = _claim(store)  # the caller's open transaction does not hide the sequence
+    assert claimed == {1: 0, 2: 0}
+    claim.rms_messages.record_send_attempts_across({"k1": [1, 2]}, next_send_at=1e12)
+    with store.begin() as other:  # another caller's enqueue goes on beside the open claim
+        caller.commit()
+        assert [m.number for m in enqueue(other, n=1)] == [4]
+    claim.commit()
+    with store.begin() as tx:
+        assert [(m.number, m.send_count) for m in tx.rms_messages.list_for("k1")] == \
+            [(1, 1), (2, 1), (3, 0), (4, 0)]
+
+
+def test_a_lanes_claim_of_its_sequences_next_messages_goes_on_beside_a_callers_enqueue(store) -> None:
+    """What a sending lane done before its round's others does (``claim_first_sends``), after
+    reading its sequence as the sender does (``get(beside_enqueues=True)``)."""
+    started(store, messages=0)
+    with store.begin() as tx:
+        enqueue(tx, n=2)
+    caller = store.begin()
+    enqueue(caller, n=1)
+    with store.begin(durable=False) as lane:
+        assert lane.rms.get("k1", beside_enqueues=True).next_number == 3  # the caller's number not seen
+        assert [m.number for m in lane.rms_messages.claim_first_sends("k1", 5, next_send_at=1e12)] == [1, 2]
+    caller.commit()
+    with store.begin() as tx:
+        assert [(m.number, m.send_count) for m in tx.rms_messages.list_for("k1")] == [(1, 1), (2, 1), (3, 0)]
+
+
+def test_a_close_waits_for_an_open_acknowledgement_and_claim(store) -> None:
+    started(store, messages=3)
+    ack = store.begin(durable=False)
+    seq = ack.rms.get_by_sequence_id("seq-1", beside_enqueues=True)
+    ack.rms_messages.acknowledge(seq.key, [(1, 1)])
+    with pytest.raises(LockTimeoutError):
+        with store.begin() as closing:
+            closing.rms.mark_last("k1")
+    ack.commit()
+    claim, claimed = _claim(store)
+    assert claimed == {}  # sent once each, not due before 1e12
+    claim.rms_messages.due_messages(now=2e12, limit=50, per_sequence=50)  # now they are: held
+    with pytest.raises(LockTimeoutError):
+        with store.begin() as closing:
+            closing.rms.update("k1", closed=True)
+    claim.commit()
+    with store.begin() as closing:
+        assert closing.rms.mark_last("k1").last_message
+
+
+def test_an_acknowledgement_of_a_sequence_closed_to_enqueues_locks_it_against_every_writer(store) -> None:
+    """Its last message known, an acknowledgement may owe the Close or Terminate: one at a time,
+    as any change of the sequence's state."""
+    started(store, messages=3)
+    with store.begin() as tx:
+        tx.rms.mark_last("k1")
+    first = store.begin(durable=False)
+    seq = first.rms.get_by_sequence_id("seq-1", beside_enqueues=True)
+    assert seq.last_message
+    first.rms_messages.acknowledge(seq.key, [(1, 3)])
+    with pytest.raises(LockTimeoutError):
+        with store.begin(durable=False) as second:
+            second.rms.get_by_sequence_id("seq-1", beside_enqueues=True)
+    first.rms.update("k1", next_control_at=1.0)  # what the engine does when it owes the Close
+    first.commit()
+    with store.begin() as tx:
+        assert tx.rms.get("k1").next_control_at == 1.0
+
+
+def test_an_acknowledgement_writes_the_sequence_row_once_a_second_at_most(store) -> None:
+    """``last_activity`` to a second (ACTIVITY_GRAIN): the row is otherwise left alone, so that
+    the acknowledgement holds nothing a caller's enqueue waits for."""
+    from wsrm_plugin.store.sql.rms import ACTIVITY_GRAIN
+
+    started(store, messages=4)
+    with store.begin() as tx:
+        t = tx.rms.peek("k1").last_activity + 10 * ACTIVITY_GRAIN
+    stamps = []
+    for number, now in ((1, t), (2, t + ACTIVITY_GRAIN / 2), (3, t + 2 * ACTIVITY_GRAIN)):
+        with store.begin(durable=False) as tx:
+            seq = tx.rms.get_by_sequence_id("seq-1", beside_enqueues=True)
+            seen = statements(tx)
+            tx.rms_messages.acknowledge(seq.key, [(1, number)], now=now)
+            assert len(seen) == 1, seen
+        with store.begin() as tx:
+            stamps.append(tx.rms.peek("k1").last_activity)
+    assert stamps == [t, t, t + 2 * ACTIVITY_GRAIN]
+
+
+def test_retransmitted_messages_acknowledged_beside_a_caller_are_counted_by_the_next_acknowledgement(store) -> None:
+    """The row's count of purged retransmissions needs the row: while a caller holds it, the
+    retransmitted messages acknowledged are only marked; the next acknowledgement that gets the
+    row purges and counts them (nothing waits, nothing is lost from the count)."""
+    started(store, messages=3)
+    with store.begin() as tx:
+        tx.rms_messages.record_send_attempt("k1", 1, next_send_at=1e12)  # sent twice
+    caller = store.begin()
+    enqueue(caller, n=1)
+    with store.begin(durable=False) as ack:
+        seq = ack.rms.get_by_sequence_id("seq-1", beside_enqueues=True)
+        assert ack.rms_messages.acknowledge(seq.key, [(1, 3)]) == ([1, 2, 3], False)
+    caller.commit()
+    with store.begin() as tx:
+        assert [(m.number, m.acked, m.send_count) for m in tx.rms_messages.list_for("k1")] == \
+            [(1, True, 2), (4, False, 0)]
+        assert tx.rms_messages.tally("k1") == (2, 1, 1)
+        tx.rms_messages.record_send_attempt("k1", 4, next_send_at=1e12)
+    with store.begin(durable=False) as ack:
+        seq = ack.rms.get_by_sequence_id("seq-1", beside_enqueues=True)
+        assert ack.rms_messages.acknowledge(seq.key, [(1, 4)]) == ([4], False)
+    with store.begin() as tx:
+        assert tx.rms_messages.list_for("k1") == []
+        assert tx.rms.get("k1").purged_retransmissions == 1
