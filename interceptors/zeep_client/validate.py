@@ -18,6 +18,7 @@ left to the server.
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 from lxml import etree
@@ -61,10 +62,8 @@ def _check(element: Any, node: etree._Element, path: list[str]) -> None:
             name = type_.qname.localname if getattr(type_, "qname", None) is not None else type(type_).__name__
             raise ValidationError(f"{text!r} is not a valid value of type {name} ({exc})", path=path) from None
         return
-    try:
-        children = {child.qname.text if hasattr(child.qname, "text") else str(child.qname): child
-                    for _, child in type_.elements} if type_ is not None else {}
-    except AttributeError:  # a type without element content
+    children = _children(type_)
+    if children is None:
         return
     for child_node in node:
         if not isinstance(child_node.tag, str):
@@ -72,3 +71,30 @@ def _check(element: Any, node: etree._Element, path: list[str]) -> None:
         child = children.get(child_node.tag)
         if child is not None:  # xs:any and unknown elements are the server's to judge
             _check(child, child_node, [*path, etree.QName(child_node).localname])
+
+
+#: Each complex type's child elements by tag, built once: zeep's ``elements`` walks the type's
+#: whole content model at every read, and the same few types are checked at every call.  Weak
+#: keys: a dropped WSDL's types go with it.
+_CHILDREN: weakref.WeakKeyDictionary[Any, dict[str, Any] | None] = weakref.WeakKeyDictionary()
+
+
+def _children(type_: Any) -> dict[str, Any] | None:
+    """``type_``'s child elements by tag, or None for a type without element content."""
+    if type_ is None:
+        return {}
+    try:
+        return _CHILDREN[type_]
+    except (KeyError, TypeError):  # TypeError: a type that cannot be weakly referenced, read each time
+        pass
+    try:
+        children: dict[str, Any] | None = {
+            child.qname.text if hasattr(child.qname, "text") else str(child.qname): child
+            for _, child in type_.elements}
+    except AttributeError:  # a type without element content
+        children = None
+    try:
+        _CHILDREN[type_] = children
+    except TypeError:
+        pass
+    return children
