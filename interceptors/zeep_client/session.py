@@ -154,10 +154,10 @@ def _nothing_to_honour(session: Any, address: str) -> bool:
 #: urllib reads proxies from the environment alone here; on macOS and Windows the system's
 #: settings count too, and they can change without the environment changing.
 _PROXIES_FROM_ENVIRONMENT_ONLY = sys.platform not in ("darwin", "win32")
-_environ_answers: dict[tuple[object, ...], bool] = {}
-#: The encoded mapping behind ``os.environ`` on POSIX (``os.environ[...] = ...`` writes it too);
-#: read directly, iterating it decodes nothing.
+#: The encoded mapping behind ``os.environ`` on POSIX (``os.environ[...] = ...`` writes it too).
 _RAW_ENVIRON: dict[bytes, bytes] | None = getattr(os.environ, "_data", None) if os.name == "posix" else None
+#: (a copy of the environment, requests' answer per address under it)
+_environ_seen: tuple[dict[bytes, bytes], dict[str, bool]] = ({}, {})
 
 
 def _environ_proxies(address: str) -> bool:
@@ -165,21 +165,23 @@ def _environ_proxies(address: str) -> bool:
 
     requests' own answer (``get_environ_proxies``) decodes every environment
     variable, twice, at every send: about a tenth of the client's CPU per
-    reliable message.  It depends only on the address and on the ``*_proxy``
-    variables (and CGI's ``REQUEST_METHOD``), so it is kept per address and
-    their values, which are read at every send: a change is followed at once.
+    reliable message.  Like requests, it follows the environment at every send
+    (a change made between two calls counts for the next one, as a user of
+    requests expects, where urllib's opener and httpx's client read it once):
+    the environment is compared with the copy the answers were made under, a
+    comparison of two dicts of the same bytes objects made in C, and the
+    answers are kept per address until it differs.
     """
-    if not _PROXIES_FROM_ENVIRONMENT_ONLY:
+    global _environ_seen
+    if not _PROXIES_FROM_ENVIRONMENT_ONLY or _RAW_ENVIRON is None:
         return bool(requests.utils.get_environ_proxies(address))
-    # bytes to bytes where the platform keeps them: no decoding of every variable at every send
-    environ, method, suffix = ((_RAW_ENVIRON, b"REQUEST_METHOD", b"_proxy") if _RAW_ENVIRON is not None
-                               else (os.environ, "REQUEST_METHOD", "_proxy"))
-    key = (address, method in environ,
-           *[(name, value) for name, value in environ.items() if name[-6:].lower() == suffix])
-    answer = _environ_answers.get(key)
+    seen, answers = _environ_seen
+    if _RAW_ENVIRON != seen:
+        seen, answers = _environ_seen = (dict(_RAW_ENVIRON), {})
+    answer = answers.get(address)
     if answer is None:
         answer = bool(requests.utils.get_environ_proxies(address))
-        if len(_environ_answers) >= 256:
-            _environ_answers.clear()  # addresses and proxy settings seen are few; never grow for ever
-        _environ_answers[key] = answer
+        if len(answers) >= 256:
+            answers.clear()  # the addresses posted to are few; never grow for ever
+        answers[address] = answer
     return answer

@@ -54,3 +54,22 @@ def test_a_session_that_ignores_the_environment_posts_plainly_whatever_it_says(n
     assert _nothing_to_honour(session, ADDRESS)
     session.trust_env = True
     assert not _nothing_to_honour(session, ADDRESS)
+
+
+def test_an_unchanged_environment_is_not_read_again_at_each_send(no_proxies) -> None:
+    """requests' reading of the environment runs once per address until the environment changes."""
+    asked: list[str] = []
+    real = requests.utils.get_environ_proxies
+
+    def counting(url: str, no_proxy: object = None) -> dict[str, str]:
+        asked.append(url)
+        return real(url, no_proxy=no_proxy)
+
+    no_proxies.setattr(requests.utils, "get_environ_proxies", counting)
+    session = requests.Session()
+    other = "http://192.0.2.1:9/svc"
+    assert all(_nothing_to_honour(session, address) for address in [ADDRESS, other] * 5)
+    assert asked == [ADDRESS, other]
+    no_proxies.setenv("WSRM_SOMETHING_ELSE", "1")  # any change: read again, then kept
+    assert all(_nothing_to_honour(session, ADDRESS) for _ in range(3))
+    assert asked == [ADDRESS, other, ADDRESS]
