@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
+import dataclasses
 from typing import Any
 
 from txmanager.xa import XA_OK, XA_RDONLY
@@ -48,6 +48,44 @@ from .api import (
 __all__ = ["MemoryStore", "MemoryTransaction", "MemoryXAResource"]
 
 log = logging.getLogger(__name__)
+
+
+_REPLACERS: dict[type, Any] = {}
+
+
+def replace(record: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` for the store's frozen records, at about half its cost.
+
+    ``dataclasses.replace`` walks the fields and calls the frozen ``__init__``
+    (an ``object.__setattr__`` per field) at every change, ~6 us, and a call
+    changes records 8 times on the client and 6 on the service.  The records
+    have no ``__post_init__`` and every field is an init field (a record that
+    had would fall back to ``dataclasses.replace``): a copy made by one
+    function per class, written out like dataclasses writes its own, sets each
+    slot directly.  Unknown names raise TypeError as ``replace`` does.
+    """
+    copy = _REPLACERS.get(type(record))
+    if copy is None:
+        copy = _REPLACERS[type(record)] = _replacer(type(record))
+    return copy(record, changes)
+
+
+def _replacer(cls: type) -> Any:
+    fields = dataclasses.fields(cls)
+    if (hasattr(cls, "__post_init__") or not hasattr(cls, "__slots__")
+            or any(not f.init for f in fields)):
+        return lambda record, changes: dataclasses.replace(record, **changes)
+    names = [f.name for f in fields]
+    lines = ["def copy(record, changes, new=object.__new__, cls=cls, known=known, "
+             + ", ".join(f"set_{n}=cls.{n}.__set__" for n in names) + "):",
+             "    if not known.issuperset(changes):",
+             "        raise TypeError(f'{cls.__name__} has no fields {sorted(set(changes) - known)}')",
+             "    made = new(cls)"]
+    lines += [f"    set_{n}(made, changes['{n}'] if '{n}' in changes else record.{n})" for n in names]
+    lines.append("    return made")
+    namespace: dict[str, Any] = {"cls": cls, "known": frozenset(names)}
+    exec("\n".join(lines), namespace)  # noqa: S102 -- names from the dataclass's own fields
+    return namespace["copy"]
 
 _DELETED = object()
 _ALL = object()  # every group of a table, for _overlay
