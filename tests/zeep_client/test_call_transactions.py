@@ -24,6 +24,8 @@ from interceptors.spyne_server.service import reliable_service
 from interceptors.zeep_client.client import reliable_client
 from tests.engine.support import wait_for
 from wsrm_plugin.engine import retransmission
+from wsrm_plugin.store import memory
+from wsrm_plugin.store.sql import rms as sql_rms
 
 from . import service
 from .conftest import fast_policy
@@ -78,6 +80,12 @@ def test_the_service_answers_a_call_with_the_reply_its_receipt_took_in_its_own_t
     commits = _count_commits(svc.engine.store)
     client_commits = _count_commits(rc.engine.store)
     caller = threading.current_thread().name
+    acknowledged: Counter[str] = Counter()  # acknowledgements applied to the client's requests
+    for manager in (memory._RmsMessages, sql_rms._RmsMessages):
+        def counting(self: Any, *args: Any, _real: Any = manager.acknowledge, **kwargs: Any) -> Any:
+            acknowledged[threading.current_thread().name] += 1
+            return _real(self, *args, **kwargs)
+        monkeypatch.setattr(manager, "acknowledge", counting)
     for i in range(2, CALLS + 2):
         assert rc.service.echo(f"q{i}").result(timeout=60) == f"re:q{i}"
     assert svc.engine.back_channel.handed_out - handed_out == CALLS
@@ -92,6 +100,10 @@ def test_the_service_answers_a_call_with_the_reply_its_receipt_took_in_its_own_t
     # reply's record, which consumes it (3 before: the claim was a transaction of its own)
     assert client_commits[caller] == 2 * CALLS, client_commits
     assert rc.engine.retransmission.sent_by_callers == CALLS + 1
+    # each request acknowledged once, by the reply's record with the acknowledgement riding on
+    # the reply, once that marked it answered (twice before: the riding acknowledgement left it
+    # unacknowledged while its reply was pending, then the reply's consumption acknowledged it)
+    assert acknowledged[caller] == CALLS, acknowledged
     assert service.ECHOED == [f"q{i}" for i in range(CALLS + 2)]
 
 
