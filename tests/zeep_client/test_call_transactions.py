@@ -2,12 +2,14 @@
 
 Real parts: a reliable spyne service and a reliable zeep client over loopback HTTP, on memory and
 SQLite stores.  The client's caller enqueues its request and claims it for its own send in one
-transaction, and records the reply in another.  The service receives a back-channel request, applies the acknowledgement riding on
-it, delivers it and takes its reply for the HTTP response in one transaction (the acknowledgement
-the response carries is the one that receive made); a SQLite client records the reply, which answers its caller, without waiting for
-the disk there, so each call waits for one client fsync (its request's enqueue), and whatever
-reads the reply's record (the acknowledgement the next request carries) waits for the disk
-first.  Counts, never time; each call waits for its answer (a few seconds for the file).
+transaction, and records the reply in another, which acknowledges the request once (with the
+acknowledgement riding on the reply).  The service receives a back-channel request, applies the
+acknowledgement riding on it, delivers it and takes its reply for the HTTP response in one
+transaction (the acknowledgement the response carries is the one that receive made); a SQLite
+client records the reply, which answers its caller, without waiting for the disk there, so each
+call waits for one client fsync (its request's enqueue), and whatever reads the reply's record
+(the acknowledgement the next request carries) waits for the disk first.  Counts, never time;
+each call waits for its answer (a few seconds for the file).
 """
 
 from __future__ import annotations
