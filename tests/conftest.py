@@ -90,15 +90,24 @@ def _drop(server: ThrowawayPostgres, name: str) -> None:
 
 @pytest.fixture
 def pg_dsn_factory(pg_server: ThrowawayPostgres) -> Iterator[Callable[..., str]]:
-    """``make(prefix="t") -> dsn`` of a new, uniquely named database; all dropped at teardown."""
+    """``make(prefix="t", *statements) -> dsn`` of a new, uniquely named database, the
+    ``statements`` (an application's tables) run in it first; all dropped at teardown."""
     created: list[str] = []
 
-    def make(prefix: str = "t") -> str:
+    def make(prefix: str = "t", *statements: str) -> str:
         if not pg_server.running:
             pg_server.start()
         name = f"{prefix}_{uuid.uuid4().hex[:12]}"
         dsn = pg_server.create_database(name)
         created.append(name)
+        if statements:
+            conn = psycopg2.connect(dsn)
+            try:
+                with conn, conn.cursor() as cur:
+                    for statement in statements:
+                        cur.execute(statement)
+            finally:
+                conn.close()
         return dsn
 
     yield make

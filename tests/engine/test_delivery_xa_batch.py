@@ -92,13 +92,8 @@ def world_for(pg_dsn_factory, tmp_path) -> Iterator[Callable[..., World]]:
     closers: list[Callable[[], None]] = []
 
     def make(fail: Callable[[str, int], bool] = lambda item, attempt: False, **policy) -> World:
-        app_db = pg_dsn_factory("xaapp")
-        conn = psycopg2.connect(app_db)
-        try:
-            with conn, conn.cursor() as cur:
-                cur.execute("CREATE TABLE received (id serial PRIMARY KEY, item text NOT NULL, gtrid text NOT NULL)")
-        finally:
-            conn.close()
+        app_db = pg_dsn_factory(
+            "xaapp", "CREATE TABLE received (id serial PRIMARY KEY, item text NOT NULL, gtrid text NOT NULL)")
         tm = TransactionManager(node="xa-batch", log=tmp_path / "tm.log")
         ds = XADataSource(app_db, tm)
         closers.extend([tm.close, ds.close])

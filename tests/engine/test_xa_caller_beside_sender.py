@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 from urllib.parse import urlsplit
 
-import psycopg2
 import pytest
 
 from txmanager import TransactionManager
@@ -46,13 +45,7 @@ def _attempts(store, number: int) -> int:
 
 def test_earlier_messages_go_out_and_are_acknowledged_while_a_callers_transaction_is_open(pg_dsn_factory,
                                                                                            tmp_path):
-    app = pg_dsn_factory("besidecli")
-    conn = psycopg2.connect(app)
-    try:
-        with conn, conn.cursor() as cur:
-            cur.execute("CREATE TABLE sent (id serial PRIMARY KEY, item text NOT NULL)")
-    finally:
-        conn.close()
+    app = pg_dsn_factory("besidecli", "CREATE TABLE sent (id serial PRIMARY KEY, item text NOT NULL)")
     delivered: list[str] = []
     lock = threading.Lock()
 

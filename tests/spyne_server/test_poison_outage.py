@@ -41,11 +41,7 @@ def _items(dsn: str) -> list[str]:
 @pytest.mark.parametrize("handling", ["continue", "hold"])
 def test_one_message_failing_like_an_outage_while_others_are_delivered_is_poisoned(
         servers, clients, pg_dsn_factory, tmp_path, handling):
-    dsn = pg_dsn_factory("poisonoutage")
-    conn = psycopg2.connect(dsn)
-    with conn, conn.cursor() as cur:
-        cur.execute(service.SCHEMA)
-    conn.close()
+    dsn = pg_dsn_factory("poisonoutage", service.SCHEMA)
     tm = TransactionManager(node="poison-outage", log=tmp_path / "tm.log")
     ds = XADataSource(dsn, tm)
     service.configure(ds=ds, too_slow={BAD})

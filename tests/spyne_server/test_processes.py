@@ -32,14 +32,7 @@ def _rows(dsn: str) -> list[tuple[str, str]]:
 
 @pytest.fixture
 def orders_db(pg_dsn_factory):
-    dsn = pg_dsn_factory("spyneproc")
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            cur.execute(service.SCHEMA)
-    finally:
-        conn.close()
-    return dsn
+    return pg_dsn_factory("spyneproc", service.SCHEMA)
 
 
 class ServerProcess:

@@ -26,14 +26,7 @@ def _orders(dsn: str) -> list[str]:
 
 @pytest.fixture
 def orders_db(pg_dsn_factory):
-    dsn = pg_dsn_factory("spyne")
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            cur.execute(service.SCHEMA)
-    finally:
-        conn.close()
-    return dsn
+    return pg_dsn_factory("spyne", service.SCHEMA)
 
 
 @pytest.fixture

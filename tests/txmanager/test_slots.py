@@ -88,12 +88,7 @@ def test_a_missing_slot_directory_is_an_error_not_created(tmp_path: Path) -> Non
 @pytest.mark.postgres
 def test_an_orphan_slots_prepared_and_logged_transaction_is_committed_by_another_process(
         pg_dsn_factory, tmp_path: Path) -> None:
-    dsns = [pg_dsn_factory("slot_a"), pg_dsn_factory("slot_b")]
-    for dsn in dsns:
-        conn = psycopg2.connect(dsn)
-        with conn, conn.cursor() as cur:
-            cur.execute("CREATE TABLE t (v text)")
-        conn.close()
+    dsns = [pg_dsn_factory("slot_a", "CREATE TABLE t (v text)"), pg_dsn_factory("slot_b", "CREATE TABLE t (v text)")]
     holder = Holder(tmp_path, *dsns)
     holder.wait_for("HELD")
     holder.kill()  # both branches prepared, the decision logged, the process gone

@@ -29,14 +29,7 @@ def _rows(dsn: str) -> list[str]:
 
 @pytest.fixture
 def orders(pg_dsn_factory):
-    dsn = pg_dsn_factory("zeepclient")
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            cur.execute("CREATE TABLE orders (item text PRIMARY KEY)")
-    finally:
-        conn.close()
-    return dsn
+    return pg_dsn_factory("zeepclient", "CREATE TABLE orders (item text PRIMARY KEY)")
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import psycopg2
 import pytest
 import zeep
 
@@ -42,13 +41,7 @@ class Boom(Exception):
 
 @pytest.fixture
 def one_database(pg_dsn_factory: Any, tmp_path: Any):
-    dsn = pg_dsn_factory("xacall")
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            cur.execute("CREATE TABLE orders (item text PRIMARY KEY)")
-    finally:
-        conn.close()
+    dsn = pg_dsn_factory("xacall", "CREATE TABLE orders (item text PRIMARY KEY)")
     tm = TransactionManager(node="xa-call", log=tmp_path / "tm.log")
     ds = XADataSource(dsn, tm)
     store = PostgresStore(dsn)
