@@ -111,13 +111,13 @@ def test_deliveries_of_several_sequences_share_one_fsync(engines, store_for, mon
 
 
 def test_automatic_apart_when_another_transaction_holds_the_file_as_a_receive_begins(engines, store_for) -> None:
-    """By default (``deliver_apart=None``) a receive that finds the store's file free delivers
+    """Automatic (``deliver_apart=None``): a receive that finds the store's file free delivers
     inside its transaction (one commit: one caller's messages in turn); one that finds another
     transaction holding it (other sequences arriving at once) buffers the message and delivers
     it apart, so that the file is not held while its application runs.  Both delivered once."""
     received = Recorder()
-    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True), serve=True,
-                     application=received, name="server")
+    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True, deliver_apart=None),
+                     serve=True, application=received, name="server")
     url = server.endpoint_address
     invoker = server.invoker
     assert server.policy.deliver_apart is None and not invoker.delivers_apart

@@ -550,8 +550,12 @@ class RMPolicy:
     #: response.  bench_compare --clients 16 (SQLite, a method inserting one row in
     #: PostgreSQL, load 6-8): 367 against 278 msg/s delivered inside, the service's fsyncs per
     #: message 0.87 against 1.01, PostgreSQL's WAL flushes 0.75 against 1.00, the same CPU.
+    #: Off by default: on a quiet machine the automatic choice did not raise the 16-sequence
+    #: rate (bench_growth --quick --only sequences, SQLite 0.64 of plain either way) and one
+    #: client's 1 MiB messages went apart whenever a background transaction held the file
+    #: (server CPU 10.4 -> 11.9-13.2 ms, 46.3 -> 37.5 msg/s: bench_compare --note 1048576).
     deliver_apart: bool | None = knob(
-        None, Flag(none="automatic"),
+        False, Flag(none="automatic"),
         "SQLite store, no transaction manager: a receive that delivers (`deliver_on_receive`) buffers the "
         "message in a short transaction and runs the application outside it, so the store's file is free for "
         "other sequences while the application waits (its own database, a call out) and their commits share "
