@@ -160,13 +160,22 @@ class _EarlyClaim:
         if self._global:
             self._worker.source.tm.get_transaction().register_synchronization(self)
             return
+        self._settle(lane_held=True)
+
+    def _settle(self, lane_held: bool) -> None:
+        """The claim committed: the caller sends its message on the lane (``lane_held``: taken
+        before the enqueue, else taken now if idle, or the message left due for the round)."""
         worker = self._worker
         if self._owes_control:
             worker.source._wake()  # every message acknowledged after the last: Close/Terminate is due
-        if self._item is None:
-            worker._lane(self._key, LaneEvent.CALLER_ENDED)
-        else:
-            worker._hold_early(self._item)
+        item = self._item
+        if item is None:
+            if lane_held:
+                worker._lane(self._key, LaneEvent.CALLER_ENDED)
+        elif lane_held or worker._try_caller_lane(self._key):
+            worker._hold_early(item)
+        else:  # a round is on the lane now: the message it cannot see as due is made due for it
+            worker._claimed_to_round(self._key, item.message.number)
 
     def abandon(self) -> None:
         """The enqueue failed or rolled back: nothing was claimed."""
@@ -180,18 +189,8 @@ class _EarlyClaim:
         pass
 
     def after_completion(self, status: Any) -> None:
-        if status != Status.COMMITTED:
-            return  # the claim rolled back with the enqueue; no lane was taken
-        worker = self._worker
-        if self._owes_control:
-            worker.source._wake()
-        item = self._item
-        if item is None:
-            return
-        if worker._try_caller_lane(self._key):
-            worker._hold_early(item)
-        else:  # a round is on the lane now: the message it cannot see as due is made due for it
-            worker._claimed_to_round(self._key, item.message.number)
+        if status == Status.COMMITTED:  # else the claim rolled back with the enqueue; no lane was taken
+            self._settle(lane_held=False)
 
 
 def _chains(plan: list[_Planned]) -> list[list[list[_Planned]]]:

@@ -87,6 +87,7 @@ def _replacer(cls: type) -> Any:
     exec("\n".join(lines), namespace)  # noqa: S102 -- names from the dataclass's own fields
     return namespace["copy"]
 
+
 _DELETED = object()
 _ALL = object()  # every group of a table, for _overlay
 
