@@ -25,6 +25,7 @@ import zeep
 from interceptors.spyne_server.service import reliable_service
 from interceptors.zeep_client.client import reliable_client
 from tests.engine.support import wait_for
+from wsrm_plugin.engine import invoker as invoker_module
 from wsrm_plugin.engine import retransmission
 from wsrm_plugin.store import memory
 from wsrm_plugin.store.sql import rms as sql_rms
@@ -75,10 +76,17 @@ def test_the_service_answers_a_call_with_the_reply_its_receipt_took_in_its_own_t
     # every reply's acknowledgement rides on the next request, however slow a loaded machine
     # makes the caller (else it goes on its own after 50 ms: a transaction more on the service)
     monkeypatch.setattr(retransmission, "_REPLY_ACK_WAIT", 60.0)
+    # and a stall of the loaded machine does not make the application count as slow (its moving
+    # average above QUICK_APPLICATION sends requests through the buffer, by design: 6 of 10
+    # delivered on receipt in a run beside other tests)
+    monkeypatch.setattr(invoker_module, "QUICK_APPLICATION", 60.0)
     # the first opens the sequences, the second's riding acknowledgement fills the service's
     # caches of who owns the sequences it names
     assert [rc.service.echo(f"q{i}").result(timeout=60) for i in range(2)] == ["re:q0", "re:q1"]
     handed_out = svc.engine.back_channel.handed_out
+    # the first request may be the sender's (sent once its sequence is created) or its caller's
+    # (whose wait began after that): counted from here
+    sent_by_callers = rc.engine.retransmission.sent_by_callers
     commits = _count_commits(svc.engine.store)
     client_commits = _count_commits(rc.engine.store)
     caller = threading.current_thread().name
@@ -101,7 +109,7 @@ def test_the_service_answers_a_call_with_the_reply_its_receipt_took_in_its_own_t
     # first attempt recorded, the acknowledgements of the previous exchange applied), and the
     # reply's record, which consumes it (3 before: the claim was a transaction of its own)
     assert client_commits[caller] == 2 * CALLS, client_commits
-    assert rc.engine.retransmission.sent_by_callers == CALLS + 1
+    assert rc.engine.retransmission.sent_by_callers - sent_by_callers == CALLS
     # each request acknowledged once, by the reply's record with the acknowledgement riding on
     # the reply, once that marked it answered (twice before: the riding acknowledgement left it
     # unacknowledged while its reply was pending, then the reply's consumption acknowledged it)
