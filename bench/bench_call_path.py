@@ -14,7 +14,7 @@ milliseconds are only indicative: count, don't time).
 Run::
 
     .venv/bin/python bench/bench_call_path.py [--store memory|sqlite] [--calls 50] [--no-timeline]
-        [--idle-sequences N]
+        [--idle-sequences N] [--policy poll_interval=60]
 
 ``--idle-sequences N`` first fills the service's store with N other clients' sequences (each a
 destination sequence and the reply sequence accepted from its Offer, as a request-reply client
@@ -188,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-up", type=int, default=10)
     parser.add_argument("--no-timeline", action="store_true")
     parser.add_argument("--idle-sequences", type=int, default=0)
+    parser.add_argument("--policy", default="", metavar="KNOB=VALUE,...",
+                        help="RMPolicy knobs on both sides, as bench_compare's variants (e.g. poll_interval=60: "
+                             "count only what the calls do, under callgrind)")
     args = parser.parse_args(argv)
     _instrument()
 
@@ -227,12 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         urls = {"service": "memory:", "client": "memory:"}
     else:
         urls = {role: f"sqlite:///{tmp}/{role}.db" for role in ("service", "client")}
-    service = reliable_service(bc._application(), urls["service"], bc._policy(0.2), name="service",
+    service = reliable_service(bc._application(), urls["service"], bc._policy(0.2, f"{args.store}~{args.policy}"), name="service",
                                tm=tms.get("service"))
     _idle_sequences(service.engine.store, args.idle_sequences)
     service.serve(threads=4)
     service.start()
-    rc = reliable_client(zeep.Client(service.url + "?wsdl"), urls["client"], bc._policy(0.2), key="bench",
+    rc = reliable_client(zeep.Client(service.url + "?wsdl"), urls["client"], bc._policy(0.2, f"{args.store}~{args.policy}"), key="bench",
                          name="client", tm=tms.get("client"))
 
     def quote(item: str) -> None:
