@@ -178,6 +178,43 @@ def _idle_sequences(store: Any, count: int) -> None:
                 tx.rms.update(key, sequence_id=offered, started=True)
 
 
+def _pg_cpu_ticks(pg: Any) -> int:
+    """CPU clock ticks of the PostgreSQL server so far: its live processes, and the backends
+    that ended (the postmaster's reaped children)."""
+    ticks = 0
+    for pid in pg.pids():
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        if pid == pg.pid:
+            ticks += int(fields[13]) + int(fields[14])  # cutime, cstime: its reaped children
+    return ticks
+
+
+def _plans(store: Any) -> list[int]:
+    """Generic and custom plans so far of the prepared statements on a PostgreSQL store's idle sessions."""
+    found = [0, 0]
+    for resource in list(getattr(store, "_idle", ())):
+        conn = resource._session
+        if conn is None or conn.closed:
+            continue
+        with conn.cursor() as cur:
+            cur.execute("SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0) "
+                        "FROM pg_prepared_statements")
+            generic, custom = cur.fetchone()
+            cur.execute("SELECT custom_plans, generic_plans, left(regexp_replace(statement, '\\s+', ' ', 'g'), 90) "
+                        "FROM pg_prepared_statements WHERE custom_plans > 5")
+            for row in cur.fetchall():
+                print("  re-planned at each EXECUTE:", *row)
+        conn.rollback()
+        found[0] += int(generic)
+        found[1] += int(custom)
+    return [found[0], found[1]]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", choices=("memory", "sqlite", "xa1"), default="memory",
@@ -191,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="", metavar="KNOB=VALUE,...",
                         help="RMPolicy knobs on both sides, as bench_compare's variants (e.g. poll_interval=60: "
                              "count only what the calls do, under callgrind)")
+    parser.add_argument("--pg-set", action="append", default=[], metavar="NAME=VALUE",
+                        help="xa1: a PostgreSQL setting for both databases (ALTER DATABASE ... SET), "
+                             "e.g. plan_cache_mode=force_generic_plan; repeatable")
     args = parser.parse_args(argv)
     _instrument()
 
@@ -206,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     bc.ROWS = _NoRows()  # type: ignore[assignment]
     tmp = Path(tempfile.mkdtemp(prefix="call-path-"))
     closers: list[Any] = []
+    pg: Any = None
     tms: dict[str, Any] = {}
     client_ds = None
     if args.store == "xa1":
@@ -218,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         dsns = {role: pg.create_database(f"{role}_app") for role in ("service", "client")}
         bc._execute(dsns["service"], "CREATE TABLE received (item text NOT NULL, note text)")
         bc._execute(dsns["client"], "CREATE TABLE business (id bigserial PRIMARY KEY, item text NOT NULL)")
+        for setting in args.pg_set:
+            name, value = setting.split("=", 1)
+            for role in dsns:
+                bc._execute(pg.dsn("postgres"), f"ALTER DATABASE {role}_app SET {name} = '{value}'")
         for role in dsns:
             tms[role] = TransactionManager(node=f"call-path-{role}", log=tmp / f"{role}.tmlog")
             closers.insert(0, tms[role].close)
@@ -255,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             quote(f"warm-{i}")
         time.sleep(0.2)
         timeline: list[tuple[float, str, str]] = []
+        if pg is not None:
+            pg_before, pg_cpu_before = bc._pg_counters(pg), _pg_cpu_ticks(pg)
         cpu, started = time.process_time(), time.perf_counter()
         for i in range(args.calls):
             _recording.set()
@@ -266,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.2)  # what a call leaves to do after its answer is counted too
         _recording.clear()
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        if pg is not None:
+            pg_cpu = (_pg_cpu_ticks(pg) - pg_cpu_before) / os.sysconf("SC_CLK_TCK")
+            pg_after = bc._pg_counters(pg)
+        if pg is not None:
+            plans = _plans(rc.engine.store) + _plans(service.engine.store)
     finally:
         rc.stop(timeout=5)
         service.stop(timeout=5)
@@ -287,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
                 if "+COMMIT" in kind or "+ROLLBACK" in kind:
                     sides[f"{side} commits"] += n
         print("PostgreSQL per call: " + ", ".join(f"{k} {v / args.calls:.2f}" for k, v in sorted(sides.items())))
+        print(f"PostgreSQL per call: WAL syncs {(pg_after['wal_sync'] - pg_before['wal_sync']) / args.calls:.2f}, "
+              f"transactions {(pg_after['xact_commit'] - pg_before['xact_commit']) / args.calls:.2f}, "
+              f"CPU {pg_cpu / args.calls * 1000:.2f} ms (the server's processes, ended backends included)")
+        print(f"the stores' prepared statements on their idle sessions: {plans[0]} generic plans, "
+              f"{plans[1]} custom plans (each custom one planned at its EXECUTE)")
     if not args.no_timeline and timeline:
         print("one call (ms from its start; the two sides share one interpreter):")
         t0 = timeline[0][0]

@@ -16,13 +16,16 @@ import zeep
 from interceptors.spyne_server.service import reliable_service
 from interceptors.zeep_client.client import reliable_client
 from tests.engine.support import wait_for
+from wsrm_plugin.engine import destination
 from wsrm_plugin.tools.proxy import LossyProxy
 
 from . import service
 from .conftest import fast_policy
 
 
-def test_back_channel_requests_are_answered_by_their_receiving_thread_one_ways_buffered():
+def test_back_channel_requests_are_answered_by_their_receiving_thread_one_ways_buffered(monkeypatch):
+    counted = []  # replies counted as sent by a statement after their enqueue
+    monkeypatch.setattr(destination, "count_reply_handed_out", lambda *a: counted.append(a))
     service.reset()
     svc = reliable_service(service.application(), "memory:", fast_policy())
     svc.serve()
@@ -33,6 +36,7 @@ def test_back_channel_requests_are_answered_by_their_receiving_thread_one_ways_b
         answers = [rc.service.echo(f"call-{i}").result(timeout=30) for i in range(5)]
         assert answers == [f"re:call-{i}" for i in range(5)]
         assert engine.destination.delivered_on_receipt == 5  # never buffered for an invoker thread
+        assert counted == []  # each reply enqueued as handed out already, in the delivery
         for i in range(3):
             rc.service.record(f"one-way-{i}")
         assert wait_for(lambda: service.recorded()[5:] == [f"one-way-{i}" for i in range(3)], timeout=30)

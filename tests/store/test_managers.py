@@ -180,6 +180,28 @@ def test_acks_mark_messages_once_and_reject_unsent_numbers(store: StorageManager
             tx.rms_messages.mark_acked("k1", [(3, 1)])
 
 
+@pytest.mark.parametrize("size", [10, 40 * 1024], ids=["small", "copied"])
+def test_a_reply_enqueued_handed_out_is_stored_as_sent_once(store: StorageManager, size: int) -> None:
+    """A back-channel reply its receiving thread hands out itself is enqueued as sent once (no
+    record_send_attempt after it): its client may acknowledge it.  A large payload goes by COPY
+    on PostgreSQL: the same columns."""
+    started(store, messages=0)
+    with store.begin() as tx:
+        msg = tx.rms_messages.enqueue("k1", b"x" * size, action="urn:op", soap_version="1.2",
+                                      message_id="urn:reply-1", send_at=1e12, handed_out=True)
+        other = tx.rms_messages.enqueue("k1", b"<reply/>", action="urn:op", soap_version="1.2",
+                                        message_id="urn:reply-2", send_at=1e12)
+        assert (msg.send_count, other.send_count) == (1, 0) and msg.last_sent_at is not None
+    with store.begin() as tx:
+        stored = tx.rms_messages.get("k1", msg.number)
+        assert stored.send_count == 1 and stored.last_sent_at == pytest.approx(msg.last_sent_at)
+        assert stored.next_send_at == 1e12 and len(stored.payload) == size
+        assert tx.rms_messages.get("k1", other.number).send_count == 0
+        assert tx.rms_messages.mark_acked("k1", [(msg.number, msg.number)]) == [msg.number]
+        with pytest.raises(InvalidAcknowledgementError):
+            tx.rms_messages.mark_acked("k1", [(other.number, other.number)])
+
+
 def test_acks_of_purged_messages_are_not_invalid(store: StorageManager) -> None:
     started(store, messages=3)
     with store.begin() as tx:

@@ -45,7 +45,7 @@ from .combiner import ALONE, Combiner
 from .faults import busy_fault, fault_for_transition
 from .logs import for_sequence
 from .policy import RMPolicy
-from .source import SendReceipt, back_channel_replies, count_reply_handed_out, reply_sequence_key
+from .source import HandOut, SendReceipt, back_channel_replies, count_reply_handed_out, reply_sequence_key
 from ..store.api.states import received_ranges, rmd_changes, rmd_state, rms_life
 
 if TYPE_CHECKING:
@@ -671,8 +671,9 @@ class Destination:
                 recorded = self._record(tx, item)
                 if item.taken:
                     replies: list[SendReceipt] = []
-                    item.handed_over = invoker.deliver_taken(tx, self._taken_message(item), replies)
-                    item.reply = self._back_channel_reply(tx, item, replies)
+                    hand_out = HandOut() if self._answered_on_back_channel(item) else None
+                    item.handed_over = invoker.deliver_taken(tx, self._taken_message(item), replies, hand_out)
+                    item.reply = self._back_channel_reply(tx, item, replies, hand_out)
             return recorded
         except Exception as exc:
             item.reply = None
@@ -699,18 +700,22 @@ class Destination:
         invoker.failed_on_receipt(msg, failure)
         return recorded
 
-    def _back_channel_reply(self, tx: StoreTransaction, item: _Receipt,
-                            replies: list[SendReceipt]) -> tuple[RmsSequence, RmsMessage] | None:
+    def _back_channel_reply(self, tx: StoreTransaction, item: _Receipt, replies: list[SendReceipt],
+                            hand_out: HandOut | None = None) -> tuple[RmsSequence, RmsMessage] | None:
         """In the transaction that delivered ``item`` on receipt: the one reply its application
         enqueued for the back-channel, counted as sent there (as ``BackChannel`` would count it
         in a transaction of its own after the commit), so the receiving thread answers with it
         at once.  Committed with the delivery, or rolled back with it; a response that never
-        reaches the client leaves the reply stored, for the request's next copy."""
+        reaches the client leaves the reply stored, for the request's next copy.  Enqueued as
+        sent already (``hand_out``), it takes no statement here."""
         if len(replies) != 1 or not self._answered_on_back_channel(item):
             return None
         receipt = replies[0]
         if receipt.sequence_key != reply_sequence_key(item.header.identifier):
             return None
+        taken = hand_out.taken if hand_out is not None else None
+        if taken is not None and taken[1].sequence_key == receipt.sequence_key and taken[1].number == receipt.number:
+            return taken
         return count_reply_handed_out(tx, receipt.sequence_key, receipt.number)
 
     def _record_then_deliver(self, item: _Receipt, invoker: InvokerWorker) -> tuple[RmdSequence, Reception]:

@@ -49,7 +49,7 @@ from .logs import for_sequence
 from .outage import DeliveryPause, PauseReport
 from .settlement import ApplicationFault, FailedDelivery, RecordedFailure, Settlement
 from .policy import RMPolicy
-from .source import SendReceipt, Source
+from .source import HandOut, SendReceipt, Source
 
 __all__ = ["ApplicationFault", "DeliveryContext", "FailedDelivery", "InvokerWorker", "Application"]
 
@@ -82,6 +82,8 @@ class DeliveryContext:
     transaction: StoreTransaction
     _source: Source = field(repr=False)
     replies: list[SendReceipt] = field(default_factory=list)
+    #: the receiving thread hands the back-channel reply out itself (delivery on receipt)
+    _hand_out: HandOut | None = field(default=None, repr=False)
 
     def reply(self, envelope: bytes | etree._Element, *, action: str | None = None,
               addressing: AddressingHeaders | None = None) -> SendReceipt:
@@ -100,7 +102,8 @@ class DeliveryContext:
         """
         receipt = self._source.enqueue_reply(self.transaction, self.sequence_id, envelope, reply_to=self.reply_to,
                                              relates_to=self.message_id, action=action,
-                                             answers=self.message_number, addressing=addressing)
+                                             answers=self.message_number, addressing=addressing,
+                                             hand_out=self._hand_out)
         if receipt is None:
             raise ValueError(f"sequence {self.sequence_id} has no accepted offered sequence for replies "
                              f"to {self.reply_to or 'the anonymous ReplyTo'}; the client must offer one "
@@ -265,16 +268,17 @@ class InvokerWorker:
         return self._transaction()
 
     def deliver_taken(self, tx: StoreTransaction, msg: BufferedMessage,
-                      replies: list[SendReceipt] | None = None) -> bool:
+                      replies: list[SendReceipt] | None = None, hand_out: HandOut | None = None) -> bool:
         """Hand over ``msg``, which ``tx`` just received and took (``take_next``): never buffered.
 
         ``replies`` gets the receipts of the replies the application enqueued
         (the receive hands a back-channel one out in ``tx`` too).  An exception
         propagates: ``tx`` must roll back, receipt and all, and the message is
         then received again without delivering it, for the invoker threads (see
-        ``Destination._record_alone``)."""
+        ``Destination._record_alone``).  ``hand_out``: the receive hands the back-channel reply
+        out itself (:class:`HandOut`)."""
         self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
-        return self._deliver(tx, msg, buffered=False, replies=replies)
+        return self._deliver(tx, msg, buffered=False, replies=replies, hand_out=hand_out)
 
     @property
     def delivers_apart(self) -> bool:
@@ -646,7 +650,8 @@ class InvokerWorker:
     # -- delivering --------------------------------------------------------------------------------
 
     def _deliver(self, tx: StoreTransaction, msg: BufferedMessage, *, buffered: bool = True,
-                 next_in_order: bool = False, replies: list[SendReceipt] | None = None) -> bool:
+                 next_in_order: bool = False, replies: list[SendReceipt] | None = None,
+                 hand_out: HandOut | None = None) -> bool:
 
         """Hand ``msg`` over in ``tx``; False for a protocol marker the application never sees.
 
@@ -667,7 +672,7 @@ class InvokerWorker:
         context = DeliveryContext(
             sequence_id=msg.sequence_id, message_number=msg.number, message_id=msg.message_id,
             action=msg.action, reply_to=msg.reply_to, relates_to=relates_to,
-            soap_version=msg.soap_version, transaction=tx, _source=self.source)
+            soap_version=msg.soap_version, transaction=tx, _source=self.source, _hand_out=hand_out)
         observer = observe.active
         if observer is not None:
             self._deliver_observed(observer, tx, msg, context)

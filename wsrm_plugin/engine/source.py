@@ -47,8 +47,8 @@ from .logs import for_sequence
 from .policy import RMPolicy
 from ..store.api.states import rms_changes, rms_life, rms_state
 
-__all__ = ["Source", "PendingAcks", "SendReceipt", "SequenceFault", "FailedMessage", "SequenceKey", "is_back_channel",
-           "SequenceFaulted", "SequenceRefused", "CREATE_REFUSED"]
+__all__ = ["Source", "PendingAcks", "SendReceipt", "HandOut", "SequenceFault", "FailedMessage", "SequenceKey",
+           "is_back_channel", "SequenceFaulted", "SequenceRefused", "CREATE_REFUSED"]
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +221,18 @@ def back_channel_replies(tx: StoreTransaction, rmd_sequence_id: str) -> dict[int
         if number is not None and not msg.acked:
             found[number] = msg
     return found
+
+
+class HandOut:
+    """The back-channel reply that the thread which received its request will hand out in the
+    HTTP response itself (delivery on receipt): enqueued as sent once, in the delivery's
+    transaction, rather than counted as sent by a statement after it
+    (:func:`count_reply_handed_out`).  ``taken``: its sequence and the reply, once enqueued."""
+
+    __slots__ = ("taken",)
+
+    def __init__(self) -> None:
+        self.taken: tuple[RmsSequence, RmsMessage] | None = None
 
 
 def count_reply_handed_out(tx: StoreTransaction, key: str, number: int) -> tuple[RmsSequence, RmsMessage] | None:
@@ -519,7 +531,8 @@ class Source:
 
     def enqueue_reply(self, tx: StoreTransaction, rmd_sequence_id: str, envelope: bytes | etree._Element, *,
                       reply_to: str | None, relates_to: str | None, action: str | None,
-                      answers: int | None = None, addressing: AddressingHeaders | None = None) -> SendReceipt | None:
+                      answers: int | None = None, addressing: AddressingHeaders | None = None,
+                      hand_out: HandOut | None = None) -> SendReceipt | None:
         """Enqueue a response on the sequence offered with destination sequence ``rmd_sequence_id``.
 
         Runs in the invoker's transaction.  A request sent without an Offer to
@@ -533,7 +546,9 @@ class Source:
         it waits in the store until the request's HTTP thread (or a
         retransmission of the request, ``answers`` = its message number)
         takes it, and until the client acknowledges it.  ``addressing``: the WS-A headers the
-        envelope's tree carries, known to the caller (:func:`prepare_outgoing`).
+        envelope's tree carries, known to the caller (:func:`prepare_outgoing`).  ``hand_out``:
+        the receiving thread hands this back-channel reply out itself (the first one, on a
+        started sequence): it is enqueued as sent once, and ``hand_out.taken`` set.
         """
         seq = tx.rms.get(reply_sequence_key(rmd_sequence_id))
         if seq is None or not rms_life(seq).accepts_messages:
@@ -563,10 +578,15 @@ class Source:
         if not back_channel:
             return self._enqueue(tx, seq, outgoing.payload, outgoing.action, outgoing.soap.ns,
                                  outgoing.message_id)
+        handed_out = hand_out is not None and hand_out.taken is None and seq.sequence_id is not None
         msg = tx.rms_messages.enqueue(
             seq.key, outgoing.payload, action=outgoing.action, soap_version=outgoing.soap.ns,
             message_id=outgoing.message_id, send_at=NEVER,
-            reply_context=_ANSWERS + str(answers).encode() if answers is not None else None)
+            reply_context=_ANSWERS + str(answers).encode() if answers is not None else None,
+            handed_out=handed_out)
+        if handed_out:
+            assert hand_out is not None
+            hand_out.taken = (seq, msg)
         return SendReceipt(seq.key, msg.number, outgoing.message_id)
 
     def _reply_on_own_sequence(self, tx: StoreTransaction, reply_to: str, envelope: bytes | etree._Element, *,

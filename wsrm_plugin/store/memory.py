@@ -482,7 +482,8 @@ class _RmsMessages(api.RmsMessageManager):
     def enqueue(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
                 message_id: str, last: bool = False, reply_callback: str | None = None,
                 reply_context: bytes | None = None, send_at: float | None = None,
-                now: float | None = None, awaits_reply: bool = False) -> RmsMessage:
+                now: float | None = None, awaits_reply: bool = False,
+                handed_out: bool = False) -> RmsMessage:
         seq = self._seq(sequence_key)
         number = api.check_enqueue(seq, payload)
         t = _now(now)
@@ -491,7 +492,8 @@ class _RmsMessages(api.RmsMessageManager):
             soap_version=soap_version, payload=bytes(payload), last=last,
             reply_callback=reply_callback, reply_context=reply_context,
             reply_pending=reply_callback is not None or awaits_reply,
-            next_send_at=t if send_at is None else send_at, created_at=t)
+            next_send_at=t if send_at is None else send_at, created_at=t,
+            send_count=1 if handed_out else 0, last_sent_at=t if handed_out else None)
         self._tx._write(_MSG, (sequence_key, number), msg)
         changes: dict[str, Any] = {"next_number": number + 1}
         if last:

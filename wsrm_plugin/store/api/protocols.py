@@ -142,7 +142,8 @@ class RmsMessageManager(_Manager, ABC):
     def enqueue(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
                 message_id: str, last: bool = False, reply_callback: str | None = None,
                 reply_context: bytes | None = None, send_at: float | None = None,
-                now: float | None = None, awaits_reply: bool = False) -> RmsMessage:
+                now: float | None = None, awaits_reply: bool = False,
+                handed_out: bool = False) -> RmsMessage:
         """Append a message with the next number (locks the sequence).
 
         ``last=True`` makes it the sequence's last message (WS-RM 1.0
@@ -152,6 +153,11 @@ class RmsMessageManager(_Manager, ABC):
         sequence already has its last message, is closed, terminated or
         faulted, and :class:`MessageNumberRolloverError` when the numbers are
         used up.
+
+        ``handed_out``: a back-channel reply that the thread which received its request hands
+        out in the HTTP response itself, in this transaction: stored as sent once already
+        (``send_count`` 1, ``last_sent_at`` now), what :meth:`record_send_attempt` would make
+        it, without a statement more; its client may acknowledge it from the commit on.
         """
 
     @abstractmethod

@@ -25,7 +25,7 @@ from .transaction import SqlTransaction, _in_list
 _SELECT_RMS = f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?"
 #: the binary form of each of the enqueue's columns (:data:`_ENQUEUE_COLS`), for COPY
 _ENQUEUE_TYPES = ("text", "int8", "text", "text", "text", "bytea", "bool", "text", "bytea", "bool", "float8",
-                  "float8")
+                  "float8", "int4", "float8")
 
 
 def _read_cols(tx: SqlTransaction, alias: str = "") -> str:
@@ -198,14 +198,16 @@ class _RmsMessages(api.RmsMessageManager):
     def enqueue(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
                 message_id: str, last: bool = False, reply_callback: str | None = None,
                 reply_context: bytes | None = None, send_at: float | None = None,
-                now: float | None = None, awaits_reply: bool = False) -> RmsMessage:
+                now: float | None = None, awaits_reply: bool = False,
+                handed_out: bool = False) -> RmsMessage:
         tx = self._tx
         t = _now(now)
         values: tuple[Any, ...] = ()
         if isinstance(payload, (bytes, bytearray, memoryview)):
             values = (message_id, action, soap_version, bytes(payload), last, reply_callback,
                       None if reply_context is None else bytes(reply_context),
-                      reply_callback is not None or awaits_reply, t if send_at is None else send_at, t)
+                      reply_callback is not None or awaits_reply, t if send_at is None else send_at, t,
+                      1 if handed_out else 0, t if handed_out else None)
         # PostgreSQL: the number taken and the message inserted in one statement (a round trip
         # less on the application's own transaction); where the store keeps an undo image
         # (SQLite's XA branches), the insert is captured first, so it stays a statement of its own.
@@ -245,7 +247,8 @@ class _RmsMessages(api.RmsMessageManager):
             reply_callback=reply_callback,
             reply_context=None if reply_context is None else bytes(reply_context),
             reply_pending=reply_callback is not None or awaits_reply,
-            next_send_at=t if send_at is None else float(send_at), created_at=t)
+            next_send_at=t if send_at is None else float(send_at), created_at=t,
+            send_count=1 if handed_out else 0, last_sent_at=t if handed_out else None)
 
     def _take_number(self, sequence_key: str, last: bool, message: tuple[Any, ...] = ()) -> RmsSequence | None:
         """The transaction's first enqueue on a sequence: lock its row and take the next number in

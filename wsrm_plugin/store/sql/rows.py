@@ -33,7 +33,8 @@ _RMD_COLS = ("sequence_id", "acks_to", "rm_version", "wsa_version", "principal",
              "created_at", "last_activity")
 #: the columns an enqueue writes (the key first)
 _ENQUEUE_COLS = ("seq_key", "number", "message_id", "action", "soap_version", "payload", "last",
-                 "reply_callback", "reply_context", "reply_pending", "next_send_at", "created_at")
+                 "reply_callback", "reply_context", "reply_pending", "next_send_at", "created_at",
+                 "send_count", "last_sent_at")
 _BUF_COLS = ("sequence_id", "number", "message_id", "action", "soap_version", "payload",
              "reply_to", "received_at", "attempts", "retry_cycle", "next_attempt_at", "last_error")
 _POISON_COLS = ("sequence_id", "number", "message_id", "action", "soap_version", "payload",

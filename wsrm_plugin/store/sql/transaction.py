@@ -148,7 +148,7 @@ class SqlTransaction(api.StoreTransaction):
         twice the payload's size (psycopg2 sends bytea in hex) and the client that hex, both more
         than the rest of the enqueue; in COPY's binary format the payload goes as it is, after a
         length.  ``types`` name each column's binary form: ``text``, ``bytea``, ``int8``,
-        ``float8`` or ``bool``."""
+        ``int4``, ``float8`` or ``bool``."""
         self._check_open()
         self._wrote = True
         try:
@@ -513,6 +513,8 @@ def _copy_pieces(row: Sequence[Any], types: Sequence[str], encoding: str) -> lis
             data = value if isinstance(value, bytes) else bytes(value)
         elif kind == "int8":
             data = struct.pack(">q", int(value))
+        elif kind == "int4":
+            data = struct.pack(">i", int(value))
         elif kind == "float8":
             data = struct.pack(">d", float(value))
         elif kind == "bool":
