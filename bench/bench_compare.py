@@ -84,6 +84,8 @@ lists that many; ``BENCH_PG_STATEMENTS=calls`` lists the 15 run most often inste
 ``BENCH_PG_WAITS=1`` samples ``pg_stat_activity`` every 2 ms through the rounds and lists, at the
 end, what the active sessions were doing or waiting for (wait event, the statement's start), with
 the lock holders' statements for lock waits: who waits on what (run one scenario to read them).
+``BENCH_PG_WALDUMP=1`` reads each round's WAL with ``pg_waldump --stats=record`` and lists, per
+message, the record types that wrote most (record bytes and full-page images apart).
 
 Profiling: ``BENCH_PROFILE=DIR`` attaches ``py-spy record --idle --threads``
 (raw collapsed stacks, waits included; ``BENCH_PROFILE_IDLE=0``: py-spy's on-CPU guess, which counts
@@ -857,9 +859,30 @@ def _pg_counters(pg: Any) -> dict[str, int]:
             commits, sessions = (int(v) for v in cur.fetchone())
             cur.execute("SELECT wal_sync, wal_bytes::bigint FROM pg_stat_wal")
             wal_sync, wal_bytes = (int(v) for v in cur.fetchone())
-        return {"xact_commit": commits, "wal_sync": wal_sync, "wal_bytes": wal_bytes, "sessions": sessions}
+            cur.execute("SELECT pg_current_wal_insert_lsn()::text")
+            lsn = cur.fetchone()[0]
+        return {"xact_commit": commits, "wal_sync": wal_sync, "wal_bytes": wal_bytes, "sessions": sessions,
+                "lsn": lsn}
     finally:
         conn.close()
+
+
+def _print_waldump(pg: Any, scenario: str, start: str, end: str, messages: int, top: int = 12) -> None:
+    """``BENCH_PG_WALDUMP=1``: the WAL record types one scenario's round wrote, per message."""
+    out = subprocess.run([str(pg.bindir / "pg_waldump"), "--stats=record", "-p", str(pg.data_dir / "pg_wal"),
+                          "-s", start, "-e", end], capture_output=True, text=True, check=False)
+    rows = []
+    for line in out.stdout.splitlines():
+        parts = line.replace("(", " ").replace(")", " ").split()
+        if len(parts) >= 9 and "/" in parts[0] and parts[1].isdigit():
+            # Type N (%) record-size (%) FPI-size (%) combined (%)
+            rows.append((parts[0], int(parts[1]), int(parts[3]), int(parts[5]), int(parts[7])))
+    rows.sort(key=lambda r: -r[4])
+    n = max(1, messages)
+    print(f"WAL of {scenario} by record type (pg_waldump, per message; {sum(r[4] for r in rows) / n:.0f} B in all"
+          f"{'; ' + out.stderr.strip()[:160] if out.returncode else ''}):")
+    for name, count, size, fpi, _combined in rows[:top]:
+        print(f"  {name:34s} {count / n:6.2f} records {size / n:7.0f} B  FPI {fpi / n:6.0f} B")
 
 
 def _execute(dsn: str, *statements: str) -> None:
@@ -1068,7 +1091,9 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
         if locks is not None:
             locks.report(variant)
     after = _pg_counters(pg)
-    result.pg = {k: after[k] - before[k] for k in after}
+    if os.environ.get("BENCH_PG_WALDUMP"):
+        _print_waldump(pg, scenario, before["lsn"], after["lsn"], result.once)
+    result.pg = {k: after[k] - before[k] for k in after if k != "lsn"}
     # the coordinator's own read-only transactions, and the first _pg_counters' own
     result.pg["xact_commit"] -= counter.queries + 1
     if scenario in ("xa1", "xa2"):

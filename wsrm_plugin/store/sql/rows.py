@@ -27,7 +27,7 @@ _RMS_COLS = ("seq_key", "target", "acks_to", "rm_version", "wsa_version", "offer
              "purged_retransmissions")
 _MSG_COLS = ("seq_key", "number", "message_id", "action", "soap_version", "payload", "last",
              "reply_callback", "reply_context", "reply_pending", "send_count", "next_send_at",
-             "last_sent_at", "acked", "created_at")
+             "last_sent_at", "acked", "created_at", "retry_at")
 _RMD_COLS = ("sequence_id", "acks_to", "rm_version", "wsa_version", "principal", "offered_id",
              "received", "last_number", "closed", "terminated", "ack_due_at", "expires",
              "created_at", "last_activity")
@@ -94,6 +94,9 @@ def _rms(row: Sequence[Any]) -> RmsSequence:
 def _msg(row: Sequence[Any]) -> RmsMessage:
     v = dict(zip(_MSG_COLS, row, strict=True))
     v["sequence_key"] = v.pop("seq_key")
+    retry_at = v.pop("retry_at")
+    if retry_at is not None:  # sent once: due again then (next_send_at is left as it was)
+        v["next_send_at"] = retry_at
     v["payload"] = _blob(v["payload"])
     v["reply_context"] = _blob(v["reply_context"])
     for b in ("last", "reply_pending", "acked"):
