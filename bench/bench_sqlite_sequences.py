@@ -19,6 +19,7 @@ waits for that commit).  These counts hold on a loaded machine; the rate does no
 Run::
 
     PYTHONPATH=. .venv/bin/python bench/bench_sqlite_sequences.py [--calls 1600] [--sequences 16] [--app-ms 1]
+        [--deliver-apart auto|true|false]
 
 ``bench_compare.py --clients 16 --scenarios plainN,sqlite`` measures the same
 against plain calls, whole processes, on a quiet machine.
@@ -80,12 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=1600)
     p.add_argument("--sequences", type=int, default=16)
     p.add_argument("--app-ms", type=float, default=1.0, help="how long the method waits per message")
+    p.add_argument("--deliver-apart", choices=("auto", "true", "false"), default="auto",
+                   help="RMPolicy.deliver_apart: auto (None, the default), true or false")
     args = p.parse_args(argv)
     counts = _Counts()
     delivered = Deliveries(args.app_ms)
 
+    apart_choice = {"auto": None, "true": True, "false": False}[args.deliver_apart]
+    policy = RMPolicy(deliver_on_receive=True, deliver_apart=apart_choice)
+
     with tempfile.TemporaryDirectory() as tmp:
-        server = ReliableEngine(f"sqlite:///{tmp}/service.db", RMPolicy(deliver_on_receive=True),
+        server = ReliableEngine(f"sqlite:///{tmp}/service.db", policy,
                                 application=delivered.application)
         server.serve()
         server.start()
@@ -95,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             open_sequences(client, url, args.sequences, delivered)
             sync = server.store._sync  # type: ignore[attr-defined]
             before = (sync.syncs, sync.commits, counts.held, counts.taken, counts.statements)
+            apart = server.destination._apart_receipts  # receipts buffered together to deliver apart
+            apart_before = (apart.batches, apart.items)
             cpu = resource.getrusage(resource.RUSAGE_SELF)
             started = time.monotonic()
             for i in range(args.calls):
@@ -108,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  service per message: file taken {(counts.taken - before[3]) / n:.2f} times, "
                   f"held {(counts.held - before[2]) / n * 1e3:.3f} ms; commits {commits / n:.2f}, "
                   f"fsyncs {syncs / n:.2f}; statements {(counts.statements - before[4]) / n:.1f} (+3 a transaction)")
+            batches, items = apart.batches - apart_before[0], apart.items - apart_before[1]
+            print(f"  receipts buffered to deliver apart: {items / n:.2f} per message, in {batches / n:.2f} "
+                  f"transactions ({items / max(batches, 1):.1f} a transaction)")
             used = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu.ru_utime + cpu.ru_stime)
             print(f"  process CPU (client and service) {used / n * 1e3:.2f} ms/msg; "
                   f"load average {Path('/proc/loadavg').read_text().split()[0]}")

@@ -30,13 +30,14 @@ def _served(engines, store_for, application):
     return server, server.endpoint_address
 
 
-def test_off_by_default_and_only_on_sqlite_without_a_transaction_manager(engines, store_for) -> None:
-    """A quick method is delivered inside the receiving transaction (one commit, less CPU): the
-    policy asks for delivery apart, for methods that wait."""
+def test_automatic_by_default_and_only_on_sqlite_without_a_transaction_manager(engines, store_for) -> None:
+    """By default each receive chooses (``deliver_apart=None``, see the automatic test below);
+    ``True`` always delivers apart, and only on a store whose transactions take the file."""
     quiet = engines(store_for("sqlite", "quiet"), fast_policy(deliver_on_receive=True), name="quiet")
-    assert not quiet.invoker.delivers_apart
+    assert quiet.policy.deliver_apart is None and not quiet.invoker.delivers_apart
     memory = engines("memory:", fast_policy(deliver_on_receive=True, deliver_apart=True), name="memory")
     assert not memory.invoker.delivers_apart  # its transactions do not take turns on a file
+    assert not memory.invoker.delivers_apart_now(others_receiving=True)
 
 
 def test_the_applications_of_two_sequences_run_at_once(engines, store_for) -> None:
@@ -110,22 +111,30 @@ def test_deliveries_of_several_sequences_share_one_fsync(engines, store_for, mon
     assert server.destination.delivered_on_receipt == SEQUENCES
 
 
-def test_automatic_apart_when_another_transaction_holds_the_file_as_a_receive_begins(engines, store_for) -> None:
-    """Automatic (``deliver_apart=None``): a receive that finds the store's file free delivers
-    inside its transaction (one commit: one caller's messages in turn); one that finds another
-    transaction holding it (other sequences arriving at once) buffers the message and delivers
-    it apart, so that the file is not held while its application runs.  Both delivered once."""
+def test_automatic_apart_when_another_sequences_receive_is_under_way(engines, store_for) -> None:
+    """Automatic (``deliver_apart=None``, the default): a receive delivers inside its transaction
+    (one commit) unless a receive of another sequence is under way in the process as it begins;
+    then it buffers the message and delivers it apart, so that neither waits for the file while
+    the other's application runs.  A background transaction that holds the file (the old
+    rule's trigger, which sent one client's 1 MiB messages apart) does not count.  Each message
+    is delivered once, and the buffer ends empty."""
     received = Recorder()
-    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True, deliver_apart=None),
-                     serve=True, application=received, name="server")
+    release_a1 = threading.Event()
+
+    def application(envelope: bytes, context: object) -> None:
+        received(envelope, context)
+        if received.snapshot()[-1] == "a1":
+            assert release_a1.wait(30)
+
+    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True),
+                     serve=True, application=application, name="server")
     url = server.endpoint_address
     invoker = server.invoker
-    assert server.policy.deliver_apart is None and not invoker.delivers_apart
     decisions: list[bool] = []
     decide = invoker.delivers_apart_now
 
     def recorded(*args: object) -> bool:
-        decision = decide(*args)
+        decision = decide(*args)  # type: ignore[arg-type]
         decisions.append(decision)
         return decision
 
@@ -135,25 +144,77 @@ def test_automatic_apart_when_another_transaction_holds_the_file_as_a_receive_be
 
     def counted(msg: object) -> object:
         apart.append(msg)
-        return deliver_received(msg)
+        return deliver_received(msg)  # type: ignore[arg-type]
 
     invoker.deliver_received = counted  # type: ignore[method-assign]
-    a = open_sequence(url, RM11)
-    assert send_ok(url, RM11, a, 1, "a1") == [(1, 1)]  # nothing else holds the file
-    assert decisions == [False] and apart == []
-    answers: list[list[tuple[int, int]]] = []
+    a, b = open_sequence(url, RM11), open_sequence(url, RM11)
+    answers: dict[str, list[tuple[int, int]]] = {}
+
+    def send(identifier: str, number: int, text: str) -> threading.Thread:
+        def run() -> None:
+            answers[text] = send_ok(url, RM11, identifier, number, text)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    first = send(a, 1, "a1")
+    assert wait_for(lambda: received.snapshot() == ["a1"], timeout=20)  # inside: nothing else under way
+    assert decisions == [False]
+    second = send(b, 1, "b1")
+    assert wait_for(lambda: len(decisions) == 2, timeout=20)  # decided while a1's receive is under way
+    release_a1.set()
+    first.join(30)
+    second.join(30)
+    assert decisions == [False, True] and len(apart) == 1
+    assert answers == {"a1": [(1, 1)], "b1": [(1, 1)]}
     holding = server.store.begin()
     holding.rms.get("nothing")  # its first statement takes the file
     try:
-        sender = threading.Thread(target=lambda: answers.append(send_ok(url, RM11, a, 2, "a2")))
-        sender.start()
-        assert wait_for(lambda: len(decisions) == 2, timeout=20)  # decided while the file was held
+        third = send(a, 2, "a2")
+        assert wait_for(lambda: len(decisions) == 3, timeout=20)  # decided while the file was held
     finally:
         holding.rollback()
-    sender.join(30)
-    assert decisions == [False, True] and len(apart) == 1
-    assert answers == [[(1, 2)]]
-    assert received.snapshot() == ["a1", "a2"]
-    assert server.destination.delivered_on_receipt == 2
+    third.join(30)
+    assert decisions == [False, True, False] and len(apart) == 1
+    assert answers["a2"] == [(1, 2)]
+    assert sorted(received.snapshot()) == ["a1", "a2", "b1"]
+    assert server.destination.delivered_on_receipt == 3
+    with server.store.begin() as tx:
+        assert tx.invoker.count() == 0
+
+
+def test_receives_of_several_sequences_buffer_in_one_transaction(engines, store_for) -> None:
+    """Four sequences' messages arrive while another transaction holds the file: the first
+    receive waits for the file with its own message, the three behind it queue, and once the
+    file is free the first of those records all three in one transaction (group commit across
+    sequences: one turn on the file, one commit).  Each is delivered once and acknowledged."""
+    received = Recorder()
+    server, url = _served(engines, store_for, received)
+    identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
+    combiner = server.destination._apart_receipts
+    batches, items = combiner.batches, combiner.items
+    answered: dict[str, list[tuple[int, int]]] = {}
+
+    def send(identifier: str, text: str) -> None:
+        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
+
+    holding = server.store.begin()
+    holding.rms.get("nothing")  # its first statement takes the file
+    try:
+        threads = [threading.Thread(target=send, args=(identifier, f"m{n}"))
+                   for n, identifier in enumerate(identifiers)]
+        for t in threads:
+            t.start()
+        # one leads (waiting for the file), the others wait for its batch to end
+        assert wait_for(lambda: combiner.queued(None) == SEQUENCES - 1, timeout=20)
+    finally:
+        holding.rollback()
+    for t in threads:
+        t.join(60)
+    assert answered == {identifier: [(1, 1)] for identifier in identifiers}
+    assert sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)]
+    assert (combiner.batches - batches, combiner.items - items) == (2, SEQUENCES)
+    assert server.destination.delivered_on_receipt == SEQUENCES
     with server.store.begin() as tx:
         assert tx.invoker.count() == 0

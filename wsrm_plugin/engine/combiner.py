@@ -57,6 +57,11 @@ class Combiner(Generic[T]):
         self.batches = 0
         self.items = 0
 
+    def queued(self, key: Hashable) -> int:
+        """Callers of ``key`` waiting for the running batch to end (they form the next one)."""
+        with self._lock:
+            return len(self._waiting.get(key, ()))
+
     def submit(self, key: Hashable, item: T) -> Any:
         """The outcome of ``item`` (raised if it is an exception); :data:`ALONE` if the batch left it."""
         slot = _Slot(item)

@@ -197,6 +197,11 @@ class Destination:
         if batch is None:
             batch = DEFAULT_RECEIVE_BATCH if store.commits_are_costly else 1
         self._receipts: Combiner[_Receipt] | None = Combiner(self._record_batch, batch) if batch > 1 else None
+        #: Receives of any sequences buffering their message to deliver it apart
+        #: (``deliver_apart``) that wait for the store's file at the same time, recorded in one
+        #: transaction by the first of them: one commit and one turn on the file instead of one
+        #: each (see :meth:`_buffer_apart`).
+        self._apart_receipts: Combiner[_Receipt] = Combiner(self._buffer_apart, DEFAULT_RECEIVE_BATCH)
         #: The invoker that takes messages on receipt (``deliver_on_receive``), or None.
         self._direct: InvokerWorker | None = None
         #: Only requests whose reply goes back in the HTTP response are taken on receipt (the
@@ -204,6 +209,11 @@ class Destination:
         self._direct_answers_only = False
         #: Receives under way, by sequence and number, while delivering on receipt (see :meth:`_wait_turn`).
         self._turns: dict[str, Counter[int]] = {}
+        #: Receives that may deliver on receipt under way, by sequence, from their start to their
+        #: answer, and in all (see :meth:`_others_receiving`).
+        self._receiving: Counter[str] = Counter()
+        self._receiving_total = 0
+        self._receiving_lock = threading.Lock()
         self._turns_changed = threading.Condition()
         #: The last number each sequence took on receipt in this process (a bounded memory).
         self._taken_upto: OrderedDict[str, int] = OrderedDict()
@@ -541,12 +551,32 @@ class Destination:
         item = _Receipt(header, version, envelope, addressing, principal, soap_ns, ack_requested, expects_reply,
                         acks=acks if self.apply_riding_ack is not None else ())
         if self._receipts is None and self._delivers_now(item):
-            self._wait_turn(item)
+            identifier = header.identifier
+            with self._receiving_lock:
+                self._receiving[identifier] += 1
+                self._receiving_total += 1
             try:
-                return self._receive(item)
+                self._wait_turn(item)
+                try:
+                    return self._receive(item)
+                finally:
+                    self._pass_turn(item)
             finally:
-                self._pass_turn(item)
+                with self._receiving_lock:
+                    self._receiving_total -= 1
+                    left = self._receiving[identifier] - 1
+                    if left:
+                        self._receiving[identifier] = left
+                    else:
+                        del self._receiving[identifier]
         return self._receive(item)
+
+    def _others_receiving(self, item: _Receipt) -> bool:
+        """Is a receive of another sequence than ``item``'s under way in this process (waiting for
+        its turn or the store's file, recording, or running its application on receipt)?  The
+        automatic ``deliver_apart`` asks: that receive would wait for the file while ``item``'s
+        application runs in it.  Read without the lock: a hint, taken once per receive."""
+        return self._receiving_total > self._receiving.get(item.header.identifier, 0)
 
     def _receive(self, item: _Receipt) -> Accepted:
         header = item.header
@@ -662,7 +692,7 @@ class Destination:
                 if item.consumed:
                     tx.wait_for_disk_later()  # see _record_batch
                 return recorded
-        if invoker.delivers_apart_now(self._answered_on_back_channel(item)):
+        if invoker.delivers_apart_now(self._answered_on_back_channel(item), self._others_receiving(item)):
             return self._record_then_deliver(item, invoker)
         item.wrote = item.taken = item.handed_over = False
         item.direct = True
@@ -729,26 +759,21 @@ class Destination:
         buffering commit does not wait for the disk: the delivery's durable commit covers it
         (WAL commits reach the disk in order), and nothing is acknowledged before that; a
         receive that reads it (a duplicate of the message) waits for the disk, as for any
-        durable commit.
+        durable commit.  Receives of other sequences that buffer at the same time share
+        that transaction (:meth:`_buffer_apart`).
         Held in this process from that transaction on, so no invoker thread takes the
         message meanwhile; the receives of its sequence behind it wait for their turn
         (:meth:`_wait_turn`) until it is delivered."""
         item.wrote = item.taken = item.handed_over = item.direct = False
-        held: BufferedMessage | None = None
-        try:
-            with self.store.begin() as tx:
-                recorded = self._record(tx, item)
-                if not recorded[1].duplicate and not item.taken and self._next_to_deliver(tx, item, recorded[1]):
-                    ready = self._taken_message(item)  # as buffered: the payload is not read back
-                    if invoker.message_state(ready).stage is Stage.WAITING:
-                        held = ready
-                        invoker.hold(held)  # under the transaction that buffered it: no one took it yet
-                        tx.wait_for_disk_later()  # the delivery's commit waits, before anything is answered
-        except BaseException:
-            if held is not None:
-                invoker.release(held)
-            raise
+        outcome = self._apart_receipts.submit(None, item)
+        if outcome is ALONE:  # its batch rolled back: alone, as if it had come alone
+            [outcome] = self._buffer_apart([item])
+            if isinstance(outcome, BaseException):
+                raise outcome
+        seq, reception, held, tx = outcome
+        recorded = (seq, reception)
         if held is None:
+            tx.wait_for_disk()  # a batch that held others' messages did not wait at its commit
             return recorded
         handed_over = invoker.deliver_received(held)
         if handed_over is None:  # not delivered (judged as a failed delivery): answered as buffered
@@ -759,6 +784,64 @@ class Destination:
         item.filled_gap = recorded[1].received.highest > item.header.message_number
         self._pass_turn(item, taken=True)
         return recorded
+
+    def _buffer_apart(self, items: list[_Receipt]) -> list[Any]:
+        """Record ``items`` (of any sequences) in one transaction, each message that is next in
+        order held for its receive to deliver apart; an outcome each: (the sequence as read,
+        the reception, the message held or None, the transaction), or the exception that
+        refused it.
+
+        Several receives waiting for the file at once (16 sequences arriving together) take
+        it once and commit once, the first of them recording for all (one SQLite
+        transaction: its BEGIN, its look for in-doubt branches, its COMMIT and the WAL pages
+        written once).  Each receive's part starts the store's lock order afresh
+        (``StoreTransaction.next_part``: on a store whose transactions take the whole file
+        the order is bookkeeping alone).  As in :meth:`_record_batch`, a message refused
+        before it wrote anything is refused alone, and anything else that fails rolls the
+        batch back: each receive then records its message alone.  Nothing is acknowledged
+        before the commit covering its record is on disk: the delivery's durable commit,
+        or the batch's own (``wait_for_disk`` after it)."""
+        invoker = self._direct
+        assert invoker is not None
+        outcomes: list[Any] = []
+        held: list[BufferedMessage] = []
+        try:
+            with self.store.begin() as tx:
+                for index, item in enumerate(items):
+                    if index:
+                        tx.next_part()
+                    item.wrote = False
+                    try:
+                        recorded = self._record(tx, item)
+                    except (SoapFault, _OutOfOrder) as exc:
+                        if item.wrote:
+                            raise  # its writes are in the transaction: only a rollback undoes them
+                        outcomes.append(exc)
+                        continue
+                    ready = None
+                    if not recorded[1].duplicate and not item.taken and self._next_to_deliver(tx, item, recorded[1]):
+                        ready = self._taken_message(item)  # as buffered: the payload is not read back
+                        if invoker.message_state(ready).stage is Stage.WAITING:
+                            invoker.hold(ready)  # under the transaction that buffered it: no one took it yet
+                            held.append(ready)
+                        else:
+                            ready = None
+                    outcomes.append((*recorded, ready, tx))
+                if held:
+                    tx.wait_for_disk_later()  # each delivery's commit waits, before anything is answered
+        except Exception as exc:
+            for msg in held:
+                invoker.release(msg)
+            if len(items) == 1:
+                return [exc]
+            log.debug("a batch of %d receives to deliver apart was rolled back (%s): each is recorded alone",
+                      len(items), exc)
+            return [ALONE] * len(items)
+        except BaseException:
+            for msg in held:
+                invoker.release(msg)
+            raise
+        return outcomes
 
     def _next_to_deliver(self, tx: StoreTransaction, item: _Receipt, reception: Reception) -> bool:
         """Is ``item``, just buffered in ``tx``, the message its sequence delivers next?

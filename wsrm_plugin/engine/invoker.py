@@ -290,18 +290,19 @@ class InvokerWorker:
         share an fsync."""
         return bool(self.policy.deliver_apart) and self.tm is None and self.store.defers_transactions
 
-    def delivers_apart_now(self, answered_in_response: bool = False) -> bool:
+    def delivers_apart_now(self, answered_in_response: bool = False, others_receiving: bool = False) -> bool:
         """Does the receive that begins now deliver apart (:meth:`deliver_received`)?  Always
-        with ``RMPolicy.deliver_apart``; with its automatic value (None), when another
-        transaction holds the store's file now: the receives of other sequences would wait
-        for the file while this one's application runs, and their commits could not share
-        an fsync.  One caller's messages in turn find it free, and keep the single commit.
+        with ``RMPolicy.deliver_apart``; with its automatic value (None), when a receive of
+        another sequence is under way in this process (``others_receiving``, counted by the
+        destination): it would wait for the file while this one's application runs, and
+        their commits could not share an fsync.  One caller's messages in turn, large ones
+        too, keep the single commit, whatever background transaction holds the file.
         ``answered_in_response``: the reply goes back in the HTTP response, which the
         receipt that delivers answers with (never apart unless asked for)."""
         apart = self.policy.deliver_apart
         if apart is False or self.tm is not None or not self.store.defers_transactions:
             return False
-        return apart is True or (not answered_in_response and self.store.in_use())
+        return apart is True or (not answered_in_response and others_receiving)
 
     def deliver_received(self, msg: BufferedMessage) -> bool | None:
         """Deliver ``msg``, which the calling receive just buffered and :meth:`hold`-s, in a

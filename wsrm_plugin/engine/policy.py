@@ -543,25 +543,22 @@ class RMPolicy:
     #: only when the method touches the store or to mark the message delivered (see
     #: ``InvokerWorker.deliver_received``).  Other sequences' receives then use the file while
     #: the method waits, and their commits share fsyncs (and so do the method's own commits in
-    #: its database); the price is a second commit.  Worth it when other transactions want the
-    #: file meanwhile; not for one caller's messages in turn.  None (automatic): apart when
-    #: another transaction holds the file as the receive begins (other sequences' receives at
-    #: once), inside otherwise, and never for a request whose reply goes back in its HTTP
-    #: response.  bench_compare --clients 16 (SQLite, a method inserting one row in
-    #: PostgreSQL, load 6-8): 367 against 278 msg/s delivered inside, the service's fsyncs per
-    #: message 0.87 against 1.01, PostgreSQL's WAL flushes 0.75 against 1.00, the same CPU.
-    #: Off by default: on a quiet machine the automatic choice did not raise the 16-sequence
-    #: rate (bench_growth --quick --only sequences, SQLite 0.64 of plain either way) and one
-    #: client's 1 MiB messages went apart whenever a background transaction held the file
-    #: (server CPU 10.4 -> 11.9-13.2 ms, 46.3 -> 37.5 msg/s: bench_compare --note 1048576).
+    #: its database); the price is a second commit.  Worth it when other sequences' receives
+    #: want the file meanwhile; not for one caller's messages in turn.  None (automatic, the
+    #: default): apart when a receive of another sequence is under way in this process as the
+    #: receive begins (counted by the destination), inside otherwise, and never for a request
+    #: whose reply goes back in its HTTP response.  An earlier automatic rule, "another
+    #: transaction holds the file", sent one client's 1 MiB messages apart whenever a
+    #: background transaction held it (46.3 -> 37.5 msg/s); counting receives leaves one
+    #: caller's messages inside.  True: always apart; False: never.
     deliver_apart: bool | None = knob(
-        False, Flag(none="automatic"),
+        None, Flag(none="automatic"),
         "SQLite store, no transaction manager: a receive that delivers (`deliver_on_receive`) buffers the "
         "message in a short transaction and runs the application outside it, so the store's file is free for "
         "other sequences while the application waits (its own database, a call out) and their commits share "
-        "fsyncs; costs a second commit per message; `None`: apart when another transaction holds the store's "
-        "file as the receive begins (other sequences arriving at once), never for a request whose reply goes "
-        "back in its HTTP response",
+        "fsyncs; costs a second commit per message; `None`: apart when a receive of another sequence is under "
+        "way in this process as the receive begins (one caller's messages in turn stay inside), never for a "
+        "request whose reply goes back in its HTTP response",
         cxf="—")
     #: Several hosts on one PostgreSQL store (``txmanager.nodes.PostgresNodes``): the time
     #: from a host's death to its XA transactions being finished by a living host, and so

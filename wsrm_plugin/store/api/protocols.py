@@ -682,6 +682,16 @@ class StoreTransaction(ABC):
         if self._check_lock_order(rank, key):
             self._note_lock(rank, key)
 
+    def next_part(self) -> None:
+        """What follows is another caller's part of this transaction: the lock order starts again.
+
+        Only for a transaction of a store whose transactions take the whole store
+        (``StorageManager.defers_transactions``), where no lock can wait for a row another
+        transaction holds and the order is bookkeeping alone: receives of several sequences
+        recorded in one SQLite transaction (group commit), each taking its sequence's rows
+        in the order, one after the other."""
+        self._max_rank = -1
+
     def _check_open(self) -> None:
         if self._closed:
             raise TransactionClosedError("this store transaction has already ended; begin a new one")
