@@ -328,7 +328,7 @@ class LazyBeginConnection(ext.connection):
             cur = self._own_cursor
             if cur is None or cur.closed:
                 self._own_cursor = cur = ext.cursor(self)
-            cur.execute("COMMIT")  # what _by_sql does, inline
+            cur.execute(b"COMMIT")  # what _by_sql does, inline (bytes: psycopg2 encodes no str)
             if cur.statusmessage != "COMMIT":
                 raise psycopg2.DatabaseError(f"COMMIT was answered {cur.statusmessage!r}: the "
                                              "transaction was rolled back (one of its statements "

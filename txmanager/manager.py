@@ -476,7 +476,16 @@ class _TransactionScope(contextlib.ContextDecorator):
         tm = self._tm
         # the thread's binding, read once for both ends of the block (which run in one thread)
         self._bound = bound = tm._local.__dict__
-        self._tx = tx = tm._begin_in(bound, self._timeout, None, b"")
+        current = bound.get("tx")
+        if self._timeout is None and not tm._closed and (current is None or current._finished):
+            # the usual begin, what _begin_in does then without its call (nor its checks of
+            # what this block never asks for: an xid, a prefix, a timeout of its own)
+            tx = _new_object(Transaction)
+            tx._setup(None, tm._settings, tm.default_timeout, _monotonic)
+            bound["tx"] = tx
+        else:  # _begin_in says what is wrong, or begins with the block's timeout
+            tx = tm._begin_in(bound, self._timeout, None, b"")
+        self._tx = tx
         return tx
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -713,8 +713,14 @@ class Transaction:
                         except Exception as e:  # noqa: BLE001 -- sorted out as the general path does
                             self._one_phase_failed(self._promote("ended"), e)  # type: ignore[arg-type]
                             done = True
-                        if done:
-                            self._finish(_COMMITTED)
+                        if done:  # what _finish(_COMMITTED) does, without its call
+                            self._phase = _COMMITTED
+                            self._finished = True
+                            for sync in self._syncs:
+                                try:
+                                    sync.after_completion(_COMMITTED)
+                                except Exception:  # noqa: BLE001 -- the outcome is final
+                                    log.exception("after_completion of %r failed", sync)
                             return
                         self._phase = _PREPARING  # not in a state to: end and commit apart say why
                     if self._commit_sole(sole, try_fused=False):

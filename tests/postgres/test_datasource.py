@@ -275,6 +275,10 @@ def _transaction_module_calls(work) -> dict[str, int]:
         elif (event == "c_call" and getattr(arg, "__name__", None) in ("acquire", "__enter__")
               and type(getattr(arg, "__self__", None)).__name__ in ("lock", "RLock")):
             seen["lock acquisitions"] += 1  # any lock's, made by anyone, by call or ``with``
+        elif event == "c_call" and getattr(arg, "__name__", None) == "get_transaction_status":
+            seen["session state asked"] += 1
+        if event == "call":
+            seen[f"called {frame.f_code.co_name}"] += 1
 
     sys.setprofile(profile)
     try:
@@ -305,8 +309,14 @@ def test_one_database_takes_the_one_phase_path_and_a_second_promotes_it(dbs, tm,
     assert seen["lock acquisitions"] == 2, "the transaction's lock, to enlist and to commit: " \
         "the session (its own the transaction's until completion) and the pool take none"
     # begin, the connection's scope, its enlistment, the statement's cursor and execute, the
-    # commit and the session's return: 28 Python calls at the start of this round of cuts
-    assert seen["txmanager calls"] <= 21, seen["txmanager calls"]
+    # commit and the session's return: 28 Python calls at the start of the last round of cuts,
+    # 21 at its end
+    assert seen["txmanager calls"] <= 17, seen["txmanager calls"]
+    assert seen["called _begin_in"] == 0, "the block begins its transaction itself"
+    assert seen["called get_transaction"] == 0, "the connection reads the thread's binding itself"
+    assert seen["called begin_unnamed"] == 0 and seen["called _finish"] == 0
+    assert seen["session state asked"] == 2, "psycopg2 is asked at the start and before the " \
+        "COMMIT; the pool takes the session back on the strength of its one-phase COMMIT"
     assert tm.log.fsyncs == fsyncs, "one phase writes no log record"
 
     def two() -> None:
@@ -323,3 +333,49 @@ def test_one_database_takes_the_one_phase_path_and_a_second_promotes_it(dbs, tm,
     assert values(dbs[0]) == ["one", "one", "two"] and values(dbs[1]) == ["two"]
     assert prepared_gids(dbs[0]) == prepared_gids(dbs[1]) == []
     assert len(a._idle) == 1 and len(b._idle) == 1, "both sessions went back to their pools"
+
+
+def test_a_transaction_committed_by_itself_still_bound_gives_a_local_connection(dbs, tm, sources):
+    """``tx.commit()`` on the transaction object leaves it bound to the thread, finished: the
+    data source, which reads the binding itself, must see no transaction there (and unbind it,
+    as get_transaction does), not enlist in a finished one."""
+    a, _ = sources
+    tx = tm.begin()
+    with a.connection() as conn:
+        insert(conn, "in")
+    tx.commit()
+    with a.connection() as conn:
+        insert(conn, "local")  # a plain local connection: committed at the end of the block
+    assert tm._local.tx is None, "unbound, as get_transaction unbinds a finished transaction"
+    assert values(dbs[0]) == ["in", "local"]
+
+
+def test_after_completion_order_and_failures_on_the_one_phase_path(dbs, tm, sources, caplog):
+    """The one-phase commit runs the synchronizations itself: in their order of registration
+    (the pool's among them), a failing one logged and the next still called, the outcome
+    unchanged and the session back in the pool."""
+    from txmanager import Status
+    from txmanager.transaction import AfterCompletion
+
+    a, _ = sources
+    events: list[tuple[str, Status, int]] = []
+
+    class Note(AfterCompletion):
+        def __init__(self, name: str, fail: bool = False) -> None:
+            self.name, self.fail = name, fail
+
+        def after_completion(self, status: Status) -> None:
+            events.append((self.name, status, len(a._idle)))
+            if self.fail:
+                raise RuntimeError(f"{self.name} failed")
+
+    with a.connection() as conn:
+        insert(conn, "warm")  # the pool's session exists: the transaction below takes it
+    with tm.transaction() as tx:
+        tx.register_synchronization(Note("before the pool's", fail=True))
+        with a.connection() as conn:
+            insert(conn, "x")
+        tx.register_synchronization(Note("after the pool's"))
+    assert events == [("before the pool's", Status.COMMITTED, 0), ("after the pool's", Status.COMMITTED, 1)]
+    assert tx.status == Status.COMMITTED and values(dbs[0]) == ["warm", "x"]
+    assert "after_completion of" in caplog.text and "before the pool's failed" in caplog.text

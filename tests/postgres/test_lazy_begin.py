@@ -433,3 +433,26 @@ def test_where_psycopg2_runs_the_branch_the_statement_and_commit_are_left_to_the
     finally:
         r.close()
     assert values(db) == ["a"]
+
+
+def test_a_setting_made_after_a_one_phase_commit_still_sends_the_next_branch_through_psycopg2(resource, db):
+    """After a one-phase COMMIT psycopg2's autocommit flag stays on (``_lagging``), and the next
+    unnamed branch starts from there without asking the connection; a session setting made
+    in between must still send that branch through psycopg2's BEGIN, which carries it."""
+    for value, level in (("a", None), ("b", "SERIALIZABLE"), ("c", None)):
+        conn = resource.connection
+        conn.isolation_level = level
+        xid = new_xid()
+        resource.start_unnamed(lambda xid=xid: xid)
+        with conn.cursor() as cur:
+            cur.execute("SHOW transaction_isolation")
+            assert cur.fetchone()[0] == ("serializable" if level else "read committed")
+        assert begun_by_psycopg2(conn) == (level is not None)
+        insert(resource, value)
+        if level is None:
+            assert resource.end_and_commit_one_phase(None)
+        else:  # psycopg2's branch was named at its start: ended and committed apart
+            resource.end(xid, TMSUCCESS)
+            resource.commit(xid, one_phase=True)
+        assert conn._lagging == (level is None), "a lazy branch's COMMIT leaves the flag on"
+    assert values(db) == ["a", "b", "c"]

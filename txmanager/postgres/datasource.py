@@ -17,6 +17,7 @@ import psycopg2.extensions as ext
 
 from .. import marks as _marks
 from ..lazy_begin import LazyBeginConnection
+from ..manager import TransactionManager
 from ..transaction import AfterCompletion, Transaction
 from ..xa import (
     XAResource,
@@ -34,6 +35,8 @@ from .server import (
 log = logging.getLogger(__name__)
 
 _new_object = object.__new__
+_READY = ext.STATUS_READY
+_IDLE = ext.TRANSACTION_STATUS_IDLE
 
 class _Transaction(Protocol):
     """What :class:`XADataSource` needs of the transaction manager's transaction."""
@@ -102,7 +105,16 @@ class _ConnectionScope:
         ds = self._ds
         if ds._closed:
             raise RuntimeError(f"{ds!r} is closed")
-        tx = ds.tm.get_transaction()
+        tm = ds.tm
+        if type(tm) is TransactionManager:  # what get_transaction reads, without its call
+            try:
+                tx = tm._local.tx
+            except AttributeError:  # this thread never began one
+                tx = None
+            if tx is not None and tx._finished:
+                tx = tm.get_transaction()  # which unbinds it
+        else:
+            tx = tm.get_transaction()
         if tx is None:
             self._local = ds._local_connection()
             return self._local.__enter__()
@@ -400,9 +412,11 @@ class XADataSource:
         ``pop`` each take a session once).  Two releases at once may leave one session more
         than ``pool_size`` idle, until the next acquire."""
         conn = resource._session
+        # ``_lagging``: the last branch committed in one phase and nothing ran on the session
+        # since (that clears it), so it is idle without asking psycopg2 (the usual case)
         if (resource._branch is None and conn is not None and not conn.closed
-                and conn.status == ext.STATUS_READY
-                and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE):
+                and ((type(conn) is LazyBeginConnection and conn._lagging)
+                     or (conn.status == _READY and conn.get_transaction_status() == _IDLE))):
             idle = self._idle
             if len(idle) < self.pool_size:
                 idle.append(resource)

@@ -16,7 +16,7 @@ import psycopg2
 import psycopg2.extensions as ext
 
 from .. import marks as _marks
-from ..lazy_begin import LazyBeginConnection
+from ..lazy_begin import _PENDING, LazyBeginConnection
 from ..lease import Fence
 from ..log import LogEntry, commit_record, parse_commit_record
 from ..xa import (
@@ -58,6 +58,15 @@ from .branch import (
 from .server import Connection, ConnectionFactory, _describe, check_prepared_transactions, default_resource_name
 
 log = logging.getLogger(__name__)
+
+# psycopg2's states of an idle session, as module globals: read on every branch's start and end
+_READY = ext.STATUS_READY
+_IDLE = ext.TRANSACTION_STATUS_IDLE
+_INERROR = ext.TRANSACTION_STATUS_INERROR
+# the branch states the one-phase path reads (a class attribute read costs several times a global's)
+_B_ACTIVE = _State.ACTIVE
+_B_IDLE = _State.IDLE
+
 
 class PostgresXAResource:
     """One PostgreSQL session as an XA resource: at most one branch at a time.
@@ -308,19 +317,26 @@ class PostgresXAResource:
         """
         conn = self._session
         if (self._branch is None and conn is not None and type(conn) is LazyBeginConnection
-                and not conn.closed and conn.status == ext.STATUS_READY
-                and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE):
-            try:
-                begun = conn.begin_unnamed()  # the usual case: what _begin does, inline
-            except psycopg2.Error:
-                begun = False  # _begin says what it means
+                and not conn.closed and conn.status == _READY
+                and conn.get_transaction_status() == _IDLE):
+            if conn._lagging and not conn._tpc_only:
+                # the usual case, a session whose last branch committed in one phase (psycopg2's
+                # autocommit flag still on): what begin_unnamed does then, without its call
+                conn._lagging = False
+                conn._mode = _PENDING
+                begun = True
+            else:
+                try:
+                    begun = conn.begin_unnamed()  # what _begin does, inline
+                except psycopg2.Error:
+                    begun = False  # _begin says what it means
             if begun:
                 b = self._spare
                 if b is None:
                     b = _Branch(None, _State.ACTIVE)  # type: ignore[arg-type]
                 else:  # the last one-phase branch's object (see end_and_commit_one_phase)
                     self._spare = None
-                    b.state = _State.ACTIVE
+                    b.state = _B_ACTIVE
                 self._namer = namer
                 self._branch = b
                 return
@@ -529,12 +545,12 @@ class PostgresXAResource:
         completes it once; a failure is sorted out under the lock.
         """
         b = self._branch
-        if b is None or b.xid is not xid or b.state is not _State.ACTIVE:
+        if b is None or b.xid is not xid or b.state is not _B_ACTIVE:
             return False
         conn = self._session
-        if conn is None or conn.closed or conn.get_transaction_status() == ext.TRANSACTION_STATUS_INERROR:
+        if conn is None or conn.closed or conn.get_transaction_status() == _INERROR:
             return False
-        b.state = _State.IDLE
+        b.state = _B_IDLE
         try:
             if type(conn) is LazyBeginConnection:
                 conn.commit_branch()
