@@ -240,10 +240,14 @@ class Message:
             raise TypeError(f"direction must be a Direction, not {direction!r}")
         if not isinstance(role, Role):
             raise TypeError(f"role must be a Role, not {role!r}")
-        if envelope is not None and _soap_version_of(envelope) is None:
+        version = _soap_version_of(envelope)
+        if envelope is not None and version is None:
             raise ValueError(
                 f"a Message envelope must be a SOAP 1.1 or 1.2 Envelope, not {envelope.tag!r}")
         self._envelope = envelope
+        #: the envelope's SOAP version, read from its tag once (every look at its headers,
+        #: body or fault asks for it: about 20 times per message on a server)
+        self._version = version
         self._raw: bytes | None = None
         self.direction = direction
         self.role = role
@@ -284,6 +288,7 @@ class Message:
     @envelope.setter
     def envelope(self, envelope: etree._Element | None) -> None:
         self._envelope = envelope
+        self._version = _soap_version_of(envelope)
         self._raw = None
 
     def serialized_as(self, data: bytes) -> None:
@@ -311,7 +316,7 @@ class Message:
 
     @property
     def soap_version(self) -> SoapVersion | None:
-        return _soap_version_of(self.envelope)
+        return self._version
 
     @property
     def body_element(self) -> etree._Element | None:

@@ -164,10 +164,14 @@ class _Answer:
     body: tuple[etree._Element, str] | None = None
     #: Sequences this answer acknowledges already (an AckRequested for one needs nothing more).
     acked: set[str] = field(default_factory=set)
+    #: Does anyone send it?  Not a reply read from the response to our request: no envelope is
+    #: built for it (its acknowledgement goes with the next request, or on its own).
+    wanted: bool = True
 
     def acknowledge(self, ack: SequenceAcknowledgement | None, version: RMVersion) -> None:
         if ack is not None:
-            self.headers.append(ack.to_xml(version, self.soap))
+            if self.wanted:
+                self.headers.append(ack.to_xml(version, self.soap))
             self.acked.add(ack.identifier)
 
 
@@ -225,7 +229,7 @@ class Inbound:
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
                remote_addr: str | None = None, parsed: etree._Element | None = None,
                addressing: AddressingHeaders | None = None, via_response: bool = False,
-               read: Message | None = None) -> Reply:
+               read: Message | None = None, answered: bool = True) -> Reply:
         """Answer one received request: an envelope (200), nothing to say (202), or a fault.
 
         ``parsed`` is ``data``'s tree when the caller parsed it already (safely:
@@ -233,7 +237,9 @@ class Inbound:
         what its WS-A headers say when the caller read them already.  ``read``: ``data`` as
         :func:`read_message` read it already (a reply in a response, :meth:`read_response`).
         ``via_response``: ``data`` came in the HTTP response to a request of ours (see
-        :class:`_Received`).
+        :class:`_Received`).  ``answered=False``: nobody sends what this returns (a reply read
+        from the response to our request): no acknowledgement envelope is built for it, and it
+        returns "accepted" (202) or a fault.
         """
         try:
             message = read if read is not None else \
@@ -262,7 +268,7 @@ class Inbound:
             expects_reply = body is not None and bool(self.answers(body))
         received = _Received(principal, remote_addr, expects_reply, via_response)
         try:
-            return self._dispatch(message, received)
+            return self._dispatch(message, received, answered)
         except SoapFault as fault:
             self.faults_sent += 1
             return self._fault_reply(fault, message)
@@ -321,13 +327,13 @@ class Inbound:
 
     # -- the parts of a message, in order ---------------------------------------------------------
 
-    def _dispatch(self, message: Message, received: _Received) -> Reply:
-        answer = _Answer(message.soap)
+    def _dispatch(self, message: Message, received: _Received, answered: bool = True) -> Reply:
+        answer = _Answer(message.soap, wanted=answered)
         for step in self.steps:
             reply = step(message, received, answer)
             if reply is not None:
                 return reply
-        return self._answer(message, answer)
+        return self._answer(message, answer) if answered else Reply.accepted()
 
     def _refuse_strangers_on_offered(self, message: Message, received: _Received, answer: _Answer) -> Reply | None:
         """Refuse, before anything is applied, what names a sequence this engine offered when

@@ -1700,7 +1700,8 @@ class RetransmissionWorker:
         two: a sequential request-reply caller's next request no longer waits
         behind the acknowledgement's own round trip either.
         """
-        self.inbound.handle(data, via_response=True, read=read)  # read: the response as read already
+        # read: the response as read already; what handle would answer has nowhere to go
+        self.inbound.handle(data, via_response=True, read=read, answered=False)
         if seq.offered_id:
             with self._reply_acks_lock:
                 self._reply_acks.setdefault(seq.key, (time.monotonic() + _REPLY_ACK_WAIT, seq))
