@@ -275,12 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         urls = {"service": "memory:", "client": "memory:"}
     else:
         urls = {role: f"sqlite:///{tmp}/{role}.db" for role in ("service", "client")}
-    service = reliable_service(bc._application(), urls["service"], bc._policy(0.2, f"{args.store}~{args.policy}"), name="service",
+    policy = bc._policy(0.2, f"{args.store}~{args.policy}")
+    service = reliable_service(bc._application(), urls["service"], policy, name="service",
                                tm=tms.get("service"))
     _idle_sequences(service.engine.store, args.idle_sequences)
     service.serve(threads=4)
     service.start()
-    rc = reliable_client(zeep.Client(service.url + "?wsdl"), urls["client"], bc._policy(0.2, f"{args.store}~{args.policy}"), key="bench",
+    rc = reliable_client(zeep.Client(service.url + "?wsdl"), urls["client"], policy, key="bench",
                          name="client", tm=tms.get("client"))
 
     def quote(item: str) -> None:

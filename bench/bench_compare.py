@@ -221,7 +221,7 @@ def _policy(retransmission_interval: float, scenario: str = "") -> Any:
 
     knobs = {k: v for k, v in _variant(scenario)[1].items()
              if not k.startswith(("store.", "env.")) and k not in _BENCH_KNOBS}
-    return RMPolicy(soap_version="1.1", base_retransmission_interval=retransmission_interval, **knobs)
+    return RMPolicy(**{"soap_version": "1.1", "base_retransmission_interval": retransmission_interval, **knobs})
 
 
 def _store(url: str, scenario: str) -> Any:
