@@ -141,3 +141,21 @@ def test_a_version_6_store_keeps_its_schedule_when_upgraded(store_url, monkeypat
         assert _due(upgraded, now + 10) == [1]
     finally:
         upgraded.close()
+
+
+@pytest.mark.parametrize("store_url", [KINDS[2]], indirect=True)
+def test_postgresql_prepares_the_statement_that_records_sends(open_kind) -> None:
+    """Its ``retry_at`` value is a CASE's only value: without a CAST PostgreSQL took it for text,
+    refused to PREPARE the statement, and it was planned again at every send."""
+    store = open_kind(pool_size=1)
+    _started(store, 6)
+    now = time.time()
+    for first in (1, 3, 5):
+        with store.begin() as tx:  # the pool gives the same session back
+            tx.rms_messages.record_send_attempts("k1", [first, first + 1], next_send_at=now + 60, now=now)
+            with tx.conn.cursor() as cur:
+                cur.execute("SELECT statement FROM pg_prepared_statements")
+                prepared = [row[0] for row in cur.fetchall()]
+    assert any("UPDATE rms_message SET send_count" in text for text in prepared), prepared
+    with store.begin() as tx:
+        assert [tx.rms_messages.get("k1", n).next_send_at for n in (1, 6)] == [now + 60, now + 60]

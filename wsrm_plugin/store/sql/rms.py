@@ -55,8 +55,9 @@ _DUE_M = "m.next_send_at <= ? AND (m.retry_at IS NULL OR m.retry_at <= ?)"
 #: The assignments of a first send (three parameters: the due time, three times).
 _FIRST_SEND = "retry_at = ?, next_send_at = CASE WHEN next_send_at > ? THEN ? ELSE next_send_at END"
 #: The assignments of any send: a first one as :data:`_FIRST_SEND`, a later one moves
-#: ``next_send_at`` (three parameters: the due time, three times).
-_SEND = ("retry_at = CASE WHEN send_count = 0 THEN ? END, "
+#: ``next_send_at`` (three parameters: the due time, three times).  The CAST lets PostgreSQL
+#: prepare it: a parameter that is a CASE's only value is otherwise taken for text.
+_SEND = ("retry_at = CASE WHEN send_count = 0 THEN CAST(? AS DOUBLE PRECISION) END, "
          "next_send_at = CASE WHEN send_count > 0 OR next_send_at > ? THEN ? ELSE next_send_at END")
 
 
