@@ -438,6 +438,8 @@ def client_role(args: argparse.Namespace) -> int:
             tm = _tm("bench-client", tmp, points)
             ds = XADataSource(args.app_dsn, tm, pool_size=max(8, args.clients))
             store = f"postgresql:{args.store_dsn}"
+        if os.environ.get("BENCH_COUNT_READS"):
+            _count_reads(points)
         # a client (so a sequence) per calling thread, all on one engine (ReliableClient.with_key)
         keys = ["bench", *(f"bench{n}" for n in range(1, args.clients))]
         first = reliable_client(zc, _store(store, args.scenario),
@@ -483,6 +485,38 @@ def client_role(args: argparse.Namespace) -> int:
     _yappi_save(yappi, args)
     print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms(), **_memory()}), flush=True)
     return 0
+
+
+def _count_reads(points: _Points) -> None:
+    """``BENCH_COUNT_READS=1``: count, in the client, the payloads its store reads back (COPY
+    out of large ones), and the POSTs of application messages by the thread that sends them
+    (the caller's, or the sender's), as ``count:`` entries per message (monkeypatched: a
+    measuring tool only)."""
+    from wsrm_plugin.engine import http_client
+    from wsrm_plugin.store.sql import transaction
+
+    copy_out = transaction.SqlTransaction.copy_out_payloads
+
+    def counted_copy_out(self: Any, table: str, keys: str, wanted: Any) -> Any:
+        found = copy_out(self, table, keys, wanted)
+        who = threading.current_thread().name.rsplit("-", 1)[-1]
+        if os.environ.get("BENCH_COUNT_READS") == "where":
+            import traceback
+            who += ":" + "/".join(f.name for f in traceback.extract_stack(limit=12)[:-2]
+                                  if "wsrm_plugin" in f.filename)
+        with points._lock:
+            points.seen[f"count:payloads read({who})"] += len(found)
+            points.seen["count:payload MB read"] += sum(len(v) for v in found.values()) / 1e6
+        return found
+    transaction.SqlTransaction.copy_out_payloads = counted_copy_out  # type: ignore[method-assign]
+    post = http_client.HttpConnection.post
+
+    def counted_post(self: Any, path: str, headers: dict[str, str], body: bytes, limit: int) -> Any:
+        if len(body) > 65536:
+            who = threading.current_thread().name.rsplit("-", 1)[-1]
+            points(f"count:large POSTs({who})", 0)
+        return post(self, path, headers, body, limit)
+    http_client.HttpConnection.post = counted_post  # type: ignore[method-assign]
 
 
 def _in_threads(work: Any, threads: int) -> None:
@@ -640,6 +674,7 @@ class Result:
             "1PC": self.tm.get("before_commit_one_phase", 0) / n,
             "on receipt": self.tm.get("on_receipt", 0) / n,
             "caller share": self.loop_seconds / self.seconds if self.seconds > 0 else 0.0,
+            **{k.removeprefix("count:"): v / n for k, v in sorted(self.tm.items()) if k.startswith("count:")},
             "machine busy": self.busy,
             # what a message leaves behind in each process, and the largest moment over the start
             **{f"kB/msg kept({role})": (m.get("rss_end_kb", 0) - m.get("rss_start_kb", 0)) / n

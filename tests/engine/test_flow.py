@@ -5,8 +5,12 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import pytest
+
 from wsrm_plugin.engine import AckRequestMode, HttpTransport, Response
 from wsrm_plugin.engine.inbound import read_message
+from wsrm_plugin.store.sql import transaction
+from wsrm_plugin.store.sql.large_payloads import COPY_PAYLOAD_AT
 
 from .conftest import fast_policy
 from .support import ACTION, Recorder, payload, wait_for
@@ -62,6 +66,33 @@ def test_window_holds_back_new_messages_until_acknowledged(engines, store_for):
     # a buffered message is delivered after its acknowledgement: wait for the delivery
     assert wait_for(lambda: received.snapshot() == [f"m{i}" for i in range(6)]), received.snapshot()
     assert set(transport.sent_numbers) == set(range(1, 7))  # 1.1 closes with CloseSequence, not a message
+
+
+@pytest.mark.postgres
+def test_a_round_reads_the_large_payloads_of_the_messages_it_claims_only(pg_dsn_factory, engines, monkeypatch):
+    """The window leaves due messages to later rounds: their payloads (read apart, by COPY, on
+    PostgreSQL) are read when a round claims them, not by every round that finds them due
+    (before: each round read every due message's, 21 reads for 6 messages through a window of 1)."""
+    read: list[int] = []
+    copy_out = transaction.SqlTransaction.copy_out_payloads
+
+    def counted(self, table, keys, wanted):
+        found = copy_out(self, table, keys, wanted)
+        if table == "rms_message":
+            read.append(len(found))
+        return found
+    monkeypatch.setattr(transaction.SqlTransaction, "copy_out_payloads", counted)
+    received = Recorder()
+    server = engines("memory:", serve=True, application=received, name="server")
+    transport = WatchingTransport()
+    client = engines("postgresql:" + pg_dsn_factory("window"), fast_policy(max_unacknowledged=1),
+                     transport=transport, name="client")
+    texts = [f"m{i}-" + "x" * COPY_PAYLOAD_AT for i in range(6)]
+    for text in texts:
+        client.send(server.endpoint_address, payload(text), action=ACTION)
+    assert wait_for(lambda: received.snapshot() == texts, timeout=60)
+    assert wait_for(lambda: sum(transport.sent_numbers.values()) >= len(texts))  # the last send returned
+    assert sum(read) <= sum(transport.sent_numbers.values()), (read, transport.sent_numbers)
 
 
 def test_acks_to_an_addressable_endpoint_are_sent_standalone_and_batched(engines, store_for):

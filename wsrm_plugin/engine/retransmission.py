@@ -1439,8 +1439,10 @@ class RetransmissionWorker:
             # while the others' destinations end them as inactive.  The round stays bounded by
             # send_batch; no per-sequence cap below it, which could hide a sequence's
             # retransmissions behind its unsent messages held back by the window.
+            # the large payloads read only of the messages claimed (below): the window and the
+            # checks leave some due ones to a later round, which reads them then
             for msg in self._paced(tx.rms_messages.due_messages(now, limit=policy.send_batch,
-                                                                per_sequence=policy.send_batch)):
+                                                                per_sequence=policy.send_batch, payloads=False)):
                 key = msg.sequence_key
                 if key not in sequences:  # its state judged once per round, not per message
                     seq = tx.rms.get(key)
@@ -1483,6 +1485,9 @@ class RetransmissionWorker:
                 tx.rms_messages.record_send_attempts_across(numbered, next_send_at=next_at, now=now)
             for key, numbers in held.items():
                 self._hold(tx, sequences[key] or tx.rms.require(key), numbers, now)
+            if any(item.message.payload is None for item in plan):
+                for item, msg in zip(plan, tx.rms_messages.with_payloads([i.message for i in plan]), strict=True):
+                    item.message = msg
         mode = policy.ack_request
         for item in plan:
             item.request_ack = mode is AckRequestMode.ALWAYS or (

@@ -542,7 +542,7 @@ class _RmsMessages(api.RmsMessageManager):
         return newly
 
     def due_messages(self, now: float | None = None, limit: int = 100, *,
-                     per_sequence: int | None = None) -> list[RmsMessage]:
+                     per_sequence: int | None = None, payloads: bool = True) -> list[RmsMessage]:
         t = _now(now)
         tx = self._tx
         store = tx._store

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Self
 
 from txmanager.xa import XAResource
@@ -231,7 +231,7 @@ class RmsMessageManager(_Manager, ABC):
 
     @abstractmethod
     def due_messages(self, now: float | None = None, limit: int = 100, *,
-                     per_sequence: int | None = None) -> list[RmsMessage]:
+                     per_sequence: int | None = None, payloads: bool = True) -> list[RmsMessage]:
         """Unacknowledged messages of started, unfaulted sequences with ``next_send_at <= now``.
 
         ``per_sequence`` makes the poll fair: at most that many messages of
@@ -244,7 +244,17 @@ class RmsMessageManager(_Manager, ABC):
         LOCKED), so pollers can share a store.  Oldest due first.  Record the
         attempts and commit before sending: the locks block acknowledgements
         of those sequences meanwhile.
+
+        ``payloads=False``: a payload the store reads apart from its row (a large one on
+        PostgreSQL) is left out (``payload`` None); :meth:`with_payloads` reads those of the
+        messages the caller goes on with.  The sender's round so reads only what it claims:
+        the window and the lanes leave some due messages for a later round.
         """
+
+    def with_payloads(self, msgs: Sequence[RmsMessage]) -> list[RmsMessage]:
+        """``msgs`` (from :meth:`due_messages` with ``payloads=False``, in this transaction)
+        with the payloads it left out read."""
+        return [m if m.payload is not None else self.get(m.sequence_key, m.number) or m for m in msgs]
 
     @abstractmethod
     def record_send_attempt(self, sequence_key: str, number: int, *, next_send_at: float,

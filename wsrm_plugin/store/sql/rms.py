@@ -4,7 +4,7 @@ queue (``rms_message``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -504,7 +504,7 @@ class _RmsMessages(api.RmsMessageManager):
         return self._with_payloads([_msg(rows[0])])[0] if rows else None
 
     def due_messages(self, now: float | None = None, limit: int = 100, *,
-                     per_sequence: int | None = None) -> list[RmsMessage]:
+                     per_sequence: int | None = None, payloads: bool = True) -> list[RmsMessage]:
         tx = self._tx
         tx.lock(RANK_RMS, "due messages")
         if per_sequence is not None:  # round robin: every sequence's first due message, then the seconds...
@@ -544,7 +544,8 @@ class _RmsMessages(api.RmsMessageManager):
                         + tx.d.claim_lock("s", "m"), (_now(now), _now(now), take, 4 * limit, _now(now), _now(now),
                                                       limit))
                     if len(rows) >= limit or take >= full or all(row[-1] < take for row in rows):
-                        return self._with_payloads(self._with_sequences([row[:-1] for row in rows]))
+                        msgs = self._with_sequences([row[:-1] for row in rows])
+                        return self._with_payloads(msgs) if payloads else msgs
                     take = full
             # SQLite (no LATERAL): each sequence's first due messages by a correlated subquery on
             # the unacked index, one index range per sequence, ranked here.  Ranking every due
@@ -596,7 +597,10 @@ class _RmsMessages(api.RmsMessageManager):
             f"WHERE NOT m.acked AND {_DUE_M} AND s.sequence_id IS NOT NULL "
             "AND NOT s.faulted ORDER BY m.next_send_at, m.seq_key, m.number LIMIT ?"
             + tx.d.lock_of("s, m"), (_now(now), _now(now), limit))
-        return self._with_payloads([_msg(r) for r in rows])
+        return self._with_payloads([_msg(r) for r in rows]) if payloads else [_msg(r) for r in rows]
+
+    def with_payloads(self, msgs: Sequence[RmsMessage]) -> list[RmsMessage]:
+        return self._with_payloads(list(msgs))
 
     def _with_sequences(self, rows: list[Any]) -> list[RmsMessage]:
         """The messages of rows that also hold their sequence's columns; the sequences, which
