@@ -379,3 +379,27 @@ def test_after_completion_order_and_failures_on_the_one_phase_path(dbs, tm, sour
     assert events == [("before the pool's", Status.COMMITTED, 0), ("after the pool's", Status.COMMITTED, 1)]
     assert tx.status == Status.COMMITTED and values(dbs[0]) == ["warm", "x"]
     assert "after_completion of" in caplog.text and "before the pool's failed" in caplog.text
+
+
+@pytest.mark.parametrize("how", ["closed by the client", "terminated by the server"])
+def test_a_pooled_session_lost_while_idle_gives_the_next_transaction_an_open_one(dbs, tm, sources, how):
+    """The enlistment hands out the session its branch started on: a pooled session found
+    closed is replaced before the start, and one the server ended while it sat in the pool
+    fails only the statement that finds out (its transaction rolls back), never a later one."""
+    a, _ = sources
+    with tm.transaction():
+        with a.connection() as conn:
+            insert(conn, "first")
+            pid = conn.get_backend_pid()
+    if how == "closed by the client":
+        a._idle[0]._session.close()
+    else:
+        run(dbs[0], "SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(psycopg2.OperationalError), tm.transaction():
+            with a.connection() as conn:
+                insert(conn, "lost")
+    with tm.transaction():
+        with a.connection() as conn:
+            assert not conn.closed and conn.get_backend_pid() != pid
+            insert(conn, "second")
+    assert values(dbs[0]) == ["first", "second"]

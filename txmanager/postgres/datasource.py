@@ -301,10 +301,9 @@ class XADataSource:
             resource._shared_as = None
             if self.share_sessions:
                 offer_session(tx, self.identity, resource)
-        conn = resource._session
-        if conn is None or conn.closed:
-            conn = resource.connection
-        return conn
+        # started, so its session is open: start_unnamed took it open or _begin opened it, and
+        # nothing ran on it since
+        return resource._session
 
     def _join(self, tx: _Transaction, key: tuple[int, int], shared: PostgresXAResource) -> Connection:
         """Work in the branch another user of this database runs: its session, not ours to pool."""
