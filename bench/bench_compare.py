@@ -264,9 +264,10 @@ def _cpu() -> float:
 
 def _start_clock() -> None:
     """The measured part starts: the coordinator's T0, and this process's CPU time so far."""
-    global _CPU_AT_START, _RSS_AT_START
+    global _CPU_AT_START, _RSS_AT_START, _SWITCHES_AT_START
     _CPU_AT_START = _cpu()
     _RSS_AT_START = _rss_kb()
+    _SWITCHES_AT_START = _switches()
     print(f"T0 {time.monotonic()}", flush=True)
 
 
@@ -277,6 +278,15 @@ def _cpu_ms() -> int:
 
 
 _RSS_AT_START = 0
+_SWITCHES_AT_START = 0
+
+
+def _switches() -> int:
+    """Context switches of this process so far, every thread, voluntary (a wait) or not (preempted)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
 
 
 def _rss_kb() -> int:
@@ -291,8 +301,9 @@ def _memory() -> dict[str, int]:
     the start, what the largest moment of the run held (with large payloads: how many copies)."""
     import resource
 
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
-    return {"rss_start_kb": _RSS_AT_START, "rss_end_kb": _rss_kb(), "rss_peak_kb": int(peak)}
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"rss_start_kb": _RSS_AT_START, "rss_end_kb": _rss_kb(), "rss_peak_kb": int(usage.ru_maxrss),
+            "switches": usage.ru_nvcsw + usage.ru_nivcsw - _SWITCHES_AT_START}
 
 
 def _yappi_start() -> Any:
@@ -315,7 +326,7 @@ def _yappi_save(yappi: Any, args: argparse.Namespace) -> None:
 
 
 def server_role(args: argparse.Namespace) -> int:
-    global ROWS, _CPU_AT_START, _RSS_AT_START
+    global ROWS, _CPU_AT_START, _RSS_AT_START, _SWITCHES_AT_START
     yappi = _yappi_start()
     from wsrm_plugin.engine.transport import HttpServer
 
@@ -364,6 +375,7 @@ def server_role(args: argparse.Namespace) -> int:
         url = service.url
     _CPU_AT_START = _cpu()
     _RSS_AT_START = _rss_kb()
+    _SWITCHES_AT_START = _switches()
     print(f"URL {url}", flush=True)
     sys.stdin.readline()  # "stop"
     for close in closers:
@@ -630,6 +642,8 @@ class Result:
     errors: int = 0
     fsyncs: dict[str, int] = field(default_factory=dict)
     cpu_ms: dict[str, int] = field(default_factory=dict)
+    #: context switches of each role's process (getrusage: voluntary and involuntary, all threads)
+    switches: dict[str, int] = field(default_factory=dict)
     pg: dict[str, int] = field(default_factory=dict)
     tm: dict[str, int] = field(default_factory=dict)
     #: the machine's CPUs' share not idle while the scenario ran (all processes, the kernel's too)
@@ -663,6 +677,8 @@ class Result:
             "cpu ms(client)": self.cpu_ms.get("client", 0) / n,
             "cpu ms(server)": self.cpu_ms.get("server", 0) / n,
             "cpu ms(postgres)": self.cpu_ms.get("postgres", 0) / n,
+            "switches(client)": self.switches.get("client", 0) / n,
+            "switches(server)": self.switches.get("server", 0) / n,
             "fsync(client)": self.fsyncs.get("client", 0) / n,
             "fsync(server)": self.fsyncs.get("server", 0) / n,
             "pg WAL syncs": self.pg.get("wal_sync", 0) / n,
@@ -696,6 +712,11 @@ class _Child:
         if "--scenario" in argv:  # ~env.NAME=value: the variant's processes run with that variable
             knobs = _variant(argv[argv.index("--scenario") + 1])[1]
             env.update({k.removeprefix("env."): str(v) for k, v in knobs.items() if k.startswith("env.")})
+        role = argv[argv.index("--role") + 1] if "--role" in argv else ""
+        if role and role in os.environ.get("BENCH_CALLGRIND", "").split(","):
+            # instructions of the whole process (its start-up too: take the difference of two --calls)
+            out = Path(os.environ.get("BENCH_CALLGRIND_DIR", ".")) / f"callgrind.{role}.%p"
+            cmd = ["valgrind", "--tool=callgrind", "--quiet", f"--callgrind-out-file={out}", *cmd]
         self.strace_out = strace_out
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.spy: subprocess.Popen[bytes] | None = None
@@ -1117,6 +1138,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
             if child is not None:
                 seen = child.stop()
                 result.cpu_ms[name] = seen.pop("cpu_ms", 0)
+                result.switches[name] = seen.pop("switches", 0)
                 result.memory[name] = {k: seen.pop(k) for k in ("rss_start_kb", "rss_end_kb", "rss_peak_kb")
                                        if k in seen}
                 stats.update(seen)

@@ -1,0 +1,175 @@
+"""What a message costs at 16 sequences at once, per side, in one process: CPU and thread switches.
+
+``bench_compare.py --clients 16`` measures whole processes against plain calls, and its rates
+need a quiet machine.  This one runs a reliable zeep client (``--sequences`` clients on one
+engine, a calling thread each, as there) and the reliable spyne service (``record``, no
+database) on memory stores over loopback HTTP in one process, and reports per message:
+
+* the CPU time of the service's threads (waitress, the invoker, the service's workers, from
+  each thread's ``/proc`` counters) and of the client (the rest of the process: callers, the
+  sender and its lanes, the client's workers);
+* the process's context switches (voluntary: a thread waited; involuntary: preempted);
+* the HTTP exchanges (POSTs) the client made.
+
+Those hold on a loaded machine far better than a rate does.  Under
+``valgrind --tool=callgrind`` the process's instruction count, taken at two ``--calls``, gives
+instructions per message by their difference (start-up cancels out)::
+
+    .venv/bin/python bench/bench_sequences_cpu.py [--calls 3200] [--sequences 16] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+_TICK = os.sysconf("SC_CLK_TCK")
+#: a thread is the service's when its name says so (waitress's, the service engine's workers)
+_SERVICE_THREADS = ("waitress", "service-", "wsrm-http")
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of the service's threads (living ones: waitress's and the service
+    engine's, which live as long as it) and of the client: the rest of the process, its calling
+    threads (which end with each round) included."""
+    service = 0.0
+    for thread in threading.enumerate():
+        if not thread.name.startswith(_SERVICE_THREADS):
+            continue
+        try:
+            fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, TypeError):
+            continue
+        service += (int(fields[11]) + int(fields[12])) / _TICK
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"service": service, "client": usage.ru_utime + usage.ru_stime - service}
+
+
+class _Deliveries:
+    def __init__(self) -> None:
+        self.count = 0
+        self.cond = threading.Condition()
+
+    def record(self, item: str, note: str) -> None:
+        with self.cond:
+            self.count += 1
+            self.cond.notify_all()
+
+    def wait_for(self, n: int, timeout: float) -> None:
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.count >= n, timeout):
+                raise SystemExit(f"only {self.count} of {n} delivered within {timeout} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3200)
+    parser.add_argument("--sequences", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--server-threads", type=int, default=4, help="the service's HTTP threads")
+    parser.add_argument("--policy", default="", help="RMPolicy knobs of both sides, bench_compare's "
+                        "variant syntax: send_concurrency=4+deliver_on_receive=true")
+    args = parser.parse_args(argv)
+
+    import logging
+
+    import zeep
+
+    import bench_compare as bc
+    from interceptors.spyne_server.service import reliable_service
+    from interceptors.zeep_client.client import reliable_client
+    from wsrm_plugin.engine import http_client
+
+    posts = [0]
+    original = http_client.HttpConnection.post
+
+    def post(self: Any, *a: Any, **k: Any) -> Any:  # counted (a measuring tool's patch)
+        posts[0] += 1
+        return original(self, *a, **k)
+    http_client.HttpConnection.post = post  # type: ignore[method-assign]
+
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "Task queue depth is N": counted
+    from wsrm_plugin.engine.retransmission import RetransmissionWorker
+
+    #: the sender's rounds of lanes: (start, lanes submitted, end) and each lane's busy seconds
+    rounds: list[tuple[float, float]] = []
+    lane_busy = [0.0]
+    run_lanes, send_lane = RetransmissionWorker._run_lanes, RetransmissionWorker._send_lane
+
+    def timed_run_lanes(self: Any, *a: Any, **k: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return run_lanes(self, *a, **k)
+        finally:
+            rounds.append((started, time.perf_counter()))
+
+    def timed_send_lane(self: Any, *a: Any, **k: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return send_lane(self, *a, **k)
+        finally:
+            lane_busy[0] += time.perf_counter() - started
+    RetransmissionWorker._run_lanes = timed_run_lanes  # type: ignore[method-assign]
+    RetransmissionWorker._send_lane = timed_send_lane  # type: ignore[method-assign]
+    rows = _Deliveries()
+    bc.ROWS = rows  # type: ignore[assignment]
+    service = reliable_service(bc._application(), "memory:", bc._policy(1.0, "memory~" + args.policy), name="service")
+    service.serve(threads=args.server_threads)
+    service.start()
+    keys = [f"bench{n}" for n in range(args.sequences)]
+    first = reliable_client(zeep.Client(service.url + "?wsdl"), "memory:", bc._policy(1.0, "memory~" + args.policy), key=keys[0],
+                            name="client", active_keys=keys)
+    clients = [first, *(first.with_key(key) for key in keys[1:])]
+    sent = 0
+
+    def run(calls: int, tag: str) -> None:
+        nonlocal sent
+
+        def calls_of(n: int) -> None:
+            for i in range(n, calls, args.sequences):
+                clients[n].service.record(f"{tag}-{i}", "x" * 64)
+        bc._in_threads(calls_of, args.sequences)
+        sent += calls
+        rows.wait_for(sent, args.timeout)
+
+    try:
+        run(args.sequences * 4, "warm")  # every sequence open, zeep warm
+        for r in range(args.rounds):
+            cpu0, usage0, posts0, t0 = _thread_cpu(), resource.getrusage(resource.RUSAGE_SELF), posts[0], \
+                time.perf_counter()
+            rounds0, busy0 = len(rounds), lane_busy[0]
+            run(args.calls, f"r{r}")
+            seconds = time.perf_counter() - t0
+            cpu1, usage1 = _thread_cpu(), resource.getrusage(resource.RUSAGE_SELF)
+            n = args.calls
+            per = {side: 1e6 * (cpu1[side] - cpu0[side]) / n for side in cpu1}
+            print(f"round {r + 1}: {n / seconds:7.1f} msg/s  per msg: cpu us(client)={per['client']:.0f} "
+                  f"cpu us(service)={per['service']:.0f} "
+                  f"switches voluntary={(usage1.ru_nvcsw - usage0.ru_nvcsw) / n:.2f} "
+                  f"involuntary={(usage1.ru_nivcsw - usage0.ru_nivcsw) / n:.2f} "
+                  f"POSTs={(posts[0] - posts0) / n:.2f}  (load {os.getloadavg()[0]:.1f})", flush=True)
+            mine = rounds[rounds0:]
+            in_rounds = sum(end - start for start, end in mine)
+            print(f"  sender: {len(mine)} rounds of lanes, {n / max(len(mine), 1):.1f} msg each; in rounds "
+                  f"{in_rounds / seconds:.2f} of the time; lanes busy {(lane_busy[0] - busy0) / max(in_rounds, 1e-9):.1f} "
+                  f"lanes on average while in a round", flush=True)
+    finally:
+        first.stop(timeout=5)
+        service.stop(timeout=5)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
