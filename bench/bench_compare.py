@@ -92,6 +92,10 @@ Profiling: ``BENCH_PROFILE=DIR`` attaches ``py-spy record --idle --threads``
 lock waits; ``BENCH_PROFILE_IDLE=gil``: only the thread holding the GIL, the Python CPU) to every
 client and server process and writes ``DIR/<scenario>-<tag>-<role>.txt``; ``BENCH_PROFILER=yappi`` writes
 yappi CPU profiles of all threads (``.pstats``) from inside the processes instead.
+``BENCH_CALLGRIND=server,client`` runs those roles under ``valgrind --tool=callgrind`` (output in
+``BENCH_CALLGRIND_DIR``, one file per process, start-up included: take the difference of two
+``--calls``, and a long ``--timeout``).  Every scenario reports each process's context switches per
+message (``switches``: voluntary and involuntary, all its threads, from ``getrusage``).
 """
 
 from __future__ import annotations
