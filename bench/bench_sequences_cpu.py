@@ -57,17 +57,22 @@ def _thread_cpu() -> dict[str, float]:
 
 
 class _Deliveries:
+    """The service's rows: a count, and a wait for it (woken once, when the count is reached)."""
+
     def __init__(self) -> None:
         self.count = 0
+        self.target = 0
         self.cond = threading.Condition()
 
     def record(self, item: str, note: str) -> None:
         with self.cond:
             self.count += 1
-            self.cond.notify_all()
+            if self.count == self.target:
+                self.cond.notify_all()
 
     def wait_for(self, n: int, timeout: float) -> None:
         with self.cond:
+            self.target = n
             if not self.cond.wait_for(lambda: self.count >= n, timeout):
                 raise SystemExit(f"only {self.count} of {n} delivered within {timeout} s")
 

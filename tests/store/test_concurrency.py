@@ -4,6 +4,7 @@ and purging that keeps the store bounded."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -343,3 +344,49 @@ def test_a_lock_timeout_dooms_the_waiting_transaction(open_kind) -> None:
     holder.rollback()
     with store.begin() as tx:
         assert not tx.rms.get("a").started
+
+
+def test_memory_a_commit_wakes_only_the_waiters_of_its_own_locks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With many sequences at once, a transaction waiting for one sequence's lock is woken when
+    that lock is released, not by every other sequence's commit (each woke every waiter, which
+    looked and slept again: 16 sequences, a few wake-ups per message for nothing)."""
+    waits, wakes = [], []
+
+    class CountingCondition(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(threading.current_thread().name)
+            try:
+                return super().wait(timeout)
+            finally:
+                wakes.append(threading.current_thread().name)
+
+    monkeypatch.setattr(threading, "Condition", CountingCondition)
+    store = MemoryStore(lock_timeout=60)
+    with store.begin() as tx:
+        for key in ("k1", "k2"):
+            new_rms(tx, key)
+    holder = store.begin()
+    holder.rms.get("k1")  # holds k1's lock
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.append(_read_in_a_transaction(store, "k1")), name="waiter")
+    waiter.start()
+    try:
+        deadline = time.monotonic() + 60
+        while "waiter" not in waits and time.monotonic() < deadline:  # the waiter waits for k1
+            time.sleep(0.001)
+        assert "waiter" in waits, "the waiter never waited for k1's lock"
+        for _ in range(50):  # other sequences' transactions come and go
+            with store.begin() as other:
+                other.rms.update("k2", last_activity=time.time())
+        assert wakes.count("waiter") == 0
+    finally:
+        holder.rollback()
+    waiter.join(timeout=60)
+    assert got and got[0] is not None
+    assert wakes.count("waiter") == 1
+    assert not store._waiting
+
+
+def _read_in_a_transaction(store: MemoryStore, key: str) -> object:
+    with store.begin() as tx:
+        return tx.rms.get(key)

@@ -201,3 +201,18 @@ def test_a_new_message_id_is_a_random_rfc4122_uuid_urn():
         assert str(parsed) == message_id[len("urn:uuid:"):]  # lower case, canonical groups
     # every variant digit occurs (the two random bits of the clock sequence's first digit)
     assert {message_id[len("urn:uuid:") + 19] for message_id in ids} == set("89ab")
+
+
+def test_headers_made_from_copies_are_each_their_own() -> None:
+    """wsa:To/Action/MessageID are copies of blocks made once: one changed after it was written
+    (an envelope's, stamped) never shows in the next message's."""
+    first = AddressingHeaders(to="http://a/", action="urn:a", message_id="urn:uuid:1",
+                              version=WSA_2005_08).to_elements(soap=SOAP11)
+    for element in first:
+        element.text = "changed"
+        element.set("extra", "1")
+    second = AddressingHeaders(to="http://b/", action="urn:b", message_id="urn:uuid:2",
+                               version=WSA_2005_08).to_elements(soap=SOAP11)
+    assert [e.text for e in second] == ["http://b/", "urn:b", "urn:uuid:2"]
+    assert all(e.get("extra") is None for e in second)
+    assert second[2].get(f"{{{SOAP11.ns}}}mustUnderstand") is None

@@ -353,3 +353,23 @@ def test_format_duration_round_trips(value):
 def test_expires_pt0s_and_absent_mean_never():
     assert expires_after(None) is None and expires_after("PT0S") is None
     assert CreateSequenceResponse("s", "PT1M").expires_after == timedelta(minutes=1)
+
+
+@pytest.mark.parametrize("version", [RM10, RM11])
+def test_header_blocks_made_from_copies_are_each_their_own(version) -> None:
+    """Sequence headers and acknowledgements are copies of a block made once per version: a
+    block sent (and changed by a later stamp, or appended to an envelope) never shows in the next."""
+    first_ack = SequenceAcknowledgement("urn:uuid:a", ((1, 3),)).to_xml(version, SOAP11)
+    first_ack[0].text = "urn:uuid:changed"
+    etree.SubElement(first_ack, "extra")
+    second_ack = SequenceAcknowledgement("urn:uuid:b", ((5, 5),)).to_xml(version, SOAP11)
+    assert [c.text for c in second_ack] == ["urn:uuid:b", None]
+    assert second_ack[1].get("Lower") == "5" and len(second_ack) == 2
+    first_seq = SequenceHeader("urn:uuid:a", 1).to_xml(version, SOAP12)
+    first_seq[1].text = "99"
+    envelope = etree.Element("holder")
+    envelope.append(first_seq)
+    second_seq = SequenceHeader("urn:uuid:b", 2).to_xml(version, SOAP12)
+    assert second_seq.getparent() is None
+    assert (second_seq[0].text, second_seq[1].text) == ("urn:uuid:b", "2")
+    assert second_seq.get(f"{{{SOAP12.ns}}}mustUnderstand") == SOAP12.must_understand_true

@@ -15,6 +15,7 @@ the responses the workers get back (:meth:`Inbound.read_response`).
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from lxml import etree
 
 from ..store import LockTimeoutError, StoreError
 from ..wire import (
-    RM10, AckRequested, ActionNotSupported, AddressingHeaders, CloseSequence, CloseSequenceResponse,
+    RM10, AckRequested, ActionNotSupported, AddressingHeaders, AddressingVersion, CloseSequence, CloseSequenceResponse,
     CreateSequence, CreateSequenceResponse, Envelope, MessageTooLargeError, RMVersion,
     SequenceAcknowledgement, SequenceHeader, SoapFault, SoapVersion, TerminateSequence,
     TerminateSequenceResponse, UnknownSequence, WSRMFault, WSRMRequired, new_message_id,
@@ -173,6 +174,25 @@ class _Answer:
             if self.wanted:
                 self.headers.append(ack.to_xml(version, self.soap))
             self.acked.add(ack.identifier)
+
+
+#: (SOAP, WS-A namespaces, wsa:Action) -> the envelope of an answer that only acknowledges, its
+#: MessageID empty (see _acknowledgement_envelope)
+_ACK_ENVELOPES: dict[tuple[str, str, str], etree._Element] = {}
+
+
+def _acknowledgement_envelope(soap: SoapVersion, wsa: AddressingVersion, action: str) -> etree._Element:
+    """A new envelope with the WS-A headers of an answer that only acknowledges (To anonymous,
+    ``action``, an empty MessageID third), for the acknowledgements to be appended to its Header.
+
+    One is copied per received message: lxml copies a tree about four times faster than it
+    builds one element by element with their namespace maps (~25 against ~100 us here)."""
+    key = (soap.ns, wsa.ns, action)
+    made = _ACK_ENVELOPES.get(key)
+    if made is None:
+        addressing = AddressingHeaders(to=wsa.anonymous, action=action, message_id="", version=wsa)
+        made = _ACK_ENVELOPES[key] = build_envelope(soap, addressing.to_elements(wsa, soap=soap))
+    return copy.deepcopy(made)
 
 
 #: A handler of one part of a received message; a Reply ends the dispatch with that answer.
@@ -487,9 +507,14 @@ class Inbound:
             element, action = answer.body
             addressing = message.addressing.reply_headers(action)
         else:
-            element, action = None, version.sequence_acknowledgement_action
-            addressing = AddressingHeaders(to=wsa.anonymous, action=action, message_id=new_message_id(),
-                                           version=wsa)
+            # the answer to most messages: acknowledgements alone, in a copy of a made envelope
+            action = version.sequence_acknowledgement_action
+            envelope = _acknowledgement_envelope(soap, wsa, action)
+            header = envelope[0]
+            header[2].text = new_message_id()
+            for block in answer.headers:  # made for this answer (build_envelope copies one in a tree)
+                header.append(block if block.getparent() is None else copy.deepcopy(block))
+            return Reply.envelope(to_bytes(envelope), soap, action, tree=envelope)
         envelope = build_envelope(soap, [*addressing.to_elements(wsa, soap=soap), *answer.headers], element)
         return Reply.envelope(to_bytes(envelope), soap, action, tree=envelope)
 

@@ -189,8 +189,12 @@ _REPLIES_KEY = "wsrm-replies"
 _REMEMBERED_SEQUENCES = 4096
 
 
+@functools.lru_cache(maxsize=256)
 def is_back_channel(address: str | None) -> bool:
-    """No address to POST to (WS-A anonymous, none, or absent): messages ride HTTP responses."""
+    """No address to POST to (WS-A anonymous, none, or absent): messages ride HTTP responses.
+
+    Asked of a service's own endpoint for every message it receives, and of a target at each
+    send: remembered per address (the answer depends on nothing else)."""
     if not address:
         return True
     ref = EndpointReference(address)

@@ -105,6 +105,16 @@ _CON = "condition"    # (kind, subject, reporter) -> NodeCondition
 _GROUPED = (_MSG, _BUF, _POI)
 
 
+class _Waiting:
+    """The transactions waiting for one lock: a condition on the store's mutex, and how many."""
+
+    __slots__ = ("cond", "count")
+
+    def __init__(self, cond: threading.Condition) -> None:
+        self.cond = cond
+        self.count = 0
+
+
 class MemoryStore(api.StorageManager):
     """A volatile store in this process's memory (``open_store("memory:")``)."""
 
@@ -115,14 +125,15 @@ class MemoryStore(api.StorageManager):
         self.name = name
         self.lock_timeout = lock_timeout
         #: The mutex of the tables and locks, taken bare by the readers (a C-level ``with``:
-        #: the Condition's own ``__enter__`` is Python, and a delivery reads dozens of rows).
+        #: a Condition's own ``__enter__`` is Python, and a delivery reads dozens of rows).
         self._mutex = threading.Lock()
-        self._cond = threading.Condition(self._mutex)
         self._tables: dict[str, dict[Any, Any]] = {t: {} for t in (_RMS, _MSG, _RMD, _INV, _BUF, _POI, _CON)}
         self._groups: dict[str, dict[Any, dict[Any, Any]]] = {t: {} for t in _GROUPED}
         #: the committed source messages indexed for due batches and acknowledgements (a backlog)
         self._messages = MessageIndex(self._tables[_MSG])
         self._owners: dict[tuple[int, Any], MemoryTransaction] = {}
+        #: The transactions waiting for each lock (see _acquire): a commit wakes those of its locks.
+        self._waiting: dict[tuple[int, Any], _Waiting] = {}
         self._resource = MemoryXAResource(self)
         self._closed = False
 
@@ -145,8 +156,8 @@ class MemoryStore(api.StorageManager):
     # -- locks (seed 004: one lock per sequence, held to the end) -------------
 
     def _acquire(self, tx: "MemoryTransaction", lock: tuple[int, Any], wait: bool) -> bool:
-        deadline = time.monotonic() + self.lock_timeout
-        with self._cond:
+        deadline = None
+        with self._mutex:
             while True:
                 owner = self._owners.get(lock)
                 if owner is None or owner is tx:
@@ -154,16 +165,27 @@ class MemoryStore(api.StorageManager):
                     return True
                 if not wait:
                     return False
+                if deadline is None:
+                    deadline = time.monotonic() + self.lock_timeout
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise LockTimeoutError(
                         f"waited {self.lock_timeout:.1f}s for {lock[1]!r}, held by another "
                         "transaction (a prepared XA branch or a long transaction); retry later "
                         "or raise lock_timeout")
-                self._cond.wait(remaining)
+                waiting = self._waiting.get(lock)
+                if waiting is None:
+                    waiting = self._waiting[lock] = _Waiting(threading.Condition(self._mutex))
+                waiting.count += 1
+                try:
+                    waiting.cond.wait(remaining)
+                finally:
+                    waiting.count -= 1
+                    if not waiting.count and self._waiting.get(lock) is waiting:
+                        del self._waiting[lock]
 
     def _finish(self, tx: "MemoryTransaction", apply: bool) -> None:
-        with self._cond:
+        with self._mutex:
             if apply:
                 inserts = tx._if_absent
                 for (table, key), value in tx._changes.items():
@@ -173,9 +195,15 @@ class MemoryStore(api.StorageManager):
                         self._insert_if_absent(table, key, value)
                     else:
                         self._set_row(table, key, value)
-            for lock in [k for k, owner in self._owners.items() if owner is tx]:
-                del self._owners[lock]
-            self._cond.notify_all()
+            # its own locks only, and only their waiters woken: with many sequences at once, a
+            # commit used to wake every transaction waiting for any lock, each to look and sleep again
+            owners, waiters = self._owners, self._waiting
+            for lock in tx._held:
+                if owners.get(lock) is tx:
+                    del owners[lock]
+                    waiting = waiters.get(lock)
+                    if waiting is not None:
+                        waiting.cond.notify_all()
 
     def _insert_if_absent(self, table: str, key: Any, value: Any) -> None:
         """A put's row at commit (caller holds the mutex): never over a row committed meanwhile,
