@@ -245,6 +245,36 @@ def test_a_callers_claim_and_a_replys_request_are_one_statement_each_on_postgres
         assert len(seen) == 2, seen
 
 
+def test_a_callers_claim_reads_its_replies_sequence_in_the_same_statement_on_postgresql(store: StorageManager) -> None:
+    """A caller's claim in its global transaction also reads the sequence of the replies whose
+    acknowledgement its request carries (no lock, no round trip of its own after the commit)."""
+    started(store, messages=0)
+    with store.begin() as tx:
+        new_rmd(tx, "replies-1")
+        tx.rmd.record_received("replies-1", 1)
+        for i in (1, 2):
+            tx.rms_messages.enqueue("k1", b"<req/>", action="urn:op", soap_version="1.1",
+                                    message_id=f"urn:r{i}", awaits_reply=True)
+    with store.begin() as tx:
+        tx.rms.get("k1")
+        seen = statements(tx)
+        msg, rmd = tx.rms_messages.claim_first_send_reading("k1", 1, "replies-1", next_send_at=1e12)
+        assert msg is not None and msg.number == 1
+        # message 2 waits for 1 (unacknowledged): not claimed, the sequence read all the same
+        later, again = tx.rms_messages.claim_first_send_reading("k1", 2, "replies-1", next_send_at=1e12)
+        assert later is None
+        assert tx.rms_messages.claim_first_send_reading("k1", 1, "unknown", next_send_at=1e12) == (None, None)
+    if store.url.startswith("postgresql"):
+        assert len(seen) == 3, seen
+        for read in (rmd, again):
+            assert read is not None and read.sequence_id == "replies-1"
+            assert [tuple(r) for r in read.received.ranges] == [(1, 1)], read.received
+    else:  # not read with the claim: its caller reads it when it sends
+        assert rmd is None and again is None
+    with store.begin() as tx:
+        assert tx.rms_messages.get("k1", 1).send_count == 1 and tx.rms_messages.get("k1", 2).send_count == 0
+
+
 def test_a_replys_record_marks_its_request_answered_in_one_round_trip_on_postgresql(store: StorageManager) -> None:
     """The client's record of a reply: its request found by message id, the request's sequence
     locked, the request marked answered -- three statements, one round trip on PostgreSQL, after

@@ -89,6 +89,9 @@ def test_an_xa_call_claims_its_request_in_its_transaction_and_records_its_reply_
     # call before: the claim, then the reply's record); the record does not wait for the WAL
     assert rc.engine.retransmission.sent_by_callers - sent == CALLS
     assert [later for began, later in ended if began] == [True] * CALLS, ended
+    # and no read of its own either: the acknowledgement of the replies each request carries
+    # was read by its claim, in the caller's transaction (a read after the commit before)
+    assert len(ended) == CALLS, ended
     assert service.ECHOED == [f"q{i}" for i in range(CALLS + 2)]
 
 

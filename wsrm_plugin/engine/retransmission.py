@@ -133,26 +133,29 @@ class _EarlyClaim:
     it committed (:meth:`after_completion`): until then the claim is the store's alone (the
     message uncommitted, then sent once and due only at its retransmission time), so no
     other caller nor round waits for a transaction that may last long; and the
-    acknowledgement of the replies it carries is read when it is sent, not under a lock
-    the transaction would hold."""
+    acknowledgement of the replies it carries is read with the claim, in one statement,
+    without a lock the transaction would hold (``offered_id``: their sequence, when one is
+    owed); the commit flushes the WAL past what it read (:mod:`~wsrm_plugin.store.late_commits`)."""
 
-    __slots__ = ("_worker", "_key", "_rmd", "_item", "_owes_control", "_global")
+    __slots__ = ("_worker", "_key", "_rmd", "_item", "_owes_control", "_global", "_offered_id")
 
     def __init__(self, worker: "RetransmissionWorker", key: str, rmd: RmdSequence | None, *,
-                 in_global: bool = False) -> None:
+                 in_global: bool = False, offered_id: str | None = None) -> None:
         self._worker = worker
         self._key = key
         self._rmd = rmd
         self._item: _Planned | None = None
         self._owes_control = False
         self._global = in_global
+        self._offered_id = offered_id
 
     def claim(self, tx: Any, receipt: Any) -> None:
         """In the enqueue's transaction, after it: claim the message just enqueued."""
         if receipt.sequence_key == self._key:  # else the sequence took no more: a new one got it
-            self._item, self._owes_control = self._worker._claim_early(tx, self._key, receipt.number)
+            self._item, self._owes_control, rmd = self._worker._claim_early(
+                tx, self._key, receipt.number, self._offered_id)
             if self._item is not None:
-                self._item.reply_ack_rmd = self._rmd
+                self._item.reply_ack_rmd = self._rmd if self._offered_id is None else rmd
 
     def committed(self) -> None:
         """The enqueue committed: the claim is its caller's (or the lane is free again).  In a
@@ -1151,7 +1154,10 @@ class RetransmissionWorker:
         if self.policy.max_unacknowledged is not None:
             return None  # the window is the round's to count
         if in_global:
-            return _EarlyClaim(self, key, None, in_global=True)
+            with self._reply_acks_lock:
+                owed = self._reply_acks.get(key)
+            return _EarlyClaim(self, key, None, in_global=True,
+                               offered_id=owed[1].offered_id if owed is not None else None)
         if not self._try_caller_lane(key):
             return None
         try:
@@ -1164,10 +1170,12 @@ class RetransmissionWorker:
             raise
         return _EarlyClaim(self, key, rmd)
 
-    def _claim_early(self, tx: Any, key: str, number: int) -> tuple[_Planned | None, bool]:
+    def _claim_early(self, tx: Any, key: str, number: int,
+                     offered_id: str | None = None) -> tuple[_Planned | None, bool, RmdSequence | None]:
         """:meth:`_claim_for_caller`'s work in the enqueue's transaction (the sequence's row
         locked by the enqueue): the claim, or None; whether the callers' acknowledgements it
-        applied made the sequence's Close or Terminate due."""
+        applied made the sequence's Close or Terminate due; and destination sequence
+        ``offered_id`` read with the claim (its replies' acknowledgement rides on the request)."""
         now = time.time()
         owes_control = False
         seq = tx.rms.get(key)
@@ -1176,12 +1184,19 @@ class RetransmissionWorker:
             seq = tx.rms.get(key)
         if seq is None or seq.sequence_id is None or not rms_life(seq).transmitting \
                 or is_back_channel(seq.target) or self.reachability.gate(seq.target) is not Gate.SEND:
-            return None, owes_control
-        claimed = self._claim_in(tx, seq, number, now)
+            return None, owes_control, None
+        rmd = None
+        if offered_id is None:
+            claimed = self._claim_in(tx, seq, number, now)
+        else:
+            next_at = now + self._retry_delay(seq.target, 1) if self.policy.retransmits else _NEVER
+            msg, rmd = tx.rms_messages.claim_first_send_reading(seq.key, number, offered_id,
+                                                                next_send_at=next_at, now=now)
+            claimed = None if msg is None else (msg, seq)
         if claimed is None:
-            return None, owes_control
+            return None, owes_control, None
         msg, seq = claimed
-        return _Planned(msg, seq, request_ack=self.policy.ack_request is AckRequestMode.ALWAYS), owes_control
+        return _Planned(msg, seq, request_ack=self.policy.ack_request is AckRequestMode.ALWAYS), owes_control, rmd
 
     def _hold_early(self, item: _Planned) -> None:
         """A claim the enqueue committed: its caller's to send until the grace ends."""

@@ -229,6 +229,21 @@ class RmsMessageManager(_Manager, ABC):
         self.record_send_attempt(sequence_key, number, next_send_at=next_send_at, now=now)
         return msg
 
+    def claim_first_send_reading(self, sequence_key: str, number: int, rmd_sequence_id: str, *,
+                                 next_send_at: float, now: float | None = None
+                                 ) -> tuple[RmsMessage | None, RmdSequence | None]:
+        """:meth:`claim_first_send`, and destination sequence ``rmd_sequence_id`` as committed,
+        read without a lock, in the same round trip (PostgreSQL); None for it where the store
+        does not read it so (here: it would lock it after the source sequence, against the
+        order of locks): the caller then reads it when it needs it, as before.
+
+        A caller's request claimed in its own global transaction carries the acknowledgement
+        of the replies on its offered sequence: read so, it costs no round trip of its own
+        after the commit (which flushes the WAL past what the read saw, see
+        :mod:`~wsrm_plugin.store.late_commits`), and no lock that the transaction would hold
+        over the replies' records until it ends."""
+        return self.claim_first_send(sequence_key, number, next_send_at=next_send_at, now=now), None
+
     @abstractmethod
     def due_messages(self, now: float | None = None, limit: int = 100, *,
                      per_sequence: int | None = None, payloads: bool = True) -> list[RmsMessage]:

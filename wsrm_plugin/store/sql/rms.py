@@ -12,13 +12,15 @@ from .. import api
 from ..api import (
     RANK_RMS,
     DuplicateSequenceError,
+    RmdSequence,
     RmsMessage,
     RmsSequence,
     UnknownMessageError,
     UnknownSequenceError,
     _now,
 )
-from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMS_COLS, _cols, _msg, _rms, msg_cols
+from .rmd import _SELECT_RMD
+from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMS_COLS, _cols, _msg, _rmd, _rms, msg_cols
 from .large_payloads import COPY_PAYLOAD_AT, cols_leaving_large_payloads, with_large_payloads
 from .transaction import SqlTransaction, _in_list
 
@@ -493,15 +495,44 @@ class _RmsMessages(api.RmsMessageManager):
         if not tx.d.writable_cte or tx.undo is not None:
             return super().claim_first_send(sequence_key, number, next_send_at=next_send_at, now=now)
         self._seq(sequence_key)
-        rows = tx.write_all(
-            f"WITH m AS (SELECT {_read_cols(tx)} FROM rms_message WHERE seq_key = ? AND number = ? "
-            "AND NOT acked AND send_count = 0 AND NOT EXISTS (SELECT 1 FROM rms_message b "
-            "WHERE b.seq_key = ? AND b.number = ? AND NOT b.acked)), "
-            f"u AS (UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, {_FIRST_SEND} "
-            "WHERE seq_key = ? AND number = ? AND EXISTS (SELECT 1 FROM m)) SELECT * FROM m",
-            (sequence_key, number, sequence_key, number - 1, _now(now), next_send_at, next_send_at, next_send_at,
-             sequence_key, number))
+        rows = tx.write_all(self._first_send_claim(tx) + " SELECT * FROM m",
+                            self._first_send_params(sequence_key, number, next_send_at, now))
         return self._with_payloads([_msg(rows[0])])[0] if rows else None
+
+    @staticmethod
+    def _first_send_claim(tx: SqlTransaction) -> str:
+        """The WITH of :meth:`claim_first_send`: ``m``, the message if it is the caller's to send
+        (unsent, unacknowledged, the one before it acknowledged), and its attempt recorded."""
+        return (f"WITH m AS (SELECT {_read_cols(tx)} FROM rms_message WHERE seq_key = ? AND number = ? "
+                "AND NOT acked AND send_count = 0 AND NOT EXISTS (SELECT 1 FROM rms_message b "
+                "WHERE b.seq_key = ? AND b.number = ? AND NOT b.acked)), "
+                f"u AS (UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, {_FIRST_SEND} "
+                "WHERE seq_key = ? AND number = ? AND EXISTS (SELECT 1 FROM m))")
+
+    @staticmethod
+    def _first_send_params(sequence_key: str, number: int, next_send_at: float,
+                           now: float | None) -> tuple[Any, ...]:
+        return (sequence_key, number, sequence_key, number - 1, _now(now), next_send_at, next_send_at,
+                next_send_at, sequence_key, number)
+
+    def claim_first_send_reading(self, sequence_key: str, number: int, rmd_sequence_id: str, *,
+                                 next_send_at: float, now: float | None = None
+                                 ) -> tuple[RmsMessage | None, RmdSequence | None]:
+        """On PostgreSQL, one statement: :meth:`claim_first_send`'s, and the RMD row read
+        beside it (a plain SELECT: no lock)."""
+        tx = self._tx
+        if not tx.d.writable_cte or tx.undo is not None:
+            return super().claim_first_send_reading(sequence_key, number, rmd_sequence_id,
+                                                     next_send_at=next_send_at, now=now)
+        self._seq(sequence_key)
+        rows = tx.write_all(
+            self._first_send_claim(tx) + f", r AS ({_SELECT_RMD}) "
+            "SELECT m.*, r.* FROM (SELECT 1) AS one LEFT JOIN m ON TRUE LEFT JOIN r ON TRUE",
+            (*self._first_send_params(sequence_key, number, next_send_at, now), rmd_sequence_id))
+        width = len(_MSG_COLS)
+        row = rows[0]
+        msg = self._with_payloads([_msg(row[:width])])[0] if row[0] is not None else None
+        return msg, _rmd(row[width:]) if row[width] is not None else None
 
     def due_messages(self, now: float | None = None, limit: int = 100, *,
                      per_sequence: int | None = None, payloads: bool = True) -> list[RmsMessage]:
