@@ -178,22 +178,6 @@ def _idle_sequences(store: Any, count: int) -> None:
                 tx.rms.update(key, sequence_id=offered, started=True)
 
 
-def _pg_cpu_ticks(pg: Any) -> int:
-    """CPU clock ticks of the PostgreSQL server so far: its live processes, and the backends
-    that ended (the postmaster's reaped children)."""
-    ticks = 0
-    for pid in pg.pids():
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime
-        if pid == pg.pid:
-            ticks += int(fields[13]) + int(fields[14])  # cutime, cstime: its reaped children
-    return ticks
-
-
 def _plans(store: Any) -> list[int]:
     """Generic and custom plans so far of the prepared statements on a PostgreSQL store's idle sessions."""
     found = [0, 0]
@@ -302,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.2)
         timeline: list[tuple[float, str, str]] = []
         if pg is not None:
-            pg_before, pg_cpu_before = bc._pg_counters(pg), _pg_cpu_ticks(pg)
+            pg_before, pg_cpu_before = bc._pg_counters(pg), sum(bc._pg_cpu(pg, reaped=True).values())
         cpu, started = time.process_time(), time.perf_counter()
         for i in range(args.calls):
             _recording.set()
@@ -315,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         _recording.clear()
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         if pg is not None:
-            pg_cpu = (_pg_cpu_ticks(pg) - pg_cpu_before) / os.sysconf("SC_CLK_TCK")
+            pg_cpu = (sum(bc._pg_cpu(pg, reaped=True).values()) - pg_cpu_before) / os.sysconf("SC_CLK_TCK")
             pg_after = bc._pg_counters(pg)
         if pg is not None:
             plans = _plans(rc.engine.store) + _plans(service.engine.store)

@@ -813,8 +813,9 @@ def _busy(start: tuple[int, int], end: tuple[int, int]) -> float:
     return (end[0] - start[0]) / total if total > 0 else 0.0
 
 
-def _pg_cpu(pg: Any) -> dict[int, int]:
-    """CPU clock ticks (user + system) of every live process of the PostgreSQL server, by pid."""
+def _pg_cpu(pg: Any, *, reaped: bool = False) -> dict[int, int]:
+    """CPU clock ticks (user + system) of every live process of the PostgreSQL server, by pid;
+    with ``reaped``, the postmaster's count adds its ended children's (the backends that quit)."""
     ticks = {}
     for pid in pg.pids():
         try:
@@ -823,6 +824,8 @@ def _pg_cpu(pg: Any) -> dict[int, int]:
         except OSError:
             continue  # ended meanwhile
         ticks[pid] = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        if reaped and pid == pg.pid:
+            ticks[pid] += int(fields[13]) + int(fields[14])  # cutime, cstime
     return ticks
 
 
