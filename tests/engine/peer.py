@@ -67,8 +67,8 @@ def _policy(args: argparse.Namespace) -> RMPolicy:
                       max_held_bytes_per_sequence=args.held_bytes)
     if getattr(args, "deliver_apart", False):
         limits["deliver_apart"] = True
-    if getattr(args, "deliver_inside", False):
-        limits["deliver_apart"] = False
+    if getattr(args, "deliver_auto", False):
+        limits["deliver_apart"] = None
     return RMPolicy(rm_version=args.rm, base_retransmission_interval=args.base_interval,
                     exponential_backoff=False, max_retries=args.max_retries, poll_interval=0.05,
                     http_timeout=5.0, **limits)
@@ -398,8 +398,8 @@ def parser() -> argparse.ArgumentParser:
     server.add_argument("--max-message-size", type=int)
     server.add_argument("--deliver-apart", action="store_true",
                         help="RMPolicy.deliver_apart: on SQLite, run the application outside the store's transactions")
-    server.add_argument("--deliver-inside", action="store_true",
-                        help="RMPolicy.deliver_apart=False: on SQLite, the application runs in the receipt")
+    server.add_argument("--deliver-auto", action="store_true",
+                        help="RMPolicy.deliver_apart=None: on SQLite, apart while another sequence's receive is under way")
     server.add_argument("--record-in-store", action="store_true",
                         help="record each delivery in the store's database, in the delivery's transaction")
     client = p.add_argument_group("client")

@@ -30,11 +30,13 @@ def _served(engines, store_for, application):
     return server, server.endpoint_address
 
 
-def test_automatic_by_default_and_only_on_sqlite_without_a_transaction_manager(engines, store_for) -> None:
-    """By default each receive chooses (``deliver_apart=None``, see the automatic test below);
-    ``True`` always delivers apart, and only on a store whose transactions take the file."""
+def test_off_by_default_and_only_on_sqlite_without_a_transaction_manager(engines, store_for) -> None:
+    """By default every receive delivers inside its transaction (``deliver_apart=False``; ``None``
+    chooses per receive, see the automatic test below); ``True`` always delivers apart, and only
+    on a store whose transactions take the file."""
     quiet = engines(store_for("sqlite", "quiet"), fast_policy(deliver_on_receive=True), name="quiet")
-    assert quiet.policy.deliver_apart is None and not quiet.invoker.delivers_apart
+    assert quiet.policy.deliver_apart is False and not quiet.invoker.delivers_apart
+    assert not quiet.invoker.delivers_apart_now(others_receiving=True)
     memory = engines("memory:", fast_policy(deliver_on_receive=True, deliver_apart=True), name="memory")
     assert not memory.invoker.delivers_apart  # its transactions do not take turns on a file
     assert not memory.invoker.delivers_apart_now(others_receiving=True)
@@ -112,7 +114,7 @@ def test_deliveries_of_several_sequences_share_one_fsync(engines, store_for, mon
 
 
 def test_automatic_apart_when_another_sequences_receive_is_under_way(engines, store_for) -> None:
-    """Automatic (``deliver_apart=None``, the default): a receive delivers inside its transaction
+    """Automatic (``deliver_apart=None``): a receive delivers inside its transaction
     (one commit) unless a receive of another sequence is under way in the process as it begins;
     then it buffers the message and delivers it apart, so that neither waits for the file while
     the other's application runs.  A background transaction that holds the file (the old
@@ -126,7 +128,7 @@ def test_automatic_apart_when_another_sequences_receive_is_under_way(engines, st
         if received.snapshot()[-1] == "a1":
             assert release_a1.wait(30)
 
-    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True),
+    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True, deliver_apart=None),
                      serve=True, application=application, name="server")
     url = server.endpoint_address
     invoker = server.invoker
