@@ -1185,17 +1185,10 @@ class RetransmissionWorker:
         if seq is None or seq.sequence_id is None or not rms_life(seq).transmitting \
                 or is_back_channel(seq.target) or self.reachability.gate(seq.target) is not Gate.SEND:
             return None, owes_control, None
-        rmd = None
-        if offered_id is None:
-            claimed = self._claim_in(tx, seq, number, now)
-        else:
-            next_at = now + self._retry_delay(seq.target, 1) if self.policy.retransmits else _NEVER
-            msg, rmd = tx.rms_messages.claim_first_send_reading(seq.key, number, offered_id,
-                                                                next_send_at=next_at, now=now)
-            claimed = None if msg is None else (msg, seq)
+        claimed = self._claim_in(tx, seq, number, now, offered_id)
         if claimed is None:
             return None, owes_control, None
-        msg, seq = claimed
+        msg, seq, rmd = claimed
         return _Planned(msg, seq, request_ack=self.policy.ack_request is AckRequestMode.ALWAYS), owes_control, rmd
 
     def _hold_early(self, item: _Planned) -> None:
@@ -1259,7 +1252,7 @@ class RetransmissionWorker:
             owed = self._reply_acks.get(key)
         offered_id = owed[1].offered_id if owed is not None else None
         now = time.time()
-        claimed: tuple[RmsMessage, RmsSequence] | None = None
+        claimed: tuple[RmsMessage, RmsSequence, RmdSequence | None] | None = None
         owes_control = False
         try:
             with self.store.begin(durable=False) as tx:
@@ -1280,21 +1273,28 @@ class RetransmissionWorker:
             self.source._wake()  # every message acknowledged after the last: Close/Terminate is due
         if claimed is None:
             return None
-        msg, seq = claimed
+        msg, seq, _ = claimed
         with self._reply_acks_lock:
             taken = self._reply_acks.pop(key, None) is not None
         return _Planned(msg, seq, request_ack=policy.ack_request is AckRequestMode.ALWAYS,
                         reply_ack=self.destination.ack_for(rmd) if taken and rmd is not None else None,
                         reply_ack_taken=True)
 
-    def _claim_in(self, tx: Any, seq: RmsSequence, number: int, now: float) -> tuple[RmsMessage, RmsSequence] | None:
+    def _claim_in(self, tx: Any, seq: RmsSequence, number: int, now: float, offered_id: str | None = None,
+                  ) -> tuple[RmsMessage, RmsSequence, RmdSequence | None] | None:
         """In ``tx``: record the first attempt of message ``number`` of ``seq`` when it is the
-        caller's to send (unsent, unacknowledged, the message before it acknowledged)."""
+        caller's to send (unsent, unacknowledged, the message before it acknowledged); with
+        ``offered_id``, that destination sequence read in the same statement (its replies'
+        acknowledgement rides on the request)."""
         # None: a round sent it (or it was acknowledged meanwhile), or it would overtake a message
         # still out, or lost
         next_at = now + self._retry_delay(seq.target, 1) if self.policy.retransmits else _NEVER
-        msg = tx.rms_messages.claim_first_send(seq.key, number, next_send_at=next_at, now=now)
-        return None if msg is None else (msg, seq)
+        if offered_id is None:
+            msg, rmd = tx.rms_messages.claim_first_send(seq.key, number, next_send_at=next_at, now=now), None
+        else:
+            msg, rmd = tx.rms_messages.claim_first_send_reading(seq.key, number, offered_id,
+                                                                next_send_at=next_at, now=now)
+        return None if msg is None else (msg, seq, rmd)
 
     def _apply_callers_ack(self, tx: Any, seq: RmsSequence, now: float) -> bool:
         """In ``tx``: apply the acknowledgement of ``seq`` that earlier callers' answers brought;

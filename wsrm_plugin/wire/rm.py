@@ -17,7 +17,6 @@ empty ``ranges`` list (with no ``nacks``).
 from __future__ import annotations
 
 import copy
-import functools
 import re
 from dataclasses import dataclass, field
 from collections.abc import Callable
@@ -190,12 +189,6 @@ def _epr(element: etree._Element, parent: str) -> EndpointReference:
 
 def _new(version: RMVersion, local: str, extra_ns: dict[str, str] | None = None) -> etree._Element:
     return etree.Element(version.qname(local), nsmap={"wsrm": version.ns, **(extra_ns or {})})
-
-
-@functools.lru_cache(maxsize=64)
-def _tag(ns: str, local: str) -> str:
-    """``{ns}local``: what ``etree.QName(ns, local)`` names, without making one per element."""
-    return f"{{{ns}}}{local}"
 
 
 #: (WS-RM namespace, SOAP namespace or None, tag, children) -> an empty header block (see _block)
@@ -472,7 +465,7 @@ class SequenceAcknowledgement:
             _check_11(version, "an acknowledgement of nothing (None)")
         element = _block(version, soap, self.TAG, "Identifier")
         element[0].text = self.identifier
-        range_tag = _tag(version.ns, "AcknowledgementRange")
+        range_tag = f"{{{version.ns}}}AcknowledgementRange"  # the tag as text: no QName per range
         for lower, upper in self.ranges:
             _check_number(lower, "AcknowledgementRange Lower")
             _check_number(upper, "AcknowledgementRange Upper")
