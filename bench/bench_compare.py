@@ -95,7 +95,10 @@ yappi CPU profiles of all threads (``.pstats``) from inside the processes instea
 ``BENCH_CALLGRIND=server,client`` runs those roles under ``valgrind --tool=callgrind`` (output in
 ``BENCH_CALLGRIND_DIR``, one file per process, start-up included: take the difference of two
 ``--calls``, and a long ``--timeout``).  Every scenario reports each process's context switches per
-message (``switches``: voluntary and involuntary, all its threads, from ``getrusage``).
+message (``switches``: voluntary and involuntary, all its threads, from ``getrusage``).  A SQLite
+store reports, per message, its commits and fsyncs (``sqlite commits``/``sqlite fsyncs``, its group
+sync's own counts), its transactions' turns on the file (``file turns``) and the milliseconds its
+writers waited for the file and held it (``file wait ms``, ``file held ms``), for each role.
 """
 
 from __future__ import annotations
@@ -387,6 +390,7 @@ def server_role(args: argparse.Namespace) -> int:
     _yappi_save(yappi, args)
     if scenario not in (*PLAIN, "outbox"):  # messages delivered in their receive's transaction
         points.seen["on_receipt"] = service.engine.destination.delivered_on_receipt
+        points.seen.update(_sqlite_counts(service.engine.store, "server"))
     print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms(), **_memory()}), flush=True)
     return 0
 
@@ -499,8 +503,21 @@ def client_role(args: argparse.Namespace) -> int:
     for stop in stoppers:
         stop()
     _yappi_save(yappi, args)
+    if scenario not in PLAIN and scenario != "outbox":
+        points.seen.update(_sqlite_counts(first.engine.store, "client"))
     print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms(), **_memory()}), flush=True)
     return 0
+
+
+def _sqlite_counts(store: Any, role: str) -> dict[str, float]:
+    """A SQLite store's commits, fsyncs (its group sync's), turns on the file, and the
+    milliseconds its writers waited for the file and held it (reported per message)."""
+    sync, gate = getattr(store, "_sync", None), getattr(store, "_gate", None)
+    if sync is None or gate is None:
+        return {}
+    return {f"count:sqlite commits({role})": sync.commits, f"count:sqlite fsyncs({role})": sync.syncs,
+            f"count:file turns({role})": gate.turns, f"count:file wait ms({role})": 1000 * gate.waited,
+            f"count:file held ms({role})": 1000 * gate.held}
 
 
 def _count_reads(points: _Points) -> None:

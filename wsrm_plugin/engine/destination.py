@@ -131,6 +131,18 @@ class _Receipt:
     acks_wake: bool = False
     #: The one of :attr:`acks` the reply's record applied already (``Destination.reply_arrived``), or -1.
     ack_done: int = -1
+    #: Delivered on receipt by another receive's thread, in its transaction (``Destination._deliver_together``):
+    #: whether that delivery made the sender's work due (read after the commit, in the receive's thread).
+    wakes_sender_after: bool | None = None
+
+
+class _FailedOnReceipt:
+    """A batch's outcome for a receive whose application (in its savepoint) failed: buffered after."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 @dataclass(frozen=True)
@@ -202,6 +214,11 @@ class Destination:
         #: transaction by the first of them: one commit and one turn on the file instead of one
         #: each (see :meth:`_buffer_apart`).
         self._apart_receipts: Combiner[_Receipt] = Combiner(self._buffer_apart, DEFAULT_RECEIVE_BATCH)
+        #: Receives of any sequences that deliver on receipt in their transaction, on a store whose
+        #: transactions take turns on the whole file, waiting for it at the same time: recorded and
+        #: delivered in one transaction by the first of them, each in a savepoint of its own (see
+        #: :meth:`_deliver_together`); None: each alone (set by :meth:`deliver_on_receive`).
+        self._together: Combiner[_Receipt] | None = None
         #: The invoker that takes messages on receipt (``deliver_on_receive``), or None.
         self._direct: InvokerWorker | None = None
         #: Only requests whose reply goes back in the HTTP response are taken on receipt (the
@@ -287,6 +304,11 @@ class Destination:
         self._direct_answers_only = answers_only
         if self.policy.receive_batch is None and not answers_only:
             self._receipts = None
+        group = self.policy.receive_together
+        if group is None:
+            group = DEFAULT_RECEIVE_BATCH if self.store.defers_transactions else 1
+        self._together = (Combiner(self._deliver_together, group)
+                          if group > 1 and invoker.tm is None and self.store.defers_transactions else None)
 
     # -- CreateSequence --------------------------------------------------------------------------
 
@@ -694,22 +716,29 @@ class Destination:
                 return recorded
         if invoker.delivers_apart_now(self._answered_on_back_channel(item), self._others_receiving(item)):
             return self._record_then_deliver(item, invoker)
-        item.wrote = item.taken = item.handed_over = False
-        item.direct = True
-        try:
-            with invoker.transaction() as tx:
-                recorded = self._record(tx, item)
-                if item.taken:
-                    replies: list[SendReceipt] = []
-                    hand_out = HandOut() if self._answered_on_back_channel(item) else None
-                    item.handed_over = invoker.deliver_taken(tx, self._taken_message(item), replies, hand_out)
-                    item.reply = self._back_channel_reply(tx, item, replies, hand_out)
-            return recorded
-        except Exception as exc:
-            item.reply = None
-            if not item.taken:
-                raise  # the receive itself failed or was refused: as without delivery on receipt
-            failure = exc
+        together = self._together
+        outcome = ALONE if together is None else together.submit(None, item)
+        if outcome is ALONE:  # alone, or its batch rolled back: as if it had come alone
+            item.wrote = item.taken = item.handed_over = False
+            item.direct = True
+            item.wakes_sender_after = None
+            try:
+                with invoker.transaction() as tx:
+                    recorded = self._record(tx, item)
+                    if item.taken:
+                        self._deliver_taken(tx, item, invoker)
+                return recorded
+            except Exception as exc:
+                item.reply = None
+                if not item.taken:
+                    raise  # the receive itself failed or was refused: as without delivery on receipt
+                failure = exc
+        elif isinstance(outcome, _FailedOnReceipt):
+            failure = outcome.error
+        else:
+            seq, reception, tx = outcome
+            tx.wait_for_disk()  # the batch's commit returned before the disk: nothing is answered before it
+            return seq, reception
         # The application (or the commit of what it did) failed, and the receipt rolled back with
         # it: the message is received again, into the buffer, and that failed try counts as the
         # invoker's first attempt (its retry policy, poison store and fault reply apply as to
@@ -729,6 +758,62 @@ class Destination:
             raise
         invoker.failed_on_receipt(msg, failure)
         return recorded
+
+    def _deliver_taken(self, tx: StoreTransaction, item: _Receipt, invoker: InvokerWorker) -> None:
+        """Hand ``item``, just taken in ``tx``, to the application, and take its back-channel reply."""
+        replies: list[SendReceipt] = []
+        hand_out = HandOut() if self._answered_on_back_channel(item) else None
+        item.handed_over = invoker.deliver_taken(tx, self._taken_message(item), replies, hand_out)
+        item.reply = self._back_channel_reply(tx, item, replies, hand_out)
+
+    def _deliver_together(self, items: list[_Receipt]) -> list[Any]:
+        """Record ``items`` (of any sequences) and deliver each that is next in order, in one
+        transaction, each receive's part in a savepoint of its own; an outcome each: (the
+        sequence as read, the reception, the transaction), the exception that refused it, or
+        :class:`_FailedOnReceipt` when its application failed.
+
+        On a store whose transactions take the whole file (SQLite) receives that deliver on
+        receipt run one after the other anyway, each holding the file through its
+        application; several waiting for it at once (16 sequences arriving together) take it
+        once and commit once, the first of them running the others' applications after its
+        own (one BEGIN, one look for in-doubt branches, one COMMIT and its WAL pages, one
+        fsync, and no hand-over of the file between them).  A part that fails, the
+        application or a refusal, rolls back to its savepoint alone: a refused receive is
+        refused, a failed application's message is buffered after the commit as when it
+        fails alone (``_record_alone``), and the others commit.  Anything else (the
+        commit) rolls the batch back: each receive whose application ran is buffered as after
+        a failed delivery, the others are recorded alone.  Nothing is answered before the
+        commit covering its part is on disk (``wait_for_disk``, in each receive's thread)."""
+        invoker = self._direct
+        assert invoker is not None
+        outcomes: list[Any] = []
+        try:
+            with invoker.transaction() as tx:
+                tx.wait_for_disk_later()  # the receives wait, each in its thread, not the next batch
+                for index, item in enumerate(items):
+                    if index:
+                        tx.next_part()
+                    item.wrote = item.taken = item.handed_over = False
+                    item.direct = True
+                    item.reply = None
+                    item.wakes_sender_after = None
+                    try:
+                        with tx.savepoint():
+                            recorded = self._record(tx, item)
+                            if item.taken:
+                                self._deliver_taken(tx, item, invoker)
+                                item.wakes_sender_after = invoker.delivery_wakes_sender()
+                    except Exception as exc:  # rolled back to its savepoint: the others go on
+                        item.reply = None
+                        outcomes.append(_FailedOnReceipt(exc) if item.taken else exc)
+                        continue
+                    outcomes.append((*recorded, tx))
+        except Exception as exc:
+            if len(items) == 1 and not items[0].taken:
+                return [exc]
+            log.debug("a batch of %d receives that deliver was rolled back (%s)", len(items), exc)
+            return [_FailedOnReceipt(exc) if item.taken else ALONE for item in items]
+        return outcomes
 
     def _back_channel_reply(self, tx: StoreTransaction, item: _Receipt, replies: list[SendReceipt],
                             hand_out: HandOut | None = None) -> tuple[RmsSequence, RmsMessage] | None:
@@ -1057,7 +1142,7 @@ class Destination:
             if item.handed_over:  # not a protocol marker (1.0's LastMessage)
                 self.delivered_on_receipt += 1
             if not item.apart:  # deliver_received counted it
-                self._direct.delivered_on_receive(item.handed_over)
+                self._direct.delivered_on_receive(item.handed_over, item.wakes_sender_after)
             if item.filled_gap:
                 self._wake_invoker()  # the messages buffered behind it are deliverable now
         else:

@@ -352,11 +352,17 @@ class InvokerWorker:
         a duplicate): judge it, as a failed delivery here."""
         self.settlement.judge(msg, exc)
 
-    def delivered_on_receive(self, handed_over: bool) -> None:
-        """After the commit of a receive that delivered: what a step does after its commit."""
+    def delivery_wakes_sender(self) -> bool:
+        """Did the delivery this thread just ran make the sender's work due (it enqueued)?
+        For a delivery run by another receive's thread (``Destination._deliver_together``)."""
+        return getattr(self._ambient, "wake_sender", True)
+
+    def delivered_on_receive(self, handed_over: bool, wakes_sender: bool | None = None) -> None:
+        """After the commit of a receive that delivered: what a step does after its commit.
+        ``wakes_sender``: whether the delivery enqueued, when another thread ran it."""
         if handed_over:
             self.delivered += 1
-        if getattr(self._ambient, "wake_sender", True):
+        if wakes_sender if wakes_sender is not None else getattr(self._ambient, "wake_sender", True):
             self._after_commit()
         self._on_delivered()
         self.settlement.succeeded()

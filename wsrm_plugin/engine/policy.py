@@ -564,6 +564,20 @@ class RMPolicy:
         "way in this process as the receive begins (one caller's messages in turn stay inside), never for a "
         "request whose reply goes back in its HTTP response",
         cxf="—")
+    #: SQLite without a transaction manager, delivering inside (``deliver_apart`` off): receives
+    #: of different sequences that wait for the store's file at the same time are recorded and
+    #: delivered in one transaction by the first of them, each in a savepoint of its own (a
+    #: refusal or a failed application rolls back its part alone), with one commit and one
+    #: fsync for all; each is acknowledged once that commit is on disk.  Such receives hold
+    #: the file through their application one after the other anyway; together they save each
+    #: a BEGIN, a COMMIT, a hand-over of the file and an fsync.  1: each alone.
+    receive_together: int | None = knob(
+        None, Count(none="16 on SQLite, else 1"),
+        "SQLite store, no transaction manager, delivering inside: receives of different sequences waiting for "
+        "the store's file at the same time that are recorded and delivered in one transaction, each in a "
+        "savepoint of its own (a refusal or a failed application rolls back its part alone), one commit and one "
+        "fsync for all, each acknowledged once that commit is on disk; 1: each alone; `None`: 16 on SQLite",
+        cxf="—")
     #: Several hosts on one PostgreSQL store (``txmanager.nodes.PostgresNodes``): the time
     #: from a host's death to its XA transactions being finished by a living host, and so
     #: its locks released.  A killed process is noticed at once (its kernel closes its

@@ -108,9 +108,16 @@ class _FileGate:
         self._thread_lock = threading.Lock()
         self._fd: int | None = None
         self.holder: str | None = None
+        #: Turns taken, and seconds spent waiting for them and holding the file, in this process
+        #: (what a benchmark reads: how long a writer waits for the file, and how long one holds it).
+        self.turns = 0
+        self.waited = 0.0
+        self.held = 0.0
+        self._since = 0.0
 
     def acquire(self, deadline: float, what: str) -> None:
-        remaining = max(deadline - time.monotonic(), 0.0)
+        asked = time.monotonic()
+        remaining = max(deadline - asked, 0.0)
         if not self._thread_lock.acquire(timeout=remaining):
             raise LockTimeoutError(
                 f"{what}: another transaction of this process ({self.holder}) has held the store "
@@ -134,6 +141,9 @@ class _FileGate:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)
             self.holder = threading.current_thread().name
+            self._since = now = time.monotonic()
+            self.turns += 1
+            self.waited += now - asked
         except BaseException:
             self._thread_lock.release()
             raise
@@ -145,6 +155,7 @@ class _FileGate:
 
     def release(self) -> None:
         self.holder = None
+        self.held += time.monotonic() - self._since
         try:
             if self._fd is not None:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)

@@ -1,0 +1,141 @@
+"""SQLite, delivering inside: receives of several sequences waiting for the file at once run together.
+
+An SQLite store's transactions take turns on the whole file, so receives that
+deliver in their own transaction (``deliver_apart`` off, the default) run one
+after the other, each holding the file through its application.  Those that
+wait for the file at the same time are now recorded and delivered in one
+transaction by the first of them (``RMPolicy.receive_together``), each in a
+savepoint of its own: one BEGIN, one COMMIT, one fsync for all, and a part
+that fails rolls back alone.  Real HTTP on 127.0.0.1, a real SQLite file; each
+test waits for what it asserts.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from wsrm_plugin.wire import UnknownSequence
+
+from .conftest import fast_policy
+from .support import RM11, Recorder, application_message, post, wait_for
+from .test_bad_input import open_sequence, send_ok
+
+SEQUENCES = 4
+
+
+def _served(engines, store_for, application, **policy):
+    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True, **policy),
+                     serve=True, application=application, name="server")
+    return server, server.endpoint_address
+
+
+def _while_the_file_is_held(server, combiner, sends) -> None:
+    """Run ``sends`` (threads) while another transaction holds the file: the first receive waits
+    for it with its own message, the others queue behind it and form the next batch."""
+    holding = server.store.begin()
+    holding.rms.get("nothing")  # its first statement takes the file
+    try:
+        for t in sends:
+            t.start()
+        assert wait_for(lambda: combiner.queued(None) == len(sends) - 1, timeout=20)
+    finally:
+        holding.rollback()
+    for t in sends:
+        t.join(60)
+
+
+def test_on_by_default_on_sqlite_only_and_one_turns_it_off(engines, store_for) -> None:
+    inside = engines(store_for("sqlite", "inside"), fast_policy(deliver_on_receive=True), serve=True,
+                     application=Recorder(), name="inside")
+    assert inside.policy.receive_together is None and inside.destination._together is not None
+    alone = engines(store_for("sqlite", "alone"), fast_policy(deliver_on_receive=True, receive_together=1),
+                    serve=True, application=Recorder(), name="alone")
+    assert alone.destination._together is None
+    memory = engines("memory:", fast_policy(deliver_on_receive=True), serve=True, application=Recorder(),
+                     name="memory")
+    assert memory.destination._together is None  # its transactions do not take turns on a file
+
+
+def test_receives_of_several_sequences_deliver_in_one_transaction(engines, store_for) -> None:
+    """Four sequences' messages arrive while another transaction holds the file: the first leads
+    alone, the three behind it are recorded and delivered in one transaction, one commit.  Each
+    is delivered once, on receipt, and acknowledged."""
+    received = Recorder()
+    server, url = _served(engines, store_for, received)
+    identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
+    combiner = server.destination._together
+    batches, items = combiner.batches, combiner.items
+    sync = server.store._sync
+    answered: dict[str, list[tuple[int, int]]] = {}
+
+    def send(identifier: str, text: str) -> None:
+        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
+
+    commits = sync.commits
+    _while_the_file_is_held(server, combiner, [threading.Thread(target=send, args=(identifier, f"m{n}"))
+                                               for n, identifier in enumerate(identifiers)])
+    assert answered == {identifier: [(1, 1)] for identifier in identifiers}
+    assert sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)]
+    assert (combiner.batches - batches, combiner.items - items) == (2, SEQUENCES)
+    assert sync.commits - commits == 2  # one for the first, one for the three together
+    assert server.destination.delivered_on_receipt == SEQUENCES
+    with server.store.begin() as tx:
+        assert tx.invoker.count() == 0
+
+
+def test_a_failed_application_in_a_batch_rolls_back_alone(engines, store_for) -> None:
+    """m2's application fails on its first try (in the batch of three, or leading alone): its part
+    rolls back to its savepoint, the others commit (delivered on receipt), and m2 is buffered and
+    delivered by the invoker; every message acknowledged, each delivered once."""
+    failed: list[str] = []
+
+    def fail_first_m2(text: str | None) -> bool:
+        if text == "m2" and not failed:
+            failed.append(text)
+            return True
+        return False
+
+    received = Recorder(fail_on=fail_first_m2)
+    server, url = _served(engines, store_for, received)
+    identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
+    combiner = server.destination._together
+    answered: dict[str, list[tuple[int, int]]] = {}
+
+    def send(identifier: str, text: str) -> None:
+        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
+
+    _while_the_file_is_held(server, combiner, [threading.Thread(target=send, args=(identifier, f"m{n}"))
+                                               for n, identifier in enumerate(identifiers)])
+    assert failed == ["m2"]
+    assert answered == {identifier: [(1, 1)] for identifier in identifiers}
+    assert wait_for(lambda: sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)], timeout=30), \
+        received.snapshot()
+    assert server.destination.delivered_on_receipt == SEQUENCES - 1
+    assert wait_for(lambda: server.status().delivered == SEQUENCES, timeout=20), server.status()
+    with server.store.begin() as tx:
+        assert tx.invoker.count() == 0
+
+
+def test_a_refused_receive_in_a_batch_is_refused_alone(engines, store_for) -> None:
+    """A message on an unknown sequence waits for the file with three good ones: it gets its
+    fault, the others are delivered and acknowledged."""
+    received = Recorder()
+    server, url = _served(engines, store_for, received)
+    identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES - 1)]
+    combiner = server.destination._together
+    answered: dict[str, list[tuple[int, int]]] = {}
+    refused: list[object] = []
+
+    def send(identifier: str, text: str) -> None:
+        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
+
+    def stray() -> None:
+        response = post(url, application_message(RM11, url, "urn:uuid:not-a-sequence-of-yours", 1, "stray"))
+        refused.append((response.status, type(response.fault())))
+
+    sends = [threading.Thread(target=send, args=(identifier, f"m{n}")) for n, identifier in enumerate(identifiers)]
+    sends.insert(1, threading.Thread(target=stray))
+    _while_the_file_is_held(server, combiner, sends)
+    assert refused == [(400, UnknownSequence)]
+    assert answered == {identifier: [(1, 1)] for identifier in identifiers}
+    assert sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES - 1)]
