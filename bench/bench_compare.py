@@ -75,7 +75,9 @@ variant beside its base in the same rounds:
 ``--scenarios xa1,xa1~delivery_batch=10,memory~send_concurrency=1``; a ``store.NAME`` knob
 is an option of the store instead (``xa1~store.prepare_statements=false``), an ``env.NAME``
 knob an environment variable of the scenario's processes (``xa1~env.TXMANAGER_LAZY_BEGIN=0``);
-``~server_threads=8`` serves the reliable service with 8 HTTP threads instead of 4.
+``~server_threads=8`` serves the reliable service with 8 HTTP threads instead of the product's automatic
+count (``ReliableEngine.http_threads``: 16 on PostgreSQL, 4 on memory and SQLite); the XA service's data source
+keeps as many idle sessions.
 Several knobs in one variant are joined with ``+`` (``sqlite~send_concurrency=2+receive_batch=4``).
 
 ``BENCH_PG_STATEMENTS=1`` loads ``pg_stat_statements`` and lists, at the end,
@@ -367,14 +369,17 @@ def server_role(args: argparse.Namespace) -> int:
             from txmanager.postgres import XADataSource
 
             tm = _tm("bench-server", tmp, points)
-            ds = XADataSource(args.app_dsn, tm)
+            # idle sessions kept for every HTTP thread, as the client's data source keeps one per caller
+            ds = XADataSource(args.app_dsn, tm, pool_size=max(8, int(_variant(args.scenario)[1].get(
+                "server_threads", 16))))
             closers.append(ds.close)
             ROWS = _Rows(args.app_dsn, ds=ds)
             store = f"postgresql:{args.store_dsn}"
         service = reliable_service(_application(), _store(store, args.scenario),
                                    _policy(args.retransmission_interval, args.scenario),
                                    tm=tm)
-        service.serve(threads=int(_variant(args.scenario)[1].get("server_threads", 4)))
+        threads = _variant(args.scenario)[1].get("server_threads")  # None: the product's automatic count
+        service.serve(threads=None if threads is None else int(threads))
         service.start()
         closers.insert(0, lambda: service.stop(timeout=5))
         if tm is not None:

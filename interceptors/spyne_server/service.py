@@ -181,15 +181,20 @@ class ReliableService:
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         return self.wsgi_app(environ, start_response)
 
-    def serve(self, host: str = "127.0.0.1", port: int = 0, *, path: str = "/", threads: int = 4,
+    def serve(self, host: str = "127.0.0.1", port: int = 0, *, path: str = "/", threads: int | None = None,
               **options: Any) -> HttpServer:
         """Serve the service with waitress in a background thread; returns the server (``.url``).
+
+        ``threads``: waitress's threads; None: the engine's
+        :attr:`~wsrm_plugin.engine.engine.ReliableEngine.http_threads` (16 on PostgreSQL, where
+        more receives at once share their commits' flushes; 4 otherwise).
 
         ``options`` go to :class:`~wsrm_plugin.engine.http_server.HttpServer` (``connection_limit``,
         ``channel_timeout``, ``request_timeout``, ``on_failure``...).  Block on the server with
         ``server.wait(stop)``: it raises :class:`~wsrm_plugin.engine.http_server.HttpServerFailed`
         if the server's loop failed for good, which ends the process for its supervisor to restart.
         """
+        threads = self.engine.http_threads if threads is None else threads
         server = HttpServer(self.wsgi_app, host, port, threads=threads, path=path,
                             max_body=max(4 * self.policy.max_message_size, 16 * 1024 * 1024), **options).start()
         self._servers.append(server)

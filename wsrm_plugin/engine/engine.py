@@ -34,7 +34,7 @@ from .backchannel import BackChannel
 from .destination import Destination
 from .inbound import Inbound
 from .invoker import Application, FailedDelivery, InvokerWorker
-from .policy import RMPolicy
+from .policy import RMPolicy, http_thread_count
 from .reachability import UnreachablePeer
 from .reporter import NodeReports, reporter_name
 from .resend import ResendResult, resend_faulted
@@ -341,19 +341,29 @@ class ReliableEngine:
 
     def serve(self, host: str = "127.0.0.1", port: int = 0, *, path: str = "/",
               middleware: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
-              threads: int = 4, **options: Any) -> HttpServer:
+              threads: int | None = None, **options: Any) -> HttpServer:
         """Serve the RM endpoint with waitress; the first server's URL becomes the endpoint address.
+
+        ``threads``: waitress's threads; None: :attr:`http_threads`.
 
         ``options`` go to :class:`~.http_server.HttpServer` (``connection_limit``,
         ``channel_timeout``, ``request_timeout``, ``on_failure``...); ``server.wait(stop)``
         raises when its loop failed for good (see the deploy guide)."""
         app: Callable[..., Any] = self.endpoint if middleware is None else middleware(self.endpoint)
+        threads = self.http_threads if threads is None else threads
         server = HttpServer(app, host, port, threads=threads, path=path,
                             max_body=max(4 * self.policy.max_message_size, 16 * 1024 * 1024), **options).start()
         self._servers.append(server)
         if self.endpoint_address is None:
             self.endpoint_address = server.url
         return server
+
+    @property
+    def http_threads(self) -> int:
+        """The threads a built-in server gets unless told: 16 where a receive's durable commit
+        shares its flush with the commits of other threads at the same moment (PostgreSQL), so
+        that the receives of many sequences flush together; else 4 (memory, SQLite)."""
+        return http_thread_count(self.store.commits_are_costly, self.store.concurrent_sequences)
 
     @property
     def servers(self) -> tuple[HttpServer, ...]:

@@ -1,0 +1,82 @@
+"""A service on PostgreSQL receives the messages of many sequences at once.
+
+Each receive there waits in its HTTP thread for its durable commit, a WAL
+flush that the commits of other sessions at the same moment share: the
+service's thread count bounds how many receives one flush covers.  So
+``serve()`` gives a PostgreSQL service 16 threads (``ReliableEngine.http_threads``),
+a memory or SQLite one 4, and ``threads=`` still decides when given.
+
+The end-to-end case: 12 sequences send their first message at once; the
+method (run in the receiving thread: ``deliver_on_receive``; one invoker
+thread for what the destination buffers) waits until all 12 are in it.
+With 4 threads at most 5 could be, and nothing would be delivered until the
+barrier gave up.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import zeep
+from spyne import Application, ServiceBase, Unicode, rpc
+from spyne.protocol.soap import Soap11
+
+from interceptors.spyne_server.service import reliable_service
+from interceptors.zeep_client.client import reliable_client
+from tests.engine.support import wait_for
+from wsrm_plugin.engine import ReliableEngine
+
+from .conftest import fast_policy
+
+TNS = "urn:wsrm-http-threads"
+AT_ONCE = 12
+
+_met: list[str] = []
+_barrier = threading.Barrier(AT_ONCE, timeout=60)
+
+
+class _Meeting(ServiceBase):
+    @rpc(Unicode, _returns=None)
+    def meet(ctx, item):  # noqa: N805 -- spyne's signature
+        _barrier.wait()  # every message in a receiving thread at the same moment
+        _met.append(item)
+
+
+def _application() -> Application:
+    return Application([_Meeting], tns=TNS, in_protocol=Soap11(validator="lxml"), out_protocol=Soap11())
+
+
+def test_sequences_are_received_side_by_side_on_postgresql(pg_dsn_factory):
+    _met.clear()
+    _barrier.reset()
+    svc = reliable_service(_application(), f"postgresql:{pg_dsn_factory('threads')}",
+                           fast_policy(deliver_on_receive=True, invoker_threads=1))
+    server = svc.serve()
+    svc.start()
+    keys = [f"k{n}" for n in range(AT_ONCE)]
+    first = reliable_client(zeep.Client(svc.url + "?wsdl"), "memory:", fast_policy(), key=keys[0],
+                            active_keys=keys)
+    try:
+        assert server.threads == 16
+        clients = [first, *(first.with_key(key) for key in keys[1:])]
+        for n, rc in enumerate(clients):
+            rc.service.meet(f"item-{n}")
+        assert wait_for(lambda: len(_met) == AT_ONCE, timeout=90), (
+            f"{len(_met)} of {AT_ONCE} delivered (broken barrier: {_barrier.broken})")
+        assert sorted(_met) == sorted(f"item-{n}" for n in range(AT_ONCE))
+    finally:
+        first.stop(timeout=5)
+        svc.stop(timeout=5)
+
+
+def test_memory_and_sqlite_keep_four_threads_and_threads_given_win(tmp_path):
+    memory = ReliableEngine("memory:")
+    sqlite = ReliableEngine(f"sqlite:///{tmp_path}/s.db")
+    try:
+        assert memory.http_threads == 4
+        assert sqlite.http_threads == 4
+        server = memory.serve(threads=2)
+        assert server.threads == 2
+    finally:
+        memory.stop(timeout=5)
+        sqlite.stop(timeout=5)
