@@ -21,6 +21,7 @@ open sequences (per peer and in total) and of messages held are limited.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -73,6 +74,7 @@ TURN_WAIT = 5.0
 REORDER_WAIT = 0.02
 REORDER_WINDOW = 8
 _REPLY_KEY_PREFIX = reply_sequence_key("")
+_NO_SAVEPOINT = contextlib.nullcontext()
 
 
 @functools.lru_cache(maxsize=256)
@@ -787,6 +789,7 @@ class Destination:
         invoker = self._direct
         assert invoker is not None
         outcomes: list[Any] = []
+        alone = len(items) == 1  # its failure rolls the transaction back: no savepoint needed
         try:
             with invoker.transaction() as tx:
                 tx.wait_for_disk_later()  # the receives wait, each in its thread, not the next batch
@@ -798,12 +801,14 @@ class Destination:
                     item.reply = None
                     item.wakes_sender_after = None
                     try:
-                        with tx.savepoint():
+                        with _NO_SAVEPOINT if alone else tx.savepoint():
                             recorded = self._record(tx, item)
                             if item.taken:
                                 self._deliver_taken(tx, item, invoker)
                                 item.wakes_sender_after = invoker.delivery_wakes_sender()
                     except Exception as exc:  # rolled back to its savepoint: the others go on
+                        if alone:
+                            raise
                         item.reply = None
                         outcomes.append(_FailedOnReceipt(exc) if item.taken else exc)
                         continue
