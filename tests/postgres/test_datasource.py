@@ -172,6 +172,41 @@ def test_threads_get_their_own_connections(dbs, tm, sources):
     assert sorted(values(dbs[0])) == ["thread 0", "thread 1"]
 
 
+def test_sixteen_transactions_at_once_keep_their_sessions_for_the_next_sixteen(dbs, tm):
+    """The default pool keeps as many idle sessions as a PostgreSQL service has HTTP threads
+    (16, ``ReliableEngine.http_threads``): a second wave of 16 transactions at once opens no
+    session (a session opened per transaction costs PostgreSQL a backend started and ended)."""
+    ds = XADataSource(dbs[0], tm)
+    at_once = 16
+    barrier = threading.Barrier(at_once, timeout=60)
+    waves: list[set[int]] = [set(), set()]
+    errors: list[BaseException] = []
+
+    def work(wave: int, n: int) -> None:
+        try:
+            with tm.transaction():
+                with ds.connection() as conn:
+                    insert(conn, f"{wave}-{n}")
+                    waves[wave].add(conn.info.backend_pid)
+                    barrier.wait()  # all 16 transactions hold a session at once
+        except BaseException as exc:  # noqa: BLE001 -- reported by the assertion below
+            errors.append(exc)
+
+    try:
+        for wave in (0, 1):
+            threads = [threading.Thread(target=work, args=(wave, n)) for n in range(at_once)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        assert not errors
+        assert len(waves[0]) == at_once
+        assert waves[1] == waves[0]  # the same backends: every session was kept
+        assert len(values(dbs[0])) == 2 * at_once
+    finally:
+        ds.close()
+
+
 def test_pool_size_zero_closes_each_session_after_its_transaction(dbs, tm):
     ds = XADataSource(dbs[0], tm, pool_size=0)
     try:

@@ -135,8 +135,11 @@ class XADataSource:
     ``with ds.connection() as conn:`` inside ``tm.transaction()`` gives a
     psycopg2 connection whose work is a branch of that transaction; in the
     same thread and transaction every ``with`` gets the same connection, so
-    all that work is one branch.  The connection returns to a small pool (at
-    most ``pool_size`` idle sessions) when the transaction completes.
+    all that work is one branch.  The connection returns to a pool (at most
+    ``pool_size`` idle sessions, 16 by default: as many as a PostgreSQL
+    service's HTTP threads run transactions at once, so that a busy service
+    does not start and end a PostgreSQL backend per transaction; the pool
+    opens none ahead of need) when the transaction completes.
 
     Outside any transaction the connection is a plain local one, with
     psycopg2's ``with conn:`` rule: committed when the block ends normally,
@@ -170,7 +173,7 @@ class XADataSource:
         tm: _TransactionManager,
         *,
         resource_name: str | None = None,
-        pool_size: int = 4,
+        pool_size: int = 16,
         read_only_check: bool = False,
         register_for_recovery: bool = True,
         database_identity: str | None = None,
