@@ -75,6 +75,9 @@ variant beside its base in the same rounds:
 ``--scenarios xa1,xa1~delivery_batch=10,memory~send_concurrency=1``; a ``store.NAME`` knob
 is an option of the store instead (``xa1~store.prepare_statements=false``), an ``env.NAME``
 knob an environment variable of the scenario's processes (``xa1~env.TXMANAGER_LAZY_BEGIN=0``);
+``~switch_interval=0.0005`` runs the service with that ``sys.setswitchinterval`` (Python's 0.005 s
+otherwise: a thread back from I/O, such as the one holding a SQLite store's file after its
+application's database commit, may wait that long for the interpreter while others compute).
 ``~server_threads=8`` serves the reliable service with 8 HTTP threads instead of the product's automatic
 count (``ReliableEngine.http_threads``: 16 on PostgreSQL, 4 on memory and SQLite); the XA service's data source
 keeps as many idle sessions.
@@ -135,7 +138,7 @@ BASES = ("plain", "plain8", "plainN", "outbox")
 _ALIASES = {"xa2log": "xa2~store.commit_marks=false"}
 THREADS = 8
 #: variant knobs of this benchmark, not RMPolicy's: calling threads, the reliable service's HTTP threads
-_BENCH_KNOBS = ("clients", "server_threads")
+_BENCH_KNOBS = ("clients", "server_threads", "switch_interval")
 
 #: (scenario, baseline, aim) from issue 12: one calling thread
 AIMS = [("memory", "plain", 1.0), ("memory", "plain8", 0.7), ("sqlite", "plain", 0.8),
@@ -338,6 +341,10 @@ def server_role(args: argparse.Namespace) -> int:
     global ROWS, _CPU_AT_START, _RSS_AT_START, _SWITCHES_AT_START
     yappi = _yappi_start()
     from wsrm_plugin.engine.transport import HttpServer
+
+    interval = _variant(args.scenario)[1].get("switch_interval")  # ~switch_interval=0.0005
+    if interval is not None:
+        sys.setswitchinterval(float(interval))
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-server-", dir=os.environ.get("BENCH_WORKDIR")))
     points = _Points()
