@@ -12,7 +12,7 @@ real run takes, not valgrind's:
 * the application counts as quick (``QUICK_APPLICATION``): under valgrind every call is slow,
   and a slow application is delivered by the invoker's thread instead of on receipt.
 
-Run: .venv/bin/python bench/count_call_path.py [--store memory|sqlite] [--few 20] [--many 120]
+Run: .venv/bin/python bench/count_call_path.py [--store memory|sqlite|xa1] [--few 20] [--many 120]
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ def instructions(store: str, calls: int) -> dict[str, int]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--store", choices=("memory", "sqlite"), default="memory")
+    p.add_argument("--store", choices=("memory", "sqlite", "xa1"), default="memory",
+                   help="xa1: PostgreSQL stores under XA (bench_call_path's; PostgreSQL's own processes "
+                        "run outside valgrind: the count is the two Python sides')")
     p.add_argument("--few", type=int, default=20)
     p.add_argument("--many", type=int, default=120)
     p.add_argument("--run", help=argparse.SUPPRESS)

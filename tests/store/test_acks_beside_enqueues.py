@@ -177,3 +177,53 @@ def test_retransmitted_messages_acknowledged_beside_a_caller_are_counted_by_the_
     with store.begin() as tx:
         assert tx.rms_messages.list_for("k1") == []
         assert tx.rms.get("k1").purged_retransmissions == 1
+
+
+def test_an_acknowledgement_that_waited_for_its_sequence_sees_what_the_holder_committed(fresh_db) -> None:
+    """An acknowledgement riding on a request names its sequence by the peer's identifier; on
+    PostgreSQL one statement locks the row and acknowledges (``acknowledge_sequence``).  When the
+    row is held, that statement waits; its reads are as of before the wait.  Should the holder
+    have changed the sequence (here: a message enqueued and sent), the acknowledgement must
+    still count it: it is applied again under the lock, not from what the statement read."""
+    import threading
+
+    import psycopg2
+
+    url = fresh_db if fresh_db.startswith("postgresql") else "postgresql:" + fresh_db
+    store = open_store(url)
+    try:
+        started(store, messages=3)
+        holder = store.begin()
+        [msg] = enqueue(holder, n=1)
+        holder.rms_messages.record_send_attempt("k1", msg.number, next_send_at=1e12)
+        found: list = []
+
+        def acknowledge() -> None:
+            with store.begin(durable=False) as tx:
+                found.append(tx.rms_messages.acknowledge_sequence("seq-1", [(1, 3)]))
+        thread = threading.Thread(target=acknowledge)
+        thread.start()
+        watch = psycopg2.connect(url.removeprefix("postgresql:"))
+        try:
+            watch.autocommit = True
+            with watch.cursor() as cur:
+                for _ in range(6000):  # until the acknowledgement waits for the holder's lock (60 s at most)
+                    cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                "AND wait_event_type = 'Lock'")
+                    if cur.fetchone()[0]:
+                        break
+                    thread.join(0.01)
+                else:
+                    pytest.fail("the acknowledgement never waited for the sequence's row")
+        finally:
+            watch.close()
+        holder.commit()
+        thread.join(60)
+        assert not thread.is_alive()
+        [(seq, done)] = found
+        assert seq.next_number == 5
+        assert done == ([1, 2, 3], True)  # message 4, sent by the holder, still unacknowledged
+        with store.begin() as tx:
+            assert [(m.number, m.acked) for m in tx.rms_messages.list_for("k1")] == [(4, False)]
+    finally:
+        store.close()

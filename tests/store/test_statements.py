@@ -324,3 +324,95 @@ def test_a_source_sequence_held_is_found_by_its_identifier_without_a_statement(s
         assert tx.rms.get_by_sequence_id("seq-1") == held
         assert tx.rms.get_by_sequence_id("seq-unknown") is None
     assert len(seen) == 1, seen
+
+
+def test_an_acknowledgement_naming_its_sequence_by_the_peers_identifier_is_one_statement_on_postgresql(
+        store: StorageManager) -> None:
+    """An acknowledgement riding on a service's request names the sequence of its replies by the
+    peer's identifier: PostgreSQL looks the row up and locks it in the acknowledgement's own
+    statement, which then holds the row (no read of it follows).  Wrong ones write nothing."""
+    from wsrm_plugin.store import InvalidAcknowledgementError
+
+    started(store, messages=5)
+    with store.begin() as tx:
+        seen = statements(tx)
+        seq, done = tx.rms_messages.acknowledge_sequence("seq-1", [(1, 3)])
+        assert (seq.key, done) == ("k1", ([1, 2, 3], True))
+        assert tx.rms.get("k1").last_activity is not None
+        assert tx.rms_messages.acknowledge_sequence("seq-unknown", [(1, 1)]) is None
+    if store.url.startswith("postgresql"):
+        assert len(seen) == 2, seen
+    with store.begin() as tx:
+        assert [m.number for m in tx.rms_messages.list_for("k1")] == [4, 5]
+        enqueue(tx, n=1)  # 6, never sent
+    for wrong in ([(4, 7)], [(4, 6)]):  # above the highest number handed out; a message not sent yet
+        with store.begin() as tx:
+            with pytest.raises(InvalidAcknowledgementError):
+                tx.rms_messages.acknowledge_sequence("seq-1", wrong)
+        with store.begin() as tx:
+            assert [(m.number, m.acked) for m in tx.rms_messages.list_for("k1")] == \
+                [(4, False), (5, False), (6, False)]
+    with store.begin() as tx:
+        tx.rms.update("k1", faulted=True)
+    with store.begin() as tx:  # no longer transmitting: read, nothing written
+        seq, done = tx.rms_messages.acknowledge_sequence("seq-1", [(4, 5)])
+        assert seq.faulted and done is None
+    with store.begin() as tx:
+        assert [m.number for m in tx.rms_messages.list_for("k1")] == [4, 5, 6]
+
+
+def test_an_acknowledgement_naming_its_sequence_keeps_an_offering_sequences_requests_waiting(
+        store: StorageManager) -> None:
+    """``keep_offered_awaiting``: requests waiting for their replies stay unacknowledged, on a
+    sequence that carries an Offer only (its replies come back on the back-channel)."""
+    for key, sid, offered in (("k1", "seq-1", "urn:offer"), ("k2", "seq-2", None)):
+        with store.begin() as tx:
+            new_rms(tx, key, offered_id=offered)
+            tx.rms.update(key, sequence_id=sid, started=True, next_control_at=None)
+            for i in (1, 2):
+                msg = tx.rms_messages.enqueue(key, b"<req/>", action="urn:op", soap_version="1.1",
+                                              message_id=f"urn:{key}-{i}", awaits_reply=True)
+                tx.rms_messages.record_send_attempt(key, msg.number, next_send_at=1e12)
+    with store.begin() as tx:
+        _, kept = tx.rms_messages.acknowledge_sequence("seq-1", [(1, 2)], keep_offered_awaiting=True)
+        _, marked = tx.rms_messages.acknowledge_sequence("seq-2", [(1, 2)], keep_offered_awaiting=True)
+    assert kept == ([], True) and marked == ([1, 2], False)
+
+
+def test_a_replys_record_marks_its_request_answered_and_applies_the_riding_acknowledgement_in_one_round_trip(
+        store: StorageManager) -> None:
+    """The client's record of a reply: its request marked answered, and the acknowledgement that
+    rode on the reply applied when it names the request (one round trip on PostgreSQL).  One that
+    names another sequence, or a request acknowledged already, is not applied: the mark alone."""
+    with store.begin() as tx:
+        new_rms(tx, offered_id="urn:offer")
+        tx.rms.update("k1", sequence_id="seq-1", started=True, next_control_at=None)
+        for i in (1, 2, 3):
+            msg = tx.rms_messages.enqueue("k1", b"<req/>", action="urn:op", soap_version="1.1",
+                                          message_id=f"urn:r{i}", awaits_reply=True)
+            tx.rms_messages.record_send_attempt("k1", msg.number, next_send_at=1e12)
+    with store.begin() as tx:
+        seen = statements(tx)
+        answered, applied = tx.rms_messages.mark_answered_acknowledging(
+            "urn:r1", "seq-1", [(1, 1)], keep_offered_awaiting=True)
+        assert answered == ("k1", 1, False)
+        seq, newly, pending = applied
+        assert (seq.key, newly, pending) == ("k1", [1], True)
+        assert tx.rms.get("k1").sequence_id == "seq-1"  # held: no statement
+        first = len(seen)
+        # answered already: nothing, as mark_answered
+        assert tx.rms_messages.mark_answered_acknowledging("urn:r1", "seq-1", [(1, 1)]) == (None, None)
+        # names another sequence: the mark alone
+        assert tx.rms_messages.mark_answered_acknowledging("urn:r2", "seq-other", [(1, 2)]) == \
+            (("k1", 2, False), None)
+    if store.url.startswith("postgresql"):
+        assert first == 1, seen
+    with store.begin() as tx:
+        assert [(m.number, m.reply_pending, m.acked) for m in tx.rms_messages.list_for("k1")] == \
+            [(2, False, False), (3, True, False)]
+    with store.begin() as tx:  # does not name the request: the mark alone, the other untouched
+        assert tx.rms_messages.mark_answered_acknowledging("urn:r3", "seq-1", [(2, 2)]) == \
+            (("k1", 3, False), None)
+    with store.begin() as tx:
+        assert [(m.number, m.reply_pending, m.acked) for m in tx.rms_messages.list_for("k1")] == \
+            [(2, False, False), (3, False, False)]

@@ -948,12 +948,18 @@ class Source:
         no transaction of its own before the receipt's.  Raises the fault :meth:`on_ack` would,
         before anything is written; True when the sequence owes its Close or Terminate now (wake
         the sender after the commit)."""
-        seq = tx.rms.get_by_sequence_id(ack.identifier)
-        if seq is None:
+        now = time.time()
+        try:  # the sequence looked up in the acknowledgement's statement (one round trip)
+            found = tx.rms_messages.acknowledge_sequence(
+                ack.identifier, ack.ranges, now, keep_offered_awaiting=self._replies_on_back_channel())
+        except InvalidAcknowledgementError as exc:
+            raise InvalidAcknowledgement(ack.identifier, str(exc), version=version) from None
+        if found is None:
             raise UnknownSequence(ack.identifier, version=version)
-        if not rms_life(seq).transmitting:
+        seq, done = found
+        if done is None:  # not transmitting: nothing written
             return False
-        newly, owes_control = self._apply_ack(tx, seq, ack, version, time.time())
+        newly, owes_control = self._acknowledged(tx, seq, ack, *done, now)
         if newly:
             for_sequence(log, ack.identifier).debug(
                 "acknowledged %s (%d new)", SequenceAcknowledgement.ranges_from_numbers(newly), len(newly))
@@ -970,6 +976,11 @@ class Source:
             newly, pending = tx.rms_messages.acknowledge(seq.key, ack.ranges, now, keep_awaiting=keep_awaiting)
         except InvalidAcknowledgementError as exc:
             raise InvalidAcknowledgement(ack.identifier, str(exc), version=version) from None
+        return self._acknowledged(tx, seq, ack, newly, pending, now)
+
+    def _acknowledged(self, tx: StoreTransaction, seq: RmsSequence, ack: SequenceAcknowledgement,
+                      newly: list[int], pending: bool, now: float) -> tuple[list[int], bool]:
+        """:meth:`_apply_ack` once the store applied ``ack`` to ``seq`` (as it was before)."""
         before = rms_state(seq, int(pending) + len(newly))
         event = RMSEvent.ACK if pending else RMSEvent.ACKALL
         after = rms_transition(before, event).state
@@ -1012,7 +1023,23 @@ class Source:
         The request, which waited for its reply unacknowledged, is acknowledged now: by the
         acknowledgement riding on the reply when one names it (applied here, once the request
         no longer waits, rather than after a statement of its own), else on its own."""
-        answered = tx.rms_messages.mark_answered(relates_to)
+        first = next(((i, ack) for i, (ack, _) in enumerate(riding) if not ack.nacks and not ack.final), None)
+        if first is not None and self._replies_on_back_channel():
+            # the acknowledgement that most likely names the request, applied with the mark (one
+            # round trip on PostgreSQL); when it does not apply, on as after the mark alone
+            index, ack = first
+            now = time.time()
+            answered, applied = tx.rms_messages.mark_answered_acknowledging(
+                relates_to, ack.identifier, ack.ranges, now, keep_offered_awaiting=True)
+            if applied is not None:
+                before, newly, pending = applied
+                newly, owes_control = self._acknowledged(tx, before, ack, newly, pending, now)
+                if newly:
+                    for_sequence(log, ack.identifier).debug(
+                        "acknowledged %s (%d new)", SequenceAcknowledgement.ranges_from_numbers(newly), len(newly))
+                return owes_control, index
+        else:
+            answered = tx.rms_messages.mark_answered(relates_to)
         if answered is None:
             return False, -1
         key, number, acked = answered

@@ -20,6 +20,7 @@ from txmanager.xa import XAResource
 from ...statemachine.ackranges import AckRanges
 from .errors import (
     _RANK_NAMES,
+    InvalidAcknowledgementError,
     LockOrderError,
     StoreError,
     TransactionClosedError,
@@ -40,7 +41,7 @@ from .records import (
     StoreStatus,
     _now,
 )
-from .states import rmd_state_name, rms_state_name
+from .states import rmd_state_name, rms_life, rms_state_name
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +210,27 @@ class RmsMessageManager(_Manager, ABC):
             self.purge_acked(sequence_key)
         return newly, pending
 
+    def acknowledge_sequence(self, sequence_id: str, ranges: Iterable[tuple[int, int]],
+                             now: float | None = None, *, keep_offered_awaiting: bool = False
+                             ) -> tuple[RmsSequence, tuple[list[int], bool] | None] | None:
+        """:meth:`acknowledge` of the source sequence the peer calls ``sequence_id``, its row
+        looked up and locked first (``get_by_sequence_id``): None when there is none; the
+        sequence as it was, and None for the acknowledgement (nothing written), when it is not
+        transmitting (started and live); else the sequence and :meth:`acknowledge`'s result,
+        ``keep_awaiting`` when the sequence carries an Offer and ``keep_offered_awaiting``.
+
+        An acknowledgement riding on a message names its sequence by the peer's identifier:
+        the PostgreSQL store looks the row up in the acknowledgement's statement (a round trip
+        less on a service's receipt).  :class:`InvalidAcknowledgementError`, and nothing
+        changed, as :meth:`acknowledge`."""
+        seq = self._tx.rms.get_by_sequence_id(sequence_id)
+        if seq is None:
+            return None
+        if not rms_life(seq).transmitting:
+            return seq, None
+        return seq, self.acknowledge(seq.key, ranges, now,
+                                     keep_awaiting=keep_offered_awaiting and seq.offered_id is not None)
+
     def claim_first_send(self, sequence_key: str, number: int, *, next_send_at: float,
                          now: float | None = None) -> RmsMessage | None:
         """Record the first transmission of message ``number`` (as :meth:`record_send_attempt`)
@@ -340,6 +362,36 @@ class RmsMessageManager(_Manager, ABC):
             return None
         self.reply_received(request.sequence_key, request.number)
         return request.sequence_key, request.number, request.acked
+
+    def mark_answered_acknowledging(self, message_id: str, sequence_id: str, ranges: Iterable[tuple[int, int]],
+                                    now: float | None = None, *, keep_offered_awaiting: bool = False
+                                    ) -> tuple[tuple[str, int, bool] | None,
+                                               tuple[RmsSequence, list[int], bool] | None]:
+        """:meth:`mark_answered`, then the acknowledgement that rode on the reply applied
+        (:meth:`acknowledge_sequence`) when it names the request's sequence (``sequence_id``) and
+        the request, which was not acknowledged yet: what it returned, and the sequence (as it
+        was), the newly acknowledged numbers and whether one is left unacknowledged; None for
+        the second when the acknowledgement was not applied (it names something else, the
+        sequence is not transmitting, or it was refused: nothing of it written).
+
+        A client's record of a reply does both for the reply's request, on the caller's path:
+        the PostgreSQL store in one round trip instead of two."""
+        answered = self.mark_answered(message_id)
+        if answered is None:
+            return None, None
+        key, number, acked = answered
+        merged = AckRanges.from_ranges(ranges)
+        seq = self._tx.rms.get(key)
+        if acked or seq is None or seq.sequence_id != sequence_id or number not in merged:
+            return answered, None
+        try:
+            found = self.acknowledge_sequence(sequence_id, merged.ranges, now,
+                                              keep_offered_awaiting=keep_offered_awaiting)
+        except InvalidAcknowledgementError:
+            return answered, None
+        if found is None or found[1] is None:
+            return answered, None
+        return answered, (found[0], *found[1])
 
     @abstractmethod
     def count_unacked(self, sequence_key: str | None = None) -> int:

@@ -19,6 +19,7 @@ from ..api import (
     UnknownSequenceError,
     _now,
 )
+from ..api.states import rms_life
 from .rmd import _SELECT_RMD
 from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMS_COLS, _cols, _msg, _rmd, _rms, msg_cols
 from .large_payloads import COPY_PAYLOAD_AT, cols_leaving_large_payloads, with_large_payloads
@@ -78,6 +79,52 @@ def _ordered_scan(tx: SqlTransaction) -> str:
 #: known, closing or closed, or faulted.  An acknowledgement of any other owes no Close or
 #: Terminate: it changes nothing of the sequence but its messages.
 _CLOSED_TO_ENQUEUES = "last_message OR closed OR close_sent OR terminate_sent OR faulted"
+
+
+def _acknowledging(merged: api.AckRanges, t: float, *, key: str | None, kept: bool) -> tuple[str, list[Any]]:
+    """:meth:`_RmsMessages.acknowledge`'s statement and its parameters, up to its select list's
+    last column (the sequence's row as written): of sequence ``key``, or, with ``key`` None, of
+    the one a CTE ``g`` names (``g.seq_key``, ``g.kp`` for ``kept``), none when ``g`` is empty.
+
+    The check that every number named was sent (``bad``), the acknowledged messages deleted
+    (those that wait for no reply: what ``purge_acked`` would delete next) or marked (those
+    that do), the sequence's row written when there is something to write (its
+    retransmissions purged, or its ``last_activity`` older than :data:`ACTIVITY_GRAIN`) and
+    no one else holds it, and whether one is left unacknowledged; nothing written when the
+    check fails."""
+    within = "(" + " OR ".join("number BETWEEN ? AND ?" for _ in merged.ranges) + ")"
+    bounds = [v for pair in merged.ranges for v in pair]
+    k = "?" if key is not None else "(SELECT seq_key FROM g)"
+    keys = [key] if key is not None else []
+    # kept waiting for their replies: not acknowledged, and still unacknowledged after it
+    held = ("reply_pending" if kept else "FALSE") if key is not None else "(reply_pending AND (SELECT kp FROM g))"
+    ok = "NOT EXISTS (SELECT 1 FROM bad)"
+    # The sequence's row is written (its last_activity, its purged retransmissions) only when
+    # there is something to write, and only when no one else holds it, as a caller's
+    # enqueue does until its transaction ends (``lk``, SKIP LOCKED: an acknowledgement never
+    # waits for a caller, see get_by_sequence_id).  Without it, retransmitted messages are
+    # only marked acknowledged, their count kept in their rows: the next acknowledgement
+    # that holds the row purges them (``acked OR ...``) and counts them then.
+    return (
+        f"WITH bad AS (SELECT number FROM rms_message WHERE seq_key = {k} AND {within} AND send_count = 0 "
+        f"AND NOT {held} ORDER BY number LIMIT 20), "
+        f"lk AS (SELECT seq_key FROM rms_sequence WHERE seq_key = {k} AND (last_activity < ? OR EXISTS "
+        f"(SELECT 1 FROM rms_message WHERE seq_key = {k} AND NOT reply_pending AND send_count > 1 "
+        f"AND (acked OR {within}))) FOR NO KEY UPDATE SKIP LOCKED), "
+        f"d AS (DELETE FROM rms_message WHERE seq_key = {k} AND NOT reply_pending AND (acked OR {within}) "
+        f"AND {ok} AND (send_count <= 1 OR EXISTS (SELECT 1 FROM lk)) RETURNING number, acked, send_count), "
+        f"u AS (UPDATE rms_message SET acked = TRUE WHERE seq_key = {k} AND NOT acked AND {within} AND {ok} "
+        f"AND ((reply_pending AND NOT {held}) OR (NOT reply_pending AND send_count > 1 "
+        "AND NOT EXISTS (SELECT 1 FROM lk))) RETURNING number), "
+        "s AS (UPDATE rms_sequence SET last_activity = ?, purged_retransmissions = purged_retransmissions "
+        "+ (SELECT COALESCE(SUM(send_count - 1), 0) FROM d WHERE send_count > 1) "
+        f"WHERE seq_key = {k} AND {ok} AND EXISTS (SELECT 1 FROM lk) RETURNING {_cols(_RMS_COLS)}) "
+        "SELECT ARRAY(SELECT number FROM bad), "
+        "ARRAY(SELECT number FROM d WHERE NOT acked UNION ALL SELECT number FROM u ORDER BY 1), "
+        f"EXISTS (SELECT 1 FROM rms_message WHERE seq_key = {k} AND NOT acked AND (NOT {within} OR {held})), "
+        f"{_cols(_RMS_COLS, 's')}",
+        [*keys, *bounds, *keys, t - ACTIVITY_GRAIN, *keys, *bounds, *keys, *bounds, *keys, *bounds, t, *keys,
+         *keys, *bounds])
 
 
 class _Rms(api.RmsSequenceManager):
@@ -387,45 +434,62 @@ class _RmsMessages(api.RmsMessageManager):
             return self._acknowledge_in_four(sequence_key, merged, now, keep_awaiting=keep_awaiting)
         seq = self._seq(sequence_key)
         api.check_ack(seq, merged, lambda lo, hi: ())  # a number never handed out: refused before any statement
-        within = "(" + " OR ".join("number BETWEEN ? AND ?" for _ in merged.ranges) + ")"
-        bounds = [v for pair in merged.ranges for v in pair]
-        # kept waiting for their replies: not acknowledged, and still unacknowledged after it
-        kept = "reply_pending" if keep_awaiting else "FALSE"
-        ok = "NOT EXISTS (SELECT 1 FROM bad)"
+        sql, params = _acknowledging(merged, _now(now), key=sequence_key, kept=keep_awaiting)
         tx.capture_key("rms_sequence", sequence_key)
-        t = _now(now)
-        # The sequence's row is written (its last_activity, its purged retransmissions) only when
-        # there is something to write, and only when no one else holds it, as a caller's
-        # enqueue does until its transaction ends (``lk``, SKIP LOCKED: an acknowledgement never
-        # waits for a caller, see get_by_sequence_id).  Without it, retransmitted messages are
-        # only marked acknowledged, their count kept in their rows: the next acknowledgement
-        # that holds the row purges them (``acked OR ...``) and counts them then.
-        rows = tx.write_all(
-            f"WITH bad AS (SELECT number FROM rms_message WHERE seq_key = ? AND {within} AND send_count = 0 "
-            f"AND NOT {kept} ORDER BY number LIMIT 20), "
-            "lk AS (SELECT seq_key FROM rms_sequence WHERE seq_key = ? AND (last_activity < ? OR EXISTS "
-            "(SELECT 1 FROM rms_message WHERE seq_key = ? AND NOT reply_pending AND send_count > 1 "
-            f"AND (acked OR {within}))) FOR NO KEY UPDATE SKIP LOCKED), "
-            f"d AS (DELETE FROM rms_message WHERE seq_key = ? AND NOT reply_pending AND (acked OR {within}) "
-            f"AND {ok} AND (send_count <= 1 OR EXISTS (SELECT 1 FROM lk)) RETURNING number, acked, send_count), "
-            f"u AS (UPDATE rms_message SET acked = TRUE WHERE seq_key = ? AND NOT acked AND {within} AND {ok} "
-            f"AND ((reply_pending AND NOT {kept}) OR (NOT reply_pending AND send_count > 1 "
-            "AND NOT EXISTS (SELECT 1 FROM lk))) RETURNING number), "
-            "s AS (UPDATE rms_sequence SET last_activity = ?, purged_retransmissions = purged_retransmissions "
-            "+ (SELECT COALESCE(SUM(send_count - 1), 0) FROM d WHERE send_count > 1) "
-            f"WHERE seq_key = ? AND {ok} AND EXISTS (SELECT 1 FROM lk) RETURNING {_cols(_RMS_COLS)}) "
-            "SELECT ARRAY(SELECT number FROM bad), "
-            "ARRAY(SELECT number FROM d WHERE NOT acked UNION ALL SELECT number FROM u ORDER BY 1), "
-            f"EXISTS (SELECT 1 FROM rms_message WHERE seq_key = ? AND NOT acked AND (NOT {within} OR {kept})), "
-            f"{_cols(_RMS_COLS, 's')} FROM (SELECT 1) AS one LEFT JOIN s ON TRUE",
-            (sequence_key, *bounds, sequence_key, t - ACTIVITY_GRAIN, sequence_key, *bounds,
-             sequence_key, *bounds, sequence_key, *bounds, t, sequence_key, sequence_key, *bounds))
+        rows = tx.write_all(sql + " FROM (SELECT 1) AS one LEFT JOIN s ON TRUE", params)
         bad, newly, pending = rows[0][:3]
         if bad:
             raise api.InvalidAcknowledgementError(sequence_key, sorted(bad), seq.highest_number)
         # the row as written, or as held before when the statement left it alone
         tx.held_rms[sequence_key] = _rms(rows[0][3:]) if rows[0][3] is not None else seq
         return list(newly), bool(pending)
+
+    def acknowledge_sequence(self, sequence_id: str, ranges: Iterable[tuple[int, int]],
+                             now: float | None = None, *, keep_offered_awaiting: bool = False
+                             ) -> tuple[RmsSequence, tuple[list[int], bool] | None] | None:
+        """On PostgreSQL, one round trip: the sequence's row locked (a statement of its own, as
+        ``get_by_sequence_id`` locks it: the acknowledgement after it then runs on a snapshot
+        that sees whatever the lock waited for), then :meth:`acknowledge`'s statement, which
+        also reads the row and writes only when the sequence is transmitting and no number
+        named is above its highest (that one is refused without a statement, as before)."""
+        tx = self._tx
+        merged = api.AckRanges.from_ranges(ranges)
+        held = next((h for h in tx.held_rms.values() if h.sequence_id == sequence_id), None)
+        if held is not None or not merged.ranges or tx.undo is not None or not tx.d.writable_cte \
+                or tx.d.payload_apart or not tx.d.for_update:
+            return super().acknowledge_sequence(sequence_id, merged.ranges, now,
+                                                keep_offered_awaiting=keep_offered_awaiting)
+        tx.lock(RANK_RMS, ("sequence_id", sequence_id))
+        sql, params = _acknowledging(merged, _now(now), key=None, kept=keep_offered_awaiting)
+        # ``g``: the sequence when the acknowledgement applies to it (see rms_life: started and
+        # live), and whether it keeps the requests waiting for their replies (it has an Offer)
+        cur = tx.execute(
+            "SELECT 1 FROM rms_sequence WHERE sequence_id = ? FOR UPDATE", (sequence_id,),
+            then=(f"WITH q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE sequence_id = ?), "
+                  "g AS (SELECT seq_key, offered_id IS NOT NULL AND ? AS kp FROM q WHERE started "
+                  "AND NOT terminate_sent AND NOT faulted AND highest_number >= ?), "
+                  + sql.removeprefix("WITH ") + f", {_cols(_RMS_COLS, 'q')} "
+                  "FROM (SELECT 1) AS one LEFT JOIN s ON TRUE LEFT JOIN q ON TRUE",
+                  (sequence_id, keep_offered_awaiting, max(hi for _, hi in merged.ranges), *params)))
+        row = cur.fetchone()
+        cur.close()
+        width = 3 + len(_RMS_COLS)
+        if row[width] is None:
+            return None
+        seq = _rms(row[width:])
+        tx.lock(RANK_RMS, seq.key)
+        tx.held_rms[seq.key] = seq  # locked: as get_by_sequence_id leaves it
+        if not rms_life(seq).transmitting:
+            return seq, None
+        bad, newly, pending = row[:3]
+        if bad or max(hi for _, hi in merged.ranges) > seq.highest_number:  # nothing was written
+            if not bad:  # above the highest number handed out: refused as acknowledge refuses it
+                api.check_ack(seq, merged, lambda lo, hi: ())
+            raise api.InvalidAcknowledgementError(seq.key, sorted(bad), seq.highest_number)
+        tx._wrote = True
+        tx.capture_key("rms_sequence", seq.key)
+        tx.held_rms[seq.key] = _rms(row[3:width]) if row[3] is not None else seq
+        return seq, (list(newly), bool(pending))
 
     def _acknowledge_in_four(self, sequence_key: str, merged: api.AckRanges, now: float | None, *,
                              keep_awaiting: bool) -> tuple[list[int], bool]:
@@ -735,6 +799,61 @@ class _RmsMessages(api.RmsMessageManager):
         tx.held_rms[seq.key] = seq
         tx._wrote = True
         return seq.key, int(row[0]), bool(row[1])
+
+    def mark_answered_acknowledging(self, message_id: str, sequence_id: str, ranges: Iterable[tuple[int, int]],
+                                    now: float | None = None, *, keep_offered_awaiting: bool = False
+                                    ) -> tuple[tuple[str, int, bool] | None,
+                                               tuple[RmsSequence, list[int], bool] | None]:
+        """On PostgreSQL, one round trip of three statements: :meth:`mark_answered`'s two (the
+        sequence's row locked, the request marked answered, which a transaction-local setting
+        tells the third), then :meth:`acknowledge`'s statement on a snapshot of its own, which
+        also reads the request and its sequence and writes only when the acknowledgement
+        applies (as ``acknowledge_sequence``'s); when it does not, nothing of it is written
+        and the caller goes on as after :meth:`mark_answered` alone."""
+        tx = self._tx
+        merged = api.AckRanges.from_ranges(ranges)
+        if not tx.d.for_update or not tx.d.writable_cte or tx.undo is not None or not merged.ranges:
+            return super().mark_answered_acknowledging(message_id, sequence_id, merged.ranges, now,
+                                                       keep_offered_awaiting=keep_offered_awaiting)
+        request = "(SELECT seq_key, number FROM rms_message WHERE message_id = ? ORDER BY created_at LIMIT 1)"
+        sql, params = _acknowledging(merged, _now(now), key=None, kept=keep_offered_awaiting)
+        named = " OR ".join("r.number BETWEEN ? AND ?" for _ in merged.ranges)
+        cur = tx.execute(
+            f"SELECT 1 FROM rms_sequence WHERE seq_key = (SELECT seq_key FROM {request} r) FOR UPDATE",
+            (message_id,),
+            then=[(f"WITH m AS (UPDATE rms_message SET reply_pending = FALSE WHERE (seq_key, number) = {request} "
+                   "AND reply_pending RETURNING number) "
+                   "SELECT set_config('wsrm.answered', (SELECT count(*) FROM m)::text, TRUE)", (message_id,)),
+                  ("WITH r AS (SELECT seq_key, number, acked FROM rms_message WHERE message_id = ? "
+                   "ORDER BY created_at LIMIT 1), "
+                   f"q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = (SELECT seq_key FROM r)), "
+                   # the acknowledgement applies: to the request just answered, not acknowledged
+                   # yet, of its sequence, which is transmitting (see rms_life: started and live)
+                   "g AS (SELECT q.seq_key, q.offered_id IS NOT NULL AND ? AS kp FROM q, r "
+                   "WHERE current_setting('wsrm.answered') = '1' AND NOT r.acked AND q.sequence_id = ? "
+                   "AND q.started AND NOT q.terminate_sent AND NOT q.faulted AND q.highest_number >= ? "
+                   f"AND ({named})), "
+                   + sql.removeprefix("WITH ") + f", {_cols(_RMS_COLS, 'q')}, r.number, r.acked, "
+                   "current_setting('wsrm.answered') = '1', EXISTS (SELECT 1 FROM g) "
+                   "FROM (SELECT 1) AS one LEFT JOIN s ON TRUE LEFT JOIN q ON TRUE LEFT JOIN r ON TRUE",
+                   (message_id, keep_offered_awaiting, sequence_id, max(hi for _, hi in merged.ranges),
+                    *(v for pair in merged.ranges for v in pair), *params))])
+        row = cur.fetchone()
+        cur.close()
+        width = 3 + len(_RMS_COLS)
+        *_, number, acked, answered, applies = row
+        if not answered:
+            return None, None
+        seq = _rms(row[width:2 * width - 3])
+        tx.lock(RANK_RMS, seq.key)
+        tx.held_rms[seq.key] = seq
+        tx._wrote = True
+        bad, newly, pending = row[:3]
+        if not applies or bad:  # not written: the caller goes on as after mark_answered
+            return (seq.key, int(number), bool(acked)), None
+        tx.capture_key("rms_sequence", seq.key)
+        tx.held_rms[seq.key] = _rms(row[3:width]) if row[3] is not None else seq
+        return (seq.key, int(number), bool(acked)), (seq, list(newly), bool(pending))
 
     def reply_received(self, sequence_key: str, number: int) -> RmsMessage:
         self._seq(sequence_key)  # sequence row first, then its messages: one order for all

@@ -104,11 +104,13 @@ class SqlTransaction(api.StoreTransaction):
     # -- statements -----------------------------------------------------------------
 
     def execute(self, sql: str, params: Sequence[Any] = (), *,
-                then: tuple[str, Sequence[Any]] | None = None) -> Any:
-        """Run ``sql``; ``then``: a second statement sent in the same round trip, whose results
-        the cursor holds (PostgreSQL runs it after ``sql``, with a snapshot of its own)."""
+                then: tuple[str, Sequence[Any]] | list[tuple[str, Sequence[Any]]] | None = None) -> Any:
+        """Run ``sql``; ``then``: a second statement (or a list of them) sent in the same round
+        trip, whose (last one's) results the cursor holds (PostgreSQL runs each after the one
+        before, with a snapshot of its own)."""
         self._check_open()
-        if self._numbered and ("rms_sequence" in sql or (then is not None and "rms_sequence" in then[0])):
+        after = [] if then is None else then if isinstance(then, list) else [then]
+        if self._numbered and ("rms_sequence" in sql or any("rms_sequence" in t[0] for t in after)):
             self.flush()  # the statement reads or writes what enqueue has only remembered so far
         if self.conn is None:  # a deferred transaction's first statement (SqliteStore.begin_deferred)
             self._store._attach(self)
@@ -120,9 +122,9 @@ class SqlTransaction(api.StoreTransaction):
         cur = None
         try:  # a session lost while preparing fails here too, and is translated like any other
             text = begin + self._text(sql, params)
-            if then is not None:
-                text += "; " + self._text(*then)
-                params = (*params, *then[1])
+            for statement, values in after:
+                text += "; " + self._text(statement, values)
+                params = (*params, *values)
             cur = self.conn.cursor()
             cur.execute(text, tuple(params))
         except Exception as exc:
