@@ -13,7 +13,9 @@ database) on memory stores over loopback HTTP in one process, and reports per me
 
 Those hold on a loaded machine far better than a rate does.  Under
 ``valgrind --tool=callgrind`` the process's instruction count, taken at two ``--calls``, gives
-instructions per message by their difference (start-up cancels out)::
+instructions per message by their difference (start-up cancels out, roughly); with
+``BENCH_CALLGRIND_ROUNDS=1`` the counters are zeroed after the warm-up and dumped after the last
+round, so one run's dump (``callgrind.out.<pid>.1``) holds the measured messages alone::
 
     .venv/bin/python bench/bench_sequences_cpu.py [--calls 3200] [--sequences 16] [--rounds 3]
 """
@@ -151,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         run(args.sequences * 4, "warm")  # every sequence open, zeep warm
+        _callgrind("-z")  # under callgrind: count the measured rounds only (see _callgrind)
         for r in range(args.rounds):
             cpu0, usage0, posts0, t0 = _thread_cpu(), resource.getrusage(resource.RUSAGE_SELF), posts[0], \
                 time.perf_counter()
@@ -170,10 +173,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  sender: {len(mine)} rounds of lanes, {n / max(len(mine), 1):.1f} msg each; in rounds "
                   f"{in_rounds / seconds:.2f} of the time; lanes busy {(lane_busy[0] - busy0) / max(in_rounds, 1e-9):.1f} "
                   f"lanes on average while in a round", flush=True)
+        _callgrind("-d")
     finally:
         first.stop(timeout=5)
         service.stop(timeout=5)
     return 0
+
+
+def _callgrind(option: str) -> None:
+    """Under ``valgrind --tool=callgrind`` with ``BENCH_CALLGRIND_ROUNDS=1``: zero the counters
+    (``-z``) after the warm-up and dump them (``-d``) after the last round, so the dump holds
+    the measured rounds' instructions alone (start-up and shut-down, whose counts vary by
+    hundreds of millions between runs, left out): divide its total by the messages."""
+    if os.environ.get("BENCH_CALLGRIND_ROUNDS") == "1":
+        import subprocess
+
+        subprocess.run(["callgrind_control", option, str(os.getpid())], check=True, capture_output=True)
 
 
 if __name__ == "__main__":

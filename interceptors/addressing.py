@@ -154,6 +154,7 @@ class AddressingInterceptor(Interceptor):
     name = "addressing"
     phase = Phase.ADDRESSING
     understands = WSA_HEADERS
+    changes_received = False  # reading only: a received request's bytes still stand for its tree
 
     def __init__(self, version: AddressingVersion | str | None = WSA_2005_08, *,
                  required: bool = False, reply_to: EndpointReference | str | None = None,

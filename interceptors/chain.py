@@ -103,6 +103,11 @@ class Interceptor:
     before: Iterable[str] = ()
     after: Iterable[str] = ()
     understands: frozenset[str] = frozenset()
+    #: Can ``handle_in`` change a received envelope in place?  False for one that only reads it
+    #: (the addressing interceptor): the message's known bytes (:meth:`Message.serialized_as`,
+    #: the request as received) then still stand for its tree after it, and whoever stores the
+    #: message (the WS-RM interceptor) takes them instead of serializing the tree again.
+    changes_received: bool = True
 
     def __init__(self, *, name: str | None = None, phase: Phase | None = None,
                  before: Iterable[str] | None = None, after: Iterable[str] | None = None) -> None:
@@ -427,7 +432,8 @@ class InterceptorChain:
                     if run is None:
                         continue
                     message.current = entry.name
-                    message._raw = None  # the interceptor may change the envelope
+                    if handler != "handle_in" or getattr(entry.interceptor, "changes_received", True):
+                        message._raw = None  # the interceptor may change the envelope
                     done.append(entry)
                     run(message)
                     message.current = None

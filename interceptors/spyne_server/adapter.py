@@ -243,6 +243,10 @@ class ChainMiddleware:
                           address=_request_url(environ),
                           context={WSGI_ENVIRON_KEY: environ})  # who sent it: REMOTE_USER, TLS, address
         message.action = action_from_http(message.http_headers, envelope.version)
+        if _utf8_as_sent(data, root):
+            # the request as received stands for its tree until an interceptor may change it: the
+            # WS-RM interceptor stores these bytes rather than a serialization of the tree
+            message.serialized_as(data)
         return message
 
     def _served_version(self) -> SoapVersion | None:
@@ -401,6 +405,13 @@ class ChainMiddleware:
                 if reply.stopped:
                     return reply.response or Response()
         return Response(status, reply.envelope, _retry_after(fault))
+
+
+def _utf8_as_sent(data: bytes, root: etree._Element) -> bool:
+    """May ``data``, the bytes ``root`` was parsed from, be kept as its serialized form?  When
+    they are UTF-8 without a byte order mark, as :func:`serialize` writes: a message stored
+    from them reads the same anywhere a serialized one does."""
+    return data[:1] == b"<" and (root.getroottree().docinfo.encoding or "").upper() in ("UTF-8", "UTF8")
 
 
 @functools.lru_cache(maxsize=64)

@@ -140,6 +140,7 @@ class ReliableMessagingInterceptor(Interceptor):
     name = "wsrm"
     phase = Phase.RELIABLE_MESSAGING
     understands = WSRM_HEADERS | WSMC_HEADERS
+    changes_received = False  # stores the request's bytes (as received, when nothing changed it)
 
     def __init__(self, engine: ReliableEngine, *, required: bool = True, name: str | None = None) -> None:
         super().__init__(name=name)

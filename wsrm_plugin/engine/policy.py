@@ -638,8 +638,10 @@ class RMPolicy:
         """The WS-Addressing version to write: ``wsa_version``, else the RM version's partner."""
         return self.wsa_version or self.rm_version.addressing
 
-    @property
+    @functools.cached_property
     def in_order(self) -> bool:
+        """Kept once read (a frozen policy's flags never change): asked several times a message,
+        and a Flag enum's ``&`` builds a new member each time."""
         return bool(self.delivery & DeliveryAssurance.IN_ORDER)
 
     def invoker_thread_count(self, concurrent_sequences: bool = True) -> int:
@@ -680,7 +682,7 @@ class RMPolicy:
     def discards_out_of_order(self) -> bool:
         return self.out_of_order == "discard"
 
-    @property
+    @functools.cached_property
     def retransmits(self) -> bool:
         return bool(self.delivery & DeliveryAssurance.AT_LEAST_ONCE)
 
