@@ -86,6 +86,13 @@ def psycopg_xid(xid: Xid) -> "ext.Xid | str":
     return xid.to_pg_gid()
 
 
+def raise_commit_refused(cur: Any) -> None:
+    """Raise for a COMMIT that ``cur`` saw answered otherwise: PostgreSQL ends an aborted
+    transaction's COMMIT with a ROLLBACK, and no error."""
+    raise psycopg2.DatabaseError(f"COMMIT was answered {cur.statusmessage!r}: the transaction was "
+                                 "rolled back (one of its statements failed)")
+
+
 class LazyBeginCursor(ext.cursor):
     """The cursor of a :class:`LazyBeginConnection`: its first statement in a branch carries the BEGIN."""
 
@@ -330,9 +337,7 @@ class LazyBeginConnection(ext.connection):
                 self._own_cursor = cur = ext.cursor(self)
             cur.execute(b"COMMIT")  # what _by_sql does, inline (bytes: psycopg2 encodes no str)
             if cur.statusmessage != "COMMIT":
-                raise psycopg2.DatabaseError(f"COMMIT was answered {cur.statusmessage!r}: the "
-                                             "transaction was rolled back (one of its statements "
-                                             "failed)")
+                raise_commit_refused(cur)
             self._mode = self._xid = None
             self._lagging = True  # psycopg2's flag stays on until something runs outside a branch
             return

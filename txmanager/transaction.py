@@ -295,7 +295,9 @@ class Transaction:
         # no list until a second resource (see _promote): the one-phase path has none
         self._branches: list[_Branch] = _NONE  # type: ignore[assignment]
         self._enlisted: list[_Enlistment] = _NONE  # type: ignore[assignment]
-        self._syncs: list[Synchronization] = []
+        # no list until a second synchronization: the one-phase path's only one, the pool's
+        # return of its session, goes in a tuple of one (see _enlist_first and _add_sync)
+        self._syncs: list[Synchronization] | tuple[Synchronization, ...] = _NONE
         #: a synchronization that is no AfterCompletion was registered: run before_completion
         self._before = False
         #: the one resource of a transaction that has only one (see _enlist), its branch xid in
@@ -411,9 +413,7 @@ class Transaction:
         lock.acquire()
         try:
             enlisted = self._enlist(resource)
-            self._syncs.append(sync)
-            if not isinstance(sync, AfterCompletion):
-                self._before = True
+            self._add_sync(sync)
             return enlisted
         finally:
             lock.release()
@@ -442,7 +442,10 @@ class Transaction:
             else:  # another thread came first, or it is too late: as the general path says
                 enlisted = self._enlist(resource)
             if enlisted:
-                self._syncs.append(sync)
+                if self._syncs is _NONE:
+                    self._syncs = (sync,)  # an AfterCompletion, as the caller says
+                else:
+                    self._add_sync(sync)
             return enlisted
         finally:
             lock.release()
@@ -589,11 +592,18 @@ class Transaction:
             if (self._phase is not _ACTIVE or self._rollback_only or self._timed_out
                     or (deadline is not None and self._clock() > deadline)):
                 self._check_active("register a synchronization")
-            self._syncs.append(sync)
-            if not isinstance(sync, AfterCompletion):
-                self._before = True
+            self._add_sync(sync)
         finally:
             lock.release()
+
+    def _add_sync(self, sync: Synchronization) -> None:
+        """Register ``sync`` after those already registered (the transaction's lock held)."""
+        syncs = self._syncs
+        if type(syncs) is tuple:  # none yet, or the one-phase path's one (see _setup)
+            self._syncs = syncs = list(syncs)
+        syncs.append(sync)  # type: ignore[union-attr]
+        if not isinstance(sync, AfterCompletion):
+            self._before = True
 
     def _enlistment(self, resource: XAResource) -> _Enlistment | None:
         for enl in self._enlisted:

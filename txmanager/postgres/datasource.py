@@ -83,9 +83,36 @@ class _SessionReturn(_ReturnToPool):
         self._resource = resource
 
     def after_completion(self, status: Any) -> None:
+        """Back to the idle list when the session can run another branch (else closed): the
+        one place a pooled session goes back, after its transaction or from
+        :meth:`XADataSource._release`.
+
+        No lock (a lock pair was a visible share of a one-phase transaction): an append is
+        atomic, and one that races :meth:`XADataSource.close` is taken back here (``remove``
+        and close()'s ``pop`` each take a session once).  Two releases at once may leave one
+        session more than ``pool_size`` idle, until the next acquire."""
         ds = self._ds
-        ds._enlisted.pop(self._key, None)  # type: ignore[arg-type]  # set at each enlistment
-        ds._release(self._resource)
+        key = self._key
+        if key is not None:  # the transaction's entry, told at its enlistment
+            self._key = None
+            ds._enlisted.pop(key, None)
+        resource = self._resource
+        conn = resource._session
+        # ``_lagging``: the last branch committed in one phase and nothing ran on the session
+        # since (that clears it), so it is idle without asking psycopg2 (the usual case)
+        if (resource._branch is None and conn is not None and not conn.closed
+                and ((type(conn) is LazyBeginConnection and conn._lagging)
+                     or (conn.status == _READY and conn.get_transaction_status() == _IDLE))):
+            idle = ds._idle
+            if len(idle) < ds.pool_size:
+                idle.append(resource)
+                if not ds._closed:
+                    return  # close(), not yet begun, will find it in this list
+                try:
+                    idle.remove(resource)
+                except ValueError:
+                    return  # close() took it from the list and closes it
+        resource.close()
 
 
 class _ConnectionScope:
@@ -118,9 +145,42 @@ class _ConnectionScope:
         if tx is None:
             self._local = ds._local_connection()
             return self._local.__enter__()
-        if type(tx) is Transaction and tx._sole is None and not tx._enlisted:
-            return ds._enlist_first(tx)  # the usual case: nothing is in the transaction yet
-        return ds._enlisted_connection(tx)
+        if type(tx) is not Transaction or tx._sole is not None or tx._enlisted:
+            return ds._enlisted_connection(tx)
+        # The usual case, the transaction's first resource: a pooled session joins it on the
+        # one-phase path (Transaction._enlist_sole), without the general enlistment's look for
+        # it among others.  Nothing else can be in the transaction yet, so there is no branch
+        # of this database to share (nor an entry of this thread's in ``_enlisted``: that goes
+        # with an enlistment), and other users find this one through the transaction itself
+        # (session_for_database).
+        key = (get_ident(), id(tx))
+        try:
+            resource = ds._idle.pop()  # what _acquire does first, inline
+        except IndexError:
+            resource = ds._acquire()
+        else:
+            conn = resource._session
+            if conn is None or conn.closed:
+                resource.close()
+                resource = ds._acquire()
+        ds._enlisted[key] = (tx, resource)
+        sync = resource._pool_return
+        sync._key = key
+        try:
+            if not tx._enlist_first(resource, sync):
+                raise RuntimeError(f"the transaction refused to enlist {ds.resource_name}")
+        except BaseException:
+            ds._transaction_over(key)
+            raise
+        if tx._sole is resource:
+            resource._shared_as = ds.identity if ds.share_sessions else None
+        else:  # another thread's resource came first (a transaction shared by threads)
+            resource._shared_as = None
+            if ds.share_sessions:
+                offer_session(tx, ds.identity, resource)
+        # started, so its session is open: start_unnamed took it open or _begin opened it, and
+        # nothing ran on it since
+        return resource._session  # type: ignore[return-value]
 
     def __exit__(self, *exc_info: Any) -> bool | None:
         if self._local is not None:
@@ -273,41 +333,6 @@ class XADataSource:
             conn = resource.connection
         return conn
 
-    def _enlist_first(self, tx: Transaction) -> Connection:
-        """The connection of the transaction's first resource (the usual case): a pooled
-        session joins it on the one-phase path (:meth:`Transaction._enlist_sole`).  Nothing
-        else can be in the transaction yet, so there is no branch of this database to share
-        (nor an entry of this thread's in ``_enlisted``: that goes with an enlistment), and
-        other users find this one through the transaction itself (:func:`session_for_database`)."""
-        key = (get_ident(), id(tx))
-        try:
-            resource = self._idle.pop()  # what _acquire does first, inline
-        except IndexError:
-            resource = self._acquire()
-        else:
-            conn = resource._session
-            if conn is None or conn.closed:
-                resource.close()
-                resource = self._acquire()
-        self._enlisted[key] = (tx, resource)
-        sync = resource._pool_return
-        sync._key = key
-        try:
-            if not tx._enlist_first(resource, sync):
-                raise RuntimeError(f"the transaction refused to enlist {self.resource_name}")
-        except BaseException:
-            self._transaction_over(key)
-            raise
-        if tx._sole is resource:
-            resource._shared_as = self.identity if self.share_sessions else None
-        else:  # another thread's resource came first (a transaction shared by threads)
-            resource._shared_as = None
-            if self.share_sessions:
-                offer_session(tx, self.identity, resource)
-        # started, so its session is open: start_unnamed took it open or _begin opened it, and
-        # nothing ran on it since
-        return resource._session
-
     def _join(self, tx: _Transaction, key: tuple[int, int], shared: PostgresXAResource) -> Connection:
         """Work in the branch another user of this database runs: its session, not ours to pool."""
         self._enlisted[key] = (tx, shared)
@@ -402,33 +427,14 @@ class XADataSource:
         resource = PostgresXAResource(self._connect, resource_name=self.resource_name,
                                       read_only_check=self.read_only_check, marks=self._marks,
                                       database=self.database)
-        # made once per pooled session, not once per transaction (see _enlist_first)
+        # made once per pooled session, not once per transaction (see _ConnectionScope.__enter__)
         resource._pool_return = _SessionReturn(self, resource)
         return resource
 
     def _release(self, resource: PostgresXAResource) -> None:
-        """Back to the idle list when it can run another branch (else closed).
-
-        No lock (a lock pair was a visible share of a one-phase transaction): an append is
-        atomic, and one that races :meth:`close` is taken back here (``remove`` and close()'s
-        ``pop`` each take a session once).  Two releases at once may leave one session more
-        than ``pool_size`` idle, until the next acquire."""
-        conn = resource._session
-        # ``_lagging``: the last branch committed in one phase and nothing ran on the session
-        # since (that clears it), so it is idle without asking psycopg2 (the usual case)
-        if (resource._branch is None and conn is not None and not conn.closed
-                and ((type(conn) is LazyBeginConnection and conn._lagging)
-                     or (conn.status == _READY and conn.get_transaction_status() == _IDLE))):
-            idle = self._idle
-            if len(idle) < self.pool_size:
-                idle.append(resource)
-                if not self._closed:
-                    return  # close(), not yet begun, will find it in this list
-                try:
-                    idle.remove(resource)
-                except ValueError:
-                    return  # close() took it from the list and closes it
-        resource.close()
+        """Back to the idle list when it can run another branch (else closed): what the
+        session's own return does (see _SessionReturn.after_completion)."""
+        resource._pool_return.after_completion(None)
 
     def _transaction_over(self, key: tuple[int, int]) -> None:
         entry = self._enlisted.pop(key, None)

@@ -16,7 +16,7 @@ import psycopg2
 import psycopg2.extensions as ext
 
 from .. import marks as _marks
-from ..lazy_begin import _PENDING, LazyBeginConnection
+from ..lazy_begin import _PENDING, _SQL, LazyBeginConnection, raise_commit_refused
 from ..lease import Fence
 from ..log import LogEntry, commit_record, parse_commit_record
 from ..xa import (
@@ -552,7 +552,17 @@ class PostgresXAResource:
             return False
         b.state = _B_IDLE
         try:
-            if type(conn) is LazyBeginConnection:
+            if type(conn) is LazyBeginConnection and conn._mode is _SQL:
+                # the usual case: what commit_branch does then, without its call
+                cur = conn._own_cursor
+                if cur is None or cur.closed:
+                    conn._own_cursor = cur = ext.cursor(conn)
+                cur.execute(b"COMMIT")  # bytes: psycopg2 encodes no str
+                if cur.statusmessage != "COMMIT":
+                    raise_commit_refused(cur)
+                conn._mode = conn._xid = None
+                conn._lagging = True  # psycopg2's autocommit flag stays on (see LazyBeginConnection)
+            elif type(conn) is LazyBeginConnection:
                 conn.commit_branch()
             else:
                 _commit_branch(conn)
@@ -928,7 +938,7 @@ def session_for_database(tx: Any, identity: str | None) -> "PostgresXAResource |
     if identity is None:
         return None
     # The transaction's first resource, offered first: an XADataSource's on the one-phase path
-    # is told by the transaction itself, with no dict of its own (see XADataSource._enlist_first).
+    # is told by the transaction itself, with no dict of its own (see _ConnectionScope.__enter__ in .datasource).
     resource = getattr(tx, "_sole", None)
     if resource is None:
         branches = getattr(tx, "_branches", None)
