@@ -180,7 +180,7 @@ class _ConnectionScope:
                 offer_session(tx, ds.identity, resource)
         # started, so its session is open: start_unnamed took it open or _begin opened it, and
         # nothing ran on it since
-        return resource._session  # type: ignore[return-value]
+        return resource._session
 
     def __exit__(self, *exc_info: Any) -> bool | None:
         if self._local is not None:
