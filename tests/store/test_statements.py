@@ -124,6 +124,26 @@ def test_a_senders_round_is_counted_in_one_statement_per_sequence(store: Storage
     assert count(seen, "UPDATE rms_message") == 1, seen
 
 
+def test_a_lanes_claim_reads_and_counts_its_messages_in_one_statement_on_postgresql(store: StorageManager) -> None:
+    """A lane's follow-on claim of first sends (``claim_first_sends``): the messages read and
+    their attempts recorded by one statement on PostgreSQL, which returns them as they were
+    before (two on SQLite); nothing written when one of them was sent already."""
+    started(store, messages=6, sent=False)
+    with store.begin() as tx:
+        tx.rms.get("k1")  # the sequence's row held already, as the lane's transaction holds it
+        seen = statements(tx)
+        claimed = tx.rms_messages.claim_first_sends("k1", 3, next_send_at=1e12)
+        assert [(m.number, m.send_count) for m in claimed] == [(1, 0), (2, 0), (3, 0)]
+        assert len(seen) == (1 if store.url.startswith("postgresql") else 2), seen
+    with store.begin() as tx:
+        assert [tx.rms_messages.get("k1", n).send_count for n in range(1, 5)] == [1, 1, 1, 0]
+        tx.rms_messages.record_send_attempts("k1", [5], next_send_at=0.0)  # sent, and due again at once
+    with store.begin() as tx:
+        assert tx.rms_messages.claim_first_sends("k1", 3, next_send_at=1e12) == []  # 4 and 5: 5 was sent
+    with store.begin() as tx:
+        assert [tx.rms_messages.get("k1", n).send_count for n in (4, 5, 6)] == [0, 1, 0]
+
+
 def test_a_claim_reads_the_message_with_its_sequence_row(store: StorageManager) -> None:
     with store.begin() as tx:
         for n in (1, 2):
