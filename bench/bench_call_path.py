@@ -179,23 +179,36 @@ def _idle_sequences(store: Any, count: int) -> None:
 
 
 def _plans(store: Any) -> list[int]:
-    """Generic and custom plans so far of the prepared statements on a PostgreSQL store's idle sessions."""
+    """Generic and custom plans so far of the prepared statements on a PostgreSQL store's idle sessions.
+
+    The sessions are taken out of the store's pool while they are read, and given back after:
+    its workers still run, and one that took a session being read here found it inside this
+    transaction ("set_session cannot be used inside a transaction" in a worker's step, or
+    "cursor already closed" here, at the end of a loaded run: this benchmark's, not the store's)."""
     found = [0, 0]
-    for resource in list(getattr(store, "_idle", ())):
-        conn = resource._session
-        if conn is None or conn.closed:
-            continue
-        with conn.cursor() as cur:
-            cur.execute("SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0) "
-                        "FROM pg_prepared_statements")
-            generic, custom = cur.fetchone()
-            cur.execute("SELECT custom_plans, generic_plans, left(regexp_replace(statement, '\\s+', ' ', 'g'), 90) "
-                        "FROM pg_prepared_statements WHERE custom_plans > 5")
-            for row in cur.fetchall():
-                print("  re-planned at each EXECUTE:", *row)
-        conn.rollback()
-        found[0] += int(generic)
-        found[1] += int(custom)
+    if not hasattr(store, "_idle"):
+        return found
+    with store._lock:
+        taken, store._idle[:] = list(store._idle), []
+    try:
+        for resource in taken:
+            conn = resource._session
+            if conn is None or conn.closed:
+                continue
+            with conn.cursor() as cur:
+                cur.execute("SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0) "
+                            "FROM pg_prepared_statements")
+                generic, custom = cur.fetchone()
+                cur.execute("SELECT custom_plans, generic_plans, left(regexp_replace(statement, '\\s+', ' ', 'g'), 90) "
+                            "FROM pg_prepared_statements WHERE custom_plans > 5")
+                for row in cur.fetchall():
+                    print("  re-planned at each EXECUTE:", *row)
+            conn.rollback()
+            found[0] += int(generic)
+            found[1] += int(custom)
+    finally:
+        for resource in taken:
+            store._release(resource)
     return [found[0], found[1]]
 
 
