@@ -423,30 +423,29 @@ class Transaction:
         takes no transaction timeout (a :class:`~txmanager.postgres.PostgresXAResource`), and
         its synchronization with nothing to do before completion, made by a pool that saw
         nothing enlisted yet: the one-phase path's enlistment (:meth:`_enlist_sole`) without
-        the general one's look for the resource among others.  The synchronization is
-        registered only when the resource was enlisted."""
+        the general one's look for the resource among others.  False, having done nothing,
+        when something is enlisted after all (another thread came first): the pool then takes
+        the general path.  Raises as :meth:`enlist_resource` does when it is too late."""
         lock = self._lock
         lock.acquire()
         try:
+            if self._sole is not None or self._enlisted:
+                return False
             deadline = self.deadline
-            if (self._sole is None and not self._enlisted and self._phase is _ACTIVE
-                    and not self._rollback_only and not self._timed_out
-                    and (deadline is None or self._clock() <= deadline)):
-                try:
-                    resource.start_unnamed(self._name_sole)  # type: ignore[attr-defined]
-                except XAException as e:
-                    self._start_failed(resource, self._name_sole(), e)
-                self._sole = resource
-                self._fused = True  # it has end_and_commit_one_phase too
-                enlisted = True
-            else:  # another thread came first, or it is too late: as the general path says
-                enlisted = self._enlist(resource)
-            if enlisted:
-                if self._syncs is _NONE:
-                    self._syncs = (sync,)  # an AfterCompletion, as the caller says
-                else:
-                    self._add_sync(sync)
-            return enlisted
+            if (self._phase is not _ACTIVE or self._rollback_only or self._timed_out
+                    or (deadline is not None and self._clock() > deadline)):
+                self._check_active("enlist a resource")
+            try:
+                resource.start_unnamed(self._name_sole)  # type: ignore[attr-defined]
+            except XAException as e:
+                self._start_failed(resource, self._name_sole(), e)
+            self._sole = resource
+            self._fused = True  # it has end_and_commit_one_phase too
+            if self._syncs is _NONE:
+                self._syncs = (sync,)  # an AfterCompletion, as the caller says
+            else:
+                self._add_sync(sync)
+            return True
         finally:
             lock.release()
 

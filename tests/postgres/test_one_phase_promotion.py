@@ -243,3 +243,40 @@ def test_a_session_lost_under_the_transaction_is_a_hazard_and_not_pooled(dbs, tm
             assert conn.get_backend_pid() != pid
             insert(conn, "next")
     assert values(dbs[0]) == ["warm", "next"], "the terminated session's work was rolled back"
+
+
+def test_another_thread_of_the_transaction_gets_its_own_session_where_none_is_shared(dbs, tm):
+    """The first session belongs to the thread it was handed to: another thread working in
+    the same transaction (resumed there) with a data source that shares no sessions gets a
+    session of its own, and the first thread still finds its own afterwards."""
+    import threading
+
+    ds = XADataSource(dbs[0], tm, resource_name="own", share_sessions=False)
+    seen: dict[str, object] = {}
+    try:
+        with tm.transaction() as tx:
+            with ds.connection() as mine:
+                insert(mine, "first thread")
+
+            def other() -> None:
+                tm.resume(tx)
+                try:
+                    with ds.connection() as theirs:
+                        seen["same"] = theirs is mine
+                        insert(theirs, "second thread")
+                except BaseException as e:  # noqa: BLE001 -- reported below
+                    seen["error"] = e
+                finally:
+                    tm.suspend()
+
+            worker = threading.Thread(target=other)
+            worker.start()
+            worker.join(60)
+            assert seen == {"same": False}
+            with ds.connection() as again:
+                assert again is mine, "this thread's first session, found again"
+                insert(again, "first thread again")
+        assert sorted(values(dbs[0])) == ["first thread", "first thread again", "second thread"]
+        assert len(ds._idle) == 2 and not ds._enlisted
+    finally:
+        ds.close()

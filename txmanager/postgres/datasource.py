@@ -61,26 +61,29 @@ class _ReturnToPool(AfterCompletion):
 
     __slots__ = ("_ds", "_key")
 
-    def __init__(self, ds: "XADataSource", key: tuple[int, int] | None) -> None:
+    def __init__(self, ds: "XADataSource", key: tuple[int, int]) -> None:
         self._ds = ds
-        #: whose transaction it is; a pooled session's own (made once) is told at each enlistment
-        self._key = key
+        self._key = key  # whose transaction it is: its entry in XADataSource._enlisted
 
     def after_completion(self, status: Any) -> None:
-        key = self._key
-        assert key is not None
-        self._ds._transaction_over(key)
+        self._ds._transaction_over(self._key)
 
 
-class _SessionReturn(_ReturnToPool):
-    """A pooled session's own :class:`_ReturnToPool`, made once with it: never a borrowed
-    session's, so it takes its session back without looking."""
+class _SessionReturn(AfterCompletion):
+    """A pooled session's own synchronization, made once with it, that takes it back to its
+    pool; and, while the session is a transaction's first resource, that transaction's entry
+    for it: ``_owner`` is the thread it was handed to (see _ConnectionScope.__enter__), and the
+    transaction holds the session (its sole resource, or its first branch once promoted), so
+    nothing per transaction goes in ``XADataSource._enlisted``."""
 
-    __slots__ = ("_resource",)
+    __slots__ = ("_ds", "_resource", "_owner")
 
     def __init__(self, ds: "XADataSource", resource: PostgresXAResource) -> None:
-        super().__init__(ds, None)
+        self._ds = ds
         self._resource = resource
+        #: the thread the session was last handed to as a transaction's first resource (only
+        #: read with the transaction that holds it: see XADataSource._first_session)
+        self._owner: int | None = None
 
     def after_completion(self, status: Any) -> None:
         """Back to the idle list when the session can run another branch (else closed): the
@@ -92,10 +95,6 @@ class _SessionReturn(_ReturnToPool):
         and close()'s ``pop`` each take a session once).  Two releases at once may leave one
         session more than ``pool_size`` idle, until the next acquire."""
         ds = self._ds
-        key = self._key
-        if key is not None:  # the transaction's entry, told at its enlistment
-            self._key = None
-            ds._enlisted.pop(key, None)
         resource = self._resource
         conn = resource._session
         # ``_lagging``: the last branch committed in one phase and nothing ran on the session
@@ -148,12 +147,12 @@ class _ConnectionScope:
         if type(tx) is not Transaction or tx._sole is not None or tx._enlisted:
             return ds._enlisted_connection(tx)
         # The usual case, the transaction's first resource: a pooled session joins it on the
-        # one-phase path (Transaction._enlist_sole), without the general enlistment's look for
-        # it among others.  Nothing else can be in the transaction yet, so there is no branch
-        # of this database to share (nor an entry of this thread's in ``_enlisted``: that goes
-        # with an enlistment), and other users find this one through the transaction itself
-        # (session_for_database).
-        key = (get_ident(), id(tx))
+        # one-phase path (Transaction._enlist_first), without the general enlistment's look for
+        # it among others.  Nothing else is in the transaction yet, so there is no branch of
+        # this database to share; the transaction itself holds the session (this thread's
+        # next ``with`` finds it there: _first_session), and so do other users of the same
+        # database (session_for_database).
+        owner = get_ident()
         try:
             resource = ds._idle.pop()  # what _acquire does first, inline
         except IndexError:
@@ -163,21 +162,17 @@ class _ConnectionScope:
             if conn is None or conn.closed:
                 resource.close()
                 resource = ds._acquire()
-        ds._enlisted[key] = (tx, resource)
         sync = resource._pool_return
-        sync._key = key
         try:
-            if not tx._enlist_first(resource, sync):
-                raise RuntimeError(f"the transaction refused to enlist {ds.resource_name}")
+            first = tx._enlist_first(resource, sync)
         except BaseException:
-            ds._transaction_over(key)
+            ds._release(resource)
             raise
-        if tx._sole is resource:
-            resource._shared_as = ds.identity if ds.share_sessions else None
-        else:  # another thread's resource came first (a transaction shared by threads)
-            resource._shared_as = None
-            if ds.share_sessions:
-                offer_session(tx, ds.identity, resource)
+        if not first:  # another thread's resource came first (a transaction shared by threads)
+            ds._release(resource)
+            return ds._enlisted_connection(tx)
+        sync._owner = owner
+        resource._shared_as = ds.identity if ds.share_sessions else None
         # started, so its session is open: start_unnamed took it open or _begin opened it, and
         # nothing ran on it since
         return resource._session
@@ -302,6 +297,8 @@ class XADataSource:
         entry = self._enlisted.get(key)
         if entry is not None:
             resource = entry[1]
+        elif (first := self._first_session(tx, key[0])) is not None:
+            resource = first
         else:
             shared = session_for_database(tx, self.identity) if self.share_sessions else None
             if shared is not None:
@@ -332,6 +329,20 @@ class XADataSource:
         if conn is None or conn.closed:
             conn = resource.connection
         return conn
+
+    def _first_session(self, tx: _Transaction, owner: int) -> PostgresXAResource | None:
+        """The session this data source handed to thread ``owner`` as ``tx``'s first resource
+        (see _ConnectionScope.__enter__), which has no entry in ``_enlisted``: the
+        transaction's sole resource, or its first branch once a second resource promoted it."""
+        resource = getattr(tx, "_sole", None)
+        if resource is None:
+            branches = getattr(tx, "_branches", None)
+            resource = branches[0].resource if branches else None
+        sync = getattr(resource, "_pool_return", None)
+        if (type(sync) is _SessionReturn and sync._ds is self and sync._owner == owner
+                and resource._branch is not None):  # type: ignore[union-attr]
+            return resource
+        return None
 
     def _join(self, tx: _Transaction, key: tuple[int, int], shared: PostgresXAResource) -> Connection:
         """Work in the branch another user of this database runs: its session, not ours to pool."""
