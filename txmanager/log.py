@@ -295,6 +295,40 @@ def commit_record(gxid: Xid, branches: Sequence[tuple[Xid, str]], at: float) -> 
     return _commit_payload(gxid, branches, at).decode("ascii")
 
 
+def mark_record(gxid: Xid, branches: Sequence[tuple[Xid, str]], at: float) -> str:
+    """A commit decision as a commit mark keeps it (:mod:`.marks`): :func:`commit_record`
+    without what the mark's row says already (its ``gtrid`` column names the transaction),
+    and each branch of that transaction by its qualifier alone (``+`` and its gid's last part).
+    About half the size: its row is written, and deleted, once per marked commit."""
+    gid = gxid.to_pg_gid()
+    listed = ",".join(f"[{_q(_within(x.to_pg_gid(), gid))},{_q(str(name))}]" for x, name in branches)
+    return f'{{"b":[{listed}],"at":{float(at)!r}}}'
+
+
+def _within(branch_gid: str, gid: str) -> str:
+    # a gid is "format_gtrid_bqual" in base64, which has no "_": a branch of the transaction
+    # is exactly a gid that begins with the transaction's own ("format_gtrid_")
+    return "+" + branch_gid[len(gid):] if branch_gid.startswith(gid) else branch_gid
+
+
+def parse_mark_record(gtrid: str, text: str) -> LogEntry:
+    """The decision in a mark's ``record`` (:func:`mark_record`; or the whole
+    :func:`commit_record`, as marks written before kept it) and its row's ``gtrid``;
+    ValueError/KeyError/TypeError when malformed."""
+    rec = json.loads(text)
+    if not isinstance(rec, dict):
+        raise ValueError(f"not a commit mark: {text[:80]!r}")
+    if "t" in rec:
+        entry = parse_commit_record(text)
+        if entry.gxid.to_pg_gid() != gtrid:
+            raise ValueError(f"the mark of {gtrid} records the decision of {entry.gxid}")
+        return entry
+    gxid = Xid.from_text(gtrid)
+    branches = tuple((Xid.from_text(gtrid + x[1:] if x.startswith("+") else x), str(name))
+                     for x, name in rec["b"])
+    return LogEntry(gxid, branches, True, {}, float(rec["at"]))
+
+
 def parse_commit_record(text: str) -> LogEntry:
     """The decision in :func:`commit_record`'s text; ValueError/KeyError/TypeError when malformed."""
     rec = json.loads(text)

@@ -49,7 +49,8 @@ __all__ = ["TABLE", "CREATE_TABLE", "MarkQueue", "insert_statement"]
 TABLE = "txm_commit_mark"
 
 #: ``gtrid``: the global xid as a PostgreSQL gid; ``node``: the transaction manager's node;
-#: ``record``: the decision, in the recovery log's own record format.
+#: ``record``: the decision (:func:`~txmanager.log.mark_record`: the branches it names and when; marks
+#: written before it kept the recovery log's whole record, which recovery still reads).
 CREATE_TABLE = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} (gtrid text PRIMARY KEY, node text NOT NULL, "
     "record text NOT NULL)"

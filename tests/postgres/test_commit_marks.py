@@ -13,6 +13,7 @@ import pytest
 
 from tests.txmanager.conftest import log_records
 from txmanager import RollbackError, TransactionManager
+from txmanager.log import commit_record, parse_mark_record
 from txmanager.marks import TABLE
 from txmanager.postgres import LazyBeginConnection, XADataSource
 
@@ -118,6 +119,34 @@ def test_a_crash_at_each_point_is_finished_alike_on_both_databases(dbs, tmp_path
         assert prepared_gids(dbs[0]) == prepared_gids(dbs[1]) == []
         assert marks(dbs[1]) == [], "recovery deletes the marks it carried out, and leftovers"
         assert not tm2.recovery.recover_once().acted, "a second pass finds nothing to do"
+    finally:
+        a2.close()
+        b2.close()
+        tm2.close()
+
+
+def test_a_mark_keeps_only_what_its_row_does_not_say_and_an_older_whole_record_still_decides(dbs, tmp_path):
+    """The mark's record names its branches by their qualifiers and repeats neither the
+    transaction's gid nor a record type (``mark_record``); a mark written by an earlier version,
+    with the log's whole commit record, decides its transaction all the same."""
+    log_path = tmp_path / "crash.log"
+    crash_in_the_second_transfer(dbs, log_path, "logged")  # the mark committed, a's branch prepared
+    [(gtrid, record)] = run(dbs[1], f"SELECT gtrid, record FROM {TABLE}")
+    [prepared] = prepared_gids(dbs[0])
+    assert gtrid not in record and '"t"' not in record, record
+    assert prepared.startswith(gtrid) and f'"+{prepared[len(gtrid):]}"' in record, record
+    entry = parse_mark_record(gtrid, record)
+    assert [(x.to_pg_gid(), name) for x, name in entry.branches] == [(prepared, "a")]
+    run(dbs[1], f"UPDATE {TABLE} SET record = %s", (commit_record(entry.gxid, entry.branches, entry.logged_at),))
+
+    tm2 = TransactionManager(node="crashy", log=log_path, safety_interval=0)
+    a2 = XADataSource(dbs[0], tm2, resource_name="a")
+    b2 = XADataSource(dbs[1], tm2, resource_name="b")
+    try:
+        report = tm2.recovery.recover_once()
+        assert not report.errors, report.summary()
+        assert values(dbs[0]) == ["debit-0", "debit-1"] and values(dbs[1]) == ["credit-0", "credit-1"]
+        assert prepared_gids(dbs[0]) == [] and marks(dbs[1]) == []
     finally:
         a2.close()
         b2.close()

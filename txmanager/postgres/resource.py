@@ -18,7 +18,7 @@ import psycopg2.extensions as ext
 from .. import marks as _marks
 from ..lazy_begin import _PENDING, _SQL, LazyBeginConnection, raise_commit_refused
 from ..lease import Fence
-from ..log import LogEntry, commit_record, parse_commit_record
+from ..log import LogEntry, mark_record, parse_mark_record
 from ..xa import (
     TMENDRSCAN,
     TMFAIL,
@@ -638,7 +638,7 @@ class PostgresXAResource:
                 raise XAException(XAER_PROTO, f"cannot commit {xid} with a mark: it is {b.state}")
             conn = self._check_usable(b)
             forgotten = self._marks.take()
-            record = commit_record(gxid, branches, time.time())
+            record = mark_record(gxid, branches, time.time())
             params: tuple[Any, ...] = ((gxid.to_pg_gid(), node, record) if fence is None
                                        else (gxid.to_pg_gid(), node, fence.epoch, record))
             statement = _marks.insert_statement(forgotten, fenced=fence is not None)
@@ -719,16 +719,16 @@ class PostgresXAResource:
                 if self._control_cursor_run("SELECT to_regclass(%s)", (_marks.TABLE,))[0][0] is None:
                     return {}
                 rows = self._control_cursor_run(
-                    f"SELECT record FROM {_marks.TABLE} WHERE node = %s", (node,))
+                    f"SELECT gtrid, record FROM {_marks.TABLE} WHERE node = %s", (node,))
             except psycopg2.Error as exc:
                 if exc.pgcode == "42P01":  # undefined_table: dropped in between
                     return {}
                 raise XAException(XAER_RMERR, f"{self.resource_name}: cannot read commit marks: "
                                               f"{_describe(exc)}") from exc
             entries: dict[Xid, LogEntry] = {}
-            for (text,) in rows:
+            for gtrid, text in rows:
                 try:
-                    entry = parse_commit_record(text)
+                    entry = parse_mark_record(gtrid, text)
                 except (ValueError, KeyError, TypeError) as exc:
                     raise XAException(XAER_RMERR, f"{self.resource_name}: unreadable commit mark "
                                                   f"{text[:120]!r}: {exc}") from exc
