@@ -10,35 +10,13 @@ import pytest
 from txmanager import RollbackError, TransactionManager
 from txmanager.postgres import PostgresXAResource, XADataSource
 
+from tests.postgres.support import insert, prepared_gids, run, values
+
 pytestmark = pytest.mark.postgres
 
 
 class Crash(BaseException):
     """Raised by a checkpoint hook: the commit stops dead there, as in a kill -9."""
-
-
-def run(dsn: str, sql: str, params=()):
-    conn = psycopg2.connect(dsn)
-    try:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(sql, params)
-            return cur.fetchall() if cur.description else None
-    finally:
-        conn.close()
-
-
-def values(dsn: str) -> list[str]:
-    return [v for (v,) in run(dsn, "SELECT v FROM t ORDER BY id")]
-
-
-def prepared_gids(dsn: str) -> list[str]:
-    return [g for (g,) in run(dsn, "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")]
-
-
-def insert(conn, value: str) -> None:
-    with conn.cursor() as cur:
-        cur.execute("INSERT INTO t (v) VALUES (%s)", (value,))
 
 
 @pytest.fixture

@@ -20,27 +20,9 @@ from txmanager.postgres import XADataSource
 from txmanager.transaction import AfterCompletion
 from txmanager.xa import XA_RBINTEGRITY
 
+from tests.postgres.support import insert, run, values
+
 pytestmark = pytest.mark.postgres
-
-
-def run(dsn: str, sql: str, params=()):
-    conn = psycopg2.connect(dsn)
-    try:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(sql, params)
-            return cur.fetchall() if cur.description else None
-    finally:
-        conn.close()
-
-
-def values(dsn: str) -> list[str]:
-    return [v for (v,) in run(dsn, "SELECT v FROM t ORDER BY id")]
-
-
-def insert(conn, value: str) -> None:
-    with conn.cursor() as cur:
-        cur.execute("INSERT INTO t (v) VALUES (%s)", (value,))
 
 
 @pytest.fixture

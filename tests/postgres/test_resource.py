@@ -20,26 +20,9 @@ from txmanager.xa import (
 )
 from txmanager.xid import FORMAT_ID, Xid
 
+from tests.postgres.support import prepared_gids, run, values
+
 pytestmark = pytest.mark.postgres
-
-
-def run(dsn: str, sql: str, params=()):
-    conn = psycopg2.connect(dsn)
-    try:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(sql, params)
-            return cur.fetchall() if cur.description else None
-    finally:
-        conn.close()
-
-
-def values(dsn: str) -> list[str]:
-    return [v for (v,) in run(dsn, "SELECT v FROM t ORDER BY id")]
-
-
-def prepared_gids(dsn: str) -> list[str]:
-    return [g for (g,) in run(dsn, "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")]
 
 
 @pytest.fixture
