@@ -79,7 +79,7 @@ knob an environment variable of the scenario's processes (``xa1~env.TXMANAGER_LA
 otherwise: a thread back from I/O, such as the one holding a SQLite store's file after its
 application's database commit, may wait that long for the interpreter while others compute).
 ``~server_threads=8`` serves the reliable service with 8 HTTP threads instead of the product's automatic
-count (``ReliableEngine.http_threads``: 16 on PostgreSQL, 4 on memory and SQLite); the XA service's data source
+count (``ReliableEngine.http_threads``: 4); the XA service's data source
 keeps as many idle sessions.
 Several knobs in one variant are joined with ``+`` (``sqlite~send_concurrency=2+receive_batch=4``).
 

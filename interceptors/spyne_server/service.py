@@ -186,8 +186,8 @@ class ReliableService:
         """Serve the service with waitress in a background thread; returns the server (``.url``).
 
         ``threads``: waitress's threads; None: the engine's
-        :attr:`~wsrm_plugin.engine.engine.ReliableEngine.http_threads` (16 on PostgreSQL, where
-        more receives at once share their commits' flushes; 4 otherwise).
+        :attr:`~wsrm_plugin.engine.engine.ReliableEngine.http_threads` (4; more let more
+        receives on PostgreSQL share a WAL flush, at the cost of thread switches).
 
         ``options`` go to :class:`~wsrm_plugin.engine.http_server.HttpServer` (``connection_limit``,
         ``channel_timeout``, ``request_timeout``, ``on_failure``...).  Block on the server with

@@ -151,8 +151,8 @@ def test_threads_get_their_own_connections(dbs, tm, sources):
 
 
 def test_sixteen_transactions_at_once_keep_their_sessions_for_the_next_sixteen(dbs, tm):
-    """The default pool keeps as many idle sessions as a PostgreSQL service has HTTP threads
-    (16, ``ReliableEngine.http_threads``): a second wave of 16 transactions at once opens no
+    """The default pool keeps 16 idle sessions, enough for a PostgreSQL service given 16 HTTP
+    threads (``serve(threads=16)``): a second wave of 16 transactions at once opens no
     session (a session opened per transaction costs PostgreSQL a backend started and ended)."""
     ds = XADataSource(dbs[0], tm)
     at_once = 16

@@ -34,7 +34,7 @@ from .backchannel import BackChannel
 from .destination import Destination
 from .inbound import Inbound
 from .invoker import Application, FailedDelivery, InvokerWorker
-from .policy import RMPolicy, http_thread_count
+from .policy import AUTOMATIC_HTTP_THREADS, RMPolicy
 from .reachability import UnreachablePeer
 from .reporter import NodeReports, reporter_name
 from .resend import ResendResult, resend_faulted
@@ -360,10 +360,10 @@ class ReliableEngine:
 
     @property
     def http_threads(self) -> int:
-        """The threads a built-in server gets unless told: 16 where a receive's durable commit
-        shares its flush with the commits of other threads at the same moment (PostgreSQL), so
-        that the receives of many sequences flush together; else 4 (memory, SQLite)."""
-        return http_thread_count(self.store.commits_are_costly, self.store.concurrent_sequences)
+        """The threads a built-in server gets unless told (:data:`~.policy.AUTOMATIC_HTTP_THREADS`):
+        more let more PostgreSQL receives share a WAL flush, and cost more thread switches on
+        a machine whose cores are not otherwise busy; that constant says what was measured."""
+        return AUTOMATIC_HTTP_THREADS
 
     @property
     def servers(self) -> tuple[HttpServer, ...]:

@@ -97,26 +97,13 @@ _SIZE = Count()                           # bytes, >= 1
 #: from 16 threads, 4 threads 0.92, medians of 3 rounds on a loaded 2-core machine).
 AUTOMATIC_INVOKER_THREADS = 4
 
-#: Threads of a built-in HTTP server (``serve(threads=None)``) where the store's commits are cheap
-#: (memory) or take turns on one file (SQLite).
+#: Threads of a built-in HTTP server (``serve(threads=None)``), whatever the store.  On
+#: PostgreSQL a receive waits in its HTTP thread for its durable commit, so more threads let
+#: more receives share one WAL flush; 16 won on a loaded machine, but on a quiet 2-core one the
+#: thread switches cost more than the flushes saved (16 sequences under XA in one database, one
+#: run of 3 rounds: 4 threads 0.87 of the outbox, 8 0.81, 16 0.74, at 1.69-1.72 WAL flushes a
+#: message each; two databases: 4 threads 0.59, 8 0.63).  ``threads=`` decides when given.
 AUTOMATIC_HTTP_THREADS = 4
-#: ... and where each receive waits for a durable commit that other sessions' commits at the
-#: same moment share (PostgreSQL: one WAL flush covers every commit waiting for it).  A receive
-#: holds its HTTP thread through that wait, so the threads bound how many commits one flush
-#: covers: with 4, 16 sequences' receives took 1.25 WAL flushes a message against the hand-written
-#: outbox's 0.98 (bench_compare --clients 16 --calls 1600, XA in one database, 2 rounds on a
-#: loaded 2-core machine: 4 threads 192 msg/s, 8 216, 16 309-323 with 0.96-1.01 flushes a
-#: message, 32 302-309).  Idle threads cost a stack each; one the store's session pool keeps
-#: (``PostgresStore(pool_size=16)``).
-AUTOMATIC_HTTP_THREADS_SHARED_FLUSH = 16
-
-
-def http_thread_count(commits_are_costly: bool, concurrent_sequences: bool) -> int:
-    """The threads of a built-in HTTP server by the store's kind (its ``commits_are_costly`` and
-    ``concurrent_sequences``): see :data:`AUTOMATIC_HTTP_THREADS_SHARED_FLUSH`."""
-    if commits_are_costly and concurrent_sequences:
-        return AUTOMATIC_HTTP_THREADS_SHARED_FLUSH
-    return AUTOMATIC_HTTP_THREADS
 
 
 #: Requests in flight at once where ``RMPolicy.send_concurrency`` is None: one per sequence with
