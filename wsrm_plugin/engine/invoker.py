@@ -362,7 +362,7 @@ class InvokerWorker:
         ``wakes_sender``: whether the delivery enqueued, when another thread ran it."""
         if handed_over:
             self.delivered += 1
-        if wakes_sender if wakes_sender is not None else getattr(self._ambient, "wake_sender", True):
+        if self.delivery_wakes_sender() if wakes_sender is None else wakes_sender:
             self._after_commit()
         self._on_delivered()
         self.settlement.succeeded()
