@@ -903,8 +903,11 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
         with conn.cursor() as cur:
             order = os.environ.get("BENCH_PG_STATEMENTS")
             by_calls = order == "calls"  # else by time, or by WAL written
-            cur.execute("SELECT query, sum(calls), sum(total_exec_time + total_plan_time), "
-                        "sum(total_plan_time), sum(wal_bytes), sum(wal_fpi) FROM pg_stat_statements GROUP BY query "
+            # each database apart (a scenario's client and service sides), named by its prefix
+            cur.execute("SELECT split_part(d.datname, '_', 1) || '_' || split_part(d.datname, '_', 2) || ': ' "
+                        "|| query, sum(calls), sum(total_exec_time + total_plan_time), "
+                        "sum(total_plan_time), sum(wal_bytes), sum(wal_fpi) FROM pg_stat_statements s "
+                        "JOIN pg_database d ON d.oid = s.dbid GROUP BY 1 "
                         f"ORDER BY {2 if by_calls else 5 if order == 'wal' else 3} DESC LIMIT %s", (top,))
             rows = cur.fetchall()
     finally:
