@@ -701,6 +701,25 @@ class _RmsMessages(api.RmsMessageManager):
                     f"WHERE m.rowid IN ({', '.join('?' * len(part))})" + tx.d.lock_of("s, m"), tuple(part))
                 found.update(((m.sequence_key, m.number), m) for m in self._with_sequences(rows))
             return [found[(key, number)] for _, _, key, number, _ in chosen if (key, number) in found]
+        if tx.d.lateral:
+            # PostgreSQL has no index of all due messages (schema version 8): each sequence's
+            # first ``limit`` due ones by its own index, the oldest of those fetched by their
+            # ctid and locked (as the round robin above does).  A message that another
+            # transaction holds is skipped as before; the batch is then filled only from the
+            # candidates, so it may come out shorter than the due messages would allow.
+            rows = tx.all(
+                _ordered_scan(tx)
+                + "WITH r AS MATERIALIZED (SELECT x.tid FROM rms_sequence s CROSS JOIN LATERAL "
+                f"(SELECT ctid AS tid, next_send_at, number FROM rms_message WHERE seq_key = s.seq_key "
+                f"AND NOT acked AND {_DUE} ORDER BY next_send_at, number LIMIT ?) x "
+                "WHERE s.sequence_id IS NOT NULL AND NOT s.faulted "
+                "ORDER BY x.next_send_at, s.seq_key, x.number LIMIT ?) "
+                f"SELECT {_read_cols(tx, 'm')} FROM rms_message m JOIN rms_sequence s ON s.seq_key = m.seq_key "
+                f"WHERE m.ctid = ANY(ARRAY(SELECT tid FROM r)) AND NOT m.acked AND {_DUE_M} "
+                "AND s.sequence_id IS NOT NULL AND NOT s.faulted ORDER BY m.next_send_at, m.seq_key, m.number "
+                "LIMIT ?" + tx.d.lock_of("s, m"),
+                (_now(now), _now(now), limit, 4 * limit, _now(now), _now(now), limit))
+            return self._with_payloads([_msg(r) for r in rows]) if payloads else [_msg(r) for r in rows]
         rows = tx.all(
             _ordered_scan(tx) + f"SELECT {_read_cols(tx, 'm')} FROM rms_message m "
             "JOIN rms_sequence s ON s.seq_key = m.seq_key "
