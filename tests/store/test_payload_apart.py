@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from wsrm_plugin.store import open_store
+from wsrm_plugin.store.sql.rms import PAYLOAD_APART_AT
 
 from .conftest import KINDS
 from .test_managers import new_rms
@@ -76,14 +77,40 @@ def test_secure_delete_is_a_store_option(tmp_path, query: str, zeroed: int) -> N
 
 
 def test_deleting_a_sequence_deletes_its_payloads(sqlite_store) -> None:
+    large = b"<env>" + b"x" * PAYLOAD_APART_AT + b"</env>"
     with sqlite_store.begin() as tx:
         new_rms(tx)
-        tx.rms_messages.enqueue("k1", b"<env/>", action="urn:op", soap_version="1.1", message_id="urn:m")
+        tx.rms_messages.enqueue("k1", large, action="urn:op", soap_version="1.1", message_id="urn:m")
     with sqlite_store.begin() as tx:
         assert tx.one("SELECT COUNT(*) FROM rms_payload")[0] == 1
         assert tx.one("SELECT LENGTH(payload) FROM rms_message")[0] == 0
         tx.rms.delete("k1")
     with sqlite_store.begin() as tx:
+        assert tx.one("SELECT COUNT(*) FROM rms_payload")[0] == 0
+
+
+def test_a_small_payload_stays_in_its_messages_row(sqlite_store) -> None:
+    """Below ``PAYLOAD_APART_AT`` the payload fits in the page an update of its row writes anyway:
+    no row of its own (an INSERT at the enqueue, a DELETE at the acknowledgement).  Both kinds
+    are read, acknowledged and purged alike, side by side in one sequence."""
+    small, large = b"<env/>", b"<env>" + b"x" * PAYLOAD_APART_AT + b"</env>"
+    with sqlite_store.begin() as tx:
+        new_rms(tx)
+        tx.rms.update("k1", sequence_id="seq-1", started=True, next_control_at=None)
+        for i, payload in enumerate((small, large, small, large)):
+            tx.rms_messages.enqueue("k1", payload, action="urn:op", soap_version="1.1", message_id=f"urn:m{i}")
+    with sqlite_store.begin() as tx:
+        assert tx.all("SELECT number, LENGTH(payload) FROM rms_message ORDER BY number") == \
+            [(1, len(small)), (2, 0), (3, len(small)), (4, 0)]
+        assert tx.all("SELECT number FROM rms_payload ORDER BY number") == [(2,), (4,)]
+        assert [m.payload for m in tx.rms_messages.list_for("k1")] == [small, large, small, large]
+        tx.rms_messages.record_send_attempts_across({"k1": [1, 2, 3, 4]}, next_send_at=0.0)
+    with sqlite_store.begin() as tx:
+        assert tx.rms_messages.acknowledge("k1", [(1, 2)]) == ([1, 2], True)
+        assert tx.all("SELECT number FROM rms_payload ORDER BY number") == [(4,)]
+        assert tx.rms_messages.mark_acked("k1", [(3, 4)]) == [3, 4]
+        assert tx.rms_messages.purge_acked("k1") == 2
+        assert tx.one("SELECT COUNT(*) FROM rms_message")[0] == 0
         assert tx.one("SELECT COUNT(*) FROM rms_payload")[0] == 0
 
 

@@ -226,23 +226,25 @@ def test_receive_and_take_waits_for_a_delivery_of_the_message_before_it(open_kin
 # -- receive_in_order: the lock, the receipt and the take in one round trip (PostgreSQL) ---------
 
 PG_ONLY = [k for k in KINDS if k.id == "postgresql"]
+SQL = [k for k in KINDS if k.id in ("postgresql", "sqlite")]
 
 
-def test_receive_in_order_is_a_guess_only_postgresql_makes(open_kind, store_url) -> None:
-    """The memory and SQLite stores have no round trip to save: None, nothing written."""
+def test_receive_in_order_is_a_guess_only_the_sql_stores_make(open_kind, store_url) -> None:
+    """The memory store has nothing to save: None, nothing written.  PostgreSQL saves a round
+    trip, SQLite a statement (the read of the row before its write)."""
     store = open_kind()
     _rmd(store, "s")
     assert _receive(store, 1)
     with store.begin() as tx:
         guessed = tx.receive_in_order("s", 2)
-    if store_url().startswith("postgresql"):
+    if store_url().startswith(("postgresql", "sqlite")):
         assert guessed is not None
     else:
         assert guessed is None
         assert _received(store, "s").received == AckRanges.of([1])
 
 
-@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+@pytest.mark.parametrize("store_url", SQL, indirect=True)
 def test_receive_in_order_records_and_takes_the_next_message(open_kind) -> None:
     store = open_kind(lock_timeout=10.0)
     _rmd(store, "s")
@@ -262,7 +264,7 @@ def test_receive_in_order_records_and_takes_the_next_message(open_kind) -> None:
     assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
 
 
-@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+@pytest.mark.parametrize("store_url", SQL, indirect=True)
 def test_receive_in_order_records_a_message_it_cannot_take(open_kind) -> None:
     """2 is buffered (not delivered yet): 3 is received, not taken (the caller buffers it)."""
     store = open_kind(lock_timeout=10.0)
@@ -315,7 +317,34 @@ def test_a_wrong_guess_writes_nothing_and_leaves_the_sequence_locked(open_kind) 
     assert _delivered(store, "s") == AckRanges.from_ranges([(1, 2)])
 
 
-@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+@pytest.mark.parametrize("store_url", [k for k in KINDS if k.id == "sqlite"], indirect=True)
+def test_a_wrong_guess_on_sqlite_writes_nothing(open_kind) -> None:
+    """SQLite's guess is the receipt's UPDATE: after a gap, a duplicate, on a closed sequence or
+    once the last number is known it changes no row, and the caller reads the row as it is."""
+    store = open_kind(lock_timeout=10.0)
+    _rmd(store, "s")
+    assert _receive(store, 1) and _receive(store, 2)
+    for number in (4, 2):  # a gap; a duplicate
+        with store.begin() as tx:
+            before = tx.conn.total_changes
+            assert tx.receive_in_order("s", number) is None
+            assert tx.conn.total_changes == before
+            assert tx.rmd.get("s").received == AckRanges.from_ranges([(1, 2)])
+    with store.begin() as tx:
+        tx.rmd.update("s", last_number=5)
+    with store.begin() as tx:
+        assert tx.receive_in_order("s", 3) is None
+    with store.begin() as tx:
+        tx.rmd.update("s", last_number=None, closed=True)
+    with store.begin() as tx:
+        assert tx.receive_in_order("s", 3) is None
+    with store.begin() as tx:
+        assert tx.receive_in_order("unknown", 2) is None
+    assert _received(store, "s").received == AckRanges.from_ranges([(1, 2)])
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 2)])
+
+
+@pytest.mark.parametrize("store_url", SQL, indirect=True)
 def test_a_receive_in_order_rolled_back_leaves_nothing(open_kind) -> None:
     """The caller checks the message after the guess wrote it, and rolls back if it refuses it."""
     store = open_kind(lock_timeout=10.0)

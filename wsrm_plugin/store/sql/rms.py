@@ -46,6 +46,16 @@ def _read_cols(tx: SqlTransaction, alias: str = "") -> str:
 ACTIVITY_GRAIN = 1.0
 
 
+#: SQLite (``Dialect.payload_apart``): a payload of this many bytes or more is kept in
+#: ``rms_payload``, out of its message's row, which SQLite writes again whole, overflow pages and
+#: all, at every send attempt and acknowledgement.  A smaller one stays in the row: it fits in the
+#: row's page, which such an update writes anyway, and a row of its own cost every message an
+#: INSERT at its enqueue, a DELETE at its acknowledgement and a page of the WAL at each (about a
+#: tenth of a reliable message's statements on either side).  Readers take either
+#: (:func:`.rows.msg_cols`).
+PAYLOAD_APART_AT = 2048
+
+
 #: A message is due when both its ``next_send_at`` (indexed) and its ``retry_at`` have come
 #: (two parameters: now, now).  ``retry_at`` is when a message sent once is due again: its first
 #: send writes only that, so that the UPDATE leaves every indexed column as it was (in place,
@@ -301,7 +311,8 @@ class _RmsMessages(api.RmsMessageManager):
             number = api.check_enqueue(seq, payload)
         if taken is None or not together:
             tx.capture_key("rms_message", sequence_key, number)
-            if tx.d.payload_apart:  # the row only names it: its updates then leave the payload be
+            if tx.d.payload_apart and len(values[3]) >= PAYLOAD_APART_AT:
+                # the row only names it: its updates then leave the payload be
                 tx.capture_key("rms_payload", sequence_key, number)
                 tx.write("INSERT INTO rms_payload (seq_key, number, payload) VALUES (?, ?, ?)",
                          (sequence_key, number, values[3]))
@@ -516,24 +527,30 @@ class _RmsMessages(api.RmsMessageManager):
                                                   seq.highest_number)
         # the two kinds of rows found through their own indexes: "acked OR within" in one
         # condition read every row of the sequence, and a backlog made each acknowledgement dearer
+        # (apart: whether its payload is in rms_payload, which leaves the row's own empty)
         deleted = tx.write_all(
             "DELETE FROM rms_message WHERE rowid IN (SELECT rowid FROM rms_message WHERE seq_key = ? "
             f"AND {within} UNION ALL SELECT rowid FROM rms_message WHERE seq_key = ? AND acked) "
-            "AND NOT reply_pending RETURNING number, acked, send_count", (sequence_key, *bounds, sequence_key))
-        newly = [number for number, acked, _ in deleted if not acked]
+            "AND NOT reply_pending RETURNING number, acked, send_count, length(payload) = 0",
+            (sequence_key, *bounds, sequence_key))
+        newly = [number for number, acked, _, _ in deleted if not acked]
         if to_mark:  # requests whose replies are still to come: acknowledged, kept until they come
             newly.extend(r[0] for r in tx.write_all(
                 "UPDATE rms_message SET acked = TRUE WHERE seq_key = ? AND reply_pending AND NOT acked "
                 f"AND {within} RETURNING number", (sequence_key, *bounds)))
-        if deleted and tx.d.payload_apart:
-            self._delete_payloads(sequence_key, [number for number, _, _ in deleted])
-        extra = sum(sent - 1 for _, _, sent in deleted if sent > 1)
+        apart = [number for number, _, _, empty in deleted if empty]
+        if apart and tx.d.payload_apart:
+            self._delete_payloads(sequence_key, apart)
+        extra = sum(sent - 1 for _, _, sent, _ in deleted if sent > 1)
         t = _now(now)
-        tx.capture_key("rms_sequence", sequence_key)
-        tx.write("UPDATE rms_sequence SET last_activity = ?, purged_retransmissions = purged_retransmissions + ? "
-                 "WHERE seq_key = ?", (t, int(extra), sequence_key))
-        tx.held_rms[sequence_key] = replace(seq, last_activity=t,
-                                            purged_retransmissions=seq.purged_retransmissions + int(extra))
+        # the sequence's row only when there is something to write, as on PostgreSQL
+        # (see ACTIVITY_GRAIN)
+        if extra or seq.last_activity is None or seq.last_activity < t - ACTIVITY_GRAIN:
+            tx.capture_key("rms_sequence", sequence_key)
+            tx.write("UPDATE rms_sequence SET last_activity = ?, purged_retransmissions = "
+                     "purged_retransmissions + ? WHERE seq_key = ?", (t, int(extra), sequence_key))
+            tx.held_rms[sequence_key] = replace(seq, last_activity=t,
+                                                purged_retransmissions=seq.purged_retransmissions + int(extra))
         return sorted(newly), bool(pending)
 
     def claim_first_sends(self, sequence_key: str, limit: int, *, next_send_at: float,
@@ -936,13 +953,16 @@ class _RmsMessages(api.RmsMessageManager):
                 self._seq(key)
             where = f"seq_key = ? AND {purgeable}"
             tx.capture("rms_message", where, (key,))
-            counts = tx.write_all(f"DELETE FROM rms_message WHERE {where} RETURNING send_count, number", (key,))
+            # (apart: whether its payload is in rms_payload, which leaves the row's own empty)
+            apart = ", length(payload) = 0" if tx.d.payload_apart else ""
+            counts = tx.write_all(f"DELETE FROM rms_message WHERE {where} RETURNING send_count, number{apart}",
+                                  (key,))
             count = len(counts)
             if not count:
                 continue
             if tx.d.payload_apart:
-                self._delete_payloads(key, [n for _, n in counts])
-            extra = sum(sent - 1 for (sent, _) in counts if sent > 1)
+                self._delete_payloads(key, [row[1] for row in counts if row[2]])
+            extra = sum(row[0] - 1 for row in counts if row[0] > 1)
             if extra:
                 tx.capture_key("rms_sequence", key)
                 tx.write("UPDATE rms_sequence SET purged_retransmissions = "
@@ -953,6 +973,8 @@ class _RmsMessages(api.RmsMessageManager):
     def _delete_payloads(self, key: str, numbers: list[int]) -> None:
         """The payloads of the messages of ``key`` just deleted (``Dialect.payload_apart``)."""
         tx = self._tx
+        if not numbers:
+            return
         numbers = sorted(numbers)
         for i in range(0, len(numbers), 500):
             where = f"seq_key = ? AND number IN ({_in_list(numbers[i:i + 500])})"

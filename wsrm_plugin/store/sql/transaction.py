@@ -25,7 +25,7 @@ from ..api import (
     _now,
 )
 from .dialect import Dialect
-from .rows import PRIMARY_KEYS, _rmd
+from .rows import _RMD_COLS, PRIMARY_KEYS, _cols, _rmd
 from .statements import _RECEIVE_IN_ORDER, _TAKE_LOCKED, _prefix, _rmd_assignments, _take_params
 from .undo import UndoLog
 
@@ -284,8 +284,10 @@ class SqlTransaction(api.StoreTransaction):
         Otherwise the sequence as it was before this message (for the
         caller's checks, which roll the transaction back if they refuse it),
         and whether the message was taken."""
-        if not self.d.for_update or number < 2 or sequence_id in self.held_rmd:
+        if number < 2 or sequence_id in self.held_rmd:
             return None
+        if not self.d.for_update:
+            return self._receive_in_order_here(sequence_id, number, now)
         api.check_number(number)
         self.lock(RANK_RMD, sequence_id)
         self.lock(RANK_INVOKER, sequence_id)
@@ -305,6 +307,29 @@ class SqlTransaction(api.StoreTransaction):
             return None
         self._wrote = True
         return replace(seq, received=api.parse_ranges(before)), self.note_take(sequence_id, number, bool(row[-1]))
+
+    def _receive_in_order_here(self, sequence_id: str, number: int,
+                               now: float | None) -> tuple[RmdSequence, bool] | None:
+        """:meth:`receive_in_order` where the transaction holds the whole file (SQLite): no lock to
+        take first, so the guess is the receipt's UPDATE itself (it changes the row only if the
+        sequence has received exactly 1..number-1 and is open, and returns it as written), and
+        the take follows: two statements where reading the row first made three.  None, and
+        nothing written, when the guess was wrong (the caller reads the row and goes the
+        general way: one statement more than before, for a duplicate, a gap or a closing
+        sequence)."""
+        api.check_number(number)
+        self.lock(RANK_RMD, sequence_id)
+        self.capture_key("rmd_sequence", sequence_id)
+        before = _prefix(number - 1)
+        rows = self.all(
+            "UPDATE rmd_sequence SET received = ?, last_activity = ? WHERE sequence_id = ? AND received = ? "
+            f"AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING {_cols(_RMD_COLS)}",
+            (_prefix(number), _now(now), sequence_id, before))
+        if not rows:
+            return None
+        self._wrote = True
+        seq = self.held_rmd[sequence_id] = _rmd(rows[0])
+        return replace(seq, received=api.parse_ranges(before)), self.invoker.take_next(sequence_id, number)
 
     def note_take(self, sequence_id: str, number: int, taken: bool) -> bool:
         """After a take: the invoker row as this transaction now holds it (or forgets it)."""
