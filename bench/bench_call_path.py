@@ -75,12 +75,14 @@ def _instrument() -> None:
     wrap_finish(memory.MemoryStore, "memory")
     wrap_finish(sqlite.SqliteStore, "sqlite")
     _instrument_postgres()
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        _note("fsync")
-        real_fsync(fd)
-    os.fsync = fsync  # type: ignore[assignment]
+    def counted(real: Any) -> Any:
+        def fsync(fd: int) -> None:
+            _note("fsync")
+            real(fd)
+        return fsync
+    os.fsync = counted(os.fsync)  # type: ignore[assignment]
+    if hasattr(os, "fdatasync"):  # the SQLite store's WAL sync where there is one
+        os.fdatasync = counted(os.fdatasync)  # type: ignore[assignment]
     post = http_client.HttpConnection.post
 
     def counted_post(self: Any, path: str, headers: dict[str, str], body: bytes, limit: int) -> Any:

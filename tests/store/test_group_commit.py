@@ -21,7 +21,8 @@ def test_concurrent_commits_share_fsyncs_and_each_returns_after_its_fsync(tmp_pa
         with store.begin() as tx:
             tx.write("CREATE TABLE received (item TEXT PRIMARY KEY)")
         sync = store._sync
-        real_fsync = os.fsync
+        name = "fdatasync" if hasattr(os, "fdatasync") else "fsync"  # the store's sync, see _sync_data
+        real_fsync = getattr(os, name)
         state = {"fsynced_through": 0}
         late: list[str] = []
         lock = threading.Lock()
@@ -33,7 +34,7 @@ def test_concurrent_commits_share_fsyncs_and_each_returns_after_its_fsync(tmp_pa
             with lock:
                 state["fsynced_through"] = max(state["fsynced_through"], committed)
 
-        monkeypatch.setattr(os, "fsync", counted_fsync)
+        monkeypatch.setattr(os, name, counted_fsync)
         commits_before, syncs_before = sync.commits, sync.syncs
 
         def worker(n: int) -> None:

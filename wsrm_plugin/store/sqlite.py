@@ -11,7 +11,7 @@ threads of one process queue cheaply.  Inside, ``BEGIN IMMEDIATE`` and WAL.
 
 Group commit: a commit writes its WAL frames (``synchronous=NORMAL``: no
 fsync inside SQLite), gives the file to the next transaction, and returns
-only once the WAL file is fsynced (:class:`_GroupSync`).  Transactions that
+only once the WAL file is fsynced (:class:`_GroupSync`; ``fdatasync`` where there is one).  Transactions that
 commit while one fsync runs share the next: one fsync for every commit
 waiting at that instant (concurrent receives, acknowledged only after their
 commit returned).  A commit that changed no row needs no fsync (a
@@ -220,10 +220,19 @@ class _GroupSync:
         except FileNotFoundError:
             return  # no WAL: everything was checkpointed into the database file, which SQLite synced
         try:
-            os.fsync(fd)
+            _sync_data(fd)
             self.syncs += 1
         finally:
             os.close(fd)
+
+
+def _sync_data(fd: int) -> None:
+    """The WAL's data on disk: ``fdatasync`` where there is one (Linux), as SQLite syncs its own
+    files.  A WAL is written over from its start after each checkpoint, in place, so the size
+    stays and ``fsync`` only added the inode's new modification time: a journal commit of the
+    file system per sync, which roughly doubled its time here (ext4, median 0.83-1.65 ms against
+    0.39-0.40 ms, loaded machine).  The size, when a write grew the file, is synced either way."""
+    getattr(os, "fdatasync", os.fsync)(fd)
 
 
 _gates_lock = threading.Lock()
