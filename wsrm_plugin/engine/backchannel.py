@@ -106,16 +106,25 @@ class BackChannel:
 
         Not durable: a send attempt recorded, which a power loss may forget (the reply then waits
         for its request's next copy, as one whose response was lost); a killed process keeps it.
-        The look takes no lock; the sequence's row is locked only once its reply is there."""
+        The look takes no lock; the sequence's row is locked only once its reply is there.
+
+        "Delivered, and no reply": the replies are looked at again after the delivery was seen.
+        Each statement reads what was committed when it began (PostgreSQL's READ COMMITTED):
+        a delivery that committed between the look at the replies and the look at the
+        deliveries, its reply with it, would otherwise be taken for one that owes none, and
+        its request acknowledged without its reply -- the client then never asks for it again
+        (a call that never ends)."""
         with self.store.begin(durable=False) as tx:
             replies = back_channel_replies(tx, identifier)
             if replies is None:
                 return Outcome.NOT_APPLICABLE, None
             reply = replies.get(number)
             if reply is None:
-                if number in tx.invoker.state(identifier).delivered:
+                if number not in tx.invoker.state(identifier).delivered:
+                    return Outcome.TIMED_OUT, None
+                reply = (back_channel_replies(tx, identifier) or {}).get(number)
+                if reply is None:
                     return Outcome.DELIVERED, None
-                return Outcome.TIMED_OUT, None
             taken = count_reply_handed_out(tx, reply_sequence_key(identifier), reply.number)
             if taken is None:
                 return Outcome.DELIVERED, None  # acknowledged (or ended) meanwhile
