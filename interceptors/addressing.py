@@ -155,6 +155,7 @@ class AddressingInterceptor(Interceptor):
     phase = Phase.ADDRESSING
     understands = WSA_HEADERS
     changes_received = False  # reading only: a received request's bytes still stand for its tree
+    quiet_without_envelope = True  # apply_addressing writes nothing where there is no envelope
 
     def __init__(self, version: AddressingVersion | str | None = WSA_2005_08, *,
                  required: bool = False, reply_to: EndpointReference | str | None = None,

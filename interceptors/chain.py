@@ -108,6 +108,11 @@ class Interceptor:
     #: the request as received) then still stand for its tree after it, and whoever stores the
     #: message (the WS-RM interceptor) takes them instead of serializing the tree again.
     changes_received: bool = True
+    #: Does ``handle_out`` leave a message without an envelope (a one-way call's empty 202)
+    #: alone?  True for one that only works on envelopes (the addressing and WS-RM
+    #: interceptors): when every interceptor of the out chain says so and no hook listens, a
+    #: server's empty answer is sent without running the chain (:meth:`InterceptorChain.quiet_without_envelope`).
+    quiet_without_envelope: bool = False
 
     def __init__(self, *, name: str | None = None, phase: Phase | None = None,
                  before: Iterable[str] | None = None, after: Iterable[str] | None = None) -> None:
@@ -251,6 +256,7 @@ class InterceptorChain:
         self._counter = 0
         self._in: _Plan = _order([])
         self._out: _Plan = _mirror(self._in)
+        self._quiet_without_envelope = True
         self._loaded_entry_points: set[tuple[str, str]] = set()
         self.plugins = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.plugins.add_hookspecs(hookspecs)
@@ -292,6 +298,15 @@ class InterceptorChain:
         plan = _order(entries)
         self._entries = entries
         self._in, self._out = plan, _mirror(plan)
+        self._quiet_without_envelope = all(getattr(e.interceptor, "quiet_without_envelope", False)
+                                           for e in entries)
+
+    def quiet_without_envelope(self) -> bool:
+        """Would the out chain leave a message without an envelope as it is?  True when every
+        interceptor says its ``handle_out`` does nothing to one (``Interceptor.quiet_without_envelope``)
+        and no ``wsrm_out_message`` hook is registered: an adapter may then answer an empty
+        reply (a one-way call's 202) without making a message of it and running the chain."""
+        return self._quiet_without_envelope and not self.plugins.hook.wsrm_out_message.get_hookimpls()
 
     def get(self, name: str) -> InterceptorLike | None:
         for entry in self._entries:

@@ -77,15 +77,26 @@ class HttpHeaders(MutableMapping[str, str]):
 
     def __init__(self, headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None) -> None:
         self._items: dict[str, tuple[str, str]] = {}
-        if headers is not None:  # what MutableMapping.update does, without its generic dispatch
-            if isinstance(headers, Mapping):
-                pairs: Iterable[tuple[str, str]] = headers.items()
-            elif hasattr(headers, "keys"):
-                pairs = ((name, headers[name]) for name in headers.keys())  # type: ignore[index]
-            else:
-                pairs = headers
-            for name, value in pairs:
-                self[name] = value
+        if headers is None:
+            return
+        if type(headers) is HttpHeaders:  # a copy: its names and values were checked when set
+            self._items = dict(headers._items)
+            return
+        pairs: Iterable[tuple[str, str]]
+        if isinstance(headers, Mapping):  # what MutableMapping.update does, without its dispatch
+            pairs = headers.items()
+        elif hasattr(headers, "keys"):
+            pairs = ((name, headers[name]) for name in headers.keys())  # type: ignore[index]
+        else:
+            pairs = headers
+        if type(pairs) is list or type(headers) is dict:
+            # a front end's headers (several messages a call each make some): one comprehension,
+            # once every value is known to be what __setitem__ takes (a later name wins, as there)
+            if all(type(value) is str for _, value in pairs):
+                self._items = {name.lower(): (name, value) for name, value in pairs}
+                return
+        for name, value in pairs:
+            self[name] = value
 
     def __getitem__(self, name: str) -> str:
         return self._items[name.lower()][1]

@@ -49,7 +49,7 @@ from wsrm_plugin.wire.soap import Envelope, fault_envelope
 from wsrm_plugin.wire.xmlsafe import DEFAULT_MAX_SIZE, parse_xml
 
 from interceptors.chain import (
-    Direction, InterceptorChain, Message, Phase, Response, Role, action_from_http,
+    Direction, HttpHeaders, InterceptorChain, Message, Phase, Response, Role, action_from_http,
 )
 from interceptors.understood import UnderstoodHeaders
 from interceptors.wsdl import RMPolicyAssertion, attach_policy, drop_undefined_header_messages
@@ -309,6 +309,9 @@ class ChainMiddleware:
         headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
         if envelope is None:
             headers = [(k, v) for k, v in headers if k.lower() != "content-type"]
+            if self.chain.quiet_without_envelope():
+                # nothing in the out chain would touch it: the answer _response_of would give
+                return Response(202 if status == 200 else status, None, dict(HttpHeaders(headers)))
         reply = Message(envelope, Direction.OUT, Role.SERVER, http_headers=headers,
                         http_status=status, exchange=request.exchange, address=request.address,
                         operation=request.operation)

@@ -141,6 +141,7 @@ class ReliableMessagingInterceptor(Interceptor):
     phase = Phase.RELIABLE_MESSAGING
     understands = WSRM_HEADERS | WSMC_HEADERS
     changes_received = False  # stores the request's bytes (as received, when nothing changed it)
+    quiet_without_envelope = True  # a reply without an envelope is nothing to send reliably
 
     def __init__(self, engine: ReliableEngine, *, required: bool = True, name: str | None = None) -> None:
         super().__init__(name=name)

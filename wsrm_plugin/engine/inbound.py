@@ -192,7 +192,7 @@ def _acknowledgement_envelope(soap: SoapVersion, wsa: AddressingVersion, action:
     if made is None:
         addressing = AddressingHeaders(to=wsa.anonymous, action=action, message_id="", version=wsa)
         made = _ACK_ENVELOPES[key] = build_envelope(soap, addressing.to_elements(wsa, soap=soap))
-    return copy.deepcopy(made)
+    return made.__copy__()  # type: ignore[attr-defined]  # lxml's deep copy (see addressing._copy_of)
 
 
 #: A handler of one part of a received message; a Reply ends the dispatch with that answer.

@@ -501,6 +501,8 @@ class InvokerWorker:
             self.settlement.service_actions(self.pause.nothing_waiting())
 
     def _step(self, probe: bool) -> bool:
+        if not self.store.buffer_may_hold():
+            return False  # nothing buffered: no transaction opened to find nothing
         if self.tm is not None and not self._anything_claimable():
             return False  # don't open an XA transaction just to find nothing
         work = _Step()

@@ -39,6 +39,7 @@ from txmanager.xid import Xid
 from . import api
 from .backlog import MessageIndex
 from .branches import BranchResource
+from .api.protocols import _OnFirstUse
 from .api import (
     RANK_INVOKER, RANK_RMD, RANK_RMS, BufferedMessage, DuplicateSequenceError,
     InvokerSequence, LockTimeoutError, NodeCondition, PoisonMessage, RmdSequence, RmsMessage,
@@ -149,6 +150,12 @@ class MemoryStore(api.StorageManager):
 
     def xa_resource(self) -> "MemoryXAResource":
         return self._resource
+
+    def buffer_may_hold(self) -> bool:
+        """Is any sequence's buffer holding a committed message?  A read of one dict's size (the
+        buffer's groups), without the mutex: a commit that buffers one wakes the invoker after
+        it, so a look that raced it is followed by another."""
+        return bool(self._groups[_BUF])
 
     def close(self) -> None:
         self._closed = True
@@ -277,11 +284,8 @@ class MemoryTransaction(api.StoreTransaction):
         #: numbers of the rms_message rows this transaction changed, by sequence (for the
         #: indexed queries, which read the committed rows from the store's index)
         self._staged_messages: dict[str, set[int]] = {}
-        self.rms = _Rms(self)
-        self.rms_messages = _RmsMessages(self)
-        self.rmd = _Rmd(self)
-        self.invoker = _Invoker(self)
-        self.conditions = _Conditions(self)
+        # the managers (rms, rms_messages, rmd, invoker, conditions) are made at first use
+        # (_OnFirstUse, set below the managers' classes): a transaction uses one or two
 
     # -- plumbing for the managers --------------------------------------------
 
@@ -1029,6 +1033,13 @@ class _Conditions(api.ConditionManager):
         found = [c for c in self._tx._scan(_CON).values() if kind is None or c.kind == kind]
         return sorted(found, key=lambda c: (c.since, c.kind, c.subject, c.reporter))
 
+
+# A transaction's managers, made on first use (see _OnFirstUse)
+MemoryTransaction.rms = _OnFirstUse("rms", _Rms)  # type: ignore[assignment]
+MemoryTransaction.rms_messages = _OnFirstUse("rms_messages", _RmsMessages)  # type: ignore[assignment]
+MemoryTransaction.rmd = _OnFirstUse("rmd", _Rmd)  # type: ignore[assignment]
+MemoryTransaction.invoker = _OnFirstUse("invoker", _Invoker)  # type: ignore[assignment]
+MemoryTransaction.conditions = _OnFirstUse("conditions", _Conditions)  # type: ignore[assignment]
 
 class MemoryXAResource(BranchResource):
     """The memory store as a volatile XA participant (see the module docstring).

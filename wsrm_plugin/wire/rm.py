@@ -209,7 +209,7 @@ def _block(version: RMVersion, soap: SoapVersion | None, local: str, *kids: str)
         for kid in kids:
             _sub(made, version, kid)
         _BLOCKS[key] = made
-    return copy.deepcopy(made)
+    return made.__copy__()  # type: ignore[attr-defined]  # lxml's deep copy (see addressing._copy_of)
 
 
 def _sub(parent: etree._Element, version: RMVersion, local: str, text: str | None = None) -> etree._Element:

@@ -13,7 +13,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Generic, Self, TypeVar, overload
 
 from txmanager.xa import XAResource
 
@@ -48,6 +48,43 @@ log = logging.getLogger(__name__)
 class _Manager:
     def __init__(self, tx: "StoreTransaction") -> None:
         self._tx = tx
+
+
+_M = TypeVar("_M", bound=_Manager)
+
+
+class _OnFirstUse(Generic[_M]):
+    """A store transaction's manager (``tx.rmd``...), made the first time it is read.
+
+    A receive uses one or two of the managers, a branch that runs one
+    statement none, an invoker's claim one; making them all for every
+    transaction was four or five Python calls (each run cold between two round
+    trips on a SQL store; several transactions a message on the memory store,
+    which sets them in its own module too).  A non-data descriptor: the
+    manager made goes into the transaction's ``__dict__``, where every later
+    read finds it without a call.  Not ``functools.cached_property``: on
+    Python 3.11 its first read takes a lock shared by every instance of the
+    class, which would serialize the first use of a manager across all the
+    threads running transactions.
+    """
+
+    __slots__ = ("_cls", "_name")
+
+    def __init__(self, name: str, cls: type[_M]) -> None:
+        self._name = name
+        self._cls = cls
+
+    @overload
+    def __get__(self, tx: None, owner: type | None = None) -> "_OnFirstUse[_M]": ...
+
+    @overload
+    def __get__(self, tx: StoreTransaction, owner: type | None = None) -> _M: ...
+
+    def __get__(self, tx: StoreTransaction | None, owner: type | None = None) -> "_M | _OnFirstUse[_M]":
+        if tx is None:
+            return self
+        manager = tx.__dict__[self._name] = self._cls(tx)
+        return manager
 
 
 class RmsSequenceManager(_Manager, ABC):
@@ -938,6 +975,15 @@ class StorageManager(ABC):
         """Does a transaction of this process hold the whole store now (SQLite's file)?  Always
         False where transactions lock rows, not the store."""
         return False
+
+    def buffer_may_hold(self) -> bool:
+        """Might the invoker buffer hold a message (committed)?  False only when this process
+        knows, without a transaction, that it holds none: an invoker thread's claim then opens
+        none to find nothing (a delivering thread looks once more after each delivery, and
+        finds nothing about as often as something).  A message buffered after the look wakes
+        the invoker when its receive commits, so nothing waits for the poll.  True where that
+        is not known without asking the database (another process may have buffered one)."""
+        return True
 
     def begin_deferred(self) -> StoreTransaction:
         """A local transaction that takes the store only at its first statement.

@@ -39,13 +39,14 @@ the one statement that spans the RMD and invoker tables) and :mod:`.undo`.
 
 from __future__ import annotations
 
+from ..api.protocols import _OnFirstUse
 from .conditions import _Conditions
 from .dialect import POSTGRES, SQLITE, Dialect
 from .invoker import _Invoker
 from .rmd import _Rmd
 from .rms import _Rms, _RmsMessages
 from .schema import LATEST_VERSION, MIGRATIONS, migrate
-from .transaction import SqlTransaction, _OnFirstUse, apply_undo
+from .transaction import SqlTransaction, apply_undo
 from .undo import decode_undo, encode_undo
 
 __all__ = ["Dialect", "SQLITE", "POSTGRES", "SqlTransaction", "migrate", "LATEST_VERSION", "MIGRATIONS",

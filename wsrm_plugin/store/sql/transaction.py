@@ -12,7 +12,7 @@ import contextlib
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, overload
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import api
 from ..api import (
@@ -475,41 +475,6 @@ class SqlTransaction(api.StoreTransaction):
                 api.exit_global(self, exc_type)
             return
         super().__exit__(exc_type, exc, tb)
-
-
-_M = TypeVar("_M", bound=api._Manager)
-
-
-class _OnFirstUse(Generic[_M]):
-    """A store transaction's manager (``tx.rmd``...), made the first time it is read.
-
-    A receive uses one or two of the four managers, a branch that runs one
-    statement none; making all four for every transaction was four Python
-    calls (each run cold between two round trips).  A non-data descriptor: the
-    manager made goes into the transaction's ``__dict__``, where every later
-    read finds it without a call.  Not ``functools.cached_property``: on
-    Python 3.11 its first read takes a lock shared by every instance of the
-    class, which would serialize the first use of a manager across all the
-    threads running transactions.
-    """
-
-    __slots__ = ("_cls", "_name")
-
-    def __init__(self, name: str, cls: type[_M]) -> None:
-        self._name = name
-        self._cls = cls
-
-    @overload
-    def __get__(self, tx: None, owner: type | None = None) -> "_OnFirstUse[_M]": ...
-
-    @overload
-    def __get__(self, tx: SqlTransaction, owner: type | None = None) -> _M: ...
-
-    def __get__(self, tx: SqlTransaction | None, owner: type | None = None) -> "_M | _OnFirstUse[_M]":
-        if tx is None:
-            return self
-        manager = tx.__dict__[self._name] = self._cls(tx)
-        return manager
 
 
 #: COPY's binary format: the signature, no flags, no header extension; and its trailer
