@@ -12,7 +12,7 @@ chain that loads them.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -101,6 +101,18 @@ class HttpHeaders(MutableMapping[str, str]):
     def __getitem__(self, name: str) -> str:
         return self._items[name.lower()][1]
 
+    # Mapping's get, __contains__ and items() go through __getitem__ (and a KeyError) for each
+    # name: the adapters read a message's headers several times each, so these read the table.
+    def get(self, name: str, default: Any = None) -> Any:
+        item = self._items.get(name.lower())
+        return default if item is None else item[1]
+
+    def __contains__(self, name: object) -> bool:
+        return name.lower() in self._items  # type: ignore[attr-defined]  # as Mapping's: a str key
+
+    def items(self) -> ItemsView[str, str]:
+        return _Items(self)
+
     def __setitem__(self, name: str, value: str) -> None:
         if not isinstance(value, str):
             raise TypeError(f"HTTP header {name!r} needs a str value, not {type(value).__name__}")
@@ -117,6 +129,15 @@ class HttpHeaders(MutableMapping[str, str]):
 
     def __repr__(self) -> str:
         return f"HttpHeaders({dict(self.items())!r})"
+
+
+class _Items(ItemsView[str, str]):
+    """:meth:`HttpHeaders.items`: the (name as set, value) pairs as the headers keep them."""
+
+    _mapping: HttpHeaders
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._mapping._items.values())
 
 
 def _soap_version_of(envelope: etree._Element | None) -> SoapVersion | None:

@@ -123,8 +123,14 @@ def _for_the_service(envelope: Envelope) -> bool:
 
 def _utf8(content_type: str | None, version: SoapVersion) -> str:
     """The request's Content-Type with charset=utf-8: the chain re-serializes envelopes as UTF-8."""
+    return _utf8_content_type(content_type, version.content_type)
+
+
+@functools.lru_cache(maxsize=64)
+def _utf8_content_type(content_type: str | None, default: str) -> str:
+    """:func:`_utf8` of a Content-Type and a SOAP version's media type (a delivery's is one of a few)."""
     if not content_type:
-        return f"{version.content_type}; charset=utf-8"
+        return f"{default}; charset=utf-8"
     parts = [p.strip() for p in content_type.split(";")]
     params = [p for p in parts[1:] if p and not p.lower().startswith("charset=")]
     return "; ".join([parts[0], *params, "charset=utf-8"])
@@ -156,10 +162,7 @@ def _request_url(environ: dict[str, Any]) -> str:
 
 
 def _headers_from_environ(environ: dict[str, Any]) -> list[tuple[str, str]]:
-    headers = []
-    for key, value in environ.items():
-        if key.startswith("HTTP_"):
-            headers.append((_header_name(key), value))
+    headers = [(_header_name(key), value) for key, value in environ.items() if key[:5] == "HTTP_"]
     if environ.get("CONTENT_TYPE"):
         headers.append(("Content-Type", environ["CONTENT_TYPE"]))
     if environ.get("CONTENT_LENGTH"):

@@ -22,13 +22,16 @@ from .namespaces import (
     ADDRESSING_VERSIONS, PREFIXES, WSA_2004_08, WSA_2005_08, AddressingVersion, SoapVersion,
     mc_anonymous_id,
 )
-from .xmlsafe import children, resolve_qname, split_tag, text_of
+from .xmlsafe import children, resolve_qname, text_of
 
 __all__ = ["EndpointReference", "AddressingHeaders", "new_message_id", "HEADER_NAMES"]
 
 #: Local names of the message addressing headers (same in both versions).
 HEADER_NAMES = ("To", "Action", "MessageID", "RelatesTo", "ReplyTo", "FaultTo", "From")
 _SINGLE = ("To", "Action", "MessageID", "ReplyTo", "FaultTo", "From")
+_HEADER_NAME_SET = frozenset(HEADER_NAMES)
+#: the WS-A versions by namespace (AddressingVersion.for_namespace's table, read without a call)
+_WSA_BY_NS = {v.ns: v for v in ADDRESSING_VERSIONS}
 _IS_REF_PARAM = etree.QName(WSA_2005_08.ns, "IsReferenceParameter").text
 
 
@@ -301,64 +304,77 @@ class AddressingHeaders:
         versions, duplicates of single-valued headers, empty values and
         endpoint references without an address.
         """
+        # One pass, no closures: every message received and every response read comes here.
+        # The errors, and which of several is raised, are those of reading each header in turn
+        # (mixed versions, then duplicates in _SINGLE's order, then RelatesTo, To, Action,
+        # MessageID, ReplyTo, FaultTo, From).
         found: dict[str, list[etree._Element]] = {}
-        versions: set[AddressingVersion] = set()
+        wsa: AddressingVersion | None = None
+        mixed = repeated = False
         parameters: list[etree._Element] = []
         for header in header_elements:
             tag = header.tag
             if not isinstance(tag, str):
                 continue
-            namespace, local = split_tag(tag)
-            wsa = AddressingVersion.for_namespace(namespace)
-            if wsa is not None and local in HEADER_NAMES:
-                versions.add(wsa)
-                found.setdefault(local, []).append(header)
+            if tag[:1] == "{":
+                namespace, _, local = tag[1:].partition("}")
+                version = _WSA_BY_NS.get(namespace)
+            else:
+                version, local = None, tag
+            if version is not None and local in _HEADER_NAME_SET:
+                if wsa is None:
+                    wsa = version
+                elif version is not wsa:
+                    mixed = True
+                same = found.get(local)
+                if same is None:
+                    found[local] = [header]
+                else:
+                    same.append(header)
+                    repeated = True
             elif header.get(_IS_REF_PARAM, "").strip() in ("true", "1"):
                 # The marker is a wire artifact of echoing; to_elements adds it back.
                 parameter = copy.deepcopy(header)
                 del parameter.attrib[_IS_REF_PARAM]
                 parameters.append(parameter)
-        if len(versions) > 1:
+        if mixed:
             raise InvalidAddressingHeader(
                 "the message mixes WS-Addressing 2004/08 and 2005/08 headers",
                 version=WSA_2005_08)
-        if not versions:
+        if wsa is None:
             return cls(reference_parameters=parameters)
-        wsa = versions.pop()
-        for local in _SINGLE:
-            if len(found.get(local, ())) > 1:
-                raise InvalidAddressingHeader(
-                    f"wsa:{local} appears {len(found[local])} times; at most once is allowed",
-                    subsubcode="InvalidCardinality", problem_header=wsa.qname(local), version=wsa)
-
-        def value(local: str, *, required_text: bool = True) -> str | None:
+        if repeated:
+            for local in _SINGLE:
+                if len(found.get(local, ())) > 1:
+                    raise InvalidAddressingHeader(
+                        f"wsa:{local} appears {len(found[local])} times; at most once is allowed",
+                        subsubcode="InvalidCardinality", problem_header=wsa.qname(local), version=wsa)
+        relates = found.get("RelatesTo")
+        relates_to, relationship = cls._relates_to(relates, wsa) if relates else (None, None)
+        values: dict[str, str | None] = {"To": None, "Action": None, "MessageID": None}
+        for local in values:
             elements = found.get(local)
-            if not elements:
-                return None
-            text = text_of(elements[0])
-            if not text and required_text:
-                raise InvalidAddressingHeader(
-                    f"wsa:{local} is empty", subsubcode="InvalidAddress" if local == "To" else None,
-                    problem_header=wsa.qname(local), version=wsa)
-            return text
-
-        def endpoint(local: str) -> EndpointReference | None:
+            if elements:
+                text = text_of(elements[0])
+                if not text:
+                    raise InvalidAddressingHeader(
+                        f"wsa:{local} is empty", subsubcode="InvalidAddress" if local == "To" else None,
+                        problem_header=wsa.qname(local), version=wsa)
+                values[local] = text
+        endpoints: dict[str, EndpointReference | None] = {"ReplyTo": None, "FaultTo": None, "From": None}
+        for local in endpoints:
             elements = found.get(local)
-            if not elements:
-                return None
-            try:
-                epr, _ = EndpointReference.from_xml(elements[0])
-            except MalformedMessageError as exc:
-                raise InvalidAddressingHeader(
-                    exc.reason, subsubcode="MissingAddressInEPR",
-                    problem_header=wsa.qname(local), version=wsa) from None
-            return epr
-
-        relates_to, relationship = cls._relates_to(found.get("RelatesTo", []), wsa)
+            if elements:
+                try:
+                    endpoints[local], _ = EndpointReference.from_xml(elements[0])
+                except MalformedMessageError as exc:
+                    raise InvalidAddressingHeader(
+                        exc.reason, subsubcode="MissingAddressInEPR",
+                        problem_header=wsa.qname(local), version=wsa) from None
         return cls(
-            to=value("To"), action=value("Action"), message_id=value("MessageID"),
+            to=values["To"], action=values["Action"], message_id=values["MessageID"],
             relates_to=relates_to, relationship_type=relationship,
-            reply_to=endpoint("ReplyTo"), fault_to=endpoint("FaultTo"), from_=endpoint("From"),
+            reply_to=endpoints["ReplyTo"], fault_to=endpoints["FaultTo"], from_=endpoints["From"],
             reference_parameters=parameters, version=wsa,
         )
 
