@@ -872,7 +872,11 @@ class _Invoker(api.InvokerBufferManager):
         if in_order:  # the sequences with buffered messages, each its next number looked up: no scan
             staged = {key[0] for (table, key), value in tx._changes.items()
                       if table == _BUF and value is not _DELETED}
+            owners = tx._store._owners
             for sequence_id in sorted(staged.union(tx._store._groups_of(_BUF))):
+                owner = owners.get((RANK_INVOKER, sequence_id))  # a peek: the lock below decides
+                if owner is not None and owner is not tx:
+                    continue  # SKIP LOCKED, before its rows are read: another invoker delivers it
                 if self._due_in_order(sequence_id, now) is None:
                     continue
                 if not tx._lock(RANK_INVOKER, sequence_id, wait=False):
