@@ -157,6 +157,31 @@ class _EarlyClaim:
             if self._item is not None:
                 self._item.reply_ack_rmd = self._rmd if self._offered_id is None else rmd
 
+    @property
+    def key(self) -> str:
+        """The sequence the enqueue takes (the one the engine last used for the call's target)."""
+        return self._key
+
+    def first_send(self, target: str) -> tuple[float, str | None] | None:
+        """What the enqueue needs to claim its message in its own statement
+        (``enqueue_claiming``): the next send time should it be claimed, and the sequence of
+        the replies whose acknowledgement the request carries, read beside.  None when the
+        claim must follow the enqueue (:meth:`claim`): earlier callers' acknowledgements to
+        apply first, or a peer not sent to now."""
+        worker = self._worker
+        if worker._callers_acks.identifiers() or is_back_channel(target) \
+                or worker.reachability.gate(target) is not Gate.SEND:
+            return None
+        now = time.time()
+        return (now + worker._retry_delay(target, 1) if worker.policy.retransmits else _NEVER), self._offered_id
+
+    def claimed(self, msg: RmsMessage | None, seq: RmsSequence, rmd: RmdSequence | None) -> None:
+        """The enqueue claimed its message (``msg``, as enqueued) in its own statement, or found
+        it not the caller's to send (None): as :meth:`claim` after it."""
+        if msg is not None:
+            self._item = _Planned(msg, seq, request_ack=self._worker.policy.ack_request is AckRequestMode.ALWAYS)
+            self._item.reply_ack_rmd = self._rmd if self._offered_id is None else rmd
+
     def committed(self) -> None:
         """The enqueue committed: the claim is its caller's (or the lane is free again).  In a
         global transaction: the enqueue's part is over, and the transaction's commit decides."""

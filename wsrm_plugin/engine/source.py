@@ -417,9 +417,12 @@ class Source:
         try:
             with self.transaction() as tx:
                 early = self._early_claim(tx, ident, kept)
-                receipt = self._enqueue_outgoing(tx, ident, outgoing, reply_callback, reply_context, kept=kept)
-                if early is not None:
-                    early.claim(tx, receipt)
+                receipt = None if early is None else \
+                    self._enqueue_claiming(tx, ident, early, outgoing, reply_callback, reply_context, kept)
+                if receipt is None:
+                    receipt = self._enqueue_outgoing(tx, ident, outgoing, reply_callback, reply_context, kept=kept)
+                    if early is not None:
+                        early.claim(tx, receipt)
         except BaseException:
             if early is not None:
                 early.abandon()
@@ -442,6 +445,32 @@ class Source:
             return None
         in_global = self.tm is not None and self.tm.get_transaction() is not None
         return self.early_claim(tx, cached, in_global)
+
+    def _enqueue_claiming(self, tx: StoreTransaction, ident: tuple[str, str, bool], early: Any,
+                          outgoing: OutgoingMessage, reply_callback: str | None, reply_context: bytes | None,
+                          kept: float | None) -> SendReceipt | None:
+        """The enqueue and its caller's claim (``early``) in one statement where the store can
+        (``enqueue_claiming``); None, nothing done, where it cannot or the claim must follow the
+        enqueue (``early.first_send``): the caller enqueues, then claims, as before."""
+        spec = early.first_send(ident[0])
+        if spec is None:
+            return None
+        next_send_at, offered_id = spec
+        self._ambient.wake_sender = True  # inside a delivery: the invoker wakes the sender after its commit
+        try:
+            done = tx.rms_messages.enqueue_claiming(
+                early.key, outgoing.payload, action=outgoing.action, soap_version=outgoing.soap.ns,
+                message_id=outgoing.message_id, target=ident[0], next_send_at=next_send_at,
+                rmd_sequence_id=offered_id, reply_callback=reply_callback, reply_context=reply_context,
+                send_at=None if kept is None else time.time() + kept,
+                awaits_reply=ident[2] and self._replies_on_back_channel())
+        except (SequenceNotOpenError, UnknownSequenceError):
+            return None  # nothing taken: enqueued as before, on a new sequence
+        if done is None:
+            return None
+        msg, claimed, seq, rmd = done
+        early.claimed(msg if claimed else None, seq, rmd)
+        return SendReceipt(seq.key, msg.number, msg.message_id)
 
     def _send_observed(self, observer: observe.Observer, target: str, envelope: bytes | etree._Element, *,
                        action: str | None, key: str, expect_reply: bool, message_id: str | None,

@@ -339,6 +339,65 @@ class _RmsMessages(api.RmsMessageManager):
             next_send_at=t if send_at is None else float(send_at), created_at=t,
             send_count=1 if handed_out else 0, last_sent_at=t if handed_out else None)
 
+    def enqueue_claiming(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
+                         message_id: str, target: str, next_send_at: float, rmd_sequence_id: str | None = None,
+                         reply_callback: str | None = None, reply_context: bytes | None = None,
+                         send_at: float | None = None, awaits_reply: bool = False, now: float | None = None
+                         ) -> tuple[RmsMessage, bool, RmsSequence, RmdSequence | None] | None:
+        """On PostgreSQL, one statement: :meth:`_take_number`'s with the message inserted, as
+        sent once (its attempt recorded as :meth:`claim_first_send` records it) when the
+        sequence is started and live, goes to ``target`` and the message before it is
+        acknowledged (or purged), and the RMD row read beside it (a plain SELECT: no lock).
+
+        The statement reads the messages as committed when it began: a message before it
+        acknowledged while the statement waited for the sequence's row is seen unacknowledged,
+        and the message is then inserted unclaimed (its caller's send claims it after the
+        commit, as without this statement), never claimed ahead of one still out."""
+        tx = self._tx
+        if not tx.d.writable_cte or tx.undo is not None or not isinstance(payload, (bytes, bytearray)) \
+                or len(payload) >= COPY_PAYLOAD_AT or sequence_key in tx._numbered or sequence_key in tx.took_number:
+            return None
+        t = _now(now)
+        due = t if send_at is None else float(send_at)
+        tx.lock(RANK_RMS, sequence_key)
+        tx.capture_key("rms_sequence", sequence_key)
+        read = f", r AS ({_SELECT_RMD}) " if rmd_sequence_id is not None else " "
+        rows = tx.write_all(
+            f"WITH s AS (UPDATE rms_sequence SET highest_number = highest_number + 1 WHERE seq_key = ? "
+            f"AND NOT ({_CLOSED_TO_ENQUEUES}) AND highest_number < ? RETURNING {_cols(_RMS_COLS)}), "
+            # the caller's to send (see rms_life: started and live; claim_first_send)
+            "c AS (SELECT s.target = ? AND s.started AND s.sequence_id IS NOT NULL AND NOT s.terminate_sent "
+            "AND NOT s.faulted AND NOT EXISTS (SELECT 1 FROM rms_message b WHERE b.seq_key = s.seq_key "
+            "AND b.number = s.highest_number - 1 AND NOT b.acked) AS mine FROM s), "
+            f"m AS (INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}, retry_at) "
+            "SELECT s.seq_key, s.highest_number, ?, ?, ?, ?, FALSE, ?, ?, ?, "
+            "CASE WHEN c.mine THEN LEAST(CAST(? AS DOUBLE PRECISION), CAST(? AS DOUBLE PRECISION)) "
+            "ELSE CAST(? AS DOUBLE PRECISION) END, ?, CASE WHEN c.mine THEN 1 ELSE 0 END, "
+            "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END, "
+            "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END FROM s, c RETURNING number)"
+            + read + f"SELECT {_cols(_RMS_COLS, 's')}, c.mine" + (", r.*" if rmd_sequence_id is not None else "")
+            + " FROM s JOIN c ON TRUE" + (" LEFT JOIN r ON TRUE" if rmd_sequence_id is not None else ""),
+            (sequence_key, api.MAX_MESSAGE_NUMBER, target, message_id, action, soap_version, bytes(payload),
+             reply_callback, None if reply_context is None else bytes(reply_context),
+             reply_callback is not None or awaits_reply, due, next_send_at, due, t, t, next_send_at,
+             *((rmd_sequence_id,) if rmd_sequence_id is not None else ())))
+        if not rows:  # it takes no more messages: enqueue says precisely why
+            msg = self.enqueue(sequence_key, payload, action=action, soap_version=soap_version,
+                               message_id=message_id, reply_callback=reply_callback, reply_context=reply_context,
+                               send_at=send_at, now=now, awaits_reply=awaits_reply)
+            return msg, False, self._seq(sequence_key), None
+        row = rows[0]
+        width = len(_RMS_COLS)
+        seq = tx.held_rms[sequence_key] = _rms(row[:width])
+        tx.took_number.add(sequence_key)
+        rmd = _rmd(row[width + 1:]) if rmd_sequence_id is not None and row[width + 1] is not None else None
+        msg = RmsMessage(
+            sequence_key=sequence_key, number=seq.next_number - 1, message_id=message_id, action=action,
+            soap_version=soap_version, payload=bytes(payload), last=False, reply_callback=reply_callback,
+            reply_context=None if reply_context is None else bytes(reply_context),
+            reply_pending=reply_callback is not None or awaits_reply, next_send_at=due, created_at=t)
+        return msg, bool(row[width]), seq, rmd
+
     def _take_number(self, sequence_key: str, last: bool, message: tuple[Any, ...] = ()) -> RmsSequence | None:
         """The transaction's first enqueue on a sequence: lock its row and take the next number in
         one ``UPDATE ... RETURNING`` (the row as changed), instead of a SELECT ... FOR UPDATE and
