@@ -86,6 +86,11 @@ Several knobs in one variant are joined with ``+`` (``sqlite~send_concurrency=2+
 ``BENCH_PG_STATEMENTS=1`` loads ``pg_stat_statements`` and lists, at the end,
 the statements PostgreSQL spent longest on (run one scenario to read them); a number above 1
 lists that many; ``BENCH_PG_STATEMENTS=calls`` lists the 15 run most often instead, ``=wal`` the 15 that wrote most WAL.
+``BENCH_PG_CPU=1`` lists, after each round, PostgreSQL's CPU per message by process: the
+backends of each database (the client's side and the service's, their stores apart under xa2),
+the background processes, and the postmaster with the backends that ended meanwhile (counted
+through its reaped children, as the round's total is: the outbox's callers close their sessions
+before the service has counted every row).
 ``BENCH_PG_WAITS=1`` samples ``pg_stat_activity`` every 2 ms through the rounds and lists, at the
 end, what the active sessions were doing or waiting for (wait event, the statement's start), with
 the lock holders' statements for lock waits: who waits on what (run one scenario to read them).
