@@ -282,10 +282,16 @@ def test_a_callers_claim_and_a_replys_request_are_one_statement_each_on_postgres
     with store.begin() as tx:
         tx.rms.get("k1")
         seen = statements(tx)
-        assert tx.rms_messages.claim_first_send("k1", 1, next_send_at=1e12).number == 1
+        claimed = tx.rms_messages.claim_first_send("k1", 1, next_send_at=1e12)
+        assert (claimed.number, claimed.send_count, claimed.payload) == (1, 0, b"<req/>")  # as it was
+        claims = len(seen)
         assert not tx.rms_messages.reply_received("k1", 1).reply_pending
     if store.url.startswith("postgresql"):
         assert len(seen) == 2, seen
+    else:  # the message read with the one before it checked, then its attempt recorded
+        assert [s.split()[0] for s in seen[:claims]] == ["SELECT", "UPDATE"], seen
+    with store.begin() as tx:
+        assert tx.rms_messages.get("k1", 1).send_count == 1
 
 
 def test_a_callers_claim_reads_its_replies_sequence_in_the_same_statement_on_postgresql(store: StorageManager) -> None:

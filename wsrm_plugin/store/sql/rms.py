@@ -654,12 +654,35 @@ class _RmsMessages(api.RmsMessageManager):
         """On PostgreSQL, one statement: the message read, the one before it checked and the
         attempt recorded."""
         tx = self._tx
-        if not tx.d.writable_cte or tx.undo is not None:
+        if tx.undo is not None:
             return super().claim_first_send(sequence_key, number, next_send_at=next_send_at, now=now)
+        if not tx.d.writable_cte:
+            return self._claim_first_send_in_two(sequence_key, number, next_send_at, now)
         self._seq(sequence_key)
         rows = tx.write_all(self._first_send_claim(tx) + " SELECT * FROM m",
                             self._first_send_params(sequence_key, number, next_send_at, now))
         return self._with_payloads([_msg(rows[0])])[0] if rows else None
+
+    def _claim_first_send_in_two(self, sequence_key: str, number: int, next_send_at: float,
+                                 now: float | None) -> RmsMessage | None:
+        """:meth:`claim_first_send` where one statement cannot read a row as it was and write it
+        (SQLite): the message read if it is the caller's to send (the one before it checked in the
+        same read), then its attempt recorded as PostgreSQL's statement records it (no indexed
+        column moved).  Two statements and one read of the payload, where reading the message,
+        reading the one before it and recording the attempt (which read the row back) made three
+        of each."""
+        tx = self._tx
+        self._seq(sequence_key)  # sequence row first, then its messages: one order for all
+        row = tx.one(f"SELECT {_read_cols(tx)} FROM rms_message WHERE seq_key = ? AND number = ? AND NOT acked "
+                     "AND send_count = 0 AND NOT EXISTS (SELECT 1 FROM rms_message b WHERE b.seq_key = ? "
+                     "AND b.number = ? AND NOT b.acked)", (sequence_key, number, sequence_key, number - 1))
+        if row is None:
+            return None
+        tx.capture_key("rms_message", sequence_key, number)
+        tx.write(f"UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, {_FIRST_SEND} "
+                 "WHERE seq_key = ? AND number = ?",
+                 (_now(now), next_send_at, next_send_at, next_send_at, sequence_key, number))
+        return self._with_payloads([_msg(row)])[0]
 
     @staticmethod
     def _first_send_claim(tx: SqlTransaction) -> str:
