@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from .errors import HeuristicError, IllegalStateError, NotSupportedError
 from .log import MemoryLog, RecoveryLog, TransactionLog
 from .recovery import RecoveryManager
-from .transaction import Checkpoint, PreparedBranch, Status, Transaction, _Settings
+from .transaction import Checkpoint, PreparedBranch, Status, Transaction, _begin_one_phase, _Settings
 from .xa import XAER_NOTA, XAException, XAResource
 from .xid import Xid, default_node_name
 
@@ -35,7 +35,6 @@ __all__ = ["TransactionManager"]
 log = logging.getLogger(__name__)
 
 _new_object = object.__new__
-_monotonic = time.monotonic
 
 
 class TransactionManager:
@@ -150,8 +149,7 @@ class TransactionManager:
             # joins the running set then: one committed in one phase by a resource that needs
             # no xid never formats one.  A fresh gtrid (random bits of this process, a
             # counter) is no other transaction's: no need to ask the log or the running ones.
-            tx = _new_object(Transaction)  # what Transaction._new does, one call fewer
-            tx._setup(None, settings, timeout, _monotonic)
+            tx = _begin_one_phase(settings, timeout)  # promoted when it needs more (see _OnePhase)
             bound["tx"] = tx
             return tx
         gxid = xid
@@ -480,8 +478,7 @@ class _TransactionScope(contextlib.ContextDecorator):
         if self._timeout is None and not tm._closed and (current is None or current._finished):
             # the usual begin, what _begin_in does then without its call (nor its checks of
             # what this block never asks for: an xid, a prefix, a timeout of its own)
-            tx = _new_object(Transaction)
-            tx._setup(None, tm._settings, tm.default_timeout, _monotonic)
+            tx = _begin_one_phase(tm._settings, tm.default_timeout)
             bound["tx"] = tx
         else:  # _begin_in says what is wrong, or begins with the block's timeout
             tx = tm._begin_in(bound, self._timeout, None, b"")

@@ -1220,6 +1220,180 @@ class Transaction:
             self._cfg.checkpoint(point, index)
 
 
+#: serializes promotions of one-phase transactions (see _OnePhase._become_full); held for no call out
+_promoting = _thread.allocate_lock()
+
+
+class _OnePhase(Transaction):
+    """A transaction on its one-phase path: what the manager begins, until something needs more.
+
+    Most transactions of a service touch one database through one pooled session and commit
+    it in one phase.  This class runs exactly that, with a third of the state of the general
+    path: it begins with eight fields set (no lock, no lists, no branch xid), takes the data
+    source's first session (:meth:`_enlist_first`) and commits it in one call
+    (``end_and_commit_one_phase``), then gives it back to its pool, all without a lock: like
+    a JTA transaction it is used by one thread at a time, the one its manager bound it to
+    (the data source finds it through that binding).
+
+    Anything else promotes it first (:meth:`_become_full`: the other fields as the general
+    path starts them, a lock, and ``__class__`` set to :class:`Transaction`, whose methods
+    then run unchanged): a second resource or any other enlistment, a synchronization
+    registered (with work before completion or not), a delist, a suspend or a resume (so
+    another thread, which can only get it by a resume or from this one, finds it promoted),
+    a rollback, a prepare, a branch xid asked for, a crash-test hook, a commit that cannot
+    take the one-phase path (rollback-only, expired, the session not in a state to).  Every
+    method of :class:`Transaction` not named in :data:`_LEAN_SAFE` promotes before it runs
+    (see below the class), so a new method cannot forget to.  ``status``,
+    ``set_rollback_only``, ``xid`` and ``finished`` read or write only what this class keeps
+    and stay safe from any thread at any time.
+    """
+
+    __slots__ = ()  # the layout of Transaction: __class__ may change between the two
+
+    def _become_full(self) -> None:
+        """The fields this class leaves unset, as the general path has them at this point,
+        and the class set to :class:`Transaction` (once; idempotent)."""
+        if type(self) is not _OnePhase:
+            return  # promoted already (a bound method of this class kept by a resource)
+        with _promoting:
+            if type(self) is not _OnePhase:
+                return  # another thread came first
+            self._clock = _monotonic
+            self._lock = _thread.RLock()
+            self._timed_out = False
+            self._cause = None
+            self._completing = self._phase is not _ACTIVE  # a commit began (see commit)
+            self._branches = self._enlisted = _NONE  # type: ignore[assignment]
+            if self._sole is None:
+                self._syncs = _NONE
+            self._before = False
+            self._sole_xid = None
+            self._fused = True  # a sole resource came by _enlist_first: it has the fused call
+            self.__class__ = Transaction  # type: ignore[assignment]
+
+    def is_expired(self) -> bool:
+        deadline = self.deadline
+        return deadline is not None and _monotonic() > deadline
+
+    @property
+    def rollback_cause(self) -> BaseException | None:
+        return None  # a cause is only ever noted by the general path
+
+    def _enlist_first(self, resource: XAResource, sync: Synchronization) -> bool:
+        """:meth:`Transaction._enlist_first` without the lock, nor the fields the general path
+        keeps (see the class)."""
+        if self._sole is not None:
+            return False
+        deadline = self.deadline
+        if (self._phase is not _ACTIVE or self._rollback_only
+                or (deadline is not None and _monotonic() > deadline)):
+            self._become_full()
+            return Transaction._enlist_first(self, resource, sync)  # which says what is wrong
+        try:
+            resource.start_unnamed(self._name_sole)  # type: ignore[attr-defined]
+        except XAException as e:
+            self._become_full()
+            self._start_failed(resource, self._name_sole(), e)
+        self._sole = resource
+        self._syncs = (sync,)  # an AfterCompletion, as the caller says
+        return True
+
+    def commit(self) -> None:
+        """:meth:`Transaction.commit` of a transaction whose one resource came by
+        :meth:`_enlist_first`: one call ends and commits it, then its synchronization; any
+        other case (and any failure) promotes and goes on as the general path does."""
+        sole = self._sole
+        deadline = self.deadline
+        if (sole is None or self._phase is not _ACTIVE or self._rollback_only
+                or self._cfg.checkpoint is not None
+                or (deadline is not None and _monotonic() > deadline)):
+            self._become_full()
+            return Transaction.commit(self)  # which says what is wrong, or commits
+        self._phase = _COMMITTING
+        try:
+            try:
+                done = sole.end_and_commit_one_phase(None)  # type: ignore[attr-defined]
+            except Exception as e:  # noqa: BLE001 -- sorted out as the general path does
+                self._become_full()
+                self._one_phase_failed(self._promote("ended"), e)  # type: ignore[arg-type]
+                done = True
+            if done:  # what _finish(_COMMITTED) does
+                self._phase = _COMMITTED
+                self._finished = True
+                for s in self._syncs:
+                    try:
+                        s.after_completion(_COMMITTED)
+                    except Exception:  # noqa: BLE001 -- the outcome is final
+                        log.exception("after_completion of %r failed", s)
+                return
+            # the session is not in a state to: end and commit apart say why (general path)
+            self._become_full()
+            self._phase = _PREPARING
+            if not self._commit_sole(sole, try_fused=False):
+                self._commit()
+        finally:
+            # a manager's transaction never named was never in its running set: nothing to end
+            if self._xid is not None or self._cfg.registry is None:
+                self._leave_completion()
+
+
+def _begin_one_phase(settings: _Settings, timeout: float | None) -> _OnePhase:
+    """A manager's new transaction with no xid of its own yet: what ``Transaction._new(None,
+    settings, timeout)`` makes, as a :class:`_OnePhase` (the eight fields it keeps)."""
+    tx = _new_object(_OnePhase)
+    tx._xid = None
+    tx._cfg = settings
+    if timeout and timeout > 0:
+        tx.timeout = timeout
+        tx.deadline = _monotonic() + timeout
+    else:
+        tx.timeout = tx.deadline = None
+    tx._phase = _ACTIVE
+    tx._rollback_only = False
+    tx._finished = False
+    tx._sole = None
+    return tx
+
+
+#: What a :class:`_OnePhase` runs as :class:`Transaction` defines it: these read or write only
+#: the fields it keeps.  Every other method (and property) of Transaction promotes it first.
+_LEAN_SAFE = frozenset(("__init__", "_new", "_setup", "__repr__", "xid", "status", "finished",
+                        "set_rollback_only", "_leave_completion"))
+
+
+_become_full = _OnePhase._become_full
+
+
+def _promoting_first(name: str, member: Any) -> Any:
+    if isinstance(member, property):
+        getter = member.fget
+        assert getter is not None
+
+        def get(self: _OnePhase) -> Any:
+            _become_full(self)
+            return getter(self)
+
+        return property(get, doc=member.__doc__)
+
+    def method(self: _OnePhase, *args: Any, **kwargs: Any) -> Any:
+        _become_full(self)  # not self._become_full: a bound method kept (the namer) may outlive the class
+        return member(self, *args, **kwargs)
+
+    method.__name__ = name
+    method.__qualname__ = f"_OnePhase.{name}"
+    method.__doc__ = member.__doc__
+    return method
+
+
+for _member_name, _member in list(Transaction.__dict__.items()):
+    if (_member_name not in _LEAN_SAFE and _member_name not in _OnePhase.__dict__
+            and (callable(_member) or isinstance(_member, property))
+            and not isinstance(_member, (type, classmethod, staticmethod))
+            and (not _member_name.startswith("__") or _member_name == "__init__")):
+        setattr(_OnePhase, _member_name, _promoting_first(_member_name, _member))
+del _member_name, _member
+
+
 def _name(resource: object) -> str:
     return getattr(resource, "resource_name", None) or type(resource).__name__
 

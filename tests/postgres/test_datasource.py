@@ -314,13 +314,15 @@ def test_one_database_takes_the_one_phase_path_and_a_second_promotes_it(dbs, tm,
 
     one()  # the pool's first session connects: counted below is a transaction on a pooled one
     seen = _transaction_module_calls(one)
-    assert seen["Transaction._enlist_first"] == 1 and seen["Transaction.commit"] == 1
+    # the lean one-phase transaction (txmanager.transaction._OnePhase) from begin to commit
+    assert seen["_OnePhase._enlist_first"] == 1 and seen["_OnePhase.commit"] == 1
+    assert seen["_OnePhase._become_full"] == 0, "nothing promoted it to the general path"
     assert seen["Transaction._commit_sole"] == 0, "commit ends and commits the session in one call"
     assert seen["Transaction._name_sole"] == 0 and seen["Transaction.xid"] == 0, \
         "no xid is made (or formatted) for a transaction whose one branch nobody names"
     assert seen["_Branch.__init__"] == 0 and seen["Transaction._promote"] == 0
-    assert seen["lock acquisitions"] == 2, "the transaction's lock, to enlist and to commit: " \
-        "the session (its own the transaction's until completion) and the pool take none"
+    assert seen["lock acquisitions"] == 0, "no lock: the transaction is its thread's until " \
+        "promoted, the session the transaction's until completion, the pool's lists atomic"
     # begin, the connection's scope, its enlistment, the statement's cursor and execute, the
     # commit and the session's return: 28 Python calls at the start of the last round of cuts,
     # 21 at its end, 17 after the next, 14 now (the data source's enlistment, the session's

@@ -18,7 +18,7 @@ import psycopg2.extensions as ext
 from .. import marks as _marks
 from ..lazy_begin import LazyBeginConnection
 from ..manager import TransactionManager
-from ..transaction import AfterCompletion, Transaction
+from ..transaction import AfterCompletion, Transaction, _OnePhase
 from ..xa import (
     XAResource,
 )
@@ -144,7 +144,9 @@ class _ConnectionScope:
         if tx is None:
             self._local = ds._local_connection()
             return self._local.__enter__()
-        if type(tx) is not Transaction or tx._sole is not None or tx._enlisted:
+        kind = type(tx)
+        if not ((kind is _OnePhase and tx._sole is None)
+                or (kind is Transaction and tx._sole is None and not tx._enlisted)):
             return ds._enlisted_connection(tx)
         # The usual case, the transaction's first resource: a pooled session joins it on the
         # one-phase path (Transaction._enlist_first), without the general enlistment's look for
@@ -312,7 +314,7 @@ class XADataSource:
                     return self._join(tx, key, shared)
             self._enlisted[key] = (tx, resource)
             try:
-                if type(tx) is Transaction:  # both under one acquisition of its lock
+                if isinstance(tx, Transaction):  # both under one acquisition of its lock
                     enlisted = tx.enlist_with_synchronization(resource, _ReturnToPool(self, key))
                 else:
                     tx.register_synchronization(_ReturnToPool(self, key))

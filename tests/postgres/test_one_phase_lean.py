@@ -1,0 +1,196 @@
+"""The lean one-phase transaction (txmanager.transaction._OnePhase) and what promotes it.
+
+A transaction the manager begins runs as a lean object until something needs the general
+path; then it becomes a :class:`Transaction` (its class is set) with its state completed.
+test_one_phase_promotion.py covers the ways off the one-phase path that existed before the
+lean object (a second resource, suspend and resume, synchronizations with work, failed
+commits, another thread); these are the points the lean object added or changed: what reads
+it without promoting it (status, rollback-only from another thread, the xid), and what
+promotes it (a synchronization of any kind, a rollback, a timeout, a crash-test hook, the
+branches asked for, a prepare).  Each must end exactly as the general path ends it.
+Real PostgreSQL throughout.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from txmanager import RollbackError, Status, TransactionManager, TransactionTimeoutError
+from txmanager.postgres import XADataSource
+from txmanager.transaction import AfterCompletion, Transaction, _OnePhase
+
+from tests.postgres.support import insert, prepared_gids, run, values
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def db(pg_dsn_factory):
+    dsn = pg_dsn_factory("lean")
+    run(dsn, "CREATE TABLE t (id serial PRIMARY KEY, v text NOT NULL)")
+    return dsn
+
+
+@pytest.fixture
+def tm(tmp_path):
+    manager = TransactionManager(node="leantest", log=tmp_path / "tx.log")
+    yield manager
+    manager.close()
+
+
+@pytest.fixture
+def ds(db, tm):
+    source = XADataSource(db, tm, resource_name="lean")
+    with tm.transaction():  # the pool has a session: the transactions below take it
+        with source.connection() as conn:
+            insert(conn, "warm")
+    yield source
+    source.close()
+
+
+class Note(AfterCompletion):
+    def __init__(self, events: list, ds: XADataSource) -> None:
+        self.events, self.ds = events, ds
+
+    def after_completion(self, status: Status) -> None:
+        self.events.append((status, len(self.ds._idle)))
+
+
+def test_status_the_xid_and_rollback_only_from_another_thread_leave_it_lean(db, tm, ds):
+    """What any thread may ask at any time reads the lean object as it is; the rollback-only
+    mark set from another thread is seen by the commit, which rolls back (promoted)."""
+    fsyncs = tm.log.fsyncs
+    with pytest.raises(RollbackError):
+        with tm.transaction() as tx:
+            with ds.connection() as conn:
+                insert(conn, "marked")
+            assert type(tx) is _OnePhase and tx.status == Status.ACTIVE and not tx.finished
+            gtrid = tx.xid.gtrid
+            assert tm._in_flight.get(gtrid) is tx, "named: running, for recovery to leave alone"
+            seen: dict[str, object] = {}
+
+            def other() -> None:
+                seen["status"] = tx.status
+                tx.set_rollback_only()
+                seen["after"] = tx.status
+
+            worker = threading.Thread(target=other)
+            worker.start()
+            worker.join(60)
+            assert seen == {"status": Status.ACTIVE, "after": Status.MARKED_ROLLBACK}
+            assert type(tx) is _OnePhase, "reading and marking do not promote"
+    assert type(tx) is Transaction and tx.status == Status.ROLLEDBACK
+    assert values(db) == ["warm"] and len(ds._idle) == 1
+    assert gtrid not in tm._in_flight and tm.log.fsyncs == fsyncs
+
+
+def test_the_xid_asked_for_leaves_the_running_set_at_the_one_phase_commit(db, tm, ds):
+    fsyncs = tm.log.fsyncs
+    with tm.transaction() as tx:
+        with ds.connection() as conn:
+            insert(conn, "named")
+        gtrid = tx.xid.gtrid
+    assert type(tx) is _OnePhase and tx.status == Status.COMMITTED
+    assert gtrid not in tm._in_flight and tm.log.fsyncs == fsyncs
+    assert values(db) == ["warm", "named"] and len(ds._idle) == 1
+
+
+@pytest.mark.parametrize("when", ["before the connection", "after it"])
+def test_a_synchronization_promotes_and_the_commit_stays_one_phase(db, tm, ds, when):
+    """Even one with nothing to do before completion: its after_completion is told the
+    outcome after the pool's (or before, when registered first), and nothing is logged."""
+    events: list = []
+    fsyncs = tm.log.fsyncs
+    with tm.transaction() as tx:
+        if when == "before the connection":
+            tx.register_synchronization(Note(events, ds))
+            assert type(tx) is Transaction, "promoted by the synchronization"
+        with ds.connection() as conn:
+            insert(conn, "synced")
+        if when == "after it":
+            tx.register_synchronization(Note(events, ds))
+            assert type(tx) is Transaction and tx._sole is not None, "promoted, still one branch"
+    assert events == [(Status.COMMITTED, 0 if when == "before the connection" else 1)]
+    assert values(db) == ["warm", "synced"] and len(ds._idle) == 1 and tm.log.fsyncs == fsyncs
+
+
+@pytest.mark.parametrize("how", ["tm.rollback()", "an exception in the block"])
+def test_a_rollback_promotes_and_the_session_returns(db, tm, ds, how):
+    try:
+        with tm.transaction() as tx:
+            with ds.connection() as conn:
+                insert(conn, "undone")
+            if how == "tm.rollback()":
+                tm.rollback()
+            else:
+                raise KeyError("the body failed")
+    except KeyError:
+        assert how == "an exception in the block"
+    assert type(tx) is Transaction and tx.status == Status.ROLLEDBACK
+    assert values(db) == ["warm"] and len(ds._idle) == 1
+    with tm.transaction():
+        with ds.connection() as conn:
+            insert(conn, "next")
+    assert values(db) == ["warm", "next"]
+
+
+def _wait_expired(tx) -> None:
+    deadline = time.monotonic() + 60
+    while not tx.is_expired():
+        assert time.monotonic() < deadline, "the transaction never expired"
+        time.sleep(0.01)
+
+
+def test_an_expired_transaction_refuses_the_session_and_rolls_back(db, tm, ds):
+    with pytest.raises(TransactionTimeoutError):
+        with tm.transaction(timeout=0.05) as tx:
+            assert type(tx) is _OnePhase
+            _wait_expired(tx)
+            assert tx.status == Status.MARKED_ROLLBACK and type(tx) is _OnePhase
+            with ds.connection():
+                pass
+    assert len(ds._idle) == 1 and values(db) == ["warm"]
+    with pytest.raises(TransactionTimeoutError):
+        with tm.transaction(timeout=0.05) as tx:
+            with ds.connection() as conn:
+                insert(conn, "too late")
+            _wait_expired(tx)
+    assert type(tx) is Transaction and tx.status == Status.ROLLEDBACK
+    assert values(db) == ["warm"] and len(ds._idle) == 1
+
+
+def test_a_crash_test_hook_takes_the_general_path(db, tm, ds):
+    points: list[str] = []
+    tm._checkpoint = lambda point, index: points.append(point)
+    with tm.transaction() as tx:
+        with ds.connection() as conn:
+            insert(conn, "hooked")
+    assert points == ["before_commit_one_phase"] and type(tx) is Transaction
+    assert values(db) == ["warm", "hooked"] and len(ds._idle) == 1
+
+
+def test_the_branches_asked_for_promote_and_name_the_one_branch(db, tm, ds):
+    with tm.transaction() as tx:
+        with ds.connection() as conn:
+            insert(conn, "listed")
+        ((xid, resource),) = tx.branches
+        assert type(tx) is Transaction and xid == tx.xid.branch("0")
+        assert resource._pool_return._ds is ds, "the pool's session"
+    assert tx.status == Status.COMMITTED and values(db) == ["warm", "listed"]
+    assert len(ds._idle) == 1 and prepared_gids(db) == []
+
+
+def test_a_prepare_and_detach_promotes_and_the_manager_commits_it(db, tm, ds):
+    tx = tm.begin()
+    assert type(tx) is _OnePhase
+    with ds.connection() as conn:
+        insert(conn, "prepared")
+    branches = tx.prepare_and_detach()
+    assert type(tx) is Transaction and tx.status == Status.PREPARED
+    assert prepared_gids(db) == [branches[0].xid.to_pg_gid()] and values(db) == ["warm"]
+    assert tm.get_transaction() is None, "finished: unbound"
+    assert tm.commit_prepared(tx.xid, branches) == []
+    assert values(db) == ["warm", "prepared"] and prepared_gids(db) == []
