@@ -1337,7 +1337,7 @@ class _OnePhase(Transaction):
                 self._leave_completion()
 
 
-def _begin_one_phase(settings: _Settings, timeout: float | None) -> _OnePhase:
+def _begin_one_phase(settings: _Settings, timeout: float | None) -> Transaction:
     """A manager's new transaction with no xid of its own yet: what ``Transaction._new(None,
     settings, timeout)`` makes, as a :class:`_OnePhase` (the eight fields it keeps)."""
     tx = _new_object(_OnePhase)
