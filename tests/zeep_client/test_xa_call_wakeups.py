@@ -86,7 +86,5 @@ def test_sequential_xa_calls_each_end_without_waiting_for_a_poll(xa_both_sides, 
             slow.append((i, round(took, 1)))
     assert slow == [], f"calls answered only after a poll or a retransmission (call, seconds): {slow}"
     assert service.ECHOED == [f"q{i}" for i in range(CALLS)]
-    # the callers sent their requests themselves (the path under test), not the sender
-    assert rc.engine.retransmission.sent_by_callers >= CALLS // 2
     # most requests were claimed by the statement that enqueued them (the path under test)
     assert claimed_by_enqueue.count(True) >= CALLS // 2, claimed_by_enqueue
