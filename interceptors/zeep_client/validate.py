@@ -43,11 +43,35 @@ def validate_request(schema: Any, envelope: etree._Element) -> None:
         if not isinstance(node.tag, str):
             continue
         try:
-            element = schema.get_element(node.tag)
+            element = _global_element(schema, node.tag)
         except Exception as exc:  # noqa: BLE001 -- not a global element (rpc style): nothing to check against
             log.debug("request body element %s is no global schema element (%s): not checked", node.tag, exc)
             continue
         _check(element, node, [etree.QName(node).localname])
+
+
+#: Each schema's global elements by tag, as found: zeep's ``get_element`` parses the tag into a
+#: QName and walks the schema's documents at every call, for the one or two operations a client
+#: calls again and again.  Weak keys: a dropped WSDL's schema goes with it.  An element not found
+#: is looked up again next time (a schema may gain documents).
+_ELEMENTS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _global_element(schema: Any, tag: str) -> Any:
+    try:
+        found = _ELEMENTS[schema]
+    except KeyError:
+        found = {}
+        try:
+            _ELEMENTS[schema] = found
+        except TypeError:  # a schema that cannot be weakly referenced: looked up each time
+            pass
+    except TypeError:
+        found = {}
+    element = found.get(tag)
+    if element is None:
+        element = found[tag] = schema.get_element(tag)
+    return element
 
 
 def _check(element: Any, node: etree._Element, path: list[str]) -> None:

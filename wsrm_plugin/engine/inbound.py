@@ -657,17 +657,19 @@ class Inbound:
 
     # -- responses to what we sent ------------------------------------------------------------------
 
-    def read_response(self, data: bytes, *, store_key: str | None = None,
-                      apply_faults: bool = True, origin: str | None = None) -> ResponseContent:
+    def read_response(self, data: bytes, *, store_key: str | None = None, apply_faults: bool = True,
+                      origin: str | Callable[[], str] | None = None) -> ResponseContent:
         """Apply what a response says (acks; faults about ``store_key`` unless not
         ``apply_faults``); return its body or fault for the caller to judge.
 
         ``origin`` says what answered what (``HTTP 200 OK from URL to message 4``)
-        for the log line of a response that cannot be read.
+        for the log line of a response that cannot be read; a callable is asked only then.
         """
         try:
             message = read_message(data, self.policy.max_message_size)
         except SoapFault as fault:
+            if callable(origin):
+                origin = origin()
             log.warning("unreadable response%s (%s); treating it as lost", f" ({origin})" if origin else "", fault)
             return ResponseContent()
         if message.sequence is not None:  # a reply on the back-channel: the caller handles it (acks too),

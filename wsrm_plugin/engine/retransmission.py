@@ -613,8 +613,9 @@ class RetransmissionWorker:
         status and URL than a parse error of its body would.
         """
         if response.body and response.is_xml:
-            origin = f"{response.describe(seq.target)} to {what}"
-            return self.inbound.read_response(response.body, origin=origin, **kwargs)
+            # said only of a response that cannot be read: not written out for every one
+            return self.inbound.read_response(
+                response.body, origin=lambda: f"{response.describe(seq.target)} to {what}", **kwargs)
         if not 200 <= response.status < 300:
             # An unavailable peer's answers (502, 503...) say so at INFO until its breaker judges
             # it unreachable, which it reports once (WARNING), then at DEBUG: not once per request.
