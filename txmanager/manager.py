@@ -26,7 +26,9 @@ from collections.abc import Sequence
 from .errors import HeuristicError, IllegalStateError, NotSupportedError
 from .log import MemoryLog, RecoveryLog, TransactionLog
 from .recovery import RecoveryManager
-from .transaction import Checkpoint, PreparedBranch, Status, Transaction, _begin_one_phase, _Settings
+from .transaction import (
+    _ACTIVE, Checkpoint, PreparedBranch, Status, Transaction, _begin_one_phase, _OnePhase, _Settings,
+)
 from .xa import XAER_NOTA, XAException, XAResource
 from .xid import Xid, default_node_name
 
@@ -34,7 +36,7 @@ __all__ = ["TransactionManager"]
 
 log = logging.getLogger(__name__)
 
-_new_object = object.__new__
+_monotonic = time.monotonic
 
 
 class TransactionManager:
@@ -226,7 +228,7 @@ class TransactionManager:
         """``with tm.transaction() as tx:`` -- commit on normal exit, roll back on an
         exception (which is re-raised).  A body that completes the transaction
         itself is left alone.  Also usable as a decorator."""
-        scope = _new_object(_TransactionScope)  # what _TransactionScope(self, timeout) makes, one call fewer
+        scope = _TransactionScope()
         scope._tm = self
         scope._timeout = timeout
         return scope
@@ -459,16 +461,16 @@ class _TransactionScope(contextlib.ContextDecorator):
     a one-phase transaction's own cost.
     """
 
+    # No __init__ (see TransactionManager.transaction): the class called with no arguments makes
+    # one for less than object.__new__ does, and a Python __init__ would cost a frame.
     __slots__ = ("_tm", "_timeout", "_tx", "_bound")
+    _tm: TransactionManager
+    _timeout: float | None
+    _tx: Transaction | None
     _bound: dict[str, Transaction | None]  # the thread's dict of tm._local, set by __enter__
 
-    def __init__(self, tm: TransactionManager, timeout: float | None) -> None:
-        self._tm = tm
-        self._timeout = timeout
-        self._tx: Transaction | None = None
-
     def _recreate_cm(self) -> "_TransactionScope":
-        return _TransactionScope(self._tm, self._timeout)  # a fresh one per decorated call
+        return self._tm.transaction(self._timeout)  # a fresh one per decorated call
 
     def __enter__(self) -> Transaction:
         tm = self._tm
@@ -478,7 +480,20 @@ class _TransactionScope(contextlib.ContextDecorator):
         if self._timeout is None and not tm._closed and (current is None or current._finished):
             # the usual begin, what _begin_in does then without its call (nor its checks of
             # what this block never asks for: an xid, a prefix, a timeout of its own)
-            tx = _begin_one_phase(tm._settings, tm.default_timeout)
+            # (_begin_one_phase, inline: the block's begin is a share of a one-phase transaction)
+            tx = _OnePhase()
+            tx._xid = None
+            tx._cfg = tm._settings
+            timeout = tm.default_timeout
+            if timeout and timeout > 0:
+                tx.timeout = timeout
+                tx.deadline = _monotonic() + timeout
+            else:
+                tx.timeout = tx.deadline = None
+            tx._phase = _ACTIVE
+            tx._rollback_only = False
+            tx._finished = False
+            tx._sole = None
             bound["tx"] = tx
         else:  # _begin_in says what is wrong, or begins with the block's timeout
             tx = tm._begin_in(bound, self._timeout, None, b"")

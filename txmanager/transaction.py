@@ -1233,7 +1233,9 @@ class _OnePhase(Transaction):
     source's first session (:meth:`_enlist_first`) and commits it in one call
     (``end_and_commit_one_phase``), then gives it back to its pool, all without a lock: like
     a JTA transaction it is used by one thread at a time, the one its manager bound it to
-    (the data source finds it through that binding).
+    (the data source finds it through that binding).  Two threads calling it at the same
+    instant (one handed the object without a resume) is outside that contract, as it is for
+    a JTA transaction; a promotion itself is serialized (``_promoting``).
 
     Anything else promotes it first (:meth:`_become_full`: the other fields as the general
     path starts them, a lock, and ``__class__`` set to :class:`Transaction`, whose methods
@@ -1249,12 +1251,15 @@ class _OnePhase(Transaction):
     """
 
     __slots__ = ()  # the layout of Transaction: __class__ may change between the two
+    # made by _OnePhase() and its fields set by the begin (see _begin_one_phase): the class called
+    # with no arguments costs less than object.__new__ (which packs an argument tuple)
+    __init__ = object.__init__
 
     def _become_full(self) -> None:
         """The fields this class leaves unset, as the general path has them at this point,
         and the class set to :class:`Transaction` (once; idempotent)."""
         if type(self) is not _OnePhase:
-            return  # promoted already (a bound method of this class kept by a resource)
+            return  # promoted already (a method of this class bound before the promotion)
         with _promoting:
             if type(self) is not _OnePhase:
                 return  # another thread came first
@@ -1264,8 +1269,8 @@ class _OnePhase(Transaction):
             self._cause = None
             self._completing = self._phase is not _ACTIVE  # a commit began (see commit)
             self._branches = self._enlisted = _NONE  # type: ignore[assignment]
-            if self._sole is None:
-                self._syncs = _NONE
+            # the lean object keeps its one synchronization (with its sole resource) as itself
+            self._syncs = _NONE if self._sole is None else (self._syncs,)  # type: ignore[assignment]
             self._before = False
             self._sole_xid = None
             self._fused = True  # a sole resource came by _enlist_first: it has the fused call
@@ -1290,12 +1295,12 @@ class _OnePhase(Transaction):
             self._become_full()
             return Transaction._enlist_first(self, resource, sync)  # which says what is wrong
         try:
-            resource.start_unnamed(self._name_sole)  # type: ignore[attr-defined]
+            resource.start_unnamed(self)  # type: ignore[attr-defined]  # it names the branch by _name_sole
         except XAException as e:
             self._become_full()
             self._start_failed(resource, self._name_sole(), e)
         self._sole = resource
-        self._syncs = (sync,)  # an AfterCompletion, as the caller says
+        self._syncs = sync  # type: ignore[assignment]  # the one, as itself (see _become_full)
         return True
 
     def commit(self) -> None:
@@ -1316,15 +1321,16 @@ class _OnePhase(Transaction):
             except Exception as e:  # noqa: BLE001 -- sorted out as the general path does
                 self._become_full()
                 self._one_phase_failed(self._promote("ended"), e)  # type: ignore[arg-type]
-                done = True
+                self._finish(_COMMITTED)  # a heuristic commit: done (anything else raised)
+                return
             if done:  # what _finish(_COMMITTED) does
                 self._phase = _COMMITTED
                 self._finished = True
-                for s in self._syncs:
-                    try:
-                        s.after_completion(_COMMITTED)
-                    except Exception:  # noqa: BLE001 -- the outcome is final
-                        log.exception("after_completion of %r failed", s)
+                sync = self._syncs  # the one, as itself (see _enlist_first)
+                try:
+                    sync.after_completion(_COMMITTED)  # type: ignore[union-attr]
+                except Exception:  # noqa: BLE001 -- the outcome is final
+                    log.exception("after_completion of %r failed", sync)
                 return
             # the session is not in a state to: end and commit apart say why (general path)
             self._become_full()
@@ -1340,7 +1346,7 @@ class _OnePhase(Transaction):
 def _begin_one_phase(settings: _Settings, timeout: float | None) -> Transaction:
     """A manager's new transaction with no xid of its own yet: what ``Transaction._new(None,
     settings, timeout)`` makes, as a :class:`_OnePhase` (the eight fields it keeps)."""
-    tx = _new_object(_OnePhase)
+    tx = _OnePhase()
     tx._xid = None
     tx._cfg = settings
     if timeout and timeout > 0:
@@ -1357,8 +1363,8 @@ def _begin_one_phase(settings: _Settings, timeout: float | None) -> Transaction:
 
 #: What a :class:`_OnePhase` runs as :class:`Transaction` defines it: these read or write only
 #: the fields it keeps.  Every other method (and property) of Transaction promotes it first.
-_LEAN_SAFE = frozenset(("__init__", "_new", "_setup", "__repr__", "xid", "status", "finished",
-                        "set_rollback_only", "_leave_completion"))
+_LEAN_SAFE = frozenset(("_new", "_setup", "xid", "status", "finished", "set_rollback_only",
+                        "_leave_completion"))
 
 
 _become_full = _OnePhase._become_full
@@ -1376,7 +1382,7 @@ def _promoting_first(name: str, member: Any) -> Any:
         return property(get, doc=member.__doc__)
 
     def method(self: _OnePhase, *args: Any, **kwargs: Any) -> Any:
-        _become_full(self)  # not self._become_full: a bound method kept (the namer) may outlive the class
+        _become_full(self)  # not self._become_full: a method bound before a promotion may run after it
         return member(self, *args, **kwargs)
 
     method.__name__ = name
@@ -1389,7 +1395,7 @@ for _member_name, _member in list(Transaction.__dict__.items()):
     if (_member_name not in _LEAN_SAFE and _member_name not in _OnePhase.__dict__
             and (callable(_member) or isinstance(_member, property))
             and not isinstance(_member, (type, classmethod, staticmethod))
-            and (not _member_name.startswith("__") or _member_name == "__init__")):
+            and not _member_name.startswith("__")):  # __repr__ reads xid and status
         setattr(_OnePhase, _member_name, _promoting_first(_member_name, _member))
 del _member_name, _member
 

@@ -34,7 +34,6 @@ from .server import (
 
 log = logging.getLogger(__name__)
 
-_new_object = object.__new__
 _READY = ext.STATUS_READY
 _IDLE = ext.TRANSACTION_STATUS_IDLE
 
@@ -121,11 +120,11 @@ class _ConnectionScope:
     machinery was a visible part of a one-phase transaction's own cost.
     """
 
+    # No __init__: the class called with no arguments makes one for less than object.__new__
+    # does (its call packs an argument tuple), and a Python __init__ would cost a frame.
     __slots__ = ("_ds", "_local")
-
-    def __init__(self, ds: "XADataSource") -> None:
-        self._ds = ds
-        self._local: contextlib.AbstractContextManager[Connection] | None = None
+    _ds: "XADataSource"
+    _local: contextlib.AbstractContextManager[Connection] | None
 
     def __enter__(self) -> Connection:
         ds = self._ds
@@ -179,10 +178,10 @@ class _ConnectionScope:
         # nothing ran on it since
         return resource._session
 
-    def __exit__(self, *exc_info: Any) -> bool | None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool | None:  # no *args: a tuple each
         if self._local is not None:
             local, self._local = self._local, None
-            return local.__exit__(*exc_info)
+            return local.__exit__(exc_type, exc, tb)
         return None
 
 
@@ -269,7 +268,7 @@ class XADataSource:
     def connection(self) -> contextlib.AbstractContextManager[Connection]:
         """``with ds.connection() as conn``: the connection of the thread's transaction
         branch here, or a local one outside a transaction (see the class docstring)."""
-        scope = _new_object(_ConnectionScope)  # what _ConnectionScope(self) makes, one call fewer
+        scope = _ConnectionScope()
         scope._ds = self
         scope._local = None
         return scope

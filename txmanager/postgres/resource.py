@@ -10,7 +10,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg2
 import psycopg2.extensions as ext
@@ -66,6 +66,18 @@ _INERROR = ext.TRANSACTION_STATUS_INERROR
 # the branch states the one-phase path reads (a class attribute read costs several times a global's)
 _B_ACTIVE = _State.ACTIVE
 _B_IDLE = _State.IDLE
+
+
+class _Namer(Protocol):
+    """A transaction that names its one branch when asked (txmanager.transaction.Transaction)."""
+
+    def _name_sole(self) -> Xid: ...
+
+
+def _named(namer: Callable[[], Xid] | _Namer) -> Xid:
+    """The branch xid ``namer`` gives (see PostgresXAResource.start_unnamed)."""
+    name_sole = getattr(namer, "_name_sole", None)
+    return name_sole() if name_sole is not None else namer()  # type: ignore[operator]
 
 
 class PostgresXAResource:
@@ -136,7 +148,7 @@ class PostgresXAResource:
         #: XADataSource's synchronization that takes this session back to its pool
         self._pool_return: Any = None
         #: gives the branch its xid when something needs it (see start_unnamed)
-        self._namer: Callable[[], Xid] | None = None
+        self._namer: Callable[[], Xid] | _Namer | None = None
         #: a finished unnamed branch's object, for the next one (see end_and_commit_one_phase)
         self._spare: _Branch | None = None
 
@@ -299,8 +311,11 @@ class PostgresXAResource:
             else:
                 raise XAException(XAER_INVAL, f"start flags {flags:#x}: use TMNOFLAGS, TMJOIN or TMRESUME")
 
-    def start_unnamed(self, namer: Callable[[], Xid]) -> None:
+    def start_unnamed(self, namer: Callable[[], Xid] | _Namer) -> None:
         """``start(namer(), TMNOFLAGS)``, with the xid asked for only when something needs it.
+
+        ``namer`` is a callable, or a transaction of this package, which names its branch
+        with ``_name_sole()`` (given as itself, no bound method is made per transaction).
 
         A transaction manager's one-phase path starts its only resource so: a
         branch that commits in one phase on a :class:`LazyBeginConnection`
@@ -350,18 +365,18 @@ class PostgresXAResource:
         b = self._branch
         if namer is None or b is None or b.xid is not None:
             return
-        b.xid = xid = namer()
+        b.xid = xid = _named(namer)
         conn = self._session
         if isinstance(conn, LazyBeginConnection) and conn.in_branch and conn._xid is None:
             conn._xid = xid  # what its PREPARE will need
 
-    def _begin(self, xid: Xid | None, namer: Callable[[], Xid] | None) -> None:
+    def _begin(self, xid: Xid | None, namer: Callable[[], Xid] | _Namer | None) -> None:
         if self._branch is not None:
             if self._namer is not None:
                 self._name_branch()
             if xid is None:
                 assert namer is not None
-                xid = namer()
+                xid = _named(namer)
             if self._branch.xid == xid:
                 raise XAException(XAER_DUPID, f"{xid} is already started on this session")
             raise XAException(
@@ -382,18 +397,18 @@ class PostgresXAResource:
             if type(conn) is LazyBeginConnection:  # what _begin_branch does, one call fewer
                 if xid is None and not conn.begin_unnamed():
                     assert namer is not None
-                    xid = namer()  # psycopg2's tpc_begin runs this branch: it takes the xid now
+                    xid = _named(namer)  # psycopg2's tpc_begin runs this branch: it takes the xid now
                 if xid is not None:
                     conn.begin_branch(xid)
             else:
                 if xid is None:
                     assert namer is not None
-                    xid = namer()
+                    xid = _named(namer)
                 _begin_branch(conn, xid)
         except psycopg2.Error as exc:
             lost = self._is_session_lost(conn, exc)
             self._drop_session()
-            shown = xid if xid is not None else namer() if namer is not None else None
+            shown = xid if xid is not None else _named(namer) if namer is not None else None
             raise XAException(XAER_RMFAIL if lost else XAER_RMERR,
                               f"{self.resource_name}: cannot start {shown}: {_describe(exc)}") from exc
         if xid is not None and self._ended:
