@@ -494,6 +494,7 @@ class _TransactionScope(contextlib.ContextDecorator):
             tx._rollback_only = False
             tx._finished = False
             tx._sole = None
+            tx._sole_xid = None
             bound["tx"] = tx
         else:  # _begin_in says what is wrong, or begins with the block's timeout
             tx = tm._begin_in(bound, self._timeout, None, b"")

@@ -1229,7 +1229,7 @@ class _OnePhase(Transaction):
 
     Most transactions of a service touch one database through one pooled session and commit
     it in one phase.  This class runs exactly that, with a third of the state of the general
-    path: it begins with eight fields set (no lock, no lists, no branch xid), takes the data
+    path: it begins with nine fields set (no lock, no lists, no branch xid), takes the data
     source's first session (:meth:`_enlist_first`) and commits it in one call
     (``end_and_commit_one_phase``), then gives it back to its pool, all without a lock: like
     a JTA transaction it is used by one thread at a time, the one its manager bound it to
@@ -1247,7 +1247,9 @@ class _OnePhase(Transaction):
     method of :class:`Transaction` not named in :data:`_LEAN_SAFE` promotes before it runs
     (see below the class), so a new method cannot forget to.  ``status``,
     ``set_rollback_only``, ``xid`` and ``finished`` read or write only what this class keeps
-    and stay safe from any thread at any time.
+    and stay safe from any thread at any time; so does ``_name_sole``, which a session calls
+    from inside the lean path's own calls (to start on psycopg2's ``tpc_begin``, or when its
+    COMMIT failed) and which must not change the class under them.
     """
 
     __slots__ = ()  # the layout of Transaction: __class__ may change between the two
@@ -1272,7 +1274,6 @@ class _OnePhase(Transaction):
             # the lean object keeps its one synchronization (with its sole resource) as itself
             self._syncs = _NONE if self._sole is None else (self._syncs,)  # type: ignore[assignment]
             self._before = False
-            self._sole_xid = None
             self._fused = True  # a sole resource came by _enlist_first: it has the fused call
             self.__class__ = Transaction  # type: ignore[assignment]
 
@@ -1300,7 +1301,14 @@ class _OnePhase(Transaction):
             self._become_full()
             self._start_failed(resource, self._name_sole(), e)
         self._sole = resource
-        self._syncs = sync  # type: ignore[assignment]  # the one, as itself (see _become_full)
+        if type(self) is _OnePhase:
+            self._syncs = sync  # type: ignore[assignment]  # the one, as itself (see _become_full)
+        else:  # promoted meanwhile (by another thread): what Transaction._enlist_first does
+            self._fused = True
+            if self._syncs is _NONE:
+                self._syncs = (sync,)
+            else:
+                self._add_sync(sync)
         return True
 
     def commit(self) -> None:
@@ -1317,7 +1325,8 @@ class _OnePhase(Transaction):
         self._phase = _COMMITTING
         try:
             try:
-                done = sole.end_and_commit_one_phase(None)  # type: ignore[attr-defined]
+                # None, unless the session named its branch (psycopg2's tpc_begin takes the xid)
+                done = sole.end_and_commit_one_phase(self._sole_xid)  # type: ignore[attr-defined]
             except Exception as e:  # noqa: BLE001 -- sorted out as the general path does
                 self._become_full()
                 self._one_phase_failed(self._promote("ended"), e)  # type: ignore[arg-type]
@@ -1345,7 +1354,7 @@ class _OnePhase(Transaction):
 
 def _begin_one_phase(settings: _Settings, timeout: float | None) -> Transaction:
     """A manager's new transaction with no xid of its own yet: what ``Transaction._new(None,
-    settings, timeout)`` makes, as a :class:`_OnePhase` (the eight fields it keeps)."""
+    settings, timeout)`` makes, as a :class:`_OnePhase` (the nine fields it keeps)."""
     tx = _OnePhase()
     tx._xid = None
     tx._cfg = settings
@@ -1358,13 +1367,14 @@ def _begin_one_phase(settings: _Settings, timeout: float | None) -> Transaction:
     tx._rollback_only = False
     tx._finished = False
     tx._sole = None
+    tx._sole_xid = None  # a session may name its branch inside the lean path (see _name_sole)
     return tx
 
 
 #: What a :class:`_OnePhase` runs as :class:`Transaction` defines it: these read or write only
 #: the fields it keeps.  Every other method (and property) of Transaction promotes it first.
 _LEAN_SAFE = frozenset(("_new", "_setup", "xid", "status", "finished", "set_rollback_only",
-                        "_leave_completion"))
+                        "_leave_completion", "_name_sole"))
 
 
 _become_full = _OnePhase._become_full

@@ -194,3 +194,34 @@ def test_a_prepare_and_detach_promotes_and_the_manager_commits_it(db, tm, ds):
     assert tm.get_transaction() is None, "finished: unbound"
     assert tm.commit_prepared(tx.xid, branches) == []
     assert values(db) == ["warm", "prepared"] and prepared_gids(db) == []
+
+
+def test_a_session_on_psycopg2s_tpc_begin_names_its_branch_and_stays_one_phase(db, tm):
+    """A session with an isolation level of its own runs its branches on psycopg2's
+    ``tpc_begin``, which takes the xid at the start: the session names the branch from inside
+    the lean transaction's enlistment, which must neither promote it under that call nor lose
+    its synchronization (a promotion there once left the pool's return where the general
+    path does not look).  Several transactions: each commits in one phase, nothing logged,
+    the session back in its pool."""
+    import psycopg2.extensions as ext
+
+    class Serializable(XADataSource):
+        def _connect(self):
+            conn = super()._connect()
+            conn.isolation_level = ext.ISOLATION_LEVEL_SERIALIZABLE
+            return conn
+
+    ds = Serializable(db, tm, resource_name="tpc")
+    fsyncs = tm.log.fsyncs
+    try:
+        for n in range(3):
+            with tm.transaction() as tx:
+                with ds.connection() as conn:
+                    assert conn._tpc_only, "psycopg2's tpc_begin runs this session's branches"
+                    insert(conn, f"tpc {n}")
+                assert type(tx) is _OnePhase, "named at the start, still lean"
+            assert tx.status == Status.COMMITTED and len(ds._idle) == 1
+        assert values(db) == ["tpc 0", "tpc 1", "tpc 2"] and prepared_gids(db) == []
+        assert tm.log.fsyncs == fsyncs, "one phase: nothing logged"
+    finally:
+        ds.close()
