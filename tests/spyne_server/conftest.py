@@ -12,6 +12,8 @@ from lxml import etree
 from interceptors.spyne_server.service import ReliableService, reliable_service
 from wsrm_plugin.engine import ReliableEngine, RMPolicy
 
+from tests.engine.support import wait_for
+
 from . import service
 
 #: Short intervals so retransmissions happen within seconds; waits are generous, only against hangs.
@@ -87,3 +89,17 @@ class Envelopes:
 
 def action(operation: str) -> str:
     return f"{service.TNS}/{operation}"
+
+
+def send_records(servers: Callable[..., ReliableService], clients: Callable[..., ReliableEngine],
+                 items: list[str], **options: Any) -> list[str]:
+    """Sends ``record`` one-way calls over memory stores and returns what the service recorded
+    once every item arrived."""
+    policy = fast_policy()
+    server = servers("memory:", policy, **options)
+    client = clients("memory:", policy)
+    build = Envelopes(server.url)
+    for item in items:
+        client.send(server.url, build("record", item), action=action("record"))
+    assert wait_for(lambda: len(service.recorded()) >= len(items)), service.recorded()
+    return service.recorded()

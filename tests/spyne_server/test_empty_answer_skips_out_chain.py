@@ -11,8 +11,7 @@ from interceptors import chain as chain_module
 from interceptors.addressing import AddressingInterceptor
 from tests.engine.support import wait_for
 
-from . import service
-from .conftest import Envelopes, action, fast_policy
+from .conftest import send_records
 
 
 class _OutRuns:
@@ -56,21 +55,10 @@ class _Hook:
             self.empty += 1
 
 
-def _send_records(servers, clients, items: list[str], **options) -> list[str]:
-    policy = fast_policy()
-    server = servers("memory:", policy, **options)
-    client = clients("memory:", policy)
-    build = Envelopes(server.url)
-    for item in items:
-        client.send(server.url, build("record", item), action=action("record"))
-    assert wait_for(lambda: len(service.recorded()) >= len(items)), service.recorded()
-    return service.recorded()
-
-
 def test_the_default_chain_is_not_run_for_a_one_way_answer(servers, clients, monkeypatch):
     runs = _OutRuns(monkeypatch)
     items = [f"item-{i}" for i in range(3)]
-    assert _send_records(servers, clients, items) == items
+    assert send_records(servers, clients, items) == items
     assert runs.empty == 0  # before: one run of the out chain per delivered one-way call
 
 
@@ -79,7 +67,7 @@ def test_an_interceptor_that_does_not_say_so_sees_every_one_way_answer(servers, 
     watcher = _Watcher()
     chain = InterceptorChain([AddressingInterceptor(), watcher])
     items = ["a", "b", "c"]
-    assert _send_records(servers, clients, items, chain=chain) == items
+    assert send_records(servers, clients, items, chain=chain) == items
     assert wait_for(lambda: len(watcher.statuses) >= len(items)), watcher.statuses
     assert watcher.statuses == [202, 202, 202]
     assert runs.empty == len(items)
@@ -89,7 +77,7 @@ def test_a_hook_sees_every_one_way_answer(servers, clients):
     hook = _Hook()
     chain = InterceptorChain([AddressingInterceptor()], plugins=[hook])
     items = ["x", "y"]
-    assert _send_records(servers, clients, items, chain=chain) == items
+    assert send_records(servers, clients, items, chain=chain) == items
     assert wait_for(lambda: hook.empty >= len(items)), hook.empty
     assert hook.empty == len(items)
 

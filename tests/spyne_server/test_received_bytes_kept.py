@@ -10,10 +10,9 @@ from lxml import etree
 from interceptors import Interceptor, InterceptorChain, Message, Phase
 from interceptors import message as message_module
 from interceptors.addressing import AddressingInterceptor
-from tests.engine.support import wait_for
 
 from . import service
-from .conftest import Envelopes, action, fast_policy
+from .conftest import send_records
 
 TNS = service.TNS
 
@@ -46,26 +45,15 @@ class _Upper(Interceptor):
             element.text = element.text.upper()
 
 
-def _send_records(servers, clients, items: list[str], **options) -> list[str]:
-    policy = fast_policy()
-    server = servers("memory:", policy, **options)
-    client = clients("memory:", policy)
-    build = Envelopes(server.url)
-    for item in items:
-        client.send(server.url, build("record", item), action=action("record"))
-    assert wait_for(lambda: len(service.recorded()) >= len(items)), service.recorded()
-    return service.recorded()
-
-
 def test_a_request_read_only_by_the_chain_is_stored_as_received(servers, clients, monkeypatch):
     counted = _Serializations(monkeypatch)
     items = [f"item-{i}" for i in range(4)]
-    assert _send_records(servers, clients, items) == items
+    assert send_records(servers, clients, items) == items
     assert counted.requests == 0  # before: one per request, by the WS-RM interceptor
 
 
 def test_a_request_an_interceptor_may_have_changed_is_stored_as_changed(servers, clients, monkeypatch):
     counted = _Serializations(monkeypatch)
     chain = InterceptorChain([AddressingInterceptor(), _Upper()])
-    assert _send_records(servers, clients, ["a", "b"], chain=chain) == ["A", "B"]
+    assert send_records(servers, clients, ["a", "b"], chain=chain) == ["A", "B"]
     assert counted.requests == 2  # the changed tree, serialized for the store

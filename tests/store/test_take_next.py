@@ -281,6 +281,23 @@ def test_receive_in_order_records_a_message_it_cannot_take(open_kind) -> None:
     assert _delivered(store, "s") == AckRanges.of([1])
 
 
+def _assert_no_guess_past_the_last_or_closed(store) -> None:
+    """Once the last number is known, on a closed sequence and on an unknown one the guess is
+    None, and what 1 and 2 left stays as it was."""
+    with store.begin() as tx:
+        tx.rmd.update("s", last_number=5)
+    with store.begin() as tx:
+        assert tx.receive_in_order("s", 3) is None
+    with store.begin() as tx:
+        tx.rmd.update("s", last_number=None, closed=True)
+    with store.begin() as tx:
+        assert tx.receive_in_order("s", 3) is None
+    with store.begin() as tx:
+        assert tx.receive_in_order("unknown", 2) is None
+    assert _received(store, "s").received == AckRanges.from_ranges([(1, 2)])
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 2)])
+
+
 @pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
 def test_a_wrong_guess_writes_nothing_and_leaves_the_sequence_locked(open_kind) -> None:
     """After a gap, a duplicate, on a closed sequence or once the last number is known: None,
@@ -303,18 +320,7 @@ def test_a_wrong_guess_writes_nothing_and_leaves_the_sequence_locked(open_kind) 
                     other.execute("SELECT 1 FROM rmd_sequence WHERE sequence_id = 's' FOR UPDATE")
             finally:
                 other.rollback()
-    with store.begin() as tx:
-        tx.rmd.update("s", last_number=5)
-    with store.begin() as tx:
-        assert tx.receive_in_order("s", 3) is None
-    with store.begin() as tx:
-        tx.rmd.update("s", last_number=None, closed=True)
-    with store.begin() as tx:
-        assert tx.receive_in_order("s", 3) is None
-    with store.begin() as tx:
-        assert tx.receive_in_order("unknown", 2) is None
-    assert _received(store, "s").received == AckRanges.from_ranges([(1, 2)])
-    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 2)])
+    _assert_no_guess_past_the_last_or_closed(store)
 
 
 @pytest.mark.parametrize("store_url", [k for k in KINDS if k.id == "sqlite"], indirect=True)
@@ -330,18 +336,7 @@ def test_a_wrong_guess_on_sqlite_writes_nothing(open_kind) -> None:
             assert tx.receive_in_order("s", number) is None
             assert tx.conn.total_changes == before
             assert tx.rmd.get("s").received == AckRanges.from_ranges([(1, 2)])
-    with store.begin() as tx:
-        tx.rmd.update("s", last_number=5)
-    with store.begin() as tx:
-        assert tx.receive_in_order("s", 3) is None
-    with store.begin() as tx:
-        tx.rmd.update("s", last_number=None, closed=True)
-    with store.begin() as tx:
-        assert tx.receive_in_order("s", 3) is None
-    with store.begin() as tx:
-        assert tx.receive_in_order("unknown", 2) is None
-    assert _received(store, "s").received == AckRanges.from_ranges([(1, 2)])
-    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 2)])
+    _assert_no_guess_past_the_last_or_closed(store)
 
 
 @pytest.mark.parametrize("store_url", SQL, indirect=True)
