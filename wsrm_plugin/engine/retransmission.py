@@ -169,17 +169,15 @@ class _EarlyClaim:
         claim must follow the enqueue (:meth:`claim`): earlier callers' acknowledgements to
         apply first, or a peer not sent to now."""
         worker = self._worker
-        if worker._callers_acks.identifiers() or is_back_channel(target) \
-                or worker.reachability.gate(target) is not Gate.SEND:
+        if worker._callers_acks.identifiers() or not worker._sends_now(target):
             return None
-        now = time.time()
-        return (now + worker._retry_delay(target, 1) if worker.policy.retransmits else _NEVER), self._offered_id
+        return worker._first_retry_at(target, time.time()), self._offered_id
 
     def claimed(self, msg: RmsMessage | None, seq: RmsSequence, rmd: RmdSequence | None) -> None:
         """The enqueue claimed its message (``msg``, as enqueued) in its own statement, or found
         it not the caller's to send (None): as :meth:`claim` after it."""
         if msg is not None:
-            self._item = _Planned(msg, seq, request_ack=self._worker.policy.ack_request is AckRequestMode.ALWAYS)
+            self._item = self._worker._planned_for_caller(msg, seq)
             self._item.reply_ack_rmd = self._rmd if self._offered_id is None else rmd
 
     def committed(self) -> None:
@@ -954,11 +952,11 @@ class RetransmissionWorker:
         key = seq.key
         flow = self._flow(key)
         if (policy.max_unacknowledged is not None or flow.discards_seen or flow.probing
-                or is_back_channel(seq.target) or self.reachability.gate(seq.target) is not Gate.SEND):
+                or not self._sends_now(seq.target)):
             return []
         count = min(max(count, _REFILL_AT_LEAST), flow.claim_limit())
         now = time.time()
-        next_at = now + self._retry_delay(seq.target, 1) if policy.retransmits else _NEVER
+        next_at = self._first_retry_at(seq.target, now)
         with self.store.begin(durable=False) as tx:
             current = tx.rms.get(key, beside_enqueues=True)  # a caller's enqueue goes on beside it
             if current is None or current.sequence_id is None or not rms_life(current).transmitting:
@@ -1209,13 +1207,28 @@ class RetransmissionWorker:
             owes_control = self._apply_callers_ack(tx, seq, now)
             seq = tx.rms.get(key)
         if seq is None or seq.sequence_id is None or not rms_life(seq).transmitting \
-                or is_back_channel(seq.target) or self.reachability.gate(seq.target) is not Gate.SEND:
+                or not self._sends_now(seq.target):
             return None, owes_control, None
         claimed = self._claim_in(tx, seq, number, now, offered_id)
         if claimed is None:
             return None, owes_control, None
         msg, seq, rmd = claimed
-        return _Planned(msg, seq, request_ack=self.policy.ack_request is AckRequestMode.ALWAYS), owes_control, rmd
+        return self._planned_for_caller(msg, seq), owes_control, rmd
+
+    def _sends_now(self, target: str) -> bool:
+        """Does a message to ``target`` go out as soon as it is claimed?  Not on a back-channel
+        (its replies wait for the peer's next request) nor to a peer held back (unreachable,
+        probing)."""
+        return not is_back_channel(target) and self.reachability.gate(target) is Gate.SEND
+
+    def _first_retry_at(self, target: str, now: float) -> float:
+        """When a message sent once at ``now`` is due again (never without retransmissions)."""
+        return now + self._retry_delay(target, 1) if self.policy.retransmits else _NEVER
+
+    def _planned_for_caller(self, msg: RmsMessage, seq: RmsSequence, **reply_ack: Any) -> _Planned:
+        """A claimed message that its caller sends: an AckRequested only where the policy
+        asks one on every message (the reply answers for it otherwise)."""
+        return _Planned(msg, seq, request_ack=self.policy.ack_request is AckRequestMode.ALWAYS, **reply_ack)
 
     def _hold_early(self, item: _Planned) -> None:
         """A claim the enqueue committed: its caller's to send until the grace ends."""
@@ -1290,7 +1303,7 @@ class RetransmissionWorker:
                     owes_control = self._apply_callers_ack(tx, seq, now)
                     seq = tx.rms.get(key)
                 if seq is not None and rms_life(seq).transmitting and seq.sequence_id is not None \
-                        and not is_back_channel(seq.target) and self.reachability.gate(seq.target) is Gate.SEND:
+                        and self._sends_now(seq.target):
                     claimed = self._claim_in(tx, seq, number, now)
         except WSRMFault as fault:  # rolled back: the peer acknowledged what was never sent
             for_sequence(log, None, key=key).warning("acknowledgement refused: %s", fault)
@@ -1302,9 +1315,9 @@ class RetransmissionWorker:
         msg, seq, _ = claimed
         with self._reply_acks_lock:
             taken = self._reply_acks.pop(key, None) is not None
-        return _Planned(msg, seq, request_ack=policy.ack_request is AckRequestMode.ALWAYS,
-                        reply_ack=self.destination.ack_for(rmd) if taken and rmd is not None else None,
-                        reply_ack_taken=True)
+        return self._planned_for_caller(
+            msg, seq, reply_ack=self.destination.ack_for(rmd) if taken and rmd is not None else None,
+            reply_ack_taken=True)
 
     def _claim_in(self, tx: Any, seq: RmsSequence, number: int, now: float, offered_id: str | None = None,
                   ) -> tuple[RmsMessage, RmsSequence, RmdSequence | None] | None:
@@ -1314,7 +1327,7 @@ class RetransmissionWorker:
         acknowledgement rides on the request)."""
         # None: a round sent it (or it was acknowledged meanwhile), or it would overtake a message
         # still out, or lost
-        next_at = now + self._retry_delay(seq.target, 1) if self.policy.retransmits else _NEVER
+        next_at = self._first_retry_at(seq.target, now)
         if offered_id is None:
             msg, rmd = tx.rms_messages.claim_first_send(seq.key, number, next_send_at=next_at, now=now), None
         else:
