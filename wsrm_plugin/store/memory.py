@@ -39,11 +39,10 @@ from txmanager.xid import Xid
 from . import api
 from .backlog import MessageIndex
 from .branches import BranchResource
-from .api.protocols import _OnFirstUse
 from .api import (
     RANK_INVOKER, RANK_RMD, RANK_RMS, BufferedMessage, DuplicateSequenceError,
-    InvokerSequence, LockTimeoutError, NodeCondition, PoisonMessage, RmdSequence, RmsMessage,
-    RmsSequence, StoreClosedError, UnknownMessageError, UnknownSequenceError, _now,
+    InvokerSequence, LockTimeoutError, ManagerOnFirstUse, NodeCondition, PoisonMessage,
+    RmdSequence, RmsMessage, RmsSequence, StoreClosedError, UnknownMessageError, UnknownSequenceError, _now,
 )
 
 __all__ = ["MemoryStore", "MemoryTransaction", "MemoryXAResource"]
@@ -285,7 +284,7 @@ class MemoryTransaction(api.StoreTransaction):
         #: indexed queries, which read the committed rows from the store's index)
         self._staged_messages: dict[str, set[int]] = {}
         # the managers (rms, rms_messages, rmd, invoker, conditions) are made at first use
-        # (_OnFirstUse, set below the managers' classes): a transaction uses one or two
+        # (ManagerOnFirstUse, set below the managers' classes): a transaction uses one or two
 
     # -- plumbing for the managers --------------------------------------------
 
@@ -1038,12 +1037,12 @@ class _Conditions(api.ConditionManager):
         return sorted(found, key=lambda c: (c.since, c.kind, c.subject, c.reporter))
 
 
-# A transaction's managers, made on first use (see _OnFirstUse)
-MemoryTransaction.rms = _OnFirstUse("rms", _Rms)  # type: ignore[assignment]
-MemoryTransaction.rms_messages = _OnFirstUse("rms_messages", _RmsMessages)  # type: ignore[assignment]
-MemoryTransaction.rmd = _OnFirstUse("rmd", _Rmd)  # type: ignore[assignment]
-MemoryTransaction.invoker = _OnFirstUse("invoker", _Invoker)  # type: ignore[assignment]
-MemoryTransaction.conditions = _OnFirstUse("conditions", _Conditions)  # type: ignore[assignment]
+# A transaction's managers, made on first use (see ManagerOnFirstUse)
+MemoryTransaction.rms = ManagerOnFirstUse("rms", _Rms)  # type: ignore[assignment]
+MemoryTransaction.rms_messages = ManagerOnFirstUse("rms_messages", _RmsMessages)  # type: ignore[assignment]
+MemoryTransaction.rmd = ManagerOnFirstUse("rmd", _Rmd)  # type: ignore[assignment]
+MemoryTransaction.invoker = ManagerOnFirstUse("invoker", _Invoker)  # type: ignore[assignment]
+MemoryTransaction.conditions = ManagerOnFirstUse("conditions", _Conditions)  # type: ignore[assignment]
 
 class MemoryXAResource(BranchResource):
     """The memory store as a volatile XA participant (see the module docstring).

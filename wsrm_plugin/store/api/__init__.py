@@ -70,6 +70,7 @@ from .errors import (
 from .protocols import (
     ConditionManager,
     InvokerBufferManager,
+    ManagerOnFirstUse,
     RmdSequenceManager,
     RmsMessageManager,
     RmsSequenceManager,
@@ -117,6 +118,6 @@ __all__ = [
     "RmsSequenceManager", "RmsMessageManager", "RmdSequenceManager", "InvokerBufferManager", "ConditionManager",
     "StoreTransaction", "StorageManager", "StoreUnavailableError",
     # shared by the stores (not part of the public API)
-    "_Manager", "_now", "_status_of", "buffered_of", "check_ack", "check_enqueue", "check_key",
+    "ManagerOnFirstUse", "_Manager", "_now", "_status_of", "buffered_of", "check_ack", "check_enqueue", "check_key",
     "delivered_for_retry", "exit_global", "poison_of", "refuse_if_global", "rmd_state_name", "rms_state_name",
 ]

@@ -53,7 +53,7 @@ class _Manager:
 _M = TypeVar("_M", bound=_Manager)
 
 
-class _OnFirstUse(Generic[_M]):
+class ManagerOnFirstUse(Generic[_M]):
     """A store transaction's manager (``tx.rmd``...), made the first time it is read.
 
     A receive uses one or two of the managers, a branch that runs one
@@ -75,12 +75,12 @@ class _OnFirstUse(Generic[_M]):
         self._cls = cls
 
     @overload
-    def __get__(self, tx: None, owner: type | None = None) -> "_OnFirstUse[_M]": ...
+    def __get__(self, tx: None, owner: type | None = None) -> "ManagerOnFirstUse[_M]": ...
 
     @overload
     def __get__(self, tx: StoreTransaction, owner: type | None = None) -> _M: ...
 
-    def __get__(self, tx: StoreTransaction | None, owner: type | None = None) -> "_M | _OnFirstUse[_M]":
+    def __get__(self, tx: StoreTransaction | None, owner: type | None = None) -> "_M | ManagerOnFirstUse[_M]":
         if tx is None:
             return self
         manager = tx.__dict__[self._name] = self._cls(tx)

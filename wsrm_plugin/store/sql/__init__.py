@@ -39,7 +39,7 @@ the one statement that spans the RMD and invoker tables) and :mod:`.undo`.
 
 from __future__ import annotations
 
-from ..api.protocols import _OnFirstUse
+from ..api import ManagerOnFirstUse
 from .conditions import _Conditions
 from .dialect import POSTGRES, SQLITE, Dialect
 from .invoker import _Invoker
@@ -52,10 +52,10 @@ from .undo import decode_undo, encode_undo
 __all__ = ["Dialect", "SQLITE", "POSTGRES", "SqlTransaction", "migrate", "LATEST_VERSION", "MIGRATIONS",
            "encode_undo", "decode_undo", "apply_undo"]
 
-# A transaction's managers, made on first use (see _OnFirstUse): set here, where the transaction
+# A transaction's managers, made on first use (see ManagerOnFirstUse): set here, where the transaction
 # and every manager are known, so that neither module imports the other.
-SqlTransaction.rms = _OnFirstUse("rms", _Rms)  # type: ignore[assignment]
-SqlTransaction.rms_messages = _OnFirstUse("rms_messages", _RmsMessages)  # type: ignore[assignment]
-SqlTransaction.rmd = _OnFirstUse("rmd", _Rmd)  # type: ignore[assignment]
-SqlTransaction.invoker = _OnFirstUse("invoker", _Invoker)  # type: ignore[assignment]
-SqlTransaction.conditions = _OnFirstUse("conditions", _Conditions)  # type: ignore[assignment]
+SqlTransaction.rms = ManagerOnFirstUse("rms", _Rms)  # type: ignore[assignment]
+SqlTransaction.rms_messages = ManagerOnFirstUse("rms_messages", _RmsMessages)  # type: ignore[assignment]
+SqlTransaction.rmd = ManagerOnFirstUse("rmd", _Rmd)  # type: ignore[assignment]
+SqlTransaction.invoker = ManagerOnFirstUse("invoker", _Invoker)  # type: ignore[assignment]
+SqlTransaction.conditions = ManagerOnFirstUse("conditions", _Conditions)  # type: ignore[assignment]

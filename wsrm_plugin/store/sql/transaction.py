@@ -45,7 +45,7 @@ class SqlTransaction(api.StoreTransaction):
     prepare keeps them durably).
     """
 
-    # made on first use (see _OnFirstUse; the package sets them once its managers are defined)
+    # made on first use (see ManagerOnFirstUse; the package sets them once its managers are defined)
     rms: api.RmsSequenceManager
     rms_messages: api.RmsMessageManager
     rmd: api.RmdSequenceManager
@@ -99,7 +99,7 @@ class SqlTransaction(api.StoreTransaction):
         #: Sequences whose row an enqueue of this transaction changed already (a later enqueue on
         #: one only remembers its number, in :attr:`_numbered`).
         self.took_number: set[str] = set()
-        # rms, rms_messages, rmd and invoker: made on first use (see _OnFirstUse)
+        # rms, rms_messages, rmd and invoker: made on first use (see ManagerOnFirstUse)
 
     # -- statements -----------------------------------------------------------------
 
