@@ -18,6 +18,12 @@ instructions per message by their difference (start-up cancels out, roughly); wi
 round, so one run's dump (``callgrind.out.<pid>.1``) holds the measured messages alone::
 
     .venv/bin/python bench/bench_sequences_cpu.py [--calls 3200] [--sequences 16] [--rounds 3]
+        [--store memory|sqlite] [--statements 20]
+
+``--store sqlite`` puts both sides on SQLite stores (bench_compare's ``sqlite`` scenario) and
+adds each side's store transactions, commits and WAL syncs per message; ``--statements N`` every
+statement SQLite ran per message, by side, and the N run most often (not under callgrind: the
+trace callback runs for each).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import argparse
 import os
 import resource
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -88,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-threads", type=int, default=4, help="the service's HTTP threads")
     parser.add_argument("--policy", default="", help="RMPolicy knobs of both sides, bench_compare's "
                         "variant syntax: send_concurrency=4+deliver_on_receive=true")
+    parser.add_argument("--store", choices=("memory", "sqlite"), default="memory",
+                        help="both sides' store (sqlite: a file each, in a temporary directory)")
+    parser.add_argument("--statements", type=int, default=0, metavar="N",
+                        help="SQLite: also list each side's N statements run most often (a trace "
+                        "callback on every connection: leave it out under callgrind)")
     args = parser.parse_args(argv)
 
     import logging
@@ -132,12 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     RetransmissionWorker._send_lane = timed_send_lane  # type: ignore[method-assign]
     rows = _Deliveries()
     bc.ROWS = rows  # type: ignore[assignment]
-    service = reliable_service(bc._application(), "memory:", bc._policy(1.0, "memory~" + args.policy), name="service")
+    tmp = tempfile.TemporaryDirectory(prefix="bench-seq-")
+    urls = {side: "memory:" if args.store == "memory" else f"sqlite:///{tmp.name}/{side}.db"
+            for side in ("service", "client")}
+    statements = _SqliteStatements(args.statements) if args.store == "sqlite" else None
+    scenario = f"{args.store}~{args.policy}"
+    service = reliable_service(bc._application(), urls["service"], bc._policy(1.0, scenario), name="service")
     service.serve(threads=args.server_threads)
     service.start()
     keys = [f"bench{n}" for n in range(args.sequences)]
-    first = reliable_client(zeep.Client(service.url + "?wsdl"), "memory:", bc._policy(1.0, "memory~" + args.policy), key=keys[0],
+    first = reliable_client(zeep.Client(service.url + "?wsdl"), urls["client"], bc._policy(1.0, scenario), key=keys[0],
                             name="client", active_keys=keys)
+    stores = {"service": service.engine.store, "client": first.engine.store}
     clients = [first, *(first.with_key(key) for key in keys[1:])]
     sent = 0
 
@@ -158,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             cpu0, usage0, posts0, t0 = _thread_cpu(), resource.getrusage(resource.RUSAGE_SELF), posts[0], \
                 time.perf_counter()
             rounds0, busy0 = len(rounds), lane_busy[0]
+            files0 = {side: _file_counts(store) for side, store in stores.items()}
+            if statements is not None:
+                statements.reset()
             run(args.calls, f"r{r}")
             seconds = time.perf_counter() - t0
             cpu1, usage1 = _thread_cpu(), resource.getrusage(resource.RUSAGE_SELF)
@@ -173,11 +194,73 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  sender: {len(mine)} rounds of lanes, {n / max(len(mine), 1):.1f} msg each; in rounds "
                   f"{in_rounds / seconds:.2f} of the time; lanes busy {(lane_busy[0] - busy0) / max(in_rounds, 1e-9):.1f} "
                   f"lanes on average while in a round", flush=True)
+            for side, store in stores.items():
+                now, was = _file_counts(store), files0[side]
+                if now:
+                    print(f"  {side} store per msg: " + "  ".join(
+                        f"{name}={(now[name] - was[name]) / n:.2f}" for name in now), flush=True)
+            if statements is not None:
+                statements.report(n)
         _callgrind("-d")
     finally:
         first.stop(timeout=5)
         service.stop(timeout=5)
+        tmp.cleanup()
     return 0
+
+
+def _file_counts(store: Any) -> dict[str, int]:
+    """A SQLite store's turns on its file (its store transactions), commits that changed rows,
+    and WAL syncs, so far; empty for another store."""
+    gate, sync = getattr(store, "_gate", None), getattr(store, "_sync", None)
+    if gate is None or sync is None:
+        return {}
+    return {"transactions": gate.turns, "commits": sync.commits, "fsyncs": sync.syncs}
+
+
+_LITERALS = None
+
+
+def _shape(sql: str) -> str:
+    """A statement as traced (its values written in) with each literal a ``?`` again."""
+    global _LITERALS
+    if _LITERALS is None:
+        import re
+        _LITERALS = re.compile(r"'(?:[^']|'')*'|X'[0-9A-Fa-f]*'|(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?")
+    return " ".join(_LITERALS.sub("?", sql).split())
+
+
+class _SqliteStatements:
+    """Every statement SQLite runs on each side's connections (BEGIN, COMMIT and the in-doubt
+    check included), counted by ``sqlite3``'s trace callback, by side and by text."""
+
+    def __init__(self, top: int) -> None:
+        import collections
+        import sqlite3
+
+        from wsrm_plugin.store import sqlite as sqlite_store
+
+        self.top = top
+        self.seen: dict[str, collections.Counter[str]] = {}
+        connect = sqlite_store.SqliteStore._connect
+        seen = self.seen
+
+        def traced_connect(store: Any) -> sqlite3.Connection:
+            conn = connect(store)
+            counter = seen.setdefault(os.path.basename(store.path).removesuffix(".db"), collections.Counter())
+            conn.set_trace_callback(lambda sql: counter.update((_shape(sql),)))
+            return conn
+        sqlite_store.SqliteStore._connect = traced_connect  # type: ignore[method-assign]
+
+    def reset(self) -> None:
+        for counter in self.seen.values():
+            counter.clear()
+
+    def report(self, messages: int) -> None:
+        for side, counter in sorted(self.seen.items()):
+            print(f"  {side} SQLite statements per msg: {sum(counter.values()) / messages:.2f}", flush=True)
+            for sql, count in counter.most_common(self.top):
+                print(f"    {count / messages:6.2f}  {sql[:150]}", flush=True)
 
 
 def _callgrind(option: str) -> None:
