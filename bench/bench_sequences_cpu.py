@@ -211,11 +211,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _file_counts(store: Any) -> dict[str, int]:
     """A SQLite store's turns on its file (its store transactions), commits that changed rows,
-    and WAL syncs, so far; empty for another store."""
+    WAL syncs, and the microseconds its transactions held the file and waited for it (summed
+    over the waiters), so far; empty for another store."""
     gate, sync = getattr(store, "_gate", None), getattr(store, "_sync", None)
     if gate is None or sync is None:
         return {}
-    return {"transactions": gate.turns, "commits": sync.commits, "fsyncs": sync.syncs}
+    return {"transactions": gate.turns, "commits": sync.commits, "fsyncs": sync.syncs,
+            "file held us": int(gate.held * 1e6), "file waited us": int(gate.waited * 1e6)}
 
 
 _LITERALS = None
