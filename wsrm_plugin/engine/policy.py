@@ -598,6 +598,17 @@ class RMPolicy:
     #: session (60%), then a watcher's tick (10%) and one recovery pass.  Lower costs more
     #: keepalive probes and more takeover passes; a host whose network stalls longer than
     #: this loses its node (it must restart to claim one again).
+    #: SQLite without a transaction manager: callers' enqueues in local transactions that wait
+    #: for the store's file at the same time are done in one transaction by the first of them
+    #: (one turn on the file, one commit, one fsync for all); each caller returns once that
+    #: commit is on disk, as alone.  1: each alone.
+    enqueue_together: int | None = knob(
+        None, Count(none="16 on SQLite, else 1"),
+        "SQLite store: callers' enqueues (`send`, outside a delivery and a global transaction) waiting for the "
+        "store's file at the same time, done in one transaction by the first of them: one commit and one fsync "
+        "for all, each caller returning once that commit is on disk; should one fail, each enqueues alone; 1: "
+        "each alone; `None`: 16 on SQLite",
+        cxf="—")
     host_takeover_within: float = knob(
         10.0, Seconds(minimum=3.0, inclusive=True),
         "several hosts on one PostgreSQL store: a dead host's XA transactions are finished by a living one "

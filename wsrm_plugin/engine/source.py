@@ -42,6 +42,7 @@ from ..wire import (
 )
 from ..wire.namespaces import RM_VERSIONS, AddressingVersion, mc_anonymous_id
 from . import observe
+from .combiner import ALONE, Combiner
 from .envelopes import OutgoingMessage, prepare_outgoing
 from .logs import for_sequence
 from .policy import RMPolicy
@@ -305,6 +306,13 @@ class Source:
         self.early_claim: Callable[[StoreTransaction, str, bool], Any] | None = None
         #: Whether each source sequence hears about its messages at our listener (a bounded memory).
         self._heard_at_listener: OrderedDict[str, tuple[bool, str | None]] = OrderedDict()
+        #: Callers' enqueues in local transactions waiting for the store at the same time, done in
+        #: one transaction by the first of them (:meth:`_enqueue_together`); None: each alone.
+        together = policy.enqueue_together
+        if together is None:
+            together = ENQUEUE_TOGETHER if not store.concurrent_sequences else 1
+        self._enqueues: Combiner[_Enqueue] | None = (
+            Combiner(self._enqueue_together, together) if together > 1 else None)
 
     # -- transactions ---------------------------------------------------------------------
 
@@ -413,6 +421,13 @@ class Source:
                                     reply_to=reply_to, relates_to=None, wsa=self.policy.addressing,
                                     max_size=self.policy.max_message_size)
         ident = (target, key, expect_reply)
+        if kept is None and self._enqueues is not None and self._alone_in_store():
+            done = self._enqueues.submit(None, (ident, outgoing, reply_callback, reply_context))
+            if done is not ALONE:
+                receipt, tx = done
+                tx.wait_for_disk()  # the batch's commit returned before the disk: this caller waits for it
+                self._wake_after_commit(None, receipt)
+                return receipt
         early = None
         try:
             with self.transaction() as tx:
@@ -431,6 +446,41 @@ class Source:
             early.committed()
         self._wake_after_commit(kept, receipt)
         return receipt
+
+    def _alone_in_store(self) -> bool:
+        """Would this caller's enqueue run in a local store transaction of its own (no delivery's
+        transaction to join, no global transaction to bind to)?"""
+        if getattr(self._ambient, "tx", None) is not None:
+            return False
+        return self.tm is None or self.tm.get_transaction() is None
+
+    def _enqueue_together(self, items: list["_Enqueue"]) -> list[Any]:
+        """The enqueues of callers that wait for the store at the same time, in one transaction.
+
+        On a store whose transactions take turns on the whole file (SQLite) 16 callers each
+        enqueueing in a transaction of their own queue for the file: each turn is a hand-over
+        of the file, a BEGIN, a look for in-doubt branches and a COMMIT around the enqueue's
+        two statements, and each statement lets the interpreter go while the file is held (the
+        holder waits for it while the file waits for the holder).  The first caller enqueues
+        for everyone waiting: one turn, one commit and one fsync for all.  The commit returns
+        before its fsync; each caller waits for it in its own thread
+        (``StoreTransaction.wait_for_disk``), so none returns before its message is on disk, as
+        alone.  Should anything fail, nothing of the batch stays and each caller enqueues
+        alone, as before (a lone caller's error is raised as it would be alone)."""
+        receipts: list[SendReceipt] = []
+        try:
+            with self.store.begin() as tx:
+                tx.wait_for_disk_later()
+                for index, (ident, outgoing, reply_callback, reply_context) in enumerate(items):
+                    if index:
+                        tx.next_part()  # another caller's enqueue: the lock order starts again
+                    receipts.append(self._enqueue_outgoing(tx, ident, outgoing, reply_callback, reply_context))
+        except Exception as exc:
+            if len(items) == 1:
+                return [exc]
+            log.debug("%d enqueues together rolled back (%s): each alone", len(items), exc)
+            return [ALONE] * len(items)
+        return [(receipt, tx) for receipt in receipts]
 
     def _early_claim(self, tx: StoreTransaction, ident: tuple[str, str, bool], kept: float | None) -> Any:
         """The caller's claim of a request kept for it, begun in its enqueue's transaction (see
@@ -1273,6 +1323,15 @@ def _kept_reason(reason: str | None, count: int) -> str:
 
 def _wsa_of(seq: RmsSequence) -> AddressingVersion | None:
     return AddressingVersion.for_namespace(seq.wsa_version)
+
+
+#: Callers' enqueues done in one transaction at most, where the store's transactions take the whole
+#: file (``RMPolicy.enqueue_together``'s automatic value).
+ENQUEUE_TOGETHER = 16
+
+#: One caller's enqueue for :meth:`Source._enqueue_together`: (target, key, offered), the message,
+#: its reply callback and context.
+_Enqueue = tuple[tuple[str, str, bool], OutgoingMessage, "str | None", "bytes | None"]
 
 
 class _SourceTransaction:
