@@ -85,7 +85,8 @@ Several knobs in one variant are joined with ``+`` (``sqlite~send_concurrency=2+
 
 ``BENCH_PG_STATEMENTS=1`` loads ``pg_stat_statements`` and lists, at the end,
 the statements PostgreSQL spent longest on (run one scenario to read them); a number above 1
-lists that many; ``BENCH_PG_STATEMENTS=calls`` lists the 15 run most often instead, ``=wal`` the 15 that wrote most WAL.
+lists that many; ``BENCH_PG_STATEMENTS=calls`` lists the 15 run most often instead, ``=wal`` the 15 that wrote most WAL
+(``=calls:40``: 40 of them); it first gives every database's statements per message (all kinds).
 ``BENCH_PG_CPU=1`` lists, after each round, PostgreSQL's CPU per message by process: the
 backends of each database (the client's side and the service's, their stores apart under xa2),
 the background processes, and the postmaster with the backends that ended meanwhile (counted
@@ -906,8 +907,15 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
     conn = psycopg2.connect(pg.dsn("postgres"))
     try:
         with conn.cursor() as cur:
-            order = os.environ.get("BENCH_PG_STATEMENTS")
+            order, _, many = os.environ.get("BENCH_PG_STATEMENTS", "").partition(":")
+            top = int(many) if many.isdigit() else top
             by_calls = order == "calls"  # else by time, or by WAL written
+            # every statement each database ran (the utility ones too: BEGIN, SET, COMMIT), however
+            # many were sent in one query string
+            cur.execute("SELECT split_part(d.datname, '_', 1) || '_' || split_part(d.datname, '_', 2), "
+                        "sum(calls), sum(calls) FILTER (WHERE toplevel) FROM pg_stat_statements s "
+                        "JOIN pg_database d ON d.oid = s.dbid GROUP BY 1 ORDER BY 1")
+            totals = cur.fetchall()
             # each database apart (a scenario's client and service sides), named by its prefix
             cur.execute("SELECT split_part(d.datname, '_', 1) || '_' || split_part(d.datname, '_', 2) || ': ' "
                         "|| query, sum(calls), sum(total_exec_time + total_plan_time), "
@@ -917,6 +925,8 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
             rows = cur.fetchall()
     finally:
         conn.close()
+    print("statements per message of the run, by database: " + ", ".join(
+        f"{name}: {int(calls) / messages:.2f}" for name, calls, _ in totals))
     print(f"statements by {'calls' if by_calls else 'WAL' if order == 'wal' else 'PostgreSQL time'}, planning included (per message of the run, {messages} messages; "
           f"these {len(rows)}: {sum(r[1] for r in rows) / messages:.2f} calls, "
           f"{1000 * sum(r[2] for r in rows) / messages:.0f} us):")

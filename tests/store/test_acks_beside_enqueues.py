@@ -94,6 +94,27 @@ def test_a_lanes_claim_of_its_sequences_next_messages_goes_on_beside_a_callers_e
         assert [(m.number, m.send_count) for m in tx.rms_messages.list_for("k1")] == [(1, 1), (2, 1), (3, 0)]
 
 
+def test_a_lanes_refill_in_one_statement_goes_on_beside_a_callers_enqueue(store) -> None:
+    """``claim_first_sends_of``: the sequence read in the claim's statement, ``FOR KEY SHARE``
+    as ``get(beside_enqueues=True)`` reads it; a close waits for it until it ends."""
+    started(store, messages=0)
+    with store.begin() as tx:
+        enqueue(tx, n=2)
+    caller = store.begin()
+    enqueue(caller, n=1)
+    lane = store.begin(durable=False)
+    seq, msgs = lane.rms_messages.claim_first_sends_of("k1", 5, next_send_at=1e12)
+    assert seq.next_number == 3 and [m.number for m in msgs] == [1, 2]  # the caller's number not seen
+    caller.commit()
+    with pytest.raises(LockTimeoutError):
+        with store.begin() as closing:
+            closing.rms.mark_last("k1")
+    lane.commit()
+    with store.begin() as tx:
+        assert [(m.number, m.send_count) for m in tx.rms_messages.list_for("k1")] == [(1, 1), (2, 1), (3, 0)]
+        assert tx.rms.mark_last("k1").last_message
+
+
 def test_a_close_waits_for_an_open_acknowledgement_and_claim(store) -> None:
     started(store, messages=3)
     ack = store.begin(durable=False)

@@ -65,6 +65,20 @@ def test_a_claim_writes_no_row_lock_before_its_updates(store) -> None:
         assert [tx.rms_messages.get("k1", n).send_count for n in range(1, 7)] == [1, 1, 1, 0, 0, 0]
 
 
+def test_a_refill_locks_its_sequence_once_and_no_message(store) -> None:
+    """``claim_first_sends_of``: the sequence's row read and locked in the claim's statement."""
+    started(store, messages=6, sent=False)
+
+    def claim() -> None:
+        with store.begin(durable=False) as lane:
+            _, msgs = lane.rms_messages.claim_first_sends_of("k1", 3, next_send_at=1e12)
+            assert [m.number for m in msgs] == [1, 2, 3]
+
+    records = _wal_records(store, claim)
+    assert records.count("Heap/HOT_UPDATE") == 3, records
+    assert records.count("Heap/LOCK") == 1, records
+
+
 def test_a_claim_that_writes_nothing_holds_nothing(store) -> None:
     started(store, messages=3, sent=False)
     with store.begin() as tx:

@@ -958,10 +958,10 @@ class RetransmissionWorker:
         now = time.time()
         next_at = self._first_retry_at(seq.target, now)
         with self.store.begin(durable=False) as tx:
-            current = tx.rms.get(key, beside_enqueues=True)  # a caller's enqueue goes on beside it
+            # the sequence read beside callers' enqueues, and claimed from only while it transmits
+            current, msgs = tx.rms_messages.claim_first_sends_of(key, count, next_send_at=next_at, now=now)
             if current is None or current.sequence_id is None or not rms_life(current).transmitting:
                 return []
-            msgs = tx.rms_messages.claim_first_sends(key, count, next_send_at=next_at, now=now)
         self._bump(refill_claims=1, refilled=len(msgs))
         always = policy.ack_request is AckRequestMode.ALWAYS
         return [_Planned(msg, current, request_ack=always) for msg in msgs]

@@ -385,6 +385,20 @@ class RmsMessageManager(_Manager, ABC):
         self.record_send_attempts(sequence_key, [m.number for m in msgs], next_send_at=next_send_at, now=now)
         return msgs
 
+    def claim_first_sends_of(self, sequence_key: str, limit: int, *, next_send_at: float,
+                             now: float | None = None) -> tuple[RmsSequence | None, list[RmsMessage]]:
+        """A sending lane's refill: the sequence, read as ``rms.get(beside_enqueues=True)`` reads
+        it (held), and, when it is transmitting (started and live), :meth:`claim_first_sends`;
+        (None, []) for no such sequence, (the sequence, []) for one not transmitting.
+
+        PostgreSQL reads the row in the claim's own statement (one round trip where the read
+        took one of its own): the refill claims a few messages at a time, so that read was a
+        statement for every three or four messages sent."""
+        seq = self._tx.rms.get(sequence_key, beside_enqueues=True)
+        if seq is None or seq.sequence_id is None or not rms_life(seq).transmitting:
+            return seq, []
+        return seq, self.claim_first_sends(sequence_key, limit, next_send_at=next_send_at, now=now)
+
     def record_send_attempts_across(self, numbers: Mapping[str, Iterable[int]], *, next_send_at: float,
                                     now: float | None = None) -> int:
         """:meth:`record_send_attempts` for the messages of several sequences (sequence key ->

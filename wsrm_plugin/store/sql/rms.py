@@ -627,15 +627,10 @@ class _RmsMessages(api.RmsMessageManager):
         tx = self._tx
         self._seq(sequence_key)  # sequence row first, then its messages: one order for all
         if tx.d.writable_cte and tx.undo is None:
-            t = _now(now)
             rows = tx.write_all(
-                f"WITH m AS (SELECT {_read_cols(tx)} FROM rms_message WHERE seq_key = ? AND NOT acked "
-                f"AND {_DUE} ORDER BY number LIMIT ?), "
-                f"u AS (UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, {_FIRST_SEND} "
-                "WHERE seq_key = ? AND number IN (SELECT number FROM m) AND send_count = 0 AND NOT acked "
-                "AND NOT EXISTS (SELECT 1 FROM m WHERE send_count > 0) RETURNING number) "
+                f"WITH {self._first_sends_claim(tx)} "
                 "SELECT * FROM m WHERE number IN (SELECT number FROM u) ORDER BY number",
-                (sequence_key, t, t, max(0, limit), t, next_send_at, next_send_at, next_send_at, sequence_key))
+                self._first_sends_params(sequence_key, limit, next_send_at, now))
             msgs = [_msg(r) for r in rows]
             if not msgs:  # a message sent already: nothing written
                 return []
@@ -648,6 +643,56 @@ class _RmsMessages(api.RmsMessageManager):
             return []
         self.record_send_attempts(sequence_key, [m.number for m in msgs], next_send_at=next_send_at, now=now)
         return self._with_payloads(msgs)
+
+    @staticmethod
+    def _first_sends_claim(tx: SqlTransaction, gate: str = "") -> str:
+        """The WITH items of :meth:`claim_first_sends`: ``m``, the sequence's first due
+        unacknowledged messages (only when ``gate``, a condition, holds), and ``u``, their
+        attempts recorded, none when one of them was sent; parameters from
+        :meth:`_first_sends_params`."""
+        return (f"m AS (SELECT {_read_cols(tx)} FROM rms_message WHERE seq_key = ? AND NOT acked "
+                f"AND {_DUE}{gate} ORDER BY number LIMIT ?), "
+                f"u AS (UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, {_FIRST_SEND} "
+                "WHERE seq_key = ? AND number IN (SELECT number FROM m) AND send_count = 0 AND NOT acked "
+                "AND NOT EXISTS (SELECT 1 FROM m WHERE send_count > 0) RETURNING number)")
+
+    @staticmethod
+    def _first_sends_params(sequence_key: str, limit: int, next_send_at: float,
+                            now: float | None) -> tuple[Any, ...]:
+        t = _now(now)
+        return (sequence_key, t, t, max(0, limit), t, next_send_at, next_send_at, next_send_at, sequence_key)
+
+    def claim_first_sends_of(self, sequence_key: str, limit: int, *, next_send_at: float,
+                             now: float | None = None) -> tuple[RmsSequence | None, list[RmsMessage]]:
+        """On PostgreSQL, one statement: the sequence's row read and held ``FOR KEY SHARE`` if it is
+        open to enqueues (``q``, as :meth:`_Rms.get` with ``beside_enqueues`` reads it), and
+        :meth:`claim_first_sends`'s claim when it is transmitting.  The row is locked before the
+        messages are read (``m`` waits for ``q``): one order for all.  A lock that waited for a
+        change of the sequence's state reads the row as that change left it (READ COMMITTED),
+        and ``q`` is then empty when it closed it to enqueues; the messages are read as
+        committed when the statement began, and the update writes only those still unsent and
+        unacknowledged (as :meth:`claim_first_sends`'s).  A sequence closed to enqueues (its
+        last message known, closing, ...) is read and claimed the general way."""
+        tx = self._tx
+        if not tx.d.key_share or not tx.d.writable_cte or tx.undo is not None or tx._numbered \
+                or sequence_key in tx.held_rms:
+            return super().claim_first_sends_of(sequence_key, limit, next_send_at=next_send_at, now=now)
+        tx.lock(RANK_RMS, sequence_key)
+        rows = tx.write_all(
+            f"WITH q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ? "
+            f"AND NOT ({_CLOSED_TO_ENQUEUES}){tx.d.key_share}), "
+            + self._first_sends_claim(tx, " AND EXISTS (SELECT 1 FROM q WHERE started AND sequence_id IS NOT NULL "
+                                          "AND NOT terminate_sent AND NOT faulted)")
+            + " SELECT q.*, c.* FROM q LEFT JOIN (SELECT * FROM m WHERE number IN (SELECT number FROM u)) c "
+            "ON TRUE ORDER BY c.number",
+            (sequence_key, *self._first_sends_params(sequence_key, limit, next_send_at, now)))
+        if not rows:  # no such sequence, or closed to enqueues: nothing locked, nothing written
+            tx.rms.get(sequence_key)  # locked against every writer, as get(beside_enqueues=True) then locks it
+            return super().claim_first_sends_of(sequence_key, limit, next_send_at=next_send_at, now=now)
+        width = len(_RMS_COLS)
+        seq = tx.held_rms[sequence_key] = _rms(rows[0][:width])
+        msgs = [_msg(r[width:]) for r in rows if r[width] is not None]
+        return seq, self._with_payloads(msgs) if msgs else []
 
     def claim_first_send(self, sequence_key: str, number: int, *, next_send_at: float,
                          now: float | None = None) -> RmsMessage | None:

@@ -1,0 +1,70 @@
+"""A sending lane's refill (``claim_first_sends_of``): its sequence read beside callers'
+enqueues and its next never-sent messages claimed, on every store; on PostgreSQL in one
+statement, where reading the sequence first was a round trip of its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from wsrm_plugin.store import StorageManager
+
+from .test_managers import enqueue, new_rms, started
+
+
+def _sent(store: StorageManager, key: str = "k1") -> list[tuple[int, int]]:
+    with store.begin() as tx:
+        return [(m.number, m.send_count) for m in tx.rms_messages.list_for(key)]
+
+
+def test_a_transmitting_sequences_next_messages_are_claimed(store: StorageManager) -> None:
+    started(store, messages=5, sent=False)
+    with store.begin(durable=False) as tx:
+        seq, msgs = tx.rms_messages.claim_first_sends_of("k1", 3, next_send_at=1e12)
+        assert (seq.key, seq.sequence_id, seq.next_number) == ("k1", "seq-1", 6)
+        assert [(m.number, m.send_count, m.payload) for m in msgs] == \
+            [(1, 0, b"<env>0</env>"), (2, 0, b"<env>1</env>"), (3, 0, b"<env>2</env>")]
+        assert tx.rms.get("k1") == seq  # held: the transaction's next look at it
+    assert _sent(store) == [(1, 1), (2, 1), (3, 1), (4, 0), (5, 0)]
+
+
+def test_nothing_is_claimed_of_a_sequence_not_transmitting(store: StorageManager) -> None:
+    with store.begin() as tx:
+        new_rms(tx)  # not started: no sequence id yet
+        enqueue(tx, n=2)
+    with store.begin(durable=False) as tx:
+        seq, msgs = tx.rms_messages.claim_first_sends_of("k1", 3, next_send_at=1e12)
+        assert (seq.key, seq.started, msgs) == ("k1", False, [])
+    started(store, key="k2", sid="seq-2", messages=2, sent=False)
+    with store.begin() as tx:
+        tx.rms.update("k2", faulted=True, fault_reason="test")
+    with store.begin(durable=False) as tx:
+        seq, msgs = tx.rms_messages.claim_first_sends_of("k2", 3, next_send_at=1e12)
+        assert (seq.key, seq.faulted, msgs) == ("k2", True, [])
+    assert _sent(store) == [(1, 0), (2, 0)]
+    assert _sent(store, "k2") == [(1, 0), (2, 0)]
+
+
+def test_no_sequence_no_claim(store: StorageManager) -> None:
+    with store.begin(durable=False) as tx:
+        assert tx.rms_messages.claim_first_sends_of("nope", 3, next_send_at=1e12) == (None, [])
+
+
+def test_a_sequence_closed_to_enqueues_is_still_claimed_from(store: StorageManager) -> None:
+    """Its last message known: no enqueue goes beside it any more, its messages are still sent."""
+    started(store, messages=3, sent=False)
+    with store.begin() as tx:
+        tx.rms.mark_last("k1")
+    with store.begin(durable=False) as tx:
+        seq, msgs = tx.rms_messages.claim_first_sends_of("k1", 5, next_send_at=1e12)
+        assert seq.last_message and [m.number for m in msgs] == [1, 2, 3]
+    assert _sent(store) == [(1, 1), (2, 1), (3, 1)]
+
+
+def test_a_retransmission_due_leaves_the_claim_to_the_round(store: StorageManager) -> None:
+    started(store, messages=3, sent=False)
+    with store.begin() as tx:
+        tx.rms_messages.record_send_attempts("k1", [2], next_send_at=0.0)  # sent, and due again at once
+    with store.begin(durable=False) as tx:
+        seq, msgs = tx.rms_messages.claim_first_sends_of("k1", 3, next_send_at=1e12)
+        assert seq.key == "k1" and msgs == []
+    assert _sent(store) == [(1, 0), (2, 1), (3, 0)]
