@@ -86,7 +86,8 @@ Several knobs in one variant are joined with ``+`` (``sqlite~send_concurrency=2+
 ``BENCH_PG_STATEMENTS=1`` loads ``pg_stat_statements`` and lists, at the end,
 the statements PostgreSQL spent longest on (run one scenario to read them); a number above 1
 lists that many; ``BENCH_PG_STATEMENTS=calls`` lists the 15 run most often instead, ``=wal`` the 15 that wrote most WAL
-(``=calls:40``: 40 of them); it first gives every database's statements per message (all kinds).
+(``=calls:40``: 40 of them); it first gives every database's statements per message (all kinds); a
+transaction's gid is folded (``PREPARE TRANSACTION '...'``), so each kind is one line.
 ``BENCH_PG_CPU=1`` lists, after each round, PostgreSQL's CPU per message by process: the
 backends of each database (the client's side and the service's, their stores apart under xa2),
 the background processes, and the postmaster with the backends that ended meanwhile (counted
@@ -916,9 +917,12 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
                         "sum(calls), sum(calls) FILTER (WHERE toplevel) FROM pg_stat_statements s "
                         "JOIN pg_database d ON d.oid = s.dbid GROUP BY 1 ORDER BY 1")
             totals = cur.fetchall()
-            # each database apart (a scenario's client and service sides), named by its prefix
+            # each database apart (a scenario's client and service sides), named by its prefix; a
+            # transaction's gid (PREPARE TRANSACTION 'gid', COMMIT PREPARED 'gid') is a literal
+            # pg_stat_statements keeps: one statement each, unless the literals are folded here
             cur.execute("SELECT split_part(d.datname, '_', 1) || '_' || split_part(d.datname, '_', 2) || ': ' "
-                        "|| query, sum(calls), sum(total_exec_time + total_plan_time), "
+                        "|| regexp_replace(query, '''[^'']*''', '''...''', 'g'), sum(calls), "
+                        "sum(total_exec_time + total_plan_time), "
                         "sum(total_plan_time), sum(wal_bytes), sum(wal_fpi) FROM pg_stat_statements s "
                         "JOIN pg_database d ON d.oid = s.dbid GROUP BY 1 "
                         f"ORDER BY {2 if by_calls else 5 if order == 'wal' else 3} DESC LIMIT %s", (top,))

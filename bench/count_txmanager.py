@@ -11,11 +11,15 @@ transaction, without start-up.  Paths:
   (``BEGIN;`` with the UPDATE in autocommit mode, then COMMIT by a cursor);
 * ``lazy``: the same through :class:`txmanager.lazy_begin.LazyBeginConnection`;
 * ``tm``: ``with tm.transaction(): with ds.connection() ...`` (one XADataSource,
-  one-phase commit, a recovery log that one phase never writes to).
+  one-phase commit, a recovery log that one phase never writes to);
+* ``tm2``: the same UPDATE in two databases, each through its own XADataSource, the second
+  keeping commit marks (as the PostgreSQL WS-RM store does): a two-phase commit, the first
+  branch prepared, the second committed in one phase with the decision (``bench_compare``'s
+  ``xa2``, without the store).
 
 ``--calls`` counts instead the Python and C calls per transaction (sys.setprofile).
 
-Run: .venv/bin/python bench/count_txmanager.py [--paths plain,sql,lazy,tm] [--calls]
+Run: .venv/bin/python bench/count_txmanager.py [--paths plain,sql,lazy,tm,tm2] [--calls]
 """
 
 from __future__ import annotations
@@ -31,6 +35,14 @@ import tempfile
 UPDATE = "UPDATE account SET balance = balance + %s WHERE id = %s"
 
 
+def _second(dsn: str) -> str:
+    """The DSN of the second database (``tm2``): ``dsn``'s, named with a ``2``."""
+    from psycopg2.extensions import make_dsn, parse_dsn
+
+    parts = parse_dsn(dsn)
+    return make_dsn(**{**parts, "dbname": parts["dbname"] + "2"})
+
+
 def run(path: str, n: int, dsn: str, calls: bool) -> None:
     """Run ``n`` transactions of ``path`` after 200 of warm-up (this is what valgrind runs)."""
     import psycopg2
@@ -43,6 +55,8 @@ def run(path: str, n: int, dsn: str, calls: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tm = TransactionManager(node="count", log=f"{tmp}/tx.log")
         ds = XADataSource(dsn, tm, register_for_recovery=False)
+        ds2 = XADataSource(_second(dsn), tm, register_for_recovery=False, commit_marks=True) \
+            if path == "tm2" else None
         plain = psycopg2.connect(dsn)
         auto = psycopg2.connect(dsn)
         auto.autocommit = True
@@ -72,7 +86,14 @@ def run(path: str, n: int, dsn: str, calls: bool) -> None:
                 with ds.connection() as a, a.cursor() as c:
                     c.execute(UPDATE, (1, i % 10))
 
-        one = {"plain": one_plain, "sql": one_sql, "lazy": one_lazy, "tm": one_tm}[path]
+        def one_tm2(i: int) -> None:
+            with tm.transaction():
+                with ds.connection() as a, a.cursor() as c:
+                    c.execute(UPDATE, (1, i % 10))
+                with ds2.connection() as b, b.cursor() as c:  # type: ignore[union-attr]
+                    c.execute(UPDATE, (1, i % 10))
+
+        one = {"plain": one_plain, "sql": one_sql, "lazy": one_lazy, "tm": one_tm, "tm2": one_tm2}[path]
         for i in range(200):
             one(i)
         if not calls:
@@ -95,6 +116,8 @@ def run(path: str, n: int, dsn: str, calls: bool) -> None:
             for name, k in counted.most_common(int(os.environ.get("COUNT_TOP", "12"))):
                 print(f"  {k / n:5.1f} {name}")
         ds.close()
+        if ds2 is not None:
+            ds2.close()
         tm.close()
         for conn in (plain, auto, lazy):
             conn.close()
@@ -126,8 +149,9 @@ def main() -> None:
     from wsrm_plugin.tools.pgserver import ThrowawayPostgres
 
     with ThrowawayPostgres() as pg:
-        pg.create_database("count")
-        create_bank(pg.dsn("count"), 10, 1_000_000)
+        for name in ("count", "count2"):
+            pg.create_database(name)
+            create_bank(pg.dsn(name), 10, 1_000_000)
         for path in args.paths.split(","):
             if args.calls:
                 run(path, 1000, pg.dsn("count"), calls=True)
