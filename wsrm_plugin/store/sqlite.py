@@ -49,6 +49,16 @@ refuses work until recovery commits or rolls back the branch
 (:meth:`SqliteXAResource.recover` lists it).  Readers of ``status()`` are
 not blocked: they read the committed file without the lock.
 
+Looking for that row costs every transaction a statement while it holds the
+file, so the lock file carries a mark (its first byte, mapped into each
+process's memory: reading it is no system call): ``n`` when a transaction
+holding the file last looked and found none.  ``prepare`` sets it to anything
+else, and syncs it, before its commit, while it holds the file; so a
+transaction that finds ``n`` knows no branch was prepared since, by any process,
+and does not look.  Any other value (a lock file from before the mark, a
+prepare, even one that rolled back) makes the next transaction look, and one
+that finds none sets ``n`` again.
+
 Consequence: one prepared branch at a time blocks the store, so several
 processes that each prepare a branch on the same SQLite store and wait for a
 common decision (Spark partitions) would wait on each other; use PostgreSQL
@@ -60,6 +70,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import sqlite3
 import threading
@@ -114,6 +125,8 @@ class _FileGate:
         self.waited = 0.0
         self.held = 0.0
         self._since = 0.0
+        #: The lock file's first byte, mapped (see the module's docstring: "Looking for that row").
+        self._mark: mmap.mmap | None = None
 
     def acquire(self, deadline: float, what: str) -> None:
         asked = time.monotonic()
@@ -140,6 +153,8 @@ class _FileGate:
                         "than lock_timeout; retry later or raise lock_timeout")
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)
+            if self._mark is None:
+                self._map_mark()
             self.holder = threading.current_thread().name
             self._since = now = time.monotonic()
             self.turns += 1
@@ -147,6 +162,33 @@ class _FileGate:
         except BaseException:
             self._thread_lock.release()
             raise
+
+    def _map_mark(self) -> None:
+        """Map the lock file's first byte (the file held: a lock file from before the mark is
+        empty, and grows to one zero byte, which means "look")."""
+        assert self._fd is not None
+        if os.fstat(self._fd).st_size < 1:
+            os.ftruncate(self._fd, 1)
+        self._mark = mmap.mmap(self._fd, 1)
+
+    def prepared_may_exist(self) -> bool:
+        """May the file hold a prepared branch (no transaction looked since the last prepare)?
+        Only while holding the file."""
+        assert self._mark is not None
+        return self._mark[0] != _NONE_PREPARED
+
+    def none_prepared(self) -> None:
+        """A transaction holding the file looked and found no prepared branch."""
+        assert self._mark is not None
+        self._mark[0] = _NONE_PREPARED
+
+    def preparing(self) -> None:
+        """A branch is about to be prepared (its commit not done yet): every transaction looks
+        until one finds none.  On disk before the prepare's commit, so a machine that loses
+        power after it comes back with the mark set."""
+        assert self._mark is not None
+        self._mark[0] = 0
+        self._mark.flush()
 
     @property
     def in_use(self) -> bool:
@@ -162,6 +204,9 @@ class _FileGate:
         finally:
             self._thread_lock.release()
 
+
+#: The lock file's mark when a transaction holding the file looked and found no prepared branch.
+_NONE_PREPARED = ord("n")
 
 _gates: dict[tuple[int, str], _FileGate] = {}
 class _GroupSync:
@@ -385,9 +430,12 @@ class SqliteStore(api.StorageManager):
             try:
                 conn = self._take()
                 conn.execute("BEGIN IMMEDIATE")
-                in_doubt = [] if allow_in_doubt else [r[0] for r in conn.execute(
+                if allow_in_doubt or not self._gate.prepared_may_exist():
+                    return conn
+                in_doubt = [r[0] for r in conn.execute(
                     "SELECT xid FROM xa_prepared ORDER BY prepared_at LIMIT 10")]
                 if not in_doubt:
+                    self._gate.none_prepared()
                     return conn
                 conn.execute("ROLLBACK")
             except BaseException as exc:
@@ -543,6 +591,7 @@ class SqliteXAResource(BranchResource):
             return XA_RDONLY
         try:
             tx.flush()
+            self._store._gate.preparing()  # the others look for it from now on (see the module)
             tx.write("INSERT INTO xa_prepared (xid, undo, prepared_at) VALUES (?, ?, ?)",
                      (xid.to_text(), encode_undo(tx.undo), time.time()))
             self._store._finish(tx, commit=True)  # changes + undo durable in one SQLite commit
