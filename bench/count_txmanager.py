@@ -17,9 +17,11 @@ transaction, without start-up.  Paths:
   branch prepared, the second committed in one phase with the decision (``bench_compare``'s
   ``xa2``, without the store).
 
-``--calls`` counts instead the Python and C calls per transaction (sys.setprofile).
+``--calls`` counts instead the Python and C calls per transaction (sys.setprofile); ``--wal``
+the WAL bytes PostgreSQL wrote per transaction, and by record type (``pg_waldump --stats=record``,
+both databases: one server).
 
-Run: .venv/bin/python bench/count_txmanager.py [--paths plain,sql,lazy,tm,tm2] [--calls]
+Run: .venv/bin/python bench/count_txmanager.py [--paths plain,sql,lazy,tm,tm2] [--calls | --wal]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 UPDATE = "UPDATE account SET balance = balance + %s WHERE id = %s"
 
@@ -43,8 +46,9 @@ def _second(dsn: str) -> str:
     return make_dsn(**{**parts, "dbname": parts["dbname"] + "2"})
 
 
-def run(path: str, n: int, dsn: str, calls: bool) -> None:
-    """Run ``n`` transactions of ``path`` after 200 of warm-up (this is what valgrind runs)."""
+def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None) -> None:
+    """Run ``n`` transactions of ``path`` after 200 of warm-up (this is what valgrind runs); with
+    ``wal`` (the server) report the WAL they wrote."""
     import psycopg2
 
     from txmanager import TransactionManager
@@ -96,7 +100,12 @@ def run(path: str, n: int, dsn: str, calls: bool) -> None:
         one = {"plain": one_plain, "sql": one_sql, "lazy": one_lazy, "tm": one_tm, "tm2": one_tm2}[path]
         for i in range(200):
             one(i)
-        if not calls:
+        if wal is not None:
+            start = _wal_position(dsn, checkpoint=True)
+            for i in range(n):
+                one(i)
+            _print_wal(wal, path, start, _wal_position(dsn), n)
+        elif not calls:
             for i in range(n):
                 one(i)
         else:
@@ -123,6 +132,36 @@ def run(path: str, n: int, dsn: str, calls: bool) -> None:
             conn.close()
 
 
+def _wal_position(dsn: str, checkpoint: bool = False) -> str:
+    import psycopg2
+
+    conn = psycopg2.connect(dsn)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            if checkpoint:  # no full-page image of a page touched before the count
+                cur.execute("CHECKPOINT")
+            cur.execute("SELECT pg_current_wal_insert_lsn()::text")
+            return cur.fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _print_wal(pg: Any, path: str, start: str, end: str, n: int) -> None:
+    """The WAL between two positions, per transaction: in all, and by record type."""
+    out = subprocess.run([str(pg.bindir / "pg_waldump"), "--stats=record", "-p", str(pg.data_dir / "pg_wal"),
+                          "-s", start, "-e", end], capture_output=True, text=True, check=False).stdout
+    rows = []
+    for line in out.splitlines():
+        # "Type  N (%)  record-size (%)  FPI-size (%)  combined (%)", the shares left out
+        parts = re.sub(r"\([^)]*\)", " ", line).split()
+        if len(parts) == 5 and "/" in parts[0] and parts[1].isdigit() and parts[1] != "0":
+            rows.append((int(parts[4]), parts[0], int(parts[1])))
+    print(f"{path}: {sum(r[0] for r in rows) / n:,.0f} WAL bytes per transaction")
+    for size, kind, count in sorted(rows, reverse=True):
+        print(f"  {kind:28} {count / n:5.2f} records {size / n:6.0f} B")
+
+
 def instructions(path: str, n: int, dsn: str) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/callgrind.out"
@@ -138,6 +177,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--paths", default="plain,sql,lazy,tm")
     p.add_argument("--calls", action="store_true", help="count calls instead of instructions")
+    p.add_argument("--wal", action="store_true", help="count WAL bytes instead of instructions")
     p.add_argument("--run", help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, default=1000, help=argparse.SUPPRESS)
     p.add_argument("--dsn", help=argparse.SUPPRESS)
@@ -153,8 +193,8 @@ def main() -> None:
             pg.create_database(name)
             create_bank(pg.dsn(name), 10, 1_000_000)
         for path in args.paths.split(","):
-            if args.calls:
-                run(path, 1000, pg.dsn("count"), calls=True)
+            if args.calls or args.wal:
+                run(path, 1000, pg.dsn("count"), calls=args.calls, wal=pg if args.wal else None)
                 continue
             per = (instructions(path, 3000, pg.dsn("count")) - instructions(path, 1000, pg.dsn("count"))) / 2000
             print(f"{path}: {per:,.0f} client instructions per transaction")

@@ -311,20 +311,26 @@ def _within(branch_gid: str, gid: str) -> str:
     return "+" + branch_gid[len(gid):] if branch_gid.startswith(gid) else branch_gid
 
 
-def parse_mark_record(gtrid: str, text: str) -> LogEntry:
+def parse_mark_record(gtrid: str, text: str, node: str | None = None) -> LogEntry:
     """The decision in a mark's ``record`` (:func:`mark_record`; or the whole
-    :func:`commit_record`, as marks written before kept it) and its row's ``gtrid``;
+    :func:`commit_record`, as marks written before kept it), its row's ``gtrid`` and ``node``
+    (needed when the ``gtrid`` is the short key, :func:`.marks.key`);
     ValueError/KeyError/TypeError when malformed."""
+    from . import marks  # marks' own module needs nothing of this one's
+
     rec = json.loads(text)
     if not isinstance(rec, dict):
         raise ValueError(f"not a commit mark: {text[:80]!r}")
     if "t" in rec:
         entry = parse_commit_record(text)
-        if entry.gxid.to_pg_gid() != gtrid:
+        if gtrid not in marks.keys(entry.gxid):
             raise ValueError(f"the mark of {gtrid} records the decision of {entry.gxid}")
         return entry
-    gxid = Xid.from_text(gtrid)
-    branches = tuple((Xid.from_text(gtrid + x[1:] if x.startswith("+") else x), str(name))
+    if node is None and "_" not in gtrid:
+        raise ValueError(f"the mark {gtrid!r} names its transaction with its node's: give the node")
+    gxid = marks.gxid_of(gtrid, node or "")
+    gid = gxid.to_pg_gid()
+    branches = tuple((Xid.from_text(gid + x[1:] if x.startswith("+") else x), str(name))
                      for x, name in rec["b"])
     return LogEntry(gxid, branches, True, {}, float(rec["at"]))
 

@@ -14,8 +14,10 @@ import pytest
 from tests.txmanager.conftest import log_records
 from txmanager import RollbackError, TransactionManager
 from txmanager.log import commit_record, parse_mark_record
-from txmanager.marks import TABLE
+from txmanager.marks import TABLE, gxid_of
+from txmanager.marks import key as marks_key
 from txmanager.postgres import LazyBeginConnection, XADataSource
+from txmanager.xid import Xid
 
 from .test_datasource import Crash, insert, prepared_gids, run, values
 
@@ -131,11 +133,12 @@ def test_a_mark_keeps_only_what_its_row_does_not_say_and_an_older_whole_record_s
     with the log's whole commit record, decides its transaction all the same."""
     log_path = tmp_path / "crash.log"
     crash_in_the_second_transfer(dbs, log_path, "logged")  # the mark committed, a's branch prepared
-    [(gtrid, record)] = run(dbs[1], f"SELECT gtrid, record FROM {TABLE}")
+    [(gtrid, node, record)] = run(dbs[1], f"SELECT gtrid, node, record FROM {TABLE}")
     [prepared] = prepared_gids(dbs[0])
     assert gtrid not in record and '"t"' not in record, record
-    assert prepared.startswith(gtrid) and f'"+{prepared[len(gtrid):]}"' in record, record
-    entry = parse_mark_record(gtrid, record)
+    entry = parse_mark_record(gtrid, record, node)
+    gid = entry.gxid.to_pg_gid()
+    assert prepared.startswith(gid) and f'"+{prepared[len(gid):]}"' in record, record
     assert [(x.to_pg_gid(), name) for x, name in entry.branches] == [(prepared, "a")]
     run(dbs[1], f"UPDATE {TABLE} SET record = %s", (commit_record(entry.gxid, entry.branches, entry.logged_at),))
 
@@ -308,3 +311,33 @@ def test_a_lost_answer_to_the_marked_commit_is_settled_by_the_mark(dbs, tmp_path
         a.close()
         b.close()
         tm.close()
+
+
+def test_a_mark_is_keyed_by_the_unique_part_of_its_gtrid_and_one_keyed_by_its_gid_still_decides(dbs, tmp_path):
+    """The mark's key (its table's primary key, written in the row and in the index) is what
+    the gtrid ``node|<unique hex>`` says beside the ``node`` column: the hex, 30 characters
+    instead of the 72 of the whole gid (:func:`txmanager.marks.key`).  A mark an earlier
+    version wrote, keyed by the gid, decides its transaction all the same, and recovery
+    deletes it."""
+    log_path = tmp_path / "crash.log"
+    crash_in_the_second_transfer(dbs, log_path, "logged")  # the mark committed, a's branch prepared
+    [(gtrid, node)] = run(dbs[1], f"SELECT gtrid, node FROM {TABLE}")
+    [prepared] = prepared_gids(dbs[0])
+    gxid = Xid.from_text(prepared).global_xid()
+    assert node == "crashy" and gxid.gtrid == b"crashy|" + gtrid.encode(), (gtrid, gxid)
+    assert len(gtrid) == 30 and gtrid == marks_key(gxid) and gxid_of(gtrid, node) == gxid
+    assert marks_key(Xid(1, b"crashy|0123")) == Xid(1, b"crashy|0123").to_pg_gid(), "a foreign format: the gid"
+    run(dbs[1], f"UPDATE {TABLE} SET gtrid = %s", (gxid.to_pg_gid(),))  # as an earlier version keyed it
+
+    tm2 = TransactionManager(node="crashy", log=log_path, safety_interval=0)
+    a2 = XADataSource(dbs[0], tm2, resource_name="a")
+    b2 = XADataSource(dbs[1], tm2, resource_name="b")
+    try:
+        report = tm2.recovery.recover_once()
+        assert not report.errors, report.summary()
+        assert values(dbs[0]) == ["debit-0", "debit-1"] and values(dbs[1]) == ["credit-0", "credit-1"]
+        assert prepared_gids(dbs[0]) == [] and marks(dbs[1]) == []
+    finally:
+        a2.close()
+        b2.close()
+        tm2.close()

@@ -654,8 +654,9 @@ class PostgresXAResource:
             conn = self._check_usable(b)
             forgotten = self._marks.take()
             record = mark_record(gxid, branches, time.time())
-            params: tuple[Any, ...] = ((gxid.to_pg_gid(), node, record) if fence is None
-                                       else (gxid.to_pg_gid(), node, fence.epoch, record))
+            mark_key = _marks.key(gxid, node)
+            params: tuple[Any, ...] = ((mark_key, node, record) if fence is None
+                                       else (mark_key, node, fence.epoch, record))
             statement = _marks.insert_statement(forgotten, fenced=fence is not None)
             if forgotten:
                 params = (forgotten, *params)
@@ -670,7 +671,7 @@ class PostgresXAResource:
                 if not self._is_session_lost(conn, exc):
                     raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
                 self._drop_session()
-                committed = self._mark_committed(gxid, backend)
+                committed = self._mark_committed(gxid, mark_key, backend)
                 if committed is None:
                     self._give_up(b, XAER_RMFAIL)
                     raise XAException(XAER_RMFAIL, f"{self.resource_name}: connection lost during COMMIT "
@@ -696,7 +697,7 @@ class PostgresXAResource:
             self._marks.put_back(forgotten)  # type: ignore[union-attr]  # checked by the caller
             raise self._statement_failed(b, conn, exc, "COMMIT") from exc
 
-    def _mark_committed(self, gxid: Xid, backend: int, wait: float = 5.0) -> bool | None:
+    def _mark_committed(self, gxid: Xid, mark_key: str, backend: int, wait: float = 5.0) -> bool | None:
         """After a lost answer to COMMIT: did the mark of ``gxid`` commit?  None: cannot tell.
 
         Only once the session's backend is gone is the answer final: a backend
@@ -710,7 +711,7 @@ class PostgresXAResource:
                     return None
                 time.sleep(0.05)
             rows = self._control_cursor_run(f"SELECT 1 FROM {_marks.TABLE} WHERE gtrid = %s",
-                                            (gxid.to_pg_gid(),))
+                                            (mark_key,))
         except (XAException, psycopg2.Error) as exc:
             log.info("%s: cannot tell whether the mark of %s committed: %s", self.resource_name, gxid,
                      exc)
@@ -743,7 +744,7 @@ class PostgresXAResource:
             entries: dict[Xid, LogEntry] = {}
             for gtrid, text in rows:
                 try:
-                    entry = parse_mark_record(gtrid, text)
+                    entry = parse_mark_record(gtrid, text, node)
                 except (ValueError, KeyError, TypeError) as exc:
                     raise XAException(XAER_RMERR, f"{self.resource_name}: unreadable commit mark "
                                                   f"{text[:120]!r}: {exc}") from exc
@@ -751,8 +752,8 @@ class PostgresXAResource:
             return entries
 
     def delete_marks(self, gxids: list[Xid]) -> None:
-        """Delete the marks of finished transactions now (recovery)."""
-        self._delete_marks([g.to_pg_gid() for g in gxids])
+        """Delete the marks of finished transactions now (recovery), keyed either way."""
+        self._delete_marks([k for g in gxids for k in _marks.keys(g)])
 
     def delete_waiting_marks(self, queue: _marks.MarkQueue) -> None:
         """Delete the marks waiting in ``queue`` now (a data source or store closing); what
