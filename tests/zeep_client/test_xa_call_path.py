@@ -24,6 +24,7 @@ from txmanager import TransactionManager
 from txmanager.postgres import XADataSource
 from wsrm_plugin.engine import retransmission
 from wsrm_plugin.store.postgres import PostgresStore
+from wsrm_plugin.store.sql import SqlTransaction
 
 from . import service
 from .conftest import fast_policy
@@ -108,3 +109,36 @@ def test_a_rolled_back_xa_call_leaves_nothing_claimed(one_database):
     assert _call(tm, ds, rc, "second") == "re:second"  # its caller sends it at once, not the sender after the grace
     assert wait_for(lambda: service.ECHOED == ["first", "second"])
     assert rc.engine.store.status().unacked <= 1
+
+
+def test_an_xa_calls_reply_is_recorded_in_one_round_trip_before_its_commit(one_database, monkeypatch):
+    """The reply's record: the reply received and taken, its request marked answered and the
+    acknowledgement riding on the reply applied, in one round trip (two before: the receipt,
+    then the mark), then the COMMIT.  The request is done: nothing of it is sent again."""
+    tm, ds, store, rc = one_database
+    monkeypatch.setattr(retransmission, "_REPLY_ACK_WAIT", 60.0)
+    assert [_call(tm, ds, rc, f"q{i}") for i in range(2)] == ["re:q0", "re:q1"]
+    caller = threading.current_thread().name
+    trips: dict[int, int] = {}  # the caller's store transactions: id -> round trips before the COMMIT
+    recorded: list[int] = []
+    execute = SqlTransaction.execute
+
+    def counted(tx: Any, sql: str, params: Any = (), **kw: Any) -> Any:
+        if threading.current_thread().name == caller:
+            trips[id(tx)] = trips.get(id(tx), 0) + 1
+        return execute(tx, sql, params, **kw)
+    monkeypatch.setattr(SqlTransaction, "execute", counted)
+    finish = store._finish
+
+    def ending(tx: Any, commit: bool) -> None:
+        if threading.current_thread().name == caller and tx.begun:
+            recorded.append(trips.get(id(tx), 0))
+        finish(tx, commit)
+    store._finish = ending
+    for i in range(2, CALLS + 2):
+        assert _call(tm, ds, rc, f"q{i}") == f"re:q{i}"
+    assert recorded == [1] * CALLS, recorded
+    assert service.ECHOED == [f"q{i}" for i in range(CALLS + 2)]
+    with store.begin() as tx:  # every request answered: none waits for its reply
+        key = next(iter(rc.engine.source._current.values()))
+        assert not any(m.reply_pending for m in tx.rms_messages.list_for(key))

@@ -256,6 +256,11 @@ class Destination:
         #: the request has its reply); True when the sender has work now.  Set by the engine.
         self.reply_arrived: Callable[[StoreTransaction, str, Sequence[tuple[SequenceAcknowledgement, RMVersion]]],
                                      tuple[bool, int]] = lambda tx, relates_to, riding: (False, -1)
+        #: What :attr:`reply_arrived` will ask of the store for a reply (``Source.reply_answering``):
+        #: the receipt asks it in its own round trip.  Set by the engine.
+        self.reply_answering: Callable[[str, Sequence[tuple[SequenceAcknowledgement, RMVersion]]],
+                                       tuple[str, str, Sequence[tuple[int, int]], bool] | None] = \
+            lambda relates_to, riding: None
         #: The source's side of an acknowledgement riding on a received message, in that
         #: message's receipt (``Source.apply_riding_ack``); True when the sender has work now.
         #: None: the receipt leaves them to its caller.  Set by the engine.
@@ -1011,7 +1016,10 @@ class Destination:
         # (asked once: a consumer reads the reply, and keeps what it read for the call)
         consuming = (not item.direct and not header.last_message and addressing.relates_to is not None
                      and bool(self.reply_consumers) and self._consumed_here(item))
-        guessed = (tx.receive_in_order(identifier, number, now=now)
+        # a consumed reply's mark of its request goes in the receipt's round trip (see reply_arrived)
+        answering = self.reply_answering(addressing.relates_to, item.acks) \
+            if consuming and addressing.relates_to is not None else None
+        guessed = (tx.receive_in_order(identifier, number, now=now, answering=answering)
                    if (item.direct or consuming) and not header.last_message else None)
         if guessed is not None:
             item.wrote = True  # a refusal below must roll its writes back, in a batch too

@@ -190,6 +190,7 @@ class ReliableEngine:
         self.destination = Destination(self.store, policy, endpoint=endpoint, wake_invoker=self._wake_invoker,
                                        wake_acks=self._wake_acks, wake_release=self._wake_release)
         self.destination.reply_arrived = self.source.reply_consumed
+        self.destination.reply_answering = self.source.reply_answering
         self.destination.apply_riding_ack = self.source.apply_riding_ack
         self.destination.wake_sender = self._wake_sender
         self.back_channel = BackChannel(self.store, policy, self.destination)

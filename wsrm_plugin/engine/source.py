@@ -1102,8 +1102,8 @@ class Source:
         The request, which waited for its reply unacknowledged, is acknowledged now: by the
         acknowledgement riding on the reply when one names it (applied here, once the request
         no longer waits, rather than after a statement of its own), else on its own."""
-        first = next(((i, ack) for i, (ack, _) in enumerate(riding) if not ack.nacks and not ack.final), None)
-        if first is not None and self._replies_on_back_channel():
+        first = self._answering_ack(riding)
+        if first is not None:
             # the acknowledgement that most likely names the request, applied with the mark (one
             # round trip on PostgreSQL); when it does not apply, on as after the mark alone
             index, ack = first
@@ -1134,6 +1134,22 @@ class Source:
             except WSRMFault:  # refused before it wrote: the receipt says why when it tries it again
                 break
         return self._acknowledge_awaited(tx, key, number), -1
+
+    def _answering_ack(self, riding: Sequence[tuple[SequenceAcknowledgement, RMVersion]]
+                       ) -> tuple[int, SequenceAcknowledgement] | None:
+        """The acknowledgement riding on a reply that :meth:`reply_consumed` applies with the
+        request's mark (its index), or None: it then marks the request alone."""
+        if not self._replies_on_back_channel():
+            return None
+        return next(((i, ack) for i, (ack, _) in enumerate(riding) if not ack.nacks and not ack.final), None)
+
+    def reply_answering(self, relates_to: str, riding: Sequence[tuple[SequenceAcknowledgement, RMVersion]]
+                        ) -> tuple[str, str, Sequence[tuple[int, int]], bool] | None:
+        """The arguments of the ``mark_answered_acknowledging`` that :meth:`reply_consumed` makes
+        for this reply, or None when it makes none: the reply's receipt may run it in its own
+        round trip (``StoreTransaction.receive_in_order``'s ``answering``)."""
+        first = self._answering_ack(riding)
+        return None if first is None else (relates_to, first[1].identifier, first[1].ranges, True)
 
     def exchange_acknowledged(self, store_key: str, number: int) -> None:
         """The HTTP response to a copy of request ``number`` acknowledged it and carried no reply.

@@ -876,8 +876,9 @@ class StoreTransaction(ABC):
         self.rmd.record_received(sequence_id, number, last=last, now=now)
         return self.invoker.take_next(sequence_id, number)
 
-    def receive_in_order(self, sequence_id: str, number: int, *,
-                         now: float | None = None) -> tuple[RmdSequence, bool] | None:
+    def receive_in_order(self, sequence_id: str, number: int, *, now: float | None = None,
+                         answering: tuple[str, str, Sequence[tuple[int, int]], bool] | None = None
+                         ) -> tuple[RmdSequence, bool] | None:
         """The sequence's RMD row locked, ``number`` recorded as received and taken (as
         :meth:`receive_and_take`) in one round trip, if the sequence is open and has received
         exactly 1..number-1: the sequence as it was before, and whether it was taken.
@@ -885,7 +886,11 @@ class StoreTransaction(ABC):
         None (nothing written) when that guess is wrong, or the store has no such
         round trip to save: the caller then reads the sequence and records the
         message the general way.  The caller checks the message against the
-        sequence returned and, if it refuses it, rolls the transaction back."""
+        sequence returned and, if it refuses it, rolls the transaction back.
+
+        ``answering``: the arguments of :meth:`RmsMessageManager.mark_answered_acknowledging`
+        the caller makes next if the message is taken (a reply that answers a call); a store
+        may run it in the same round trip, that call then answering from what it wrote."""
         return None
 
     #: True when :meth:`savepoint` works (the memory and SQL stores).

@@ -21,6 +21,7 @@ from ..api import (
 )
 from ..api.states import rms_life
 from .rmd import _SELECT_RMD
+from .statements import answering_key
 from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMS_COLS, _cols, _msg, _rmd, _rms, msg_cols
 from .large_payloads import COPY_PAYLOAD_AT, cols_leaving_large_payloads, with_large_payloads
 from .transaction import SqlTransaction, _in_list
@@ -989,44 +990,74 @@ class _RmsMessages(api.RmsMessageManager):
                                     now: float | None = None, *, keep_offered_awaiting: bool = False
                                     ) -> tuple[tuple[str, int, bool] | None,
                                                tuple[RmsSequence, list[int], bool] | None]:
-        """On PostgreSQL, one round trip of three statements: :meth:`mark_answered`'s two (the
-        sequence's row locked, the request marked answered, which a transaction-local setting
-        tells the third), then :meth:`acknowledge`'s statement on a snapshot of its own, which
-        also reads the request and its sequence and writes only when the acknowledgement
-        applies (as ``acknowledge_sequence``'s); when it does not, nothing of it is written
-        and the caller goes on as after :meth:`mark_answered` alone."""
+        """On PostgreSQL, one round trip of three statements (:meth:`answering_statements`), or
+        none when the receipt of the reply ran them already in its own round trip
+        (``receive_in_order``'s ``answering``: the row is then kept in ``tx.answered_ahead``)."""
         tx = self._tx
         merged = api.AckRanges.from_ranges(ranges)
+        ahead = tx.answered_ahead.pop(answering_key(message_id, sequence_id, merged.ranges, keep_offered_awaiting),
+                                      None) if tx.answered_ahead else None
+        if ahead is not None:
+            return self.answered_from(ahead)
         if not tx.d.for_update or not tx.d.writable_cte or tx.undo is not None or not merged.ranges:
             return super().mark_answered_acknowledging(message_id, sequence_id, merged.ranges, now,
                                                        keep_offered_awaiting=keep_offered_awaiting)
+        [(lock, lock_params), *then] = self.answering_statements(message_id, sequence_id, merged, now,
+                                                                 keep_offered_awaiting)
+        cur = tx.execute(lock, lock_params, then=then)
+        row = cur.fetchone()
+        cur.close()
+        return self.answered_from(row)
+
+    def answering_statements(self, message_id: str, sequence_id: str, merged: api.AckRanges,
+                             now: float | None, keep_offered_awaiting: bool, *, gate: str = "",
+                             more: tuple[str, str, Sequence[Any]] = ("", "", ())) -> list[tuple[str, Sequence[Any]]]:
+        """:meth:`mark_answered_acknowledging`'s three statements (PostgreSQL): :meth:`mark_answered`'s
+        two (the sequence's row locked, the request marked answered, which a transaction-local
+        setting tells the third), then :meth:`acknowledge`'s statement on a snapshot of its own,
+        which also reads the request and its sequence and writes only when the acknowledgement
+        applies (as ``acknowledge_sequence``'s); when it does not, nothing of it is written and
+        the caller goes on as after :meth:`mark_answered` alone.
+
+        ``gate``: a condition (`` AND ...``) without which the first two lock and write nothing
+        (the third then writes nothing either); ``more``: columns added to the last one's select
+        list, a join after its own and their parameters (a receipt running them in its round
+        trip reads its own outcome there: see ``SqlTransaction.receive_in_order``)."""
         request = "(SELECT seq_key, number FROM rms_message WHERE message_id = ? ORDER BY created_at LIMIT 1)"
         sql, params = _acknowledging(merged, _now(now), key=None, kept=keep_offered_awaiting)
         named = " OR ".join("r.number BETWEEN ? AND ?" for _ in merged.ranges)
-        cur = tx.execute(
-            f"SELECT 1 FROM rms_sequence WHERE seq_key = (SELECT seq_key FROM {request} r) FOR UPDATE",
-            (message_id,),
-            then=[(f"WITH m AS (UPDATE rms_message SET reply_pending = FALSE WHERE (seq_key, number) = {request} "
-                   "AND reply_pending RETURNING number) "
-                   "SELECT set_config('wsrm.answered', (SELECT count(*) FROM m)::text, TRUE)", (message_id,)),
-                  ("WITH r AS (SELECT seq_key, number, acked FROM rms_message WHERE message_id = ? "
-                   "ORDER BY created_at LIMIT 1), "
-                   f"q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = (SELECT seq_key FROM r)), "
-                   # the acknowledgement applies: to the request just answered, not acknowledged
-                   # yet, of its sequence, which is transmitting (see rms_life: started and live)
-                   "g AS (SELECT q.seq_key, q.offered_id IS NOT NULL AND ? AS kp FROM q, r "
-                   "WHERE current_setting('wsrm.answered') = '1' AND NOT r.acked AND q.sequence_id = ? "
-                   "AND q.started AND NOT q.terminate_sent AND NOT q.faulted AND q.highest_number >= ? "
-                   f"AND ({named})), "
-                   + sql.removeprefix("WITH ") + f", {_cols(_RMS_COLS, 'q')}, r.number, r.acked, "
-                   "current_setting('wsrm.answered') = '1', EXISTS (SELECT 1 FROM g) "
-                   "FROM (SELECT 1) AS one LEFT JOIN s ON TRUE LEFT JOIN q ON TRUE LEFT JOIN r ON TRUE",
-                   (message_id, keep_offered_awaiting, sequence_id, max(hi for _, hi in merged.ranges),
-                    *(v for pair in merged.ranges for v in pair), *params))])
-        row = cur.fetchone()
-        cur.close()
+        columns, join, values = more
+        return [
+            (f"SELECT 1 FROM rms_sequence WHERE seq_key = (SELECT seq_key FROM {request} r){gate} FOR UPDATE",
+             (message_id,)),
+            (f"WITH m AS (UPDATE rms_message SET reply_pending = FALSE WHERE (seq_key, number) = {request} "
+             f"AND reply_pending{gate} RETURNING number) "
+             "SELECT set_config('wsrm.answered', (SELECT count(*) FROM m)::text, TRUE)", (message_id,)),
+            ("WITH r AS (SELECT seq_key, number, acked FROM rms_message WHERE message_id = ? "
+             "ORDER BY created_at LIMIT 1), "
+             f"q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = (SELECT seq_key FROM r)), "
+             # the acknowledgement applies: to the request just answered, not acknowledged
+             # yet, of its sequence, which is transmitting (see rms_life: started and live)
+             "g AS (SELECT q.seq_key, q.offered_id IS NOT NULL AND ? AS kp FROM q, r "
+             "WHERE current_setting('wsrm.answered') = '1' AND NOT r.acked AND q.sequence_id = ? "
+             "AND q.started AND NOT q.terminate_sent AND NOT q.faulted AND q.highest_number >= ? "
+             f"AND ({named})), "
+             + sql.removeprefix("WITH ") + f", {_cols(_RMS_COLS, 'q')}, r.number, r.acked, "
+             f"current_setting('wsrm.answered') = '1', EXISTS (SELECT 1 FROM g){columns} "
+             f"FROM (SELECT 1) AS one LEFT JOIN s ON TRUE LEFT JOIN q ON TRUE LEFT JOIN r ON TRUE{join}",
+             (message_id, keep_offered_awaiting, sequence_id, max(hi for _, hi in merged.ranges),
+              *(v for pair in merged.ranges for v in pair), *params, *values))]
+
+    #: how many columns :meth:`answering_statements`' last statement selects before ``more``'s
+    ANSWERING_WIDTH = 3 + 2 * len(_RMS_COLS) + 4
+
+    def answered_from(self, row: Sequence[Any]) -> tuple[tuple[str, int, bool] | None,
+                                                         tuple[RmsSequence, list[int], bool] | None]:
+        """:meth:`mark_answered_acknowledging`'s outcome from its last statement's row (the
+        request's sequence's row held, and locked in the order's bookkeeping)."""
+        tx = self._tx
         width = 3 + len(_RMS_COLS)
-        *_, number, acked, answered, applies = row
+        number, acked, answered, applies = row[2 * width - 3:2 * width + 1]
         if not answered:
             return None, None
         seq = _rms(row[width:2 * width - 3])

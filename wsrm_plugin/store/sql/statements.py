@@ -36,6 +36,28 @@ _RECEIVE_IN_ORDER = (
     f"SELECT {_cols(_RMD_COLS)}, -1 FROM rmd_sequence WHERE sequence_id = ? AND NOT EXISTS (SELECT 1 FROM r)")
 
 
+#: :data:`_RECEIVE_IN_ORDER` when other statements follow it in its round trip (a reply's record
+#: with the request's mark: ``receive_in_order``'s ``answering``): the same writes, and their
+#: outcome in the transaction-local setting ``wsrm.received`` ("1": received and taken, "0":
+#: received, not taken, "-1": not received), for the statements after it to read, the last
+#: of which reads the row (one statement's result comes back)
+_RECEIVE_IN_ORDER_NOTED = (
+    "WITH r AS (UPDATE rmd_sequence SET received = ?, last_activity = ? WHERE sequence_id = ? AND received = ? "
+    "AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING 1), "
+    f"t AS ({_TAKE_LOCKED.format(for_update=' FOR UPDATE')} AND EXISTS (SELECT 1 FROM r) RETURNING 1) "
+    "SELECT set_config('wsrm.received', CASE WHEN EXISTS (SELECT 1 FROM r) "
+    "THEN (SELECT count(*) FROM t)::text ELSE '-1' END, TRUE)")
+
+#: what follows a statement that ran after :data:`_RECEIVE_IN_ORDER_NOTED` in its round trip: only
+#: when the message was received and taken
+_RECEIVED_AND_TAKEN = " AND current_setting('wsrm.received') = '1'"
+
+
+def answering_key(message_id: str, sequence_id: str, ranges: tuple[tuple[int, int], ...],
+                  keep_offered_awaiting: bool) -> tuple[Any, ...]:
+    """The key of a request's mark run ahead by its reply's receipt (``SqlTransaction.answered_ahead``)."""
+    return message_id, sequence_id, ranges, keep_offered_awaiting
+
 def _take_params(sequence_id: str, number: int) -> tuple[Any, ...]:
     return (sequence_id, _prefix(number), number, sequence_id, number - 1, _prefix(number - 1),
             sequence_id, number)

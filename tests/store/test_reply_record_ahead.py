@@ -1,0 +1,142 @@
+"""A client's record of a reply marks its request in the receipt's own round trip (PostgreSQL).
+
+``receive_in_order(..., answering=...)``: the reply's sequence locked, the reply received and
+taken, then the request marked answered and the acknowledgement riding on the reply applied
+(``mark_answered_acknowledging``), each only if the reply was taken; that call then answers from
+what the round trip wrote, without a statement.  The reply's record on the caller's path is one
+round trip and its COMMIT, where it was two and the COMMIT.  The other stores ignore
+``answering`` (the caller marks the request as before): the outcomes are the same everywhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from wsrm_plugin.statemachine.ackranges import AckRanges
+from wsrm_plugin.store import StorageManager
+from wsrm_plugin.store.api import StoreError
+
+from .test_managers import new_rms
+from .test_statements import statements
+from .test_take_next import PG_ONLY, _delivered, _receive, _received, _rmd
+
+#: the reply (message 1 of the client's reply sequence "s" came already) answers request urn:r1,
+#: and the acknowledgement on it names request 1 of "seq-1"
+ANSWERING = ("urn:r1", "seq-1", ((1, 1),), True)
+
+
+def _requests(store: StorageManager) -> None:
+    """Three requests of "seq-1" (an offering sequence), sent, each waiting for its reply; the
+    reply sequence "s" has received (and delivered) its first message."""
+    with store.begin() as tx:
+        new_rms(tx, offered_id="urn:offer")
+        tx.rms.update("k1", sequence_id="seq-1", started=True, next_control_at=None)
+        for i in (1, 2, 3):
+            msg = tx.rms_messages.enqueue("k1", b"<req/>", action="urn:op", soap_version="1.1",
+                                          message_id=f"urn:r{i}", awaits_reply=True)
+            tx.rms_messages.record_send_attempt("k1", msg.number, next_send_at=1e12)
+    _rmd(store, "s")
+    assert _receive(store, 1)
+
+
+def _states(store: StorageManager) -> list[tuple[int, bool, bool]]:
+    with store.begin() as tx:
+        return [(m.number, m.reply_pending, m.acked) for m in tx.rms_messages.list_for("k1")]
+
+
+def test_a_replys_receipt_marks_its_request_in_its_own_round_trip(store: StorageManager) -> None:
+    """One round trip on PostgreSQL for both (was two); the same outcome on every store."""
+    _requests(store)
+    with store.begin() as tx:
+        seen = statements(tx) if hasattr(tx, "execute") else []
+        guessed = tx.receive_in_order("s", 2, now=300.0, answering=ANSWERING)
+        answered, applied = tx.rms_messages.mark_answered_acknowledging(
+            "urn:r1", "seq-1", [(1, 1)], keep_offered_awaiting=True)
+        assert answered == ("k1", 1, False)
+        seq, newly, pending = applied
+        assert (seq.key, newly, pending) == ("k1", [1], True)
+        assert tx.rms.get("k1").sequence_id == "seq-1"  # held: no statement
+        if store.url.startswith("postgresql"):
+            assert len(seen) == 1, seen
+            before, taken = guessed
+            assert taken and before.received == AckRanges.of([1])
+            assert tx.rmd.require("s").received == AckRanges.from_ranges([(1, 2)])  # held: no statement
+            assert len(seen) == 1, seen
+    assert _states(store) == [(2, True, False), (3, True, False)]  # 1 answered and acknowledged: purged
+    if store.url.startswith("postgresql"):
+        assert _received(store, "s").received == AckRanges.from_ranges([(1, 2)])
+        assert _received(store, "s").last_activity == 300.0
+        assert _delivered(store, "s") == AckRanges.from_ranges([(1, 2)])
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_a_wrong_guess_marks_nothing(store: StorageManager) -> None:
+    """After a gap the receipt records nothing and the request stays waiting: the caller's mark,
+    made the general way, runs its own statements."""
+    _requests(store)
+    with store.begin() as tx:
+        assert tx.receive_in_order("s", 3, answering=ANSWERING) is None
+        assert tx.answered_ahead == {}
+        assert tx.rmd.require("s").received == AckRanges.of([1])
+        seen = statements(tx)
+        answered, applied = tx.rms_messages.mark_answered_acknowledging(
+            "urn:r1", "seq-1", [(1, 1)], keep_offered_awaiting=True)
+        assert len(seen) == 1 and answered == ("k1", 1, False) and applied is not None
+    assert _states(store) == [(2, True, False), (3, True, False)]
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_a_reply_received_and_not_taken_marks_nothing(store: StorageManager) -> None:
+    """Behind a buffered message the reply is received, not taken (its caller buffers it, and
+    its delivery marks the request later): the mark did not run."""
+    _requests(store)
+    with store.begin() as tx:  # 2 received and buffered
+        tx.rmd.get("s")
+        tx.rmd.record_received("s", 2)
+        assert tx.invoker.put("s", 2, b"<m/>", action="urn:a", soap_version="urn:s")
+    with store.begin() as tx:
+        guessed = tx.receive_in_order("s", 3, answering=("urn:r1", "seq-1", ((1, 1),), True))
+        assert guessed is not None and guessed[1] is False
+        assert tx.answered_ahead == {}
+    assert _states(store) == [(1, True, False), (2, True, False), (3, True, False)]
+    assert _received(store, "s").received == AckRanges.from_ranges([(1, 3)])
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_a_mark_run_ahead_and_never_taken_is_never_committed(store: StorageManager) -> None:
+    """Its caller made no mark after all: the commit refuses, and nothing of the transaction is
+    written (a mark no one accounted for would leave a request answered without its reply)."""
+    _requests(store)
+    with pytest.raises(StoreError, match="never taken"), store.begin() as tx:
+        assert tx.receive_in_order("s", 2, answering=ANSWERING) is not None
+    assert _states(store) == [(1, True, False), (2, True, False), (3, True, False)]
+    assert _received(store, "s").received == AckRanges.of([1])
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_a_receipt_refused_after_its_mark_leaves_nothing(store: StorageManager) -> None:
+    """The caller checks the reply after the round trip wrote it and the mark, and rolls back."""
+    _requests(store)
+    with pytest.raises(RuntimeError), store.begin() as tx:
+        assert tx.receive_in_order("s", 2, answering=ANSWERING) is not None
+        raise RuntimeError("refused after all")
+    assert _states(store) == [(1, True, False), (2, True, False), (3, True, False)]
+    assert _received(store, "s").received == AckRanges.of([1])
+    assert _delivered(store, "s") == AckRanges.of([1])
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_a_mark_ahead_inside_a_savepoint_rolled_back_is_forgotten(store: StorageManager) -> None:
+    """A savepoint rolled back undoes the receipt and the mark: the transaction forgets the mark's
+    row (the commit goes through), and a mark made after it runs its own statements."""
+    _requests(store)
+    with store.begin() as tx:
+        with pytest.raises(RuntimeError), tx.savepoint():
+            assert tx.receive_in_order("s", 2, answering=ANSWERING) is not None
+            raise RuntimeError("this part refused")
+        assert tx.answered_ahead == {}
+        answered, _ = tx.rms_messages.mark_answered_acknowledging(
+            "urn:r1", "seq-1", [(1, 1)], keep_offered_awaiting=True)
+        assert answered == ("k1", 1, False)
+    assert _states(store) == [(2, True, False), (3, True, False)]
+    assert _received(store, "s").received == AckRanges.of([1])
