@@ -67,6 +67,7 @@ there.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import logging
@@ -142,7 +143,7 @@ class _FileGate:
             delay = 0.001
             while True:
                 try:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    _flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except OSError as exc:
                     if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
@@ -200,10 +201,36 @@ class _FileGate:
         self.held += time.monotonic() - self._since
         try:
             if self._fd is not None:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                _flock(self._fd, fcntl.LOCK_UN)
         finally:
             self._thread_lock.release()
 
+
+def _flock_keeping_the_interpreter() -> Any:
+    """``flock(fd, operation)`` for the gate's two calls, which never block (``LOCK_NB``,
+    ``LOCK_UN``), called without letting the interpreter go (ctypes' ``PyDLL``).
+
+    ``fcntl.flock`` releases the GIL around the call, as for any call that might block.  In a
+    process whose threads compute (16 callers building envelopes) a thread that releases it is
+    likely to wait for it again, up to the switch interval, and the file waits with it: the
+    gate's flock is taken and released at every store transaction, while the holder holds the
+    file (or is about to).  Kept, the call costs its system call alone.  ``fcntl.flock`` where
+    libc has no ``flock`` to call so."""
+    try:
+        call = ctypes.PyDLL(None, use_errno=True).flock
+    except (OSError, AttributeError):
+        return fcntl.flock
+    call.argtypes = (ctypes.c_int, ctypes.c_int)
+    call.restype = ctypes.c_int
+
+    def flock(fd: int, operation: int) -> None:
+        if call(fd, operation) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+    return flock
+
+
+_flock = _flock_keeping_the_interpreter()
 
 #: The lock file's mark when a transaction holding the file looked and found no prepared branch.
 _NONE_PREPARED = ord("n")
