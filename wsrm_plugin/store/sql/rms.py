@@ -675,6 +675,8 @@ class _RmsMessages(api.RmsMessageManager):
         unacknowledged (as :meth:`claim_first_sends`'s).  A sequence closed to enqueues (its
         last message known, closing, ...) is read and claimed the general way."""
         tx = self._tx
+        if not tx.d.for_update and tx.undo is None and not tx._numbered and sequence_key not in tx.held_rms:
+            return self._claim_first_sends_of_here(sequence_key, limit, next_send_at, now)
         if not tx.d.key_share or not tx.d.writable_cte or tx.undo is not None or tx._numbered \
                 or sequence_key in tx.held_rms:
             return super().claim_first_sends_of(sequence_key, limit, next_send_at=next_send_at, now=now)
@@ -694,6 +696,31 @@ class _RmsMessages(api.RmsMessageManager):
         seq = tx.held_rms[sequence_key] = _rms(rows[0][:width])
         msgs = [_msg(r[width:]) for r in rows if r[width] is not None]
         return seq, self._with_payloads(msgs) if msgs else []
+
+    def _claim_first_sends_of_here(self, sequence_key: str, limit: int, next_send_at: float,
+                                   now: float | None) -> tuple[RmsSequence | None, list[RmsMessage]]:
+        """:meth:`claim_first_sends_of` where the transaction holds the whole file (SQLite): the
+        sequence's row and its first due messages in one read (the messages joined to the row),
+        then their attempts recorded: two statements where reading the row first made three."""
+        tx = self._tx
+        tx.lock(RANK_RMS, sequence_key)
+        t = _now(now)
+        rows = tx.all(
+            f"SELECT {_cols(_RMS_COLS, 'q')}, m.* FROM rms_sequence q LEFT JOIN (SELECT {_read_cols(tx)} "
+            f"FROM rms_message WHERE seq_key = ? AND NOT acked AND {_DUE} ORDER BY number LIMIT ?) m ON TRUE "
+            "WHERE q.seq_key = ? ORDER BY m.number",
+            (sequence_key, t, t, max(0, limit), sequence_key))
+        if not rows:
+            return None, []
+        width = len(_RMS_COLS)
+        seq = tx.held_rms[sequence_key] = _rms(rows[0][:width])
+        if seq.sequence_id is None or not rms_life(seq).transmitting:
+            return seq, []
+        msgs = [_msg(r[width:]) for r in rows if r[width] is not None]
+        if not msgs or any(m.send_count for m in msgs):  # a retransmission due: left to the round
+            return seq, []
+        self.record_send_attempts(sequence_key, [m.number for m in msgs], next_send_at=next_send_at, now=now)
+        return seq, self._with_payloads(msgs)
 
     def claim_first_send(self, sequence_key: str, number: int, *, next_send_at: float,
                          now: float | None = None) -> RmsMessage | None:
