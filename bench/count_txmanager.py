@@ -19,7 +19,9 @@ transaction, without start-up.  Paths:
 
 ``--calls`` counts instead the Python and C calls per transaction (sys.setprofile); ``--wal``
 the WAL bytes PostgreSQL wrote per transaction, and by record type (``pg_waldump --stats=record``,
-both databases: one server).
+both databases: one server), and the server's CPU per transaction, user and system apart (from
+``/proc``: a WAL flush is mostly the system's, ``fdatasync``; a time, so only a guide on a loaded
+machine).
 
 Run: .venv/bin/python bench/count_txmanager.py [--paths plain,sql,lazy,tm,tm2] [--calls | --wal]
 """
@@ -102,9 +104,14 @@ def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None) -> None:
             one(i)
         if wal is not None:
             start = _wal_position(dsn, checkpoint=True)
+            cpu = _server_cpu(wal)
             for i in range(n):
                 one(i)
+            user, system = (b - a for a, b in zip(cpu, _server_cpu(wal)))
             _print_wal(wal, path, start, _wal_position(dsn), n)
+            tick = os.sysconf("SC_CLK_TCK")
+            print(f"  PostgreSQL CPU per transaction: user {user * 1e6 / tick / n:.0f} us, "
+                  f"system {system * 1e6 / tick / n:.0f} us")
         elif not calls:
             for i in range(n):
                 one(i)
@@ -145,6 +152,20 @@ def _wal_position(dsn: str, checkpoint: bool = False) -> str:
             return cur.fetchone()[0]
     finally:
         conn.close()
+
+
+def _server_cpu(pg: Any) -> tuple[int, int]:
+    """User and system clock ticks of the server's processes (the backends that ended with theirs)."""
+    user = system = 0
+    for pid in pg.pids():
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        user += int(fields[11]) + (int(fields[13]) if pid == pg.pid else 0)
+        system += int(fields[12]) + (int(fields[14]) if pid == pg.pid else 0)
+    return user, system
 
 
 def _print_wal(pg: Any, path: str, start: str, end: str, n: int) -> None:
