@@ -139,3 +139,89 @@ def test_a_refused_receive_in_a_batch_is_refused_alone(engines, store_for) -> No
     assert refused == [(400, UnknownSequence)]
     assert answered == {identifier: [(1, 1)] for identifier in identifiers}
     assert sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES - 1)]
+
+
+def _in_order_while_the_file_is_held(server, combiner, sends) -> None:
+    """:func:`_while_the_file_is_held`, each receive queued only once the one before it is: the
+    first leads alone, the others form the next batch in this order."""
+    holding = server.store.begin()
+    holding.rms.get("nothing")
+    try:
+        sends[0].start()
+        assert wait_for(lambda: None in combiner._waiting, timeout=20)
+        for queued, t in enumerate(sends[1:], start=1):
+            t.start()
+            assert wait_for(lambda queued=queued: combiner.queued(None) == queued, timeout=20)
+    finally:
+        holding.rollback()
+    for t in sends:
+        t.join(60)
+
+
+def _savepoints(server) -> list[str]:
+    """The SAVEPOINT statements SQLite runs on the service store's connections from now on."""
+    seen: list[str] = []
+    store = server.store
+    connect = store._connect
+
+    def traced():
+        conn = connect()
+        conn.set_trace_callback(lambda sql: seen.append(sql) if sql.startswith("SAVEPOINT") else None)
+        return conn
+
+    store._connect = traced
+    with store._pool_lock:
+        idle, store._idle = store._idle, []
+    for conn in idle:
+        conn.close()
+    return seen
+
+
+def test_the_first_part_of_a_batch_takes_no_savepoint(engines, store_for) -> None:
+    """A batch of three: savepoints for the second and third parts only (fails without: three)."""
+    received = Recorder()
+    server, url = _served(engines, store_for, received)
+    identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
+    combiner = server.destination._together
+    answered: dict[str, list[tuple[int, int]]] = {}
+
+    def send(identifier: str, text: str) -> None:
+        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
+
+    savepoints = _savepoints(server)
+    _in_order_while_the_file_is_held(server, combiner, [threading.Thread(target=send, args=(identifier, f"m{n}"))
+                                                        for n, identifier in enumerate(identifiers)])
+    assert answered == {identifier: [(1, 1)] for identifier in identifiers}
+    assert sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)]
+    assert len(savepoints) == SEQUENCES - 2, savepoints
+
+
+def test_a_failed_first_part_rolls_the_batch_back_and_the_others_are_received_alone(engines, store_for) -> None:
+    """m1 leads the batch of three and its application fails on its first try: the batch rolls
+    back, m1 is buffered and delivered by the invoker, m2 and m3 are received (and delivered)
+    alone; every message acknowledged, each delivered once."""
+    failed: list[str] = []
+
+    def fail_first_m1(text: str | None) -> bool:
+        if text == "m1" and not failed:
+            failed.append(text)
+            return True
+        return False
+
+    received = Recorder(fail_on=fail_first_m1)
+    server, url = _served(engines, store_for, received)
+    identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
+    combiner = server.destination._together
+    answered: dict[str, list[tuple[int, int]]] = {}
+
+    def send(identifier: str, text: str) -> None:
+        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
+
+    _in_order_while_the_file_is_held(server, combiner, [threading.Thread(target=send, args=(identifier, f"m{n}"))
+                                                        for n, identifier in enumerate(identifiers)])
+    assert failed == ["m1"]
+    assert answered == {identifier: [(1, 1)] for identifier in identifiers}
+    assert wait_for(lambda: sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)], timeout=30), \
+        received.snapshot()
+    assert server.destination.delivered_on_receipt == SEQUENCES - 1
+    assert wait_for(lambda: server.status().delivered == SEQUENCES, timeout=20), server.status()

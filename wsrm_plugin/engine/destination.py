@@ -787,7 +787,10 @@ class Destination:
         fsync, and no hand-over of the file between them).  A part that fails, the
         application or a refusal, rolls back to its savepoint alone: a refused receive is
         refused, a failed application's message is buffered after the commit as when it
-        fails alone (``_record_alone``), and the others commit.  Anything else (the
+        fails alone (``_record_alone``), and the others commit.  The first part takes no
+        savepoint (two statements a batch): when it fails the transaction, which holds
+        nothing else yet, rolls back, its message is buffered as above (or, refused, received
+        alone again), and the others are each received alone.  Anything else (the
         commit) rolls the batch back: each receive whose application ran is buffered as after
         a failed delivery, the others are recorded alone.  Nothing is answered before the
         commit covering its part is on disk (``wait_for_disk``, in each receive's thread)."""
@@ -806,13 +809,15 @@ class Destination:
                     item.reply = None
                     item.wakes_sender_after = None
                     try:
-                        with _NO_SAVEPOINT if alone else tx.savepoint():
+                        # the first part needs none: should it fail, the transaction rolls back
+                        # with nothing else in it yet, and the others are each received alone
+                        with _NO_SAVEPOINT if alone or not index else tx.savepoint():
                             recorded = self._record(tx, item)
                             if item.taken:
                                 self._deliver_taken(tx, item, invoker)
                                 item.wakes_sender_after = invoker.delivery_wakes_sender()
                     except Exception as exc:  # rolled back to its savepoint: the others go on
-                        if alone:
+                        if alone or not index:
                             raise
                         item.reply = None
                         outcomes.append(_FailedOnReceipt(exc) if item.taken else exc)
