@@ -224,9 +224,10 @@ def _flock_keeping_the_interpreter() -> Any:
     call.restype = ctypes.c_int
 
     def flock(fd: int, operation: int) -> None:
-        if call(fd, operation) != 0:
+        while call(fd, operation) != 0:
             code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code))
+            if code != errno.EINTR:  # a signal: again, as fcntl.flock does (PEP 475)
+                raise OSError(code, os.strerror(code))
     return flock
 
 
