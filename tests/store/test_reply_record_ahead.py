@@ -1,11 +1,15 @@
-"""A client's record of a reply marks its request in the receipt's own round trip (PostgreSQL).
+"""A receipt runs the store call that follows it in its own round trip (PostgreSQL): a client's
+record of a reply marks its request; a service's receipt of a request applies the acknowledgement
+that rode on it.
 
 ``receive_in_order(..., answering=...)``: the reply's sequence locked, the reply received and
 taken, then the request marked answered and the acknowledgement riding on the reply applied
 (``mark_answered_acknowledging``), each only if the reply was taken; that call then answers from
 what the round trip wrote, without a statement.  The reply's record on the caller's path is one
-round trip and its COMMIT, where it was two and the COMMIT.  The other stores ignore
-``answering`` (the caller marks the request as before): the outcomes are the same everywhere.
+round trip and its COMMIT, where it was two and the COMMIT.  ``acknowledging`` likewise runs
+``acknowledge_sequence`` when the message is received (taken or not): the service's receipt of a
+request is one round trip less.  The other stores ignore both (the caller makes the call as
+before): the outcomes are the same everywhere.
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ import pytest
 
 from wsrm_plugin.statemachine.ackranges import AckRanges
 from wsrm_plugin.store import StorageManager
-from wsrm_plugin.store.api import StoreError
+from wsrm_plugin.store.api import InvalidAcknowledgementError, StoreError
 
-from .test_managers import new_rms
+from .test_managers import new_rms, started
 from .test_statements import statements
 from .test_take_next import PG_ONLY, _delivered, _receive, _received, _rmd
 
@@ -76,7 +80,7 @@ def test_a_wrong_guess_marks_nothing(store: StorageManager) -> None:
     _requests(store)
     with store.begin() as tx:
         assert tx.receive_in_order("s", 3, answering=ANSWERING) is None
-        assert tx.answered_ahead == {}
+        assert tx.ran_ahead == {}
         assert tx.rmd.require("s").received == AckRanges.of([1])
         seen = statements(tx)
         answered, applied = tx.rms_messages.mark_answered_acknowledging(
@@ -97,7 +101,7 @@ def test_a_reply_received_and_not_taken_marks_nothing(store: StorageManager) -> 
     with store.begin() as tx:
         guessed = tx.receive_in_order("s", 3, answering=("urn:r1", "seq-1", ((1, 1),), True))
         assert guessed is not None and guessed[1] is False
-        assert tx.answered_ahead == {}
+        assert tx.ran_ahead == {}
     assert _states(store) == [(1, True, False), (2, True, False), (3, True, False)]
     assert _received(store, "s").received == AckRanges.from_ranges([(1, 3)])
 
@@ -134,9 +138,92 @@ def test_a_mark_ahead_inside_a_savepoint_rolled_back_is_forgotten(store: Storage
         with pytest.raises(RuntimeError), tx.savepoint():
             assert tx.receive_in_order("s", 2, answering=ANSWERING) is not None
             raise RuntimeError("this part refused")
-        assert tx.answered_ahead == {}
+        assert tx.ran_ahead == {}
         answered, _ = tx.rms_messages.mark_answered_acknowledging(
             "urn:r1", "seq-1", [(1, 1)], keep_offered_awaiting=True)
         assert answered == ("k1", 1, False)
     assert _states(store) == [(2, True, False), (3, True, False)]
+    assert _received(store, "s").received == AckRanges.of([1])
+
+
+# -- the acknowledgement riding on a received message, applied in the receipt's round trip ---------
+
+#: the acknowledgement on the request (message 2 of "s") names messages 1 and 2 of "seq-1"
+ACKNOWLEDGING = ("seq-1", ((1, 2),), False)
+
+
+def _sent(store: StorageManager, messages: int = 3) -> None:
+    """``messages`` messages of "seq-1" (a service's replies, say), sent; "s" has received its first."""
+    started(store, messages=messages)
+    _rmd(store, "s")
+    assert _receive(store, 1)
+
+
+def test_a_receipt_applies_the_acknowledgement_riding_on_it_in_its_own_round_trip(store: StorageManager) -> None:
+    """One round trip on PostgreSQL for the receipt and the acknowledgement (was two); the same
+    outcome on every store."""
+    _sent(store)
+    with store.begin() as tx:
+        seen = statements(tx) if hasattr(tx, "execute") else []
+        guessed = tx.receive_in_order("s", 2, now=300.0, acknowledging=ACKNOWLEDGING)
+        seq, done = tx.rms_messages.acknowledge_sequence("seq-1", [(1, 2)], keep_offered_awaiting=False)
+        assert seq.key == "k1" and done == ([1, 2], True)
+        if store.url.startswith("postgresql"):
+            assert guessed is not None and guessed[1]
+            assert len(seen) == 1, seen
+    with store.begin() as tx:
+        assert [m.number for m in tx.rms_messages.list_for("k1")] == [3]
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_a_receipt_that_does_not_take_its_message_still_applies_the_acknowledgement(store: StorageManager) -> None:
+    """Behind a buffered message (received, not taken: buffered by its caller) the acknowledgement
+    is applied all the same, as the caller applies it after any receipt."""
+    _sent(store)
+    with store.begin() as tx:
+        tx.rmd.get("s")
+        tx.rmd.record_received("s", 2)
+        assert tx.invoker.put("s", 2, b"<m/>", action="urn:a", soap_version="urn:s")
+    with store.begin() as tx:
+        seen = statements(tx)
+        assert tx.receive_in_order("s", 3, acknowledging=ACKNOWLEDGING)[1] is False
+        assert tx.rms_messages.acknowledge_sequence("seq-1", [(1, 2)])[1] == ([1, 2], True)
+        assert len(seen) == 1, seen
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_a_wrong_guess_applies_no_acknowledgement(store: StorageManager) -> None:
+    _sent(store)
+    with store.begin() as tx:
+        assert tx.receive_in_order("s", 3, acknowledging=ACKNOWLEDGING) is None
+        assert tx.ran_ahead == {}
+        seen = statements(tx)
+        assert tx.rms_messages.acknowledge_sequence("seq-1", [(1, 2)])[1] == ([1, 2], True)
+        assert len(seen) == 1, seen  # its own round trip
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_a_wrong_acknowledgement_run_ahead_is_refused_and_writes_nothing(store: StorageManager) -> None:
+    """It names a message never sent: refused as when it runs alone, nothing of it written, and
+    the receipt commits."""
+    _sent(store)
+    with store.begin() as tx:
+        tx.rms_messages.enqueue("k1", b"<m/>", action="urn:op", soap_version="1.1", message_id="urn:unsent")
+    with store.begin() as tx:
+        assert tx.receive_in_order("s", 2, acknowledging=("seq-1", ((1, 4),), False)) is not None
+        with pytest.raises(InvalidAcknowledgementError):
+            tx.rms_messages.acknowledge_sequence("seq-1", [(1, 4)])
+    with store.begin() as tx:
+        assert [(m.number, m.acked) for m in tx.rms_messages.list_for("k1")] == \
+            [(1, False), (2, False), (3, False), (4, False)]
+    assert _received(store, "s").received == AckRanges.from_ranges([(1, 2)])
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_an_acknowledgement_run_ahead_and_never_taken_is_never_committed(store: StorageManager) -> None:
+    _sent(store)
+    with pytest.raises(StoreError, match="never taken"), store.begin() as tx:
+        assert tx.receive_in_order("s", 2, acknowledging=ACKNOWLEDGING) is not None
+    with store.begin() as tx:
+        assert [m.number for m in tx.rms_messages.list_for("k1")] == [1, 2, 3]
     assert _received(store, "s").received == AckRanges.of([1])

@@ -6,7 +6,9 @@ loopback HTTP.  The caller's transaction enqueues the request and claims it for 
 send (its first attempt recorded: no transaction of its own after the commit); the lane is the
 caller's only once that commits.  The reply's record is the caller's one store transaction of
 its own, and it returns before its WAL flush (the next call's enqueue covers it).  A rolled-back
-call leaves nothing claimed and the next one goes as usual.  Counts, never time (a few seconds).
+call leaves nothing claimed and the next one goes as usual.  The reply's record is one round trip
+and its COMMIT; a PostgreSQL service's receipt of a request, with the acknowledgement riding on
+it, is one round trip before the reply's.  Counts, never time (a few seconds).
 """
 
 from __future__ import annotations
@@ -142,3 +144,44 @@ def test_an_xa_calls_reply_is_recorded_in_one_round_trip_before_its_commit(one_d
     with store.begin() as tx:  # every request answered: none waits for its reply
         key = next(iter(rc.engine.source._current.values()))
         assert not any(m.reply_pending for m in tx.rms_messages.list_for(key))
+
+
+def test_a_postgresql_service_receives_a_request_and_its_riding_acknowledgement_in_one_round_trip(
+        pg_dsn_factory: Any, monkeypatch):
+    """The service's receipt of a request: the request received and taken, and the acknowledgement
+    riding on it (of the client's earlier replies) applied, in one round trip (two before), then
+    the reply taken for the HTTP response in a second, then the COMMIT."""
+    monkeypatch.setattr(retransmission, "_REPLY_ACK_WAIT", 60.0)
+    store = PostgresStore(pg_dsn_factory("svcpath"))
+    service.reset()
+    svc = reliable_service(service.spyne_app(), store, fast_policy(**QUIET))
+    svc.serve()
+    svc.start()
+    rc = reliable_client(zeep.Client(svc.url + "?wsdl"), "memory:", fast_policy(**QUIET))
+    try:
+        assert [rc.service.echo(f"q{i}").result(timeout=60) for i in range(2)] == ["re:q0", "re:q1"]
+        trips: dict[int, int] = {}  # the service's receiving transactions: id -> round trips before the COMMIT
+        receipts: list[int] = []
+        execute = SqlTransaction.execute
+
+        def counted(tx: Any, sql: str, params: Any = (), **kw: Any) -> Any:
+            if threading.current_thread().name.startswith("waitress"):
+                trips[id(tx)] = trips.get(id(tx), 0) + 1
+            return execute(tx, sql, params, **kw)
+        monkeypatch.setattr(SqlTransaction, "execute", counted)
+        finish = store._finish
+
+        def ending(tx: Any, commit: bool) -> None:
+            if threading.current_thread().name.startswith("waitress") and tx.begun:
+                receipts.append(trips.get(id(tx), 0))
+            finish(tx, commit)
+        store._finish = ending
+        for i in range(2, CALLS + 2):
+            assert rc.service.echo(f"q{i}").result(timeout=60) == f"re:q{i}"
+        assert receipts == [2] * CALLS, receipts
+        assert service.ECHOED == [f"q{i}" for i in range(CALLS + 2)]
+        assert wait_for(lambda: store.status().unacked <= 1)  # the riding acknowledgements freed the replies
+    finally:
+        rc.stop(timeout=5)
+        svc.stop(timeout=5)
+        store.close()

@@ -265,6 +265,11 @@ class Destination:
         #: message's receipt (``Source.apply_riding_ack``); True when the sender has work now.
         #: None: the receipt leaves them to its caller.  Set by the engine.
         self.apply_riding_ack: Callable[[StoreTransaction, SequenceAcknowledgement, RMVersion], bool] | None = None
+        #: What :attr:`apply_riding_ack` will ask of the store for an acknowledgement
+        #: (``Source.riding_acknowledging``): the receipt asks it in its own round trip.  Set by
+        #: the engine.
+        self.riding_acknowledging: Callable[[SequenceAcknowledgement],
+                                            tuple[str, Sequence[tuple[int, int]], bool] | None] = lambda ack: None
         #: Wakes the engine's sender (set by the engine).
         self.wake_sender: Callable[[], None] = lambda: None
         #: Counts a consumed reply as delivered, as its delivery would have (the invoker's count,
@@ -1021,10 +1026,14 @@ class Destination:
         # (asked once: a consumer reads the reply, and keeps what it read for the call)
         consuming = (not item.direct and not header.last_message and addressing.relates_to is not None
                      and bool(self.reply_consumers) and self._consumed_here(item))
-        # a consumed reply's mark of its request goes in the receipt's round trip (see reply_arrived)
+        # a consumed reply's mark of its request goes in the receipt's round trip (see
+        # reply_arrived), else the first acknowledgement riding on it (see _apply_riding_acks)
         answering = self.reply_answering(addressing.relates_to, item.acks) \
             if consuming and addressing.relates_to is not None else None
-        guessed = (tx.receive_in_order(identifier, number, now=now, answering=answering)
+        acknowledging = self.riding_acknowledging(item.acks[0][0]) \
+            if answering is None and not consuming and item.acks and self.apply_riding_ack is not None else None
+        guessed = (tx.receive_in_order(identifier, number, now=now, answering=answering,
+                                       acknowledging=acknowledging)
                    if (item.direct or consuming) and not header.last_message else None)
         if guessed is not None:
             item.wrote = True  # a refusal below must roll its writes back, in a batch too

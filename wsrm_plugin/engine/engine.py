@@ -192,6 +192,7 @@ class ReliableEngine:
         self.destination.reply_arrived = self.source.reply_consumed
         self.destination.reply_answering = self.source.reply_answering
         self.destination.apply_riding_ack = self.source.apply_riding_ack
+        self.destination.riding_acknowledging = self.source.riding_acknowledging
         self.destination.wake_sender = self._wake_sender
         self.back_channel = BackChannel(self.store, policy, self.destination)
         self.inbound = Inbound(self.source, self.destination, policy, self.back_channel, answers=answers,

@@ -1028,9 +1028,9 @@ class Source:
         before anything is written; True when the sequence owes its Close or Terminate now (wake
         the sender after the commit)."""
         now = time.time()
+        identifier, ranges, keep = self.riding_acknowledging(ack)
         try:  # the sequence looked up in the acknowledgement's statement (one round trip)
-            found = tx.rms_messages.acknowledge_sequence(
-                ack.identifier, ack.ranges, now, keep_offered_awaiting=self._replies_on_back_channel())
+            found = tx.rms_messages.acknowledge_sequence(identifier, ranges, now, keep_offered_awaiting=keep)
         except InvalidAcknowledgementError as exc:
             raise InvalidAcknowledgement(ack.identifier, str(exc), version=version) from None
         if found is None:
@@ -1043,6 +1043,12 @@ class Source:
             for_sequence(log, ack.identifier).debug(
                 "acknowledged %s (%d new)", SequenceAcknowledgement.ranges_from_numbers(newly), len(newly))
         return owes_control
+
+    def riding_acknowledging(self, ack: SequenceAcknowledgement) -> tuple[str, Sequence[tuple[int, int]], bool]:
+        """The arguments of the ``acknowledge_sequence`` that :meth:`apply_riding_ack` makes for
+        ``ack`` (but ``now``): the receipt it rode on may run it in its own round trip
+        (``StoreTransaction.receive_in_order``'s ``acknowledging``)."""
+        return ack.identifier, ack.ranges, self._replies_on_back_channel()
 
     def _apply_ack(self, tx: StoreTransaction, seq: RmsSequence, ack: SequenceAcknowledgement,
                    version: RMVersion, now: float) -> tuple[list[int], bool]:

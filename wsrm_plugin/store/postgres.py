@@ -445,6 +445,8 @@ class _BranchOver:
         """The branch's last statements, before it is prepared (or committed in one phase)."""
         tx = self._store._enlisted.get(self._key)  # one dict read, atomic: no lock
         if tx is not None and not tx.closed:
+            if tx.ran_ahead:  # as SqlTransaction.commit: never committed unaccounted
+                raise api.StoreError(f"store calls run ahead were never taken ({list(tx.ran_ahead)})")
             tx.flush()
             late = self._store._late
             if late.owed():

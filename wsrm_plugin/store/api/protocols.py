@@ -877,7 +877,8 @@ class StoreTransaction(ABC):
         return self.invoker.take_next(sequence_id, number)
 
     def receive_in_order(self, sequence_id: str, number: int, *, now: float | None = None,
-                         answering: tuple[str, str, Sequence[tuple[int, int]], bool] | None = None
+                         answering: tuple[str, str, Sequence[tuple[int, int]], bool] | None = None,
+                         acknowledging: tuple[str, Sequence[tuple[int, int]], bool] | None = None
                          ) -> tuple[RmdSequence, bool] | None:
         """The sequence's RMD row locked, ``number`` recorded as received and taken (as
         :meth:`receive_and_take`) in one round trip, if the sequence is open and has received
@@ -890,7 +891,10 @@ class StoreTransaction(ABC):
 
         ``answering``: the arguments of :meth:`RmsMessageManager.mark_answered_acknowledging`
         the caller makes next if the message is taken (a reply that answers a call); a store
-        may run it in the same round trip, that call then answering from what it wrote."""
+        may run it in the same round trip, that call then answering from what it wrote.
+        ``acknowledging``: likewise, the arguments of
+        :meth:`RmsMessageManager.acknowledge_sequence` (but ``now``) the caller makes if the
+        message is received (the acknowledgement that rode on it)."""
         return None
 
     #: True when :meth:`savepoint` works (the memory and SQL stores).

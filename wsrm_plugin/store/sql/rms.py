@@ -21,7 +21,7 @@ from ..api import (
 )
 from ..api.states import rms_life
 from .rmd import _SELECT_RMD
-from .statements import answering_key
+from .statements import ahead_key
 from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMS_COLS, _cols, _msg, _rmd, _rms, msg_cols
 from .large_payloads import COPY_PAYLOAD_AT, cols_leaving_large_payloads, with_large_payloads
 from .transaction import SqlTransaction, _in_list
@@ -525,25 +525,52 @@ class _RmsMessages(api.RmsMessageManager):
         named is above its highest (that one is refused without a statement, as before)."""
         tx = self._tx
         merged = api.AckRanges.from_ranges(ranges)
-        held = next((h for h in tx.held_rms.values() if h.sequence_id == sequence_id), None)
-        if held is not None or not merged.ranges or tx.undo is not None or not tx.d.writable_cte \
-                or tx.d.payload_apart or not tx.d.for_update:
+        ahead = tx.ran_ahead.pop(ahead_key("acknowledged", sequence_id, merged.ranges, keep_offered_awaiting),
+                                 None) if tx.ran_ahead else None
+        if ahead is not None:  # ran in the receipt's round trip (receive_in_order's acknowledging)
+            tx.lock(RANK_RMS, ("sequence_id", sequence_id))
+            return self.acknowledged_from(ahead, merged)
+        if not self.acknowledges_in_one(sequence_id, merged):
             return super().acknowledge_sequence(sequence_id, merged.ranges, now,
                                                 keep_offered_awaiting=keep_offered_awaiting)
         tx.lock(RANK_RMS, ("sequence_id", sequence_id))
-        sql, params = _acknowledging(merged, _now(now), key=None, kept=keep_offered_awaiting)
-        # ``g``: the sequence when the acknowledgement applies to it (see rms_life: started and
-        # live), and whether it keeps the requests waiting for their replies (it has an Offer)
-        cur = tx.execute(
-            "SELECT 1 FROM rms_sequence WHERE sequence_id = ? FOR UPDATE", (sequence_id,),
-            then=(f"WITH q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE sequence_id = ?), "
-                  "g AS (SELECT seq_key, offered_id IS NOT NULL AND ? AS kp FROM q WHERE started "
-                  "AND NOT terminate_sent AND NOT faulted AND highest_number >= ?), "
-                  + sql.removeprefix("WITH ") + f", {_cols(_RMS_COLS, 'q')} "
-                  "FROM (SELECT 1) AS one LEFT JOIN s ON TRUE LEFT JOIN q ON TRUE",
-                  (sequence_id, keep_offered_awaiting, max(hi for _, hi in merged.ranges), *params)))
+        [(lock, lock_params), then] = self.acknowledging_statements(sequence_id, merged, now, keep_offered_awaiting)
+        cur = tx.execute(lock, lock_params, then=then)
         row = cur.fetchone()
         cur.close()
+        return self.acknowledged_from(row, merged)
+
+    def acknowledges_in_one(self, sequence_id: str, merged: api.AckRanges) -> bool:
+        """Does :meth:`acknowledge_sequence` run :meth:`acknowledging_statements` (PostgreSQL, the
+        sequence's row not held yet, something acknowledged)?"""
+        tx = self._tx
+        return bool(merged.ranges) and tx.undo is None and tx.d.writable_cte and not tx.d.payload_apart \
+            and bool(tx.d.for_update) and not any(h.sequence_id == sequence_id for h in tx.held_rms.values())
+
+    def acknowledging_statements(self, sequence_id: str, merged: api.AckRanges, now: float | None,
+                                 keep_offered_awaiting: bool, *, gate: str = "",
+                                 more: tuple[str, str, Sequence[Any]] = ("", "", ())
+                                 ) -> list[tuple[str, Sequence[Any]]]:
+        """:meth:`acknowledge_sequence`'s two statements: the sequence's row locked, then
+        :meth:`acknowledge`'s statement, which also reads the row.  ``gate`` and ``more`` as
+        :meth:`answering_statements`' (with ``gate`` false, nothing is locked nor written)."""
+        sql, params = _acknowledging(merged, _now(now), key=None, kept=keep_offered_awaiting)
+        columns, join, values = more
+        # ``g``: the sequence when the acknowledgement applies to it (see rms_life: started and
+        # live), and whether it keeps the requests waiting for their replies (it has an Offer)
+        return [
+            (f"SELECT 1 FROM rms_sequence WHERE sequence_id = ?{gate} FOR UPDATE", (sequence_id,)),
+            (f"WITH q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE sequence_id = ?), "
+             "g AS (SELECT seq_key, offered_id IS NOT NULL AND ? AS kp FROM q WHERE started "
+             f"AND NOT terminate_sent AND NOT faulted AND highest_number >= ?{gate}), "
+             + sql.removeprefix("WITH ") + f", {_cols(_RMS_COLS, 'q')}{columns} "
+             f"FROM (SELECT 1) AS one LEFT JOIN s ON TRUE LEFT JOIN q ON TRUE{join}",
+             (sequence_id, keep_offered_awaiting, max(hi for _, hi in merged.ranges), *params, *values))]
+
+    def acknowledged_from(self, row: Sequence[Any], merged: api.AckRanges
+                          ) -> tuple[RmsSequence, tuple[list[int], bool] | None] | None:
+        """:meth:`acknowledge_sequence`'s outcome from its last statement's row."""
+        tx = self._tx
         width = 3 + len(_RMS_COLS)
         if row[width] is None:
             return None
@@ -1019,11 +1046,11 @@ class _RmsMessages(api.RmsMessageManager):
                                                tuple[RmsSequence, list[int], bool] | None]:
         """On PostgreSQL, one round trip of three statements (:meth:`answering_statements`), or
         none when the receipt of the reply ran them already in its own round trip
-        (``receive_in_order``'s ``answering``: the row is then kept in ``tx.answered_ahead``)."""
+        (``receive_in_order``'s ``answering``: the row is then kept in ``tx.ran_ahead``)."""
         tx = self._tx
         merged = api.AckRanges.from_ranges(ranges)
-        ahead = tx.answered_ahead.pop(answering_key(message_id, sequence_id, merged.ranges, keep_offered_awaiting),
-                                      None) if tx.answered_ahead else None
+        ahead = tx.ran_ahead.pop(ahead_key("answered", message_id, sequence_id, merged.ranges,
+                                           keep_offered_awaiting), None) if tx.ran_ahead else None
         if ahead is not None:
             return self.answered_from(ahead)
         if not tx.d.for_update or not tx.d.writable_cte or tx.undo is not None or not merged.ranges:
@@ -1074,9 +1101,6 @@ class _RmsMessages(api.RmsMessageManager):
              f"FROM (SELECT 1) AS one LEFT JOIN s ON TRUE LEFT JOIN q ON TRUE LEFT JOIN r ON TRUE{join}",
              (message_id, keep_offered_awaiting, sequence_id, max(hi for _, hi in merged.ranges),
               *(v for pair in merged.ranges for v in pair), *params, *values))]
-
-    #: how many columns :meth:`answering_statements`' last statement selects before ``more``'s
-    ANSWERING_WIDTH = 3 + 2 * len(_RMS_COLS) + 4
 
     def answered_from(self, row: Sequence[Any]) -> tuple[tuple[str, int, bool] | None,
                                                          tuple[RmsSequence, list[int], bool] | None]:

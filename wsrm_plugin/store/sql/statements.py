@@ -48,15 +48,16 @@ _RECEIVE_IN_ORDER_NOTED = (
     "SELECT set_config('wsrm.received', CASE WHEN EXISTS (SELECT 1 FROM r) "
     "THEN (SELECT count(*) FROM t)::text ELSE '-1' END, TRUE)")
 
-#: what follows a statement that ran after :data:`_RECEIVE_IN_ORDER_NOTED` in its round trip: only
-#: when the message was received and taken
+#: conditions of a statement that ran after :data:`_RECEIVE_IN_ORDER_NOTED` in its round trip: the
+#: message was received and taken; it was received
 _RECEIVED_AND_TAKEN = " AND current_setting('wsrm.received') = '1'"
+_RECEIVED = " AND current_setting('wsrm.received') <> '-1'"
 
 
-def answering_key(message_id: str, sequence_id: str, ranges: tuple[tuple[int, int], ...],
-                  keep_offered_awaiting: bool) -> tuple[Any, ...]:
-    """The key of a request's mark run ahead by its reply's receipt (``SqlTransaction.answered_ahead``)."""
-    return message_id, sequence_id, ranges, keep_offered_awaiting
+def ahead_key(kind: str, *arguments: Any) -> tuple[Any, ...]:
+    """The key of a store call's statements run ahead by a receipt, in its round trip
+    (``SqlTransaction.ran_ahead``): the call's name and its arguments (ranges merged)."""
+    return (kind, *arguments)
 
 def _take_params(sequence_id: str, number: int) -> tuple[Any, ...]:
     return (sequence_id, _prefix(number), number, sequence_id, number - 1, _prefix(number - 1),

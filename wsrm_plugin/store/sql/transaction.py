@@ -29,17 +29,22 @@ from .rows import _RMD_COLS, PRIMARY_KEYS, _cols, _rmd
 from .statements import (
     _RECEIVE_IN_ORDER,
     _RECEIVE_IN_ORDER_NOTED,
+    _RECEIVED,
     _RECEIVED_AND_TAKEN,
     _TAKE_LOCKED,
     _prefix,
     _rmd_assignments,
     _take_params,
-    answering_key,
+    ahead_key,
 )
 from .undo import UndoLog
 
 if TYPE_CHECKING:
     from ..prepared import PreparedStatements
+
+
+#: statements sent in one round trip, with their parameters
+_Statements = list[tuple[str, Sequence[Any]]]
 
 
 class SqlTransaction(api.StoreTransaction):
@@ -108,11 +113,12 @@ class SqlTransaction(api.StoreTransaction):
         #: Sequences whose row an enqueue of this transaction changed already (a later enqueue on
         #: one only remembers its number, in :attr:`_numbered`).
         self.took_number: set[str] = set()
-        #: Requests marked answered (and acknowledged) by their reply's receipt, in its round trip
-        #: (:meth:`receive_in_order`'s ``answering``): key (``answering_key``) -> the statement's
-        #: row, for ``rms_messages.mark_answered_acknowledging`` to take without a statement.
-        #: Empty at the commit: a mark written and not taken would be work no one accounted for.
-        self.answered_ahead: dict[tuple[Any, ...], Any] = {}
+        #: Store calls whose statements a receipt ran ahead, in its round trip (:meth:`receive_in_order`'s
+        #: ``answering`` and ``acknowledging``): key (``ahead_key``) -> their last statement's row,
+        #: for the call (``rms_messages.mark_answered_acknowledging``, ``acknowledge_sequence``) to
+        #: take without a statement.  Empty at the commit: writes no one took would be work no one
+        #: accounted for.
+        self.ran_ahead: dict[tuple[Any, ...], Any] = {}
         # rms, rms_messages, rmd and invoker: made on first use (see ManagerOnFirstUse)
 
     # -- statements -----------------------------------------------------------------
@@ -278,7 +284,8 @@ class SqlTransaction(api.StoreTransaction):
         return self.note_take(sequence_id, number, bool(row[1]))
 
     def receive_in_order(self, sequence_id: str, number: int, *, now: float | None = None,
-                         answering: tuple[str, str, Sequence[tuple[int, int]], bool] | None = None
+                         answering: tuple[str, str, Sequence[tuple[int, int]], bool] | None = None,
+                         acknowledging: tuple[str, Sequence[tuple[int, int]], bool] | None = None
                          ) -> tuple[RmdSequence, bool] | None:
         """On PostgreSQL, the sequence's row locked, the receipt written and the message taken,
         in one round trip, if the sequence has received exactly 1..number-1 and is open.
@@ -303,14 +310,30 @@ class SqlTransaction(api.StoreTransaction):
         ``answering``: the arguments of ``rms_messages.mark_answered_acknowledging`` the caller
         makes next when the message is taken (a reply whose record consumes it).  Their
         statements then go in this round trip, run only if the message was taken, and that
-        call takes their row from :attr:`answered_ahead`: the reply's record costs a round
-        trip less on the caller's path (see :meth:`_receive_answering`)."""
+        call takes their row from :attr:`ran_ahead`: the reply's record costs a round
+        trip less on the caller's path (see :meth:`_receive_ahead`).  ``acknowledging``: those
+        of ``rms_messages.acknowledge_sequence`` (without ``now``) the caller makes when the
+        message is received (the acknowledgement that rode on it), likewise: a round trip less
+        for the service's receipt of a request."""
         if number < 2 or sequence_id in self.held_rmd:
             return None
         if not self.d.for_update:
             return self._receive_in_order_here(sequence_id, number, now)
         if answering is not None and answering[2] and self.d.writable_cte and self.undo is None:
-            return self._receive_answering(sequence_id, number, now, answering)
+            message_id, acked, ranges, keep = answering
+            merged = api.AckRanges.from_ranges(ranges)
+            return self._receive_ahead(
+                sequence_id, number, now, ahead_key("answered", message_id, acked, merged.ranges, keep),
+                _RECEIVED_AND_TAKEN, lambda t, gate, more: self.rms_messages.answering_statements(  # type: ignore[attr-defined]
+                    message_id, acked, merged, t, keep, gate=gate, more=more))
+        if acknowledging is not None:
+            acked, ranges, keep = acknowledging
+            merged = api.AckRanges.from_ranges(ranges)
+            if self.rms_messages.acknowledges_in_one(acked, merged):  # type: ignore[attr-defined]
+                return self._receive_ahead(
+                    sequence_id, number, now, ahead_key("acknowledged", acked, merged.ranges, keep),
+                    _RECEIVED, lambda t, gate, more: self.rms_messages.acknowledging_statements(  # type: ignore[attr-defined]
+                        acked, merged, t, keep, gate=gate, more=more))
         api.check_number(number)
         self.lock(RANK_RMD, sequence_id)
         self.lock(RANK_INVOKER, sequence_id)
@@ -331,33 +354,30 @@ class SqlTransaction(api.StoreTransaction):
         self._wrote = True
         return replace(seq, received=api.parse_ranges(before)), self.note_take(sequence_id, number, bool(row[-1]))
 
-    def _receive_answering(self, sequence_id: str, number: int, now: float | None,
-                           answering: tuple[str, str, Sequence[tuple[int, int]], bool]
-                           ) -> tuple[RmdSequence, bool] | None:
-        """:meth:`receive_in_order` with the request's mark after it in the same round trip: the
-        RMD row locked, the receipt written (its outcome in a transaction-local setting), then
-        ``answering_statements`` (the request's sequence locked after the RMD row and the
-        invoker's, as the lock order wants), each doing nothing unless the message was taken;
-        the last also reads the RMD row (as this transaction now holds it) and the outcome.
-        What the caller does between the two (its checks, which roll the transaction back if
-        they refuse the message) reads nothing the mark wrote."""
+    def _receive_ahead(self, sequence_id: str, number: int, now: float | None, key: tuple[Any, ...], gate: str,
+                       statements: Callable[[float, str, tuple[str, str, Sequence[Any]]], _Statements]
+                       ) -> tuple[RmdSequence, bool] | None:
+        """:meth:`receive_in_order` with a store call's statements after it in the same round trip
+        (``statements(now, gate, more)``, kept in :attr:`ran_ahead` under ``key``): the RMD row
+        locked, the receipt written (its outcome in a transaction-local setting), then the call's
+        statements (a source sequence locked after the RMD row and the invoker's, as the lock
+        order wants), each doing nothing unless ``gate`` holds; the last also reads the RMD row
+        (as this transaction now holds it) and the outcome.  What the caller does between the
+        receipt and the call (its checks, which roll the transaction back if they refuse the
+        message) reads nothing the call wrote."""
         api.check_number(number)
-        message_id, acked_sequence, ranges, keep = answering
-        merged = api.AckRanges.from_ranges(ranges)
         self.lock(RANK_RMD, sequence_id)
         self.lock(RANK_INVOKER, sequence_id)
         self.capture_key("rmd_sequence", sequence_id)
         self.capture_key("invoker_sequence", sequence_id)
         before = _prefix(number - 1)
         t = _now(now)
-        statements = self.rms_messages.answering_statements(  # type: ignore[attr-defined]
-            message_id, acked_sequence, merged, t, keep, gate=_RECEIVED_AND_TAKEN,
-            more=(f", {_cols(_RMD_COLS, 'rd')}, current_setting('wsrm.received')",
-                  " LEFT JOIN rmd_sequence rd ON rd.sequence_id = ?", (sequence_id,)))
+        after = statements(t, gate, (f", {_cols(_RMD_COLS, 'rd')}, current_setting('wsrm.received')",
+                                     " LEFT JOIN rmd_sequence rd ON rd.sequence_id = ?", (sequence_id,)))
         cur = self.execute(
             "SELECT 1 FROM rmd_sequence WHERE sequence_id = ? FOR UPDATE", (sequence_id,),
             then=[(_RECEIVE_IN_ORDER_NOTED, (_prefix(number), t, sequence_id, before,
-                                             *_take_params(sequence_id, number))), *statements])
+                                             *_take_params(sequence_id, number))), *after])
         row = cur.fetchone()
         cur.close()
         width = len(row) - len(_RMD_COLS) - 1
@@ -368,8 +388,8 @@ class SqlTransaction(api.StoreTransaction):
         if outcome < 0:  # guessed wrong: the row as it is, held for the caller's read; nothing else ran
             return None
         self._wrote = True
-        if outcome:
-            self.answered_ahead[answering_key(message_id, acked_sequence, merged.ranges, keep)] = row[:width]
+        if outcome or gate == _RECEIVED:  # the call's statements ran
+            self.ran_ahead[key] = row[:width]
         return replace(seq, received=api.parse_ranges(before)), self.note_take(sequence_id, number, bool(outcome))
 
     def _receive_in_order_here(self, sequence_id: str, number: int,
@@ -422,7 +442,7 @@ class SqlTransaction(api.StoreTransaction):
         self._savepoints += 1
         name = f"wsrm_sp{self._savepoints}"
         undo = dict(self.undo) if self.undo is not None else None
-        numbered, took, answered = dict(self._numbered), set(self.took_number), dict(self.answered_ahead)
+        numbered, took, answered = dict(self._numbered), set(self.took_number), dict(self.ran_ahead)
         self.execute(f"SAVEPOINT {name}")
         try:
             yield
@@ -433,7 +453,7 @@ class SqlTransaction(api.StoreTransaction):
                 self.undo = undo
                 self._numbered = numbered  # a flush inside the savepoint is undone too
                 self.took_number = took
-                self.answered_ahead = answered  # a mark run ahead inside the savepoint is undone
+                self.ran_ahead = answered  # a mark run ahead inside the savepoint is undone
                 self._forget_held()  # its writes are undone, and the locks it took released
             raise
         self.execute(f"RELEASE SAVEPOINT {name}")
@@ -522,9 +542,9 @@ class SqlTransaction(api.StoreTransaction):
         api.refuse_if_global(self)
         self._refuse_commit_if_failed()
         self._check_open()
-        if self.answered_ahead:  # a mark written ahead that no one took: never committed unaccounted
+        if self.ran_ahead:  # written ahead and taken by no one: never committed unaccounted
             self.rollback()
-            raise api.StoreError(f"requests marked answered ahead were never taken ({list(self.answered_ahead)}): "
+            raise api.StoreError(f"store calls run ahead were never taken ({list(self.ran_ahead)}): "
                                  "rolled back")
         self.flush()
         self._store._finish(self, commit=True)
