@@ -36,8 +36,8 @@ _RECEIVE_IN_ORDER = (
     f"SELECT {_cols(_RMD_COLS)}, -1 FROM rmd_sequence WHERE sequence_id = ? AND NOT EXISTS (SELECT 1 FROM r)")
 
 
-#: :data:`_RECEIVE_IN_ORDER` when other statements follow it in its round trip (a reply's record
-#: with the request's mark: ``receive_in_order``'s ``answering``): the same writes, and their
+#: :data:`_RECEIVE_IN_ORDER` when another store call's statements follow it in its round trip
+#: (``receive_in_order``'s ``answering`` and ``acknowledging``): the same writes, and their
 #: outcome in the transaction-local setting ``wsrm.received`` ("1": received and taken, "0":
 #: received, not taken, "-1": not received), for the statements after it to read, the last
 #: of which reads the row (one statement's result comes back)
@@ -58,6 +58,7 @@ def ahead_key(kind: str, *arguments: Any) -> tuple[Any, ...]:
     """The key of a store call's statements run ahead by a receipt, in its round trip
     (``SqlTransaction.ran_ahead``): the call's name and its arguments (ranges merged)."""
     return (kind, *arguments)
+
 
 def _take_params(sequence_id: str, number: int) -> tuple[Any, ...]:
     return (sequence_id, _prefix(number), number, sequence_id, number - 1, _prefix(number - 1),
