@@ -247,6 +247,37 @@ def test_acknowledge_marks_purges_and_says_what_is_left(store: StorageManager) -
     assert store.status().retransmissions == 2
 
 
+def test_a_replys_record_applies_the_riding_acknowledgement_only_where_it_may(store: StorageManager) -> None:
+    """``mark_answered_acknowledging``: the request marked answered, and the acknowledgement that
+    rode on its reply applied when it names the request's sequence and the request, the sequence
+    transmits and the ranges are valid; else the mark alone, nothing of the acknowledgement
+    written.  Requests still waiting for their replies stay unacknowledged (an offering sequence)."""
+    with store.begin() as tx:
+        new_rms(tx, offered_id="urn:offer")
+        tx.rms.update("k1", sequence_id="seq-1", started=True, next_control_at=None)
+        for i in (1, 2, 3, 4):
+            msg = tx.rms_messages.enqueue("k1", b"<req/>", action="urn:op", soap_version="1.1",
+                                          message_id=f"urn:r{i}", awaits_reply=True)
+            if i < 4:  # 4: handed out, never sent
+                tx.rms_messages.record_send_attempt("k1", msg.number, next_send_at=1e12)
+    with store.begin() as tx:  # names 4, never sent: refused whole, the mark alone
+        assert tx.rms_messages.mark_answered_acknowledging("urn:r1", "seq-1", [(1, 4)]) == \
+            (("k1", 1, False), None)
+    with store.begin() as tx:
+        assert [(m.number, m.reply_pending, m.acked) for m in tx.rms_messages.list_for("k1")] == \
+            [(1, False, False), (2, True, False), (3, True, False), (4, True, False)]
+        # 2 and 3 named: 2 answered now, 3 still waits for its reply and stays unacknowledged
+        answered, (seq, newly, pending) = tx.rms_messages.mark_answered_acknowledging(
+            "urn:r2", "seq-1", [(1, 3)], keep_offered_awaiting=True)
+        assert (answered, seq.key, newly, pending) == (("k1", 2, False), "k1", [1, 2], True)
+        assert [(m.number, m.acked) for m in tx.rms_messages.list_for("k1")] == [(3, False), (4, False)]
+        tx.rms.update("k1", faulted=True)
+    with store.begin() as tx:  # no longer transmitting: the mark alone
+        assert tx.rms_messages.mark_answered_acknowledging("urn:r3", "seq-1", [(3, 3)]) == \
+            (("k1", 3, False), None)
+        assert not tx.rms_messages.get("k1", 3).acked
+
+
 def test_claim_first_send_takes_only_an_unsent_message_next_in_line(store: StorageManager) -> None:
     """What a caller's thread may send itself: unsent, unacknowledged, the message before it
     acknowledged (or purged); claimed, its first attempt is recorded."""

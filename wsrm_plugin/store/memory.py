@@ -39,8 +39,9 @@ from txmanager.xid import Xid
 from . import api
 from .backlog import MessageIndex
 from .branches import BranchResource
+from .api.states import rms_life
 from .api import (
-    RANK_INVOKER, RANK_RMD, RANK_RMS, BufferedMessage, DuplicateSequenceError,
+    RANK_INVOKER, RANK_RMD, RANK_RMS, BufferedMessage, DuplicateSequenceError, InvalidAcknowledgementError,
     InvokerSequence, LockTimeoutError, ManagerOnFirstUse, NodeCondition, PoisonMessage,
     RmdSequence, RmsMessage, RmsSequence, StoreClosedError, UnknownMessageError, UnknownSequenceError, _now,
 )
@@ -551,26 +552,80 @@ class _RmsMessages(api.RmsMessageManager):
                    now: float | None = None) -> list[int]:
         seq = self._seq(sequence_key)
         acked = api.AckRanges.from_ranges(ranges)
+        return self._mark_named(seq, acked, self._unacked_named(sequence_key, acked), now)
+
+    def _unacked_named(self, sequence_key: str, ranges: api.AckRanges) -> list[RmsMessage]:
+        """The unacknowledged messages ``ranges`` name, ascending, as this transaction sees them:
+        from the index of the committed ones, not a walk of the sequence's rows (a peer's
+        ranges are cumulative, and a backlog's unsent messages are many).  Read once per
+        acknowledgement: its check and its writes both use them."""
         tx = self._tx
         own = tx._own_messages(sequence_key)
-
-        def named(lo: int, hi: int) -> list[RmsMessage]:
-            """The unacknowledged messages numbered lo..hi, ascending: from the index of the
-            committed ones, not a walk of the sequence's rows (a peer's ranges are cumulative,
-            and a backlog's unsent messages are many)."""
-            found = {m.number: m for m in tx._store._indexed("unacked_between", sequence_key, lo, hi)}
+        found: dict[int, RmsMessage] = {}
+        for lo, hi in ranges.ranges:
+            found.update((m.number, m) for m in tx._store._indexed("unacked_between", sequence_key, lo, hi))
             found.update((m.number, m) for m in own if lo <= m.number <= hi)
-            current = (tx._current(m) for _, m in sorted(found.items()))
-            return [m for m in current if m is not None and not m.acked]
+        current = (tx._current(m) for _, m in sorted(found.items()))
+        return [m for m in current if m is not None and not m.acked]
 
-        api.check_ack(seq, acked, lambda lo, hi: [m.number for m in named(lo, hi) if m.send_count == 0])
+    def _mark_named(self, seq: RmsSequence, acked: api.AckRanges, named: list[RmsMessage],
+                    now: float | None) -> list[int]:
+        """:meth:`mark_acked` of ``seq`` (locked) once ``named`` (:meth:`_unacked_named` of
+        ``acked``) was read: checked whole first, then written."""
+        api.check_ack(seq, acked, lambda lo, hi: [m.number for m in named
+                                                  if lo <= m.number <= hi and m.send_count == 0])
+        tx, key = self._tx, seq.key
         newly = []
-        for lo, hi in acked.ranges:
-            for msg in named(lo, hi):
-                tx._write(_MSG, (sequence_key, msg.number), replace(msg, acked=True))
-                newly.append(msg.number)
-        tx._write(_RMS, sequence_key, replace(seq, last_activity=_now(now)))
+        for msg in named:
+            tx._write(_MSG, (key, msg.number), replace(msg, acked=True))
+            newly.append(msg.number)
+        tx._write(_RMS, key, replace(seq, last_activity=_now(now)))
         return newly
+
+    def acknowledge(self, sequence_key: str, ranges: Iterable[tuple[int, int]],
+                    now: float | None = None, *, keep_awaiting: bool = False) -> tuple[list[int], bool]:
+        """The general method's steps with the sequence and the messages its ranges name read
+        once: the requests that wait for their replies (``keep_awaiting``) are among those
+        messages, so no walk of the sequence's rows finds them, and the check and the writes
+        share the read.  An acknowledgement rides on every request and every reply: on the
+        memory store this was a tenth of each side's Python calls a request-reply call."""
+        merged = api.AckRanges.from_ranges(ranges)
+        if not merged.ranges:
+            return [], self.has_unacked(sequence_key)
+        seq = self._seq(sequence_key)
+        named = self._unacked_named(sequence_key, merged)
+        if keep_awaiting and merged.ranges[-1][1] <= seq.highest_number:
+            awaiting = [m.number for m in named if m.reply_pending]
+            if awaiting:
+                merged = merged.difference(api.AckRanges.of(awaiting))
+                named = [m for m in named if not m.reply_pending]
+        newly = self._mark_named(seq, merged, named, now) if merged.ranges else []
+        pending = self.has_unacked(sequence_key)
+        if newly:
+            self.purge_acked(sequence_key)
+        return newly, pending
+
+    def mark_answered_acknowledging(self, message_id: str, sequence_id: str, ranges: Iterable[tuple[int, int]],
+                                    now: float | None = None, *, keep_offered_awaiting: bool = False
+                                    ) -> tuple[tuple[str, int, bool] | None,
+                                               tuple[RmsSequence, list[int], bool] | None]:
+        """The general method without looking the sequence up again by the peer's identifier:
+        the request's sequence, locked by the mark, is the one the acknowledgement must name."""
+        answered = self.mark_answered(message_id)
+        if answered is None:
+            return None, None
+        key, number, acked = answered
+        merged = api.AckRanges.from_ranges(ranges)
+        seq = self._tx._read(_RMS, key)
+        if (acked or seq is None or seq.sequence_id != sequence_id or number not in merged
+                or not rms_life(seq).transmitting):
+            return answered, None
+        try:
+            newly, pending = self.acknowledge(key, merged.ranges, now,
+                                              keep_awaiting=keep_offered_awaiting and seq.offered_id is not None)
+        except InvalidAcknowledgementError:
+            return answered, None
+        return answered, (seq, newly, pending)
 
     def due_messages(self, now: float | None = None, limit: int = 100, *,
                      per_sequence: int | None = None, payloads: bool = True) -> list[RmsMessage]:
