@@ -533,6 +533,35 @@ class _RmsMessages(api.RmsMessageManager):
         self._tx._write(_RMS, sequence_key, replace(seq, **changes))
         return msg
 
+    def enqueue_claiming(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
+                         message_id: str, target: str, next_send_at: float, rmd_sequence_id: str | None = None,
+                         reply_callback: str | None = None, reply_context: bytes | None = None,
+                         send_at: float | None = None, awaits_reply: bool = False, now: float | None = None
+                         ) -> tuple[RmsMessage, bool, RmsSequence, RmdSequence | None] | None:
+        """:meth:`enqueue`, and the message claimed as :meth:`claim_first_send` claims it when it
+        is its caller's to send (its sequence transmitting to ``target``, the message before it
+        acknowledged or purged), in one step; destination sequence ``rmd_sequence_id`` read
+        beside without its lock, as PostgreSQL's statement reads it (a lock taken after the
+        source sequence's would go against the order of locks).
+
+        The general answer (None: the caller enqueues, then claims in a step of its own) cost
+        the caller's thread about a hundred Python calls more a request: the claim's own look
+        at the sequence and its checks, done again."""
+        t = _now(now)
+        msg = self.enqueue(sequence_key, payload, action=action, soap_version=soap_version,
+                           message_id=message_id, reply_callback=reply_callback, reply_context=reply_context,
+                           send_at=send_at, now=t, awaits_reply=awaits_reply)
+        tx = self._tx
+        key = (sequence_key, msg.number)
+        seq = tx._read(_RMS, sequence_key)
+        before = tx._read(_MSG, (sequence_key, msg.number - 1)) if msg.number > 1 else None
+        mine = seq.target == target and seq.sequence_id is not None and rms_life(seq).transmitting \
+            and (before is None or before.acked)
+        if mine:
+            tx._write(_MSG, key, replace(msg, send_count=1, last_sent_at=t, next_send_at=next_send_at))
+        rmd = tx._read(_RMD, rmd_sequence_id) if rmd_sequence_id is not None else None
+        return msg, mine, seq, rmd
+
     def get(self, sequence_key: str, number: int) -> RmsMessage | None:
         self._seq(sequence_key)
         return self._tx._read(_MSG, (sequence_key, number))
