@@ -29,7 +29,7 @@ from .addressing import EndpointReference
 from .faults import (
     InvalidAcknowledgement, InvalidMessageNumber, MalformedMessageError, MessageNumberRollover,
 )
-from .namespaces import MAX_MESSAGE_NUMBER, AddressingVersion, RMVersion, SoapVersion
+from .namespaces import MAX_MESSAGE_NUMBER, RM_VERSIONS, AddressingVersion, RMVersion, SoapVersion
 from .xmlsafe import children, split_tag, text_of
 
 __all__ = [
@@ -667,6 +667,12 @@ _TYPES = {cls.TAG: cls for cls in (
     AckRequested, CloseSequence, CloseSequenceResponse, TerminateSequence,
     TerminateSequenceResponse)}
 
+#: "{namespace}local" -> the class of every element a version defines: a received message's
+#: headers and body are each looked up once (most are not WS-RM's: WS-A's, the application's)
+_BY_TAG: dict[str, type] = {f"{{{version.ns}}}{local}": cls
+                            for version in RM_VERSIONS for local, cls in _TYPES.items()
+                            if version.is_11 or not getattr(cls, "ONLY_11", False)}
+
 
 def parse_rm_element(element: etree._Element) -> tuple[object, RMVersion] | None:
     """Parse any WS-RM protocol element; None if ``element`` is not one.
@@ -674,15 +680,8 @@ def parse_rm_element(element: etree._Element) -> tuple[object, RMVersion] | None
     Faults in a well-recognised element are raised (they name the fault to
     send); an element this version doesn't define is "not one" (None).
     """
-    tag = element.tag
-    if not isinstance(tag, str):
+    cls = _BY_TAG.get(element.tag)  # a comment's tag is a function: not found
+    if cls is None:
         return None
-    namespace, local = split_tag(tag)
-    version = RMVersion.for_namespace(namespace)
-    cls = _TYPES.get(local)
-    if version is None or cls is None:
-        return None
-    if getattr(cls, "ONLY_11", False) and not version.is_11:
-        return None
-    return cls.from_xml(element)
+    return cls.from_xml(element)  # type: ignore[attr-defined]
 
