@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hmac
 import http.client
 import logging
@@ -149,7 +150,10 @@ class HttpTransport:
         return conns
 
     @staticmethod
+    @functools.lru_cache(maxsize=256)
     def _split(address: str) -> tuple[tuple[str, str, int], str]:
+        """(scheme, host, port) and path of ``address``: parsed once per address (a program sends
+        to a few, at every message; a refused one raises each time, never cached)."""
         parts = urlsplit(address)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise TransportError(f"cannot send to {address!r}: only http:// and https:// addresses are supported")
