@@ -1049,7 +1049,7 @@ class RetransmissionWorker:
     def _lane(self, key: str, event: LaneEvent) -> None:
         """Apply ``event`` to sequence ``key``'s lane (raises InvalidTransition when it is refused)."""
         with self._lane_lock:
-            state = lane_transition(self._lane_states.get(key, LaneState()), event).state
+            state = lane_transition(self._lane_states.get(key, LaneState.initial()), event).state
             if state.idle:
                 self._lane_states.pop(key, None)
             else:
@@ -1070,7 +1070,7 @@ class RetransmissionWorker:
         deadline = time.monotonic() + (self.policy.caller_send_grace or 0.0)
         with self._lane_lock:
             while True:
-                state = self._lane_states.get(key, LaneState())
+                state = self._lane_states.get(key, LaneState.initial())
                 try:
                     self._lane_states[key] = lane_transition(state, LaneEvent.CALLER_CLAIMS).state
                     return True
@@ -1087,7 +1087,7 @@ class RetransmissionWorker:
     def lane_of(self, key: str) -> LaneState:
         """Who sends sequence ``key``'s messages now."""
         with self._lane_lock:
-            return self._lane_states.get(key, LaneState())
+            return self._lane_states.get(key, LaneState.initial())
 
     def send_for_caller(self, key: str, number: int) -> bool:
         """Send message ``number`` of sequence ``key`` from the calling thread, if its lane is idle.
@@ -1151,7 +1151,7 @@ class RetransmissionWorker:
         """CALLER_CLAIMS on ``key``'s lane if it is idle now (no wait)."""
         with self._lane_lock:
             try:
-                self._lane_states[key] = lane_transition(self._lane_states.get(key, LaneState()),
+                self._lane_states[key] = lane_transition(self._lane_states.get(key, LaneState.initial()),
                                                          LaneEvent.CALLER_CLAIMS).state
             except InvalidTransition:
                 return False

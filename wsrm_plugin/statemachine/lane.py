@@ -66,8 +66,9 @@ class LaneState(FactorState):
 
     @classmethod
     def initial(cls) -> LaneState:
-        """Nobody sends on the sequence."""
-        return cls()
+        """Nobody sends on the sequence: one value, built (and checked) once -- the sender keeps
+        no entry for an idle lane, and each of a call's two transitions starts from it or ends in it."""
+        return _IDLE
 
     @property
     def idle(self) -> bool:
@@ -118,9 +119,20 @@ _RULES: dict[LaneEvent, Callable[[LaneState, LaneEvent], Transition[LaneState]]]
 }
 
 
+_IDLE = LaneState()
+
+#: (state, event) -> its transition, each computed once: the rules are pure and their values
+#: frozen, and a request-reply call takes two (its caller claims the lane, then leaves it).  A
+#: refused event raises every time.
+_DONE: dict[tuple[LaneState, LaneEvent], Transition[LaneState]] = {}
+
+
 def lane_transition(state: LaneState, event: LaneEvent) -> Transition[LaneState]:
     """Apply ``event`` to ``state``; raises :class:`InvalidTransition` when not allowed."""
-    rule = _RULES.get(event)
-    if rule is None:
-        raise TypeError(f"not a LaneEvent: {event!r}")
-    return rule(state, event)
+    done = _DONE.get((state, event))
+    if done is None:
+        rule = _RULES.get(event)
+        if rule is None:
+            raise TypeError(f"not a LaneEvent: {event!r}")
+        done = _DONE[(state, event)] = rule(state, event)
+    return done
