@@ -14,6 +14,7 @@ import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Iterator, Self, TypeVar, cast
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ __all__ = [
     "InvalidTransition",
     "Reason",
     "Transition",
+    "TransitionRules",
 ]
 
 #: WS-RM message numbers run from 1 to the largest xs:long (both versions' schemas).
@@ -165,6 +167,36 @@ class Transition(Generic[S]):
     def noop(self) -> bool:
         """True when the event changes nothing: same state, nothing to do (duplicates, late acks)."""
         return self.state == self.previous and not self.actions
+
+
+E = TypeVar("E", bound=Enum)
+
+
+class TransitionRules(Generic[S, E]):
+    """A machine's transition function from its table of rules (one per event, each a pure
+    function of the state and the event): each (state, event) is worked out once, and its
+    :class:`Transition` -- frozen, like the states -- handed out again after.  A rule that
+    refuses the event raises every time.
+
+    Every message takes a transition or two of the RMS, RMD and lane machines on each side:
+    the rule's checks, the new state's look-up and a new Transition cost about fifteen Python
+    calls each time, a dictionary look-up three."""
+
+    __slots__ = ("_rules", "_kind", "_done")
+
+    def __init__(self, rules: Mapping[E, Callable[[S, E], Transition[S]]], kind: str) -> None:
+        self._rules = rules
+        self._kind = kind
+        self._done: dict[tuple[S, E], Transition[S]] = {}
+
+    def __call__(self, state: S, event: E) -> Transition[S]:
+        done = self._done.get((state, event))
+        if done is None:
+            rule = self._rules.get(event)
+            if rule is None:
+                raise TypeError(f"not {self._kind}: {event!r}")
+            done = self._done[(state, event)] = rule(state, event)
+        return done
 
 
 #: Results of FactorState.replace, by (state, *changes): a few dozen in all.

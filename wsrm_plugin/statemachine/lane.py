@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from .common import FactorState, InvalidTransition, Reason, Transition
+from .common import FactorState, InvalidTransition, Reason, Transition, TransitionRules
 
 __all__ = ["LaneAction", "LaneEvent", "LaneState", "lane_transition"]
 
@@ -121,18 +121,9 @@ _RULES: dict[LaneEvent, Callable[[LaneState, LaneEvent], Transition[LaneState]]]
 
 _IDLE = LaneState()
 
-#: (state, event) -> its transition, each computed once: the rules are pure and their values
-#: frozen, and a request-reply call takes two (its caller claims the lane, then leaves it).  A
-#: refused event raises every time.
-_DONE: dict[tuple[LaneState, LaneEvent], Transition[LaneState]] = {}
+_TRANSITIONS: TransitionRules[LaneState, LaneEvent] = TransitionRules(_RULES, "a LaneEvent")
 
 
 def lane_transition(state: LaneState, event: LaneEvent) -> Transition[LaneState]:
     """Apply ``event`` to ``state``; raises :class:`InvalidTransition` when not allowed."""
-    done = _DONE.get((state, event))
-    if done is None:
-        rule = _RULES.get(event)
-        if rule is None:
-            raise TypeError(f"not a LaneEvent: {event!r}")
-        done = _DONE[(state, event)] = rule(state, event)
-    return done
+    return _TRANSITIONS(state, event)

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .ackranges import AckRanges
-from .common import MAX_MESSAGE_NUMBER, FactorState, InvalidTransition, Reason, Transition
+from .common import MAX_MESSAGE_NUMBER, FactorState, InvalidTransition, Reason, Transition, TransitionRules
 
 __all__ = [
     "RMDAction",
@@ -221,12 +221,12 @@ _RULES: dict[RMDEvent, Callable[[RMDState, RMDEvent], Transition[RMDState]]] = {
 }
 
 
+_TRANSITIONS: TransitionRules[RMDState, RMDEvent] = TransitionRules(_RULES, "an RMDEvent")
+
+
 def rmd_transition(state: RMDState, event: RMDEvent) -> Transition[RMDState]:
     """Apply ``event`` to ``state``; raises :class:`InvalidTransition` when not allowed."""
-    rule = _RULES.get(event)
-    if rule is None:
-        raise TypeError(f"not an RMDEvent: {event!r}")
-    return rule(state, event)
+    return _TRANSITIONS(state, event)
 
 
 def rmd_duties(state: RMDState) -> frozenset[RMDDuty]:

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .ackranges import AckRanges
-from .common import FactorState, InvalidTransition, Reason, Transition
+from .common import FactorState, InvalidTransition, Reason, Transition, TransitionRules
 
 __all__ = [
     "AckOutcome",
@@ -258,12 +258,12 @@ _RULES: dict[RMSEvent, Callable[[RMSState, RMSEvent], Transition[RMSState]]] = {
 }
 
 
+_TRANSITIONS: TransitionRules[RMSState, RMSEvent] = TransitionRules(_RULES, "an RMSEvent")
+
+
 def rms_transition(state: RMSState, event: RMSEvent) -> Transition[RMSState]:
     """Apply ``event`` to ``state``; raises :class:`InvalidTransition` when not allowed."""
-    rule = _RULES.get(event)
-    if rule is None:
-        raise TypeError(f"not an RMSEvent: {event!r}")
-    return rule(state, event)
+    return _TRANSITIONS(state, event)
 
 
 def rms_duties(state: RMSState, *, close_first: bool = False) -> frozenset[RMSDuty]:
