@@ -134,8 +134,7 @@ def apply_addressing(message: Message, version: AddressingVersion | str | None =
                     f"{request.action}Response" if request.action else None)
             headers = request.reply_headers(action, preset.message_id, fault=message.is_fault)
     soap = message.soap_version if must_understand else None
-    for element in reversed(headers.to_elements(headers.version, soap=soap)):
-        message.add_header(element, first=True)
+    message.add_headers(headers.to_elements(headers.version, soap=soap), first=True)
     message.addressing = headers
     return headers
 

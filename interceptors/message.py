@@ -382,6 +382,12 @@ class Message:
 
     def add_header(self, element: etree._Element, *, first: bool = False) -> etree._Element:
         """Append (or prepend) a header block, creating the Header if there is none."""
+        self.add_headers([element], first=first)
+        return element
+
+    def add_headers(self, elements: Iterable[etree._Element], *, first: bool = False) -> None:
+        """Append (or put first, in their order) several header blocks: the Header found (or made)
+        once, where a block at a time looked for it again (a reply's WS-A headers are four)."""
         version = self.soap_version
         if version is None or self.envelope is None:
             raise ChainError("this message has no SOAP envelope to add a header to")
@@ -391,10 +397,11 @@ class Message:
             header = etree.Element(version.qname("Header"))
             self.envelope.insert(0, header)
         if first:
-            header.insert(0, element)
+            for position, element in enumerate(elements):
+                header.insert(position, element)
         else:
-            header.append(element)
-        return element
+            for element in elements:
+                header.append(element)
 
     def remove_header(self, element: etree._Element) -> None:
         header = self._part("Header")
