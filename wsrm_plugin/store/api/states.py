@@ -33,9 +33,11 @@ def rms_state(seq: RmsSequence, unacked: int) -> RMSState:
     A faulted sequence may still hold the messages it failed (until they are
     reported): they no longer count as "in buffer".
     """
-    factors = (seq.started, unacked > 0 and not seq.faulted, seq.last_message, seq.terminate_sent,
-               seq.closed, seq.faulted)
-    cacheable = all(type(f) is bool for f in factors)  # 1 == True: only real bools share a state
+    factors = started, buffered, last, terminated, closed, faulted = (
+        seq.started, unacked > 0 and not seq.faulted, seq.last_message, seq.terminate_sent, seq.closed, seq.faulted)
+    # 1 == True: only real bools share a state (written out: a generator's all() was most of the cost)
+    cacheable = (type(started) is bool and type(buffered) is bool and type(last) is bool
+                 and type(terminated) is bool and type(closed) is bool and type(faulted) is bool)
     state = _RMS_STATES.get(factors) if cacheable else None
     if state is None:  # built (and checked: a non-bool or an impossible combination raises) once
         state = RMSState(*factors)
@@ -102,8 +104,10 @@ _RMD_STATES: dict[tuple[bool, bool, bool, bool, bool], RMDState] = {}
 
 
 def rmd_state(seq: RmdSequence) -> RMDState:
-    factors = (seq.first_received, seq.last_received, seq.every_received, seq.terminated, seq.closed)
-    cacheable = all(type(f) is bool for f in factors)  # 1 == True: only real bools share a state
+    factors = first, last, every, terminated, closed = (
+        seq.first_received, seq.last_received, seq.every_received, seq.terminated, seq.closed)
+    cacheable = (type(first) is bool and type(last) is bool and type(every) is bool  # as in rms_state
+                 and type(terminated) is bool and type(closed) is bool)
     state = _RMD_STATES.get(factors) if cacheable else None
     if state is None:  # built (and checked: a non-bool or an impossible combination raises) once
         state = RMDState(*factors)
