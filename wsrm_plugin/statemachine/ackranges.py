@@ -97,6 +97,11 @@ class AckRanges:
 
     def add(self, number: int) -> AckRanges:
         """These numbers plus ``number`` (the same value when it is already in: a duplicate)."""
+        held = self.ranges
+        if held and type(number) is int and number - 1 == held[-1][1] and number <= MAX_MESSAGE_NUMBER:
+            # the next number after the highest (a message received in order, each taken in order):
+            # the last range grows, nothing to look for
+            return AckRanges._canonical((*held[:-1], (held[-1][0], number)))
         _check_number(number)
         if number in self:
             return self
