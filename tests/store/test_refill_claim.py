@@ -68,3 +68,94 @@ def test_a_retransmission_due_leaves_the_claim_to_the_round(store: StorageManage
         seq, msgs = tx.rms_messages.claim_first_sends_of("k1", 3, next_send_at=1e12)
         assert seq.key == "k1" and msgs == []
     assert _sent(store) == [(1, 0), (2, 1), (3, 0)]
+
+
+class _RoundTrips:
+    """A transaction's connection that notes every query string sent through it."""
+
+    def __init__(self, conn) -> None:
+        self._conn = conn
+        self.sent: list[str] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self._conn, name)
+
+    def cursor(self, *args, **kwargs):
+        return _NotedCursor(self._conn.cursor(*args, **kwargs), self.sent)
+
+
+class _NotedCursor:
+    def __init__(self, cur, sent: list[str]) -> None:
+        self._cur = cur
+        self._sent = sent
+
+    def __getattr__(self, name: str):
+        return getattr(self._cur, name)
+
+    def execute(self, query, params=None):
+        self._sent.append(query)
+        return self._cur.execute(query, params)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._cur.close()
+
+
+@pytest.mark.parametrize("store_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True)
+def test_a_refill_is_one_round_trip_on_postgresql(store: StorageManager) -> None:
+    """``next_write_commits``: the claim goes without BEGIN, PostgreSQL commits it as its query
+    string ends (another session sees it before the commit is asked for), and the commit sends
+    nothing: one round trip for the transaction, where BEGIN with the claim and the COMMIT were
+    two (and the sequence's read a third)."""
+    started(store, messages=5, sent=False)
+    tx = store.begin(durable=False)
+    tx.conn = noted = _RoundTrips(tx.conn)
+    tx.next_write_commits()
+    _, msgs = tx.rms_messages.claim_first_sends_of("k1", 3, next_send_at=1e12)
+    assert [m.number for m in msgs] == [1, 2, 3]
+    assert _sent(store) == [(1, 1), (2, 1), (3, 1), (4, 0), (5, 0)]  # committed already
+    tx.commit()
+    assert len(noted.sent) == 1 and "BEGIN" not in noted.sent[0], noted.sent
+    assert "synchronous_commit TO OFF" in noted.sent[0]  # the transaction's settings go with it
+
+
+@pytest.mark.parametrize("store_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True)
+def test_what_a_transaction_writes_after_the_write_that_committed_alone_is_its_own(store: StorageManager) -> None:
+    """A rollback then undoes what came after that write, not the write."""
+    started(store, messages=3, sent=False)
+    with pytest.raises(RuntimeError):
+        with store.begin(durable=False) as tx:
+            tx.next_write_commits()
+            tx.rms_messages.claim_first_sends_of("k1", 1, next_send_at=1e12)
+            tx.rms_messages.record_send_attempts("k1", [2], next_send_at=1e12)
+            raise RuntimeError("undone")
+    assert _sent(store) == [(1, 1), (2, 0), (3, 0)]
+
+
+def test_next_write_commits_leaves_a_savepoint_and_an_enqueue_batch_as_they_were(store: StorageManager) -> None:
+    """Only a transaction's first write commits alone: a savepoint needs its BEGIN, and an
+    enqueue's number handed out is written with the commit of what follows."""
+    started(store, messages=0)
+    with store.begin() as tx:
+        tx.next_write_commits()
+        with pytest.raises(RuntimeError):
+            with tx.savepoint():
+                enqueue(tx, n=1)
+                raise RuntimeError("undone")
+        enqueue(tx, n=2)
+        enqueue(tx, n=1)
+        assert tx.rms.get("k1").next_number == 4
+    with store.begin() as tx:
+        tx.next_write_commits()
+        enqueue(tx, n=1)
+        tx.next_write_commits()  # after a write: changes nothing (the next enqueue's number is
+        enqueue(tx, n=1)  # written at the commit, with it)
+    with pytest.raises(RuntimeError):
+        with store.begin() as tx:
+            enqueue(tx, n=1)
+            tx.next_write_commits()
+            enqueue(tx, n=1)
+            raise RuntimeError("undone")
+    assert [n for n, _ in _sent(store)] == [1, 2, 3, 4, 5]

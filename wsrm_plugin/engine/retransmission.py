@@ -958,6 +958,7 @@ class RetransmissionWorker:
         now = time.time()
         next_at = self._first_retry_at(seq.target, now)
         with self.store.begin(durable=False) as tx:
+            tx.next_write_commits()  # the claim is all it writes: its COMMIT costs no round trip
             # the sequence read beside callers' enqueues, and claimed from only while it transmits
             current, msgs = tx.rms_messages.claim_first_sends_of(key, count, next_send_at=next_at, now=now)
             if current is None or current.sequence_id is None or not rms_life(current).transmitting:

@@ -897,6 +897,17 @@ class StoreTransaction(ABC):
         message is received (the acknowledgement that rode on it)."""
         return None
 
+    def next_write_commits(self) -> None:
+        """The transaction's next write commits by itself, where that saves round trips
+        (PostgreSQL: a transaction that has sent nothing yet sends it without BEGIN, and the
+        server commits it as it ends; its COMMIT is then no round trip, nor BEGIN and COMMIT
+        statements); whatever the transaction writes after it is a transaction of its own.
+
+        For a transaction whose one write is all it does (a sending lane's refill: its claim):
+        nothing after that write may need to undo it, since a rollback then cannot.  A store
+        that cannot do it commits everything at the end, as usual."""
+        return None
+
     #: True when :meth:`savepoint` works (the memory and SQL stores).
     supports_savepoints: ClassVar[bool] = False
 

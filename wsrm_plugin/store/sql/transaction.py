@@ -83,6 +83,10 @@ class SqlTransaction(api.StoreTransaction):
         #: sent right after the lazy BEGIN (settings of this transaction only)
         self.begin_with = ""
         self.begun = False
+        #: :meth:`next_write_commits`: the next statement that opens the transaction goes without
+        #: BEGIN (its query string's own transaction, which PostgreSQL commits as it ends)
+        self.commits_alone = False
+        self.committed_alone = False
         #: The commit waits for the disk (False: begun with ``durable=False``; the SQLite store
         #: then returns from the commit without waiting for the WAL's fsync, which the next
         #: durable commit's covers, as WAL commits reach the disk in their order).
@@ -136,8 +140,15 @@ class SqlTransaction(api.StoreTransaction):
             self._store._attach(self)
         begin = ""
         if self.lazy_begin and not self.begun and (_opens_transaction(sql) or then is not None):
-            begin = "BEGIN; " + self.begin_with
-            self.begun = True
+            if self.commits_alone:  # committed as the query string ends
+                begin = self.begin_with
+                self.commits_alone = False
+                self.committed_alone = True
+            else:
+                if self.committed_alone:  # after a write that committed alone: its locks are gone
+                    self._forget_held()
+                begin = "BEGIN; " + self.begin_with
+                self.begun = True
         statements = self._statements
         cur = None
         try:  # a session lost while preparing fails here too, and is translated like any other
@@ -443,6 +454,7 @@ class SqlTransaction(api.StoreTransaction):
         name = f"wsrm_sp{self._savepoints}"
         undo = dict(self.undo) if self.undo is not None else None
         numbered, took, answered = dict(self._numbered), set(self.took_number), dict(self.ran_ahead)
+        self.commits_alone = False  # a savepoint needs the transaction's BEGIN
         self.execute(f"SAVEPOINT {name}")
         try:
             yield
@@ -467,8 +479,19 @@ class SqlTransaction(api.StoreTransaction):
 
     def hand_out(self, key: str, number: int, last: bool) -> None:
         """Remember that enqueue handed out ``number`` on sequence ``key`` (written by :meth:`flush`)."""
+        self.commits_alone = False  # the number's write (flush) and the enqueue's commit together
         _, was_last = self._numbered.get(key, (0, False))
         self._numbered[key] = (number, last or was_last)
+
+    def next_write_commits(self) -> None:
+        """On a store whose BEGIN waits for the first write (PostgreSQL's local transactions): that
+        write is sent without it, so PostgreSQL runs it, with the transaction's settings
+        (:attr:`begin_with`), in the implicit transaction of its query string and commits it as
+        it ends, and :meth:`commit` has nothing left to send for it.  Only for the transaction's
+        first write: after one (or an enqueue's number handed out, written at the commit) it
+        changes nothing."""
+        if self.lazy_begin and not self.begun and self.undo is None and not self._wrote and not self._numbered:
+            self.commits_alone = True
 
     def wait_for_disk_later(self) -> None:
         self.returns_before_disk = True  # read by the SQLite and PostgreSQL stores' commits
