@@ -299,6 +299,31 @@ def _assert_no_guess_past_the_last_or_closed(store) -> None:
 
 
 @pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_receive_in_order_is_one_statement_and_writes_no_row_lock(open_kind) -> None:
+    """The receipt's UPDATE takes the sequence's lock: no statement ahead of it to lock the
+    row, whose lock PostgreSQL wrote to the WAL (a Heap/LOCK record a message) before the update
+    (fails without: a second statement, two row locks)."""
+    from .test_lane_claim_locks import _wal_records
+
+    store = open_kind(lock_timeout=10.0)
+    _rmd(store, "s")
+    assert _receive(store, 1)
+    sent = []
+
+    def receive_2() -> None:
+        with store.begin() as tx:
+            execute = tx.execute
+            tx.execute = lambda *a, **k: sent.append((a[0], k.get("then"))) or execute(*a, **k)  # type: ignore[method-assign]
+            assert tx.receive_in_order("s", 2, now=300.0)[1] is True
+
+    records = _wal_records(store, receive_2)
+    assert len(sent) == 1 and sent[0][1] is None, sent
+    assert records.count("Heap/LOCK") == 1, records  # the invoker's row, by the take; not the sequence's
+    assert _received(store, "s").received == AckRanges.from_ranges([(1, 2)])
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 2)])
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
 def test_a_wrong_guess_writes_nothing_and_leaves_the_sequence_locked(open_kind) -> None:
     """After a gap, a duplicate, on a closed sequence or once the last number is known: None,
     nothing written, and the row locked (so the caller's read is no new wait)."""
@@ -355,7 +380,9 @@ def test_a_receive_in_order_rolled_back_leaves_nothing(open_kind) -> None:
 @pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
 def test_receive_in_order_waits_for_the_receive_before_it(open_kind) -> None:
     """The receive of 2 holds the sequence until its commit: the one of 3 waits for it in its
-    round trip, then sees 2 received and delivered, and records and takes 3."""
+    statement, which read the row as it was before (1 received: the guess is wrong, nothing
+    written), and then holds the row as 2 left it; the general way (one statement) records and
+    takes 3."""
     store = open_kind(lock_timeout=10.0)
     _rmd(store, "s")
     assert _receive(store, 1)
@@ -364,7 +391,14 @@ def test_receive_in_order_waits_for_the_receive_before_it(open_kind) -> None:
     def receive_3() -> None:
         holding.wait(10)
         with store.begin() as tx:
-            results.append(tx.receive_in_order("s", 3))
+            assert tx.receive_in_order("s", 3) is None
+            executed = []
+            execute = tx.execute
+            tx.execute = lambda *a, **k: executed.append(a[0]) or execute(*a, **k)  # type: ignore[method-assign]
+            assert tx.rmd.get("s").received == AckRanges.from_ranges([(1, 2)])  # held: read by the guess
+            assert executed == []
+            results.append((None, tx.receive_and_take("s", 3)))
+            assert len(executed) == 1
 
     thread = threading.Thread(target=receive_3)
     thread.start()
@@ -374,7 +408,7 @@ def test_receive_in_order_waits_for_the_receive_before_it(open_kind) -> None:
         time.sleep(0.3)
         assert results == []  # waiting
     thread.join(10)
-    assert len(results) == 1 and results[0] is not None and results[0][1] is True
+    assert results == [(None, True)]
     assert _received(store, "s").received == AckRanges.from_ranges([(1, 3)])
     assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
 

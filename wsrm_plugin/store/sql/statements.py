@@ -25,15 +25,19 @@ _TAKE_LOCKED = ("WITH cur AS (SELECT delivered_upto, delivered FROM invoker_sequ
                 "WHERE invoker_sequence.sequence_id = ? AND cur.delivered_upto = ? AND cur.delivered = ? "
                 "AND NOT EXISTS (SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?)")
 
-#: :meth:`SqlTransaction.receive_in_order`'s write, once its lock is held: the receipt, if the
-#: sequence has received exactly 1..number-1 and is open, and then the take; the new row and
-#: whether the message was taken, or else the row as it is and -1 (PostgreSQL)
+#: :meth:`SqlTransaction.receive_in_order` (PostgreSQL): the receipt, if the sequence has
+#: received exactly 1..number-1 and is open, and then the take; the new row and whether the
+#: message was taken, or else the row as it is, locked (``f``), and -1.  The receipt's UPDATE
+#: takes the row's lock (a wait for another receive ends with its condition checked again on
+#: the row as that left it), before the take locks the invoker's row and before ``f``.
 _RECEIVE_IN_ORDER = (
     "WITH r AS (UPDATE rmd_sequence SET received = ?, last_activity = ? WHERE sequence_id = ? AND received = ? "
     f"AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING {_cols(_RMD_COLS)}), "
-    f"t AS ({_TAKE_LOCKED.format(for_update=' FOR UPDATE')} AND EXISTS (SELECT 1 FROM r) RETURNING 1) "
+    f"t AS ({_TAKE_LOCKED.format(for_update=' FOR UPDATE')} AND EXISTS (SELECT 1 FROM r) RETURNING 1), "
+    f"f AS (SELECT {_cols(_RMD_COLS)} FROM rmd_sequence WHERE sequence_id = ? AND NOT EXISTS (SELECT 1 FROM r) "
+    "FOR UPDATE) "
     f"SELECT {_cols(_RMD_COLS, 'r')}, (SELECT count(*) FROM t) FROM r UNION ALL "
-    f"SELECT {_cols(_RMD_COLS)}, -1 FROM rmd_sequence WHERE sequence_id = ? AND NOT EXISTS (SELECT 1 FROM r)")
+    f"SELECT {_cols(_RMD_COLS, 'f')}, -1 FROM f")
 
 
 #: :data:`_RECEIVE_IN_ORDER` when another store call's statements follow it in its round trip

@@ -298,17 +298,19 @@ class SqlTransaction(api.StoreTransaction):
                          answering: tuple[str, str, Sequence[tuple[int, int]], bool] | None = None,
                          acknowledging: tuple[str, Sequence[tuple[int, int]], bool] | None = None
                          ) -> tuple[RmdSequence, bool] | None:
-        """On PostgreSQL, the sequence's row locked, the receipt written and the message taken,
-        in one round trip, if the sequence has received exactly 1..number-1 and is open.
+        """On PostgreSQL, one statement: the receipt written and the message taken, if the
+        sequence has received exactly 1..number-1 and is open.
 
         The common receive of a steady stream; the receives of its sequence
-        behind it wait for its commit, so the round trip saved (the lock,
-        which :meth:`receive_and_take` needs a read for) shortens the wait of
-        every message after it.  The lock is a statement of its own, ahead of
-        the write in the same query string: the write then runs after the
-        wait, on a snapshot that sees the commit waited for (one statement
-        that waits for a row and then writes it makes PostgreSQL re-check
-        what it waited for, which costs it more than the round trip).
+        behind it wait for its commit.  The receipt's UPDATE takes the row's
+        lock: one that waited for another receive's commit checks its
+        condition again on the row as that left it (READ COMMITTED), and the
+        take locks the invoker's row, which it checks the same way, after it.
+        A lock taken by a statement of its own ahead of it (two statements, a
+        row lock written to the WAL) saved the re-check, which only a wait
+        costs: the receives of one sequence seldom overlap.  (With
+        ``answering`` the lock is still a statement of its own: the
+        statements after the receipt read what it wrote.)
 
         None when the guess was wrong (a gap, a duplicate, the last message,
         a closed or unknown sequence): nothing written, the row locked and
@@ -351,12 +353,8 @@ class SqlTransaction(api.StoreTransaction):
         self.capture_key("rmd_sequence", sequence_id)
         self.capture_key("invoker_sequence", sequence_id)
         before = _prefix(number - 1)
-        cur = self.execute(
-            "SELECT 1 FROM rmd_sequence WHERE sequence_id = ? FOR UPDATE", (sequence_id,),
-            then=(_RECEIVE_IN_ORDER, (_prefix(number), _now(now), sequence_id, before,
-                                      *_take_params(sequence_id, number), sequence_id)))
-        row = cur.fetchone()
-        cur.close()
+        row = self.one(_RECEIVE_IN_ORDER, (_prefix(number), _now(now), sequence_id, before,
+                                           *_take_params(sequence_id, number), sequence_id))
         if row is None:
             return None
         seq = self.held_rmd[sequence_id] = _rmd(row[:-1])
