@@ -157,6 +157,20 @@ def test_a_lanes_refill_reads_its_sequence_in_its_claims_statement_on_postgresql
         assert len(seen) == (1 if store.url.startswith("postgresql") else 2), seen
 
 
+def test_a_senders_round_with_no_sequence_sending_sends_one_read(store: StorageManager) -> None:
+    """A side that only receives (a one-way service) polls its sender all the same: the count
+    of sequences that may send finds none, and the due scan (on PostgreSQL with its
+    transaction's BEGIN, settings and COMMIT) is not sent (fails without: two statements)."""
+    with store.begin() as tx:
+        new_rms(tx)  # not started: nothing of it can be due
+        enqueue(tx, n=2)
+    with store.begin(durable=False) as tx:
+        seen = statements(tx)
+        assert tx.rms_messages.due_messages(now=1e12, limit=50, per_sequence=50) == []
+        assert len(seen) == 1 and seen[0].startswith("SELECT count(*)"), seen
+        assert not getattr(tx, "begun", False)  # PostgreSQL: nothing to commit
+
+
 def test_a_claim_reads_the_message_with_its_sequence_row(store: StorageManager) -> None:
     with store.begin() as tx:
         for n in (1, 2):

@@ -313,7 +313,8 @@ def test_receive_in_order_is_one_statement_and_writes_no_row_lock(open_kind) -> 
     def receive_2() -> None:
         with store.begin() as tx:
             execute = tx.execute
-            tx.execute = lambda *a, **k: sent.append((a[0], k.get("then"))) or execute(*a, **k)  # type: ignore[method-assign]
+            noting = lambda *a, **k: sent.append((a[0], k.get("then"))) or execute(*a, **k)  # noqa: E731
+            tx.execute = noting  # type: ignore[method-assign]
             assert tx.receive_in_order("s", 2, now=300.0)[1] is True
 
     records = _wal_records(store, receive_2)

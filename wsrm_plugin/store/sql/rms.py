@@ -824,6 +824,12 @@ class _RmsMessages(api.RmsMessageManager):
         tx = self._tx
         tx.lock(RANK_RMS, "due messages")
         if per_sequence is not None:  # round robin: every sequence's first due message, then the seconds...
+            # the sequences that may send (a plain read: no transaction begun for it); none, as on
+            # a service that only receives: nothing is due, and the scan (on PostgreSQL its
+            # transaction's BEGIN, settings and COMMIT too) is not sent at all
+            sending = int(tx.one("SELECT count(*) FROM rms_sequence WHERE sequence_id IS NOT NULL AND NOT faulted")[0])
+            if not sending:
+                return []
             if tx.d.lateral:
                 # Each sequence's first ``per_sequence`` due messages, ranked once, in a CTE: as
                 # a join, the planner (whose statistics of these busy tables are always stale)
@@ -840,8 +846,7 @@ class _RmsMessages(api.RmsMessageManager):
                 # again for up to ``per_sequence`` only when that leaves the batch short while a
                 # sequence gave that many.
                 full = min(per_sequence, limit)
-                take = min(full, max(4, 2 * -(-limit // max(1, int(tx.one(
-                    "SELECT count(*) FROM rms_sequence WHERE sequence_id IS NOT NULL AND NOT faulted")[0])))))
+                take = min(full, max(4, 2 * -(-limit // sending)))
                 while True:
                     rows = tx.all(
                         _ordered_scan(tx)
@@ -875,8 +880,7 @@ class _RmsMessages(api.RmsMessageManager):
             # store does); again for up to ``per_sequence`` only when that leaves the batch short
             # while a sequence had that many.
             full = min(per_sequence, limit)
-            take = min(full, max(4, 2 * -(-limit // max(1, int(tx.one(
-                "SELECT count(*) FROM rms_sequence WHERE sequence_id IS NOT NULL AND NOT faulted")[0])))))
+            take = min(full, max(4, 2 * -(-limit // sending)))
             while True:
                 candidates = tx.all(
                     "SELECT x.rowid, x.seq_key, x.number, x.next_send_at FROM rms_sequence s "
