@@ -381,25 +381,20 @@ def test_a_receive_in_order_rolled_back_leaves_nothing(open_kind) -> None:
 @pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
 def test_receive_in_order_waits_for_the_receive_before_it(open_kind) -> None:
     """The receive of 2 holds the sequence until its commit: the one of 3 waits for it in its
-    statement, which read the row as it was before (1 received: the guess is wrong, nothing
-    written), and then holds the row as 2 left it; the general way (one statement) records and
-    takes 3."""
+    statement, whose snapshot saw 1 received (the guess fails there), and, the row now held and
+    its guess holding for it, sends its statement again: it records and takes 3 in two
+    statements, as the lock ahead of the write did."""
     store = open_kind(lock_timeout=10.0)
     _rmd(store, "s")
     assert _receive(store, 1)
-    holding, results = threading.Event(), []
+    holding, results, sent = threading.Event(), [], []
 
     def receive_3() -> None:
         holding.wait(10)
         with store.begin() as tx:
-            assert tx.receive_in_order("s", 3) is None
-            executed = []
             execute = tx.execute
-            tx.execute = lambda *a, **k: executed.append(a[0]) or execute(*a, **k)  # type: ignore[method-assign]
-            assert tx.rmd.get("s").received == AckRanges.from_ranges([(1, 2)])  # held: read by the guess
-            assert executed == []
-            results.append((None, tx.receive_and_take("s", 3)))
-            assert len(executed) == 1
+            tx.execute = lambda *a, **k: sent.append(a[0]) or execute(*a, **k)  # type: ignore[method-assign]
+            results.append(tx.receive_in_order("s", 3))
 
     thread = threading.Thread(target=receive_3)
     thread.start()
@@ -409,7 +404,9 @@ def test_receive_in_order_waits_for_the_receive_before_it(open_kind) -> None:
         time.sleep(0.3)
         assert results == []  # waiting
     thread.join(10)
-    assert results == [(None, True)]
+    assert len(results) == 1 and results[0] is not None and results[0][1] is True
+    assert results[0][0].received == AckRanges.from_ranges([(1, 2)])  # as it was before 3
+    assert len(sent) == 2, sent
     assert _received(store, "s").received == AckRanges.from_ranges([(1, 3)])
     assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
 

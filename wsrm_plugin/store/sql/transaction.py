@@ -303,14 +303,15 @@ class SqlTransaction(api.StoreTransaction):
 
         The common receive of a steady stream; the receives of its sequence
         behind it wait for its commit.  The receipt's UPDATE takes the row's
-        lock: one that waited for another receive's commit checks its
-        condition again on the row as that left it (READ COMMITTED), and the
-        take locks the invoker's row, which it checks the same way, after it.
-        A lock taken by a statement of its own ahead of it (two statements, a
-        row lock written to the WAL) saved the re-check, which only a wait
-        costs: the receives of one sequence seldom overlap.  (With
-        ``answering`` the lock is still a statement of its own: the
-        statements after the receipt read what it wrote.)
+        lock, and the take the invoker's row after it.  A receive that waited
+        for another of its sequence finds its guess wrong against the row as
+        its statement's snapshot saw it (before that commit); when the guess
+        holds for the row as it is now (held by then), the statement is sent
+        again, and its snapshot sees that: two statements, as the lock ahead of
+        the write made every time (and wrote a row lock to the WAL for).  The
+        receives of one sequence seldom overlap.  (With ``answering`` the lock
+        is still a statement of its own: the statements after the receipt
+        read what it wrote.)
 
         None when the guess was wrong (a gap, a duplicate, the last message,
         a closed or unknown sequence): nothing written, the row locked and
@@ -353,8 +354,11 @@ class SqlTransaction(api.StoreTransaction):
         self.capture_key("rmd_sequence", sequence_id)
         self.capture_key("invoker_sequence", sequence_id)
         before = _prefix(number - 1)
-        row = self.one(_RECEIVE_IN_ORDER, (_prefix(number), _now(now), sequence_id, before,
-                                           *_take_params(sequence_id, number), sequence_id))
+        params = (_prefix(number), _now(now), sequence_id, before, *_take_params(sequence_id, number),
+                  sequence_id, before)
+        row = self.one(_RECEIVE_IN_ORDER, params)
+        if row is not None and row[-1] == -2:  # it waited for another receive: the row is held now,
+            row = self.one(_RECEIVE_IN_ORDER, params)  # and a new statement's snapshot sees it as it is
         if row is None:
             return None
         seq = self.held_rmd[sequence_id] = _rmd(row[:-1])
