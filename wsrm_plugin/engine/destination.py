@@ -316,11 +316,23 @@ class Destination:
         self._direct_answers_only = answers_only
         if self.policy.receive_batch is None and not answers_only:
             self._receipts = None
+        self._together = self._together_combiner(invoker)
+
+    def _together_combiner(self, invoker: InvokerWorker) -> Combiner[_Receipt] | None:
+        """The combiner of receives that deliver on receipt together (``RMPolicy.receive_together``):
+        on SQLite without a transaction manager (:meth:`_deliver_together`), or under one on
+        PostgreSQL, whose row locks wait and whose deadlocks are detected and roll back
+        (:meth:`_deliver_in_one_global`); None elsewhere, or with a size of 1."""
+        store = self.store
+        if invoker.tm is None:
+            batch: Callable[[list[_Receipt]], list[Any]] | None = \
+                self._deliver_together if store.defers_transactions else None
+        else:
+            batch = self._deliver_in_one_global if store.commits_are_costly and not store.defers_transactions else None
         group = self.policy.receive_together
         if group is None:
-            group = DEFAULT_RECEIVE_BATCH if self.store.defers_transactions else 1
-        self._together = (Combiner(self._deliver_together, group)
-                          if group > 1 and invoker.tm is None and self.store.defers_transactions else None)
+            group = DEFAULT_RECEIVE_BATCH if batch is not None else 1
+        return Combiner(batch, group) if batch is not None and group > 1 else None
 
     # -- CreateSequence --------------------------------------------------------------------------
 
@@ -809,18 +821,11 @@ class Destination:
                 for index, item in enumerate(items):
                     if index:
                         tx.next_part()
-                    item.wrote = item.taken = item.handed_over = False
-                    item.direct = True
-                    item.reply = None
-                    item.wakes_sender_after = None
                     try:
                         # the first part needs none: should it fail, the transaction rolls back
                         # with nothing else in it yet, and the others are each received alone
                         with _NO_SAVEPOINT if alone or not index else tx.savepoint():
-                            recorded = self._record(tx, item)
-                            if item.taken:
-                                self._deliver_taken(tx, item, invoker)
-                                item.wakes_sender_after = invoker.delivery_wakes_sender()
+                            recorded = self._record_and_deliver(tx, item, invoker)
                     except Exception as exc:  # rolled back to its savepoint: the others go on
                         if alone or not index:
                             raise
@@ -834,6 +839,76 @@ class Destination:
             log.debug("a batch of %d receives that deliver was rolled back (%s)", len(items), exc)
             return [_FailedOnReceipt(exc) if item.taken else ALONE for item in items]
         return outcomes
+
+    def _deliver_in_one_global(self, items: list[_Receipt]) -> list[Any]:
+        """Under a transaction manager (a PostgreSQL store): record ``items`` (of any sequences)
+        and deliver each that is next in order in one global transaction; an outcome each, as
+        :meth:`_deliver_together` gives.
+
+        Each message delivered under a transaction manager is a global transaction of its own:
+        a PREPARE and a COMMIT PREPARED per branch (the store's, the application's in its
+        database), each flushed by PostgreSQL, and the commit mark.  Receives waiting for
+        one another at the same time (16 sequences arriving together) share them: the first
+        runs the others' records and applications after its own, in its global transaction,
+        the store's branch and the application's branches taken once.  The transaction manager
+        has no savepoint across branches (the application's connection to its database is a
+        branch of its own), so no part rolls back alone: a message refused before it wrote
+        anything is refused alone and the others go on (as :meth:`_record_batch` does); any
+        other failure rolls the whole global transaction back.  Then the part that failed is
+        settled as when it fails alone (an application's failure: buffered after the rollback,
+        its try counted as the invoker's first attempt, ``_FailedOnReceipt``), and every other
+        receive goes again alone (:data:`ALONE`: what the batch did rolled back with it, in
+        every database, so nothing runs twice); should the commit itself fail, each receive
+        whose application ran is buffered as after a failed delivery (a commit that happened
+        after all leaves the buffered copy a duplicate).  Parts run in the order of their
+        sequences' identifiers, so two such batches (two hosts on one store) take rows in one
+        order; a deadlock with another transaction is detected by PostgreSQL and rolls the
+        batch back, each receive then alone.  Nothing is answered before the global
+        commit, which returns once it is durable."""
+        invoker = self._direct
+        assert invoker is not None
+        outcomes: dict[int, Any] = {}
+        failing: _Receipt | None = None
+        try:
+            with invoker.transaction() as tx:
+                for index, item in enumerate(sorted(items, key=lambda i: i.header.identifier)):
+                    if index:
+                        tx.next_part()
+                    try:
+                        recorded = self._record_and_deliver(tx, item, invoker)
+                    except (SoapFault, _OutOfOrder) as exc:
+                        if item.wrote or item.taken or tx.failed is not None or len(items) == 1:
+                            failing = item
+                            raise
+                        outcomes[id(item)] = exc  # nothing of it written: refused alone, the others go on
+                        continue
+                    except Exception:
+                        failing = item
+                        raise
+                    outcomes[id(item)] = (*recorded, tx)
+        except Exception as exc:
+            if len(items) == 1:
+                return [_FailedOnReceipt(exc) if items[0].taken else exc]
+            log.debug("a global transaction of %d receives that deliver was rolled back (%s)", len(items), exc)
+            for item in items:
+                item.reply = None
+            if failing is None:  # the commit: every application that ran is judged as failed
+                return [_FailedOnReceipt(exc) if item.taken else ALONE for item in items]
+            return [_FailedOnReceipt(exc) if item is failing and item.taken else ALONE for item in items]
+        return [outcomes[id(item)] for item in items]
+
+    def _record_and_deliver(self, tx: StoreTransaction, item: _Receipt,
+                            invoker: InvokerWorker) -> tuple[RmdSequence, Reception]:
+        """A receive's part of a batch that delivers on receipt: recorded, and delivered if taken."""
+        item.wrote = item.taken = item.handed_over = False
+        item.direct = True
+        item.reply = None
+        item.wakes_sender_after = None
+        recorded = self._record(tx, item)
+        if item.taken:
+            self._deliver_taken(tx, item, invoker)
+            item.wakes_sender_after = invoker.delivery_wakes_sender()
+        return recorded
 
     def _back_channel_reply(self, tx: StoreTransaction, item: _Receipt, replies: list[SendReceipt],
                             hand_out: HandOut | None = None) -> tuple[RmsSequence, RmsMessage] | None:

@@ -833,7 +833,11 @@ class StoreTransaction(ABC):
         (``StorageManager.defers_transactions``), where no lock can wait for a row another
         transaction holds and the order is bookkeeping alone: receives of several sequences
         recorded in one SQLite transaction (group commit), each taking its sequence's rows
-        in the order, one after the other."""
+        in the order, one after the other.  And for receives of several sequences delivered
+        in one global transaction on PostgreSQL (``Destination._deliver_in_one_global``):
+        their parts take their sequences in the order of the identifiers, and a deadlock
+        with another transaction is detected by the server and rolls the batch back (each
+        receive then goes alone)."""
         self._max_rank = -1
 
     def _check_open(self) -> None:

@@ -1,0 +1,192 @@
+"""Under XA on PostgreSQL, receives of several sequences that deliver on receipt at once share one global transaction.
+
+Each message delivered on receipt under a transaction manager is a global
+transaction: a PREPARE and a COMMIT PREPARED of the store's branch and of the
+application's (each flushed by PostgreSQL) and the commit mark.  Receives that
+wait for one another at the same time are now recorded and delivered in one
+global transaction by the first of them (``RMPolicy.receive_together``).  The
+transaction manager has no savepoint across branches, so a part that fails
+rolls the whole global transaction back: the failed message is buffered (as
+alone), every other receive goes again alone, and nothing commits twice.
+
+Everything is real: the server's store and the application's table are two
+PostgreSQL databases, the application writes through an ``XADataSource`` each
+row with the gtrid of its global transaction (the committed rows show which
+messages shared one), real HTTP on 127.0.0.1.  The first receive's application
+waits on an event, so the others queue behind it; each test waits for what it asserts.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from txmanager import TransactionManager
+from txmanager.postgres import XADataSource
+from wsrm_plugin.engine import ReliableEngine
+from wsrm_plugin.wire import UnknownSequence
+
+from .conftest import fast_policy
+from .support import RM11, application_message, item_text, post, wait_for
+from .test_bad_input import open_sequence, send_ok
+from .test_delivery_xa_batch import Ledger, rows
+
+pytestmark = pytest.mark.postgres
+
+BEHIND = 3  # the receives that queue behind the first (4 HTTP threads in all)
+
+
+@dataclass
+class Served:
+    server: ReliableEngine
+    url: str
+    app_db: str
+    ledger: Ledger
+    started: threading.Event
+    release: threading.Event
+
+
+class _Gated(Ledger):
+    """The ledger, whose call for "first" waits for ``release`` (after setting ``started``)."""
+
+    started: threading.Event
+    release: threading.Event
+
+    def __call__(self, envelope: bytes, context: object) -> None:
+        super().__call__(envelope, context)
+        if item_text(envelope) == "first":
+            self.started.set()
+            assert self.release.wait(60)
+
+
+@pytest.fixture
+def served(pg_dsn_factory, tmp_path) -> Iterator[Callable[..., Served]]:
+    closers: list[Callable[[], None]] = []
+
+    def make(fail: Callable[[str, int], bool] = lambda item, attempt: False, **policy) -> Served:
+        app_db = pg_dsn_factory(
+            "xaapp", "CREATE TABLE received (id serial PRIMARY KEY, item text NOT NULL, gtrid text NOT NULL)")
+        tm = TransactionManager(node="xa-together", log=tmp_path / f"tm{len(closers)}.log")
+        ds = XADataSource(app_db, tm)
+        closers.extend([tm.close, ds.close])
+        ledger = _Gated(tm, ds, fail)
+        ledger.started, ledger.release = threading.Event(), threading.Event()
+        policy.setdefault("deliver_on_receive", True)
+        server = ReliableEngine("postgresql:" + pg_dsn_factory("xastore"), fast_policy(**policy),
+                                application=ledger, tm=tm, name="server")
+        closers.append(lambda: server.stop(timeout=5))
+        server.serve()
+        server.start()
+        return Served(server, server.endpoint_address, app_db, ledger, ledger.started, ledger.release)
+
+    yield make
+    for close in reversed(closers):
+        close()
+
+
+def _behind_the_first(s: Served, sends: list[threading.Thread]) -> None:
+    """Send "first" and, while its application waits, ``sends``: they queue and form one batch."""
+    combiner = s.server.destination._together
+    assert combiner is not None, "receives that deliver under XA each go alone"
+    identifier = open_sequence(s.url, RM11)
+    first = threading.Thread(target=send_ok, args=(s.url, RM11, identifier, 1, "first"))
+    first.start()
+    try:
+        assert s.started.wait(30)
+        for t in sends:
+            t.start()
+        assert wait_for(lambda: combiner.queued(None) == len(sends), timeout=30)
+    finally:
+        s.release.set()
+    for t in [first, *sends]:
+        t.join(60)
+
+
+def test_on_by_default_under_xa_on_postgresql_and_one_turns_it_off(served) -> None:
+    assert served().server.destination._together is not None
+    assert served(receive_together=1).server.destination._together is None
+
+
+def test_receives_of_several_sequences_deliver_in_one_global_transaction(served) -> None:
+    """Three sequences' messages arrive while the first one's application runs: they are recorded
+    and delivered in one global transaction (their rows carry one gtrid, one PREPARE and one
+    COMMIT PREPARED of each branch for the three), each acknowledged once it committed."""
+    s = served()
+    identifiers = [open_sequence(s.url, RM11) for _ in range(BEHIND)]
+    combiner = s.server.destination._together
+    batches, items = combiner.batches, combiner.items
+    answered: dict[str, list[tuple[int, int]]] = {}
+
+    def send(identifier: str, text: str) -> None:
+        answered[identifier] = send_ok(s.url, RM11, identifier, 1, text)
+
+    _behind_the_first(s, [threading.Thread(target=send, args=(identifier, f"m{n}"))
+                          for n, identifier in enumerate(identifiers)])
+    assert answered == {identifier: [(1, 1)] for identifier in identifiers}
+    committed = rows(s.app_db)
+    assert sorted(item for item, _ in committed) == ["first", *(f"m{n}" for n in range(BEHIND))]
+    gtrids = dict(committed)
+    assert len({gtrids[f"m{n}"] for n in range(BEHIND)}) == 1, committed  # one global transaction
+    assert gtrids["first"] != gtrids["m0"]
+    assert (combiner.batches - batches, combiner.items - items) == (2, BEHIND + 1)
+    assert s.server.destination.delivered_on_receipt == BEHIND + 1
+    assert all(calls == 1 for calls in s.ledger.calls.values())
+    with s.server.store.begin() as tx:
+        assert tx.invoker.count() == 0
+
+
+def test_a_failed_application_in_a_batch_rolls_it_back_and_each_message_commits_once(served) -> None:
+    """m2's application fails on its first try, in the batch of three: the global transaction rolls
+    back in both databases; m2 is buffered and delivered by the invoker, the two others go again
+    alone.  Every message acknowledged, each committed exactly once, nothing of the failed one kept."""
+    s = served(fail=lambda item, attempt: item == "m2" and attempt == 1)
+    identifiers = [open_sequence(s.url, RM11) for _ in range(BEHIND)]
+    answered: dict[str, list[tuple[int, int]]] = {}
+
+    def send(identifier: str, text: str) -> None:
+        answered[identifier] = send_ok(s.url, RM11, identifier, 1, text)
+
+    _behind_the_first(s, [threading.Thread(target=send, args=(identifier, f"m{n}"))
+                          for n, identifier in enumerate(identifiers)])
+    assert answered == {identifier: [(1, 1)] for identifier in identifiers}
+    expected = sorted(["first", *(f"m{n}" for n in range(BEHIND))])
+    assert wait_for(lambda: sorted(item for item, _ in rows(s.app_db)) == expected, timeout=30), rows(s.app_db)
+    committed = rows(s.app_db)
+    assert Counter(item for item, _ in committed) == Counter(expected)  # each exactly once
+    [failed] = s.ledger.failed_gtrids
+    assert failed not in {gtrid for _, gtrid in committed}
+    assert s.ledger.calls["m2"] == 2
+    assert len({gtrid for _, gtrid in committed}) == len(expected)  # after the rollback: each alone
+    assert s.server.destination.delivered_on_receipt == BEHIND  # "first" and the two others
+    assert wait_for(lambda: s.server.status().delivered == BEHIND + 1, timeout=20), s.server.status()
+    with s.server.store.begin() as tx:
+        assert tx.invoker.count() == 0
+
+
+def test_a_refused_receive_in_a_batch_is_refused_alone(served) -> None:
+    """A message on an unknown sequence queues with two good ones: it gets its fault, nothing of
+    it written, and the two commit in one global transaction."""
+    s = served()
+    identifiers = [open_sequence(s.url, RM11) for _ in range(BEHIND - 1)]
+    answered: dict[str, list[tuple[int, int]]] = {}
+    refused: list[object] = []
+
+    def send(identifier: str, text: str) -> None:
+        answered[identifier] = send_ok(s.url, RM11, identifier, 1, text)
+
+    def stray() -> None:
+        response = post(s.url, application_message(RM11, s.url, "urn:uuid:not-a-sequence-of-yours", 1, "stray"))
+        refused.append((response.status, type(response.fault())))
+
+    sends = [threading.Thread(target=send, args=(identifier, f"m{n}")) for n, identifier in enumerate(identifiers)]
+    sends.insert(1, threading.Thread(target=stray))
+    _behind_the_first(s, sends)
+    assert refused == [(400, UnknownSequence)]
+    assert answered == {identifier: [(1, 1)] for identifier in identifiers}
+    committed = dict(rows(s.app_db))
+    assert sorted(committed) == ["first", *(f"m{n}" for n in range(BEHIND - 1))]
+    assert len({committed[f"m{n}"] for n in range(BEHIND - 1)}) == 1
