@@ -584,12 +584,29 @@ class RMPolicy:
     #: (commits 0.53 -> 0.29 -> 0.19 a message at 16 sequences) but the file was held longer per
     #: message (5.9 -> 7.4 -> 9.9 ms, load 27-30): its holder waits for the interpreter while more
     #: threads compute, so the count stays.
+    #: Under a transaction manager on PostgreSQL, where each message delivered on receipt is a
+    #: global transaction (a PREPARE and a COMMIT PREPARED per branch, each flushed, and a commit
+    #: mark), receives of different sequences under way at the same time are recorded and
+    #: delivered in one global transaction by the first of them, which runs the others'
+    #: applications after its own.  No savepoints there (the transaction manager has none across
+    #: branches): a refusal before its writes is refused alone, any other failure rolls the
+    #: whole global transaction back, the failed message buffered as alone and the others
+    #: received again alone.  bench_compare --scenarios xa2 --clients 16 (load 10-13, 2 cores):
+    #: prepared branches 2.00 -> 1.49 a message, PostgreSQL commits 7.43 -> 5.74, service CPU 2.29
+    #: -> 1.92 ms, PostgreSQL CPU 2.15 -> 1.73 ms; under xa1 one-phase commits 2.00 -> 1.49, PostgreSQL
+    #: CPU 1.21 -> 1.02 ms (but one batch runs at a time: where commits are cheap and cores idle, the
+    #: receives' round trips no longer overlap; set 1 then).
     receive_together: int | None = knob(
-        None, Count(none="16 on SQLite, else 1"),
-        "SQLite store, no transaction manager, delivering inside: receives of different sequences waiting for "
-        "the store's file at the same time that are recorded and delivered in one transaction, each in a "
-        "savepoint of its own (a refusal or a failed application rolls back its part alone), one commit and one "
-        "fsync for all, each acknowledged once that commit is on disk; 1: each alone; `None`: 16 on SQLite",
+        None, Count(none="16 on SQLite and under a transaction manager on PostgreSQL, else 1"),
+        "receives of different sequences that deliver on receipt at the same time, recorded and delivered in "
+        "one transaction by the first of them. SQLite, no transaction manager, delivering inside: those waiting "
+        "for the store's file, each in a savepoint of its own (a refusal or a failed application rolls back its "
+        "part alone), one commit and one fsync for all, each acknowledged once that commit is on disk. Under a "
+        "transaction manager on PostgreSQL: one global transaction (one PREPARE and COMMIT PREPARED of each "
+        "branch, one commit mark), each acknowledged once it committed; no savepoints across branches: a "
+        "refusal before its writes is refused alone, any other failure rolls the whole batch back, the failed "
+        "message buffered as alone and the others received again alone; 1: each alone; `None`: 16 on SQLite "
+        "and under a transaction manager on PostgreSQL",
         cxf="—")
     #: Several hosts on one PostgreSQL store (``txmanager.nodes.PostgresNodes``): the time
     #: from a host's death to its XA transactions being finished by a living host, and so
