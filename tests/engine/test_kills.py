@@ -291,17 +291,18 @@ def test_xa_16_sequences_delivered_together_across_random_sigkills(tmp_path, req
     server_app, client_app = pg_dsn_factory("xasrv16"), pg_dsn_factory("xacli16")
     server_store = store_url("postgresql", "xasrv16s", tmp_path, request)
     client_store = store_url("postgresql", "xacli16s", tmp_path, request)
-    _xa_kill_run(tmp_path, server_app, client_app, server_store, client_store, count=320, kills=12, keys=16)
+    _xa_kill_run(tmp_path, server_app, client_app, server_store, client_store, count=320, kills=12, keys=16,
+                 server=("--receive-together", "16"))
 
 
 def _xa_kill_run(tmp_path: Path, server_app: str, client_app: str, server_store: str, client_store: str,
-                 *, count: int, kills: int, keys: int = 1) -> None:
+                 *, count: int, kills: int, keys: int = 1, server: tuple[str, ...] = ()) -> None:
     import psycopg2
 
     seed = random.SystemRandom().randrange(2**32)
     common = ["--safety-interval", "0", "--die-at-checkpoint", "0.004", "--base-interval", "0.1"]
     run = start_run(["--store", server_store, "--record-dsn", server_app, "--tm-log", tmp_path / "srv.tmlog",
-                     "--node", "xa-server", *common],
+                     "--node", "xa-server", *server, *common],
                     ["--store", client_store, "--record-dsn", client_app, "--tm-log", tmp_path / "cli.tmlog",
                      "--node", "xa-client", "--count", count, "--keys", keys, *common], seed)
 

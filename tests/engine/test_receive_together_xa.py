@@ -76,6 +76,7 @@ def served(pg_dsn_factory, tmp_path) -> Iterator[Callable[..., Served]]:
         ledger = _Gated(tm, ds, fail)
         ledger.started, ledger.release = threading.Event(), threading.Event()
         policy.setdefault("deliver_on_receive", True)
+        policy.setdefault("receive_together", 16)
         server = ReliableEngine("postgresql:" + pg_dsn_factory("xastore"), fast_policy(**policy),
                                 application=ledger, tm=tm, name="server")
         closers.append(lambda: server.stop(timeout=5))
@@ -106,9 +107,10 @@ def _behind_the_first(s: Served, sends: list[threading.Thread]) -> None:
         t.join(60)
 
 
-def test_on_by_default_under_xa_on_postgresql_and_one_turns_it_off(served) -> None:
-    assert served().server.destination._together is not None
+def test_off_by_default_under_xa_on_postgresql_and_a_size_turns_it_on(served) -> None:
+    assert served(receive_together=None).server.destination._together is None
     assert served(receive_together=1).server.destination._together is None
+    assert served(receive_together=16).server.destination._together is not None
 
 
 def test_receives_of_several_sequences_deliver_in_one_global_transaction(served) -> None:
