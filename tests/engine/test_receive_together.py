@@ -83,19 +83,19 @@ def test_receives_of_several_sequences_deliver_in_one_transaction(engines, store
         assert tx.invoker.count() == 0
 
 
-def test_a_failed_application_in_a_batch_rolls_back_alone(engines, store_for) -> None:
-    """m2's application fails on its first try (in the batch of three, or leading alone): its part
-    rolls back to its savepoint, the others commit (delivered on receipt), and m2 is buffered and
-    delivered by the invoker; every message acknowledged, each delivered once."""
+def _a_batch_whose_part_fails_once(engines, store_for, failing: str, hold):
+    """Messages m0..m2 on sequences of their own, queued by ``hold`` while the file is held,
+    ``failing``'s application failing on its first try: each acknowledged, each delivered once
+    (all but the failed one on receipt, that one by the invoker).  The server."""
     failed: list[str] = []
 
-    def fail_first_m2(text: str | None) -> bool:
-        if text == "m2" and not failed:
+    def fail_first_try(text: str | None) -> bool:
+        if text == failing and not failed:
             failed.append(text)
             return True
         return False
 
-    received = Recorder(fail_on=fail_first_m2)
+    received = Recorder(fail_on=fail_first_try)
     server, url = _served(engines, store_for, received)
     identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
     combiner = server.destination._together
@@ -104,14 +104,22 @@ def test_a_failed_application_in_a_batch_rolls_back_alone(engines, store_for) ->
     def send(identifier: str, text: str) -> None:
         answered[identifier] = send_ok(url, RM11, identifier, 1, text)
 
-    _while_the_file_is_held(server, combiner, [threading.Thread(target=send, args=(identifier, f"m{n}"))
-                                               for n, identifier in enumerate(identifiers)])
-    assert failed == ["m2"]
+    hold(server, combiner, [threading.Thread(target=send, args=(identifier, f"m{n}"))
+                            for n, identifier in enumerate(identifiers)])
+    assert failed == [failing]
     assert answered == {identifier: [(1, 1)] for identifier in identifiers}
     assert wait_for(lambda: sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)], timeout=30), \
         received.snapshot()
     assert server.destination.delivered_on_receipt == SEQUENCES - 1
     assert wait_for(lambda: server.status().delivered == SEQUENCES, timeout=20), server.status()
+    return server
+
+
+def test_a_failed_application_in_a_batch_rolls_back_alone(engines, store_for) -> None:
+    """m2's application fails on its first try (in the batch of three, or leading alone): its part
+    rolls back to its savepoint, the others commit (delivered on receipt), and m2 is buffered and
+    delivered by the invoker; every message acknowledged, each delivered once."""
+    server = _a_batch_whose_part_fails_once(engines, store_for, "m2", _while_the_file_is_held)
     with server.store.begin() as tx:
         assert tx.invoker.count() == 0
 
@@ -200,28 +208,4 @@ def test_a_failed_first_part_rolls_the_batch_back_and_the_others_are_received_al
     """m1 leads the batch of three and its application fails on its first try: the batch rolls
     back, m1 is buffered and delivered by the invoker, m2 and m3 are received (and delivered)
     alone; every message acknowledged, each delivered once."""
-    failed: list[str] = []
-
-    def fail_first_m1(text: str | None) -> bool:
-        if text == "m1" and not failed:
-            failed.append(text)
-            return True
-        return False
-
-    received = Recorder(fail_on=fail_first_m1)
-    server, url = _served(engines, store_for, received)
-    identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
-    combiner = server.destination._together
-    answered: dict[str, list[tuple[int, int]]] = {}
-
-    def send(identifier: str, text: str) -> None:
-        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
-
-    _in_order_while_the_file_is_held(server, combiner, [threading.Thread(target=send, args=(identifier, f"m{n}"))
-                                                        for n, identifier in enumerate(identifiers)])
-    assert failed == ["m1"]
-    assert answered == {identifier: [(1, 1)] for identifier in identifiers}
-    assert wait_for(lambda: sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)], timeout=30), \
-        received.snapshot()
-    assert server.destination.delivered_on_receipt == SEQUENCES - 1
-    assert wait_for(lambda: server.status().delivered == SEQUENCES, timeout=20), server.status()
+    _a_batch_whose_part_fails_once(engines, store_for, "m1", _in_order_while_the_file_is_held)

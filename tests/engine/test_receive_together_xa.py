@@ -107,6 +107,19 @@ def _behind_the_first(s: Served, sends: list[threading.Thread]) -> None:
         t.join(60)
 
 
+def _sends(s: Served, count: int) -> tuple[list[threading.Thread], list[str], dict[str, list[tuple[int, int]]]]:
+    """``count`` messages m0.. each on a sequence of its own: the threads that send them (not
+    started), the sequences, and the acknowledgement each gets, by sequence, once it is answered."""
+    identifiers = [open_sequence(s.url, RM11) for _ in range(count)]
+    answered: dict[str, list[tuple[int, int]]] = {}
+
+    def send(identifier: str, text: str) -> None:
+        answered[identifier] = send_ok(s.url, RM11, identifier, 1, text)
+
+    return ([threading.Thread(target=send, args=(identifier, f"m{n}")) for n, identifier in enumerate(identifiers)],
+            identifiers, answered)
+
+
 def test_off_by_default_under_xa_on_postgresql_and_a_size_turns_it_on(served) -> None:
     assert served(receive_together=None).server.destination._together is None
     assert served(receive_together=1).server.destination._together is None
@@ -118,16 +131,10 @@ def test_receives_of_several_sequences_deliver_in_one_global_transaction(served)
     and delivered in one global transaction (their rows carry one gtrid, one PREPARE and one
     COMMIT PREPARED of each branch for the three), each acknowledged once it committed."""
     s = served()
-    identifiers = [open_sequence(s.url, RM11) for _ in range(BEHIND)]
+    sends, identifiers, answered = _sends(s, BEHIND)
     combiner = s.server.destination._together
     batches, items = combiner.batches, combiner.items
-    answered: dict[str, list[tuple[int, int]]] = {}
-
-    def send(identifier: str, text: str) -> None:
-        answered[identifier] = send_ok(s.url, RM11, identifier, 1, text)
-
-    _behind_the_first(s, [threading.Thread(target=send, args=(identifier, f"m{n}"))
-                          for n, identifier in enumerate(identifiers)])
+    _behind_the_first(s, sends)
     assert answered == {identifier: [(1, 1)] for identifier in identifiers}
     committed = rows(s.app_db)
     assert sorted(item for item, _ in committed) == ["first", *(f"m{n}" for n in range(BEHIND))]
@@ -146,14 +153,8 @@ def test_a_failed_application_in_a_batch_rolls_it_back_and_each_message_commits_
     back in both databases; m2 is buffered and delivered by the invoker, the two others go again
     alone.  Every message acknowledged, each committed exactly once, nothing of the failed one kept."""
     s = served(fail=lambda item, attempt: item == "m2" and attempt == 1)
-    identifiers = [open_sequence(s.url, RM11) for _ in range(BEHIND)]
-    answered: dict[str, list[tuple[int, int]]] = {}
-
-    def send(identifier: str, text: str) -> None:
-        answered[identifier] = send_ok(s.url, RM11, identifier, 1, text)
-
-    _behind_the_first(s, [threading.Thread(target=send, args=(identifier, f"m{n}"))
-                          for n, identifier in enumerate(identifiers)])
+    sends, identifiers, answered = _sends(s, BEHIND)
+    _behind_the_first(s, sends)
     assert answered == {identifier: [(1, 1)] for identifier in identifiers}
     expected = sorted(["first", *(f"m{n}" for n in range(BEHIND))])
     assert wait_for(lambda: sorted(item for item, _ in rows(s.app_db)) == expected, timeout=30), rows(s.app_db)
@@ -173,18 +174,13 @@ def test_a_refused_receive_in_a_batch_is_refused_alone(served) -> None:
     """A message on an unknown sequence queues with two good ones: it gets its fault, nothing of
     it written, and the two commit in one global transaction."""
     s = served()
-    identifiers = [open_sequence(s.url, RM11) for _ in range(BEHIND - 1)]
-    answered: dict[str, list[tuple[int, int]]] = {}
+    sends, identifiers, answered = _sends(s, BEHIND - 1)
     refused: list[object] = []
-
-    def send(identifier: str, text: str) -> None:
-        answered[identifier] = send_ok(s.url, RM11, identifier, 1, text)
 
     def stray() -> None:
         response = post(s.url, application_message(RM11, s.url, "urn:uuid:not-a-sequence-of-yours", 1, "stray"))
         refused.append((response.status, type(response.fault())))
 
-    sends = [threading.Thread(target=send, args=(identifier, f"m{n}")) for n, identifier in enumerate(identifiers)]
     sends.insert(1, threading.Thread(target=stray))
     _behind_the_first(s, sends)
     assert refused == [(400, UnknownSequence)]

@@ -73,6 +73,23 @@ def die(*sources: XADataSource) -> None:
         ds.close()
 
 
+
+def _restart_commits_both(dbs, log_path) -> None:
+    """A restart's recovery (node "crashy") of the transaction left prepared in "a" with its mark
+    in "b": both committed, nothing prepared and no mark left."""
+    tm2 = TransactionManager(node="crashy", log=log_path, safety_interval=0)
+    a2 = XADataSource(dbs[0], tm2, resource_name="a")
+    b2 = XADataSource(dbs[1], tm2, resource_name="b")
+    try:
+        report = tm2.recovery.recover_once()
+        assert not report.errors, report.summary()
+        assert values(dbs[0]) == ["debit-0", "debit-1"] and values(dbs[1]) == ["credit-0", "credit-1"]
+        assert prepared_gids(dbs[0]) == [] and marks(dbs[1]) == []
+    finally:
+        a2.close()
+        b2.close()
+        tm2.close()
+
 def test_the_mark_decides_and_the_log_writes_no_decision(dbs, tmp_path):
     points: list[tuple[str, int]] = []
     tm = TransactionManager(node="marks", log=tmp_path / "tx.log",
@@ -142,18 +159,7 @@ def test_a_mark_keeps_only_what_its_row_does_not_say_and_an_older_whole_record_s
     assert [(x.to_pg_gid(), name) for x, name in entry.branches] == [(prepared, "a")]
     run(dbs[1], f"UPDATE {TABLE} SET record = %s", (commit_record(entry.gxid, entry.branches, entry.logged_at),))
 
-    tm2 = TransactionManager(node="crashy", log=log_path, safety_interval=0)
-    a2 = XADataSource(dbs[0], tm2, resource_name="a")
-    b2 = XADataSource(dbs[1], tm2, resource_name="b")
-    try:
-        report = tm2.recovery.recover_once()
-        assert not report.errors, report.summary()
-        assert values(dbs[0]) == ["debit-0", "debit-1"] and values(dbs[1]) == ["credit-0", "credit-1"]
-        assert prepared_gids(dbs[0]) == [] and marks(dbs[1]) == []
-    finally:
-        a2.close()
-        b2.close()
-        tm2.close()
+    _restart_commits_both(dbs, log_path)
 
 
 @pytest.mark.parametrize("point,committed", [("prepared", False), ("logged", True)])
@@ -329,15 +335,4 @@ def test_a_mark_is_keyed_by_the_unique_part_of_its_gtrid_and_one_keyed_by_its_gi
     assert marks_key(Xid(1, b"crashy|0123")) == Xid(1, b"crashy|0123").to_pg_gid(), "a foreign format: the gid"
     run(dbs[1], f"UPDATE {TABLE} SET gtrid = %s", (gxid.to_pg_gid(),))  # as an earlier version keyed it
 
-    tm2 = TransactionManager(node="crashy", log=log_path, safety_interval=0)
-    a2 = XADataSource(dbs[0], tm2, resource_name="a")
-    b2 = XADataSource(dbs[1], tm2, resource_name="b")
-    try:
-        report = tm2.recovery.recover_once()
-        assert not report.errors, report.summary()
-        assert values(dbs[0]) == ["debit-0", "debit-1"] and values(dbs[1]) == ["credit-0", "credit-1"]
-        assert prepared_gids(dbs[0]) == [] and marks(dbs[1]) == []
-    finally:
-        a2.close()
-        b2.close()
-        tm2.close()
+    _restart_commits_both(dbs, log_path)

@@ -19,6 +19,17 @@ def new_rms(tx, key="k1", **kw):
                          rm_version=RM11, wsa_version=WSA, **kw)
 
 
+def awaiting_requests(tx) -> None:
+    """Sequence "seq-1" (key "k1", offering "urn:offer") with requests urn:r1..urn:r3 sent, each
+    waiting for its reply."""
+    new_rms(tx, offered_id="urn:offer")
+    tx.rms.update("k1", sequence_id="seq-1", started=True, next_control_at=None)
+    for i in (1, 2, 3):
+        msg = tx.rms_messages.enqueue("k1", b"<req/>", action="urn:op", soap_version="1.1",
+                                      message_id=f"urn:r{i}", awaits_reply=True)
+        tx.rms_messages.record_send_attempt("k1", msg.number, next_send_at=1e12)
+
+
 def enqueue(tx, key="k1", n=1, **kw):
     return [tx.rms_messages.enqueue(key, b"<env>%d</env>" % i, action="urn:op",
                                     soap_version="1.2", message_id=f"urn:uuid:{key}-{i}-{id(tx)}",

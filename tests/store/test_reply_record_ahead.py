@@ -20,7 +20,7 @@ from wsrm_plugin.statemachine.ackranges import AckRanges
 from wsrm_plugin.store import StorageManager
 from wsrm_plugin.store.api import InvalidAcknowledgementError, StoreError
 
-from .test_managers import new_rms, started
+from .test_managers import awaiting_requests, started
 from .test_statements import statements
 from .test_take_next import PG_ONLY, _delivered, _receive, _received, _rmd
 
@@ -33,12 +33,7 @@ def _requests(store: StorageManager) -> None:
     """Three requests of "seq-1" (an offering sequence), sent, each waiting for its reply; the
     reply sequence "s" has received (and delivered) its first message."""
     with store.begin() as tx:
-        new_rms(tx, offered_id="urn:offer")
-        tx.rms.update("k1", sequence_id="seq-1", started=True, next_control_at=None)
-        for i in (1, 2, 3):
-            msg = tx.rms_messages.enqueue("k1", b"<req/>", action="urn:op", soap_version="1.1",
-                                          message_id=f"urn:r{i}", awaits_reply=True)
-            tx.rms_messages.record_send_attempt("k1", msg.number, next_send_at=1e12)
+        awaiting_requests(tx)
     _rmd(store, "s")
     assert _receive(store, 1)
 

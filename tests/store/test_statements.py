@@ -9,7 +9,7 @@ import pytest
 from wsrm_plugin.store import StorageManager
 
 from .conftest import KINDS
-from .test_managers import enqueue, new_rmd, new_rms, put, started
+from .test_managers import awaiting_requests, enqueue, new_rmd, new_rms, put, started
 
 pytestmark = pytest.mark.parametrize("store_url", KINDS[1:], indirect=True)
 
@@ -461,12 +461,7 @@ def test_a_replys_record_marks_its_request_answered_and_applies_the_riding_ackno
     rode on the reply applied when it names the request (one round trip on PostgreSQL).  One that
     names another sequence, or a request acknowledged already, is not applied: the mark alone."""
     with store.begin() as tx:
-        new_rms(tx, offered_id="urn:offer")
-        tx.rms.update("k1", sequence_id="seq-1", started=True, next_control_at=None)
-        for i in (1, 2, 3):
-            msg = tx.rms_messages.enqueue("k1", b"<req/>", action="urn:op", soap_version="1.1",
-                                          message_id=f"urn:r{i}", awaits_reply=True)
-            tx.rms_messages.record_send_attempt("k1", msg.number, next_send_at=1e12)
+        awaiting_requests(tx)
     with store.begin() as tx:
         seen = statements(tx)
         answered, applied = tx.rms_messages.mark_answered_acknowledging(

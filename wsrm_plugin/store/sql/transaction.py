@@ -348,12 +348,7 @@ class SqlTransaction(api.StoreTransaction):
                     sequence_id, number, now, ahead_key("acknowledged", acked, merged.ranges, keep),
                     _RECEIVED, lambda t, gate, more: self.rms_messages.acknowledging_statements(  # type: ignore[attr-defined]
                         acked, merged, t, keep, gate=gate, more=more))
-        api.check_number(number)
-        self.lock(RANK_RMD, sequence_id)
-        self.lock(RANK_INVOKER, sequence_id)
-        self.capture_key("rmd_sequence", sequence_id)
-        self.capture_key("invoker_sequence", sequence_id)
-        before = _prefix(number - 1)
+        before = self._hold_for_receipt(sequence_id, number)
         params = (_prefix(number), _now(now), sequence_id, before, *_take_params(sequence_id, number),
                   sequence_id, before)
         row = self.one(_RECEIVE_IN_ORDER, params)
@@ -367,6 +362,17 @@ class SqlTransaction(api.StoreTransaction):
         self._wrote = True
         return replace(seq, received=api.parse_ranges(before)), self.note_take(sequence_id, number, bool(row[-1]))
 
+    def _hold_for_receipt(self, sequence_id: str, number: int) -> str:
+        """The bookkeeping before a receipt in order of ``number``: its sequence's RMD and
+        invoker rows locked in the lock order, their keys captured; the received prefix the
+        receipt guesses (1..number-1)."""
+        api.check_number(number)
+        self.lock(RANK_RMD, sequence_id)
+        self.lock(RANK_INVOKER, sequence_id)
+        self.capture_key("rmd_sequence", sequence_id)
+        self.capture_key("invoker_sequence", sequence_id)
+        return _prefix(number - 1)
+
     def _receive_ahead(self, sequence_id: str, number: int, now: float | None, key: tuple[Any, ...], gate: str,
                        statements: Callable[[float, str, tuple[str, str, Sequence[Any]]], _Statements]
                        ) -> tuple[RmdSequence, bool] | None:
@@ -378,12 +384,7 @@ class SqlTransaction(api.StoreTransaction):
         (as this transaction now holds it) and the outcome.  What the caller does between the
         receipt and the call (its checks, which roll the transaction back if they refuse the
         message) reads nothing the call wrote."""
-        api.check_number(number)
-        self.lock(RANK_RMD, sequence_id)
-        self.lock(RANK_INVOKER, sequence_id)
-        self.capture_key("rmd_sequence", sequence_id)
-        self.capture_key("invoker_sequence", sequence_id)
-        before = _prefix(number - 1)
+        before = self._hold_for_receipt(sequence_id, number)
         t = _now(now)
         after = statements(t, gate, (f", {_cols(_RMD_COLS, 'rd')}, current_setting('wsrm.received')",
                                      " LEFT JOIN rmd_sequence rd ON rd.sequence_id = ?", (sequence_id,)))
