@@ -20,6 +20,10 @@ Run::
     .venv/bin/python bench/bench_growth.py --quick    # fewer calls and a smaller backlog (~15 min)
     .venv/bin/python bench/bench_growth.py --only latency,backlog
 
+The full run takes more rounds where the machine's drift between rounds is widest against
+what a session's change moves: 7 for latency (the p50 ratios of one run's rounds spread over
+15-25% on a quiet 2-core machine) and 5 for 16 sequences; ``--quick`` keeps 3.
+
 Every benchmark's whole output goes to ``--out`` (a directory, one file each) as
 well as to the terminal; wall figures are only worth reading on a quiet machine
 (the machine's load average is printed before and after each part).
@@ -39,9 +43,9 @@ BENCH = ROOT / "bench"
 
 #: name -> (full arguments, quick arguments); every rate figure is a median of at least 3 rounds
 PARTS: dict[str, tuple[list[str], list[str]]] = {
-    "sequences": (["bench_compare.py", "--clients", "16", "--calls", "3200", "--rounds", "3", "--no-strace"],
+    "sequences": (["bench_compare.py", "--clients", "16", "--calls", "3200", "--rounds", "5", "--no-strace"],
                   ["bench_compare.py", "--clients", "16", "--calls", "1600", "--rounds", "3", "--no-strace"]),
-    "latency": (["bench_compare.py", "--latency", "--calls", "400", "--rounds", "3", "--no-strace"],
+    "latency": (["bench_compare.py", "--latency", "--calls", "400", "--rounds", "7", "--no-strace"],
                 ["bench_compare.py", "--latency", "--calls", "200", "--rounds", "3", "--no-strace"]),
     "payload-64k": (["bench_compare.py", "--note", "65536", "--calls", "400", "--rounds", "3", "--no-strace"],
                     ["bench_compare.py", "--note", "65536", "--calls", "150", "--rounds", "3", "--no-strace"]),
