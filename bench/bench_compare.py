@@ -111,6 +111,9 @@ message (``switches``: voluntary and involuntary, all its threads, from ``getrus
 store reports, per message, its commits and fsyncs (``sqlite commits``/``sqlite fsyncs``, its group
 sync's own counts), its transactions' turns on the file (``file turns``) and the milliseconds its
 writers waited for the file and held it (``file wait ms``, ``file held ms``), for each role.
+Every service with a method of its own reports the wall time the method spent on its rows per message
+(``app ms(server)``: the INSERT and its commit, summed over the threads; on SQLite, delivering
+inside, all of it is spent holding the store's file).
 """
 
 from __future__ import annotations
@@ -175,6 +178,9 @@ class _Rows:
         self.ds = ds
         self.outbox = outbox
         self._local = threading.local()
+        #: wall seconds the method spent on its rows (statements, commit), summed over its threads:
+        #: on SQLite, delivering inside, all of it is spent holding the service's store file
+        self.seconds = 0.0
 
     def _conn(self) -> Any:
         import psycopg2
@@ -185,6 +191,13 @@ class _Rows:
         return conn
 
     def record(self, item: str, note: str) -> None:
+        started = time.perf_counter()
+        try:
+            self._record(item, note)
+        finally:
+            self.seconds += time.perf_counter() - started  # a race loses a sample at most
+
+    def _record(self, item: str, note: str) -> None:
         if self.ds is not None:  # in the delivery's global transaction
             with self.ds.connection() as conn, conn.cursor() as cur:
                 cur.execute("INSERT INTO received (item, note) VALUES (%s, %s)", (item, note))
@@ -410,6 +423,8 @@ def server_role(args: argparse.Namespace) -> int:
     if scenario not in (*PLAIN, "outbox"):  # messages delivered in their receive's transaction
         points.seen["on_receipt"] = service.engine.destination.delivered_on_receipt
         points.seen.update(_sqlite_counts(service.engine.store, "server"))
+    if ROWS is not None:
+        points.seen["count:app ms(server)"] = 1000 * ROWS.seconds
     print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms(), **_memory()}), flush=True)
     return 0
 
