@@ -13,8 +13,12 @@ milliseconds are only indicative: count, don't time).
 
 Run::
 
-    .venv/bin/python bench/bench_call_path.py [--store memory|sqlite] [--calls 50] [--no-timeline]
-        [--idle-sequences N] [--policy poll_interval=60]
+    .venv/bin/python bench/bench_call_path.py [--store memory|sqlite|xa1] [--calls 50] [--no-timeline]
+        [--idle-sequences N] [--policy poll_interval=60] [--pg-profile]
+
+``--pg-profile`` (xa1) says what PostgreSQL's CPU went to through the calls, by ``perf``'s samples
+of its processes (see ``pg_profile.py``): the statements' run, which ``pg_stat_statements``
+times, against the plans' set-up, the protocol's reads and wake-ups, commits.
 
 ``--idle-sequences N`` first fills the service's store with N other clients' sequences (each a
 destination sequence and the reply sequence accepted from its Offer, as a request-reply client
@@ -230,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg-set", action="append", default=[], metavar="NAME=VALUE",
                         help="xa1: a PostgreSQL setting for both databases (ALTER DATABASE ... SET), "
                              "e.g. plan_cache_mode=force_generic_plan; repeatable")
+    parser.add_argument("--pg-profile", action="store_true",
+                        help="xa1: perf record the PostgreSQL server's processes through the calls and say "
+                             "what its CPU went to (statements' run, plan set-up, protocol, commit...: "
+                             "see pg_profile.py)")
     args = parser.parse_args(argv)
     _instrument()
 
@@ -248,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     pg: Any = None
     tms: dict[str, Any] = {}
     client_ds = None
+    recording: Any = None
+    profile: Any = None
     if args.store == "xa1":
         from txmanager import TransactionManager
         from txmanager.postgres import XADataSource
@@ -302,6 +312,11 @@ def main(argv: list[str] | None = None) -> int:
         timeline: list[tuple[float, str, str]] = []
         if pg is not None:
             pg_before, pg_cpu_before = bc._pg_counters(pg), sum(bc._pg_cpu(pg, reaped=True).values())
+            if args.pg_profile:
+                import pg_profile
+                recording = pg_profile.PerfRecording(pg_profile.server_pids(pg.pid))
+                recording.start()
+                closers.insert(0, recording.close)
         cpu, started = time.process_time(), time.perf_counter()
         for i in range(args.calls):
             _recording.set()
@@ -315,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         if pg is not None:
             pg_cpu = (sum(bc._pg_cpu(pg, reaped=True).values()) - pg_cpu_before) / os.sysconf("SC_CLK_TCK")
+            if recording is not None:
+                profile = recording.stop()
             pg_after = bc._pg_counters(pg)
         if pg is not None:
             plans = _plans(rc.engine.store) + _plans(service.engine.store)
@@ -344,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
               f"CPU {pg_cpu / args.calls * 1000:.2f} ms (the server's processes, ended backends included)")
         print(f"the stores' prepared statements on their idle sessions: {plans[0]} generic plans, "
               f"{plans[1]} custom plans (each custom one planned at its EXECUTE)")
+        if profile is not None:
+            import pg_profile
+            print("\n".join(pg_profile.report(profile, pg_cpu / args.calls * 1000)))
     if not args.no_timeline and timeline:
         print("one call (ms from its start; the two sides share one interpreter):")
         t0 = timeline[0][0]
