@@ -161,6 +161,23 @@ def _statement(query: Any, conn: Any) -> str:
     return f"{lazy}{verb}{ends}{durable}"
 
 
+def _switches_by_thread() -> collections.Counter[str]:
+    """Context switches so far of this process's live threads, by name (waitress's summed):
+    voluntary (the thread waited: a lock, an Event, a socket) and involuntary (preempted)."""
+    found: collections.Counter[str] = collections.Counter()
+    for thread in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/status") as f:
+                status = f.read()
+        except OSError:  # not Linux, or the thread just ended
+            continue
+        name = thread.name.rsplit("-", 1)[0] if thread.name.startswith("waitress") else thread.name
+        for line in status.splitlines():
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                found[name] += int(line.split()[1])
+    return found
+
+
 def _kind(event: str) -> str:
     return event.split("  ")[0]
 
@@ -318,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                 recording.start()
                 closers.insert(0, recording.close)
         cpu, started = time.process_time(), time.perf_counter()
+        switches = _switches_by_thread()
         for i in range(args.calls):
             _recording.set()
             t0 = time.perf_counter()
@@ -327,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 timeline = [e for e in timeline if e[0] >= t0]
         time.sleep(0.2)  # what a call leaves to do after its answer is counted too
         _recording.clear()
+        switches = _switches_by_thread() - switches
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         if pg is not None:
             pg_cpu = (sum(bc._pg_cpu(pg, reaped=True).values()) - pg_cpu_before) / os.sysconf("SC_CLK_TCK")
@@ -347,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     print("per call, by thread:")
     for (thread, kind), n in sorted(counts.items()):
         print(f"  {thread:28} {kind:34} {n / args.calls:6.2f}")
+    print("context switches per call, by thread: " + ", ".join(
+        f"{name} {n / args.calls:.2f}" for name, n in sorted(switches.items()) if n)
+          + f" (all {sum(switches.values()) / args.calls:.2f})")
     if args.store == "xa1":  # PostgreSQL round trips and transactions ended, by side
         sides: collections.Counter[str] = collections.Counter()
         for (thread, kind), n in counts.items():

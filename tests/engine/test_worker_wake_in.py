@@ -73,3 +73,53 @@ def test_the_poll_interval_still_bounds_the_sleep():
         assert wait_for(lambda: len(steps) >= 3, timeout=30)  # polls keep coming meanwhile
     finally:
         worker.stop(5)
+
+
+def _counting_sets(worker: Worker) -> list[int]:
+    """How often the worker's thread is woken (its event set), counted from now."""
+    sets: list[int] = []
+    real = worker._wakeup.set
+
+    def counted() -> None:
+        sets.append(1)
+        real()
+    worker._wakeup.set = counted  # type: ignore[method-assign]
+    return sets
+
+
+def test_steps_asked_for_back_to_back_do_not_wake_the_sleeping_thread_each():
+    """A caller's calls back to back each ask for a step within the grace and cancel it when the
+    caller sends its request itself.  Each such ask used to wake the sleeping thread only for it
+    to sleep again (two thread switches on the caller's path); asked again within the time, the
+    thread sleeps in slices of it instead, and the next ask wakes nobody."""
+    worker, steps = _worker(600.0)
+    try:
+        worker.wake_in(30.0, "a")
+        worker.cancel("a")  # the caller sent it
+        worker.wake_in(30.0, "b")  # asked again within 30 s: a stream of calls
+        worker.cancel("b")
+        worker.wake()  # a step, after which the thread works out its sleep with nothing due
+        assert wait_for(lambda: len(steps) == 2 and worker._sleep_until is not None, timeout=30)
+        assert worker._sleep_until < time.monotonic() + 60  # a slice of 30 s, not the 600 s poll
+        sets = _counting_sets(worker)
+        worker.wake_in(30.0, "c")
+        assert sets == []  # its time falls after the slice under way ends: nobody woken
+        worker.cancel("c")
+        assert len(steps) == 2
+    finally:
+        worker.stop(5)
+
+
+def test_a_slice_without_an_ask_ends_the_stream():
+    worker, steps = _worker(600.0)
+    try:
+        worker.wake_in(0.2, "a")
+        worker.cancel("a")
+        worker.wake_in(0.2, "b")
+        worker.cancel("b")
+        # a slice of 0.2 s passes without an ask: back to sleeping until the poll
+        assert wait_for(lambda: worker._sleep_until is not None and worker._sleep_until > time.monotonic() + 60,
+                        timeout=30)
+        assert len(steps) == 1  # nothing fell due: no step
+    finally:
+        worker.stop(5)

@@ -35,6 +35,14 @@ class Worker:
         self._due: dict[object, float] = {}
         #: When the thread's current sleep ends (None: not asleep, or until woken).
         self._sleep_until: float | None = None
+        #: When :meth:`wake_in` was last called; while it is called again within the time it
+        #: asks for (a stream of callers' requests), the thread sleeps in slices of that time
+        #: (``_slice``) instead of being woken for each (see :meth:`wake_in`).
+        self._asked_at = float("-inf")
+        self._slice: float | None = None
+        #: When the thread last worked out how long to sleep (a slice that passed without a
+        #: :meth:`wake_in` since ends the stream).
+        self._looked_at = float("-inf")
         self._due_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -66,10 +74,23 @@ class Worker:
     def wake_in(self, seconds: float, token: object) -> None:
         """Run a step within ``seconds``, not at once, unless :meth:`cancel` of ``token`` comes
         first: for work that falls due then (a request kept for its caller's thread, which the
-        sender sends if the caller did not)."""
-        at = time.monotonic() + seconds
+        sender sends if the caller did not).
+
+        A sleeping thread is woken only to sleep less, and each such wake-up is two thread
+        switches on the caller's path (the thread runs, takes the interpreter, goes back to
+        sleep) for a request its caller nearly always sends and cancels before its time comes.
+        Asked again within ``seconds`` of the last time (a caller's calls back to back, or
+        several callers), the thread sleeps in slices of ``seconds`` until a slice passes
+        without a call here: each call then falls within a slice already under way and wakes
+        nobody (one wake-up a slice instead of one a call).  A slice only shortens a sleep, so a
+        step still comes by its time."""
+        now = time.monotonic()
+        at = now + seconds
         with self._due_lock:
             self._due[token] = at
+            if now - self._asked_at < seconds and (self._slice is None or seconds < self._slice):
+                self._slice = seconds
+            self._asked_at = now
             asleep_past = self._sleep_until is None or self._sleep_until > at
         if self.busy_since is None and asleep_past:
             self._wakeup.set()  # only to sleep less: no step unless the time comes
@@ -91,6 +112,11 @@ class Worker:
                 if fired:
                     return
                 until = min((at for at in (poll_at, *self._due.values()) if at is not None), default=None)
+                if self._slice is not None and self._asked_at < self._looked_at:
+                    self._slice = None  # a slice passed without a caller: the stream ended
+                if self._slice is not None and (until is None or until > now + self._slice):
+                    until = now + self._slice
+                self._looked_at = now
                 self._sleep_until = until
             if poll_at is not None and now >= poll_at:
                 return
