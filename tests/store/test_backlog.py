@@ -122,6 +122,24 @@ def test_a_send_batch_and_an_acknowledgement_touch_as_many_rows_at_any_backlog(
             f"a {what} touched {at_small} rows at {SMALL} queued and {at_large} at {LARGE}")
 
 
+def test_an_acknowledgement_naming_its_sequence_by_id_touches_as_many_rows_beside_any_number_of_sequences(
+        open_kind: Callable[..., StorageManager]) -> None:
+    """An acknowledgement rides on every request and reply and names its sequence by the peer's
+    identifier; a service keeps a reply sequence for every client.  Finding it must not read
+    every open sequence (the memory store copied its whole RMS table for it)."""
+    costs = []
+    for others in (5, 400):
+        store = open_kind()
+        _queue(store, {"a": 3, **{f"idle-{i}": 0 for i in range(others)}})
+        with store.begin() as tx:
+            tx.rms_messages.record_send_attempts("a", range(1, 4), next_send_at=time.time() + 3600)
+        costs.append(_rows_touched(store, lambda tx: tx.rms_messages.acknowledge_sequence("sid-a", [(1, 2)])))
+        with store.begin() as tx:
+            for key in ("a", *(f"idle-{i}" for i in range(others))):
+                tx.rms.delete(key)
+    assert costs[1] <= 2 * costs[0] + 30, f"{costs[0]} rows beside 5 sequences, {costs[1]} beside 400"
+
+
 def test_the_batch_is_each_sequences_first_due_messages_in_round_robin(store: StorageManager) -> None:
     """What the indexed (memory) and correlated (SQLite) batches return is the round robin the
     sender asks for: every sequence's first due message, then the seconds..."""

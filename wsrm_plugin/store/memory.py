@@ -132,6 +132,10 @@ class MemoryStore(api.StorageManager):
         self._groups: dict[str, dict[Any, dict[Any, Any]]] = {t: {} for t in _GROUPED}
         #: the committed source messages indexed for due batches and acknowledgements (a backlog)
         self._messages = MessageIndex(self._tables[_MSG])
+        #: The committed RMS rows' keys by the peer's identifier of their sequence: an
+        #: acknowledgement names its sequence so, and finding it copied the whole RMS table (every
+        #: open sequence, idle ones too) per acknowledgement (see ``_Rms.get_by_sequence_id``).
+        self._rms_by_id: dict[str, str] = {}
         self._owners: dict[tuple[int, Any], MemoryTransaction] = {}
         #: The transactions waiting for each lock (see _acquire): a commit wakes those of its locks.
         self._waiting: dict[tuple[int, Any], _Waiting] = {}
@@ -230,6 +234,8 @@ class MemoryStore(api.StorageManager):
         rows[key] = value
         if table == _MSG:
             self._messages.changed(key, old, value)  # the row set first: a rebuild reads it
+        elif table == _RMS:
+            self._index_sequence_id(key, old, value)
         groups = self._groups.get(table)
         if groups is not None:
             groups.setdefault(key[0], {})[key] = value
@@ -240,6 +246,8 @@ class MemoryStore(api.StorageManager):
             return
         if table == _MSG:
             self._messages.changed(key, old, None)
+        elif table == _RMS:
+            self._index_sequence_id(key, old, None)
         groups = self._groups.get(table)
         if groups is not None:
             group = groups.get(key[0])
@@ -247,6 +255,17 @@ class MemoryStore(api.StorageManager):
                 group.pop(key, None)
                 if not group:
                     del groups[key[0]]
+
+    def _index_sequence_id(self, key: str, old: RmsSequence | None, new: RmsSequence | None) -> None:
+        """Keep :attr:`_rms_by_id` in step with RMS row ``key`` (caller holds the mutex)."""
+        if old is not None and old.sequence_id is not None and self._rms_by_id.get(old.sequence_id) == key:
+            del self._rms_by_id[old.sequence_id]
+        if new is not None and new.sequence_id is not None:
+            self._rms_by_id[new.sequence_id] = key
+
+    def _rms_key_of(self, sequence_id: str) -> str | None:
+        with self._mutex:
+            return self._rms_by_id.get(sequence_id)
 
     def _snapshot(self, table: str) -> dict[Any, Any]:
         with self._mutex:
@@ -455,11 +474,20 @@ class _Rms(api.RmsSequenceManager):
         return self._tx._read(_RMS, key)
 
     def get_by_sequence_id(self, sequence_id: str, *, beside_enqueues: bool = False) -> RmsSequence | None:
-        for key, seq in self._tx._scan(_RMS).items():
-            if seq.sequence_id == sequence_id:
-                found = self.get(key)  # lock, then read again: it may have changed meanwhile
-                if found is not None and found.sequence_id == sequence_id:
-                    return found
+        """The row this transaction staged with ``sequence_id``, else the committed one the
+        store's index names (no copy of the table): locked, then read again, since it may have
+        changed meanwhile."""
+        tx = self._tx
+        tx._check_open()
+        keys = [key for (table, key), seq in tx._changes.items()
+                if table == _RMS and seq is not _DELETED and seq.sequence_id == sequence_id]
+        committed = tx._store._rms_key_of(sequence_id)
+        if committed is not None and committed not in keys:
+            keys.append(committed)
+        for key in keys:
+            found = self.get(key)
+            if found is not None and found.sequence_id == sequence_id:
+                return found
         return None
 
     def update(self, key: str, **changes: Any) -> RmsSequence:
