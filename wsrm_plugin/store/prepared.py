@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 _PLACEHOLDER = re.compile(r"\?")
 #: What PREPARE takes (a SAVEPOINT, BEGIN or SET is sent as text: PostgreSQL refuses to prepare it)
 _PREPARABLE = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH|VALUES)\b", re.IGNORECASE)
+#: Settings a statement is sent after, in its query string (``SET LOCAL name TO value; ``): the
+#: statement after them is prepared, and they are sent in front of its every ``EXECUTE``
+_SETTINGS = re.compile(r"(?:SET LOCAL \w+ TO \w+; )+")
 #: SQLSTATE of "prepared statement does not exist"
 UNDEFINED_PREPARED = "26000"
 
@@ -80,23 +83,30 @@ class PreparedStatements:
         if session is None:
             with self._lock:
                 session = self._sessions.setdefault(conn, _Session())
+        settings = _SETTINGS.match(sql)
+        prefix = settings.group(0) if settings else ""
         name = session.names.get(sql)
         if name is None:
             if sql not in session.seen:
                 if len(session.seen) < 4 * self._per_session:
                     session.seen.add(sql)
                 return None
+            body = sql[len(prefix):]
             if (sql in self._unpreparable or len(session.names) >= self._per_session
-                    or ";" in sql or sql.count("?") != len(params) or not _PREPARABLE.match(sql)):
+                    or ";" in body or sql.count("?") != len(params) or not _PREPARABLE.match(body)):
                 return None
-            name = self._prepare(conn, session, sql)
+            name = self._prepare(conn, session, sql, body)
             if name is None:
                 return None
         if not params:
-            return f"EXECUTE {name}"
-        return f"EXECUTE {name} ({', '.join('%s' for _ in params)})"
+            return f"{prefix}EXECUTE {name}"
+        return f"{prefix}EXECUTE {name} ({', '.join('%s' for _ in params)})"
 
-    def _prepare(self, conn: Any, session: _Session, sql: str) -> str | None:
+    def _prepare(self, conn: Any, session: _Session, sql: str, body: str) -> str | None:
+        """``PREPARE`` ``body`` (``sql`` without the settings in front of it) on ``conn``, known
+        there as ``sql`` from now on: a statement sent after settings is prepared apart from the
+        same statement sent without them (its plans are made at an ``EXECUTE``, so under the
+        settings sent before it, and never serve it without them)."""
         status = conn.info.transaction_status
         in_transaction = status == ext.TRANSACTION_STATUS_INTRANS
         # a branch whose BEGIN waits for its first statement (txmanager.lazy_begin): the session
@@ -106,9 +116,8 @@ class PreparedStatements:
             return None  # in an aborted transaction, or where psycopg2 would open one for us
         session.counter += 1
         name = f"wsrm_{session.counter}"
-        numbered = iter(range(1, sql.count("?") + 1))
-        body = _PLACEHOLDER.sub(lambda _: f"${next(numbered)}", sql)
-        statement = f"PREPARE {name} AS {body}"
+        numbered = iter(range(1, body.count("?") + 1))
+        statement = f"PREPARE {name} AS {_PLACEHOLDER.sub(lambda _: f'${next(numbered)}', body)}"
         cur = ext.cursor(conn) if begin_waits else conn.cursor()
         try:
             if in_transaction:  # a failure must not abort the caller's transaction

@@ -81,8 +81,13 @@ def _ordered_scan(tx: SqlTransaction) -> str:
     Their ``retry_at`` test is read from the row, and with the statistics of a busy queue
     (always stale: 2 rows expected where a backlog has thousands) PostgreSQL then planned a
     bitmap scan of every due message and a sort (4,000 rows read for a batch of 50).  Off
-    for the rest of the transaction (the sender's claim: its other statements go by key); the
-    statement is then sent as text (not prepared), so no cached plan outlives the setting."""
+    for the rest of the transaction (the sender's claim: its other statements go by key).  The
+    statement is still prepared (planning it took 0.4-1.1 ms of the server's CPU, more than
+    running it): the setting goes in front of its every ``EXECUTE`` in one query string, and
+    PostgreSQL plans a prepared statement at an ``EXECUTE`` (its custom plans, its generic one,
+    a plan made again after an invalidation), so every plan of it is made with the setting off
+    (see ``prepared.PreparedStatements``: it is prepared apart from any statement sent without
+    the setting)."""
     return "SET LOCAL enable_bitmapscan TO off; " if tx.d.name == "postgresql" else ""
 
 
