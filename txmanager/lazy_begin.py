@@ -24,6 +24,12 @@ connection falls back to psycopg2's ``tpc_begin`` (its BEGIN round trip):
 A branch in which no statement ran sent nothing: it commits without a round
 trip and answers ``prepare`` with "nothing to prepare" (XA_RDONLY).
 
+A write whose outcome nobody reads can ride on the branch's next round trip
+(:meth:`LazyBeginConnection.ride`): it goes in front of the next statement run
+on the connection, in the same query string, or, when none comes, in front of
+the branch's one-phase ``COMMIT`` or its ``PREPARE TRANSACTION``.  Same
+transaction, same order of statements, one round trip less.
+
 ``TXMANAGER_LAZY_BEGIN=0`` in the environment makes every branch use
 ``tpc_begin`` (psycopg2's BEGIN), for a comparison or a driver setup this
 module does not know.
@@ -105,6 +111,8 @@ class LazyBeginCursor(ext.cursor):
         if conn._mode is not _PENDING:
             if conn._lagging:  # a cursor kept from a branch, used after it
                 conn._restore_autocommit()
+            if conn._riding:  # writes riding on the branch's next round trip: this one
+                return conn._execute_riding(self, query, vars)
             return _execute(self, query, vars)
         if type(query) is str:  # the usual first statement: _execute_first's first try, inline
             conn._mode = _SQL
@@ -151,7 +159,7 @@ class LazyBeginConnection(ext.connection):
     # Slots for this class's own state, read on every branch's start, statement and commit: in
     # an instance dict each read was a dict look-up (a tenth of a one-phase transaction's cost
     # above plain psycopg2, callgrind); ``__dict__`` stays for attributes others attach.
-    __slots__ = ("_mode", "_xid", "_classic", "_tpc_only", "_own_cursor", "_lagging", "__dict__")
+    __slots__ = ("_mode", "_xid", "_classic", "_tpc_only", "_own_cursor", "_lagging", "_riding", "__dict__")
 
     def __init__(self, dsn: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(dsn, *args, **kwargs)
@@ -170,6 +178,8 @@ class LazyBeginConnection(ext.connection):
         #: the connection shows it off: set back only when something is to run outside a branch
         #: (setting it costs more than the rest of the commit, and the next branch wants it on)
         self._lagging = False
+        #: :meth:`ride`: statements (as sent, parameters in) for the branch's next round trip
+        self._riding: list[bytes] = []
 
     # -- what the application calls ---------------------------------------------------------
 
@@ -293,6 +303,70 @@ class LazyBeginConnection(ext.connection):
         """True while the branch ran no statement (its BEGIN is still to be sent)."""
         return self._mode is _PENDING
 
+    def ride(self, statement: str, params: Any = None) -> bool:
+        """Send ``statement`` (with ``params``, as ``cursor.execute`` takes them) with the
+        branch's next round trip instead of one of its own: in front of the next statement run
+        on this connection, in the same query string, or, when none comes, in front of the
+        branch's one-phase ``COMMIT`` or its ``PREPARE TRANSACTION``.  For a write whose outcome
+        (rows, count) nobody reads: the statements of the branch still run in the order they
+        were given, in the branch, and commit or roll back with it.
+
+        A ridden statement that fails raises, as psycopg2's error with its SQLSTATE, from the
+        round trip it rode on: the next statement's ``execute`` (its note names the ridden
+        statements), or the commit (the branch rolled back: the resource's XA_RB*, caused by
+        that error); the branch is aborted, as it would have been by the statement on its own.
+        Parameters psycopg2 refuses raise here, before anything is kept.  A rollback drops
+        what had not been sent.
+
+        False, having done nothing, where the branch is not run by SQL here (psycopg2's
+        ``tpc_begin``, a named cursor's transaction, prepared already) or its BEGIN is still to
+        be sent (nothing ran in it yet): then run the statement yourself."""
+        if self._mode is not _SQL:
+            return False
+        self._riding.append(self._plain_cursor().mogrify(statement, params))
+        return True
+
+    @property
+    def can_ride(self) -> bool:
+        """True while :meth:`ride` takes a statement (the branch runs by SQL and has begun)."""
+        return self._mode is _SQL
+
+    @property
+    def riding(self) -> int:
+        """How many statements wait to ride on the branch's next round trip (:meth:`ride`)."""
+        return len(self._riding)
+
+    def _take_riding(self, then: bytes, *, formatted: bool = False) -> bytes:
+        """``then`` with the statements riding in front of it (taken off: sent now)."""
+        riding, self._riding = self._riding, []
+        ahead = b";".join(riding) + b";"
+        if formatted:  # psycopg2 formats the whole query string: a ``%`` in them must stay one
+            ahead = ahead.replace(b"%", b"%%")
+        return ahead + then
+
+    def _execute_riding(self, cur: LazyBeginCursor, query: Any, vars: Any) -> None:  # noqa: A002
+        """Run ``query`` with the riding statements in front of it, in one query string."""
+        riding = self._riding
+        if isinstance(query, _sql.Composable):
+            query = query.as_string(cur)
+        if isinstance(query, str):
+            query = query.encode(ext.encodings.get(self.encoding, "utf-8"))
+        try:
+            return _execute(cur, self._take_riding(query, formatted=vars is not None), vars)
+        except BaseException as exc:
+            if not self.closed and self.info.transaction_status == ext.TRANSACTION_STATUS_INTRANS:
+                self._riding[:0] = riding  # nothing ran (psycopg2 refused the parameters): they still ride
+            elif isinstance(exc, psycopg2.Error):
+                exc.add_note(f"{len(riding)} statement(s) ridden ahead of it (LazyBeginConnection.ride) ran "
+                             "in this query string first: the error may be theirs")
+            raise
+
+    def _send_riding(self) -> None:
+        """The riding statements, now, in a round trip of their own (before a statement this
+        class cannot put them in front of)."""
+        if self._riding:
+            self._plain_cursor().execute(self._take_riding(b""))
+
     def begin_branch(self, xid: Xid) -> None:
         """Start branch ``xid``: nothing is sent (psycopg2's ``tpc_begin`` sends nothing either)."""
         if self._tpc_only:
@@ -340,7 +414,8 @@ class LazyBeginConnection(ext.connection):
             cur = self._own_cursor
             if cur is None or cur.closed:
                 self._own_cursor = cur = ext.cursor(self)
-            cur.execute(b"COMMIT")  # what _by_sql does, inline (bytes: psycopg2 encodes no str)
+            # what _by_sql does, inline (bytes: psycopg2 encodes no str), with what rides on it
+            cur.execute(self._take_riding(b"COMMIT") if self._riding else b"COMMIT")
             if cur.statusmessage != "COMMIT":
                 raise_commit_refused(cur)
             self._mode = self._xid = None
@@ -374,6 +449,8 @@ class LazyBeginConnection(ext.connection):
 
     def _branch_over(self) -> None:
         mode, self._mode, self._xid = self._mode, None, None
+        if self._riding:  # the branch ended without them (it failed): they go with it
+            self._riding = []
         if (mode is _PLAIN or mode is _PLAIN_PREPARED) and not self.closed \
                 and self.status != ext.STATUS_READY:
             # psycopg2 still believes in its BEGIN (the session is idle after PREPARE or COMMIT
@@ -385,6 +462,8 @@ class LazyBeginConnection(ext.connection):
     def _end(self, *, commit: bool) -> None:
         """COMMIT or ROLLBACK the branch the way it was begun (PREPARED when it was prepared)."""
         verb = "COMMIT" if commit else "ROLLBACK"
+        if not commit and self._riding:
+            self._riding = []  # never sent: nothing to undo
         mode = self._mode
         if mode is _TPC:
             self.tpc_commit() if commit else self.tpc_rollback()
@@ -397,13 +476,22 @@ class LazyBeginConnection(ext.connection):
             self._by_sql(verb, None, verb)
         # _PENDING: nothing was sent, nothing to end
 
-    def _by_sql(self, statement: str, params: tuple[Any, ...] | None, expected: str) -> None:
+    def _plain_cursor(self) -> Any:
+        """One plain cursor kept for the branch's own statements: making one per COMMIT was a
+        visible share of a one-phase transaction's client CPU."""
         cur = self._own_cursor
         if cur is None or cur.closed:
-            # one plain cursor kept for the branch's own statements: making one per COMMIT was
-            # a visible share of a one-phase transaction's client CPU
             self._own_cursor = cur = ext.cursor(self)
-        cur.execute(statement, params)
+        return cur
+
+    def _by_sql(self, statement: str, params: tuple[Any, ...] | None, expected: str) -> None:
+        cur = self._plain_cursor()
+        if self._riding:  # a COMMIT or PREPARE TRANSACTION: what rides goes in front of it
+            query: Any = self._take_riding(statement.encode(ext.encodings.get(self.encoding, "utf-8")),
+                                           formatted=params is not None)
+            cur.execute(query, params)
+        else:
+            cur.execute(statement, params)
         answer = cur.statusmessage
         if answer != expected:
             # PostgreSQL ends an aborted transaction's COMMIT or PREPARE with a ROLLBACK, and no error
@@ -434,6 +522,8 @@ class LazyBeginConnection(ext.connection):
     def _begin_now(self) -> None:
         if self._lagging:
             self._restore_autocommit()
+        if self._riding:  # before a statement that runs past execute(): they go first
+            self._send_riding()
         if self._mode is _PENDING:
             self._mode = _SQL
             with ext.cursor(self) as cur:
@@ -444,6 +534,8 @@ class LazyBeginConnection(ext.connection):
         if not self._classic:
             log.debug("%r: a cursor it cannot follow; its branches use tpc_begin from now on", self)
         self._classic = self._tpc_only = True
+        if self._riding:  # before the cursor's statements, which this class cannot see
+            self._send_riding()
         mode = self._mode
         if mode is _PENDING and self._xid is None:
             # a branch with no xid yet (begin_unnamed) cannot go to tpc_begin: its BEGIN goes now

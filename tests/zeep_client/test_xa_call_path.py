@@ -8,7 +8,8 @@ caller's only once that commits.  The reply's record is the caller's one store t
 its own, and it returns before its WAL flush (the next call's enqueue covers it).  A rolled-back
 call leaves nothing claimed and the next one goes as usual.  The reply's record is one round trip
 and its COMMIT; a PostgreSQL service's receipt of a request, with the acknowledgement riding on
-it, is one round trip before the reply's.  Counts, never time (a few seconds).
+it, is one round trip before the reply's; under XA the reply's enqueue rides on the service's
+COMMIT.  Counts, never time (a few seconds).
 """
 
 from __future__ import annotations
@@ -185,3 +186,57 @@ def test_a_postgresql_service_receives_a_request_and_its_riding_acknowledgement_
         rc.stop(timeout=5)
         svc.stop(timeout=5)
         store.close()
+
+
+def test_an_xa_services_reply_rides_on_its_commit(pg_dsn_factory: Any, tmp_path: Any, monkeypatch):
+    """A PostgreSQL service under XA: its delivery's global transaction is the request's receipt
+    (with the acknowledgement riding on it: the reply sequence's row locked), one round trip,
+    then the COMMIT, which carries the reply's enqueue: the message and its sequence's number,
+    numbered from the row held (LazyBeginConnection.ride).  Two round trips before the COMMIT
+    without it (the receipt, the enqueue's UPDATE ... INSERT)."""
+    monkeypatch.setattr(retransmission, "_REPLY_ACK_WAIT", 60.0)
+    tm = TransactionManager(node="xa-service", log=tmp_path / "svc.log")
+    store = PostgresStore(pg_dsn_factory("xasvc"))
+    service.reset()
+    svc = reliable_service(service.spyne_app(), store, fast_policy(**QUIET), tm=tm)
+    svc.serve()
+    svc.start()
+    rc = reliable_client(zeep.Client(svc.url + "?wsdl"), "memory:", fast_policy(**QUIET))
+    try:
+        assert [rc.service.echo(f"q{i}").result(timeout=60) for i in range(2)] == ["re:q0", "re:q1"]
+        trips: dict[str, int] = {}  # a service thread's store statements since its last commit
+        commits: list[tuple[int, int]] = []  # (round trips before the COMMIT, statements riding on it)
+        execute = SqlTransaction.execute
+
+        def counted(tx: Any, sql: str, params: Any = (), **kw: Any) -> Any:
+            name = threading.current_thread().name
+            if name.startswith("waitress"):
+                trips[name] = trips.get(name, 0) + 1
+            return execute(tx, sql, params, **kw)
+        monkeypatch.setattr(SqlTransaction, "execute", counted)
+        from txmanager.postgres import PostgresXAResource
+
+        def committing(real: Any) -> Any:
+            def commit(resource: Any, *args: Any, **kw: Any) -> Any:
+                name = threading.current_thread().name
+                if name.startswith("waitress") and name in trips:
+                    commits.append((trips.pop(name), resource.connection.riding))
+                return real(resource, *args, **kw)
+            return commit
+        monkeypatch.setattr(PostgresXAResource, "end_and_commit_one_phase",
+                            committing(PostgresXAResource.end_and_commit_one_phase))
+        monkeypatch.setattr(PostgresXAResource, "commit", committing(PostgresXAResource.commit))
+        for i in range(2, CALLS + 2):
+            assert rc.service.echo(f"q{i}").result(timeout=60) == f"re:q{i}"
+        assert commits == [(1, 2)] * CALLS, commits
+        assert service.ECHOED == [f"q{i}" for i in range(CALLS + 2)]
+        with store.begin() as tx:  # every reply numbered in its turn, none lost
+            (key,) = [s.key for s in tx.rms.list_all()]
+            numbers = [m.number for m in tx.rms_messages.list_for(key)]  # those not acknowledged yet
+            assert numbers == list(range(CALLS + 3 - len(numbers), CALLS + 3))
+            assert tx.rms.get(key).highest_number == CALLS + 2
+    finally:
+        rc.stop(timeout=5)
+        svc.stop(timeout=5)
+        store.close()
+        tm.close()

@@ -572,7 +572,8 @@ class PostgresXAResource:
                 cur = conn._own_cursor
                 if cur is None or cur.closed:
                     conn._own_cursor = cur = ext.cursor(conn)
-                cur.execute(b"COMMIT")  # bytes: psycopg2 encodes no str
+                # bytes: psycopg2 encodes no str; what rides on the COMMIT (LazyBeginConnection.ride) before it
+                cur.execute(conn._take_riding(b"COMMIT") if conn._riding else b"COMMIT")
                 if cur.statusmessage != "COMMIT":
                     raise_commit_refused(cur)
                 conn._mode = conn._xid = None

@@ -447,11 +447,12 @@ class _BranchOver:
         if tx is not None and not tx.closed:
             if tx.ran_ahead:  # as SqlTransaction.commit: never committed unaccounted
                 raise api.StoreError(f"store calls run ahead were never taken ({list(tx.ran_ahead)})")
+            enqueued = tx.took_number or tx._numbered  # an enqueue wrote (or writes now, riding on the COMMIT)
             tx.flush()
             late = self._store._late
             if late.owed():
                 self._covered = late.covered_now()
-                if not tx.took_number:  # (an enqueue wrote) its commit must flush
+                if not enqueued:  # its commit must flush
                     tx.one(_WRITES_WAL)
 
     def after_completion(self, status: Any) -> None:

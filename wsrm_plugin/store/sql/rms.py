@@ -205,6 +205,7 @@ class _Rms(api.RmsSequenceManager):
         seq = _rms(row)
         tx.lock(RANK_RMS, seq.key)
         tx.held_rms[seq.key] = seq
+        tx.shared_rms.add(seq.key)
         return seq
 
     def peek(self, key: str) -> RmsSequence | None:
@@ -309,7 +310,14 @@ class _RmsMessages(api.RmsMessageManager):
         # the statement that takes the number: a round trip more, and much less of both sides' CPU
         copied = tx.d.copy_binary and tx.undo is None and bool(values) and len(values[3]) >= COPY_PAYLOAD_AT
         together = tx.d.writable_cte and tx.undo is None and not copied
-        taken = self._take_number(sequence_key, last, values if together else ()) if values else None
+        # A sequence this transaction holds against every writer (a reply's, locked by the
+        # request's receipt) gets its number from the row held, and the message and the number
+        # go as writes riding on the branch's COMMIT (SqlTransaction.write_later): no round trip
+        # of their own; the checks are enqueue's own, made here before anything is sent.
+        rides = (bool(values) and not copied and sequence_key in tx.held_rms
+                 and sequence_key not in tx.shared_rms and tx.rides_writes)
+        taken = self._take_number(sequence_key, last, values if together else ()) \
+            if values and not rides else None
         if taken is not None:
             number = taken.next_number - 1
         else:
@@ -326,7 +334,7 @@ class _RmsMessages(api.RmsMessageManager):
             if copied:
                 tx.copy_in("rms_message", _ENQUEUE_COLS, _ENQUEUE_TYPES, (sequence_key, number, *values))
             else:
-                tx.write(
+                (tx.write_later if rides else tx.write)(
                     f"INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}) VALUES ({', '.join('?' * len(_ENQUEUE_COLS))})",
                     (sequence_key, number, *values))
         if taken is not None:  # the row is written already
@@ -726,6 +734,7 @@ class _RmsMessages(api.RmsMessageManager):
             return super().claim_first_sends_of(sequence_key, limit, next_send_at=next_send_at, now=now)
         width = len(_RMS_COLS)
         seq = tx.held_rms[sequence_key] = _rms(rows[0][:width])
+        tx.shared_rms.add(sequence_key)
         msgs = [_msg(r[width:]) for r in rows if r[width] is not None]
         return seq, self._with_payloads(msgs) if msgs else []
 

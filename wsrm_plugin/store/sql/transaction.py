@@ -111,6 +111,10 @@ class SqlTransaction(api.StoreTransaction):
         self.read_ahead: dict[str, dict[int, BufferedMessage]] = {}
         #: The same for RMS rows (an enqueue reads its sequence once per batch of sends).
         self.held_rms: dict[str, RmsSequence] = {}
+        #: Keys of :attr:`held_rms` held only ``FOR KEY SHARE`` (beside enqueues: another
+        #: transaction may take the sequence's next number meanwhile); the others are held
+        #: against every writer (FOR UPDATE, or written by this transaction).
+        self.shared_rms: set[str] = set()
         #: Numbers enqueue handed out and not yet written to their rms_sequence row: key ->
         #: (highest number, the last one).  See :meth:`flush`.
         self._numbered: dict[str, tuple[int, bool]] = {}
@@ -165,6 +169,37 @@ class SqlTransaction(api.StoreTransaction):
                 statements.failed(self.conn, exc)
             self._fail(exc)
         return cur
+
+    @property
+    def rides_writes(self) -> bool:
+        """Can a write ride on the transaction's next round trip (:meth:`write_later`)?  On a
+        branch of a global transaction whose session sends it by SQL
+        (:meth:`txmanager.lazy_begin.LazyBeginConnection.ride`)."""
+        return self._global is not None and getattr(self.conn, "can_ride", False)
+
+    def write_later(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """A write whose outcome (its count) nobody reads: where :attr:`rides_writes`, it rides on
+        the transaction's next round trip (the next statement's query string, or the branch's
+        COMMIT or PREPARE TRANSACTION) instead of taking one of its own; else it runs now.  The
+        transaction's statements still run in the order they were given.  A failure of it is
+        raised by the round trip it rides on (a statement's error, or the commit's: the global
+        transaction rolled back), with PostgreSQL's SQLSTATE."""
+        if not self.rides_writes:
+            self.write(sql, params)
+            return
+        self._check_open()
+        if self._numbered and "rms_sequence" in sql:
+            self.flush()  # as execute: what enqueue only remembered goes first
+        try:
+            rode = self.conn.ride(self._text(sql, params), tuple(params) or None)
+        except Exception as exc:
+            if self._statements is not None:
+                self._statements.failed(self.conn, exc)
+            self._fail(exc)
+        if not rode:  # the session cannot take it after all
+            self.write(sql, params)
+            return
+        self._wrote = True
 
     def _fail(self, exc: Exception) -> NoReturn:
         """Doom the transaction for the driver's error ``exc`` and raise it as the store's own
@@ -478,6 +513,7 @@ class SqlTransaction(api.StoreTransaction):
         self.held_invoker.clear()
         self.held_rmd.clear()
         self.held_rms.clear()
+        self.shared_rms.clear()
         self.read_ahead.clear()
 
     def hand_out(self, key: str, number: int, last: bool) -> None:
@@ -520,17 +556,18 @@ class SqlTransaction(api.StoreTransaction):
         message behind, all alive until the commit: each later lookup of the
         row walks them, and the partition's enqueues take quadratic time.  The
         stores flush before they commit or prepare, and a statement that
-        reads the sequence table flushes first.
+        reads the sequence table flushes first.  On a global transaction's
+        branch the writes ride on its COMMIT (:meth:`write_later`).
         """
         if not self._numbered:  # the common case: nothing enqueued (no new dict for it)
             return
         pending, self._numbered = self._numbered, {}
-        for key, (number, last) in pending.items():
+        for key, (number, last) in pending.items():  # their outcome is known: they may ride
             if last:
-                self.write("UPDATE rms_sequence SET highest_number = ?, last_message = TRUE, "
-                           "last_number = ? WHERE seq_key = ?", (number, number, key))
+                self.write_later("UPDATE rms_sequence SET highest_number = ?, last_message = TRUE, "
+                                 "last_number = ? WHERE seq_key = ?", (number, number, key))
             else:
-                self.write("UPDATE rms_sequence SET highest_number = ? WHERE seq_key = ?", (number, key))
+                self.write_later("UPDATE rms_sequence SET highest_number = ? WHERE seq_key = ?", (number, key))
 
     # -- undo capture -------------------------------------------------------------------
 
@@ -555,6 +592,8 @@ class SqlTransaction(api.StoreTransaction):
         """
         if table == "rms_sequence":
             self.held_rms.pop(pk[0], None)
+            if self.shared_rms:  # written next: held against every writer from then on
+                self.shared_rms.discard(pk[0])
         elif table == "rmd_sequence":
             self.held_rmd.pop(pk[0], None)
         if self.undo is None or (table, pk) in self.undo:

@@ -1,0 +1,210 @@
+"""A write rides on a branch's next round trip (``LazyBeginConnection.ride``): the next statement's
+query string, or the branch's one-phase COMMIT or PREPARE TRANSACTION.
+
+Round trips are counted on the connection's own cursor (the one its COMMIT and PREPARE go
+through) and on the application's cursors; that the ridden write was not sent before is seen from
+another session (``pg_locks``: no lock of its table yet).  Every failure path checks that nothing
+of the branch is left and the session is usable.
+"""
+
+from __future__ import annotations
+
+import psycopg2
+import psycopg2.extensions as ext
+import pytest
+
+from tests.postgres.test_resource import insert, new_xid, run, values, xa_code
+from txmanager.lazy_begin import LazyBeginConnection
+from txmanager.postgres import PostgresXAResource
+from txmanager.xa import TMSUCCESS, XA_OK, XA_RBROLLBACK, XAException
+
+pytestmark = pytest.mark.postgres
+
+RIDE = "INSERT INTO u (v) VALUES (%s)"
+
+
+class CountingCursor(ext.cursor):
+    """A plain cursor that counts its round trips (one per ``execute``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[bytes | str] = []
+
+    def execute(self, query, vars=None):  # noqa: A002 -- psycopg2's name
+        self.sent.append(query)
+        return super().execute(query, vars)
+
+
+@pytest.fixture
+def db(fresh_db):
+    run(fresh_db, "CREATE TABLE t (id serial PRIMARY KEY, v text NOT NULL)")
+    run(fresh_db, "CREATE TABLE u (id serial PRIMARY KEY, v text NOT NULL)")
+    return fresh_db
+
+
+@pytest.fixture
+def resource(db):
+    r = PostgresXAResource(db)
+    yield r
+    r.close()
+
+
+def counted(conn: LazyBeginConnection) -> CountingCursor:
+    """The connection's own cursor (its COMMIT, PREPARE and riding statements), counting."""
+    conn._own_cursor = cur = CountingCursor(conn)
+    return cur
+
+
+def u_values(dsn: str) -> list[str]:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT v FROM u ORDER BY id")
+            return [r[0] for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def locks_u(dsn: str, conn: LazyBeginConnection) -> bool:
+    """Does ``conn``'s backend hold a lock on table u (has a statement touching it run)?"""
+    other = psycopg2.connect(dsn)
+    try:
+        with other.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_locks WHERE pid = %s AND relation = 'u'::regclass",
+                        (conn.info.backend_pid,))
+            return bool(cur.fetchone()[0])
+    finally:
+        other.close()
+
+
+def test_a_ridden_write_goes_with_the_one_phase_commit_in_one_round_trip(resource, db):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "a")
+    own = counted(conn)
+    assert conn.ride(RIDE, ("100%",)) is True  # a ``%`` in what rides stays one
+    assert conn.riding == 1 and not locks_u(db, conn)  # not sent yet
+    resource.end(xid, TMSUCCESS)
+    resource.commit(xid, one_phase=True)
+    assert len(own.sent) == 1 and own.sent[0].endswith(b"COMMIT"), own.sent  # the write and the COMMIT
+    assert values(db) == ["a"] and u_values(db) == ["100%"]
+    assert conn.riding == 0 and conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
+
+
+@pytest.mark.parametrize("params", [("b",), None], ids=["with-parameters", "without"])
+def test_a_ridden_write_goes_in_front_of_the_next_statement(resource, db, params):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "a")
+    conn.ride(RIDE, ("50%",))
+    conn.ride("INSERT INTO u (v) VALUES ('x')")
+    with conn.cursor() as cur:  # the application's next statement sees them: they ran before it
+        if params is None:
+            cur.execute("SELECT count(*) FROM u")
+        else:
+            cur.execute("SELECT count(*) FROM u WHERE v <> %s", params)
+        assert cur.fetchone()[0] == 2
+    assert conn.riding == 0
+    own = counted(conn)
+    resource.end(xid, TMSUCCESS)
+    resource.commit(xid, one_phase=True)
+    assert own.sent == [b"COMMIT"]  # nothing left to ride on it
+    assert u_values(db) == ["50%", "x"]
+
+
+def test_a_ridden_write_that_fails_rolls_the_branch_back_at_the_commit_with_its_error(resource, db):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "a")
+    conn.ride("INSERT INTO missing (v) VALUES (%s)", ("b",))
+    resource.end(xid, TMSUCCESS)
+    with pytest.raises(XAException) as excinfo:
+        resource.commit(xid, one_phase=True)
+    assert xa_code(excinfo) >= XA_RBROLLBACK and isinstance(excinfo.value.__cause__, psycopg2.errors.UndefinedTable)
+    assert values(db) == [] and conn.riding == 0
+    xid = new_xid()  # the session goes on
+    resource.start(xid)
+    insert(resource, "c")
+    resource.end(xid, TMSUCCESS)
+    resource.commit(xid, one_phase=True)
+    assert values(db) == ["c"]
+
+
+def test_a_ridden_write_that_fails_raises_from_the_next_statement(resource, db):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "a")
+    conn.ride("INSERT INTO missing (v) VALUES (%s)", ("b",))
+    with pytest.raises(psycopg2.errors.UndefinedTable) as excinfo:
+        insert(resource, "c")
+    assert any("ride" in note for note in getattr(excinfo.value, "__notes__", ())), excinfo.value
+    assert conn.info.transaction_status == ext.TRANSACTION_STATUS_INERROR
+    with pytest.raises(XAException) as ended:  # the branch can only roll back
+        resource.end(xid, TMSUCCESS)
+    assert xa_code(ended) == XA_RBROLLBACK
+    resource.rollback(xid)
+    assert values(db) == []
+
+
+def test_parameters_refused_before_sending_leave_the_ridden_write_to_ride(resource, db):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "a")
+    conn.ride(RIDE, ("b",))
+    with conn.cursor() as cur, pytest.raises(IndexError):
+        cur.execute("SELECT %s, %s", ("only one",))  # psycopg2 refuses it: nothing is sent
+    assert conn.riding == 1
+    resource.end(xid, TMSUCCESS)
+    resource.commit(xid, one_phase=True)
+    assert values(db) == ["a"] and u_values(db) == ["b"]
+
+
+def test_a_rolled_back_branch_never_sends_its_ridden_write(resource, db):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "a")
+    conn.ride(RIDE, ("b",))
+    resource.end(xid, TMSUCCESS)
+    resource.rollback(xid)
+    assert conn.riding == 0
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "c")
+    resource.end(xid, TMSUCCESS)
+    resource.commit(xid, one_phase=True)
+    assert values(db) == ["c"] and u_values(db) == []
+
+
+def test_a_ridden_write_goes_with_prepare_transaction(resource, db):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "a")
+    conn.ride(RIDE, ("b",))
+    own = counted(conn)
+    resource.end(xid, TMSUCCESS)
+    assert resource.prepare(xid) == XA_OK
+    assert len(own.sent) == 1, own.sent  # the write and the PREPARE
+    assert u_values(db) == []
+    resource.commit(xid, one_phase=False)
+    assert values(db) == ["a"] and u_values(db) == ["b"]
+
+
+def test_ride_refuses_where_it_cannot_and_changes_nothing(resource, db):
+    conn = resource.connection
+    assert conn.ride(RIDE, ("outside",)) is False  # no branch
+    xid = new_xid()
+    resource.start(xid)
+    assert conn.ride(RIDE, ("before-begin",)) is False  # the BEGIN waits for the first statement
+    insert(resource, "a")
+    resource.end(xid, TMSUCCESS)
+    assert resource.prepare(xid) == XA_OK
+    assert conn.ride(RIDE, ("prepared",)) is False
+    resource.commit(xid, one_phase=False)
+    assert conn.riding == 0 and u_values(db) == []
