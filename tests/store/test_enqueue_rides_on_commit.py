@@ -153,3 +153,23 @@ def test_a_riding_enqueue_refused_at_the_commit_rolls_the_transaction_back_with_
         tx.rms.get("k1")
         enqueue(tx)
     assert messages(store) == ([1], 2)
+
+
+def test_a_statement_prepared_mid_transaction_leaves_the_writes_riding_on_the_commit(fresh_db, tm, counts):
+    """With prepared statements (the default), a statement sent for the second time on a session
+    is PREPAREd first, in a round trip of its own: the writes riding wait for the COMMIT still
+    (the PREPARE goes through a cursor of psycopg2's own, which nothing rides on)."""
+    store = PostgresStore(fresh_db, lock_timeout=10.0, pool_size=1)
+    try:
+        with store.begin() as tx:
+            new_rms(tx)
+            tx.rms.update("k1", sequence_id="seq-1", started=True, next_control_at=None)
+        for _ in range(4):  # seen, then prepared, then executed as prepared
+            with tm.transaction():
+                tx = store.begin(xa=tm)
+                tx.rms.get("k1")
+                enqueue(tx, n=2)
+        assert counts["riding"] == [3] * 4
+        assert messages(store) == (list(range(1, 9)), 9)
+    finally:
+        store.close()

@@ -110,7 +110,9 @@ class PreparedStatements:
         status = conn.info.transaction_status
         in_transaction = status == ext.TRANSACTION_STATUS_INTRANS
         # a branch whose BEGIN waits for its first statement (txmanager.lazy_begin): the session
-        # is outside any transaction, and a cursor of psycopg2's own runs the PREPARE there
+        # is outside any transaction, and a cursor of psycopg2's own runs the PREPARE there; so
+        # it does in a transaction: writes riding on the branch's next round trip
+        # (LazyBeginConnection.ride) wait for the statement's own, not for its PREPARE
         begin_waits = getattr(conn, "sent_nothing", False)
         if not (in_transaction or (status == ext.TRANSACTION_STATUS_IDLE and (conn.autocommit or begin_waits))):
             return None  # in an aborted transaction, or where psycopg2 would open one for us
@@ -118,7 +120,7 @@ class PreparedStatements:
         name = f"wsrm_{session.counter}"
         numbered = iter(range(1, body.count("?") + 1))
         statement = f"PREPARE {name} AS {_PLACEHOLDER.sub(lambda _: f'${next(numbered)}', body)}"
-        cur = ext.cursor(conn) if begin_waits else conn.cursor()
+        cur = ext.cursor(conn) if begin_waits or in_transaction else conn.cursor()
         try:
             if in_transaction:  # a failure must not abort the caller's transaction
                 # the savepoint first, on its own: in one query string with the PREPARE, a
