@@ -256,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
                              "what its CPU went to (statements' run, plan set-up, protocol, commit...: "
                              "see pg_profile.py)")
     args = parser.parse_args(argv)
+    if args.pg_profile:
+        import pg_profile
+        if args.store != "xa1" or not pg_profile.PerfRecording.available():
+            parser.error("--pg-profile needs --store xa1 and perf (apt-get install linux-perf)")
     _instrument()
 
     import zeep
