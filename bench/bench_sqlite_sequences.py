@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             open_sequences(client, url, args.sequences, delivered)
             sync = server.store._sync  # type: ignore[attr-defined]
             before = (sync.syncs, sync.commits, counts.held, counts.taken, counts.statements)
-            apart = server.destination._apart_receipts  # receipts buffered together to deliver apart
+            # receipts buffered together to deliver apart, and the removals of those delivered
+            apart = server.destination._apart_receipts
             apart_before = (apart.batches, apart.items)
             cpu = resource.getrusage(resource.RUSAGE_SELF)
             started = time.monotonic()
@@ -117,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"held {(counts.held - before[2]) / n * 1e3:.3f} ms; commits {commits / n:.2f}, "
                   f"fsyncs {syncs / n:.2f}; statements {(counts.statements - before[4]) / n:.1f} (+3 a transaction)")
             batches, items = apart.batches - apart_before[0], apart.items - apart_before[1]
-            print(f"  receipts buffered to deliver apart: {items / n:.2f} per message, in {batches / n:.2f} "
-                  f"transactions ({items / max(batches, 1):.1f} a transaction)")
+            print(f"  receipts buffered to deliver apart and removals from the buffer: {items / n:.2f} per "
+                  f"message, in {batches / n:.2f} transactions ({items / max(batches, 1):.1f} a transaction)")
             used = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu.ru_utime + cpu.ru_stime)
             print(f"  process CPU (client and service) {used / n * 1e3:.2f} ms/msg; "
                   f"load average {Path('/proc/loadavg').read_text().split()[0]}")

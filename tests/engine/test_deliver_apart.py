@@ -144,9 +144,9 @@ def test_automatic_apart_when_another_sequences_receive_is_under_way(engines, st
     apart: list[object] = []
     deliver_received = invoker.deliver_received
 
-    def counted(msg: object) -> object:
+    def counted(msg: object, *more: object) -> object:
         apart.append(msg)
-        return deliver_received(msg)  # type: ignore[arg-type]
+        return deliver_received(msg, *more)  # type: ignore[arg-type]
 
     invoker.deliver_received = counted  # type: ignore[method-assign]
     a, b = open_sequence(url, RM11), open_sequence(url, RM11)
@@ -195,7 +195,7 @@ def test_receives_of_several_sequences_buffer_in_one_transaction(engines, store_
     server, url = _served(engines, store_for, received)
     identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
     combiner = server.destination._apart_receipts
-    batches, items = combiner.batches, combiner.items
+    kinds = _batches_of(combiner)
     answered: dict[str, list[tuple[int, int]]] = {}
 
     def send(identifier: str, text: str) -> None:
@@ -216,7 +216,69 @@ def test_receives_of_several_sequences_buffer_in_one_transaction(engines, store_
         t.join(60)
     assert answered == {identifier: [(1, 1)] for identifier in identifiers}
     assert sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)]
-    assert (combiner.batches - batches, combiner.items - items) == (2, SEQUENCES)
+    receipts = [batch.count("_Receipt") for batch in kinds if "_Receipt" in batch]
+    assert receipts == [1, SEQUENCES - 1]
+    assert server.destination.delivered_on_receipt == SEQUENCES
+    with server.store.begin() as tx:
+        assert tx.invoker.count() == 0
+
+
+def _batches_of(combiner) -> list[list[str]]:
+    """The kinds of the items of each batch ``combiner`` runs from now on (receipts, removals)."""
+    kinds: list[list[str]] = []
+    run = combiner._batch
+
+    def recorded(items: list[object]) -> list[object]:
+        kinds.append([type(item).__name__ for item in items])
+        return run(items)
+
+    combiner._batch = recorded
+    return kinds
+
+
+def test_removals_from_the_buffer_of_several_deliveries_share_one_transaction(engines, store_for) -> None:
+    """Four sequences' applications run apart at once; while another transaction holds the file
+    they end, and each delivery's removal of its message from the buffer waits for the file: the
+    first with its own, the three behind it queued, which the first of them then removes in one
+    transaction (one turn on the file and one commit for three, where each took its own).  Each
+    message is delivered once and acknowledged only after that commit; the buffer ends empty."""
+    received = Recorder()
+    go = threading.Event()
+
+    def application(envelope: bytes, context: object) -> None:
+        received(envelope, context)
+        assert go.wait(30)
+
+    server, url = _served(engines, store_for, application)
+    identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
+    combiner = server.destination._apart_receipts
+    answered: dict[str, list[tuple[int, int]]] = {}
+
+    def send(identifier: str, text: str) -> None:
+        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
+
+    threads = [threading.Thread(target=send, args=(identifier, f"m{n}"))
+               for n, identifier in enumerate(identifiers)]
+    for t in threads:
+        t.start()
+    assert wait_for(lambda: len(received.snapshot()) == SEQUENCES, timeout=20)  # buffered, applications in
+    kinds = _batches_of(combiner)
+    commits = server.store._sync.commits
+    holding = server.store.begin()
+    holding.rms.get("nothing")  # its first statement takes the file
+    try:
+        go.set()
+        # one removal leads (waiting for the file), the others wait for its batch to end
+        assert wait_for(lambda: combiner.queued(None) == SEQUENCES - 1, timeout=20)
+        assert answered == {}  # nothing answered before its removal is on disk
+    finally:
+        holding.rollback()
+    for t in threads:
+        t.join(60)
+    assert answered == {identifier: [(1, 1)] for identifier in identifiers}
+    assert kinds == [["_Removal"], ["_Removal"] * (SEQUENCES - 1)]
+    assert server.store._sync.commits - commits == 2
+    assert sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)]
     assert server.destination.delivered_on_receipt == SEQUENCES
     with server.store.begin() as tx:
         assert tx.invoker.count() == 0

@@ -138,6 +138,17 @@ class _Receipt:
     wakes_sender_after: bool | None = None
 
 
+class _Removal:
+    """A delivery apart whose application has run, its message to be removed from the buffer in a
+    batch of :meth:`Destination._buffer_apart` (see ``InvokerWorker.deliver_received``'s ``mark``)."""
+
+    __slots__ = ("msg", "next_in_order")
+
+    def __init__(self, msg: BufferedMessage, next_in_order: bool) -> None:
+        self.msg = msg
+        self.next_in_order = next_in_order
+
+
 class _FailedOnReceipt:
     """A batch's outcome for a receive whose application (in its savepoint) failed: buffered after."""
 
@@ -215,7 +226,9 @@ class Destination:
         #: (``deliver_apart``) that wait for the store's file at the same time, recorded in one
         #: transaction by the first of them: one commit and one turn on the file instead of one
         #: each (see :meth:`_buffer_apart`).
-        self._apart_receipts: Combiner[_Receipt] = Combiner(self._buffer_apart, DEFAULT_RECEIVE_BATCH)
+        #: The removals from the buffer of those deliveries, once their applications ran, go in the
+        #: same batches (:class:`_Removal`).
+        self._apart_receipts: Combiner[_Receipt | _Removal] = Combiner(self._buffer_apart, DEFAULT_RECEIVE_BATCH)
         #: Receives of any sequences that deliver on receipt in their transaction, on a store whose
         #: transactions take turns on the whole file, waiting for it at the same time: recorded and
         #: delivered in one transaction by the first of them, each in a savepoint of its own (see
@@ -958,7 +971,7 @@ class Destination:
         if held is None:
             tx.wait_for_disk()  # a batch that held others' messages did not wait at its commit
             return recorded
-        handed_over = invoker.deliver_received(held)
+        handed_over = invoker.deliver_received(held, self._remove_with_others)
         if handed_over is None:  # not delivered (judged as a failed delivery): answered as buffered
             tx.wait_for_disk()
             return recorded
@@ -968,11 +981,23 @@ class Destination:
         self._pass_turn(item, taken=True)
         return recorded
 
-    def _buffer_apart(self, items: list[_Receipt]) -> list[Any]:
+    def _remove_with_others(self, msg: BufferedMessage, next_in_order: bool) -> StoreTransaction | None:
+        """A delivery apart, its application run and its transaction untouched: ``msg`` removed
+        from the buffer in a batch of :meth:`_buffer_apart`, with the receipts and removals of
+        other sequences that want the file at the same time; the batch's transaction
+        (committed, not yet waited for), or None if the batch left it to the caller."""
+        outcome = self._apart_receipts.submit(None, _Removal(msg, next_in_order))
+        return None if outcome is ALONE else outcome
+
+    def _buffer_apart(self, items: list[_Receipt | _Removal]) -> list[Any]:
         """Record ``items`` (of any sequences) in one transaction, each message that is next in
         order held for its receive to deliver apart; an outcome each: (the sequence as read,
         the reception, the message held or None, the transaction), or the exception that
-        refused it.
+        refused it.  A :class:`_Removal` (a delivery apart that ran its application) removes
+        its message from the buffer there, before the receipts (a receipt of the message after
+        it then finds it next to deliver); its outcome is the transaction.  The removal may
+        fail (someone else delivered the message): the batch rolls back, and each does its
+        part alone.
 
         Several receives waiting for the file at once (16 sequences arriving together) take
         it once and commit once, the first of them recording for all (one SQLite
@@ -986,20 +1011,28 @@ class Destination:
         or the batch's own (``wait_for_disk`` after it)."""
         invoker = self._direct
         assert invoker is not None
-        outcomes: list[Any] = []
+        outcomes: list[Any] = [None] * len(items)
         held: list[BufferedMessage] = []
         try:
             with self.store.begin() as tx:
-                for index, item in enumerate(items):
-                    if index:
+                removals = False
+                for part, index in enumerate(sorted(range(len(items)),
+                                                    key=lambda i: not isinstance(items[i], _Removal))):
+                    if part:
                         tx.next_part()
+                    item = items[index]
+                    if isinstance(item, _Removal):
+                        invoker.mark_delivered_in(tx, item.msg, item.next_in_order)
+                        outcomes[index] = tx
+                        removals = True
+                        continue
                     item.wrote = False
                     try:
                         recorded = self._record(tx, item)
                     except (SoapFault, _OutOfOrder) as exc:
                         if item.wrote:
                             raise  # its writes are in the transaction: only a rollback undoes them
-                        outcomes.append(exc)
+                        outcomes[index] = exc
                         continue
                     ready = None
                     if not recorded[1].duplicate and not item.taken and self._next_to_deliver(tx, item, recorded[1]):
@@ -1009,9 +1042,10 @@ class Destination:
                             held.append(ready)
                         else:
                             ready = None
-                    outcomes.append((*recorded, ready, tx))
-                if held:
-                    tx.wait_for_disk_later()  # each delivery's commit waits, before anything is answered
+                    outcomes[index] = (*recorded, ready, tx)
+                if held or removals:
+                    # each delivery's commit waits, and each removal's thread, before anything is answered
+                    tx.wait_for_disk_later()
         except Exception as exc:
             for msg in held:
                 invoker.release(msg)

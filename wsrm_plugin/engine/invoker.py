@@ -304,10 +304,19 @@ class InvokerWorker:
             return False
         return apart is True or (not answered_in_response and others_receiving)
 
-    def deliver_received(self, msg: BufferedMessage) -> bool | None:
+    def deliver_received(self, msg: BufferedMessage,
+                         mark: Callable[[BufferedMessage, bool], StoreTransaction | None] | None = None
+                         ) -> bool | None:
         """Deliver ``msg``, which the calling receive just buffered and :meth:`hold`-s, in a
         transaction that takes the store only when the application touches it, or at the end
         to mark it delivered: True if it was (the commit durable).
+
+        ``mark(msg, next_in_order)``: when the application left that transaction untouched,
+        the removal from the buffer goes there instead: in a transaction the caller shares
+        with others that want the file at the same time (the receipts and deliveries of other
+        sequences: one turn on the file and one commit for all), committed when it returns
+        (durable once its ``wait_for_disk`` returns; an exception: not removed, judged as a
+        failed delivery), or None when that batch could not (then it is done here, as without).
 
         The receive's own transaction committed the message into the buffer (so a crash from
         here on leaves it there, delivered again by whoever takes the buffer next, as any
@@ -319,13 +328,21 @@ class InvokerWorker:
 
         None if it was not delivered, else whether it was handed to the application (False
         for a protocol marker it never sees), counted as :meth:`delivered_on_receive` counts."""
+        marked: StoreTransaction | None = None
+        in_order = self.policy.in_order
         try:
             with _DeliveryTransaction(self.store, None, deferred=True) as tx:
                 self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
                 # the buffer row is marked delivered after the application ran, which may have
                 # enqueued its reply: order it first, as the invoker's claim takes it first
                 tx.order_as_first(RANK_INVOKER, msg.sequence_id)
-                handed_over = self._deliver(tx, msg, next_in_order=self.policy.in_order)
+                handed_over = self._deliver(tx, msg, buffered=mark is None, next_in_order=in_order)
+                if mark is not None:
+                    marked = mark(msg, in_order) if tx.untouched else None
+                    if marked is None:
+                        self.mark_delivered_in(tx, msg, in_order)
+            if marked is not None:
+                marked.wait_for_disk()  # its commit returned before the disk; nothing is answered before
         except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
             self.failed_on_receipt(msg, exc)
             return None
@@ -671,7 +688,7 @@ class InvokerWorker:
         slog = for_sequence(log, msg.sequence_id, msg.number)
         if msg.action == _LAST_MESSAGE_ACTION:
             if buffered:
-                self._mark_delivered(tx, msg, next_in_order)
+                self.mark_delivered_in(tx, msg, next_in_order)
             slog.debug("LastMessage marker consumed")
             return False
         self._ambient.wake_sender = True
@@ -688,14 +705,16 @@ class InvokerWorker:
         else:
             self._hand_over(tx, msg, context)
         if buffered:
-            self._mark_delivered(tx, msg, next_in_order)
+            self.mark_delivered_in(tx, msg, next_in_order)
         if replies is not None:
             replies.extend(context.replies)
         slog.debug("delivered")
         return True
 
     @staticmethod
-    def _mark_delivered(tx: StoreTransaction, msg: BufferedMessage, next_in_order: bool) -> None:
+    def mark_delivered_in(tx: StoreTransaction, msg: BufferedMessage, next_in_order: bool) -> None:
+        """``msg``, delivered, removed from the buffer in ``tx`` (also by a batch of other
+        receives' work: see :meth:`deliver_received`'s ``mark``)."""
         if next_in_order:
             tx.invoker.mark_next_delivered(msg.sequence_id, msg.number)
         else:

@@ -915,6 +915,15 @@ class StoreTransaction(ABC):
     #: True when :meth:`savepoint` works (the memory and SQL stores).
     supports_savepoints: ClassVar[bool] = False
 
+    @property
+    def untouched(self) -> bool:
+        """A transaction of :meth:`StorageManager.begin_deferred` that has run no statement yet:
+        it holds nothing and read nothing, so its commit has nothing to make durable.  What its
+        caller would still write may then go in another transaction that takes the store anyway
+        (a delivery's removal from the buffer, with other receipts: see
+        ``InvokerWorker.deliver_received``).  False for every other transaction."""
+        return False
+
     def wait_for_disk_later(self) -> None:
         """Its commit returns before it is on disk; whoever reads it still waits for the disk.
 

@@ -484,6 +484,10 @@ class SqlTransaction(api.StoreTransaction):
 
     supports_savepoints = True
 
+    @property
+    def untouched(self) -> bool:
+        return self.conn is None and not self._closed  # deferred, no statement yet
+
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[None]:
         """SQL SAVEPOINT (SQLite and PostgreSQL alike); the undo capture is rewound with it."""
