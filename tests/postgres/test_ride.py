@@ -208,3 +208,23 @@ def test_ride_refuses_where_it_cannot_and_changes_nothing(resource, db):
     assert conn.ride(RIDE, ("prepared",)) is False
     resource.commit(xid, one_phase=False)
     assert conn.riding == 0 and u_values(db) == []
+
+
+def test_an_applications_write_through_an_xa_data_source_rides_on_the_commit(db, tmp_path):
+    from txmanager import TransactionManager
+    from txmanager.postgres import XADataSource
+
+    tm = TransactionManager(node="ride-app", log=tmp_path / "tm.log")
+    ds = XADataSource(db, tm)
+    try:
+        with tm.transaction():
+            with ds.connection() as conn:
+                assert conn.ride(RIDE, ("early",)) is False  # nothing ran in the branch yet: yours to run
+                with conn.cursor() as cur:
+                    cur.execute("INSERT INTO t (v) VALUES (%s)", ("a",))
+                assert conn.ride(RIDE, ("b",)) is True
+                assert not locks_u(db, conn)
+        assert values(db) == ["a"] and u_values(db) == ["b"]
+    finally:
+        ds.close()
+        tm.close()
