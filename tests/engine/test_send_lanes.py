@@ -140,7 +140,7 @@ def test_a_pipelined_rounds_acknowledgements_are_applied_once_not_once_per_lane(
     policy = fast_policy(send_concurrency=4, base_retransmission_interval=5.0)
     client = ReliableEngine("memory:", policy, name="client")
     applied: list[int] = []
-    apply_ack = client.source._apply_ack
+    apply_ack = client.source._acknowledged  # an acknowledgement applied, whichever way
 
     def counting(*args, **kwargs):
         applied.append(1)
@@ -154,7 +154,7 @@ def test_a_pipelined_rounds_acknowledgements_are_applied_once_not_once_per_lane(
         run_lanes(lanes, exchanges)
         rounds.append((len(lanes), len(applied) - before))
 
-    client.source._apply_ack = counting
+    client.source._acknowledged = counting
     client.retransmission._run_lanes = watching
     for i in range(24):
         client.send(server.endpoint_address, payload(f"a{i}"), action=ACTION, key="a")
@@ -328,14 +328,14 @@ def test_a_rounds_acknowledgements_are_applied_in_one_transaction_on_sqlite(engi
 
     applied: dict[int, set[str]] = {}
     kept: list[Any] = []  # the transactions, alive: their ids stay theirs
-    real = Source._apply_ack
+    real = Source._acknowledged  # an acknowledgement applied, whichever way
 
-    def watched(self, tx, seq, ack, version, now):
+    def watched(self, tx, seq, *args):
         kept.append(tx)
         applied.setdefault(id(tx), set()).add(seq.key)
-        return real(self, tx, seq, ack, version, now)
+        return real(self, tx, seq, *args)
 
-    monkeypatch.setattr(Source, "_apply_ack", watched)
+    monkeypatch.setattr(Source, "_acknowledged", watched)
     received = Recorder()
     server = engines("memory:", fast_policy(), serve=True, middleware=InFlight(delay=0.05), application=received)
     policy = fast_policy(send_concurrency=4, base_retransmission_interval=5.0)

@@ -248,3 +248,61 @@ def test_an_acknowledgement_that_waited_for_its_sequence_sees_what_the_holder_co
             assert [(m.number, m.acked) for m in tx.rms_messages.list_for("k1")] == [(4, False)]
     finally:
         store.close()
+
+
+def test_an_acknowledgement_alone_is_one_round_trip_beside_a_callers_enqueue(store) -> None:
+    """The sender's acknowledgement transaction (``acknowledge_sequence(beside_enqueues=True,
+    alone=True)``): the row held ``FOR KEY SHARE`` and the acknowledgement written in one query
+    string without BEGIN, which PostgreSQL commits as it ends (another session sees it before the
+    commit is asked for), and the commit sends nothing.  Three round trips before (BEGIN with the
+    row's read, the acknowledgement, COMMIT).  A caller's open enqueue is not waited for."""
+    from .test_refill_claim import _RoundTrips
+
+    started(store, messages=3)
+    caller = store.begin()
+    [msg] = enqueue(caller, n=1)  # the caller's transaction holds the sequence's number
+    tx = store.begin(durable=False)
+    tx.conn = noted = _RoundTrips(tx.conn)
+    seq, done = tx.rms_messages.acknowledge_sequence("seq-1", [(1, 2)], beside_enqueues=True, alone=True)
+    assert (seq.key, seq.next_number, done) == ("k1", 4, ([1, 2], True))  # the caller's number not seen
+    with store.begin() as other:  # committed already
+        assert [m.number for m in other.rms_messages.list_for("k1")] == [3]
+    tx.commit()
+    assert len(noted.sent) == 1 and "BEGIN" not in noted.sent[0] and "FOR KEY SHARE" in noted.sent[0], noted.sent
+    caller.commit()
+    with store.begin() as tx:
+        assert [m.number for m in tx.rms_messages.list_for("k1")] == [3, msg.number]
+
+
+def test_an_acknowledgement_alone_of_a_sequence_closed_to_enqueues_locks_it_against_every_writer(store) -> None:
+    """Its last message known, the acknowledgement may owe the Close or Terminate: the one round
+    trip leaves it alone (nothing held nor written), and it is locked and applied as without
+    ``beside_enqueues``, in a transaction the commit ends (the Close's schedule goes with it)."""
+    started(store, messages=3)
+    with store.begin() as tx:
+        tx.rms.mark_last("k1")
+    first = store.begin(durable=False)
+    seq, done = first.rms_messages.acknowledge_sequence("seq-1", [(1, 3)], beside_enqueues=True, alone=True)
+    assert seq.last_message and done == ([1, 2, 3], False)
+    with pytest.raises(LockTimeoutError):
+        with store.begin(durable=False) as second:
+            second.rms.get_by_sequence_id("seq-1", beside_enqueues=True)
+    first.rms.update("k1", next_control_at=1.0)  # what the engine does when it owes the Close
+    first.commit()
+    with store.begin() as tx:
+        assert tx.rms.get("k1").next_control_at == 1.0 and tx.rms_messages.list_for("k1") == []
+
+
+def test_an_acknowledgement_alone_refused_or_unknown_writes_nothing(store) -> None:
+    from wsrm_plugin.store import InvalidAcknowledgementError
+
+    started(store, messages=2)
+    with store.begin() as tx:
+        enqueue(tx, n=1)  # number 3: never sent
+    with pytest.raises(InvalidAcknowledgementError):
+        with store.begin(durable=False) as tx:
+            tx.rms_messages.acknowledge_sequence("seq-1", [(1, 3)], beside_enqueues=True, alone=True)
+    with store.begin(durable=False) as tx:
+        assert tx.rms_messages.acknowledge_sequence("nope", [(1, 1)], beside_enqueues=True, alone=True) is None
+    with store.begin() as tx:
+        assert [(m.number, m.acked) for m in tx.rms_messages.list_for("k1")] == [(1, False), (2, False), (3, False)]

@@ -997,10 +997,18 @@ class Source:
                 return
             self._flush_ack(pending, ack.identifier)
         now = time.time()
+        if not ack.nacks and not ack.final:
+            # not durable (below); callers' enqueues on the sequence neither wait for it nor hold
+            # it up (beside_enqueues); on PostgreSQL the transaction is one round trip (alone)
+            with self.store.begin(durable=False) as tx:
+                owes_control = self._acknowledge_by_identifier(tx, ack, version, now,
+                                                               beside_enqueues=True, alone=True)
+            if owes_control:
+                self._wake()
+            return
         # not durable: an acknowledgement a crash forgot is learned again (the messages are sent
         # again and acknowledged again); meanwhile the sequence's row is free sooner for enqueues
         with self.store.begin(durable=False) as tx:
-            # callers' enqueues on the sequence neither wait for it nor hold it up (beside_enqueues)
             seq = tx.rms.get_by_sequence_id(ack.identifier, beside_enqueues=not ack.final)
             if seq is None:
                 raise UnknownSequence(ack.identifier, version=version)
@@ -1027,10 +1035,17 @@ class Source:
         no transaction of its own before the receipt's.  Raises the fault :meth:`on_ack` would,
         before anything is written; True when the sequence owes its Close or Terminate now (wake
         the sender after the commit)."""
-        now = time.time()
+        return self._acknowledge_by_identifier(tx, ack, version, time.time())
+
+    def _acknowledge_by_identifier(self, tx: StoreTransaction, ack: SequenceAcknowledgement, version: RMVersion,
+                                   now: float, *, beside_enqueues: bool = False, alone: bool = False) -> bool:
+        """A plain ``ack`` applied in ``tx`` through ``acknowledge_sequence`` (the sequence looked
+        up in the acknowledgement's statement: one round trip); True when the sequence owes its
+        Close or Terminate now.  ``beside_enqueues`` and ``alone`` as the store's."""
         identifier, ranges, keep = self.riding_acknowledging(ack)
-        try:  # the sequence looked up in the acknowledgement's statement (one round trip)
-            found = tx.rms_messages.acknowledge_sequence(identifier, ranges, now, keep_offered_awaiting=keep)
+        try:
+            found = tx.rms_messages.acknowledge_sequence(identifier, ranges, now, keep_offered_awaiting=keep,
+                                                         beside_enqueues=beside_enqueues, alone=alone)
         except InvalidAcknowledgementError as exc:
             raise InvalidAcknowledgement(ack.identifier, str(exc), version=version) from None
         if found is None:

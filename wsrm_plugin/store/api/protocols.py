@@ -248,7 +248,8 @@ class RmsMessageManager(_Manager, ABC):
         return newly, pending
 
     def acknowledge_sequence(self, sequence_id: str, ranges: Iterable[tuple[int, int]],
-                             now: float | None = None, *, keep_offered_awaiting: bool = False
+                             now: float | None = None, *, keep_offered_awaiting: bool = False,
+                             beside_enqueues: bool = False, alone: bool = False
                              ) -> tuple[RmsSequence, tuple[list[int], bool] | None] | None:
         """:meth:`acknowledge` of the source sequence the peer calls ``sequence_id``, its row
         looked up and locked first (``get_by_sequence_id``): None when there is none; the
@@ -259,8 +260,14 @@ class RmsMessageManager(_Manager, ABC):
         An acknowledgement riding on a message names its sequence by the peer's identifier:
         the PostgreSQL store looks the row up in the acknowledgement's statement (a round trip
         less on a service's receipt).  :class:`InvalidAcknowledgementError`, and nothing
-        changed, as :meth:`acknowledge`."""
-        seq = self._tx.rms.get_by_sequence_id(sequence_id)
+        changed, as :meth:`acknowledge`.
+
+        ``beside_enqueues``: the row looked up as ``get_by_sequence_id(beside_enqueues=True)``
+        looks it up.  ``alone``: the transaction is this acknowledgement only (nothing written
+        before it, nothing after it unless it returns a sequence closed to enqueues): the
+        PostgreSQL store then sends no BEGIN, and its commit no COMMIT (one round trip for the
+        sender's acknowledgement transaction, which was three)."""
+        seq = self._tx.rms.get_by_sequence_id(sequence_id, beside_enqueues=beside_enqueues)
         if seq is None:
             return None
         if not rms_life(seq).transmitting:

@@ -97,6 +97,11 @@ def _ordered_scan(tx: SqlTransaction) -> str:
 _CLOSED_TO_ENQUEUES = "last_message OR closed OR close_sent OR terminate_sent OR faulted"
 
 
+def _closed_to_enqueues(seq: RmsSequence) -> bool:
+    """:data:`_CLOSED_TO_ENQUEUES` of a sequence read."""
+    return seq.last_message or seq.closed or seq.close_sent or seq.terminate_sent or seq.faulted
+
+
 def _acknowledging(merged: api.AckRanges, t: float, *, key: str | None, kept: bool) -> tuple[str, list[Any]]:
     """:meth:`_RmsMessages.acknowledge`'s statement and its parameters, up to its select list's
     last column (the sequence's row as written): of sequence ``key``, or, with ``key`` None, of
@@ -529,13 +534,21 @@ class _RmsMessages(api.RmsMessageManager):
         return list(newly), bool(pending)
 
     def acknowledge_sequence(self, sequence_id: str, ranges: Iterable[tuple[int, int]],
-                             now: float | None = None, *, keep_offered_awaiting: bool = False
+                             now: float | None = None, *, keep_offered_awaiting: bool = False,
+                             beside_enqueues: bool = False, alone: bool = False
                              ) -> tuple[RmsSequence, tuple[list[int], bool] | None] | None:
         """On PostgreSQL, one round trip: the sequence's row locked (a statement of its own, as
         ``get_by_sequence_id`` locks it: the acknowledgement after it then runs on a snapshot
         that sees whatever the lock waited for), then :meth:`acknowledge`'s statement, which
         also reads the row and writes only when the sequence is transmitting and no number
-        named is above its highest (that one is refused without a statement, as before)."""
+        named is above its highest (that one is refused without a statement, as before).
+
+        ``beside_enqueues``: the row held ``FOR KEY SHARE`` when the sequence is open to
+        enqueues, and the acknowledgement written only then (its last message not known, it
+        owes no Close nor Terminate after it); a sequence closed to enqueues is then locked and
+        acknowledged as without it, in a statement after.  ``alone``: the transaction's first
+        write goes without BEGIN (``next_write_commits``): PostgreSQL commits it as its query
+        string ends, so a transaction of this acknowledgement alone is that one round trip."""
         tx = self._tx
         merged = api.AckRanges.from_ranges(ranges)
         ahead = tx.ran_ahead.pop(ahead_key("acknowledged", sequence_id, merged.ranges, keep_offered_awaiting),
@@ -545,12 +558,23 @@ class _RmsMessages(api.RmsMessageManager):
             return self.acknowledged_from(ahead, merged)
         if not self.acknowledges_in_one(sequence_id, merged):
             return super().acknowledge_sequence(sequence_id, merged.ranges, now,
-                                                keep_offered_awaiting=keep_offered_awaiting)
+                                                keep_offered_awaiting=keep_offered_awaiting,
+                                                beside_enqueues=beside_enqueues)
         tx.lock(RANK_RMS, ("sequence_id", sequence_id))
-        [(lock, lock_params), then] = self.acknowledging_statements(sequence_id, merged, now, keep_offered_awaiting)
+        beside = beside_enqueues and bool(tx.d.key_share)
+        [(lock, lock_params), then] = self.acknowledging_statements(
+            sequence_id, merged, now, keep_offered_awaiting,
+            gate=f" AND NOT ({_CLOSED_TO_ENQUEUES})" if beside else "",
+            hold=tx.d.key_share if beside else " FOR UPDATE")
+        if alone:
+            tx.next_write_commits()
         cur = tx.execute(lock, lock_params, then=then)
         row = cur.fetchone()
         cur.close()
+        if beside and row[3 + len(_RMS_COLS)] is not None and _closed_to_enqueues(_rms(row[3 + len(_RMS_COLS):])):
+            # neither held nor written (the gate): locked against every writer, as without beside_enqueues
+            return super().acknowledge_sequence(sequence_id, merged.ranges, now,
+                                                keep_offered_awaiting=keep_offered_awaiting)
         return self.acknowledged_from(row, merged)
 
     def acknowledges_in_one(self, sequence_id: str, merged: api.AckRanges) -> bool:
@@ -562,17 +586,17 @@ class _RmsMessages(api.RmsMessageManager):
 
     def acknowledging_statements(self, sequence_id: str, merged: api.AckRanges, now: float | None,
                                  keep_offered_awaiting: bool, *, gate: str = "",
-                                 more: tuple[str, str, Sequence[Any]] = ("", "", ())
-                                 ) -> list[tuple[str, Sequence[Any]]]:
-        """:meth:`acknowledge_sequence`'s two statements: the sequence's row locked, then
-        :meth:`acknowledge`'s statement, which also reads the row.  ``gate`` and ``more`` as
-        :meth:`answering_statements`' (with ``gate`` false, nothing is locked nor written)."""
+                                 more: tuple[str, str, Sequence[Any]] = ("", "", ()),
+                                 hold: str = " FOR UPDATE") -> list[tuple[str, Sequence[Any]]]:
+        """:meth:`acknowledge_sequence`'s two statements: the sequence's row locked (``hold``),
+        then :meth:`acknowledge`'s statement, which also reads the row.  ``gate`` and ``more``
+        as :meth:`answering_statements`' (with ``gate`` false, nothing is locked nor written)."""
         sql, params = _acknowledging(merged, _now(now), key=None, kept=keep_offered_awaiting)
         columns, join, values = more
         # ``g``: the sequence when the acknowledgement applies to it (see rms_life: started and
         # live), and whether it keeps the requests waiting for their replies (it has an Offer)
         return [
-            (f"SELECT 1 FROM rms_sequence WHERE sequence_id = ?{gate} FOR UPDATE", (sequence_id,)),
+            (f"SELECT 1 FROM rms_sequence WHERE sequence_id = ?{gate}{hold}", (sequence_id,)),
             (f"WITH q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE sequence_id = ?), "
              "g AS (SELECT seq_key, offered_id IS NOT NULL AND ? AS kp FROM q WHERE started "
              f"AND NOT terminate_sent AND NOT faulted AND highest_number >= ?{gate}), "
