@@ -88,8 +88,11 @@ def _transaction_manager(args: argparse.Namespace, store: Any) -> tuple[Any, Any
     tm.register_resource(store.xa_resource())
     ds = XADataSource(args.record_dsn, tm)
     with ds.connection() as conn, conn.cursor() as cur:  # local: schema set-up
+        # xact: the application branch's transaction, shared by the rows one global transaction
+        # delivered together (RMPolicy.receive_together)
         cur.execute("CREATE TABLE IF NOT EXISTS delivered (id BIGSERIAL PRIMARY KEY, sequence_id TEXT, "
-                    "number BIGINT, message_id TEXT, item TEXT, at DOUBLE PRECISION)")
+                    "number BIGINT, message_id TEXT, item TEXT, at DOUBLE PRECISION, "
+                    "xact BIGINT DEFAULT txid_current())")
         cur.execute("CREATE TABLE IF NOT EXISTS sent (id BIGSERIAL PRIMARY KEY, item TEXT)")
     report = tm.recovery.recover_once()
     log.info("recovery at start: %s", report.summary())

@@ -96,3 +96,37 @@ def test_an_item_the_batch_leaves_comes_back_as_alone():
     assert combiner.submit("k", "a") is ALONE
     with pytest.raises(ValueError, match="limit"):
         Combiner(lambda items: items, limit=0)
+
+
+def test_a_batch_that_hands_on_lets_the_next_one_run_before_it_ends():
+    """``hand_on`` from inside the batch (its work done, its commit left): the callers waiting
+    meanwhile run as the next batch at once, and the first still ends as usual.  Without it the
+    next batch waits for the first to return."""
+    go, commit, handed = threading.Event(), threading.Event(), []
+    batches: list[list[str]] = []
+
+    def batch(items: list[str]) -> list[object]:
+        batches.append(list(items))
+        if items == ["first"]:
+            assert go.wait(10)
+            handed.append(combiner.hand_on())
+            handed.append(combiner.hand_on())  # once per batch
+            assert commit.wait(10)
+        return [i.upper() for i in items]
+
+    combiner = Combiner(batch, limit=8)
+    assert combiner.hand_on() is False  # not inside a batch
+    out: dict = {}
+    first = _submit(combiner, "k", "first", out)
+    assert wait_for(lambda: _queued(combiner, "k") == 0)
+    others = [_submit(combiner, "k", item, out) for item in ("b", "c")]
+    assert wait_for(lambda: _queued(combiner, "k") == 2)
+    go.set()
+    for t in others:
+        t.join(10)
+    assert (out.get("b"), out.get("c"), "first" in out) == ("B", "C", False)  # while the first commits
+    assert handed == [True, False] and batches == [["first"], ["b", "c"]]
+    commit.set()
+    first.join(10)
+    assert out["first"] == "FIRST" and combiner._waiting == {}
+    assert (combiner.batches, combiner.items, combiner.handed_on) == (2, 3, 1)

@@ -51,14 +51,18 @@ class Served:
 
 
 class _Gated(Ledger):
-    """The ledger, whose call for "first" waits for ``release`` (after setting ``started``)."""
+    """The ledger, whose call for "first" waits for ``release`` (after setting ``started``), and
+    registers ``hold`` (a synchronization) with its global transaction when there is one."""
 
     started: threading.Event
     release: threading.Event
+    hold: object | None = None
 
     def __call__(self, envelope: bytes, context: object) -> None:
         super().__call__(envelope, context)
         if item_text(envelope) == "first":
+            if self.hold is not None:
+                self.tm.get_transaction().register_synchronization(self.hold)
             self.started.set()
             assert self.release.wait(60)
 
@@ -188,3 +192,43 @@ def test_a_refused_receive_in_a_batch_is_refused_alone(served) -> None:
     committed = dict(rows(s.app_db))
     assert sorted(committed) == ["first", *(f"m{n}" for n in range(BEHIND - 1))]
     assert len({committed[f"m{n}"] for n in range(BEHIND - 1)}) == 1
+
+
+class _HeldCommit:
+    """A synchronization whose ``before_completion`` (the commit's start, every part run) waits."""
+
+    def __init__(self) -> None:
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def before_completion(self) -> None:
+        self.reached.set()
+        assert self.release.wait(60)
+
+    def after_completion(self, status: object) -> None:
+        pass
+
+
+def test_the_next_batch_runs_while_one_commits(served) -> None:
+    """Once a batch's parts all ran, only its commit is left: the receives waiting meanwhile
+    start the next batch then (``Combiner.hand_on``), and it delivers and commits while the first
+    is still committing.  One batch at a time, m0 waited for "first"'s commit."""
+    s = served()
+    s.ledger.hold = held = _HeldCommit()
+    s.release.set()  # "first"'s application returns at once; its commit is held
+    sends, identifiers, answered = _sends(s, 1)
+    combiner = s.server.destination._together
+    identifier = open_sequence(s.url, RM11)
+    first = threading.Thread(target=send_ok, args=(s.url, RM11, identifier, 1, "first"))
+    first.start()
+    try:
+        assert held.reached.wait(30)
+        sends[0].start()
+        assert wait_for(lambda: identifiers[0] in answered, timeout=30), combiner.queued(None)
+        assert [item for item, _ in rows(s.app_db)] == ["m0"]  # committed; "first" is not yet
+        assert combiner.handed_on >= 1
+    finally:
+        held.release.set()
+    for t in [first, *sends]:
+        t.join(60)
+    assert sorted(item for item, _ in rows(s.app_db)) == ["first", "m0"]
+    assert answered == {identifiers[0]: [(1, 1)]}

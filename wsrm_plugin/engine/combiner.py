@@ -15,6 +15,11 @@ batches (the same shape as the recovery log's group commit).
 The batch function returns one outcome per item, an exception for an item it
 refused; :data:`ALONE` asks the caller to do its item by itself (the batch
 could not settle it, e.g. its transaction failed).
+
+A batch may let the next one start before it ends (:meth:`Combiner.hand_on`, from inside the
+batch function): once its work is done and only its commit is left, the callers waiting
+meanwhile form the next batch, which does its work while this one commits.  Batches of one
+key then overlap by their commits, never by their work.
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ T = TypeVar("T")
 
 #: An outcome meaning "not settled by the batch: do it alone".
 ALONE: Any = object()
+
+
+#: What a thread's ``_leading.key`` holds when it leads no batch of that combiner (or handed it on).
+_NONE: Any = object()
 
 
 class _Slot(Generic[T]):
@@ -56,6 +65,10 @@ class Combiner(Generic[T]):
         #: Batches run and items they settled or refused (not ALONE): their ratio is the mean batch size.
         self.batches = 0
         self.items = 0
+        #: Batches that let the next one start before they ended (:meth:`hand_on`).
+        self.handed_on = 0
+        #: ``key``: the key of the batch this thread leads, while it runs and has not handed on
+        self._leading = threading.local()
 
     def queued(self, key: Hashable) -> int:
         """Callers of ``key`` waiting for the running batch to end (they form the next one)."""
@@ -81,12 +94,36 @@ class Combiner(Generic[T]):
             raise outcome
         return outcome
 
+    def hand_on(self) -> bool:
+        """From inside the batch function: the batch's work is done (only its commit is left),
+        so the next batch of its key may start now, led by the first caller waiting (or by the
+        next to come), instead of when this one returns.  True if handed on (once per batch)."""
+        key = getattr(self._leading, "key", _NONE)
+        if key is _NONE:  # not inside a batch of this thread, or handed on already
+            return False
+        self._leading.key = _NONE
+        with self._lock:
+            self._pass_lead(key)
+            self.handed_on += 1
+        return True
+
+    def _pass_lead(self, key: Hashable) -> None:
+        """The next batch of ``key`` may start: its first waiting caller leads (caller holds the lock)."""
+        queue = self._waiting[key]
+        if queue:
+            following = queue.popleft()
+            following.lead = True
+            following.ready.set()
+        else:
+            del self._waiting[key]
+
     def _lead(self, key: Hashable, first: _Slot[T]) -> None:
         batch = [first]
         with self._lock:
             queue = self._waiting[key]
             while queue and len(batch) < self._limit:
                 batch.append(queue.popleft())
+        self._leading.key = key
         try:
             outcomes = self._batch([s.item for s in batch])
             if len(outcomes) != len(batch):
@@ -95,16 +132,13 @@ class Combiner(Generic[T]):
             for s, outcome in zip(batch, outcomes, strict=True):
                 s.outcome = outcome
                 settled += outcome is not ALONE
-            self.batches += 1
-            self.items += settled
+            with self._lock:  # batches handed on may end at the same time
+                self.batches += 1
+                self.items += settled
         finally:  # whatever happened, every caller is answered (ALONE at worst) and one leads next
-            with self._lock:
-                queue = self._waiting[key]
-                if queue:
-                    following = queue.popleft()
-                    following.lead = True
-                    following.ready.set()
-                else:
-                    del self._waiting[key]
+            if getattr(self._leading, "key", _NONE) is not _NONE:  # not handed on before
+                self._leading.key = _NONE
+                with self._lock:
+                    self._pass_lead(key)
             for s in batch[1:]:
                 s.ready.set()

@@ -880,7 +880,15 @@ class Destination:
         sequences' identifiers, so two such batches (two hosts on one store) take rows in one
         order; a deadlock with another transaction is detected by PostgreSQL and rolls the
         batch back, each receive then alone.  Nothing is answered before the global
-        commit, which returns once it is durable."""
+        commit, which returns once it is durable.
+
+        Once every part ran, only the commit is left (its round trips and flushes: under
+        two-phase commit a PREPARE and a COMMIT PREPARED a branch): the receives waiting
+        meanwhile start the next batch then (``Combiner.hand_on``), which records and delivers
+        while this one commits.  One batch at a time, they did not overlap at all, and that
+        cost more rate than the commits saved.  A part of the next batch whose sequence this
+        one holds waits for its commit, as a receive alone would (no deadlock: a commit waits
+        for no row)."""
         invoker = self._direct
         assert invoker is not None
         outcomes: dict[int, Any] = {}
@@ -902,6 +910,8 @@ class Destination:
                         failing = item
                         raise
                     outcomes[id(item)] = (*recorded, tx)
+                if self._together is not None:  # only the commit is left: the next batch starts now
+                    self._together.hand_on()
         except Exception as exc:
             if len(items) == 1:
                 return [_FailedOnReceipt(exc) if items[0].taken else exc]
