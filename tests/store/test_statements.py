@@ -487,3 +487,49 @@ def test_a_replys_record_marks_its_request_answered_and_applies_the_riding_ackno
     with store.begin() as tx:
         assert [(m.number, m.reply_pending, m.acked) for m in tx.rms_messages.list_for("k1")] == \
             [(2, False, False), (3, False, False)]
+
+
+def test_a_receipt_to_buffer_guesses_in_order_on_sqlite(store: StorageManager) -> None:
+    """``receive_in_order(take=False)`` (a receive that buffers its message to deliver it apart):
+    on SQLite the receipt's UPDATE is the guess (the row's read before it is gone), and nothing is
+    taken; PostgreSQL saves nothing so (its round trip is the lock's) and leaves it to the general
+    way, sending nothing."""
+    with store.begin() as tx:
+        new_rmd(tx)
+        tx.rmd.record_received("s1", 1)
+    with store.begin() as tx:
+        seen = statements(tx)
+        guessed = tx.receive_in_order("s1", 2, take=False)
+        if store.url.startswith("postgresql"):
+            assert guessed is None and seen == []
+            return
+        assert guessed is not None
+        before, taken = guessed
+        assert not taken and before.received.ranges == ((1, 1),)
+        assert len(seen) == 1 and seen[0].startswith("UPDATE rmd_sequence"), seen
+        assert put(tx, "s1", 2)
+    with store.begin() as tx:
+        assert tx.rmd.get("s1").received.ranges == ((1, 2),)
+        assert tx.invoker.next_deliverable("s1", in_order=False).number == 2  # buffered, not taken
+
+
+def test_a_put_reads_the_delivered_ranges_in_its_insert_on_sqlite(store: StorageManager) -> None:
+    """SQLite's transaction holds the whole file, so nobody delivers between the insert and the
+    read of what is delivered: one statement (the read in the INSERT's RETURNING) where
+    PostgreSQL reads again after it.  A number delivered already is still not buffered."""
+    with store.begin() as tx:
+        assert put(tx, "s1", 1)  # the sequence's invoker row made
+    with store.begin() as tx:
+        tx.invoker.mark_delivered("s1", 1)
+    with store.begin() as tx:
+        seen = statements(tx)
+        assert put(tx, "s1", 2)
+        assert not put(tx, "s1", 1)  # delivered already: undone
+    inserts = count(seen, "INSERT INTO invoker_message")
+    reads = [s for s in seen if s.startswith("SELECT") and "FROM invoker_sequence" in s]
+    if store.url.startswith("postgresql"):
+        assert inserts == 2 and len(reads) == 2, seen
+    else:
+        assert inserts == 2 and reads == [], seen
+    with store.begin() as tx:
+        assert tx.invoker.next_deliverable("s1").number == 2 and tx.invoker.count() == 1

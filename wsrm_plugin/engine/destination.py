@@ -107,6 +107,9 @@ class _Receipt:
     wrote: bool = False
     #: Deliver it in its receive's transaction if it is next in order (``deliver_on_receive``).
     direct: bool = False
+    #: Buffered to be delivered apart by its own receive (``_record_then_deliver``): its receipt
+    #: guesses in order too (``receive_in_order(take=False)``).
+    buffers_apart: bool = False
     #: Taken in that transaction (recorded as delivered, never buffered): delivered on commit.
     taken: bool = False
     #: Taken in that transaction with nothing to run: a reply whose call is answered by its
@@ -971,6 +974,7 @@ class Destination:
         message meanwhile; the receives of its sequence behind it wait for their turn
         (:meth:`_wait_turn`) until it is delivered."""
         item.wrote = item.taken = item.handed_over = item.direct = False
+        item.buffers_apart = True
         outcome = self._apart_receipts.submit(None, item)
         if outcome is ALONE:  # its batch rolled back: alone, as if it had come alone
             [outcome] = self._buffer_apart([item])
@@ -1154,9 +1158,10 @@ class Destination:
             if consuming and addressing.relates_to is not None else None
         acknowledging = self.riding_acknowledging(item.acks[0][0]) \
             if answering is None and not consuming and item.acks and self.apply_riding_ack is not None else None
+        # a receipt buffered to deliver apart guesses too, and is not taken (the put follows)
         guessed = (tx.receive_in_order(identifier, number, now=now, answering=answering,
-                                       acknowledging=acknowledging)
-                   if (item.direct or consuming) and not header.last_message else None)
+                                       acknowledging=acknowledging, take=item.direct or consuming)
+                   if (item.direct or consuming or item.buffers_apart) and not header.last_message else None)
         if guessed is not None:
             item.wrote = True  # a refusal below must roll its writes back, in a batch too
             before, taken_with_receipt = guessed

@@ -889,8 +889,8 @@ class StoreTransaction(ABC):
 
     def receive_in_order(self, sequence_id: str, number: int, *, now: float | None = None,
                          answering: tuple[str, str, Sequence[tuple[int, int]], bool] | None = None,
-                         acknowledging: tuple[str, Sequence[tuple[int, int]], bool] | None = None
-                         ) -> tuple[RmdSequence, bool] | None:
+                         acknowledging: tuple[str, Sequence[tuple[int, int]], bool] | None = None,
+                         take: bool = True) -> tuple[RmdSequence, bool] | None:
         """The sequence's RMD row locked, ``number`` recorded as received and taken (as
         :meth:`receive_and_take`) in one round trip, if the sequence is open and has received
         exactly 1..number-1: the sequence as it was before, and whether it was taken.
@@ -905,7 +905,9 @@ class StoreTransaction(ABC):
         may run it in the same round trip, that call then answering from what it wrote.
         ``acknowledging``: likewise, the arguments of
         :meth:`RmsMessageManager.acknowledge_sequence` (but ``now``) the caller makes if the
-        message is received (the acknowledgement that rode on it)."""
+        message is received (the acknowledgement that rode on it).  ``take=False``: recorded
+        as received only, never taken (the caller buffers it: a receive that delivers apart);
+        a store may then save a round trip only where the receipt alone saves one."""
         return None
 
     def next_write_commits(self) -> None:

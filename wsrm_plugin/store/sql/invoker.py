@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
+from typing import Any
 
 from .. import api
 from ..api import (
@@ -83,6 +84,8 @@ class _Invoker(api.InvokerBufferManager):
             # the transaction, and the peer sends the message again
             tx.copy_in("invoker_message", _PUT_COLS, _PUT_TYPES, row)
             n = 1
+        elif not tx.d.for_update:  # SQLite: the delivered ranges read in the insert's own statement
+            return self._put_reading_delivered(sequence_id, number, row)
         else:
             n = tx.write(
                 f"INSERT INTO invoker_message ({_cols(_PUT_COLS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
@@ -92,6 +95,28 @@ class _Invoker(api.InvokerBufferManager):
         if number in self._delivered(sequence_id, create=True):
             tx.write("DELETE FROM invoker_message WHERE sequence_id = ? AND number = ?",
                      (sequence_id, number))
+            return False
+        return True
+
+    def _put_reading_delivered(self, sequence_id: str, number: int, row: tuple[Any, ...]) -> bool:
+        """:meth:`put` where the transaction holds the whole file (SQLite): nobody delivers
+        meanwhile, so the delivered ranges are read in the insert's RETURNING (a statement
+        where the read after the insert made two); a sequence without its invoker row yet gets
+        it as before."""
+        tx = self._tx
+        rows = tx.write_all(
+            f"INSERT INTO invoker_message ({_cols(_PUT_COLS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (sequence_id, number) DO NOTHING RETURNING "
+            "(SELECT 1 FROM invoker_sequence WHERE sequence_id = ?), "
+            "(SELECT delivered FROM invoker_sequence WHERE sequence_id = ?)", (*row, sequence_id, sequence_id))
+        if not rows:
+            return False
+        if rows[0][0] is None:
+            delivered = self._delivered(sequence_id, create=True)
+        else:
+            delivered = self._read_delivered[sequence_id] = api.parse_ranges(rows[0][1])
+        if number in delivered:
+            tx.write("DELETE FROM invoker_message WHERE sequence_id = ? AND number = ?", (sequence_id, number))
             return False
         return True
 

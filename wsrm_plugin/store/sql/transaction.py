@@ -331,8 +331,8 @@ class SqlTransaction(api.StoreTransaction):
 
     def receive_in_order(self, sequence_id: str, number: int, *, now: float | None = None,
                          answering: tuple[str, str, Sequence[tuple[int, int]], bool] | None = None,
-                         acknowledging: tuple[str, Sequence[tuple[int, int]], bool] | None = None
-                         ) -> tuple[RmdSequence, bool] | None:
+                         acknowledging: tuple[str, Sequence[tuple[int, int]], bool] | None = None,
+                         take: bool = True) -> tuple[RmdSequence, bool] | None:
         """On PostgreSQL, one statement: the receipt written and the message taken, if the
         sequence has received exactly 1..number-1 and is open.
 
@@ -367,7 +367,9 @@ class SqlTransaction(api.StoreTransaction):
         if number < 2 or sequence_id in self.held_rmd:
             return None
         if not self.d.for_update:
-            return self._receive_in_order_here(sequence_id, number, now)
+            return self._receive_in_order_here(sequence_id, number, now, take)
+        if not take:  # PostgreSQL's round trip is the lock's: the general way reads the row in it
+            return None
         if answering is not None and answering[2] and self.d.writable_cte and self.undo is None:
             message_id, acked, ranges, keep = answering
             merged = api.AckRanges.from_ranges(ranges)
@@ -441,8 +443,8 @@ class SqlTransaction(api.StoreTransaction):
             self.ran_ahead[key] = row[:width]
         return replace(seq, received=api.parse_ranges(before)), self.note_take(sequence_id, number, bool(outcome))
 
-    def _receive_in_order_here(self, sequence_id: str, number: int,
-                               now: float | None) -> tuple[RmdSequence, bool] | None:
+    def _receive_in_order_here(self, sequence_id: str, number: int, now: float | None,
+                               take: bool = True) -> tuple[RmdSequence, bool] | None:
         """:meth:`receive_in_order` where the transaction holds the whole file (SQLite): no lock to
         take first, so the guess is the receipt's UPDATE itself (it changes the row only if the
         sequence has received exactly 1..number-1 and is open, and returns it as written), and
@@ -462,7 +464,7 @@ class SqlTransaction(api.StoreTransaction):
             return None
         self._wrote = True
         seq = self.held_rmd[sequence_id] = _rmd(rows[0])
-        return replace(seq, received=api.parse_ranges(before)), self.invoker.take_next(sequence_id, number)
+        return replace(seq, received=api.parse_ranges(before)), take and self.invoker.take_next(sequence_id, number)
 
     def note_take(self, sequence_id: str, number: int, taken: bool) -> bool:
         """After a take: the invoker row as this transaction now holds it (or forgets it)."""
