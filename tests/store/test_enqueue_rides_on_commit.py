@@ -173,3 +173,20 @@ def test_a_statement_prepared_mid_transaction_leaves_the_writes_riding_on_the_co
         assert messages(store) == (list(range(1, 9)), 9)
     finally:
         store.close()
+
+
+def test_at_most_so_many_writes_ride_at_once(store, tm, counts):
+    """A transaction enqueuing many (a Spark partition under XA) keeps a bounded query string:
+    the write after ``RIDING_AT_MOST`` riding is sent, with them in front of it."""
+    from wsrm_plugin.store.sql.transaction import RIDING_AT_MOST
+
+    with tm.transaction():
+        tx = store.begin(xa=tm)
+        tx.rms.get("k1")
+        sent = counts["sent"]
+        enqueue(tx, n=RIDING_AT_MOST)
+        assert tx.conn.riding == RIDING_AT_MOST and counts["sent"] == sent
+        enqueue(tx, n=3)
+        assert counts["sent"] == sent + 1 and tx.conn.riding == 2
+    assert counts["riding"] == [3]
+    assert messages(store) == (list(range(1, RIDING_AT_MOST + 4)), RIDING_AT_MOST + 4)

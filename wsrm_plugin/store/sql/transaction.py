@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 
 #: statements sent in one round trip, with their parameters
 _Statements = list[tuple[str, Sequence[Any]]]
+#: writes riding at once at most (:meth:`SqlTransaction.write_later`): the next one is sent,
+#: with them, in a round trip of its own (a transaction enqueuing thousands, a Spark partition
+#: under XA, keeps a bounded query string in memory, not all of its messages)
+RIDING_AT_MOST = 64
 
 
 class SqlTransaction(api.StoreTransaction):
@@ -184,8 +188,8 @@ class SqlTransaction(api.StoreTransaction):
         transaction's statements still run in the order they were given.  A failure of it is
         raised by the round trip it rides on (a statement's error, or the commit's: the global
         transaction rolled back), with PostgreSQL's SQLSTATE."""
-        if not self.rides_writes:
-            self.write(sql, params)
+        if not self.rides_writes or self.conn.riding >= RIDING_AT_MOST:
+            self.write(sql, params)  # (they go in front of it)
             return
         self._check_open()
         if self._numbered and "rms_sequence" in sql:
