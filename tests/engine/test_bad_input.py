@@ -9,6 +9,7 @@ a well-behaved engine never sends them.
 from __future__ import annotations
 
 import io
+import threading
 
 import pytest
 from lxml import etree
@@ -45,6 +46,20 @@ def send_ok(url: str, rm, identifier: str, number: int, text: str, **kwargs) -> 
     parsed, _ = SequenceAcknowledgement.from_xml(ack)
     assert parsed.identifier == identifier
     return parsed.ranges
+
+
+def first_message_senders(url: str, rm, identifiers: list[str]
+                          ) -> tuple[list[threading.Thread], dict[str, list[tuple[int, int]]]]:
+    """Threads (not started) that each send one sequence's message 1, ``m<n>`` for the n-th
+    identifier (receives of many sequences arriving at once), and the ranges each was
+    answered with, by identifier, filled as they end."""
+    answered: dict[str, list[tuple[int, int]]] = {}
+
+    def send(identifier: str, text: str) -> None:
+        answered[identifier] = send_ok(url, rm, identifier, 1, text)
+
+    return ([threading.Thread(target=send, args=(identifier, f"m{n}")) for n, identifier in enumerate(identifiers)],
+            answered)
 
 
 @pytest.fixture

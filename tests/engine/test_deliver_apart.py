@@ -18,7 +18,7 @@ import time
 
 from .conftest import fast_policy
 from .support import RM11, Recorder, wait_for
-from .test_bad_input import open_sequence, send_ok
+from .test_bad_input import first_message_senders, open_sequence, send_ok
 
 SEQUENCES = 4
 
@@ -94,13 +94,7 @@ def test_deliveries_of_several_sequences_share_one_fsync(engines, store_for, mon
         real_fsync()
 
     monkeypatch.setattr(sync, "_fsync", slow_fsync)
-    answered: dict[str, list[tuple[int, int]]] = {}
-
-    def send(identifier: str, text: str) -> None:
-        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
-
-    threads = [threading.Thread(target=send, args=(identifier, f"m{n}"))
-               for n, identifier in enumerate(identifiers)]
+    threads, answered = first_message_senders(url, RM11, identifiers)
     for t in threads:
         t.start()
     for t in threads:
@@ -196,16 +190,10 @@ def test_receives_of_several_sequences_buffer_in_one_transaction(engines, store_
     identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
     combiner = server.destination._apart_receipts
     kinds = _batches_of(combiner)
-    answered: dict[str, list[tuple[int, int]]] = {}
-
-    def send(identifier: str, text: str) -> None:
-        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
-
+    threads, answered = first_message_senders(url, RM11, identifiers)
     holding = server.store.begin()
     holding.rms.get("nothing")  # its first statement takes the file
     try:
-        threads = [threading.Thread(target=send, args=(identifier, f"m{n}"))
-                   for n, identifier in enumerate(identifiers)]
         for t in threads:
             t.start()
         # one leads (waiting for the file), the others wait for its batch to end
@@ -252,13 +240,7 @@ def test_removals_from_the_buffer_of_several_deliveries_share_one_transaction(en
     server, url = _served(engines, store_for, application)
     identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
     combiner = server.destination._apart_receipts
-    answered: dict[str, list[tuple[int, int]]] = {}
-
-    def send(identifier: str, text: str) -> None:
-        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
-
-    threads = [threading.Thread(target=send, args=(identifier, f"m{n}"))
-               for n, identifier in enumerate(identifiers)]
+    threads, answered = first_message_senders(url, RM11, identifiers)
     for t in threads:
         t.start()
     assert wait_for(lambda: len(received.snapshot()) == SEQUENCES, timeout=20)  # buffered, applications in

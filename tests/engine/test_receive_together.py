@@ -18,7 +18,7 @@ from wsrm_plugin.wire import UnknownSequence
 
 from .conftest import fast_policy
 from .support import RM11, Recorder, application_message, post, wait_for
-from .test_bad_input import open_sequence, send_ok
+from .test_bad_input import first_message_senders, open_sequence
 
 SEQUENCES = 4
 
@@ -66,14 +66,9 @@ def test_receives_of_several_sequences_deliver_in_one_transaction(engines, store
     combiner = server.destination._together
     batches, items = combiner.batches, combiner.items
     sync = server.store._sync
-    answered: dict[str, list[tuple[int, int]]] = {}
-
-    def send(identifier: str, text: str) -> None:
-        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
-
+    senders, answered = first_message_senders(url, RM11, identifiers)
     commits = sync.commits
-    _while_the_file_is_held(server, combiner, [threading.Thread(target=send, args=(identifier, f"m{n}"))
-                                               for n, identifier in enumerate(identifiers)])
+    _while_the_file_is_held(server, combiner, senders)
     assert answered == {identifier: [(1, 1)] for identifier in identifiers}
     assert sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)]
     assert (combiner.batches - batches, combiner.items - items) == (2, SEQUENCES)
@@ -99,13 +94,8 @@ def _a_batch_whose_part_fails_once(engines, store_for, failing: str, hold):
     server, url = _served(engines, store_for, received)
     identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
     combiner = server.destination._together
-    answered: dict[str, list[tuple[int, int]]] = {}
-
-    def send(identifier: str, text: str) -> None:
-        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
-
-    hold(server, combiner, [threading.Thread(target=send, args=(identifier, f"m{n}"))
-                            for n, identifier in enumerate(identifiers)])
+    senders, answered = first_message_senders(url, RM11, identifiers)
+    hold(server, combiner, senders)
     assert failed == [failing]
     assert answered == {identifier: [(1, 1)] for identifier in identifiers}
     assert wait_for(lambda: sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)], timeout=30), \
@@ -131,17 +121,13 @@ def test_a_refused_receive_in_a_batch_is_refused_alone(engines, store_for) -> No
     server, url = _served(engines, store_for, received)
     identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES - 1)]
     combiner = server.destination._together
-    answered: dict[str, list[tuple[int, int]]] = {}
+    sends, answered = first_message_senders(url, RM11, identifiers)
     refused: list[object] = []
-
-    def send(identifier: str, text: str) -> None:
-        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
 
     def stray() -> None:
         response = post(url, application_message(RM11, url, "urn:uuid:not-a-sequence-of-yours", 1, "stray"))
         refused.append((response.status, type(response.fault())))
 
-    sends = [threading.Thread(target=send, args=(identifier, f"m{n}")) for n, identifier in enumerate(identifiers)]
     sends.insert(1, threading.Thread(target=stray))
     _while_the_file_is_held(server, combiner, sends)
     assert refused == [(400, UnknownSequence)]
@@ -191,14 +177,9 @@ def test_the_first_part_of_a_batch_takes_no_savepoint(engines, store_for) -> Non
     server, url = _served(engines, store_for, received)
     identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
     combiner = server.destination._together
-    answered: dict[str, list[tuple[int, int]]] = {}
-
-    def send(identifier: str, text: str) -> None:
-        answered[identifier] = send_ok(url, RM11, identifier, 1, text)
-
+    senders, answered = first_message_senders(url, RM11, identifiers)
     savepoints = _savepoints(server)
-    _in_order_while_the_file_is_held(server, combiner, [threading.Thread(target=send, args=(identifier, f"m{n}"))
-                                                        for n, identifier in enumerate(identifiers)])
+    _in_order_while_the_file_is_held(server, combiner, senders)
     assert answered == {identifier: [(1, 1)] for identifier in identifiers}
     assert sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)]
     assert len(savepoints) == SEQUENCES - 2, savepoints

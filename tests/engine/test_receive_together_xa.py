@@ -32,7 +32,7 @@ from wsrm_plugin.wire import UnknownSequence
 
 from .conftest import fast_policy
 from .support import RM11, application_message, item_text, post, wait_for
-from .test_bad_input import open_sequence, send_ok
+from .test_bad_input import first_message_senders, open_sequence, send_ok
 from .test_delivery_xa_batch import Ledger, rows
 
 pytestmark = pytest.mark.postgres
@@ -115,13 +115,8 @@ def _sends(s: Served, count: int) -> tuple[list[threading.Thread], list[str], di
     """``count`` messages m0.. each on a sequence of its own: the threads that send them (not
     started), the sequences, and the acknowledgement each gets, by sequence, once it is answered."""
     identifiers = [open_sequence(s.url, RM11) for _ in range(count)]
-    answered: dict[str, list[tuple[int, int]]] = {}
-
-    def send(identifier: str, text: str) -> None:
-        answered[identifier] = send_ok(s.url, RM11, identifier, 1, text)
-
-    return ([threading.Thread(target=send, args=(identifier, f"m{n}")) for n, identifier in enumerate(identifiers)],
-            identifiers, answered)
+    senders, answered = first_message_senders(s.url, RM11, identifiers)
+    return senders, identifiers, answered
 
 
 def test_off_by_default_under_xa_on_postgresql_and_a_size_turns_it_on(served) -> None:

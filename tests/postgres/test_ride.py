@@ -114,12 +114,18 @@ def test_a_ridden_write_goes_in_front_of_the_next_statement(resource, db, params
     assert u_values(db) == ["50%", "x"]
 
 
-def test_a_ridden_write_that_fails_rolls_the_branch_back_at_the_commit_with_its_error(resource, db):
+def a_failing_ride(resource: PostgresXAResource) -> tuple[LazyBeginConnection, object]:
+    """A branch that wrote "a" and has a write riding that will fail (no such table)."""
     conn = resource.connection
     xid = new_xid()
     resource.start(xid)
     insert(resource, "a")
     conn.ride("INSERT INTO missing (v) VALUES (%s)", ("b",))
+    return conn, xid
+
+
+def test_a_ridden_write_that_fails_rolls_the_branch_back_at_the_commit_with_its_error(resource, db):
+    conn, xid = a_failing_ride(resource)
     resource.end(xid, TMSUCCESS)
     with pytest.raises(XAException) as excinfo:
         resource.commit(xid, one_phase=True)
@@ -134,11 +140,7 @@ def test_a_ridden_write_that_fails_rolls_the_branch_back_at_the_commit_with_its_
 
 
 def test_a_ridden_write_that_fails_raises_from_the_next_statement(resource, db):
-    conn = resource.connection
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "a")
-    conn.ride("INSERT INTO missing (v) VALUES (%s)", ("b",))
+    conn, xid = a_failing_ride(resource)
     with pytest.raises(psycopg2.errors.UndefinedTable) as excinfo:
         insert(resource, "c")
     assert any("ride" in note for note in getattr(excinfo.value, "__notes__", ())), excinfo.value
