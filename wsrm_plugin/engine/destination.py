@@ -921,9 +921,9 @@ class Destination:
             log.debug("a global transaction of %d receives that deliver was rolled back (%s)", len(items), exc)
             for item in items:
                 item.reply = None
-            if failing is None:  # the commit: every application that ran is judged as failed
-                return [_FailedOnReceipt(exc) if item.taken else ALONE for item in items]
-            return [_FailedOnReceipt(exc) if item is failing and item.taken else ALONE for item in items]
+            # the part that failed is judged as failed; the commit failing, every application that ran
+            return [_FailedOnReceipt(exc) if item.taken and (failing is None or item is failing) else ALONE
+                    for item in items]
         return [outcomes[id(item)] for item in items]
 
     def _record_and_deliver(self, tx: StoreTransaction, item: _Receipt,
