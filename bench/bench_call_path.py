@@ -379,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             if kind.startswith("pg "):
                 side = "service" if thread.startswith(("service", "waitress")) else "client"
                 sides[f"{side} round trips"] += n
+                if thread == "MainThread":  # the caller's own thread: what a call waits for on its side
+                    sides["caller's thread round trips"] += n
                 if "+COMMIT" in kind or "+ROLLBACK" in kind:
                     sides[f"{side} commits"] += n
         print("PostgreSQL per call: " + ", ".join(f"{k} {v / args.calls:.2f}" for k, v in sorted(sides.items())))
