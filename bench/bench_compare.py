@@ -113,7 +113,11 @@ sync's own counts), its transactions' turns on the file (``file turns``) and the
 writers waited for the file and held it (``file wait ms``, ``file held ms``), for each role.
 Every service with a method of its own reports the wall time the method spent on its rows per message
 (``app ms(server)``: the INSERT and its commit, summed over the threads; on SQLite, delivering
-inside, all of it is spent holding the store's file).
+inside, all of it is spent holding the store's file), and what those sums say over the round's
+wall time, load or not: the methods running at once on average (``app in flight(server)``,
+Little's law: plain's threads run several, whose commits share a WAL flush; delivering inside
+SQLite's file, at most one), and the share of the time each SQLite store's file was held
+(``file held share``: near 1.00, the file bounds the rate).
 """
 
 from __future__ import annotations
@@ -746,6 +750,7 @@ class Result:
             "on receipt": self.tm.get("on_receipt", 0) / n,
             "caller share": self.loop_seconds / self.seconds if self.seconds > 0 else 0.0,
             **{k.removeprefix("count:"): v / n for k, v in sorted(self.tm.items()) if k.startswith("count:")},
+            **self._shares(),
             "machine busy": self.busy,
             # what a message leaves behind in each process, and the largest moment over the start
             **{f"kB/msg kept({role})": (m.get("rss_end_kb", 0) - m.get("rss_start_kb", 0)) / n
@@ -753,6 +758,20 @@ class Result:
             **{f"peak MB({role})": (m.get("rss_peak_kb", 0) - m.get("rss_start_kb", 0)) / 1024
                for role, m in sorted(self.memory.items())},
         }
+
+
+    def _shares(self) -> dict[str, float]:
+        """The round's summed wall times over its wall time: the service's methods running at once
+        on average, and the share of the time each SQLite store's file was held."""
+        if self.seconds <= 0:
+            return {}
+        shares = {"app in flight(server)": self.tm["count:app ms(server)"] / 1000 / self.seconds} \
+            if "count:app ms(server)" in self.tm else {}
+        for role in ("client", "server"):
+            held = self.tm.get(f"count:file held ms({role})")
+            if held is not None:
+                shares[f"file held share({role})"] = held / 1000 / self.seconds
+        return shares
 
 
 class _Child:
