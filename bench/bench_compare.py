@@ -103,7 +103,8 @@ Profiling: ``BENCH_PROFILE=DIR`` attaches ``py-spy record --idle --threads``
 (raw collapsed stacks, waits included; ``BENCH_PROFILE_IDLE=0``: py-spy's on-CPU guess, which counts
 lock waits; ``BENCH_PROFILE_IDLE=gil``: only the thread holding the GIL, the Python CPU) to every
 client and server process and writes ``DIR/<scenario>-<tag>-<role>.txt``; ``BENCH_PROFILER=yappi`` writes
-yappi CPU profiles of all threads (``.pstats``) from inside the processes instead.
+yappi CPU profiles of all threads (``.pstats``) from inside the processes instead (wall time, waits
+included, with ``BENCH_PROFILE_CLOCK=wall``).
 ``BENCH_CALLGRIND=server,client`` runs those roles under ``valgrind --tool=callgrind`` (output in
 ``BENCH_CALLGRIND_DIR``, one file per process, start-up included: take the difference of two
 ``--calls``, and a long ``--timeout``).  Every scenario reports each process's context switches per
@@ -117,7 +118,10 @@ inside, all of it is spent holding the store's file), and what those sums say ov
 wall time, load or not: the methods running at once on average (``app in flight(server)``,
 Little's law: plain's threads run several, whose commits share a WAL flush; delivering inside
 SQLite's file, at most one), and the share of the time each SQLite store's file was held
-(``file held share``: near 1.00, the file bounds the rate).
+(``file held share``: near 1.00, the file bounds the rate).  Every service counts, per message, the
+requests that arrived with none of its HTTP threads idle (``queued(server)``: waitress's "Task
+queue depth is N") and the depths they found summed (``queue depth(server)``): requests waiting
+for a thread, not for the service's work.
 """
 
 from __future__ import annotations
@@ -343,12 +347,13 @@ def _memory() -> dict[str, int]:
 
 
 def _yappi_start() -> Any:
-    """CPU profile of every thread of this role, when BENCH_PROFILER=yappi asks for it."""
+    """CPU profile of every thread of this role, when BENCH_PROFILER=yappi asks for it (wall
+    time, waits included, with ``BENCH_PROFILE_CLOCK=wall``)."""
     if not os.environ.get("BENCH_PROFILE") or os.environ.get("BENCH_PROFILER") != "yappi":
         return None
     import yappi
 
-    yappi.set_clock_type("cpu")
+    yappi.set_clock_type(os.environ.get("BENCH_PROFILE_CLOCK", "cpu"))
     yappi.start(builtins=False)
     return yappi
 
@@ -361,9 +366,33 @@ def _yappi_save(yappi: Any, args: argparse.Namespace) -> None:
     yappi.get_func_stats().save(str(out), type="pstat")
 
 
+class _Queued(logging.Handler):
+    """Counts waitress's "Task queue depth is N" (a request arrived with no HTTP thread idle; N
+    requests then wait for one): how often, and their depths summed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times = 0
+        self.depth = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.times += 1
+        self.depth += int(record.args[0]) if isinstance(record.args, tuple) and record.args else 0
+
+    @classmethod
+    def install(cls) -> "_Queued":
+        queued = cls()
+        logger = logging.getLogger("waitress.queue")
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False  # counted, not printed
+        logger.addHandler(queued)
+        return queued
+
+
 def server_role(args: argparse.Namespace) -> int:
     global ROWS, _CPU_AT_START, _RSS_AT_START, _SWITCHES_AT_START
     yappi = _yappi_start()
+    queued = _Queued.install()
     from wsrm_plugin.engine.transport import HttpServer
 
     interval = _variant(args.scenario)[1].get("switch_interval")  # ~switch_interval=0.0005
@@ -429,6 +458,8 @@ def server_role(args: argparse.Namespace) -> int:
         points.seen.update(_sqlite_counts(service.engine.store, "server"))
     if ROWS is not None:
         points.seen["count:app ms(server)"] = 1000 * ROWS.seconds
+    points.seen["count:queued(server)"] = queued.times
+    points.seen["count:queue depth(server)"] = queued.depth
     print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms(), **_memory()}), flush=True)
     return 0
 
