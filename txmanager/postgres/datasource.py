@@ -155,14 +155,11 @@ class _ConnectionScope:
         # database (session_for_database).
         owner = get_ident()
         try:
-            resource = ds._idle.pop()  # what _acquire does first, inline
+            # what _acquire does first, inline; a session closed meanwhile is opened again by
+            # start_unnamed (its _begin), which checks it anyway
+            resource = ds._idle.pop()
         except IndexError:
             resource = ds._acquire()
-        else:
-            conn = resource._session
-            if conn is None or conn.closed:
-                resource.close()
-                resource = ds._acquire()
         sync = resource._pool_return
         try:
             first = tx._enlist_first(resource, sync)

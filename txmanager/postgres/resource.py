@@ -332,19 +332,21 @@ class PostgresXAResource:
         """
         conn = self._session
         if (self._branch is None and conn is not None and type(conn) is LazyBeginConnection
-                and not conn.closed and conn.status == _READY
-                and conn.get_transaction_status() == _IDLE):
+                and not conn.closed):
             if conn._lagging and not conn._tpc_only:
-                # the usual case, a session whose last branch committed in one phase (psycopg2's
-                # autocommit flag still on): what begin_unnamed does then, without its call
+                # the usual case, a session whose last branch committed in one phase and which
+                # ran nothing since (that clears ``_lagging``): idle, as _SessionReturn takes it
+                # too, without asking psycopg2; what begin_unnamed does then, without its call
                 conn._lagging = False
                 conn._mode = _PENDING
                 begun = True
-            else:
+            elif conn.status == _READY and conn.get_transaction_status() == _IDLE:
                 try:
                     begun = conn.begin_unnamed()  # what _begin does, inline
                 except psycopg2.Error:
                     begun = False  # _begin says what it means
+            else:
+                begun = False  # _begin says what is wrong
             if begun:
                 b = self._spare
                 if b is None:
@@ -570,7 +572,7 @@ class PostgresXAResource:
             if type(conn) is LazyBeginConnection and conn._mode is _SQL:
                 # the usual case: what commit_branch does then, without its call
                 cur = conn._own_cursor
-                if cur is None or cur.closed:
+                if cur is None:  # (never closed but with its session, open here: no need to ask)
                     conn._own_cursor = cur = ext.cursor(conn)
                 # bytes: psycopg2 encodes no str; what rides on the COMMIT (LazyBeginConnection.ride) before it
                 cur.execute(conn._take_riding(b"COMMIT") if conn._riding else b"COMMIT")
