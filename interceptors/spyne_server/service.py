@@ -187,7 +187,8 @@ class ReliableService:
 
         ``threads``: waitress's threads; None: the engine's
         :attr:`~wsrm_plugin.engine.engine.ReliableEngine.http_threads` (4; more let more
-        receives on PostgreSQL share a WAL flush, at the cost of thread switches).
+        receives on PostgreSQL share a WAL flush, at the cost of thread switches; 16 on SQLite
+        delivering apart, where each thread runs its application outside the store's file).
 
         ``options`` go to :class:`~wsrm_plugin.engine.http_server.HttpServer` (``connection_limit``,
         ``channel_timeout``, ``request_timeout``, ``on_failure``...).  Block on the server with

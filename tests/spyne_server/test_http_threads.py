@@ -23,7 +23,7 @@ from spyne.protocol.soap import Soap11
 from interceptors.spyne_server.service import reliable_service
 from interceptors.zeep_client.client import reliable_client
 from tests.engine.support import wait_for
-from wsrm_plugin.engine import ReliableEngine
+from wsrm_plugin.engine import ReliableEngine, RMPolicy
 
 from .conftest import fast_policy
 
@@ -69,14 +69,47 @@ def test_sequences_are_received_side_by_side_on_postgresql(pg_dsn_factory):
         svc.stop(timeout=5)
 
 
+def test_a_sqlite_service_delivering_apart_runs_its_applications_side_by_side(tmp_path):
+    """Delivering apart, each receive runs its application in its HTTP thread outside the file:
+    served with the automatic count, 12 sequences' first messages meet in the method at once
+    (with 4 threads at most 4 could, and nothing would be delivered until the barrier gave up)."""
+    _met.clear()
+    _barrier.reset()
+    svc = reliable_service(_application(), f"sqlite:///{tmp_path}/apart.db",
+                           fast_policy(deliver_on_receive=True, deliver_apart=True, invoker_threads=1))
+    assert svc.engine.http_threads == 16
+    server = svc.serve()
+    svc.start()
+    keys = [f"k{n}" for n in range(AT_ONCE)]
+    first = reliable_client(zeep.Client(svc.url + "?wsdl"), "memory:", fast_policy(), key=keys[0],
+                            active_keys=keys)
+    try:
+        assert server.threads == 16
+        clients = [first, *(first.with_key(key) for key in keys[1:])]
+        for n, rc in enumerate(clients):
+            rc.service.meet(f"item-{n}")
+        assert wait_for(lambda: len(_met) == AT_ONCE, timeout=90), (
+            f"{len(_met)} of {AT_ONCE} delivered (broken barrier: {_barrier.broken})")
+        assert sorted(_met) == sorted(f"item-{n}" for n in range(AT_ONCE))
+    finally:
+        first.stop(timeout=60)
+        svc.stop(timeout=5)
+
+
 def test_memory_and_sqlite_keep_four_threads_and_threads_given_win(tmp_path):
     memory = ReliableEngine("memory:")
     sqlite = ReliableEngine(f"sqlite:///{tmp_path}/s.db")
+    apart = ReliableEngine(f"sqlite:///{tmp_path}/a.db", RMPolicy(deliver_apart=True))
+    automatic = ReliableEngine(f"sqlite:///{tmp_path}/b.db", RMPolicy(deliver_apart=None))
+    on_memory = ReliableEngine("memory:", RMPolicy(deliver_apart=True))  # never apart there
     try:
         assert memory.http_threads == 4
-        assert sqlite.http_threads == 4
+        assert sqlite.http_threads == 4  # delivering inside (the default): the file bounds the rate
+        assert apart.http_threads == 16  # the applications run outside the file, one a thread
+        assert automatic.http_threads == 16
+        assert on_memory.http_threads == 4
         server = memory.serve(threads=2)
         assert server.threads == 2
     finally:
-        memory.stop(timeout=5)
-        sqlite.stop(timeout=5)
+        for engine in (memory, sqlite, apart, automatic, on_memory):
+            engine.stop(timeout=5)

@@ -34,7 +34,7 @@ from .backchannel import BackChannel
 from .destination import Destination
 from .inbound import Inbound
 from .invoker import Application, FailedDelivery, InvokerWorker
-from .policy import AUTOMATIC_HTTP_THREADS, RMPolicy
+from .policy import APART_HTTP_THREADS, AUTOMATIC_HTTP_THREADS, RMPolicy
 from .reachability import UnreachablePeer
 from .reporter import NodeReports, reporter_name
 from .resend import ResendResult, resend_faulted
@@ -364,7 +364,12 @@ class ReliableEngine:
     def http_threads(self) -> int:
         """The threads a built-in server gets unless told (:data:`~.policy.AUTOMATIC_HTTP_THREADS`):
         more let more PostgreSQL receives share a WAL flush, and cost more thread switches on
-        a machine whose cores are not otherwise busy; that constant says what was measured."""
+        a machine whose cores are not otherwise busy; that constant says what was measured.  A
+        SQLite service without a transaction manager that may deliver apart (``deliver_apart``
+        True or automatic) gets :data:`~.policy.APART_HTTP_THREADS`: there each thread runs its
+        application outside the store's file, and the threads bound how many run at once."""
+        if self.policy.deliver_apart is not False and self.tm is None and self.store.defers_transactions:
+            return APART_HTTP_THREADS
         return AUTOMATIC_HTTP_THREADS
 
     @property

@@ -104,6 +104,21 @@ AUTOMATIC_INVOKER_THREADS = 4
 #: run of 3 rounds: 4 threads 0.87 of the outbox, 8 0.81, 16 0.74, at 1.69-1.72 WAL flushes a
 #: message each; two databases: 4 threads 0.59, 8 0.63).  ``threads=`` decides when given.
 AUTOMATIC_HTTP_THREADS = 4
+#: Threads of a built-in HTTP server of a SQLite service without a transaction manager that
+#: delivers apart (``RMPolicy.deliver_apart`` True, or its automatic None): such a receive runs
+#: its application in its HTTP thread outside the store's file, so the threads bound how many
+#: applications run at once (whose commits in their own database may then share a flush), and
+#: each thread also waits, per message, for the application's commit and then for the store's
+#: fsync.  bench_compare --clients 16 --calls 1600 --rounds 5, SQLite delivering apart (load 11-14,
+#: so counts; the rounds that delivered on receipt): 4 threads ran 1.6-2.1 applications at once
+#: (plain's 8 threads 5.7-6.6), with 0.73-0.81 PostgreSQL flushes, 0.86-0.93 SQLite fsyncs and
+#: 1.79-1.87 SQLite commits a message, and 0.91-0.94 of the requests found no thread idle; 16
+#: threads ran 3.9-4.2 at once, with 0.47-0.51 flushes (plain's 0.52-0.62), 0.43-0.47 fsyncs and
+#: 1.25-1.29 commits, 0.01-0.02 found none idle, at 0.1 ms less service CPU a message (1.55-1.65
+#: ms against 1.72-1.74).  Delivering inside, the count moves nothing that bounds the rate (the
+#: file is held 0.89-0.93 of the time with 4, 8 or 16 threads, 4.3-4.9 ms a message, 82-86% of it
+#: the application), so it stays :data:`AUTOMATIC_HTTP_THREADS` there.
+APART_HTTP_THREADS = 16
 
 
 #: Requests in flight at once where ``RMPolicy.send_concurrency`` is None: one per sequence with
@@ -564,6 +579,9 @@ class RMPolicy:
     #: inside ran at 0.68 of plain 16 threads against 0.61 automatic, with 1.08 ms of service CPU
     #: per message against 1.25; one client's 1 MiB messages 1.05 against 0.99 of plain.  Where
     #: cores are scarcer than the file (a loaded machine) automatic won (0.54 against 0.28).
+    #: Those runs served 4 HTTP threads (which ran 1.6-2.1 applications at once delivering apart, at
+    #: load 12-14); a service that may deliver apart now serves 16 unless told
+    #: (``APART_HTTP_THREADS``; see there): not yet measured on a quiet machine.
     deliver_apart: bool | None = knob(
         False, Flag(none="automatic"),
         "SQLite store, no transaction manager: a receive that delivers (`deliver_on_receive`) buffers the "
