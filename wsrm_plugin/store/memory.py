@@ -420,6 +420,7 @@ class MemoryTransaction(api.StoreTransaction):
         self._changes = {}
         self._if_absent = set()
         self._staged_messages = {}
+        self._drop_managers()
 
     def _own_messages(self, sequence_key: str) -> list[RmsMessage]:
         """This transaction's own rms_message rows of a sequence, as it staged them (deleted

@@ -51,6 +51,9 @@ class _Manager:
 
 
 _M = TypeVar("_M", bound=_Manager)
+#: The names a store transaction's managers go under (see ManagerOnFirstUse and
+#: StoreTransaction._drop_managers).
+_MANAGER_NAMES = ("rms", "rms_messages", "rmd", "invoker", "conditions")
 
 
 class ManagerOnFirstUse(Generic[_M]):
@@ -846,6 +849,19 @@ class StoreTransaction(ABC):
         with another transaction is detected by the server and rolls the batch back (each
         receive then goes alone)."""
         self._max_rank = -1
+
+    def _drop_managers(self) -> None:
+        """Let go of the managers made on first use (:class:`ManagerOnFirstUse`) once the
+        transaction ended: each holds the transaction, which holds it, a reference cycle
+        that only the garbage collector frees.  A transaction a message or more (the memory
+        store: 3-4 a message at 16 sequences) kept the collector's youngest generation
+        filling (a collection every 5-6 messages, with the interceptors' cycles); freed by
+        reference counting instead, the transaction and its stage go at once.  A manager
+        read after the end is made again, and refuses as the old one did (the transaction
+        is closed)."""
+        found = self.__dict__
+        for name in _MANAGER_NAMES:
+            found.pop(name, None)
 
     def _check_open(self) -> None:
         if self._closed:
