@@ -188,6 +188,17 @@ class MessageIndex:
         self.rows_visited += len(found)
         return found
 
+    def unacked_in(self, sequence: str, ranges: list[tuple[int, int]]) -> tuple[list[Any], int]:
+        """The unacknowledged rows ``ranges`` (ascending, disjoint) name, ascending, and how many
+        unacknowledged rows the sequence has: what an acknowledgement reads, in one look."""
+        messages = self._sequences.get(sequence)
+        if messages is None:
+            return [], 0
+        rows, unacked = self._rows, messages.unacked
+        found = [rows[(sequence, n)] for lo, hi in ranges for n in unacked.between(lo, hi)]
+        self.rows_visited += len(found)
+        return found, len(unacked)
+
     def acked(self, sequence: str | None) -> dict[str, list[Any]]:
         """Acknowledged rows not yet purged, by sequence (of one, or all)."""
         rows = self._rows
