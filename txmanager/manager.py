@@ -15,13 +15,14 @@ transaction" (the PostgreSQL data source, the message stores) look it up with
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import ParamSpec, TypeVar
 
 from .errors import HeuristicError, IllegalStateError, NotSupportedError
 from .log import MemoryLog, RecoveryLog, TransactionLog
@@ -35,6 +36,9 @@ from .xid import Xid, default_node_name
 __all__ = ["TransactionManager"]
 
 log = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 _monotonic = time.monotonic
 
@@ -453,12 +457,14 @@ def _finish_prepared(resource: XAResource, xid: Xid, commit: bool, retries: int,
     return False
 
 
-class _TransactionScope(contextlib.ContextDecorator):
+class _TransactionScope:
     """What :meth:`TransactionManager.transaction` returns.
 
     A plain class rather than a ``@contextmanager`` generator: that machinery
     (a generator, two ``next`` calls, a helper object) was a visible share of
-    a one-phase transaction's own cost.
+    a one-phase transaction's own cost.  Not a :class:`contextlib.ContextDecorator` either,
+    though a decorator too (:meth:`__call__`, as that class does it): a subclass of a class
+    without slots carries an instance dict, set up and freed with each block.
     """
 
     # No __init__ (see TransactionManager.transaction): the class called with no arguments makes
@@ -469,8 +475,16 @@ class _TransactionScope(contextlib.ContextDecorator):
     _tx: Transaction | None
     _bound: dict[str, Transaction | None]  # the thread's dict of tm._local, set by __enter__
 
-    def _recreate_cm(self) -> "_TransactionScope":
-        return self._tm.transaction(self._timeout)  # a fresh one per decorated call
+    def __call__(self, func: Callable[_P, _R]) -> Callable[_P, _R]:
+        """``@tm.transaction()``: each call of ``func`` runs in a transaction of its own."""
+        tm, timeout = self._tm, self._timeout
+
+        @functools.wraps(func)
+        def inner(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            with tm.transaction(timeout):  # a fresh scope per call
+                return func(*args, **kwargs)
+
+        return inner
 
     def __enter__(self) -> Transaction:
         tm = self._tm

@@ -565,7 +565,9 @@ class PostgresXAResource:
         if b is None or b.xid is not xid or b.state is not _B_ACTIVE:
             return False
         conn = self._session
-        if conn is None or conn.closed or conn.get_transaction_status() == _INERROR:
+        # INERROR (a statement failed) or above it UNKNOWN: libpq's answer without a good
+        # connection (closed, or found broken), so one call asks both
+        if conn is None or conn.get_transaction_status() >= _INERROR:
             return False
         b.state = _B_IDLE
         try:
