@@ -17,13 +17,15 @@ transaction, without start-up.  Paths:
   branch prepared, the second committed in one phase with the decision (``bench_compare``'s
   ``xa2``, without the store).
 
-``--calls`` counts instead the Python and C calls per transaction (sys.setprofile); ``--wal``
+``--calls`` counts instead the Python and C calls per transaction (sys.setprofile); ``--opcodes``
+the bytecodes each Python function runs per transaction (sys.settrace, one opcode event each: where
+the interpreter's own share of the instructions goes, function by function); ``--wal``
 the WAL bytes PostgreSQL wrote per transaction, and by record type (``pg_waldump --stats=record``,
 both databases: one server), and the server's CPU per transaction, user and system apart (from
 ``/proc``: a WAL flush is mostly the system's, ``fdatasync``; a time, so only a guide on a loaded
 machine).
 
-Run: .venv/bin/python bench/count_txmanager.py [--paths plain,sql,lazy,tm,tm2] [--calls | --wal]
+Run: .venv/bin/python bench/count_txmanager.py [--paths plain,sql,lazy,tm,tm2] [--calls | --opcodes | --wal]
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def _second(dsn: str) -> str:
     return make_dsn(**{**parts, "dbname": parts["dbname"] + "2"})
 
 
-def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None) -> None:
+def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None, opcodes: bool = False) -> None:
     """Run ``n`` transactions of ``path`` after 200 of warm-up (this is what valgrind runs); with
     ``wal`` (the server) report the WAL they wrote."""
     import psycopg2
@@ -112,6 +114,22 @@ def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None) -> None:
             tick = os.sysconf("SC_CLK_TCK")
             print(f"  PostgreSQL CPU per transaction: user {user * 1e6 / tick / n:.0f} us, "
                   f"system {system * 1e6 / tick / n:.0f} us")
+        elif opcodes:
+            ran: collections.Counter[str] = collections.Counter()
+
+            def trace(frame, event, arg):  # noqa: ANN001 -- sys.settrace's signature
+                frame.f_trace_opcodes = True
+                if event == "opcode":
+                    ran[f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_qualname}"] += 1
+                return trace
+
+            sys.settrace(trace)
+            for i in range(n):
+                one(i)
+            sys.settrace(None)
+            print(f"{path}: {sum(ran.values()) / n:.0f} bytecodes per transaction")
+            for name, k in ran.most_common(int(os.environ.get("COUNT_TOP", "12"))):
+                print(f"  {k / n:5.1f} {name}")
         elif not calls:
             for i in range(n):
                 one(i)
@@ -198,6 +216,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--paths", default="plain,sql,lazy,tm")
     p.add_argument("--calls", action="store_true", help="count calls instead of instructions")
+    p.add_argument("--opcodes", action="store_true", help="count bytecodes run, by function, instead")
     p.add_argument("--wal", action="store_true", help="count WAL bytes instead of instructions")
     p.add_argument("--run", help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, default=1000, help=argparse.SUPPRESS)
@@ -214,8 +233,9 @@ def main() -> None:
             pg.create_database(name)
             create_bank(pg.dsn(name), 10, 1_000_000)
         for path in args.paths.split(","):
-            if args.calls or args.wal:
-                run(path, 1000, pg.dsn("count"), calls=args.calls, wal=pg if args.wal else None)
+            if args.calls or args.wal or args.opcodes:
+                run(path, 1000, pg.dsn("count"), calls=args.calls, wal=pg if args.wal else None,
+                    opcodes=args.opcodes)
                 continue
             per = (instructions(path, 3000, pg.dsn("count")) - instructions(path, 1000, pg.dsn("count"))) / 2000
             print(f"{path}: {per:,.0f} client instructions per transaction")
