@@ -14,6 +14,8 @@ before): the outcomes are the same everywhere.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from wsrm_plugin.statemachine.ackranges import AckRanges
@@ -222,3 +224,61 @@ def test_an_acknowledgement_run_ahead_and_never_taken_is_never_committed(store: 
     with store.begin() as tx:
         assert [m.number for m in tx.rms_messages.list_for("k1")] == [1, 2, 3]
     assert _received(store, "s").received == AckRanges.of([1])
+
+
+#: what the caller of the reply's record would check of the reply sequence "s" after its receipt
+#: (its RM version, the principal sending, the AcksTo addresses that ask for no acknowledgement)
+EXPECTED = ("urn:rm", None, ("http://a",))
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_a_replys_record_commits_in_its_own_round_trip(store: StorageManager) -> None:
+    """``commits``: the receipt, the mark and the acknowledgement, and the commit, are one round
+    trip (a COMMIT of its own after it before: two); the transaction has nothing left to send,
+    and it returned before its flush (a reader waits for the disk: ``wait_for_disk``)."""
+    _requests(store)
+    with store.begin() as tx:
+        seen = statements(tx)
+        before, taken = tx.receive_in_order("s", 2, now=300.0, answering=ANSWERING, commits=EXPECTED)
+        answered, applied = tx.rms_messages.mark_answered_acknowledging(
+            "urn:r1", "seq-1", [(1, 1)], keep_offered_awaiting=True)
+        assert taken and before.received == AckRanges.of([1])
+        assert answered == ("k1", 1, False) and applied is not None and applied[1:] == ([1], True)
+        assert len(seen) == 1 and tx.committed_alone and not tx.begun, seen
+        assert store._late.owed()  # its commit returned before its flush
+        tx.wait_for_disk_later()
+    tx.wait_for_disk()
+    assert not store._late.owed()
+    assert _states(store) == [(2, True, False), (3, True, False)]
+    assert _received(store, "s").received == AckRanges.from_ranges([(1, 2)])
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 2)])
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+@pytest.mark.parametrize("expected, why", [
+    (("urn:rm-other", None, ("http://a",)), "the caller would refuse the sequence: another RM version"),
+    (("urn:rm", None, ("http://anonymous",)), "the caller would request an acknowledgement after it"),
+    (("urn:rm", None, ("http://a",)), "the acknowledgement riding on the reply names a number never sent"),
+])
+def test_a_replys_record_that_cannot_commit_alone_goes_as_without_it(store: StorageManager, expected: Any,
+                                                                     why: str) -> None:
+    """When anything after the receipt would still have to write or refuse, the round trip
+    writes nothing (its last statement fails on purpose, rolling back its query string's
+    transaction) and the record goes again as without ``commits``: a round trip more, the same
+    outcome, and the transaction open for the caller's writes and COMMIT."""
+    _requests(store)
+    ranges = ((1, 1),) if "never sent" not in why else ((1, 4),)
+    with store.begin() as tx:
+        seen = statements(tx)
+        guessed = tx.receive_in_order("s", 2, now=300.0, answering=("urn:r1", "seq-1", ranges, True),
+                                      commits=expected)
+        assert len(seen) == 2 and tx.begun and not tx.committed_alone, seen
+        assert guessed is not None and guessed[1]
+        answered, applied = tx.rms_messages.mark_answered_acknowledging(
+            "urn:r1", "seq-1", list(ranges), keep_offered_awaiting=True)
+        assert answered == ("k1", 1, False)
+        if "never sent" in why:
+            assert applied is None  # not written: the caller acknowledges the request the general way
+            tx.rms_messages.acknowledge("k1", [(1, 1)], keep_awaiting=True)
+    assert _states(store) == [(2, True, False), (3, True, False)]
+    assert _received(store, "s").received == AckRanges.from_ranges([(1, 2)])

@@ -6,8 +6,8 @@ loopback HTTP.  The caller's transaction enqueues the request and claims it for 
 send (its first attempt recorded: no transaction of its own after the commit); the lane is the
 caller's only once that commits.  The reply's record is the caller's one store transaction of
 its own, and it returns before its WAL flush (the next call's enqueue covers it).  A rolled-back
-call leaves nothing claimed and the next one goes as usual.  The reply's record is one round trip
-and its COMMIT; a PostgreSQL service's receipt of a request, with the acknowledgement riding on
+call leaves nothing claimed and the next one goes as usual.  The reply's record is one round trip,
+which commits it too; a PostgreSQL service's receipt of a request, with the acknowledgement riding on
 it, is one round trip before the reply's; under XA the reply's enqueue rides on the service's
 COMMIT.  Counts, never time (a few seconds).
 """
@@ -87,21 +87,23 @@ def test_an_xa_call_claims_its_request_in_its_transaction_and_records_its_reply_
     monkeypatch.setattr(retransmission, "_REPLY_ACK_WAIT", 60.0)
     assert [_call(tm, ds, rc, f"q{i}") for i in range(2)] == ["re:q0", "re:q1"]
     caller = threading.current_thread().name
-    ended: list[tuple[bool, bool]] = []  # the caller's own store transactions: (began, returned before its flush)
+    # the caller's own store transactions: (committed in their own round trip, returned before their flush)
+    ended: list[tuple[bool, bool]] = []
     finish = store._finish
 
     def counting(tx: Any, commit: bool) -> None:
         if threading.current_thread().name == caller:
-            ended.append((tx.begun, tx.returns_before_disk))
+            ended.append((tx.committed_alone and not tx.begun, tx.returns_before_disk))
         finish(tx, commit)
     store._finish = counting
     sent = rc.engine.retransmission.sent_by_callers
     for i in range(2, CALLS + 2):
         assert _call(tm, ds, rc, f"q{i}") == f"re:q{i}"
     # the caller's thread sent each request itself, with no claim transaction of its own (2 per
-    # call before: the claim, then the reply's record); the record does not wait for the WAL
+    # call before: the claim, then the reply's record); the record commits in its one round trip
+    # and does not wait for the WAL
     assert rc.engine.retransmission.sent_by_callers - sent == CALLS
-    assert [later for began, later in ended if began] == [True] * CALLS, ended
+    assert ended == [(True, True)] * CALLS, ended
     # and no read of its own either: the acknowledgement of the replies each request carries
     # was read by its claim, in the caller's transaction (a read after the commit before)
     assert len(ended) == CALLS, ended
@@ -123,16 +125,17 @@ def test_a_rolled_back_xa_call_leaves_nothing_claimed(one_database):
     assert rc.engine.store.status().unacked <= 1
 
 
-def test_an_xa_calls_reply_is_recorded_in_one_round_trip_before_its_commit(one_database, monkeypatch):
+def test_an_xa_calls_reply_is_recorded_and_committed_in_one_round_trip(one_database, monkeypatch):
     """The reply's record: the reply received and taken, its request marked answered and the
     acknowledgement riding on the reply applied, in one round trip (two before: the receipt,
-    then the mark), then the COMMIT.  The request is done: nothing of it is sent again."""
+    then the mark), which commits it too (a COMMIT of its own before: two round trips).  The
+    request is done: nothing of it is sent again."""
     tm, ds, store, rc = one_database
     monkeypatch.setattr(retransmission, "_REPLY_ACK_WAIT", 60.0)
     assert [_call(tm, ds, rc, f"q{i}") for i in range(2)] == ["re:q0", "re:q1"]
     caller = threading.current_thread().name
     trips: dict[int, int] = {}  # the caller's store transactions: id -> round trips before the COMMIT
-    recorded: list[int] = []
+    recorded: list[tuple[int, bool]] = []  # (round trips, a COMMIT sent after them)
     execute = SqlTransaction.execute
 
     def counted(tx: Any, sql: str, params: Any = (), **kw: Any) -> Any:
@@ -143,13 +146,13 @@ def test_an_xa_calls_reply_is_recorded_in_one_round_trip_before_its_commit(one_d
     finish = store._finish
 
     def ending(tx: Any, commit: bool) -> None:
-        if threading.current_thread().name == caller and tx.begun:
-            recorded.append(trips.get(id(tx), 0))
+        if threading.current_thread().name == caller:
+            recorded.append((trips.get(id(tx), 0), tx.begun))
         finish(tx, commit)
     store._finish = ending
     for i in range(2, CALLS + 2):
         assert _call(tm, ds, rc, f"q{i}") == f"re:q{i}"
-    assert recorded == [1] * CALLS, recorded
+    assert recorded == [(1, False)] * CALLS, recorded
     assert service.ECHOED == [f"q{i}" for i in range(CALLS + 2)]
     with store.begin() as tx:  # every request answered: none waits for its reply
         key = next(iter(rc.engine.source._current.values()))

@@ -39,7 +39,7 @@ from ..wire import (
     CreateSequenceResponse, EndpointReference, RMVersion, SequenceAcknowledgement, SequenceHeader,
     SoapFault, TerminateSequence, UnknownSequence, WSA_2005_08,
 )
-from ..wire.namespaces import RM_VERSIONS
+from ..wire.namespaces import ADDRESSING_VERSIONS, RM_VERSIONS
 from . import observe
 from .ackbuilder import acknowledgement_of
 from .combiner import ALONE, Combiner
@@ -81,6 +81,10 @@ _NO_SAVEPOINT = contextlib.nullcontext()
 def _is_anonymous(address: str) -> bool:
     """Is AcksTo ``address`` an anonymous URI (asked twice per message: cached)?"""
     return EndpointReference(address).is_anonymous
+
+
+#: the AcksTo addresses for which ``Destination._anonymous`` holds (a stored one is never None)
+_ANONYMOUS = ("", *(v.anonymous for v in ADDRESSING_VERSIONS))
 
 
 class _OutOfOrder(Exception):
@@ -139,6 +143,9 @@ class _Receipt:
     #: Delivered on receipt by another receive's thread, in its transaction (``Destination._deliver_together``):
     #: whether that delivery made the sender's work due (read after the commit, in the receive's thread).
     wakes_sender_after: bool | None = None
+    #: Recorded in a store transaction of its own that does nothing else: a reply's record may
+    #: then commit in its receipt's round trip (``receive_in_order``'s ``commits``).
+    alone: bool = False
 
 
 class _Removal:
@@ -557,13 +564,9 @@ class Destination:
         when this process's upper bound of the total (see ``_held_bound``) could be over the
         smallest budget, or is older than :data:`HELD_BYTES_REFRESH`: a busy destination far
         from its limits asks the store about once a second, not once per message."""
+        if self._room_held(size):
+            return
         policy = self.policy
-        smallest = min(policy.max_held_bytes_per_sequence, policy.max_held_bytes_per_peer, policy.max_held_bytes)
-        with self._held_lock:
-            if (time.monotonic() - self._held_asked_at < HELD_BYTES_REFRESH
-                    and self._held_bound + size <= smallest):
-                self._held_bound += size
-                return
         asked_at = time.monotonic()
         by_sequence = tx.invoker.held_bytes()
         identifier = seq.sequence_id
@@ -591,6 +594,18 @@ class Destination:
         self.refused_for_budget += 1
         slog.warning("refused a %d-byte message: %s", size, what)
         raise busy_fault(f"{what}; retransmit later", policy.retry_after)
+
+    def _room_held(self, size: int) -> bool:
+        """:meth:`_check_budgets` without the store: True (and ``size`` counted in this process's
+        bound) when the bound, asked of the store within :data:`HELD_BYTES_REFRESH`, leaves room
+        under the smallest budget."""
+        policy = self.policy
+        smallest = min(policy.max_held_bytes_per_sequence, policy.max_held_bytes_per_peer, policy.max_held_bytes)
+        with self._held_lock:
+            if time.monotonic() - self._held_asked_at < HELD_BYTES_REFRESH and self._held_bound + size <= smallest:
+                self._held_bound += size
+                return True
+        return False
 
     def _peer_of(self, seq: RmdSequence) -> str:
         if seq.principal is not None:
@@ -752,6 +767,7 @@ class Destination:
         invoker = self._direct
         if invoker is None or not self._delivers_now(item):
             item.wrote = False
+            item.alone = True
             with self.store.begin() as tx:
                 recorded = self._record(tx, item)
                 if item.consumed:
@@ -1114,6 +1130,7 @@ class Destination:
         try:
             with self.store.begin() as tx:
                 for item in items:
+                    item.alone = len(items) == 1
                     try:
                         outcomes.append(self._record(tx, item))
                     except (SoapFault, _OutOfOrder) as exc:
@@ -1156,11 +1173,18 @@ class Destination:
         # reply_arrived), else the first acknowledgement riding on it (see _apply_riding_acks)
         answering = self.reply_answering(addressing.relates_to, item.acks) \
             if consuming and addressing.relates_to is not None else None
+        # its record commits in that round trip too when nothing could follow it: no other
+        # acknowledgement to apply, no refusal after it (the checks of the sequence are made by
+        # the store then, the budget's room taken now), no acknowledgement to request
+        commits = (version.ns, item.principal, _ANONYMOUS) \
+            if answering is not None and item.alone and len(item.acks) == 1 and not item.expects_reply \
+            and self._room_held(len(envelope)) else None
         acknowledging = self.riding_acknowledging(item.acks[0][0]) \
             if answering is None and not consuming and item.acks and self.apply_riding_ack is not None else None
         # a receipt buffered to deliver apart guesses too, and is not taken (the put follows)
         guessed = (tx.receive_in_order(identifier, number, now=now, answering=answering,
-                                       acknowledging=acknowledging, take=item.direct or consuming)
+                                       acknowledging=acknowledging, take=item.direct or consuming,
+                                       commits=commits)
                    if (item.direct or consuming or item.buffers_apart) and not header.last_message else None)
         if guessed is not None:
             item.wrote = True  # a refusal below must roll its writes back, in a batch too
@@ -1188,7 +1212,7 @@ class Destination:
                     "reach you; offer a sequence for replies in CreateSequence, or name an addressable "
                     "ReplyTo (the reply then goes on a sequence to it)", code="Sender")
         fills_gap = self.policy.in_order and number == so_far.next_expected < so_far.highest
-        if not reception.duplicate and not fills_gap:
+        if not reception.duplicate and not fills_gap and commits is None:  # (else its room is held)
             self._check_budgets(tx, seq, len(envelope), slog)
         item.wrote = True
         changes = rmd_changes(reception.transition)

@@ -323,10 +323,12 @@ class PostgresStore(api.StorageManager):
             elif not conn.closed:
                 conn.rollback()
             if number:
-                tx._commit_seq = number  # type: ignore[attr-defined]  # for wait_for_disk
+                tx._commit_seq = number  # for wait_for_disk
             elif covered:
                 late.flushed(covered)
-            elif owed and tx.lazy_begin and not conn.closed:  # (every local transaction here is)
+            elif owed and tx.lazy_begin and not conn.closed and not getattr(tx, "_commit_seq", 0):
+                # (every local transaction here is lazy; one with a number committed alone before
+                # its flush, as the one numbered above: see SqlTransaction._receive_ahead)
                 self._flush_wal(conn)
         except psycopg2.Error as exc:
             translated = self._translate(exc)

@@ -518,7 +518,7 @@ class SqliteStore(api.StorageManager):
         finally:
             self._give(conn)
             self._gate.release()
-        tx._commit_seq = seq  # type: ignore[attr-defined]
+        tx._commit_seq = seq
         # outside the file: the next transaction runs (and commits) while this one syncs
         if tx.returns_before_disk:
             return  # its caller waits later (wait_for_disk, or a durable commit after it): for all it read too

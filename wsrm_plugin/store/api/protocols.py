@@ -906,7 +906,8 @@ class StoreTransaction(ABC):
     def receive_in_order(self, sequence_id: str, number: int, *, now: float | None = None,
                          answering: tuple[str, str, Sequence[tuple[int, int]], bool] | None = None,
                          acknowledging: tuple[str, Sequence[tuple[int, int]], bool] | None = None,
-                         take: bool = True) -> tuple[RmdSequence, bool] | None:
+                         take: bool = True, commits: tuple[str, str | None, tuple[str, ...]] | None = None
+                         ) -> tuple[RmdSequence, bool] | None:
         """The sequence's RMD row locked, ``number`` recorded as received and taken (as
         :meth:`receive_and_take`) in one round trip, if the sequence is open and has received
         exactly 1..number-1: the sequence as it was before, and whether it was taken.
@@ -923,7 +924,16 @@ class StoreTransaction(ABC):
         :meth:`RmsMessageManager.acknowledge_sequence` (but ``now``) the caller makes if the
         message is received (the acknowledgement that rode on it).  ``take=False``: recorded
         as received only, never taken (the caller buffers it: a receive that delivers apart);
-        a store may then save a round trip only where the receipt alone saves one."""
+        a store may then save a round trip only where the receipt alone saves one.
+
+        ``commits`` (with ``answering``, in a transaction that does nothing else): the caller
+        writes nothing after the answering call when everything went as expected, and would
+        then commit at once, returning before the disk (``wait_for_disk_later``); a store may
+        commit in the same round trip when it finds that so -- the reply received and taken,
+        its request answered with the acknowledgement applied, no last message on the request's
+        sequence, and the reply's sequence speaking the RM version ``commits[0]``, of principal
+        ``commits[1]`` (or none) and with an AcksTo among ``commits[2]`` -- and must otherwise
+        leave the outcome as without it."""
         return None
 
     def next_write_commits(self) -> None:

@@ -59,6 +59,31 @@ _RECEIVE_IN_ORDER_NOTED = (
 _RECEIVED_AND_TAKEN = " AND current_setting('wsrm.received') = '1'"
 _RECEIVED = " AND current_setting('wsrm.received') <> '-1'"
 
+#: The SQLSTATE by which a reply's record that would commit in its own round trip declines to
+#: (``SqlTransaction._receive_ahead``'s ``commits``): division by zero, raised on purpose by
+#: :func:`_committed_if_expected`'s column; its query string's transaction rolls back whole.
+_DECLINED = "22012"
+
+
+def _committed_if_expected(commits: tuple[str, str | None, tuple[str, ...]]) -> tuple[str, tuple[Any, ...]]:
+    """The outcome column of a reply's record that commits in its own round trip (read where
+    ``current_setting('wsrm.received')`` is, in the last statement of ``answering_statements``:
+    ``g``, ``bad``, ``q`` and the RMD row ``rd`` in scope), and its parameters: "1" when the
+    reply was received and taken, its request marked answered, the acknowledgement riding on it
+    applied (``g``: it applies; ``bad``: nothing it names unsent), the request's sequence has no
+    last message (so no Close nor Terminate becomes due), and the reply's sequence passes the
+    checks the caller makes after the receipt (``commits``: its RM version, the principal
+    sending or None, the AcksTo addresses that ask for no acknowledgement); otherwise a
+    division by zero (:data:`_DECLINED`), which rolls back everything the round trip wrote."""
+    version, principal, anonymous = commits
+    who = "rd.principal IS NULL" if principal is None else "(rd.principal IS NULL OR rd.principal = ?)"
+    acks_to = f"rd.acks_to IN ({', '.join('?' for _ in anonymous)})" if anonymous else "FALSE"
+    expected = ("current_setting('wsrm.received') = '1' AND current_setting('wsrm.answered') = '1' "
+                "AND EXISTS (SELECT 1 FROM g) AND NOT EXISTS (SELECT 1 FROM bad) AND NOT q.last_message "
+                f"AND rd.rm_version = ? AND {who} AND {acks_to}")
+    return (f"(1 / CASE WHEN {expected} THEN 1 ELSE 0 END)::text",
+            (version, *(() if principal is None else (principal,)), *anonymous))
+
 
 def ahead_key(kind: str, *arguments: Any) -> tuple[Any, ...]:
     """The key of a store call's statements run ahead by a receipt, in its round trip

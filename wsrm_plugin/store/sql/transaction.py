@@ -27,11 +27,13 @@ from ..api import (
 from .dialect import Dialect
 from .rows import _RMD_COLS, PRIMARY_KEYS, _cols, _rmd
 from .statements import (
+    _DECLINED,
     _RECEIVE_IN_ORDER,
     _RECEIVE_IN_ORDER_NOTED,
     _RECEIVED,
     _RECEIVED_AND_TAKEN,
     _TAKE_LOCKED,
+    _committed_if_expected,
     _prefix,
     _rmd_assignments,
     _take_params,
@@ -98,6 +100,9 @@ class SqlTransaction(api.StoreTransaction):
         #: :meth:`wait_for_disk_later`: the SQLite store's commit counts as durable for its
         #: readers but returns before the fsync.
         self.returns_before_disk = False
+        #: Set by the store (or :meth:`_receive_ahead`) to its commit's number when that commit
+        #: returned before the disk: what :meth:`wait_for_disk` waits for.
+        self._commit_seq = 0
         self._wrote = False
         self._savepoints = 0
         #: the store's prepared statements (PostgreSQL), or None: every statement sent as text
@@ -136,10 +141,14 @@ class SqlTransaction(api.StoreTransaction):
     # -- statements -----------------------------------------------------------------
 
     def execute(self, sql: str, params: Sequence[Any] = (), *,
-                then: tuple[str, Sequence[Any]] | list[tuple[str, Sequence[Any]]] | None = None) -> Any:
+                then: tuple[str, Sequence[Any]] | list[tuple[str, Sequence[Any]]] | None = None,
+                declined: str | None = None) -> Any:
         """Run ``sql``; ``then``: a second statement (or a list of them) sent in the same round
         trip, whose (last one's) results the cursor holds (PostgreSQL runs each after the one
-        before, with a snapshot of its own)."""
+        before, with a snapshot of its own).  ``declined``: the SQLSTATE by which a round trip
+        that commits alone (:meth:`next_write_commits`) says it wrote nothing after all (its
+        query string's transaction rolled back as a whole): None is returned then, the
+        transaction not doomed and nothing begun."""
         self._check_open()
         after = [] if then is None else then if isinstance(then, list) else [then]
         if self._numbered and ("rms_sequence" in sql or any("rms_sequence" in t[0] for t in after)):
@@ -169,6 +178,9 @@ class SqlTransaction(api.StoreTransaction):
         except Exception as exc:
             if cur is not None:
                 cur.close()
+            if declined is not None and self.committed_alone and getattr(exc, "pgcode", None) == declined:
+                self.committed_alone = False  # nothing of it happened: the session is as before it
+                return None
             if statements is not None:
                 statements.failed(self.conn, exc)
             self._fail(exc)
@@ -336,7 +348,8 @@ class SqlTransaction(api.StoreTransaction):
     def receive_in_order(self, sequence_id: str, number: int, *, now: float | None = None,
                          answering: tuple[str, str, Sequence[tuple[int, int]], bool] | None = None,
                          acknowledging: tuple[str, Sequence[tuple[int, int]], bool] | None = None,
-                         take: bool = True) -> tuple[RmdSequence, bool] | None:
+                         take: bool = True, commits: tuple[str, str | None, tuple[str, ...]] | None = None
+                         ) -> tuple[RmdSequence, bool] | None:
         """On PostgreSQL, one statement: the receipt written and the message taken, if the
         sequence has received exactly 1..number-1 and is open.
 
@@ -367,7 +380,8 @@ class SqlTransaction(api.StoreTransaction):
         trip less on the caller's path (see :meth:`_receive_ahead`).  ``acknowledging``: those
         of ``rms_messages.acknowledge_sequence`` (without ``now``) the caller makes when the
         message is received (the acknowledgement that rode on it), likewise: a round trip less
-        for the service's receipt of a request."""
+        for the service's receipt of a request.  ``commits`` (with ``answering``): see
+        :meth:`_receive_ahead`."""
         if number < 2 or sequence_id in self.held_rmd:
             return None
         if not self.d.for_update:
@@ -380,7 +394,7 @@ class SqlTransaction(api.StoreTransaction):
             return self._receive_ahead(
                 sequence_id, number, now, ahead_key("answered", message_id, acked, merged.ranges, keep),
                 _RECEIVED_AND_TAKEN, lambda t, gate, more: self.rms_messages.answering_statements(  # type: ignore[attr-defined]
-                    message_id, acked, merged, t, keep, gate=gate, more=more))
+                    message_id, acked, merged, t, keep, gate=gate, more=more), commits=commits)
         if acknowledging is not None:
             acked, ranges, keep = acknowledging
             merged = api.AckRanges.from_ranges(ranges)
@@ -415,7 +429,8 @@ class SqlTransaction(api.StoreTransaction):
         return _prefix(number - 1)
 
     def _receive_ahead(self, sequence_id: str, number: int, now: float | None, key: tuple[Any, ...], gate: str,
-                       statements: Callable[[float, str, tuple[str, str, Sequence[Any]]], _Statements]
+                       statements: Callable[[float, str, tuple[str, str, Sequence[Any]]], _Statements],
+                       commits: tuple[str, str | None, tuple[str, ...]] | None = None
                        ) -> tuple[RmdSequence, bool] | None:
         """:meth:`receive_in_order` with a store call's statements after it in the same round trip
         (``statements(now, gate, more)``, kept in :attr:`ran_ahead` under ``key``): the RMD row
@@ -424,15 +439,50 @@ class SqlTransaction(api.StoreTransaction):
         order wants), each doing nothing unless ``gate`` holds; the last also reads the RMD row
         (as this transaction now holds it) and the outcome.  What the caller does between the
         receipt and the call (its checks, which roll the transaction back if they refuse the
-        message) reads nothing the call wrote."""
+        message) reads nothing the call wrote.
+
+        ``commits`` (a reply's record: ``answering`` given), on a transaction that has sent
+        nothing yet: the round trip commits it too, returning before its WAL flush (as
+        :meth:`wait_for_disk_later`), when all went as the caller expects -- the reply received
+        and taken, its request marked answered with the acknowledgement applied, its sequence's
+        Close or Terminate not made due by it (no last message known), and the caller's checks
+        of the sequence passed: ``commits`` is (the RM version it speaks, the principal sending
+        or None, the AcksTo addresses that take no acknowledgement request).  The caller then
+        has nothing left to write, and its COMMIT is no round trip.  Otherwise the round trip's
+        last statement fails on purpose (a division by zero: :data:`_DECLINED`), PostgreSQL
+        rolls its query string's transaction back whole, and the receipt goes again as without
+        ``commits`` (a round trip more, only then)."""
+        late = getattr(self._store, "_late", None)
+        alone = (commits is not None and late is not None and self.lazy_begin and not self.begun
+                 and self.undo is None and not self._wrote and not self._numbered)
         before = self._hold_for_receipt(sequence_id, number)
         t = _now(now)
-        after = statements(t, gate, (f", {_cols(_RMD_COLS, 'rd')}, current_setting('wsrm.received')",
-                                     " LEFT JOIN rmd_sequence rd ON rd.sequence_id = ?", (sequence_id,)))
-        cur = self.execute(
-            "SELECT 1 FROM rmd_sequence WHERE sequence_id = ? FOR UPDATE", (sequence_id,),
-            then=[(_RECEIVE_IN_ORDER_NOTED, (_prefix(number), t, sequence_id, before,
-                                             *_take_params(sequence_id, number))), *after])
+        received: str = "current_setting('wsrm.received')"
+        checks: tuple[Any, ...] = ()
+        if alone:
+            assert commits is not None
+            received, checks = _committed_if_expected(commits)
+        after = statements(t, gate, (f", {_cols(_RMD_COLS, 'rd')}, {received}",
+                                     " LEFT JOIN rmd_sequence rd ON rd.sequence_id = ?", (*checks, sequence_id)))
+        then = [(_RECEIVE_IN_ORDER_NOTED, (_prefix(number), t, sequence_id, before,
+                                           *_take_params(sequence_id, number))), *after]
+        lock = "SELECT 1 FROM rmd_sequence WHERE sequence_id = ? FOR UPDATE"
+        if alone:
+            assert late is not None
+            began_with, self.begin_with = self.begin_with, "SET LOCAL synchronous_commit TO OFF; "
+            self.next_write_commits()
+            late_number = late.start()  # a commit that returns before its flush (see late_commits)
+            try:
+                cur = self.execute(lock, (sequence_id,), then=then, declined=_DECLINED)
+            finally:
+                late.returned(late_number)
+                self.begin_with = began_with
+                self.commits_alone = False
+            if cur is None:  # declined: nothing of it happened
+                return self._receive_ahead(sequence_id, number, now, key, gate, statements)
+            self._commit_seq = late_number  # for wait_for_disk
+        else:
+            cur = self.execute(lock, (sequence_id,), then=then)
         row = cur.fetchone()
         cur.close()
         width = len(row) - len(_RMD_COLS) - 1
