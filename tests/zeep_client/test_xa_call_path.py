@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import psycopg2
 import pytest
 import zeep
 
@@ -147,7 +148,7 @@ def test_an_xa_calls_reply_is_recorded_and_committed_in_one_round_trip(one_datab
 
     def ending(tx: Any, commit: bool) -> None:
         if threading.current_thread().name == caller:
-            recorded.append((trips.get(id(tx), 0), tx.begun))
+            recorded.append((trips.pop(id(tx), 0), tx.begun))
         finish(tx, commit)
     store._finish = ending
     for i in range(2, CALLS + 2):
@@ -157,6 +158,49 @@ def test_an_xa_calls_reply_is_recorded_and_committed_in_one_round_trip(one_datab
     with store.begin() as tx:  # every request answered: none waits for its reply
         key = next(iter(rc.engine.source._current.values()))
         assert not any(m.reply_pending for m in tx.rms_messages.list_for(key))
+
+
+def test_a_reply_sequence_whose_records_cannot_commit_alone_goes_the_old_way_after_the_first(
+        one_database, monkeypatch):
+    """A reply sequence whose AcksTo takes acknowledgement requests (here the service's address): its
+    record may write one after the receipt, so the round trip that would commit it declines
+    (nothing of it written) and the record goes again with a COMMIT of its own.  The destination
+    remembers that: the records after it go that way at once (each tried, and declined, a round
+    trip more, without the memory)."""
+    tm, ds, store, rc = one_database
+    monkeypatch.setattr(retransmission, "_REPLY_ACK_WAIT", 60.0)
+    assert [_call(tm, ds, rc, f"q{i}") for i in range(2)] == ["re:q0", "re:q1"]
+    with store.begin() as tx:
+        (offered,) = [s.sequence_id for s in tx.rmd.list_all()]
+        (target,) = [s.target for s in tx.rms.list_all()]
+    conn = psycopg2.connect(store.dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute("UPDATE rmd_sequence SET acks_to = %s WHERE sequence_id = %s", (target, offered))
+    finally:
+        conn.close()
+    caller = threading.current_thread().name
+    tried: list[int] = []  # the caller's round trips that would have committed alone, and declined
+    committed: list[bool] = []  # the caller's store transactions: committed by a COMMIT of their own
+    execute = SqlTransaction.execute
+
+    def counted(tx: Any, sql: str, params: Any = (), **kw: Any) -> Any:
+        cur = execute(tx, sql, params, **kw)
+        if threading.current_thread().name == caller and kw.get("declined") and cur is None:
+            tried.append(id(tx))
+        return cur
+    monkeypatch.setattr(SqlTransaction, "execute", counted)
+    finish = store._finish
+
+    def ending(tx: Any, commit: bool) -> None:
+        if threading.current_thread().name == caller:
+            committed.append(tx.begun)
+        finish(tx, commit)
+    store._finish = ending
+    for i in range(2, CALLS + 2):
+        assert _call(tm, ds, rc, f"q{i}") == f"re:q{i}"
+    assert len(tried) == 1 and committed == [True] * CALLS, (tried, committed)
+    assert service.ECHOED == [f"q{i}" for i in range(CALLS + 2)]
 
 
 def test_a_postgresql_service_receives_a_request_and_its_riding_acknowledgement_in_one_round_trip(
@@ -185,8 +229,10 @@ def test_a_postgresql_service_receives_a_request_and_its_riding_acknowledgement_
         finish = store._finish
 
         def ending(tx: Any, commit: bool) -> None:
+            # popped for every transaction: a later one may be given the same id
+            counted_trips = trips.pop(id(tx), 0)
             if threading.current_thread().name.startswith("waitress") and tx.begun:
-                receipts.append(trips.get(id(tx), 0))
+                receipts.append(counted_trips)
             finish(tx, commit)
         store._finish = ending
         for i in range(2, CALLS + 2):

@@ -259,6 +259,10 @@ class Destination:
         self._turns_changed = threading.Condition()
         #: The last number each sequence took on receipt in this process (a bounded memory).
         self._taken_upto: OrderedDict[str, int] = OrderedDict()
+        #: Sequences whose reply's record could not commit in its receipt's round trip (its
+        #: ``commits`` declined: a round trip more; an AcksTo that takes acknowledgement requests
+        #: declines every time): their records go the old way from then on (a bounded memory).
+        self._records_declined: OrderedDict[str, None] = OrderedDict()
         #: Observers of every message recorded in the buffer for later delivery (not a duplicate,
         #: not delivered on receipt) or consumed on receipt (``reply_consumers``), told after its
         #: commit with (envelope, addressing, consumed=...): it is durable by then.  The reliable
@@ -1178,7 +1182,7 @@ class Destination:
         # the store then, the budget's room taken now), no acknowledgement to request
         commits = (version.ns, item.principal, _ANONYMOUS) \
             if answering is not None and item.alone and len(item.acks) == 1 and not item.expects_reply \
-            and self._room_held(len(envelope)) else None
+            and identifier not in self._records_declined and self._room_held(len(envelope)) else None
         acknowledging = self.riding_acknowledging(item.acks[0][0]) \
             if answering is None and not consuming and item.acks and self.apply_riding_ack is not None else None
         # a receipt buffered to deliver apart guesses too, and is not taken (the put follows)
@@ -1186,6 +1190,10 @@ class Destination:
                                        acknowledging=acknowledging, take=item.direct or consuming,
                                        commits=commits)
                    if (item.direct or consuming or item.buffers_apart) and not header.last_message else None)
+        if commits is not None and getattr(tx, "begun", False):  # declined (see _records_declined)
+            self._records_declined[identifier] = None
+            while len(self._records_declined) > _REMEMBERED_OWNERS:
+                self._records_declined.popitem(last=False)
         if guessed is not None:
             item.wrote = True  # a refusal below must roll its writes back, in a batch too
             before, taken_with_receipt = guessed
