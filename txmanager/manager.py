@@ -366,6 +366,12 @@ class TransactionManager:
     def recovery(self) -> RecoveryManager:
         return self._recovery
 
+    @property
+    def resources(self) -> tuple[XAResource, ...]:
+        """The resources registered so far (:meth:`register_resource`), in that order."""
+        with self._mutex:
+            return tuple(self._resources)
+
     def close(self) -> None:
         """Stop background recovery and close the log (if this manager opened it).
 

@@ -28,6 +28,7 @@ import pytest
 from txmanager import TransactionManager
 from txmanager.postgres import XADataSource
 from wsrm_plugin.engine import ReliableEngine
+from wsrm_plugin.engine.policy import AUTOMATIC_HTTP_THREADS, AUTOMATIC_HTTP_THREADS_TWO_PHASE
 from wsrm_plugin.wire import UnknownSequence
 
 from .conftest import fast_policy
@@ -119,10 +120,78 @@ def _sends(s: Served, count: int) -> tuple[list[threading.Thread], list[str], di
     return senders, identifiers, answered
 
 
-def test_off_by_default_under_xa_on_postgresql_and_a_size_turns_it_on(served) -> None:
-    assert served(receive_together=None).server.destination._together is None
+def test_automatic_under_xa_on_postgresql_1_turns_it_off_and_a_size_on(served) -> None:
+    automatic = served(receive_together=None).server.destination
+    assert automatic._together is not None and automatic._together_if_two_phase
     assert served(receive_together=1).server.destination._together is None
-    assert served(receive_together=16).server.destination._together is not None
+    fixed = served(receive_together=16).server.destination
+    assert fixed._together is not None and not fixed._together_if_two_phase
+
+
+def test_automatic_delivers_together_once_a_delivery_committed_in_two_phases(served) -> None:
+    """``receive_together`` left automatic: the application's database is not the store's, so a
+    delivery on receipt commits in two phases (a PREPARE and a COMMIT PREPARED of the
+    application's branch, the store's with its commit mark); once one did, the receives waiting
+    at the same time share one global transaction, as with the knob set."""
+    s = served(receive_together=None)
+    # the application's data source, registered with the manager, is in another database
+    assert s.server.http_threads == AUTOMATIC_HTTP_THREADS_TWO_PHASE
+    s.release.set()  # no receive is held in this one
+    send_ok(s.url, RM11, open_sequence(s.url, RM11), 1, "alone")
+    s.release.clear()
+    sends, identifiers, answered = _sends(s, BEHIND)
+    _behind_the_first(s, sends)
+    assert answered == {identifier: [(1, 1)] for identifier in identifiers}
+    gtrids = dict(rows(s.app_db))
+    assert sorted(gtrids) == ["alone", "first", *(f"m{n}" for n in range(BEHIND))]
+    assert len({gtrids[f"m{n}"] for n in range(BEHIND)}) == 1, gtrids  # one global transaction
+    assert len(set(gtrids.values())) == 3
+
+
+def test_automatic_delivers_each_alone_when_deliveries_commit_in_one_phase(pg_dsn_factory, tmp_path) -> None:
+    """The application's table in the store's database: the store's branch and the application's
+    are one (a shared session), committed in one phase; a batch would only make its receives wait
+    for one another.  Receives that arrive while another's application runs are each delivered
+    alone, in a global transaction of its own."""
+    db = pg_dsn_factory(
+        "xaone", "CREATE TABLE received (id serial PRIMARY KEY, item text NOT NULL, gtrid text NOT NULL)")
+    tm = TransactionManager(node="xa-one-phase", log=tmp_path / "tm.log")
+    ds = XADataSource(db, tm)
+    ledger = _Gated(tm, ds)
+    ledger.started, ledger.release = threading.Event(), threading.Event()
+    server = ReliableEngine("postgresql:" + db, fast_policy(deliver_on_receive=True), application=ledger,
+                            tm=tm, name="server")
+    try:
+        assert server.http_threads == AUTOMATIC_HTTP_THREADS  # the data source is in the store's database
+        server.serve()
+        server.start()
+        url = server.endpoint_address
+        combiner = server.destination._together
+        assert combiner is not None
+        identifier = open_sequence(url, RM11)
+        first = threading.Thread(target=send_ok, args=(url, RM11, identifier, 1, "first"))
+        first.start()
+        try:
+            assert ledger.started.wait(30)
+            assert not server.destination._two_phase
+            identifiers = [open_sequence(url, RM11) for _ in range(BEHIND)]
+            sends, answered = first_message_senders(url, RM11, identifiers)
+            for t in sends:
+                t.start()
+            for t in sends:
+                t.join(60)  # each delivered and answered while "first"'s application still runs
+            assert answered == {i: [(1, 1)] for i in identifiers}
+        finally:
+            ledger.release.set()
+        first.join(60)
+        gtrids = dict(rows(db))
+        assert sorted(gtrids) == ["first", *(f"m{n}" for n in range(BEHIND))]
+        assert len(set(gtrids.values())) == BEHIND + 1  # each its own global transaction
+        assert combiner.batches == 0 and not server.destination._two_phase
+    finally:
+        server.stop(timeout=5)
+        ds.close()
+        tm.close()
 
 
 def test_receives_of_several_sequences_deliver_in_one_global_transaction(served) -> None:

@@ -244,6 +244,11 @@ class Destination:
         #: delivered in one transaction by the first of them, each in a savepoint of its own (see
         #: :meth:`_deliver_together`); None: each alone (set by :meth:`deliver_on_receive`).
         self._together: Combiner[_Receipt] | None = None
+        #: Under a transaction manager with ``receive_together`` left automatic: the combiner is
+        #: used only while the deliveries on receipt commit in two phases (see
+        #: :meth:`_together_combiner`); :attr:`_two_phase` says whether the last one did.
+        self._together_if_two_phase = False
+        self._two_phase = False
         #: The invoker that takes messages on receipt (``deliver_on_receive``), or None.
         self._direct: InvokerWorker | None = None
         #: Only requests whose reply goes back in the HTTP response are taken on receipt (the
@@ -345,14 +350,22 @@ class Destination:
             self._receipts = None
         self._together = self._together_combiner(invoker)
 
+    @property
+    def delivers_together_if_two_phase(self) -> bool:
+        """Under a transaction manager, ``receive_together`` automatic: are the receives waiting at
+        the same time delivered together once deliveries commit in two phases?"""
+        return self._together is not None and self._together_if_two_phase
+
     def _together_combiner(self, invoker: InvokerWorker) -> Combiner[_Receipt] | None:
         """The combiner of receives that deliver on receipt together (``RMPolicy.receive_together``):
         on SQLite without a transaction manager (:meth:`_deliver_together`, by default), or, when
         the knob asks for it, under one on PostgreSQL, whose row locks wait and whose deadlocks
         are detected and roll back (:meth:`_deliver_in_one_global`); None elsewhere, or with a
-        size of 1.  Not by default under a transaction manager: one batch runs at a time, and on
-        a quiet machine that cost xa1 more rate (its receives' round trips no longer overlap)
-        than its fewer commits saved, and gave xa2 none (see the knob)."""
+        size of 1.  Left automatic under a transaction manager, it is used only while the
+        deliveries commit in two phases (:attr:`_two_phase`, as the last one did: the application's
+        database is not the store's), where a batch saves a PREPARE and a COMMIT PREPARED of each
+        branch and a commit mark a message; in one phase it saved only a COMMIT, and its receives
+        waiting for one another cost xa1 more rate than that (see the knob)."""
         store = self.store
         if invoker.tm is None:
             batch: Callable[[list[_Receipt]], list[Any]] | None = \
@@ -360,8 +373,9 @@ class Destination:
         else:
             batch = self._deliver_in_one_global if store.commits_are_costly and not store.defers_transactions else None
         group = self.policy.receive_together
+        self._together_if_two_phase = group is None and batch is not None and invoker.tm is not None
         if group is None:
-            group = DEFAULT_RECEIVE_BATCH if batch is not None and invoker.tm is None else 1
+            group = DEFAULT_RECEIVE_BATCH if batch is not None else 1
         return Combiner(batch, group) if batch is not None and group > 1 else None
 
     # -- CreateSequence --------------------------------------------------------------------------
@@ -780,6 +794,8 @@ class Destination:
         if invoker.delivers_apart_now(self._answered_on_back_channel(item), self._others_receiving(item)):
             return self._record_then_deliver(item, invoker)
         together = self._together
+        if together is not None and self._together_if_two_phase and not self._two_phase:
+            together = None  # one-phase deliveries: each alone (see _together_combiner)
         outcome = ALONE if together is None else together.submit(None, item)
         if outcome is ALONE:  # alone, or its batch rolled back: as if it had come alone
             item.wrote = item.taken = item.handed_over = False
@@ -790,6 +806,8 @@ class Destination:
                     recorded = self._record(tx, item)
                     if item.taken:
                         self._deliver_taken(tx, item, invoker)
+                    if self._together_if_two_phase:
+                        self._two_phase = invoker.in_two_phases()
                 return recorded
             except Exception as exc:
                 item.reply = None
@@ -933,6 +951,8 @@ class Destination:
                         failing = item
                         raise
                     outcomes[id(item)] = (*recorded, tx)
+                if self._together_if_two_phase:
+                    self._two_phase = invoker.in_two_phases()
                 if self._together is not None:  # only the commit is left: the next batch starts now
                     self._together.hand_on()
         except Exception as exc:

@@ -34,7 +34,7 @@ from .backchannel import BackChannel
 from .destination import Destination
 from .inbound import Inbound
 from .invoker import Application, FailedDelivery, InvokerWorker
-from .policy import APART_HTTP_THREADS, AUTOMATIC_HTTP_THREADS, RMPolicy
+from .policy import APART_HTTP_THREADS, AUTOMATIC_HTTP_THREADS, AUTOMATIC_HTTP_THREADS_TWO_PHASE, RMPolicy
 from .reachability import UnreachablePeer
 from .reporter import NodeReports, reporter_name
 from .resend import ResendResult, resend_faulted
@@ -367,9 +367,18 @@ class ReliableEngine:
         a machine whose cores are not otherwise busy; that constant says what was measured.  A
         SQLite service without a transaction manager that may deliver apart (``deliver_apart``
         True or automatic) gets :data:`~.policy.APART_HTTP_THREADS`: there each thread runs its
-        application outside the store's file, and the threads bound how many run at once."""
+        application outside the store's file, and the threads bound how many run at once.
+        Under a transaction manager whose deliveries will commit in two phases
+        (:data:`~.policy.AUTOMATIC_HTTP_THREADS_TWO_PHASE`), where the receives waiting at the
+        same time are delivered together: a resource registered with the manager (an
+        ``XADataSource``, registered as it is made) names a database that is not the store's.
+        One made after :meth:`serve` is not seen here."""
         if self.policy.deliver_apart is not False and self.tm is None and self.store.defers_transactions:
             return APART_HTTP_THREADS
+        if self.destination.delivers_together_if_two_phase and any(
+                getattr(resource, "database", None) not in (None, getattr(self.store, "database", None))
+                for resource in self.tm.resources):
+            return AUTOMATIC_HTTP_THREADS_TWO_PHASE
         return AUTOMATIC_HTTP_THREADS
 
     @property

@@ -267,6 +267,12 @@ class InvokerWorker:
         a receive that delivers on receipt runs in one of these."""
         return self._transaction()
 
+    def in_two_phases(self) -> bool:
+        """Inside a delivery's transaction under the transaction manager: will it commit in two
+        phases (more than one branch: the application's database is not the store's)?"""
+        gtx = self.tm.get_transaction() if self.tm is not None else None
+        return gtx is not None and len(gtx.branches) > 1
+
     def deliver_taken(self, tx: StoreTransaction, msg: BufferedMessage,
                       replies: list[SendReceipt] | None = None, hand_out: HandOut | None = None) -> bool:
         """Hand over ``msg``, which ``tx`` just received and took (``take_next``): never buffered.

@@ -119,6 +119,16 @@ AUTOMATIC_HTTP_THREADS = 4
 #: file is held 0.89-0.93 of the time with 4, 8 or 16 threads, 4.3-4.9 ms a message, 82-86% of it
 #: the application), so it stays :data:`AUTOMATIC_HTTP_THREADS` there.
 APART_HTTP_THREADS = 16
+#: Threads of a built-in HTTP server under a transaction manager whose deliveries on receipt commit
+#: in two phases (the application's database, registered with the manager, is not the store's):
+#: there the receives waiting at the same time are delivered together (``receive_together``
+#: automatic), and more threads make larger batches, each one PREPARE and COMMIT PREPARED of each
+#: branch and one commit mark for all.  XA across two databases, 16 sequences
+#: (``bench_compare --clients 16 --calls 1600 --rounds 3``, nice -10 on a machine loaded 10-16 by
+#: other work): 16 threads and batches against 4 threads alone, in the same rounds, 228/178,
+#: 233/193, 153/127 msg/s; CPU a message 3.89 against 4.52 ms (client, service, PostgreSQL),
+#: prepared branches 1.20-1.27 against 2.00 a message.
+AUTOMATIC_HTTP_THREADS_TWO_PHASE = 16
 
 
 #: Requests in flight at once where ``RMPolicy.send_concurrency`` is None: one per sequence with
@@ -616,9 +626,14 @@ class RMPolicy:
     #: commits no longer overlap: on a quiet machine (5 interleaved rounds, 3,200 calls) xa1 fell
     #: from 0.84 to 0.72 of the outbox's rate and xa2 stayed at 0.54-0.55, so it is not the
     #: default there: ask for it where PostgreSQL's CPU is what runs out.  Since then the next
-    #: batch starts while one commits (``Combiner.hand_on``); not measured on a quiet machine yet.
+    #: batch starts while one commits (``Combiner.hand_on``).  Left automatic (None) under a
+    #: transaction manager on PostgreSQL, it is 16 while the deliveries commit in two phases (the
+    #: last one had more than one branch: the application's database is not the store's), and
+    #: the built-in server then gets 16 threads (``AUTOMATIC_HTTP_THREADS_TWO_PHASE``); in one
+    #: phase each receive goes alone.
     receive_together: int | None = knob(
-        None, Count(none="16 on SQLite without a transaction manager, else 1"),
+        None, Count(none="16 on SQLite without a transaction manager and under one while deliveries "
+                         "commit in two phases, else 1"),
         "receives of different sequences that deliver on receipt at the same time, recorded and delivered in "
         "one transaction by the first of them. SQLite, no transaction manager, delivering inside: those waiting "
         "for the store's file, each in a savepoint of its own (a refusal or a failed application rolls back its "
@@ -627,8 +642,9 @@ class RMPolicy:
         "branch, one commit mark), each acknowledged once it committed; no savepoints across branches: a "
         "refusal before its writes is refused alone, any other failure rolls the whole batch back, the failed "
         "message buffered as alone and the others received again alone (fewer commits; the next batch starts "
-        "while one commits; not the default there); 1: each alone; `None`: 16 on SQLite without a transaction "
-        "manager, else 1",
+        "while one commits; automatic there only while deliveries commit in two phases, the application's "
+        "database not the store's, and the built-in server then has 16 threads); 1: each alone; `None`: 16 on "
+        "SQLite without a transaction manager and under one while deliveries commit in two phases, else 1",
         cxf="—")
     #: Several hosts on one PostgreSQL store (``txmanager.nodes.PostgresNodes``): the time
     #: from a host's death to its XA transactions being finished by a living host, and so
