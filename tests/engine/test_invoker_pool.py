@@ -2,10 +2,10 @@
 
 With one invoker thread, a service whose messages go through the buffer (the memory store's
 default) delivered 16 sequences one message at a time: each delivery's database commit waited
-for the one before it.  By default there are now up to 8 threads in memory and 4 on
-PostgreSQL, stores that run different sequences' transactions at once: the first polls, and a
-message waiting wakes one that is not busy, so they deliver side by side when several sequences
-have messages, and an idle one costs nothing.  SQLite keeps one: its transactions take turns on the file anyway.
+for the one before it.  By default there are now up to 4 threads where the store runs different
+sequences' transactions at once: the first polls, and a message waiting wakes one that is not
+busy, so they deliver side by side when several sequences have messages, and an idle one costs
+nothing.  SQLite keeps one: its transactions take turns on the file anyway.
 """
 
 from __future__ import annotations
@@ -87,24 +87,14 @@ def test_sqlite_keeps_one_invoker_thread(engines, tmp_path) -> None:
     assert [w.name for w in server.workers if "invoker" in w.name] == ["wsrm-invoker-0"]
 
 
-def test_the_automatic_count_by_store() -> None:
-    """8 in memory (no connection held while a delivery waits: its application's commits are what
-    the threads wait for), 4 on PostgreSQL, 1 on SQLite; a count given is kept."""
-    policy = RMPolicy()
-    assert policy.invoker_thread_count(concurrent_sequences=True, costly_commits=False) == 8
-    assert policy.invoker_thread_count(concurrent_sequences=True, costly_commits=True) == 4
-    assert policy.invoker_thread_count(concurrent_sequences=False, costly_commits=True) == 1
-    assert RMPolicy(invoker_threads=3).invoker_thread_count(True, False) == 3
-
-
-@pytest.mark.parametrize(("threads", "count"), [(None, 8), (4, 4)])
-def test_idle_invoker_threads_do_not_poll(engines, threads, count) -> None:
+@pytest.mark.parametrize("threads", [None, 4])
+def test_idle_invoker_threads_do_not_poll(engines, threads) -> None:
     """Only the first thread looks at the store on the poll interval; the others wait to be woken."""
     server = engines("memory:", fast_policy(invoker_threads=threads), serve=True,
                      application=lambda envelope, context: None)
     steps: dict[str, int] = {}
     invokers = [w for w in server.workers if "invoker" in w.name]
-    assert len(invokers) == count
+    assert len(invokers) == 4
     for worker in invokers:
         counted = worker._step  # noqa: SLF001 -- counting the steps of a running worker
 

@@ -96,15 +96,6 @@ _SIZE = Count()                           # bytes, >= 1
 #: on a few cores (bench_compare --clients 16, memory store: 1 thread delivered 0.79 of plain calls
 #: from 16 threads, 4 threads 0.92, medians of 3 rounds on a loaded 2-core machine).
 AUTOMATIC_INVOKER_THREADS = 4
-#: The same in memory, where a commit costs nothing and a delivery waiting for its application holds
-#: no connection: the application's own commits are what the threads wait for, and more of them at
-#: once share its database's flushes.  bench_compare --clients 16 --calls 3200 --rounds 3, 4 against
-#: 8 threads interleaved (two runs, load 9-11): with 4, 3.0-3.3 deliveries ran at once (the pool
-#: full), with 8, 5.8-6.2 (plain 16 threads' service: 5.0-6.0); the application's PostgreSQL
-#: flushes 0.77-0.83 -> 0.62-0.66 a message (plain 0.59-0.71); rate higher with 8 in each of the 6
-#: rounds (377/572, 348/623, 478/518; 453/488, 469/524, 461/506 msg/s); service CPU a message the
-#: same (0.99-1.05 against 0.97-1.05 ms), 2.5 more thread switches a message.
-AUTOMATIC_MEMORY_INVOKER_THREADS = 8
 
 #: Threads of a built-in HTTP server (``serve(threads=None)``), whatever the store.  On
 #: PostgreSQL a receive waits in its HTTP thread for its durable commit, so more threads let
@@ -497,14 +488,14 @@ class RMPolicy:
     #: Threads delivering buffered messages, at most: the first looks at the store on the poll
     #: interval; a message recorded for delivery wakes a thread that is not busy already, so
     #: messages of several sequences get a thread each, and idle ones cost nothing.  One
-    #: sequence's messages are delivered one after the other whatever the number.  None: 8 in
-    #: memory, 4 on PostgreSQL (stores that run transactions of different sequences at once; see
-    #: AUTOMATIC_MEMORY_INVOKER_THREADS), 1 on SQLite, where they take turns on the file anyway.
+    #: sequence's messages are delivered one after the other whatever the number.  None: 4
+    #: where the store runs transactions of different sequences at once (memory, PostgreSQL),
+    #: 1 on SQLite, where they take turns on the file anyway.
     invoker_threads: int | None = knob(
-        None, Count(none="8 in memory, 4 on PostgreSQL, 1 on SQLite"),
+        None, Count(none="4, or 1 on SQLite"),
         "threads delivering buffered messages, at most (the first polls; a message waiting wakes one that is not "
-        "busy): sequences are delivered side by side, one sequence's messages one after the other; `None`: 8 "
-        "in memory, 4 on PostgreSQL (stores that run different sequences' transactions at once), 1 on SQLite",
+        "busy): sequences are delivered side by side, one sequence's messages one after the other; `None`: 4 "
+        "where the store runs different sequences' transactions at once (memory, PostgreSQL), 1 on SQLite",
         cxf="the endpoint's `Executor`", wcf="`ServiceThrottlingBehavior.MaxConcurrentSessions`")
     #: Messages of one sequence the invoker delivers in one transaction; 1: one each.  Without
     #: a transaction manager each sits in its own savepoint (a failure is settled alone); with
@@ -706,13 +697,11 @@ class RMPolicy:
         and a Flag enum's ``&`` builds a new member each time."""
         return bool(self.delivery & DeliveryAssurance.IN_ORDER)
 
-    def invoker_thread_count(self, concurrent_sequences: bool = True, costly_commits: bool = True) -> int:
-        """``invoker_threads``, its automatic value resolved (see there); ``concurrent_sequences``
-        and ``costly_commits``: the store's ``concurrent_sequences`` and ``commits_are_costly``."""
+    def invoker_thread_count(self, concurrent_sequences: bool = True) -> int:
+        """``invoker_threads``, its automatic value resolved (see there); ``concurrent_sequences``:
+        the store's ``concurrent_sequences``."""
         if self.invoker_threads is None:
-            if not concurrent_sequences:
-                return 1
-            return AUTOMATIC_INVOKER_THREADS if costly_commits else AUTOMATIC_MEMORY_INVOKER_THREADS
+            return AUTOMATIC_INVOKER_THREADS if concurrent_sequences else 1
         return self.invoker_threads
 
     @property
