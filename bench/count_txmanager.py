@@ -42,6 +42,18 @@ from typing import Any
 UPDATE = "UPDATE account SET balance = balance + %s WHERE id = %s"
 
 
+def _tally(install: Any, hook: Any, counter: "collections.Counter[str]", n: int, one: Any, title: str) -> None:
+    """Run ``one`` n times with ``hook`` installed (``sys.settrace`` or ``sys.setprofile``), then
+    print ``title`` with the count per transaction and the most frequent names (COUNT_TOP)."""
+    install(hook)
+    for i in range(n):
+        one(i)
+    install(None)
+    print(title.format(sum(counter.values()) / n))
+    for name, k in counter.most_common(int(os.environ.get("COUNT_TOP", "12"))):
+        print(f"  {k / n:5.1f} {name}")
+
+
 def _second(dsn: str) -> str:
     """The DSN of the second database (``tm2``): ``dsn``'s, named with a ``2``."""
     from psycopg2.extensions import make_dsn, parse_dsn
@@ -123,13 +135,7 @@ def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None, opcodes: bool
                     ran[f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_qualname}"] += 1
                 return trace
 
-            sys.settrace(trace)
-            for i in range(n):
-                one(i)
-            sys.settrace(None)
-            print(f"{path}: {sum(ran.values()) / n:.0f} bytecodes per transaction")
-            for name, k in ran.most_common(int(os.environ.get("COUNT_TOP", "12"))):
-                print(f"  {k / n:5.1f} {name}")
+            _tally(sys.settrace, trace, ran, n, one, f"{path}: {{:.0f}} bytecodes per transaction")
         elif not calls:
             for i in range(n):
                 one(i)
@@ -142,13 +148,7 @@ def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None, opcodes: bool
                 elif event == "c_call":
                     counted[getattr(arg, "__qualname__", str(arg))] += 1
 
-            sys.setprofile(profile)
-            for i in range(n):
-                one(i)
-            sys.setprofile(None)
-            print(f"{path}: {sum(counted.values()) / n:.0f} calls per transaction")
-            for name, k in counted.most_common(int(os.environ.get("COUNT_TOP", "12"))):
-                print(f"  {k / n:5.1f} {name}")
+            _tally(sys.setprofile, profile, counted, n, one, f"{path}: {{:.0f}} calls per transaction")
         ds.close()
         if ds2 is not None:
             ds2.close()

@@ -45,13 +45,9 @@ def _application() -> Application:
     return Application([_Meeting], tns=TNS, in_protocol=Soap11(validator="lxml"), out_protocol=Soap11())
 
 
-def test_sequences_are_received_side_by_side_on_postgresql(pg_dsn_factory):
-    _met.clear()
-    _barrier.reset()
-    svc = reliable_service(_application(), f"postgresql:{pg_dsn_factory('threads')}",
-                           fast_policy(deliver_on_receive=True, invoker_threads=1))
-    assert svc.engine.http_threads == 4  # the default, on PostgreSQL too
-    server = svc.serve(threads=16)
+def _meet_side_by_side(svc, server) -> None:
+    """Start ``svc`` (served by ``server``, 16 threads), send AT_ONCE sequences' first messages,
+    and wait until every one met the others in the method; both ends stopped."""
     svc.start()
     keys = [f"k{n}" for n in range(AT_ONCE)]
     first = reliable_client(zeep.Client(svc.url + "?wsdl"), "memory:", fast_policy(), key=keys[0],
@@ -69,6 +65,16 @@ def test_sequences_are_received_side_by_side_on_postgresql(pg_dsn_factory):
         svc.stop(timeout=5)
 
 
+def test_sequences_are_received_side_by_side_on_postgresql(pg_dsn_factory):
+    _met.clear()
+    _barrier.reset()
+    svc = reliable_service(_application(), f"postgresql:{pg_dsn_factory('threads')}",
+                           fast_policy(deliver_on_receive=True, invoker_threads=1))
+    assert svc.engine.http_threads == 4  # the default, on PostgreSQL too
+    server = svc.serve(threads=16)
+    _meet_side_by_side(svc, server)
+
+
 def test_a_sqlite_service_delivering_apart_runs_its_applications_side_by_side(tmp_path):
     """Delivering apart, each receive runs its application in its HTTP thread outside the file:
     served with the automatic count, 12 sequences' first messages meet in the method at once
@@ -79,21 +85,7 @@ def test_a_sqlite_service_delivering_apart_runs_its_applications_side_by_side(tm
                            fast_policy(deliver_on_receive=True, deliver_apart=True, invoker_threads=1))
     assert svc.engine.http_threads == 16
     server = svc.serve()
-    svc.start()
-    keys = [f"k{n}" for n in range(AT_ONCE)]
-    first = reliable_client(zeep.Client(svc.url + "?wsdl"), "memory:", fast_policy(), key=keys[0],
-                            active_keys=keys)
-    try:
-        assert server.threads == 16
-        clients = [first, *(first.with_key(key) for key in keys[1:])]
-        for n, rc in enumerate(clients):
-            rc.service.meet(f"item-{n}")
-        assert wait_for(lambda: len(_met) == AT_ONCE, timeout=90), (
-            f"{len(_met)} of {AT_ONCE} delivered (broken barrier: {_barrier.broken})")
-        assert sorted(_met) == sorted(f"item-{n}" for n in range(AT_ONCE))
-    finally:
-        first.stop(timeout=60)
-        svc.stop(timeout=5)
+    _meet_side_by_side(svc, server)
 
 
 def test_memory_and_sqlite_keep_four_threads_and_threads_given_win(tmp_path):
