@@ -354,6 +354,14 @@ class Transaction:
             return ((self._name_sole(), self._sole),)
         return tuple((b.xid, b.resource) for b in self._branches)
 
+    @property
+    def branch_count(self) -> int:
+        """How many branches the transaction has so far.  Unlike :attr:`branches`, it does not
+        name a sole resource's branch: named, that branch's one-phase commit can no longer take
+        its fused path (``end_and_commit_one_phase`` of a branch started unnamed), and what rides
+        on its COMMIT goes in a round trip of its own."""
+        return 1 if self._sole is not None else len(self._branches)
+
     def set_rollback_only(self) -> None:
         """Make rollback the only possible outcome."""
         if self._phase not in (Status.ACTIVE, Status.PREPARING):

@@ -274,19 +274,29 @@ def test_an_xa_services_reply_rides_on_its_commit(pg_dsn_factory: Any, tmp_path:
         monkeypatch.setattr(SqlTransaction, "execute", counted)
         from txmanager.postgres import PostgresXAResource
 
-        def committing(real: Any) -> Any:
+        fused: list[bool] = []  # each service COMMIT's fused one-phase path taken (the ride's)
+
+        def committing(real: Any, fuses: bool = False) -> Any:
             def commit(resource: Any, *args: Any, **kw: Any) -> Any:
                 name = threading.current_thread().name
                 if name.startswith("waitress") and name in trips:
                     commits.append((trips.pop(name), resource.connection.riding))
+                    if fuses:
+                        done = real(resource, *args, **kw)
+                        fused.append(done)
+                        return done
                 return real(resource, *args, **kw)
             return commit
         monkeypatch.setattr(PostgresXAResource, "end_and_commit_one_phase",
-                            committing(PostgresXAResource.end_and_commit_one_phase))
+                            committing(PostgresXAResource.end_and_commit_one_phase, fuses=True))
         monkeypatch.setattr(PostgresXAResource, "commit", committing(PostgresXAResource.commit))
         for i in range(2, CALLS + 2):
             assert rc.service.echo(f"q{i}").result(timeout=60) == f"re:q{i}"
         assert commits == [(1, 2)] * CALLS, commits
+        # and it went on the fused path: a sole branch named before its commit (the destination
+        # asking whether deliveries commit in two phases) declined it, and its COMMIT, with what
+        # rode on it, went in a round trip more
+        assert fused == [True] * CALLS, fused
         assert service.ECHOED == [f"q{i}" for i in range(CALLS + 2)]
         with store.begin() as tx:  # every reply numbered in its turn, none lost
             (key,) = [s.key for s in tx.rms.list_all()]

@@ -271,7 +271,7 @@ class InvokerWorker:
         """Inside a delivery's transaction under the transaction manager: will it commit in two
         phases (more than one branch: the application's database is not the store's)?"""
         gtx = self.tm.get_transaction() if self.tm is not None else None
-        return gtx is not None and len(gtx.branches) > 1
+        return gtx is not None and gtx.branch_count > 1  # (not gtx.branches: see branch_count)
 
     def deliver_taken(self, tx: StoreTransaction, msg: BufferedMessage,
                       replies: list[SendReceipt] | None = None, hand_out: HandOut | None = None) -> bool:
