@@ -178,16 +178,6 @@ class MessageIndex:
         messages = self._sequences.get(sequence)
         return len(messages.unacked) if messages is not None else 0
 
-    def unacked_between(self, sequence: str, lo: int, hi: int) -> list[Any]:
-        """The unacknowledged rows numbered ``lo`` to ``hi``, ascending."""
-        messages = self._sequences.get(sequence)
-        if messages is None:
-            return []
-        rows = self._rows
-        found = [rows[(sequence, n)] for n in messages.unacked.between(lo, hi)]
-        self.rows_visited += len(found)
-        return found
-
     def unacked_in(self, sequence: str, ranges: list[tuple[int, int]]) -> tuple[list[Any], int]:
         """The unacknowledged rows ``ranges`` (ascending, disjoint) name, ascending, and how many
         unacknowledged rows the sequence has: what an acknowledgement reads, in one look."""

@@ -678,7 +678,7 @@ class _RmsMessages(api.RmsMessageManager):
                 tx._write(_MSG, (sequence_key, msg.number), replace(msg, acked=True))
             else:
                 tx._delete(_MSG, (sequence_key, msg.number))
-                extra += msg.send_count - 1 if msg.send_count > 1 else 0
+                extra += max(msg.send_count - 1, 0)  # its retransmissions
         if named:  # and those acknowledged before whose reply came since, as the purge did
             extra += self._purge_rows(sequence_key)[1]
         t = _now(now)
@@ -872,7 +872,7 @@ class _RmsMessages(api.RmsMessageManager):
             if m is not None and m.acked and not m.reply_pending:
                 tx._delete(_MSG, (key, n))
                 count += 1
-                extra += m.send_count - 1 if m.send_count > 1 else 0
+                extra += max(m.send_count - 1, 0)
         return count, extra
 
     def list_for(self, sequence_key: str) -> list[RmsMessage]:
