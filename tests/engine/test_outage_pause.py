@@ -185,6 +185,8 @@ def test_the_pause_comes_after_the_configured_number_of_outage_failures_in_a_row
     assert app.calls == {"a-00": threshold}
     status = server.status()
     assert status.poisoned == 0 and status.retrying == 0 and status.delivery_failures == 0
+    # the mode turns paused under the monitor's lock and the warning is written just after it
+    assert wait_for(lambda: _log(caplog, logging.WARNING, "PAUSED"), timeout=30)
     [warning] = _log(caplog, logging.WARNING, "PAUSED")
     assert f"{threshold} deliveries in a row failed as an outage fails" in warning
     assert len(_log(caplog, logging.INFO, "not counted unless another message is delivered")) == threshold - 1
