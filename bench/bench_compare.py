@@ -93,11 +93,15 @@ backends of each database (the client's side and the service's, their stores apa
 the background processes, and the postmaster with the backends that ended meanwhile (counted
 through its reaped children, as the round's total is: the outbox's callers close their sessions
 before the service has counted every row).
+``BENCH_PG_PROFILE=1`` records the backends of each side's databases with ``perf`` from the
+round's start (``pg_profile.py``) and lists their CPU a message by what the server was doing.
 ``BENCH_PG_WAITS=1`` samples ``pg_stat_activity`` every 2 ms through the rounds and lists, at the
 end, what the active sessions were doing or waiting for (wait event, the statement's start), with
 the lock holders' statements for lock waits: who waits on what (run one scenario to read them).
 ``BENCH_PG_WALDUMP=1`` reads each round's WAL with ``pg_waldump --stats=record`` and lists, per
-message, the record types that wrote most (record bytes and full-page images apart).
+message, the record types that wrote most (record bytes and full-page images apart);
+``BENCH_PG_WALDUMP=rel`` also lists the heap and index records by relation (which table's rows
+were inserted, updated in place (HOT) or not, locked).
 
 Profiling: ``BENCH_PROFILE=DIR`` attaches ``py-spy record --idle --threads``
 (raw collapsed stacks, waits included; ``BENCH_PROFILE_IDLE=0``: py-spy's on-CPU guess, which counts
@@ -1090,6 +1094,79 @@ def _print_waldump(pg: Any, scenario: str, start: str, end: str, messages: int, 
           f"{'; ' + out.stderr.strip()[:160] if out.returncode else ''}):")
     for name, count, size, fpi, _combined in rows[:top]:
         print(f"  {name:34s} {count / n:6.2f} records {size / n:7.0f} B  FPI {fpi / n:6.0f} B")
+    if os.environ.get("BENCH_PG_WALDUMP") == "rel":
+        _print_waldump_by_relation(pg, scenario, start, end, n, top=3 * top)
+
+
+def _print_waldump_by_relation(pg: Any, scenario: str, start: str, end: str, n: int, top: int) -> None:
+    """``BENCH_PG_WALDUMP=rel``: the heap and index records of the round by type and relation
+    (database.table), per message: which table's rows an UPDATE rewrote, locked or inserted."""
+    import psycopg2
+
+    names: dict[tuple[str, str], str] = {}
+    conn = psycopg2.connect(pg.dsn("postgres"))
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT oid::text, datname FROM pg_database WHERE datallowconn")
+            databases = cur.fetchall()
+    finally:
+        conn.close()
+    for oid, datname in databases:
+        conn = psycopg2.connect(pg.dsn(datname))
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_relation_filenode(oid)::text, relname FROM pg_class "
+                            "WHERE pg_relation_filenode(oid) IS NOT NULL")
+                names.update({(oid, node): f"{datname.split('_')[0]}.{rel}" for node, rel in cur.fetchall()})
+        finally:
+            conn.close()
+    out = subprocess.run([str(pg.bindir / "pg_waldump"), "-p", str(pg.data_dir / "pg_wal"), "-s", start, "-e", end],
+                         capture_output=True, text=True, check=False)
+    seen: Counter[tuple[str, str]] = Counter()
+    size: Counter[tuple[str, str]] = Counter()
+    for line in out.stdout.splitlines():
+        if not line.startswith("rmgr: Heap") and not line.startswith("rmgr: Btree"):
+            continue
+        rmgr = line.split()[1]
+        desc = line.split("desc: ", 1)[1].split()[0] if "desc: " in line else "?"
+        rel = "?"
+        if "blkref #0: rel " in line:
+            _spc, db, node = line.split("blkref #0: rel ", 1)[1].split()[0].split("/")
+            rel = names.get((db, node), node)
+        total = int(line.split("len (rec/tot):", 1)[1].split("/")[1].split(",")[0]) if "len (rec/tot):" in line else 0
+        seen[(f"{rmgr}/{desc}", rel)] += 1
+        size[(f"{rmgr}/{desc}", rel)] += total
+    print(f"WAL of {scenario} by record type and relation (heap and index records, per message):")
+    for (kind, rel), count in sorted(seen.items(), key=lambda kv: -size[kv[0]])[:top]:
+        print(f"  {kind:24s} {rel:40s} {count / n:6.2f} records {size[(kind, rel)] / n:7.0f} B")
+
+
+def _pg_profiles(pg: Any, sides: dict[str, str]) -> dict[str, Any]:
+    """``BENCH_PG_PROFILE=1``: ``perf record`` (``pg_profile.py``) started on the backends of each
+    side's databases that are connected now (the scenario's sessions, opened by its warm-up)."""
+    import psycopg2
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import pg_profile
+
+    names = {psycopg2.extensions.parse_dsn(dsn)["dbname"]: side for dsn, side in sides.items()}
+    conn = psycopg2.connect(pg.dsn("postgres"))
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT datname, pid FROM pg_stat_activity WHERE backend_type = 'client backend' "
+                        "AND pid <> pg_backend_pid()")
+            rows = cur.fetchall()
+    finally:
+        conn.close()
+    by_side: dict[str, list[int]] = {}
+    for datname, pid in rows:
+        side = names.get(datname)
+        if side is not None:
+            by_side.setdefault(side, []).append(pid)
+    recordings = {side: pg_profile.PerfRecording(pids) for side, pids in by_side.items()}
+    for recording in recordings.values():
+        recording.start()
+    return recordings
 
 
 def _execute(dsn: str, *statements: str) -> None:
@@ -1247,6 +1324,8 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
                         str(workdir / f"{scenario}-{tag}-client.strace") if strace else None,
                         profile_out("client"))
         t0 = float(client.expect("T0 ", timeout=120))
+        profiles = _pg_profiles(pg, {client_app: "client", server_app: "server", client_store: "client store",
+                                     server_store: "server store"}) if os.environ.get("BENCH_PG_PROFILE") else {}
         pg_cpu_at_start = _pg_cpu(pg, reaped=True)
         machine_at_start = _machine()
         deadline = time.monotonic() + args.timeout
@@ -1279,6 +1358,13 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
             _print_pg_cpu(pg_cpu_at_start, pg_cpu_at_end, {client_app: "client", server_app: "server",
                                                           client_store: "client store",
                                                           server_store: "server store"}, args.calls, pg.pid)
+        for side, recording in profiles.items():
+            import pg_profile
+
+            counts = recording.stop()
+            ms = sum(counts.values()) / recording.frequency * 1000 / max(1, distinct)
+            print("\n".join(line.replace("PostgreSQL's CPU", f"PostgreSQL's CPU ({side} backends)", 1)
+                            for line in pg_profile.report(counts, ms)))
         result.once = distinct
         result.duplicated = total - distinct
         result.missing = args.calls - distinct
