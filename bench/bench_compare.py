@@ -93,8 +93,8 @@ backends of each database (the client's side and the service's, their stores apa
 the background processes, and the postmaster with the backends that ended meanwhile (counted
 through its reaped children, as the round's total is: the outbox's callers close their sessions
 before the service has counted every row).
-``BENCH_PG_PROFILE=1`` records the backends of each side's databases with ``perf`` from the
-round's start (``pg_profile.py``) and lists their CPU a message by what the server was doing.
+``BENCH_PG_PROFILE=1`` records the backends of each side's databases with ``perf`` once a tenth
+of the round's messages is in (``pg_profile.py``) and lists their CPU a message by what the server was doing.
 ``BENCH_PG_WAITS=1`` samples ``pg_stat_activity`` every 2 ms through the rounds and lists, at the
 end, what the active sessions were doing or waiting for (wait event, the statement's start), with
 the lock holders' statements for lock waits: who waits on what (run one scenario to read them).
@@ -1149,7 +1149,7 @@ def _pg_profiles(pg: Any, sides: dict[str, str]) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "bench"))
     import pg_profile
 
-    names = {psycopg2.extensions.parse_dsn(dsn)["dbname"]: side for dsn, side in sides.items()}
+    names = {psycopg2.extensions.parse_dsn(dsn).get("dbname"): side for dsn, side in sides.items() if dsn}
     conn = psycopg2.connect(pg.dsn("postgres"))
     try:
         with conn.cursor() as cur:
@@ -1324,8 +1324,8 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
                         str(workdir / f"{scenario}-{tag}-client.strace") if strace else None,
                         profile_out("client"))
         t0 = float(client.expect("T0 ", timeout=120))
-        profiles = _pg_profiles(pg, {client_app: "client", server_app: "server", client_store: "client store",
-                                     server_store: "server store"}) if os.environ.get("BENCH_PG_PROFILE") else {}
+        profiles: dict[str, Any] = {}
+        profiled_from = 0  # messages in when the recording started (once a tenth is in: sessions open)
         pg_cpu_at_start = _pg_cpu(pg, reaped=True)
         machine_at_start = _machine()
         deadline = time.monotonic() + args.timeout
@@ -1335,6 +1335,10 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
             now = time.monotonic()
             if distinct >= args.calls:
                 break
+            if os.environ.get("BENCH_PG_PROFILE") and not profiles and total >= args.calls // 10:
+                profiled_from = total
+                profiles = _pg_profiles(pg, {client_app: "client", server_app: "server", client_store: "client store",
+                                             server_store: "server store"})
             if sent_errors is None:
                 with client._cond:
                     done = [line for line in client.lines if line.startswith("SENT ")]
@@ -1362,7 +1366,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
             import pg_profile
 
             counts = recording.stop()
-            ms = sum(counts.values()) / recording.frequency * 1000 / max(1, distinct)
+            ms = sum(counts.values()) / recording.frequency * 1000 / max(1, distinct - profiled_from)
             print("\n".join(line.replace("PostgreSQL's CPU", f"PostgreSQL's CPU ({side} backends)", 1)
                             for line in pg_profile.report(counts, ms)))
         result.once = distinct
