@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
+import psycopg2
 import pytest
 
 from wsrm_plugin.statemachine.ackranges import AckRanges
@@ -223,6 +224,50 @@ def test_receive_and_take_waits_for_a_delivery_of_the_message_before_it(open_kin
     assert _received(store, "s").received == AckRanges.from_ranges([(1, 3)])
 
 
+@pytest.mark.parametrize("store_url", [k for k in KINDS if k.id == "postgresql"], indirect=True)
+def test_a_take_writes_no_row_lock_and_one_that_cannot_take_changes_nothing(open_kind) -> None:
+    """PostgreSQL: ``take_next`` and ``receive_and_take`` update the invoker's row with no
+    ``SELECT ... FOR UPDATE`` ahead (each wrote a Heap/LOCK record before: fails without).  A
+    take that cannot take (the message before it buffered, not delivered) leaves the delivered
+    ranges as they were and holds the row until its transaction ends, as that lock did."""
+    from .test_lane_claim_locks import _wal_records
+
+    store = open_kind(lock_timeout=10.0)
+    _rmd(store, "s")
+    with store.begin() as tx:
+        tx.rmd.get("s")
+        assert tx.receive_and_take("s", 1)
+
+    def take(number: int, receive: bool = False) -> None:
+        with store.begin() as tx:
+            if receive:
+                tx.rmd.get("s")
+                assert tx.receive_and_take("s", number)
+            else:
+                assert tx.invoker.take_next("s", number)
+
+    for number, receive in ((2, False), (3, True)):
+        records = _wal_records(store, lambda: take(number, receive))
+        # receive_and_take: the RMD row's, by the caller's read of it (rmd.get) ahead of the receipt
+        assert records.count("Heap/LOCK") == (1 if receive else 0), records
+        assert records.count("Heap/HOT_UPDATE") == (2 if receive else 1), records
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
+    _put(store, "s", 4)
+    with store.begin() as tx:
+        assert tx.invoker.take_next("s", 5) is False
+        other = psycopg2.connect(store.dsn)
+        try:
+            with other, other.cursor() as cur:  # held: a delivery of 4 waits for this transaction
+                cur.execute("SET lock_timeout = '50ms'")
+                with pytest.raises(psycopg2.errors.LockNotAvailable):
+                    cur.execute("SELECT 1 FROM invoker_sequence WHERE sequence_id = 's' FOR UPDATE")
+        finally:
+            other.close()
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
+    with store.begin() as tx:
+        assert tx.invoker.next_deliverable("s").number == 4
+
+
 # -- receive_in_order: the lock, the receipt and the take in one round trip (PostgreSQL) ---------
 
 PG_ONLY = [k for k in KINDS if k.id == "postgresql"]
@@ -302,7 +347,8 @@ def _assert_no_guess_past_the_last_or_closed(store) -> None:
 def test_receive_in_order_is_one_statement_and_writes_no_row_lock(open_kind) -> None:
     """The receipt's UPDATE takes the sequence's lock: no statement ahead of it to lock the
     row, whose lock PostgreSQL wrote to the WAL (a Heap/LOCK record a message) before the update
-    (fails without: a second statement, two row locks)."""
+    (fails without: a second statement, two row locks); and the take's UPDATE the invoker's row,
+    with no ``SELECT ... FOR UPDATE`` ahead of it (fails without: one row lock, that one)."""
     from .test_lane_claim_locks import _wal_records
 
     store = open_kind(lock_timeout=10.0)
@@ -319,7 +365,8 @@ def test_receive_in_order_is_one_statement_and_writes_no_row_lock(open_kind) -> 
 
     records = _wal_records(store, receive_2)
     assert len(sent) == 1 and sent[0][1] is None, sent
-    assert records.count("Heap/LOCK") == 1, records  # the invoker's row, by the take; not the sequence's
+    assert records.count("Heap/LOCK") == 0, records
+    assert records.count("Heap/HOT_UPDATE") == 2, records  # the sequence's row and the invoker's
     assert _received(store, "s").received == AckRanges.from_ranges([(1, 2)])
     assert _delivered(store, "s") == AckRanges.from_ranges([(1, 2)])
 

@@ -18,12 +18,21 @@ def _rmd_assignments(changes: dict[str, Any]) -> tuple[str, list[Any]]:
             [api.format_ranges(changes[n]) if n == "received" else changes[n] for n in names])
 
 
-#: take_next on a store that waits for row locks: the row locked first (``cur``), then compared;
-#: parameters from :func:`_take_params`
-_TAKE_LOCKED = ("WITH cur AS (SELECT delivered_upto, delivered FROM invoker_sequence WHERE sequence_id = ?"
-                "{for_update}) UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? FROM cur "
-                "WHERE invoker_sequence.sequence_id = ? AND cur.delivered_upto = ? AND cur.delivered = ? "
-                "AND NOT EXISTS (SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?)")
+#: take_next on a store that waits for row locks (PostgreSQL), one UPDATE and no lock ahead of it:
+#: its WHERE holds for the row as the statement's snapshot saw it whenever the row as it is now
+#: could be taken (delivered below ``number``: a delivery in progress only raises it), so the
+#: UPDATE waits for a delivery of the sequence holding the row, or committed after the snapshot,
+#: and then looks at the row as it is now (READ COMMITTED rechecks an updated row); it writes
+#: the new ranges only where the row now has exactly 1..number-1 delivered (else the row as it
+#: was) and returns whether it did (``taken``).  ``{also}``: more conditions (no parameters).
+#: A ``SELECT ... FOR UPDATE`` ahead of the UPDATE did the waiting before: a row lock written to
+#: the WAL (a Heap/LOCK record) on every take.  Parameters from :func:`_take_params`.
+_TAKE = ("UPDATE invoker_sequence SET "
+         "delivered = CASE WHEN delivered_upto = ? AND delivered = ? THEN ? ELSE delivered END, "
+         "delivered_upto = CASE WHEN delivered_upto = ? AND delivered = ? THEN ? ELSE delivered_upto END "
+         "WHERE sequence_id = ? AND delivered_upto < ? AND NOT EXISTS "
+         "(SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?){also} "
+         "RETURNING delivered_upto = ? AS taken")
 
 #: :meth:`SqlTransaction.receive_in_order` (PostgreSQL): the receipt, if the sequence has
 #: received exactly 1..number-1 and is open, and then the take; the new row and whether the
@@ -34,10 +43,10 @@ _TAKE_LOCKED = ("WITH cur AS (SELECT delivered_upto, delivered FROM invoker_sequ
 _RECEIVE_IN_ORDER = (
     "WITH r AS (UPDATE rmd_sequence SET received = ?, last_activity = ? WHERE sequence_id = ? AND received = ? "
     f"AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING {_cols(_RMD_COLS)}), "
-    f"t AS ({_TAKE_LOCKED.format(for_update=' FOR UPDATE')} AND EXISTS (SELECT 1 FROM r) RETURNING 1), "
+    f"t AS ({_TAKE.format(also=' AND EXISTS (SELECT 1 FROM r)')}), "
     f"f AS (SELECT {_cols(_RMD_COLS)} FROM rmd_sequence WHERE sequence_id = ? AND NOT EXISTS (SELECT 1 FROM r) "
     "FOR UPDATE) "
-    f"SELECT {_cols(_RMD_COLS, 'r')}, (SELECT count(*) FROM t) FROM r UNION ALL "
+    f"SELECT {_cols(_RMD_COLS, 'r')}, (SELECT count(*) FROM t WHERE taken) FROM r UNION ALL "
     f"SELECT {_cols(_RMD_COLS, 'f')}, CASE WHEN f.received = ? AND NOT f.closed AND NOT f.terminated "
     "AND f.last_number IS NULL THEN -2 ELSE -1 END FROM f")
 
@@ -50,9 +59,9 @@ _RECEIVE_IN_ORDER = (
 _RECEIVE_IN_ORDER_NOTED = (
     "WITH r AS (UPDATE rmd_sequence SET received = ?, last_activity = ? WHERE sequence_id = ? AND received = ? "
     "AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING 1), "
-    f"t AS ({_TAKE_LOCKED.format(for_update=' FOR UPDATE')} AND EXISTS (SELECT 1 FROM r) RETURNING 1) "
+    f"t AS ({_TAKE.format(also=' AND EXISTS (SELECT 1 FROM r)')}) "
     "SELECT set_config('wsrm.received', CASE WHEN EXISTS (SELECT 1 FROM r) "
-    "THEN (SELECT count(*) FROM t)::text ELSE '-1' END, TRUE)")
+    "THEN (SELECT count(*) FROM t WHERE taken)::text ELSE '-1' END, TRUE)")
 
 #: conditions of a statement that ran after :data:`_RECEIVE_IN_ORDER_NOTED` in its round trip: the
 #: message was received and taken; it was received
@@ -92,8 +101,10 @@ def ahead_key(kind: str, *arguments: Any) -> tuple[Any, ...]:
 
 
 def _take_params(sequence_id: str, number: int) -> tuple[Any, ...]:
-    return (sequence_id, _prefix(number), number, sequence_id, number - 1, _prefix(number - 1),
-            sequence_id, number)
+    """The parameters of :data:`_TAKE`."""
+    before, after = _prefix(number - 1), _prefix(number)
+    return (number - 1, before, after, number - 1, before, number, sequence_id, number, sequence_id, number,
+            number)
 
 
 def _prefix(upto: int) -> str:

@@ -32,7 +32,7 @@ from .statements import (
     _RECEIVE_IN_ORDER_NOTED,
     _RECEIVED,
     _RECEIVED_AND_TAKEN,
-    _TAKE_LOCKED,
+    _TAKE,
     _committed_if_expected,
     _prefix,
     _rmd_assignments,
@@ -337,8 +337,8 @@ class SqlTransaction(api.StoreTransaction):
         self._wrote = True
         row = self.one(
             f"WITH r AS (UPDATE rmd_sequence SET {sets} WHERE sequence_id = ? RETURNING 1), "
-            f"t AS ({_TAKE_LOCKED.format(for_update=self.d.for_update)} RETURNING 1) "
-            "SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM t)",
+            f"t AS ({_TAKE.format(also='')}) "
+            "SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM t WHERE taken)",
             (*values, sequence_id, *_take_params(sequence_id, number)))
         if not row[0]:
             raise UnknownSequenceError("RMD", sequence_id)
