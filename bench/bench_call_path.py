@@ -13,8 +13,12 @@ milliseconds are only indicative: count, don't time).
 
 Run::
 
-    .venv/bin/python bench/bench_call_path.py [--store memory|sqlite|xa1] [--calls 50] [--no-timeline]
+    .venv/bin/python bench/bench_call_path.py [--store memory|sqlite|xa1|xa2] [--calls 50] [--no-timeline]
         [--idle-sequences N] [--policy poll_interval=60] [--pg-profile]
+
+``--store xa2`` puts each side's store in a database of its own (two-phase commit, the store's
+branch with the commit mark), as ``bench_compare``'s xa2; a service's phase 2 run after its answer
+(``RMPolicy.answer_at_decision``) is counted on its own thread (``service-phase-two-N``).
 
 ``--pg-profile`` (xa1) says what PostgreSQL's CPU went to through the calls, by ``perf``'s samples
 of its processes (see ``pg_profile.py``): the statements' run, which ``pg_stat_statements``
@@ -237,10 +241,11 @@ def _plans(store: Any) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--store", choices=("memory", "sqlite", "xa1"), default="memory",
+    parser.add_argument("--store", choices=("memory", "sqlite", "xa1", "xa2"), default="memory",
                         help="xa1: PostgreSQL stores under XA, each in its side's application database "
                              "(a throwaway server; the business row and the service's row written "
-                             "through an XADataSource, as bench_compare's xa1)")
+                             "through an XADataSource, as bench_compare's xa1); xa2: each store in a "
+                             "database of its own (as bench_compare's xa2)")
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--warm-up", type=int, default=10)
     parser.add_argument("--no-timeline", action="store_true")
@@ -279,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     client_ds = None
     recording: Any = None
     profile: Any = None
-    if args.store == "xa1":
+    if args.store in ("xa1", "xa2"):
         from txmanager import TransactionManager
         from txmanager.postgres import XADataSource
         from wsrm_plugin.tools.pgserver import ThrowawayPostgres
@@ -300,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         client_ds = XADataSource(dsns["client"], tms["client"])
         closers[:0] = [service_ds.close, client_ds.close]
         bc.ROWS = bc._Rows(dsns["service"], ds=service_ds)
-        urls = {role: "postgresql:" + dsn for role, dsn in dsns.items()}
+        urls = {role: "postgresql:" + (dsn if args.store == "xa1" else pg.create_database(f"{role}_store"))
+                for role, dsn in dsns.items()}
     elif args.store == "memory":
         urls = {"service": "memory:", "client": "memory:"}
     else:
@@ -373,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     print("context switches per call, by thread: " + ", ".join(
         f"{name} {n / args.calls:.2f}" for name, n in sorted(switches.items()) if n)
           + f" (all {sum(switches.values()) / args.calls:.2f})")
-    if args.store == "xa1":  # PostgreSQL round trips and transactions ended, by side
+    if args.store in ("xa1", "xa2"):  # PostgreSQL round trips and transactions ended, by side
         sides: collections.Counter[str] = collections.Counter()
         for (thread, kind), n in counts.items():
             if kind.startswith("pg "):

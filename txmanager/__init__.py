@@ -3,7 +3,8 @@
 The pieces, each in its own module: :mod:`.xid` and :mod:`.xa` (the X/Open
 contract), :mod:`.transaction` (one transaction and the commit protocol),
 :mod:`.manager` (thread-bound transactions), :mod:`.log` (the recovery log),
-:mod:`.recovery` (finishing in-doubt branches), :mod:`.memory` (an in-memory
+:mod:`.recovery` (finishing in-doubt branches), :mod:`.phase_two` (a commit that
+returns at its decision, phase 2 by worker threads), :mod:`.memory` (an in-memory
 XA resource), :mod:`.errors`.  Node names for several processes of one host:
 :mod:`.slots`; for several hosts on one PostgreSQL database: :mod:`.nodes`
 (claims in :mod:`.lease`, decisions in :mod:`.dblog`).

@@ -65,6 +65,7 @@ from .xa import (
     XA_HEURMIX, XA_HEURRB, XA_OK, XA_RDONLY, XA_RETRY, XAER_NOTA, XAER_RMFAIL,
     XAException, XAResource, error_name,
 )
+from .phase_two import PhaseTwo
 from .xid import Xid
 
 if TYPE_CHECKING:
@@ -253,6 +254,11 @@ class Transaction:
                  "_timed_out", "_cause", "_completing", "_finished", "_branches", "_enlisted",
                  "_syncs", "_before", "_sole", "_fused", "_sole_xid", "__dict__", "__weakref__")
 
+    #: the workers that run phase 2 once the caller has returned at the decision (see
+    #: :meth:`commit_at_decision`), or :data:`_HANDED_OVER` once they have it; a class
+    #: attribute (none), so that a transaction that never asks carries no instance dict
+    _later: Any = None
+
     def __init__(self, xid: Xid, *, log: "TransactionLog", timeout: float | None = None,
                  checkpoint: Checkpoint | None = None, retries: int = 3,
                  retry_delay: float = 0.05, on_end: Callable[["Transaction"], None] | None = None,
@@ -361,6 +367,26 @@ class Transaction:
         its fused path (``end_and_commit_one_phase`` of a branch started unnamed), and what rides
         on its COMMIT goes in a round trip of its own."""
         return 1 if self._sole is not None else len(self._branches)
+
+    def commit_at_decision(self, workers: Any) -> PhaseTwo:
+        """Ask :meth:`commit` to return once its decision is durable, and ``workers`` (a
+        :class:`~txmanager.phase_two.PhaseTwoWorkers`) to commit the prepared branches after.
+
+        Only a decision carried by a commit mark is returned at (the branch that holds it has
+        committed in one phase, with the mark): the other branches are then prepared and
+        decided, and recovery commits them should the process die before its workers do.
+        Any other commit (one phase, a decision in the recovery log) runs to its end as
+        without.  The crash-test hook's ``committed`` and ``before_done`` points are then
+        called in the worker's thread.  Heuristic outcomes of a phase 2 run after the caller
+        returned are logged, not raised.  Returns a :class:`~txmanager.phase_two.PhaseTwo`,
+        done once the transaction is over whichever way it ends (its branches' rows visible
+        to other sessions once it is done after a commit); the same one when asked again."""
+        done = self.__dict__.get("_done")
+        if done is None:
+            self.register_synchronization(done := PhaseTwo())
+            self._done = done
+            self._later = workers
+        return done
 
     def set_rollback_only(self) -> None:
         """Make rollback the only possible outcome."""
@@ -745,7 +771,8 @@ class Transaction:
             self._commit()  # what the one-phase path leaves undone, the general path does
         finally:
             # a manager's transaction never named was never in its running set: nothing to end
-            if self._xid is not None or self._cfg.registry is None:
+            # (one whose phase 2 was handed over ends when that is done: see _phase_two_later)
+            if (self._xid is not None or self._cfg.registry is None) and self._later is not _HANDED_OVER:
                 self._leave_completion()
 
     def prepare_and_detach(self) -> list[PreparedBranch]:
@@ -976,6 +1003,12 @@ class Transaction:
         if cp is not None:
             cp("logged", 0)
         self._phase = _COMMITTING
+        later = self._later
+        if later is not None and holder is not None:
+            # decided by the mark: the caller goes on, the workers make the rest visible
+            self._later = _HANDED_OVER  # before the worker can end it
+            later.submit(lambda: self._phase_two_later(holder, prepared))
+            return
         heuristics, left, agreeing = self._commit_decided(prepared)
         if cp is not None:
             cp("before_done", 0)
@@ -983,6 +1016,28 @@ class Transaction:
         if heuristics:
             self._raise_heuristic(True, heuristics, agreeing)
         self._finish(_COMMITTED)
+
+    def _phase_two_later(self, holder: _Branch, prepared: list[_Branch]) -> None:
+        """Phase 2 of a transaction whose caller returned at its decision (a worker's job):
+        what :meth:`_commit_two_phase` does after the decision, then what :meth:`commit`
+        does at its end.  A heuristic outcome is logged (and in the recovery log)."""
+        try:
+            heuristics, left, agreeing = self._commit_decided(prepared)
+            self._cp("before_done", 0)
+            self._forget_decision(holder, left, heuristics)
+            if heuristics:
+                self._raise_heuristic(True, heuristics, agreeing)
+            self._finish(_COMMITTED)
+        except HeuristicError as e:
+            log.error("transaction %s, committed after its caller returned at the decision: %s", self.xid, e)
+        except Exception:  # noqa: BLE001 -- decided: recovery finishes what is left
+            log.exception("phase 2 of %s after its caller returned failed; recovery finishes it by "
+                          "its commit mark", self.xid)
+            if not self._finished:
+                self._finish(_COMMITTED)
+        finally:
+            if self._xid is not None or self._cfg.registry is None:
+                self._leave_completion()
 
     def _prepare(self, branches: list[_Branch]) -> list[_Branch]:
         """Phase 1: every branch votes; the ones that must be committed (voted XA_OK).  A no, a
@@ -1227,6 +1282,10 @@ class Transaction:
         if self._cfg.checkpoint is not None:
             self._cfg.checkpoint(point, index)
 
+
+#: :attr:`Transaction._later` once the workers have its phase 2: the caller's commit returns
+#: without ending the transaction (its workers end it)
+_HANDED_OVER = object()
 
 #: serializes promotions of one-phase transactions (see _OnePhase._become_full); held for no call out
 _promoting = _thread.allocate_lock()

@@ -112,6 +112,13 @@ def _behind_the_first(s: Served, sends: list[threading.Thread]) -> None:
         t.join(60)
 
 
+def _committed(s: Served, count: int) -> list[tuple[str, str]]:
+    """The application's rows, once ``count`` are visible: a receive is answered at its commit
+    decision (``RMPolicy.answer_at_decision``), the application's COMMIT PREPARED follows."""
+    assert wait_for(lambda: len(rows(s.app_db)) >= count, timeout=30), rows(s.app_db)
+    return rows(s.app_db)
+
+
 def _sends(s: Served, count: int) -> tuple[list[threading.Thread], list[str], dict[str, list[tuple[int, int]]]]:
     """``count`` messages m0.. each on a sequence of its own: the threads that send them (not
     started), the sequences, and the acknowledgement each gets, by sequence, once it is answered."""
@@ -142,7 +149,7 @@ def test_automatic_delivers_together_once_a_delivery_committed_in_two_phases(ser
     sends, identifiers, answered = _sends(s, BEHIND)
     _behind_the_first(s, sends)
     assert answered == {identifier: [(1, 1)] for identifier in identifiers}
-    gtrids = dict(rows(s.app_db))
+    gtrids = dict(_committed(s, BEHIND + 2))
     assert sorted(gtrids) == ["alone", "first", *(f"m{n}" for n in range(BEHIND))]
     assert len({gtrids[f"m{n}"] for n in range(BEHIND)}) == 1, gtrids  # one global transaction
     assert len(set(gtrids.values())) == 3
@@ -204,7 +211,7 @@ def test_receives_of_several_sequences_deliver_in_one_global_transaction(served)
     batches, items = combiner.batches, combiner.items
     _behind_the_first(s, sends)
     assert answered == {identifier: [(1, 1)] for identifier in identifiers}
-    committed = rows(s.app_db)
+    committed = _committed(s, BEHIND + 1)
     assert sorted(item for item, _ in committed) == ["first", *(f"m{n}" for n in range(BEHIND))]
     gtrids = dict(committed)
     assert len({gtrids[f"m{n}"] for n in range(BEHIND)}) == 1, committed  # one global transaction
@@ -253,7 +260,7 @@ def test_a_refused_receive_in_a_batch_is_refused_alone(served) -> None:
     _behind_the_first(s, sends)
     assert refused == [(400, UnknownSequence)]
     assert answered == {identifier: [(1, 1)] for identifier in identifiers}
-    committed = dict(rows(s.app_db))
+    committed = dict(_committed(s, BEHIND))
     assert sorted(committed) == ["first", *(f"m{n}" for n in range(BEHIND - 1))]
     assert len({committed[f"m{n}"] for n in range(BEHIND - 1)}) == 1
 
@@ -288,11 +295,11 @@ def test_the_next_batch_runs_while_one_commits(served) -> None:
         assert held.reached.wait(30)
         sends[0].start()
         assert wait_for(lambda: identifiers[0] in answered, timeout=30), combiner.queued(None)
-        assert [item for item, _ in rows(s.app_db)] == ["m0"]  # committed; "first" is not yet
+        assert [item for item, _ in _committed(s, 1)] == ["m0"]  # committed; "first" is not yet
         assert combiner.handed_on >= 1
     finally:
         held.release.set()
     for t in [first, *sends]:
         t.join(60)
-    assert sorted(item for item, _ in rows(s.app_db)) == ["first", "m0"]
+    assert sorted(item for item, _ in _committed(s, 2)) == ["first", "m0"]
     assert answered == {identifiers[0]: [(1, 1)]}

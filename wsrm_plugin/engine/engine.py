@@ -408,6 +408,9 @@ class ReliableEngine:
         for server in self._servers:
             server.stop(timeout)
         self._servers.clear()
+        at_decision = self.invoker.at_decision
+        if at_decision is not None and not at_decision.drain(timeout):  # what was answered at its decision
+            log.warning("stopped with second phases still under way: recovery commits them by their marks")
         if self._owns_transport:
             self.transport.close()
         if self._owns_store:

@@ -43,6 +43,7 @@ from ..store import (
 from ..store.api import RANK_INVOKER
 from ..wire import RM10, AddressingHeaders
 from . import observe
+from .at_decision import AtDecision
 from .envelopes import read_trusted
 from .ledger import MessageLedger
 from .logs import for_sequence
@@ -188,6 +189,9 @@ class InvokerWorker:
         self.policy = policy
         self.source = source
         self.tm = tm
+        #: deliveries answered at their commit decision (``RMPolicy.answer_at_decision``), under a
+        #: transaction manager: the phase-2 workers, and each sequence's guard
+        self.at_decision = AtDecision(tm, service) if tm is not None and policy.answer_at_decision else None
         self._ambient = ambient
         self.application = application
         self._on_failure = on_failure
@@ -705,11 +709,16 @@ class InvokerWorker:
             sequence_id=msg.sequence_id, message_number=msg.number, message_id=msg.message_id,
             action=msg.action, reply_to=msg.reply_to, relates_to=relates_to,
             soap_version=msg.soap_version, transaction=tx, _source=self.source, _hand_out=hand_out)
+        at_decision = self.at_decision
+        if at_decision is not None:
+            at_decision.wait_turn(msg.sequence_id)  # the sequence's last delivery's rows visible first
         observer = observe.active
         if observer is not None:
             self._deliver_observed(observer, tx, msg, context)
         else:
             self._hand_over(tx, msg, context)
+        if at_decision is not None:
+            at_decision.after_delivery(msg.sequence_id)
         if buffered:
             self.mark_delivered_in(tx, msg, next_in_order)
         if replies is not None:

@@ -646,6 +646,24 @@ class RMPolicy:
         "database not the store's, and the built-in server then has 16 threads); 1: each alone; `None`: 16 on "
         "SQLite without a transaction manager and under one while deliveries commit in two phases, else 1",
         cxf="—")
+    #: Under a transaction manager, a delivery into the application's own database (not the
+    #: store's) commits in two phases: the application's branch is prepared, the store's commits
+    #: with the commit mark that decides, then the application's COMMIT PREPARED.  With this on,
+    #: the receive answers (acknowledges, replies) once the mark committed and a worker thread
+    #: sends the COMMIT PREPARED (``wsrm_plugin.engine.at_decision``, ``txmanager.phase_two``): a
+    #: round trip and a WAL flush off every message's path.  Recovery commits that branch after a
+    #: crash (the mark decides), so nothing is lost or delivered twice; the next delivery of the
+    #: same sequence in this process waits for it, so in order it sees the rows of the last.  What
+    #: another reader of the application's database may see first is in the crash table.
+    answer_at_decision: bool = knob(
+        True, Flag(),
+        "under a transaction manager, a delivery into the application's own database (two-phase commit decided "
+        "by the store's commit mark) answers once that decision committed; the application's COMMIT PREPARED "
+        "follows in a worker thread, and the sequence's next delivery in this process waits for it (its rows "
+        "visible first); a crash in between is finished by recovery (the mark decides); another reader of the "
+        "application's database may see the acknowledgement or reply a moment before the rows; False: answer "
+        "after every branch committed",
+        cxf="—")
     #: Several hosts on one PostgreSQL store (``txmanager.nodes.PostgresNodes``): the time
     #: from a host's death to its XA transactions being finished by a living host, and so
     #: its locks released.  A killed process is noticed at once (its kernel closes its
