@@ -63,7 +63,7 @@ from .errors import (
 from .xa import (
     TMFAIL, TMJOIN, TMNOFLAGS, TMRESUME, TMSUCCESS, TMSUSPEND, XA_HEURCOM, XA_HEURHAZ,
     XA_HEURMIX, XA_HEURRB, XA_OK, XA_RDONLY, XA_RETRY, XAER_NOTA, XAER_RMFAIL,
-    XAException, XAResource, error_name,
+    SYNC_RAN, XAException, XAResource, error_name,
 )
 from .phase_two import PhaseTwo
 from .xid import Xid
@@ -1392,8 +1392,11 @@ class _OnePhase(Transaction):
         self._phase = _COMMITTING
         try:
             try:
-                # None, unless the session named its branch (psycopg2's tpc_begin takes the xid)
-                done = sole.end_and_commit_one_phase(self._sole_xid)  # type: ignore[attr-defined]
+                # None, unless the session named its branch (psycopg2's tpc_begin takes the xid);
+                # the one synchronization, as itself (see _enlist_first): the resource runs it
+                # when it is the session's own return to its pool (SYNC_RAN), a frame fewer
+                sync = self._syncs
+                done = sole.end_and_commit_one_phase(self._sole_xid, sync)  # type: ignore[attr-defined]
             except Exception as e:  # noqa: BLE001 -- sorted out as the general path does
                 self._become_full()
                 self._one_phase_failed(self._promote("ended"), e)  # type: ignore[arg-type]
@@ -1402,7 +1405,8 @@ class _OnePhase(Transaction):
             if done:  # what _finish(_COMMITTED) does
                 self._phase = _COMMITTED
                 self._finished = True
-                sync = self._syncs  # the one, as itself (see _enlist_first)
+                if done is SYNC_RAN:
+                    return
                 try:
                     sync.after_completion(_COMMITTED)  # type: ignore[union-attr]
                 except Exception:  # noqa: BLE001 -- the outcome is final

@@ -26,6 +26,13 @@ __all__ = [
     "XAException", "XAResource", "error_name",
 ]
 
+#: What a resource's ``end_and_commit_one_phase(xid, sync)`` answers (rather than True, and true as
+#: well; compared by identity) when it
+#: committed the branch and also ran ``sync``, the caller's synchronization for it, itself: the
+#: session's own return to its pool, which reads nothing of the transaction and so may run before
+#: the transaction is marked committed (see PostgresXAResource.end_and_commit_one_phase).
+SYNC_RAN = "sync ran"
+
 # Flags (values as in javax.transaction.xa.XAResource).
 TMNOFLAGS = 0x00000000
 TMJOIN = 0x00200000

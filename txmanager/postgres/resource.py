@@ -28,6 +28,7 @@ from ..xa import (
     TMSTARTRSCAN,
     TMSUCCESS,
     TMSUSPEND,
+    SYNC_RAN,
     XA_OK,
     XA_RBCOMMFAIL,
     XA_RBROLLBACK,
@@ -549,7 +550,7 @@ class PostgresXAResource:
             self._finish_prepared(xid, commit=True)
             self._ended.pop(xid, None)
 
-    def end_and_commit_one_phase(self, xid: Xid | None) -> bool:
+    def end_and_commit_one_phase(self, xid: Xid | None, sync: Any = None) -> bool | str:
         """``end(xid, TMSUCCESS)`` and ``commit(xid, one_phase=True)`` in one call, for a
         transaction manager whose only branch this is (nothing of its own to do between them);
         ``xid`` None for a branch started by :meth:`start_unnamed` and never named since.
@@ -557,6 +558,13 @@ class PostgresXAResource:
         False, having done nothing, unless the branch is active on a session that can commit
         it: the manager then calls ``end`` and ``commit``, which say what is wrong.  Raises
         what ``commit`` raises once the COMMIT was sent.
+
+        ``sync``, the manager's synchronization for the branch: when it is this session's own
+        return to its data source's pool (``_pool_return``) and the COMMIT left the session
+        idle the usual way, that return is done here (what its ``after_completion`` does then,
+        without its call and its checks) and the answer is :data:`~txmanager.xa.SYNC_RAN`:
+        the manager has nothing left to run.  The return reads nothing of the transaction, so
+        it may run before the manager marks it committed.
 
         No lock, as in :meth:`start_unnamed`: the branch is the calling transaction's, which
         completes it once; a failure is sorted out under the lock.
@@ -582,6 +590,25 @@ class PostgresXAResource:
                     raise_commit_refused(cur)
                 conn._mode = conn._xid = None
                 conn._lagging = True  # psycopg2's autocommit flag stays on (see LazyBeginConnection)
+                self._branch = self._namer = None
+                if xid is None:  # nobody was given it: the next unnamed branch reuses it
+                    self._spare = b
+                if sync is not None and sync is self._pool_return:
+                    # what _SessionReturn.after_completion does for a session idle after its
+                    # one-phase COMMIT (``_lagging``, no branch, open: all known here)
+                    ds = sync._ds
+                    idle = ds._idle
+                    if len(idle) < ds.pool_size:
+                        idle.append(self)
+                        if not ds._closed:
+                            return SYNC_RAN  # close(), not yet begun, will find it in this list
+                        try:
+                            idle.remove(self)
+                        except ValueError:
+                            return SYNC_RAN  # close() took it from the list and closes it
+                    self.close()
+                    return SYNC_RAN
+                return True
             elif type(conn) is LazyBeginConnection:
                 conn.commit_branch()
             else:
