@@ -24,6 +24,13 @@ round, so one run's dump (``callgrind.out.<pid>.1``) holds the measured messages
 adds each side's store transactions, commits and WAL syncs per message; ``--statements N`` every
 statement SQLite ran per message, by side, and the N run most often (not under callgrind: the
 trace callback runs for each).
+
+``--python-calls N`` counts the Python calls (built-ins included) each side makes per message
+(a profile function in every thread: slow, so a few hundred calls are enough) and lists each
+side's N most called functions.  Every run reports (under ``--python-calls`` the profile
+function makes frame objects the collector tracks: its collections count more) the objects the garbage collector found
+unreachable per message, its collections and the CPU time they took (``gc.callbacks``; the
+collecting thread's CPU clock).
 """
 
 from __future__ import annotations
@@ -100,7 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--statements", type=int, default=0, metavar="N",
                         help="SQLite: also list each side's N statements run most often (a trace "
                         "callback on every connection: leave it out under callgrind)")
+    parser.add_argument("--python-calls", type=int, default=None, metavar="N",
+                        help="count each side's Python calls per message (built-ins included) and list "
+                        "its N most called functions (a profile function in every thread: slow)")
     args = parser.parse_args(argv)
+    counted = _PythonCalls(args.python_calls) if args.python_calls is not None else None
+    garbage = _Garbage()
 
     import logging
 
@@ -183,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                 time.perf_counter()
             rounds0, busy0 = len(rounds), lane_busy[0]
             files0 = {side: _file_counts(store) for side, store in stores.items()}
+            garbage0 = garbage.snapshot()
+            if counted is not None:
+                counted.reset()
             if statements is not None:
                 statements.reset()
             run(args.calls, f"r{r}")
@@ -205,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                 if now:
                     print(f"  {side} store per msg: " + "  ".join(
                         f"{name}={(now[name] - was[name]) / n:.2f}" for name in now), flush=True)
+            garbage.report(garbage0, n)
+            if counted is not None:
+                counted.report(n)
             if statements is not None:
                 statements.report(n)
         _callgrind("-d")
@@ -212,7 +230,109 @@ def main(argv: list[str] | None = None) -> int:
         first.stop(timeout=5)
         service.stop(timeout=5)
         tmp.cleanup()
+        if counted is not None:
+            counted.stop()
+        garbage.stop()
     return 0
+
+
+def _side(name: str) -> str:
+    return "service" if name.startswith(_SERVICE_THREADS) else "client"
+
+
+class _PythonCalls:
+    """Python calls (``call`` and ``c_call`` profile events) by side and by function.
+
+    Each thread's first event finds its side from its name and installs a counter of its own
+    (no lock, no lost increments); the counts are summed when reported."""
+
+    def __init__(self, top: int) -> None:
+        import collections
+
+        self.top = top
+        self.counters: list[tuple[str, collections.Counter[Any]]] = []
+
+        def first(frame: Any, event: str, arg: Any) -> None:
+            counter: collections.Counter[Any] = collections.Counter()
+            self.counters.append((_side(threading.current_thread().name), counter))
+
+            def count(frame: Any, event: str, arg: Any) -> None:
+                if event == "call":
+                    counter[frame.f_code] += 1
+                elif event == "c_call":
+                    counter[arg] += 1
+            sys.setprofile(count)
+            count(frame, event, arg)
+        threading.setprofile(first)
+        sys.setprofile(first)
+
+    def reset(self) -> None:
+        for _, counter in list(self.counters):
+            counter.clear()
+
+    def report(self, messages: int) -> None:
+        import collections
+
+        by_side: dict[str, collections.Counter[str]] = {}
+        for side, counter in list(self.counters):
+            total = by_side.setdefault(side, collections.Counter())
+            for what, count in dict(counter).items():  # a copy in one step: the threads go on counting
+                total[_function_name(what)] += count
+        for side, total in sorted(by_side.items()):
+            print(f"  {side} Python calls per msg: {sum(total.values()) / messages:.0f}", flush=True)
+            for name, count in total.most_common(self.top):
+                print(f"    {count / messages:7.2f}  {name}", flush=True)
+
+    def stop(self) -> None:
+        threading.setprofile(None)  # type: ignore[arg-type]
+        sys.setprofile(None)
+
+
+def _function_name(what: Any) -> str:
+    """A counted code object's or built-in's name, with where it comes from."""
+    code = getattr(what, "co_qualname", None)
+    if code is not None:
+        return f"{what.co_qualname} ({'/'.join(what.co_filename.rsplit('/', 2)[-2:])}:{what.co_firstlineno})"
+    owner = getattr(what, "__self__", None)
+    prefix = type(owner).__name__ + "." if owner is not None and not isinstance(owner, type(sys)) else ""
+    return f"{prefix}{getattr(what, '__qualname__', what)} (built-in)"
+
+
+class _Garbage:
+    """The garbage collector's collections and the unreachable objects it found (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.collections = [0, 0, 0]
+        self.collected = 0
+        self.seconds = [0.0, 0.0, 0.0]
+        self._started = 0.0
+        gc.callbacks.append(self._seen)
+
+    def _seen(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            self.seconds[info["generation"]] += time.thread_time() - self._started
+            self.collections[info["generation"]] += 1
+            self.collected += info["collected"]
+
+    def snapshot(self) -> tuple[int, list[int], list[float]]:
+        return self.collected, list(self.collections), list(self.seconds)
+
+    def report(self, was: tuple[int, list[int], list[float]], messages: int) -> None:
+        collected, collections, seconds = was
+        counts = [now - before for now, before in zip(self.collections, collections, strict=True)]
+        cpu = [(now - before) * 1e6 / messages for now, before in zip(self.seconds, seconds, strict=True)]
+        print(f"  garbage per msg: {(self.collected - collected) / messages:.1f} objects found unreachable; "
+              f"collections (gen 0/1/2) {counts[0]}/{counts[1]}/{counts[2]} in {messages} msgs, their CPU "
+              f"{sum(cpu):.0f} us a msg ({cpu[0]:.0f}/{cpu[1]:.0f}/{cpu[2]:.0f})", flush=True)
+
+    def stop(self) -> None:
+        import gc
+
+        gc.callbacks.remove(self._seen)
 
 
 def _file_counts(store: Any) -> dict[str, int]:
