@@ -51,6 +51,7 @@ from wsrm_plugin.wire.xmlsafe import DEFAULT_MAX_SIZE, parse_xml
 from interceptors.chain import (
     Direction, HttpHeaders, InterceptorChain, Message, Phase, Response, Role, action_from_http,
 )
+from interceptors.spyne_server import direct
 from interceptors.understood import UnderstoodHeaders
 from interceptors.wsdl import RMPolicyAssertion, attach_policy, drop_undefined_header_messages
 
@@ -195,6 +196,8 @@ class ChainMiddleware:
         self.application = application
         self.chain = chain
         self.max_message_size = max_message_size
+        #: spyne's request handling is run without its WSGI call (:mod:`.direct`); else the WSGI call
+        self._direct = direct.follows(application)
         #: What the chain and the service process of SOAP headers (SOAP's mustUnderstand rule).
         self.understood = UnderstoodHeaders(chain, getattr(application, "app", None), understands)
 
@@ -352,6 +355,16 @@ class ChainMiddleware:
         env.pop(_OUT_TREE_KEY, None)
         if chunked and not _listens(getattr(self.application, "event_manager", None), _WSGI_STRING_EVENTS):
             env[_OUT_TREE_KEY] = None  # spyne may leave its answer's tree here, unwritten
+        if self._direct:  # spyne's request handling without its WSGI call (direct.py)
+            status_line, headers, parts = direct.handle_rpc(self.application, env)
+            body = b"".join(parts)
+        else:
+            status_line, headers, body = self._call_wsgi(env)
+        status = int(status_line.split(" ", 1)[0])
+        return status, headers, body, bool(env.get(_ONE_WAY_KEY)), env.get(_OUT_TREE_KEY)
+
+    def _call_wsgi(self, env: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
+        """spyne's answer to a WSGI call: its status line, headers and body."""
         captured: dict[str, Any] = {}
         written: list[bytes] = []
 
@@ -368,8 +381,7 @@ class ChainMiddleware:
                 close()
         if "status" not in captured:
             raise RuntimeError("spyne returned without calling start_response")
-        status = int(captured["status"].split(" ", 1)[0])
-        return status, captured["headers"], b"".join(written), bool(env.get(_ONE_WAY_KEY)), env.get(_OUT_TREE_KEY)
+        return captured["status"], captured["headers"], b"".join(written)
 
     @staticmethod
     def _environ_for(request: Message, environ: dict[str, Any] | None) -> dict[str, Any]:

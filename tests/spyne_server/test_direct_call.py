@@ -1,0 +1,123 @@
+"""The adapter runs spyne's request handling without spyne's WSGI call, and spyne answers as through it.
+
+A delivery from the store (and any request the chain lets through) used to reach spyne as a
+WSGI call with an environ the adapter built; ``interceptors.spyne_server.direct`` runs the
+same steps of spyne's ``WsgiApplication.handle_rpc`` without it.  A server whose request
+handling is overridden is still called through WSGI: the two are compared answer for answer.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+from spyne.server.wsgi import WsgiApplication
+
+from interceptors.chain import Direction, InterceptorChain, Message, Role
+from interceptors.spyne_server import direct
+from interceptors.spyne_server.adapter import engage
+from tests.engine.support import wait_for
+
+from . import service
+from .conftest import Envelopes, action, fast_policy
+
+TNS = service.TNS
+SOAP = "http://schemas.xmlsoap.org/soap/envelope/"
+
+
+def _codes_on_stack() -> set[Any]:
+    frame, codes = sys._getframe(1), set()
+    while frame is not None:
+        codes.add(frame.f_code)
+        frame = frame.f_back
+    return codes
+
+
+def test_a_delivery_runs_the_method_without_spyne_s_wsgi_call(clients):
+    """Fails without the direct call: every method ran under ``WsgiApplication.__call__``."""
+    from wsrm_plugin import reliable_service
+
+    app = service.application()
+    stacks: list[set[Any]] = []
+    app.event_manager.add_listener("method_call", lambda ctx: stacks.append(_codes_on_stack()))
+    server = reliable_service(app, "memory:", fast_policy())
+    server.serve()
+    server.start()
+    try:
+        answers: list[bytes] = []
+        client = clients("memory:", application=lambda envelope, context: answers.append(envelope))
+        build = Envelopes(server.url)
+        client.send(server.url, build("record", "a"), action=action("record"))
+        client.send(server.url, build("echo", "q"), action=action("echo"), expect_reply=True)
+        assert wait_for(lambda: len(answers) == 1 and len(stacks) == 2), (answers, len(stacks))
+    finally:
+        server.stop(timeout=5)
+    wsgi = {WsgiApplication.__call__.__code__, WsgiApplication.handle_rpc.__code__}
+    assert [bool(codes & wsgi) for codes in stacks] == [False, False]
+    assert [direct.handle_rpc.__code__ in codes for codes in stacks] == [True, True]
+
+
+class _OwnHandling(WsgiApplication):
+    """Overrides spyne's request handling (as it was): the adapter must make the WSGI call."""
+
+    def handle_rpc(self, req_env: dict[str, Any], start_response: Any) -> Any:
+        return super().handle_rpc(req_env, start_response)
+
+
+#: spyne's events, the application's and the WSGI server's, recorded in the order they fire
+_APP_EVENTS = ("method_context_created", "method_context_closed", "method_call", "method_return_object",
+               "method_return_document", "method_return_string", "method_exception_object",
+               "method_exception_document", "method_exception_string", "method_accept_document")
+_SERVER_EVENTS = ("wsgi_call", "wsgi_return", "wsgi_exception", "wsgi_close")
+
+
+def _served(server_class: type[WsgiApplication]) -> tuple[Any, list[str]]:
+    app = service.application()
+    server = server_class(app)
+    events: list[str] = []
+    for name in _APP_EVENTS:
+        app.event_manager.add_listener(name, lambda ctx, name=name: events.append(name))
+    for name in _SERVER_EVENTS:
+        server.event_manager.add_listener(name, lambda ctx, name=name: events.append(name))
+    middleware = engage(app, InterceptorChain(), wsgi_application=server, rm_policy=False)
+    return middleware, events
+
+
+def _request(body: str) -> bytes:
+    return (f'<?xml version="1.0" encoding="utf-8"?><soap:Envelope xmlns:soap="{SOAP}" xmlns:t="{TNS}">'
+            f"<soap:Body>{body}</soap:Body></soap:Envelope>").encode()
+
+
+CASES = {
+    "answer": _request("<t:echo><t:text>q</t:text></t:echo>"),
+    "one-way": _request("<t:record><t:item>a</t:item></t:record>"),
+    "declared client fault": _request("<t:echo><t:text>bad-1</t:text></t:echo>"),
+    "declared server fault": _request("<t:echo><t:text>fail-1</t:text></t:echo>"),
+    "one-way fault": _request("<t:record><t:item>fail-2</t:item></t:record>"),
+    "method raised": _request("<t:record><t:item>oops</t:item></t:record>"),
+    "no such method": _request("<t:nosuch><t:text>q</t:text></t:nosuch>"),
+    "invalid request": _request("<t:echo><t:text>q</t:text><t:extra/></t:echo>"),
+    "empty body": _request(""),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_spyne_answers_a_delivery_as_through_its_wsgi_call(case: str) -> None:
+    """Same status, headers, reply bytes and spyne events on both paths (declared faults, a
+    method's exception, requests spyne cannot read)."""
+    service.configure(broken={"oops"})
+    directly, direct_events = _served(WsgiApplication)
+    through_wsgi, wsgi_events = _served(_OwnHandling)
+    assert directly._direct and not through_wsgi._direct
+
+    def answer(middleware: Any) -> tuple[Any, ...]:
+        message = Message.from_bytes(CASES[case], Direction.IN, Role.SERVER, address="http://127.0.0.1:8080/orders",
+                                     http_headers=[("Content-Type", "text/xml; charset=utf-8"),
+                                                   ("SOAPAction", f'"{action("echo")}"')])
+        response = middleware.deliver(message)
+        body = response.body()
+        return response.status_code, dict(response.headers(body)), body
+
+    assert answer(directly) == answer(through_wsgi)
+    assert direct_events == wsgi_events and direct_events
