@@ -33,14 +33,15 @@ from zeep.exceptions import TransportError
 from wsrm_plugin.wire.xmlsafe import DEFAULT_MAX_SIZE, parse_xml
 
 from interceptors.chain import (
-    ChainError, Direction, Exchange, InterceptorChain, Message, MessageConsumed, Response, Role,
+    ChainError, Direction, InterceptorChain, Message, MessageConsumed, Response, Role,
 )
 
 __all__ = ["ChainPlugin", "engage_client", "resume_send", "plugin_of"]
 
 log = logging.getLogger(__name__)
 
-_current: contextvars.ContextVar[Exchange | None] = contextvars.ContextVar(
+#: The request of the call under way (its exchange refers to it weakly: this holds it until the reply)
+_current: contextvars.ContextVar[Message | None] = contextvars.ContextVar(
     "wsrm_zeep_exchange", default=None)
 _ANSWERED = "zeep_adapter.answered"
 _HTTP_STATUS = "zeep_adapter.http_status"
@@ -59,7 +60,7 @@ class ChainPlugin(zeep.Plugin):
                           address=binding_options.get("address"),
                           action=getattr(operation, "soapaction", None) or None,
                           operation=getattr(operation, "name", None))
-        _current.set(message.exchange)
+        _current.set(message)
         self.chain.handle_out(message)
         if message.stopped:
             if not self.transport_engaged:
@@ -72,8 +73,8 @@ class ChainPlugin(zeep.Plugin):
 
     def ingress(self, envelope: etree._Element, http_headers: Mapping[str, str],
                 operation: Any) -> tuple[etree._Element, Mapping[str, str]]:
-        exchange = _current.get()
-        request = exchange.request if exchange is not None else None
+        request = _current.get()
+        exchange = request.exchange if request is not None else None
         if request is not None and request.stopped:
             return envelope, http_headers  # an interceptor made this reply; it is final
         message = Message(envelope, Direction.IN, Role.CLIENT, http_headers=http_headers,
@@ -121,8 +122,8 @@ class _ChainTransport:
             setattr(self._inner, name, value)
 
     def post_xml(self, address: str, envelope: etree._Element, headers: Mapping[str, str]) -> Any:
-        exchange = _current.get()
-        request = exchange.request if exchange is not None else None
+        request = _current.get()
+        exchange = request.exchange if request is not None else None
         if (request is not None and request.stopped and exchange is not None
                 and not exchange.properties.get(_ANSWERED)):
             exchange.properties[_ANSWERED] = True
@@ -146,8 +147,8 @@ class _AsyncChainTransport(_ChainTransport):
 
     async def post_xml(self, address: str, envelope: etree._Element,
                        headers: Mapping[str, str]) -> Any:
-        exchange = _current.get()
-        request = exchange.request if exchange is not None else None
+        request = _current.get()
+        exchange = request.exchange if request is not None else None
         if (request is not None and request.stopped and exchange is not None
                 and not exchange.properties.get(_ANSWERED)):
             exchange.properties[_ANSWERED] = True

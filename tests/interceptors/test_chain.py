@@ -259,6 +259,30 @@ def test_hooks_are_called_once_per_phase_in_each_direction():
     assert calls == [("in", p) for p in Phase] + [("out", p) for p in reversed(Phase)]
 
 
+def test_a_message_and_its_exchange_are_freed_without_the_garbage_collector():
+    """The exchange refers to its messages weakly: a request and its reply, let go of, are freed by
+    reference counting (each made a cycle with its exchange: fails without)."""
+    import gc
+    import weakref
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        request = incoming()
+        reply = Message(envelope("Pong"), Direction.OUT, Role.SERVER, exchange=request.exchange)
+        exchange = request.exchange
+        exchange.properties["kept"] = object()
+        gone = [weakref.ref(request), weakref.ref(reply)]
+        linked = exchange.request is request and exchange.response is reply and reply.request is request
+        del request, reply
+        assert linked
+        assert [ref() for ref in gone] == [None, None]
+        assert exchange.request is None and exchange.response is None  # nobody held them
+    finally:
+        if was:
+            gc.enable()
+
+
 def test_a_hook_can_abort_but_not_suspend():
     class Gate:
         @hookimpl
