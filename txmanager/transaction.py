@@ -1365,18 +1365,30 @@ class _OnePhase(Transaction):
         try:
             resource.start_unnamed(self)  # type: ignore[attr-defined]  # it names the branch by _name_sole
         except XAException as e:
-            self._become_full()
-            self._start_failed(resource, self._name_sole(), e)
+            self._start_refused(resource, e)
         self._sole = resource
         if type(self) is _OnePhase:
             self._syncs = sync  # type: ignore[assignment]  # the one, as itself (see _become_full)
-        else:  # promoted meanwhile (by another thread): what Transaction._enlist_first does
-            self._fused = True
-            if self._syncs is _NONE:
-                self._syncs = (sync,)
-            else:
-                self._add_sync(sync)
+        else:
+            self._sole_sync_promoted(sync)
         return True
+
+    # The PostgreSQL data source runs _enlist_first inline for its pooled sessions (see
+    # _ConnectionScope.__enter__): the two steps below are what it calls off that path.
+
+    def _start_refused(self, resource: XAResource, e: XAException) -> None:
+        """Raise what the refused start of the first resource means (promoted first)."""
+        self._become_full()
+        self._start_failed(resource, self._name_sole(), e)
+
+    def _sole_sync_promoted(self, sync: Synchronization) -> None:
+        """The first resource's synchronization, for a transaction promoted while it started
+        (by another thread): what Transaction._enlist_first does."""
+        self._fused = True
+        if self._syncs is _NONE:
+            self._syncs = (sync,)
+        else:
+            self._add_sync(sync)
 
     def commit(self) -> None:
         """:meth:`Transaction.commit` of a transaction whose one resource came by

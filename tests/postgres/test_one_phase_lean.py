@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from txmanager import RollbackError, Status, TransactionManager, TransactionTimeoutError
+from txmanager import RollbackError, Status, TransactionError, TransactionManager, TransactionTimeoutError
 from txmanager.postgres import XADataSource
 from txmanager.transaction import AfterCompletion, Transaction, _OnePhase
 
@@ -160,6 +160,33 @@ def test_an_expired_transaction_refuses_the_session_and_rolls_back(db, tm, ds):
             _wait_expired(tx)
     assert type(tx) is Transaction and tx.status == Status.ROLLEDBACK
     assert values(db) == ["warm"] and len(ds._idle) == 1
+
+
+def test_a_rollback_only_transaction_refuses_the_session(db, tm, ds):
+    with pytest.raises(RollbackError):
+        with tm.transaction() as tx:
+            tx.set_rollback_only()
+            with ds.connection():
+                pass
+    assert type(tx) is Transaction and tx.status == Status.ROLLEDBACK
+    assert len(ds._idle) == 1 and values(db) == ["warm"]
+
+
+def test_a_first_session_that_cannot_start_raises_and_is_closed(tm):
+    """The data source starts its first session itself (``_OnePhase._enlist_first`` inline): a
+    start refused (the database cannot be reached) raises what the transaction says it means,
+    promoted, and the session is closed rather than pooled."""
+    dead = XADataSource("host=127.0.0.1 port=1 dbname=none connect_timeout=5", tm, resource_name="dead",
+                        register_for_recovery=False)
+    try:
+        with pytest.raises(TransactionError, match="refused to start"):
+            with tm.transaction() as tx:
+                with dead.connection():
+                    pass
+        assert type(tx) is Transaction and tx.status == Status.ROLLEDBACK
+        assert dead._idle == []
+    finally:
+        dead.close()
 
 
 def test_a_crash_test_hook_takes_the_general_path(db, tm, ds):

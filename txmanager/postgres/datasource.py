@@ -18,8 +18,9 @@ import psycopg2.extensions as ext
 from .. import marks as _marks
 from ..lazy_begin import LazyBeginConnection
 from ..manager import TransactionManager
-from ..transaction import AfterCompletion, Transaction, _OnePhase
+from ..transaction import _ACTIVE, AfterCompletion, Transaction, _OnePhase, _monotonic
 from ..xa import (
+    XAException,
     XAResource,
 )
 from .resource import PostgresXAResource, offer_session, session_for_database
@@ -162,13 +163,28 @@ class _ConnectionScope:
             resource = ds._acquire()
         sync = resource._pool_return
         try:
-            first = tx._enlist_first(resource, sync)
+            deadline = tx.deadline
+            if (kind is _OnePhase and tx._phase is _ACTIVE and not tx._rollback_only
+                    and (deadline is None or _monotonic() <= deadline)):
+                # _OnePhase._enlist_first, inline (its frame and its checks were a twentieth of
+                # a one-phase transaction's own client instructions); anything it would refuse
+                # goes to it, which says what is wrong
+                try:
+                    resource.start_unnamed(tx)  # it names the branch by tx._name_sole
+                except XAException as e:
+                    tx._start_refused(resource, e)
+                tx._sole = resource
+                if type(tx) is _OnePhase:
+                    tx._syncs = sync  # the one, as itself (see _OnePhase._become_full)
+                else:
+                    tx._sole_sync_promoted(sync)
+            elif not tx._enlist_first(resource, sync):
+                # another thread's resource came first (a transaction shared by threads)
+                ds._release(resource)
+                return ds._enlisted_connection(tx)
         except BaseException:
             ds._release(resource)
             raise
-        if not first:  # another thread's resource came first (a transaction shared by threads)
-            ds._release(resource)
-            return ds._enlisted_connection(tx)
         sync._owner = owner
         resource._shared_as = ds.identity if ds.share_sessions else None
         # started, so its session is open: start_unnamed took it open or _begin opened it, and
