@@ -88,6 +88,8 @@ the statements PostgreSQL spent longest on (run one scenario to read them); a nu
 lists that many; ``BENCH_PG_STATEMENTS=calls`` lists the 15 run most often instead, ``=wal`` the 15 that wrote most WAL
 (``=calls:40``: 40 of them); it first gives every database's statements per message (all kinds); a
 transaction's gid is folded (``PREPARE TRANSACTION '...'``), so each kind is one line.
+``BENCH_FILE_HOLDERS=1`` splits a SQLite store's ``file held ms`` by the kind of thread that held
+the file (its name without its number: the HTTP threads, the sender, the calling threads...).
 ``BENCH_PG_CPU=1`` lists, after each round, PostgreSQL's CPU per message by process: the
 backends of each database (the client's side and the service's, their stores apart under xa2),
 the background processes, and the postmaster with the backends that ended meanwhile (counted
@@ -444,6 +446,7 @@ def server_role(args: argparse.Namespace) -> int:
                                    tm=tm)
         threads = _variant(args.scenario)[1].get("server_threads")  # None: the product's automatic count
         service.serve(threads=None if threads is None else int(threads))
+        _count_holders(service.engine.store, "server", points)
         service.start()
         closers.insert(0, lambda: service.stop(timeout=5))
         if tm is not None:
@@ -459,6 +462,7 @@ def server_role(args: argparse.Namespace) -> int:
     _yappi_save(yappi, args)
     if scenario not in (*PLAIN, "outbox"):  # messages delivered in their receive's transaction
         points.seen["on_receipt"] = service.engine.destination.delivered_on_receipt
+        points.seen["count:before receipt(server)"] = getattr(service.engine.destination, "delivered_before_receipt", 0)
         points.seen.update(_sqlite_counts(service.engine.store, "server"))
     if ROWS is not None:
         points.seen["count:app ms(server)"] = 1000 * ROWS.seconds
@@ -539,6 +543,7 @@ def client_role(args: argparse.Namespace) -> int:
                                 _policy(args.retransmission_interval, args.scenario), tm=tm,
                                 key=keys[0], active_keys=keys)
         rcs = [first, *(first.with_key(key) for key in keys[1:])]
+        _count_holders(first.engine.store, "client", points)
         stoppers.append(lambda: first.stop(timeout=5))  # and the clients made from it
         if ds is not None:
             stoppers.append(ds.close)
@@ -580,6 +585,24 @@ def client_role(args: argparse.Namespace) -> int:
         points.seen.update(_sqlite_counts(first.engine.store, "client"))
     print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms(), **_memory()}), flush=True)
     return 0
+
+
+def _count_holders(store: Any, role: str, points: _Points) -> None:
+    """``BENCH_FILE_HOLDERS=1``: the milliseconds each kind of thread held the SQLite store's
+    file (its name without its number: the HTTP threads, the sender, the callers...), as
+    ``count:`` entries per message (monkeypatched: a measuring tool only)."""
+    gate = getattr(store, "_gate", None)
+    if gate is None or not os.environ.get("BENCH_FILE_HOLDERS"):
+        return
+    release = gate.release
+
+    def counted_release() -> None:
+        who = "".join(c for c in gate.holder or "?" if not c.isdigit()).strip("-_ ").replace(" ", "")
+        held = time.monotonic() - gate._since
+        release()
+        with points._lock:
+            points.seen[f"count:held ms {who}({role})"] += 1000 * held
+    gate.release = counted_release
 
 
 def _sqlite_counts(store: Any, role: str) -> dict[str, float]:

@@ -146,6 +146,11 @@ class _Receipt:
     #: Recorded in a store transaction of its own that does nothing else: a reply's record may
     #: then commit in its receipt's round trip (``receive_in_order``'s ``commits``).
     alone: bool = False
+    #: Handed to the application before its receipt (``Destination._run_first``): its turn
+    #: passes once that receipt is on disk, not when it is taken.
+    ran_first: bool = False
+    #: What its receipt read and decided, once recorded after its application ran.
+    recorded: tuple[RmdSequence, Reception] | None = None
 
 
 class _Removal:
@@ -157,6 +162,21 @@ class _Removal:
     def __init__(self, msg: BufferedMessage, next_in_order: bool) -> None:
         self.msg = msg
         self.next_in_order = next_in_order
+
+
+class _RanFirst:
+    """A receive whose application ran before its receipt (``Destination._run_first``), its
+    message to be recorded, and taken, in a batch of :meth:`Destination._buffer_apart`."""
+
+    __slots__ = ("item",)
+
+    def __init__(self, item: _Receipt) -> None:
+        self.item = item
+
+
+class _NotTaken(Exception):
+    """A receipt after its application ran did not take its message (another process on the same
+    store received it meanwhile): rolled back, the message received again as after a failure."""
 
 
 class _FailedOnReceipt:
@@ -219,6 +239,8 @@ class Destination:
         #: Messages handed to the application in the transaction that received them
         #: (``deliver_on_receive``); the others went through the buffer.
         self.delivered_on_receipt = 0
+        #: Of those, handed over before their receipt (delivering apart: :meth:`_run_first`).
+        self.delivered_before_receipt = 0
         #: Messages dropped because they were not the next in order (``out_of_order="discard"``).
         self.discarded_out_of_order = 0
         #: An upper bound of the bytes held undelivered, as the store last said plus what this
@@ -238,7 +260,8 @@ class Destination:
         #: each (see :meth:`_buffer_apart`).
         #: The removals from the buffer of those deliveries, once their applications ran, go in the
         #: same batches (:class:`_Removal`).
-        self._apart_receipts: Combiner[_Receipt | _Removal] = Combiner(self._buffer_apart, DEFAULT_RECEIVE_BATCH)
+        self._apart_receipts: Combiner[_Receipt | _Removal | _RanFirst] = \
+            Combiner(self._buffer_apart, DEFAULT_RECEIVE_BATCH)
         #: Receives of any sequences that deliver on receipt in their transaction, on a store whose
         #: transactions take turns on the whole file, waiting for it at the same time: recorded and
         #: delivered in one transaction by the first of them, each in a savepoint of its own (see
@@ -262,6 +285,14 @@ class Destination:
         self._receiving_total = 0
         self._receiving_lock = threading.Lock()
         self._turns_changed = threading.Condition()
+        #: Delivering apart on a store that can foresee a receipt (``_run_first``): every receive
+        #: under way by (sequence, number), the sequence whose message runs its application
+        #: before its receipt and that number, and the sequences a Close, Terminate or expiry is
+        #: ending (all under ``_turns_changed``).
+        self._first_possible = False
+        self._under_way: Counter[tuple[str, int]] = Counter()
+        self._first: dict[str, int] = {}
+        self._ending: Counter[str] = Counter()
         #: The last number each sequence took on receipt in this process (a bounded memory).
         self._taken_upto: OrderedDict[str, int] = OrderedDict()
         #: Sequences whose reply's record could not commit in its receipt's round trip (its
@@ -346,6 +377,8 @@ class Destination:
         and back, and the reply is ready when the receive's transaction commits."""
         self._direct = invoker
         self._direct_answers_only = answers_only
+        self._first_possible = invoker.tm is None and self.store.defers_transactions \
+            and self.policy.deliver_apart is not False
         if self.policy.receive_batch is None and not answers_only:
             self._receipts = None
         self._together = self._together_combiner(invoker)
@@ -648,6 +681,25 @@ class Destination:
         """
         item = _Receipt(header, version, envelope, addressing, principal, soap_ns, ack_requested, expects_reply,
                         acks=acks if self.apply_riding_ack is not None else ())
+        if not self._first_possible:
+            return self._receive_in_turn(item)
+        key = (header.identifier, header.message_number)
+        with self._turns_changed:
+            while self._first.get(key[0]) == key[1]:  # its copy runs before its receipt: a duplicate then
+                self._turns_changed.wait()
+            self._under_way[key] += 1
+        try:
+            return self._receive_in_turn(item)
+        finally:
+            with self._turns_changed:
+                left = self._under_way[key] - 1
+                if left:
+                    self._under_way[key] = left
+                else:
+                    del self._under_way[key]
+
+    def _receive_in_turn(self, item: _Receipt) -> Accepted:
+        header = item.header
         if self._receipts is None and self._delivers_now(item):
             identifier = header.identifier
             with self._receiving_lock:
@@ -792,7 +844,12 @@ class Destination:
                     tx.wait_for_disk_later()  # see _record_batch
                 return recorded
         if invoker.delivers_apart_now(self._answered_on_back_channel(item), self._others_receiving(item)):
-            return self._record_then_deliver(item, invoker)
+            ran = self._run_first(item, invoker)
+            if ran is None:
+                return self._record_then_deliver(item, invoker)
+            if not isinstance(ran, Exception):
+                return ran
+            return self._received_after_failure(item, invoker, ran)
         together = self._together
         if together is not None and self._together_if_two_phase and not self._two_phase:
             together = None  # one-phase deliveries: each alone (see _together_combiner)
@@ -820,15 +877,19 @@ class Destination:
             seq, reception, tx = outcome
             tx.wait_for_disk()  # the batch's commit returned before the disk: nothing is answered before it
             return seq, reception
-        # The application (or the commit of what it did) failed, and the receipt rolled back with
-        # it: the message is received again, into the buffer, and that failed try counts as the
-        # invoker's first attempt (its retry policy, poison store and fault reply apply as to
-        # any).  Should the commit have happened after all (its answer lost), this second
-        # receive finds a duplicate, and nothing is delivered twice.
+        return self._received_after_failure(item, invoker, failure)
+
+    def _received_after_failure(self, item: _Receipt, invoker: InvokerWorker,
+                                failure: Exception) -> tuple[RmdSequence, Reception]:
+        """The application (or the commit of what it did) failed, and the receipt rolled back with
+        it: the message is received again, into the buffer, and that failed try counts as the
+        invoker's first attempt (its retry policy, poison store and fault reply apply as to
+        any).  Should the commit have happened after all (its answer lost), this second
+        receive finds a duplicate, and nothing is delivered twice."""
         msg = self._taken_message(item)
         for_sequence(log, msg.sequence_id, msg.number).info(
             "delivery on receipt failed (%s: %s): kept in the buffer", type(failure).__name__, failure)
-        item.direct = item.taken = item.handed_over = False
+        item.direct = item.taken = item.handed_over = item.ran_first = False
         item.wrote = False
         invoker.hold(msg)  # no invoker thread takes it before its attempt is counted
         try:
@@ -997,6 +1058,109 @@ class Destination:
             return taken
         return count_reply_handed_out(tx, receipt.sequence_key, receipt.number)
 
+    def _run_first(self, item: _Receipt, invoker: InvokerWorker
+                   ) -> tuple[RmdSequence, Reception] | Exception | None:
+        """Delivering apart: hand ``item`` to the application before its receipt, then record it
+        taken on receipt in one transaction (:meth:`InvokerWorker.deliver_first`), shared with
+        the receipts of other sequences that want the file at the same time: one commit a
+        message where buffering it first (:meth:`_record_then_deliver`) made two, and the
+        application runs while others hold the file.  What its receipt read and decided; the
+        exception that failed it (the application's, or its receipt's: nothing of it is in
+        the store, and the caller receives it as after a failed delivery); or None when it is
+        not run first (the caller buffers it to deliver apart, or as it would).
+
+        It runs first only when its receipt will take it: the store's last committed state
+        (read without taking the file: :meth:`StorageManager.foresee_in_order`) shows its
+        sequence open with exactly 1..n-1 received and delivered, nothing buffered; the
+        checks its receipt makes pass on that state; its bytes fit every budget without
+        asking the store; and nothing in this process can change that before its receipt:
+        it is the only receive of its number under way (a copy arriving meanwhile waits for
+        its receipt, then finds a duplicate: see :meth:`receive`), and no Close, Terminate
+        or expiry of its sequence runs (each waits for its receipt: :meth:`_sequence_ending`).
+        The receives of its sequence behind it wait for their turn (:meth:`_wait_turn`) until
+        its receipt is on disk, then find themselves next.  Another process on the same store
+        could still receive it, or end its sequence, meanwhile: its receipt then fails, and
+        the message is received as after a failed delivery (its application's work in the
+        store rolled back with the receipt; its work elsewhere done again, as after a crash
+        between that work's commit and the receipt's)."""
+        header = item.header
+        identifier, number = header.identifier, header.message_number
+        if header.last_message or number < 2 or not self._room_held(len(item.envelope)):
+            return None
+        with self._turns_changed:
+            if identifier in self._first or self._ending[identifier] \
+                    or self._under_way[(identifier, number)] > 1:
+                return None
+            self._first[identifier] = number
+        try:
+            seq = self.store.foresee_in_order(identifier, number)
+            if seq is None:
+                return None
+            try:
+                seq = self._checked(seq, identifier, item.version, item.principal)
+                rmd_receive(rmd_state(seq), number, last=False, received=received_ranges(seq),
+                            last_number=seq.last_number)
+            except (SoapFault, InvalidTransition):
+                return None  # its receipt refuses it: the general way says how
+            reply_to = item.addressing.reply_to
+            if item.expects_reply and seq.offered_id is None \
+                    and self._anonymous(reply_to.address if reply_to is not None else None):
+                return None
+            item.wrote = item.taken = item.handed_over = item.buffers_apart = False
+            item.direct = item.ran_first = True
+            item.recorded = None
+            try:
+                item.handed_over = invoker.deliver_first(
+                    self._taken_message(item), lambda tx: self._record_ran_first(tx, item),
+                    lambda: self._record_ran_first_with_others(item))
+            except Exception as exc:  # noqa: BLE001 -- judged as a failed delivery on receipt
+                item.ran_first = False
+                return exc
+            item.apart = True  # counted by deliver_first
+            self.delivered_before_receipt += 1
+            self._pass_turn(item, taken=True)  # on disk: the next of its sequence finds itself next
+            assert item.recorded is not None
+            return item.recorded
+        finally:
+            with self._turns_changed:
+                del self._first[identifier]
+                self._turns_changed.notify_all()
+
+    def _record_ran_first(self, tx: StoreTransaction, item: _Receipt) -> None:
+        """The receipt of a message whose application ran (:meth:`_run_first`), in ``tx``: taken, or raises."""
+        item.recorded = self._record(tx, item)
+        if not item.taken:
+            raise _NotTaken(f"message {item.header.message_number} of sequence {item.header.identifier} "
+                            "was received by someone else while its application ran")
+
+    def _record_ran_first_with_others(self, item: _Receipt) -> StoreTransaction | None:
+        """:meth:`_record_ran_first` in a batch of :meth:`_buffer_apart`: its transaction
+        (committed, not yet waited for), or None if the batch left it to the caller."""
+        outcome = self._apart_receipts.submit(None, _RanFirst(item))
+        return None if outcome is ALONE else outcome
+
+    @contextlib.contextmanager
+    def _sequence_ending(self, identifier: str) -> Any:
+        """A Close, Terminate or expiry of ``identifier`` under way: no message of it runs its
+        application before its receipt meanwhile, and it waits for one that does (whose
+        receipt must not find the sequence ended after its application ran)."""
+        if not self._first_possible:
+            yield
+            return
+        with self._turns_changed:
+            self._ending[identifier] += 1
+            while identifier in self._first:
+                self._turns_changed.wait()
+        try:
+            yield
+        finally:
+            with self._turns_changed:
+                left = self._ending[identifier] - 1
+                if left:
+                    self._ending[identifier] = left
+                else:
+                    del self._ending[identifier]
+
     def _record_then_deliver(self, item: _Receipt, invoker: InvokerWorker) -> tuple[RmdSequence, Reception]:
         """Delivery on receipt on a store whose transactions take turns on the whole file: the
         message buffered in a short transaction, then delivered outside it
@@ -1043,7 +1207,7 @@ class Destination:
         outcome = self._apart_receipts.submit(None, _Removal(msg, next_in_order))
         return None if outcome is ALONE else outcome
 
-    def _buffer_apart(self, items: list[_Receipt | _Removal]) -> list[Any]:
+    def _buffer_apart(self, items: list[_Receipt | _Removal | _RanFirst]) -> list[Any]:
         """Record ``items`` (of any sequences) in one transaction, each message that is next in
         order held for its receive to deliver apart; an outcome each: (the sequence as read,
         the reception, the message held or None, the transaction), or the exception that
@@ -1071,12 +1235,17 @@ class Destination:
             with self.store.begin() as tx:
                 removals = False
                 for part, index in enumerate(sorted(range(len(items)),
-                                                    key=lambda i: not isinstance(items[i], _Removal))):
+                                                    key=lambda i: not isinstance(items[i], (_Removal, _RanFirst)))):
                     if part:
                         tx.next_part()
                     item = items[index]
                     if isinstance(item, _Removal):
                         invoker.mark_delivered_in(tx, item.msg, item.next_in_order)
+                        outcomes[index] = tx
+                        removals = True
+                        continue
+                    if isinstance(item, _RanFirst):  # fails the batch unless taken: each then alone
+                        self._record_ran_first(tx, item.item)
                         outcomes[index] = tx
                         removals = True
                         continue
@@ -1267,7 +1436,8 @@ class Destination:
         if not reception.duplicate:
             if taken:
                 item.taken, item.filled_gap = True, fills_gap  # delivered before this transaction ends
-                self._pass_turn(item, taken=True)  # the next receive now waits for this commit in the store
+                if not item.ran_first:  # (else once on disk: the next one's foresight reads committed rows)
+                    self._pass_turn(item, taken=True)  # the next receive now waits for this commit in the store
             else:
                 tx.invoker.put(identifier, number, envelope, action=addressing.action or "",
                                soap_version=item.soap_ns, message_id=addressing.message_id, reply_to=reply_to,
@@ -1360,9 +1530,11 @@ class Destination:
                     self._wake_invoker()
             else:
                 self._wake_invoker()
-            if item.direct and self._direct is not None:
+            if (item.direct or item.buffers_apart) and self._direct is not None:
                 # it missed delivery on receipt (the one before it was buffered, or a gap): deliver
                 # the buffer up to it before answering, so that the next message finds itself next
+                # (delivering apart too: else, once a sequence fell behind, every message after it
+                # was buffered, and the invoker thread delivered them all, holding the file)
                 self._direct.deliver_through(identifier, number)
         if item.acks_wake:
             self.wake_sender()  # an acknowledgement that rode on it made a Close or Terminate due
@@ -1406,7 +1578,7 @@ class Destination:
 
     def _end_event(self, identifier: str, version: RMVersion, principal: str | None,
                    event: RMDEvent) -> RmdSequence:
-        with self.store.begin() as tx:
+        with self._sequence_ending(identifier), self.store.begin() as tx:
             seq = self._sequence(tx, identifier, version, principal)
             try:
                 transition = rmd_transition(rmd_state(seq), event)
@@ -1420,7 +1592,7 @@ class Destination:
 
     def expire(self, identifier: str) -> bool:
         """End a sequence the peer abandoned (inactivity timeout or Expires); True if it ended."""
-        with self.store.begin() as tx:
+        with self._sequence_ending(identifier), self.store.begin() as tx:
             seq = tx.rmd.get(identifier)
             if seq is None:
                 return False

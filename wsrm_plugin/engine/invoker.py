@@ -40,7 +40,7 @@ from ..statemachine import (
 from ..store import (
     BufferedMessage, StorageManager, StoreTransaction,
 )
-from ..store.api import RANK_INVOKER
+from ..store.api import RANK_INVOKER, RANK_RMD
 from ..wire import RM10, AddressingHeaders
 from . import observe
 from .at_decision import AtDecision
@@ -361,6 +361,42 @@ class InvokerWorker:
         if self._passed_held:  # an invoker thread went idle on it: others may be waiting behind it
             self._passed_held = False
             self._wake_invoker()
+        return handed_over
+
+    def deliver_first(self, msg: BufferedMessage, record: Callable[[StoreTransaction], None],
+                      record_with_others: Callable[[], StoreTransaction | None]) -> bool:
+        """Hand ``msg``, received but not yet recorded, to the application before its receipt, in a
+        transaction that takes the store only when the application touches it; the receipt
+        (``record``, which takes the message on receipt or raises) then goes in that
+        transaction: whether it was handed over (False for a protocol marker), its commit durable.
+
+        ``record_with_others()``: when the application left that transaction untouched, the
+        receipt goes there instead, in a transaction the caller shares with others that want
+        the file at the same time (one turn on the file and one commit for all): that
+        transaction, committed (durable once its ``wait_for_disk`` returns), or None when it
+        could not (then ``record`` runs here).
+
+        The caller made sure the message will be taken (``Destination._run_first``): in order,
+        nothing of its sequence in the way.  An exception (the application's, or the receipt's
+        refusal) leaves nothing of the delivery in the store, and the caller receives the message
+        as after a failed delivery on receipt: the application's work outside the store is then
+        done again, as after a crash between its own commit and the receipt's.  Counted as
+        :meth:`deliver_received` counts."""
+        marked: StoreTransaction | None = None
+        with _DeliveryTransaction(self.store, None, deferred=True) as tx:
+            self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
+            # the receipt follows what the application enqueued (its reply): order it first, as the
+            # receipt that delivers inside takes its sequence's rows before the application runs
+            tx.order_as_first(RANK_RMD, msg.sequence_id)
+            tx.order_as_first(RANK_INVOKER, msg.sequence_id)
+            handed_over = self._deliver(tx, msg, buffered=False)
+            if tx.untouched:
+                marked = record_with_others()
+            if marked is None:
+                record(tx)
+        if marked is not None:
+            marked.wait_for_disk()  # its commit returned before the disk; nothing is answered before
+        self.delivered_on_receive(handed_over)
         return handed_over
 
     def hold(self, msg: BufferedMessage) -> None:

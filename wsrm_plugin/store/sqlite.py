@@ -88,10 +88,14 @@ from . import api
 from .api import InDoubtBranchesError, LockTimeoutError, StoreClosedError, StoreUnavailableError
 from .branches import BranchResource
 from .sql import (
-    LATEST_VERSION, SQLITE, SqlTransaction, apply_undo, decode_undo, encode_undo, migrate,
+    LATEST_VERSION, SQLITE, SqlTransaction, apply_undo, decode_undo, encode_undo, foresee_in_order, migrate,
 )
 
 __all__ = ["SqliteStore", "SqliteXAResource"]
+
+#: Reading connections kept (:meth:`SqliteStore.foresee_in_order`): one per HTTP thread that
+#: may read at once (``APART_HTTP_THREADS``).
+_READERS = 16
 
 log = logging.getLogger(__name__)
 
@@ -350,6 +354,8 @@ class SqliteStore(api.StorageManager):
         self._gate = _gate_for(os.path.realpath(self.path))
         self._sync = _GroupSync(os.path.realpath(self.path) + "-wal")
         self._idle: list[sqlite3.Connection] = []
+        #: Connections that only read, outside any transaction (:meth:`foresee_in_order`).
+        self._readers: list[sqlite3.Connection] = []
         self._pool_lock = threading.Lock()
         self._closed = False
         self._create = create
@@ -553,6 +559,24 @@ class SqliteStore(api.StorageManager):
         finally:
             conn.close()
 
+    def foresee_in_order(self, sequence_id: str, number: int) -> api.RmdSequence | None:
+        """One statement on a connection of its own, outside any transaction: WAL lets it read
+        the last committed state while another transaction holds the file (nothing waited for)."""
+        if self._closed:
+            raise StoreClosedError(f"{self.url} is closed")
+        with self._pool_lock:
+            conn = self._readers.pop() if self._readers else None
+        if conn is None:
+            conn = self._connect()
+        try:
+            return foresee_in_order(conn, sequence_id, number)
+        finally:
+            with self._pool_lock:
+                if self._closed or len(self._readers) >= _READERS:
+                    conn.close()
+                else:
+                    self._readers.append(conn)
+
     def status(self) -> api.StoreStatus:
         """Counters read from the committed file, without waiting for any transaction."""
         conn = self._connect()
@@ -577,7 +601,8 @@ class SqliteStore(api.StorageManager):
     def close(self) -> None:
         with self._pool_lock:
             self._closed = True
-            idle, self._idle = self._idle, []
+            idle, self._idle = self._idle + self._readers, []
+            self._readers = []
         for conn in idle:
             conn.close()
 

@@ -1083,6 +1083,18 @@ class StorageManager(ABC):
         is not known without asking the database (another process may have buffered one)."""
         return True
 
+    def foresee_in_order(self, sequence_id: str, number: int) -> RmdSequence | None:
+        """Read from the last committed state, without taking the store: destination sequence
+        ``sequence_id`` if it has received and delivered exactly 1..number-1, holds nothing
+        for delivery and is open (no last number, not closed, not terminated); else None.
+
+        For a delivery on receipt that runs its application before its receipt
+        (``Destination._run_first``, stores that :attr:`defers_transactions`): whether
+        ``number`` would be taken on receipt, asked while other transactions hold the store.
+        A hint: the receipt's own transaction decides.  None where a store has no such read
+        (then nothing runs before its receipt)."""
+        return None
+
     def begin_deferred(self) -> StoreTransaction:
         """A local transaction that takes the store only at its first statement.
 

@@ -43,14 +43,14 @@ from ..api import ManagerOnFirstUse
 from .conditions import _Conditions
 from .dialect import POSTGRES, SQLITE, Dialect
 from .invoker import _Invoker
-from .rmd import _Rmd
+from .rmd import _Rmd, foresee_in_order
 from .rms import _Rms, _RmsMessages
 from .schema import LATEST_VERSION, MIGRATIONS, migrate
 from .transaction import SqlTransaction, apply_undo
 from .undo import decode_undo, encode_undo
 
 __all__ = ["Dialect", "SQLITE", "POSTGRES", "SqlTransaction", "migrate", "LATEST_VERSION", "MIGRATIONS",
-           "encode_undo", "decode_undo", "apply_undo"]
+           "encode_undo", "decode_undo", "apply_undo", "foresee_in_order"]
 
 # A transaction's managers, made on first use (see ManagerOnFirstUse): set here, where the transaction
 # and every manager are known, so that neither module imports the other.

@@ -15,10 +15,29 @@ from ..api import (
     _now,
 )
 from .rows import _RMD_COLS, _cols, _rmd
-from .statements import _rmd_assignments
+from .statements import _prefix, _rmd_assignments
 from .transaction import SqlTransaction
 
 _SELECT_RMD = f"SELECT {_cols(_RMD_COLS)} FROM rmd_sequence WHERE sequence_id = ?"
+
+
+#: ``StorageManager.foresee_in_order``'s read: the sequence's row if it received exactly
+#: 1..n-1 (``received`` is that prefix's text) and is open, its messages delivered exactly
+#: 1..n-1 and none buffered.
+_FORESEE = (f"SELECT {_cols(_RMD_COLS)} FROM rmd_sequence WHERE sequence_id = ? AND received = ? "
+            "AND NOT closed AND NOT terminated AND last_number IS NULL "
+            "AND EXISTS (SELECT 1 FROM invoker_sequence WHERE sequence_id = ? AND delivered_upto = ? "
+            "AND delivered = ?) AND NOT EXISTS (SELECT 1 FROM invoker_message WHERE sequence_id = ?)")
+
+
+def foresee_in_order(conn: Any, sequence_id: str, number: int) -> RmdSequence | None:
+    """``StorageManager.foresee_in_order`` on ``conn``, a connection outside any transaction
+    (SQLite in WAL mode: the statement reads the last committed state, whoever holds the file)."""
+    if number < 2:  # a sequence's first message: its invoker row may not exist yet
+        return None
+    before = _prefix(number - 1)
+    row = conn.execute(_FORESEE, (sequence_id, before, sequence_id, number - 1, before, sequence_id)).fetchone()
+    return None if row is None else _rmd(row)
 
 
 class _Rmd(api.RmdSequenceManager):

@@ -1,0 +1,122 @@
+"""SQLite, delivering apart: a message next in order runs its application before its receipt.
+
+Delivering apart buffered each message in a transaction of its own and then, once the
+application had run outside the file, removed it in another: two commits a message.  When the
+store's last committed state shows the message will be taken on receipt (its sequence open,
+1..n-1 received and delivered, nothing buffered), the application runs first and the receipt
+records the message taken, in one transaction shared with other sequences' receipts.  Nothing
+in the process may change that state in between: a copy of the message, a Close or a
+Terminate waits for that receipt.  And a receive that finds its message behind the buffer
+delivers the buffer through itself, so that a sequence that fell behind catches up.  Real HTTP
+on 127.0.0.1, a real SQLite file; each test waits for what it asserts.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from wsrm_plugin.wire import CloseSequence, SequenceAcknowledgement
+
+from .conftest import fast_policy
+from .support import RM11, Recorder, post, protocol_request, wait_for
+from .test_bad_input import open_sequence, send_ok
+
+
+def _served(engines, store_for, application):
+    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True, deliver_apart=True),
+                     serve=True, application=application, name="server")
+    assert server.invoker.delivers_apart
+    return server, server.endpoint_address
+
+
+def _received_and_buffered(server, identifier: str) -> tuple[list[tuple[int, int]], int]:
+    with server.store.begin() as tx:
+        return list(tx.rmd.get(identifier).received.ranges), tx.invoker.count()
+
+
+def test_the_application_runs_before_the_receipt(engines, store_for) -> None:
+    """Message 2's application finds it neither received nor buffered (buffered first, it
+    found both); it is delivered once, acknowledged after its receipt, and the buffer ends empty."""
+    received = Recorder()
+    seen: list[tuple[list[tuple[int, int]], int]] = []
+    box: dict[str, object] = {}
+
+    def application(envelope: bytes, context: object) -> None:
+        received(envelope, context)
+        if received.snapshot()[-1] == "a2":  # the file is not held while it runs: read it
+            seen.append(_received_and_buffered(box["server"], box["id"]))
+
+    server, url = _served(engines, store_for, application)
+    box["server"] = server
+    box["id"] = identifier = open_sequence(url, RM11)
+    assert send_ok(url, RM11, identifier, 1, "a1") == [(1, 1)]
+    assert send_ok(url, RM11, identifier, 2, "a2") == [(1, 2)]
+    assert received.snapshot() == ["a1", "a2"]
+    assert seen == [([(1, 1)], 0)]
+    assert server.destination.delivered_before_receipt == 1
+    assert wait_for(lambda: server.status().delivered == 2, timeout=10), server.status()
+    assert _received_and_buffered(server, identifier) == ([(1, 2)], 0)
+
+
+def test_a_close_waits_for_the_receipt_of_a_message_that_ran_first(engines, store_for) -> None:
+    """A CloseSequence that arrives while message 2's application runs waits for its receipt:
+    closed first, the receipt would refuse a message whose application had run.  So message 2
+    is acknowledged, and the Close's final acknowledgement covers it."""
+    received = Recorder()
+    release = threading.Event()
+
+    def application(envelope: bytes, context: object) -> None:
+        received(envelope, context)
+        if received.snapshot()[-1] == "a2":
+            assert release.wait(30)
+
+    server, url = _served(engines, store_for, application)
+    identifier = open_sequence(url, RM11)
+    assert send_ok(url, RM11, identifier, 1, "a1") == [(1, 1)]
+    answers: dict[str, object] = {}
+    second = threading.Thread(target=lambda: answers.__setitem__("a2", send_ok(url, RM11, identifier, 2, "a2")))
+    second.start()
+    assert wait_for(lambda: received.snapshot() == ["a1", "a2"], timeout=20)  # a2's application runs
+
+    def close() -> None:
+        request = protocol_request(RM11, url, RM11.action("CloseSequence"), CloseSequence(identifier, 2).to_xml(RM11))
+        answers["close"] = post(url, request)
+
+    closing = threading.Thread(target=close)
+    closing.start()
+    # the Close waits for a2's receipt (without that wait it would end, and a2 be refused)
+    assert wait_for(lambda: not closing.is_alive() or identifier in server.destination._ending, timeout=20)
+    release.set()
+    second.join(30)
+    closing.join(30)
+    assert answers["a2"] == [(1, 2)]
+    response = answers["close"]
+    assert response.status == 200, response.body
+    ack, _ = SequenceAcknowledgement.from_xml(response.envelope().header(RM11.qname("SequenceAcknowledgement")))
+    assert ack.ranges == [(1, 2)] and ack.final
+    assert received.snapshot() == ["a1", "a2"]
+
+
+def test_a_receive_behind_the_buffer_delivers_it_through(engines, store_for) -> None:
+    """With no invoker thread running, message 2 is buffered (the application counted slow);
+    message 3's receive, which finds 2 in the buffer, delivers 2 and then 3 before it answers,
+    and message 4 runs first again.  (Delivering apart, it left both buffered: every message
+    after one that was buffered was buffered too, for the invoker thread to deliver.)"""
+    received = Recorder()
+    server, url = _served(engines, store_for, received)
+    for worker in server.workers:
+        if "invoker" in worker.name:
+            assert worker.stop(10)
+    identifier = open_sequence(url, RM11)
+    assert send_ok(url, RM11, identifier, 1, "a1") == [(1, 1)]
+    server.invoker.application_seconds = 1.0  # slow: its messages go through the buffer
+    assert send_ok(url, RM11, identifier, 2, "a2") == [(1, 2)]
+    assert received.snapshot() == ["a1"]
+    server.invoker.application_seconds = 0.0  # quick again
+    assert send_ok(url, RM11, identifier, 3, "a3") == [(1, 3)]
+    assert wait_for(lambda: received.snapshot() == ["a1", "a2", "a3"], timeout=10), received.snapshot()
+    before = server.destination.delivered_before_receipt
+    assert send_ok(url, RM11, identifier, 4, "a4") == [(1, 4)]
+    assert received.snapshot() == ["a1", "a2", "a3", "a4"]
+    assert server.destination.delivered_before_receipt == before + 1
+    assert _received_and_buffered(server, identifier) == ([(1, 4)], 0)
