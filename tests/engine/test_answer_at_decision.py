@@ -125,3 +125,16 @@ def test_other_sequences_do_not_wait(served) -> None:
     assert reader.seen == {"one": 0, "other": 0}
     assert held.run_all() == 2
     assert sorted(item for item, _ in rows(app_db)) == ["one", "other"]
+
+
+def test_stop_waits_for_the_phase_two_it_handed_over(served) -> None:
+    """An engine stopping runs (waits for) what it answered at the decision: nothing of it is left
+    prepared for recovery."""
+    server, reader, app_db = served()
+    held = Held()
+    server.invoker.at_decision.workers = held  # type: ignore[union-attr]
+    url = server.endpoint_address
+    assert send_ok(url, RM11, open_sequence(url, RM11), 1, "one") == [(1, 1)]
+    assert len(prepared_gids(app_db)) == 1
+    server.stop(timeout=5)
+    assert [item for item, _ in rows(app_db)] == ["one"] and prepared_gids(app_db) == []  # prepared without

@@ -9,9 +9,10 @@ from collections.abc import Callable
 
 import pytest
 
-from txmanager import TransactionManager
+from txmanager import MemoryResource, TransactionManager
 from txmanager.phase_two import PhaseTwo, PhaseTwoWorkers
 from txmanager.postgres import XADataSource
+from txmanager.xa import XA_HEURRB
 
 from tests.postgres.test_commit_marks import _restart_commits_both, die, marks
 from tests.postgres.support import insert, prepared_gids, run, values
@@ -167,5 +168,32 @@ def test_workers_commit_many_at_once_and_drain(dbs, tmp_path):
     finally:
         workers.close(timeout=60)
         a.close()
+        b.close()
+        tm.close()
+
+
+def test_a_heuristic_outcome_of_the_later_phase_two_is_logged_not_raised(dbs, tmp_path, caplog):
+    """The prepared branch (an in-memory resource here) completes heuristically when the workers
+    commit it: the job logs the outcome, which the recovery log keeps (nobody waits to be told),
+    and the transaction is over all the same."""
+    tm = TransactionManager(node="atdec", log=tmp_path / "tx.log")
+    b = XADataSource(dbs[1], tm, resource_name="b", commit_marks=True)
+    m = MemoryResource("m")
+    m.heuristic_on_commit = XA_HEURRB
+    held = Held()
+    try:
+        with tm.transaction() as tx:
+            tx.enlist_resource(m)
+            m.put("k", 1)
+            with b.connection() as cb:
+                insert(cb, "credit-0")
+            done = tx.commit_at_decision(held)
+        assert values(dbs[1]) == ["credit-0"] and not done.done
+        with caplog.at_level("ERROR", logger="txmanager.transaction"):
+            assert held.run_all() == 1  # raised HeuristicMixedError without the job's own handling
+        assert done.done
+        assert any("committed after its caller returned at the decision" in r.getMessage() for r in caplog.records)
+        assert list(tm.log.pending()[tx.xid].heuristics.values()) == [XA_HEURRB]
+    finally:
         b.close()
         tm.close()
