@@ -196,8 +196,8 @@ class ChainMiddleware:
         self.application = application
         self.chain = chain
         self.max_message_size = max_message_size
-        #: spyne's request handling is run without its WSGI call (:mod:`.direct`); else the WSGI call
-        self._direct = direct.follows(application)
+        #: the server whose request handling is run without its WSGI call (:mod:`.direct`), if it may be
+        self._direct = application if direct.follows(application) else None
         #: What the chain and the service process of SOAP headers (SOAP's mustUnderstand rule).
         self.understood = UnderstoodHeaders(chain, getattr(application, "app", None), understands)
 
@@ -355,7 +355,7 @@ class ChainMiddleware:
         env.pop(_OUT_TREE_KEY, None)
         if chunked and not _listens(getattr(self.application, "event_manager", None), _WSGI_STRING_EVENTS):
             env[_OUT_TREE_KEY] = None  # spyne may leave its answer's tree here, unwritten
-        if self._direct:  # spyne's request handling without its WSGI call (direct.py)
+        if self.application is self._direct:  # spyne's request handling without its WSGI call (direct.py)
             status_line, headers, parts = direct.handle_rpc(self.application, env)
             body = b"".join(parts)
         else:

@@ -61,7 +61,10 @@ def test_a_delivery_runs_the_method_without_spyne_s_wsgi_call(clients):
 class _OwnHandling(WsgiApplication):
     """Overrides spyne's request handling (as it was): the adapter must make the WSGI call."""
 
+    handled = 0
+
     def handle_rpc(self, req_env: dict[str, Any], start_response: Any) -> Any:
+        self.handled += 1
         return super().handle_rpc(req_env, start_response)
 
 
@@ -109,7 +112,7 @@ def test_spyne_answers_a_delivery_as_through_its_wsgi_call(case: str) -> None:
     service.configure(broken={"oops"})
     directly, direct_events = _served(WsgiApplication)
     through_wsgi, wsgi_events = _served(_OwnHandling)
-    assert directly._direct and not through_wsgi._direct
+    assert directly._direct is directly.application and through_wsgi._direct is None
 
     def answer(middleware: Any) -> tuple[Any, ...]:
         message = Message.from_bytes(CASES[case], Direction.IN, Role.SERVER, address="http://127.0.0.1:8080/orders",
@@ -121,6 +124,18 @@ def test_spyne_answers_a_delivery_as_through_its_wsgi_call(case: str) -> None:
 
     assert answer(directly) == answer(through_wsgi)
     assert direct_events == wsgi_events and direct_events
+
+
+def test_a_server_put_in_place_later_is_called_as_it_handles_requests() -> None:
+    """The adapter's WSGI application replaced after it was made: the new one's own request
+    handling runs (fails without the check of which server may run directly: 0 calls)."""
+    middleware, _ = _served(WsgiApplication)
+    replaced = _OwnHandling(service.application())
+    middleware.application = replaced
+    message = Message.from_bytes(CASES["answer"], Direction.IN, Role.SERVER,
+                                 http_headers=[("Content-Type", "text/xml; charset=utf-8")])
+    assert middleware.deliver(message).status_code == 200
+    assert replaced.handled == 1
 
 
 def _sentinels_of_ordered_sets(garbage: list[Any]) -> int:
