@@ -1152,6 +1152,9 @@ def _print_waldump_by_relation(pg: Any, scenario: str, start: str, end: str, n: 
             continue
         rmgr = line.split()[1]
         desc = line.split("desc: ", 1)[1].split()[0] if "desc: " in line else "?"
+        if desc == "LOCK" and "flags 0x" in line:  # which lock (KEYSHR_LOCK: FOR KEY SHARE; EXCL_LOCK: ...)
+            bits = line.split("flags 0x", 1)[1].split(",")[0].split()[1:]
+            desc += "[" + " ".join(b for b in bits if b.isupper() and b != "LOCK_ONLY") + "]"
         rel = "?"
         if "blkref #0: rel " in line:
             _spc, db, node = line.split("blkref #0: rel ", 1)[1].split()[0].split("/")
@@ -1161,7 +1164,7 @@ def _print_waldump_by_relation(pg: Any, scenario: str, start: str, end: str, n: 
         size[(f"{rmgr}/{desc}", rel)] += total
     print(f"WAL of {scenario} by record type and relation (heap and index records, per message):")
     for (kind, rel), count in sorted(seen.items(), key=lambda kv: -size[kv[0]])[:top]:
-        print(f"  {kind:24s} {rel:40s} {count / n:6.2f} records {size[(kind, rel)] / n:7.0f} B")
+        print(f"  {kind:34s} {rel:34s} {count / n:6.2f} records {size[(kind, rel)] / n:7.0f} B")
 
 
 def _pg_profiles(pg: Any, sides: dict[str, str]) -> dict[str, Any]:
