@@ -357,18 +357,20 @@ class SqlTransaction(api.StoreTransaction):
         behind it wait for its commit.  The receipt's UPDATE takes the row's
         lock, and the take the invoker's row after it.  A receive that waited
         for another of its sequence finds its guess wrong against the row as
-        its statement's snapshot saw it (before that commit); when the guess
-        holds for the row as it is now (held by then), the statement is sent
-        again, and its snapshot sees that: two statements, as the lock ahead of
-        the write made every time (and wrote a row lock to the WAL for).  The
-        receives of one sequence seldom overlap.  (With ``answering`` the lock
+        its statement's snapshot saw it (before that commit); the row as it is
+        now is then read and locked (a second statement), and when the guess
+        holds for it, the receipt is sent again, and its snapshot sees that:
+        three statements.  The receives of one sequence seldom overlap, and
+        the common receive's statement is the cheaper for leaving that read
+        out (see ``statements._RECEIVE_IN_ORDER``).  (With ``answering`` the lock
         is still a statement of its own: the statements after the receipt
         read what it wrote.)
 
         None when the guess was wrong (a gap, a duplicate, the last message,
         a closed or unknown sequence): nothing written, the row locked and
-        read (the caller's read of it costs no round trip), and the caller
-        records the message the general way.
+        read (a statement after the receipt's; the caller's read of it then
+        costs no round trip), and the caller records the message the general
+        way.
         Otherwise the sequence as it was before this message (for the
         caller's checks, which roll the transaction back if they refuse it),
         and whether the message was taken.
@@ -404,16 +406,19 @@ class SqlTransaction(api.StoreTransaction):
                     _RECEIVED, lambda t, gate, more: self.rms_messages.acknowledging_statements(  # type: ignore[attr-defined]
                         acked, merged, t, keep, gate=gate, more=more))
         before = self._hold_for_receipt(sequence_id, number)
-        params = (_prefix(number), _now(now), sequence_id, before, *_take_params(sequence_id, number),
-                  sequence_id, before)
+        params = (_prefix(number), _now(now), sequence_id, before, *_take_params(sequence_id, number))
         row = self.one(_RECEIVE_IN_ORDER, params)
-        if row is not None and row[-1] == -2:  # it waited for another receive: the row is held now,
-            row = self.one(_RECEIVE_IN_ORDER, params)  # and a new statement's snapshot sees it as it is
-        if row is None:
-            return None
+        if row is None:  # guessed wrong against the row as the statement's snapshot saw it: the
+            held = self.rmd.get(sequence_id)  # row as it is now, locked and held for the caller's read
+            if held is None or held.closed or held.terminated or held.last_number is not None \
+                    or api.format_ranges(held.received) != before:
+                return None
+            # it waited for another receive of the sequence, and the row as it is now takes the
+            # receipt: the row is held now, and a new statement's snapshot sees it as it is
+            row = self.one(_RECEIVE_IN_ORDER, params)
+            if row is None:
+                return None
         seq = self.held_rmd[sequence_id] = _rmd(row[:-1])
-        if row[-1] < 0:  # guessed wrong: the row as it is, held for the caller's read
-            return None
         self._wrote = True
         return replace(seq, received=api.parse_ranges(before)), self.note_take(sequence_id, number, bool(row[-1]))
 
