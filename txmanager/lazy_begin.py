@@ -28,7 +28,10 @@ A write whose outcome nobody reads can ride on the branch's next round trip
 (:meth:`LazyBeginConnection.ride`): it goes in front of the next statement run
 on the connection, in the same query string, or, when none comes, in front of
 the branch's one-phase ``COMMIT`` or its ``PREPARE TRANSACTION``.  Same
-transaction, same order of statements, one round trip less.
+transaction, same order of statements, one round trip less.  A write whose
+outcome is read only after the commit, and which may decline, can ride on the
+one-phase ``COMMIT`` itself (:meth:`LazyBeginConnection.ride_to_commit`): its
+outcome is read by a statement after the ``COMMIT``, in the same query string.
 
 ``TXMANAGER_LAZY_BEGIN=0`` in the environment makes every branch use
 ``tpc_begin`` (psycopg2's BEGIN), for a comparison or a driver setup this
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import psycopg2
@@ -90,6 +94,36 @@ def psycopg_xid(xid: Xid) -> "ext.Xid | str":
         if g.isprintable() and b.isprintable():
             return ext.Xid(xid.format_id, g, b)
     return xid.to_pg_gid()
+
+
+#: :meth:`LazyBeginConnection.ride_to_commit`'s savepoint around its write, and its undoing
+_RIDER_SAVEPOINT = b"SAVEPOINT txmanager_rider"
+_RIDER_RELEASE = b"RELEASE SAVEPOINT txmanager_rider"
+_RIDER_ROLLBACK = b"ROLLBACK TO SAVEPOINT txmanager_rider;RELEASE SAVEPOINT txmanager_rider"
+
+
+class CommitRider:
+    """A write riding to a branch's one-phase COMMIT (:meth:`LazyBeginConnection.ride_to_commit`):
+    its read (as sent), who takes the row read, the SQLSTATE by which it declines, and what
+    does its work when it does."""
+
+    __slots__ = ("read", "answer", "declined", "repair")
+
+    def __init__(self, read: bytes, answer: Callable[[Any], None], declined: str,
+                 repair: Callable[[], None]) -> None:
+        self.read = read
+        self.answer = answer
+        self.declined = declined
+        self.repair = repair
+
+
+def _answer(rider: CommitRider, row: Any) -> None:
+    """Hand ``row`` to the rider's ``answer``: a failure there is logged, not raised (the round
+    trip's work is done, the COMMIT perhaps too: nothing of it is to undo or report as its)."""
+    try:
+        rider.answer(row)
+    except Exception:  # noqa: BLE001 -- see above
+        log.exception("the outcome of a write riding to the commit could not be taken: %r", row)
 
 
 def raise_commit_refused(cur: Any) -> None:
@@ -159,7 +193,8 @@ class LazyBeginConnection(ext.connection):
     # Slots for this class's own state, read on every branch's start, statement and commit: in
     # an instance dict each read was a dict look-up (a tenth of a one-phase transaction's cost
     # above plain psycopg2, callgrind); ``__dict__`` stays for attributes others attach.
-    __slots__ = ("_mode", "_xid", "_classic", "_tpc_only", "_own_cursor", "_lagging", "_riding", "__dict__")
+    __slots__ = ("_mode", "_xid", "_classic", "_tpc_only", "_own_cursor", "_lagging", "_riding", "_rider",
+                 "__dict__")
 
     def __init__(self, dsn: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(dsn, *args, **kwargs)
@@ -180,6 +215,8 @@ class LazyBeginConnection(ext.connection):
         self._lagging = False
         #: :meth:`ride`: statements (as sent, parameters in) for the branch's next round trip
         self._riding: list[bytes] = []
+        #: :meth:`ride_to_commit`: the write riding last in :attr:`_riding`, in its savepoint
+        self._rider: CommitRider | None = None
 
     # -- what the application calls ---------------------------------------------------------
 
@@ -323,7 +360,98 @@ class LazyBeginConnection(ext.connection):
         be sent (nothing ran in it yet): then run the statement yourself."""
         if self._mode is not _SQL:
             return False
+        if self._rider is not None:  # it rides last, to the commit: sent first, in order
+            self._send_rider()
         self._riding.append(self._plain_cursor().mogrify(statement, params))
+        return True
+
+    def ride_to_commit(self, statement: str, params: Any, *, read: str, read_params: Any,
+                       answer: Callable[[Any], None], declined: str, repair: Callable[[], None]) -> bool:
+        """Send ``statement`` with the branch's one-phase ``COMMIT``, in its query string, and
+        read its outcome there too, after the ``COMMIT``: ``read`` (with ``read_params``), run
+        once the branch committed, gives its first row to ``answer`` (before the commit
+        returns).  For a write whose outcome is wanted only once the branch committed (a
+        message's number, which its sender needs only to send it): the write costs no round
+        trip of its own.
+
+        The statement runs in a savepoint of its own, and may decline: fail with SQLSTATE
+        ``declined`` (a division by zero on purpose) when what it expected does not hold.  The
+        query string stops there (nothing after it runs, the ``COMMIT`` neither), the savepoint
+        is rolled back (the branch keeps what ran before it), ``repair()`` does the work another
+        way (its statements run in the branch, and need no read), and the branch commits after
+        them.  Any other error is the commit's (the branch rolled back), as with :meth:`ride`.
+
+        Where anything is to be sent first (a statement, a write given to :meth:`ride`, a
+        ``PREPARE TRANSACTION``: the branch commits in two phases), the statement and its read,
+        inside the branch, go first, in a round trip of their own, and may decline the same
+        way: the branch's statements still run in the order they were given.  A rollback drops
+        it, unsent and unread.
+
+        False, having done nothing, where :meth:`ride` would be, or a write rides to the commit
+        already."""
+        if self._mode is not _SQL or self._rider is not None:
+            return False
+        cur = self._plain_cursor()
+        ahead = cur.mogrify(statement, params)
+        after = cur.mogrify(read, read_params)
+        self._riding.extend((_RIDER_SAVEPOINT, ahead, _RIDER_RELEASE))
+        self._rider = CommitRider(after, answer, declined, repair)
+        return True
+
+    def _commit_riding(self, cur: Any) -> None:
+        """The branch's one-phase ``COMMIT`` with what rides in front of it (:attr:`_riding` is
+        not empty), and, where a write rides to the commit (:meth:`ride_to_commit`), its read
+        after it: the whole query string ran, so the ``COMMIT`` did (a transaction that had
+        failed before would fail its first statement, which stops the string)."""
+        rider, self._rider = self._rider, None
+        if rider is None:
+            cur.execute(self._take_riding(b"COMMIT"))
+            if cur.statusmessage != "COMMIT":
+                raise_commit_refused(cur)
+            return
+        try:
+            cur.execute(self._take_riding(b"COMMIT;" + rider.read))
+        except psycopg2.Error as exc:
+            if not self._declined(exc, rider):
+                raise
+            if self._riding:  # repaired: the rest commits now
+                return self._commit_riding(cur)
+            cur.execute(b"COMMIT")
+            if cur.statusmessage != "COMMIT":
+                raise_commit_refused(cur)
+            return
+        _answer(rider, cur.fetchone())
+
+    def _send_rider(self) -> None:
+        """The write riding to the commit, and its read, in the branch, in a round trip of their
+        own (with what rides in front of them): something else is to be sent first."""
+        rider, self._rider = self._rider, None
+        assert rider is not None
+        cur = self._plain_cursor()
+        try:
+            cur.execute(self._take_riding(rider.read))
+        except psycopg2.Error as exc:
+            if not self._declined(exc, rider):
+                raise
+            return
+        _answer(rider, cur.fetchone())
+
+    def _declined(self, exc: psycopg2.Error, rider: "CommitRider") -> bool:
+        """After the round trip that carried ``rider`` failed with ``exc``: True when the rider
+        declined, and then its savepoint is rolled back (riding in front of what is sent next)
+        and its ``repair()`` has run; False for any other failure."""
+        if getattr(exc, "pgcode", None) != rider.declined or self.closed \
+                or self.info.transaction_status != ext.TRANSACTION_STATUS_INERROR:
+            return False
+        self._riding = [_RIDER_ROLLBACK]
+        log.debug("%r: a write riding to the commit declined (%s): done another way", self, exc.pgcode)
+        try:
+            rider.repair()
+        except psycopg2.Error:
+            raise
+        except Exception as failed:  # the commit's caller sees a failed commit (the branch rolls back)
+            raise psycopg2.DatabaseError(f"a write riding to the commit declined, and doing its work "
+                                         f"another way failed: {failed!r}") from failed
         return True
 
     @property
@@ -346,6 +474,10 @@ class LazyBeginConnection(ext.connection):
 
     def _execute_riding(self, cur: LazyBeginCursor, query: Any, vars: Any) -> None:  # noqa: A002
         """Run ``query`` with the riding statements in front of it, in one query string."""
+        if self._rider is not None:  # a write riding to the commit: it goes first, in order
+            self._send_rider()
+            if not self._riding:
+                return _execute(cur, query, vars)
         riding = self._riding
         if isinstance(query, _sql.Composable):
             query = query.as_string(cur)
@@ -364,6 +496,8 @@ class LazyBeginConnection(ext.connection):
     def _send_riding(self) -> None:
         """The riding statements, now, in a round trip of their own (before a statement this
         class cannot put them in front of)."""
+        if self._rider is not None:
+            self._send_rider()
         if self._riding:
             self._plain_cursor().execute(self._take_riding(b""))
 
@@ -415,9 +549,12 @@ class LazyBeginConnection(ext.connection):
             if cur is None or cur.closed:
                 self._own_cursor = cur = ext.cursor(self)
             # what _by_sql does, inline (bytes: psycopg2 encodes no str), with what rides on it
-            cur.execute(self._take_riding(b"COMMIT") if self._riding else b"COMMIT")
-            if cur.statusmessage != "COMMIT":
-                raise_commit_refused(cur)
+            if self._riding:
+                self._commit_riding(cur)
+            else:
+                cur.execute(b"COMMIT")
+                if cur.statusmessage != "COMMIT":
+                    raise_commit_refused(cur)
             self._mode = self._xid = None
             self._lagging = True  # psycopg2's flag stays on until something runs outside a branch
             return
@@ -451,6 +588,7 @@ class LazyBeginConnection(ext.connection):
         mode, self._mode, self._xid = self._mode, None, None
         if self._riding:  # the branch ended without them (it failed): they go with it
             self._riding = []
+            self._rider = None
         if (mode is _PLAIN or mode is _PLAIN_PREPARED) and not self.closed \
                 and self.status != ext.STATUS_READY:
             # psycopg2 still believes in its BEGIN (the session is idle after PREPARE or COMMIT
@@ -464,6 +602,7 @@ class LazyBeginConnection(ext.connection):
         verb = "COMMIT" if commit else "ROLLBACK"
         if not commit and self._riding:
             self._riding = []  # never sent: nothing to undo
+            self._rider = None
         mode = self._mode
         if mode is _TPC:
             self.tpc_commit() if commit else self.tpc_rollback()
@@ -486,6 +625,8 @@ class LazyBeginConnection(ext.connection):
 
     def _by_sql(self, statement: str, params: tuple[Any, ...] | None, expected: str) -> None:
         cur = self._plain_cursor()
+        if self._rider is not None:  # a write riding to a one-phase COMMIT: in front of this one, read
+            self._send_rider()
         if self._riding:  # a COMMIT or PREPARE TRANSACTION: what rides goes in front of it
             query: Any = self._take_riding(statement.encode(ext.encodings.get(self.encoding, "utf-8")),
                                            formatted=params is not None)

@@ -230,3 +230,168 @@ def test_an_applications_write_through_an_xa_data_source_rides_on_the_commit(db,
     finally:
         ds.close()
         tm.close()
+
+
+# -- a write riding to the one-phase COMMIT, its outcome read after it (ride_to_commit) ---------------
+
+#: inserts into u, keeps the row's id in a session setting, or declines (division by zero) for "no"
+TO_COMMIT = ("WITH i AS (INSERT INTO u (v) SELECT %s WHERE %s <> 'no' RETURNING id) "
+             "SELECT 1 / CAST(count(set_config('test.rode', CAST(i.id AS text), FALSE)) AS integer) FROM i")
+READ = "SELECT current_setting('test.rode'), (SELECT count(*) FROM u)"
+
+
+def ride_to_commit(conn: LazyBeginConnection, value: str, answers: list, repairs: list) -> bool:
+    def repair() -> None:
+        repairs.append(value)
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO u (v) VALUES ('repaired')")
+    return conn.ride_to_commit(TO_COMMIT, (value, value), read=READ, read_params=None,
+                               answer=answers.append, declined="22012", repair=repair)
+
+
+def test_a_write_riding_to_the_commit_is_sent_with_it_and_read_after_it_in_one_round_trip(resource, db):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "a")
+    answers: list = []
+    assert ride_to_commit(conn, "b", answers, []) is True
+    assert not locks_u(db, conn) and answers == []  # not sent yet
+    own = counted(conn)
+    resource.end(xid, TMSUCCESS)
+    resource.commit(xid, one_phase=True)
+    # one query string: the write in its savepoint, the COMMIT, the read after it
+    assert len(own.sent) == 1, own.sent
+    assert own.sent[0].index(b"INSERT INTO u") < own.sent[0].index(b";COMMIT;") < own.sent[0].index(b"current_setting")
+    (read,) = answers
+    assert read[1] == 1 and values(db) == ["a"] and u_values(db) == ["b"]
+    assert conn.riding == 0 and conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
+
+
+def test_a_write_riding_to_the_fused_commit_is_sent_with_it(db, tmp_path):
+    """Through an XA data source and its manager: the sole branch's fused one-phase commit."""
+    from txmanager import TransactionManager
+    from txmanager.postgres import XADataSource
+    tm = TransactionManager(node="rider", log=tmp_path / "tm.log")
+    ds = XADataSource(db, tm)
+    try:
+        answers: list = []
+        sent: list = []
+        with tm.transaction():
+            with ds.connection() as conn, conn.cursor() as cur:
+                cur.execute("INSERT INTO t (v) VALUES ('a')")
+                assert ride_to_commit(conn, "b", answers, []) is True
+                sent = counted(conn).sent
+        assert len(sent) == 1 and b";COMMIT;" in sent[0], sent
+        assert len(answers) == 1 and values(db) == ["a"] and u_values(db) == ["b"]
+    finally:
+        ds.close()
+        tm.close()
+
+
+def test_a_write_riding_to_the_commit_that_declines_is_repaired_before_the_commit(resource, db):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "a")
+    conn.ride(RIDE, ("before",))  # ridden before it: kept, and sent once
+    answers: list = []
+    repairs: list = []
+    assert ride_to_commit(conn, "no", answers, repairs) is True
+    resource.end(xid, TMSUCCESS)
+    resource.commit(xid, one_phase=True)
+    assert repairs == ["no"] and answers == []  # declined: repaired, nothing to read
+    assert values(db) == ["a"] and u_values(db) == ["before", "repaired"]
+    assert conn.riding == 0 and conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
+
+
+def test_a_write_riding_to_the_commit_goes_first_and_is_read_when_a_statement_comes(resource, db):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "a")
+    answers: list = []
+    ride_to_commit(conn, "b", answers, [])
+    with conn.cursor() as cur:  # the statement sees the write: it ran before it, and was read
+        cur.execute("SELECT count(*) FROM u")
+        assert cur.fetchone()[0] == 1
+    assert len(answers) == 1 and answers[0][1] == 1
+    own = counted(conn)
+    resource.end(xid, TMSUCCESS)
+    resource.commit(xid, one_phase=True)
+    assert own.sent == [b"COMMIT"]
+    assert u_values(db) == ["b"]
+
+
+def test_a_write_riding_to_the_commit_that_declines_before_a_statement_is_repaired_first(resource, db):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "a")
+    repairs: list = []
+    ride_to_commit(conn, "no", [], repairs)
+    with conn.cursor() as cur:
+        cur.execute("SELECT v FROM u")
+        assert cur.fetchall() == [("repaired",)] and repairs == ["no"]
+    resource.end(xid, TMSUCCESS)
+    resource.commit(xid, one_phase=True)
+    assert values(db) == ["a"] and u_values(db) == ["repaired"]
+
+
+def test_a_write_riding_to_the_commit_goes_before_prepare_transaction_and_is_read(resource, db):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "a")
+    answers: list = []
+    ride_to_commit(conn, "b", answers, [])
+    own = counted(conn)
+    resource.end(xid, TMSUCCESS)
+    assert resource.prepare(xid) == XA_OK
+    assert len(own.sent) == 2 and str(own.sent[1]).startswith("PREPARE TRANSACTION"), own.sent  # it, then the PREPARE
+    assert len(answers) == 1
+    resource.commit(xid, one_phase=False)
+    assert values(db) == ["a"] and u_values(db) == ["b"]
+
+
+def test_a_rolled_back_branch_never_sends_its_write_riding_to_the_commit(resource, db):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "a")
+    answers: list = []
+    ride_to_commit(conn, "b", answers, [])
+    assert ride_to_commit(conn, "c", answers, []) is False  # one at a time
+    resource.end(xid, TMSUCCESS)
+    resource.rollback(xid)
+    assert conn.riding == 0 and conn._rider is None and answers == []
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "c")
+    resource.end(xid, TMSUCCESS)
+    resource.commit(xid, one_phase=True)
+    assert values(db) == ["c"] and u_values(db) == []
+
+
+def test_a_write_riding_to_the_commit_whose_repair_fails_rolls_the_branch_back(resource, db):
+    conn = resource.connection
+    xid = new_xid()
+    resource.start(xid)
+    insert(resource, "a")
+
+    def repair() -> None:
+        raise ValueError("no other way")
+    conn.ride_to_commit(TO_COMMIT, ("no", "no"), read=READ, read_params=None, answer=print, declined="22012",
+                        repair=repair)
+    resource.end(xid, TMSUCCESS)
+    with pytest.raises(XAException) as excinfo:
+        resource.commit(xid, one_phase=True)
+    assert xa_code(excinfo) >= XA_RBROLLBACK and "no other way" in str(excinfo.value.__cause__)
+    assert values(db) == [] and u_values(db) == []
+    assert conn.riding == 0 and conn._rider is None
+    xid = new_xid()  # the session goes on
+    resource.start(xid)
+    insert(resource, "c")
+    resource.end(xid, TMSUCCESS)
+    resource.commit(xid, one_phase=True)
+    assert values(db) == ["c"]

@@ -584,10 +584,14 @@ class PostgresXAResource:
                 cur = conn._own_cursor
                 if cur is None:  # (never closed but with its session, open here: no need to ask)
                     conn._own_cursor = cur = ext.cursor(conn)
-                # bytes: psycopg2 encodes no str; what rides on the COMMIT (LazyBeginConnection.ride) before it
-                cur.execute(conn._take_riding(b"COMMIT") if conn._riding else b"COMMIT")
-                if cur.statusmessage != "COMMIT":
-                    raise_commit_refused(cur)
+                # bytes: psycopg2 encodes no str; what rides on the COMMIT (LazyBeginConnection.ride,
+                # ride_to_commit) goes in front of it
+                if conn._riding:
+                    conn._commit_riding(cur)
+                else:
+                    cur.execute(b"COMMIT")
+                    if cur.statusmessage != "COMMIT":
+                        raise_commit_refused(cur)
                 conn._mode = conn._xid = None
                 conn._lagging = True  # psycopg2's autocommit flag stays on (see LazyBeginConnection)
                 self._branch = self._namer = None
