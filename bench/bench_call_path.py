@@ -132,6 +132,28 @@ def _instrument_postgres() -> None:
             _note(f"pg COMMIT+COMMIT  {_where()}")
         commit_branch(self)
     lazy_begin.LazyBeginConnection.commit_branch = counted_commit_branch  # type: ignore[method-assign]
+    from txmanager.postgres import resource
+
+    fused = resource.PostgresXAResource.end_and_commit_one_phase
+
+    def counted_fused(self: Any, xid: Any) -> bool:
+        # the sole branch's COMMIT sent from here (a plain cursor of psycopg2's, which the counts
+        # above do not see), with what rides on it (LazyBeginConnection.ride, ride_to_commit)
+        conn = self._session
+        sends = getattr(conn, "_mode", None) == "sql" and self._branch is not None and self._branch.xid is xid
+        riding, rider = len(getattr(conn, "_riding", ())), getattr(conn, "_rider", None) is not None
+        done = fused(self, xid)
+        if done and sends:
+            _note(f"fused COMMIT ({riding} riding{', a read after it' if rider else ''})  {_where()}")
+        return done
+    resource.PostgresXAResource.end_and_commit_one_phase = counted_fused  # type: ignore[method-assign]
+    send_rider = getattr(lazy_begin.LazyBeginConnection, "_send_rider", None)  # (absent before 2026-11-30)
+
+    def counted_send_rider(self: Any) -> None:
+        _note(f"pg a write riding to the COMMIT, sent before something else  {_where()}")
+        send_rider(self)
+    if send_rider is not None:
+        lazy_begin.LazyBeginConnection._send_rider = counted_send_rider  # type: ignore[method-assign]
     from wsrm_plugin.store.sql import transaction
 
     text = transaction.SqlTransaction._text
@@ -389,6 +411,11 @@ def main(argv: list[str] | None = None) -> int:
                     sides["caller's thread round trips"] += n
                 if "+COMMIT" in kind or "+ROLLBACK" in kind:
                     sides[f"{side} commits"] += n
+            elif kind.startswith("fused COMMIT"):  # (counted apart, as before: not in the round trips)
+                side = "service" if thread.startswith(("service", "waitress")) else "client"
+                sides[f"{side} fused COMMITs"] += n
+                if thread == "MainThread":
+                    sides["caller's thread fused COMMITs"] += n
         print("PostgreSQL per call: " + ", ".join(f"{k} {v / args.calls:.2f}" for k, v in sorted(sides.items())))
         print(f"PostgreSQL per call: WAL syncs {(pg_after['wal_sync'] - pg_before['wal_sync']) / args.calls:.2f}, "
               f"transactions {(pg_after['xact_commit'] - pg_before['xact_commit']) / args.calls:.2f}, "
