@@ -421,9 +421,11 @@ class ReliableClient:
         if gtx is not None and options.future is not None:
             gtx.register_synchronization(_ResolveOnRollback(options.future))
         if isinstance(options.future, CallFuture):
-            key, number = receipt.sequence_key, receipt.number
-            options.future.send_when_waited(lambda: self.engine.send_for_caller(key, number),
-                                            lambda: self.engine.leave_to_sender(key, number), self._longest_send())
+            # read when the caller waits, after its transaction committed: a request enqueued in
+            # a global transaction may be numbered by its commit (ReceiptAtCommit)
+            options.future.send_when_waited(
+                lambda: self.engine.send_for_caller(receipt.sequence_key, receipt.number),
+                lambda: self.engine.leave_to_sender(receipt.sequence_key, receipt.number), self._longest_send())
 
     def _longest_send(self) -> float | None:
         """How long the engine's send of a request can take at most (None: unknown): its HTTP

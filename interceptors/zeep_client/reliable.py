@@ -252,7 +252,7 @@ class ReliableClientInterceptor(Interceptor):
         options.receipt = receipt
         if self._on_enqueued is not None:
             self._on_enqueued(message.address, receipt, options)
-        log.debug("%s enqueued as message %d of %s", message.operation, receipt.number, receipt.sequence_key)
+        log.debug("%s enqueued: %r", message.operation, receipt)  # (its number may come with its commit)
         message.abort(Response())  # 202: zeep returns None at once; the RMS worker sends it
 
 

@@ -6,7 +6,11 @@ with a persisted callback (``append_reply``, or the import path given as a 6th a
 lifecycle listener restores callbacks and resumes), prints the lifecycle report as JSON and waits.
 ``... futures N`` makes N in-out calls one after the other, each waiting for its future (no
 callback: the reply is consumed by its record), printing ``answer TEXT`` for each, then waits.  A
-PORT of 0 serves no listener: the replies come in the HTTP responses.
+PORT of 0 serves no listener: the replies come in the HTTP responses.  ``... xa N`` (a PostgreSQL
+store URL) makes N such calls each inside a global transaction that first inserts the call's text
+into the store database's ``orders`` table (one database: the request's enqueue rides on the
+COMMIT), printing ``answer TEXT`` for each; with ``xa`` as the mode of ``resume`` too (``resume-xa``)
+the restarted client has the same transaction manager (its recovery log beside the WSDL file).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import zeep
 
@@ -28,8 +33,22 @@ def main() -> None:
     wsdl, store, port, mode, count = sys.argv[1:6]
     callback = sys.argv[6] if len(sys.argv) > 6 else "tests.zeep_client.service:append_reply"
     listen = ("127.0.0.1", int(port)) if int(port) else None
-    rc = reliable_client(zeep.Client(wsdl), store, POLICY, listen=listen, key="orders", name="crash-client")
-    if mode == "futures":
+    tm = ds = None
+    if mode in ("xa", "resume-xa"):
+        from txmanager import TransactionManager
+        from txmanager.postgres import XADataSource
+        tm = TransactionManager(node="crash-client", log=Path(wsdl).parent / "tm.log")
+        ds = XADataSource(store.removeprefix("postgresql:"), tm)
+    rc = reliable_client(zeep.Client(wsdl), store, POLICY, listen=listen, key="orders", name="crash-client", tm=tm)
+    if mode == "xa":
+        assert tm is not None and ds is not None
+        for i in range(int(count)):
+            with tm.transaction():
+                with ds.connection() as conn, conn.cursor() as cur:
+                    cur.execute("INSERT INTO orders VALUES (%s)", (f"q{i}",))
+                future = rc.service.echo(f"q{i}")
+            print("answer", future.result(timeout=60), flush=True)
+    elif mode == "futures":
         for i in range(int(count)):
             print("answer", rc.service.echo(f"q{i}").result(timeout=60), flush=True)
     elif mode == "send":

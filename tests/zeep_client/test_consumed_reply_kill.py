@@ -21,6 +21,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import psycopg2
 import pytest
 
 from tests.engine.support import wait_for
@@ -54,6 +55,7 @@ def _store_is_drained(url: str) -> bool:
     ("sqlite", True, 3), ("sqlite", True, 11), ("sqlite", False, 3), ("sqlite", False, 11),
     pytest.param("postgres", True, 7, marks=pytest.mark.postgres),
     pytest.param("postgres", False, 7, marks=pytest.mark.postgres),
+    pytest.param("postgres-xa", False, 7, marks=pytest.mark.postgres),
 ], ids=lambda value: {True: "listener", False: "back-channel"}.get(value, str(value)))
 def test_a_client_killed_among_consumed_replies_loses_and_repeats_nothing(kind, listener, after, tmp_path, request):
     service.reset()
@@ -65,12 +67,14 @@ def test_a_client_killed_among_consumed_replies_loses_and_repeats_nothing(kind, 
     wsdl.write_bytes(urllib.request.urlopen(svc.url + "?wsdl", timeout=10).read())
     if kind == "sqlite":
         store = f"sqlite:///{tmp_path}/client.db"
-    else:
-        store = "postgresql:" + request.getfixturevalue("pg_dsn_factory")("consumed")
+    else:  # postgres-xa: each call in a global transaction with the application's row in the same database
+        store = "postgresql:" + request.getfixturevalue("pg_dsn_factory")(
+            "consumed", "CREATE TABLE orders (item text PRIMARY KEY)")
     port = free_port() if listener else 0
+    xa = kind == "postgres-xa"
     procs: list[subprocess.Popen] = []
     try:
-        first = _client(wsdl, store, port, "futures", CALLS)
+        first = _client(wsdl, store, port, "xa" if xa else "futures", CALLS)
         procs.append(first)
         answers = [first.stdout.readline().strip() for _ in range(after)]
         assert answers == [f"answer re:q{i}" for i in range(after)]
@@ -81,7 +85,7 @@ def test_a_client_killed_among_consumed_replies_loses_and_repeats_nothing(kind, 
         # load: at most 2 failed once under load; the checks below hold at any instant)
         assert ran[:after] == [f"q{i}" for i in range(after)] and len(ran) < CALLS
 
-        second = _client(wsdl, store, port, "resume", 0)
+        second = _client(wsdl, store, port, "resume-xa" if xa else "resume", 0)
         procs.append(second)
         second.stdout.readline()  # started: it sends again what had no reply
         assert wait_for(lambda: _store_is_drained(store) or second.poll() is not None, timeout=60)
@@ -90,6 +94,15 @@ def test_a_client_killed_among_consumed_replies_loses_and_repeats_nothing(kind, 
         # each request the killed client enqueued ran once: none lost, none twice
         assert service.ECHOED == [f"q{i}" for i in range(len(service.ECHOED))]
         assert len(service.ECHOED) >= after
+        if xa:  # and exactly the calls whose transaction committed (with its row) ran
+            conn = psycopg2.connect(store.removeprefix("postgresql:"))
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT item FROM orders")
+                    rows = {r[0] for r in cur.fetchall()}
+            finally:
+                conn.close()
+            assert rows == set(service.ECHOED), (sorted(rows), service.ECHOED)
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -53,9 +53,15 @@ def held_bytes_asked_once(monkeypatch):
     monkeypatch.setattr(destination, "HELD_BYTES_REFRESH", 3600.0)
 
 
+#: every statement the server receives in this test's database goes to its log (each query string,
+#: as one "statement:" line, before it runs): what the caller's sessions SENT, per round trip
+_LOG_STATEMENTS = ("DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET log_statement = %L', "
+                   "current_database(), 'all'); END $$")
+
+
 @pytest.fixture
 def one_database(pg_dsn_factory: Any, tmp_path: Any):
-    dsn = pg_dsn_factory("xacall", "CREATE TABLE orders (item text PRIMARY KEY)")
+    dsn = pg_dsn_factory("xacall", "CREATE TABLE orders (item text PRIMARY KEY)", _LOG_STATEMENTS)
     tm = TransactionManager(node="xa-call", log=tmp_path / "tm.log")
     ds = XADataSource(dsn, tm)
     store = PostgresStore(dsn)
@@ -308,3 +314,95 @@ def test_an_xa_services_reply_rides_on_its_commit(pg_dsn_factory: Any, tmp_path:
         svc.stop(timeout=5)
         store.close()
         tm.close()
+
+
+def _sent(log_path: Any, offset: int, pid: int) -> list[str]:
+    """The query strings session ``pid`` sent since ``offset`` of the server's log, one a round trip."""
+    marker = f"[{pid}] LOG:  statement: "
+    with open(log_path, "rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    return [line.split(marker, 1)[1] for line in text.splitlines() if marker in line]
+
+
+def test_an_xa_calls_enqueue_rides_on_its_commit(one_database, pg_server, monkeypatch):
+    """The caller's XA session, as the server received it: per call, the application's INSERT
+    (its BEGIN in front) and one query string with the request's enqueue and claim, the COMMIT
+    and the read of the request's number after it: two round trips (three before: the enqueue in
+    one of its own).  The caller still sends its request itself, once its transaction committed."""
+    tm, ds, store, rc = one_database
+    monkeypatch.setattr(retransmission, "_REPLY_ACK_WAIT", 60.0)
+    # the first opens the sequence; the store prepares a statement the second time it sends it
+    assert [_call(tm, ds, rc, f"q{i}") for i in range(3)] == ["re:q0", "re:q1", "re:q2"]
+    sent_by_callers = rc.engine.retransmission.sent_by_callers
+    for i in range(3, CALLS + 3):
+        offset = pg_server.log_path.stat().st_size
+        with tm.transaction():
+            with ds.connection() as conn, conn.cursor() as cur:
+                pid = conn.info.backend_pid
+                cur.execute("INSERT INTO orders VALUES (%s)", (f"q{i}",))
+            future = rc.service.echo(f"q{i}")
+        sent = _sent(pg_server.log_path, offset, pid)
+        assert len(sent) == 2, sent
+        assert sent[0].startswith("BEGIN;INSERT INTO orders"), sent
+        # the enqueue in its savepoint, the COMMIT, the read (prepared statements' EXECUTEs by now)
+        enqueue, read = sent[1].split(";RELEASE SAVEPOINT txmanager_rider;COMMIT;")
+        assert enqueue.startswith("SAVEPOINT txmanager_rider;EXECUTE ") and ";" not in enqueue[26:], sent
+        assert read.startswith("EXECUTE ") and ";" not in read, sent
+        assert future.result(timeout=60) == f"re:q{i}"
+    assert rc.engine.retransmission.sent_by_callers - sent_by_callers == CALLS
+    assert service.ECHOED == [f"q{i}" for i in range(CALLS + 3)]
+
+
+def test_an_xa_calls_enqueue_whose_sequence_closed_before_its_commit_goes_on_a_new_sequence(
+        one_database, pg_server):
+    """The sequence the request's enqueue rides to takes no more messages when the COMMIT comes
+    (here its last message is marked by another session meanwhile): the enqueue declines in the
+    COMMIT's round trip (nothing of it stays), the request is enqueued on a new sequence in the
+    same transaction, which then commits; the call is answered, once, and the application's row
+    is there."""
+    tm, ds, store, rc = one_database
+    assert [_call(tm, ds, rc, f"q{i}") for i in range(3)] == ["re:q0", "re:q1", "re:q2"]
+    (old_key,) = set(rc.engine.source._current.values())
+    offset = pg_server.log_path.stat().st_size
+    with tm.transaction():
+        with ds.connection() as conn, conn.cursor() as cur:
+            pid = conn.info.backend_pid
+            cur.execute("INSERT INTO orders VALUES ('late')")
+        future = rc.service.echo("late")
+        other = psycopg2.connect(store.dsn)
+        try:
+            with other, other.cursor() as cur:
+                cur.execute("UPDATE rms_sequence SET last_message = TRUE, last_number = highest_number "
+                            "WHERE seq_key = %s", (old_key,))
+        finally:
+            other.close()
+    sent = _sent(pg_server.log_path, offset, pid)
+    assert sent[1].startswith("SAVEPOINT txmanager_rider;") and ";COMMIT;" in sent[1], sent  # declined there
+    assert sent[2].startswith("ROLLBACK TO SAVEPOINT txmanager_rider;"), sent  # then done the old way
+    assert future.result(timeout=60) == "re:late"
+    assert service.ECHOED == ["q0", "q1", "q2", "late"]
+    assert old_key not in set(rc.engine.source._current.values())  # the engine moved on
+    conn = psycopg2.connect(store.dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT item FROM orders WHERE item = 'late'")
+            assert cur.fetchall() == [("late",)]
+            cur.execute("SELECT count(*) FROM rms_message WHERE seq_key = %s AND number > 3", (old_key,))
+            assert cur.fetchone()[0] == 0  # nothing of the declined enqueue stayed
+    finally:
+        conn.close()
+
+
+def test_two_xa_calls_in_one_transaction_keep_their_order(one_database):
+    """The first request's enqueue rides to the COMMIT; the second's, a statement of its own, sends
+    it first (and reads its number there): the two are numbered in the order they were made."""
+    tm, ds, store, rc = one_database
+    assert [_call(tm, ds, rc, f"q{i}") for i in range(3)] == ["re:q0", "re:q1", "re:q2"]
+    with tm.transaction():
+        with ds.connection() as conn, conn.cursor() as cur:
+            cur.execute("INSERT INTO orders VALUES ('a')")
+        first = rc.service.echo("a")
+        second = rc.service.echo("b")
+    assert (first.result(timeout=60), second.result(timeout=60)) == ("re:a", "re:b")
+    assert wait_for(lambda: service.ECHOED == ["q0", "q1", "q2", "a", "b"])

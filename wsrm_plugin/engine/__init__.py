@@ -27,14 +27,14 @@ from .engine import EngineStatus, ReliableEngine
 from .inbound import Inbound, read_message
 from .invoker import ApplicationFault, DeliveryContext, FailedDelivery
 from .policy import AckRequestMode, DeliveryAssurance, RMPolicy
-from .source import FailedMessage, SendReceipt, SequenceFault, Source
+from .source import FailedMessage, ReceiptAtCommit, ReceiptNotNumbered, SendReceipt, SequenceFault, Source
 from .transport import (
     BasicAuth, HttpServer, HttpServerFailed, HttpTransport, Reply, Response, RMEndpoint, Transport, TransportError,
 )
 
 __all__ = [
     "ReliableEngine", "EngineStatus", "RMPolicy", "DeliveryAssurance", "AckRequestMode",
-    "Source", "SendReceipt", "SequenceFault", "FailedMessage",
+    "Source", "SendReceipt", "ReceiptAtCommit", "ReceiptNotNumbered", "SequenceFault", "FailedMessage",
     "Destination", "Accepted", "Inbound", "read_message", "ApplicationFault", "DeliveryContext", "FailedDelivery",
     "Transport", "TransportError", "HttpTransport", "Response", "Reply", "RMEndpoint", "HttpServer",
     "HttpServerFailed",

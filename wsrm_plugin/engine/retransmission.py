@@ -162,6 +162,11 @@ class _EarlyClaim:
         """The sequence the enqueue takes (the one the engine last used for the call's target)."""
         return self._key
 
+    @property
+    def in_global(self) -> bool:
+        """The enqueue is in a global transaction (its claim is the caller's once that commits)."""
+        return self._global
+
     def first_send(self, target: str) -> tuple[float, str | None] | None:
         """What the enqueue needs to claim its message in its own statement
         (``enqueue_claiming``): the next send time should it be claimed, and the sequence of

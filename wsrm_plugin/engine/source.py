@@ -70,11 +70,66 @@ def _owes_control(state: RMSState) -> bool:
 
 @dataclass(frozen=True)
 class SendReceipt:
-    """Where an enqueued message went: its sequence (store key), number and wsa:MessageID."""
+    """Where an enqueued message went: its sequence (store key), number and wsa:MessageID (a
+    :class:`ReceiptAtCommit` where the number is given by the commit of the caller's global
+    transaction)."""
 
     sequence_key: str
     number: int
     message_id: str
+
+
+class ReceiptNotNumbered(RuntimeError):
+    """A :class:`ReceiptAtCommit` was asked its number before its transaction committed."""
+
+
+class ReceiptAtCommit(SendReceipt):
+    """A :class:`SendReceipt` whose number its transaction's commit gives: ``Source.send`` for a
+    caller that waits for the reply, in a global transaction, where the enqueue rides on the
+    branch's COMMIT (``rms_messages.enqueue_claiming_at_commit``) and takes its number there.
+    Its ``number`` (and ``sequence_key``: should the sequence take no more messages by then,
+    the commit enqueues on another) raise :class:`ReceiptNotNumbered` before the commit, and
+    after a rollback.  ``message_id`` is known at once."""
+
+    _where: tuple[str, int] | None
+    _key: str
+
+    def __init__(self, sequence_key: str, message_id: str) -> None:  # noqa: D107 -- the class says it
+        object.__setattr__(self, "message_id", message_id)
+        object.__setattr__(self, "_where", None)
+        object.__setattr__(self, "_key", sequence_key)
+
+    @property
+    def numbered(self) -> bool:
+        """True once the commit gave the number."""
+        return self._where is not None
+
+    @property
+    def sequence_key(self) -> str:
+        return self._located()[0]
+
+    @property
+    def number(self) -> int:
+        return self._located()[1]
+
+    def _located(self) -> tuple[str, int]:
+        where = self._where
+        if where is None:
+            raise ReceiptNotNumbered(f"message {self.message_id} is numbered when its transaction commits")
+        return where
+
+    def at_commit(self, sequence_key: str, number: int) -> None:
+        """Where the commit put the message (the engine's to call)."""
+        object.__setattr__(self, "_where", (sequence_key, number))
+
+    def __repr__(self) -> str:
+        where = self._where
+        told = f"sequence_key={where[0]!r}, number={where[1]}" if where is not None else \
+            f"sequence_key={self._key!r}, numbered at commit"
+        return f"ReceiptAtCommit({told}, message_id={self.message_id!r})"
+
+    def __hash__(self) -> int:
+        return hash(self.message_id)
 
 
 @dataclass(frozen=True)
@@ -329,12 +384,23 @@ class Source:
             return  # the invoker wakes the workers after its commit
         wake = self._wake
         if kept is not None and self._wake_in is not None and receipt is not None:
-            wake = functools.partial(self._wake_in, kept, (receipt.sequence_key, receipt.number))
+            if isinstance(receipt, ReceiptAtCommit):  # its number known by the time the sender is woken
+                wake = functools.partial(self._wake_kept, kept, receipt)
+            else:
+                wake = functools.partial(self._wake_in, kept, (receipt.sequence_key, receipt.number))
         gtx = self.tm.get_transaction() if self.tm is not None else None
         if gtx is None:
             wake()
             return
         gtx.register_synchronization(_WakeAfter(wake))
+
+    def _wake_kept(self, kept: float, receipt: ReceiptAtCommit) -> None:
+        """:meth:`_wake_after_commit`'s wake of a message numbered at its commit."""
+        if receipt.numbered:
+            assert self._wake_in is not None
+            self._wake_in(kept, (receipt.sequence_key, receipt.number))
+        else:  # (the commit's read failed, see _enqueue_at_commit): the sender looks for itself
+            self._wake()
 
     def _kept_for_caller(self, caller_may_send: bool) -> float | None:
         """How long a new request is kept for its caller's thread to send (None: not kept).
@@ -507,6 +573,11 @@ class Source:
             return None
         next_send_at, offered_id = spec
         self._ambient.wake_sender = True  # inside a delivery: the invoker wakes the sender after its commit
+        if early.in_global:
+            receipt = self._enqueue_at_commit(tx, ident, early, outgoing, reply_callback, reply_context, kept,
+                                              next_send_at, offered_id)
+            if receipt is not None:
+                return receipt
         try:
             done = tx.rms_messages.enqueue_claiming(
                 early.key, outgoing.payload, action=outgoing.action, soap_version=outgoing.soap.ns,
@@ -521,6 +592,36 @@ class Source:
         msg, claimed, seq, rmd = done
         early.claimed(msg if claimed else None, seq, rmd)
         return SendReceipt(seq.key, msg.number, msg.message_id)
+
+    def _enqueue_at_commit(self, tx: StoreTransaction, ident: tuple[str, str, bool], early: Any,
+                           outgoing: OutgoingMessage, reply_callback: str | None, reply_context: bytes | None,
+                           kept: float | None, next_send_at: float, offered_id: str | None) -> SendReceipt | None:
+        """:meth:`_enqueue_claiming` in a global transaction whose store branch sends its writes
+        with its COMMIT (``rms_messages.enqueue_claiming_at_commit``): the enqueue and its claim
+        ride on the COMMIT, no round trip of their own, and the message is numbered there (a
+        :class:`ReceiptAtCommit`; its caller needs the number only to send it, after the
+        commit).  When the sequence takes no more messages by then, the message is enqueued
+        as without the ride, in the same transaction before its COMMIT (a new sequence opened
+        if need be), and left unclaimed: its caller's send claims it.  None, nothing done,
+        where the store cannot."""
+        receipt = ReceiptAtCommit(early.key, outgoing.message_id)
+
+        def enqueued(msg: RmsMessage, claimed: bool, seq: RmsSequence, rmd: Any) -> None:
+            receipt.at_commit(seq.key, msg.number)
+            early.claimed(msg if claimed else None, seq, rmd)
+
+        def otherwise() -> None:
+            done = self._enqueue_outgoing(tx, ident, outgoing, reply_callback, reply_context, kept=kept)
+            receipt.at_commit(done.sequence_key, done.number)
+
+        rode = tx.rms_messages.enqueue_claiming_at_commit(
+            early.key, outgoing.payload, action=outgoing.action, soap_version=outgoing.soap.ns,
+            message_id=outgoing.message_id, target=ident[0], next_send_at=next_send_at,
+            enqueued=enqueued, otherwise=otherwise, rmd_sequence_id=offered_id,
+            reply_callback=reply_callback, reply_context=reply_context,
+            send_at=None if kept is None else time.time() + kept,
+            awaits_reply=ident[2] and self._replies_on_back_channel())
+        return receipt if rode else None
 
     def _send_observed(self, observer: observe.Observer, target: str, envelope: bytes | etree._Element, *,
                        action: str | None, key: str, expect_reply: bool, message_id: str | None,

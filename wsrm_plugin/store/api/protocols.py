@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Self, TypeVar, overload
 
 from txmanager.xa import XAResource
@@ -293,6 +293,24 @@ class RmsMessageManager(_Manager, ABC):
         the PostgreSQL store inserts the message as sent, when it is the caller's to send, in
         the statement that takes its number (a round trip less before the request leaves)."""
         return None
+
+    def enqueue_claiming_at_commit(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
+                                   message_id: str, target: str, next_send_at: float,
+                                   enqueued: Callable[[RmsMessage, bool, RmsSequence, RmdSequence | None], None],
+                                   otherwise: Callable[[], None], rmd_sequence_id: str | None = None,
+                                   reply_callback: str | None = None, reply_context: bytes | None = None,
+                                   send_at: float | None = None, awaits_reply: bool = False,
+                                   now: float | None = None) -> bool:
+        """:meth:`enqueue_claiming`, sent with the commit of the transaction (a branch of a global
+        transaction committed in one phase) instead of in a round trip of its own: False,
+        nothing done, where the store cannot (here).  Otherwise the message's number is known
+        only once the transaction commits: ``enqueued`` is then given what
+        :meth:`enqueue_claiming` returns (destination sequence ``rmd_sequence_id`` as it is
+        after the commit), before the commit returns.  Where the sequence takes no more
+        messages when the commit comes, nothing of the enqueue stays and ``otherwise()`` runs,
+        in this transaction, before it commits: the caller enqueues another way (it may open a
+        sequence).  A rollback calls neither."""
+        return False
 
     def claim_first_send(self, sequence_key: str, number: int, *, next_send_at: float,
                          now: float | None = None) -> RmsMessage | None:

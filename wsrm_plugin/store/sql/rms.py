@@ -4,7 +4,8 @@ queue (``rms_message``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -22,7 +23,7 @@ from ..api import (
 from ..api.states import rms_life
 from .rmd import _SELECT_RMD
 from .statements import ahead_key
-from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMS_COLS, _cols, _msg, _rmd, _rms, msg_cols
+from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMD_COLS, _RMS_COLS, _cols, _msg, _rmd, _rms, msg_cols
 from .large_payloads import COPY_PAYLOAD_AT, cols_leaving_large_payloads, with_large_payloads
 from .transaction import SqlTransaction, _in_list
 
@@ -95,6 +96,44 @@ def _ordered_scan(tx: SqlTransaction) -> str:
 #: known, closing or closed, or faulted.  An acknowledgement of any other owes no Close or
 #: Terminate: it changes nothing of the sequence but its messages.
 _CLOSED_TO_ENQUEUES = "last_message OR closed OR close_sent OR terminate_sent OR faulted"
+#: :meth:`_RmsMessages.enqueue_claiming`'s number taken (``s``), claim decided (``c``: the caller's
+#: to send, see rms_life: started and live; claim_first_send) and message inserted (``m``), as a
+#: statement's WITH clauses (parameters: :func:`_claiming_params`)
+_ENQUEUE_CLAIMING = (
+    f"WITH s AS (UPDATE rms_sequence SET highest_number = highest_number + 1 WHERE seq_key = ? "
+    f"AND NOT ({_CLOSED_TO_ENQUEUES}) AND highest_number < ? RETURNING {_cols(_RMS_COLS)}), "
+    "c AS (SELECT s.target = ? AND s.started AND s.sequence_id IS NOT NULL AND NOT s.terminate_sent "
+    "AND NOT s.faulted AND NOT EXISTS (SELECT 1 FROM rms_message b WHERE b.seq_key = s.seq_key "
+    "AND b.number = s.highest_number - 1 AND NOT b.acked) AS mine FROM s), "
+    f"m AS (INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}, retry_at) "
+    "SELECT s.seq_key, s.highest_number, ?, ?, ?, ?, FALSE, ?, ?, ?, "
+    "CASE WHEN c.mine THEN LEAST(CAST(? AS DOUBLE PRECISION), CAST(? AS DOUBLE PRECISION)) "
+    "ELSE CAST(? AS DOUBLE PRECISION) END, ?, CASE WHEN c.mine THEN 1 ELSE 0 END, "
+    "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END, "
+    "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END FROM s, c RETURNING number)")
+#: the session setting in which an enqueue riding to its transaction's commit leaves its outcome
+#: (:meth:`_RmsMessages.enqueue_claiming_at_commit`): "<number> <1 if claimed, else 0> <the RMD
+#: row read beside, as JSON, or nothing>"
+_RODE = "wsrm.enqueued"
+#: that enqueue: :data:`_ENQUEUE_CLAIMING` and the RMD row whose acknowledgement the request
+#: carries read beside (as ``enqueue_claiming`` reads it: before the commit, which flushes the
+#: WAL past what it saw), its outcome kept, or a division by zero (``statements._DECLINED``)
+#: when the sequence took no message (nothing inserted)
+_ENQUEUE_CLAIMING_AT_COMMIT = (
+    _ENQUEUE_CLAIMING + f", r AS ({_SELECT_RMD}) SELECT 1 / CAST(count(set_config('{_RODE}', "
+    "CAST(m.number AS text) || CASE WHEN c.mine THEN ' 1 ' ELSE ' 0 ' END "
+    "|| COALESCE((SELECT CAST(row_to_json(r) AS text) FROM r), ''), FALSE)) AS integer) FROM m JOIN c ON TRUE")
+#: its outcome, read after the commit: the setting and the sequence as it is (parameter: its key)
+_ENQUEUED_AT_COMMIT = f"SELECT current_setting('{_RODE}'), {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?"
+
+
+def _claiming_params(sequence_key: str, payload: bytes, action: str, soap_version: str, message_id: str,
+                     target: str, next_send_at: float, reply_callback: str | None, reply_context: bytes | None,
+                     awaits_reply: bool, due: float, t: float) -> tuple[Any, ...]:
+    """The parameters of :data:`_ENQUEUE_CLAIMING`."""
+    return (sequence_key, api.MAX_MESSAGE_NUMBER, target, message_id, action, soap_version, bytes(payload),
+            reply_callback, None if reply_context is None else bytes(reply_context),
+            reply_callback is not None or awaits_reply, due, next_send_at, due, t, t, next_send_at)
 
 
 def _closed_to_enqueues(seq: RmsSequence) -> bool:
@@ -382,23 +421,11 @@ class _RmsMessages(api.RmsMessageManager):
         tx.capture_key("rms_sequence", sequence_key)
         read = f", r AS ({_SELECT_RMD}) " if rmd_sequence_id is not None else " "
         rows = tx.write_all(
-            f"WITH s AS (UPDATE rms_sequence SET highest_number = highest_number + 1 WHERE seq_key = ? "
-            f"AND NOT ({_CLOSED_TO_ENQUEUES}) AND highest_number < ? RETURNING {_cols(_RMS_COLS)}), "
-            # the caller's to send (see rms_life: started and live; claim_first_send)
-            "c AS (SELECT s.target = ? AND s.started AND s.sequence_id IS NOT NULL AND NOT s.terminate_sent "
-            "AND NOT s.faulted AND NOT EXISTS (SELECT 1 FROM rms_message b WHERE b.seq_key = s.seq_key "
-            "AND b.number = s.highest_number - 1 AND NOT b.acked) AS mine FROM s), "
-            f"m AS (INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}, retry_at) "
-            "SELECT s.seq_key, s.highest_number, ?, ?, ?, ?, FALSE, ?, ?, ?, "
-            "CASE WHEN c.mine THEN LEAST(CAST(? AS DOUBLE PRECISION), CAST(? AS DOUBLE PRECISION)) "
-            "ELSE CAST(? AS DOUBLE PRECISION) END, ?, CASE WHEN c.mine THEN 1 ELSE 0 END, "
-            "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END, "
-            "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END FROM s, c RETURNING number)"
+            _ENQUEUE_CLAIMING
             + read + f"SELECT {_cols(_RMS_COLS, 's')}, c.mine" + (", r.*" if rmd_sequence_id is not None else "")
             + " FROM s JOIN c ON TRUE" + (" LEFT JOIN r ON TRUE" if rmd_sequence_id is not None else ""),
-            (sequence_key, api.MAX_MESSAGE_NUMBER, target, message_id, action, soap_version, bytes(payload),
-             reply_callback, None if reply_context is None else bytes(reply_context),
-             reply_callback is not None or awaits_reply, due, next_send_at, due, t, t, next_send_at,
+            (*_claiming_params(sequence_key, payload, action, soap_version, message_id, target, next_send_at,
+                               reply_callback, reply_context, awaits_reply, due, t),
              *((rmd_sequence_id,) if rmd_sequence_id is not None else ())))
         if not rows:  # it takes no more messages: enqueue says precisely why
             msg = self.enqueue(sequence_key, payload, action=action, soap_version=soap_version,
@@ -416,6 +443,51 @@ class _RmsMessages(api.RmsMessageManager):
             reply_context=None if reply_context is None else bytes(reply_context),
             reply_pending=reply_callback is not None or awaits_reply, next_send_at=due, created_at=t)
         return msg, bool(row[width]), seq, rmd
+
+    def enqueue_claiming_at_commit(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
+                                   message_id: str, target: str, next_send_at: float,
+                                   enqueued: Callable[[RmsMessage, bool, RmsSequence, RmdSequence | None], None],
+                                   otherwise: Callable[[], None], rmd_sequence_id: str | None = None,
+                                   reply_callback: str | None = None, reply_context: bytes | None = None,
+                                   send_at: float | None = None, awaits_reply: bool = False,
+                                   now: float | None = None) -> bool:
+        """On a branch of a global transaction whose session sends it by SQL: :meth:`enqueue_claiming`'s
+        statement riding to the branch's COMMIT (``SqlTransaction.write_at_commit``), its outcome
+        kept in a session setting and read after the COMMIT, in the same round trip.  The
+        sequence's row is locked only from there to the COMMIT's end.  Where the sequence
+        takes no message by then (closed, faulted, gone...) the statement divides by zero
+        (``_DECLINED``): its savepoint rolls back, and ``otherwise()`` enqueues."""
+        tx = self._tx
+        if not tx.d.writable_cte or tx.undo is not None or not isinstance(payload, (bytes, bytearray)) \
+                or len(payload) >= COPY_PAYLOAD_AT or sequence_key in tx._numbered or sequence_key in tx.took_number:
+            return False
+        t = _now(now)
+        due = t if send_at is None else float(send_at)
+        claiming = _claiming_params(sequence_key, payload, action, soap_version, message_id, target, next_send_at,
+                                    reply_callback, reply_context, awaits_reply, due, t)
+
+        def answer(row: Any) -> None:
+            number, claimed, read = row[0].split(" ", 2)
+            seq = _rms(row[1:])
+            rmd = None
+            if read:
+                values = json.loads(read)
+                rmd = _rmd(tuple(values[c] for c in _RMD_COLS))
+            enqueued(RmsMessage(
+                sequence_key=sequence_key, number=int(number), message_id=message_id, action=action,
+                soap_version=soap_version, payload=bytes(payload), last=False, reply_callback=reply_callback,
+                reply_context=None if reply_context is None else bytes(reply_context),
+                reply_pending=reply_callback is not None or awaits_reply, next_send_at=due, created_at=t),
+                claimed == "1", seq, rmd)
+
+        if not tx.write_at_commit(_ENQUEUE_CLAIMING_AT_COMMIT, (*claiming, rmd_sequence_id), _ENQUEUED_AT_COMMIT,
+                                  (sequence_key,), answer, otherwise):
+            return False
+        # the row's number is the database's to know until the commit: nothing here holds it
+        tx.held_rms.pop(sequence_key, None)
+        tx.shared_rms.discard(sequence_key)
+        tx.took_number.add(sequence_key)
+        return True
 
     def _take_number(self, sequence_key: str, last: bool, message: tuple[Any, ...] = ()) -> RmsSequence | None:
         """The transaction's first enqueue on a sequence: lock its row and take the next number in

@@ -217,6 +217,31 @@ class SqlTransaction(api.StoreTransaction):
             return
         self._wrote = True
 
+    def write_at_commit(self, sql: str, params: Sequence[Any], read: str, read_params: Sequence[Any],
+                        answer: Callable[[Any], None], otherwise: Callable[[], None]) -> bool:
+        """A write whose outcome is wanted only once the transaction committed, sent with the
+        branch's one-phase COMMIT (:meth:`txmanager.lazy_begin.LazyBeginConnection.ride_to_commit`):
+        ``read`` (with ``read_params``), run after the COMMIT in the same query string, gives
+        ``answer`` its row.  The write may decline with :data:`_DECLINED` (nothing of it stays):
+        then ``otherwise()`` runs, in this transaction, before it commits.  False, nothing done,
+        where the write cannot ride (see :attr:`rides_writes`), or one rides so already."""
+        if not self.rides_writes:
+            return False
+        self._check_open()
+        if self._numbered:
+            self.flush()  # as execute: what enqueue only remembered goes first
+        try:
+            rode = self.conn.ride_to_commit(self._text(sql, params), tuple(params) or None,
+                                            read=self._text(read, read_params), read_params=tuple(read_params) or None,
+                                            answer=answer, declined=_DECLINED, repair=otherwise)
+        except Exception as exc:
+            if self._statements is not None:
+                self._statements.failed(self.conn, exc)
+            self._fail(exc)
+        if rode:
+            self._wrote = True
+        return rode
+
     def _fail(self, exc: Exception) -> NoReturn:
         """Doom the transaction for the driver's error ``exc`` and raise it as the store's own
         exception when there is one for it: a statement and a COPY fail alike."""
