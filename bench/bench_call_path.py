@@ -136,13 +136,13 @@ def _instrument_postgres() -> None:
 
     fused = resource.PostgresXAResource.end_and_commit_one_phase
 
-    def counted_fused(self: Any, xid: Any) -> bool:
+    def counted_fused(self: Any, xid: Any, *args: Any) -> Any:
         # the sole branch's COMMIT sent from here (a plain cursor of psycopg2's, which the counts
         # above do not see), with what rides on it (LazyBeginConnection.ride, ride_to_commit)
         conn = self._session
         sends = getattr(conn, "_mode", None) == "sql" and self._branch is not None and self._branch.xid is xid
         riding, rider = len(getattr(conn, "_riding", ())), getattr(conn, "_rider", None) is not None
-        done = fused(self, xid)
+        done = fused(self, xid, *args)  # (True, or txmanager.xa.SYNC_RAN: a COMMIT sent all the same)
         if done and sends:
             _note(f"fused COMMIT ({riding} riding{', a read after it' if rider else ''})  {_where()}")
         return done
