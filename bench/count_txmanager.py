@@ -19,7 +19,8 @@ transaction, without start-up.  Paths:
 
 ``--calls`` counts instead the Python and C calls per transaction (sys.setprofile); ``--opcodes``
 the bytecodes each Python function runs per transaction (sys.settrace, one opcode event each: where
-the interpreter's own share of the instructions goes, function by function); ``--wal``
+the interpreter's own share of the instructions goes, function by function; ``COUNT_LINES=1``, line
+by line, ``COUNT_TOP=60`` to see more of them); ``--wal``
 the WAL bytes PostgreSQL wrote per transaction, and by record type (``pg_waldump --stats=record``,
 both databases: one server), and the server's CPU per transaction, user and system apart (from
 ``/proc``: a WAL flush is mostly the system's, ``fdatasync``; a time, so only a guide on a loaded
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import linecache
 import os
 import re
 import subprocess
@@ -128,11 +130,16 @@ def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None, opcodes: bool
                   f"system {system * 1e6 / tick / n:.0f} us")
         elif opcodes:
             ran: collections.Counter[str] = collections.Counter()
+            by_line = os.environ.get("COUNT_LINES") == "1"
 
             def trace(frame, event, arg):  # noqa: ANN001 -- sys.settrace's signature
                 frame.f_trace_opcodes = True
                 if event == "opcode":
-                    ran[f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_qualname}"] += 1
+                    where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_qualname}"
+                    if by_line:  # COUNT_LINES=1: by line, with the line's text
+                        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno or 0).strip()
+                        where = f"{where}:{frame.f_lineno} {line[:70]}"
+                    ran[where] += 1
                 return trace
 
             _tally(sys.settrace, trace, ran, n, one, f"{path}: {{:.0f}} bytecodes per transaction")
