@@ -97,6 +97,38 @@ def test_a_close_waits_for_the_receipt_of_a_message_that_ran_first(engines, stor
     assert received.snapshot() == ["a1", "a2"]
 
 
+def test_a_copy_arriving_while_the_application_runs_waits_for_the_receipt(engines, store_for) -> None:
+    """A copy of message 2 (a retransmission) that arrives while 2's application runs waits for
+    2's receipt, then finds a duplicate: the application runs once.  (Not waiting, it found
+    nothing received, buffered 2 and ran its application a second time.)"""
+    received = Recorder()
+    release = threading.Event()
+
+    def application(envelope: bytes, context: object) -> None:
+        received(envelope, context)
+        if received.snapshot()[-1] == "a2":
+            assert release.wait(30)
+
+    server, url = _served(engines, store_for, application)
+    identifier = open_sequence(url, RM11)
+    assert send_ok(url, RM11, identifier, 1, "a1") == [(1, 1)]
+    answers: dict[str, object] = {}
+    threads = [threading.Thread(target=lambda n=n: answers.__setitem__(n, send_ok(url, RM11, identifier, 2, "a2")))
+               for n in ("first", "copy")]
+    threads[0].start()
+    assert wait_for(lambda: received.snapshot() == ["a1", "a2"], timeout=20)  # the first's application runs
+    threads[1].start()
+    assert wait_for(lambda: server.destination.copies_waited == 1 or len(received.snapshot()) > 2, timeout=20)
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert answers == {"first": [(1, 2)], "copy": [(1, 2)]}
+    assert received.snapshot() == ["a1", "a2"]
+    assert server.destination.delivered_before_receipt == 1
+    assert wait_for(lambda: server.status().delivered == 2, timeout=10), server.status()
+    assert _received_and_buffered(server, identifier) == ([(1, 2)], 0)
+
+
 def test_a_receive_behind_the_buffer_delivers_it_through(engines, store_for) -> None:
     """With no invoker thread running, message 2 is buffered (the application counted slow);
     message 3's receive, which finds 2 in the buffer, delivers 2 and then 3 before it answers,

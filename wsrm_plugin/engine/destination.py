@@ -241,6 +241,9 @@ class Destination:
         self.delivered_on_receipt = 0
         #: Of those, handed over before their receipt (delivering apart: :meth:`_run_first`).
         self.delivered_before_receipt = 0
+        #: Receives that waited for the receipt of a copy of their message whose application ran
+        #: before it (then found a duplicate: see :meth:`receive`).
+        self.copies_waited = 0
         #: Messages dropped because they were not the next in order (``out_of_order="discard"``).
         self.discarded_out_of_order = 0
         #: An upper bound of the bytes held undelivered, as the store last said plus what this
@@ -685,8 +688,10 @@ class Destination:
             return self._receive_in_turn(item)
         key = (header.identifier, header.message_number)
         with self._turns_changed:
-            while self._first.get(key[0]) == key[1]:  # its copy runs before its receipt: a duplicate then
-                self._turns_changed.wait()
+            if self._first.get(key[0]) == key[1]:  # its copy runs before its receipt: a duplicate then
+                self.copies_waited += 1
+                while self._first.get(key[0]) == key[1]:
+                    self._turns_changed.wait()
             self._under_way[key] += 1
         try:
             return self._receive_in_turn(item)
