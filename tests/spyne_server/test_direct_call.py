@@ -168,3 +168,37 @@ def test_spyne_s_events_leave_no_reference_cycle_behind() -> None:
             gc.enable()
     assert sentinels == 0
     assert len(events) - len(events_before) == 3 * 9  # the listeners still ran, each event once
+
+
+@pytest.mark.parametrize("case", ["answer", "one-way", "declared server fault"])
+def test_a_finished_request_leaves_no_spyne_context_for_the_collector(case: str) -> None:
+    """A request's method contexts are freed by reference counting once it is done (each made a
+    reference cycle with its transport, protocol and event contexts: fails without), and what a
+    listener kept of its context still reads its transport and environ.  (A request spyne could
+    not read keeps one: the error it stores holds its traceback's frames, which hold the context.)"""
+    import gc
+
+    from spyne import MethodContext
+
+    middleware, _ = _served(WsgiApplication)
+    kept: list[Any] = []
+    middleware.application.app.event_manager.add_listener("method_context_closed", kept.append)
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        message = Message.from_bytes(CASES[case], Direction.IN, Role.SERVER,
+                                     http_headers=[("Content-Type", "text/xml; charset=utf-8")])
+        middleware.deliver(message)
+        kept_env = kept[-1].transport.req_env
+        kept.clear()
+        gc.collect()
+        contexts = sum(1 for o in gc.garbage if isinstance(o, MethodContext))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was:
+            gc.enable()
+    assert contexts == 0
+    assert kept_env["REQUEST_METHOD"] == "POST"
