@@ -128,6 +128,15 @@ class ReceiptAtCommit(SendReceipt):
             f"sequence_key={self._key!r}, numbered at commit"
         return f"ReceiptAtCommit({told}, message_id={self.message_id!r})"
 
+    # Its place is given by the commit, after it may have been put in a set or a dict: the
+    # message's identity (its wsa:MessageID, unique) is what equality and the hash read, as
+    # the place would change them (and raises before the commit).  A SendReceipt is never equal
+    # to one: its hash reads its place.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReceiptAtCommit):
+            return NotImplemented
+        return self.message_id == other.message_id
+
     def __hash__(self) -> int:
         return hash(self.message_id)
 
