@@ -245,10 +245,10 @@ def test_a_replys_record_commits_in_its_own_round_trip(store: StorageManager) ->
         assert taken and before.received == AckRanges.of([1])
         assert answered == ("k1", 1, False) and applied is not None and applied[1:] == ([1], True)
         assert len(seen) == 1 and tx.committed_alone and not tx.begun, seen
-        assert store._late.owed()  # its commit returned before its flush
+        assert store.late_commits.owed()  # its commit returned before its flush
         tx.wait_for_disk_later()
     tx.wait_for_disk()
-    assert not store._late.owed()
+    assert not store.late_commits.owed()
     assert _states(store) == [(2, True, False), (3, True, False)]
     assert _received(store, "s").received == AckRanges.from_ranges([(1, 2)])
     assert _delivered(store, "s") == AckRanges.from_ranges([(1, 2)])

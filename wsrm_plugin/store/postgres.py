@@ -172,6 +172,14 @@ class PostgresStore(api.StorageManager):
         finally:
             conn.close()
 
+    @property
+    def late_commits(self) -> LateCommits:
+        """This store's commits that return before their WAL flush, and the flushes owed for
+        whoever may have read them (:mod:`.late_commits`).  A transaction that sends such a
+        commit itself, not through the store's COMMIT (``SqlTransaction._receive_ahead``:
+        a reply's record committed in its receipt's round trip), numbers it here."""
+        return self._late
+
     # -- sessions (one PostgresXAResource each, pooled) -----------------------------------------
 
     def _acquire(self) -> PostgresXAResource:

@@ -482,7 +482,7 @@ class SqlTransaction(api.StoreTransaction):
         last statement fails on purpose (a division by zero: :data:`_DECLINED`), PostgreSQL
         rolls its query string's transaction back whole, and the receipt goes again as without
         ``commits`` (a round trip more, only then)."""
-        late = getattr(self._store, "_late", None)
+        late = getattr(self._store, "late_commits", None)  # (PostgreSQL's: SQLite has no such round trip)
         alone = (commits is not None and late is not None and self.lazy_begin and not self.begun
                  and self.undo is None and not self._wrote and not self._numbered)
         before = self._hold_for_receipt(sequence_id, number)
