@@ -20,7 +20,7 @@ import pytest
 
 from wsrm_plugin.statemachine.ackranges import AckRanges
 from wsrm_plugin.store import StorageManager
-from wsrm_plugin.store.api import InvalidAcknowledgementError, StoreError
+from wsrm_plugin.store.api import CommitDeclined, InvalidAcknowledgementError, StoreError
 
 from .test_managers import awaiting_requests, started
 from .test_statements import statements
@@ -264,14 +264,17 @@ def test_a_replys_record_that_cannot_commit_alone_goes_as_without_it(store: Stor
                                                                      why: str) -> None:
     """When anything after the receipt would still have to write or refuse, the round trip
     writes nothing (its last statement fails on purpose, rolling back its query string's
-    transaction) and the record goes again as without ``commits``: a round trip more, the same
-    outcome, and the transaction open for the caller's writes and COMMIT."""
+    transaction) and says so (``CommitDeclined``); the record goes again without ``commits``: a
+    round trip more, the same outcome, and the transaction open for the caller's writes and
+    COMMIT."""
     _requests(store)
     ranges = ((1, 1),) if "never sent" not in why else ((1, 4),)
     with store.begin() as tx:
         seen = statements(tx)
-        guessed = tx.receive_in_order("s", 2, now=300.0, answering=("urn:r1", "seq-1", ranges, True),
-                                      commits=expected)
+        with pytest.raises(CommitDeclined):
+            tx.receive_in_order("s", 2, now=300.0, answering=("urn:r1", "seq-1", ranges, True), commits=expected)
+        assert len(seen) == 1 and not tx.begun and not tx.committed_alone, seen  # nothing of it happened
+        guessed = tx.receive_in_order("s", 2, now=300.0, answering=("urn:r1", "seq-1", ranges, True))
         assert len(seen) == 2 and tx.begun and not tx.committed_alone, seen
         assert guessed is not None and guessed[1]
         answered, applied = tx.rms_messages.mark_answered_acknowledging(

@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..statemachine import InvalidTransition, Reception, RMDEvent, Stage, rmd_receive, rmd_transition
-from ..store import BufferedMessage, RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreTransaction
+from ..store import (
+    BufferedMessage, CommitDeclined, RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreTransaction,
+)
 from ..wire import (
     AddressingHeaders, AddressingVersion, CloseSequence, CreateSequence, CreateSequenceRefused,
     CreateSequenceResponse, EndpointReference, RMVersion, SequenceAcknowledgement, SequenceHeader,
@@ -1380,14 +1382,18 @@ class Destination:
         acknowledging = self.riding_acknowledging(item.acks[0][0]) \
             if answering is None and not consuming and item.acks and self.apply_riding_ack is not None else None
         # a receipt buffered to deliver apart guesses too, and is not taken (the put follows)
-        guessed = (tx.receive_in_order(identifier, number, now=now, answering=answering,
-                                       acknowledging=acknowledging, take=item.direct or consuming,
-                                       commits=commits)
-                   if (item.direct or consuming or item.buffers_apart) and not header.last_message else None)
-        if commits is not None and getattr(tx, "begun", False):  # declined (see _records_declined)
-            self._records_declined[identifier] = None
-            while len(self._records_declined) > _REMEMBERED_OWNERS:
-                self._records_declined.popitem(last=False)
+        guessed = None
+        if (item.direct or consuming or item.buffers_apart) and not header.last_message:
+            take = item.direct or consuming
+            try:
+                guessed = tx.receive_in_order(identifier, number, now=now, answering=answering,
+                                              acknowledging=acknowledging, take=take, commits=commits)
+            except CommitDeclined:  # nothing of it written: again, a round trip more (see _records_declined)
+                self._records_declined[identifier] = None
+                while len(self._records_declined) > _REMEMBERED_OWNERS:
+                    self._records_declined.popitem(last=False)
+                guessed = tx.receive_in_order(identifier, number, now=now, answering=answering,
+                                              acknowledging=acknowledging, take=take)
         if guessed is not None:
             item.wrote = True  # a refusal below must roll its writes back, in a batch too
             before, taken_with_receipt = guessed

@@ -28,9 +28,9 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from .api import (
-    BufferedMessage, PoisonMessage, DuplicateSequenceError, InDoubtBranchesError, InvalidAcknowledgementError,
-    InvokerSequence, LockOrderError, LockTimeoutError, MessageNumberRolloverError, NodeCondition, RmdSequence,
-    RmsMessage, RmsSequence, SchemaVersionError, SequenceNotOpenError, StorageManager,
+    BufferedMessage, CommitDeclined, PoisonMessage, DuplicateSequenceError, InDoubtBranchesError,
+    InvalidAcknowledgementError, InvokerSequence, LockOrderError, LockTimeoutError, MessageNumberRolloverError,
+    NodeCondition, RmdSequence, RmsMessage, RmsSequence, SchemaVersionError, SequenceNotOpenError, StorageManager,
     StoreClosedError, StoreError, StoreNotFoundError, StoreStatus, StoreTransaction, StoreUnavailableError,
     TransactionClosedError, UnknownMessageError, UnknownSequenceError,
 )
@@ -41,7 +41,7 @@ __all__ = [
     "NodeCondition", "StoreError", "DuplicateSequenceError", "UnknownSequenceError", "UnknownMessageError",
     "InvalidAcknowledgementError", "MessageNumberRolloverError", "SequenceNotOpenError",
     "LockOrderError", "LockTimeoutError", "InDoubtBranchesError", "TransactionClosedError",
-    "StoreClosedError", "SchemaVersionError", "StoreUnavailableError", "StoreNotFoundError",
+    "StoreClosedError", "SchemaVersionError", "StoreUnavailableError", "StoreNotFoundError", "CommitDeclined",
 ]
 
 def _flag(value: str) -> bool:

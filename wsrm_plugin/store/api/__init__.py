@@ -51,6 +51,7 @@ from .errors import (
     RANK_INVOKER,
     RANK_RMD,
     RANK_RMS,
+    CommitDeclined,
     DuplicateSequenceError,
     InDoubtBranchesError,
     InvalidAcknowledgementError,
@@ -106,7 +107,7 @@ __all__ = [
     "StoreError", "DuplicateSequenceError", "UnknownSequenceError",
     "UnknownMessageError", "InvalidAcknowledgementError", "MessageNumberRolloverError",
     "SequenceNotOpenError", "LockOrderError", "LockTimeoutError", "InDoubtBranchesError",
-    "TransactionClosedError", "SchemaVersionError", "StoreClosedError", "StoreNotFoundError",
+    "TransactionClosedError", "SchemaVersionError", "StoreClosedError", "StoreNotFoundError", "CommitDeclined",
     # records
     "RmsSequence", "RmsMessage", "RmdSequence", "BufferedMessage", "InvokerSequence", "PoisonMessage",
     "NodeCondition",

@@ -25,6 +25,14 @@ class StoreError(Exception):
     """Base of every error the store raises."""
 
 
+class CommitDeclined(Exception):
+    """``StoreTransaction.receive_in_order(commits=...)``: the store tried to commit the reply's
+    record in its receipt's round trip, and found that something after the receipt would still
+    write or refuse.  Nothing of the call was written, the transaction is as before it and usable:
+    the caller calls again without ``commits`` (a round trip more), and may stop offering it
+    for that sequence.  Not an error: the store's answer to an offer it could not take."""
+
+
 class DuplicateSequenceError(StoreError):
     """A sequence with that key or identifier already exists."""
 

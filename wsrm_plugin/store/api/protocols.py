@@ -950,8 +950,9 @@ class StoreTransaction(ABC):
         commit in the same round trip when it finds that so -- the reply received and taken,
         its request answered with the acknowledgement applied, no last message on the request's
         sequence, and the reply's sequence speaking the RM version ``commits[0]``, of principal
-        ``commits[1]`` (or none) and with an AcksTo among ``commits[2]`` -- and must otherwise
-        leave the outcome as without it."""
+        ``commits[1]`` (or none) and with an AcksTo among ``commits[2]``.  A store that tried and
+        found otherwise raises :class:`CommitDeclined`, having written nothing (the caller goes
+        again without ``commits``); one that did not try leaves the outcome as without it."""
         return None
 
     def next_write_commits(self) -> None:

@@ -480,8 +480,8 @@ class SqlTransaction(api.StoreTransaction):
         or None, the AcksTo addresses that take no acknowledgement request).  The caller then
         has nothing left to write, and its COMMIT is no round trip.  Otherwise the round trip's
         last statement fails on purpose (a division by zero: :data:`_DECLINED`), PostgreSQL
-        rolls its query string's transaction back whole, and the receipt goes again as without
-        ``commits`` (a round trip more, only then)."""
+        rolls its query string's transaction back whole, and :class:`~.api.CommitDeclined` says
+        so: the caller's receipt goes again without ``commits`` (a round trip more, only then)."""
         late = getattr(self._store, "late_commits", None)  # (PostgreSQL's: SQLite has no such round trip)
         alone = (commits is not None and late is not None and self.lazy_begin and not self.begun
                  and self.undo is None and not self._wrote and not self._numbered)
@@ -508,8 +508,9 @@ class SqlTransaction(api.StoreTransaction):
                 late.returned(late_number)
                 self.begin_with = began_with
                 self.commits_alone = False
-            if cur is None:  # declined: nothing of it happened
-                return self._receive_ahead(sequence_id, number, now, key, gate, statements)
+            if cur is None:  # declined: nothing of it happened; the caller goes again without commits
+                raise api.CommitDeclined(f"message {number} of {sequence_id}: its record cannot commit "
+                                         "in its receipt's round trip")
             self._commit_seq = late_number  # for wait_for_disk
         else:
             cur = self.execute(lock, (sequence_id,), then=then)
