@@ -17,6 +17,7 @@ from tests.postgres.test_resource import insert, new_xid, run, values, xa_code
 from txmanager.lazy_begin import LazyBeginConnection
 from txmanager.postgres import PostgresXAResource
 from txmanager.xa import TMSUCCESS, XA_OK, XA_RBROLLBACK, XAException
+from txmanager.xid import Xid
 
 pytestmark = pytest.mark.postgres
 
@@ -77,16 +78,40 @@ def locks_u(dsn: str, conn: LazyBeginConnection) -> bool:
         other.close()
 
 
-def test_a_ridden_write_goes_with_the_one_phase_commit_in_one_round_trip(resource, db):
-    conn = resource.connection
+def branch(resource: PostgresXAResource, value: str = "a") -> tuple[LazyBeginConnection, Xid]:
+    """A branch started on ``resource`` that wrote ``value`` into t: its BEGIN went, a write may ride."""
     xid = new_xid()
     resource.start(xid)
-    insert(resource, "a")
+    insert(resource, value)
+    return resource.connection, xid
+
+
+def commit_one_phase(resource: PostgresXAResource, xid: Xid) -> None:
+    resource.end(xid, TMSUCCESS)
+    resource.commit(xid, one_phase=True)
+
+
+def commit_rolls_back(resource: PostgresXAResource, xid: Xid) -> BaseException | None:
+    """The one-phase commit of ``xid`` rolls it back: the cause it gives."""
+    resource.end(xid, TMSUCCESS)
+    with pytest.raises(XAException) as excinfo:
+        resource.commit(xid, one_phase=True)
+    assert xa_code(excinfo) >= XA_RBROLLBACK
+    return excinfo.value.__cause__
+
+
+def another_branch_commits(resource: PostgresXAResource) -> None:
+    """The session goes on: a branch after it writes "c" and commits."""
+    _, xid = branch(resource, "c")
+    commit_one_phase(resource, xid)
+
+
+def test_a_ridden_write_goes_with_the_one_phase_commit_in_one_round_trip(resource, db):
+    conn, xid = branch(resource)
     own = counted(conn)
     assert conn.ride(RIDE, ("100%",)) is True  # a ``%`` in what rides stays one
     assert conn.riding == 1 and not locks_u(db, conn)  # not sent yet
-    resource.end(xid, TMSUCCESS)
-    resource.commit(xid, one_phase=True)
+    commit_one_phase(resource, xid)
     assert len(own.sent) == 1 and own.sent[0].endswith(b"COMMIT"), own.sent  # the write and the COMMIT
     assert values(db) == ["a"] and u_values(db) == ["100%"]
     assert conn.riding == 0 and conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
@@ -94,10 +119,7 @@ def test_a_ridden_write_goes_with_the_one_phase_commit_in_one_round_trip(resourc
 
 @pytest.mark.parametrize("params", [("b",), None], ids=["with-parameters", "without"])
 def test_a_ridden_write_goes_in_front_of_the_next_statement(resource, db, params):
-    conn = resource.connection
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "a")
+    conn, xid = branch(resource)
     conn.ride(RIDE, ("50%",))
     conn.ride("INSERT INTO u (v) VALUES ('x')")
     with conn.cursor() as cur:  # the application's next statement sees them: they ran before it
@@ -108,34 +130,23 @@ def test_a_ridden_write_goes_in_front_of_the_next_statement(resource, db, params
         assert cur.fetchone()[0] == 2
     assert conn.riding == 0
     own = counted(conn)
-    resource.end(xid, TMSUCCESS)
-    resource.commit(xid, one_phase=True)
+    commit_one_phase(resource, xid)
     assert own.sent == [b"COMMIT"]  # nothing left to ride on it
     assert u_values(db) == ["50%", "x"]
 
 
-def a_failing_ride(resource: PostgresXAResource) -> tuple[LazyBeginConnection, object]:
+def a_failing_ride(resource: PostgresXAResource) -> tuple[LazyBeginConnection, Xid]:
     """A branch that wrote "a" and has a write riding that will fail (no such table)."""
-    conn = resource.connection
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "a")
+    conn, xid = branch(resource)
     conn.ride("INSERT INTO missing (v) VALUES (%s)", ("b",))
     return conn, xid
 
 
 def test_a_ridden_write_that_fails_rolls_the_branch_back_at_the_commit_with_its_error(resource, db):
     conn, xid = a_failing_ride(resource)
-    resource.end(xid, TMSUCCESS)
-    with pytest.raises(XAException) as excinfo:
-        resource.commit(xid, one_phase=True)
-    assert xa_code(excinfo) >= XA_RBROLLBACK and isinstance(excinfo.value.__cause__, psycopg2.errors.UndefinedTable)
+    assert isinstance(commit_rolls_back(resource, xid), psycopg2.errors.UndefinedTable)
     assert values(db) == [] and conn.riding == 0
-    xid = new_xid()  # the session goes on
-    resource.start(xid)
-    insert(resource, "c")
-    resource.end(xid, TMSUCCESS)
-    resource.commit(xid, one_phase=True)
+    another_branch_commits(resource)
     assert values(db) == ["c"]
 
 
@@ -153,41 +164,27 @@ def test_a_ridden_write_that_fails_raises_from_the_next_statement(resource, db):
 
 
 def test_parameters_refused_before_sending_leave_the_ridden_write_to_ride(resource, db):
-    conn = resource.connection
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "a")
+    conn, xid = branch(resource)
     conn.ride(RIDE, ("b",))
     with conn.cursor() as cur, pytest.raises(IndexError):
         cur.execute("SELECT %s, %s", ("only one",))  # psycopg2 refuses it: nothing is sent
     assert conn.riding == 1
-    resource.end(xid, TMSUCCESS)
-    resource.commit(xid, one_phase=True)
+    commit_one_phase(resource, xid)
     assert values(db) == ["a"] and u_values(db) == ["b"]
 
 
 def test_a_rolled_back_branch_never_sends_its_ridden_write(resource, db):
-    conn = resource.connection
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "a")
+    conn, xid = branch(resource)
     conn.ride(RIDE, ("b",))
     resource.end(xid, TMSUCCESS)
     resource.rollback(xid)
     assert conn.riding == 0
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "c")
-    resource.end(xid, TMSUCCESS)
-    resource.commit(xid, one_phase=True)
+    another_branch_commits(resource)
     assert values(db) == ["c"] and u_values(db) == []
 
 
 def test_a_ridden_write_goes_with_prepare_transaction(resource, db):
-    conn = resource.connection
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "a")
+    conn, xid = branch(resource)
     conn.ride(RIDE, ("b",))
     own = counted(conn)
     resource.end(xid, TMSUCCESS)
@@ -250,16 +247,12 @@ def ride_to_commit(conn: LazyBeginConnection, value: str, answers: list, repairs
 
 
 def test_a_write_riding_to_the_commit_is_sent_with_it_and_read_after_it_in_one_round_trip(resource, db):
-    conn = resource.connection
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "a")
+    conn, xid = branch(resource)
     answers: list = []
     assert ride_to_commit(conn, "b", answers, []) is True
     assert not locks_u(db, conn) and answers == []  # not sent yet
     own = counted(conn)
-    resource.end(xid, TMSUCCESS)
-    resource.commit(xid, one_phase=True)
+    commit_one_phase(resource, xid)
     # one query string: the write in its savepoint, the COMMIT, the read after it
     assert len(own.sent) == 1, own.sent
     assert own.sent[0].index(b"INSERT INTO u") < own.sent[0].index(b";COMMIT;") < own.sent[0].index(b"current_setting")
@@ -290,26 +283,19 @@ def test_a_write_riding_to_the_fused_commit_is_sent_with_it(db, tmp_path):
 
 
 def test_a_write_riding_to_the_commit_that_declines_is_repaired_before_the_commit(resource, db):
-    conn = resource.connection
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "a")
+    conn, xid = branch(resource)
     conn.ride(RIDE, ("before",))  # ridden before it: kept, and sent once
     answers: list = []
     repairs: list = []
     assert ride_to_commit(conn, "no", answers, repairs) is True
-    resource.end(xid, TMSUCCESS)
-    resource.commit(xid, one_phase=True)
+    commit_one_phase(resource, xid)
     assert repairs == ["no"] and answers == []  # declined: repaired, nothing to read
     assert values(db) == ["a"] and u_values(db) == ["before", "repaired"]
     assert conn.riding == 0 and conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
 
 
 def test_a_write_riding_to_the_commit_goes_first_and_is_read_when_a_statement_comes(resource, db):
-    conn = resource.connection
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "a")
+    conn, xid = branch(resource)
     answers: list = []
     ride_to_commit(conn, "b", answers, [])
     with conn.cursor() as cur:  # the statement sees the write: it ran before it, and was read
@@ -317,32 +303,24 @@ def test_a_write_riding_to_the_commit_goes_first_and_is_read_when_a_statement_co
         assert cur.fetchone()[0] == 1
     assert len(answers) == 1 and answers[0][1] == 1
     own = counted(conn)
-    resource.end(xid, TMSUCCESS)
-    resource.commit(xid, one_phase=True)
+    commit_one_phase(resource, xid)
     assert own.sent == [b"COMMIT"]
     assert u_values(db) == ["b"]
 
 
 def test_a_write_riding_to_the_commit_that_declines_before_a_statement_is_repaired_first(resource, db):
-    conn = resource.connection
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "a")
+    conn, xid = branch(resource)
     repairs: list = []
     ride_to_commit(conn, "no", [], repairs)
     with conn.cursor() as cur:
         cur.execute("SELECT v FROM u")
         assert cur.fetchall() == [("repaired",)] and repairs == ["no"]
-    resource.end(xid, TMSUCCESS)
-    resource.commit(xid, one_phase=True)
+    commit_one_phase(resource, xid)
     assert values(db) == ["a"] and u_values(db) == ["repaired"]
 
 
 def test_a_write_riding_to_the_commit_goes_before_prepare_transaction_and_is_read(resource, db):
-    conn = resource.connection
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "a")
+    conn, xid = branch(resource)
     answers: list = []
     ride_to_commit(conn, "b", answers, [])
     own = counted(conn)
@@ -355,43 +333,26 @@ def test_a_write_riding_to_the_commit_goes_before_prepare_transaction_and_is_rea
 
 
 def test_a_rolled_back_branch_never_sends_its_write_riding_to_the_commit(resource, db):
-    conn = resource.connection
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "a")
+    conn, xid = branch(resource)
     answers: list = []
     ride_to_commit(conn, "b", answers, [])
     assert ride_to_commit(conn, "c", answers, []) is False  # one at a time
     resource.end(xid, TMSUCCESS)
     resource.rollback(xid)
     assert conn.riding == 0 and conn._rider is None and answers == []
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "c")
-    resource.end(xid, TMSUCCESS)
-    resource.commit(xid, one_phase=True)
+    another_branch_commits(resource)
     assert values(db) == ["c"] and u_values(db) == []
 
 
 def test_a_write_riding_to_the_commit_whose_repair_fails_rolls_the_branch_back(resource, db):
-    conn = resource.connection
-    xid = new_xid()
-    resource.start(xid)
-    insert(resource, "a")
+    conn, xid = branch(resource)
 
     def repair() -> None:
         raise ValueError("no other way")
     conn.ride_to_commit(TO_COMMIT, ("no", "no"), read=READ, read_params=None, answer=print, declined="22012",
                         repair=repair)
-    resource.end(xid, TMSUCCESS)
-    with pytest.raises(XAException) as excinfo:
-        resource.commit(xid, one_phase=True)
-    assert xa_code(excinfo) >= XA_RBROLLBACK and "no other way" in str(excinfo.value.__cause__)
+    assert "no other way" in str(commit_rolls_back(resource, xid))
     assert values(db) == [] and u_values(db) == []
     assert conn.riding == 0 and conn._rider is None
-    xid = new_xid()  # the session goes on
-    resource.start(xid)
-    insert(resource, "c")
-    resource.end(xid, TMSUCCESS)
-    resource.commit(xid, one_phase=True)
+    another_branch_commits(resource)
     assert values(db) == ["c"]
