@@ -1,11 +1,19 @@
 """Helpers shared by the PostgreSQL tests: statements on a session of their own, outside any
-transaction under test, so that what they read is what the server committed."""
+transaction under test, so that what they read is what the server committed; a manager and
+the two data sources of a transaction across two databases."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg2
+
+from txmanager import TransactionManager
+from txmanager.transaction import Checkpoint
+from txmanager.postgres import XADataSource
 
 
 def run(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]] | None:
@@ -34,3 +42,21 @@ def insert(conn: Any, value: str) -> None:
     """Insert ``value`` into ``t`` through ``conn`` (in whatever transaction it is in)."""
     with conn.cursor() as cur:
         cur.execute("INSERT INTO t (v) VALUES (%s)", (value,))
+
+
+@contextlib.contextmanager
+def two_sources(dbs: Sequence[str], log: str | os.PathLike[str], *, node: str, marks: bool = True,
+                checkpoint: Checkpoint | None = None, **options: Any
+                ) -> Iterator[tuple[TransactionManager, XADataSource, XADataSource]]:
+    """A transaction manager (``node``, its recovery log at ``log``, its ``checkpoint``) and XA
+    data sources "a" and "b" on the two databases of ``dbs`` (b keeping commit marks when
+    ``marks``; ``options`` for both), all closed after."""
+    tm = TransactionManager(node=node, log=log, checkpoint=checkpoint)
+    a = XADataSource(dbs[0], tm, resource_name="a", **options)
+    b = XADataSource(dbs[1], tm, resource_name="b", commit_marks=marks, **options)
+    try:
+        yield tm, a, b
+    finally:
+        a.close()
+        b.close()
+        tm.close()

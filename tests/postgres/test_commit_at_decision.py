@@ -15,7 +15,7 @@ from txmanager.postgres import XADataSource
 from txmanager.xa import XA_HEURRB
 
 from tests.postgres.test_commit_marks import _restart_commits_both, die, marks
-from tests.postgres.support import insert, prepared_gids, run, values
+from tests.postgres.support import insert, prepared_gids, two_sources, values
 
 pytestmark = pytest.mark.postgres
 
@@ -45,14 +45,6 @@ class Held:
         return True
 
 
-@pytest.fixture
-def dbs(pg_dsn_factory):
-    made = [pg_dsn_factory("cad_a"), pg_dsn_factory("cad_b")]
-    for dsn in made:
-        run(dsn, "CREATE TABLE t (id serial PRIMARY KEY, v text NOT NULL)")
-    return made
-
-
 def transfer_at_decision(tm, a, b, n: int, workers) -> PhaseTwo:
     with tm.transaction() as tx:
         with a.connection() as ca:
@@ -63,11 +55,8 @@ def transfer_at_decision(tm, a, b, n: int, workers) -> PhaseTwo:
 
 
 def test_the_commit_returns_at_the_mark_and_the_workers_commit_the_prepared_branch(dbs, tmp_path):
-    tm = TransactionManager(node="atdec", log=tmp_path / "tx.log")
-    a = XADataSource(dbs[0], tm, resource_name="a")
-    b = XADataSource(dbs[1], tm, resource_name="b", commit_marks=True)
     held = Held()
-    try:
+    with two_sources(dbs, tmp_path / "tx.log", node="atdec") as (tm, a, b):
         done = transfer_at_decision(tm, a, b, 0, held)
         # returned: b committed with its mark, a is prepared and not visible yet
         assert values(dbs[1]) == ["credit-0"] and len(marks(dbs[1])) == 1
@@ -81,10 +70,6 @@ def test_the_commit_returns_at_the_mark_and_the_workers_commit_the_prepared_bran
         transfer_at_decision(tm, a, b, 1, held)
         held.jobs.pop()()
         assert values(dbs[0]) == ["debit-0", "debit-1"]
-    finally:
-        a.close()
-        b.close()
-        tm.close()
     assert marks(dbs[1]) == []
 
 
@@ -105,26 +90,16 @@ def test_a_crash_between_the_decision_and_the_workers_is_committed_by_recovery(d
 
 def test_without_a_mark_the_commit_runs_to_its_end(dbs, tmp_path):
     """Decided in the recovery log (no branch keeps marks): nothing is handed over."""
-    tm = TransactionManager(node="atdec", log=tmp_path / "tx.log")
-    a = XADataSource(dbs[0], tm, resource_name="a")
-    b = XADataSource(dbs[1], tm, resource_name="b")
     held = Held()
-    try:
+    with two_sources(dbs, tmp_path / "tx.log", node="atdec", marks=False) as (tm, a, b):
         done = transfer_at_decision(tm, a, b, 0, held)
         assert done.done and not held.jobs
         assert values(dbs[0]) == ["debit-0"] and prepared_gids(dbs[0]) == prepared_gids(dbs[1]) == []
-    finally:
-        a.close()
-        b.close()
-        tm.close()
 
 
 def test_a_rollback_is_done_at_once(dbs, tmp_path):
-    tm = TransactionManager(node="atdec", log=tmp_path / "tx.log")
-    a = XADataSource(dbs[0], tm, resource_name="a")
-    b = XADataSource(dbs[1], tm, resource_name="b", commit_marks=True)
     held = Held()
-    try:
+    with two_sources(dbs, tmp_path / "tx.log", node="atdec") as (tm, a, b):
         with pytest.raises(RuntimeError):
             with tm.transaction() as tx:
                 with a.connection() as ca:
@@ -135,41 +110,32 @@ def test_a_rollback_is_done_at_once(dbs, tmp_path):
                 raise RuntimeError("the application failed")
         assert done.done and not held.jobs
         assert values(dbs[0]) == values(dbs[1]) == []
-    finally:
-        a.close()
-        b.close()
-        tm.close()
 
 
 def test_workers_commit_many_at_once_and_drain(dbs, tmp_path):
-    tm = TransactionManager(node="atdec", log=tmp_path / "tx.log")
-    a = XADataSource(dbs[0], tm, resource_name="a", pool_size=8)
-    b = XADataSource(dbs[1], tm, resource_name="b", commit_marks=True, pool_size=8)
     workers = PhaseTwoWorkers(threads=3)
     dones: list[PhaseTwo] = []
     lock = threading.Lock()
+    with two_sources(dbs, tmp_path / "tx.log", node="atdec", pool_size=8) as (tm, a, b):
 
-    def transfers(first: int) -> None:
-        for n in range(first, first + 10):
-            done = transfer_at_decision(tm, a, b, n, workers)
-            with lock:
-                dones.append(done)
+        def transfers(first: int) -> None:
+            for n in range(first, first + 10):
+                done = transfer_at_decision(tm, a, b, n, workers)
+                with lock:
+                    dones.append(done)
 
-    try:
-        threads = [threading.Thread(target=transfers, args=(k * 10,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert workers.drain(timeout=60)
-        assert all(d.done for d in dones) and len(dones) == 40
-        assert sorted(values(dbs[0])) == sorted(f"debit-{n}" for n in range(40))
-        assert prepared_gids(dbs[0]) == []
-    finally:
-        workers.close(timeout=60)
-        a.close()
-        b.close()
-        tm.close()
+        try:
+            threads = [threading.Thread(target=transfers, args=(k * 10,)) for k in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert workers.drain(timeout=60)
+            assert all(d.done for d in dones) and len(dones) == 40
+            assert sorted(values(dbs[0])) == sorted(f"debit-{n}" for n in range(40))
+            assert prepared_gids(dbs[0]) == []
+        finally:
+            workers.close(timeout=60)
 
 
 def test_a_heuristic_outcome_of_the_later_phase_two_is_logged_not_raised(dbs, tmp_path, caplog):

@@ -19,6 +19,7 @@ from txmanager.marks import key as marks_key
 from txmanager.postgres import LazyBeginConnection, XADataSource
 from txmanager.xid import Xid
 
+from .support import two_sources
 from .test_datasource import Crash, insert, prepared_gids, run, values
 
 pytestmark = pytest.mark.postgres
@@ -34,14 +35,6 @@ def transfer(tm, a, b, n: int) -> None:
             insert(ca, f"debit-{n}")
         with b.connection() as cb:
             insert(cb, f"credit-{n}")
-
-
-@pytest.fixture
-def dbs(pg_dsn_factory):
-    made = [pg_dsn_factory("cm_a"), pg_dsn_factory("cm_b")]
-    for dsn in made:
-        run(dsn, "CREATE TABLE t (id serial PRIMARY KEY, v text NOT NULL)")
-    return made
 
 
 def crash_in_the_second_transfer(dbs, log, point: str) -> None:
@@ -92,11 +85,8 @@ def _restart_commits_both(dbs, log_path) -> None:
 
 def test_the_mark_decides_and_the_log_writes_no_decision(dbs, tmp_path):
     points: list[tuple[str, int]] = []
-    tm = TransactionManager(node="marks", log=tmp_path / "tx.log",
-                            checkpoint=lambda p, i: points.append((p, i)))
-    a = XADataSource(dbs[0], tm, resource_name="a")
-    b = XADataSource(dbs[1], tm, resource_name="b", commit_marks=True)
-    try:
+    with two_sources(dbs, tmp_path / "tx.log", node="marks",
+                     checkpoint=lambda p, i: points.append((p, i))) as (tm, a, b):
         for n in range(3):
             transfer(tm, a, b, n)
         assert values(dbs[0]) == [f"debit-{n}" for n in range(3)]
@@ -109,10 +99,6 @@ def test_the_mark_decides_and_the_log_writes_no_decision(dbs, tmp_path):
         records = log_records(tmp_path / "tx.log", meta=True)
         assert not [r for r in records if r["t"] in ("commit", "done")], records
         assert [r for r in records if r["t"] == "marks"] == [{"t": "marks", "db": b.database}]
-    finally:
-        a.close()
-        b.close()
-        tm.close()
     assert marks(dbs[1]) == []
 
 
@@ -193,10 +179,7 @@ def test_no_branch_is_presumed_aborted_before_the_marks_are_read(dbs, tmp_path, 
 
 
 def test_a_mark_that_cannot_be_written_rolls_every_branch_back(dbs, tmp_path):
-    tm = TransactionManager(node="marks", log=tmp_path / "tx.log")
-    a = XADataSource(dbs[0], tm, resource_name="a")
-    b = XADataSource(dbs[1], tm, resource_name="b", commit_marks=True)
-    try:
+    with two_sources(dbs, tmp_path / "tx.log", node="marks") as (tm, a, b):
         transfer(tm, a, b, 0)
         run(dbs[1], f"DROP TABLE {TABLE}")  # behind the data source's back
         with pytest.raises(RollbackError):
@@ -204,10 +187,6 @@ def test_a_mark_that_cannot_be_written_rolls_every_branch_back(dbs, tmp_path):
         assert values(dbs[0]) == ["debit-0"] and values(dbs[1]) == ["credit-0"]
         assert prepared_gids(dbs[0]) == prepared_gids(dbs[1]) == []
         assert tm.get_transaction() is None
-    finally:
-        a.close()
-        b.close()
-        tm.close()
 
 
 def test_a_read_only_other_branch_leaves_the_holder_a_plain_one_phase_commit(dbs, tmp_path):

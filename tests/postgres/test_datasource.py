@@ -20,14 +20,6 @@ class Crash(BaseException):
 
 
 @pytest.fixture
-def dbs(pg_dsn_factory):
-    made = [pg_dsn_factory("ds_a"), pg_dsn_factory("ds_b")]
-    for dsn in made:
-        run(dsn, "CREATE TABLE t (id serial PRIMARY KEY, v text NOT NULL)")
-    return made
-
-
-@pytest.fixture
 def tm(tmp_path):
     manager = TransactionManager(node="dstest", log=tmp_path / "tx.log")
     yield manager

@@ -26,14 +26,6 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def dbs(pg_dsn_factory):
-    made = [pg_dsn_factory("op_a"), pg_dsn_factory("op_b")]
-    for dsn in made:
-        run(dsn, "CREATE TABLE t (id serial PRIMARY KEY, v text NOT NULL)")
-    return made
-
-
-@pytest.fixture
 def tm(tmp_path):
     manager = TransactionManager(node="optest", log=tmp_path / "tx.log")
     yield manager
