@@ -97,6 +97,11 @@ through its reaped children, as the round's total is: the outbox's callers close
 before the service has counted every row).
 ``BENCH_PG_PROFILE=1`` records the backends of each side's databases with ``perf`` once a tenth
 of the round's messages is in (``pg_profile.py``) and lists their CPU a message by what the server was doing.
+``BENCH_PERF_STAT=1`` counts with ``perf stat``, from the round's start, what the client's and the
+service's processes and each side's PostgreSQL backends did a message (a backend started later
+is counted with the postmaster, in ``pg rest``): CPU,
+thread switches, system calls (a backend's ``sendto`` calls are its round trips), ``futex`` and
+``poll`` waits, flushes (``perf_stat.py``).
 ``BENCH_PG_WAITS=1`` samples ``pg_stat_activity`` every 2 ms through the rounds and lists, at the
 end, what the active sessions were doing or waiting for (wait event, the statement's start), with
 the lock holders' statements for lock waits: who waits on what (run one scenario to read them).
@@ -1195,6 +1200,40 @@ def _pg_profiles(pg: Any, sides: dict[str, str]) -> dict[str, Any]:
     return recordings
 
 
+def _perf_stats(pg: Any, processes: dict[str, int], sides: dict[str, str]) -> dict[str, Any]:
+    """``BENCH_PERF_STAT=1``: ``perf stat`` (``perf_stat.py``) started on the client's and the
+    service's processes, on the backends of each side's databases connected now, and on the rest
+    of the server (the postmaster, whose backends started later are counted with it: perf follows
+    a fork, and the background processes)."""
+    import psycopg2
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import perf_stat
+    import pg_profile
+
+    names = {psycopg2.extensions.parse_dsn(dsn).get("dbname"): side for dsn, side in sides.items() if dsn}
+    conn = psycopg2.connect(pg.dsn("postgres"))
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT datname, pid FROM pg_stat_activity WHERE backend_type = 'client backend' "
+                        "AND pid <> pg_backend_pid()")
+            rows = cur.fetchall()
+    finally:
+        conn.close()
+    groups: dict[str, list[int]] = {role: [pid] for role, pid in processes.items()}
+    seen = set()
+    for datname, pid in rows:
+        side = names.get(datname)
+        if side is not None:
+            groups.setdefault(f"pg {side}", []).append(pid)
+            seen.add(pid)
+    groups["pg rest"] = [pid for pid in pg_profile.server_pids(pg.pid) if pid not in seen] + [pg.pid]
+    counters = {group: perf_stat.PerfStat(pids) for group, pids in groups.items()}
+    for counter in counters.values():
+        counter.start()
+    return counters
+
+
 def _execute(dsn: str, *statements: str) -> None:
     import psycopg2
 
@@ -1352,6 +1391,10 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
         t0 = float(client.expect("T0 ", timeout=120))
         profiles: dict[str, Any] = {}
         profiled_from = 0  # messages in when the recording started (once a tenth is in: sessions open)
+        # the whole round from T0: the callers of a one-way scenario are done long before its end
+        counting = _perf_stats(pg, {"client": client.proc.pid, "server": server.proc.pid},
+                               {client_app: "client", server_app: "server", client_store: "client store",
+                                server_store: "server store"}) if os.environ.get("BENCH_PERF_STAT") else {}
         pg_cpu_at_start = _pg_cpu(pg, reaped=True)
         machine_at_start = _machine()
         deadline = time.monotonic() + args.timeout
@@ -1388,6 +1431,11 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
             _print_pg_cpu(pg_cpu_at_start, pg_cpu_at_end, {client_app: "client", server_app: "server",
                                                           client_store: "client store",
                                                           server_store: "server store"}, args.calls, pg.pid)
+        if counting:
+            import perf_stat
+
+            print("\n".join(perf_stat.report({group: c.stop() for group, c in counting.items()},
+                                              distinct)), flush=True)
         for side, recording in profiles.items():
             import pg_profile
 
