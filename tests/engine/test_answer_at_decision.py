@@ -20,10 +20,10 @@ from txmanager import TransactionManager
 from txmanager.postgres import XADataSource
 from wsrm_plugin.engine import ReliableEngine
 
-from .conftest import fast_policy
 from .support import RM11, item_text, wait_for
 from .test_bad_input import open_sequence, send_ok
-from .test_delivery_xa_batch import rows
+from .test_delivery_xa_batch import rows, xa_application
+from .test_receive_together_xa import xa_server
 
 pytestmark = pytest.mark.postgres
 
@@ -51,19 +51,11 @@ def served(pg_dsn_factory, tmp_path) -> Iterator[Callable[..., tuple[ReliableEng
     closers: list[Callable[[], None]] = []
 
     def make(**policy) -> tuple[ReliableEngine, Reader, str]:
-        app_db = pg_dsn_factory(
-            "adapp", "CREATE TABLE received (id serial PRIMARY KEY, item text NOT NULL, gtrid text NOT NULL)")
-        tm = TransactionManager(node="at-decision", log=tmp_path / f"tm{len(closers)}.log")
-        ds = XADataSource(app_db, tm)
-        closers.extend([tm.close, ds.close])
+        app_db, tm, ds = xa_application(pg_dsn_factory, tmp_path / f"tm{len(closers)}.log", closers,
+                                        node="at-decision")
         reader = Reader(tm, ds)
-        policy.setdefault("deliver_on_receive", True)
         policy.setdefault("receive_together", 1)
-        server = ReliableEngine("postgresql:" + pg_dsn_factory("adstore"), fast_policy(**policy),
-                                application=reader, tm=tm, name="server")
-        closers.append(lambda: server.stop(timeout=5))
-        server.serve()
-        server.start()
+        server = xa_server(pg_dsn_factory, tm, reader, closers, **policy)
         return server, reader, app_db
 
     yield make

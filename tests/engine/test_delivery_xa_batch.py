@@ -18,6 +18,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psycopg2
 import pytest
@@ -34,6 +35,21 @@ pytestmark = pytest.mark.postgres
 COUNT = 50
 BATCH = 10
 ITEMS = [f"m{i:02d}" for i in range(1, COUNT + 1)]
+
+
+#: the application's table: a row a message, with the gtrid of the global transaction that wrote it
+RECEIVED = "CREATE TABLE received (id serial PRIMARY KEY, item text NOT NULL, gtrid text NOT NULL)"
+
+
+def xa_application(pg_dsn_factory: Callable[..., str], log: Path, closers: list[Callable[[], None]], *,
+                   node: str) -> tuple[str, TransactionManager, XADataSource]:
+    """The application's database (the table :data:`RECEIVED`), a transaction manager (its
+    recovery log at ``log``) and an XA data source on that database; their closes go on ``closers``."""
+    app_db = pg_dsn_factory("xaapp", RECEIVED)
+    tm = TransactionManager(node=node, log=log)
+    ds = XADataSource(app_db, tm)
+    closers.extend([tm.close, ds.close])
+    return app_db, tm, ds
 
 
 def rows(dsn: str) -> list[tuple[str, str]]:
@@ -92,11 +108,7 @@ def world_for(pg_dsn_factory, tmp_path) -> Iterator[Callable[..., World]]:
     closers: list[Callable[[], None]] = []
 
     def make(fail: Callable[[str, int], bool] = lambda item, attempt: False, **policy) -> World:
-        app_db = pg_dsn_factory(
-            "xaapp", "CREATE TABLE received (id serial PRIMARY KEY, item text NOT NULL, gtrid text NOT NULL)")
-        tm = TransactionManager(node="xa-batch", log=tmp_path / "tm.log")
-        ds = XADataSource(app_db, tm)
-        closers.extend([tm.close, ds.close])
+        app_db, tm, ds = xa_application(pg_dsn_factory, tmp_path / "tm.log", closers, node="xa-batch")
         ledger = Ledger(tm, ds, fail)
         failures: list[FailedDelivery] = []
         # batches bounded by their count only: the default time bound (0.05 s) cut them short on

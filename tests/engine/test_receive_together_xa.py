@@ -22,6 +22,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,7 @@ from wsrm_plugin.wire import UnknownSequence
 from .conftest import fast_policy
 from .support import RM11, application_message, item_text, post, wait_for
 from .test_bad_input import first_message_senders, open_sequence, send_ok
-from .test_delivery_xa_batch import Ledger, rows
+from .test_delivery_xa_batch import RECEIVED, Ledger, rows, xa_application
 
 pytestmark = pytest.mark.postgres
 
@@ -68,25 +69,30 @@ class _Gated(Ledger):
             assert self.release.wait(60)
 
 
+def xa_server(pg_dsn_factory: Callable[..., str], tm: TransactionManager, application: Callable[..., None],
+              closers: list[Callable[[], None]], **policy: Any) -> ReliableEngine:
+    """A server on a new PostgreSQL store, under ``tm``, delivering on receipt to ``application``
+    unless ``policy`` says otherwise: serving and started; its stop goes on ``closers``."""
+    policy.setdefault("deliver_on_receive", True)
+    server = ReliableEngine("postgresql:" + pg_dsn_factory("xastore"), fast_policy(**policy),
+                            application=application, tm=tm, name="server")
+    closers.append(lambda: server.stop(timeout=5))
+    server.serve()
+    server.start()
+    return server
+
+
 @pytest.fixture
 def served(pg_dsn_factory, tmp_path) -> Iterator[Callable[..., Served]]:
     closers: list[Callable[[], None]] = []
 
     def make(fail: Callable[[str, int], bool] = lambda item, attempt: False, **policy) -> Served:
-        app_db = pg_dsn_factory(
-            "xaapp", "CREATE TABLE received (id serial PRIMARY KEY, item text NOT NULL, gtrid text NOT NULL)")
-        tm = TransactionManager(node="xa-together", log=tmp_path / f"tm{len(closers)}.log")
-        ds = XADataSource(app_db, tm)
-        closers.extend([tm.close, ds.close])
+        app_db, tm, ds = xa_application(pg_dsn_factory, tmp_path / f"tm{len(closers)}.log", closers,
+                                        node="xa-together")
         ledger = _Gated(tm, ds, fail)
         ledger.started, ledger.release = threading.Event(), threading.Event()
-        policy.setdefault("deliver_on_receive", True)
         policy.setdefault("receive_together", 16)
-        server = ReliableEngine("postgresql:" + pg_dsn_factory("xastore"), fast_policy(**policy),
-                                application=ledger, tm=tm, name="server")
-        closers.append(lambda: server.stop(timeout=5))
-        server.serve()
-        server.start()
+        server = xa_server(pg_dsn_factory, tm, ledger, closers, **policy)
         return Served(server, server.endpoint_address, app_db, ledger, ledger.started, ledger.release)
 
     yield make
@@ -160,8 +166,7 @@ def test_automatic_delivers_each_alone_when_deliveries_commit_in_one_phase(pg_ds
     are one (a shared session), committed in one phase; a batch would only make its receives wait
     for one another.  Receives that arrive while another's application runs are each delivered
     alone, in a global transaction of its own."""
-    db = pg_dsn_factory(
-        "xaone", "CREATE TABLE received (id serial PRIMARY KEY, item text NOT NULL, gtrid text NOT NULL)")
+    db = pg_dsn_factory("xaone", RECEIVED)
     tm = TransactionManager(node="xa-one-phase", log=tmp_path / "tm.log")
     ds = XADataSource(db, tm)
     ledger = _Gated(tm, ds)

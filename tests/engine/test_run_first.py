@@ -14,6 +14,7 @@ on 127.0.0.1, a real SQLite file; each test waits for what it asserts.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from wsrm_plugin.wire import CloseSequence, SequenceAcknowledgement
 
@@ -27,6 +28,23 @@ def _served(engines, store_for, application):
                      serve=True, application=application, name="server")
     assert server.invoker.delivers_apart
     return server, server.endpoint_address
+
+
+def _held_at_a2(engines, store_for) -> tuple[Any, str, str, Recorder, threading.Event]:
+    """A server whose application holds message 2 ("a2") until the event returned is set: its
+    sequence opened, message 1 delivered and acknowledged; what the application received."""
+    received = Recorder()
+    release = threading.Event()
+
+    def application(envelope: bytes, context: object) -> None:
+        received(envelope, context)
+        if received.snapshot()[-1] == "a2":
+            assert release.wait(30)
+
+    server, url = _served(engines, store_for, application)
+    identifier = open_sequence(url, RM11)
+    assert send_ok(url, RM11, identifier, 1, "a1") == [(1, 1)]
+    return server, url, identifier, received, release
 
 
 def _received_and_buffered(server, identifier: str) -> tuple[list[tuple[int, int]], int]:
@@ -62,17 +80,7 @@ def test_a_close_waits_for_the_receipt_of_a_message_that_ran_first(engines, stor
     """A CloseSequence that arrives while message 2's application runs waits for its receipt:
     closed first, the receipt would refuse a message whose application had run.  So message 2
     is acknowledged, and the Close's final acknowledgement covers it."""
-    received = Recorder()
-    release = threading.Event()
-
-    def application(envelope: bytes, context: object) -> None:
-        received(envelope, context)
-        if received.snapshot()[-1] == "a2":
-            assert release.wait(30)
-
-    server, url = _served(engines, store_for, application)
-    identifier = open_sequence(url, RM11)
-    assert send_ok(url, RM11, identifier, 1, "a1") == [(1, 1)]
+    server, url, identifier, received, release = _held_at_a2(engines, store_for)
     answers: dict[str, object] = {}
     second = threading.Thread(target=lambda: answers.__setitem__("a2", send_ok(url, RM11, identifier, 2, "a2")))
     second.start()
@@ -101,17 +109,7 @@ def test_a_copy_arriving_while_the_application_runs_waits_for_the_receipt(engine
     """A copy of message 2 (a retransmission) that arrives while 2's application runs waits for
     2's receipt, then finds a duplicate: the application runs once.  (Not waiting, it found
     nothing received, buffered 2 and ran its application a second time.)"""
-    received = Recorder()
-    release = threading.Event()
-
-    def application(envelope: bytes, context: object) -> None:
-        received(envelope, context)
-        if received.snapshot()[-1] == "a2":
-            assert release.wait(30)
-
-    server, url = _served(engines, store_for, application)
-    identifier = open_sequence(url, RM11)
-    assert send_ok(url, RM11, identifier, 1, "a1") == [(1, 1)]
+    server, url, identifier, received, release = _held_at_a2(engines, store_for)
     answers: dict[str, object] = {}
     threads = [threading.Thread(target=lambda n=n: answers.__setitem__(n, send_ok(url, RM11, identifier, 2, "a2")))
                for n in ("first", "copy")]
