@@ -72,6 +72,7 @@ def main() -> int:
     if not command:
         parser.error("no command given (put it after --)")
     with tempfile.TemporaryDirectory(prefix="quiet-disk-", dir=args.tmpfs) as work:
+        os.chmod(work, 0o755)  # a throwaway PostgreSQL server runs as its own OS user: it must enter
         env = dict(os.environ, TMPDIR=work, FSYNC_DELAY_US=str(args.delay_us))
         env["LD_PRELOAD"] = " ".join(filter(None, (str(build_shim(Path(work))), env.get("LD_PRELOAD"))))
         if args.nice:
