@@ -15,6 +15,8 @@ so that machine noise hits both sides alike:
   within each round the two sides alternate every ``--chunk`` transactions
   (a busy shared machine changes speed within a second), and the client's
   CPU time per transaction (this thread's) is reported beside the wall time.
+* the same one-database transaction as one block, ``with ds.transaction() as conn`` (one
+  ``with`` and one factory call fewer), in the same chunks.
 * plain + idle Python: the plain transaction with as much Python of no use (small objects
   made) as the manager's own warm cost (the "no server" figure below), in the same chunks:
   what Python of that size between two round trips costs on this machine.  On a VM whose
@@ -120,6 +122,15 @@ def tm_one_db(tm, ds, n: int) -> float:
     return time.perf_counter() - t0
 
 
+def ds_one_db(ds, n: int) -> float:
+    """The same transaction as :func:`tm_one_db`, as one block (``XADataSource.transaction``)."""
+    t0 = time.perf_counter()
+    for i in range(n):
+        with ds.transaction() as a, a.cursor() as c:
+            c.execute(UPDATE, (1, i % 10))
+    return time.perf_counter() - t0
+
+
 class _Busy:
     __slots__ = ("a", "b")
 
@@ -154,9 +165,9 @@ def objects_for(us: float) -> int:
 
 
 def one_db_round(tm, ds, conn, n: int, chunk: int, objects: int) -> tuple[float, ...]:
-    """(raw wall, tm wall, busy wall, raw CPU, tm CPU, busy CPU) for ``n`` transactions a
-    side, alternating every ``chunk`` transactions."""
-    raw_wall = tm_wall = busy_wall = raw_cpu = tm_cpu = busy_cpu = 0.0
+    """(raw wall, tm wall, busy wall, one-block wall, raw CPU, tm CPU, busy CPU, one-block CPU)
+    for ``n`` transactions a side, alternating every ``chunk`` transactions."""
+    raw_wall = tm_wall = busy_wall = ds_wall = raw_cpu = tm_cpu = busy_cpu = ds_cpu = 0.0
     done = 0
     while done < n:
         k = min(chunk, n - done)
@@ -167,11 +178,14 @@ def one_db_round(tm, ds, conn, n: int, chunk: int, objects: int) -> tuple[float,
         c2 = time.thread_time()
         busy_wall += busy_one_db(conn, k, objects)
         c3 = time.thread_time()
+        ds_wall += ds_one_db(ds, k)
+        c4 = time.thread_time()
         raw_cpu += c1 - c0
         tm_cpu += c2 - c1
         busy_cpu += c3 - c2
+        ds_cpu += c4 - c3
         done += k
-    return raw_wall, tm_wall, busy_wall, raw_cpu, tm_cpu, busy_cpu
+    return raw_wall, tm_wall, busy_wall, ds_wall, raw_cpu, tm_cpu, busy_cpu, ds_cpu
 
 
 class _NoServer:
@@ -321,8 +335,8 @@ def tm_two_db_threads(tm, ds_a, ds_b, threads: int, n: int) -> float:
 
 def measure(dsn_a: str, dsn_b: str, blocks: int, per_block: int,
             threads: int = 8, chunk: int = 10, busy_us: float = 10.0) -> dict[str, list[float]]:
-    keys = ("raw2", "tm2", "tm2m", "raw1", "tm1", "busy1", "cpu_raw1", "cpu_tm1", "cpu_busy1", "rawN",
-            "tmN", "fsyncs1", "fsyncsN")
+    keys = ("raw2", "tm2", "tm2m", "raw1", "tm1", "busy1", "ds1", "cpu_raw1", "cpu_tm1", "cpu_busy1",
+            "cpu_ds1", "rawN", "tmN", "fsyncs1", "fsyncsN")
     objects = objects_for(busy_us)
     times: dict[str, list[float]] = {k: [] for k in keys}
     per_thread = max(1, per_block // threads)
@@ -339,7 +353,7 @@ def measure(dsn_a: str, dsn_b: str, blocks: int, per_block: int,
             # warm-up: connections, plans, pools
             raw_two_db(conn_a, conn_b, 20), tm_two_db(tm, ds_a, ds_b, 20)
             tm_two_db(tm, ds_a, ds_bm, 20)
-            raw_one_db(conn_a, 20), tm_one_db(tm, ds_a, 20)
+            raw_one_db(conn_a, 20), tm_one_db(tm, ds_a, 20), ds_one_db(ds_a, 20)
             raw_two_db_threads(pairs, 5), tm_two_db_threads(tm, ds_a, ds_b, threads, 5)
             for _ in range(blocks):
                 times["raw2"].append(raw_two_db(conn_a, conn_b, per_block))
@@ -347,14 +361,16 @@ def measure(dsn_a: str, dsn_b: str, blocks: int, per_block: int,
                 times["tm2"].append(tm_two_db(tm, ds_a, ds_b, per_block))
                 times["fsyncs1"].append((lg.fsyncs - before) / per_block)
                 times["tm2m"].append(tm_two_db(tm, ds_a, ds_bm, per_block))
-                raw_wall, tm_wall, busy_wall, raw_cpu, tm_cpu, busy_cpu = one_db_round(
+                raw_wall, tm_wall, busy_wall, ds_wall, raw_cpu, tm_cpu, busy_cpu, ds_cpu = one_db_round(
                     tm, ds_a, conn_a, per_block, chunk, objects)
                 times["raw1"].append(raw_wall)
                 times["tm1"].append(tm_wall)
                 times["busy1"].append(busy_wall)
+                times["ds1"].append(ds_wall)
                 times["cpu_raw1"].append(raw_cpu)
                 times["cpu_tm1"].append(tm_cpu)
                 times["cpu_busy1"].append(busy_cpu)
+                times["cpu_ds1"].append(ds_cpu)
                 times["rawN"].append(raw_two_db_threads(pairs, per_thread))
                 before = lg.fsyncs
                 times["tmN"].append(tm_two_db_threads(tm, ds_a, ds_b, threads, per_thread))
@@ -376,6 +392,7 @@ def report(times: dict[str, list[float]], per_block: int, threads: int = 8, busy
     r1 = statistics.median(t / r for t, r in zip(times["tm1"], times["raw1"], strict=True))
     rn = statistics.median(t / r for t, r in zip(times["tmN"], times["rawN"], strict=True))
     rb = statistics.median(t / r for t, r in zip(times["busy1"], times["raw1"], strict=True))
+    rd = statistics.median(t / r for t, r in zip(times["ds1"], times["raw1"], strict=True))
     return "\n".join([
         f"rounds: {len(times['tm1'])} (interleaved; medians below)",
         f"two-database transfer: txmanager {ms('tm2'):.3f} ms, raw tpc {ms('raw2'):.3f} ms, "
@@ -387,6 +404,8 @@ def report(times: dict[str, list[float]], per_block: int, threads: int = 8, busy
         f"ratio {r1:.2f} (target <= 1.05); client CPU per transaction txmanager "
         f"{ms('cpu_tm1') * 1000:.0f} us, plain {ms('cpu_raw1') * 1000:.0f} us: "
         f"{(ms('cpu_tm1') - ms('cpu_raw1')) * 1000:.0f} us above (issue 33's aim: <= 10)",
+        f"one-database, one block (ds.transaction()): {ms('ds1'):.3f} ms, ratio {rd:.2f}; client CPU "
+        f"{ms('cpu_ds1') * 1000:.0f} us: {(ms('cpu_ds1') - ms('cpu_raw1')) * 1000:.0f} us above plain",
         f"plain + {busy_us:.1f} us of idle Python (warm; the manager's own, measured below): "
         f"{ms('busy1'):.3f} ms, ratio {rb:.2f}; client CPU {ms('cpu_busy1') * 1000:.0f} us (what any "
         f"Python of that size between two round trips costs here)",

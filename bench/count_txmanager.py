@@ -12,6 +12,11 @@ transaction, without start-up.  Paths:
 * ``lazy``: the same through :class:`txmanager.lazy_begin.LazyBeginConnection`;
 * ``tm``: ``with tm.transaction(): with ds.connection() ...`` (one XADataSource,
   one-phase commit, a recovery log that one phase never writes to);
+* ``tm0``: ``tm`` with no timeout (``default_timeout=0``): no clock read, so the difference is
+  what the default 60 s timeout costs (three reads: the deadline, its checks at the enlistment
+  and at the commit);
+* ``tmds``: the ``tm`` transaction as one block, ``with ds.transaction() as a`` (the same
+  transaction, one ``with`` and one factory call fewer);
 * ``tm2``: the same UPDATE in two databases, each through its own XADataSource, the second
   keeping commit marks (as the PostgreSQL WS-RM store does): a two-phase commit, the first
   branch prepared, the second committed in one phase with the decision (``bench_compare``'s
@@ -26,7 +31,7 @@ both databases: one server), and the server's CPU per transaction, user and syst
 ``/proc``: a WAL flush is mostly the system's, ``fdatasync``; a time, so only a guide on a loaded
 machine).
 
-Run: .venv/bin/python bench/count_txmanager.py [--paths plain,sql,lazy,tm,tm2] [--calls | --opcodes | --wal]
+Run: .venv/bin/python bench/count_txmanager.py [--paths plain,sql,lazy,tm,tm0,tmds,tm2] [--calls | --opcodes | --wal]
 """
 
 from __future__ import annotations
@@ -75,7 +80,8 @@ def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None, opcodes: bool
     from txmanager.xid import Xid
 
     with tempfile.TemporaryDirectory() as tmp:
-        tm = TransactionManager(node="count", log=f"{tmp}/tx.log")
+        # tm0: no timeout, so no clock is read (what the default 60 s timeout costs)
+        tm = TransactionManager(node="count", log=f"{tmp}/tx.log", default_timeout=0 if path == "tm0" else 60.0)
         ds = XADataSource(dsn, tm, register_for_recovery=False)
         ds2 = XADataSource(_second(dsn), tm, register_for_recovery=False, commit_marks=True) \
             if path == "tm2" else None
@@ -108,6 +114,10 @@ def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None, opcodes: bool
                 with ds.connection() as a, a.cursor() as c:
                     c.execute(UPDATE, (1, i % 10))
 
+        def one_tmds(i: int) -> None:
+            with ds.transaction() as a, a.cursor() as c:
+                c.execute(UPDATE, (1, i % 10))
+
         def one_tm2(i: int) -> None:
             with tm.transaction():
                 with ds.connection() as a, a.cursor() as c:
@@ -115,7 +125,8 @@ def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None, opcodes: bool
                 with ds2.connection() as b, b.cursor() as c:  # type: ignore[union-attr]
                     c.execute(UPDATE, (1, i % 10))
 
-        one = {"plain": one_plain, "sql": one_sql, "lazy": one_lazy, "tm": one_tm, "tm2": one_tm2}[path]
+        one = {"plain": one_plain, "sql": one_sql, "lazy": one_lazy, "tm": one_tm, "tm0": one_tm, "tmds": one_tmds,
+               "tm2": one_tm2}[path]
         for i in range(200):
             one(i)
         if wal is not None:

@@ -17,7 +17,7 @@ import psycopg2.extensions as ext
 
 from .. import marks as _marks
 from ..lazy_begin import LazyBeginConnection
-from ..manager import TransactionManager
+from ..manager import TransactionManager, _TransactionScope
 from ..transaction import _ACTIVE, AfterCompletion, Transaction, _OnePhase, _monotonic
 from ..xa import (
     XAException,
@@ -198,6 +198,49 @@ class _ConnectionScope:
         return None
 
 
+@contextlib.contextmanager
+def _nested(outer: contextlib.AbstractContextManager[Any],
+            inner: contextlib.AbstractContextManager[Connection]) -> Iterator[Connection]:
+    """``with outer: with inner as conn:`` as one block (XADataSource.transaction with a manager
+    of another class)."""
+    with outer, inner as conn:
+        yield conn
+
+
+class _TransactionConnectionScope:
+    """What ``XADataSource.transaction()`` returns: ``with tm.transaction():`` and ``with
+    ds.connection() as conn:`` as one block.
+
+    It runs those two blocks' own ``__enter__`` (and the transaction's ``__exit__``) as plain
+    calls, on this object's fields of the same names: no code of its own to keep in step with
+    theirs.  One ``with`` rather than two, and one factory call: a block whose ``__enter__``
+    and ``__exit__`` are Python costs about 1,900 client instructions for the protocol alone
+    (CPython 3.11, callgrind; the plain calls about 800), a seventh of what a one-phase
+    transaction adds above plain psycopg2.
+    """
+
+    # No __init__ (see _ConnectionScope); the fields of both scopes, which their methods read.
+    __slots__ = ("_tm", "_timeout", "_tx", "_bound", "_ds", "_local")
+    _tm: TransactionManager
+    _timeout: float | None
+    _tx: Transaction | None
+    _bound: dict[str, Transaction | None]
+    _ds: "XADataSource"
+    _local: None  # never a local connection: the block's transaction is there
+
+    def __enter__(self) -> Connection:
+        _TransactionScope.__enter__(self)  # type: ignore[arg-type]  # begins and binds, or raises
+        try:
+            return _ConnectionScope.__enter__(self)  # type: ignore[arg-type]  # in that transaction
+        except BaseException as exc:  # the block never ran: its transaction rolls back, unbound
+            _TransactionScope.__exit__(self, type(exc), exc, exc.__traceback__)  # type: ignore[arg-type]
+            raise
+
+    # the transaction's end; the connection's is nothing in a transaction (it returns to its
+    # pool when the transaction completes)
+    __exit__ = _TransactionScope.__exit__
+
+
 class XADataSource:
     """Connections to one database, enlisted in the caller's current transaction.
 
@@ -282,6 +325,24 @@ class XADataSource:
         """``with ds.connection() as conn``: the connection of the thread's transaction
         branch here, or a local one outside a transaction (see the class docstring)."""
         scope = _ConnectionScope()
+        scope._ds = self
+        scope._local = None
+        return scope
+
+    def transaction(self, timeout: float | None = None) -> contextlib.AbstractContextManager[Connection]:
+        """``with ds.transaction() as conn:``: ``with ds.tm.transaction(timeout):`` and ``with
+        ds.connection() as conn:`` in one block, for the common transaction that starts in
+        this database.  The same transaction (the thread's, as ``ds.tm.get_transaction()``
+        shows; other resources enlist in it as in the nested blocks), committed when the block
+        ends, rolled back when it raises; a thread that has one already gets
+        ``NotSupportedError``, as from ``tm.transaction()``.  One block costs less than two
+        (see _TransactionConnectionScope).  Not a decorator: the body needs the connection."""
+        tm = self.tm
+        if type(tm) is not TransactionManager:  # another manager: its own blocks, nested
+            return _nested(tm.transaction(timeout), self.connection())  # type: ignore[attr-defined]
+        scope = _TransactionConnectionScope()
+        scope._tm = tm
+        scope._timeout = timeout
         scope._ds = self
         scope._local = None
         return scope

@@ -1,0 +1,136 @@
+"""``XADataSource.transaction()``: ``with tm.transaction(): with ds.connection() as conn`` as one
+block.  It must be that transaction exactly: bound to the thread, joined by other resources,
+committed at the end (one phase alone, two with another database), rolled back on an exception,
+refused inside another, and undone when the connection cannot be had.  Real PostgreSQL."""
+
+from __future__ import annotations
+
+import psycopg2
+import pytest
+
+from txmanager import NotSupportedError, Status, TransactionManager
+from txmanager.postgres import XADataSource
+from txmanager.transaction import _OnePhase
+
+from tests.postgres.support import insert, prepared_gids, run, values
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def dbs(pg_dsn_factory):
+    made = [pg_dsn_factory("dstx_a"), pg_dsn_factory("dstx_b")]
+    for dsn in made:
+        run(dsn, "CREATE TABLE t (id serial PRIMARY KEY, v text NOT NULL)")
+    return made
+
+
+@pytest.fixture
+def tm(tmp_path):
+    manager = TransactionManager(node="dstxtest", log=tmp_path / "tx.log")
+    yield manager
+    manager.close()
+
+
+@pytest.fixture
+def sources(dbs, tm):
+    made = [XADataSource(dsn, tm, resource_name=f"dstx-{i}") for i, dsn in enumerate(dbs)]
+    yield made
+    for ds in made:
+        ds.close()
+
+
+def test_the_block_is_the_threads_transaction_and_commits_in_one_phase(dbs, tm, sources):
+    a, _ = sources
+    fsyncs = tm.log.fsyncs
+    with a.transaction() as conn:
+        tx = tm.get_transaction()
+        assert type(tx) is _OnePhase and tx.status == Status.ACTIVE
+        insert(conn, "one")
+        with a.connection() as again:  # the same branch, as in the nested blocks
+            assert again is conn
+            insert(again, "two")
+    assert tx.status == Status.COMMITTED and tm.get_transaction() is None
+    assert values(dbs[0]) == ["one", "two"]
+    assert len(a._idle) == 1, "the session went back to the pool with the commit"
+    assert tm.log.fsyncs == fsyncs, "one phase: nothing for the recovery log"
+
+
+def test_another_database_joins_and_both_commit_in_two_phases(dbs, tm, sources):
+    a, b = sources
+    fsyncs = tm.log.fsyncs
+    with a.transaction() as ca:
+        insert(ca, "debit")
+        with b.connection() as cb:
+            insert(cb, "credit")
+        assert len(tm.get_transaction().branches) == 2
+    assert values(dbs[0]) == ["debit"] and values(dbs[1]) == ["credit"]
+    assert prepared_gids(dbs[0]) == prepared_gids(dbs[1]) == []
+    assert tm.log.fsyncs > fsyncs, "two phases: the decision was logged"
+
+
+def test_an_exception_rolls_back_and_is_raised(dbs, tm, sources):
+    a, b = sources
+    with pytest.raises(ZeroDivisionError):
+        with a.transaction() as ca:
+            insert(ca, "debit")
+            with b.connection() as cb:
+                insert(cb, "credit")
+            1 / 0
+    assert tm.get_transaction() is None
+    assert values(dbs[0]) == values(dbs[1]) == []
+    with a.transaction() as ca:  # the session is usable again
+        insert(ca, "after")
+    assert values(dbs[0]) == ["after"]
+
+
+def test_inside_another_transaction_it_is_refused_and_leaves_that_one_alone(dbs, tm, sources):
+    a, _ = sources
+    with tm.transaction() as outer:
+        with pytest.raises(NotSupportedError):
+            with a.transaction():
+                pytest.fail("the body must not run")
+        assert tm.get_transaction() is outer and outer.status == Status.ACTIVE
+        with a.connection() as conn:
+            insert(conn, "outer's")
+    assert values(dbs[0]) == ["outer's"]
+
+
+def test_a_connection_that_cannot_be_had_rolls_the_transaction_back_and_unbinds_it(dbs, tm):
+    broken = XADataSource(dbs[0] + " port=1", tm, resource_name="dstx-broken",
+                          register_for_recovery=False)
+    try:
+        with pytest.raises(Exception) as raised:
+            with broken.transaction():
+                pytest.fail("the body must not run")
+        assert not isinstance(raised.value, NotSupportedError)
+        assert tm.get_transaction() is None, "the begun transaction is unbound"
+        with tm.transaction() as tx:  # and the thread can begin another
+            assert tx.status == Status.ACTIVE
+    finally:
+        broken.close()
+
+
+def test_the_timeout_given_is_the_transactions(dbs, tm, sources):
+    a, _ = sources
+    with a.transaction(timeout=123.0) as conn:
+        assert tm.get_transaction().timeout == 123.0
+        insert(conn, "timed")
+    with a.transaction() as conn:
+        assert tm.get_transaction().timeout == tm.default_timeout
+    assert values(dbs[0]) == ["timed"]
+
+
+def test_a_failed_statement_rolls_back_at_the_end(dbs, tm, sources):
+    from txmanager import RollbackError
+
+    a, _ = sources
+    with pytest.raises(RollbackError):
+        with a.transaction() as conn:
+            insert(conn, "before the error")
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("INSERT INTO t (v) VALUES (NULL)")
+            except psycopg2.errors.NotNullViolation:
+                pass  # swallowed by the application: the branch must still roll back
+    assert values(dbs[0]) == []
