@@ -96,7 +96,8 @@ the background processes, and the postmaster with the backends that ended meanwh
 through its reaped children, as the round's total is: the outbox's callers close their sessions
 before the service has counted every row).
 ``BENCH_PG_PROFILE=1`` records the backends of each side's databases with ``perf`` once a tenth
-of the round's messages is in (``pg_profile.py``) and lists their CPU a message by what the server was doing.
+of the round's messages is in (``pg_profile.py``) and lists their CPU a message by what the server was doing;
+``BENCH_PG_PROFILE_DUMP=DIR`` also keeps each recording's stacks (``perf script``) in ``DIR``.
 ``BENCH_PERF_STAT=1`` counts with ``perf stat``, from the round's start, what the client's and the
 service's processes and each side's PostgreSQL backends did a message (a backend started later
 is counted with the postmaster, in ``pg rest``): CPU,

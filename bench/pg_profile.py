@@ -25,7 +25,8 @@ named wins, except that a sample inside a statement's execution stays there):
 
 Needs ``perf`` (Linux) and a server whose binary names its functions (Debian's does: they are
 exported for extensions; its static functions show as unknown frames and fall to the nearest
-named caller).  A measuring tool only.
+named caller).  ``BENCH_PG_PROFILE_DUMP=DIR`` keeps each recording's stacks (``perf script``
+output, leaf first) in ``DIR``, to see what a bucket (``other``) holds.  A measuring tool only.
 """
 
 from __future__ import annotations
@@ -147,6 +148,10 @@ class PerfRecording:
                 return collections.Counter()
             out = subprocess.run(["perf", "script", "-i", str(data), "-F", "ip,sym,dso"], capture_output=True,
                                  text=True, errors="replace", check=False, timeout=600)
+            dump = os.environ.get("BENCH_PG_PROFILE_DUMP")
+            if dump:  # the raw stacks too, one file per recording (for a closer look)
+                Path(dump).mkdir(parents=True, exist_ok=True)
+                (Path(dump) / f"{os.getpid()}-{self._dir.name}.txt").write_text(out.stdout)
             return buckets(out.stdout.splitlines())
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)
