@@ -25,6 +25,7 @@ from ..api import (
     _now,
 )
 from .dialect import Dialect
+from .literals import inline
 from .rows import _RMD_COLS, PRIMARY_KEYS, _cols, _rmd
 from .statements import (
     _DECLINED,
@@ -76,6 +77,8 @@ class SqlTransaction(api.StoreTransaction):
         self._store = store
         self.conn = conn
         self.d = dialect
+        #: psycopg2's placeholders: plain parameters are written into the text here (:mod:`.literals`)
+        self._inlines = dialect.placeholder == "%s"
         self.undo: UndoLog | None = {} if capture_undo else None
         self._global: Any = None
         #: Set by a store whose connection is in autocommit mode for this transaction (the
@@ -173,8 +176,11 @@ class SqlTransaction(api.StoreTransaction):
             for statement, values in after:
                 text += "; " + self._text(statement, values)
                 params = (*params, *values)
+            sent = tuple(params)
+            if self._inlines:
+                text, sent = inline(self.conn, text, sent)  # type: ignore[assignment]
             cur = self.conn.cursor()
-            cur.execute(text, tuple(params))
+            cur.execute(text, sent)
         except Exception as exc:
             if cur is not None:
                 cur.close()
@@ -207,7 +213,7 @@ class SqlTransaction(api.StoreTransaction):
         if self._numbered and "rms_sequence" in sql:
             self.flush()  # as execute: what enqueue only remembered goes first
         try:
-            rode = self.conn.ride(self._text(sql, params), tuple(params) or None)
+            rode = self.conn.ride(*self._sent(sql, params))
         except Exception as exc:
             if self._statements is not None:
                 self._statements.failed(self.conn, exc)
@@ -231,8 +237,9 @@ class SqlTransaction(api.StoreTransaction):
         if self._numbered:
             self.flush()  # as execute: what enqueue only remembered goes first
         try:
-            rode = self.conn.ride_to_commit(self._text(sql, params), tuple(params) or None,
-                                            read=self._text(read, read_params), read_params=tuple(read_params) or None,
+            statement, values = self._sent(sql, params)
+            read_text, read_values = self._sent(read, read_params)
+            rode = self.conn.ride_to_commit(statement, values, read=read_text, read_params=read_values,
                                             answer=answer, declined=_DECLINED, repair=otherwise)
         except Exception as exc:
             if self._statements is not None:
@@ -297,6 +304,14 @@ class SqlTransaction(api.StoreTransaction):
         codec = _codec(getattr(self.conn, "encoding", "UTF8"))
         return {(first.decode(codec), struct.unpack(">q", second)[0]): payload
                 for first, second, payload in _copy_rows(chunks.received)}
+
+    def _sent(self, sql: str, params: Sequence[Any]) -> tuple[str, tuple[Any, ...] | None]:
+        """What is given to psycopg2 for ``sql`` (a ride's): its text (:meth:`_text`, with the plain
+        parameters written in) and the parameters left, None when none is."""
+        text = self._text(sql, params)
+        if self._inlines:
+            return inline(self.conn, text, params)
+        return text, tuple(params) or None
 
     def _text(self, sql: str, params: Sequence[Any]) -> str:
         """What is sent for ``sql``: ``EXECUTE`` of its prepared statement, or the statement."""
