@@ -120,7 +120,10 @@ included, with ``BENCH_PROFILE_CLOCK=wall``).
 ``BENCH_CALLGRIND=server,client`` runs those roles under ``valgrind --tool=callgrind`` (output in
 ``BENCH_CALLGRIND_DIR``, one file per process, start-up included: take the difference of two
 ``--calls``, and a long ``--timeout``).  Every scenario reports each process's context switches per
-message (``switches``: voluntary and involuntary, all its threads, from ``getrusage``).  A SQLite
+message (``switches``: voluntary and involuntary, all its threads, from ``getrusage``).  A reliable
+client reports its sender's counts per message: its sending lanes' claims (``refill claims``) and the
+messages they took (``refilled``; the rest came in its rounds' claims), the messages it sent, those
+its callers sent themselves, and its retransmissions.  A SQLite
 store reports, per message, its commits and fsyncs (``sqlite commits``/``sqlite fsyncs``, its group
 sync's own counts), its transactions' turns on the file (``file turns``) and the milliseconds its
 writers waited for the file and held it (``file wait ms``, ``file held ms``), for each role.
@@ -589,6 +592,7 @@ def client_role(args: argparse.Namespace) -> int:
     _yappi_save(yappi, args)
     if scenario not in PLAIN and scenario != "outbox":
         points.seen.update(_sqlite_counts(first.engine.store, "client"))
+        points.seen.update(_sender_counts(first.engine.retransmission))
     print("STATS " + json.dumps({**points.seen, "cpu_ms": _cpu_ms(), **_memory()}), flush=True)
     return 0
 
@@ -620,6 +624,13 @@ def _sqlite_counts(store: Any, role: str) -> dict[str, float]:
     return {f"count:sqlite commits({role})": sync.commits, f"count:sqlite fsyncs({role})": sync.syncs,
             f"count:file turns({role})": gate.turns, f"count:file wait ms({role})": 1000 * gate.waited,
             f"count:file held ms({role})": 1000 * gate.held}
+
+
+def _sender_counts(sender: Any) -> dict[str, float]:
+    """The client's sender, per message: its sending lanes' refill claims and the messages they
+    claimed, the messages it sent and those its callers sent themselves, and retransmissions."""
+    return {f"count:{name.replace('_', ' ')}(client)": getattr(sender, name, 0)
+            for name in ("refill_claims", "refilled", "messages_sent", "sent_by_callers", "retransmissions")}
 
 
 def _count_reads(points: _Points) -> None:
