@@ -134,3 +134,35 @@ def test_a_failed_statement_rolls_back_at_the_end(dbs, tm, sources):
             except psycopg2.errors.NotNullViolation:
                 pass  # swallowed by the application: the branch must still roll back
     assert values(dbs[0]) == []
+
+
+class OtherManager(TransactionManager):
+    """A manager of another class, whose own ``transaction()`` must be the one used (the data
+    source cannot assume the manager's own scope)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.scopes: list[float | None] = []
+
+    def transaction(self, timeout=None):
+        self.scopes.append(timeout)
+        return super().transaction(timeout)
+
+
+def test_a_manager_of_another_class_gets_the_two_blocks_nested(dbs, tmp_path):
+    other = OtherManager(node="dstxother", log=tmp_path / "other.log")
+    ds = XADataSource(dbs[0], other, resource_name="dstx-other", register_for_recovery=False)
+    try:
+        with ds.transaction(timeout=7.0) as conn:
+            assert other.get_transaction().timeout == 7.0
+            insert(conn, "kept")
+        with pytest.raises(ZeroDivisionError):
+            with ds.transaction() as conn:
+                insert(conn, "undone")
+                1 / 0
+        assert other.get_transaction() is None
+        assert other.scopes == [7.0, None], "its own transaction(), each time"
+        assert values(dbs[0]) == ["kept"]
+    finally:
+        ds.close()
+        other.close()
