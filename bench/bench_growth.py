@@ -58,7 +58,7 @@ PARTS: dict[str, tuple[list[str], list[str]]] = {
 
 #: the lines of each benchmark's output that hold its aims (and what they are measured against)
 _SUMMARY_FROM = ("aims", "latency of a request-reply call", "medians, and the aim", "one-database tx:",
-                 "plain + ", "one-database, no server")
+                 "one-database, one block", "plain + ", "one-database, no server")
 
 
 def _load() -> str:
