@@ -58,10 +58,12 @@ def _refused(exc: psycopg2.Error) -> bool:
 
 
 class _Session:
-    __slots__ = ("names", "seen", "counter")
+    __slots__ = ("names", "executes", "seen", "counter")
 
     def __init__(self) -> None:
         self.names: dict[str, str] = {}  # statement text (? placeholders) -> prepared name
+        #: statement text -> (its parameters' count, the ``EXECUTE`` that runs it): written once
+        self.executes: dict[str, tuple[int, str]] = {}
         self.seen: set[str] = set()  # sent once on this session
         self.counter = 0
 
@@ -83,6 +85,9 @@ class PreparedStatements:
         if session is None:
             with self._lock:
                 session = self._sessions.setdefault(conn, _Session())
+        known = session.executes.get(sql)
+        if known is not None and known[0] == len(params):
+            return known[1]
         settings = _SETTINGS.match(sql)
         prefix = settings.group(0) if settings else ""
         name = session.names.get(sql)
@@ -98,9 +103,9 @@ class PreparedStatements:
             name = self._prepare(conn, session, sql, body)
             if name is None:
                 return None
-        if not params:
-            return f"{prefix}EXECUTE {name}"
-        return f"{prefix}EXECUTE {name} ({', '.join('%s' for _ in params)})"
+        execute = f"{prefix}EXECUTE {name} ({', '.join('%s' for _ in params)})" if params else f"{prefix}EXECUTE {name}"
+        session.executes[sql] = (len(params), execute)
+        return execute
 
     def _prepare(self, conn: Any, session: _Session, sql: str, body: str) -> str | None:
         """``PREPARE`` ``body`` (``sql`` without the settings in front of it) on ``conn``, known

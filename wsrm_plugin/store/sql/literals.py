@@ -63,14 +63,25 @@ def inline(conn: Any, text: str, params: Sequence[Any]) -> tuple[str, tuple[Any,
     strings = conn.encoding == "UTF8" and conn.get_parameter_status("standard_conforming_strings") == "on"
     out = [parts[0]]
     left: list[Any] = []
+    percent = False  # a % written in with a string
     for value, part in zip(params, parts[1:]):  # noqa: B905 -- lengths checked above
-        literal = _literal(value, strings)
-        if literal is None:
-            left.append(value)
-            literal = "%s"
-        out.append(literal)
+        kind = type(value)  # the common kinds first, without a call (_literal's rules)
+        if kind is str and strings and "\x00" not in value:
+            if "'" in value:
+                value = value.replace("'", "''")
+            percent = percent or "%" in value
+            out.append("'" + value + "'")
+        elif kind is int and value >= 0:
+            out.append(str(value))
+        else:
+            literal = _literal(value, strings)
+            if literal is None:
+                left.append(value)
+                literal = "%s"
+            out.append(literal)
         out.append(part)
     if not left:
         return "".join(out), None
-    # psycopg2 formats the text: a % written in with a value stays one
-    return "".join(o if o == "%s" or "%" not in o else o.replace("%", "%%") for o in out), tuple(left)
+    if percent:  # psycopg2 formats the text: a % written in with a value must stay one
+        out[1::2] = [o if o == "%s" else o.replace("%", "%%") for o in out[1::2]]
+    return "".join(out), tuple(left)
