@@ -198,6 +198,8 @@ class ChainMiddleware:
         self.max_message_size = max_message_size
         #: the server whose request handling is run without its WSGI call (:mod:`.direct`), if it may be
         self._direct = application if direct.follows(application) else None
+        if self._direct is not None:
+            direct.watch(application)
         #: What the chain and the service process of SOAP headers (SOAP's mustUnderstand rule).
         self.understood = UnderstoodHeaders(chain, getattr(application, "app", None), understands)
 
@@ -355,16 +357,22 @@ class ChainMiddleware:
         env.pop(_OUT_TREE_KEY, None)
         if chunked and not _listens(getattr(self.application, "event_manager", None), _WSGI_STRING_EVENTS):
             env[_OUT_TREE_KEY] = None  # spyne may leave its answer's tree here, unwritten
-        if self.application is self._direct:  # spyne's request handling without its WSGI call (direct.py)
-            status_line, headers, parts = direct.handle_rpc(self.application, env)
-            body = b"".join(parts)
+        server = self._direct
+        if server is not None and self.application is server:  # spyne's handle_rpc without its WSGI call
+            direct.watching(env)
+            try:
+                status_line, headers, body = self._call_wsgi(env, server.handle_rpc)
+            finally:
+                direct.let_go(env)
         else:
-            status_line, headers, body = self._call_wsgi(env)
+            status_line, headers, body = self._call_wsgi(env, self.application)
         status = int(status_line.split(" ", 1)[0])
         return status, headers, body, bool(env.get(_ONE_WAY_KEY)), env.get(_OUT_TREE_KEY)
 
-    def _call_wsgi(self, env: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
-        """spyne's answer to a WSGI call: its status line, headers and body."""
+    @staticmethod
+    def _call_wsgi(env: dict[str, Any], call: Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+                   ) -> tuple[str, list[tuple[str, str]], bytes]:
+        """spyne's answer to ``call`` (its WSGI call, or its ``handle_rpc``): status line, headers and body."""
         captured: dict[str, Any] = {}
         written: list[bytes] = []
 
@@ -372,7 +380,7 @@ class ChainMiddleware:
             captured["status"], captured["headers"] = status, headers
             return written.append
 
-        result = self.application(env, start_response)
+        result = call(env, start_response)
         try:
             written.extend(result)
         finally:

@@ -1,162 +1,93 @@
-"""Run a request through a spyne ``WsgiApplication`` the way its WSGI call would, without the WSGI call.
+"""Run a request through spyne's own ``WsgiApplication.handle_rpc``, skipping only its WSGI ``__call__``.
 
 The adapter hands spyne every request it lets through (a delivery from the
 store above all) with an environ it builds itself, and reads spyne's answer
-back from ``start_response`` and the returned iterable.  Between the two,
-spyne's ``WsgiApplication.__call__`` rebuilds the request's URL (to tell a
-``?wsdl`` request, which a POST never is), parses the Content-Type with
-``cgi`` for its charset, and hands back its answer through ``start_response``
-and a ``chain`` of its parts: about 50 Python calls per message around the
-steps that matter (``bench_sequences_cpu.py --python-calls``).
+back from ``start_response`` and the returned iterable.  For a POST, spyne's
+``WsgiApplication.__call__`` only rebuilds the request's URL and asks
+``is_wsdl_request`` (which a POST never is) before it calls ``handle_rpc``:
+:func:`follows` says when the adapter may call ``handle_rpc`` itself, so
+that everything spyne does with a request (contexts, events, error handling,
+auxiliary methods) is spyne's own code, not a copy of it.
 
-:func:`handle_rpc` is ``WsgiApplication.handle_rpc`` of the spyne versions in
-:data:`FOLLOWED`, step for step: the same method context (a
-``WsgiMethodContext`` on the same environ, so a method's ``ctx.transport``
-reads what it read), the server's own ``generate_contexts``,
-``get_in_object``, ``get_out_object`` and ``get_out_string``, the same events
-(``wsgi_call``, ``wsgi_return``, ``wsgi_exception``, ``wsgi_close`` and every
-event those steps fire), the same error handling and the same order of
-closing the context and running auxiliary methods.  It returns the status
-line, headers and body parts spyne would have passed to ``start_response``
-and returned.  :func:`follows` says whether a server is one it follows: a
-``WsgiApplication`` of such a spyne version whose request handling is not
-overridden; for any other the adapter makes the WSGI call as before.
+Once the request is done, :func:`let_go` unlinks its method contexts from
+their parts, so that reference counting frees them (see :func:`_let_go`).
+That reads spyne's context internals, so it runs only on the spyne versions
+in :data:`FOLLOWED`; :func:`watch` registers the two listeners it needs.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Iterable
-from inspect import isgenerator
-from itertools import chain
 from typing import Any
 
 import spyne
-from spyne.server import wsgi as spyne_wsgi
-from spyne.server.wsgi import WsgiApplication, WsgiMethodContext
+from spyne.server.wsgi import WsgiApplication
 
-__all__ = ["FOLLOWED", "follows", "handle_rpc"]
+__all__ = ["FOLLOWED", "follows", "let_go", "watch", "watching"]
 
-#: spyne versions whose ``WsgiApplication.handle_rpc`` :func:`handle_rpc` follows
+#: spyne versions whose method contexts :func:`let_go` knows the insides of
 FOLLOWED = ("2.14.",)
 
-#: the methods of ``WsgiApplication`` that handle a POST; a subclass overriding one is called through WSGI
-_REQUEST_HANDLING = ("__call__", "handle_rpc", "handle_error", "_WsgiApplication__reconstruct_wsgi_request",
-                     "_WsgiApplication__wsgi_input_to_iterable", "_WsgiApplication__finalize")
+#: the methods of ``WsgiApplication`` that answer a POST before ``handle_rpc``; a subclass
+#: overriding one is called through WSGI
+_BEFORE_HANDLING = ("__call__", "is_wsdl_request")
+#: in a request environ while the adapter runs it: the method context that ran it, once closed
+_CONTEXT_KEY = "wsrm.spyne_context"
+_WATCHED = "_wsrm_watched_contexts"
 
 
 def follows(server: Any) -> bool:
-    """May :func:`handle_rpc` stand for ``server``'s WSGI call (see the module's docstring)?"""
+    """May the adapter call ``server.handle_rpc`` in place of its WSGI call for a POST?
+
+    A ``WsgiApplication`` of a spyne version in :data:`FOLLOWED` whose
+    ``__call__`` and ``is_wsdl_request`` are spyne's: its WSGI call of a POST
+    then does nothing but call ``handle_rpc`` (which a subclass may override:
+    its own handling runs either way)."""
     if not isinstance(server, WsgiApplication) or not spyne.__version__.startswith(FOLLOWED):
         return False
     cls = type(server)
-    return all(getattr(cls, name) is getattr(WsgiApplication, name) for name in _REQUEST_HANDLING)
+    return all(getattr(cls, name) is getattr(WsgiApplication, name) for name in _BEFORE_HANDLING)
 
 
-@functools.lru_cache(maxsize=64)
-def _charset(content_type: str | None) -> str | None:
-    """The charset ``WsgiApplication`` reads from a request's Content-Type (with ``cgi``, as it does)."""
-    if content_type is None:
-        return None
-    return spyne_wsgi.cgi.parse_header(content_type)[1].get("charset", None)
+def watch(server: WsgiApplication) -> None:
+    """Let :func:`let_go` find a request's method context: spyne's ``wsgi_close`` event shows the
+    one that ran it, closed (a listener added once per server)."""
+    if getattr(server, _WATCHED, False):
+        return
+    server.event_manager.add_listener("wsgi_close", _closed)
+    setattr(server, _WATCHED, True)
 
 
-def handle_rpc(server: WsgiApplication, req_env: dict[str, Any]) -> tuple[str, list[tuple[str, str]], Iterable[Any]]:
-    """``server.handle_rpc(req_env, start_response)`` for a POST: (status line, headers, body parts).
-
-    ``req_env`` must hold the request's body in ``wsgi.input`` and its length in
-    ``CONTENT_LENGTH``, as for the WSGI call.
-    """
-    initial_ctx = WsgiMethodContext(server, req_env, server.app.out_protocol.mime_type)
-    server.event_manager.fire_event("wsgi_call", initial_ctx)
-    initial_ctx.in_string = server._WsgiApplication__wsgi_input_to_iterable(req_env)
-    contexts = server.generate_contexts(initial_ctx, _charset(req_env.get("CONTENT_TYPE")))
-    p_ctx, others = contexts[0], contexts[1:]
-    p_ctx.active = True
-    if p_ctx.in_error:
-        return _handle_error(server, p_ctx, others, p_ctx.in_error)
-    server.get_in_object(p_ctx)
-    if p_ctx.in_error:
-        spyne_wsgi.logger.error(p_ctx.in_error)
-        return _handle_error(server, p_ctx, others, p_ctx.in_error)
-    server.get_out_object(p_ctx)
-    if p_ctx.out_error:
-        return _handle_error(server, p_ctx, others, p_ctx.out_error)
-
-    assert p_ctx.out_object is not None  # spyne's own check
-    g = next(iter(p_ctx.out_object))
-    if len(p_ctx.out_object) == 1 and isgenerator(g):  # spyne runs the method to its first yield
-        first_obj = next(g)
-        p_ctx.out_object = (chain((first_obj,), g),)
-    transport = p_ctx.transport
-    if transport.resp_code is None:
-        transport.resp_code = spyne_wsgi.HTTP_200
-    try:
-        server.get_out_string(p_ctx)
-    except Exception as e:
-        spyne_wsgi.logger.exception(e)
-        p_ctx.out_error = spyne_wsgi.Fault("Server", spyne_wsgi.get_fault_string_from_exception(e))
-        return _handle_error(server, p_ctx, others, p_ctx.out_error)
-
-    if isinstance(p_ctx.out_protocol, spyne_wsgi.HttpRpc) and p_ctx.out_header_doc is not None:
-        transport.resp_headers.update(p_ctx.out_header_doc)
-    if p_ctx.descriptor and p_ctx.descriptor.mtom:
-        out_type_info = p_ctx.descriptor.out_message._type_info
-        if len(out_type_info) == 1:
-            p_ctx.out_object = [p_ctx.out_object]
-        transport.resp_headers, p_ctx.out_string = spyne_wsgi.apply_mtom(
-            transport.resp_headers, p_ctx.out_string, out_type_info.values(), p_ctx.out_object)
-    server.event_manager.fire_event("wsgi_return", p_ctx)
-    if server.chunked:
-        if "Content-Length" in transport.resp_headers:
-            del transport.resp_headers["Content-Length"]
-    else:
-        p_ctx.out_string = ["".join(p_ctx.out_string)]
-    try:
-        len(p_ctx.out_string)
-        transport.resp_headers["Content-Length"] = str(sum([len(a) for a in p_ctx.out_string]))
-    except TypeError:
-        pass
-    status, headers = transport.resp_code, spyne_wsgi._gen_http_headers(transport.resp_headers)
-    parts = p_ctx.out_string
-    _finalize(server, p_ctx)  # spyne closes the context as it builds its answer's iterable
-    try:
-        spyne_wsgi.process_contexts(server, others, p_ctx, error=None)
-    except Exception as e:  # spyne reports and ignores what auxiliary methods raise
-        spyne_wsgi.logger.exception(e)
-    if not others:
-        _let_go(initial_ctx, p_ctx)
-    return status, headers, parts
+def _closed(ctx: Any) -> None:
+    environ = getattr(ctx.transport, "req_env", None)
+    if isinstance(environ, dict) and _CONTEXT_KEY in environ:
+        environ[_CONTEXT_KEY] = ctx
 
 
-def _handle_error(server: WsgiApplication, p_ctx: Any, others: Any, error: Any
-                  ) -> tuple[str, list[tuple[str, str]], Iterable[Any]]:
-    """``WsgiApplication.handle_error``: the fault's answer."""
-    transport = p_ctx.transport
-    if transport.resp_code is None:
-        transport.resp_code = p_ctx.out_protocol.fault_to_http_response_code(error)
-    server.get_out_string(p_ctx)
-    p_ctx.out_string = list(p_ctx.out_string)
-    transport.resp_headers["Content-Length"] = str(sum(len(s) for s in p_ctx.out_string))
-    server.event_manager.fire_event("wsgi_exception", p_ctx)
-    status, headers = transport.resp_code, spyne_wsgi._gen_http_headers(transport.resp_headers)
-    try:
-        spyne_wsgi.process_contexts(server, others, p_ctx, error=error)
-    except Exception as e:
-        spyne_wsgi.logger.exception(e)
-    parts = p_ctx.out_string
-    _finalize(server, p_ctx)
-    if not others:
-        _let_go(p_ctx)
-    return status, headers, parts
+def watching(req_env: dict[str, Any]) -> None:
+    """Note the method context of the request ``req_env`` is the environ of, once closed (:func:`let_go`)."""
+    req_env[_CONTEXT_KEY] = None
+
+
+def let_go(req_env: dict[str, Any]) -> None:
+    """The request of ``req_env`` (see :func:`watching`) is done: let go of its method contexts.
+
+    Only once spyne closed the context that ran it, and only when no
+    auxiliary method shares its parts: spyne makes every context of a request
+    a shallow copy of the first one (the parts are shared), each copy pointing
+    the parts back to itself, the auxiliary ones after the primary one; so the
+    parts pointing back to the closed primary context say there is none."""
+    ctx = req_env.pop(_CONTEXT_KEY, None)
+    if ctx is not None and getattr(ctx.transport, "parent", None) is ctx:
+        _let_go(ctx)
 
 
 #: the parts of a spyne method context that link back to it
 _PARTS = ("transport", "inprot_ctx", "outprot_ctx", "event", "aux")
 
 
-def _let_go(*contexts: Any) -> None:
+def _let_go(ctx: Any) -> None:
     """Unlink a finished request's method contexts from their parts, so reference counting frees them.
 
     Every spyne request makes a reference cycle: its method context holds its
@@ -174,23 +105,13 @@ def _let_go(*contexts: Any) -> None:
     spyne could not read still makes a cycle: the error its context keeps holds
     its traceback, whose frames hold the context.)
     """
-    linked = {id(ctx) for ctx in contexts if ctx is not None}
-    for ctx in contexts:
-        if ctx is None:
+    for name in _PARTS:
+        part = getattr(ctx, name, None)
+        if part is None:
             continue
-        for name in _PARTS:
-            part = getattr(ctx, name, None)
-            if part is None:
-                continue
-            if id(getattr(part, "parent", None)) in linked:
-                part.parent = None
-            subcontexts = getattr(part, "_subctx", None)
-            if isinstance(subcontexts, defaultdict) and not subcontexts:
-                make = functools.partial(part.__class__, None, part.itself, part.type)
-                part._subctx = defaultdict(make)
-
-
-def _finalize(server: WsgiApplication, p_ctx: Any) -> None:
-    """``WsgiApplication.__finalize``."""
-    p_ctx.close()
-    server.event_manager.fire_event("wsgi_close", p_ctx)
+        if getattr(part, "parent", None) is ctx:
+            part.parent = None
+        subcontexts = getattr(part, "_subctx", None)
+        if isinstance(subcontexts, defaultdict) and not subcontexts:
+            make = functools.partial(part.__class__, None, part.itself, part.type)
+            part._subctx = defaultdict(make)

@@ -1,9 +1,10 @@
-"""The adapter runs spyne's request handling without spyne's WSGI call, and spyne answers as through it.
+"""The adapter calls spyne's own request handling without spyne's WSGI call, and spyne answers as through it.
 
 A delivery from the store (and any request the chain lets through) used to reach spyne as a
-WSGI call with an environ the adapter built; ``interceptors.spyne_server.direct`` runs the
-same steps of spyne's ``WsgiApplication.handle_rpc`` without it.  A server whose request
-handling is overridden is still called through WSGI: the two are compared answer for answer.
+WSGI call with an environ the adapter built; the adapter now calls spyne's
+``WsgiApplication.handle_rpc`` itself (``interceptors.spyne_server.direct``), skipping only
+``__call__``.  A server whose ``__call__`` is overridden is still called through WSGI: the two
+are compared answer for answer.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import pytest
 from spyne.server.wsgi import WsgiApplication
 
 from interceptors.chain import Direction, InterceptorChain, Message, Role
-from interceptors.spyne_server import direct
 from interceptors.spyne_server.adapter import engage
 from tests.engine.support import wait_for
 
@@ -53,13 +53,22 @@ def test_a_delivery_runs_the_method_without_spyne_s_wsgi_call(clients):
         assert wait_for(lambda: len(answers) == 1 and len(stacks) == 2), (answers, len(stacks))
     finally:
         server.stop(timeout=5)
-    wsgi = {WsgiApplication.__call__.__code__, WsgiApplication.handle_rpc.__code__}
-    assert [bool(codes & wsgi) for codes in stacks] == [False, False]
-    assert [direct.handle_rpc.__code__ in codes for codes in stacks] == [True, True]
+    assert [WsgiApplication.__call__.__code__ in codes for codes in stacks] == [False, False]
+    assert [WsgiApplication.handle_rpc.__code__ in codes for codes in stacks] == [True, True]
 
 
 class _OwnHandling(WsgiApplication):
-    """Overrides spyne's request handling (as it was): the adapter must make the WSGI call."""
+    """Overrides spyne's WSGI call (as it was): the adapter must make the WSGI call."""
+
+    handled = 0
+
+    def __call__(self, req_env: dict[str, Any], start_response: Any, wsgi_url: Any = None) -> Any:
+        self.handled += 1
+        return super().__call__(req_env, start_response, wsgi_url)
+
+
+class _OwnRpc(WsgiApplication):
+    """Overrides spyne's ``handle_rpc`` only: the adapter calls it, without the WSGI call."""
 
     handled = 0
 
@@ -136,6 +145,20 @@ def test_a_server_put_in_place_later_is_called_as_it_handles_requests() -> None:
                                  http_headers=[("Content-Type", "text/xml; charset=utf-8")])
     assert middleware.deliver(message).status_code == 200
     assert replaced.handled == 1
+
+
+def test_a_server_s_own_handle_rpc_is_called_without_its_wsgi_call() -> None:
+    """A subclass's own ``handle_rpc`` runs for a delivery, and its WSGI call does not (fails with
+    the WSGI call: ``__call__`` on the stack)."""
+    middleware, _ = _served(_OwnRpc)
+    stacks: list[set[Any]] = []
+    middleware.application.app.event_manager.add_listener("method_call",
+                                                          lambda ctx: stacks.append(_codes_on_stack()))
+    message = Message.from_bytes(CASES["answer"], Direction.IN, Role.SERVER,
+                                 http_headers=[("Content-Type", "text/xml; charset=utf-8")])
+    assert middleware.deliver(message).status_code == 200
+    assert middleware.application.handled == 1
+    assert [WsgiApplication.__call__.__code__ in codes for codes in stacks] == [False]
 
 
 def _sentinels_of_ordered_sets(garbage: list[Any]) -> int:
