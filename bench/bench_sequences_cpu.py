@@ -20,6 +20,8 @@ round, so one run's dump (``callgrind.out.<pid>.1``) holds the measured messages
     .venv/bin/python bench/bench_sequences_cpu.py [--calls 3200] [--sequences 16] [--rounds 3]
         [--store memory|sqlite] [--statements 20]
 
+``--store plain`` runs the baseline instead: plain zeep clients, one a calling thread, calling the
+plain spyne service (bench_compare's ``plainN``), the same counts without the layer.
 ``--store sqlite`` puts both sides on SQLite stores (bench_compare's ``sqlite`` scenario) and
 adds each side's store transactions, commits and WAL syncs per message; ``--statements N`` every
 statement SQLite ran per message, by side, and the N run most often (not under callgrind: the
@@ -102,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-threads", type=int, default=4, help="the service's HTTP threads")
     parser.add_argument("--policy", default="", help="RMPolicy knobs of both sides, bench_compare's "
                         "variant syntax: send_concurrency=4+deliver_on_receive=true")
-    parser.add_argument("--store", choices=("memory", "sqlite"), default="memory",
-                        help="both sides' store (sqlite: a file each, in a temporary directory)")
+    parser.add_argument("--store", choices=("memory", "sqlite", "plain"), default="memory",
+                        help="both sides' store (sqlite: a file each, in a temporary directory; plain: "
+                        "no layer, bench_compare's plainN: a zeep client a thread calling the plain spyne "
+                        "service, the baseline of the same counts)")
     parser.add_argument("--statements", type=int, default=0, metavar="N",
                         help="SQLite: also list each side's N statements run most often (a trace "
                         "callback on every connection: leave it out under callgrind)")
@@ -167,14 +171,19 @@ def main(argv: list[str] | None = None) -> int:
             for side in ("service", "client")}
     statements = _SqliteStatements(args.statements) if args.store == "sqlite" else None
     scenario = f"{args.store}~{args.policy}"
-    service = reliable_service(bc._application(), urls["service"], bc._policy(1.0, scenario), name="service")
-    service.serve(threads=args.server_threads)
-    service.start()
-    keys = [f"bench{n}" for n in range(args.sequences)]
-    first = reliable_client(zeep.Client(service.url + "?wsdl"), urls["client"], bc._policy(1.0, scenario), key=keys[0],
-                            name="client", active_keys=keys)
-    stores = {"service": service.engine.store, "client": first.engine.store}
-    clients = [first, *(first.with_key(key) for key in keys[1:])]
+    if args.store == "plain":
+        service, first = _Plain(bc._application(), args.server_threads), None
+        clients = [zeep.Client(service.url + "?wsdl") for _ in range(args.sequences)]
+        stores: dict[str, Any] = {}
+    else:
+        service = reliable_service(bc._application(), urls["service"], bc._policy(1.0, scenario), name="service")
+        service.serve(threads=args.server_threads)
+        service.start()
+        keys = [f"bench{n}" for n in range(args.sequences)]
+        first = reliable_client(zeep.Client(service.url + "?wsdl"), urls["client"], bc._policy(1.0, scenario),
+                                key=keys[0], name="client", active_keys=keys)
+        stores = {"service": service.engine.store, "client": first.engine.store}
+        clients = [first, *(first.with_key(key) for key in keys[1:])]
     sent = 0
 
     def run(calls: int, tag: str) -> None:
@@ -227,13 +236,34 @@ def main(argv: list[str] | None = None) -> int:
                 statements.report(n)
         _callgrind("-d")
     finally:
-        first.stop(timeout=5)
+        if first is not None:
+            first.stop(timeout=5)
         service.stop(timeout=5)
         tmp.cleanup()
         if counted is not None:
             counted.stop()
         garbage.stop()
     return 0
+
+
+class _Plain:
+    """bench_compare's plain service: spyne's ``WsgiApplication`` served by the project's waitress
+    server, no layer (plain zeep clients call it, one a calling thread: ``plainN``)."""
+
+    def __init__(self, application: Any, threads: int) -> None:
+        from spyne.server.wsgi import WsgiApplication
+
+        from interceptors.wsdl import drop_undefined_header_messages
+        from wsrm_plugin.engine.transport import HttpServer
+
+        wsgi = WsgiApplication(application)
+        wsgi.doc.wsdl11.event_manager.add_listener(
+            "wsdl_document_built", lambda document: drop_undefined_header_messages(document.root_elt))
+        self.server = HttpServer(wsgi, threads=threads).start()
+        self.url = self.server.url
+
+    def stop(self, timeout: float) -> None:
+        self.server.stop()
 
 
 def _side(name: str) -> str:
