@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from wsrm_plugin.engine import ReliableEngine
+from wsrm_plugin.engine.source import SequenceKey
 
 from .conftest import fast_policy
 from .support import ACTION, Recorder, item_text, payload, wait_for
@@ -439,3 +440,55 @@ def test_a_lane_done_with_its_rounds_messages_takes_more_of_its_sequence_while_a
     assert client.retransmission.refilled >= 4, client.retransmission.refilled
     assert client.retransmission.retransmissions == 0  # each sent once: the claims counted their attempts
     assert _by_key(received.snapshot()) == {"a": [f"a{i}" for i in range(6)], "b": ["b0", "b1"]}
+
+
+class HoldUntil(InFlight):
+    """InFlight whose application message ``held`` waits (up to ``limit`` seconds) until the one
+    named ``until`` has arrived: another lane of the round sends meanwhile, whatever the
+    machine's speed."""
+
+    def __init__(self, delay: float, held: str, until: str, limit: float) -> None:
+        super().__init__(delay)
+        self.held, self.until, self.limit = held, until, limit
+        self.came = threading.Event()
+
+    def __call__(self, app: Callable[..., Any]) -> Callable[..., Any]:
+        def holding(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+            body = environ["wsgi.input"].getvalue()
+            text = item_text(body) if _APPLICATION_MESSAGE.search(body) else None
+            if text == self.until:
+                self.came.set()
+            elif text == self.held:
+                self.came.wait(self.limit)
+            return app(environ, start_response)
+
+        return super().__call__(holding)
+
+
+def test_a_lanes_refills_take_many_messages_each(engines):
+    """A round's claim gives each of many sequences its share of ``send_batch`` (here 16 over 9
+    sequences: a gets one or two); a lane that sent its share of a long backlog while another lane
+    still sends claims 16 at a time (as many as its flow allows), not as few as it sent: each
+    claim is a store transaction.  Without it, a's lane took 4 refills of 2 and left the rest to
+    the next round, after b0."""
+    watch = HoldUntil(delay=0.01, held="b0", until="a33", limit=20.0)
+    received = Recorder()
+    server = engines("memory:", fast_policy(), serve=True, middleware=watch, application=received)
+    policy = fast_policy(send_concurrency=16, send_batch=16, base_retransmission_interval=30.0, http_timeout=30.0)
+    backlog = {"a": 34, **{key: 2 for key in "bcdefghi"}}
+    client = ReliableEngine("memory:", policy, name="client")
+    # a's peer measured already (a flow starts in order, 2 at a time): its claims' limit is send_batch
+    client.retransmission._flow(SequenceKey(server.endpoint_address, "a", 1, False).encode()).ordered = False
+    for key, count in backlog.items():
+        for i in range(count):
+            client.send(server.endpoint_address, payload(f"{key}{i}"), action=ACTION, key=key)
+    client.start()
+    try:
+        assert wait_for(lambda: client.status().unacked == 0 and len(received.snapshot()) == 50, timeout=60), \
+            client.status()
+    finally:
+        client.stop(timeout=5)
+    arrived = [text for _, text in watch.arrivals]
+    assert arrived.index("a33") < arrived.index("b1"), arrived  # all of a while b0 was held
+    assert client.retransmission.retransmissions == 0
+    assert _by_key(received.snapshot()) == {key: [f"{key}{i}" for i in range(n)] for key, n in backlog.items()}

@@ -88,8 +88,15 @@ _MAX_GO_BACKS = 16
 
 #: Times a sending lane takes more of its sequence while the round's other lanes still send.
 _MAX_REFILLS = 4
-#: Messages a lane's refill takes at least (else as many as it sent last).
-_REFILL_AT_LEAST = 2
+#: Messages a lane's refill takes at least (else as many as it sent last).  Each refill is a store
+#: transaction (on PostgreSQL a round trip with its commit), and a round's claim gives each of
+#: many sequences only a few (``send_batch`` over them: 3 of 50 at 16 sequences), so refills of
+#: 2 or 3 made one claim every 2.4 messages.  XA in one database at 16 sequences
+#: (bench_compare --clients 16, load 20-33): refill claims 0.28 -> 0.11-0.12 a message, PostgreSQL
+#: commits 2.66-2.81 -> 2.44-2.66.  The round lasts longer, so its acknowledgements are applied
+#: later and more rows wait for them (WAL 2.4 -> 2.7-2.8 kB a message: fewer of the claims'
+#: updates find room on their page).
+_REFILL_AT_LEAST = 16
 
 
 class _Sending:
@@ -943,8 +950,8 @@ class RetransmissionWorker:
                 sending.ended()
 
     def _refill(self, seq: RmsSequence, count: int) -> list[_Planned]:
-        """The next ``count`` (at least a few) messages of ``seq`` never sent yet, claimed for
-        the lane that has just sent its round's messages of it (``_run_lanes``).
+        """The next ``count`` (at least :data:`_REFILL_AT_LEAST`) messages of ``seq`` never sent
+        yet, claimed for the lane that has just sent its round's messages of it (``_run_lanes``).
 
         Only the plain case: a reachable peer that took every message the lane sent, never
         seen discarding one sent after a gap, no window to keep (``max_unacknowledged``), no
