@@ -40,7 +40,8 @@ round whose rates are not used, since a traced process runs slower: SQLite
 and the recovery log), PostgreSQL WAL syncs and kB written (pg_stat_wal), PostgreSQL commits
 (pg_stat_database.xact_commit, all databases) and the transaction managers'
 prepared branches, two-phase decisions (logged, or committed as a commit mark)
-and one-phase commits (their checkpoint hook), and the caller's share: the time the client's
+and one-phase commits (their checkpoint hook, set in the counting round only, or in every round
+with BENCH_TM_POINTS=1: it takes a manager off its fast path), and the caller's share: the time the client's
 calling loop took over the whole time (near 1.00, the caller bounds the rate; well below it,
 what comes after the call does: the relay, the sender, the service); and how busy the machine
 was meanwhile (its CPUs' share not idle, from ``/proc/stat``: near 1.00 the run is bound by CPU,
@@ -301,10 +302,17 @@ class _Points:
             self.seen[point] += 1
 
 
-def _tm(node: str, tmp: Path, points: _Points) -> Any:
+#: the transaction manager's own counters (prepared, decided, one-phase): its checkpoint hook, which
+#: is a crash-test hook and takes the manager off its fast one-phase path (1,359 bytecodes a
+#: transaction against 610), so it is set only in the counting round (``--tm-points``) or with
+#: BENCH_TM_POINTS=1: the measured rounds run the path a user runs.
+_TM_POINTS = "prepared", "before_log", "before_commit_one_phase"
+
+
+def _tm(node: str, tmp: Path, points: _Points, counted: bool) -> Any:
     from txmanager import TransactionManager
 
-    return TransactionManager(node=node, log=tmp / f"{node}.tmlog", checkpoint=points)
+    return TransactionManager(node=node, log=tmp / f"{node}.tmlog", checkpoint=points if counted else None)
 
 
 _CPU_AT_START = 0.0
@@ -443,7 +451,7 @@ def server_role(args: argparse.Namespace) -> int:
         else:
             from txmanager.postgres import XADataSource
 
-            tm = _tm("bench-server", tmp, points)
+            tm = _tm("bench-server", tmp, points, args.tm_points)
             # idle sessions kept for every HTTP thread, as the client's data source keeps one per caller
             ds = XADataSource(args.app_dsn, tm, pool_size=max(8, int(_variant(args.scenario)[1].get(
                 "server_threads", 16))))
@@ -541,7 +549,7 @@ def client_role(args: argparse.Namespace) -> int:
         else:
             from txmanager.postgres import XADataSource
 
-            tm = _tm("bench-client", tmp, points)
+            tm = _tm("bench-client", tmp, points, args.tm_points)
             ds = XADataSource(args.app_dsn, tm, pool_size=max(8, args.clients))
             store = f"postgresql:{args.store_dsn}"
         if os.environ.get("BENCH_COUNT_READS"):
@@ -1386,6 +1394,8 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
     common = ["--scenario", variant, "--retransmission-interval", str(args.retransmission_interval)]
     if args.latency:
         common.append("--latency")
+    if strace or os.environ.get("BENCH_TM_POINTS"):
+        common.append("--tm-points")
     server = client = None
     before = _pg_counters(pg)
     counter = _Counter(server_app)
@@ -1593,6 +1603,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retransmission-interval", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--no-strace", action="store_true", help="do not count fsyncs (strace)")
+    parser.add_argument("--tm-points", action="store_true",
+                        help="(a role's) count the transaction managers' prepared/decided/one-phase commits "
+                             "through their checkpoint hook, which takes them off their fast path")
     parser.add_argument("--app-dsn", default="")
     parser.add_argument("--store-dsn", default="")
     parser.add_argument("--url", default="")
@@ -1658,6 +1671,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = run_scenario(scenario, args, pg, workdir)
                 if scenario in counted:  # the fsyncs of this scenario, from the counting round
                     result.fsyncs = dict(counted[scenario].fsyncs)
+                    for point in _TM_POINTS:  # and the manager's counters, unless counted here too
+                        result.tm.setdefault(point, counted[scenario].tm.get(point, 0))
                 results[scenario].append(result)
                 rates[scenario] = result.rate
                 per = result.per_message()
