@@ -65,7 +65,6 @@ def _policy(args: argparse.Namespace) -> RMPolicy:
     if getattr(args, "held_bytes", None):
         limits.update(max_held_bytes=args.held_bytes, max_held_bytes_per_peer=args.held_bytes,
                       max_held_bytes_per_sequence=args.held_bytes)
-    limits["deliver_apart"] = False  # inside unless asked (the default, automatic: --deliver-auto)
     if getattr(args, "deliver_apart", False):
         limits["deliver_apart"] = True
     if getattr(args, "deliver_auto", False):

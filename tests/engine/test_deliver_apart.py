@@ -30,19 +30,13 @@ def _served(engines, store_for, application):
     return server, server.endpoint_address
 
 
-def test_automatic_by_default_and_only_on_sqlite_without_a_transaction_manager(engines, store_for) -> None:
-    """By default a receive chooses (``deliver_apart=None``, see the automatic test below): apart
-    while another sequence's receive is under way, inside otherwise and for a request answered in
-    its HTTP response; ``False`` never delivers apart, ``True`` always, and only on a store whose
-    transactions take the file."""
-    default = engines(store_for("sqlite", "default"), fast_policy(deliver_on_receive=True), name="default")
-    assert default.policy.deliver_apart is None and not default.invoker.delivers_apart
-    assert default.invoker.delivers_apart_now(others_receiving=True)
-    assert not default.invoker.delivers_apart_now(others_receiving=False)
-    assert not default.invoker.delivers_apart_now(answered_in_response=True, others_receiving=True)
-    inside = engines(store_for("sqlite", "inside"), fast_policy(deliver_on_receive=True, deliver_apart=False),
-                     name="inside")
-    assert not inside.invoker.delivers_apart_now(others_receiving=True)
+def test_off_by_default_and_only_on_sqlite_without_a_transaction_manager(engines, store_for) -> None:
+    """By default every receive delivers inside its transaction (``deliver_apart=False``; ``None``
+    chooses per receive, see the automatic test below); ``True`` always delivers apart, and only
+    on a store whose transactions take the file."""
+    quiet = engines(store_for("sqlite", "quiet"), fast_policy(deliver_on_receive=True), name="quiet")
+    assert quiet.policy.deliver_apart is False and not quiet.invoker.delivers_apart
+    assert not quiet.invoker.delivers_apart_now(others_receiving=True)
     memory = engines("memory:", fast_policy(deliver_on_receive=True, deliver_apart=True), name="memory")
     assert not memory.invoker.delivers_apart  # its transactions do not take turns on a file
     assert not memory.invoker.delivers_apart_now(others_receiving=True)

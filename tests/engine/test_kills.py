@@ -221,9 +221,8 @@ def test_random_sigkills_with_16_sequences_at_once_lose_and_repeat_nothing(kind,
     """The client sends on 16 sequences at once (a thread each, one engine): the sender's rounds
     carry all of them and the service delivers them side by side, each in its own order, through
     random kills of either peer (about 1 minute each).  ``sqlite``: the application runs in
-    the receive's transaction (``RMPolicy.deliver_apart=False``); ``sqlite-auto`` (the default):
-    outside the store's transactions whenever another sequence's receive is under way
-    (``RMPolicy.deliver_apart=None``; a message its receipt will surely take runs first; receipts
+    the receive's transaction (the default); ``sqlite-auto``: outside the store's transactions
+    whenever another sequence's receive is under way (``RMPolicy.deliver_apart=None``; receipts
     waiting for the file together are buffered in one transaction), so a kill may come between a
     batch's buffering and its deliveries' commits."""
     auto = kind == "sqlite-auto"

@@ -1,7 +1,7 @@
 """SQLite, delivering inside: receives of several sequences waiting for the file at once run together.
 
 An SQLite store's transactions take turns on the whole file, so receives that
-deliver in their own transaction (``deliver_apart`` off) run one
+deliver in their own transaction (``deliver_apart`` off, the default) run one
 after the other, each holding the file through its application.  Those that
 wait for the file at the same time are now recorded and delivered in one
 transaction by the first of them (``RMPolicy.receive_together``), each in a
@@ -24,7 +24,6 @@ SEQUENCES = 4
 
 
 def _served(engines, store_for, application, **policy):
-    policy.setdefault("deliver_apart", False)  # inside, whether or not another receive is under way
     server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True, **policy),
                      serve=True, application=application, name="server")
     return server, server.endpoint_address

@@ -88,22 +88,20 @@ def test_a_sqlite_service_delivering_apart_runs_its_applications_side_by_side(tm
     _meet_side_by_side(svc, server)
 
 
-def test_memory_and_sqlite_inside_keep_four_threads_and_threads_given_win(tmp_path):
+def test_memory_and_sqlite_keep_four_threads_and_threads_given_win(tmp_path):
     memory = ReliableEngine("memory:")
-    sqlite = ReliableEngine(f"sqlite:///{tmp_path}/s.db")  # automatic by default
-    inside = ReliableEngine(f"sqlite:///{tmp_path}/i.db", RMPolicy(deliver_apart=False))
+    sqlite = ReliableEngine(f"sqlite:///{tmp_path}/s.db")
     apart = ReliableEngine(f"sqlite:///{tmp_path}/a.db", RMPolicy(deliver_apart=True))
     automatic = ReliableEngine(f"sqlite:///{tmp_path}/b.db", RMPolicy(deliver_apart=None))
     on_memory = ReliableEngine("memory:", RMPolicy(deliver_apart=True))  # never apart there
     try:
         assert memory.http_threads == 4
-        assert sqlite.http_threads == 16  # may deliver apart (the default): one application a thread
-        assert inside.http_threads == 4  # delivering inside: the file bounds the rate
+        assert sqlite.http_threads == 4  # delivering inside (the default): the file bounds the rate
         assert apart.http_threads == 16  # the applications run outside the file, one a thread
         assert automatic.http_threads == 16
         assert on_memory.http_threads == 4
         server = memory.serve(threads=2)
         assert server.threads == 2
     finally:
-        for engine in (memory, sqlite, inside, apart, automatic, on_memory):
+        for engine in (memory, sqlite, apart, automatic, on_memory):
             engine.stop(timeout=5)

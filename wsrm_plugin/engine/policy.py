@@ -589,20 +589,16 @@ class RMPolicy:
     #: back in its HTTP response.  An earlier automatic rule, "another transaction holds the
     #: file", sent one client's 1 MiB messages apart whenever a background transaction held it
     #: (46.3 -> 37.5 msg/s); counting receives leaves one caller's messages inside.  True:
-    #: always apart; False: never; None (automatic) by default.  Delivering inside, 16 sequences
-    #: at once hold the service's file 0.91 of the time, 81% of each hold the method's own
-    #: database transaction (its commits one at a time: 1.00 PostgreSQL flushes a message against
-    #: plain 16 threads' 0.65); that bound no CPU saved elsewhere moves.  Automatic, with the
-    #: method run first and 16 HTTP threads, holds it 0.22-0.33 of the time, 3.9 methods at once,
-    #: 0.72 flushes a message, at the same CPU (client 0.98 and service 1.27 ms a message,
-    #: against 0.98 and 1.30): bench_compare --clients 16 --calls 3200 --rounds 5 under
-    #: bench/quiet_disk.py (each fsync 400 us, nice -19; load 10-17), SQLite 0.80 of plain 16
-    #: threads against 0.63 inside, in the same rounds (each fsync 100 us, 3 rounds: 0.85 and 0.83
-    #: against 0.81 and 0.61).  Off by default before (two quiet runs: inside 0.68 against 0.61
-    #: with two commits a message apart and 4 threads; 0.73 against 0.72 before run-first's
-    #: catch-up): measure it quietly with ``--scenarios plainN,sqlite,sqlite~deliver_apart=false``.
+    #: always apart; False (the default): never.  Off by default: on a quiet 2-core machine,
+    #: interleaved in one run (bench_compare --clients 16 --calls 1600 --rounds 3), delivering
+    #: inside ran at 0.68 of plain 16 threads against 0.61 automatic, with 1.08 ms of service CPU
+    #: per message against 1.25; one client's 1 MiB messages 1.05 against 0.99 of plain.  Where
+    #: cores are scarcer than the file (a loaded machine) automatic won (0.54 against 0.28).
+    #: Those runs served 4 HTTP threads (which ran 1.6-2.1 applications at once delivering apart, at
+    #: load 12-14); a service that may deliver apart now serves 16 unless told
+    #: (``APART_HTTP_THREADS``; see there): not yet measured on a quiet machine.
     deliver_apart: bool | None = knob(
-        None, Flag(none="automatic"),
+        False, Flag(none="automatic"),
         "SQLite store, no transaction manager: a receive that delivers (`deliver_on_receive`) buffers the "
         "message in a short transaction and runs the application outside it, so the store's file is free for "
         "other sequences while the application waits (its own database, a call out) and their commits share "
@@ -612,8 +608,7 @@ class RMPolicy:
         "way in this process as the receive begins (one caller's messages in turn stay inside), never for a "
         "request whose reply goes back in its HTTP response",
         cxf="—")
-    #: SQLite without a transaction manager, delivering inside (``deliver_apart`` False, or
-    #: automatic for one caller's messages in turn): receives
+    #: SQLite without a transaction manager, delivering inside (``deliver_apart`` off): receives
     #: of different sequences that wait for the store's file at the same time are recorded and
     #: delivered in one transaction by the first of them, each in a savepoint of its own (a
     #: refusal or a failed application rolls back its part alone), with one commit and one
