@@ -596,7 +596,12 @@ class RMPolicy:
     #: cores are scarcer than the file (a loaded machine) automatic won (0.54 against 0.28).
     #: Those runs served 4 HTTP threads (which ran 1.6-2.1 applications at once delivering apart, at
     #: load 12-14); a service that may deliver apart now serves 16 unless told
-    #: (``APART_HTTP_THREADS``; see there): not yet measured on a quiet machine.
+    #: (``APART_HTTP_THREADS``; see there).  Measured so on a quiet machine (bench_growth, the
+    #: start and end trees alternated, 2026-11-30): 16 sequences, automatic 0.72, 0.68, 0.77 of
+    #: plain 16 threads against inside 0.69, 0.72, 0.77, no gain; one caller's request-reply,
+    #: automatic p99 2.00-2.13x its p50 (the aim is 2x) against inside 1.45-1.51x, and in one
+    #: run of both side by side 7.54 ms against 6.06.  Automatic won only where fsyncs were slow
+    #: (bench/quiet_disk.py at 400 us: 0.82 against 0.43), so it stays a choice, not the default.
     deliver_apart: bool | None = knob(
         False, Flag(none="automatic"),
         "SQLite store, no transaction manager: a receive that delivers (`deliver_on_receive`) buffers the "
