@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 import pytest
+from spyne.auxproc import AuxProcBase
 from spyne.server.wsgi import WsgiApplication
 
 from interceptors.chain import Direction, InterceptorChain, Message, Role
@@ -225,3 +226,63 @@ def test_a_finished_request_leaves_no_spyne_context_for_the_collector(case: str)
             gc.enable()
     assert contexts == 0
     assert kept_env["REQUEST_METHOD"] == "POST"
+
+
+class _LaterAuxProc(AuxProcBase):
+    """An auxiliary processor that runs its methods' contexts when told (as spyne's
+    ``ThreadAuxProc`` runs them in its pool, after the request's answer), not during the request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: list[tuple[Any, Any]] = []
+
+    def process_context(self, server: Any, ctx: Any) -> None:
+        self.waiting.append((server, ctx))
+
+    def run_waiting(self) -> None:
+        while self.waiting:
+            self.process(*self.waiting.pop(0))
+
+
+def _with_auxiliary(server_class: type[WsgiApplication]) -> tuple[Any, Any, list[tuple[bool, Any, Any]]]:
+    """A service whose method has an auxiliary one run later: its adapter, the auxiliary processor,
+    and what the auxiliary method saw of its context (its transport's link to it, the method
+    context its protocol contexts' sub-contexts link to)."""
+    from spyne import Application, ServiceBase, Unicode, rpc
+    from spyne.protocol.soap import Soap11
+
+    later = _LaterAuxProc()
+    seen: list[tuple[bool, Any, Any]] = []
+
+    class Primary(ServiceBase):
+        @rpc(Unicode)
+        def note(ctx, text):  # noqa: N805 -- spyne's signature
+            return None
+
+    class Auxiliary(ServiceBase):
+        @rpc(Unicode, _aux=later)
+        def note(ctx, text):  # noqa: N805 -- spyne's signature
+            seen.append((ctx.transport.parent is ctx, ctx.inprot_ctx["sub"].parent, ctx.outprot_ctx["sub"].parent))
+
+    app = Application([Primary, Auxiliary], tns=TNS, in_protocol=Soap11(validator="lxml"), out_protocol=Soap11())
+    return engage(app, InterceptorChain(), wsgi_application=server_class(app), rm_policy=False), later, seen
+
+
+def test_a_context_an_auxiliary_method_shares_is_not_unlinked() -> None:
+    """An auxiliary method's context shares its parts with the request's (spyne copies it): the
+    adapter leaves them linked when the request is done, so the auxiliary method, run after it,
+    reads its context as through spyne's WSGI call (fails without the check: the protocol
+    contexts' sub-contexts have lost their method context)."""
+    seen = {}
+    for server_class in (WsgiApplication, _OwnHandling):
+        middleware, later, seen[server_class] = _with_auxiliary(server_class)
+        assert (middleware._direct is not None) is (server_class is WsgiApplication)
+        message = Message.from_bytes(_request("<t:note><t:text>q</t:text></t:note>"), Direction.IN, Role.SERVER,
+                                     http_headers=[("Content-Type", "text/xml; charset=utf-8")])
+        assert middleware.deliver(message).status_code == 200
+        assert len(later.waiting) == 1 and seen[server_class] == []  # the auxiliary method waits for its turn
+        later.run_waiting()
+    [(linked, inner, outer)] = seen[WsgiApplication]
+    assert linked and inner is not None and outer is not None
+    [(wsgi_linked, wsgi_inner, wsgi_outer)] = seen[_OwnHandling]
+    assert wsgi_linked and type(inner) is type(wsgi_inner) and type(outer) is type(wsgi_outer)
