@@ -1,4 +1,4 @@
-"""The PostgreSQL store writes its plain parameters (numbers, booleans, NULL, plain strings) into its
+"""The PostgreSQL store writes its plain parameters (numbers, booleans, NULL, plain strings, bytes) into its
 statements' text itself, exactly as psycopg2 would, instead of through psycopg2's adapters, whose
 ``int`` costs about 9 k instructions (see ``wsrm_plugin.store.sql.literals``)."""
 
@@ -18,7 +18,7 @@ from .test_managers import new_rmd, new_rms
 
 pytestmark = pytest.mark.parametrize("store_url", [KINDS[2]], indirect=True)
 
-_PLAIN = (int, float, bool, str)
+_PLAIN = (int, float, bool, str, bytes)
 
 
 @pytest.fixture
@@ -59,14 +59,14 @@ def test_the_stores_statements_reach_psycopg2_with_their_plain_parameters_writte
         (n, f"urn:uuid:{n}", "urn:op'%s") for n in (1, 2, 3)]
     assert [m.next_send_at for m in messages] == [1e12 + n / 4 for n in (1, 2, 3)]
     assert {bytes(m.payload) for m in messages} == {b"<it's 100%/>"}
-    assert adapted == Counter(), adapted  # the payload (bytes) alone is psycopg2's to write
+    assert adapted == Counter(), adapted  # the payload (bytes) too: written in as bytea
 
 
 @pytest.mark.parametrize("strings_on", [True, False], ids=["standard-strings", "backslash-strings"])
 def test_what_is_written_in_is_what_psycopg2_would_have_sent(store: StorageManager, strings_on: bool) -> None:
     values = (0, 1, -5, 10 ** 30, 2.5, -2.5, -0.0, 1e-05, 1732977000.123, float("nan"), float("inf"),
               float("-inf"), True, False, None, "", "plain", "it's", "a\\b", "100%", "%s", "%%",
-              "ünïcødé", b"\x00bytes", memoryview(b"view"))
+              "ünïcødé", b"\x00bytes", b"", b"it's \\ 100%", bytearray(b"\xff'\x00"), memoryview(b"view"))
     with store.begin() as tx:
         conn = tx.conn
         with conn.cursor() as cur:
@@ -78,6 +78,8 @@ def test_what_is_written_in_is_what_psycopg2_would_have_sent(store: StorageManag
                 assert "'plain'" not in text and "plain" in left
             for value in (2.5, True, None, 10 ** 30):
                 assert "%s" not in inline(conn, "SELECT %s", (value,))[0]
+            for value in (b"\x00bytes", bytearray(b"x")):  # bytea: where a backslash is itself
+                assert ("%s" in inline(conn, "SELECT %s", (value,))[0]) is not strings_on
             sent = cur.mogrify(text, left) if left is not None else text.encode()
             assert sent == cur.mogrify(template, values)
             text, left = inline(conn, "SELECT %s, %s", ("NUL\x00in it", 1))

@@ -10,11 +10,14 @@ acknowledgement): near a tenth of each side's instructions.  Written here, in Py
 costs a few hundred.
 
 Only what can be written exactly as psycopg2 writes it is: ``None``, ``bool``, ``int`` and
-``float`` (its ``repr``; NaN and the infinities as psycopg2's casts), and a ``str`` where its
+``float`` (its ``repr``; NaN and the infinities as psycopg2's casts), a ``str`` where its
 quoting is plain SQL (the session's ``standard_conforming_strings`` on, so a backslash is
 itself, and its encoding UTF-8, where no byte of a multi-byte character is a quote; no NUL,
-which psycopg2 refuses): its quotes doubled.  Anything else (bytes, subclasses, dates...) is
-left to psycopg2 with its ``%s``.  The text PostgreSQL receives is the same either way.
+which psycopg2 refuses): its quotes doubled; and ``bytes`` or ``bytearray`` there too, on a
+server of 9.0 or later: ``'\\x<hex>'::bytea``, libpq's escape that psycopg2's ``Binary`` sends
+(its adapter costs as an ``int``'s, and one value left to it made psycopg2 format the whole
+text).  Anything else (memoryviews, subclasses, dates...) is left to psycopg2 with its ``%s``.
+The text PostgreSQL receives is the same either way.
 """
 
 from __future__ import annotations
@@ -26,15 +29,21 @@ from typing import Any
 __all__ = ["inline"]
 
 _FLOATS = {math.inf: "'Infinity'::float", -math.inf: "'-Infinity'::float"}
+#: the types psycopg2 writes as ``bytea`` (its ``Binary``), and so does :func:`_literal`
+_BINARY = (bytes, bytearray)
 
 
-def _literal(value: Any, strings: bool) -> str | None:
+def _literal(value: Any, strings: bool, conn: Any) -> str | None:
     """``value`` as psycopg2 writes it into a query, or None: left to psycopg2."""
     kind = type(value)
     if kind is str:
         if not strings or "\x00" in value:
             return None
         return "'" + value.replace("'", "''") + "'" if "'" in value else "'" + value + "'"
+    if kind in _BINARY:
+        # psycopg2's Binary on a session to PostgreSQL 9.0 or later: libpq's hex escape, whose
+        # one backslash is itself only where standard_conforming_strings is on
+        return "'\\x" + value.hex() + "'::bytea" if strings and conn.server_version >= 90000 else None
     if value is None:
         return "NULL"
     if kind is int:
@@ -74,7 +83,7 @@ def inline(conn: Any, text: str, params: Sequence[Any]) -> tuple[str, tuple[Any,
         elif kind is int and value >= 0:
             out.append(str(value))
         else:
-            literal = _literal(value, strings)
+            literal = _literal(value, strings, conn)
             if literal is None:
                 left.append(value)
                 literal = "%s"
