@@ -74,8 +74,10 @@ def test_what_is_written_in_is_what_psycopg2_would_have_sent(store: StorageManag
                 cur.execute("SET standard_conforming_strings TO off")
             template = "SELECT " + ", ".join(["%s"] * len(values))
             text, left = inline(conn, template, values)
-            if not strings_on:  # a backslash would be an escape there: strings are psycopg2's
-                assert "'plain'" not in text and "plain" in left
+            if not strings_on:  # a backslash would be an escape there: such a string is psycopg2's
+                assert "a\\b" in left and "'plain'" in text and "plain" not in left
+            else:
+                assert "a\\b" not in left
             for value in (2.5, True, None, 10 ** 30):
                 assert "%s" not in inline(conn, "SELECT %s", (value,))[0]
             for value in (b"\x00bytes", bytearray(b"x")):  # bytea: where a backslash is itself
@@ -94,3 +96,42 @@ def test_a_text_with_a_percent_of_its_own_is_left_to_psycopg2(store: StorageMana
         assert inline(tx.conn, "SELECT 1", ()) == ("SELECT 1", None)
         assert inline(tx.conn, "SELECT %s", (1, 2)) == ("SELECT %s", (1, 2))  # psycopg2 says what is wrong
 
+
+
+class _Asking:
+    """A session, counting how often its ``standard_conforming_strings`` is asked for."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+        self.encoding = conn.encoding
+        self.server_version = conn.server_version
+        self.asked = 0
+
+    def get_parameter_status(self, name: str) -> str:
+        self.asked += 1
+        return self.conn.get_parameter_status(name)
+
+
+def test_only_a_literal_with_a_backslash_asks_the_session_how_it_reads_one(store: StorageManager) -> None:
+    with store.begin() as tx:
+        session = _Asking(tx.conn)
+        plain = ("urn:uuid:1", "it's", "100%", 7, -7, 2.5, None, True)
+        assert inline(session, "SELECT " + ", ".join(["%s"] * len(plain)), plain)[1] is None
+        assert session.asked == 0  # the setting cannot change what these mean
+        assert inline(session, "SELECT %s, %s, %s", ("a\\b", 1, "c\\d"))[1] is None
+        assert session.asked == 1  # asked once a statement
+        assert inline(session, "SELECT %s", (b"\x00bytes",))[1] is None  # '\x..'::bytea
+        assert session.asked == 2
+
+
+def test_a_session_that_sets_its_strings_is_followed_at_once(store: StorageManager) -> None:
+    with store.begin() as tx:
+        conn = tx.conn
+        with conn.cursor() as cur:
+            for setting in ("off", "on", "off"):
+                cur.execute(f"SET standard_conforming_strings TO {setting}")
+                text, left = inline(conn, "SELECT %s, %s", ("a\\'b", "c'd"))
+                assert (left is None) is (setting == "on"), (setting, text, left)
+                cur.execute(text, left)
+                assert cur.fetchone() == ("a\\'b", "c'd")
+            cur.execute("ROLLBACK")

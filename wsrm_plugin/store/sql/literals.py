@@ -10,14 +10,16 @@ acknowledgement): near a tenth of each side's instructions.  Written here, in Py
 costs a few hundred.
 
 Only what can be written exactly as psycopg2 writes it is: ``None``, ``bool``, ``int`` and
-``float`` (its ``repr``; NaN and the infinities as psycopg2's casts), a ``str`` where its
-quoting is plain SQL (the session's ``standard_conforming_strings`` on, so a backslash is
-itself, and its encoding UTF-8, where no byte of a multi-byte character is a quote; no NUL,
-which psycopg2 refuses): its quotes doubled; and ``bytes`` or ``bytearray`` there too, on a
-server of 9.0 or later: ``'\\x<hex>'::bytea``, libpq's escape that psycopg2's ``Binary`` sends
-(its adapter costs as an ``int``'s, and one value left to it made psycopg2 format the whole
-text).  Anything else (memoryviews, subclasses, dates...) is left to psycopg2 with its ``%s``.
-The text PostgreSQL receives is the same either way.
+``float`` (its ``repr``; NaN and the infinities as psycopg2's casts), and a ``str`` where its
+quoting is plain SQL: its encoding UTF-8, where no byte of a multi-byte character is a quote,
+no NUL (which psycopg2 refuses), and a backslash, if it has one, itself (the session's
+``standard_conforming_strings`` on, asked then: a string without one means the same either
+way, so most statements never ask).  Its quotes doubled are then the whole of the escaping.
+And ``bytes`` or ``bytearray`` where a backslash is itself too, on a server of 9.0 or later:
+``'\\x<hex>'::bytea``, libpq's escape that psycopg2's ``Binary`` sends (its adapter costs as an
+``int``'s, and one value left to it made psycopg2 format the whole text).  Anything else
+(memoryviews, subclasses, dates...) is left to psycopg2 with its ``%s``.  PostgreSQL reads the
+same values either way (the same text, where psycopg2 writes no ``E''`` of its own).
 """
 
 from __future__ import annotations
@@ -33,21 +35,13 @@ _FLOATS = {math.inf: "'Infinity'::float", -math.inf: "'-Infinity'::float"}
 _BINARY = (bytes, bytearray)
 
 
-def _literal(value: Any, strings: bool, conn: Any) -> str | None:
-    """``value`` as psycopg2 writes it into a query, or None: left to psycopg2."""
-    kind = type(value)
-    if kind is str:
-        if not strings or "\x00" in value:
-            return None
-        return "'" + value.replace("'", "''") + "'" if "'" in value else "'" + value + "'"
-    if kind in _BINARY:
-        # psycopg2's Binary on a session to PostgreSQL 9.0 or later: libpq's hex escape, whose
-        # one backslash is itself only where standard_conforming_strings is on
-        return "'\\x" + value.hex() + "'::bytea" if strings and conn.server_version >= 90000 else None
+def _literal(value: Any, conn: Any) -> str | None:
+    """``value`` as psycopg2 writes it into a query, or None: left to psycopg2.  The kinds
+    :func:`inline`'s loop does not write itself: a plain ``str`` and an ``int`` are written
+    there, without a call, and only there (most of a statement's parameters are those)."""
     if value is None:
         return "NULL"
-    if kind is int:
-        return str(value) if value >= 0 else f" {value}"  # psycopg2's space: "- -1" is no comment
+    kind = type(value)
     if kind is bool:
         return "true" if value else "false"
     if kind is float:
@@ -55,7 +49,21 @@ def _literal(value: Any, strings: bool, conn: Any) -> str | None:
             return "'NaN'::float"
         text = _FLOATS.get(value) or repr(value)
         return " " + text if text[0] == "-" else text
+    if kind in _BINARY:
+        # psycopg2's Binary on a session to PostgreSQL 9.0 or later: libpq's hex escape, whose
+        # one backslash is itself only where standard_conforming_strings is on
+        return "'\\x" + value.hex() + "'::bytea" if conn.encoding == "UTF8" and standard_strings(conn) \
+            and conn.server_version >= 90000 else None
     return None
+
+
+def standard_strings(conn: Any) -> bool:
+    """Is a backslash in a plain string literal itself on ``conn``'s session now (its
+    ``standard_conforming_strings`` on)?  Asked of libpq each time, at more cost than the rest of
+    a statement's parameters together: a session can ``SET`` it, a rollback can undo that
+    ``SET``, and an XA branch's session is shared with the application, so no copy of it could
+    be trusted.  Only a literal whose meaning depends on it asks."""
+    return conn.get_parameter_status("standard_conforming_strings") == "on"
 
 
 def inline(conn: Any, text: str, params: Sequence[Any]) -> tuple[str, tuple[Any, ...] | None]:
@@ -69,21 +77,26 @@ def inline(conn: Any, text: str, params: Sequence[Any]) -> tuple[str, tuple[Any,
         return text, tuple(params)
     if not params:
         return text, None
-    strings = conn.encoding == "UTF8" and conn.get_parameter_status("standard_conforming_strings") == "on"
+    utf8 = conn.encoding == "UTF8"  # psycopg2's own: the encoding it sends the text in
+    strings: bool | None = None  # standard_strings(conn), asked once a literal depends on it
     out = [parts[0]]
     left: list[Any] = []
     percent = False  # a % written in with a string
     for value, part in zip(params, parts[1:]):  # noqa: B905 -- lengths checked above
-        kind = type(value)  # the common kinds first, without a call (_literal's rules)
-        if kind is str and strings and "\x00" not in value:
+        kind = type(value)
+        # a plain str: its quotes doubled are the whole of the escaping in UTF-8 (no byte of a
+        # character is a quote) without a NUL (psycopg2 refuses one) where a backslash, if it
+        # has one, is itself (standard strings, asked of the session then)
+        if kind is str and utf8 and "\x00" not in value and (
+                "\\" not in value or (strings if strings is not None else (strings := standard_strings(conn)))):
             if "'" in value:
                 value = value.replace("'", "''")
             percent = percent or "%" in value
             out.append("'" + value + "'")
-        elif kind is int and value >= 0:
-            out.append(str(value))
+        elif kind is int:
+            out.append(str(value) if value >= 0 else f" {value}")  # psycopg2's space: "- -1" is no comment
         else:
-            literal = _literal(value, strings, conn)
+            literal = _literal(value, conn)
             if literal is None:
                 left.append(value)
                 literal = "%s"
