@@ -1385,15 +1385,18 @@ class Destination:
         guessed = None
         if (item.direct or consuming or item.buffers_apart) and not header.last_message:
             take = item.direct or consuming
-            try:
-                guessed = tx.receive_in_order(identifier, number, now=now, answering=answering,
-                                              acknowledging=acknowledging, take=take, commits=commits)
-            except CommitDeclined:  # nothing of it written: again, a round trip more (see _records_declined)
-                self._records_declined[identifier] = None
-                while len(self._records_declined) > _REMEMBERED_OWNERS:
-                    self._records_declined.popitem(last=False)
-                guessed = tx.receive_in_order(identifier, number, now=now, answering=answering,
-                                              acknowledging=acknowledging, take=take)
+            while True:  # twice at most: a declined commit is tried again without it
+                try:
+                    guessed = tx.receive_in_order(identifier, number, now=now, answering=answering,
+                                                  acknowledging=acknowledging, take=take, commits=commits)
+                    break
+                except CommitDeclined:  # nothing of it written: again, a round trip more (see _records_declined)
+                    if commits is None:
+                        raise
+                    commits = None
+                    self._records_declined[identifier] = None
+                    while len(self._records_declined) > _REMEMBERED_OWNERS:
+                        self._records_declined.popitem(last=False)
         if guessed is not None:
             item.wrote = True  # a refusal below must roll its writes back, in a batch too
             before, taken_with_receipt = guessed
