@@ -19,21 +19,6 @@ class Crash(BaseException):
     """Raised by a checkpoint hook: the commit stops dead there, as in a kill -9."""
 
 
-@pytest.fixture
-def tm(tmp_path):
-    manager = TransactionManager(node="dstest", log=tmp_path / "tx.log")
-    yield manager
-    manager.close()
-
-
-@pytest.fixture
-def sources(dbs, tm):
-    made = [XADataSource(dsn, tm, resource_name=f"ds-{i}") for i, dsn in enumerate(dbs)]
-    yield made
-    for ds in made:
-        ds.close()
-
-
 def test_a_transaction_over_two_databases_commits_both(dbs, tm, sources):
     a, b = sources
     with tm.transaction() as tx:

@@ -12,32 +12,9 @@ from txmanager import NotSupportedError, Status, TransactionManager
 from txmanager.postgres import XADataSource
 from txmanager.transaction import _OnePhase
 
-from tests.postgres.support import insert, prepared_gids, run, values
+from tests.postgres.support import insert, prepared_gids, values
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def dbs(pg_dsn_factory):
-    made = [pg_dsn_factory("dstx_a"), pg_dsn_factory("dstx_b")]
-    for dsn in made:
-        run(dsn, "CREATE TABLE t (id serial PRIMARY KEY, v text NOT NULL)")
-    return made
-
-
-@pytest.fixture
-def tm(tmp_path):
-    manager = TransactionManager(node="dstxtest", log=tmp_path / "tx.log")
-    yield manager
-    manager.close()
-
-
-@pytest.fixture
-def sources(dbs, tm):
-    made = [XADataSource(dsn, tm, resource_name=f"dstx-{i}") for i, dsn in enumerate(dbs)]
-    yield made
-    for ds in made:
-        ds.close()
 
 
 def test_the_block_is_the_threads_transaction_and_commits_in_one_phase(dbs, tm, sources):

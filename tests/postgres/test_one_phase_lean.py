@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from txmanager import RollbackError, Status, TransactionError, TransactionManager, TransactionTimeoutError
+from txmanager import RollbackError, Status, TransactionError, TransactionTimeoutError
 from txmanager.postgres import XADataSource
 from txmanager.transaction import AfterCompletion, Transaction, _OnePhase
 
@@ -32,13 +32,6 @@ def db(pg_dsn_factory):
     dsn = pg_dsn_factory("lean")
     run(dsn, "CREATE TABLE t (id serial PRIMARY KEY, v text NOT NULL)")
     return dsn
-
-
-@pytest.fixture
-def tm(tmp_path):
-    manager = TransactionManager(node="leantest", log=tmp_path / "tx.log")
-    yield manager
-    manager.close()
 
 
 @pytest.fixture

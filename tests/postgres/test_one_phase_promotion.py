@@ -15,7 +15,7 @@ from __future__ import annotations
 import psycopg2
 import pytest
 
-from txmanager import HeuristicHazardError, RollbackError, Status, TransactionManager
+from txmanager import HeuristicHazardError, RollbackError, Status
 from txmanager.postgres import XADataSource
 from txmanager.transaction import AfterCompletion
 from txmanager.xa import XA_RBINTEGRITY
@@ -26,22 +26,13 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def tm(tmp_path):
-    manager = TransactionManager(node="optest", log=tmp_path / "tx.log")
-    yield manager
-    manager.close()
-
-
-@pytest.fixture
-def sources(dbs, tm):
-    made = [XADataSource(dsn, tm, resource_name=f"op-{i}") for i, dsn in enumerate(dbs)]
-    for ds in made:  # each pool has a session: the transactions below take it
+def sources(sources, tm):
+    """The shared two data sources, each pool given a session: the transactions below take it."""
+    for ds in sources:
         with tm.transaction():
             with ds.connection() as conn:
                 insert(conn, "warm")
-    yield made
-    for ds in made:
-        ds.close()
+    return sources
 
 
 class Note(AfterCompletion):
