@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from wsrm_plugin.statemachine import MessageState, Stage
 from wsrm_plugin.wire import CloseSequence, SequenceAcknowledgement
 
 from .conftest import fast_policy
@@ -23,8 +24,9 @@ from .support import RM11, Recorder, post, protocol_request, wait_for
 from .test_bad_input import open_sequence, send_ok
 
 
-def _served(engines, store_for, application):
-    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True, deliver_apart=True),
+def _served(engines, store_for, application, **policy: Any):
+    server = engines(store_for("sqlite", "server"),
+                     fast_policy(deliver_on_receive=True, deliver_apart=True, **policy),
                      serve=True, application=application, name="server")
     assert server.invoker.delivers_apart
     return server, server.endpoint_address
@@ -150,3 +152,77 @@ def test_a_receive_behind_the_buffer_delivers_it_through(engines, store_for) -> 
     assert received.snapshot() == ["a1", "a2", "a3", "a4"]
     assert server.destination.delivered_before_receipt == before + 1
     assert _received_and_buffered(server, identifier) == ([(1, 4)], 0)
+
+
+# -- the delivery machine's stages of delivering apart (statemachine.delivery) ------------------
+
+def test_a_message_its_receive_delivers_apart_is_apart_meanwhile(engines, store_for) -> None:
+    """Message 1 (never run first) is buffered and delivered apart by its receive: while its
+    application runs, the machine has it APART (KEPT_APART), so an invoker thread's claim is
+    refused; the delivery's commit (COMMITTED) leaves nothing kept.  (It was SETTLING, as if
+    it had failed, before the machine had the stage.)"""
+    received = Recorder()
+    running, release = threading.Event(), threading.Event()
+
+    def application(envelope: bytes, context: object) -> None:
+        received(envelope, context)
+        running.set()
+        assert release.wait(30)
+
+    server, url = _served(engines, store_for, application)
+    identifier = open_sequence(url, RM11)
+    answers: dict[str, object] = {}
+    first = threading.Thread(target=lambda: answers.__setitem__("a1", send_ok(url, RM11, identifier, 1, "a1")))
+    first.start()
+    try:
+        assert running.wait(20)
+        with server.store.begin() as tx:
+            msg = tx.invoker.get(identifier, 1)
+        assert msg is not None  # buffered, and committed so
+        assert server.invoker.message_state(msg) == MessageState(Stage.APART)
+    finally:
+        release.set()
+        first.join(30)
+    assert answers == {"a1": [(1, 1)]}
+    assert received.snapshot() == ["a1"]
+    assert server.invoker.message_state(msg) == MessageState(Stage.WAITING)  # nothing kept: its row's
+    assert _received_and_buffered(server, identifier) == ([(1, 1)], 0)
+
+
+def _failed_once(server, identifier: str, number: int) -> Any:
+    """The buffered message ``number`` once its failed try is counted (its retry far off)."""
+    def counted() -> Any:
+        with server.store.begin() as tx:
+            msg = tx.invoker.get(identifier, number)
+        return msg if msg is not None and msg.attempts == 1 else None
+    assert wait_for(lambda: counted() is not None, timeout=20)
+    return counted()
+
+
+def test_a_failure_apart_is_judged_as_any(engines, store_for) -> None:
+    """Message 1's application fails, delivered apart (APART -> FAILED -> SETTLING, judged): the
+    message stays buffered with the application's error counted, as any failed delivery."""
+    received = Recorder(fail_on=lambda text: text == "a1")
+    server, url = _served(engines, store_for, received, delivery_retry_delay=300.0, max_delivery_retry_delay=300.0)
+    identifier = open_sequence(url, RM11)
+    assert send_ok(url, RM11, identifier, 1, "a1") == [(1, 1)]  # received: acknowledged all the same
+    msg = _failed_once(server, identifier, 1)
+    assert "the application refuses 'a1'" in (msg.last_error or ""), msg.last_error
+    assert server.invoker.message_state(msg) == MessageState(Stage.RETRY_WAIT, alone=True)
+    assert received.calls == 1 and received.snapshot() == []
+
+
+def test_a_failure_before_the_receipt_buffers_the_message_and_counts_the_try(engines, store_for) -> None:
+    """Message 2's application, run before its receipt, fails (RUNNING_FIRST -> FAILED ->
+    SETTLING, judged): nothing of it was stored, so it is received into the buffer with the
+    application's error counted, as any failed delivery on receipt."""
+    received = Recorder(fail_on=lambda text: text == "a2")
+    server, url = _served(engines, store_for, received, delivery_retry_delay=300.0, max_delivery_retry_delay=300.0)
+    identifier = open_sequence(url, RM11)
+    assert send_ok(url, RM11, identifier, 1, "a1") == [(1, 1)]
+    assert send_ok(url, RM11, identifier, 2, "a2") == [(1, 2)]
+    msg = _failed_once(server, identifier, 2)
+    assert "the application refuses 'a2'" in (msg.last_error or ""), msg.last_error
+    assert server.invoker.message_state(msg) == MessageState(Stage.RETRY_WAIT, alone=True)
+    assert received.calls == 2 and received.snapshot() == ["a1"]
+    assert server.destination.delivered_before_receipt == 0

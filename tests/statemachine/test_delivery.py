@@ -23,6 +23,7 @@ from wsrm_plugin.statemachine import (
 from .helpers import cells, check_cell, reachable
 
 U, ALONE, SETTLING_R, SETTLED = Reason.UNEXPECTED, Reason.DELIVERED_ALONE, Reason.BEING_SETTLED, Reason.SETTLED
+APART_R, FIRST_R = Reason.DELIVERED_APART, Reason.RUNNING_FIRST
 RUN, JUDGE, GIVE_UP, POISON = ["RUN_APPLICATION"], ["JUDGE_FAILURE"], ["GIVE_UP"], ["POISON"]
 
 
@@ -38,12 +39,21 @@ def settled(**extra: object) -> dict[str, object]:
 
 
 TABLE = {
-    "WAITING": row(CLAIM=("DELIVERING", RUN), FOLLOW=("DELIVERING", RUN), HOLD=("HELD", [])),
-    "WAITING alone": row(CLAIM=("DELIVERING alone", RUN), FOLLOW=ALONE, HOLD=("HELD", [])),
+    "WAITING": row(CLAIM=("DELIVERING", RUN), FOLLOW=("DELIVERING", RUN), HOLD=("HELD", []),
+                   KEPT_APART=("APART", [])),
+    "WAITING alone": row(CLAIM=("DELIVERING alone", RUN), FOLLOW=ALONE, HOLD=("HELD", []),
+                         KEPT_APART=("APART alone", [])),
     "DELIVERING": row(COMMITTED=("DELIVERED", []), FAILED=("SETTLING alone", JUDGE), ROLLED_BACK=("WAITING", []),
                       BATCH_COMMIT_FAILED=("WAITING alone", [])),
     "DELIVERING alone": row(COMMITTED=("DELIVERED", []), FAILED=("SETTLING alone", JUDGE),
                             ROLLED_BACK=("WAITING alone", []), BATCH_COMMIT_FAILED=("WAITING alone", [])),
+    # delivering apart: buffered by its receive, which delivers it itself; or run before its receipt
+    "APART": row(CLAIM=APART_R, FOLLOW=APART_R, KEPT_APART=APART_R, COMMITTED=("DELIVERED", []),
+                 FAILED=("SETTLING alone", JUDGE), ROLLED_BACK=("WAITING", [])),
+    "APART alone": row(CLAIM=APART_R, FOLLOW=APART_R, KEPT_APART=APART_R, COMMITTED=("DELIVERED", []),
+                       FAILED=("SETTLING alone", JUDGE), ROLLED_BACK=("WAITING alone", [])),
+    "RUNNING_FIRST": row(CLAIM=FIRST_R, FOLLOW=FIRST_R, KEPT_APART=FIRST_R, COMMITTED=("DELIVERED", []),
+                         FAILED=("SETTLING alone", JUDGE)),
     "SETTLING alone": row(CLAIM=SETTLING_R, FOLLOW=SETTLING_R,
                           RETRY=("RETRY_WAIT alone", []), NEXT_CYCLE=("CYCLE_WAIT alone", []),
                           ANSWER_LATER=("TO_ANSWER alone", []), POISON_LATER=("TO_POISON alone", []),
@@ -76,8 +86,8 @@ def test_transition(label, event, expected):
     check_cell(MessageState, transition, label, event, expected)
 
 
-def test_every_valid_state_is_reachable_from_the_two_ways_in():
-    start = {MessageState.initial(), MessageState.initial(taken_on_receipt=True)}
+def test_every_valid_state_is_reachable_from_the_three_ways_in():
+    start = {MessageState.initial(), MessageState.initial(taken_on_receipt=True), MessageState.initial(run_first=True)}
     assert reachable(start, message_transition, MessageEvent) == set(MessageState.valid_states())
 
 
@@ -86,6 +96,8 @@ def test_states_that_cannot_exist_are_refused():
         MessageState(Stage.DELIVERED, alone=True)
     with pytest.raises(ValueError, match="failed before"):
         MessageState(Stage.RETRY_WAIT)
+    with pytest.raises(ValueError, match="never in the buffer"):
+        MessageState(Stage.RUNNING_FIRST, alone=True)
     with pytest.raises(TypeError):
         MessageState("WAITING")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="optionally followed by 'alone'"):

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..statemachine import InvalidTransition, Reception, RMDEvent, Stage, rmd_receive, rmd_transition
+from ..statemachine import InvalidTransition, Reception, RMDEvent, rmd_receive, rmd_transition
 from ..store import (
     BufferedMessage, CommitDeclined, RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreTransaction,
 )
@@ -896,9 +896,10 @@ class Destination:
         msg = self._taken_message(item)
         for_sequence(log, msg.sequence_id, msg.number).info(
             "delivery on receipt failed (%s: %s): kept in the buffer", type(failure).__name__, failure)
+        if not item.ran_first:  # (deliver_first made a message that ran first SETTLING itself)
+            invoker.hold(msg)  # no invoker thread takes it before its attempt is counted
         item.direct = item.taken = item.handed_over = item.ran_first = False
         item.wrote = False
-        invoker.hold(msg)  # no invoker thread takes it before its attempt is counted
         try:
             with self.store.begin() as tx:
                 recorded = self._record(tx, item)
@@ -1114,15 +1115,15 @@ class Destination:
                     and self._anonymous(reply_to.address if reply_to is not None else None):
                 return None
             item.wrote = item.taken = item.handed_over = item.buffers_apart = False
+            msg = self._taken_message(item)
             item.direct = item.ran_first = True
             item.recorded = None
             try:
                 item.handed_over = invoker.deliver_first(
-                    self._taken_message(item), lambda tx: self._record_ran_first(tx, item),
+                    msg, lambda tx: self._record_ran_first(tx, item),
                     lambda: self._record_ran_first_with_others(item))
             except Exception as exc:  # noqa: BLE001 -- judged as a failed delivery on receipt
-                item.ran_first = False
-                return exc
+                return exc  # (SETTLING now: see deliver_first)
             item.apart = True  # counted by deliver_first
             self.delivered_before_receipt += 1
             self._pass_turn(item, taken=True)  # on disk: the next of its sequence finds itself next
@@ -1267,8 +1268,7 @@ class Destination:
                     ready = None
                     if not recorded[1].duplicate and not item.taken and self._next_to_deliver(tx, item, recorded[1]):
                         ready = self._taken_message(item)  # as buffered: the payload is not read back
-                        if invoker.message_state(ready).stage is Stage.WAITING:
-                            invoker.hold(ready)  # under the transaction that buffered it: no one took it yet
+                        if invoker.keep_apart(ready):  # under the transaction that buffered it: no one took it yet
                             held.append(ready)
                         else:
                             ready = None
@@ -1278,7 +1278,7 @@ class Destination:
                     tx.wait_for_disk_later()
         except Exception as exc:
             for msg in held:
-                invoker.release(msg)
+                invoker.not_kept_apart(msg)
             if len(items) == 1:
                 return [exc]
             log.debug("a batch of %d receives to deliver apart was rolled back (%s): each is recorded alone",
@@ -1286,7 +1286,7 @@ class Destination:
             return [ALONE] * len(items)
         except BaseException:
             for msg in held:
-                invoker.release(msg)
+                invoker.not_kept_apart(msg)
             raise
         return outcomes
 

@@ -165,6 +165,8 @@ class _Step:
 
 #: A message taken on receipt: the receiving transaction delivers it, it was never buffered.
 _TAKEN_ON_RECEIPT = MessageState.initial(taken_on_receipt=True)
+#: A message handed to the application before its receipt (``deliver_first``): not in the buffer.
+_RUNNING_FIRST = MessageState.initial(run_first=True)
 _E = MessageEvent
 
 
@@ -354,9 +356,10 @@ class InvokerWorker:
             if marked is not None:
                 marked.wait_for_disk()  # its commit returned before the disk; nothing is answered before
         except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
+            self._ledger.apply(msg, _E.FAILED)  # APART -> SETTLING: judged now
             self.failed_on_receipt(msg, exc)
             return None
-        self.release(msg)
+        self._ledger.apply(msg, _E.COMMITTED)  # APART -> DELIVERED: forgotten
         self.delivered_on_receive(handed_over)
         if self._passed_held:  # an invoker thread went idle on it: others may be waiting behind it
             self._passed_held = False
@@ -383,19 +386,25 @@ class InvokerWorker:
         done again, as after a crash between its own commit and the receipt's.  Counted as
         :meth:`deliver_received` counts."""
         marked: StoreTransaction | None = None
-        with _DeliveryTransaction(self.store, None, deferred=True) as tx:
-            self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
-            # the receipt follows what the application enqueued (its reply): order it first, as the
-            # receipt that delivers inside takes its sequence's rows before the application runs
-            tx.order_as_first(RANK_RMD, msg.sequence_id)
-            tx.order_as_first(RANK_INVOKER, msg.sequence_id)
-            handed_over = self._deliver(tx, msg, buffered=False)
-            if tx.untouched:
-                marked = record_with_others()
-            if marked is None:
-                record(tx)
-        if marked is not None:
-            marked.wait_for_disk()  # its commit returned before the disk; nothing is answered before
+        try:
+            with _DeliveryTransaction(self.store, None, deferred=True) as tx:
+                self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
+                # the receipt follows what the application enqueued (its reply): order it first, as the
+                # receipt that delivers inside takes its sequence's rows before the application runs
+                tx.order_as_first(RANK_RMD, msg.sequence_id)
+                tx.order_as_first(RANK_INVOKER, msg.sequence_id)
+                handed_over = self._deliver(tx, msg, buffered=False)
+                if tx.untouched:
+                    marked = record_with_others()
+                if marked is None:
+                    record(tx)
+            if marked is not None:
+                marked.wait_for_disk()  # its commit returned before the disk; nothing is answered before
+        except Exception:
+            # RUNNING_FIRST -> SETTLING: no invoker thread takes it, once buffered, before its try is counted
+            self._ledger.apply(msg, _E.FAILED, state=_RUNNING_FIRST)
+            raise
+        self._ledger.apply(msg, _E.COMMITTED, state=_RUNNING_FIRST)  # (nothing kept: it was never buffered)
         self.delivered_on_receive(handed_over)
         return handed_over
 
@@ -403,6 +412,20 @@ class InvokerWorker:
         """Its delivery on receipt failed: keep the invoker threads off ``msg`` until
         :meth:`failed_on_receipt` or :meth:`release` (it is SETTLING)."""
         self._ledger.apply(msg, _E.FAILED, state=_TAKEN_ON_RECEIPT)
+
+    def keep_apart(self, msg: BufferedMessage) -> bool:
+        """``msg``, just buffered by its receive and next in order, is delivered by that receive
+        (:meth:`deliver_received`): keep the invoker threads off it (it is APART).  False when the
+        machine says it may not be (it is not WAITING: another thread has it)."""
+        try:
+            self._ledger.apply(msg, _E.KEPT_APART)
+        except InvalidTransition:
+            return False
+        return True
+
+    def not_kept_apart(self, msg: BufferedMessage) -> None:
+        """The transaction that buffered ``msg`` for :meth:`keep_apart` rolled back: forget it."""
+        self._ledger.apply(msg, _E.ROLLED_BACK)
 
     def release(self, msg: BufferedMessage) -> None:
         """:meth:`hold` ends without an attempt to count: the message was not kept (its source

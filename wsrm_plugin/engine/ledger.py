@@ -5,7 +5,8 @@ cycle, next attempt time); :func:`~wsrm_plugin.statemachine.stored_state`
 reads its state from that.  A few states are known only to this process: a
 failure being judged (SETTLING), a failure that looked like an outage and is
 not counted yet (SUSPECT), a message given up whose turn has not come
-(TO_ANSWER, TO_POISON: the exception to answer or report with), and a message
+(TO_ANSWER, TO_POISON: the exception to answer or report with), a message its
+receive delivers apart (APART: no invoker thread may take it), and a message
 to deliver alone although its row says nothing (its batch's commit failed).
 The ledger keeps exactly those, and every change of a message's state goes
 through :func:`~wsrm_plugin.statemachine.message_transition`: the invoker
@@ -26,7 +27,7 @@ __all__ = ["Kept", "MessageLedger"]
 Key = tuple[str, int]
 
 #: States the row does not say, so the ledger must (a WAITING message is kept only when alone).
-_REMEMBERED = frozenset({Stage.SETTLING, Stage.SUSPECT, Stage.TO_ANSWER, Stage.TO_POISON, Stage.WAITING})
+_REMEMBERED = frozenset({Stage.SETTLING, Stage.SUSPECT, Stage.TO_ANSWER, Stage.TO_POISON, Stage.WAITING, Stage.APART})
 
 
 @dataclass(frozen=True)

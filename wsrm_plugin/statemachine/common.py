@@ -85,6 +85,14 @@ class Reason(Enum):
         "the message failed before, or broke a batch: it is delivered on its own, by an invoker"
         " thread's claim, never taken along after the message before it",
     )
+    DELIVERED_APART = (
+        None,
+        "the message's receive buffered it to deliver it apart itself: no one else takes it meanwhile",
+    )
+    RUNNING_FIRST = (
+        None,
+        "the message's application runs before its receipt: it is not in the buffer, and its receipt takes it",
+    )
     BEING_SETTLED = (
         None,
         "the message's failed delivery is being judged and counted: no delivery of it may start meanwhile",

@@ -14,6 +14,10 @@ The stages (:class:`Stage`):
 ===============  ====================================================================
  WAITING         in the buffer; delivered when it is next in line
  DELIVERING      taken by a transaction: the application runs on it
+ APART           buffered by its receive, which delivers it itself, outside the store's
+                 transactions (``deliver_apart``): no invoker thread takes it meanwhile
+ RUNNING_FIRST   handed to the application before its receipt (delivering apart): not in the
+                 buffer; the receipt, in the application's transaction, takes it
  SETTLING        its delivery failed and rolled back; the failure is being judged
                  and recorded, and no other delivery of it may start meanwhile
  SUSPECT         it failed the way an outage fails (a connection refused...); not
@@ -36,11 +40,12 @@ never taken along by a batch or by a receive catching up, because it failed
 before or broke a batch: a message that failed once, counted or not, is
 delivered alone until it is delivered (a message whose failure is being judged,
 is suspect, waits for a retry, a cycle or its giving up always is).  A message taken on receipt starts in DELIVERING,
-any other in WAITING.
+one whose application runs before its receipt in RUNNING_FIRST (never alone: it was never in the
+buffer), any other in WAITING.
 
 The durable part of a state is in the store (a buffered message's attempts and
 cycle; the poison store); :func:`stored_state` reads it from there.  SETTLING,
-SUSPECT, TO_ANSWER and ``alone`` after a batch live in the engine's memory:
+SUSPECT, TO_ANSWER, APART and ``alone`` after a batch live in the engine's memory:
 after a restart a message is what its row says.  Whether a failure is the
 message's or the service's is :mod:`wsrm_plugin.statemachine.outage`'s question; this machine only
 takes the verdict (:attr:`MessageEvent.SUSPECTED`, ``NOT_COUNTED``, ``CHARGE``,
@@ -60,6 +65,8 @@ __all__ = ["MessageAction", "MessageEvent", "MessageState", "Stage", "message_tr
 class Stage(Enum):
     WAITING = "in the buffer; delivered when it is next in line"
     DELIVERING = "taken by a transaction: the application runs on it"
+    APART = "buffered by its receive, which delivers it itself, outside the store's transactions"
+    RUNNING_FIRST = "handed to the application before its receipt, which takes it in the same transaction"
     SETTLING = "its delivery failed and rolled back; the failure is being judged and recorded"
     SUSPECT = "it failed the way an outage fails; not counted until the next outcome says whose fault it was"
     RETRY_WAIT = "failed, with attempts left in its cycle: due after a delay"
@@ -80,6 +87,10 @@ _FAILED = frozenset({Stage.SETTLING, Stage.SUSPECT, Stage.RETRY_WAIT, Stage.CYCL
                      Stage.TO_POISON})
 
 
+#: Stages a message never failed in: it is never 'alone' there.
+_NEVER_ALONE = _SETTLED | {Stage.RUNNING_FIRST}
+
+
 @dataclass(frozen=True)
 class MessageState:
     """A stage, and whether the message is delivered on its own from now on."""
@@ -92,18 +103,23 @@ class MessageState:
             raise TypeError(f"MessageState takes a Stage and a bool, not {self.stage!r}, {self.alone!r}")
         if self.alone and self.stage in _SETTLED:
             raise ValueError(f"a {self.stage.name} message is out of the invoker's hands: it cannot be 'alone'")
+        if self.alone and self.stage is Stage.RUNNING_FIRST:
+            raise ValueError("a message running before its receipt was never in the buffer: it cannot be 'alone'")
         if not self.alone and self.stage in _FAILED:
             raise ValueError(f"a {self.stage.name} message failed before: it is delivered 'alone'")
 
     @classmethod
-    def initial(cls, *, taken_on_receipt: bool = False) -> MessageState:
-        """Buffered on receipt (WAITING), or taken and delivered by the receiving transaction."""
+    def initial(cls, *, taken_on_receipt: bool = False, run_first: bool = False) -> MessageState:
+        """Buffered on receipt (WAITING), taken and delivered by the receiving transaction
+        (DELIVERING), or handed to the application before its receipt (RUNNING_FIRST)."""
+        if run_first:
+            return cls(Stage.RUNNING_FIRST)
         return cls(Stage.DELIVERING if taken_on_receipt else Stage.WAITING)
 
     @classmethod
     def valid_states(cls) -> tuple[MessageState, ...]:
         return tuple(cls(stage, alone) for stage in Stage for alone in (False, True)
-                     if not (alone and stage in _SETTLED) and not (not alone and stage in _FAILED))
+                     if not (alone and stage in _NEVER_ALONE) and not (not alone and stage in _FAILED))
 
     @classmethod
     def of(cls, label: str) -> MessageState:
@@ -130,6 +146,7 @@ class MessageEvent(Enum):
     # taking it
     CLAIM = "an invoker thread took it as the next message of its sequence"
     FOLLOW = "taken along right after the message before it (by a batch, or by a receive catching up)"
+    KEPT_APART = "its receive buffered it, next in order, to deliver it apart itself"
     # how its transaction ended
     COMMITTED = "the transaction that delivered it committed"
     FAILED = "its delivery raised, and the transaction rolled back"
@@ -174,6 +191,7 @@ RULES: dict[tuple[Stage, MessageEvent], tuple[Stage, tuple[MessageAction, ...], 
     (_S.WAITING, _E.CLAIM): (_S.DELIVERING, (_A.RUN_APPLICATION,), _KEEP),
     (_S.WAITING, _E.FOLLOW): (_S.DELIVERING, (_A.RUN_APPLICATION,), _KEEP),
     (_S.WAITING, _E.HOLD): (_S.HELD, (), _CLEAR),
+    (_S.WAITING, _E.KEPT_APART): (_S.APART, (), _KEEP),
     (_S.RETRY_WAIT, _E.CLAIM): (_S.DELIVERING, (_A.RUN_APPLICATION,), _KEEP),
     (_S.CYCLE_WAIT, _E.CLAIM): (_S.DELIVERING, (_A.RUN_APPLICATION,), _KEEP),
     (_S.SUSPECT, _E.CLAIM): (_S.DELIVERING, (_A.RUN_APPLICATION,), _KEEP),
@@ -184,6 +202,14 @@ RULES: dict[tuple[Stage, MessageEvent], tuple[Stage, tuple[MessageAction, ...], 
     (_S.DELIVERING, _E.FAILED): (_S.SETTLING, (_A.JUDGE_FAILURE,), _SET),
     (_S.DELIVERING, _E.ROLLED_BACK): (_S.WAITING, (), _KEEP),
     (_S.DELIVERING, _E.BATCH_COMMIT_FAILED): (_S.WAITING, (), _SET),
+
+    (_S.APART, _E.COMMITTED): (_S.DELIVERED, (), _CLEAR),
+    (_S.APART, _E.FAILED): (_S.SETTLING, (_A.JUDGE_FAILURE,), _SET),
+    (_S.APART, _E.ROLLED_BACK): (_S.WAITING, (), _KEEP),  # the batch that buffered it rolled back
+
+    (_S.RUNNING_FIRST, _E.COMMITTED): (_S.DELIVERED, (), _CLEAR),
+    # its application or its receipt failed: nothing of it is stored; buffered now, the try counted
+    (_S.RUNNING_FIRST, _E.FAILED): (_S.SETTLING, (_A.JUDGE_FAILURE,), _SET),
 
     (_S.SETTLING, _E.RETRY): (_S.RETRY_WAIT, (), _SET),
     (_S.SETTLING, _E.NEXT_CYCLE): (_S.CYCLE_WAIT, (), _SET),
@@ -212,6 +238,8 @@ _REFUSALS: dict[tuple[Stage, MessageEvent], Reason] = {
     **{(stage, _E.FOLLOW): Reason.DELIVERED_ALONE
        for stage in (_S.RETRY_WAIT, _S.CYCLE_WAIT, _S.SUSPECT, _S.TO_ANSWER, _S.TO_POISON)},
     **{(_S.SETTLING, event): Reason.BEING_SETTLED for event in (_E.CLAIM, _E.FOLLOW)},
+    **{(_S.APART, event): Reason.DELIVERED_APART for event in (_E.CLAIM, _E.FOLLOW, _E.KEPT_APART)},
+    **{(_S.RUNNING_FIRST, event): Reason.RUNNING_FIRST for event in (_E.CLAIM, _E.FOLLOW, _E.KEPT_APART)},
     **{(stage, event): Reason.SETTLED for stage in _SETTLED for event in (_E.CLAIM, _E.FOLLOW)},
 }
 

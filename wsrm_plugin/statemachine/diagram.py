@@ -123,7 +123,8 @@ def _builtin() -> dict[str, Machine]:
                         LaneState.valid_states, lambda: LaneEvent, lane_transition, lambda: (LaneState.initial(),)),
         "delivery": Machine("delivery", "a buffered message in the invoker", MessageState.valid_states,
                             lambda: MessageEvent, message_transition,
-                            lambda: (MessageState.initial(), MessageState.initial(taken_on_receipt=True))),
+                            lambda: (MessageState.initial(), MessageState.initial(taken_on_receipt=True),
+                                     MessageState.initial(run_first=True))),
         "outage": Machine("outage", "the service's delivery (outage pause)", ServiceMode.valid_states,
                           lambda: ServiceEvent, service_transition, lambda: (ServiceMode.initial(),)),
     }
