@@ -78,6 +78,34 @@ def test_receives_of_several_sequences_deliver_in_one_transaction(engines, store
         assert tx.invoker.count() == 0
 
 
+def test_a_batch_is_on_disk_before_its_other_receives_wake(engines, store_for) -> None:
+    """The batch of three returns (and so wakes the two receives behind its first) only once its
+    commit is on disk: they find it there instead of sleeping again on its fsync, and the next
+    batch was let in before it (fails without: the batch returned right after its commit)."""
+    received = Recorder()
+    server, url = _served(engines, store_for, received)
+    identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
+    combiner = server.destination._together
+    sync = server.store._sync
+    batch = combiner._batch
+    returned: list[tuple[int, bool, int]] = []  # (parts, on disk as it returned, batches handed on)
+
+    def watched(items):
+        outcomes = batch(items)
+        seqs = [outcome[2]._commit_seq for outcome in outcomes if isinstance(outcome, tuple)]
+        returned.append((len(items), bool(seqs) and sync._synced >= max(seqs), combiner.handed_on))
+        return outcomes
+
+    combiner._batch = watched
+    senders, answered = first_message_senders(url, RM11, identifiers)
+    _while_the_file_is_held(server, combiner, senders)
+    assert answered == {identifier: [(1, 1)] for identifier in identifiers}
+    assert sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)]
+    assert [parts for parts, _, _ in returned] == [1, SEQUENCES - 1], returned
+    assert returned[-1][1], returned  # the three woken with their commit on disk
+    assert returned[-1][2] == 1, returned  # the batch of three let the next one in before its fsync
+
+
 def _a_batch_whose_part_fails_once(engines, store_for, failing: str, hold):
     """Messages m0..m2 on sequences of their own, queued by ``hold`` while the file is held,
     ``failing``'s application failing on its first try: each acknowledged, each delivered once

@@ -936,7 +936,9 @@ class Destination:
         alone again), and the others are each received alone.  Anything else (the
         commit) rolls the batch back: each receive whose application ran is buffered as after
         a failed delivery, the others are recorded alone.  Nothing is answered before the
-        commit covering its part is on disk (``wait_for_disk``, in each receive's thread)."""
+        commit covering its part is on disk (``wait_for_disk``, in each receive's thread); for
+        a batch of several, the first waits for it before the others wake
+        (:meth:`_on_disk_before_waking`)."""
         invoker = self._direct
         assert invoker is not None
         outcomes: list[Any] = []
@@ -964,7 +966,24 @@ class Destination:
                 return [exc]
             log.debug("a batch of %d receives that deliver was rolled back (%s)", len(items), exc)
             return [_FailedOnReceipt(exc) if item.taken else ALONE for item in items]
+        if len(items) > 1:
+            self._on_disk_before_waking(tx)
         return outcomes
+
+    def _on_disk_before_waking(self, tx: StoreTransaction) -> None:
+        """A batch of :meth:`_deliver_together` committed: the next batch may take the file now
+        (``Combiner.hand_on``), and this one's commit goes to disk before its other receives
+        wake.  Each of them waits for that fsync anyway before it answers; woken first, they
+        each went to sleep again on it (or ran it, and the first waited), a second sleep and
+        wake-up of a thread per receive in a process whose threads take turns on one
+        interpreter.  Should the fsync fail here, each receive tries it again in its own
+        thread and fails there, as before."""
+        if self._together is not None:
+            self._together.hand_on()
+        try:
+            tx.wait_for_disk()
+        except OSError as exc:
+            log.debug("a batch's fsync failed before its receives woke (%s): each waits alone", exc)
 
     def _deliver_in_one_global(self, items: list[_Receipt]) -> list[Any]:
         """Under a transaction manager (a PostgreSQL store): record ``items`` (of any sequences)
