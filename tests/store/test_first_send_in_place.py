@@ -17,6 +17,7 @@ import pytest
 
 from wsrm_plugin.store import open_store
 from wsrm_plugin.store.sql import LATEST_VERSION
+from wsrm_plugin.store.sql.schema import RMS_MESSAGE_FILLFACTOR
 
 from .conftest import KINDS
 from .test_managers import enqueue, new_rms
@@ -82,6 +83,30 @@ def test_postgresql_updates_a_first_send_in_place(open_kind) -> None:
         assert tx.rms_messages.get("k1", 8).send_count == 1
 
 
+@pytest.mark.parametrize("size", [1000, 1900])
+@pytest.mark.parametrize("store_url", [KINDS[2]], indirect=True)
+def test_postgresql_claims_many_messages_in_place_in_one_transaction(open_kind, size) -> None:
+    """A lane's refill claims 16 messages in one transaction, and every one of them is a HOT
+    update however many of the claimed rows share a page (schema version 9: pages half filled by
+    inserts).  Envelopes of 1 kB and 1.9 kB (a row just under TOAST's threshold) are stored
+    inline.  At fillfactor 70 a page of 1 kB rows kept room for fewer new versions than it had
+    rows, and the rest were written again on another page: 7 of 16 in place (fails without)."""
+    store = open_kind()
+    with store.begin() as tx:
+        new_rms(tx)
+        tx.rms.update("k1", sequence_id="seq-1", started=True, next_control_at=None)
+        for i in range(16):
+            payload = (b"<env>%05d</env>" % i).ljust(size, b"x")
+            tx.rms_messages.enqueue("k1", payload, action="urn:op", soap_version="1.2",
+                                    message_id=f"urn:uuid:k1-{i}-{size}")
+    now = time.time()
+    claimed: list[int] = []
+    assert _updates(store, lambda tx: claimed.extend(
+        m.number for m in tx.rms_messages.claim_first_sends("k1", 16, next_send_at=now + 60, now=now))) \
+        == (16, 16)
+    assert claimed == list(range(1, 17))
+
+
 @pytest.mark.parametrize("store_url", KINDS, indirect=True)
 def test_a_message_sent_once_is_due_at_its_retry_time_and_a_later_send_moves_it(open_kind) -> None:
     store = open_kind()
@@ -135,7 +160,7 @@ def test_a_version_6_store_keeps_its_schedule_when_upgraded(store_url, monkeypat
         assert _due(upgraded, now + 10) == [1, 2]
         with upgraded.begin() as tx:
             if store_url().startswith("postgresql"):  # room on the page for the first send's version
-                assert "fillfactor=70" in tx.one("SELECT reloptions FROM pg_class WHERE relname = 'rms_message'")[0]
+                assert f"fillfactor={RMS_MESSAGE_FILLFACTOR}" in tx.one("SELECT reloptions FROM pg_class WHERE relname = 'rms_message'")[0]
             assert tx.rms_messages.get("k1", 1).next_send_at == now + 10
             tx.rms_messages.record_send_attempts("k1", [2], next_send_at=now + 20, now=now)
         assert _due(upgraded, now + 10) == [1]
