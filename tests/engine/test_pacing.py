@@ -55,6 +55,15 @@ def test_a_buffering_peer_gets_only_the_hole_again_and_stays_pipelined():
     assert verdict.resend == {2}
 
 
+def test_a_flow_told_to_pipeline_claims_its_batch_until_a_discard_puts_it_in_order():
+    flow = SequenceFlow(batch=50, concurrency=4)
+    assert flow.ordered and flow.claim_limit() == 2  # a new sequence starts in order, 2 at a time
+    flow.pipeline()  # a peer known to keep what arrives out of order
+    assert not flow.ordered and flow.claim_limit() == 50
+    flow.after_round([answered(1, 0.0, (1, 1)), answered(3, 0.1, (1, 1)), failed(2, 0.1)])
+    assert flow.ordered and flow.claim_limit() == 2  # it discarded after all
+
+
 def test_no_resend_without_evidence_and_a_probe_for_a_failed_end():
     flow = SequenceFlow(batch=50)
     verdict = flow.after_round([answered(1, 0.0, (1, 1)), answered(2, 1.0, (1, 2)), failed(3, 2.0)])

@@ -478,7 +478,9 @@ def test_a_lanes_refills_take_many_messages_each(engines):
     backlog = {"a": 34, **{key: 2 for key in "bcdefghi"}}
     client = ReliableEngine("memory:", policy, name="client")
     # a's peer measured already (a flow starts in order, 2 at a time): its claims' limit is send_batch
-    client.retransmission._flow(SequenceKey(server.endpoint_address, "a", 1, False).encode()).ordered = False
+    flow = client.retransmission.flow_of(SequenceKey(server.endpoint_address, "a", 1, False).encode(), create=True)
+    assert flow is not None
+    flow.pipeline()
     for key, count in backlog.items():
         for i in range(count):
             client.send(server.endpoint_address, payload(f"{key}{i}"), action=ACTION, key=key)

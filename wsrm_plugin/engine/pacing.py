@@ -164,6 +164,12 @@ class SequenceFlow:
     acks_in_responses: bool = False
     _round: tuple[bool, float] | None = None
 
+    def pipeline(self) -> None:
+        """Send pipelined from the next round on, as a try of it that won would decide: for a peer
+        known to keep what arrives out of order.  The rates measured so far are kept, and a
+        discard seen later puts the sequence back in order, as ever."""
+        self.ordered, self.probing, self.since = False, False, 0
+
     def claim_limit(self) -> int:
         if self.ordered:
             return self.window

@@ -1380,8 +1380,11 @@ class RetransmissionWorker:
                 peer = self._peers[target] = RttEstimator()
             return peer
 
-    def flow_of(self, key: str) -> SequenceFlow | None:
-        """What the sender learnt about a sequence's peer (None before its first round)."""
+    def flow_of(self, key: str, *, create: bool = False) -> SequenceFlow | None:
+        """What the sender learnt about a sequence's peer (None before its first round, unless
+        ``create``: then a new one, which its first round takes as it finds it)."""
+        if create:
+            return self._flow(key)
         with self._pacing_lock:
             return self._flows.get(key)
 
