@@ -100,6 +100,9 @@ def psycopg_xid(xid: Xid) -> "ext.Xid | str":
 _RIDER_SAVEPOINT = b"SAVEPOINT txmanager_rider"
 _RIDER_RELEASE = b"RELEASE SAVEPOINT txmanager_rider"
 _RIDER_ROLLBACK = b"ROLLBACK TO SAVEPOINT txmanager_rider;RELEASE SAVEPOINT txmanager_rider"
+#: a branch's BEGIN riding first (:meth:`LazyBeginConnection.ride_to_commit` on a branch that sent
+#: nothing yet): compared by identity
+_BEGIN = b"BEGIN"
 
 
 class CommitRider:
@@ -387,36 +390,47 @@ class LazyBeginConnection(ext.connection):
         way: the branch's statements still run in the order they were given.  A rollback drops
         it, unsent and unread.
 
-        False, having done nothing, where :meth:`ride` would be, or a write rides to the commit
-        already."""
-        if self._mode is not _SQL or self._rider is not None:
+        On a branch that sent nothing yet, its ``BEGIN`` rides in front of the write: a
+        branch whose only statement this is (the store's branch of a transaction whose
+        decision its commit mark carries, :meth:`commit_branch_after`) sends it all in the
+        round trip of its ``COMMIT``.
+
+        False, having done nothing, where :meth:`ride` would be (but for a branch that sent
+        nothing yet), or a write rides to the commit already."""
+        mode = self._mode
+        if (mode is not _SQL and mode is not _PENDING) or self._rider is not None:
             return False
         cur = self._plain_cursor()
         ahead = cur.mogrify(statement, params)
         after = cur.mogrify(read, read_params)
+        if mode is _PENDING:  # nothing rides yet (ride() takes nothing then): the BEGIN goes first
+            self._mode = _SQL
+            self._riding.append(_BEGIN)
         self._riding.extend((_RIDER_SAVEPOINT, ahead, _RIDER_RELEASE))
         self._rider = CommitRider(after, answer, declined, repair)
         return True
 
-    def _commit_riding(self, cur: Any) -> None:
+    def _commit_riding(self, cur: Any, last: bytes = b"") -> None:
         """The branch's one-phase ``COMMIT`` with what rides in front of it (:attr:`_riding` is
         not empty), and, where a write rides to the commit (:meth:`ride_to_commit`), its read
         after it: the whole query string ran, so the ``COMMIT`` did (a transaction that had
-        failed before would fail its first statement, which stops the string)."""
+        failed before would fail its first statement, which stops the string).  ``last``: a
+        statement (as sent, with its ``;``) that runs right before the ``COMMIT``, after the
+        write riding to it and after what a declined one did instead (a commit mark)."""
         rider, self._rider = self._rider, None
         if rider is None:
-            cur.execute(self._take_riding(b"COMMIT"))
+            cur.execute(self._take_riding(last + b"COMMIT"))
             if cur.statusmessage != "COMMIT":
                 raise_commit_refused(cur)
             return
         try:
-            cur.execute(self._take_riding(b"COMMIT;" + rider.read))
+            cur.execute(self._take_riding(last + b"COMMIT;" + rider.read))
         except psycopg2.Error as exc:
             if not self._declined(exc, rider):
                 raise
             if self._riding:  # repaired: the rest commits now
-                return self._commit_riding(cur)
-            cur.execute(b"COMMIT")
+                return self._commit_riding(cur, last)
+            cur.execute(last + b"COMMIT")
             if cur.statusmessage != "COMMIT":
                 raise_commit_refused(cur)
             return
@@ -428,13 +442,32 @@ class LazyBeginConnection(ext.connection):
         rider, self._rider = self._rider, None
         assert rider is not None
         cur = self._plain_cursor()
+        riding = self._riding
         try:
             cur.execute(self._take_riding(rider.read))
         except psycopg2.Error as exc:
+            if self._begin_again(riding):  # nothing ran: again, in the transaction, to fail there
+                self._rider = rider
+                return self._send_rider()
             if not self._declined(exc, rider):
                 raise
             return
         _answer(rider, cur.fetchone())
+
+    def _begin_again(self, riding: list[bytes]) -> bool:
+        """After the write riding to the commit, sent with the branch's ``BEGIN`` in front of it
+        (:meth:`ride_to_commit` on a branch that had sent nothing), failed: True when none of
+        the string ran (the server refused it whole: a syntax error), and then the ``BEGIN`` is
+        sent now, on its own, and the rest rides again, to fail inside the branch as it would
+        after psycopg2's ``BEGIN`` (:meth:`_execute_after_begin`): no later statement of the
+        branch runs outside it.  (The ``BEGIN`` rides only with such a write, which goes first.)"""
+        if not riding or riding[0] is not _BEGIN or self.closed \
+                or self.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
+            return False
+        with ext.cursor(self) as begin:
+            begin.execute(_BEGIN)
+        self._riding[:0] = riding[1:]
+        return True
 
     def _declined(self, exc: psycopg2.Error, rider: "CommitRider") -> bool:
         """After the round trip that carried ``rider`` failed with ``exc``: True when the rider
@@ -458,6 +491,12 @@ class LazyBeginConnection(ext.connection):
     def can_ride(self) -> bool:
         """True while :meth:`ride` takes a statement (the branch runs by SQL and has begun)."""
         return self._mode is _SQL
+
+    @property
+    def can_ride_to_commit(self) -> bool:
+        """True while :meth:`ride_to_commit` may take a write: the branch runs by SQL, begun or
+        not yet (then its BEGIN rides too)."""
+        return self._mode is _SQL or self._mode is _PENDING
 
     @property
     def riding(self) -> int:
@@ -569,6 +608,14 @@ class LazyBeginConnection(ext.connection):
         mode = self._mode
         if mode is not _SQL and mode is not _PENDING:
             return False
+        if self._rider is not None:
+            # a write riding to the COMMIT (:meth:`ride_to_commit`), its BEGIN perhaps: the
+            # statement goes after it (and after what a declined one does instead), in the same
+            # round trip, and the write's read after the COMMIT
+            cur = self._plain_cursor()
+            self._commit_riding(cur, cur.mogrify(statement, params) + b";")
+            self._branch_over()
+            return True
         begin = "BEGIN;" if mode is _PENDING else ""
         self._mode = _SQL
         self._by_sql(f"{begin}{statement};COMMIT", params, "COMMIT")

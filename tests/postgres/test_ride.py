@@ -356,3 +356,107 @@ def test_a_write_riding_to_the_commit_whose_repair_fails_rolls_the_branch_back(r
     assert conn.riding == 0 and conn._rider is None
     another_branch_commits(resource)
     assert values(db) == ["c"]
+
+
+# -- a write riding to the COMMIT of a branch that sent nothing yet: its BEGIN rides too -------------
+
+def unbegun_rider(resource: PostgresXAResource, value: str, answers: list, repairs: list
+                  ) -> tuple[LazyBeginConnection, Xid]:
+    """A branch started on ``resource`` whose first (and only) write rides to its commit."""
+    xid = new_xid()
+    resource.start(xid)
+    conn = resource.connection
+    assert conn.sent_nothing
+    assert ride_to_commit(conn, value, answers, repairs) is True
+    assert not conn.sent_nothing and not locks_u(resource.connection.dsn, conn)  # nothing sent yet
+    return conn, xid
+
+
+def test_a_write_riding_to_the_commit_of_an_unbegun_branch_sends_its_begin_with_the_commit(resource, db):
+    answers: list = []
+    conn, xid = unbegun_rider(resource, "b", answers, [])
+    own = counted(conn)
+    commit_one_phase(resource, xid)
+    # one query string: BEGIN, the write in its savepoint, the COMMIT, the read after it
+    assert len(own.sent) == 1 and own.sent[0].startswith(b"BEGIN;SAVEPOINT"), own.sent
+    assert len(answers) == 1 and answers[0][1] == 1 and u_values(db) == ["b"]
+    assert conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
+    another_branch_commits(resource)
+    assert values(db) == ["c"]
+
+
+def test_an_unbegun_branchs_write_riding_to_the_commit_goes_first_with_its_begin(resource, db):
+    """A statement after it, PREPARE TRANSACTION, a rollback: the write (and the BEGIN) go first,
+    or never."""
+    answers: list = []
+    conn, xid = unbegun_rider(resource, "b", answers, [])
+    insert(resource, "a")  # runs in the branch, after the write and its BEGIN
+    assert len(answers) == 1 and conn.info.transaction_status == ext.TRANSACTION_STATUS_INTRANS
+    resource.end(xid, TMSUCCESS)
+    resource.rollback(xid)
+    assert values(db) == [] and u_values(db) == []
+    answers.clear()
+    conn, xid = unbegun_rider(resource, "b", answers, [])
+    resource.end(xid, TMSUCCESS)
+    assert resource.prepare(xid) == XA_OK and len(answers) == 1
+    resource.commit(xid, one_phase=False)
+    assert u_values(db) == ["b"]
+    conn, xid = unbegun_rider(resource, "never", answers, [])
+    resource.end(xid, TMSUCCESS)
+    resource.rollback(xid)  # nothing was sent: nothing to roll back
+    assert conn.riding == 0 and conn._rider is None and conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
+    another_branch_commits(resource)
+    assert values(db) == ["c"] and u_values(db) == ["b"]
+
+
+def test_an_unbegun_branchs_write_refused_whole_leaves_no_statement_outside_the_branch(resource, db):
+    """A write the server refuses whole (a syntax error: nothing of its query string ran, its
+    BEGIN neither): the statement after it fails, and the branch, begun after all, can only roll
+    back; without the BEGIN sent again, the statement would have committed on its own."""
+    xid = new_xid()
+    resource.start(xid)
+    conn = resource.connection
+    assert conn.ride_to_commit("INSERT INTO u (v) VALUES (%s) RETURNING", ("b",), read=READ, read_params=None,
+                               answer=print, declined="22012", repair=lambda: None) is True
+    with pytest.raises(psycopg2.errors.SyntaxError):
+        insert(resource, "a")
+    assert conn.info.transaction_status == ext.TRANSACTION_STATUS_INERROR
+    with pytest.raises(psycopg2.errors.InFailedSqlTransaction):
+        insert(resource, "a")
+    with pytest.raises(XAException):
+        resource.end(xid, TMSUCCESS)
+    resource.rollback(xid)
+    assert values(db) == [] and u_values(db) == []
+    another_branch_commits(resource)
+    assert values(db) == ["c"]
+
+
+@pytest.mark.parametrize("value", ["b", "no"], ids=["rides", "declines"])
+def test_a_write_riding_on_the_commit_mark_of_an_unbegun_branch_takes_one_round_trip(dbs, tmp_path, value):
+    """Two databases, b keeping the commit marks: b's only write rides to its COMMIT, and its
+    BEGIN, the write, the mark and the COMMIT go in one query string (two before: the write
+    with its BEGIN, then the mark with the COMMIT).  A write that declines is repaired before
+    the mark: the mark still commits with the rest, in b's next round trip."""
+    from .support import two_sources
+    run(dbs[1], "CREATE TABLE u (id serial PRIMARY KEY, v text NOT NULL)")
+    answers: list = []
+    repairs: list = []
+    with two_sources(dbs, tmp_path / "tx.log", node="unbegun") as (tm, a, b):
+        with tm.transaction():
+            with a.connection() as ca:
+                with ca.cursor() as cur:
+                    cur.execute("INSERT INTO t (v) VALUES ('a')")
+            with b.connection() as cb:
+                assert ride_to_commit(cb, value, answers, repairs) is True
+                sent = counted(cb).sent
+        assert sent[0].startswith(b"BEGIN;SAVEPOINT"), sent
+        if value == "b":
+            (one,) = sent
+            assert one.index(b"INSERT INTO u") < one.index(b"txm_commit_mark") < one.index(b";COMMIT;") \
+                < one.index(b"current_setting")
+            assert len(answers) == 1 and repairs == [] and u_values(dbs[1]) == ["b"]
+        else:  # declined: the string stopped there; repaired (on the repair's cursor), then the mark
+            assert repairs == ["no"] and answers == [] and u_values(dbs[1]) == ["repaired"]
+            assert len(sent) == 2 and sent[1].endswith(b";COMMIT") and b"txm_commit_mark" in sent[1], sent
+        assert values(dbs[0]) == ["a"]
+        assert run(dbs[1], "SELECT count(*) FROM txm_commit_mark")[0][0] == 1

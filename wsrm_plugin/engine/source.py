@@ -507,8 +507,11 @@ class Source:
         try:
             with self.transaction() as tx:
                 early = self._early_claim(tx, ident, kept)
-                receipt = None if early is None else \
-                    self._enqueue_claiming(tx, ident, early, outgoing, reply_callback, reply_context, kept)
+                if early is not None:
+                    receipt = self._enqueue_claiming(tx, ident, early, outgoing, reply_callback, reply_context, kept)
+                else:
+                    receipt = self._enqueue_on_current_at_commit(tx, ident, outgoing, reply_callback,
+                                                                 reply_context, kept)
                 if receipt is None:
                     receipt = self._enqueue_outgoing(tx, ident, outgoing, reply_callback, reply_context, kept=kept)
                     if early is not None:
@@ -583,8 +586,8 @@ class Source:
         next_send_at, offered_id = spec
         self._ambient.wake_sender = True  # inside a delivery: the invoker wakes the sender after its commit
         if early.in_global:
-            receipt = self._enqueue_at_commit(tx, ident, early, outgoing, reply_callback, reply_context, kept,
-                                              next_send_at, offered_id)
+            receipt = self._enqueue_at_commit(tx, ident, early.key, outgoing, reply_callback, reply_context, kept,
+                                              ident[0], next_send_at, offered_id, early.claimed)
             if receipt is not None:
                 return receipt
         try:
@@ -602,30 +605,57 @@ class Source:
         early.claimed(msg if claimed else None, seq, rmd)
         return SendReceipt(seq.key, msg.number, msg.message_id)
 
-    def _enqueue_at_commit(self, tx: StoreTransaction, ident: tuple[str, str, bool], early: Any,
+    def _enqueue_on_current_at_commit(self, tx: StoreTransaction, ident: tuple[str, str, bool],
+                                      outgoing: OutgoingMessage, reply_callback: str | None,
+                                      reply_context: bytes | None, kept: float | None) -> SendReceipt | None:
+        """A message no caller sends itself (a one-way call's), in a global transaction: its
+        enqueue on the current sequence rides on the store branch's COMMIT, as a request's does
+        (:meth:`_enqueue_at_commit`), never claimed (the sender sends it once woken after the
+        commit, as it would the message enqueued by a statement of its own).  The store's
+        branch whose only statement this is (under XA across two databases, with the commit
+        mark that decides) then sends its BEGIN, the enqueue, the mark and the COMMIT in one
+        round trip, not two.  The receipt is numbered at the commit (:class:`ReceiptAtCommit`).
+        None, nothing done, outside a global transaction, inside a delivery's, with
+        ``max_sequence_length``, with no current sequence, or where the store cannot."""
+        if kept is not None or self.tm is None or self.policy.max_sequence_length is not None \
+                or getattr(self._ambient, "tx", None) is not None or self.tm.get_transaction() is None:
+            return None
+        with self._lock:
+            cached = self._current.get(ident)
+        if cached is None:
+            return None
+        # (target None: the statement's claim test never holds; its due time is the message's)
+        return self._enqueue_at_commit(tx, ident, cached, outgoing, reply_callback, reply_context, None,
+                                       None, time.time(), None, None)
+
+    def _enqueue_at_commit(self, tx: StoreTransaction, ident: tuple[str, str, bool], key: str,
                            outgoing: OutgoingMessage, reply_callback: str | None, reply_context: bytes | None,
-                           kept: float | None, next_send_at: float, offered_id: str | None) -> SendReceipt | None:
+                           kept: float | None, target: str | None, next_send_at: float, offered_id: str | None,
+                           claimed: Callable[[RmsMessage | None, RmsSequence, Any], None] | None
+                           ) -> SendReceipt | None:
         """:meth:`_enqueue_claiming` in a global transaction whose store branch sends its writes
-        with its COMMIT (``rms_messages.enqueue_claiming_at_commit``): the enqueue and its claim
-        ride on the COMMIT, no round trip of their own, and the message is numbered there (a
+        with its COMMIT (``rms_messages.enqueue_claiming_at_commit``): the enqueue on sequence
+        ``key`` and its claim for the caller (``claimed``; none when None) ride on the COMMIT,
+        no round trip of their own, and the message is numbered there (a
         :class:`ReceiptAtCommit`; its caller needs the number only to send it, after the
         commit).  When the sequence takes no more messages by then, the message is enqueued
         as without the ride, in the same transaction before its COMMIT (a new sequence opened
         if need be), and left unclaimed: its caller's send claims it.  None, nothing done,
         where the store cannot."""
-        receipt = ReceiptAtCommit(early.key, outgoing.message_id)
+        receipt = ReceiptAtCommit(key, outgoing.message_id)
 
-        def enqueued(msg: RmsMessage, claimed: bool, seq: RmsSequence, rmd: Any) -> None:
+        def enqueued(msg: RmsMessage, was_claimed: bool, seq: RmsSequence, rmd: Any) -> None:
             receipt.at_commit(seq.key, msg.number)
-            early.claimed(msg if claimed else None, seq, rmd)
+            if claimed is not None:
+                claimed(msg if was_claimed else None, seq, rmd)
 
         def otherwise() -> None:
             done = self._enqueue_outgoing(tx, ident, outgoing, reply_callback, reply_context, kept=kept)
             receipt.at_commit(done.sequence_key, done.number)
 
         rode = tx.rms_messages.enqueue_claiming_at_commit(
-            early.key, outgoing.payload, action=outgoing.action, soap_version=outgoing.soap.ns,
-            message_id=outgoing.message_id, target=ident[0], next_send_at=next_send_at,
+            key, outgoing.payload, action=outgoing.action, soap_version=outgoing.soap.ns,
+            message_id=outgoing.message_id, target=target, next_send_at=next_send_at,
             enqueued=enqueued, otherwise=otherwise, rmd_sequence_id=offered_id,
             reply_callback=reply_callback, reply_context=reply_context,
             send_at=None if kept is None else time.time() + kept,

@@ -295,7 +295,7 @@ class RmsMessageManager(_Manager, ABC):
         return None
 
     def enqueue_claiming_at_commit(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
-                                   message_id: str, target: str, next_send_at: float,
+                                   message_id: str, target: str | None, next_send_at: float,
                                    enqueued: Callable[[RmsMessage, bool, RmsSequence, RmdSequence | None], None],
                                    otherwise: Callable[[], None], rmd_sequence_id: str | None = None,
                                    reply_callback: str | None = None, reply_context: bytes | None = None,
@@ -309,7 +309,8 @@ class RmsMessageManager(_Manager, ABC):
         after the commit), before the commit returns.  Where the sequence takes no more
         messages when the commit comes, nothing of the enqueue stays and ``otherwise()`` runs,
         in this transaction, before it commits: the caller enqueues another way (it may open a
-        sequence).  A rollback calls neither."""
+        sequence).  A rollback calls neither.  ``target`` None: never claimed (a message the
+        sender sends; ``enqueued`` is told it was not)."""
         return False
 
     def claim_first_send(self, sequence_key: str, number: int, *, next_send_at: float,

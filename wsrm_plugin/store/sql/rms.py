@@ -128,7 +128,7 @@ _ENQUEUED_AT_COMMIT = f"SELECT current_setting('{_RODE}'), {_cols(_RMS_COLS)} FR
 
 
 def _claiming_params(sequence_key: str, payload: bytes, action: str, soap_version: str, message_id: str,
-                     target: str, next_send_at: float, reply_callback: str | None, reply_context: bytes | None,
+                     target: str | None, next_send_at: float, reply_callback: str | None, reply_context: bytes | None,
                      awaits_reply: bool, due: float, t: float) -> tuple[Any, ...]:
     """The parameters of :data:`_ENQUEUE_CLAIMING`."""
     return (sequence_key, api.MAX_MESSAGE_NUMBER, target, message_id, action, soap_version, bytes(payload),
@@ -445,7 +445,7 @@ class _RmsMessages(api.RmsMessageManager):
         return msg, bool(row[width]), seq, rmd
 
     def enqueue_claiming_at_commit(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
-                                   message_id: str, target: str, next_send_at: float,
+                                   message_id: str, target: str | None, next_send_at: float,
                                    enqueued: Callable[[RmsMessage, bool, RmsSequence, RmdSequence | None], None],
                                    otherwise: Callable[[], None], rmd_sequence_id: str | None = None,
                                    reply_callback: str | None = None, reply_context: bytes | None = None,

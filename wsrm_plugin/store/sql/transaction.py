@@ -230,8 +230,9 @@ class SqlTransaction(api.StoreTransaction):
         ``read`` (with ``read_params``), run after the COMMIT in the same query string, gives
         ``answer`` its row.  The write may decline with :data:`_DECLINED` (nothing of it stays):
         then ``otherwise()`` runs, in this transaction, before it commits.  False, nothing done,
-        where the write cannot ride (see :attr:`rides_writes`), or one rides so already."""
-        if not self.rides_writes:
+        where the write cannot ride (a branch of a global transaction whose session sends it by
+        SQL, begun or not: its BEGIN rides too), or one rides so already."""
+        if self._global is None or not getattr(self.conn, "can_ride_to_commit", False):
             return False
         self._check_open()
         if self._numbered:

@@ -1,0 +1,88 @@
+"""A one-way call under XA across two databases: the application's row in its database, the
+request's enqueue in the store's, one global transaction whose decision is the store's commit
+mark (txmanager.marks): the application's branch is prepared, the store's commits last, in one
+phase, with the mark.
+
+The enqueue rides on the store branch's COMMIT (``Source._enqueue_on_current_at_commit``,
+``LazyBeginConnection.ride_to_commit``): the branch's BEGIN, the enqueue, the mark and the
+COMMIT go in one query string, where the enqueue took a round trip of its own before (with the
+BEGIN in front of it), and the mark and the COMMIT another.  Counted on the store's session as
+the server received it (its log); each call is delivered, once.  Counts, never time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import zeep
+
+from interceptors.spyne_server.service import reliable_service
+from interceptors.zeep_client.client import reliable_client
+from tests.engine.support import wait_for
+from txmanager import TransactionManager
+from txmanager.postgres import PostgresXAResource, XADataSource
+from wsrm_plugin.engine import ReceiptAtCommit
+from wsrm_plugin.store.postgres import PostgresStore
+
+from . import service
+from .conftest import fast_policy
+from .test_xa_call_path import _LOG_STATEMENTS, QUIET, _sent
+
+pytestmark = pytest.mark.postgres
+
+CALLS = 4
+
+
+def _branch(sent: list[str]) -> list[str]:
+    """What the store branch sent, of what its session sent (the sender's transactions use it
+    too, before and after): from its BEGIN to its commit mark."""
+    last = max(i for i, text in enumerate(sent) if "txm_commit_mark" in text)
+    first = max(i for i in range(last + 1) if sent[i].startswith("BEGIN"))
+    return sent[first:last + 1]
+
+
+def test_a_one_way_xa_calls_enqueue_rides_on_the_commit_mark_of_the_store_branch(
+        pg_dsn_factory: Any, pg_server: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    app_dsn = pg_dsn_factory("xa2app", "CREATE TABLE orders (item text PRIMARY KEY)")
+    store = PostgresStore(pg_dsn_factory("xa2store", _LOG_STATEMENTS))
+    tm = TransactionManager(node="xa2-one-way", log=tmp_path / "tm.log")
+    ds = XADataSource(app_dsn, tm)
+    service.reset()
+    svc = reliable_service(service.spyne_app(), "memory:", fast_policy(**QUIET))
+    svc.serve()
+    svc.start()
+    rc = reliable_client(zeep.Client(svc.url + "?wsdl"), store, fast_policy(**QUIET), tm=tm)
+    marked: list[int] = []  # the backend of each store session that committed with a mark
+    commit_marked = PostgresXAResource.commit_marked
+
+    def recording(resource: Any, *args: Any, **kw: Any) -> Any:
+        marked.append(resource.connection.info.backend_pid)
+        return commit_marked(resource, *args, **kw)
+    monkeypatch.setattr(PostgresXAResource, "commit_marked", recording)
+
+    def call(text: str) -> Any:
+        with tm.transaction():
+            with ds.connection() as conn, conn.cursor() as cur:
+                cur.execute("INSERT INTO orders VALUES (%s)", (text,))
+            return rc.service.record(text)
+    try:
+        call("first")  # opens the sequence (its CreateSequence, its enqueue by statement)
+        for i in range(CALLS):
+            offset = pg_server.log_path.stat().st_size
+            receipt = call(f"r{i}")
+            sent = _branch(_sent(pg_server.log_path, offset, marked[-1]))
+            # one round trip: BEGIN, the enqueue in its savepoint, the mark, the COMMIT, the read
+            assert len(sent) == 1, sent
+            (one,) = sent
+            assert one.startswith("BEGIN;SAVEPOINT txmanager_rider;"), sent
+            assert one.index("txm_commit_mark") < one.index(";COMMIT;"), sent
+            assert isinstance(receipt, ReceiptAtCommit) and receipt.numbered and receipt.number == i + 2
+        assert wait_for(lambda: sorted(service.RECEIVED) == sorted(["first", *(f"r{i}" for i in range(CALLS))]))
+        assert wait_for(lambda: rc.engine.store.status().unacked == 0)
+        assert len(service.RECEIVED) == CALLS + 1  # each once
+    finally:
+        rc.stop(timeout=5)
+        svc.stop(timeout=5)
+        ds.close()
+        tm.close()
