@@ -103,21 +103,24 @@ _RIDER_ROLLBACK = b"ROLLBACK TO SAVEPOINT txmanager_rider;RELEASE SAVEPOINT txma
 #: a branch's BEGIN riding first (:meth:`LazyBeginConnection.ride_to_commit` on a branch that sent
 #: nothing yet): compared by identity
 _BEGIN = b"BEGIN"
+#: the undoing of such a write, which has no savepoint: the transaction held nothing else
+_RIDER_RESTART = b"ROLLBACK;BEGIN"
 
 
 class CommitRider:
     """A write riding to a branch's one-phase COMMIT (:meth:`LazyBeginConnection.ride_to_commit`):
-    its read (as sent), who takes the row read, the SQLSTATE by which it declines, and what
-    does its work when it does."""
+    its read (as sent), who takes the row read, the SQLSTATE by which it declines, what does its
+    work when it does, and what undoes it then (sent in front of that work)."""
 
-    __slots__ = ("read", "answer", "declined", "repair")
+    __slots__ = ("read", "answer", "declined", "repair", "undo")
 
     def __init__(self, read: bytes, answer: Callable[[Any], None], declined: str,
-                 repair: Callable[[], None]) -> None:
+                 repair: Callable[[], None], undo: bytes = _RIDER_ROLLBACK) -> None:
         self.read = read
         self.answer = answer
         self.declined = declined
         self.repair = repair
+        self.undo = undo
 
 
 def _answer(rider: CommitRider, row: Any) -> None:
@@ -393,7 +396,10 @@ class LazyBeginConnection(ext.connection):
         On a branch that sent nothing yet, its ``BEGIN`` rides in front of the write: a
         branch whose only statement this is (the store's branch of a transaction whose
         decision its commit mark carries, :meth:`commit_branch_after`) sends it all in the
-        round trip of its ``COMMIT``.
+        round trip of its ``COMMIT``.  The write then needs no savepoint (a subtransaction,
+        which costs the server an xid and WAL of its own): it runs first, before anything
+        else of the branch is sent, so a decline rolls the whole transaction back and begins
+        it again, in front of what ``repair()`` sends.
 
         False, having done nothing, where :meth:`ride` would be (but for a branch that sent
         nothing yet), or a write rides to the commit already."""
@@ -405,7 +411,9 @@ class LazyBeginConnection(ext.connection):
         after = cur.mogrify(read, read_params)
         if mode is _PENDING:  # nothing rides yet (ride() takes nothing then): the BEGIN goes first
             self._mode = _SQL
-            self._riding.append(_BEGIN)
+            self._riding.extend((_BEGIN, ahead))
+            self._rider = CommitRider(after, answer, declined, repair, _RIDER_RESTART)
+            return True
         self._riding.extend((_RIDER_SAVEPOINT, ahead, _RIDER_RELEASE))
         self._rider = CommitRider(after, answer, declined, repair)
         return True
@@ -476,7 +484,7 @@ class LazyBeginConnection(ext.connection):
         if getattr(exc, "pgcode", None) != rider.declined or self.closed \
                 or self.info.transaction_status != ext.TRANSACTION_STATUS_INERROR:
             return False
-        self._riding = [_RIDER_ROLLBACK]
+        self._riding = [rider.undo]
         log.debug("%r: a write riding to the commit declined (%s): done another way", self, exc.pgcode)
         try:
             rider.repair()

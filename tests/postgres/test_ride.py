@@ -377,10 +377,28 @@ def test_a_write_riding_to_the_commit_of_an_unbegun_branch_sends_its_begin_with_
     conn, xid = unbegun_rider(resource, "b", answers, [])
     own = counted(conn)
     commit_one_phase(resource, xid)
-    # one query string: BEGIN, the write in its savepoint, the COMMIT, the read after it
-    assert len(own.sent) == 1 and own.sent[0].startswith(b"BEGIN;SAVEPOINT"), own.sent
+    # one query string: BEGIN, the write (no savepoint: nothing else to keep), the COMMIT, the read
+    assert len(own.sent) == 1 and own.sent[0].startswith(b"BEGIN;WITH"), own.sent
+    assert b"SAVEPOINT" not in own.sent[0]
     assert len(answers) == 1 and answers[0][1] == 1 and u_values(db) == ["b"]
     assert conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
+    another_branch_commits(resource)
+    assert values(db) == ["c"]
+
+
+def test_an_unbegun_branchs_write_that_declines_is_undone_with_its_transaction_and_repaired(resource, db):
+    """No savepoint to roll back to: the transaction, which held only the write, is rolled back
+    and begun again in front of the repair's statement; the branch commits the repair alone."""
+    repairs: list = []
+    conn, xid = unbegun_rider(resource, "no", [], repairs)
+    commit_one_phase(resource, xid)
+    assert repairs == ["no"] and u_values(db) == ["repaired"] and values(db) == []
+    assert conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE and conn.riding == 0
+    conn, xid = unbegun_rider(resource, "no", [], repairs)
+    insert(resource, "a")  # declined before the statement: repaired, then the statement, in the branch
+    resource.end(xid, TMSUCCESS)
+    resource.rollback(xid)
+    assert u_values(db) == ["repaired"] and values(db) == []
     another_branch_commits(resource)
     assert values(db) == ["c"]
 
@@ -449,14 +467,15 @@ def test_a_write_riding_on_the_commit_mark_of_an_unbegun_branch_takes_one_round_
             with b.connection() as cb:
                 assert ride_to_commit(cb, value, answers, repairs) is True
                 sent = counted(cb).sent
-        assert sent[0].startswith(b"BEGIN;SAVEPOINT"), sent
+        assert sent[0].startswith(b"BEGIN;WITH") and b"SAVEPOINT" not in sent[0], sent
         if value == "b":
             (one,) = sent
             assert one.index(b"INSERT INTO u") < one.index(b"txm_commit_mark") < one.index(b";COMMIT;") \
                 < one.index(b"current_setting")
             assert len(answers) == 1 and repairs == [] and u_values(dbs[1]) == ["b"]
-        else:  # declined: the string stopped there; repaired (on the repair's cursor), then the mark
+        else:  # declined: the string stopped there; begun again and repaired, then the mark
             assert repairs == ["no"] and answers == [] and u_values(dbs[1]) == ["repaired"]
+            assert cb.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
             assert len(sent) == 2 and sent[1].endswith(b";COMMIT") and b"txm_commit_mark" in sent[1], sent
         assert values(dbs[0]) == ["a"]
         assert run(dbs[1], "SELECT count(*) FROM txm_commit_mark")[0][0] == 1

@@ -84,9 +84,10 @@ class ReceiptNotNumbered(RuntimeError):
 
 
 class ReceiptAtCommit(SendReceipt):
-    """A :class:`SendReceipt` whose number its transaction's commit gives: ``Source.send`` for a
-    caller that waits for the reply, in a global transaction, where the enqueue rides on the
-    branch's COMMIT (``rms_messages.enqueue_claiming_at_commit``) and takes its number there.
+    """A :class:`SendReceipt` whose number its transaction's commit gives: ``Source.send`` in a
+    global transaction (for a caller that waits for the reply, or a message no caller sends
+    itself), where the enqueue rides on the branch's COMMIT
+    (``rms_messages.enqueue_claiming_at_commit``) and takes its number there.
     Its ``number`` (and ``sequence_key``: should the sequence take no more messages by then,
     the commit enqueues on another) raise :class:`ReceiptNotNumbered` before the commit, and
     after a rollback.  ``message_id`` is known at once."""
