@@ -507,6 +507,17 @@ class LazyBeginConnection(ext.connection):
         return self._mode is _SQL or self._mode is _PENDING
 
     @property
+    def rider_waiting(self) -> bool:
+        """True while a write rides to the commit (:meth:`ride_to_commit`), not sent yet."""
+        return self._rider is not None
+
+    def send_riding(self) -> None:
+        """Send what rides (the write riding to the commit first, and its read: its answer is
+        given now) in a round trip of its own, now: for a caller that wants the ride's outcome
+        before the commit instead of a statement of its own."""
+        self._send_riding()
+
+    @property
     def riding(self) -> int:
         """How many statements wait to ride on the branch's next round trip (:meth:`ride`)."""
         return len(self._riding)

@@ -86,3 +86,49 @@ def test_a_one_way_xa_calls_enqueue_rides_on_the_commit_mark_of_the_store_branch
         svc.stop(timeout=5)
         ds.close()
         tm.close()
+
+
+def test_two_one_way_xa_calls_in_one_transaction_take_no_more_round_trips_and_keep_their_order(
+        pg_dsn_factory: Any, pg_server: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    """The first enqueue rides to the COMMIT; the second needs the sequence's row: the first's
+    write and its read are sent then (its row, locked by its UPDATE, is read there, not again),
+    and the second rides on the COMMIT with the mark: two round trips, as when the first took
+    its number by a statement of its own (three if the second read the row again)."""
+    app_dsn = pg_dsn_factory("xa2app2", "CREATE TABLE orders (item text PRIMARY KEY)")
+    # (no statement prepared: a statement's first PREPARE on a session is a round trip of its own)
+    store = PostgresStore(pg_dsn_factory("xa2store2", _LOG_STATEMENTS), prepare_statements=False)
+    tm = TransactionManager(node="xa2-two", log=tmp_path / "tm.log")
+    ds = XADataSource(app_dsn, tm)
+    service.reset()
+    svc = reliable_service(service.spyne_app(), "memory:", fast_policy(**QUIET))
+    svc.serve()
+    svc.start()
+    rc = reliable_client(zeep.Client(svc.url + "?wsdl"), store, fast_policy(**QUIET), tm=tm)
+    marked: list[int] = []
+    commit_marked = PostgresXAResource.commit_marked
+
+    def recording(resource: Any, *args: Any, **kw: Any) -> Any:
+        marked.append(resource.connection.info.backend_pid)
+        return commit_marked(resource, *args, **kw)
+    monkeypatch.setattr(PostgresXAResource, "commit_marked", recording)
+    try:
+        with tm.transaction():
+            rc.service.record("first")  # opens the sequence
+            with ds.connection() as conn, conn.cursor() as cur:
+                cur.execute("INSERT INTO orders VALUES ('first')")
+        offset = pg_server.log_path.stat().st_size
+        with tm.transaction():
+            with ds.connection() as conn, conn.cursor() as cur:
+                cur.execute("INSERT INTO orders VALUES ('pair')")
+            one, two = rc.service.record("one"), rc.service.record("two")
+        sent = _branch(_sent(pg_server.log_path, offset, marked[-1]))
+        assert len(sent) == 2, "\n".join(sent)
+        assert sent[0].startswith("BEGIN;") and "current_setting" in sent[0], sent  # the first, and its read
+        assert "txm_commit_mark" in sent[1] and sent[1].endswith("COMMIT"), sent
+        assert (one.number, two.number) == (2, 3)
+        assert wait_for(lambda: service.RECEIVED == ["first", "one", "two"])
+    finally:
+        rc.stop(timeout=5)
+        svc.stop(timeout=5)
+        ds.close()
+        tm.close()

@@ -210,6 +210,7 @@ class _Rms(api.RmsSequenceManager):
 
     def get(self, key: str, *, beside_enqueues: bool = False) -> RmsSequence | None:
         tx = self._tx
+        tx.hold_riding_rms(key)  # an enqueue riding to the commit took its number: its read gives the row
         if beside_enqueues and tx.d.key_share and key not in tx.held_rms:
             seq = self._held_beside_enqueues("seq_key", key)
             if seq is not None:
@@ -340,6 +341,7 @@ class _RmsMessages(api.RmsMessageManager):
                 now: float | None = None, awaits_reply: bool = False,
                 handed_out: bool = False) -> RmsMessage:
         tx = self._tx
+        tx.hold_riding_rms(sequence_key)  # the row held, before this enqueue decides whether it rides
         t = _now(now)
         values: tuple[Any, ...] = ()
         if isinstance(payload, (bytes, bytearray, memoryview)):
@@ -473,6 +475,11 @@ class _RmsMessages(api.RmsMessageManager):
             if read:
                 values = json.loads(read)
                 rmd = _rmd(tuple(values[c] for c in _RMD_COLS))
+            if sequence_key in tx.riding_rms:
+                # (read before the commit when another statement came: the row stays locked by the
+                # enqueue's UPDATE until the commit, as read; the next read needs no round trip)
+                tx.riding_rms.discard(sequence_key)
+                tx.held_rms[sequence_key] = seq
             enqueued(RmsMessage(
                 sequence_key=sequence_key, number=int(number), message_id=message_id, action=action,
                 soap_version=soap_version, payload=bytes(payload), last=False, reply_callback=reply_callback,
@@ -487,6 +494,7 @@ class _RmsMessages(api.RmsMessageManager):
         tx.held_rms.pop(sequence_key, None)
         tx.shared_rms.discard(sequence_key)
         tx.took_number.add(sequence_key)
+        tx.riding_rms.add(sequence_key)
         return True
 
     def _take_number(self, sequence_key: str, last: bool, message: tuple[Any, ...] = ()) -> RmsSequence | None:

@@ -133,6 +133,9 @@ class SqlTransaction(api.StoreTransaction):
         #: Sequences whose row an enqueue of this transaction changed already (a later enqueue on
         #: one only remembers its number, in :attr:`_numbered`).
         self.took_number: set[str] = set()
+        #: Sequences whose number an enqueue riding to the commit takes (:meth:`write_at_commit`):
+        #: the ride's read gives the row (held from then on), should it be wanted before the commit.
+        self.riding_rms: set[str] = set()
         #: Store calls whose statements a receipt ran ahead, in its round trip (:meth:`receive_in_order`'s
         #: ``answering`` and ``acknowledging``): key (``ahead_key``) -> their last statement's row,
         #: for the call (``rms_messages.mark_answered_acknowledging``, ``acknowledge_sequence``) to
@@ -249,6 +252,20 @@ class SqlTransaction(api.StoreTransaction):
         if rode:
             self._wrote = True
         return rode
+
+    def hold_riding_rms(self, key: str) -> None:
+        """Sequence ``key`` wanted before the commit whose enqueue rides to it (its number taken
+        there, :attr:`riding_rms`): the write and its read are sent now, in a round trip of their
+        own, and the read's row is held from then on (see ``enqueue_claiming_at_commit``)."""
+        if key not in self.riding_rms or key in self.held_rms \
+                or not getattr(self.conn, "rider_waiting", False):
+            return
+        try:
+            self.conn.send_riding()
+        except Exception as exc:
+            if self._statements is not None:
+                self._statements.failed(self.conn, exc)
+            self._fail(exc)
 
     def _fail(self, exc: Exception) -> NoReturn:
         """Doom the transaction for the driver's error ``exc`` and raise it as the store's own
