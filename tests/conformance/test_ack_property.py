@@ -42,7 +42,7 @@ def _reply_numbers(response, offered: str) -> set[int]:
     return found
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=st.lists(_OPS, min_size=1, max_size=14))
 def test_acknowledgements_never_shrink_and_final_names_every_accepted_number(server, ops):
     peer = RawPeer(server.url)
