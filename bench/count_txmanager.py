@@ -22,6 +22,11 @@ transaction, without start-up.  Paths:
   branch prepared, the second committed in one phase with the decision (``bench_compare``'s
   ``xa2``, without the store).
 
+The parts such a transaction is made of, each alone (subtract ``empty``, the loop's own call):
+``clock`` (one ``time.monotonic()``: a timeout costs three, see ``tm0``), ``local`` (one read of a
+``threading.local`` attribute: the thread's binding), ``ident`` (one ``threading.get_ident()``),
+``obj`` (a four-slot object made and freed: a ``with`` block's scope).
+
 ``--calls`` counts instead the Python and C calls per transaction (sys.setprofile); ``--opcodes``
 the bytecodes each Python function runs per transaction (sys.settrace, one opcode event each: where
 the interpreter's own share of the instructions goes, function by function; ``COUNT_LINES=1``, line
@@ -32,6 +37,7 @@ both databases: one server), and the server's CPU per transaction, user and syst
 machine).
 
 Run: .venv/bin/python bench/count_txmanager.py [--paths plain,sql,lazy,tm,tm0,tmds,tm2] [--calls | --opcodes | --wal]
+(or --paths empty,clock,local,ident,obj)
 """
 
 from __future__ import annotations
@@ -44,9 +50,19 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from typing import Any
 
 UPDATE = "UPDATE account SET balance = balance + %s WHERE id = %s"
+
+_monotonic = time.monotonic
+
+
+class _FourSlots:
+    """The ``obj`` path's object: the size of ``_TransactionScope``."""
+
+    __slots__ = ("a", "b", "c", "d")
 
 
 def _tally(install: Any, hook: Any, counter: "collections.Counter[str]", n: int, one: Any, title: str) -> None:
@@ -125,7 +141,26 @@ def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None, opcodes: bool
                 with ds2.connection() as b, b.cursor() as c:  # type: ignore[union-attr]
                     c.execute(UPDATE, (1, i % 10))
 
-        one = {"plain": one_plain, "sql": one_sql, "lazy": one_lazy, "tm": one_tm, "tm0": one_tm, "tmds": one_tmds,
+        binding = threading.local()
+        binding.tx = None
+
+        def one_empty(i: int) -> None:
+            pass
+
+        def one_clock(i: int) -> None:
+            _monotonic()
+
+        def one_local(i: int) -> None:
+            binding.tx  # noqa: B018 -- the read is what is counted
+
+        def one_ident(i: int) -> None:
+            threading.get_ident()
+
+        def one_obj(i: int) -> None:
+            _FourSlots()
+
+        one = {"empty": one_empty, "clock": one_clock, "local": one_local, "ident": one_ident, "obj": one_obj,
+               "plain": one_plain, "sql": one_sql, "lazy": one_lazy, "tm": one_tm, "tm0": one_tm, "tmds": one_tmds,
                "tm2": one_tm2}[path]
         for i in range(200):
             one(i)
