@@ -156,10 +156,19 @@ class MemoryStore(api.StorageManager):
         return self._resource
 
     def buffer_may_hold(self) -> bool:
-        """Is any sequence's buffer holding a committed message?  A read of one dict's size (the
-        buffer's groups), without the mutex: a commit that buffers one wakes the invoker after
-        it, so a look that raced it is followed by another."""
-        return bool(self._groups[_BUF])
+        """Is any sequence's buffer holding a committed message that no transaction holds the
+        buffer of?  A look without the mutex at the buffer's groups and their locks: a commit
+        that buffers one wakes the invoker after it, so a look that raced it is followed by
+        another.  A sequence whose buffer another transaction holds is skipped, as
+        ``claim_next`` skips it (SKIP LOCKED): at 16 sequences most looks after a delivery
+        found only messages being delivered by other invoker threads (still in the buffer
+        until their commit), and opened a transaction to find nothing; the holder looks again
+        after its commit (a delivering thread steps again at once)."""
+        owners = self._owners
+        for sequence_id in tuple(self._groups[_BUF]):  # a copy made at once: commits change the dict
+            if (RANK_INVOKER, sequence_id) not in owners:
+                return True
+        return False
 
     def close(self) -> None:
         self._closed = True
