@@ -26,6 +26,7 @@ from wsrm_plugin.wire.xmlsafe import DEFAULT_MAX_SIZE, children, parse_xml
 
 if TYPE_CHECKING:
     from wsrm_plugin.wire.addressing import AddressingHeaders
+    from wsrm_plugin.wire.soap import Envelope
 
 __all__ = [
     "Phase", "Direction", "Role", "HttpHeaders", "Response", "Exchange", "Message",
@@ -318,6 +319,8 @@ class Message:
         #: body or fault asks for it: about 20 times per message on a server)
         self._version = version
         self._raw: bytes | None = None
+        #: (bytes, their envelope as read) given to :meth:`serialized_as`: see :meth:`read_envelope`
+        self._read: tuple[bytes, Envelope] | None = None
         self.direction = direction
         self.role = role
         self.http_headers = HttpHeaders(http_headers)
@@ -360,17 +363,29 @@ class Message:
         self._version = _soap_version_of(envelope)
         self._raw = None
 
-    def serialized_as(self, data: bytes) -> None:
+    def serialized_as(self, data: bytes, read: Envelope | None = None) -> None:
         """Say that ``data`` is exactly what the envelope serializes to now (its stored form).
 
         :meth:`to_bytes` then returns ``data`` instead of serializing the tree
         again, until anything may have changed the envelope: the chain forgets
         it before it runs any interceptor or hook on the message, and so do
         :meth:`add_header`, :meth:`remove_header` and replacing the envelope.
+        ``read``: the wire module's reading of the envelope as it is now (its
+        header blocks and body, :class:`~wsrm_plugin.wire.soap.Envelope`), handed
+        out by :meth:`read_envelope` for as long as ``data`` stands.
         """
         if self._envelope is None:
             raise ChainError("this message has no envelope to serialize")
         self._raw = data
+        self._read = (data, read) if read is not None else None
+
+    def read_envelope(self) -> Envelope | None:
+        """The reading given to :meth:`serialized_as` while its bytes still stand for the tree
+        (nothing may have changed it since), else None.  A server's adapter reads a received
+        envelope before the chain runs; the WS-RM interceptor, which changes nothing, hands
+        that reading to the engine instead of a second one."""
+        read = self._read
+        return read[1] if read is not None and read[0] is self._raw else None
 
     # -- what kind of message ---------------------------------------------------
     @property

@@ -144,6 +144,15 @@ def _header_name(key: str) -> str:
 
 
 @functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256)
+def _environ_key(name: str) -> str | None:
+    """``SOAPAction`` -> ``HTTP_SOAPACTION``: a request header's environ key (None for the two
+    that have their own, Content-Type and Content-Length); every delivery names the same few."""
+    key = name.upper().replace("-", "_")
+    return None if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else f"HTTP_{key}"
+
+
+@functools.lru_cache(maxsize=256)
 def _request_uri(scheme: str, host: str | None, server: str | None, port: str | None,
                  script: str, path: str) -> str:
     """``wsgiref.util.request_uri`` without the query, of a request with these environ values.
@@ -254,7 +263,7 @@ class ChainMiddleware:
         if _utf8_as_sent(data, root):
             # the request as received stands for its tree until an interceptor may change it: the
             # WS-RM interceptor stores these bytes rather than a serialization of the tree
-            message.serialized_as(data)
+            message.serialized_as(data, read=envelope)
         return message
 
     def _served_version(self) -> SoapVersion | None:
@@ -401,9 +410,9 @@ class ChainMiddleware:
         env.pop("QUERY_STRING", None)
         version = request.soap_version or SOAP11
         for name, value in request.http_headers.items():
-            key = name.upper().replace("-", "_")
-            if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-                env[f"HTTP_{key}"] = value
+            key = _environ_key(name)
+            if key is not None:
+                env[key] = value
         env["CONTENT_TYPE"] = _utf8(request.http_headers.get("Content-Type"), version)
         return env
 

@@ -36,6 +36,7 @@ it): :func:`carries_rm`, :func:`response_of`, :func:`current_delivery`,
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -52,7 +53,7 @@ from wsrm_plugin.wire.namespaces import RM_VERSIONS, SOAP11, SoapVersion
 from wsrm_plugin.wire.xmlsafe import parse_xml
 
 from interceptors.addressing import apply_addressing
-from interceptors.chain import Direction, Exchange, Interceptor, Message, Phase, Response, Role
+from interceptors.chain import Direction, Exchange, HttpHeaders, Interceptor, Message, Phase, Response, Role
 
 if TYPE_CHECKING:
     from interceptors.spyne_server.adapter import ChainMiddleware
@@ -169,9 +170,10 @@ class ReliableMessagingInterceptor(Interceptor):
         # Filed first, since the invoker may deliver before handle() returns.
         TREES.remember(data, envelope, message.addressing)  # what the chain read: not read again
         # the WS-A properties the chain's addressing interceptor read, if it ran: not read again
+        # the adapter's reading of the envelope, while nothing changed it: not read again
         reply = self.engine.handle(data, principal=principal, remote_addr=remote_addr,
                                    content_type=message.http_headers.get("Content-Type"),
-                                   parsed=envelope, addressing=message.addressing)
+                                   parsed=message.read_envelope() or envelope, addressing=message.addressing)
         # suspend, not abort: what the invoker delivers later resumes right after this interceptor
         message.suspend(response_of(reply, self.engine.policy.max_message_size))
 
@@ -207,13 +209,16 @@ class ReliableMessagingInterceptor(Interceptor):
         message.abort()
 
 
-def _http_headers(soap: SoapVersion, action: str | None) -> list[tuple[str, str]]:
+@functools.lru_cache(maxsize=256)
+def _http_headers(soap: SoapVersion, action: str | None) -> HttpHeaders:
+    """The HTTP headers a delivery of ``action`` in ``soap`` carries, made once per action (a
+    service has a few): each delivery's message takes a copy of them."""
     if soap is SOAP11:
-        return [("Content-Type", "text/xml; charset=utf-8"), ("SOAPAction", f'"{action or ""}"')]
+        return HttpHeaders([("Content-Type", "text/xml; charset=utf-8"), ("SOAPAction", f'"{action or ""}"')])
     content_type = f"{soap.content_type}; charset=utf-8"
     if action:
         content_type += f'; action="{action}"'
-    return [("Content-Type", content_type)]
+    return HttpHeaders([("Content-Type", content_type)])
 
 
 class ChainDeliverer:

@@ -142,3 +142,36 @@ def test_the_client_builds_no_answer_for_a_reply_it_read_from_a_response(servers
     # acknowledgement it carries: every request but the first (the warm-up's went alone)
     assert CALLS - 1 <= client <= CALLS, f"{client} acknowledgements written on the client for {CALLS} calls: " \
         f"{dict(written)}"
+
+
+def test_a_one_way_call_reads_its_envelopes_once_each(servers, clients, monkeypatch):
+    """The spyne side reads a received envelope (its header blocks and body) before the chain runs,
+    and the WS-RM interceptor, which changes nothing, hands that reading to the engine: one reading
+    per one-way call in the server's HTTP threads (fails without: two, the engine read it again).
+    The client reads the request as it adds its WS-A headers and the response with its
+    acknowledgement; the transmission stamps the tree it was handed without reading it again
+    (fails without: three a call)."""
+    from wsrm_plugin.wire.soap import Envelope
+
+    server = servers()
+    rc = clients(server.url)
+    rc.service.echo("warm-up").result(timeout=60)
+    assert wait_for(lambda: server.engine.status().unacked == 0 and rc.engine.status().unacked == 0)
+    reads: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+    real = Envelope.from_element
+
+    def counting(root):
+        with lock:
+            reads[threading.current_thread().name.rstrip("0123456789-")] += 1
+        return real(root)
+
+    monkeypatch.setattr(Envelope, "from_element", staticmethod(counting))
+    for i in range(CALLS):
+        rc.service.note(f"r{i}")
+    assert wait_for(lambda: all(service.RAN[f"r{i}"] == 1 for i in range(CALLS)), timeout=60), service.RAN
+    monkeypatch.undo()
+    # a little slack for an acknowledgement on its own
+    assert CALLS <= reads["waitress"] <= 1.25 * CALLS, dict(reads)
+    client = sum(n for thread, n in reads.items() if thread != "waitress")
+    assert 2 * CALLS <= client <= 2.25 * CALLS, dict(reads)

@@ -307,7 +307,8 @@ class ReliableEngine:
                via_response: bool = False) -> Reply:
         """Process one received envelope (what the HTTP endpoint and adapters call).
 
-        ``parsed``: the envelope's lxml tree when the caller parsed ``data`` already (safely);
+        ``parsed``: the envelope's lxml tree when the caller parsed ``data`` already (safely),
+        or that tree as the caller read it already (a :class:`~wsrm_plugin.wire.soap.Envelope`);
         ``addressing``: the :class:`~wsrm_plugin.wire.AddressingHeaders` the caller read from
         that tree's headers already (an interceptor chain's), not read again.
         ``via_response``: ``data`` came in the HTTP response to a request this engine sent

@@ -22,6 +22,7 @@ from ..wire import (
 from ..wire.faults import MessageTooLargeError
 from ..wire.namespaces import RM_VERSIONS
 from ..wire.rm import RM_HEADER_NAMES
+from ..wire.xmlsafe import split_tag
 from .parsed import TREES
 
 __all__ = ["OutgoingMessage", "prepare_outgoing", "protocol_message", "stamp", "read_trusted"]
@@ -47,13 +48,21 @@ def read_trusted(data: bytes) -> Envelope:
     return parse_envelope(data, max_size=_TRUSTED_MAX)
 
 
-def _header_parent(envelope: Envelope) -> etree._Element:
-    root = envelope.root
-    header = root.find(envelope.version.qname("Header").text)
+def _header_parent(root: etree._Element, version: SoapVersion) -> etree._Element:
+    header = root.find(version.qname("Header").text)
     if header is None:
-        header = etree.Element(envelope.version.qname("Header"))
+        header = etree.Element(version.qname("Header"))
         root.insert(0, header)
     return header
+
+
+def _version_of(root: etree._Element) -> SoapVersion | None:
+    """The SOAP version of an envelope's root element, from its tag (None: not an Envelope)."""
+    tag = root.tag
+    if not isinstance(tag, str):
+        return None
+    namespace, local = split_tag(tag)
+    return SoapVersion.for_namespace(namespace) if local == "Envelope" and namespace else None
 
 
 def prepare_outgoing(data: bytes | etree._Element, *, to: str, action: str | None, message_id: str | None,
@@ -97,7 +106,7 @@ def prepare_outgoing(data: bytes | etree._Element, *, to: str, action: str | Non
         reply_to=EndpointReference(reply_to) if reply_to and present.reply_to is None else None,
         version=version,
     )
-    header = _header_parent(envelope)
+    header = _header_parent(envelope.root, envelope.version)
     for position, element in enumerate(missing.to_elements(version, soap=envelope.version)):
         header.insert(position, element)
     for element in extra:
@@ -118,15 +127,22 @@ def stamp(payload: bytes, headers: Iterable[etree._Element]) -> bytes:
 
 def stamped(payload: bytes, headers: Iterable[etree._Element]) -> tuple[bytes, etree._Element]:
     """:func:`stamp`, and the tree the bytes were serialized from (the caller's now: a front end
-    that answers with it need neither parse the bytes nor serialize the tree again)."""
+    that answers with it need neither parse the bytes nor serialize the tree again).
+
+    A tree filed for ``payload`` (:func:`prepare_outgoing` files the one it wrote) is an
+    envelope read whole when it was made: only its version is read here, from its tag, and its
+    Header found; the stored bytes are read whole."""
     root = TREES.take(payload)
-    envelope = Envelope.from_element(root) if root is not None else read_trusted(payload)
-    header = _header_parent(envelope)
+    version = _version_of(root) if root is not None else None
+    if root is None or version is None:
+        envelope = read_trusted(payload)
+        root, version = envelope.root, envelope.version
+    header = _header_parent(root, version)
     for old in [h for h in header if isinstance(h.tag, str) and h.tag in _RM_HEADER_TAGS]:
         header.remove(old)
     for position, element in enumerate(headers):
         header.insert(position, element)
-    return to_bytes(envelope.root), envelope.root
+    return to_bytes(root), root
 
 
 def protocol_message(soap: SoapVersion, wsa: AddressingVersion, *, to: str, action: str,

@@ -73,11 +73,12 @@ class Message:
         return None
 
 
-def read_message(data: bytes, max_size: int, parsed: etree._Element | None = None,
+def read_message(data: bytes, max_size: int, parsed: etree._Element | Envelope | None = None,
                  addressing: AddressingHeaders | None = None) -> Message:
     """Parse and classify ``data``; raises the SoapFault to answer when it is not acceptable.
 
-    ``parsed``: ``data``'s tree, already parsed safely by the caller (read, not parsed again);
+    ``parsed``: ``data``'s tree, already parsed safely by the caller (read, not parsed again),
+    or that tree as the caller read it already (an :class:`Envelope`, not read again);
     ``addressing``: what that tree's WS-A headers say, already read by the caller (only with
     ``parsed``).
     """
@@ -87,7 +88,7 @@ def read_message(data: bytes, max_size: int, parsed: etree._Element | None = Non
     else:
         if len(data) > max_size:
             raise MessageTooLargeError(len(data), max_size)
-        envelope = Envelope.from_element(parsed)
+        envelope = parsed if isinstance(parsed, Envelope) else Envelope.from_element(parsed)
     if addressing is None:
         addressing = AddressingHeaders.from_header(envelope.headers)
     message = Message(data, envelope, addressing)
@@ -247,13 +248,14 @@ class Inbound:
     # -- requests ----------------------------------------------------------------------------
 
     def handle(self, data: bytes, *, principal: str | None = None, content_type: str | None = None,
-               remote_addr: str | None = None, parsed: etree._Element | None = None,
+               remote_addr: str | None = None, parsed: etree._Element | Envelope | None = None,
                addressing: AddressingHeaders | None = None, via_response: bool = False,
                read: Message | None = None, answered: bool = True) -> Reply:
         """Answer one received request: an envelope (200), nothing to say (202), or a fault.
 
         ``parsed`` is ``data``'s tree when the caller parsed it already (safely:
-        :func:`~wsrm_plugin.wire.xmlsafe.parse_xml`); it is only read.  ``addressing`` is
+        :func:`~wsrm_plugin.wire.xmlsafe.parse_xml`), or that tree as it read it (an
+        :class:`Envelope`); it is only read.  ``addressing`` is
         what its WS-A headers say when the caller read them already.  ``read``: ``data`` as
         :func:`read_message` read it already (a reply in a response, :meth:`read_response`).
         ``via_response``: ``data`` came in the HTTP response to a request of ours (see
