@@ -74,6 +74,23 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 30.0, interval: flo
     return True
 
 
+def batches_on_disk(combiner, store, commit_of: Callable[[object], object]) -> list[tuple[int, bool, int]]:
+    """Each batch ``combiner`` runs from now on, as it returns (and wakes its other receives):
+    its size, whether the commit of every outcome (``commit_of(outcome)``, its transaction, or
+    None for one without) was on ``store``'s disk, and the batches the combiner handed on so far."""
+    returned: list[tuple[int, bool, int]] = []
+    run, sync = combiner._batch, store._sync
+
+    def watched(items: list[object]) -> list[object]:
+        outcomes = run(items)
+        seqs = [tx._commit_seq for tx in map(commit_of, outcomes) if tx is not None]
+        returned.append((len(items), bool(seqs) and sync._synced >= max(seqs), combiner.handed_on))
+        return outcomes
+
+    combiner._batch = watched
+    return returned
+
+
 # -- hand-built protocol messages ------------------------------------------------------------
 
 def _addressing(rm: RMVersion, to: str, action: str, reply_to: str | None = None) -> AddressingHeaders:

@@ -17,7 +17,7 @@ import threading
 import time
 
 from .conftest import fast_policy
-from .support import RM11, Recorder, wait_for
+from .support import RM11, Recorder, batches_on_disk, wait_for
 from .test_bad_input import first_message_senders, open_sequence, send_ok
 
 SEQUENCES = 4
@@ -245,7 +245,8 @@ def test_removals_from_the_buffer_of_several_deliveries_share_one_transaction(en
         t.start()
     assert wait_for(lambda: len(received.snapshot()) == SEQUENCES, timeout=20)  # buffered, applications in
     kinds = _batches_of(combiner)
-    commits = server.store._sync.commits
+    returned = batches_on_disk(combiner, server.store, lambda outcome: outcome)
+    handed_on, commits = combiner.handed_on, server.store._sync.commits
     holding = server.store.begin()
     holding.rms.get("nothing")  # its first statement takes the file
     try:
@@ -260,6 +261,8 @@ def test_removals_from_the_buffer_of_several_deliveries_share_one_transaction(en
     assert answered == {identifier: [(1, 1)] for identifier in identifiers}
     assert kinds == [["_Removal"], ["_Removal"] * (SEQUENCES - 1)]
     assert server.store._sync.commits - commits == 2
+    # the three woken with their removal on disk, the next batch let in before its fsync
+    assert returned[-1] == (SEQUENCES - 1, True, handed_on + 1), returned
     assert sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)]
     assert server.destination.delivered_on_receipt == SEQUENCES
     with server.store.begin() as tx:

@@ -17,7 +17,7 @@ import threading
 from wsrm_plugin.wire import UnknownSequence
 
 from .conftest import fast_policy
-from .support import RM11, Recorder, application_message, post, wait_for
+from .support import RM11, Recorder, application_message, batches_on_disk, post, wait_for
 from .test_bad_input import first_message_senders, open_sequence
 
 SEQUENCES = 4
@@ -86,24 +86,16 @@ def test_a_batch_is_on_disk_before_its_other_receives_wake(engines, store_for) -
     server, url = _served(engines, store_for, received)
     identifiers = [open_sequence(url, RM11) for _ in range(SEQUENCES)]
     combiner = server.destination._together
-    sync = server.store._sync
-    batch = combiner._batch
-    returned: list[tuple[int, bool, int]] = []  # (parts, on disk as it returned, batches handed on)
-
-    def watched(items):
-        outcomes = batch(items)
-        seqs = [outcome[2]._commit_seq for outcome in outcomes if isinstance(outcome, tuple)]
-        returned.append((len(items), bool(seqs) and sync._synced >= max(seqs), combiner.handed_on))
-        return outcomes
-
-    combiner._batch = watched
+    returned = batches_on_disk(combiner, server.store,
+                               lambda outcome: outcome[2] if isinstance(outcome, tuple) else None)
+    handed_on = combiner.handed_on
     senders, answered = first_message_senders(url, RM11, identifiers)
     _while_the_file_is_held(server, combiner, senders)
     assert answered == {identifier: [(1, 1)] for identifier in identifiers}
     assert sorted(received.snapshot()) == [f"m{n}" for n in range(SEQUENCES)]
     assert [parts for parts, _, _ in returned] == [1, SEQUENCES - 1], returned
     assert returned[-1][1], returned  # the three woken with their commit on disk
-    assert returned[-1][2] == 1, returned  # the batch of three let the next one in before its fsync
+    assert returned[-1][2] == handed_on + 1, returned  # the three let the next batch in before their fsync
 
 
 def _a_batch_whose_part_fails_once(engines, store_for, failing: str, hold):

@@ -967,19 +967,20 @@ class Destination:
             log.debug("a batch of %d receives that deliver was rolled back (%s)", len(items), exc)
             return [_FailedOnReceipt(exc) if item.taken else ALONE for item in items]
         if len(items) > 1:
-            self._on_disk_before_waking(tx)
+            self._on_disk_before_waking(tx, self._together)
         return outcomes
 
-    def _on_disk_before_waking(self, tx: StoreTransaction) -> None:
-        """A batch of :meth:`_deliver_together` committed: the next batch may take the file now
-        (``Combiner.hand_on``), and this one's commit goes to disk before its other receives
-        wake.  Each of them waits for that fsync anyway before it answers; woken first, they
-        each went to sleep again on it (or ran it, and the first waited), a second sleep and
-        wake-up of a thread per receive in a process whose threads take turns on one
-        interpreter.  Should the fsync fail here, each receive tries it again in its own
-        thread and fails there, as before."""
-        if self._together is not None:
-            self._together.hand_on()
+    @staticmethod
+    def _on_disk_before_waking(tx: StoreTransaction, combiner: Combiner[Any] | None) -> None:
+        """A batch of ``combiner`` committed ``tx`` and each of its other receives waits for that
+        commit's fsync before it answers: the next batch may take the file now
+        (``Combiner.hand_on``), and the fsync runs before they wake.  Woken first, each went to
+        sleep again on it (or ran it, and the first waited): a second sleep and wake-up of a
+        thread per receive, in a process whose threads take turns on one interpreter.  Should
+        the fsync fail here, each receive tries it again in its own thread and fails there, as
+        before."""
+        if combiner is not None:
+            combiner.hand_on()
         try:
             tx.wait_for_disk()
         except OSError as exc:
@@ -1307,6 +1308,10 @@ class Destination:
             for msg in held:
                 invoker.not_kept_apart(msg)
             raise
+        if removals and not held and len(items) > 1 \
+                and not any(isinstance(outcome, BaseException) for outcome in outcomes):
+            # every receive of the batch waits for its fsync now (none delivers apart next)
+            self._on_disk_before_waking(tx, self._apart_receipts)
         return outcomes
 
     def _next_to_deliver(self, tx: StoreTransaction, item: _Receipt, reception: Reception) -> bool:
