@@ -346,7 +346,7 @@ class LazyBeginConnection(ext.connection):
         """True while the branch ran no statement (its BEGIN is still to be sent)."""
         return self._mode is _PENDING
 
-    def ride(self, statement: str, params: Any = None) -> bool:
+    def ride(self, statement: str, params: Any = None, *, at: int | None = None) -> bool:
         """Send ``statement`` (with ``params``, as ``cursor.execute`` takes them) with the
         branch's next round trip instead of one of its own: in front of the next statement run
         on this connection, in the same query string, or, when none comes, in front of the
@@ -363,12 +363,20 @@ class LazyBeginConnection(ext.connection):
 
         False, having done nothing, where the branch is not run by SQL here (psycopg2's
         ``tpc_begin``, a named cursor's transaction, prepared already) or its BEGIN is still to
-        be sent (nothing ran in it yet): then run the statement yourself."""
+        be sent (nothing ran in it yet): then run the statement yourself.
+
+        ``at``: its place among the statements riding already (given before it, not sent yet;
+        0: in front of them all), for a write that must run before them (a receipt that
+        checks what they guessed)."""
         if self._mode is not _SQL:
             return False
         if self._rider is not None:  # it rides last, to the commit: sent first, in order
             self._send_rider()
-        self._riding.append(self._plain_cursor().mogrify(statement, params))
+        sent = self._plain_cursor().mogrify(statement, params)
+        if at is not None:
+            self._riding.insert(at, sent)
+        else:
+            self._riding.append(sent)
         return True
 
     def ride_to_commit(self, statement: str, params: Any, *, read: str, read_params: Any,

@@ -30,6 +30,8 @@ RECEIVED: list[str] = []
 ECHOED: list[str] = []
 RESERVED: list[tuple[int, int, int]] = []
 _lock = threading.Lock()
+#: Called by ``echo`` with its text before it answers (a test's work in the delivery's transaction).
+ON_ECHO: list[Any] = []
 
 
 def reset() -> None:
@@ -37,6 +39,7 @@ def reset() -> None:
         RECEIVED.clear()
         ECHOED.clear()
         RESERVED.clear()
+        ON_ECHO.clear()
 
 
 class OrderService(ServiceBase):
@@ -51,6 +54,8 @@ class OrderService(ServiceBase):
             raise Fault("Client", "the service refuses 'boom'")
         with _lock:
             ECHOED.append(text)
+        for work in ON_ECHO:
+            work(text)
         return "re:" + text
 
 

@@ -29,7 +29,7 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..statemachine import InvalidTransition, Reception, RMDEvent, rmd_receive, rmd_transition
@@ -49,6 +49,7 @@ from .faults import busy_fault, fault_for_transition
 from .logs import for_sequence
 from .policy import RMPolicy
 from .source import HandOut, SendReceipt, back_channel_replies, count_reply_handed_out, reply_sequence_key
+from ..store.api import RANK_INVOKER, RANK_RMD
 from ..store.api.states import received_ranges, rmd_changes, rmd_state, rms_life
 
 if TYPE_CHECKING:
@@ -67,6 +68,9 @@ HELD_BYTES_REFRESH = 1.0
 DEFAULT_RECEIVE_BATCH = 16
 _REMEMBERED_CREATES = 1024
 _REMEMBERED_OWNERS = 4096
+#: How often a sequence's receipt at the commit may find its guess wrong before its receipts go the
+#: general way for good (``Destination._receipt_at_commit``): each costs its application's run.
+_FORESIGHT_DECLINES = 3
 #: Seconds a receive that delivers on receipt waits at most for the receive of a lower number
 #: of its sequence to finish (see ``Destination._wait_turn``); then it goes on regardless.
 TURN_WAIT = 5.0
@@ -181,6 +185,11 @@ class _NotTaken(Exception):
     store received it meanwhile): rolled back, the message received again as after a failure."""
 
 
+class _TwoPhases(Exception):
+    """A delivery before its receipt found its global transaction committing in two phases (its
+    application's database is not the store's): rolled back, received the general way."""
+
+
 class _FailedOnReceipt:
     """A batch's outcome for a receive whose application (in its savepoint) failed: buffered after."""
 
@@ -246,6 +255,11 @@ class Destination:
         #: Receives that waited for the receipt of a copy of their message whose application ran
         #: before it (then found a duplicate: see :meth:`receive`).
         self.copies_waited = 0
+        #: Requests delivered on receipt under a transaction manager whose receipt rode on their
+        #: transaction's commit (:meth:`_receipt_at_commit`), and those whose guess was found
+        #: wrong there (then received the general way).
+        self.receipts_at_commit = 0
+        self.receipts_declined_at_commit = 0
         #: Messages dropped because they were not the next in order (``out_of_order="discard"``).
         self.discarded_out_of_order = 0
         #: An upper bound of the bytes held undelivered, as the store last said plus what this
@@ -298,6 +312,14 @@ class Destination:
         self._under_way: Counter[tuple[str, int]] = Counter()
         self._first: dict[str, int] = {}
         self._ending: Counter[str] = Counter()
+        #: Under a transaction manager on a store whose receipts can ride on the commit: each
+        #: sequence's RMD row and its replies' RMS row as this process's last delivery on receipt
+        #: committed them, what the next receipt guesses from (:meth:`_receipt_at_commit`; a
+        #: bounded memory), and how often a sequence's guess was found wrong (at
+        #: :data:`_FORESIGHT_DECLINES`, the general way from then on: another process shares it).
+        self._at_commit_possible = False
+        self._foreseen: OrderedDict[str, tuple[RmdSequence, RmsSequence]] = OrderedDict()
+        self._foresight_declined: OrderedDict[str, int] = OrderedDict()
         #: The last number each sequence took on receipt in this process (a bounded memory).
         self._taken_upto: OrderedDict[str, int] = OrderedDict()
         #: Sequences whose reply's record could not commit in its receipt's round trip (its
@@ -382,8 +404,10 @@ class Destination:
         and back, and the reply is ready when the receive's transaction commits."""
         self._direct = invoker
         self._direct_answers_only = answers_only
-        self._first_possible = invoker.tm is None and self.store.defers_transactions \
-            and self.policy.deliver_apart is not False
+        self._at_commit_possible = invoker.tm is not None and not self.store.defers_transactions \
+            and self.store.commits_are_costly
+        self._first_possible = self._at_commit_possible or (
+            invoker.tm is None and self.store.defers_transactions and self.policy.deliver_apart is not False)
         if self.policy.receive_batch is None and not answers_only:
             self._receipts = None
         self._together = self._together_combiner(invoker)
@@ -857,6 +881,12 @@ class Destination:
             if not isinstance(ran, Exception):
                 return ran
             return self._received_after_failure(item, invoker, ran)
+        if self._at_commit_possible and item.acks:
+            ran = self._receipt_at_commit(item, invoker)
+            if isinstance(ran, Exception):
+                return self._received_after_failure(item, invoker, ran)
+            if ran is not None:
+                return ran
         together = self._together
         if together is not None and self._together_if_two_phase and not self._two_phase:
             together = None  # one-phase deliveries: each alone (see _together_combiner)
@@ -872,6 +902,9 @@ class Destination:
                         self._deliver_taken(tx, item, invoker)
                     if self._together_if_two_phase:
                         self._two_phase = invoker.in_two_phases()
+                    held = self._foreseeable(tx, item)
+                if self._at_commit_possible:
+                    self._foresee_after(item, recorded, held)
                 return recorded
             except Exception as exc:
                 item.reply = None
@@ -1153,6 +1186,160 @@ class Destination:
             with self._turns_changed:
                 del self._first[identifier]
                 self._turns_changed.notify_all()
+
+    def _receipt_at_commit(self, item: _Receipt, invoker: InvokerWorker
+                           ) -> tuple[RmdSequence, Reception] | Exception | None:
+        """Under a transaction manager: hand ``item`` (a request answered on the back-channel)
+        to the application before its receipt, and send the receipt, the take and the
+        acknowledgement that rode on it with the transaction's COMMIT
+        (``StoreTransaction.receive_at_commit``), its reply's enqueue riding there too, numbered
+        from the reply sequence's row as this process last committed it
+        (``foresee_sequence``): one round trip less than the receipt's own before the
+        application.  What its receipt decided; the exception that failed it (the
+        application's, or its commit's: nothing of it is in the store, and the caller receives
+        it as after a failed delivery on receipt); or None when it was not tried, or its
+        guess was found wrong (then nothing of it was committed: the caller receives it the
+        general way, and the application runs again there).
+
+        The guess: this process's last delivery of the sequence (:attr:`_foreseen`) took
+        ``number - 1`` and left it open and in order, the reply sequence open and numbered so
+        far; the checks its receipt makes pass on that row; its bytes fit every budget
+        without asking the store; and nothing in this process changes that before its
+        commit (as :meth:`_run_first`: no copy of it under way, a copy arriving waits, so does
+        a Close or Terminate of its sequence).  The receipt's statement checks all of it
+        before the COMMIT and fails on purpose where it does not hold (another process on the
+        same store received the message, or enqueued on the reply sequence), and the whole
+        transaction with it: the application's work in the store's database too.  Its work
+        elsewhere is done again by the general way, as after a crash between that work's
+        commit and the receipt's."""
+        header = item.header
+        identifier, number = header.identifier, header.message_number
+        known = self._foreseen.get(identifier)
+        if known is None or header.last_message or len(item.acks) != 1 \
+                or self._foresight_declined.get(identifier, 0) >= _FORESIGHT_DECLINES \
+                or not self._answered_on_back_channel(item):
+            return None
+        seq, reply_seq = known
+        ack = item.acks[0][0]
+        so_far = received_ranges(seq)
+        if ack.nacks or ack.final or not ack.ranges or reply_seq.sequence_id != ack.identifier \
+                or reply_seq.key != reply_sequence_key(identifier) or seq.offered_id is None \
+                or seq.closed or seq.terminated or seq.last_number is not None or not self._anonymous(seq.acks_to) \
+                or so_far.highest != number - 1 or not so_far.is_complete_up_to(number - 1):
+            return None
+        try:
+            seq = self._checked(seq, identifier, item.version, item.principal)
+            reception = rmd_receive(rmd_state(seq), number, last=False, received=so_far, last_number=None)
+        except (SoapFault, InvalidTransition):
+            return None  # its receipt refuses it: the general way says how
+        acknowledging = self.riding_acknowledging(ack)
+        if acknowledging is None or reception.duplicate or rmd_changes(reception.transition) \
+                or not self._room_held(len(item.envelope)):
+            return None
+        with self._turns_changed:
+            if identifier in self._first or self._ending[identifier] or self._under_way[(identifier, number)] > 1:
+                return None
+            self._first[identifier] = number
+        try:
+            return self._deliver_before_receipt(item, invoker, seq, reply_seq, reception, acknowledging)
+        finally:
+            with self._turns_changed:
+                del self._first[identifier]
+                self._turns_changed.notify_all()
+
+    def _deliver_before_receipt(self, item: _Receipt, invoker: InvokerWorker, seq: RmdSequence,
+                                reply_seq: RmsSequence, reception: Reception,
+                                acknowledging: tuple[str, Sequence[tuple[int, int]], bool]
+                                ) -> tuple[RmdSequence, Reception] | Exception | None:
+        """:meth:`_receipt_at_commit`'s transaction, once its guess is made."""
+        identifier, number = item.header.identifier, item.header.message_number
+        item.wrote = item.handed_over = item.consumed = item.wake_sender = item.acks_wake = False
+        item.direct = item.taken = item.acks_applied = True  # applied at the commit, or nothing is
+        item.reply = None
+        item.wakes_sender_after = None
+        item.ack_done = -1
+        after: tuple[RmdSequence | None, RmsSequence | None] = (None, None)
+        try:
+            with invoker.transaction() as tx:
+                if not tx.receives_at_commit:  # nothing sent yet: the general way, in this transaction
+                    item.direct, item.taken, item.acks_applied = True, False, False
+                    recorded = self._record(tx, item)
+                    if item.taken:
+                        self._deliver_taken(tx, item, invoker)
+                    return recorded
+                # the receipt's rows are locked at the commit, first, in the store's order
+                tx.order_as_first(RANK_RMD, identifier)
+                tx.order_as_first(RANK_INVOKER, identifier)
+                tx.foresee_sequence(reply_seq)
+                self._deliver_taken(tx, item, invoker)
+                if invoker.in_two_phases():  # the application's database is not the store's: see below
+                    raise _TwoPhases
+                if not tx.receive_at_commit(identifier, number, now=time.time(),
+                                            acknowledging=acknowledging,
+                                            reply=reply_seq.key):
+                    raise AssertionError("a transaction that receives at its commit refused to")
+                if self._together_if_two_phase:
+                    self._two_phase = invoker.in_two_phases()
+                after = tx.held_rows(identifier, reply_seq.key)
+        except _TwoPhases:
+            # a PREPARE before the store's commit: a guess found wrong there would fail a global
+            # transaction of several branches; such deliveries take the general way from now on
+            # (rolled back: the application runs again there)
+            self._at_commit_possible = False
+            self._forget_foreseen(identifier)
+            item.direct, item.taken, item.acks_applied = True, False, False
+            return None
+        except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
+            item.reply = None
+            self._forget_foreseen(identifier)
+            if not item.taken:
+                raise  # the receive itself failed or was refused (the general way, above)
+            if not self.store.declined_at_commit(exc):
+                return exc
+            self.receipts_declined_at_commit += 1
+            with self._turns_changed:
+                self._foresight_declined[identifier] = self._foresight_declined.get(identifier, 0) + 1
+                while len(self._foresight_declined) > _REMEMBERED_OWNERS:
+                    self._foresight_declined.popitem(last=False)
+            for_sequence(log, identifier, number).debug("its receipt at the commit guessed wrong: received again")
+            item.direct, item.taken, item.acks_applied = True, False, False
+            return None
+        self.receipts_at_commit += 1
+        reply_after = after[1]
+        if reply_after is not None:
+            self._foresee(identifier, replace(seq, received=reception.received), reply_after)
+        self._pass_turn(item, taken=True)  # committed: the next of its sequence finds itself next
+        return seq, reception
+
+    def _foresee(self, identifier: str, seq: RmdSequence, reply_seq: RmsSequence) -> None:
+        """Remember ``seq`` and ``reply_seq`` as a delivery on receipt committed them (see :attr:`_foreseen`)."""
+        with self._turns_changed:
+            self._foreseen[identifier] = (seq, reply_seq)
+            self._foreseen.move_to_end(identifier)
+            if len(self._foreseen) > _REMEMBERED_OWNERS:
+                self._foreseen.popitem(last=False)
+
+    def _foreseeable(self, tx: StoreTransaction, item: _Receipt) -> RmsSequence | None:
+        """In the transaction of a receive that delivered on receipt the general way: its reply
+        sequence's row as the transaction holds it, when its next receipt may guess from it."""
+        if not self._at_commit_possible or item.reply is None or not item.taken:
+            return None
+        return tx.held_rows(item.header.identifier, item.reply[0].key)[1]
+
+    def _foresee_after(self, item: _Receipt, recorded: tuple[RmdSequence, Reception],
+                       reply_seq: RmsSequence | None) -> None:
+        """After the commit of a receive that delivered on receipt the general way: what its
+        sequence's next receipt may guess from (:meth:`_receipt_at_commit`), or nothing."""
+        identifier = item.header.identifier
+        seq, reception = recorded
+        if reply_seq is None or reception.duplicate:
+            self._forget_foreseen(identifier)
+            return
+        self._foresee(identifier, replace(seq, received=reception.received), reply_seq)
+
+    def _forget_foreseen(self, identifier: str) -> None:
+        with self._turns_changed:
+            self._foreseen.pop(identifier, None)
 
     def _record_ran_first(self, tx: StoreTransaction, item: _Receipt) -> None:
         """The receipt of a message whose application ran (:meth:`_run_first`), in ``tx``: taken, or raises."""

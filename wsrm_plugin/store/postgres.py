@@ -58,6 +58,7 @@ from . import api
 from .api import LockTimeoutError, StoreClosedError, StoreUnavailableError
 from .late_commits import LateCommits
 from .sql import POSTGRES, SqlTransaction, migrate
+from .sql.statements import RECEIPT_DECLINED
 from .prepared import UNDEFINED_PREPARED, PreparedStatements
 
 __all__ = ["PostgresStore"]
@@ -386,6 +387,15 @@ class PostgresStore(api.StorageManager):
                 raise
         finally:
             self._release(resource)
+
+    def declined_at_commit(self, exc: BaseException) -> bool:
+        seen: set[int] = set()
+        while exc is not None and id(exc) not in seen:  # the transaction manager wraps the branch's error
+            seen.add(id(exc))
+            if getattr(exc, "pgcode", None) == "22P02" and RECEIPT_DECLINED in (getattr(exc, "pgerror", None) or ""):
+                return True
+            exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        return False
 
     def _translate(self, exc: BaseException) -> Exception | None:
         code = getattr(exc, "pgcode", None) or ""

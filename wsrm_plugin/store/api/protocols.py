@@ -956,6 +956,46 @@ class StoreTransaction(ABC):
         again without ``commits``); one that did not try leaves the outcome as without it."""
         return None
 
+    @property
+    def receives_at_commit(self) -> bool:
+        """Can a receipt in order ride on this transaction's commit (:meth:`receive_at_commit`)?"""
+        return False
+
+    def foresee_sequence(self, seq: RmsSequence) -> None:
+        """Take ``seq`` (as this process last saw it committed) as the row this transaction holds
+        of it, without reading nor locking it: an enqueue on it then takes its number from
+        there, and its writes ride to the commit.  Only before :meth:`receive_at_commit`, whose
+        statement checks, before the commit, that the row was so (``reply``); a store without
+        :attr:`receives_at_commit` ignores it."""
+        return None
+
+    def receive_at_commit(self, sequence_id: str, number: int, *, now: float | None = None,
+                          acknowledging: tuple[str, Sequence[tuple[int, int]], bool],
+                          reply: str) -> bool:
+        """The receipt in order of ``number`` (recorded as received and taken, as
+        :meth:`receive_in_order`, which the caller guessed would take it) and the
+        acknowledgement that rode on it (``acknowledging``, as there) sent with the transaction's
+        commit, after what the transaction did already (the application's work, run before its
+        receipt) and before the writes riding to that commit (its reply's enqueue).  False,
+        nothing done, where the store cannot.
+
+        That statement checks what the caller guessed, and fails on purpose where it does not
+        hold, the whole transaction with it (nothing of it is committed, the application's
+        work neither): the sequence open and with exactly 1..number-1 received, the message
+        taken, the acknowledgement applying to a transmitting sequence and naming nothing
+        unsent, and the sequence of key ``reply`` (the one acknowledged) open to enqueues, with
+        the next number :meth:`foresee_sequence` took it to have, where an enqueue of this
+        transaction took its number from there.
+        The commit's failure then says so (:meth:`StorageManager.declined_at_commit`)."""
+        return False
+
+    def held_rows(self, sequence_id: str, key: str) -> tuple[RmdSequence | None, RmsSequence | None]:
+        """The rows of destination sequence ``sequence_id`` and source sequence ``key`` as this
+        transaction holds them (locked, or written by it), each None where it holds none or
+        the store keeps no such copy: what the next receipt at commit may foresee, once this
+        transaction committed."""
+        return None, None
+
     def next_write_commits(self) -> None:
         """The transaction's next write commits by itself, where that saves round trips
         (PostgreSQL: a transaction that has sent nothing yet sends it without BEGIN, and the
@@ -1102,6 +1142,11 @@ class StorageManager(ABC):
         the invoker when its receive commits, so nothing waits for the poll.  True where that
         is not known without asking the database (another process may have buffered one)."""
         return True
+
+    def declined_at_commit(self, exc: BaseException) -> bool:
+        """Did a commit fail with ``exc`` (or an exception it was raised from) because a receipt
+        riding on it found its guess wrong (``StoreTransaction.receive_at_commit``)?"""
+        return False
 
     def foresee_in_order(self, sequence_id: str, number: int) -> RmdSequence | None:
         """Read from the last committed state, without taking the store: destination sequence

@@ -91,6 +91,29 @@ def _committed_if_expected(commits: tuple[str, str | None, tuple[str, ...]]) -> 
             (version, *(() if principal is None else (principal,)), *anonymous))
 
 
+#: The text of the error by which a receipt riding on its transaction's commit says its guess was
+#: wrong (``SqlTransaction.receive_at_commit``): a cast of it to an integer fails (SQLSTATE
+#: 22P02, this text in the message), and the query string's transaction with it.
+RECEIPT_DECLINED = "wsrm: the receipt riding on the commit guessed wrong"
+
+
+def _receipt_checked(key: str, reply_number: int | None) -> tuple[str, tuple[Any, ...]]:
+    """The column of a receipt riding on its commit (``SqlTransaction.receive_at_commit``), in
+    the last statement of ``acknowledging_statements`` (``g``, ``bad`` and the acknowledged
+    sequence ``q`` in scope), and its parameters: 1
+    when the message was received and taken, the acknowledgement applies (``g``) and names
+    nothing unsent (``bad``), and ``q`` is ``key``'s sequence, open to enqueues, its highest number
+    ``reply_number - 1`` when given (the reply's enqueue took its number from the row as this
+    process last saw it); otherwise :data:`RECEIPT_DECLINED` cast to an integer, which fails.
+    ``key``: the sequence the reply is enqueued on."""
+    number = "" if reply_number is None else " AND q.highest_number = ?"
+    expected = ("current_setting('wsrm.received') = '1' AND EXISTS (SELECT 1 FROM g) "
+                "AND NOT EXISTS (SELECT 1 FROM bad) AND q.seq_key = ? AND NOT (q.last_message OR q.closed "
+                f"OR q.close_sent OR q.terminate_sent OR q.faulted){number}")
+    return (f", CAST(CASE WHEN {expected} THEN '1' ELSE '{RECEIPT_DECLINED}' END AS integer)",
+            (key,) if reply_number is None else (key, reply_number - 1))
+
+
 def ahead_key(kind: str, *arguments: Any) -> tuple[Any, ...]:
     """The key of a store call's statements run ahead by a receipt, in its round trip
     (``SqlTransaction.ran_ahead``): the call's name and its arguments (ranges merged)."""

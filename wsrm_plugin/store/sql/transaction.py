@@ -18,6 +18,7 @@ from .. import api
 from ..api import (
     RANK_INVOKER,
     RANK_RMD,
+    RANK_RMS,
     BufferedMessage,
     RmdSequence,
     RmsSequence,
@@ -35,6 +36,7 @@ from .statements import (
     _RECEIVED_AND_TAKEN,
     _TAKE,
     _committed_if_expected,
+    _receipt_checked,
     _prefix,
     _rmd_assignments,
     _take_params,
@@ -142,6 +144,9 @@ class SqlTransaction(api.StoreTransaction):
         #: take without a statement.  Empty at the commit: writes no one took would be work no one
         #: accounted for.
         self.ran_ahead: dict[tuple[Any, ...], Any] = {}
+        #: RMS rows taken as held without a read (:meth:`foresee_sequence`): key -> the next number
+        #: they said, which :meth:`receive_at_commit` checks before the commit.
+        self.foreseen: dict[str, int] = {}
         # rms, rms_messages, rmd and invoker: made on first use (see ManagerOnFirstUse)
 
     # -- statements -----------------------------------------------------------------
@@ -224,6 +229,28 @@ class SqlTransaction(api.StoreTransaction):
         if not rode:  # the session cannot take it after all
             self.write(sql, params)
             return
+        self._wrote = True
+
+    def write_first(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        """Writes whose outcome nobody reads, to run before the writes riding already
+        (:meth:`write_later`) and what the commit flushes: where :attr:`rides_writes`, in front
+        of them on the transaction's next round trip, in the order given; else now, in one
+        round trip.  For a receipt that checks, before the commit, what the writes after it
+        guessed (it fails on purpose, and the transaction with it, where they guessed wrong)."""
+        if not self.rides_writes or self.conn.riding + len(statements) > RIDING_AT_MOST:
+            (sql, params), *rest = statements
+            self._wrote = True
+            self.execute(sql, params, then=list(rest) or None).close()
+            return
+        self._check_open()
+        try:
+            for at, (sql, params) in enumerate(statements):
+                if not self.conn.ride(*self._sent(sql, params), at=at):
+                    raise AssertionError("a session that rides writes refused one")  # (checked above)
+        except Exception as exc:
+            if self._statements is not None:
+                self._statements.failed(self.conn, exc)
+            self._fail(exc)
         self._wrote = True
 
     def write_at_commit(self, sql: str, params: Sequence[Any], read: str, read_params: Sequence[Any],
@@ -479,6 +506,51 @@ class SqlTransaction(api.StoreTransaction):
         seq = self.held_rmd[sequence_id] = _rmd(row[:-1])
         self._wrote = True
         return replace(seq, received=api.parse_ranges(before)), self.note_take(sequence_id, number, bool(row[-1]))
+
+    @property
+    def receives_at_commit(self) -> bool:
+        """On a PostgreSQL branch of a global transaction whose session sends it by SQL (so its
+        writes can ride to its commit: ``LazyBeginConnection.ride``), keeping no undo image."""
+        return self._global is not None and bool(self.d.for_update) and self.d.writable_cte \
+            and self.undo is None and not self.d.payload_apart and hasattr(self.conn, "ride")
+
+    def foresee_sequence(self, seq: RmsSequence) -> None:
+        if not self.receives_at_commit or seq.key in self.held_rms:
+            return
+        self.lock(RANK_RMS, seq.key)
+        self.held_rms[seq.key] = seq  # checked by receive_at_commit's statement before the commit
+        self.foreseen[seq.key] = seq.next_number
+
+    def receive_at_commit(self, sequence_id: str, number: int, *, now: float | None = None,
+                          acknowledging: tuple[str, Sequence[tuple[int, int]], bool],
+                          reply: str) -> bool:
+        """On PostgreSQL (:attr:`receives_at_commit`): the RMD row locked, the receipt in order
+        (:data:`_RECEIVE_IN_ORDER_NOTED`) and the acknowledgement's two statements
+        (``rms_messages.acknowledging_statements``, written only if the message was taken),
+        whose last checks the guesses (``statements._receipt_checked``), in front of the writes
+        riding to the commit (:meth:`write_first`): with the COMMIT, no round trip of their own.
+        The rows are locked in the store's lock order there (RMD, invoker, RMS), after the
+        application's own rows."""
+        acked, ranges, keep = acknowledging
+        merged = api.AckRanges.from_ranges(ranges)
+        if not self.receives_at_commit or number < 2 or not merged.ranges or sequence_id in self.held_rmd:
+            return False
+        before = self._hold_for_receipt(sequence_id, number)
+        self.lock(RANK_RMS, ("sequence_id", acked))
+        t = _now(now)
+        # an enqueue that took its number from the row foreseen (not by a statement of its own)
+        numbered = reply in self._numbered and reply not in self.took_number
+        checked, values = _receipt_checked(reply, self.foreseen.get(reply) if numbered else None)
+        statements = [("SELECT 1 FROM rmd_sequence WHERE sequence_id = ? FOR UPDATE", (sequence_id,)),
+                      (_RECEIVE_IN_ORDER_NOTED, (_prefix(number), t, sequence_id, before,
+                                                 *_take_params(sequence_id, number))),
+                      *self.rms_messages.acknowledging_statements(  # type: ignore[attr-defined]
+                          acked, merged, t, keep, gate=_RECEIVED_AND_TAKEN, more=(checked, "", values))]
+        self.write_first(statements)
+        return True
+
+    def held_rows(self, sequence_id: str, key: str) -> tuple[RmdSequence | None, RmsSequence | None]:
+        return self.held_rmd.get(sequence_id), self.held_rms.get(key)
 
     def _hold_for_receipt(self, sequence_id: str, number: int) -> str:
         """The bookkeeping before a receipt in order of ``number``: its sequence's RMD and

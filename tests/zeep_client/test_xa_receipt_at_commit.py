@@ -1,0 +1,140 @@
+"""Under XA in one database, a PostgreSQL service's receipt of a request rides on its delivery's COMMIT.
+
+Real parts: a reliable spyne service whose PostgreSQL store lives in its application's database
+(the application's row and the store's work in one branch, committed in one phase), a reliable
+zeep client over loopback HTTP.  The service runs the application before the request's receipt,
+guessing from its last delivery of the sequence that the receipt will take it; the receipt, the
+take, the acknowledgement riding on the request and the reply's enqueue then go with the COMMIT,
+checked there before it: the service's session sends two query strings a call, the application's
+INSERT and the COMMIT's.  A guess found wrong there rolls the whole transaction back, the
+application's row too, and the request is received the general way: nothing lost, nothing twice.
+Counts, never time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg2
+import pytest
+import zeep
+
+from interceptors.spyne_server.service import reliable_service
+from interceptors.zeep_client.client import reliable_client
+from txmanager import TransactionManager
+from txmanager.postgres import XADataSource
+from wsrm_plugin.engine import destination, retransmission
+from wsrm_plugin.engine import invoker as invoker_module
+from wsrm_plugin.store.postgres import PostgresStore
+
+from . import service
+from .conftest import fast_policy
+from .test_xa_call_path import _LOG_STATEMENTS, QUIET, _sent
+
+pytestmark = pytest.mark.postgres
+
+CALLS = 5
+WARM = 5
+
+
+@dataclasses.dataclass
+class Served:
+    svc: Any
+    rc: Any
+    dsn: str
+    pids: list[int]
+
+
+@pytest.fixture
+def served(pg_dsn_factory: Any, tmp_path: Any, monkeypatch: Any) -> Iterator[Served]:
+    """The service's application inserts each text into ``orders`` through an XA data source on the
+    store's own database, in the delivery's global transaction; ``pids`` its sessions, a call each."""
+    monkeypatch.setattr(retransmission, "_REPLY_ACK_WAIT", 60.0)
+    monkeypatch.setattr(destination, "HELD_BYTES_REFRESH", 3600.0)  # no budget read in a receipt
+    # on a loaded machine an application's average time above QUICK_APPLICATION sends requests
+    # through the buffer, by design (its invoker thread then delivers them): each on receipt here
+    monkeypatch.setattr(invoker_module, "QUICK_APPLICATION", 60.0)
+    dsn = pg_dsn_factory("xarcpt", "CREATE TABLE orders (item text PRIMARY KEY)", _LOG_STATEMENTS)
+    tm = TransactionManager(node="xa-receipt", log=tmp_path / "tm.log")
+    ds = XADataSource(dsn, tm)
+    store = PostgresStore(dsn)
+    pids: list[int] = []
+
+    def insert(text: str) -> None:
+        with ds.connection() as conn, conn.cursor() as cur:
+            pids.append(conn.info.backend_pid)
+            cur.execute("INSERT INTO orders VALUES (%s)", (text,))
+    service.reset()
+    service.ON_ECHO.append(insert)
+    svc = reliable_service(service.spyne_app(), store, fast_policy(**QUIET), tm=tm)
+    svc.serve()
+    svc.start()
+    rc = reliable_client(zeep.Client(svc.url + "?wsdl"), "memory:", fast_policy(**QUIET))
+    try:
+        yield Served(svc, rc, dsn, pids)
+    finally:
+        rc.stop(timeout=5)
+        svc.stop(timeout=5)
+        ds.close()
+        store.close()
+        tm.close()
+
+
+def _orders(dsn: str) -> list[str]:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT item FROM orders ORDER BY item")
+            return [item for (item,) in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def test_an_xa_services_receipt_rides_on_its_commit(served: Served, pg_server: Any) -> None:
+    """Per call the service's session sends the application's INSERT (its BEGIN in front) and one
+    query string with the receipt, the take, the acknowledgement, the reply's enqueue and the
+    COMMIT: two round trips (three before: the receipt in one of its own, before the application)."""
+    rc, dest = served.rc, served.svc.engine.destination
+    # the first opens the sequences, the next goes the general way, the ones after as guessed
+    assert [rc.service.echo(f"q{i}").result(timeout=60) for i in range(WARM)] == [f"re:q{i}" for i in range(WARM)]
+    before = dest.receipts_at_commit
+    for i in range(WARM, CALLS + WARM):
+        offset = pg_server.log_path.stat().st_size
+        assert rc.service.echo(f"q{i}").result(timeout=60) == f"re:q{i}"
+        # the delivery's, from its BEGIN to its COMMIT (the pool's session serves other threads
+        # before and after), but for its preparations (a session prepares a statement the second
+        # time it sends it); without the ride the BEGIN went with the receipt, before the INSERT
+        sent = [q for q in _sent(pg_server.log_path, offset, served.pids[-1]) if "wsrm_prepare" not in q]
+        began = [n for n, q in enumerate(sent) if q == f"BEGIN;INSERT INTO orders VALUES ('q{i}')"]
+        assert began, sent
+        sent = sent[began[0]:]
+        sent = sent[:next((n for n, q in enumerate(sent) if q.endswith("COMMIT")), len(sent)) + 1]
+        assert len(sent) == 2, sent
+        # the RMD row's lock, the receipt and take, the acknowledgement's lock and statement, the
+        # reply's INSERT and its sequence's number, then the COMMIT
+        assert sent[1].endswith(";COMMIT") and sent[1].count(";") == 6, sent
+    assert dest.receipts_at_commit - before == CALLS
+    assert dest.receipts_declined_at_commit == 0
+    assert service.ECHOED == [f"q{i}" for i in range(CALLS + WARM)]
+    assert _orders(served.dsn) == sorted(f"q{i}" for i in range(CALLS + WARM))
+
+
+def test_a_receipt_at_commit_that_guessed_wrong_rolls_back_and_goes_the_general_way(served: Served) -> None:
+    """The reply sequence's next number as the service last committed it is made stale (as if
+    another process had enqueued on it): the reply's enqueue takes a number already used, the
+    receipt's statement finds the row otherwise at the COMMIT and fails on purpose, the
+    application's row rolls back with it, and the request is received the general way: the
+    application ran twice, its row is there once, every call answered once and in order."""
+    rc, dest = served.rc, served.svc.engine.destination
+    assert [rc.service.echo(f"q{i}").result(timeout=60) for i in range(3)] == ["re:q0", "re:q1", "re:q2"]
+    ((identifier, (seq, reply_seq)),) = dest._foreseen.items()
+    dest._foreseen[identifier] = (seq, dataclasses.replace(reply_seq, next_number=reply_seq.next_number - 1))
+    assert rc.service.echo("q3").result(timeout=60) == "re:q3"
+    assert dest.receipts_declined_at_commit == 1
+    assert service.ECHOED == ["q0", "q1", "q2", "q3", "q3"]  # its first run rolled back
+    before = dest.receipts_at_commit
+    assert [rc.service.echo(f"q{i}").result(timeout=60) for i in range(4, 7)] == ["re:q4", "re:q5", "re:q6"]
+    assert dest.receipts_at_commit - before == 3  # the general way's commit foresaw the next again
+    assert _orders(served.dsn) == [f"q{i}" for i in range(7)]
