@@ -1,8 +1,10 @@
 """A caller's open XA transaction does not hold up the sender on its sequence (PostgreSQL).
 
 The caller's enqueue takes the sequence's next number with an UPDATE of its row, which stays
-locked until the caller's transaction ends.  The sender's claim and the acknowledgements it
-applies hold the row only against changes of the sequence's state (``FOR KEY SHARE``): the
+locked until the caller's transaction ends (a lone enqueue rides to the COMMIT: here a second
+one in the transaction sends the first's UPDATE before it, while the transaction is open).
+The sender's claim and the acknowledgements it applies hold the row only against changes of
+the sequence's state (``FOR KEY SHARE``): the
 messages committed before go out, are delivered and acknowledged while the caller's
 transaction is still open, and the caller's message follows its commit, once.
 
@@ -79,14 +81,17 @@ def test_earlier_messages_go_out_and_are_acknowledged_while_a_callers_transactio
         assert wait_for(lambda: _attempts(store, 2) >= 2)
         with tm.transaction():
             _insert(ds, "second")
-            client.send(server.endpoint_address, payload("second"), action=ACTION)  # holds the number
+            client.send(server.endpoint_address, payload("second"), action=ACTION)
+            # (its enqueue rides to the COMMIT; the next one needs the row: "second"'s UPDATE goes
+            # now, and the row stays locked by it until the commit, the number held)
+            client.send(server.endpoint_address, payload("third"), action=ACTION)
             server.serve(port=port)
             # while this transaction is open: "first" claimed, sent, delivered, its acknowledgement
             # applied (before, the claim skipped the sequence and the acknowledgement waited)
             assert wait_for(lambda: delivered == ["zero", "first"] and client.status().unacked == 0), \
                 (delivered, client.status().unacked)
-        assert wait_for(lambda: delivered == ["zero", "first", "second"] and client.status().unacked == 0), \
-            (delivered, client.status().unacked)
+        assert wait_for(lambda: delivered == ["zero", "first", "second", "third"]
+                        and client.status().unacked == 0), (delivered, client.status().unacked)
     finally:
         client.stop(timeout=5)
         server.stop(timeout=5)
