@@ -46,12 +46,18 @@ class Boom(Exception):
 
 
 @pytest.fixture(autouse=True)
-def held_bytes_asked_once(monkeypatch):
-    """A receipt asks the store for the bytes held once a second (``HELD_BYTES_REFRESH``): a
+def steady_counts(monkeypatch):
+    """What a loaded machine would change in the counted paths, held still.
+
+    A receipt asks the store for the bytes held once a second (``HELD_BYTES_REFRESH``): a
     statement more in whichever receipt comes after that second, which a loaded machine's calls
     reach (a record counted 2 round trips so in one run at load 7).  Counted here: asked at the
     first receipt only."""
     monkeypatch.setattr(destination, "HELD_BYTES_REFRESH", 3600.0)
+    # on a loaded machine an application's average time above QUICK_APPLICATION sends requests
+    # through the buffer, by design (its invoker thread delivers them, in more round trips: a
+    # receipt counted 5 at load 33): each on receipt here
+    monkeypatch.setattr(invoker_module, "QUICK_APPLICATION", 60.0)
 
 
 #: every statement the server receives in this test's database goes to its log (each query string,
@@ -263,9 +269,6 @@ def test_an_xa_services_reply_rides_on_its_commit(pg_dsn_factory: Any, tmp_path:
     which carries the receipt's 4 statements.  Two round trips before the COMMIT without either
     (the receipt, the enqueue)."""
     monkeypatch.setattr(retransmission, "_REPLY_ACK_WAIT", 60.0)
-    # on a loaded machine an application's average time above QUICK_APPLICATION sends requests
-    # through the buffer, by design (its invoker thread delivers them): each on receipt here
-    monkeypatch.setattr(invoker_module, "QUICK_APPLICATION", 60.0)
     tm = TransactionManager(node="xa-service", log=tmp_path / "svc.log")
     store = PostgresStore(pg_dsn_factory("xasvc"))
     service.reset()
