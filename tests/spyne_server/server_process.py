@@ -16,6 +16,7 @@ import sys
 from interceptors.spyne_server.service import reliable_service
 from txmanager import TransactionManager
 from txmanager.postgres import XADataSource
+from wsrm_plugin.engine import invoker as invoker_module
 
 from . import service
 from .conftest import fast_policy
@@ -32,8 +33,13 @@ def main() -> None:
     parser.add_argument("--policy", default="{}", help="JSON: RMPolicy knobs over the fast policy")
     parser.add_argument("--broken", action="append", default=[], help="an item the method fails to process")
     parser.add_argument("--calls-file", help="where calls of broken items are counted")
+    parser.add_argument("--quick-application", type=float,
+                        help="QUICK_APPLICATION: held high, every request is delivered on its receipt")
+    parser.add_argument("--counters", help="a JSON file the destination's counters go to at a clean stop")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if args.quick_application is not None:
+        invoker_module.QUICK_APPLICATION = args.quick_application
 
     # safety_interval=0: the only other process that used this node name is dead
     tm = TransactionManager(node=args.node, log=args.tm_log, safety_interval=0)
@@ -47,6 +53,12 @@ def main() -> None:
         sys.stdin.read()  # the test closes stdin to stop us cleanly
     finally:
         server.stop(timeout=5)
+        if args.counters:
+            dest = server.engine.destination
+            counters = {"receipts_at_commit": dest.receipts_at_commit,
+                        "receipts_declined_at_commit": dest.receipts_declined_at_commit}
+            with open(args.counters, "w", encoding="utf-8") as out:
+                json.dump(counters, out)
         ds.close()
         tm.close()
 
