@@ -373,8 +373,8 @@ class LazyBeginConnection(ext.connection):
         if self._rider is not None:  # it rides last, to the commit: sent first, in order
             self._send_rider()
         sent = self._plain_cursor().mogrify(statement, params)
-        if at is not None:  # (never in front of a branch's BEGIN riding first)
-            self._riding.insert(at + (self._riding[:1] == [_BEGIN]), sent)
+        if at is not None:  # (no BEGIN rides here: it rides only with a rider, sent above)
+            self._riding.insert(at, sent)
         else:
             self._riding.append(sent)
         return True

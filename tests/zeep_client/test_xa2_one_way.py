@@ -34,6 +34,26 @@ pytestmark = pytest.mark.postgres
 CALLS = 4
 
 
+def _service() -> Any:
+    """The one-way calls' reliable service, on memory stores, served and started."""
+    service.reset()
+    svc = reliable_service(service.spyne_app(), "memory:", fast_policy(**QUIET))
+    svc.serve()
+    return svc.start()
+
+
+def _marking_sessions(monkeypatch: Any) -> list[int]:
+    """The backend of each store session that commits with a commit mark, in order, from now on."""
+    marked: list[int] = []
+    commit_marked = PostgresXAResource.commit_marked
+
+    def recording(resource: Any, *args: Any, **kw: Any) -> Any:
+        marked.append(resource.connection.info.backend_pid)
+        return commit_marked(resource, *args, **kw)
+    monkeypatch.setattr(PostgresXAResource, "commit_marked", recording)
+    return marked
+
+
 def _branch(sent: list[str]) -> list[str]:
     """What the store branch sent, of what its session sent (the sender's transactions use it
     too, before and after): from its BEGIN to its commit mark."""
@@ -48,18 +68,9 @@ def test_a_one_way_xa_calls_enqueue_rides_on_the_commit_mark_of_the_store_branch
     store = PostgresStore(pg_dsn_factory("xa2store", _LOG_STATEMENTS))
     tm = TransactionManager(node="xa2-one-way", log=tmp_path / "tm.log")
     ds = XADataSource(app_dsn, tm)
-    service.reset()
-    svc = reliable_service(service.spyne_app(), "memory:", fast_policy(**QUIET))
-    svc.serve()
-    svc.start()
+    svc = _service()
     rc = reliable_client(zeep.Client(svc.url + "?wsdl"), store, fast_policy(**QUIET), tm=tm)
-    marked: list[int] = []  # the backend of each store session that committed with a mark
-    commit_marked = PostgresXAResource.commit_marked
-
-    def recording(resource: Any, *args: Any, **kw: Any) -> Any:
-        marked.append(resource.connection.info.backend_pid)
-        return commit_marked(resource, *args, **kw)
-    monkeypatch.setattr(PostgresXAResource, "commit_marked", recording)
+    marked = _marking_sessions(monkeypatch)
 
     def call(text: str) -> Any:
         with tm.transaction():
@@ -99,18 +110,9 @@ def test_two_one_way_xa_calls_in_one_transaction_take_no_more_round_trips_and_ke
     store = PostgresStore(pg_dsn_factory("xa2store2", _LOG_STATEMENTS), prepare_statements=False)
     tm = TransactionManager(node="xa2-two", log=tmp_path / "tm.log")
     ds = XADataSource(app_dsn, tm)
-    service.reset()
-    svc = reliable_service(service.spyne_app(), "memory:", fast_policy(**QUIET))
-    svc.serve()
-    svc.start()
+    svc = _service()
     rc = reliable_client(zeep.Client(svc.url + "?wsdl"), store, fast_policy(**QUIET), tm=tm)
-    marked: list[int] = []
-    commit_marked = PostgresXAResource.commit_marked
-
-    def recording(resource: Any, *args: Any, **kw: Any) -> Any:
-        marked.append(resource.connection.info.backend_pid)
-        return commit_marked(resource, *args, **kw)
-    monkeypatch.setattr(PostgresXAResource, "commit_marked", recording)
+    marked = _marking_sessions(monkeypatch)
     try:
         with tm.transaction():
             rc.service.record("first")  # opens the sequence
