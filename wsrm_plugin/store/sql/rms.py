@@ -112,8 +112,9 @@ _ENQUEUE_CLAIMING = (
     "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END, "
     "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END FROM s, c RETURNING number)")
 #: the session setting in which an enqueue riding to its transaction's commit leaves its outcome
-#: (:meth:`_RmsMessages.enqueue_claiming_at_commit`): "<number> <1 if claimed, else 0> <the RMD
-#: row read beside, as JSON, or nothing>"
+#: (:meth:`_RmsMessages.enqueue_claiming_at_commit`), a JSON array: [its number, whether it was
+#: claimed (true; false or null otherwise), the sequence's row as the enqueue wrote it, the RMD row
+#: read beside (or null)]
 _RODE = "wsrm.enqueued"
 #: that enqueue: :data:`_ENQUEUE_CLAIMING` and the RMD row whose acknowledgement the request
 #: carries read beside (as ``enqueue_claiming`` reads it: before the commit, which flushes the
@@ -121,10 +122,14 @@ _RODE = "wsrm.enqueued"
 #: when the sequence took no message (nothing inserted)
 _ENQUEUE_CLAIMING_AT_COMMIT = (
     _ENQUEUE_CLAIMING + f", r AS ({_SELECT_RMD}) SELECT 1 / CAST(count(set_config('{_RODE}', "
-    "CAST(m.number AS text) || CASE WHEN c.mine THEN ' 1 ' ELSE ' 0 ' END "
-    "|| COALESCE((SELECT CAST(row_to_json(r) AS text) FROM r), ''), FALSE)) AS integer) FROM m JOIN c ON TRUE")
-#: its outcome, read after the commit: the setting and the sequence as it is (parameter: its key)
-_ENQUEUED_AT_COMMIT = f"SELECT current_setting('{_RODE}'), {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?"
+    "CAST(json_build_array(m.number, c.mine, row_to_json(s), (SELECT row_to_json(r) FROM r)) AS text), "
+    "FALSE)) AS integer) FROM m JOIN c ON TRUE CROSS JOIN s")
+#: its outcome, read after the commit: the setting alone.  It runs in a transaction of its own
+#: (after the COMMIT, in the same query string: libpq gives only the last statement's result),
+#: which a ``SHOW`` keeps to the least: no table, no snapshot, no plan, no xid, so no commit
+#: record (a read of the sequence's row there cost PostgreSQL a table's lock, an index scan and
+#: a snapshot a message)
+_ENQUEUED_AT_COMMIT = f"SHOW {_RODE}"
 
 
 def _claiming_params(sequence_key: str, payload: bytes, action: str, soap_version: str, message_id: str,
@@ -455,7 +460,8 @@ class _RmsMessages(api.RmsMessageManager):
                                    now: float | None = None) -> bool:
         """On a branch of a global transaction whose session sends it by SQL: :meth:`enqueue_claiming`'s
         statement riding to the branch's COMMIT (``SqlTransaction.write_at_commit``), its outcome
-        kept in a session setting and read after the COMMIT, in the same round trip.  The
+        kept in a session setting, the sequence's row as it wrote it included, and read after the
+        COMMIT, in the same round trip (the setting alone: :data:`_ENQUEUED_AT_COMMIT`).  The
         sequence's row is locked only from there to the COMMIT's end.  Where the sequence
         takes no message by then (closed, faulted, gone...) the statement divides by zero
         (``_DECLINED``): its savepoint rolls back, and ``otherwise()`` enqueues."""
@@ -469,15 +475,12 @@ class _RmsMessages(api.RmsMessageManager):
                                     reply_callback, reply_context, awaits_reply, due, t)
 
         def answer(row: Any) -> None:
-            number, claimed, read = row[0].split(" ", 2)
-            seq = _rms(row[1:])
-            rmd = None
-            if read:
-                values = json.loads(read)
-                rmd = _rmd(tuple(values[c] for c in _RMD_COLS))
+            number, claimed, written, read = json.loads(row[0])
+            seq = _rms(tuple(written[c] for c in _RMS_COLS))
+            rmd = None if read is None else _rmd(tuple(read[c] for c in _RMD_COLS))
             if sequence_key in tx.riding_rms:
                 # (read before the commit when another statement came: the row stays locked by the
-                # enqueue's UPDATE until the commit, as read; the next read needs no round trip)
+                # enqueue's UPDATE until the commit, as written; the next read needs no round trip)
                 tx.riding_rms.discard(sequence_key)
                 tx.held_rms[sequence_key] = seq
             enqueued(RmsMessage(
@@ -485,10 +488,10 @@ class _RmsMessages(api.RmsMessageManager):
                 soap_version=soap_version, payload=bytes(payload), last=False, reply_callback=reply_callback,
                 reply_context=None if reply_context is None else bytes(reply_context),
                 reply_pending=reply_callback is not None or awaits_reply, next_send_at=due, created_at=t),
-                claimed == "1", seq, rmd)
+                claimed is True, seq, rmd)
 
         if not tx.write_at_commit(_ENQUEUE_CLAIMING_AT_COMMIT, (*claiming, rmd_sequence_id), _ENQUEUED_AT_COMMIT,
-                                  (sequence_key,), answer, otherwise):
+                                  (), answer, otherwise):
             return False
         # the row's number is the database's to know until the commit: nothing here holds it
         tx.held_rms.pop(sequence_key, None)
