@@ -294,9 +294,10 @@ def test_receive_in_order_records_and_takes_the_next_message(open_kind) -> None:
     store = open_kind(lock_timeout=10.0)
     _rmd(store, "s")
     assert _receive(store, 1)
+    t = _received(store, "s").last_activity
     for number in (2, 3):
         with store.begin() as tx:
-            guessed = tx.receive_in_order("s", number, now=200.0 + number)
+            guessed = tx.receive_in_order("s", number, now=t + 10 * number)
             assert guessed is not None
             before, taken = guessed
             assert taken
@@ -305,8 +306,31 @@ def test_receive_in_order_records_and_takes_the_next_message(open_kind) -> None:
             assert tx.rmd.require("s").received == AckRanges.from_ranges([(1, number)])  # as it is
             assert tx.receive_in_order("s", number + 1) is None  # once per transaction: held now
     seq = _received(store, "s")
-    assert seq.received == AckRanges.from_ranges([(1, 3)]) and seq.last_activity == 203.0
+    assert seq.received == AckRanges.from_ranges([(1, 3)]) and seq.last_activity == t + 30
     assert _delivered(store, "s") == AckRanges.from_ranges([(1, 3)])
+
+
+@pytest.mark.parametrize("store_url", SQL, indirect=True)
+def test_receive_in_order_writes_the_last_activity_once_a_second_at_most(open_kind) -> None:
+    """``last_activity`` to a second (``ACTIVITY_GRAIN``), as an acknowledgement writes a source
+    sequence's: a receipt within a second of the one stored leaves it, the row as held says so,
+    and one later moves it (PostgreSQL's WAL record of the receipt then carries only the
+    received ranges' changed bytes)."""
+    from wsrm_plugin.store.sql.statements import ACTIVITY_GRAIN
+
+    store = open_kind(lock_timeout=10.0)
+    _rmd(store, "s")
+    assert _receive(store, 1)
+    t = _received(store, "s").last_activity + 10 * ACTIVITY_GRAIN
+    stamps = []
+    for number, now in ((2, t), (3, t + ACTIVITY_GRAIN / 2), (4, t + 2 * ACTIVITY_GRAIN)):
+        with store.begin() as tx:
+            guessed = tx.receive_in_order("s", number, now=now)
+            assert guessed is not None and guessed[1]
+            held = tx.rmd.require("s")
+            assert held.received == AckRanges.from_ranges([(1, number)])
+        stamps.append((held.last_activity, _received(store, "s").last_activity))
+    assert stamps == [(t, t), (t, t), (t + 2 * ACTIVITY_GRAIN, t + 2 * ACTIVITY_GRAIN)]
 
 
 @pytest.mark.parametrize("store_url", SQL, indirect=True)

@@ -22,7 +22,7 @@ from ..api import (
 )
 from ..api.states import rms_life
 from .rmd import _SELECT_RMD
-from .statements import ahead_key
+from .statements import ACTIVITY_GRAIN, ahead_key
 from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMD_COLS, _RMS_COLS, _cols, _msg, _rmd, _rms, msg_cols
 from .large_payloads import COPY_PAYLOAD_AT, cols_leaving_large_payloads, with_large_payloads
 from .transaction import SqlTransaction, _in_list
@@ -38,14 +38,6 @@ def _read_cols(tx: SqlTransaction, alias: str = "") -> str:
     :data:`.large_payloads.COPY_PAYLOAD_AT` bytes or more left out (NULL) where the dialect reads
     those with COPY (:meth:`_RmsMessages._with_payloads`)."""
     return cols_leaving_large_payloads(_MSG_COLS, alias) if tx.d.copy_binary else msg_cols(tx.d, alias)
-
-
-#: An acknowledgement writes its sequence's ``last_activity`` only when the one stored is older
-#: than this many seconds (or it purges retransmitted messages, whose count the row keeps): on
-#: PostgreSQL the row is then written, and held against callers' enqueues, about once a second
-#: rather than at every acknowledgement.  What reads it (keep-alives, ``wsrm status``) works in
-#: seconds and minutes.
-ACTIVITY_GRAIN = 1.0
 
 
 #: SQLite (``Dialect.payload_apart``): a payload of this many bytes or more is kept in

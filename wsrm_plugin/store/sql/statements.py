@@ -34,6 +34,30 @@ _TAKE = ("UPDATE invoker_sequence SET "
          "(SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?){also} "
          "RETURNING delivered_upto = ? AS taken")
 
+#: A sequence's ``last_activity`` is written by an acknowledgement of a source sequence
+#: (``rms``) and by a receipt in order of a destination sequence (:data:`_RECEIPT_SET`) only when
+#: the one stored is older than this many seconds.  On PostgreSQL a source row is then written,
+#: and held against callers' enqueues, about once a second rather than at every
+#: acknowledgement; a destination row is written at every receipt anyway (its received
+#: ranges), but with its last columns unchanged the update's WAL record carries only the
+#: changed bytes of the ranges (PostgreSQL leaves out the prefix and the suffix a new row
+#: version shares with the old on its page): 147 -> 124 B of WAL a receipt and its commit
+#: (SQLite writes a whole row either way).
+#: What reads it (keep-alives, the inactivity timeout, ``wsrm status``) works in seconds and
+#: minutes.
+ACTIVITY_GRAIN = 1.0
+
+#: The SET list of a receipt in order (its parameters from :func:`_receipt_params`): the new
+#: received ranges, and ``last_activity`` only when older than :data:`ACTIVITY_GRAIN`
+_RECEIPT_SET = "received = ?, last_activity = CASE WHEN last_activity < ? THEN ? ELSE last_activity END"
+
+
+def _receipt_params(sequence_id: str, number: int, now: float, before: str) -> tuple[Any, ...]:
+    """The parameters of a receipt in order of ``number`` at ``now`` (:data:`_RECEIPT_SET`, then
+    the sequence and the received ranges it guesses, ``before``: 1..number-1)."""
+    return (_prefix(number), now - ACTIVITY_GRAIN, now, sequence_id, before)
+
+
 #: :meth:`SqlTransaction.receive_in_order` (PostgreSQL): the receipt, if the sequence has
 #: received exactly 1..number-1 and is open, and then the take; the new row and whether the
 #: message was taken, or no row.  The receipt's UPDATE takes the row's lock, before the take
@@ -42,7 +66,7 @@ _TAKE = ("UPDATE invoker_sequence SET "
 #: ALL, its plan cost every receive about 15% more of its backend's CPU (set up and torn down
 #: at each execution), for the few that guess wrong.
 _RECEIVE_IN_ORDER = (
-    "WITH r AS (UPDATE rmd_sequence SET received = ?, last_activity = ? WHERE sequence_id = ? AND received = ? "
+    f"WITH r AS (UPDATE rmd_sequence SET {_RECEIPT_SET} WHERE sequence_id = ? AND received = ? "
     f"AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING {_cols(_RMD_COLS)}), "
     f"t AS ({_TAKE.format(also=' AND EXISTS (SELECT 1 FROM r)')}) "
     f"SELECT {_cols(_RMD_COLS, 'r')}, (SELECT count(*) FROM t WHERE taken) FROM r")
@@ -54,7 +78,7 @@ _RECEIVE_IN_ORDER = (
 #: received, not taken, "-1": not received), for the statements after it to read, the last
 #: of which reads the row (one statement's result comes back)
 _RECEIVE_IN_ORDER_NOTED = (
-    "WITH r AS (UPDATE rmd_sequence SET received = ?, last_activity = ? WHERE sequence_id = ? AND received = ? "
+    f"WITH r AS (UPDATE rmd_sequence SET {_RECEIPT_SET} WHERE sequence_id = ? AND received = ? "
     "AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING 1), "
     f"t AS ({_TAKE.format(also=' AND EXISTS (SELECT 1 FROM r)')}) "
     "SELECT set_config('wsrm.received', CASE WHEN EXISTS (SELECT 1 FROM r) "

@@ -33,10 +33,12 @@ from .statements import (
     _RECEIVE_IN_ORDER,
     _RECEIVE_IN_ORDER_NOTED,
     _RECEIVED,
+    _RECEIPT_SET,
     _RECEIVED_AND_TAKEN,
     _TAKE,
     _committed_if_expected,
     _receipt_checked,
+    _receipt_params,
     _prefix,
     _rmd_assignments,
     _take_params,
@@ -491,7 +493,7 @@ class SqlTransaction(api.StoreTransaction):
                     _RECEIVED, lambda t, gate, more: self.rms_messages.acknowledging_statements(  # type: ignore[attr-defined]
                         acked, merged, t, keep, gate=gate, more=more))
         before = self._hold_for_receipt(sequence_id, number)
-        params = (_prefix(number), _now(now), sequence_id, before, *_take_params(sequence_id, number))
+        params = (*_receipt_params(sequence_id, number, _now(now), before), *_take_params(sequence_id, number))
         row = self.one(_RECEIVE_IN_ORDER, params)
         if row is None:  # guessed wrong against the row as the statement's snapshot saw it: the
             held = self.rmd.get(sequence_id)  # row as it is now, locked and held for the caller's read
@@ -542,7 +544,7 @@ class SqlTransaction(api.StoreTransaction):
         numbered = reply in self._numbered and reply not in self.took_number
         checked, values = _receipt_checked(reply, self.foreseen.get(reply) if numbered else None)
         statements = [("SELECT 1 FROM rmd_sequence WHERE sequence_id = ? FOR UPDATE", (sequence_id,)),
-                      (_RECEIVE_IN_ORDER_NOTED, (_prefix(number), t, sequence_id, before,
+                      (_RECEIVE_IN_ORDER_NOTED, (*_receipt_params(sequence_id, number, t, before),
                                                  *_take_params(sequence_id, number))),
                       *self.rms_messages.acknowledging_statements(  # type: ignore[attr-defined]
                           acked, merged, t, keep, gate=_RECEIVED_AND_TAKEN, more=(checked, "", values))]
@@ -599,7 +601,7 @@ class SqlTransaction(api.StoreTransaction):
             received, checks = _committed_if_expected(commits)
         after = statements(t, gate, (f", {_cols(_RMD_COLS, 'rd')}, {received}",
                                      " LEFT JOIN rmd_sequence rd ON rd.sequence_id = ?", (*checks, sequence_id)))
-        then = [(_RECEIVE_IN_ORDER_NOTED, (_prefix(number), t, sequence_id, before,
+        then = [(_RECEIVE_IN_ORDER_NOTED, (*_receipt_params(sequence_id, number, t, before),
                                            *_take_params(sequence_id, number))), *after]
         lock = "SELECT 1 FROM rmd_sequence WHERE sequence_id = ? FOR UPDATE"
         if alone:
@@ -647,9 +649,9 @@ class SqlTransaction(api.StoreTransaction):
         self.capture_key("rmd_sequence", sequence_id)
         before = _prefix(number - 1)
         rows = self.all(
-            "UPDATE rmd_sequence SET received = ?, last_activity = ? WHERE sequence_id = ? AND received = ? "
+            f"UPDATE rmd_sequence SET {_RECEIPT_SET} WHERE sequence_id = ? AND received = ? "
             f"AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING {_cols(_RMD_COLS)}",
-            (_prefix(number), _now(now), sequence_id, before))
+            _receipt_params(sequence_id, number, _now(now), before))
         if not rows:
             return None
         self._wrote = True
