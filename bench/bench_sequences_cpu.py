@@ -205,13 +205,14 @@ def main(argv: list[str] | None = None) -> int:
             rounds0, busy0 = len(rounds), lane_busy[0]
             files0 = {side: _file_counts(store) for side, store in stores.items()}
             garbage0 = garbage.snapshot()
+            switches0 = _thread_switches()
             if counted is not None:
                 counted.reset()
             if statements is not None:
                 statements.reset()
             run(args.calls, f"r{r}")
             seconds = time.perf_counter() - t0
-            cpu1, usage1 = _thread_cpu(), resource.getrusage(resource.RUSAGE_SELF)
+            cpu1, usage1, switches1 = _thread_cpu(), resource.getrusage(resource.RUSAGE_SELF), _thread_switches()
             n = args.calls
             per = {side: 1e6 * (cpu1[side] - cpu0[side]) / n for side in cpu1}
             print(f"round {r + 1}: {n / seconds:7.1f} msg/s  per msg: cpu us(client)={per['client']:.0f} "
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                 if now:
                     print(f"  {side} store per msg: " + "  ".join(
                         f"{name}={(now[name] - was[name]) / n:.2f}" for name in now), flush=True)
+            _report_switches(switches0, switches1, (usage1.ru_nvcsw - usage0.ru_nvcsw,
+                                                    usage1.ru_nivcsw - usage0.ru_nivcsw), n)
             garbage.report(garbage0, n)
             if counted is not None:
                 counted.report(n)
@@ -264,6 +267,42 @@ class _Plain:
 
     def stop(self, timeout: float) -> None:
         self.server.stop()
+
+
+def _thread_switches() -> dict[tuple[int, str], tuple[int, int]]:
+    """Each living thread's context switches so far (``/proc``: voluntary, involuntary), by its
+    native id and name."""
+    seen: dict[tuple[int, str], tuple[int, int]] = {}
+    for thread in threading.enumerate():
+        try:
+            status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+        except (OSError, TypeError):
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        seen[(thread.native_id or 0, thread.name)] = (int(fields["voluntary_ctxt_switches"]),
+                                                     int(fields["nonvoluntary_ctxt_switches"]))
+    return seen
+
+
+def _report_switches(was: dict[tuple[int, str], tuple[int, int]], now: dict[tuple[int, str], tuple[int, int]],
+                     total: tuple[int, int], messages: int) -> None:
+    """Switches a message by kind of thread (its name without digits), each side's sum, and the
+    threads that ended in the round (the calling threads: the process's total less the rest)."""
+    import re
+
+    kinds: dict[str, list[int]] = {}
+    for key, (voluntary, involuntary) in now.items():
+        v0, i0 = was.get(key, (0, 0))
+        kind = kinds.setdefault(re.sub(r"\d+", "N", key[1]), [0, 0])
+        kind[0] += voluntary - v0
+        kind[1] += involuntary - i0
+    counted = [sum(k[0] for k in kinds.values()), sum(k[1] for k in kinds.values())]
+    kinds["(ended: callers)"] = [total[0] - counted[0], total[1] - counted[1]]
+    for side in ("service", "client"):
+        mine = {name: k for name, k in kinds.items()
+                if _side(name) == side and (k[0] or k[1])}
+        print(f"  {side} switches per msg: {sum(k[0] + k[1] for k in mine.values()) / messages:.2f}  " + "  ".join(
+            f"{name}={k[0] / messages:.2f}+{k[1] / messages:.2f}" for name, k in sorted(mine.items())), flush=True)
 
 
 def _side(name: str) -> str:
