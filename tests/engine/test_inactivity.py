@@ -147,3 +147,26 @@ def test_a_destination_does_not_count_its_own_downtime_as_the_sources_silence(en
     # own start, which came before this test could note the time: seen ended, it was no sooner)
     assert wait_for(lambda: again.store.status().rmd[0].state != "receiving", timeout=30)
     assert time.time() - again.acknowledgement.started_at >= inactivity
+
+
+def test_a_last_activity_up_to_a_second_old_is_no_silence(engines):
+    """A store writes a receipt's ``last_activity`` once a second at most (``ACTIVITY_GRAIN``), so
+    the one stored may be that much behind the sequence's last message: the timeout counts from
+    a grain after it, and a timeout below a second does not end a sequence that is receiving.
+    (The stored time lies ahead of the clock, so the engine's own rounds never end it.)"""
+    from wsrm_plugin.store.api.records import ACTIVITY_GRAIN
+
+    engine = engines("memory:", fast_policy(inactivity_timeout=0.5))
+    stamp = time.time() + 10_000.0
+    with engine.store.begin() as tx:
+        tx.rmd.create("s", acks_to="http://a", rm_version="urn:rm", wsa_version="urn:wsa")
+        tx.rmd.update("s", last_activity=stamp)
+
+    def ended() -> bool:
+        with engine.store.begin() as tx:
+            return tx.rmd.require("s").terminated
+
+    engine.acknowledgement._housekeeping(stamp + 0.5 + ACTIVITY_GRAIN / 2)
+    assert not ended()
+    engine.acknowledgement._housekeeping(stamp + 0.5 + ACTIVITY_GRAIN)
+    assert ended()

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..statemachine import RMDDuty, rmd_duties
 from ..store import RmdSequence, StorageManager, StoreTransaction
+from ..store.api.records import ACTIVITY_GRAIN
 from ..store.api.states import received_ranges, rmd_state
 from ..wire import SequenceAcknowledgement
 from ..wire.namespaces import AddressingVersion
@@ -144,7 +145,10 @@ class AcknowledgementWorker:
             # every sequence at its restart after a stop longer than the timeout, and each
             # source would find its sequence gone (faulted, its messages waiting for an operator).
             # So the timer runs from this process's start at the earliest.
-            last_activity = max(seq.last_activity, self.started_at)
+            # A store writes a receipt's last_activity once a second at most (ACTIVITY_GRAIN): the
+            # one read may be that much behind the sequence's last message, and a timeout below a
+            # second would otherwise end a sequence that is receiving.
+            last_activity = max(seq.last_activity + ACTIVITY_GRAIN, self.started_at)
             if RMDDuty.RELEASE in rmd_duties(rmd_state(seq)):
                 worked = self._release(seq.sequence_id) or worked
             elif (timeout is not None and last_activity + timeout <= now) or \

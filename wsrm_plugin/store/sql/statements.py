@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import api
+from ..api.records import ACTIVITY_GRAIN
 from .rows import _RMD_COLS, _cols
 
 
@@ -33,19 +34,6 @@ _TAKE = ("UPDATE invoker_sequence SET "
          "WHERE sequence_id = ? AND delivered_upto < ? AND NOT EXISTS "
          "(SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?){also} "
          "RETURNING delivered_upto = ? AS taken")
-
-#: A sequence's ``last_activity`` is written by an acknowledgement of a source sequence
-#: (``rms``) and by a receipt in order of a destination sequence (:data:`_RECEIPT_SET`) only when
-#: the one stored is older than this many seconds.  On PostgreSQL a source row is then written,
-#: and held against callers' enqueues, about once a second rather than at every
-#: acknowledgement; a destination row is written at every receipt anyway (its received
-#: ranges), but with its last columns unchanged the update's WAL record carries only the
-#: changed bytes of the ranges (PostgreSQL leaves out the prefix and the suffix a new row
-#: version shares with the old on its page): 147 -> 124 B of WAL a receipt and its commit
-#: (SQLite writes a whole row either way).
-#: What reads it (keep-alives, the inactivity timeout, ``wsrm status``) works in seconds and
-#: minutes.
-ACTIVITY_GRAIN = 1.0
 
 #: The SET list of a receipt in order (its parameters from :func:`_receipt_params`): the new
 #: received ranges, and ``last_activity`` only when older than :data:`ACTIVITY_GRAIN`
