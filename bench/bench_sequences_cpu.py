@@ -488,6 +488,9 @@ class _HeldCpu:
         self.held = 0.0
         self.inside: collections.Counter[str] = collections.Counter()
         self.outside: collections.Counter[str] = collections.Counter()
+        #: the receives that deliver inside, several waiting for the file at once done together
+        self._together = service.engine.destination._together
+        self._batches = self._batched()
         gate = service.engine.store._gate
         acquire, release = gate.acquire, gate.release
 
@@ -531,7 +534,12 @@ class _HeldCpu:
                     (self.inside if holding else self.outside)[label] += spent
         return timed
 
+    def _batched(self) -> tuple[int, int]:
+        together = self._together
+        return (together.batches, together.items) if together is not None else (0, 0)
+
     def reset(self) -> None:
+        self._batches = self._batched()
         with self._lock:
             self.held = 0.0
             self.inside.clear()
@@ -547,6 +555,9 @@ class _HeldCpu:
               + "; outside the file: "
               + ", ".join(f"{label} {1e6 * outside.get(label, 0.0) / messages:.0f}" for label in labels),
               flush=True)
+        batches, items = (now - was for now, was in zip(self._batched(), self._batches, strict=True))
+        print(f"  receives delivered together: {items / messages:.2f} a msg in {batches / messages:.2f} batches "
+              f"({items / max(batches, 1):.2f} a batch)", flush=True)
 
 
 def _callgrind(option: str) -> None:
