@@ -62,3 +62,23 @@ def test_what_an_outage_put_off_is_listed_until_brought_forward():
     assert ledger.deferred() == [] and len(ledger) == 1  # still delivered alone
     ledger.apply(msg, E.CLAIM)
     assert len(ledger) == 0
+
+
+def test_a_message_running_before_its_receipt_is_kept_until_its_receipt_commits_or_it_fails():
+    """RUNNING_FIRST has no row to say it: the ledger keeps it, and no claim takes the message."""
+    ledger = MessageLedger(last_cycle=2)
+    msg = _msg(2)
+    ledger.enter(msg, MessageState.initial(run_first=True))
+    assert ledger.state(msg) == MessageState(Stage.RUNNING_FIRST)
+    with pytest.raises(InvalidTransition) as refused:
+        ledger.apply(msg, E.CLAIM)
+    assert refused.value.reason is Reason.RUNNING_FIRST
+    with pytest.raises(InvalidTransition):  # nor is it kept apart by a receive
+        ledger.apply(msg, E.KEPT_APART)
+    assert ledger.apply(msg, E.COMMITTED).state.stage is Stage.DELIVERED
+    assert len(ledger) == 0
+    ledger.enter(msg, MessageState.initial(run_first=True))
+    ledger.apply(msg, E.FAILED)  # judged now: no claim takes it before its try is counted
+    assert ledger.state(msg) == MessageState(Stage.SETTLING, alone=True)
+    with pytest.raises(ValueError, match="only running before its receipt"):
+        ledger.enter(_msg(3), MessageState.initial(taken_on_receipt=True))

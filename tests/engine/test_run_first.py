@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 from wsrm_plugin.statemachine import MessageState, Stage
+from wsrm_plugin.store import BufferedMessage
 from wsrm_plugin.wire import CloseSequence, SequenceAcknowledgement
 
 from .conftest import fast_policy
@@ -226,3 +227,25 @@ def test_a_failure_before_the_receipt_buffers_the_message_and_counts_the_try(eng
     assert server.invoker.message_state(msg) == MessageState(Stage.RETRY_WAIT, alone=True)
     assert received.calls == 2 and received.snapshot() == ["a1"]
     assert server.destination.delivered_before_receipt == 0
+
+
+def test_a_message_whose_application_runs_before_its_receipt_is_running_first_meanwhile(engines, store_for) -> None:
+    """Message 2 runs first: while its application runs (no row of it yet) the machine has it
+    RUNNING_FIRST in the invoker's ledger, so no claim takes it; its receipt's commit
+    (COMMITTED) leaves nothing kept.  (Before, the ledger did not know it: WAITING, its
+    missing row's reading.)"""
+    server, url, identifier, received, release = _held_at_a2(engines, store_for)
+    msg = BufferedMessage(identifier, 2, None, "", "soap", b"")  # the ledger knows a message by its number
+    answers: dict[str, object] = {}
+    second = threading.Thread(target=lambda: answers.__setitem__("a2", send_ok(url, RM11, identifier, 2, "a2")))
+    second.start()
+    try:
+        assert wait_for(lambda: received.snapshot() == ["a1", "a2"], timeout=20)  # a2's application runs
+        assert server.invoker.message_state(msg) == MessageState(Stage.RUNNING_FIRST)
+    finally:
+        release.set()
+        second.join(30)
+    assert answers == {"a2": [(1, 2)]}
+    assert server.destination.delivered_before_receipt == 1
+    assert server.invoker.message_state(msg) == MessageState(Stage.WAITING)  # nothing kept
+    assert _received_and_buffered(server, identifier) == ([(1, 2)], 0)

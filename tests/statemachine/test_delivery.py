@@ -14,10 +14,14 @@ from wsrm_plugin.statemachine import (
     MessageEvent,
     MessageState,
     Reason,
+    WAYS,
     Stage,
+    Way,
     message_transition,
+    receipt_way,
     stored_state,
     transition,
+    way_in,
 )
 
 from .helpers import cells, check_cell, reachable
@@ -141,3 +145,45 @@ def test_foreign_objects_are_refused():
         message_transition(MessageState.initial(), "CLAIM")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="not a MessageState"):
         message_transition("WAITING", MessageEvent.CLAIM)  # type: ignore[arg-type]
+
+
+# -- the way a receive delivers its message, read from the state it puts the message in -------
+
+def test_each_way_a_receive_may_take_is_read_back_from_the_state_it_puts_its_message_in():
+    # buffered, taken on receipt, kept apart by its receive (WAITING --KEPT_APART-->), run first
+    expected = {Way.BUFFERED: "WAITING", Way.INSIDE: "DELIVERING", Way.APART: "APART", Way.FIRST: "RUNNING_FIRST"}
+    for way, label in expected.items():
+        assert way_in(way) == MessageState.of(label), way
+        assert receipt_way(way_in(way)) is way
+    assert way_in(Way.APART) == message_transition(MessageState.initial(), MessageEvent.KEPT_APART).state
+    assert {way_in(w) for w in (Way.BUFFERED, Way.INSIDE, Way.FIRST)} == {
+        MessageState.initial(), MessageState.initial(taken_on_receipt=True), MessageState.initial(run_first=True)}
+
+
+def test_a_receive_whose_delivery_on_receipt_failed_is_buffered_and_one_that_buffers_cannot_fail_so():
+    for way in (Way.INSIDE, Way.APART, Way.FIRST):
+        failed = message_transition(way_in(way), MessageEvent.FAILED)
+        assert failed.state == MessageState.of("SETTLING alone"), way
+        assert receipt_way(failed.state) is Way.BUFFERED  # received again, into the buffer
+    with pytest.raises(InvalidTransition) as refused:  # it never delivered: nothing failed on receipt
+        message_transition(way_in(Way.BUFFERED), MessageEvent.FAILED)
+    assert refused.value.reason is Reason.UNEXPECTED
+
+
+def test_no_way_follows_another_once_taken():
+    # a message running first, or kept apart, is neither kept apart again nor taken by a claim
+    for way, reason in ((Way.FIRST, Reason.RUNNING_FIRST), (Way.APART, Reason.DELIVERED_APART)):
+        for event in (MessageEvent.KEPT_APART, MessageEvent.CLAIM, MessageEvent.FOLLOW):
+            with pytest.raises(InvalidTransition) as refused:
+                message_transition(way_in(way), event)
+            assert refused.value.reason is reason, (way, event)
+    with pytest.raises(InvalidTransition):  # taken on receipt: not kept apart after all
+        message_transition(way_in(Way.INSIDE), MessageEvent.KEPT_APART)
+
+
+def test_a_state_no_receive_holds_takes_no_way():
+    assert set(WAYS) == {Stage.WAITING, Stage.DELIVERING, Stage.APART, Stage.RUNNING_FIRST, Stage.SETTLING}
+    for state in MessageState.valid_states():
+        if state.stage not in WAYS:
+            with pytest.raises(ValueError, match="takes no way"):
+                receipt_way(state)

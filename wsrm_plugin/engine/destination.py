@@ -32,7 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ..statemachine import InvalidTransition, Reception, RMDEvent, rmd_receive, rmd_transition
+from ..statemachine import (
+    WAYS, InvalidTransition, MessageEvent, MessageState, Reception, RMDEvent, Way, message_transition, rmd_receive,
+    rmd_transition, way_in,
+)
 from ..store import (
     BufferedMessage, CommitDeclined, RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreTransaction,
 )
@@ -80,6 +83,11 @@ TURN_WAIT = 5.0
 REORDER_WAIT = 0.02
 REORDER_WINDOW = 8
 _REPLY_KEY_PREFIX = reply_sequence_key("")
+#: The state a receive puts its message in to take each way (``statemachine.delivery.WAYS``):
+#: buffered for the invoker threads, taken and delivered in its transaction, buffered and kept
+#: apart to deliver it itself, run before its receipt.
+_BUFFERED, _TAKEN, _KEPT_APART, _FIRST = (way_in(way) for way in (Way.BUFFERED, Way.INSIDE, Way.APART, Way.FIRST))
+_BY_BUFFER, _INSIDE, _APART, _RUN_FIRST = Way.BUFFERED, Way.INSIDE, Way.APART, Way.FIRST
 _NO_SAVEPOINT = contextlib.nullcontext()
 
 
@@ -115,11 +123,11 @@ class _Receipt:
     expects_reply: bool = False
     #: Set once its recording changed the transaction: from then on only a rollback undoes it.
     wrote: bool = False
-    #: Deliver it in its receive's transaction if it is next in order (``deliver_on_receive``).
-    direct: bool = False
-    #: Buffered to be delivered apart by its own receive (``_record_then_deliver``): its receipt
-    #: guesses in order too (``receive_in_order(take=False)``).
-    buffers_apart: bool = False
+    #: Its message's state in the delivery machine as its receive put it: the way it takes
+    #: (:attr:`way`) is read from it.  Buffered for the invoker threads unless the receive
+    #: chooses another (``way_in``); moved on by a failure on receipt (FAILED: received again
+    #: into the buffer, see ``Destination._received_after_failure``).
+    state: MessageState = _BUFFERED
     #: Taken in that transaction (recorded as delivered, never buffered): delivered on commit.
     taken: bool = False
     #: Taken in that transaction with nothing to run: a reply whose call is answered by its
@@ -133,8 +141,6 @@ class _Receipt:
     handed_over: bool = False
     #: Holding its turn among the receives of its sequence (see ``Destination._wait_turn``).
     turn: bool = False
-    #: Delivered after its receive's commit, outside it (``Destination._record_then_deliver``).
-    apart: bool = False
     #: Its back-channel reply, taken in its receive's transaction (see :attr:`Accepted.reply`).
     reply: tuple[RmsSequence, RmsMessage] | None = None
     #: Plain acknowledgements that rode on it, applied in its receive's transaction
@@ -152,11 +158,17 @@ class _Receipt:
     #: Recorded in a store transaction of its own that does nothing else: a reply's record may
     #: then commit in its receipt's round trip (``receive_in_order``'s ``commits``).
     alone: bool = False
-    #: Handed to the application before its receipt (``Destination._run_first``): its turn
-    #: passes once that receipt is on disk, not when it is taken.
-    ran_first: bool = False
-    #: What its receipt read and decided, once recorded after its application ran.
+    #: What its receipt read and decided, once recorded after its application ran (the FIRST way).
     recorded: tuple[RmdSequence, Reception] | None = None
+
+    @property
+    def way(self) -> Way:
+        """How its receive delivers it, from its message's state (``statemachine.delivery.WAYS``):
+        INSIDE (taken in its receive's transaction: delivered there if next in order), APART
+        (buffered, then delivered by its receive outside the store's transactions), FIRST (run
+        before its receipt, which takes it; its turn passes once that receipt is on disk, not
+        when it is taken), or BUFFERED (the invoker threads deliver it)."""
+        return WAYS[self.state.stage]
 
 
 class _Removal:
@@ -895,7 +907,7 @@ class Destination:
         outcome = ALONE if together is None else together.submit(None, item)
         if outcome is ALONE:  # alone, or its batch rolled back: as if it had come alone
             item.wrote = item.taken = item.handed_over = False
-            item.direct = True
+            item.state = _TAKEN
             item.wakes_sender_after = None
             try:
                 with invoker.transaction() as tx:
@@ -928,12 +940,14 @@ class Destination:
         invoker's first attempt (its retry policy, poison store and fault reply apply as to
         any).  Should the commit have happened after all (its answer lost), this second
         receive finds a duplicate, and nothing is delivered twice."""
+        failed = message_transition(item.state, MessageEvent.FAILED)  # raises unless it was delivering
         msg = self._taken_message(item)
         for_sequence(log, msg.sequence_id, msg.number).info(
             "delivery on receipt failed (%s: %s): kept in the buffer", type(failure).__name__, failure)
-        if not item.ran_first:  # (deliver_first made a message that ran first SETTLING itself)
+        if item.way is not _RUN_FIRST:  # (deliver_first made a message that ran first SETTLING itself)
             invoker.hold(msg)  # no invoker thread takes it before its attempt is counted
-        item.direct = item.taken = item.handed_over = item.ran_first = False
+        item.state = failed.state  # SETTLING: received again into the buffer
+        item.taken = item.handed_over = False
         item.wrote = False
         try:
             with self.store.begin() as tx:
@@ -1094,7 +1108,7 @@ class Destination:
                             invoker: InvokerWorker) -> tuple[RmdSequence, Reception]:
         """A receive's part of a batch that delivers on receipt: recorded, and delivered if taken."""
         item.wrote = item.taken = item.handed_over = False
-        item.direct = True
+        item.state = _TAKEN
         item.reply = None
         item.wakes_sender_after = None
         recorded = self._record(tx, item)
@@ -1169,9 +1183,9 @@ class Destination:
             if item.expects_reply and seq.offered_id is None \
                     and self._anonymous(reply_to.address if reply_to is not None else None):
                 return None
-            item.wrote = item.taken = item.handed_over = item.buffers_apart = False
+            item.wrote = item.taken = item.handed_over = False
             msg = self._taken_message(item)
-            item.direct = item.ran_first = True
+            item.state = _FIRST
             item.recorded = None
             try:
                 item.handed_over = invoker.deliver_first(
@@ -1179,8 +1193,7 @@ class Destination:
                     lambda: self._record_ran_first_with_others(item))
             except Exception as exc:  # noqa: BLE001 -- judged as a failed delivery on receipt
                 return exc  # (SETTLING now: see deliver_first)
-            item.apart = True  # counted by deliver_first
-            self.delivered_before_receipt += 1
+            self.delivered_before_receipt += 1  # (counted by deliver_first as delivered)
             self._pass_turn(item, taken=True)  # on disk: the next of its sequence finds itself next
             assert item.recorded is not None
             return item.recorded
@@ -1256,7 +1269,8 @@ class Destination:
         """:meth:`_receipt_at_commit`'s transaction, once its guess is made."""
         identifier, number = item.header.identifier, item.header.message_number
         item.wrote = item.handed_over = item.consumed = item.wake_sender = item.acks_wake = False
-        item.direct = item.taken = item.acks_applied = True  # applied at the commit, or nothing is
+        item.state = _TAKEN
+        item.taken = item.acks_applied = True  # applied at the commit, or nothing is
         item.reply = None
         item.wakes_sender_after = None
         item.ack_done = -1
@@ -1264,7 +1278,7 @@ class Destination:
         try:
             with invoker.transaction() as tx:
                 if not tx.receives_at_commit:  # nothing sent yet: the general way, in this transaction
-                    item.direct, item.taken, item.acks_applied = True, False, False
+                    item.taken = item.acks_applied = False
                     recorded = self._record(tx, item)
                     if item.taken:
                         self._deliver_taken(tx, item, invoker)
@@ -1289,7 +1303,7 @@ class Destination:
             # (rolled back: the application runs again there)
             self._at_commit_possible = False
             self._forget_foreseen(identifier)
-            item.direct, item.taken, item.acks_applied = True, False, False
+            item.taken = item.acks_applied = False
             return None
         except Exception as exc:  # noqa: BLE001 -- the application's errors are data here
             item.reply = None
@@ -1304,7 +1318,7 @@ class Destination:
                 while len(self._foresight_declined) > _REMEMBERED_OWNERS:
                     self._foresight_declined.popitem(last=False)
             for_sequence(log, identifier, number).debug("its receipt at the commit guessed wrong: received again")
-            item.direct, item.taken, item.acks_applied = True, False, False
+            item.taken = item.acks_applied = False
             return None
         self.receipts_at_commit += 1
         reply_after = after[1]
@@ -1394,8 +1408,8 @@ class Destination:
         Held in this process from that transaction on, so no invoker thread takes the
         message meanwhile; the receives of its sequence behind it wait for their turn
         (:meth:`_wait_turn`) until it is delivered."""
-        item.wrote = item.taken = item.handed_over = item.direct = False
-        item.buffers_apart = True
+        item.wrote = item.taken = item.handed_over = False
+        item.state = _KEPT_APART
         outcome = self._apart_receipts.submit(None, item)
         if outcome is ALONE:  # its batch rolled back: alone, as if it had come alone
             [outcome] = self._buffer_apart([item])
@@ -1410,7 +1424,7 @@ class Destination:
         if handed_over is None:  # not delivered (judged as a failed delivery): answered as buffered
             tx.wait_for_disk()
             return recorded
-        item.taken = item.apart = True
+        item.taken = True  # (counted by deliver_received as delivered)
         item.handed_over = handed_over
         item.filled_gap = recorded[1].received.highest > item.header.message_number
         self._pass_turn(item, taken=True)
@@ -1576,11 +1590,13 @@ class Destination:
         # a record tried again (alone, after its batch rolled back) starts afresh
         item.consumed = item.wake_sender = item.acks_applied = False
         item.ack_done = -1
+        way = WAYS[item.state.stage]
+        taking = way is _INSIDE or way is _RUN_FIRST  # its receipt takes it, if next in order
         # a steady stream's next message: recorded and taken in the round trip that locks its
         # sequence, before the checks below, which roll the transaction back if they refuse it;
         # so is the reply a call's future takes (consumed: its delivery would have nothing to do)
         # (asked once: a consumer reads the reply, and keeps what it read for the call)
-        consuming = (not item.direct and not header.last_message and addressing.relates_to is not None
+        consuming = (not taking and not header.last_message and addressing.relates_to is not None
                      and bool(self.reply_consumers) and self._consumed_here(item))
         # a consumed reply's mark of its request goes in the receipt's round trip (see
         # reply_arrived), else the first acknowledgement riding on it (see _apply_riding_acks)
@@ -1596,8 +1612,8 @@ class Destination:
             if answering is None and not consuming and item.acks and self.apply_riding_ack is not None else None
         # a receipt buffered to deliver apart guesses too, and is not taken (the put follows)
         guessed = None
-        if (item.direct or consuming or item.buffers_apart) and not header.last_message:
-            take = item.direct or consuming
+        if (taking or consuming or way is _APART) and not header.last_message:
+            take = taking or consuming
             while True:  # twice at most: a declined commit is tried again without it
                 try:
                     guessed = tx.receive_in_order(identifier, number, now=now, answering=answering,
@@ -1648,22 +1664,22 @@ class Destination:
                 item.consumed = True
                 assert addressing.relates_to is not None
                 item.wake_sender, item.ack_done = self.reply_arrived(tx, addressing.relates_to, item.acks)
-        elif item.direct and not reception.duplicate and not changes:  # the common case: one call
+        elif taking and not reception.duplicate and not changes:  # the common case: one call
             taken = tx.receive_and_take(identifier, number, last=header.last_message, now=now)
         else:
             tx.rmd.record_received(identifier, number, last=header.last_message, now=now)
             if changes:
                 tx.rmd.update(identifier, **changes)
-            taken = item.direct and not reception.duplicate and tx.invoker.take_next(identifier, number)
+            taken = taking and not reception.duplicate and tx.invoker.take_next(identifier, number)
             if not taken and not reception.duplicate and (consuming or (
-                    (item.direct or header.last_message) and self._consumed_here(item))):
+                    (taking or header.last_message) and self._consumed_here(item))):
                 taken = item.consumed = tx.invoker.take_next(identifier, number)
                 if taken and addressing.relates_to is not None:
                     item.wake_sender, item.ack_done = self.reply_arrived(tx, addressing.relates_to, item.acks)
         if not reception.duplicate:
             if taken:
                 item.taken, item.filled_gap = True, fills_gap  # delivered before this transaction ends
-                if not item.ran_first:  # (else once on disk: the next one's foresight reads committed rows)
+                if way is not _RUN_FIRST:  # (else once on disk: the next one's foresight reads committed rows)
                     self._pass_turn(item, taken=True)  # the next receive now waits for this commit in the store
             else:
                 tx.invoker.put(identifier, number, envelope, action=addressing.action or "",
@@ -1744,7 +1760,7 @@ class Destination:
             slog.debug("accepted and delivered")
             if item.handed_over:  # not a protocol marker (1.0's LastMessage)
                 self.delivered_on_receipt += 1
-            if not item.apart:  # deliver_received counted it
+            if item.way is _INSIDE:  # (delivering apart or first, the invoker counted it)
                 self._direct.delivered_on_receive(item.handed_over, item.wakes_sender_after)
             if item.filled_gap:
                 self._wake_invoker()  # the messages buffered behind it are deliverable now
@@ -1757,7 +1773,7 @@ class Destination:
                     self._wake_invoker()
             else:
                 self._wake_invoker()
-            if (item.direct or item.buffers_apart) and self._direct is not None:
+            if item.way is not _BY_BUFFER and self._direct is not None:
                 # it missed delivery on receipt (the one before it was buffered, or a gap): deliver
                 # the buffer up to it before answering, so that the next message finds itself next
                 # (delivering apart too: else, once a sequence fell behind, every message after it

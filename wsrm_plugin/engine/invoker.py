@@ -406,6 +406,7 @@ class InvokerWorker:
         done again, as after a crash between its own commit and the receipt's.  Counted as
         :meth:`deliver_received` counts."""
         marked: StoreTransaction | None = None
+        self._ledger.enter(msg, _RUNNING_FIRST)  # (RUNNING_FIRST until its receipt commits, or it fails)
         try:
             with _DeliveryTransaction(self.store, None, deferred=True) as tx:
                 self._ambient.wake_sender = False  # set again by whatever the delivery enqueues
@@ -422,9 +423,9 @@ class InvokerWorker:
                 marked.wait_for_disk()  # its commit returned before the disk; nothing is answered before
         except Exception:
             # RUNNING_FIRST -> SETTLING: no invoker thread takes it, once buffered, before its try is counted
-            self._ledger.apply(msg, _E.FAILED, state=_RUNNING_FIRST)
+            self._ledger.apply(msg, _E.FAILED)
             raise
-        self._ledger.apply(msg, _E.COMMITTED, state=_RUNNING_FIRST)  # (nothing kept: it was never buffered)
+        self._ledger.apply(msg, _E.COMMITTED)  # RUNNING_FIRST -> DELIVERED: forgotten
         self.delivered_on_receive(handed_over)
         return handed_over
 

@@ -6,8 +6,9 @@ reads its state from that.  A few states are known only to this process: a
 failure being judged (SETTLING), a failure that looked like an outage and is
 not counted yet (SUSPECT), a message given up whose turn has not come
 (TO_ANSWER, TO_POISON: the exception to answer or report with), a message its
-receive delivers apart (APART: no invoker thread may take it), and a message
-to deliver alone although its row says nothing (its batch's commit failed).
+receive delivers apart (APART: no invoker thread may take it), a message whose
+application runs before its receipt (RUNNING_FIRST: it has no row yet), and a
+message to deliver alone although its row says nothing (its batch's commit failed).
 The ledger keeps exactly those, and every change of a message's state goes
 through :func:`~wsrm_plugin.statemachine.message_transition`: the invoker
 asks, the machine answers, the ledger remembers what the row cannot.
@@ -27,7 +28,10 @@ __all__ = ["Kept", "MessageLedger"]
 Key = tuple[str, int]
 
 #: States the row does not say, so the ledger must (a WAITING message is kept only when alone).
-_REMEMBERED = frozenset({Stage.SETTLING, Stage.SUSPECT, Stage.TO_ANSWER, Stage.TO_POISON, Stage.WAITING, Stage.APART})
+_REMEMBERED = frozenset({Stage.SETTLING, Stage.SUSPECT, Stage.TO_ANSWER, Stage.TO_POISON, Stage.WAITING, Stage.APART,
+                         Stage.RUNNING_FIRST})
+#: Ways in that no row says, so the ledger is told (:meth:`MessageLedger.enter`).
+_ENTERED = frozenset({Stage.RUNNING_FIRST})
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,16 @@ class MessageLedger:
 
     def kept(self, msg: BufferedMessage) -> Kept | None:
         return self._kept.get(_key(msg))
+
+    def enter(self, msg: BufferedMessage, state: MessageState) -> None:
+        """``msg``, which has no row yet, is in this process's hands in ``state``: a way in that
+        no row can say (RUNNING_FIRST: its application runs before its receipt, which takes it).
+        What follows goes through :meth:`apply`.  Only its receive adds it, and nothing else
+        can take the message meanwhile: it is in no buffer."""
+        if state.stage not in _ENTERED:
+            raise ValueError(f"a message enters the ledger only running before its receipt, not {state.label}")
+        with self._lock:
+            self._kept[_key(msg)] = Kept(state, msg)
 
     def apply(self, msg: BufferedMessage, event: MessageEvent, *, state: MessageState | None = None,
               error: BaseException | None = None, deferred: bool | None = None) -> Transition[MessageState]:

@@ -12,7 +12,8 @@ or not.
 * :mod:`.invoker` - the buffer between the destination and the application;
 * :mod:`.lane` - who sends a source sequence's messages now (the sender's round, a waiting caller);
 * :mod:`.peer` - whether the source can reach a peer (its circuit breaker: one probe while it is down);
-* :mod:`.delivery` - one buffered message's life in the invoker (retries, cycles, poison);
+* :mod:`.delivery` - one buffered message's life in the invoker (retries, cycles, poison), and the way
+  its receive delivers it, read from its state;
 * :mod:`.outage` - whether the service can work at all (running, suspect, paused, probing);
 * :mod:`.ackranges` - message numbers as merged ranges (acks, duplicates, completeness).
 
@@ -28,7 +29,10 @@ from typing import Any
 
 from .ackranges import AckRanges
 from .common import MAX_MESSAGE_NUMBER, FactorState, InvalidState, InvalidTransition, Reason, Transition
-from .delivery import MessageAction, MessageEvent, MessageState, Stage, message_transition, stored_state
+from .delivery import (
+    WAYS, MessageAction, MessageEvent, MessageState, Stage, Way, message_transition, receipt_way, stored_state,
+    way_in,
+)
 from .invoker import (
     InvokerAction,
     InvokerDuty,
@@ -88,6 +92,8 @@ __all__ = [
     "ServiceMode",
     "Stage",
     "Transition",
+    "WAYS",
+    "Way",
     "duties",
     "invoker_duties",
     "invoker_transition",
@@ -97,6 +103,7 @@ __all__ = [
     "peer_transition",
     "message_transition",
     "rmd_duties",
+    "receipt_way",
     "rmd_receive",
     "rmd_transition",
     "rms_acknowledge",
@@ -105,6 +112,7 @@ __all__ = [
     "service_transition",
     "stored_state",
     "transition",
+    "way_in",
 ]
 
 

@@ -45,8 +45,14 @@ buffer), any other in WAITING.
 
 The durable part of a state is in the store (a buffered message's attempts and
 cycle; the poison store); :func:`stored_state` reads it from there.  SETTLING,
-SUSPECT, TO_ANSWER, APART and ``alone`` after a batch live in the engine's memory:
-after a restart a message is what its row says.  Whether a failure is the
+SUSPECT, TO_ANSWER, APART, RUNNING_FIRST and ``alone`` after a batch live in the
+engine's memory: after a restart a message is what its row says.
+
+A receive chooses the way it delivers its message (:class:`Way`: buffered for the
+invoker threads, inside its transaction, apart, or first) by the state it puts the
+message in (:func:`way_in`), and reads the way back from that state
+(:data:`WAYS`): so this module's tables say both which way a receive may take and
+what may follow it.  Whether a failure is the
 message's or the service's is :mod:`wsrm_plugin.statemachine.outage`'s question; this machine only
 takes the verdict (:attr:`MessageEvent.SUSPECTED`, ``NOT_COUNTED``, ``CHARGE``,
 ``ABSORB``).
@@ -59,7 +65,8 @@ from enum import Enum
 
 from .common import InvalidTransition, Reason, Transition
 
-__all__ = ["MessageAction", "MessageEvent", "MessageState", "Stage", "message_transition", "stored_state"]
+__all__ = ["MessageAction", "MessageEvent", "MessageState", "Stage", "WAYS", "Way", "message_transition",
+           "receipt_way", "stored_state", "way_in"]
 
 
 class Stage(Enum):
@@ -274,6 +281,45 @@ def message_transition(state: MessageState, event: MessageEvent) -> Transition[M
     return answer
 
 
+class Way(Enum):
+    """How a receive delivers its message: read from the state the receive put it in (:data:`WAYS`)."""
+
+    BUFFERED = "recorded into the buffer: the invoker threads deliver it"
+    INSIDE = "taken by its receive's transaction, which delivers it (alone, or together with other receives)"
+    APART = "buffered by its receive, which delivers it itself, outside the store's transactions"
+    FIRST = "handed to the application before its receipt, which takes it in the same transaction"
+
+
+#: The stage a receive's message is in while its receive runs -> the way that receive takes.  A
+#: receive chooses its way by the state it puts its message in (:func:`way_in`), and what may
+#: follow is :data:`RULES`'s: the way is never kept beside the state.  A message received again
+#: after its delivery on receipt failed (FAILED: SETTLING, judged after its record) is buffered.
+#: No other stage is a receive's.
+WAYS: dict[Stage, Way] = {
+    _S.WAITING: Way.BUFFERED,
+    _S.DELIVERING: Way.INSIDE,
+    _S.APART: Way.APART,
+    _S.RUNNING_FIRST: Way.FIRST,
+    _S.SETTLING: Way.BUFFERED,
+}
+
+
+def receipt_way(state: MessageState) -> Way:
+    """The way a receive whose message is in ``state`` takes (:data:`WAYS`); ValueError when
+    ``state`` is no receive's (a receive never holds a message delivered, poisoned...)."""
+    try:
+        return WAYS[state.stage]
+    except KeyError:
+        raise ValueError(f"a receive's message is never {state.label}: it takes no way") from None
+
+
+def way_in(way: Way) -> MessageState:
+    """The state a receive that takes ``way`` puts its message in, before its record: buffered
+    (WAITING), taken on receipt (DELIVERING), run before its receipt (RUNNING_FIRST), or kept
+    apart by its receive (APART: WAITING, then KEPT_APART, which :data:`RULES` allows)."""
+    return _WAYS_IN[way]
+
+
 def stored_state(attempts: int, cycle: int, *, last_cycle: int) -> MessageState:
     """The state a buffered message's row says it is in (what survives a restart).
 
@@ -293,3 +339,11 @@ _FRESH = MessageState(Stage.WAITING)
 _RETRYING = MessageState(Stage.RETRY_WAIT, True)
 _NEXT_CYCLE = MessageState(Stage.CYCLE_WAIT, True)
 _DUE_FOR_POISON = MessageState(Stage.TO_POISON, True)
+
+_WAYS_IN: dict[Way, MessageState] = {
+    Way.BUFFERED: _FRESH,
+    Way.INSIDE: MessageState.initial(taken_on_receipt=True),
+    Way.APART: message_transition(_FRESH, MessageEvent.KEPT_APART).state,
+    Way.FIRST: MessageState.initial(run_first=True),
+}
+assert all(receipt_way(state) is way for way, state in _WAYS_IN.items())
