@@ -12,6 +12,8 @@ the server received it (its log); each call is delivered, once.  Counts, never t
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,6 +26,7 @@ from txmanager import TransactionManager
 from txmanager.postgres import PostgresXAResource, XADataSource
 from wsrm_plugin.engine import ReceiptAtCommit
 from wsrm_plugin.store.postgres import PostgresStore
+from wsrm_plugin.store.sql import rms
 
 from . import service
 from .conftest import fast_policy
@@ -54,6 +57,17 @@ def _marking_sessions(monkeypatch: Any) -> list[int]:
     return marked
 
 
+def _rows_parsed(monkeypatch: Any) -> list[str]:
+    """The riding enqueues' outcomes whose rows were parsed (their JSON), from now on."""
+    parsed: list[str] = []
+
+    def loads(text: str) -> Any:
+        parsed.append(text)
+        return json.loads(text)
+    monkeypatch.setattr(rms, "json", SimpleNamespace(loads=loads))
+    return parsed
+
+
 def _branch(sent: list[str]) -> list[str]:
     """What the store branch sent, of what its session sent (the sender's transactions use it
     too, before and after): from its BEGIN to its commit mark."""
@@ -79,6 +93,7 @@ def test_a_one_way_xa_calls_enqueue_rides_on_the_commit_mark_of_the_store_branch
             return rc.service.record(text)
     try:
         call("first")  # opens the sequence (its CreateSequence, its enqueue by statement)
+        parsed = _rows_parsed(monkeypatch)
         for i in range(CALLS):
             offset = pg_server.log_path.stat().st_size
             receipt = call(f"r{i}")
@@ -91,6 +106,7 @@ def test_a_one_way_xa_calls_enqueue_rides_on_the_commit_mark_of_the_store_branch
             # after the COMMIT, the read of the setting alone (no table: no commit record)
             assert one.endswith(";COMMIT;SHOW wsrm.enqueued"), sent
             assert isinstance(receipt, ReceiptAtCommit) and receipt.numbered and receipt.number == i + 2
+        assert parsed == []  # a one-way message's sender needs only its number: the rows stay unread
         assert wait_for(lambda: sorted(service.RECEIVED) == sorted(["first", *(f"r{i}" for i in range(CALLS))]))
         assert wait_for(lambda: rc.engine.store.status().unacked == 0)
         assert len(service.RECEIVED) == CALLS + 1  # each once
@@ -121,10 +137,12 @@ def test_two_one_way_xa_calls_in_one_transaction_take_no_more_round_trips_and_ke
             with ds.connection() as conn, conn.cursor() as cur:
                 cur.execute("INSERT INTO orders VALUES ('first')")
         offset = pg_server.log_path.stat().st_size
+        parsed = _rows_parsed(monkeypatch)
         with tm.transaction():
             with ds.connection() as conn, conn.cursor() as cur:
                 cur.execute("INSERT INTO orders VALUES ('pair')")
             one, two = rc.service.record("one"), rc.service.record("two")
+        assert len(parsed) == 1, parsed  # the first's rows, read for the second (held, not read again)
         sent = _branch(_sent(pg_server.log_path, offset, marked[-1]))
         assert len(sent) == 2, "\n".join(sent)
         assert sent[0].startswith("BEGIN;") and sent[0].endswith(";SHOW wsrm.enqueued"), sent  # the first, and its read

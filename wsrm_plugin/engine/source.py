@@ -645,10 +645,10 @@ class Source:
         where the store cannot."""
         receipt = ReceiptAtCommit(key, outgoing.message_id)
 
-        def enqueued(msg: RmsMessage, was_claimed: bool, seq: RmsSequence, rmd: Any) -> None:
-            receipt.at_commit(seq.key, msg.number)
-            if claimed is not None:
-                claimed(msg if was_claimed else None, seq, rmd)
+        def enqueued(msg: RmsMessage, was_claimed: bool, rows: Callable[[], tuple[RmsSequence, Any]]) -> None:
+            receipt.at_commit(key, msg.number)
+            if claimed is not None:  # (a message no caller sends needs only its number: rows unread)
+                claimed(msg if was_claimed else None, *rows())
 
         def otherwise() -> None:
             done = self._enqueue_outgoing(tx, ident, outgoing, reply_callback, reply_context, kept=kept)

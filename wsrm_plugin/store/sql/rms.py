@@ -4,6 +4,7 @@ queue (``rms_message``).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -104,9 +105,9 @@ _ENQUEUE_CLAIMING = (
     "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END, "
     "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END FROM s, c RETURNING number)")
 #: the session setting in which an enqueue riding to its transaction's commit leaves its outcome
-#: (:meth:`_RmsMessages.enqueue_claiming_at_commit`), a JSON array: [its number, whether it was
-#: claimed (true; false or null otherwise), the sequence's row as the enqueue wrote it, the RMD row
-#: read beside (or null)]
+#: (:meth:`_RmsMessages.enqueue_claiming_at_commit`): "<number> <1 if claimed, else 0> <a JSON
+#: array: the sequence's row as the enqueue wrote it, the RMD row read beside or null>" (the rows
+#: last: a caller that wants only the number does not parse them)
 _RODE = "wsrm.enqueued"
 #: that enqueue: :data:`_ENQUEUE_CLAIMING` and the RMD row whose acknowledgement the request
 #: carries read beside (as ``enqueue_claiming`` reads it: before the commit, which flushes the
@@ -114,7 +115,8 @@ _RODE = "wsrm.enqueued"
 #: when the sequence took no message (nothing inserted)
 _ENQUEUE_CLAIMING_AT_COMMIT = (
     _ENQUEUE_CLAIMING + f", r AS ({_SELECT_RMD}) SELECT 1 / CAST(count(set_config('{_RODE}', "
-    "CAST(json_build_array(m.number, c.mine, row_to_json(s), (SELECT row_to_json(r) FROM r)) AS text), "
+    "CAST(m.number AS text) || CASE WHEN c.mine THEN ' 1 ' ELSE ' 0 ' END || "
+    "CAST(json_build_array(row_to_json(s), (SELECT row_to_json(r) FROM r)) AS text), "
     "FALSE)) AS integer) FROM m JOIN c ON TRUE CROSS JOIN s")
 #: its outcome, read after the commit: the setting alone.  It runs in a transaction of its own
 #: (after the COMMIT, in the same query string: libpq gives only the last statement's result),
@@ -445,7 +447,8 @@ class _RmsMessages(api.RmsMessageManager):
 
     def enqueue_claiming_at_commit(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
                                    message_id: str, target: str | None, next_send_at: float,
-                                   enqueued: Callable[[RmsMessage, bool, RmsSequence, RmdSequence | None], None],
+                                   enqueued: Callable[[RmsMessage, bool, Callable[[], tuple[RmsSequence,
+                                                                                         RmdSequence | None]]], None],
                                    otherwise: Callable[[], None], rmd_sequence_id: str | None = None,
                                    reply_callback: str | None = None, reply_context: bytes | None = None,
                                    send_at: float | None = None, awaits_reply: bool = False,
@@ -454,9 +457,11 @@ class _RmsMessages(api.RmsMessageManager):
         statement riding to the branch's COMMIT (``SqlTransaction.write_at_commit``), its outcome
         kept in a session setting, the sequence's row as it wrote it included, and read after the
         COMMIT, in the same round trip (the setting alone: :data:`_ENQUEUED_AT_COMMIT`).  The
-        sequence's row is locked only from there to the COMMIT's end.  Where the sequence
-        takes no message by then (closed, faulted, gone...) the statement divides by zero
-        (``_DECLINED``): its savepoint rolls back, and ``otherwise()`` enqueues."""
+        sequence's row is locked only from there to the COMMIT's end.  ``enqueued`` is given the
+        message, whether it was claimed, and what gives the sequence's row and the RMD row read
+        beside (parsed only when asked: a one-way message's sender needs only its number).
+        Where the sequence takes no message by then (closed, faulted, gone...) the statement
+        divides by zero (``_DECLINED``): its savepoint rolls back, and ``otherwise()`` enqueues."""
         tx = self._tx
         if not tx.d.writable_cte or tx.undo is not None or not isinstance(payload, (bytes, bytearray)) \
                 or len(payload) >= COPY_PAYLOAD_AT or sequence_key in tx._numbered or sequence_key in tx.took_number:
@@ -467,20 +472,26 @@ class _RmsMessages(api.RmsMessageManager):
                                     reply_callback, reply_context, awaits_reply, due, t)
 
         def answer(row: Any) -> None:
-            number, claimed, written, read = json.loads(row[0])
-            seq = _rms(tuple(written[c] for c in _RMS_COLS))
-            rmd = None if read is None else _rmd(tuple(read[c] for c in _RMD_COLS))
+            number, claimed, read = row[0].split(" ", 2)
+
+            @functools.cache
+            def rows() -> tuple[RmsSequence, RmdSequence | None]:
+                written, beside = json.loads(read)
+                return (_rms(tuple(written[c] for c in _RMS_COLS)),
+                        None if beside is None else _rmd(tuple(beside[c] for c in _RMD_COLS)))
+
             if sequence_key in tx.riding_rms:
-                # (read before the commit when another statement came: the row stays locked by the
-                # enqueue's UPDATE until the commit, as written; the next read needs no round trip)
                 tx.riding_rms.discard(sequence_key)
-                tx.held_rms[sequence_key] = seq
+                if tx.conn.get_transaction_status():  # libpq's: not idle, so read before the commit
+                    # (another statement came: the row stays locked by the enqueue's UPDATE until
+                    # the commit, as written; the next read needs no round trip)
+                    tx.held_rms[sequence_key] = rows()[0]
             enqueued(RmsMessage(
                 sequence_key=sequence_key, number=int(number), message_id=message_id, action=action,
                 soap_version=soap_version, payload=bytes(payload), last=False, reply_callback=reply_callback,
                 reply_context=None if reply_context is None else bytes(reply_context),
                 reply_pending=reply_callback is not None or awaits_reply, next_send_at=due, created_at=t),
-                claimed is True, seq, rmd)
+                claimed == "1", rows)
 
         if not tx.write_at_commit(_ENQUEUE_CLAIMING_AT_COMMIT, (*claiming, rmd_sequence_id), _ENQUEUED_AT_COMMIT,
                                   (), answer, otherwise):
