@@ -296,7 +296,8 @@ class RmsMessageManager(_Manager, ABC):
 
     def enqueue_claiming_at_commit(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
                                    message_id: str, target: str | None, next_send_at: float,
-                                   enqueued: Callable[[RmsMessage, bool, RmsSequence, RmdSequence | None], None],
+                                   enqueued: Callable[[RmsMessage, bool, Callable[[], tuple[RmsSequence,
+                                                                                         RmdSequence | None]]], None],
                                    otherwise: Callable[[], None], rmd_sequence_id: str | None = None,
                                    reply_callback: str | None = None, reply_context: bytes | None = None,
                                    send_at: float | None = None, awaits_reply: bool = False,
@@ -304,9 +305,10 @@ class RmsMessageManager(_Manager, ABC):
         """:meth:`enqueue_claiming`, sent with the commit of the transaction (a branch of a global
         transaction committed in one phase) instead of in a round trip of its own: False,
         nothing done, where the store cannot (here).  Otherwise the message's number is known
-        only once the transaction commits: ``enqueued`` is then given what
-        :meth:`enqueue_claiming` returns (destination sequence ``rmd_sequence_id`` as it is
-        after the commit), before the commit returns.  Where the sequence takes no more
+        only once the transaction commits: ``enqueued`` is then given the message, whether it
+        was claimed, and what gives the sequence and destination sequence ``rmd_sequence_id`` as
+        :meth:`enqueue_claiming` returns them (read only when called: a message no caller
+        claims needs only its number), before the commit returns.  Where the sequence takes no more
         messages when the commit comes, nothing of the enqueue stays and ``otherwise()`` runs,
         in this transaction, before it commits: the caller enqueues another way (it may open a
         sequence).  A rollback calls neither.  ``target`` None: never claimed (a message the
