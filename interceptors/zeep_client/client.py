@@ -213,6 +213,9 @@ class ReliableClient:
         #: Replies read by :meth:`_consumes_reply` in the transaction recording them, by request
         #: message id: (result, fault), for :meth:`_reply_recorded` after the commit.
         self._consuming: dict[str, tuple[Any, Any]] = {}
+        #: Requests whose future was resolved before their reply's record
+        #: (:meth:`_answer_before_record`): that record consumes the reply.
+        self._answered_early: set[str] = set()
         self._targets: set[str] = set()
         self._lock = threading.Lock()
         self._started = False
@@ -229,6 +232,7 @@ class ReliableClient:
         engine.source.fault_listeners.append(self._on_sequence_fault)
         engine.destination.recorded_listeners.append(self._reply_recorded)
         engine.destination.reply_consumers.append(self._consumes_reply)
+        engine.destination.reply_answerers.append(self._answer_before_record)
         self.chain = chain if chain is not None else InterceptorChain([], load_entry_points=False)
         self.chain.add(self.interceptor)
         self._unengaged = _own_copy(client)  # what with_key() engages a chain of its own on
@@ -436,6 +440,39 @@ class ReliableClient:
                     if isinstance(t, (int, float))]
         return 2 * max(timeouts) if timeouts else None
 
+    def _answer_before_record(self, envelope: bytes, addressing: Any) -> bool:
+        """A reply read from the response to our request, before its record
+        (``Destination.reply_answerers``): if it answers a call of this client whose future
+        resolves on it (no callback), resolve that future now, and let the record that
+        follows off the caller's path consume the reply (:meth:`_consumes_reply`).  The caller
+        has its answer a store round trip sooner.  A reply that cannot be read is left to its
+        record, as before."""
+        request = addressing.relates_to
+        if request is None:
+            return False
+        with self._lock:
+            operation = self._resolve_on_receipt.get(request)
+            future = self._futures.get(request)
+        if operation is None or future is None or future.done():
+            return False
+        try:
+            result, fault = deserialize_reply(self.zeep, operation, envelope, self.engine.policy.max_message_size)
+        except Exception:  # noqa: BLE001 -- its record and delivery read it again and report it
+            return False
+        with self._lock:
+            if self._futures.pop(request, None) is not future:
+                return False  # resolved (or cancelled) meanwhile
+            del self._resolve_on_receipt[request]
+            # its record consumes it; should the record buffer it instead, its delivery has
+            # nothing more to do (as for a reply resolved on its record)
+            self._answered_early.add(request)
+            self._resolved_on_receipt.add(request)
+        if fault is not None:
+            future.set_exception(fault)
+        else:
+            future.set_result(result)
+        return True
+
     def _consumes_reply(self, envelope: bytes, addressing: Any) -> bool:
         """In the transaction that records a message: is it the reply to a call of this client
         whose future resolves on it (no callback)?  Then its delivery would only consume it, and
@@ -446,6 +483,8 @@ class ReliableClient:
         if request is None:
             return False
         with self._lock:
+            if request in self._answered_early:
+                return True  # its future has it: the record only consumes it
             operation = self._resolve_on_receipt.get(request)
             future = self._futures.get(request)
         if operation is None or future is None or future.done():
@@ -469,6 +508,11 @@ class ReliableClient:
         if request is None:
             return
         with self._lock:
+            if request in self._answered_early:  # answered before this record
+                self._answered_early.discard(request)
+                if consumed:
+                    self._resolved_on_receipt.discard(request)
+                return
             parsed = self._consuming.pop(request, None)
             operation = self._resolve_on_receipt.get(request)
             future = self._futures.get(request)
@@ -557,6 +601,8 @@ class ReliableClient:
                 self.engine.destination.recorded_listeners.append(self._reply_recorded)
             if self._consumes_reply not in self.engine.destination.reply_consumers:
                 self.engine.destination.reply_consumers.append(self._consumes_reply)
+            if self._answer_before_record not in self.engine.destination.reply_answerers:
+                self.engine.destination.reply_answerers.append(self._answer_before_record)
             if self._owns_engine:
                 self.engine.start()
                 self._lifecycle.start_recovery(self.recovery_interval, self.lifecycle_report)
@@ -677,11 +723,14 @@ class ReliableClient:
             self.engine.destination.recorded_listeners.remove(self._reply_recorded)
         if self._consumes_reply in self.engine.destination.reply_consumers:
             self.engine.destination.reply_consumers.remove(self._consumes_reply)
+        if self._answer_before_record in self.engine.destination.reply_answerers:
+            self.engine.destination.reply_answerers.remove(self._answer_before_record)
         with self._lock:
             futures, self._futures = list(self._futures.values()), {}
             self._resolve_on_receipt.clear()
             self._resolved_on_receipt.clear()
             self._consuming.clear()
+            self._answered_early.clear()
         for future in futures:
             future.cancel()
         self._started = False

@@ -4,8 +4,10 @@ Real parts: a reliable zeep client whose PostgreSQL store lives in the applicati
 (one branch, committed in one phase with the application's row), a reliable spyne service over
 loopback HTTP.  The caller's transaction enqueues the request and claims it for the caller's own
 send (its first attempt recorded: no transaction of its own after the commit); the lane is the
-caller's only once that commits.  The reply's record is the caller's one store transaction of
-its own, and it returns before its WAL flush (the next call's enqueue covers it).  A rolled-back
+caller's only once that commits.  The caller has no store transaction of its own: its call is
+answered from the response, and the reply's record follows in the records' thread
+(``Destination.answer_before_record``), returning before its WAL flush (the next call's enqueue
+covers it).  A rolled-back
 call leaves nothing claimed and the next one goes as usual.  The reply's record is one round trip,
 which commits it too; a PostgreSQL service's receipt of a request, with the acknowledgement riding on
 it, is one round trip before the reply's; under XA the reply's enqueue rides on the service's
@@ -37,6 +39,8 @@ from .conftest import fast_policy
 pytestmark = pytest.mark.postgres
 
 CALLS = 6
+#: the thread that records the replies answered before their record (wsrm_plugin.engine.later_records)
+RECORDS = "wsrm-reply-records"
 #: nothing but the caller sends a request (no grace ends, no retransmission is due)
 QUIET = dict(caller_send_grace=30.0, base_retransmission_interval=30.0)
 
@@ -101,26 +105,31 @@ def test_an_xa_call_claims_its_request_in_its_transaction_and_records_its_reply_
     monkeypatch.setattr(retransmission, "_REPLY_ACK_WAIT", 60.0)
     assert [_call(tm, ds, rc, f"q{i}") for i in range(2)] == ["re:q0", "re:q1"]
     caller = threading.current_thread().name
-    # the caller's own store transactions: (committed in their own round trip, returned before their flush)
-    ended: list[tuple[bool, bool]] = []
+    # the caller's and the records' thread's store transactions: (committed in their own round
+    # trip, returned before their flush)
+    ended: dict[str, list[tuple[bool, bool]]] = {caller: [], RECORDS: []}
     finish = store._finish
 
     def counting(tx: Any, commit: bool) -> None:
-        if threading.current_thread().name == caller:
-            ended.append((tx.committed_alone and not tx.begun, tx.returns_before_disk))
+        name = threading.current_thread().name
+        seen = (tx.committed_alone and not tx.begun, tx.returns_before_disk)
         finish(tx, commit)
+        if name in ended:  # (once committed: the test waits for it)
+            ended[name].append(seen)
     store._finish = counting
     sent = rc.engine.retransmission.sent_by_callers
     for i in range(2, CALLS + 2):
         assert _call(tm, ds, rc, f"q{i}") == f"re:q{i}"
     # the caller's thread sent each request itself, with no claim transaction of its own (2 per
-    # call before: the claim, then the reply's record); the record commits in its one round trip
-    # and does not wait for the WAL
+    # call before: the claim, then the reply's record), and no record either (1 per call before
+    # the call was answered ahead of its record); the record commits in its one round trip and
+    # does not wait for the WAL
     assert rc.engine.retransmission.sent_by_callers - sent == CALLS
-    assert ended == [(True, True)] * CALLS, ended
+    assert wait_for(lambda: len(ended[RECORDS]) >= CALLS), ended
+    assert ended[RECORDS] == [(True, True)] * CALLS, ended
     # and no read of its own either: the acknowledgement of the replies each request carries
     # was read by its claim, in the caller's transaction (a read after the commit before)
-    assert len(ended) == CALLS, ended
+    assert ended[caller] == [], ended
     assert service.ECHOED == [f"q{i}" for i in range(CALLS + 2)]
 
 
@@ -147,25 +156,26 @@ def test_an_xa_calls_reply_is_recorded_and_committed_in_one_round_trip(one_datab
     tm, ds, store, rc = one_database
     monkeypatch.setattr(retransmission, "_REPLY_ACK_WAIT", 60.0)
     assert [_call(tm, ds, rc, f"q{i}") for i in range(2)] == ["re:q0", "re:q1"]
-    caller = threading.current_thread().name
-    trips: dict[int, int] = {}  # the caller's store transactions: id -> round trips before the COMMIT
+    trips: dict[int, int] = {}  # the records' store transactions: id -> round trips before the COMMIT
     recorded: list[tuple[int, bool]] = []  # (round trips, a COMMIT sent after them)
     execute = SqlTransaction.execute
 
     def counted(tx: Any, sql: str, params: Any = (), **kw: Any) -> Any:
-        if threading.current_thread().name == caller:
+        if threading.current_thread().name == RECORDS:
             trips[id(tx)] = trips.get(id(tx), 0) + 1
         return execute(tx, sql, params, **kw)
     monkeypatch.setattr(SqlTransaction, "execute", counted)
     finish = store._finish
 
     def ending(tx: Any, commit: bool) -> None:
-        if threading.current_thread().name == caller:
-            recorded.append((trips.pop(id(tx), 0), tx.begun))
+        seen = (trips.pop(id(tx), 0), tx.begun)
         finish(tx, commit)
+        if threading.current_thread().name == RECORDS:  # (once committed: the test waits for it)
+            recorded.append(seen)
     store._finish = ending
     for i in range(2, CALLS + 2):
         assert _call(tm, ds, rc, f"q{i}") == f"re:q{i}"
+    assert wait_for(lambda: len(recorded) >= CALLS), recorded
     assert recorded == [(1, False)] * CALLS, recorded
     assert service.ECHOED == [f"q{i}" for i in range(CALLS + 2)]
     with store.begin() as tx:  # every request answered: none waits for its reply
@@ -192,26 +202,27 @@ def test_a_reply_sequence_whose_records_cannot_commit_alone_goes_the_old_way_aft
             cur.execute("UPDATE rmd_sequence SET acks_to = %s WHERE sequence_id = %s", (target, offered))
     finally:
         conn.close()
-    caller = threading.current_thread().name
-    tried: list[int] = []  # the caller's round trips that would have committed alone, and declined
-    committed: list[bool] = []  # the caller's store transactions: committed by a COMMIT of their own
+    tried: list[int] = []  # the records' round trips that would have committed alone, and declined
+    committed: list[bool] = []  # the records' store transactions: committed by a COMMIT of their own
     execute = SqlTransaction.execute
 
     def counted(tx: Any, sql: str, params: Any = (), **kw: Any) -> Any:
         cur = execute(tx, sql, params, **kw)
-        if threading.current_thread().name == caller and kw.get("declined") and cur is None:
+        if threading.current_thread().name == RECORDS and kw.get("declined") and cur is None:
             tried.append(id(tx))
         return cur
     monkeypatch.setattr(SqlTransaction, "execute", counted)
     finish = store._finish
 
     def ending(tx: Any, commit: bool) -> None:
-        if threading.current_thread().name == caller:
-            committed.append(tx.begun)
+        begun = tx.begun
         finish(tx, commit)
+        if threading.current_thread().name == RECORDS:  # (once committed: the test waits for it)
+            committed.append(begun)
     store._finish = ending
     for i in range(2, CALLS + 2):
         assert _call(tm, ds, rc, f"q{i}") == f"re:q{i}"
+    assert wait_for(lambda: len(committed) >= CALLS), committed
     assert len(tried) == 1 and committed == [True] * CALLS, (tried, committed)
     assert service.ECHOED == [f"q{i}" for i in range(CALLS + 2)]
 

@@ -49,6 +49,7 @@ from . import observe
 from .ackbuilder import acknowledgement_of
 from .combiner import ALONE, Combiner
 from .faults import busy_fault, fault_for_transition
+from .later_records import LaterRecords
 from .logs import for_sequence
 from .policy import RMPolicy
 from .source import HandOut, SendReceipt, back_channel_replies, count_reply_handed_out, reply_sequence_key
@@ -82,6 +83,9 @@ TURN_WAIT = 5.0
 #: when at most :data:`REORDER_WINDOW` numbers lie between.
 REORDER_WAIT = 0.02
 REORDER_WINDOW = 8
+#: Seconds a caller's claim waits at most for the replies answered before their record to be
+#: recorded (``Destination.wait_records``); then it goes on, and the sender sends its request.
+RECORDS_WAIT = 5.0
 _REPLY_KEY_PREFIX = reply_sequence_key("")
 #: The state a receive puts its message in to take each way (``statemachine.delivery.WAYS``):
 #: buffered for the invoker threads, taken and delivered in its transaction, buffered and kept
@@ -354,6 +358,20 @@ class Destination:
         #: restart would have found no call waiting either.  They must not raise (an error
         #: counts as no), nor take long.
         self.reply_consumers: list[Callable[[bytes, AddressingHeaders], bool]] = []
+        #: Asked, before a reply read from the response to a request of ours is recorded, whether
+        #: they answered its call with it now (the reliable zeep client's future-only call: it
+        #: reads the reply and resolves the future); then the record follows off the caller's
+        #: path (:meth:`answer_before_record`), and their ``reply_consumers`` must say yes to it
+        #: there.  They must not raise (an error counts as no), nor take long.
+        self.reply_answerers: list[Callable[[bytes, AddressingHeaders], bool]] = []
+        #: Replies answered before their record are recorded by one thread, in the order they
+        #: came (started when first needed): only where a record costs a round trip that can
+        #: run beside the caller's next transaction (a store of concurrent sequences whose
+        #: commits are costly: PostgreSQL).  Elsewhere (memory, SQLite's one file) the caller
+        #: records its reply itself, as before.
+        self.records_after_answer = store.commits_are_costly and store.concurrent_sequences
+        self._records: LaterRecords | None = None
+        self._records_lock = threading.Lock()
         #: The source's side of a consumed reply, in its transaction (``Source.reply_consumed``:
         #: the request has its reply); True when the sender has work now.  Set by the engine.
         self.reply_arrived: Callable[[StoreTransaction, str, Sequence[tuple[SequenceAcknowledgement, RMVersion]]],
@@ -381,6 +399,47 @@ class Destination:
         self._replies: InvokerWorker | None = None
         #: Whether each destination sequence is one this engine offered (a bounded memory).
         self._offered_by_us: OrderedDict[str, bool] = OrderedDict()
+
+    def answer_before_record(self, header: SequenceHeader, envelope: bytes, addressing: AddressingHeaders) -> bool:
+        """A reply read from the response to a request of ours (nobody waits for what its
+        receive answers): do the ``reply_answerers`` answer its call with it now, before its
+        record?  Then the caller goes on while :meth:`record_later` records it; the record is
+        the same transaction as before, made a moment later by another thread (see the
+        concepts page's crash table).  Not for the sequence's last message, nor on a store
+        where a record costs the caller little (:attr:`records_after_answer`)."""
+        if not self.records_after_answer or header.last_message or addressing.relates_to is None:
+            return False
+        for answerer in self.reply_answerers:
+            try:
+                if answerer(envelope, addressing):
+                    return True
+            except Exception:  # noqa: BLE001 -- an answerer must not fail the receive: recorded first then
+                log.exception("a reply answerer failed")
+        return False
+
+    def record_later(self, job: Callable[[], None]) -> None:
+        """Run ``job`` (a reply's record, after its call was answered; it catches its own errors)
+        in the records' thread, after the records handed to it before."""
+        with self._records_lock:
+            if self._records is None:
+                self._records = LaterRecords()
+            records = self._records
+        records.submit(job)
+
+    def wait_records(self) -> None:
+        """Wait for the records handed to :meth:`record_later` so far (at most
+        :data:`RECORDS_WAIT` seconds): a caller's next claim on its sequence finds the request
+        before it acknowledged only once that request's reply is recorded."""
+        records = self._records
+        if records is not None and not records.wait(RECORDS_WAIT):
+            log.debug("replies answered before their record still not recorded after %.0f s", RECORDS_WAIT)
+
+    def close_records(self, timeout: float | None = None) -> bool:
+        """Wait until the replies answered before their record are recorded, and end their
+        thread (an engine's stop; a start after makes a new one); True once none is left."""
+        with self._records_lock:
+            records, self._records = self._records, None
+        return records is None or records.close(timeout)
 
     def replies_to(self, invoker: InvokerWorker) -> None:
         """Hand replies arriving on sequences this engine offered to ``invoker``'s application as

@@ -201,6 +201,7 @@ class ReliableEngine:
                                                    self.inbound, self.transport, on_reachable=self._peer_is_back,
                                                    name=name, reporter=reporter)
         self.source.early_claim = self.retransmission.early_claim
+        self.source.records_done = self.destination.wait_records
         self.acknowledgement = AcknowledgementWorker(self.store, policy, self.destination, self.inbound,
                                                      self.transport, source=self.source,
                                                      reachability=self.retransmission.reachability)
@@ -393,6 +394,8 @@ class ReliableEngine:
         Waiting for termination needs the peer: at most ``timeout`` seconds,
         after which what is left stays in the store for the next start.
         """
+        if not self.destination.close_records(timeout):  # replies answered before their record
+            log.warning("stopped with replies still to record: their peers send them again")
         if self.policy.terminate_on_shutdown and any(w.running for w in self._workers):
             self.source.close_all()
             deadline = time.monotonic() + timeout

@@ -430,19 +430,14 @@ class Inbound:
         header, version = message.sequence
         ack_requested = any(a.identifier == header.identifier for a, _ in message.ack_requests)
         riding = tuple(received.riding_acks)
-        accepted: Accepted | None = None
-        try:
-            if observe.active is None:
-                accepted = self.destination.receive(
-                    header, version, message.raw, message.addressing, principal=received.principal,
-                    soap_ns=message.soap.ns, ack_requested=ack_requested,
-                    expects_reply=bool(received.expects_reply), acks=riding)
-            else:
-                accepted = self._receive_observed(observe.active, message, received.principal, ack_requested,
-                                                  bool(received.expects_reply), riding)
-        finally:
-            if riding and (accepted is None or not accepted.acks_applied):
-                self._apply_riding_acks(riding, failed=accepted is None)
+        if not answer.wanted and received.via_response and not message.ack_requests and observe.active is None \
+                and self.destination.answer_before_record(header, message.raw, message.addressing):
+            # a reply read from the response to our request, its call answered now: its record (the
+            # same transaction) follows in the records' thread, off the caller's path; nothing
+            # here waits for what it answers, and no step after this one has work to do
+            self.destination.record_later(lambda: self._record_answered(message, received, riding))
+            return None
+        accepted = self._receive(message, received, ack_requested, riding)
         reply_to = message.addressing.reply_to
         if (accepted.offered and self.back_channel is not None and received.expects_reply is not False
                 and is_back_channel(reply_to.address if reply_to else None)):
@@ -466,6 +461,38 @@ class Inbound:
                 return Reply.accepted()
         answer.acknowledge(accepted.ack, version)
         return None
+
+    def _receive(self, message: Message, received: _Received, ack_requested: bool,
+                 riding: tuple[tuple[SequenceAcknowledgement, RMVersion], ...]) -> Accepted:
+        """The destination's receive of ``message``'s application message, and the
+        acknowledgements riding on it that its receipt did not apply."""
+        assert message.sequence is not None
+        header, version = message.sequence
+        accepted: Accepted | None = None
+        try:
+            if observe.active is None:
+                accepted = self.destination.receive(
+                    header, version, message.raw, message.addressing, principal=received.principal,
+                    soap_ns=message.soap.ns, ack_requested=ack_requested,
+                    expects_reply=bool(received.expects_reply), acks=riding)
+            else:
+                accepted = self._receive_observed(observe.active, message, received.principal, ack_requested,
+                                                  bool(received.expects_reply), riding)
+        finally:
+            if riding and (accepted is None or not accepted.acks_applied):
+                self._apply_riding_acks(riding, failed=accepted is None)
+        return accepted
+
+    def _record_answered(self, message: Message, received: _Received,
+                         riding: tuple[tuple[SequenceAcknowledgement, RMVersion], ...]) -> None:
+        """The record of a reply whose call was answered before it (the records' thread): as
+        its receive on the caller's thread would have made it.  What fails is logged: nobody
+        waits for it, and the peer sends the reply again with its request's next copy."""
+        try:
+            self._receive(message, received, False, riding)
+        except Exception as exc:  # noqa: BLE001 -- a fault, the store: the reply comes again
+            log.info("reply %s, answered before its record, not recorded: %s", message.addressing.message_id, exc)
+            log.debug("its record failed", exc_info=True)
 
     def _apply_riding_acks(self, acks: tuple[tuple[SequenceAcknowledgement, RMVersion], ...], *,
                            failed: bool) -> None:

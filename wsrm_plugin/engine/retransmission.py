@@ -1300,6 +1300,7 @@ class RetransmissionWorker:
         policy = self.policy
         if policy.max_unacknowledged is not None:
             return None  # the window is the round's to count
+        self.destination.wait_records()  # the request before it has its reply's record (and ack)
         with self._reply_acks_lock:
             owed = self._reply_acks.get(key)
         offered_id = owed[1].offered_id if owed is not None else None

@@ -369,6 +369,9 @@ class Source:
         #: Claims a request kept for its caller in the transaction that enqueues it (the sender's
         #: ``RetransmissionWorker.early_claim``, set by the engine), or None.
         self.early_claim: Callable[[StoreTransaction, str, bool], Any] | None = None
+        #: Waits for the replies recorded after their call was answered (the destination's
+        #: ``wait_records``, set by the engine): a claim reads what their records acknowledge.
+        self.records_done: Callable[[], None] = lambda: None
         #: Whether each source sequence hears about its messages at our listener (a bounded memory).
         self._heard_at_listener: OrderedDict[str, tuple[bool, str | None]] = OrderedDict()
         #: Callers' enqueues in local transactions waiting for the store at the same time, done in
@@ -572,6 +575,7 @@ class Source:
             cached = self._current.get(ident)
         if cached is None:
             return None
+        self.records_done()  # the request before it is acknowledged once its reply is recorded
         in_global = self.tm is not None and self.tm.get_transaction() is not None
         return self.early_claim(tx, cached, in_global)
 
