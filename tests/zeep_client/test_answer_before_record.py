@@ -145,3 +145,23 @@ def test_a_stop_records_the_replies_answered_before_it(pg_dsn_factory: Any, held
         if not stopping.is_alive() and stopping.ident is None:  # (the test failed before it)
             rc.stop(timeout=5)
         svc.stop(timeout=5)
+
+
+def test_answer_before_record_off_records_the_reply_first(pg_dsn_factory: Any, held_records):
+    """``RMPolicy.answer_before_record=False``: the caller records its reply before its answer."""
+    gate, started = held_records
+    store = PostgresStore(pg_dsn_factory("recordfirst"))
+    service.reset()
+    svc = reliable_service(service.spyne_app(), "memory:", fast_policy(**QUIET))
+    svc.serve()
+    svc.start()
+    rc = reliable_client(zeep.Client(svc.url + "?wsdl"), store,
+                         fast_policy(**QUIET, answer_before_record=False))
+    try:
+        assert rc.service.echo("q0").result(timeout=60) == "re:q0"
+        assert _waiting_for_replies(store) == []  # recorded before the answer
+        assert started == []
+    finally:
+        rc.stop(timeout=5)
+        svc.stop(timeout=5)
+        store.close()

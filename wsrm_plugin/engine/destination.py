@@ -367,9 +367,10 @@ class Destination:
         #: Replies answered before their record are recorded by one thread, in the order they
         #: came (started when first needed): only where a record costs a round trip that can
         #: run beside the caller's next transaction (a store of concurrent sequences whose
-        #: commits are costly: PostgreSQL).  Elsewhere (memory, SQLite's one file) the caller
-        #: records its reply itself, as before.
-        self.records_after_answer = store.commits_are_costly and store.concurrent_sequences
+        #: commits are costly: PostgreSQL; ``RMPolicy.answer_before_record``).  Elsewhere (memory,
+        #: SQLite's one file) the caller records its reply itself, as before.
+        self.records_after_answer = policy.answer_before_record and store.commits_are_costly \
+            and store.concurrent_sequences
         self._records: LaterRecords | None = None
         self._records_lock = threading.Lock()
         #: The source's side of a consumed reply, in its transaction (``Source.reply_consumed``:

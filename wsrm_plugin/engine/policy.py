@@ -676,6 +676,18 @@ class RMPolicy:
         "application's database may see the acknowledgement or reply a moment before the rows; False: answer "
         "after every branch committed",
         cxf="—")
+    #: A client's future-only call whose reply comes in the HTTP response is answered from it, and
+    #: the reply recorded after by the engine's records' thread (``wsrm_plugin.engine.later_records``):
+    #: on a store whose record costs a round trip that can run beside the caller's next
+    #: transaction (PostgreSQL), that round trip is off the caller's path.  Killed in between, the
+    #: restarted client sends the request again and drops the stored reply (the crash table).
+    answer_before_record: bool = knob(
+        True, Flag(),
+        "client, PostgreSQL store: a future-only call whose reply comes in the HTTP response is answered from it "
+        "at once, and the reply recorded after in the engine's records' thread (the caller's next claim waits for "
+        "it); killed in between, the restarted client sends the request again and drops the stored reply the "
+        "service answers with; False: record the reply first (memory and SQLite stores always do)",
+        cxf="—")
     #: Several hosts on one PostgreSQL store (``txmanager.nodes.PostgresNodes``): the time
     #: from a host's death to its XA transactions being finished by a living host, and so
     #: its locks released.  A killed process is noticed at once (its kernel closes its
