@@ -11,6 +11,9 @@ store URL) makes N such calls each inside a global transaction that first insert
 into the store database's ``orders`` table (one database: the request's enqueue rides on the
 COMMIT), printing ``answer TEXT`` for each; with ``xa`` as the mode of ``resume`` too (``resume-xa``)
 the restarted client has the same transaction manager (its recovery log beside the WSDL file).
+``... xa-held N`` makes N such calls, then one more whose reply's record (after its answer: see
+``Destination.answer_before_record``) never comes, prints its answer too and waits: killed then,
+the client dies between a call's answer and its reply's record.
 """
 
 from __future__ import annotations
@@ -34,15 +37,18 @@ def main() -> None:
     callback = sys.argv[6] if len(sys.argv) > 6 else "tests.zeep_client.service:append_reply"
     listen = ("127.0.0.1", int(port)) if int(port) else None
     tm = ds = None
-    if mode in ("xa", "resume-xa"):
+    if mode in ("xa", "resume-xa", "xa-held"):
         from txmanager import TransactionManager
         from txmanager.postgres import XADataSource
         tm = TransactionManager(node="crash-client", log=Path(wsdl).parent / "tm.log")
         ds = XADataSource(store.removeprefix("postgresql:"), tm)
     rc = reliable_client(zeep.Client(wsdl), store, POLICY, listen=listen, key="orders", name="crash-client", tm=tm)
-    if mode == "xa":
+    if mode in ("xa", "xa-held"):
         assert tm is not None and ds is not None
-        for i in range(int(count)):
+        calls = int(count) + (mode == "xa-held")
+        for i in range(calls):
+            if mode == "xa-held" and i == calls - 1:
+                _hold_records()
             with tm.transaction():
                 with ds.connection() as conn, conn.cursor() as cur:
                     cur.execute("INSERT INTO orders VALUES (%s)", (f"q{i}",))
@@ -61,6 +67,16 @@ def main() -> None:
                           "pending": report.replies_pending}), flush=True)
     while True:
         time.sleep(1)
+
+
+def _hold_records() -> None:
+    """From now on a reply answered before its record is never recorded (its records' thread waits)."""
+    import threading
+
+    from wsrm_plugin.engine import inbound
+
+    never = threading.Event()
+    inbound.Inbound._record_answered = lambda self, *args: never.wait()  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

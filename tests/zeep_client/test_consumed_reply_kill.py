@@ -109,3 +109,65 @@ def test_a_client_killed_among_consumed_replies_loses_and_repeats_nothing(kind, 
                 proc.kill()
                 proc.wait(10)
         svc.stop(timeout=5)
+
+
+def _waiting_for_replies(url: str) -> list[int]:
+    """The client's requests still waiting for their reply (read while the client may run)."""
+    store = open_store(url)
+    try:
+        with store.begin() as tx:
+            return [m.number for s in tx.rms.list_all() for m in tx.rms_messages.list_for(s.key) if m.reply_pending]
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_a_client_killed_between_an_answer_and_its_replys_record_sends_the_request_again(
+        tmp_path, pg_dsn_factory):
+    """PostgreSQL, XA in one database: a future-only call is answered before its reply's record
+    (``Destination.answer_before_record``).  Killed in between (the record held for ever), the
+    client restarts with the request waiting for its reply; it sends it again, the service
+    answers with its stored reply (it does not run the request again), and the client records
+    and drops it: the crash table's cell, deterministically."""
+    service.reset()
+    svc = reliable_service(service.spyne_app(), "memory:", fast_policy())
+    svc.serve()
+    svc.start()
+    wsdl = tmp_path / "service.wsdl"
+    wsdl.write_bytes(urllib.request.urlopen(svc.url + "?wsdl", timeout=10).read())
+    store = "postgresql:" + pg_dsn_factory("heldrecord", "CREATE TABLE orders (item text PRIMARY KEY)")
+    procs: list[subprocess.Popen] = []
+    try:
+        first = _client(wsdl, store, 0, "xa-held", 3)
+        procs.append(first)
+        answers = [first.stdout.readline().strip() for _ in range(4)]
+        assert answers == [f"answer re:q{i}" for i in range(4)]
+        # the last call is answered, its reply not recorded: its request waits for it (before
+        # the answer before the record, the record had committed by now)
+        assert wait_for(lambda: _waiting_for_replies(store) == [4])
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        assert service.ECHOED == ["q0", "q1", "q2", "q3"]
+
+        second = _client(wsdl, store, 0, "resume-xa", 0)
+        procs.append(second)
+        second.stdout.readline()  # started: it sends the request again
+        assert wait_for(lambda: _store_is_drained(store) or second.poll() is not None, timeout=60)
+        assert second.poll() is None
+        assert wait_for(lambda: svc.engine.status().unacked == 0, timeout=60)
+        # answered from the service's stored reply: the request ran once
+        assert service.ECHOED == ["q0", "q1", "q2", "q3"]
+        assert _waiting_for_replies(store) == []
+        conn = psycopg2.connect(store.removeprefix("postgresql:"))
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT item FROM orders ORDER BY item")
+                assert [r[0] for r in cur.fetchall()] == ["q0", "q1", "q2", "q3"]
+        finally:
+            conn.close()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        svc.stop(timeout=5)
