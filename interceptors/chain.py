@@ -308,22 +308,6 @@ class InterceptorChain:
         reply (a one-way call's 202) without making a message of it and running the chain."""
         return self._quiet_without_envelope and not self.plugins.hook.wsrm_out_message.get_hookimpls()
 
-    def ends_in_after(self, name: str) -> bool:
-        """Would resuming a received message after ``name`` (:meth:`resume`) run nothing?  True
-        when no interceptor after it in the in order handles received messages and no
-        ``wsrm_in_message`` hook is registered: an adapter may then do early what follows the
-        chain for a message suspended there (read it for the service)."""
-        if self.plugins.hook.wsrm_in_message.get_hookimpls():
-            return False
-        found = False
-        for _, group in self._in:
-            for entry in group:
-                handler = getattr(entry.interceptor, "handle_in", None)
-                if found and handler is not None and getattr(handler, "__func__", None) is not Interceptor.handle_in:
-                    return False
-                found = found or entry.name == name
-        return found
-
     def get(self, name: str) -> InterceptorLike | None:
         for entry in self._entries:
             if entry.name == name:

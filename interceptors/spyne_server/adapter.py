@@ -73,8 +73,6 @@ _QUIET_ONE_WAY_KEY = "wsrm.quiet_one_way"
 #: In the environ of a request the adapter runs (a chunked WsgiApplication only): spyne leaves its
 #: answer's tree here instead of writing it out (:func:`_give_out_trees`)
 _OUT_TREE_KEY = "wsrm.out_tree"
-#: In a request's ``Message.context``: the environ spyne read it with ahead (:meth:`ChainMiddleware.read_ahead`)
-_READ_ENVIRON_KEY = "wsrm.spyne_read_environ"
 _ENGAGED = "_wsrm_interceptors_engaged"
 _TREES_TAKEN = "_wsrm_takes_chain_trees"
 _TREES_GIVEN = "_wsrm_gives_out_trees"
@@ -294,25 +292,6 @@ class ChainMiddleware:
             raise ValueError(f"deliver() takes a server's received message, not {message!r}")
         return self._process(message, environ, after=after or message.resume_point)
 
-    def read_ahead(self, request: Message, *, after: str) -> bool:
-        """Let spyne read ``request`` now, which :meth:`deliver` will deliver later (with ``after``
-        and no environ): its method contexts made and the request read into objects and
-        validated (:func:`.direct.read_ahead`), so that the delivery runs the method at once.
-
-        For a delivery whose time is precious (one made while holding a store's whole file,
-        which every other delivery waits for): whatever can be done before it, is.  Only
-        when nothing of the in chain runs between (``after`` is its last step) and spyne is
-        called directly; False (nothing read) otherwise, and the delivery reads it itself.
-        ``request`` is then :meth:`deliver`-ed once, or dropped."""
-        server = self._direct
-        if server is None or self.application is not server or not self.chain.ends_in_after(after):
-            return False
-        env = self._spyne_environ(request, None)
-        if not direct.read_ahead(server, env):
-            return False
-        request.context[_READ_ENVIRON_KEY] = env
-        return True
-
     def _process(self, request: Message, environ: dict[str, Any] | None,
                  after: str | None) -> Response:
         try:
@@ -375,23 +354,6 @@ class ChainMiddleware:
                     ) -> tuple[int, list[tuple[str, str]], bytes, bool, etree._Element | None]:
         """spyne's answer: status, headers, body, whether the call was one-way, and the tree of
         the answer when spyne left it unwritten (:func:`_give_out_trees`; the body is empty then)."""
-        env = request.context.pop(_READ_ENVIRON_KEY, None) if environ is None else None
-        if env is None:  # not read ahead (:meth:`read_ahead`)
-            env = self._spyne_environ(request, environ)
-        server = self._direct
-        if server is not None and self.application is server:  # spyne's handle_rpc without its WSGI call
-            direct.watching(env)
-            try:
-                status_line, headers, body = self._call_wsgi(env, server.handle_rpc)
-            finally:
-                direct.let_go(env)
-        else:
-            status_line, headers, body = self._call_wsgi(env, self.application)
-        status = int(status_line.split(" ", 1)[0])
-        return status, headers, body, bool(env.get(_ONE_WAY_KEY)), env.get(_OUT_TREE_KEY)
-
-    def _spyne_environ(self, request: Message, environ: dict[str, Any] | None) -> dict[str, Any]:
-        """The environ spyne runs ``request`` with (see :meth:`_call_spyne`)."""
         body = request.to_bytes()  # the stored bytes when the tree is still theirs (a delivery)
         env = self._environ_for(request, environ)
         env["wsgi.input"] = io.BytesIO(body)
@@ -404,7 +366,17 @@ class ChainMiddleware:
         env.pop(_OUT_TREE_KEY, None)
         if chunked and not _listens(getattr(self.application, "event_manager", None), _WSGI_STRING_EVENTS):
             env[_OUT_TREE_KEY] = None  # spyne may leave its answer's tree here, unwritten
-        return env
+        server = self._direct
+        if server is not None and self.application is server:  # spyne's handle_rpc without its WSGI call
+            direct.watching(env)
+            try:
+                status_line, headers, body = self._call_wsgi(env, server.handle_rpc)
+            finally:
+                direct.let_go(env)
+        else:
+            status_line, headers, body = self._call_wsgi(env, self.application)
+        status = int(status_line.split(" ", 1)[0])
+        return status, headers, body, bool(env.get(_ONE_WAY_KEY)), env.get(_OUT_TREE_KEY)
 
     @staticmethod
     def _call_wsgi(env: dict[str, Any], call: Callable[[dict[str, Any], StartResponse], Iterable[bytes]]

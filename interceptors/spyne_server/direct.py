@@ -13,14 +13,6 @@ Once the request is done, :func:`let_go` unlinks its method contexts from
 their parts, so that reference counting frees them (see :func:`_let_go`).
 That reads spyne's context internals, so it runs only on the spyne versions
 in :data:`FOLLOWED`; :func:`watch` registers the two listeners it needs.
-
-A request may also be read ahead (:func:`read_ahead`): spyne's first steps of
-``handle_rpc`` (its method contexts made, the request read into objects and
-validated) run at once, by spyne's own ``generate_contexts`` and
-``get_in_object``, and ``handle_rpc`` called later with the same environ takes
-up those contexts and goes on from the method.  A receive that delivers inside
-a store transaction owning the whole file (SQLite) reads its request before
-it takes the file, which every other receive waits for.
 """
 
 from __future__ import annotations
@@ -30,9 +22,9 @@ from collections import defaultdict
 from typing import Any
 
 import spyne
-from spyne.server.wsgi import WsgiApplication, WsgiMethodContext
+from spyne.server.wsgi import WsgiApplication
 
-__all__ = ["FOLLOWED", "follows", "let_go", "read_ahead", "watch", "watching"]
+__all__ = ["FOLLOWED", "follows", "let_go", "watch", "watching"]
 
 #: spyne versions whose method contexts :func:`let_go` knows the insides of
 FOLLOWED = ("2.14.",)
@@ -43,19 +35,6 @@ _BEFORE_HANDLING = ("__call__", "is_wsdl_request")
 #: in a request environ while the adapter runs it: the method context that ran it, once closed
 _CONTEXT_KEY = "wsrm.spyne_context"
 _WATCHED = "_wsrm_watched_contexts"
-#: in a request environ read ahead: spyne's method contexts of its request, for ``handle_rpc``
-_READ_KEY = "wsrm.spyne_read"
-#: in that environ while ``handle_rpc`` runs: the primary context it took up (read already)
-_TAKEN_KEY = "wsrm.spyne_read_taken"
-#: spyne's events fired around reading a request: on the server (``wsgi_call``, fired by
-#: ``handle_rpc`` on a context of its own, which a request read ahead does not use), on the in
-#: protocol (reading), and on the application and its methods (a context made, which reading
-#: ahead makes once more; a request it cannot read)
-_SERVER_READ_EVENTS = ("wsgi_call",)
-_PROTOCOL_READ_EVENTS = ("before_deserialize", "after_deserialize")
-_METHOD_READ_EVENTS = ("method_context_created", "method_exception_object")
-#: on a listener of those events that may see a request read ahead (the project's own)
-READ_AHEAD_SAFE = "_wsrm_read_ahead_safe"
 
 
 def follows(server: Any) -> bool:
@@ -77,76 +56,7 @@ def watch(server: WsgiApplication) -> None:
     if getattr(server, _WATCHED, False):
         return
     server.event_manager.add_listener("wsgi_close", _closed)
-    # a request read ahead: handle_rpc takes up its contexts (instance attributes, called as
-    # self.generate_contexts / self.get_in_object by spyne's handle_rpc)
-    server.generate_contexts = functools.partial(_generate_contexts, server.generate_contexts)
-    server.get_in_object = functools.partial(_get_in_object, server.get_in_object)
     setattr(server, _WATCHED, True)
-
-
-def read_ahead(server: WsgiApplication, req_env: dict[str, Any]) -> bool:
-    """Read the request of ``req_env`` now, as ``server.handle_rpc(req_env, ...)`` would first:
-    its method contexts (the envelope taken apart, the method found) and the request read
-    into objects and validated, by spyne's own steps, kept in ``req_env`` for that later
-    call, which then runs the method on them.  False (nothing read) unless ``server`` is
-    :func:`watch`-ed and no listener but the project's own (:data:`READ_AHEAD_SAFE`) hears
-    an event the reading fires, which would otherwise fire before the request's delivery, or
-    on a context it does not use (``wsgi_call``).
-
-    A request spyne cannot read keeps its error too: ``handle_rpc`` answers it with spyne's
-    fault, as when it reads it itself.  ``req_env`` must not be read by anything else
-    before that call, nor passed to another."""
-    if not getattr(server, _WATCHED, False) or not _quiet_reading(server):
-        return False
-    ctx = WsgiMethodContext(server, req_env, server.app.out_protocol.mime_type)
-    ctx.in_string, charset = server._WsgiApplication__reconstruct_wsgi_request(req_env)  # a lazy read
-    cls = type(server)
-    contexts = cls.generate_contexts(server, ctx, charset)
-    primary = contexts[0]
-    if primary.in_error is None:
-        cls.get_in_object(server, primary)
-    req_env[_READ_KEY] = contexts
-    return True
-
-
-def _quiet_reading(server: WsgiApplication) -> bool:
-    """Does reading a request fire events only the project's own listeners hear?"""
-    app = server.app
-    checks = [(server.event_manager, _SERVER_READ_EVENTS),
-              (getattr(app.in_protocol, "event_manager", None), _PROTOCOL_READ_EVENTS),
-              (app.event_manager, _METHOD_READ_EVENTS)]
-    for descriptors in app.interface.service_method_map.values():
-        for descriptor in descriptors:
-            checks.extend((events, _METHOD_READ_EVENTS) for events in getattr(descriptor, "event_managers", None) or ())
-    return all(_only_safe(events, names) for events, names in checks)
-
-
-def _only_safe(events: Any, names: tuple[str, ...]) -> bool:
-    if events is None:
-        return True
-    handlers = getattr(events, "handlers", None)
-    if handlers is None:
-        return False
-    return all(getattr(handler, READ_AHEAD_SAFE, False) for name in names for handler in handlers.get(name, ()))
-
-
-def _generate_contexts(generate: Any, ctx: Any, in_string_charset: str | None = None) -> Any:
-    """``WsgiApplication.generate_contexts``, or the contexts read ahead for the request (:func:`read_ahead`)."""
-    req_env = getattr(ctx.transport, "req_env", None)
-    if not isinstance(req_env, dict) or _READ_KEY not in req_env:
-        return generate(ctx, in_string_charset)
-    contexts = req_env.pop(_READ_KEY)
-    req_env[_TAKEN_KEY] = contexts[0]
-    return contexts
-
-
-def _get_in_object(get: Any, ctx: Any) -> None:
-    """``WsgiApplication.get_in_object``, but for a request read ahead (its objects are there)."""
-    req_env = getattr(ctx.transport, "req_env", None)
-    if isinstance(req_env, dict) and req_env.get(_TAKEN_KEY) is ctx:
-        del req_env[_TAKEN_KEY]
-        return
-    get(ctx)
 
 
 def _closed(ctx: Any) -> None:

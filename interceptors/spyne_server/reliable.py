@@ -40,8 +40,7 @@ import functools
 import logging
 import sys
 import threading
-from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lxml import etree
 
@@ -55,7 +54,6 @@ from wsrm_plugin.wire.xmlsafe import parse_xml
 
 from interceptors.addressing import apply_addressing
 from interceptors.chain import Direction, Exchange, HttpHeaders, Interceptor, Message, Phase, Response, Role
-from interceptors.spyne_server.direct import READ_AHEAD_SAFE
 
 if TYPE_CHECKING:
     from interceptors.spyne_server.adapter import ChainMiddleware
@@ -235,50 +233,19 @@ class ChainDeliverer:
         self.middleware = middleware
         self.interceptor = interceptor
         _listen_for_declared_faults(getattr(middleware.application, "app", None))
-        #: requests read ahead (:meth:`read_ahead`), for their delivery
-        self._read = _ReadAhead()
-
-    def read_ahead(self, payload: bytes, action: str, soap_version: str) -> None:
-        """``payload`` is about to be delivered (received by this process moments ago, its tree
-        at hand): let spyne read it now (``ChainMiddleware.read_ahead``), so that its delivery
-        (a call with these very bytes, the same action and SOAP version) runs the method at
-        once.  The engine asks it of a receive about to take the store's file to deliver
-        inside its transaction: the file every other receive waits for is not held while
-        spyne reads.  Nothing is read if its tree is not at hand or spyne must read it
-        at the delivery; a request read and never delivered (its receive took another way)
-        falls out of a few kept."""
-        taken = TREES.take_noted(payload)
-        if taken is None:
-            return
-        request = self._request(payload, taken, action, soap_version, Exchange())
-        if self.middleware.read_ahead(request, after=self.interceptor.name):
-            self._read.keep(payload, action, soap_version, request)
-        else:
-            TREES.remember(payload, *taken)  # untouched: for the delivery, as before
-
-    def _request(self, payload: bytes, taken: tuple[etree._Element, Any] | None, action: str,
-                 soap_version: str, exchange: Exchange) -> Message:
-        """The received message ``payload`` as the chain resumes it: its tree (``taken``, else parsed)."""
-        soap = SoapVersion.for_namespace(soap_version) or SOAP11
-        tree, addressing = taken if taken is not None else (parse_xml(payload, max_size=max(len(payload), 1)), None)
-        request = Message(tree, Direction.IN, Role.SERVER, http_headers=_http_headers(soap, action),
-                          address=self.interceptor.engine.endpoint_address, action=action,
-                          exchange=exchange)
-        request.addressing = addressing
-        request.serialized_as(payload)  # the tree is payload's: spyne gets these bytes, no serializing
-        return request
 
     def __call__(self, payload: bytes, context: DeliveryContext) -> None:
         soap = SoapVersion.for_namespace(context.soap_version) or SOAP11
-        request = self._read.take(payload, context.action, context.soap_version)
-        if request is not None:
-            request.exchange.properties[DELIVERY_KEY] = context
-        else:
-            # received by this process moments ago: its tree, not a second parse, and the WS-A
-            # properties the chain read from it then (as the chain's later steps saw them)
-            request = self._request(payload, TREES.take_noted(payload), context.action, context.soap_version,
-                                    Exchange(properties={DELIVERY_KEY: context}))
-        exchange = request.exchange
+        exchange = Exchange(properties={DELIVERY_KEY: context})
+        # received by this process moments ago: its tree, not a second parse, and the WS-A
+        # properties the chain read from it then (as the chain's later steps saw them)
+        taken = TREES.take_noted(payload)
+        tree, addressing = taken if taken is not None else (parse_xml(payload, max_size=max(len(payload), 1)), None)
+        request = Message(tree, Direction.IN, Role.SERVER, http_headers=_http_headers(soap, context.action),
+                          address=self.interceptor.engine.endpoint_address, action=context.action,
+                          exchange=exchange)
+        request.addressing = addressing
+        request.serialized_as(payload)  # the tree is payload's: spyne gets these bytes, no serializing
         previous = current_delivery()
         _local.delivery = context
         try:
@@ -295,36 +262,6 @@ class ChainDeliverer:
             cause = exchange.properties.get(_RAISED_KEY)
             raise ServiceFailure(f"the service failed to process the message: {raised or _fault_text(fault, soap)}") \
                 from cause
-
-
-class _ReadAhead:
-    """Requests read ahead (``ChainDeliverer.read_ahead``), each kept for the delivery of the
-    very bytes object it was read from (the receive hands its delivery the bytes it received),
-    with the action and SOAP version it was read for.  At most :attr:`LIMIT`: one whose
-    receive took another way (its message buffered, or refused) falls out."""
-
-    LIMIT = 64
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        #: id(payload) -> (payload, action, SOAP version, request), the oldest first
-        self._kept: OrderedDict[int, tuple[bytes, str, str, Message]] = OrderedDict()
-
-    def keep(self, payload: bytes, action: str, soap_version: str, request: Message) -> None:
-        with self._lock:
-            self._kept[id(payload)] = (payload, action, soap_version, request)
-            while len(self._kept) > self.LIMIT:
-                self._kept.popitem(last=False)
-
-    def take(self, payload: bytes, action: str, soap_version: str) -> Message | None:
-        """The request read ahead from ``payload`` for ``action`` in ``soap_version`` (then forgotten)."""
-        if not self._kept:
-            return None
-        with self._lock:
-            kept = self._kept.pop(id(payload), None)
-        if kept is None or kept[0] is not payload or kept[1] != action or kept[2] != soap_version:
-            return None
-        return kept[3]
 
 
 class ServiceFailure(RuntimeError):
@@ -355,9 +292,6 @@ def _listen_for_declared_faults(application: object) -> None:
             message.exchange.properties[_ERROR_KEY] = f"{type(raised).__name__}: {raised}"
             message.exchange.properties[_RAISED_KEY] = raised
 
-    # a request spyne cannot read, read ahead of its delivery (direct.read_ahead): the request's
-    # exchange is the one its delivery then runs with
-    setattr(on_exception, READ_AHEAD_SAFE, True)
     events.add_listener("method_exception_object", on_exception)
     setattr(application, _LISTENING, True)
 

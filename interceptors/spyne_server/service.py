@@ -151,7 +151,7 @@ class ReliableService:
         # the deliverer needs the middleware, which needs the engine: bind it late
         self.engine = ReliableEngine(store, self.policy, tm=tm, endpoint_address=endpoint_address,
                                      transport=transport,
-                                     application=_Deliverer(self),
+                                     application=lambda payload, context: self._deliver(payload, context),
                                      on_delivery_failure=on_delivery_failure, answers=_answering(application),
                                      understands=None, knows=_knowing(application), name=name)
         if self.mailbox is not None:
@@ -240,20 +240,6 @@ class ReliableService:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-class _Deliverer:
-    """The engine's application: the service's :class:`ChainDeliverer`, made after the engine
-    (it needs the middleware, which needs the engine), so looked up at each call."""
-
-    def __init__(self, service: ReliableService) -> None:
-        self._service = service
-
-    def __call__(self, payload: bytes, context: DeliveryContext) -> None:
-        self._service._deliver(payload, context)
-
-    def read_ahead(self, payload: bytes, action: str, soap_version: str) -> None:
-        self._service._deliver.read_ahead(payload, action, soap_version)
 
 
 def _answering(application: Application) -> Callable[[etree._Element], bool]:

@@ -962,8 +962,6 @@ class Destination:
         together = self._together
         if together is not None and self._together_if_two_phase and not self._two_phase:
             together = None  # one-phase deliveries: each alone (see _together_combiner)
-        if self.store.defers_transactions:  # the file is taken next: read the request before
-            invoker.read_ahead(item.envelope, item.addressing.action or "", item.soap_ns)
         outcome = ALONE if together is None else together.submit(None, item)
         if outcome is ALONE:  # alone, or its batch rolled back: as if it had come alone
             item.wrote = item.taken = item.handed_over = False

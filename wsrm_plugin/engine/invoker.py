@@ -114,9 +114,6 @@ class DeliveryContext:
         return receipt
 
 
-#: What the engine delivers to: called with a message's envelope and its delivery's context, in
-#: the delivery's transaction.  It may also have ``read_ahead(payload, action, soap_version)``
-#: (see :meth:`InvokerWorker.read_ahead`).
 Application = Callable[[bytes, DeliveryContext], Any]
 
 
@@ -281,23 +278,6 @@ class InvokerWorker:
         phases (more than one branch: the application's database is not the store's)?"""
         gtx = self.tm.get_transaction() if self.tm is not None else None
         return gtx is not None and gtx.branch_count > 1  # (not gtx.branches: see branch_count)
-
-    def read_ahead(self, payload: bytes, action: str, soap_version: str) -> None:
-        """A receive is about to take the store's whole file (SQLite) to deliver ``payload`` in its
-        transaction: let the application read it first, if it can (its optional
-        ``read_ahead(payload, action, soap_version)``: the spyne service parses and validates the
-        request there), so that the file, which every other receive and delivery waits for,
-        is held for the method and the store's writes, not for reading the request.  Only
-        reading: a request that fails it is answered with its fault at the delivery, as
-        before, and nothing happens to the message here.  An error here only means the
-        delivery reads it itself."""
-        read = getattr(self.application, "read_ahead", None)
-        if read is None:
-            return
-        try:
-            read(payload, action, soap_version)
-        except Exception as exc:  # noqa: BLE001 -- the delivery reads it again, and meets it there
-            log.debug("reading a request ahead of its delivery failed (%s: %s)", type(exc).__name__, exc)
 
     def deliver_taken(self, tx: StoreTransaction, msg: BufferedMessage,
                       replies: list[SendReceipt] | None = None, hand_out: HandOut | None = None) -> bool:
