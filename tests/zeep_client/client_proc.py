@@ -12,8 +12,9 @@ into the store database's ``orders`` table (one database: the request's enqueue 
 COMMIT), printing ``answer TEXT`` for each; with ``xa`` as the mode of ``resume`` too (``resume-xa``)
 the restarted client has the same transaction manager (its recovery log beside the WSDL file).
 ``... xa-held N`` makes N such calls, then one more whose reply's record (after its answer: see
-``Destination.answer_before_record``) never comes, prints its answer too and waits: killed then,
-the client dies between a call's answer and its reply's record.
+``Destination.answer_before_record``) never comes, nor that of a copy the sender's retransmission
+brings back, prints its answer too and waits: killed then, the client dies between a call's
+answer and its reply's record.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main() -> None:
         calls = int(count) + (mode == "xa-held")
         for i in range(calls):
             if mode == "xa-held" and i == calls - 1:
+                rc.engine.destination.wait_records()  # the calls before recorded: only the last is held
                 _hold_records()
             with tm.transaction():
                 with ds.connection() as conn, conn.cursor() as cur:
@@ -70,13 +72,23 @@ def main() -> None:
 
 
 def _hold_records() -> None:
-    """From now on a reply answered before its record is never recorded (its records' thread waits)."""
+    """From now on no reply is recorded off the caller's thread: a reply answered before its
+    record never is (its records' thread waits), nor is a copy of it that the sender's
+    retransmission of its request brings back (the sender's thread waits).  The caller's own
+    thread still records (with ``answer_before_record`` off it does, and the test sees it)."""
     import threading
 
     from wsrm_plugin.engine import inbound
 
     never = threading.Event()
-    inbound.Inbound._record_answered = lambda self, *args: never.wait()  # type: ignore[method-assign]
+    receive = inbound.Inbound._receive
+
+    def held(self: inbound.Inbound, *args: object) -> object:
+        if threading.current_thread() is threading.main_thread():
+            return receive(self, *args)  # type: ignore[arg-type]
+        never.wait()
+        raise AssertionError("never let go")
+    inbound.Inbound._receive = held  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

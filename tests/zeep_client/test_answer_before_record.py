@@ -21,7 +21,7 @@ import zeep
 from interceptors.spyne_server.service import reliable_service
 from interceptors.zeep_client.client import reliable_client
 from tests.engine.support import wait_for
-from wsrm_plugin.engine import inbound, retransmission
+from wsrm_plugin.engine import destination, inbound, retransmission
 from wsrm_plugin.store.postgres import PostgresStore
 
 from . import service
@@ -45,6 +45,8 @@ def held_records(monkeypatch):
         record(self, *args)
     monkeypatch.setattr(inbound.Inbound, "_record_answered", held)
     monkeypatch.setattr(retransmission, "_REPLY_ACK_WAIT", 60.0)
+    # a claim waits for a held record for as long as the test holds it, however loaded the machine
+    monkeypatch.setattr(destination, "RECORDS_WAIT", 120.0)
     return gate, started
 
 
