@@ -62,6 +62,9 @@ def steady_counts(monkeypatch):
     # through the buffer, by design (its invoker thread delivers them, in more round trips: a
     # receipt counted 5 at load 33): each on receipt here
     monkeypatch.setattr(invoker_module, "QUICK_APPLICATION", 60.0)
+    # a caller's claim waits for the reply's record before it, however long a loaded machine
+    # keeps the records' thread (after RECORDS_WAIT it would claim in a transaction of its own)
+    monkeypatch.setattr(destination, "RECORDS_WAIT", 120.0)
 
 
 #: every statement the server receives in this test's database goes to its log (each query string,
