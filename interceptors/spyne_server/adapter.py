@@ -41,6 +41,7 @@ from spyne.model.fault import Fault
 from spyne.protocol.soap.soap11 import resolve_hrefs
 from spyne.server.wsgi import WsgiApplication
 
+from wsrm_plugin.engine import after_response
 from wsrm_plugin.engine.faults import UnsupportedMediaType
 from wsrm_plugin.engine.transport import http_status_for
 from wsrm_plugin.wire.faults import MalformedMessageError, MessageTooLargeError, SoapFault
@@ -223,7 +224,13 @@ class ChainMiddleware:
             log.info("refused a request to %s: %s", request_uri(environ, False), fault)
             return self._send(Response(_fault_status(version, fault), fault_envelope(fault, version),
                                        _retry_after(fault)), start_response)
-        return self._send(self._process(request, environ, after=None), start_response)
+        with after_response.collecting(environ) as later:  # a buffered message's delivery, say: see there
+            try:
+                body = self._send(self._process(request, environ, after=None), start_response)
+            except BaseException:
+                after_response.run(later)
+                raise
+        return after_response.then(body, later)
 
     def _read(self, environ: dict[str, Any]) -> Message:
         raw_length = environ.get("CONTENT_LENGTH") or "0"

@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from interceptors.aio_bridge import Lane
+from wsrm_plugin.engine.after_response import CLOSES_BEFORE_SENDING
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -104,6 +105,7 @@ def environ_for(method: str, path: str, query: str, headers: Iterable[tuple[str,
         "REMOTE_ADDR": remote or "", "CONTENT_LENGTH": str(len(body)),
         "wsgi.version": (1, 0), "wsgi.url_scheme": scheme, "wsgi.input": io.BytesIO(body),
         "wsgi.errors": sys.stderr, "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
+        CLOSES_BEFORE_SENDING: True,  # (WsgiInLane._call closes the body, then the loop sends it)
     }
     for name, value in headers:
         key = name.upper().replace("-", "_")

@@ -46,6 +46,7 @@ from ..wire import (
 )
 from ..wire.namespaces import ADDRESSING_VERSIONS, RM_VERSIONS
 from . import observe
+from . import after_response
 from .ackbuilder import acknowledgement_of
 from .combiner import ALONE, Combiner
 from .faults import busy_fault, fault_for_transition
@@ -1829,7 +1830,7 @@ class Destination:
                 # a reply: handed out now, whatever the replies before it (each resolves its own call)
                 if not self._replies.deliver_now(identifier, number):
                     self._wake_invoker()
-            else:
+            elif item.way is not _BY_BUFFER or not self._deliver_after_response():
                 self._wake_invoker()
             if item.way is not _BY_BUFFER and self._direct is not None:
                 # it missed delivery on receipt (the one before it was buffered, or a gap): deliver
@@ -1848,6 +1849,16 @@ class Destination:
         behind_gap = self.policy.in_order and not reception.received.is_complete_up_to(number)
         return Accepted(identifier, number, reception.duplicate, ack, offered=seq.offered_id is not None,
                         behind_gap=behind_gap, reply=item.reply, acks_applied=item.acks_applied)
+
+    def _deliver_after_response(self) -> bool:
+        """A message buffered for the invoker (not meant for delivery on receipt): have the
+        receiving thread deliver the buffer once its response is written (:mod:`.after_response`)
+        rather than wake an invoker thread; False when it will not (no such thread, an
+        application not quick, delivery paused, or ``deliver_on_receive`` False)."""
+        invoker = self._direct
+        if invoker is None or not invoker.quick or invoker.paused or not invoker.running:
+            return False
+        return after_response.defer(invoker.steps_after_response)
 
     def ack_requested(self, identifier: str, version: RMVersion, *, principal: str | None) -> RmdSequence:
         """An AckRequested: returns the sequence; a non-anonymous AcksTo gets an ack at once.

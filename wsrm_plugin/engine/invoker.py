@@ -220,6 +220,9 @@ class InvokerWorker:
         #: How long the application took per message lately (a moving average, seconds).
         self.application_seconds = 0.0
         self.delivered = 0
+        #: Steps under way at once, at most ``invoker_threads``: a receiving thread that steps
+        #: after its response (:meth:`steps_after_response`) takes an invoker thread's place.
+        self._step_slots = threading.BoundedSemaphore(policy.invoker_thread_count(store.concurrent_sequences))
 
     def _transaction(self) -> "_DeliveryTransaction":
         return _DeliveryTransaction(self.store, self.tm)
@@ -488,6 +491,28 @@ class InvokerWorker:
             if msg is None or msg.number >= number:
                 return
 
+    def steps_after_response(self) -> None:
+        """What a woken invoker thread would do, from a receiving thread once its response is
+        written (:mod:`.after_response`): steps until one finds nothing, at most
+        :data:`CATCH_UP_STEPS`; an invoker thread is woken for what is left (more, or a step
+        that failed), or instead when ``invoker_threads`` steps are under way already (the bound
+        holds for both kinds of thread).
+
+        Nothing is left behind: a message buffered while this thread's last step looked is
+        either seen by its own receive's steps, or its sequence was held then by a delivery
+        whose thread steps again after it commits (as when an invoker thread is busy)."""
+        self._ambient.invoker_busy = False  # (the thread's last steps were for another request)
+        if self._step_slots.acquire(blocking=False):  # else invoker_threads deliver at once already
+            try:
+                for _ in range(CATCH_UP_STEPS):
+                    if not self._step_in_slot():
+                        return
+            except Exception:  # noqa: BLE001 -- the receive succeeded: an invoker thread tries again
+                log.exception("delivering the buffer after a response failed; left to the invoker threads")
+            finally:
+                self._step_slots.release()
+        self._wake_invoker()
+
     def deliver_now(self, sequence_id: str, number: int) -> bool:
         """Deliver buffered message ``number`` of ``sequence_id`` now, whatever is missing before
         it, in a transaction of its own in the calling (receiving) thread; True if it was.
@@ -562,6 +587,12 @@ class InvokerWorker:
             return tx.invoker.claim_next(in_order=self.policy.in_order) is not None
 
     def step(self) -> bool:
+        """An invoker thread's step: deliver (or settle) the next message of any sequence; False
+        when there was nothing to do."""
+        with self._step_slots:
+            return self._step_in_slot()
+
+    def _step_in_slot(self) -> bool:
         if self.application is None:
             return False
         probe = False

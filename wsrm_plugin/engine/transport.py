@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from ..wire import SOAP11, SOAP12, MessageTooLargeError, SoapFault, SoapVersion, fault_envelope, to_bytes
+from . import after_response
 from .faults import BusyFault, UnsupportedMediaType
 from .http_client import HttpConnection
 from .http_server import HttpServer, HttpServerFailed
@@ -310,7 +311,7 @@ class RMEndpoint:
         self.handler = handler
         self.max_size = max_size
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
         if method != "POST":
             return _plain(start_response, "405 Method Not Allowed",
@@ -329,9 +330,15 @@ class RMEndpoint:
             reply = Reply.fault(MessageTooLargeError(length, self.max_size), soap)
             return _respond(start_response, reply)
         data = _read_exactly(environ["wsgi.input"], length)
-        reply = self.handler.handle(data, principal=environ.get("REMOTE_USER") or None,
-                                    content_type=content_type, remote_addr=environ.get("REMOTE_ADDR"))
-        return _respond(start_response, reply)
+        with after_response.collecting(environ) as later:  # a buffered message's delivery, say: see there
+            try:
+                reply = self.handler.handle(data, principal=environ.get("REMOTE_USER") or None,
+                                            content_type=content_type, remote_addr=environ.get("REMOTE_ADDR"))
+                body = _respond(start_response, reply)
+            except BaseException:
+                after_response.run(later)
+                raise
+        return after_response.then(body, later)
 
 
 def _read_exactly(stream: Any, length: int) -> bytes:
