@@ -11,9 +11,9 @@ transaction is still open, and the caller's message follows its commit, once.
 Real engines on loopback HTTP: the client's store in the application's database (one branch,
 committed in one phase), its transaction manager, the server on a memory store.  The server's
 listener is stopped while the earlier message is committed (it waits, due again), and started
-again on the same port while the caller's transaction is open.  (A sequence whose send just
-failed to a peer thought alive is sent again at once, in a transaction that locks the row FOR
-UPDATE and waits for the caller, as before: the test waits until that is past.)
+again on the same port while the caller's transaction is open.  A sequence whose send just
+failed to a peer thought alive is sent again at once; that holds the row as the claim does,
+and does not wait for the caller either (the second test).
 """
 
 from __future__ import annotations
@@ -75,9 +75,8 @@ def test_earlier_messages_go_out_and_are_acknowledged_while_a_callers_transactio
             _insert(ds, "first")
             client.send(server.endpoint_address, payload("first"), action=ACTION)
         assert client.status().unacked == 1
-        # A failed send to a peer still thought alive goes again at once (the in-order flow's
-        # reclaim), which locks the sequence's row FOR UPDATE, as before: past that, the peer is
-        # known silent and "first" only waits for its next due time
+        # "first" sent again at least once: past the in-order flow's send again at once, the peer
+        # is known silent and "first" only waits for its next due time
         assert wait_for(lambda: _attempts(store, 2) >= 2)
         with tm.transaction():
             _insert(ds, "second")
@@ -92,6 +91,58 @@ def test_earlier_messages_go_out_and_are_acknowledged_while_a_callers_transactio
                 (delivered, client.status().unacked)
         assert wait_for(lambda: delivered == ["zero", "first", "second", "third"]
                         and client.status().unacked == 0), (delivered, client.status().unacked)
+    finally:
+        client.stop(timeout=5)
+        server.stop(timeout=5)
+        for closeable in (ds, store, tm):
+            closeable.close()
+
+
+def test_a_send_again_at_once_does_not_wait_for_a_callers_open_transaction(pg_dsn_factory, tmp_path):
+    """The sender's send-again-at-once (after a failed send to a peer thought alive, or a gap)
+    records the attempts with the sequence held as its claim holds it: a caller's transaction
+    that took the sequence's next number and is still open does not hold it up (before, it
+    locked the row FOR UPDATE and waited up to the store's lock_timeout, 30 s, with the round)."""
+    app = pg_dsn_factory("besideagain", "CREATE TABLE sent (id serial PRIMARY KEY, item text NOT NULL)")
+    tm = TransactionManager(node="again-client", log=tmp_path / "client.tmlog")
+    ds = XADataSource(app, tm)
+    store = open_store("postgresql:" + app)
+    server = ReliableEngine("memory:", fast_policy(), application=lambda envelope, context: None,
+                            name="again-server")
+    client = ReliableEngine(store, fast_policy(), tm=tm, name="again-client")
+    try:
+        server.serve()
+        server.start()
+        client.start()
+        with tm.transaction():  # opens the sequence
+            _insert(ds, "zero")
+            client.send(server.endpoint_address, payload("zero"), action=ACTION)
+        assert wait_for(lambda: client.status().unacked == 0)
+        [listener] = server.servers
+        listener.stop(timeout=5)
+        with tm.transaction():
+            _insert(ds, "first")
+            client.send(server.endpoint_address, payload("first"), action=ACTION)
+        assert wait_for(lambda: _attempts(store, 2) >= 1)
+        with store.begin() as tx:
+            [seq] = tx.rms.list_all()
+        done = threading.Event()
+        again: list[object] = []
+
+        def send_again() -> None:
+            again.extend(client.retransmission._reclaim(seq, [2]))
+            done.set()
+
+        with tm.transaction():
+            _insert(ds, "second")
+            client.send(server.endpoint_address, payload("second"), action=ACTION)
+            client.send(server.endpoint_address, payload("third"), action=ACTION)  # "second"'s UPDATE sent
+            before = _attempts(store, 2)
+            worker = threading.Thread(target=send_again, daemon=True)
+            worker.start()
+            assert wait_for(done.is_set), "the send again waited for the caller's open transaction"
+            assert len(again) == 1 and _attempts(store, 2) > before
+        worker.join(timeout=60)
     finally:
         client.stop(timeout=5)
         server.stop(timeout=5)

@@ -1044,6 +1044,10 @@ class RetransmissionWorker:
         now = time.time()
         planned: list[_Planned] = []
         with self.store.begin() as tx:
+            # held as the claim holds it (against close and terminate only): a caller whose open
+            # transaction took the sequence's next number must not hold the round up until it ends
+            if tx.rms.get(seq.key, beside_enqueues=True) is None:
+                return []
             for number in numbers:
                 msg = tx.rms_messages.get(seq.key, number)
                 if msg is None or msg.acked or msg.send_count == 0:
