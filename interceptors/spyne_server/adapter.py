@@ -224,13 +224,8 @@ class ChainMiddleware:
             log.info("refused a request to %s: %s", request_uri(environ, False), fault)
             return self._send(Response(_fault_status(version, fault), fault_envelope(fault, version),
                                        _retry_after(fault)), start_response)
-        with after_response.collecting(environ) as later:  # a buffered message's delivery, say: see there
-            try:
-                body = self._send(self._process(request, environ, after=None), start_response)
-            except BaseException:
-                after_response.run(later)
-                raise
-        return after_response.then(body, later)
+        return after_response.answering(  # a buffered message's delivery, say: see there
+            environ, lambda: self._send(self._process(request, environ, after=None), start_response))
 
     def _read(self, environ: dict[str, Any]) -> Message:
         raw_length = environ.get("CONTENT_LENGTH") or "0"

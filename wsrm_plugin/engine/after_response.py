@@ -9,8 +9,9 @@ message has nothing else to do once its response is on its way: it delivers the 
 (:meth:`InvokerWorker.steps_after_response`), so the acknowledgement still goes out before the
 application runs, and no other thread wakes.
 
-The WSGI front ends (:class:`~.transport.RMEndpoint`, the spyne chain's middleware) open a
-:func:`collecting` scope around a request and hand what was deferred to :func:`then`, whose
+The WSGI front ends (:class:`~.transport.RMEndpoint`, the spyne chain's middleware) answer a
+request through :func:`answering`: a :func:`collecting` scope around it, and what was deferred
+handed to :func:`then`, whose
 iterable runs it in ``close()``: PEP 3333's call once the server has written the body (waitress
 writes it from the same thread first).  Outside such a scope (a direct ``handle()`` call, a
 worker) :func:`defer` says no, and the caller wakes a thread as before.
@@ -24,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["CLOSES_BEFORE_SENDING", "collecting", "defer", "run", "then"]
+__all__ = ["CLOSES_BEFORE_SENDING", "answering", "collecting", "defer", "run", "then"]
 
 log = logging.getLogger(__name__)
 
@@ -93,3 +94,15 @@ def then(chunks: list[bytes], work: list[Work]) -> Iterable[bytes]:
     """``chunks`` as a WSGI body that runs ``work`` once written (``chunks`` itself when there is
     none)."""
     return _ThenRun(chunks, work) if work else chunks
+
+
+def answering(environ: Mapping[str, Any], respond: Callable[[], list[bytes]]) -> Iterable[bytes]:
+    """``respond()``'s body, answering the request of ``environ``, that runs what the answer
+    deferred once written; should ``respond`` raise, the deferred work runs at once."""
+    with collecting(environ) as later:
+        try:
+            body = respond()
+        except BaseException:
+            run(later)
+            raise
+    return then(body, later)

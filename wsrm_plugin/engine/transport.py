@@ -330,15 +330,12 @@ class RMEndpoint:
             reply = Reply.fault(MessageTooLargeError(length, self.max_size), soap)
             return _respond(start_response, reply)
         data = _read_exactly(environ["wsgi.input"], length)
-        with after_response.collecting(environ) as later:  # a buffered message's delivery, say: see there
-            try:
-                reply = self.handler.handle(data, principal=environ.get("REMOTE_USER") or None,
-                                            content_type=content_type, remote_addr=environ.get("REMOTE_ADDR"))
-                body = _respond(start_response, reply)
-            except BaseException:
-                after_response.run(later)
-                raise
-        return after_response.then(body, later)
+        def respond() -> list[bytes]:
+            reply = self.handler.handle(data, principal=environ.get("REMOTE_USER") or None,
+                                        content_type=content_type, remote_addr=environ.get("REMOTE_ADDR"))
+            return _respond(start_response, reply)
+
+        return after_response.answering(environ, respond)  # a buffered message's delivery, say: see there
 
 
 def _read_exactly(stream: Any, length: int) -> bytes:
