@@ -8,6 +8,7 @@ the invoker threads deliver as before."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -125,3 +126,45 @@ def test_a_server_that_closes_the_body_before_sending_it_gets_nothing_deferred()
     with after_response.collecting({after_response.CLOSES_BEFORE_SENDING: True}) as later:
         assert after_response.defer(lambda: None) is False
     assert later == []
+
+
+class _KeptBodies:
+    """A middleware that writes each response's chunks but keeps its body unclosed (the test
+    closes it), as a server may close a body once the engine stopped."""
+
+    def __init__(self) -> None:
+        self.bodies: list[Any] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, app: Any) -> Any:
+        def kept(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+            body = app(environ, start_response)
+            chunks = list(body)
+            with self._lock:
+                self.bodies.append(body)
+            return chunks
+        return kept
+
+    def close_all(self) -> None:
+        with self._lock:
+            bodies, self.bodies = self.bodies, []
+        for body in bodies:
+            getattr(body, "close", lambda: None)()
+
+
+def test_a_body_closed_after_the_engine_stopped_delivers_nothing(engines, caplog) -> None:
+    """Fails without: the deferred steps ran after ``stop()`` and delivered the buffer to the
+    application of a stopped engine (or, on a closed store, logged an exception)."""
+    caplog.set_level(logging.INFO, logger="wsrm_plugin")
+    app = _Recording()
+    kept = _KeptBodies()
+    server = engines("memory:", fast_policy(poll_interval=300.0), serve=True, application=app, name="after",
+                     middleware=kept)
+    client = engines("memory:", fast_policy(), name="client")
+    receipt = client.send(server.endpoint_address, payload("s0"), action=ACTION, key="s")
+    assert wait_for(lambda: _acked(client, receipt))  # answered: its body's close() is what delivers
+    assert wait_for(lambda: any(body.__class__.__name__ == "_ThenRun" for body in kept.bodies))
+    server.stop(timeout=5)
+    kept.close_all()
+    assert app.items() == []
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "after a response" in r.getMessage()]

@@ -500,12 +500,18 @@ class InvokerWorker:
 
         Nothing is left behind: a message buffered while this thread's last step looked is
         either seen by its own receive's steps, or its sequence was held then by a delivery
-        whose thread steps again after it commits (as when an invoker thread is busy)."""
+        whose thread steps again after it commits (as when an invoker thread is busy).
+
+        After the engine's ``stop()`` (``running`` False: a server may close a response
+        body once the engine stopped) it does nothing: delivery happens only between start and
+        stop, the store may be closed, and what is buffered waits for the next start."""
         self._ambient.invoker_busy = False  # (the thread's last steps were for another request)
+        if not self.running:
+            return
         if self._step_slots.acquire(blocking=False):  # else invoker_threads deliver at once already
             try:
                 for _ in range(CATCH_UP_STEPS):
-                    if not self._step_in_slot():
+                    if not self.running or not self._step_in_slot():
                         return
             except Exception:  # noqa: BLE001 -- the receive succeeded: an invoker thread tries again
                 log.exception("delivering the buffer after a response failed; left to the invoker threads")
