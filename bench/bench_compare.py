@@ -134,7 +134,11 @@ inside, all of it is spent holding the store's file), and what those sums say ov
 wall time, load or not: the methods running at once on average (``app in flight(server)``,
 Little's law: plain's threads run several, whose commits share a WAL flush; delivering inside
 SQLite's file, at most one), and the share of the time each SQLite store's file was held
-(``file held share``: near 1.00, the file bounds the rate).  Every service counts, per message, the
+(``file held share``: near 1.00, the file bounds the rate), and the cores each process used
+(``cores used``: its CPU over the round's wall time; one Python process runs its threads' Python
+one at a time, so on a 2-core machine shared with the other side and PostgreSQL the busiest one
+stalls near 0.75 of a core: at 16 sequences plainN's client (zeep) and memory's service, whose
+CPU a message then sets the rate).  Every service counts, per message, the
 requests that arrived with none of its HTTP threads idle (``queued(server)``: waitress's "Task
 queue depth is N") and the depths they found summed (``queue depth(server)``): requests waiting
 for a thread, not for the service's work.
@@ -850,6 +854,9 @@ class Result:
             return {}
         shares = {"app in flight(server)": self.tm["count:app ms(server)"] / 1000 / self.seconds} \
             if "count:app ms(server)" in self.tm else {}
+        for role in ("client", "server"):  # one interpreter each: its threads take turns on one lock
+            if role in self.cpu_ms:
+                shares[f"cores used({role})"] = self.cpu_ms[role] / 1000 / self.seconds
         for role in ("client", "server"):
             held = self.tm.get(f"count:file held ms({role})")
             if held is not None:
