@@ -115,6 +115,7 @@ class PostgresXAResource:
         read_only_check: bool = False,
         marks: _marks.MarkQueue | None = None,
         database: str | None = None,
+        prepare_marks: bool = False,
     ) -> None:
         if isinstance(source, str):
             dsn = source
@@ -137,6 +138,12 @@ class PostgresXAResource:
         #: commit marks are (the recovery log names it so)
         self.database = database or self.resource_name
         self._marks = marks
+        #: prepare the mark's statements on each session this resource opens
+        #: (:data:`txmanager.marks.PREPARE`), so that a marked commit sends ``EXECUTE``: not behind a
+        #: pooler that does not keep a session's prepared statements (in transaction mode)
+        self.prepare_marks = prepare_marks
+        #: the session they are prepared on (None: none, they go as text)
+        self._marks_prepared_on: Connection | None = None
         self._session: Connection | None = None
         self._control: Connection | None = None
         self._branch: _Branch | None = None
@@ -173,8 +180,25 @@ class PostgresXAResource:
                         conn.close()
                     raise
                 conn.autocommit = False
+                if self.prepare_marks and self._marks is not None:
+                    self._prepare_marks(conn)
                 self._session = conn
             return self._session
+
+    def _prepare_marks(self, conn: Connection) -> None:
+        """:data:`txmanager.marks.PREPARE` on a new session, outside any transaction (one round trip
+        a session, against a parse and a plan a marked commit).  Where it fails (the table is not
+        there yet...), the marks go as text on that session, as without ``prepare_marks``."""
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute(_marks.PREPARE)
+            self._marks_prepared_on = conn
+        except psycopg2.Error as exc:
+            log.info("%s: the commit mark's statements were not prepared (sent as text): %s",
+                     self.resource_name, _describe(exc))
+        finally:
+            conn.autocommit = False
 
     @property
     def in_branch(self) -> bool:
@@ -691,11 +715,10 @@ class PostgresXAResource:
             forgotten = self._marks.take()
             record = mark_record(gxid, branches, time.time())
             mark_key = _marks.key(gxid, node)
-            params: tuple[Any, ...] = ((mark_key, node, record) if fence is None
-                                       else (mark_key, node, fence.epoch, record))
-            statement = _marks.insert_statement(forgotten, fenced=fence is not None)
-            if forgotten:
-                params = (forgotten, *params)
+            row: tuple[Any, ...] = ((mark_key, node, record) if fence is None
+                                    else (mark_key, node, fence.epoch, record))
+            statement, params = _marks.mark_insert(forgotten, row, fenced=fence is not None,
+                                                   prepared=self._marks_prepared_on is conn)
             backend = conn.info.backend_pid
             try:
                 # the mark and the COMMIT in one round trip where the session allows it

@@ -192,8 +192,10 @@ class PostgresStore(api.StorageManager):
                 if resource._session is not None and not resource._session.closed:
                     return resource
                 resource.close()
+        # the commit mark's statements prepared on each session as the store's own are (not
+        # behind a pooler in transaction mode: prepare_statements=0)
         return PostgresXAResource(self._connect, resource_name=self.resource_name, marks=self._marks,
-                                  database=self.database)
+                                  database=self.database, prepare_marks=self.statements is not None)
 
     def _release(self, resource: PostgresXAResource) -> None:
         conn = resource._session
