@@ -139,9 +139,9 @@ Little's law: plain's threads run several, whose commits share a WAL flush; deli
 SQLite's file, at most one), and the share of the time each SQLite store's file was held
 (``file held share``: near 1.00, the file bounds the rate), and the cores each process used
 (``cores used``: its CPU over the round's wall time; one Python process runs its threads' Python
-one at a time, so on a 2-core machine shared with the other side and PostgreSQL the busiest one
-stalls near 0.75 of a core: at 16 sequences plainN's client (zeep) and memory's service, whose
-CPU a message then sets the rate).  Every service counts, per message, the
+one at a time, so near 1.00 little more can come from it.  At 16 sequences plainN's client (zeep)
+and memory's service each average 0.75-0.80; memory's service works mostly after its callers are
+done, see ``in at callers' end``).  Every service counts, per message, the
 requests that arrived with none of its HTTP threads idle (``queued(server)``: waitress's "Task
 queue depth is N") and the depths they found summed (``queue depth(server)``): requests waiting
 for a thread, not for the service's work.
