@@ -19,7 +19,7 @@ from typing import Any
 import psycopg2.extensions as ext
 import pytest
 
-from txmanager import TransactionManager, marks
+from txmanager import RollbackError, TransactionManager, marks
 from txmanager.postgres import XADataSource
 from txmanager.postgres import resource as resource_module
 from wsrm_plugin.store.postgres import PostgresStore
@@ -128,3 +128,46 @@ def test_a_backlog_of_forgotten_marks_or_a_fenced_mark_goes_as_text() -> None:
     assert marks.mark_insert(["a"], fenced, fenced=True, prepared=True) == (
         marks.insert_statement(["a"], fenced=True), (["a"], *fenced))
     assert marks.mark_insert([], row) == (marks.insert_statement([]), row)
+
+
+def test_a_session_that_lost_the_marks_statements_fails_one_transaction_then_sends_them_as_text(
+        dbs: list[str], tmp_path: Any, monkeypatch: Any) -> None:
+    """A pooler's ``DISCARD ALL`` (here a ``DEALLOCATE`` of the marks' statements): the next
+    marked commit on that session rolls its transaction back, as a lost statement does in the
+    store; the session's later marks go as text and commit."""
+    store = PostgresStore(dbs[1])
+    tm = TransactionManager(node="lost-marks", log=tmp_path / "tm.log")
+    a = XADataSource(dbs[0], tm, resource_name="a")
+    sent = _sent_marks(monkeypatch)
+    sessions = _marking_sessions(monkeypatch)
+
+    def transfer(i: int) -> None:
+        with tm.transaction():
+            with a.connection() as conn:
+                insert(conn, f"row-{i}")
+            with store.begin(xa=tm) as tx:
+                enqueue(tx)
+    try:
+        with store.begin() as tx:
+            new_rms(tx)
+        transfer(0)
+        lost = set(sessions)
+        for conn in lost:
+            with ext.cursor(conn) as cur:
+                cur.execute(f"DEALLOCATE {marks.PREPARED_INSERT}; DEALLOCATE {marks.PREPARED_SWAP}")
+            conn.commit()
+        outcomes = []
+        for i in range(1, len(lost) + 3):
+            try:
+                transfer(i)
+                outcomes.append(i)
+            except RollbackError:
+                outcomes.append(None)
+        # at most one transaction a session that lost them, and every later one committed
+        assert 1 <= outcomes.count(None) <= len(lost) and outcomes[-2:] == [len(lost) + 1, len(lost) + 2], outcomes
+        assert not sent[-1].startswith("EXECUTE"), sent
+        assert values(dbs[0]) == ["row-0", *(f"row-{i}" for i in outcomes if i is not None)]
+    finally:
+        a.close()
+        tm.close()
+        store.close()

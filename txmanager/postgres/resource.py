@@ -64,6 +64,8 @@ log = logging.getLogger(__name__)
 _READY = ext.STATUS_READY
 _IDLE = ext.TRANSACTION_STATUS_IDLE
 _INERROR = ext.TRANSACTION_STATUS_INERROR
+#: SQLSTATE of "prepared statement does not exist" (:meth:`PostgresXAResource._forget_prepared_marks`)
+_UNDEFINED_PREPARED = "26000"
 # the branch states the one-phase path reads (a class attribute read costs several times a global's)
 _B_ACTIVE = _State.ACTIVE
 _B_IDLE = _State.IDLE
@@ -727,6 +729,7 @@ class PostgresXAResource:
                     _commit_branch(conn)
             except psycopg2.Error as exc:
                 self._marks.put_back(forgotten)
+                self._forget_prepared_marks(exc)
                 if not self._is_session_lost(conn, exc):
                     raise self._refuse(b, _rollback_code(exc.pgcode), _describe(exc), exc) from exc
                 self._drop_session()
@@ -754,7 +757,15 @@ class PostgresXAResource:
                 cur.execute(statement, params)
         except psycopg2.Error as exc:
             self._marks.put_back(forgotten)  # type: ignore[union-attr]  # checked by the caller
+            self._forget_prepared_marks(exc)
             raise self._statement_failed(b, conn, exc, "COMMIT") from exc
+
+    def _forget_prepared_marks(self, exc: psycopg2.Error) -> None:
+        """A marked commit failed with ``exc``: where the session no longer had the mark's
+        prepared statements (SQLSTATE 26000: a pooler's ``DISCARD ALL``, a ``DEALLOCATE``), that
+        transaction rolled back, and the session's next marks go as text."""
+        if exc.pgcode == _UNDEFINED_PREPARED:
+            self._marks_prepared_on = None
 
     def _mark_committed(self, gxid: Xid, mark_key: str, backend: int, wait: float = 5.0) -> bool | None:
         """After a lost answer to COMMIT: did the mark of ``gxid`` commit?  None: cannot tell.
