@@ -196,6 +196,7 @@ class ReliableService:
         if the server's loop failed for good, which ends the process for its supervisor to restart.
         """
         threads = self.engine.http_threads if threads is None else threads
+        self.engine.serving()
         server = HttpServer(self.wsgi_app, host, port, threads=threads, path=path,
                             max_body=max(4 * self.policy.max_message_size, 16 * 1024 * 1024), **options).start()
         self._servers.append(server)

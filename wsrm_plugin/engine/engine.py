@@ -40,6 +40,7 @@ from .reporter import NodeReports, reporter_name
 from .resend import ResendResult, resend_faulted
 from .retransmission import RetransmissionWorker
 from .source import SendReceipt, SequenceFault, Source
+from .switch_interval import Claim, claim
 from .transport import HttpServer, HttpTransport, Reply, RMEndpoint, Transport
 from .workers import Worker
 
@@ -176,6 +177,8 @@ class ReliableEngine:
         self.endpoint_address = endpoint_address
         self._ambient = threading.local()
         self._servers: list[HttpServer] = []
+        #: The interpreter's switch interval this engine set while it serves (``serving``).
+        self._switch_interval: Claim | None = None
 
         policy = self.policy
         endpoint = lambda: self.endpoint_address  # noqa: E731 -- read late: serve() may set it
@@ -355,12 +358,21 @@ class ReliableEngine:
         raises when its loop failed for good (see the deploy guide)."""
         app: Callable[..., Any] = self.endpoint if middleware is None else middleware(self.endpoint)
         threads = self.http_threads if threads is None else threads
+        self.serving()
         server = HttpServer(app, host, port, threads=threads, path=path,
                             max_body=max(4 * self.policy.max_message_size, 16 * 1024 * 1024), **options).start()
         self._servers.append(server)
         if self.endpoint_address is None:
             self.endpoint_address = server.url
         return server
+
+    def serving(self) -> None:
+        """A built-in server is about to serve this engine: on a SQLite store the interpreter's
+        switch interval is shortened until :meth:`stop` (``RMPolicy.interpreter_switch_interval``;
+        :mod:`.switch_interval` says why).  A front end with its own ``serve()`` calls it too."""
+        if self._switch_interval is None:
+            self._switch_interval = claim(self.policy.interpreter_switch_interval,
+                                          self.store.defers_transactions)
 
     @property
     def http_threads(self) -> int:
@@ -412,6 +424,9 @@ class ReliableEngine:
         for server in self._servers:
             server.stop(timeout)
         self._servers.clear()
+        if self._switch_interval is not None:
+            self._switch_interval.release()
+            self._switch_interval = None
         at_decision = self.invoker.at_decision
         if at_decision is not None and not at_decision.drain(timeout):  # what was answered at its decision
             log.warning("stopped with second phases still under way: recovery commits them by their marks")

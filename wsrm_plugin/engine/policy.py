@@ -85,6 +85,14 @@ def _assurance(value: object) -> DeliveryAssurance:
     return value
 
 
+def _switch_interval(value: object) -> float | bool | None:
+    if value is None or value is False:
+        return value
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"interpreter_switch_interval must be > 0 seconds, False or None, not {value!r}")
+    return value
+
+
 _SECONDS = Seconds()                      # > 0
 _DELAY = Seconds(inclusive=True)          # >= 0
 _COUNT = Count()                          # int >= 1
@@ -687,6 +695,19 @@ class RMPolicy:
         "at once, and the reply recorded after in the engine's records' thread (the caller's next claim waits for "
         "it); killed in between, the restarted client sends the request again and drops the stored reply the "
         "service answers with; False: record the reply first (memory and SQLite stores always do)",
+        cxf="—")
+    #: A service serving (``serve()``) from a SQLite store runs with a 1 ms interpreter switch
+    #: interval, not Python's 5 ms: the thread holding the store's file lets go of the
+    #: interpreter at each SQLite statement and at the application's own commit, and then waits
+    #: for it until a computing thread's interval runs out, inside the hold that bounds the
+    #: service's rate (``wsrm_plugin.engine.switch_interval`` says why, and what was measured).
+    #: Process-global: never over a value the application set, logged at INFO, put back at stop.
+    interpreter_switch_interval: float | bool | None = knob(
+        None, Converted(_switch_interval),
+        "a service's `serve()`: the interpreter's switch interval (`sys.setswitchinterval`, process-wide) while "
+        "it serves, put back when it stops; `None`: 0.001 s on a SQLite store (the thread holding the file gets "
+        "the interpreter back sooner after each statement and the application's commit), unless the application "
+        "set its own, else left alone; False: left alone; seconds: that interval, whatever the store",
         cxf="—")
     #: Several hosts on one PostgreSQL store (``txmanager.nodes.PostgresNodes``): the time
     #: from a host's death to its XA transactions being finished by a living host, and so
