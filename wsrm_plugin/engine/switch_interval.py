@@ -43,7 +43,9 @@ PYTHON_SWITCH_INTERVAL = 0.005
 #: (``RMPolicy.interpreter_switch_interval`` None).  bench_compare --clients 16 --calls 3200,
 #: SQLite stores, interleaved rounds in one run: 1 ms 0.79 of plain 16 threads against 0.74 at
 #: Python's 5 ms (quiet, load 0.1; rounds 0.69/0.79/0.79 against 0.65/0.74/0.76), the service's
-#: file held 1.56 ms a message against 1.68.
+#: file held 1.56 ms a message against 1.68.  On a machine loaded 4-17 by other work (2 cores) it
+#: was a coin toss: 12 interleaved pairs of rounds in three runs, 1 ms against 5 ms 0.52-1.40,
+#: median 0.95 (the forced hand-overs wait for the scheduler there).
 AUTOMATIC_SWITCH_INTERVAL = 0.001
 
 _lock = threading.Lock()
