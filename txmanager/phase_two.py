@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
-from collections.abc import Callable
+
+from .job_threads import JobThreads
 
 __all__ = ["PhaseTwo", "PhaseTwoWorkers"]
 
@@ -59,76 +59,14 @@ class PhaseTwo:
         self._event.set()
 
 
-class PhaseTwoWorkers:
+class PhaseTwoWorkers(JobThreads):
     """The threads that run the second phases handed to them (:meth:`submit`), at most
     ``threads`` at once, started when first needed (daemon threads: a process that exits with
     phases still to run leaves their branches prepared, and recovery commits them by their
-    decision)."""
+    decision).  :meth:`drain` waits until none waits or runs (an engine's stop)."""
+
+    logger = log
+    failure = "a second phase run after its caller returned failed"
 
     def __init__(self, threads: int = 4, name: str = "txmanager-phase-two") -> None:
-        if threads < 1:
-            raise ValueError("threads must be at least 1")
-        self._limit = threads
-        self._name = name
-        self._jobs: deque[Callable[[], None]] = deque()
-        self._changed = threading.Condition(threading.Lock())
-        self._threads = 0
-        self._idle = 0
-        self._running = 0
-        self._closed = False
-
-    def submit(self, job: Callable[[], None]) -> None:
-        """Run ``job`` in one of the threads (a job catches its own errors: one that raises
-        is logged)."""
-        with self._changed:
-            if self._closed:
-                raise RuntimeError("the phase-two workers are closed")
-            self._jobs.append(job)
-            if self._idle:
-                self._changed.notify()
-                return
-            if self._threads >= self._limit:
-                return
-            self._threads += 1
-        threading.Thread(target=self._work, name=f"{self._name}-{self._threads}", daemon=True).start()
-
-    @property
-    def pending(self) -> int:
-        """Jobs waiting or running."""
-        with self._changed:
-            return len(self._jobs) + self._running
-
-    def drain(self, timeout: float | None = None) -> bool:
-        """Wait until no job waits or runs (at most ``timeout`` seconds); True if none does."""
-        with self._changed:
-            return self._changed.wait_for(lambda: not self._jobs and not self._running, timeout)
-
-    def close(self, timeout: float | None = None) -> bool:
-        """Take no more jobs, let the threads end once the queue is empty; True once it is."""
-        with self._changed:
-            self._closed = True
-            self._changed.notify_all()
-        return self.drain(timeout)
-
-    def _work(self) -> None:
-        changed = self._changed
-        while True:
-            with changed:
-                while not self._jobs:
-                    if self._closed:
-                        self._threads -= 1
-                        return
-                    self._idle += 1
-                    changed.wait()
-                    self._idle -= 1
-                job = self._jobs.popleft()
-                self._running += 1
-            try:
-                job()
-            except BaseException:  # noqa: BLE001 -- a job's own failure must not end the thread
-                log.exception("a second phase run after its caller returned failed")
-            finally:
-                with changed:
-                    self._running -= 1
-                    if not self._jobs and not self._running:
-                        changed.notify_all()  # drain() waits for this
+        super().__init__(threads, name)

@@ -79,7 +79,7 @@ def test_a_call_is_answered_before_its_replys_record(served, held_records):
     # answered while its record waits in the records' thread (before: the caller's own record
     # committed before the future resolved, and nothing came here)
     assert wait_for(lambda: len(started) == 1)
-    assert started == ["wsrm-reply-records"]
+    assert started == [f"{rc.engine.name}-reply-records"]  # named after its engine, as its other threads
     assert _waiting_for_replies(store) == [1]
     gate.set()
     assert wait_for(lambda: _waiting_for_replies(store) == [])

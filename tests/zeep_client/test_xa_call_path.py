@@ -39,8 +39,9 @@ from .conftest import fast_policy
 pytestmark = pytest.mark.postgres
 
 CALLS = 6
-#: the thread that records the replies answered before their record (wsrm_plugin.engine.later_records)
-RECORDS = "wsrm-reply-records"
+#: the thread that records the replies answered before their record (wsrm_plugin.engine.later_records),
+#: named after its engine (the reliable client's: ``wsrm-client-<name>``)
+RECORDS = "wsrm-client-default-reply-records"
 #: nothing but the caller sends a request (no grace ends, no retransmission is due)
 QUIET = dict(caller_send_grace=30.0, base_retransmission_interval=30.0)
 

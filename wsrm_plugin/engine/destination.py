@@ -245,9 +245,11 @@ class Destination:
 
     def __init__(self, store: StorageManager, policy: RMPolicy, *, endpoint: Callable[[], str | None],
                  wake_invoker: Callable[[], None], wake_acks: Callable[[], None],
-                 wake_release: Callable[[], None] | None = None) -> None:
+                 wake_release: Callable[[], None] | None = None, name: str = "wsrm") -> None:
         self.store = store
         self.policy = policy
+        #: the engine's name, which its threads carry (the records' thread: ``<name>-reply-records``)
+        self.name = name
         self._endpoint = endpoint
         self._wake_invoker = wake_invoker
         self._wake_acks = wake_acks
@@ -424,7 +426,7 @@ class Destination:
         in the records' thread, after the records handed to it before."""
         with self._records_lock:
             if self._records is None:
-                self._records = LaterRecords()
+                self._records = LaterRecords(self.name)
             records = self._records
         records.submit(job)
 

@@ -191,7 +191,7 @@ class ReliableEngine:
                              end_offered=lambda offered_id: self.destination.end_offered(offered_id),
                              wake_in=lambda seconds, token: self._workers[0].wake_in(seconds, token))
         self.destination = Destination(self.store, policy, endpoint=endpoint, wake_invoker=self._wake_invoker,
-                                       wake_acks=self._wake_acks, wake_release=self._wake_release)
+                                       wake_acks=self._wake_acks, wake_release=self._wake_release, name=name)
         self.destination.reply_arrived = self.source.reply_consumed
         self.destination.reply_answering = self.source.reply_answering
         self.destination.apply_riding_ack = self.source.apply_riding_ack
