@@ -214,7 +214,14 @@ class ReliableClient:
         #: message id: (result, fault), for :meth:`_reply_recorded` after the commit.
         self._consuming: dict[str, tuple[Any, Any]] = {}
         #: Requests whose future was resolved before their reply's record
-        #: (:meth:`_answer_before_record`): that record consumes the reply.
+        #: (:meth:`_answer_before_record`): that record consumes the reply.  A record that fails
+        #: leaves its request here on purpose: the request stays unacknowledged (its
+        #: acknowledgement rides on that record), so it is sent again, the service answers with
+        #: its stored reply, and that copy's record finds the request here and consumes it in its
+        #: own transaction (:meth:`_consumes_reply`), which then removes it
+        #: (:meth:`_reply_recorded`).  Removed on failure, the copy would be buffered and cost a
+        #: second transaction, its delivery's.  A request whose copy never comes (its sequence
+        #: ended first) keeps its entry until the client stops.
         self._answered_early: set[str] = set()
         self._targets: set[str] = set()
         self._lock = threading.Lock()
