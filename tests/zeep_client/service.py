@@ -32,6 +32,8 @@ RESERVED: list[tuple[int, int, int]] = []
 _lock = threading.Lock()
 #: Called by ``echo`` with its text before it answers (a test's work in the delivery's transaction).
 ON_ECHO: list[Any] = []
+#: Called by ``record`` with its text (a test's work in the delivery's transaction).
+ON_RECORD: list[Any] = []
 
 
 def reset() -> None:
@@ -40,6 +42,7 @@ def reset() -> None:
         ECHOED.clear()
         RESERVED.clear()
         ON_ECHO.clear()
+        ON_RECORD.clear()
 
 
 class OrderService(ServiceBase):
@@ -47,6 +50,8 @@ class OrderService(ServiceBase):
     def record(ctx, text):  # noqa: N805 -- spyne's signature
         with _lock:
             RECEIVED.append(text)
+        for work in ON_RECORD:
+            work(text)
 
     @rpc(Unicode, _returns=Unicode)
     def echo(ctx, text):  # noqa: N805

@@ -30,6 +30,8 @@ from wsrm_plugin.engine import invoker as invoker_module
 from wsrm_plugin.store.postgres import PostgresStore
 
 from . import service
+from tests.engine.support import wait_for
+
 from .conftest import fast_policy
 from .test_xa_call_path import _LOG_STATEMENTS, QUIET, _sent
 
@@ -68,6 +70,7 @@ def served(pg_dsn_factory: Any, tmp_path: Any, monkeypatch: Any) -> Iterator[Ser
             cur.execute("INSERT INTO orders VALUES (%s)", (text,))
     service.reset()
     service.ON_ECHO.append(insert)
+    service.ON_RECORD.append(insert)
     svc = reliable_service(service.spyne_app(), store, fast_policy(**QUIET), tm=tm)
     svc.serve()
     svc.start()
@@ -138,3 +141,63 @@ def test_a_receipt_at_commit_that_guessed_wrong_rolls_back_and_goes_the_general_
     assert [rc.service.echo(f"q{i}").result(timeout=60) for i in range(4, 7)] == ["re:q4", "re:q5", "re:q6"]
     assert dest.receipts_at_commit - before == 3  # the general way's commit foresaw the next again
     assert _orders(served.dsn) == [f"q{i}" for i in range(7)]
+
+
+def _record(served: Served, text: str) -> None:
+    """A one-way call, and its row committed (nothing answers it)."""
+    served.rc.service.record(text)
+    assert wait_for(lambda: text in _orders(served.dsn), timeout=60), text
+
+
+def test_an_xa_services_one_way_receipt_rides_on_its_commit(served: Served, pg_server: Any) -> None:
+    """Per one-way message the service's session sends the application's INSERT (its BEGIN in
+    front) and one query string with the receipt and take (one statement, which checks itself)
+    and the COMMIT: two round trips (three before: the receipt in one of its own, with the BEGIN,
+    before the application)."""
+    dest = served.svc.engine.destination
+    # the first opens the sequence, the next goes the general way, the ones after as guessed
+    for i in range(WARM):
+        _record(served, f"r{i}")
+    before = dest.receipts_at_commit
+    for i in range(WARM, CALLS + WARM):
+        offset = pg_server.log_path.stat().st_size
+        _record(served, f"r{i}")
+        sent = [q for q in _sent(pg_server.log_path, offset, served.pids[-1]) if "wsrm_prepare" not in q]
+        began = [n for n, q in enumerate(sent) if q == f"BEGIN;INSERT INTO orders VALUES ('r{i}')"]
+        assert began, sent
+        sent = sent[began[0]:]
+        sent = sent[:next((n for n, q in enumerate(sent) if q.endswith("COMMIT")), len(sent)) + 1]
+        assert len(sent) == 2, sent
+        assert sent[1].endswith(";COMMIT") and sent[1].count(";") == 1, sent
+    assert dest.receipts_at_commit - before == CALLS
+    assert dest.receipts_declined_at_commit == 0
+    assert service.RECEIVED == [f"r{i}" for i in range(CALLS + WARM)]
+    assert _orders(served.dsn) == sorted(f"r{i}" for i in range(CALLS + WARM))
+
+
+def test_a_one_way_receipt_at_commit_that_guessed_wrong_rolls_back_and_goes_the_general_way(
+        served: Served) -> None:
+    """The sequence's row is changed behind the service's back (as another process sharing the
+    store would: a last message number recorded): the service guesses from its own last
+    delivery, the receipt's statement finds the row otherwise at the COMMIT and fails on
+    purpose, the application's row rolls back with it, and the message is received the general
+    way: the application ran twice, its row is there once, every message delivered once, in
+    order; the sequence's next messages go the general way (the row says a last number)."""
+    dest = served.svc.engine.destination
+    for i in range(3):
+        _record(served, f"r{i}")
+    ((identifier, _),) = dest._foreseen.items()
+    conn = psycopg2.connect(served.dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute("UPDATE rmd_sequence SET last_number = 1000 WHERE sequence_id = %s", (identifier,))
+    finally:
+        conn.close()
+    _record(served, "r3")
+    assert dest.receipts_declined_at_commit == 1
+    assert service.RECEIVED == ["r0", "r1", "r2", "r3", "r3"]  # its first run rolled back
+    before = dest.receipts_at_commit
+    for i in range(4, 7):
+        _record(served, f"r{i}")
+    assert dest.receipts_at_commit == before
+    assert _orders(served.dsn) == [f"r{i}" for i in range(7)]

@@ -337,7 +337,7 @@ class Destination:
         #: bounded memory), and how often a sequence's guess was found wrong (at
         #: :data:`_FORESIGHT_DECLINES`, the general way from then on: another process shares it).
         self._at_commit_possible = False
-        self._foreseen: OrderedDict[str, tuple[RmdSequence, RmsSequence]] = OrderedDict()
+        self._foreseen: OrderedDict[str, tuple[RmdSequence, RmsSequence | None]] = OrderedDict()
         self._foresight_declined: OrderedDict[str, int] = OrderedDict()
         #: The last number each sequence took on receipt in this process (a bounded memory).
         self._taken_upto: OrderedDict[str, int] = OrderedDict()
@@ -956,7 +956,7 @@ class Destination:
             if not isinstance(ran, Exception):
                 return ran
             return self._received_after_failure(item, invoker, ran)
-        if self._at_commit_possible and item.acks:
+        if self._at_commit_possible and (item.acks or not item.expects_reply):
             ran = self._receipt_at_commit(item, invoker)
             if isinstance(ran, Exception):
                 return self._received_after_failure(item, invoker, ran)
@@ -1287,7 +1287,13 @@ class Destination:
         same store received the message, or enqueued on the reply sequence), and the whole
         transaction with it: the application's work in the store's database too.  Its work
         elsewhere is done again by the general way, as after a crash between that work's
-        commit and the receipt's."""
+        commit and the receipt's.
+
+        A one-way message (no acknowledgement rode on it, its operation answers nothing) goes
+        the same way: its receipt and take alone ride on the COMMIT, checked there
+        (:meth:`_one_way_at_commit`)."""
+        if not item.acks and not item.expects_reply:
+            return self._one_way_at_commit(item, invoker)
         header = item.header
         identifier, number = header.identifier, header.message_number
         known = self._foreseen.get(identifier)
@@ -1298,7 +1304,7 @@ class Destination:
         seq, reply_seq = known
         ack = item.acks[0][0]
         so_far = received_ranges(seq)
-        if ack.nacks or ack.final or not ack.ranges or reply_seq.sequence_id != ack.identifier \
+        if reply_seq is None or ack.nacks or ack.final or not ack.ranges or reply_seq.sequence_id != ack.identifier \
                 or reply_seq.key != reply_sequence_key(identifier) or seq.offered_id is None \
                 or seq.closed or seq.terminated or seq.last_number is not None or not self._anonymous(seq.acks_to) \
                 or so_far.highest != number - 1 or not so_far.is_complete_up_to(number - 1):
@@ -1312,6 +1318,47 @@ class Destination:
         if acknowledging is None or reception.duplicate or rmd_changes(reception.transition) \
                 or not self._room_held(len(item.envelope)):
             return None
+        return self._guessed_at_commit(item, invoker, seq, reply_seq, reception, acknowledging)
+
+    def _one_way_at_commit(self, item: _Receipt, invoker: InvokerWorker
+                           ) -> tuple[RmdSequence, Reception] | Exception | None:
+        """:meth:`_receipt_at_commit` for a one-way message: the application runs, then its
+        receipt and take go with the COMMIT (``StoreTransaction.receive_at_commit`` without an
+        acknowledgement): two round trips of the service's session a message, the
+        application's (its BEGIN in front) and the COMMIT's, where the general way's receipt
+        had one of its own before the application.  The guess, from this process's last
+        delivery of the sequence (:attr:`_foreseen`): it took ``number - 1``, left the
+        sequence open, in order, with an anonymous AcksTo (no acknowledgement to request); the
+        checks its receipt makes pass on that row; its bytes fit every budget without asking
+        the store.  Outcomes as :meth:`_receipt_at_commit`'s."""
+        header = item.header
+        identifier, number = header.identifier, header.message_number
+        known = self._foreseen.get(identifier)
+        if known is None or header.last_message \
+                or self._foresight_declined.get(identifier, 0) >= _FORESIGHT_DECLINES:
+            return None
+        seq = known[0]
+        so_far = received_ranges(seq)
+        if seq.closed or seq.terminated or seq.last_number is not None or not self._anonymous(seq.acks_to) \
+                or so_far.highest != number - 1 or not so_far.is_complete_up_to(number - 1):
+            return None
+        try:
+            seq = self._checked(seq, identifier, item.version, item.principal)
+            reception = rmd_receive(rmd_state(seq), number, last=False, received=so_far, last_number=None)
+        except (SoapFault, InvalidTransition):
+            return None  # its receipt refuses it: the general way says how
+        if reception.duplicate or rmd_changes(reception.transition) or not self._room_held(len(item.envelope)):
+            return None
+        return self._guessed_at_commit(item, invoker, seq, None, reception, None)
+
+    def _guessed_at_commit(self, item: _Receipt, invoker: InvokerWorker, seq: RmdSequence,
+                           reply_seq: RmsSequence | None, reception: Reception,
+                           acknowledging: tuple[str, Sequence[tuple[int, int]], bool] | None
+                           ) -> tuple[RmdSequence, Reception] | Exception | None:
+        """:meth:`_deliver_before_receipt` once the guess is made, as the only receive of its
+        sequence under way in this process that runs before its receipt (see :meth:`_run_first`),
+        or None when another one is, or its sequence is ending."""
+        identifier, number = item.header.identifier, item.header.message_number
         with self._turns_changed:
             if identifier in self._first or self._ending[identifier] or self._under_way[(identifier, number)] > 1:
                 return None
@@ -1324,14 +1371,16 @@ class Destination:
                 self._turns_changed.notify_all()
 
     def _deliver_before_receipt(self, item: _Receipt, invoker: InvokerWorker, seq: RmdSequence,
-                                reply_seq: RmsSequence, reception: Reception,
-                                acknowledging: tuple[str, Sequence[tuple[int, int]], bool]
+                                reply_seq: RmsSequence | None, reception: Reception,
+                                acknowledging: tuple[str, Sequence[tuple[int, int]], bool] | None
                                 ) -> tuple[RmdSequence, Reception] | Exception | None:
-        """:meth:`_receipt_at_commit`'s transaction, once its guess is made."""
+        """:meth:`_receipt_at_commit`'s transaction, once its guess is made (``reply_seq`` and
+        ``acknowledging`` None: a one-way message's)."""
         identifier, number = item.header.identifier, item.header.message_number
         item.wrote = item.handed_over = item.consumed = item.wake_sender = item.acks_wake = False
         item.state = _TAKEN
-        item.taken = item.acks_applied = True  # applied at the commit, or nothing is
+        item.taken = True
+        item.acks_applied = bool(item.acks)  # applied at the commit, or nothing is
         item.reply = None
         item.wakes_sender_after = None
         item.ack_done = -1
@@ -1347,17 +1396,19 @@ class Destination:
                 # the receipt's rows are locked at the commit, first, in the store's order
                 tx.order_as_first(RANK_RMD, identifier)
                 tx.order_as_first(RANK_INVOKER, identifier)
-                tx.foresee_sequence(reply_seq)
+                if reply_seq is not None:
+                    tx.foresee_sequence(reply_seq)
                 self._deliver_taken(tx, item, invoker)
                 if invoker.in_two_phases():  # the application's database is not the store's: see below
                     raise _TwoPhases
                 if not tx.receive_at_commit(identifier, number, now=time.time(),
                                             acknowledging=acknowledging,
-                                            reply=reply_seq.key):
+                                            reply=None if reply_seq is None else reply_seq.key):
                     raise AssertionError("a transaction that receives at its commit refused to")
                 if self._together_if_two_phase:
                     self._two_phase = invoker.in_two_phases()
-                after = tx.held_rows(identifier, reply_seq.key)
+                if reply_seq is not None:
+                    after = tx.held_rows(identifier, reply_seq.key)
         except _TwoPhases:
             # a PREPARE before the store's commit: a guess found wrong there would fail a global
             # transaction of several branches; such deliveries take the general way from now on
@@ -1383,12 +1434,12 @@ class Destination:
             return None
         self.receipts_at_commit += 1
         reply_after = after[1]
-        if reply_after is not None:
+        if reply_after is not None or reply_seq is None:  # (a one-way message's sequence: its row alone)
             self._foresee(identifier, replace(seq, received=reception.received), reply_after)
         self._pass_turn(item, taken=True)  # committed: the next of its sequence finds itself next
         return seq, reception
 
-    def _foresee(self, identifier: str, seq: RmdSequence, reply_seq: RmsSequence) -> None:
+    def _foresee(self, identifier: str, seq: RmdSequence, reply_seq: RmsSequence | None) -> None:
         """Remember ``seq`` and ``reply_seq`` as a delivery on receipt committed them (see :attr:`_foreseen`)."""
         with self._turns_changed:
             self._foreseen[identifier] = (seq, reply_seq)
@@ -1406,10 +1457,13 @@ class Destination:
     def _foresee_after(self, item: _Receipt, recorded: tuple[RmdSequence, Reception],
                        reply_seq: RmsSequence | None) -> None:
         """After the commit of a receive that delivered on receipt the general way: what its
-        sequence's next receipt may guess from (:meth:`_receipt_at_commit`), or nothing."""
+        sequence's next receipt may guess from (:meth:`_receipt_at_commit`), or nothing.  A
+        one-way message's sequence (nothing rode on it, nothing answers it) is remembered
+        without a reply sequence once its message was taken."""
         identifier = item.header.identifier
         seq, reception = recorded
-        if reply_seq is None or reception.duplicate:
+        one_way = not item.acks and not item.expects_reply and item.taken
+        if (reply_seq is None and not one_way) or reception.duplicate:
             self._forget_foreseen(identifier)
             return
         self._foresee(identifier, replace(seq, received=reception.received), reply_seq)

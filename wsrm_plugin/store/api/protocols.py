@@ -972,8 +972,8 @@ class StoreTransaction(ABC):
         return None
 
     def receive_at_commit(self, sequence_id: str, number: int, *, now: float | None = None,
-                          acknowledging: tuple[str, Sequence[tuple[int, int]], bool],
-                          reply: str) -> bool:
+                          acknowledging: tuple[str, Sequence[tuple[int, int]], bool] | None = None,
+                          reply: str | None = None) -> bool:
         """The receipt in order of ``number`` (recorded as received and taken, as
         :meth:`receive_in_order`, which the caller guessed would take it) and the
         acknowledgement that rode on it (``acknowledging``, as there) sent with the transaction's
@@ -988,7 +988,10 @@ class StoreTransaction(ABC):
         unsent, and the sequence of key ``reply`` (the one acknowledged) open to enqueues, with
         the next number :meth:`foresee_sequence` took it to have, where an enqueue of this
         transaction took its number from there.
-        The commit's failure then says so (:meth:`StorageManager.declined_at_commit`)."""
+        The commit's failure then says so (:meth:`StorageManager.declined_at_commit`).
+
+        A one-way message (neither ``acknowledging`` nor ``reply``: nothing rode on it, nothing
+        answers it) has its receipt and take alone sent so, checked the same way."""
         return False
 
     def held_rows(self, sequence_id: str, key: str) -> tuple[RmdSequence | None, RmsSequence | None]:

@@ -108,6 +108,21 @@ def _committed_if_expected(commits: tuple[str, str | None, tuple[str, ...]]) -> 
 #: 22P02, this text in the message), and the query string's transaction with it.
 RECEIPT_DECLINED = "wsrm: the receipt riding on the commit guessed wrong"
 
+#: The receipt of a one-way message riding on its transaction's COMMIT
+#: (``SqlTransaction.receive_at_commit`` without ``acknowledging``): the writes of
+#: :data:`_RECEIVE_IN_ORDER`, whose one row casts :data:`RECEIPT_DECLINED` to an integer (it
+#: fails on purpose, and the query string's transaction with it, the application's work too)
+#: unless the message was received and taken: no statement of its own reads the outcome, and
+#: nothing of it is read back (the caller guessed the row).  Parameters as
+#: :data:`_RECEIVE_IN_ORDER`'s.
+_RECEIVE_IN_ORDER_CHECKED = (
+    f"WITH r AS (UPDATE rmd_sequence SET {_RECEIPT_SET} WHERE sequence_id = ? AND received = ? "
+    "AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING 1), "
+    f"t AS ({_TAKE.format(also=' AND EXISTS (SELECT 1 FROM r)')}) "
+    "SELECT CAST(CASE WHEN (SELECT count(*) FROM t WHERE taken) = 1 THEN '1' "
+    f"ELSE '{RECEIPT_DECLINED}' END AS integer)")
+
+
 
 def _receipt_checked(key: str, reply_number: int | None) -> tuple[str, tuple[Any, ...]]:
     """The column of a receipt riding on its commit (``SqlTransaction.receive_at_commit``), in

@@ -31,6 +31,7 @@ from .rows import _RMD_COLS, PRIMARY_KEYS, _cols, _rmd
 from .statements import (
     _DECLINED,
     _RECEIVE_IN_ORDER,
+    _RECEIVE_IN_ORDER_CHECKED,
     _RECEIVE_IN_ORDER_NOTED,
     _RECEIVED,
     _RECEIPT_SET,
@@ -524,15 +525,26 @@ class SqlTransaction(api.StoreTransaction):
         self.foreseen[seq.key] = seq.next_number
 
     def receive_at_commit(self, sequence_id: str, number: int, *, now: float | None = None,
-                          acknowledging: tuple[str, Sequence[tuple[int, int]], bool],
-                          reply: str) -> bool:
+                          acknowledging: tuple[str, Sequence[tuple[int, int]], bool] | None = None,
+                          reply: str | None = None) -> bool:
         """On PostgreSQL (:attr:`receives_at_commit`): the RMD row locked, the receipt in order
         (:data:`_RECEIVE_IN_ORDER_NOTED`) and the acknowledgement's two statements
         (``rms_messages.acknowledging_statements``, written only if the message was taken),
         whose last checks the guesses (``statements._receipt_checked``), in front of the writes
         riding to the commit (:meth:`write_first`): with the COMMIT, no round trip of their own.
         The rows are locked in the store's lock order there (RMD, invoker, RMS), after the
-        application's own rows."""
+        application's own rows.  A one-way message (no ``acknowledging``, no ``reply``): the
+        receipt and take alone, one statement that checks itself
+        (:data:`_RECEIVE_IN_ORDER_CHECKED`), as the first statement of the general way's
+        receipt (:meth:`receive_in_order`) is sent: no lock ahead of it."""
+        if acknowledging is None:
+            if not self.receives_at_commit or number < 2 or sequence_id in self.held_rmd:
+                return False
+            before = self._hold_for_receipt(sequence_id, number)
+            self.write_first([(_RECEIVE_IN_ORDER_CHECKED, (*_receipt_params(sequence_id, number, _now(now), before),
+                                                           *_take_params(sequence_id, number)))])
+            return True
+        assert reply is not None
         acked, ranges, keep = acknowledging
         merged = api.AckRanges.from_ranges(ranges)
         if not self.receives_at_commit or number < 2 or not merged.ranges or sequence_id in self.held_rmd:
