@@ -11,7 +11,6 @@ of a kill, the ``orders`` table holds each item once, in the order sent.
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
@@ -34,9 +33,8 @@ def test_an_xa_one_way_service_killed_at_random_keeps_each_item_once_in_order(
         processes, orders_db, tmp_path):  # noqa: F811
     seed = random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
-    counters = tmp_path / "counters.json"
     options = dict(store="postgresql:" + orders_db, port=_free_port(), dsn=orders_db, node="spyne-ow",
-                   tm_log=tmp_path / "tm.log", delay=0.01, quick_application=60.0, counters=counters)
+                   tm_log=tmp_path / "tm.log", delay=0.01, quick_application=60.0)
     server = processes(**options)
     client = reliable_client(zeep.Client(server.url + "?wsdl"), "memory:", fast_policy())
     items = [f"item-{i:03d}" for i in range(ITEMS)]
@@ -57,5 +55,3 @@ def test_an_xa_one_way_service_killed_at_random_keeps_each_item_once_in_order(
     finally:
         client.stop(timeout=5)
     server.stop()
-    # the last process, after its restart, took the path under test
-    assert json.loads(counters.read_text())["receipts_at_commit"] > 0, counters.read_text()
