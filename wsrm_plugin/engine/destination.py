@@ -1294,31 +1294,19 @@ class Destination:
         (:meth:`_one_way_at_commit`)."""
         if not item.acks and not item.expects_reply:
             return self._one_way_at_commit(item, invoker)
-        header = item.header
-        identifier, number = header.identifier, header.message_number
-        known = self._foreseen.get(identifier)
-        if known is None or header.last_message or len(item.acks) != 1 \
-                or self._foresight_declined.get(identifier, 0) >= _FORESIGHT_DECLINES \
-                or not self._answered_on_back_channel(item):
+        known = self._foreseen_guess(item)
+        if known is None or len(item.acks) != 1 or not self._answered_on_back_channel(item):
             return None
         seq, reply_seq = known
         ack = item.acks[0][0]
-        so_far = received_ranges(seq)
         if reply_seq is None or ack.nacks or ack.final or not ack.ranges or reply_seq.sequence_id != ack.identifier \
-                or reply_seq.key != reply_sequence_key(identifier) or seq.offered_id is None \
-                or seq.closed or seq.terminated or seq.last_number is not None or not self._anonymous(seq.acks_to) \
-                or so_far.highest != number - 1 or not so_far.is_complete_up_to(number - 1):
+                or reply_seq.key != reply_sequence_key(item.header.identifier) or seq.offered_id is None:
             return None
-        try:
-            seq = self._checked(seq, identifier, item.version, item.principal)
-            reception = rmd_receive(rmd_state(seq), number, last=False, received=so_far, last_number=None)
-        except (SoapFault, InvalidTransition):
-            return None  # its receipt refuses it: the general way says how
         acknowledging = self.riding_acknowledging(ack)
-        if acknowledging is None or reception.duplicate or rmd_changes(reception.transition) \
-                or not self._room_held(len(item.envelope)):
+        guessed = None if acknowledging is None else self._guess_reception(item, seq)
+        if guessed is None:
             return None
-        return self._guessed_at_commit(item, invoker, seq, reply_seq, reception, acknowledging)
+        return self._guessed_at_commit(item, invoker, guessed[0], reply_seq, guessed[1], acknowledging)
 
     def _one_way_at_commit(self, item: _Receipt, invoker: InvokerWorker
                            ) -> tuple[RmdSequence, Reception] | Exception | None:
@@ -1326,18 +1314,38 @@ class Destination:
         receipt and take go with the COMMIT (``StoreTransaction.receive_at_commit`` without an
         acknowledgement): two round trips of the service's session a message, the
         application's (its BEGIN in front) and the COMMIT's, where the general way's receipt
-        had one of its own before the application.  The guess, from this process's last
-        delivery of the sequence (:attr:`_foreseen`): it took ``number - 1``, left the
-        sequence open, in order, with an anonymous AcksTo (no acknowledgement to request); the
-        checks its receipt makes pass on that row; its bytes fit every budget without asking
-        the store.  Outcomes as :meth:`_receipt_at_commit`'s."""
-        header = item.header
-        identifier, number = header.identifier, header.message_number
+        had one of its own before the application.  The guess is :meth:`_guess_reception`'s
+        alone (no acknowledgement rode on it, no reply sequence to number).  Outcomes as
+        :meth:`_receipt_at_commit`'s."""
+        known = self._foreseen_guess(item)
+        guessed = None if known is None else self._guess_reception(item, known[0])
+        if guessed is None:
+            return None
+        return self._guessed_at_commit(item, invoker, guessed[0], None, guessed[1], None)
+
+    def _foreseen_guess(self, item: _Receipt) -> tuple[RmdSequence, RmsSequence | None] | None:
+        """What this process's last delivery of ``item``'s sequence left (:attr:`_foreseen`),
+        when a guess from it may be tried: ``item`` is not its sequence's last message (that
+        one changes the sequence's state), and the guesses on the sequence were not declined
+        :data:`_FORESIGHT_DECLINES` times (another process receives on it too)."""
+        identifier = item.header.identifier
         known = self._foreseen.get(identifier)
-        if known is None or header.last_message \
+        if known is None or item.header.last_message \
                 or self._foresight_declined.get(identifier, 0) >= _FORESIGHT_DECLINES:
             return None
-        seq = known[0]
+        return known
+
+    def _guess_reception(self, item: _Receipt, seq: RmdSequence) -> tuple[RmdSequence, Reception] | None:
+        """The guess both receipts at the commit (:meth:`_receipt_at_commit`,
+        :meth:`_one_way_at_commit`) make on ``seq``, the row of ``item``'s sequence as this
+        process last committed it: the row took ``number - 1`` and left the sequence open, in
+        order, with an anonymous AcksTo (no acknowledgement to send elsewhere); the checks
+        ``item``'s receipt makes pass on that row, and its receipt would take a new message
+        without changing the sequence's state (the statement at the COMMIT checks only that);
+        its bytes fit every budget without asking the store (asked last: a yes counts them in
+        this process's bound).  The checked row and its receipt's decision, or None: the
+        general way says how."""
+        identifier, number = item.header.identifier, item.header.message_number
         so_far = received_ranges(seq)
         if seq.closed or seq.terminated or seq.last_number is not None or not self._anonymous(seq.acks_to) \
                 or so_far.highest != number - 1 or not so_far.is_complete_up_to(number - 1):
@@ -1349,7 +1357,7 @@ class Destination:
             return None  # its receipt refuses it: the general way says how
         if reception.duplicate or rmd_changes(reception.transition) or not self._room_held(len(item.envelope)):
             return None
-        return self._guessed_at_commit(item, invoker, seq, None, reception, None)
+        return seq, reception
 
     def _guessed_at_commit(self, item: _Receipt, invoker: InvokerWorker, seq: RmdSequence,
                            reply_seq: RmsSequence | None, reception: Reception,
