@@ -92,8 +92,10 @@ the statements PostgreSQL spent longest on (run one scenario to read them); a nu
 lists that many; ``BENCH_PG_STATEMENTS=calls`` lists the 15 run most often instead, ``=wal`` the 15 that wrote most WAL
 (``=calls:40``: 40 of them); it first gives every database's statements per message (all kinds); a
 transaction's gid is folded (``PREPARE TRANSACTION '...'``), so each kind is one line.
-``BENCH_FILE_HOLDERS=1`` splits a SQLite store's ``file held ms`` by the kind of thread that held
+``BENCH_FILE_HOLDERS=1`` splits a SQLite store's ``file held ms`` and ``file turns`` by the kind of thread that held
 the file (its name without its number: the HTTP threads, the sender, the calling threads...).
+``BENCH_SQLITE_STATEMENTS=1`` counts a SQLite store's statements a message (``sqlite statements``),
+those run holding the file (``in hold``) and each kind apart (``stmt KIND``: the first word, and the table), for each role.
 ``BENCH_PG_CPU=1`` lists, after each round, PostgreSQL's CPU per message by process: the
 backends of each database (the client's side and the service's, their stores apart under xa2),
 the background processes, and the postmaster with the backends that ended meanwhile (counted
@@ -471,6 +473,7 @@ def server_role(args: argparse.Namespace) -> int:
         threads = _variant(args.scenario)[1].get("server_threads")  # None: the product's automatic count
         service.serve(threads=None if threads is None else int(threads))
         _count_holders(service.engine.store, "server", points)
+        _count_statements(service.engine.store, "server", points)
         service.start()
         closers.insert(0, lambda: service.stop(timeout=5))
         if tm is not None:
@@ -569,6 +572,7 @@ def client_role(args: argparse.Namespace) -> int:
                                 key=keys[0], active_keys=keys)
         rcs = [first, *(first.with_key(key) for key in keys[1:])]
         _count_holders(first.engine.store, "client", points)
+        _count_statements(first.engine.store, "client", points)
         stoppers.append(lambda: first.stop(timeout=5))  # and the clients made from it
         if ds is not None:
             stoppers.append(ds.close)
@@ -628,7 +632,43 @@ def _count_holders(store: Any, role: str, points: _Points) -> None:
         release()
         with points._lock:
             points.seen[f"count:held ms {who}({role})"] += 1000 * held
+            points.seen[f"count:turns {who}({role})"] += 1
     gate.release = counted_release
+
+
+def _count_statements(store: Any, role: str, points: _Points) -> None:
+    """``BENCH_SQLITE_STATEMENTS=1``: the statements a SQLite store's connections ran (its pooled
+    writers' and its readers', from SQLite's trace callback), per message, in all
+    (``sqlite statements``), those run while the running thread held the store's file
+    (``in hold``), and by kind (``stmt KIND``: the first word, and the table of an INSERT,
+    UPDATE, DELETE or SELECT, as ``count:`` entries; monkeypatched: a measuring tool only).  Each
+    statement is a step of SQLite's during which Python's ``sqlite3`` lets go of the
+    interpreter: inside the hold, a wait for it when another thread computes."""
+    gate = getattr(store, "_gate", None)
+    if gate is None or not os.environ.get("BENCH_SQLITE_STATEMENTS"):
+        return
+    connect = store._connect
+
+    def traced(sql: str) -> None:
+        words = sql.split(None, 4)
+        kind = words[0].upper() if words else "?"
+        if kind in ("INSERT", "UPDATE", "DELETE") and len(words) > 2:
+            kind += " " + (words[1] if kind == "UPDATE" else words[2])
+        elif kind == "SELECT":
+            source = sql.upper().partition(" FROM ")[2].split(None, 1)
+            kind += " " + (source[0].lower() if source else "-")
+        held = gate.holder is not None and gate.holder == threading.current_thread().name
+        with points._lock:
+            points.seen[f"count:sqlite statements({role})"] += 1
+            points.seen[f"count:stmt {kind}({role})"] += 1
+            if held:
+                points.seen[f"count:sqlite statements in hold({role})"] += 1
+
+    def counted_connect() -> Any:
+        conn = connect()
+        conn.set_trace_callback(traced)
+        return conn
+    store._connect = counted_connect
 
 
 def _sqlite_counts(store: Any, role: str) -> dict[str, float]:
