@@ -533,3 +533,28 @@ def test_a_put_reads_the_delivered_ranges_in_its_insert_on_sqlite(store: Storage
         assert inserts == 2 and reads == [], seen
     with store.begin() as tx:
         assert tx.invoker.next_deliverable("s1").number == 2 and tx.invoker.count() == 1
+
+
+def test_a_savepoint_whose_part_succeeded_stays_open_until_the_commit_on_sqlite(store: StorageManager) -> None:
+    """Receives delivered together each run in a savepoint of their own, in the store's file:
+    on SQLite a part that succeeded sends no RELEASE (its COMMIT ends them all), a part that
+    fails is still rolled back alone, and the others commit."""
+    with store.begin() as tx:
+        new_rmd(tx)
+    with store.begin() as tx:
+        tx.rmd.get("s1")
+        seen = statements(tx)
+        for number in (1, 2, 3):
+            try:
+                with tx.savepoint():
+                    tx.rmd.record_received("s1", number)
+                    if number == 2:
+                        raise LookupError("this part fails")
+            except LookupError:
+                pass
+    with store.begin() as tx:
+        assert list(tx.rmd.get("s1").received.ranges) == [(1, 1), (3, 3)]
+    assert count(seen, "SAVEPOINT") == 3, seen
+    assert count(seen, "ROLLBACK TO SAVEPOINT") == 1, seen
+    # the failed part's RELEASE after its ROLLBACK TO; on PostgreSQL every part's
+    assert count(seen, "RELEASE SAVEPOINT") == (1 if store.url.startswith("sqlite") else 3), seen

@@ -696,7 +696,9 @@ class SqlTransaction(api.StoreTransaction):
 
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[None]:
-        """SQL SAVEPOINT (SQLite and PostgreSQL alike); the undo capture is rewound with it."""
+        """SQL SAVEPOINT (SQLite and PostgreSQL alike); the undo capture is rewound with it.  Released
+        when its body returns, except on SQLite, where it stays open until the transaction ends
+        (``Dialect.savepoints_left_open``: a statement less in the store's file)."""
         self._check_open()
         self._savepoints += 1
         name = f"wsrm_sp{self._savepoints}"
@@ -716,7 +718,8 @@ class SqlTransaction(api.StoreTransaction):
                 self.ran_ahead = answered  # a mark run ahead inside the savepoint is undone
                 self._forget_held()  # its writes are undone, and the locks it took released
             raise
-        self.execute(f"RELEASE SAVEPOINT {name}")
+        if not self.d.savepoints_left_open:  # (SQLite: open until the COMMIT; see the dialect)
+            self.execute(f"RELEASE SAVEPOINT {name}")
 
     def _forget_held(self) -> None:
         """Drop every copy of a held row (and every message read ahead): they may be stale now."""
