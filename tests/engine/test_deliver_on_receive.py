@@ -17,6 +17,7 @@ import time
 import pytest
 
 from wsrm_plugin.engine import DeliveryAssurance, ReliableEngine, RMPolicy
+from wsrm_plugin.engine import destination as destination_module
 from wsrm_plugin.engine import invoker as invoker_module
 
 from .conftest import fast_policy
@@ -252,6 +253,33 @@ def test_a_gap_does_not_hold_the_receives_after_it(engines) -> None:
         received.snapshot()
     assert server.destination.delivered_on_receipt == 1
 
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_receipt_behind_a_gap_says_its_message_waits_in_the_buffer(engines, kind, request, monkeypatch) -> None:
+    """A receive that delivers on receipt, inside its transaction (memory) or apart (SQLite),
+    whose receipt finds its message behind a gap buffers it: the delivery machine's NOT_TAKEN
+    moves the receive's message from DELIVERING or APART to WAITING, where it is (it stayed
+    DELIVERING or APART, a way that had not happened).  What follows is unchanged: 1 arrives, and
+    its receive delivers the buffer behind it."""
+    seen: list[tuple[str, str, str]] = []
+    real = destination_module.message_transition
+
+    def spy(state, event):
+        result = real(state, event)
+        seen.append((state.label, event.name, result.state.label))
+        return result
+
+    monkeypatch.setattr(destination_module, "message_transition", spy)
+    received = ThreadRecorder()
+    server, url, identifier = served(engines, received, _store(kind, request))
+    assert send_ok(url, RM11, identifier, 2, "m2") == [(2, 2)]
+    before = {"memory": "DELIVERING", "sqlite": "APART"}[kind]
+    assert seen == [(before, "NOT_TAKEN", "WAITING")]
+    assert send_ok(url, RM11, identifier, 1, "m1") == [(1, 2)]
+    assert wait_for(lambda: received.snapshot() == ["m1", "m2"], timeout=20), received.snapshot()
+    assert server.destination.delivered_on_receipt == 1
+    assert [event for _, event, _ in seen].count("NOT_TAKEN") == 1  # 1 was next: taken
 
 
 def test_a_slow_application_gets_its_messages_through_the_buffer_until_it_is_quick_again(engines) -> None:

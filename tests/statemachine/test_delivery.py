@@ -48,16 +48,18 @@ TABLE = {
     "WAITING alone": row(CLAIM=("DELIVERING alone", RUN), FOLLOW=ALONE, HOLD=("HELD", []),
                          KEPT_APART=("APART alone", [])),
     "DELIVERING": row(COMMITTED=("DELIVERED", []), FAILED=("SETTLING alone", JUDGE), ROLLED_BACK=("WAITING", []),
-                      BATCH_COMMIT_FAILED=("WAITING alone", [])),
+                      BATCH_COMMIT_FAILED=("WAITING alone", []), NOT_TAKEN=("WAITING", [])),
     "DELIVERING alone": row(COMMITTED=("DELIVERED", []), FAILED=("SETTLING alone", JUDGE),
-                            ROLLED_BACK=("WAITING alone", []), BATCH_COMMIT_FAILED=("WAITING alone", [])),
+                            ROLLED_BACK=("WAITING alone", []), BATCH_COMMIT_FAILED=("WAITING alone", []),
+                            NOT_TAKEN=("WAITING alone", [])),
     # delivering apart: buffered by its receive, which delivers it itself; or run before its receipt
     "APART": row(CLAIM=APART_R, FOLLOW=APART_R, KEPT_APART=APART_R, COMMITTED=("DELIVERED", []),
-                 FAILED=("SETTLING alone", JUDGE), ROLLED_BACK=("WAITING", [])),
+                 FAILED=("SETTLING alone", JUDGE), ROLLED_BACK=("WAITING", []), NOT_TAKEN=("WAITING", [])),
     "APART alone": row(CLAIM=APART_R, FOLLOW=APART_R, KEPT_APART=APART_R, COMMITTED=("DELIVERED", []),
-                       FAILED=("SETTLING alone", JUDGE), ROLLED_BACK=("WAITING alone", [])),
+                       FAILED=("SETTLING alone", JUDGE), ROLLED_BACK=("WAITING alone", []),
+                       NOT_TAKEN=("WAITING alone", [])),
     "RUNNING_FIRST": row(CLAIM=FIRST_R, FOLLOW=FIRST_R, KEPT_APART=FIRST_R, COMMITTED=("DELIVERED", []),
-                         FAILED=("SETTLING alone", JUDGE)),
+                         FAILED=("SETTLING alone", JUDGE), NOT_TAKEN=FIRST_R),
     "SETTLING alone": row(CLAIM=SETTLING_R, FOLLOW=SETTLING_R,
                           RETRY=("RETRY_WAIT alone", []), NEXT_CYCLE=("CYCLE_WAIT alone", []),
                           ANSWER_LATER=("TO_ANSWER alone", []), POISON_LATER=("TO_POISON alone", []),
@@ -168,6 +170,24 @@ def test_a_receive_whose_delivery_on_receipt_failed_is_buffered_and_one_that_buf
     with pytest.raises(InvalidTransition) as refused:  # it never delivered: nothing failed on receipt
         message_transition(way_in(Way.BUFFERED), MessageEvent.FAILED)
     assert refused.value.reason is Reason.UNEXPECTED
+
+
+def test_a_receipt_that_does_not_take_its_message_leaves_it_waiting_in_the_buffer():
+    # taken on receipt or kept apart, but not next in order (behind a gap): the receipt buffers
+    # it, and its state says so (not DELIVERING or APART, which no receive holds any more)
+    for way in (Way.INSIDE, Way.APART):
+        not_taken = message_transition(way_in(way), MessageEvent.NOT_TAKEN)
+        assert not_taken.state == MessageState.of("WAITING"), way
+        assert not_taken.actions == ()
+        assert receipt_way(not_taken.state) is Way.BUFFERED
+        # ...where an invoker thread claims it once its turn comes
+        assert message_transition(not_taken.state, MessageEvent.CLAIM).state == MessageState.of("DELIVERING")
+    # a receipt after its application ran takes its message or fails (FAILED); one that only
+    # buffered took nothing to begin with
+    for way, reason in ((Way.FIRST, Reason.RUNNING_FIRST), (Way.BUFFERED, Reason.UNEXPECTED)):
+        with pytest.raises(InvalidTransition) as refused:
+            message_transition(way_in(way), MessageEvent.NOT_TAKEN)
+        assert refused.value.reason is reason, way
 
 
 def test_no_way_follows_another_once_taken():

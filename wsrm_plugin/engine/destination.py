@@ -133,6 +133,10 @@ class _Receipt:
     #: chooses another (``way_in``); moved on by a failure on receipt (FAILED: received again
     #: into the buffer, see ``Destination._received_after_failure``).
     state: MessageState = _BUFFERED
+    #: Its way delivers on receipt (INSIDE, APART) and its receipt buffered it instead, not next
+    #: in order (NOT_TAKEN: :attr:`state` is WAITING now): its receive delivers the buffer up
+    #: to it before answering (``Destination._accepted``).
+    missed: bool = False
     #: Taken in that transaction (recorded as delivered, never buffered): delivered on commit.
     taken: bool = False
     #: Taken in that transaction with nothing to run: a reply whose call is answered by its
@@ -1541,6 +1545,8 @@ class Destination:
         seq, reception, held, tx = outcome
         recorded = (seq, reception)
         if held is None:
+            if not reception.duplicate and not item.taken:  # (taken: a reply consumed by its record)
+                self._not_taken(item)
             tx.wait_for_disk()  # a batch that held others' messages did not wait at its commit
             return recorded
         handed_over = invoker.deliver_received(held, self._remove_with_others)
@@ -1657,6 +1663,16 @@ class Destination:
             and received.count - tx.invoker.held(item.header.identifier, received) == number - 1
 
     @staticmethod
+    def _not_taken(item: _Receipt) -> None:
+        """``item``'s receipt buffered its message where its way meant to deliver it on receipt
+        (INSIDE, APART): it is not next in order (behind a gap, or the one before it was
+        buffered), or another thread has it.  Its state then says where it is (NOT_TAKEN:
+        WAITING, in the buffer), and :attr:`_Receipt.missed` that its receive delivers the
+        buffer up to it before answering."""
+        item.state = message_transition(item.state, MessageEvent.NOT_TAKEN).state
+        item.missed = True
+
+    @staticmethod
     def _taken_message(item: _Receipt) -> BufferedMessage:
         """A taken message as the invoker knows buffered ones (it never was)."""
         addressing = item.addressing
@@ -1711,7 +1727,7 @@ class Destination:
         slog = for_sequence(log, identifier, number)
         now = time.time()
         # a record tried again (alone, after its batch rolled back) starts afresh
-        item.consumed = item.wake_sender = item.acks_applied = False
+        item.consumed = item.wake_sender = item.acks_applied = item.missed = False
         item.ack_done = -1
         way = WAYS[item.state.stage]
         taking = way is _INSIDE or way is _RUN_FIRST  # its receipt takes it, if next in order
@@ -1805,6 +1821,8 @@ class Destination:
                 if way is not _RUN_FIRST:  # (else once on disk: the next one's foresight reads committed rows)
                     self._pass_turn(item, taken=True)  # the next receive now waits for this commit in the store
             else:
+                if way is _INSIDE:
+                    self._not_taken(item)
                 tx.invoker.put(identifier, number, envelope, action=addressing.action or "",
                                soap_version=item.soap_ns, message_id=addressing.message_id, reply_to=reply_to,
                                now=now)
@@ -1890,13 +1908,16 @@ class Destination:
         else:
             slog.debug("accepted")
             self._tell_recorded(item, slog)
+            # its receive meant to deliver it on receipt: its receipt did not take it (NOT_TAKEN),
+            # or its delivery apart was judged a failure (still APART here)
+            on_receipt = item.missed or item.way is not _BY_BUFFER
             if self._replies is not None and self._replies.running and self.is_offered_by_us(identifier):
                 # a reply: handed out now, whatever the replies before it (each resolves its own call)
                 if not self._replies.deliver_now(identifier, number):
                     self._wake_invoker()
-            elif item.way is not _BY_BUFFER or not self._deliver_after_response():
+            elif on_receipt or not self._deliver_after_response():
                 self._wake_invoker()
-            if item.way is not _BY_BUFFER and self._direct is not None:
+            if on_receipt and self._direct is not None:
                 # it missed delivery on receipt (the one before it was buffered, or a gap): deliver
                 # the buffer up to it before answering, so that the next message finds itself next
                 # (delivering apart too: else, once a sequence fell behind, every message after it

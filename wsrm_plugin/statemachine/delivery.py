@@ -17,7 +17,7 @@ The stages (:class:`Stage`):
  APART           buffered by its receive, which delivers it itself, outside the store's
                  transactions (``deliver_apart``): no invoker thread takes it meanwhile
  RUNNING_FIRST   handed to the application before its receipt (delivering apart): not in the
-                 buffer; the receipt, in the application's transaction, takes it
+                 buffer; the receipt, in the application's transaction, takes it (or it fails)
  SETTLING        its delivery failed and rolled back; the failure is being judged
                  and recorded, and no other delivery of it may start meanwhile
  SUSPECT         it failed the way an outage fails (a connection refused...); not
@@ -52,7 +52,9 @@ A receive chooses the way it delivers its message (:class:`Way`: buffered for th
 invoker threads, inside its transaction, apart, or first) by the state it puts the
 message in (:func:`way_in`), and reads the way back from that state
 (:data:`WAYS`): so this module's tables say both which way a receive may take and
-what may follow it.  Whether a failure is the
+what may follow it.  A receive that meant to deliver its message (DELIVERING, APART) and
+whose receipt buffered it instead, because it is not next in order (behind a gap, or the one
+before it buffered), says so by NOT_TAKEN: the message is WAITING, where it is.  Whether a failure is the
 message's or the service's is :mod:`wsrm_plugin.statemachine.outage`'s question; this machine only
 takes the verdict (:attr:`MessageEvent.SUSPECTED`, ``NOT_COUNTED``, ``CHARGE``,
 ``ABSORB``).
@@ -154,6 +156,8 @@ class MessageEvent(Enum):
     CLAIM = "an invoker thread took it as the next message of its sequence"
     FOLLOW = "taken along right after the message before it (by a batch, or by a receive catching up)"
     KEPT_APART = "its receive buffered it, next in order, to deliver it apart itself"
+    NOT_TAKEN = ("its receipt did not take it, which its receive meant to deliver (not next in order: behind a gap,"
+                 " or the one before it buffered): it waits in the buffer")
     # how its transaction ended
     COMMITTED = "the transaction that delivered it committed"
     FAILED = "its delivery raised, and the transaction rolled back"
@@ -209,10 +213,12 @@ RULES: dict[tuple[Stage, MessageEvent], tuple[Stage, tuple[MessageAction, ...], 
     (_S.DELIVERING, _E.FAILED): (_S.SETTLING, (_A.JUDGE_FAILURE,), _SET),
     (_S.DELIVERING, _E.ROLLED_BACK): (_S.WAITING, (), _KEEP),
     (_S.DELIVERING, _E.BATCH_COMMIT_FAILED): (_S.WAITING, (), _SET),
+    (_S.DELIVERING, _E.NOT_TAKEN): (_S.WAITING, (), _KEEP),  # its receipt buffered it: not next in order
 
     (_S.APART, _E.COMMITTED): (_S.DELIVERED, (), _CLEAR),
     (_S.APART, _E.FAILED): (_S.SETTLING, (_A.JUDGE_FAILURE,), _SET),
     (_S.APART, _E.ROLLED_BACK): (_S.WAITING, (), _KEEP),  # the batch that buffered it rolled back
+    (_S.APART, _E.NOT_TAKEN): (_S.WAITING, (), _KEEP),  # buffered, not next in order: left to the invoker
 
     (_S.RUNNING_FIRST, _E.COMMITTED): (_S.DELIVERED, (), _CLEAR),
     # its application or its receipt failed: nothing of it is stored; buffered now, the try counted
@@ -246,7 +252,9 @@ _REFUSALS: dict[tuple[Stage, MessageEvent], Reason] = {
        for stage in (_S.RETRY_WAIT, _S.CYCLE_WAIT, _S.SUSPECT, _S.TO_ANSWER, _S.TO_POISON)},
     **{(_S.SETTLING, event): Reason.BEING_SETTLED for event in (_E.CLAIM, _E.FOLLOW)},
     **{(_S.APART, event): Reason.DELIVERED_APART for event in (_E.CLAIM, _E.FOLLOW, _E.KEPT_APART)},
-    **{(_S.RUNNING_FIRST, event): Reason.RUNNING_FIRST for event in (_E.CLAIM, _E.FOLLOW, _E.KEPT_APART)},
+    # (a receipt after its application ran takes its message, or fails: FAILED)
+    **{(_S.RUNNING_FIRST, event): Reason.RUNNING_FIRST for event in (_E.CLAIM, _E.FOLLOW, _E.KEPT_APART,
+                                                                      _E.NOT_TAKEN)},
     **{(stage, event): Reason.SETTLED for stage in _SETTLED for event in (_E.CLAIM, _E.FOLLOW)},
 }
 
@@ -293,8 +301,9 @@ class Way(Enum):
 #: The stage a receive's message is in while its receive runs -> the way that receive takes.  A
 #: receive chooses its way by the state it puts its message in (:func:`way_in`), and what may
 #: follow is :data:`RULES`'s: the way is never kept beside the state.  A message received again
-#: after its delivery on receipt failed (FAILED: SETTLING, judged after its record) is buffered.
-#: No other stage is a receive's.
+#: after its delivery on receipt failed (FAILED: SETTLING, judged after its record) is buffered,
+#: and so is one its receipt did not take (NOT_TAKEN: WAITING, behind a gap).  No other stage is
+#: a receive's.
 WAYS: dict[Stage, Way] = {
     _S.WAITING: Way.BUFFERED,
     _S.DELIVERING: Way.INSIDE,
