@@ -686,7 +686,8 @@ def _sender_counts(sender: Any) -> dict[str, float]:
     """The client's sender, per message: its sending lanes' refill claims and the messages they
     claimed, the messages it sent and those its callers sent themselves, and retransmissions."""
     return {f"count:{name.replace('_', ' ')}(client)": getattr(sender, name, 0)
-            for name in ("refill_claims", "refilled", "messages_sent", "sent_by_callers", "retransmissions")}
+            for name in ("refill_claims", "refilled", "messages_sent", "sent_by_callers", "callers_paced",
+                         "retransmissions")}
 
 
 def _count_reads(points: _Points) -> None:

@@ -248,7 +248,8 @@ class ReliableClientInterceptor(Interceptor):
         caller_may_send = not one_way and callable(getattr(options.future, "send_when_waited", None))
         receipt = self.engine.send(message.address, message.envelope, action=_action_of(message),
                                    key=self.key, expect_reply=not one_way, reply_callback=reply_callback,
-                                   reply_context=reply_context, caller_may_send=caller_may_send)
+                                   reply_context=reply_context, caller_may_send=caller_may_send,
+                                   caller_sends=one_way)
         options.receipt = receipt
         if self._on_enqueued is not None:
             self._on_enqueued(message.address, receipt, options)

@@ -265,13 +265,22 @@ class ReliableEngine:
     def send(self, target: str, envelope: Any, *, action: str | None = None, key: str = "",
              expect_reply: bool = False, message_id: str | None = None,
              reply_callback: str | None = None, reply_context: bytes | None = None,
-             caller_may_send: bool = False) -> SendReceipt:
-        """Enqueue ``envelope`` for reliable delivery to ``target`` (see :meth:`Source.send`)."""
-        return self.source.send(target, envelope, action=action, key=key, expect_reply=expect_reply,
-                                message_id=message_id, reply_callback=reply_callback,
-                                reply_context=reply_context, caller_may_send=caller_may_send)
+             caller_may_send: bool = False, caller_sends: bool = False) -> SendReceipt:
+        """Enqueue ``envelope`` for reliable delivery to ``target`` (see :meth:`Source.send`).
 
-    def send_for_caller(self, sequence_key: str, number: int) -> bool:
+        ``caller_sends``: a one-way message whose caller sends it from its own thread once it is
+        stored (policy ``one_way_caller_sends``), outside a delivery's and a global transaction
+        only (the message is not stored before they commit), when the sequence's lane is idle
+        (:meth:`send_for_caller`); otherwise the sender sends it."""
+        now = caller_sends and self.policy.one_way_caller_sends and self.source.alone_in_store()
+        receipt = self.source.send(target, envelope, action=action, key=key, expect_reply=expect_reply,
+                                   message_id=message_id, reply_callback=reply_callback,
+                                   reply_context=reply_context, caller_may_send=caller_may_send or now)
+        if now:
+            self.send_for_caller(receipt.sequence_key, receipt.number, paced=self.policy.http_timeout)
+        return receipt
+
+    def send_for_caller(self, sequence_key: str, number: int, *, paced: float | None = None) -> bool:
         """Send an enqueued request from the calling thread, which then waits for its reply (see
         :meth:`RetransmissionWorker.send_for_caller`); False when the sender's round sends it.
 
@@ -280,7 +289,7 @@ class ReliableEngine:
         if not self._workers[0].running:
             return False
         self._workers[0].cancel((sequence_key, number))  # sent now, from here or by the sender
-        return self.retransmission.send_for_caller(sequence_key, number)
+        return self.retransmission.send_for_caller(sequence_key, number, paced=paced)
 
     def leave_to_sender(self, sequence_key: str, number: int) -> None:
         """The caller of an enqueued request will not send it (see :meth:`send_for_caller`): the

@@ -493,6 +493,22 @@ class RMPolicy:
         "seconds an in-out request of a reliable client waits for its caller's thread to send it (the caller "
         "waiting for the reply sends it, when no other send is under way on its sequence, and reads the reply "
         "in its own thread) before the sender sends it; `None`: the sender sends every request")
+    #: A reliable client's one-way call, made outside any transaction, is sent from its caller's
+    #: thread once stored, when its sequence's lane is idle and its peer is sent to (as a waiting
+    #: caller sends its in-out request, ``caller_send_grace``): the call returns once the peer
+    #: answered that send (or at once, when the sender sends it).  Callers are then paced by the
+    #: service, and both sides work at once: left to the sender, 16 callers on a memory store
+    #: stored a round's messages in a third of its time while the sender, waiting for the
+    #: interpreter behind them after each of its sends, got a sixth of them to the service, which
+    #: then worked alone.  The message is stored before it is sent, so a send that fails or
+    #: never ends is sent again by the retransmission timer, as the sender's would be.
+    #: False: every one-way message goes with the sender, the call returning once it is stored.
+    one_way_caller_sends: bool = knob(
+        True, Flag(),
+        "a reliable client's one-way call made outside a transaction is sent from its caller's thread once "
+        "stored, when no other send is under way on its sequence and its peer is sent to: the call returns once "
+        "the peer answered (callers paced by the service, both sides working at once); False: the sender sends "
+        "every one-way message and the call returns once it is stored")
     #: Threads delivering buffered messages, at most: the first looks at the store on the poll
     #: interval; a message recorded for delivery wakes a thread that is not busy already, so
     #: messages of several sequences get a thread each, and idle ones cost nothing.  One

@@ -500,7 +500,7 @@ class Source:
                                     reply_to=reply_to, relates_to=None, wsa=self.policy.addressing,
                                     max_size=self.policy.max_message_size)
         ident = (target, key, expect_reply)
-        if kept is None and self._enqueues is not None and self._alone_in_store():
+        if kept is None and self._enqueues is not None and self.alone_in_store():
             done = self._enqueues.submit(None, (ident, outgoing, reply_callback, reply_context))
             if done is not ALONE:
                 receipt, tx = done
@@ -529,7 +529,7 @@ class Source:
         self._wake_after_commit(kept, receipt)
         return receipt
 
-    def _alone_in_store(self) -> bool:
+    def alone_in_store(self) -> bool:
         """Would this caller's enqueue run in a local store transaction of its own (no delivery's
         transaction to join, no global transaction to bind to)?"""
         if getattr(self._ambient, "tx", None) is not None:
