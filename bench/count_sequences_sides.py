@@ -13,6 +13,7 @@ compare trees run side by side, at the same time::
 
     .venv/bin/python bench/count_sequences_sides.py [--store memory|sqlite|plain] [--calls 800]
         [--tree DIR]  (another checkout's bench_sequences_cpu and code, e.g. main's)
+        [--knobs one_way_caller_sends=false]  (RMPolicy knobs of both sides, as bench_compare's ~)
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def run(tree: Path, args: list[str]) -> None:
         print("SLOTS " + ";".join(f"{n}=" + ",".join(names) for n, names in sorted(slots.items())), flush=True)
 
 
-def instructions(tree: Path, store: str, calls: int) -> dict[str, int]:
+def instructions(tree: Path, store: str, calls: int, policy: str = "") -> dict[str, int]:
     """The measured rounds' instructions by side: service, client, mixed."""
     sys.path.insert(0, str(tree / "bench"))
     from bench_sequences_cpu import _SERVICE_THREADS
@@ -82,7 +83,7 @@ def instructions(tree: Path, store: str, calls: int) -> dict[str, int]:
         done = subprocess.run(["valgrind", "--tool=callgrind", "--separate-threads=yes",
                                f"--callgrind-out-file={tmp}/out", sys.executable, str(Path(__file__).resolve()),
                                "--run", str(tree), "--store", store, "--calls", str(calls),
-                               "--policy", "base_retransmission_interval=60"],
+                               "--policy", "+".join(["base_retransmission_interval=60", *filter(None, [policy])])],
                               check=True, capture_output=True, text=True,
                               env={**os.environ, "PYTHONHASHSEED": "0", "BENCH_CALLGRIND_ROUNDS": "1"}, cwd=tmp)
         print(done.stdout, end="", flush=True)
@@ -107,15 +108,17 @@ def main() -> None:
     p.add_argument("--store", choices=("memory", "sqlite", "plain"), default="memory")
     p.add_argument("--calls", type=int, default=800)
     p.add_argument("--tree", type=Path, default=BENCH.parent, help="the checkout whose code runs")
+    p.add_argument("--knobs", default="", help="RMPolicy knobs of both sides, bench_compare's variant syntax "
+                   "(one_way_caller_sends=false+send_batch=20)")
     p.add_argument("--run", type=Path, help=argparse.SUPPRESS)
     args, rest = p.parse_known_args()
     if args.run:
         run(args.run, ["--store", args.store, "--calls", str(args.calls), *rest])
         return
-    sides: dict[str, Any] = instructions(args.tree.resolve(), args.store, args.calls)
+    sides: dict[str, Any] = instructions(args.tree.resolve(), args.store, args.calls, args.knobs)
     per = {side: n / args.calls / 1e6 for side, n in sides.items()}
     service, client, mixed = (per.get(side, 0.0) for side in ("service", "client", "mixed"))
-    print(f"{args.store} ({args.tree}): {sum(per.values()):.3f} M instructions a message: service "
+    print(f"{args.store}{'~' + args.knobs if args.knobs else ''} ({args.tree}): {sum(per.values()):.3f} M instructions a message: service "
           f"{service:.3f} M, client {client:.3f} M, mixed {mixed:.3f} M")
 
 

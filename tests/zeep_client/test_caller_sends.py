@@ -188,3 +188,105 @@ def test_a_sqlite_service_delivering_apart_answers_each_request_at_its_first_del
     finally:
         rc.stop(timeout=5)
         svc.stop(timeout=5)
+
+
+# -- one-way calls (policy one_way_caller_sends) ---------------------------------------------------
+
+
+def _posting_one_way(rc):
+    """The names of the threads that POST each one-way ``record`` message of ``rc``'s engine."""
+    threads: list[str] = []
+    transport = rc.engine.transport
+    send = transport.send
+
+    def recording(address, envelope, headers):
+        if b"record" in envelope and b"CreateSequence" not in envelope:
+            threads.append(threading.current_thread().name)
+        return send(address, envelope, headers)
+    transport.send = recording
+    return threads
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_one_way_caller_posts_its_own_message_once_its_sequence_runs(svc, store, tmp_path):
+    # the first call opens the sequence: the sender's round sends it with the CreateSequence, and
+    # the caller waits for that send (paced); every later call is sent from the caller's thread
+    rc = _client(svc.url, "memory:" if store == "memory" else f"sqlite:///{tmp_path}/client.db",
+                 base_retransmission_interval=30.0)
+    try:
+        posting = _posting_one_way(rc)
+        rc.service.record("o0")
+        sender = rc.engine.retransmission
+        assert sender.callers_paced == 1
+        assert sender.messages_sent == 1  # sent before the call returned
+        for i in range(1, 6):
+            rc.service.record(f"o{i}")
+        me = threading.current_thread().name
+        assert posting[1:] == [me] * 5, posting
+        assert sender.sent_by_callers == 5
+        assert wait_for(lambda: len(service.RECEIVED) == 6, timeout=30)
+        assert service.RECEIVED == [f"o{i}" for i in range(6)]
+        assert wait_for(lambda: rc.engine.store.status().unacked == 0, timeout=30)
+    finally:
+        rc.stop(timeout=5)
+
+
+def test_one_way_messages_go_with_the_sender_when_the_knob_is_off(svc):
+    rc = _client(svc.url, "memory:", one_way_caller_sends=False)
+    try:
+        posting = _posting_one_way(rc)
+        for i in range(4):
+            rc.service.record(f"s{i}")
+        assert wait_for(lambda: len(service.RECEIVED) == 4, timeout=30)
+        assert rc.engine.retransmission.sent_by_callers == 0
+        assert rc.engine.retransmission.callers_paced == 0
+        assert threading.current_thread().name not in posting
+        assert service.RECEIVED == [f"s{i}" for i in range(4)]
+    finally:
+        rc.stop(timeout=5)
+
+
+def test_a_one_way_callers_send_that_is_lost_is_sent_again_by_the_retransmission_timer(svc):
+    proxy = LossyProxy(svc.url, script=lose_first(b">lost<"), drop_mode="close").start()
+    rc = _client(proxy.url, "memory:", caller_send_grace=30.0)
+    try:
+        rc.service.record("first")
+        rc.service.record("lost")  # the caller's own send, dropped: the call returns all the same
+        assert rc.engine.retransmission.sent_by_callers == 1
+        assert wait_for(lambda: len(service.RECEIVED) == 2, timeout=60)  # the timer (0.2 s here) sends it again
+        # counted once the resend's answer is read, which may come after the service ran it
+        assert wait_for(lambda: rc.engine.retransmission.retransmissions >= 1, timeout=30)
+        assert service.RECEIVED == ["first", "lost"]
+    finally:
+        rc.stop(timeout=5)
+        proxy.stop()
+
+
+def test_one_way_callers_of_many_sequences_each_message_delivered_once_in_order(svc):
+    keys = ["", *(f"k{n}" for n in range(1, 6))]
+    first = reliable_client(zeep.Client(svc.url + "?wsdl"), "memory:", fast_policy(), active_keys=keys)
+    clients = [first, *(first.with_key(key) for key in keys[1:])]
+    errors: list[BaseException] = []
+
+    def caller(n: int) -> None:
+        try:
+            for i in range(15):
+                clients[n].service.record(f"m{n}-{i}")
+        except BaseException as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=caller, args=(n,)) for n in range(len(clients))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert errors == []
+        assert wait_for(lambda: len(service.RECEIVED) == 90, timeout=60)
+        assert sorted(service.RECEIVED) == sorted(f"m{n}-{i}" for n in range(6) for i in range(15))
+        for n in range(6):  # each sequence in its order
+            mine = [text for text in service.RECEIVED if text.startswith(f"m{n}-")]
+            assert mine == [f"m{n}-{i}" for i in range(15)]
+        assert first.engine.retransmission.sent_by_callers > 0
+    finally:
+        first.stop(timeout=5)

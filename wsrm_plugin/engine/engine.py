@@ -272,12 +272,19 @@ class ReliableEngine:
         stored (policy ``one_way_caller_sends``), outside a delivery's and a global transaction
         only (the message is not stored before they commit), when the sequence's lane is idle
         (:meth:`send_for_caller`); otherwise the sender sends it."""
-        now = caller_sends and self.policy.one_way_caller_sends and self.source.alone_in_store()
+        policy = self.policy
+        now = caller_sends and policy.one_way_caller_sends and policy.caller_send_grace is not None \
+            and self.source.alone_in_store()
         receipt = self.source.send(target, envelope, action=action, key=key, expect_reply=expect_reply,
                                    message_id=message_id, reply_callback=reply_callback,
-                                   reply_context=reply_context, caller_may_send=caller_may_send or now)
+                                   reply_context=reply_context, caller_may_send=caller_may_send, caller_sends=now)
         if now:
-            self.send_for_caller(receipt.sequence_key, receipt.number, paced=self.policy.http_timeout)
+            try:
+                self.send_for_caller(receipt.sequence_key, receipt.number, paced=policy.http_timeout)
+            except Exception:  # stored: the sender sends it (the caller must not send it again itself)
+                log.warning("message %d of %s left to the sender: its caller's send failed", receipt.number,
+                            receipt.sequence_key, exc_info=True)
+                self.leave_to_sender(receipt.sequence_key, receipt.number)
         return receipt
 
     def send_for_caller(self, sequence_key: str, number: int, *, paced: float | None = None) -> bool:

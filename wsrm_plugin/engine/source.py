@@ -465,7 +465,7 @@ class Source:
     def send(self, target: str, envelope: bytes | etree._Element, *, action: str | None = None, key: str = "",
              expect_reply: bool = False, message_id: str | None = None,
              reply_callback: str | None = None, reply_context: bytes | None = None,
-             caller_may_send: bool = False) -> SendReceipt:
+             caller_may_send: bool = False, caller_sends: bool = False) -> SendReceipt:
         """Enqueue ``envelope`` for ``target`` reliably; returns where it went.
 
         ``expect_reply`` puts the message on a sequence created with an Offer
@@ -478,6 +478,11 @@ class Source:
         ``caller_may_send``: the caller may send it from its own thread while it waits for the
         reply (``RetransmissionWorker.send_for_caller``): it is kept for it for
         ``policy.caller_send_grace`` seconds before the sender sends it.
+        ``caller_sends``: the caller sends it from its thread as soon as this returns
+        (``ReliableEngine.send``'s one-way caller): kept for it, and the sender is not woken for
+        it (the caller wakes it when it leaves the message to it); its grace only bounds how
+        late the sender's next round (at the latest the poll interval's) takes a message whose
+        caller failed before its send.
         """
         if not isinstance(envelope, (bytes, bytearray, etree._Element)):
             raise TypeError(f"envelope must be the SOAP envelope as bytes, not {type(envelope).__name__}")
@@ -489,7 +494,7 @@ class Source:
         if expect_reply or reply_callback:
             reply_to = self._endpoint() or self.policy.addressing.anonymous
             expect_reply = True
-        kept = self._kept_for_caller(caller_may_send)
+        kept = self._kept_for_caller(caller_may_send or caller_sends)
         observer = observe.active
         if observer is not None:
             return self._send_observed(observer, target, envelope, action=action, key=key,
@@ -526,7 +531,8 @@ class Source:
             raise
         if early is not None:
             early.committed()
-        self._wake_after_commit(kept, receipt)
+        if not caller_sends or kept is None:
+            self._wake_after_commit(kept, receipt)
         return receipt
 
     def alone_in_store(self) -> bool:
