@@ -254,7 +254,7 @@ class ReliableClientInterceptor(Interceptor):
         if self._on_enqueued is not None:
             self._on_enqueued(message.address, receipt, options)
         log.debug("%s enqueued: %r", message.operation, receipt)  # (its number may come with its commit)
-        message.abort(Response())  # 202: zeep returns None at once; the RMS worker sends it
+        message.abort(Response())  # 202: zeep returns at once (after the caller's own send, one_way_caller_sends)
 
 
 def _action_of(message: Message) -> str | None:

@@ -190,7 +190,7 @@ def test_a_sqlite_service_delivering_apart_answers_each_request_at_its_first_del
         svc.stop(timeout=5)
 
 
-# -- one-way calls (policy one_way_caller_sends) ---------------------------------------------------
+# -- one-way calls (policy one_way_caller_sends, off by default) -------------------------------------
 
 
 def _posting_one_way(rc):
@@ -212,7 +212,7 @@ def test_a_one_way_caller_posts_its_own_message_once_its_sequence_runs(svc, stor
     # the first call opens the sequence: the sender's round sends it with the CreateSequence, and
     # the caller waits for that send (paced); every later call is sent from the caller's thread
     rc = _client(svc.url, "memory:" if store == "memory" else f"sqlite:///{tmp_path}/client.db",
-                 base_retransmission_interval=30.0)
+                 base_retransmission_interval=30.0, one_way_caller_sends=True)
     try:
         posting = _posting_one_way(rc)
         rc.service.record("o0")
@@ -231,8 +231,8 @@ def test_a_one_way_caller_posts_its_own_message_once_its_sequence_runs(svc, stor
         rc.stop(timeout=5)
 
 
-def test_one_way_messages_go_with_the_sender_when_the_knob_is_off(svc):
-    rc = _client(svc.url, "memory:", one_way_caller_sends=False)
+def test_one_way_messages_go_with_the_sender_by_default(svc):
+    rc = _client(svc.url, "memory:")
     try:
         posting = _posting_one_way(rc)
         for i in range(4):
@@ -248,7 +248,7 @@ def test_one_way_messages_go_with_the_sender_when_the_knob_is_off(svc):
 
 def test_a_one_way_callers_send_that_is_lost_is_sent_again_by_the_retransmission_timer(svc):
     proxy = LossyProxy(svc.url, script=lose_first(b">lost<"), drop_mode="close").start()
-    rc = _client(proxy.url, "memory:", caller_send_grace=30.0)
+    rc = _client(proxy.url, "memory:", caller_send_grace=30.0, one_way_caller_sends=True)
     try:
         rc.service.record("first")
         rc.service.record("lost")  # the caller's own send, dropped: the call returns all the same
@@ -264,7 +264,8 @@ def test_a_one_way_callers_send_that_is_lost_is_sent_again_by_the_retransmission
 
 def test_one_way_callers_of_many_sequences_each_message_delivered_once_in_order(svc):
     keys = ["", *(f"k{n}" for n in range(1, 6))]
-    first = reliable_client(zeep.Client(svc.url + "?wsdl"), "memory:", fast_policy(), active_keys=keys)
+    first = reliable_client(zeep.Client(svc.url + "?wsdl"), "memory:", fast_policy(one_way_caller_sends=True),
+                            active_keys=keys)
     clients = [first, *(first.with_key(key) for key in keys[1:])]
     errors: list[BaseException] = []
 

@@ -495,20 +495,26 @@ class RMPolicy:
         "in its own thread) before the sender sends it; `None`: the sender sends every request")
     #: A reliable client's one-way call, made outside any transaction, is sent from its caller's
     #: thread once stored, when its sequence's lane is idle and its peer is sent to (as a waiting
-    #: caller sends its in-out request, ``caller_send_grace``): the call returns once the peer
-    #: answered that send (or at once, when the sender sends it).  Callers are then paced by the
-    #: service, and both sides work at once: left to the sender, 16 callers on a memory store
-    #: stored a round's messages in a third of its time while the sender, waiting for the
-    #: interpreter behind them after each of its sends, got a sixth of them to the service, which
-    #: then worked alone.  The message is stored before it is sent, so a send that fails or
-    #: never ends is sent again by the retransmission timer, as the sender's would be.
-    #: False: every one-way message goes with the sender, the call returning once it is stored.
+    #: caller sends its in-out request, ``caller_send_grace``); a caller that cannot send it waits
+    #: for a round to send it.  The call returns once the peer answered that send: callers are
+    #: paced by the service, and never run ahead of their sequence (a client's memory stays flat:
+    #: bench_compare --clients 16, kept 0.49 against 3.22 kB a message, peak 1.8 against 10.4 MB).
+    #: The message is stored before it is sent, so a send that fails or never ends is sent again by
+    #: the retransmission timer, as the sender's would be.  Off by default: it was built so that
+    #: the client and the service work at once (left to the sender, 16 callers on memory stores
+    #: store a round's messages in a third of its time while the service, fed a sixth of them,
+    #: idles), and it does (in at the callers' end 0.57 against 0.09), but each message then
+    #: costs more CPU on both sides (loaded machine, load 12-20, two interleaved runs: client
+    #: 1.84-1.86 against 1.41-1.46 ms, service 2.64-2.69 against 2.28-2.31 ms: one exchange, one
+    #: acknowledgement and one settling a message instead of a lane's batch; the service's loop
+    #: woken for each request), and the rate fell with it there.  Not yet measured quietly.
     one_way_caller_sends: bool = knob(
-        True, Flag(),
+        False, Flag(),
         "a reliable client's one-way call made outside a transaction is sent from its caller's thread once "
-        "stored, when no other send is under way on its sequence and its peer is sent to: the call returns once "
-        "the peer answered (callers paced by the service, both sides working at once); False: the sender sends "
-        "every one-way message and the call returns once it is stored")
+        "stored, when no other send is under way on its sequence and its peer is sent to, else the caller waits "
+        "for the sender to send it: the call returns once the peer answered (callers paced by the service, the "
+        "client's backlog bounded); costs more CPU a message on both sides than the sender's batches; False: "
+        "the sender sends every one-way message and the call returns once it is stored")
     #: Threads delivering buffered messages, at most: the first looks at the store on the poll
     #: interval; a message recorded for delivery wakes a thread that is not busy already, so
     #: messages of several sequences get a thread each, and idle ones cost nothing.  One
