@@ -38,14 +38,15 @@ def _client(url, store, **policy):
     return reliable_client(zeep.Client(url + "?wsdl"), store, fast_policy(**policy))
 
 
-def _posting_threads(rc):
-    """The names of the threads that POST each application request of ``rc``'s engine."""
+def _posting_threads(rc, operation=b"echo"):
+    """The names of the threads that POST each application request of ``rc``'s engine (those of
+    ``operation``)."""
     threads: list[str] = []
     transport = rc.engine.transport
     send = transport.send
 
     def recording(address, envelope, headers):
-        if b"echo" in envelope and b"CreateSequence" not in envelope:
+        if operation in envelope and b"CreateSequence" not in envelope:
             threads.append(threading.current_thread().name)
         return send(address, envelope, headers)
     transport.send = recording
@@ -193,20 +194,6 @@ def test_a_sqlite_service_delivering_apart_answers_each_request_at_its_first_del
 # -- one-way calls (policy one_way_caller_sends, off by default) -------------------------------------
 
 
-def _posting_one_way(rc):
-    """The names of the threads that POST each one-way ``record`` message of ``rc``'s engine."""
-    threads: list[str] = []
-    transport = rc.engine.transport
-    send = transport.send
-
-    def recording(address, envelope, headers):
-        if b"record" in envelope and b"CreateSequence" not in envelope:
-            threads.append(threading.current_thread().name)
-        return send(address, envelope, headers)
-    transport.send = recording
-    return threads
-
-
 @pytest.mark.parametrize("store", ["memory", "sqlite"])
 def test_a_one_way_caller_posts_its_own_message_once_its_sequence_runs(svc, store, tmp_path):
     # the first call opens the sequence: the sender's round sends it with the CreateSequence, and
@@ -214,7 +201,7 @@ def test_a_one_way_caller_posts_its_own_message_once_its_sequence_runs(svc, stor
     rc = _client(svc.url, "memory:" if store == "memory" else f"sqlite:///{tmp_path}/client.db",
                  base_retransmission_interval=30.0, one_way_caller_sends=True)
     try:
-        posting = _posting_one_way(rc)
+        posting = _posting_threads(rc, b"record")
         rc.service.record("o0")
         sender = rc.engine.retransmission
         assert sender.callers_paced == 1
@@ -234,7 +221,7 @@ def test_a_one_way_caller_posts_its_own_message_once_its_sequence_runs(svc, stor
 def test_one_way_messages_go_with_the_sender_by_default(svc):
     rc = _client(svc.url, "memory:")
     try:
-        posting = _posting_one_way(rc)
+        posting = _posting_threads(rc, b"record")
         for i in range(4):
             rc.service.record(f"s{i}")
         assert wait_for(lambda: len(service.RECEIVED) == 4, timeout=30)
