@@ -259,9 +259,10 @@ def test_a_gap_does_not_hold_the_receives_after_it(engines) -> None:
 def test_a_receipt_behind_a_gap_says_its_message_waits_in_the_buffer(engines, kind, request, monkeypatch) -> None:
     """A receive that delivers on receipt, inside its transaction (memory) or apart (SQLite),
     whose receipt finds its message behind a gap buffers it: the delivery machine's NOT_TAKEN
-    moves the receive's message from DELIVERING or APART to WAITING, where it is (it stayed
-    DELIVERING or APART, a way that had not happened).  What follows is unchanged: 1 arrives, and
-    its receive delivers the buffer behind it."""
+    moves the receive's message from DELIVERING or APART to MISSED, in the buffer (it stayed
+    DELIVERING or APART, a way that had not happened).  The receive reads from that stage alone
+    (no flag beside it) that it still owes its delivery on receipt: it delivers the buffer up to
+    its message before it answers.  1 arrives, and its receive delivers the buffer behind it."""
     seen: list[tuple[str, str, str]] = []
     real = destination_module.message_transition
 
@@ -273,13 +274,24 @@ def test_a_receipt_behind_a_gap_says_its_message_waits_in_the_buffer(engines, ki
     monkeypatch.setattr(destination_module, "message_transition", spy)
     received = ThreadRecorder()
     server, url, identifier = served(engines, received, _store(kind, request))
+    caught_up: list[int] = []
+    real_through = server.invoker.deliver_through
+
+    def through(sequence_id: str, number: int, *args, **kwargs) -> None:
+        if sequence_id == identifier:
+            caught_up.append(number)
+        real_through(sequence_id, number, *args, **kwargs)
+
+    monkeypatch.setattr(server.invoker, "deliver_through", through)
     assert send_ok(url, RM11, identifier, 2, "m2") == [(2, 2)]
     before = {"memory": "DELIVERING", "sqlite": "APART"}[kind]
-    assert seen == [(before, "NOT_TAKEN", "WAITING")]
+    assert seen == [(before, "NOT_TAKEN", "MISSED")]
+    assert caught_up == [2]  # MISSED: its receive caught up on the buffer (nothing deliverable yet)
     assert send_ok(url, RM11, identifier, 1, "m1") == [(1, 2)]
     assert wait_for(lambda: received.snapshot() == ["m1", "m2"], timeout=20), received.snapshot()
     assert server.destination.delivered_on_receipt == 1
     assert [event for _, event, _ in seen].count("NOT_TAKEN") == 1  # 1 was next: taken
+    assert caught_up == [2]  # 1 was taken: nothing owed
 
 
 def test_a_slow_application_gets_its_messages_through_the_buffer_until_it_is_quick_again(engines) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from wsrm_plugin.statemachine import (
     InvalidTransition,
+    MessageAction,
     MessageEvent,
     MessageState,
     Reason,
@@ -48,18 +49,22 @@ TABLE = {
     "WAITING alone": row(CLAIM=("DELIVERING alone", RUN), FOLLOW=ALONE, HOLD=("HELD", []),
                          KEPT_APART=("APART alone", [])),
     "DELIVERING": row(COMMITTED=("DELIVERED", []), FAILED=("SETTLING alone", JUDGE), ROLLED_BACK=("WAITING", []),
-                      BATCH_COMMIT_FAILED=("WAITING alone", []), NOT_TAKEN=("WAITING", [])),
+                      BATCH_COMMIT_FAILED=("WAITING alone", []), NOT_TAKEN=("MISSED", [])),
     "DELIVERING alone": row(COMMITTED=("DELIVERED", []), FAILED=("SETTLING alone", JUDGE),
                             ROLLED_BACK=("WAITING alone", []), BATCH_COMMIT_FAILED=("WAITING alone", []),
-                            NOT_TAKEN=("WAITING alone", [])),
+                            NOT_TAKEN=("MISSED alone", [])),
     # delivering apart: buffered by its receive, which delivers it itself; or run before its receipt
     "APART": row(CLAIM=APART_R, FOLLOW=APART_R, KEPT_APART=APART_R, COMMITTED=("DELIVERED", []),
-                 FAILED=("SETTLING alone", JUDGE), ROLLED_BACK=("WAITING", []), NOT_TAKEN=("WAITING", [])),
+                 FAILED=("SETTLING alone", JUDGE), ROLLED_BACK=("WAITING", []), NOT_TAKEN=("MISSED", [])),
     "APART alone": row(CLAIM=APART_R, FOLLOW=APART_R, KEPT_APART=APART_R, COMMITTED=("DELIVERED", []),
                        FAILED=("SETTLING alone", JUDGE), ROLLED_BACK=("WAITING alone", []),
-                       NOT_TAKEN=("WAITING alone", [])),
+                       NOT_TAKEN=("MISSED alone", [])),
     "RUNNING_FIRST": row(CLAIM=FIRST_R, FOLLOW=FIRST_R, KEPT_APART=FIRST_R, COMMITTED=("DELIVERED", []),
                          FAILED=("SETTLING alone", JUDGE), NOT_TAKEN=FIRST_R),
+    # its receipt buffered what its receive meant to deliver: in the buffer as WAITING is, its
+    # receipt over (never kept apart, never missed again, nothing of it failed)
+    "MISSED": row(CLAIM=("DELIVERING", RUN), FOLLOW=("DELIVERING", RUN), HOLD=("HELD", [])),
+    "MISSED alone": row(CLAIM=("DELIVERING alone", RUN), FOLLOW=ALONE, HOLD=("HELD", [])),
     "SETTLING alone": row(CLAIM=SETTLING_R, FOLLOW=SETTLING_R,
                           RETRY=("RETRY_WAIT alone", []), NEXT_CYCLE=("CYCLE_WAIT alone", []),
                           ANSWER_LATER=("TO_ANSWER alone", []), POISON_LATER=("TO_POISON alone", []),
@@ -172,22 +177,33 @@ def test_a_receive_whose_delivery_on_receipt_failed_is_buffered_and_one_that_buf
     assert refused.value.reason is Reason.UNEXPECTED
 
 
-def test_a_receipt_that_does_not_take_its_message_leaves_it_waiting_in_the_buffer():
+def test_a_receipt_that_does_not_take_its_message_leaves_it_missed_in_the_buffer():
     # taken on receipt or kept apart, but not next in order (behind a gap): the receipt buffers
-    # it, and its state says so (not DELIVERING or APART, which no receive holds any more)
+    # it, and its state says so (not DELIVERING or APART, which no receive holds any more), and
+    # that its receive meant to deliver it on receipt (MISSED, not WAITING: no flag beside it)
     for way in (Way.INSIDE, Way.APART):
         not_taken = message_transition(way_in(way), MessageEvent.NOT_TAKEN)
-        assert not_taken.state == MessageState.of("WAITING"), way
+        assert not_taken.state == MessageState.of("MISSED"), way
         assert not_taken.actions == ()
-        assert receipt_way(not_taken.state) is Way.BUFFERED
-        # ...where an invoker thread claims it once its turn comes
-        assert message_transition(not_taken.state, MessageEvent.CLAIM).state == MessageState.of("DELIVERING")
+        assert receipt_way(not_taken.state) is Way.BUFFERED  # recorded into the buffer
+        # ...where its receive catching up, or an invoker thread, claims it or takes it along
+        for event in (MessageEvent.CLAIM, MessageEvent.FOLLOW):
+            taken = message_transition(not_taken.state, event)
+            assert taken.state == MessageState.of("DELIVERING") and taken.actions == (MessageAction.RUN_APPLICATION,)
+        # its receipt is over: it is neither missed again nor kept apart, and nothing of it failed
+        for event in (MessageEvent.NOT_TAKEN, MessageEvent.KEPT_APART, MessageEvent.FAILED,
+                      MessageEvent.COMMITTED):
+            with pytest.raises(InvalidTransition) as refused:
+                message_transition(not_taken.state, event)
+            assert refused.value.reason is Reason.UNEXPECTED, (way, event)
     # a receipt after its application ran takes its message or fails (FAILED); one that only
     # buffered took nothing to begin with
     for way, reason in ((Way.FIRST, Reason.RUNNING_FIRST), (Way.BUFFERED, Reason.UNEXPECTED)):
         with pytest.raises(InvalidTransition) as refused:
             message_transition(way_in(way), MessageEvent.NOT_TAKEN)
         assert refused.value.reason is reason, way
+    # no way in starts MISSED: only a receipt that did not take its message leads there
+    assert all(way_in(way).stage is not Stage.MISSED for way in Way)
 
 
 def test_no_way_follows_another_once_taken():
@@ -202,7 +218,8 @@ def test_no_way_follows_another_once_taken():
 
 
 def test_a_state_no_receive_holds_takes_no_way():
-    assert set(WAYS) == {Stage.WAITING, Stage.DELIVERING, Stage.APART, Stage.RUNNING_FIRST, Stage.SETTLING}
+    assert set(WAYS) == {Stage.WAITING, Stage.DELIVERING, Stage.APART, Stage.RUNNING_FIRST, Stage.SETTLING,
+                         Stage.MISSED}
     for state in MessageState.valid_states():
         if state.stage not in WAYS:
             with pytest.raises(ValueError, match="takes no way"):

@@ -33,8 +33,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..statemachine import (
-    WAYS, InvalidTransition, MessageEvent, MessageState, Reception, RMDEvent, Way, message_transition, rmd_receive,
-    rmd_transition, way_in,
+    WAYS, InvalidTransition, MessageEvent, MessageState, Reception, RMDEvent, Stage, Way, message_transition,
+    rmd_receive, rmd_transition, way_in,
 )
 from ..store import (
     BufferedMessage, CommitDeclined, RmdSequence, RmsMessage, RmsSequence, StorageManager, StoreTransaction,
@@ -142,12 +142,9 @@ class _Receipt:
     #: Its message's state in the delivery machine as its receive put it: the way it takes
     #: (:attr:`way`) is read from it.  Buffered for the invoker threads unless the receive
     #: chooses another (``way_in``); moved on by a failure on receipt (FAILED: received again
-    #: into the buffer, see ``Destination._received_after_failure``).
+    #: into the buffer, see ``Destination._received_after_failure``), or by a receipt that
+    #: buffered what its way meant to deliver (NOT_TAKEN: MISSED, see ``Destination._not_taken``).
     state: MessageState = _BUFFERED
-    #: Its way delivers on receipt (INSIDE, APART) and its receipt buffered it instead, not next
-    #: in order (NOT_TAKEN: :attr:`state` is WAITING now): its receive delivers the buffer up
-    #: to it before answering (``Destination._accepted``).
-    missed: bool = False
     #: Taken in that transaction (recorded as delivered, never buffered): delivered on commit.
     taken: bool = False
     #: Taken in that transaction with nothing to run: a reply whose call is answered by its
@@ -1691,11 +1688,10 @@ class Destination:
     def _not_taken(item: _Receipt) -> None:
         """``item``'s receipt buffered its message where its way meant to deliver it on receipt
         (INSIDE, APART): it is not next in order (behind a gap, or the one before it was
-        buffered), or another thread has it.  Its state then says where it is (NOT_TAKEN:
-        WAITING, in the buffer), and :attr:`_Receipt.missed` that its receive delivers the
-        buffer up to it before answering."""
+        buffered), or another thread has it.  Its state then says where it is and what its
+        receive still owes (NOT_TAKEN: MISSED, in the buffer; its receive delivers the buffer up
+        to it before answering)."""
         item.state = message_transition(item.state, MessageEvent.NOT_TAKEN).state
-        item.missed = True
 
     @staticmethod
     def _taken_message(item: _Receipt) -> BufferedMessage:
@@ -1752,7 +1748,7 @@ class Destination:
         slog = for_sequence(log, identifier, number)
         now = time.time()
         # a record tried again (alone, after its batch rolled back) starts afresh
-        item.consumed = item.wake_sender = item.acks_applied = item.missed = False
+        item.consumed = item.wake_sender = item.acks_applied = False
         item.ack_done = -1
         way = WAYS[item.state.stage]
         taking = way is _INSIDE or way is _RUN_FIRST  # its receipt takes it, if next in order
@@ -1933,9 +1929,10 @@ class Destination:
         else:
             slog.debug("accepted")
             self._tell_recorded(item, slog)
-            # its receive meant to deliver it on receipt: its receipt did not take it (NOT_TAKEN),
-            # or its delivery apart was judged a failure (still APART here)
-            on_receipt = item.missed or item.way is not _BY_BUFFER
+            # its receive meant to deliver it on receipt: its receipt did not take it (NOT_TAKEN:
+            # MISSED, whose way is the buffer's), or its delivery apart was judged a failure (still
+            # APART here)
+            on_receipt = item.state.stage is Stage.MISSED or item.way is not _BY_BUFFER
             if self._replies is not None and self._replies.running and self.is_offered_by_us(identifier):
                 # a reply: handed out now, whatever the replies before it (each resolves its own call)
                 if not self._replies.deliver_now(identifier, number):

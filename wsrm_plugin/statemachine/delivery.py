@@ -18,6 +18,9 @@ The stages (:class:`Stage`):
                  transactions (``deliver_apart``): no invoker thread takes it meanwhile
  RUNNING_FIRST   handed to the application before its receipt (delivering apart): not in the
                  buffer; the receipt, in the application's transaction, takes it (or it fails)
+ MISSED          its receive meant to deliver it on receipt (DELIVERING, APART) and its receipt
+                 buffered it instead, not next in order: in the buffer, and its receive delivers
+                 the buffer up to it before answering
  SETTLING        its delivery failed and rolled back; the failure is being judged
                  and recorded, and no other delivery of it may start meanwhile
  SUSPECT         it failed the way an outage fails (a connection refused...); not
@@ -46,7 +49,8 @@ buffer), any other in WAITING.
 The durable part of a state is in the store (a buffered message's attempts and
 cycle; the poison store); :func:`stored_state` reads it from there.  SETTLING,
 SUSPECT, TO_ANSWER, APART, RUNNING_FIRST and ``alone`` after a batch live in the
-engine's memory: after a restart a message is what its row says.
+engine's memory: after a restart a message is what its row says.  MISSED lives in its
+receive's alone: to the invoker threads, which read the row, the message is WAITING.
 
 A receive chooses the way it delivers its message (:class:`Way`: buffered for the
 invoker threads, inside its transaction, apart, or first) by the state it puts the
@@ -54,7 +58,9 @@ message in (:func:`way_in`), and reads the way back from that state
 (:data:`WAYS`): so this module's tables say both which way a receive may take and
 what may follow it.  A receive that meant to deliver its message (DELIVERING, APART) and
 whose receipt buffered it instead, because it is not next in order (behind a gap, or the one
-before it buffered), says so by NOT_TAKEN: the message is WAITING, where it is.  Whether a failure is the
+before it buffered), says so by NOT_TAKEN: the message is MISSED, in the buffer as a WAITING
+one is (claimed, taken along or held the same), and the stage still says that its receive
+meant to deliver it on receipt, so catches up on the buffer before it answers.  Whether a failure is the
 message's or the service's is :mod:`wsrm_plugin.statemachine.outage`'s question; this machine only
 takes the verdict (:attr:`MessageEvent.SUSPECTED`, ``NOT_COUNTED``, ``CHARGE``,
 ``ABSORB``).
@@ -76,6 +82,8 @@ class Stage(Enum):
     DELIVERING = "taken by a transaction: the application runs on it"
     APART = "buffered by its receive, which delivers it itself, outside the store's transactions"
     RUNNING_FIRST = "handed to the application before its receipt, which takes it in the same transaction"
+    MISSED = ("meant to be delivered on receipt, buffered by its receipt instead (not next in order): its receive"
+              " delivers the buffer up to it")
     SETTLING = "its delivery failed and rolled back; the failure is being judged and recorded"
     SUSPECT = "it failed the way an outage fails; not counted until the next outcome says whose fault it was"
     RETRY_WAIT = "failed, with attempts left in its cycle: due after a delay"
@@ -157,7 +165,7 @@ class MessageEvent(Enum):
     FOLLOW = "taken along right after the message before it (by a batch, or by a receive catching up)"
     KEPT_APART = "its receive buffered it, next in order, to deliver it apart itself"
     NOT_TAKEN = ("its receipt did not take it, which its receive meant to deliver (not next in order: behind a gap,"
-                 " or the one before it buffered): it waits in the buffer")
+                 " or the one before it buffered): it waits in the buffer, MISSED")
     # how its transaction ended
     COMMITTED = "the transaction that delivered it committed"
     FAILED = "its delivery raised, and the transaction rolled back"
@@ -213,12 +221,19 @@ RULES: dict[tuple[Stage, MessageEvent], tuple[Stage, tuple[MessageAction, ...], 
     (_S.DELIVERING, _E.FAILED): (_S.SETTLING, (_A.JUDGE_FAILURE,), _SET),
     (_S.DELIVERING, _E.ROLLED_BACK): (_S.WAITING, (), _KEEP),
     (_S.DELIVERING, _E.BATCH_COMMIT_FAILED): (_S.WAITING, (), _SET),
-    (_S.DELIVERING, _E.NOT_TAKEN): (_S.WAITING, (), _KEEP),  # its receipt buffered it: not next in order
+    (_S.DELIVERING, _E.NOT_TAKEN): (_S.MISSED, (), _KEEP),  # its receipt buffered it: not next in order
 
     (_S.APART, _E.COMMITTED): (_S.DELIVERED, (), _CLEAR),
     (_S.APART, _E.FAILED): (_S.SETTLING, (_A.JUDGE_FAILURE,), _SET),
     (_S.APART, _E.ROLLED_BACK): (_S.WAITING, (), _KEEP),  # the batch that buffered it rolled back
-    (_S.APART, _E.NOT_TAKEN): (_S.WAITING, (), _KEEP),  # buffered, not next in order: left to the invoker
+    (_S.APART, _E.NOT_TAKEN): (_S.MISSED, (), _KEEP),  # buffered, not next in order: left to the invoker
+
+    # in the buffer as a WAITING message is: its receive catching up (or an invoker thread)
+    # claims it or takes it along, or a poisoned one before it holds it; never kept apart or
+    # missed again (its receipt is over)
+    (_S.MISSED, _E.CLAIM): (_S.DELIVERING, (_A.RUN_APPLICATION,), _KEEP),
+    (_S.MISSED, _E.FOLLOW): (_S.DELIVERING, (_A.RUN_APPLICATION,), _KEEP),
+    (_S.MISSED, _E.HOLD): (_S.HELD, (), _CLEAR),
 
     (_S.RUNNING_FIRST, _E.COMMITTED): (_S.DELIVERED, (), _CLEAR),
     # its application or its receipt failed: nothing of it is stored; buffered now, the try counted
@@ -302,14 +317,15 @@ class Way(Enum):
 #: receive chooses its way by the state it puts its message in (:func:`way_in`), and what may
 #: follow is :data:`RULES`'s: the way is never kept beside the state.  A message received again
 #: after its delivery on receipt failed (FAILED: SETTLING, judged after its record) is buffered,
-#: and so is one its receipt did not take (NOT_TAKEN: WAITING, behind a gap).  No other stage is
-#: a receive's.
+#: and so is one its receipt did not take (NOT_TAKEN: MISSED, behind a gap; the stage, not the
+#: way, says that its receive then catches up on the buffer).  No other stage is a receive's.
 WAYS: dict[Stage, Way] = {
     _S.WAITING: Way.BUFFERED,
     _S.DELIVERING: Way.INSIDE,
     _S.APART: Way.APART,
     _S.RUNNING_FIRST: Way.FIRST,
     _S.SETTLING: Way.BUFFERED,
+    _S.MISSED: Way.BUFFERED,
 }
 
 
