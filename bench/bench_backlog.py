@@ -22,11 +22,20 @@ Run::
 
 The client's CPU per message is printed beside each rate (this process's, the
 client engine's only: the service runs in a process of its own).
+
+``--count`` also counts, in the client, what each message cost it, which a loaded machine does
+not blur: a SQLite store's statements a message by kind (the first word and the table) and
+SQLite's virtual machine steps a message by kind (its progress handler, every 100 steps: a proxy
+for the rows a statement touched); ``--python-calls N`` the client's Python calls a message
+(built-ins included, ``sys.setprofile``: it slows the client down, so rates are then not
+comparable) and its N most called functions.  A cost that grows with the backlog shows as a
+larger figure at the large backlog than at the small one.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import resource
@@ -72,6 +81,8 @@ def server_role(args: argparse.Namespace) -> int:
                 print(f"FIRST {now}", flush=True)
             if seen["count"] == args.expect:
                 print(f"LAST {now}", flush=True)
+            elif seen["count"] % max(1000, args.expect // 10) == 0:
+                print(f"AT {seen['count']}", flush=True)
 
     engine = ReliableEngine(args.store_url, _policy(), application=application, name="backlog-server")
     engine.serve("127.0.0.1", args.port)
@@ -93,6 +104,159 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+class _Collections:
+    """The cyclic garbage collector's passes and their time while it is installed (a pass of
+    the oldest generation walks every live object: its cost grows with what the process keeps)."""
+
+    def __init__(self) -> None:
+        self.passes = [0, 0, 0]
+        self.seconds = 0.0
+        self._since = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._since = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._since
+            self.passes[info["generation"]] += 1
+
+    def __enter__(self) -> "_Collections":
+        import gc
+
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import gc
+
+        gc.callbacks.remove(self)
+
+
+def _sender_counts(client: Any, queued: int) -> dict[str, float]:
+    """The client's sender, per message: what it sent (retransmissions, fast ones and loss
+    probes apart), its rounds' refill claims; and the sequence's flow at the end (pipelined or
+    in order, the numbers it keeps as outstanding)."""
+    sender = client.retransmission
+    out = {f"sender {name.replace('_', ' ')}": getattr(sender, name, 0) / queued
+           for name in ("messages_sent", "retransmissions", "fast_retransmits", "loss_probes", "refill_claims")}
+    flows = getattr(sender, "_flows", {})
+    out["flow outstanding at end"] = float(sum(len(f.outstanding) for f in flows.values()))
+    out["flow pipelined at end"] = float(sum(not f.ordered for f in flows.values()))
+    return out
+
+
+def _sys_cpu() -> float:
+    """This process's CPU in the kernel (its system calls: a SQLite page read from the OS's
+    cache is one)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
+class _Counts:
+    """``--count``: a SQLite store's statements and virtual machine steps by kind, and
+    (``--python-calls``) the Python calls of the client's threads (a measuring tool only: the
+    store's connections are traced from outside)."""
+
+    STEPS = 100  # the progress handler's period, in virtual machine steps
+
+    def __init__(self, python_calls: int | None) -> None:
+        import collections
+
+        self.statements: collections.Counter[str] = collections.Counter()
+        self.steps: collections.Counter[str] = collections.Counter()
+        self.calls: list[collections.Counter[Any]] = []
+        self.python_calls = python_calls
+        self._current = threading.local()
+
+    @staticmethod
+    def kind(sql: str) -> str:
+        words = sql.split(None, 4)
+        kind = words[0].upper() if words else "?"
+        if kind in ("INSERT", "UPDATE", "DELETE") and len(words) > 2:
+            return kind + " " + (words[1] if kind == "UPDATE" else words[2])
+        if kind in ("SELECT", "WITH"):
+            source = sql.upper().partition(" FROM ")[2].split(None, 1)
+            return kind + " " + (source[0].lower() if source else "-")
+        return kind
+
+    def trace(self, conn: Any) -> None:
+        current = self._current
+
+        def traced(sql: str) -> None:
+            current.kind = kind = self.kind(sql)
+            self.statements[kind] += 1
+
+        def step() -> int:
+            self.steps[getattr(current, "kind", "?")] += 1
+            return 0
+        conn.set_trace_callback(traced)
+        conn.set_progress_handler(step, self.STEPS)
+
+    def install(self, store: Any) -> None:
+        """Trace a SQLite store's pooled connections and those it opens from now on."""
+        connect = getattr(store, "_connect", None)
+        if connect is None:
+            return
+
+        def counted_connect() -> Any:
+            conn = connect()
+            self.trace(conn)
+            return conn
+        store._connect = counted_connect
+        for conn in list(getattr(store, "_idle", [])):
+            self.trace(conn)
+
+    def start(self) -> None:
+        """From now on (the fill done): count anew, and the Python calls of threads started now."""
+        import collections
+
+        self.statements.clear()
+        self.steps.clear()
+        if self.python_calls is None:
+            return
+
+        def first(frame: Any, event: str, arg: Any) -> None:
+            counter: collections.Counter[Any] = collections.Counter()
+            self.calls.append(counter)
+
+            def count(frame: Any, event: str, arg: Any) -> None:
+                if event == "call":
+                    counter[frame.f_code] += 1
+                elif event == "c_call":  # by name: a bound built-in would keep its object alive
+                    owner = getattr(arg, "__self__", None)
+                    counter[(type(owner).__name__ + "." if owner is not None and not isinstance(owner, type(sys))
+                             else "") + getattr(arg, "__qualname__", "?")] += 1
+            sys.setprofile(count)
+            count(frame, event, arg)
+        threading.setprofile(first)
+
+    def stop(self) -> None:
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+    def report(self, queued: int) -> dict[str, float]:
+        """Per message: the statements, steps and Python calls, in all and by kind."""
+        import collections
+
+        out = {"statements": sum(self.statements.values()) / queued,
+               "steps": self.STEPS * sum(self.steps.values()) / queued}
+        out.update({f"stmt {k}": v / queued for k, v in self.statements.items()})
+        out.update({f"steps {k}": self.STEPS * v / queued for k, v in self.steps.items()})
+        if self.python_calls is not None:
+            total: collections.Counter[str] = collections.Counter()
+            for counter in list(self.calls):
+                for what, n in dict(counter).items():
+                    total[_function_name(what)] += n
+            out["python calls"] = sum(total.values()) / queued
+            out.update({f"call {name}": n / queued for name, n in total.most_common(self.python_calls)})
+        return out
+
+
+def _function_name(what: Any) -> str:
+    code = getattr(what, "co_qualname", None)
+    if code is not None:
+        return f"{code} ({'/'.join(what.co_filename.rsplit('/', 2)[-2:])}:{what.co_firstlineno})"
+    return f"{what} (built-in)"
+
+
 def _store_urls(kind: str, tmp: Path, pg: Any, tag: str) -> tuple[str, str]:
     if kind == "memory":
         return "memory:", "memory:"
@@ -101,7 +265,8 @@ def _store_urls(kind: str, tmp: Path, pg: Any, tag: str) -> tuple[str, str]:
     return ("postgresql:" + pg.create_database(f"cli_{tag}"), "postgresql:" + pg.create_database(f"srv_{tag}"))
 
 
-def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str) -> dict[str, float]:
+def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str,
+          counts: _Counts | None = None) -> dict[str, float]:
     """Fill a client store with ``queued`` messages for a service that is down, start the service
     and the client; the drain's figures."""
     from wsrm_plugin.engine import ReliableEngine
@@ -112,6 +277,8 @@ def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str) -> dict[str, flo
     target = f"http://127.0.0.1:{port}/"
     client = ReliableEngine(client_url, _policy(), name="backlog-client")
     policy = client.policy
+    if counts is not None:
+        counts.install(client.store)
     for start in range(0, queued, FILL):  # outside the measurement: the application's backlog
         with client.store.begin() as tx:
             for i in range(start, min(queued, start + FILL)):
@@ -127,26 +294,69 @@ def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str) -> dict[str, flo
     try:
         if server.stdout.readline().strip() != "READY":
             raise RuntimeError("the service did not start")
-        cpu0, t0 = _cpu(), time.time()
+        if counts is not None:
+            counts.start()
+        import gc
+
+        live = len(gc.get_objects())
+        collections = _Collections().__enter__()
+        cpu0, sys0, t0 = _cpu(), _sys_cpu(), time.time()
         client.start()
         first = last = 0.0
+        tenths: list[tuple[int, float]] = [(0, cpu0)]  # (delivered, client CPU then)
         for line in server.stdout:
             word, _, value = line.strip().partition(" ")
             if word == "FIRST":
                 first = float(value)
+            elif word == "AT":
+                tenths.append((int(value), _cpu()))
             elif word == "LAST":
                 last = float(value)
                 break
-        cpu = _cpu() - cpu0
+        cpu, sys_cpu = _cpu() - cpu0, _sys_cpu() - sys0
+        tenths.append((queued, cpu0 + cpu))
+        if len(tenths) > 2:  # the client's CPU a message through the drain: does it fall as the backlog does?
+            print(f"    {queued} queued: the client's CPU us a message, by tenth of the drain: " + " ".join(
+                f"{1e6 * (c1 - c0) / max(n1 - n0, 1):.0f}" for (n0, c0), (n1, c1) in itertools.pairwise(tenths)),
+                flush=True)
+        collections.__exit__()
+        if counts is not None:
+            counts.stop()
         if not last:
             raise RuntimeError("the service ended before the last delivery")
         return {"rate": queued / (last - t0), "first_after": first - t0, "seconds": last - t0,
-                "client_cpu_us": 1e6 * cpu / queued}
+                "client_cpu_us": 1e6 * cpu / queued,
+                "client system CPU us": 1e6 * sys_cpu / queued, "gc us": 1e6 * collections.seconds / queued,
+                "gc oldest passes per 1000": 1000 * collections.passes[2] / queued,
+                "live_objects": live, **_sender_counts(client, queued), **(counts.report(queued) if counts is not None else {})}
     finally:
         client.stop(timeout=5)
         server.stdin.write("stop\n")
         server.stdin.flush()
         server.wait(30)
+
+
+#: What every drain reports (the rest are ``--count``'s counts a message).
+_FIGURES = ("rate", "first_after", "seconds", "client_cpu_us", "client system CPU us", "gc us",
+            "gc oldest passes per 1000", "live_objects", "sender messages sent", "sender retransmissions",
+            "sender fast retransmits", "sender loss probes", "sender refill claims", "flow outstanding at end",
+            "flow pipelined at end")
+
+
+def _print_counts(stores: list[str], sizes: tuple[int, int],
+                  figures: dict[tuple[str, int], list[dict[str, float]]]) -> None:
+    """The counts a message (medians of the rounds) at each backlog, side by side: what grows."""
+    print(f"counts a message (client), at {sizes[0]} and {sizes[1]} queued:")
+    for kind in stores:
+        small, large = figures[(kind, sizes[0])], figures[(kind, sizes[1])]
+        names = sorted({name for f in small + large for name in f
+                        if name not in _FIGURES},
+                       key=lambda n: -max(f.get(n, 0.0) for f in large))
+        for name in names:
+            a = statistics.median(f.get(name, 0.0) for f in small)
+            b = statistics.median(f.get(name, 0.0) for f in large)
+            if max(a, b) >= 0.005:
+                print(f"  {kind:10s} {a:10.2f} {b:10.2f}  {name}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--large", type=int, default=100_000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--stores", default="memory,sqlite,postgresql")
+    p.add_argument("--count", action="store_true",
+                   help="count the client's SQLite statements and VM steps a message, by kind")
+    p.add_argument("--python-calls", type=int, default=None, metavar="N",
+                   help="count the client's Python calls a message, and list its N most called (slows it)")
     p.add_argument("--store-url", default="")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--expect", type=int, default=0)
@@ -171,25 +385,40 @@ def main(argv: list[str] | None = None) -> int:
     print(f"backlog drain: {args.small} and {args.large} queued one-way messages, {args.rounds} interleaved "
           f"round(s); rate = messages / (client start .. last delivery)", flush=True)
     figures: dict[tuple[str, int], list[dict[str, float]]] = {}
+    # The process's first engine start collects and freezes its start-up objects
+    # (RMPolicy.freeze_gc_at_start): 0.13 s, which counted as 131 us a message of the first
+    # drain of 1,000 (the smaller backlog's client CPU, when it came first).  Done here instead.
+    from wsrm_plugin.engine import ReliableEngine
+
+    ReliableEngine("memory:", _policy(), name="backlog-warm-up").start().stop(timeout=5)
     try:
         for round_no in range(1, args.rounds + 1):
             print(f"round {round_no}", flush=True)
             for kind in stores:
                 for queued in (args.small, args.large):
-                    got = drain(kind, queued, tmp, pg, f"{kind[:3]}{queued}r{round_no}")
+                    counts = _Counts(args.python_calls) if args.count or args.python_calls is not None else None
+                    got = drain(kind, queued, tmp, pg, f"{kind[:3]}{queued}r{round_no}", counts)
                     figures.setdefault((kind, queued), []).append(got)
                     print(f"  {kind:10s} {queued:>7} queued: {got['rate']:7.1f} msg/s ({got['seconds']:.1f} s, "
                           f"first after {1000 * got['first_after']:.0f} ms), client CPU "
-                          f"{got['client_cpu_us']:.0f} us/msg", flush=True)
+                          f"{got['client_cpu_us']:.0f} us/msg (garbage collector {got['gc us']:.0f}, "
+                          f"{got['live_objects']:.0f} objects live at the start); sent "
+                          f"{got['sender messages sent']:.3f} a message, retransmitted {got['sender retransmissions']:.3f}, "
+                          f"outstanding at the end {got['flow outstanding at end']:.0f}", flush=True)
+        if any(set(f[0]) - set(_FIGURES) for f in figures.values()):
+            _print_counts(stores, (args.small, args.large), figures)
         print("medians, and the aim (issue 33): the large backlog drains at >= 0.8 of the small one's rate")
         for kind in stores:
             small = statistics.median(f["rate"] for f in figures[(kind, args.small)])
             large = statistics.median(f["rate"] for f in figures[(kind, args.large)])
             cpu_s = statistics.median(f["client_cpu_us"] for f in figures[(kind, args.small)])
             cpu_l = statistics.median(f["client_cpu_us"] for f in figures[(kind, args.large)])
+            gc_s = statistics.median(f["gc us"] for f in figures[(kind, args.small)])
+            gc_l = statistics.median(f["gc us"] for f in figures[(kind, args.large)])
             ratio = large / small
             print(f"  {kind:10s} {small:7.1f} msg/s at {args.small}, {large:7.1f} at {args.large}: "
-                  f"{ratio:.2f} {'ok' if ratio >= 0.8 else 'BELOW'}  (client CPU {cpu_s:.0f} / {cpu_l:.0f} us/msg)")
+                  f"{ratio:.2f} {'ok' if ratio >= 0.8 else 'BELOW'}  (client CPU {cpu_s:.0f} / {cpu_l:.0f} us/msg, "
+                  f"of it the garbage collector {gc_s:.0f} / {gc_l:.0f})")
     finally:
         if pg is not None:
             pg.close()

@@ -94,6 +94,11 @@ lists that many; ``BENCH_PG_STATEMENTS=calls`` lists the 15 run most often inste
 transaction's gid is folded (``PREPARE TRANSACTION '...'``), so each kind is one line.
 ``BENCH_FILE_HOLDERS=1`` splits a SQLite store's ``file held ms`` and ``file turns`` by the kind of thread that held
 the file (its name without its number: the HTTP threads, the sender, the calling threads...).
+``BENCH_THREAD_SWITCHES=1`` splits each process's ``switches`` by the kind of thread (its name
+without its numbers) and by why: a wait (``KIND waits``: voluntary) or preempted (``KIND preempted``).
+``BENCH_WAITS=1`` counts each process's waits a message by where they wait: every
+``threading.Condition.wait`` (``Event.wait`` too) by its caller, and a SQLite store's file taken
+while another thread held it (``wait file gate``): the thread switches a design can remove.
 ``BENCH_SQLITE_STATEMENTS=1`` counts a SQLite store's statements a message (``sqlite statements``),
 those run holding the file (``in hold``) and each kind apart (``stmt KIND``: the first word, and the table), for each role.
 ``BENCH_PG_CPU=1`` lists, after each round, PostgreSQL's CPU per message by process: the
@@ -336,10 +341,11 @@ def _cpu() -> float:
 
 def _start_clock() -> None:
     """The measured part starts: the coordinator's T0, and this process's CPU time so far."""
-    global _CPU_AT_START, _RSS_AT_START, _SWITCHES_AT_START
+    global _CPU_AT_START, _RSS_AT_START, _SWITCHES_AT_START, _BY_KIND_AT_START
     _CPU_AT_START = _cpu()
     _RSS_AT_START = _rss_kb()
     _SWITCHES_AT_START = _switches()
+    _BY_KIND_AT_START = _switches_by_kind()
     print(f"T0 {time.monotonic()}", flush=True)
 
 
@@ -359,6 +365,41 @@ def _switches() -> int:
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_nvcsw + usage.ru_nivcsw
+
+
+def _thread_kind(name: str) -> str:
+    """A thread's kind: its name without its numbers (the HTTP threads, the sender, the callers...)."""
+    return "".join(c for c in name if not c.isdigit()).strip("-_ ").replace(" ", "") or "?"
+
+
+def _switches_by_kind() -> Counter[str]:
+    """``BENCH_THREAD_SWITCHES=1``: the context switches so far of each live thread of this
+    process, voluntary (a wait: ``KIND waits``) and not (preempted: ``KIND preempted``), summed
+    by the kind of thread (/proc/self/task/TID/status)."""
+    out: Counter[str] = Counter()
+    if not os.environ.get("BENCH_THREAD_SWITCHES"):
+        return out
+    for thread in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/status", encoding="ascii") as f:
+                fields = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
+        except OSError:  # ended meanwhile
+            continue
+        kind = _thread_kind(thread.name)
+        out[f"{kind} waits"] += int(fields["voluntary_ctxt_switches"])
+        out[f"{kind} preempted"] += int(fields["nonvoluntary_ctxt_switches"])
+    return out
+
+
+_BY_KIND_AT_START: Counter[str] = Counter()
+
+
+def _switches_by_kind_since_start(role: str) -> dict[str, int]:
+    """What :func:`_switches_by_kind` counted since the measured part started, as ``count:``
+    entries (per message once reported); the threads that ended meanwhile are in the process's
+    ``switches`` alone."""
+    now = _switches_by_kind()
+    return {f"count:switches {kind}({role})": now[kind] - _BY_KIND_AT_START.get(kind, 0) for kind in now}
 
 
 def _rss_kb() -> int:
@@ -422,7 +463,7 @@ class _Queued(logging.Handler):
 
 
 def server_role(args: argparse.Namespace) -> int:
-    global ROWS, _CPU_AT_START, _RSS_AT_START, _SWITCHES_AT_START
+    global ROWS, _CPU_AT_START, _RSS_AT_START, _SWITCHES_AT_START, _BY_KIND_AT_START
     yappi = _yappi_start()
     queued = _Queued.install()
     from wsrm_plugin.engine.transport import HttpServer
@@ -474,6 +515,7 @@ def server_role(args: argparse.Namespace) -> int:
         service.serve(threads=None if threads is None else int(threads))
         _count_holders(service.engine.store, "server", points)
         _count_statements(service.engine.store, "server", points)
+        _count_waits(service.engine.store, "server", points)
         service.start()
         closers.insert(0, lambda: service.stop(timeout=5))
         if tm is not None:
@@ -482,8 +524,10 @@ def server_role(args: argparse.Namespace) -> int:
     _CPU_AT_START = _cpu()
     _RSS_AT_START = _rss_kb()
     _SWITCHES_AT_START = _switches()
+    _BY_KIND_AT_START = _switches_by_kind()
     print(f"URL {url}", flush=True)
     sys.stdin.readline()  # "stop"
+    points.seen.update(_switches_by_kind_since_start("server"))
     for close in closers:
         close()
     _yappi_save(yappi, args)
@@ -573,6 +617,7 @@ def client_role(args: argparse.Namespace) -> int:
         rcs = [first, *(first.with_key(key) for key in keys[1:])]
         _count_holders(first.engine.store, "client", points)
         _count_statements(first.engine.store, "client", points)
+        _count_waits(first.engine.store, "client", points)
         stoppers.append(lambda: first.stop(timeout=5))  # and the clients made from it
         if ds is not None:
             stoppers.append(ds.close)
@@ -607,6 +652,7 @@ def client_role(args: argparse.Namespace) -> int:
     print(f"LOOP {time.monotonic()}", flush=True)  # the calls are made (a relay may still be sending)
     print(f"SENT {errors}", flush=True)
     sys.stdin.readline()  # "stop": everything arrived (or the coordinator gave up)
+    points.seen.update(_switches_by_kind_since_start("client"))
     for stop in stoppers:
         stop()
     _yappi_save(yappi, args)
@@ -634,6 +680,47 @@ def _count_holders(store: Any, role: str, points: _Points) -> None:
             points.seen[f"count:held ms {who}({role})"] += 1000 * held
             points.seen[f"count:turns {who}({role})"] += 1
     gate.release = counted_release
+
+
+def _count_waits(store: Any, role: str, points: _Points) -> None:
+    """``BENCH_WAITS=1``: the waits of this process's threads that each cost a thread switch
+    (or two: the wait, and the wake of whoever waits), by where they wait, per message: every
+    ``threading.Condition.wait`` (so ``Event.wait`` too) by its caller outside ``threading``
+    (``wait FILE:LINE FUNCTION``), and a SQLite store's file taken while another thread of the
+    process held it (``wait file gate``); monkeypatched: a measuring tool only."""
+    if not os.environ.get("BENCH_WAITS"):
+        return
+    wait = threading.Condition.wait
+
+    def counted_wait(self: Any, timeout: float | None = None) -> bool:
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename == threading.__file__:
+            frame = frame.f_back
+        where = "?" if frame is None else \
+            f"{'/'.join(frame.f_code.co_filename.rsplit('/', 2)[-2:])}:{frame.f_lineno} {frame.f_code.co_name}"
+        with points._lock:
+            points.seen[f"count:wait {where}({role})"] += 1
+        return wait(self, timeout)
+    threading.Condition.wait = counted_wait  # type: ignore[method-assign]
+    gate = getattr(store, "_gate", None)
+    if gate is None:
+        return
+    lock = gate._thread_lock
+
+    class _Counted:
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            if lock.acquire(False):
+                return True
+            with points._lock:
+                points.seen[f"count:wait file gate({role})"] += 1
+            return lock.acquire(blocking, timeout)
+
+        def release(self) -> None:
+            lock.release()
+
+        def locked(self) -> bool:
+            return lock.locked()
+    gate._thread_lock = _Counted()
 
 
 def _count_statements(store: Any, role: str, points: _Points) -> None:

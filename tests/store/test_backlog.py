@@ -91,15 +91,17 @@ def _tuples_read(tx: Any) -> int:
         "OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'rms_message'::regclass)")[0])
 
 
-def _costs(open_kind: Callable[..., StorageManager], queued: int) -> tuple[int, int, int]:
+def _costs(open_kind: Callable[..., StorageManager], queued: int) -> tuple[int, int, int, int]:
     store = open_kind()
     _backlog(store, queued)
     batch = _rows_touched(store, lambda tx: tx.rms_messages.due_messages(limit=BATCH, per_sequence=BATCH))
+    # a round's count of the messages in flight, against a window (max_unacknowledged)
+    window = _rows_touched(store, lambda tx: tx.rms_messages.count_in_flight("a", 16))
     # a peer's cumulative acknowledgement of what was sent, as every acknowledgement repeats:
     # marked only (the first half), then applied and purged as the sender does (all of it)
     marked = _rows_touched(store, lambda tx: tx.rms_messages.mark_acked("a", [(1, BATCH // 2)]))
     applied = _rows_touched(store, lambda tx: tx.rms_messages.acknowledge("a", [(1, BATCH)]))
-    return batch, marked, applied
+    return batch, window, marked, applied
 
 
 def _wipe(open_kind: Callable[..., StorageManager]) -> None:
@@ -115,7 +117,8 @@ def test_a_send_batch_and_an_acknowledgement_touch_as_many_rows_at_any_backlog(
     small = _costs(open_kind, SMALL)
     _wipe(open_kind)
     large = _costs(open_kind, LARGE)
-    for what, at_small, at_large in zip(("send batch", "acknowledgement marked", "acknowledgement applied"),
+    for what, at_small, at_large in zip(("send batch", "window count", "acknowledgement marked",
+                                         "acknowledgement applied"),
                                         small, large):
         # 20 times the backlog: a cost that grew with it would be about 20 times as high
         assert at_large <= 2 * at_small + 30, (
@@ -138,6 +141,22 @@ def test_an_acknowledgement_naming_its_sequence_by_id_touches_as_many_rows_besid
             for key in ("a", *(f"idle-{i}" for i in range(others))):
                 tx.rms.delete(key)
     assert costs[1] <= 2 * costs[0] + 30, f"{costs[0]} rows beside 5 sequences, {costs[1]} beside 400"
+
+
+def test_the_messages_in_flight_are_those_sent_and_not_acknowledged(store: StorageManager) -> None:
+    """What a round counts against its window: 10 of 30 sent, 3 of those acknowledged (the
+    first two, and one in the middle), one sent again (its next time moved on); a window of 4
+    is full, whatever else it counts."""
+    _queue(store, {"a": 30})
+    now = time.time()
+    with store.begin() as tx:
+        tx.rms_messages.record_send_attempts("a", range(1, 11), next_send_at=now + 3600, now=now)
+        tx.rms_messages.record_send_attempt("a", 7, next_send_at=now + 60, now=now)
+        tx.rms_messages.mark_acked("a", [(1, 2), (5, 5)])
+        assert tx.rms_messages.count_in_flight("a", 16, now) == 7  # its own changes counted
+    with store.begin() as tx:
+        assert tx.rms_messages.count_in_flight("a", 16, now) == 7
+        assert tx.rms_messages.count_in_flight("a", 4, now) >= 4
 
 
 def test_the_batch_is_each_sequences_first_due_messages_in_round_robin(store: StorageManager) -> None:
@@ -196,6 +215,8 @@ def test_the_memory_stores_index_answers_as_its_rows_do_through_any_history(monk
             rows = {k: tx.rms_messages.list_for(k) for k in ("a", "b")}
             for k in ("a", "b"):
                 assert tx.rms_messages.count_unacked(k) == sum(not m.acked for m in rows[k])
+                assert tx.rms_messages.count_in_flight(k, 10_000, clock[0]) == sum(
+                    bool(m.send_count) and not m.acked for m in rows[k])
                 assert tx.rms_messages.has_unacked(k) == any(not m.acked for m in rows[k])
             due = tx.rms_messages.due_messages(clock[0], limit=1000, per_sequence=1000)
             expected = sorted(((m.next_send_at, m.sequence_key, m.number) for k in rows for m in rows[k]

@@ -1586,8 +1586,7 @@ class RetransmissionWorker:
                     continue
                 if msg.send_count == 0 and policy.max_unacknowledged is not None:
                     if key not in in_flight:
-                        in_flight[key] = sum(1 for m in tx.rms_messages.list_for(key)
-                                             if m.send_count and not m.acked)
+                        in_flight[key] = tx.rms_messages.count_in_flight(key, policy.max_unacknowledged, now)
                     if in_flight[key] >= policy.max_unacknowledged:
                         continue
                 gate = self.reachability.gate(seq.target)

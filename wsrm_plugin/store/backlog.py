@@ -28,7 +28,7 @@ import heapq
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["SortedNumbers", "SequenceMessages", "MessageIndex"]
+__all__ = ["SortedNumbers", "SequenceMessages", "MessageIndex", "in_flight"]
 
 #: A sequence's due heap is rebuilt from its rows when it holds more than twice its unacknowledged
 #: messages plus this many entries (the stale ones of rows that moved on).
@@ -104,14 +104,21 @@ class SortedNumbers:
         return (n for n in self._items[self._start:] if n not in gone)
 
 
+def in_flight(row: Any) -> bool:
+    """Is ``row`` (a message, or None when absent) sent and not yet acknowledged?"""
+    return row is not None and not row.acked and row.send_count > 0
+
+
 class SequenceMessages:
     """One sequence's committed messages, indexed (see the module docstring)."""
 
-    __slots__ = ("unacked", "acked", "due")
+    __slots__ = ("unacked", "acked", "due", "in_flight")
 
     def __init__(self) -> None:
         self.unacked = SortedNumbers()
         self.acked: set[int] = set()
+        #: How many unacknowledged messages were sent (a window's count, kept: not walked)
+        self.in_flight = 0
         #: (next_send_at, number) of unacknowledged messages; stale entries allowed
         self.due: list[tuple[float, int]] = []
 
@@ -147,6 +154,7 @@ class MessageIndex:
             if new is None:
                 return
             messages = self._sequences[sequence] = SequenceMessages()
+        messages.in_flight += in_flight(new) - in_flight(old)
         was_unacked = old is not None and not old.acked
         if old is not None and old.acked:
             messages.acked.discard(number)
@@ -177,6 +185,10 @@ class MessageIndex:
             return sum(len(m.unacked) for m in self._sequences.values())
         messages = self._sequences.get(sequence)
         return len(messages.unacked) if messages is not None else 0
+
+    def in_flight(self, sequence: str) -> int:
+        messages = self._sequences.get(sequence)
+        return messages.in_flight if messages is not None else 0
 
     def unacked_in(self, sequence: str, ranges: list[tuple[int, int]]) -> tuple[list[Any], int]:
         """The unacknowledged rows ``ranges`` (ascending, disjoint) name, ascending, and how many

@@ -37,7 +37,7 @@ from txmanager.xa import XA_OK, XA_RDONLY
 from txmanager.xid import Xid
 
 from . import api
-from .backlog import MessageIndex
+from .backlog import MessageIndex, in_flight
 from .branches import BranchResource
 from .api.states import rms_life
 from .api import (
@@ -849,6 +849,16 @@ class _RmsMessages(api.RmsMessageManager):
                 committed = tx._store._committed(_MSG, (key, n))
                 mine = tx._changes[(_MSG, (key, n))]
                 count += (mine is not _DELETED and not mine.acked) - (committed is not None and not committed.acked)
+        return count
+
+    def count_in_flight(self, sequence_key: str, window: int, now: float | None = None) -> int:
+        tx = self._tx
+        tx._check_open()
+        count = tx._store._indexed("in_flight", sequence_key)  # kept by the index: no walk
+        for n in tx._staged_messages.get(sequence_key, ()):  # this transaction's own changes
+            committed = tx._store._committed(_MSG, (sequence_key, n))
+            mine = tx._changes[(_MSG, (sequence_key, n))]
+            count += in_flight(None if mine is _DELETED else mine) - in_flight(committed)
         return count
 
     def purge_acked(self, sequence_key: str | None = None) -> int:

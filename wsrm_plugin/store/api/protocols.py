@@ -501,6 +501,20 @@ class RmsMessageManager(_Manager, ABC):
         times = [m.created_at for m in self.list_for(sequence_key) if not m.acked]
         return min(times) if times else None
 
+    def count_in_flight(self, sequence_key: str, window: int, now: float | None = None) -> int:
+        """Messages of the sequence sent and not yet acknowledged: what a sending round counts
+        against its window (``RMPolicy.max_unacknowledged``, ``window``).
+
+        Asked once per round and sequence while a backlog drains, so it must not walk the
+        unsent rest: a SQL store counts them among the sequence's first ``window``
+        unacknowledged messages by number (first sends go in number order, so the sent ones are
+        the lowest, and keep their place in the unacknowledged index) and among those sent
+        again, whose next time is after ``now``; a count of ``window`` or more means the window
+        is full, and it stops counting the first ones there.  A message sent out of number
+        order, beyond the first ``window``, and due again now may be left out.  This default
+        reads every message."""
+        return sum(1 for m in self.list_for(sequence_key) if m.send_count and not m.acked)
+
     def has_unacked(self, sequence_key: str) -> bool:
         """Does the sequence still have an unacknowledged message?  (No lock.)
 
