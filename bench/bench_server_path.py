@@ -98,7 +98,13 @@ class _Timed:
         body = environ["wsgi.input"].read(length)
         environ["wsgi.input"] = io.BytesIO(body)
         started = time.thread_time()
-        result = list(self.app(environ, start_response))
+        answer = self.app(environ, start_response)
+        try:
+            result = list(answer)
+        finally:
+            close = getattr(answer, "close", None)
+            if close is not None:  # (PEP 3333: what the service does once its response is written runs here)
+                close()
         spent = time.thread_time() - started
         if b"Sequence" in body and b"record" in body:  # an application message, not CreateSequence
             with self._lock:
@@ -250,6 +256,7 @@ def one_round(calls: int, profile: Any, pg: _Postgres | None = None, on_receipt:
         destination = service.engine.destination
         result["on receipt"] = destination.delivered_on_receipt / calls
         result["at commit"] = getattr(destination, "receipts_at_commit", 0) / calls
+        result["declined"] = getattr(destination, "receipts_declined_at_commit", 0) / calls
     if spent:
         result["statements"] = spent
     return result
@@ -266,7 +273,7 @@ def _print_statements(spent: dict[str, dict[str, tuple[int, float]]], calls: int
 
 def _figures(result: dict[str, float]) -> str:
     """Microseconds a message by stage; the shares (``on receipt``, ``at commit``) as fractions."""
-    return "  ".join(f"{k} {v:.2f}" if k in ("on receipt", "at commit") else f"{k} {v:7.1f} us"
+    return "  ".join(f"{k} {v:.2f}" if k in ("on receipt", "at commit", "declined") else f"{k} {v:7.1f} us"
                      for k, v in result.items())
 
 
