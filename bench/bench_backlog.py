@@ -21,7 +21,9 @@ Run::
         [--stores memory,sqlite,postgresql]
 
 The client's CPU per message is printed beside each rate (this process's, the
-client engine's only: the service runs in a process of its own).
+client engine's only), and the service's (its process's, from /proc), with the client's by
+tenth of the drain (flat when a message costs the same whatever is still queued), the time
+its garbage collector took, and its sender's counts a message (sends, retransmissions).
 
 ``--count`` also counts, in the client, what each message cost it, which a loaded machine does
 not blur: a SQLite store's statements a message by kind (the first word and the table) and
@@ -143,6 +145,13 @@ def _sender_counts(client: Any, queued: int) -> dict[str, float]:
     out["flow outstanding at end"] = float(sum(len(f.outstanding) for f in flows.values()))
     out["flow pipelined at end"] = float(sum(not f.ordered for f in flows.values()))
     return out
+
+
+def _process_cpu(pid: int) -> float:
+    """Another process's CPU so far (user + system, all its threads; /proc), in seconds."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _sys_cpu() -> float:
@@ -300,7 +309,7 @@ def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str,
 
         live = len(gc.get_objects())
         collections = _Collections().__enter__()
-        cpu0, sys0, t0 = _cpu(), _sys_cpu(), time.time()
+        cpu0, sys0, server0, t0 = _cpu(), _sys_cpu(), _process_cpu(server.pid), time.time()
         client.start()
         first = last = 0.0
         tenths: list[tuple[int, float]] = [(0, cpu0)]  # (delivered, client CPU then)
@@ -313,7 +322,7 @@ def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str,
             elif word == "LAST":
                 last = float(value)
                 break
-        cpu, sys_cpu = _cpu() - cpu0, _sys_cpu() - sys0
+        cpu, sys_cpu, server_cpu = _cpu() - cpu0, _sys_cpu() - sys0, _process_cpu(server.pid) - server0
         tenths.append((queued, cpu0 + cpu))
         if len(tenths) > 2:  # the client's CPU a message through the drain: does it fall as the backlog does?
             print(f"    {queued} queued: the client's CPU us a message, by tenth of the drain: " + " ".join(
@@ -325,10 +334,10 @@ def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str,
         if not last:
             raise RuntimeError("the service ended before the last delivery")
         return {"rate": queued / (last - t0), "first_after": first - t0, "seconds": last - t0,
-                "client_cpu_us": 1e6 * cpu / queued,
-                "client system CPU us": 1e6 * sys_cpu / queued, "gc us": 1e6 * collections.seconds / queued,
-                "gc oldest passes per 1000": 1000 * collections.passes[2] / queued,
-                "live_objects": live, **_sender_counts(client, queued), **(counts.report(queued) if counts is not None else {})}
+                "client_cpu_us": 1e6 * cpu / queued, "client system CPU us": 1e6 * sys_cpu / queued,
+                "server_cpu_us": 1e6 * server_cpu / queued, "gc us": 1e6 * collections.seconds / queued,
+                "gc oldest passes per 1000": 1000 * collections.passes[2] / queued, "live_objects": live,
+                **_sender_counts(client, queued), **(counts.report(queued) if counts is not None else {})}
     finally:
         client.stop(timeout=5)
         server.stdin.write("stop\n")
@@ -337,7 +346,7 @@ def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str,
 
 
 #: What every drain reports (the rest are ``--count``'s counts a message).
-_FIGURES = ("rate", "first_after", "seconds", "client_cpu_us", "client system CPU us", "gc us",
+_FIGURES = ("rate", "first_after", "seconds", "client_cpu_us", "server_cpu_us", "client system CPU us", "gc us",
             "gc oldest passes per 1000", "live_objects", "sender messages sent", "sender retransmissions",
             "sender fast retransmits", "sender loss probes", "sender refill claims", "flow outstanding at end",
             "flow pipelined at end")
@@ -402,9 +411,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {kind:10s} {queued:>7} queued: {got['rate']:7.1f} msg/s ({got['seconds']:.1f} s, "
                           f"first after {1000 * got['first_after']:.0f} ms), client CPU "
                           f"{got['client_cpu_us']:.0f} us/msg (garbage collector {got['gc us']:.0f}, "
-                          f"{got['live_objects']:.0f} objects live at the start); sent "
-                          f"{got['sender messages sent']:.3f} a message, retransmitted {got['sender retransmissions']:.3f}, "
-                          f"outstanding at the end {got['flow outstanding at end']:.0f}", flush=True)
+                          f"{got['live_objects']:.0f} objects live at the start), service CPU "
+                          f"{got['server_cpu_us']:.0f} us/msg; sent {got['sender messages sent']:.3f} a message, "
+                          f"retransmitted {got['sender retransmissions']:.3f}, outstanding at the end "
+                          f"{got['flow outstanding at end']:.0f}", flush=True)
         if any(set(f[0]) - set(_FIGURES) for f in figures.values()):
             _print_counts(stores, (args.small, args.large), figures)
         print("medians, and the aim (issue 33): the large backlog drains at >= 0.8 of the small one's rate")
@@ -413,12 +423,14 @@ def main(argv: list[str] | None = None) -> int:
             large = statistics.median(f["rate"] for f in figures[(kind, args.large)])
             cpu_s = statistics.median(f["client_cpu_us"] for f in figures[(kind, args.small)])
             cpu_l = statistics.median(f["client_cpu_us"] for f in figures[(kind, args.large)])
+            srv_s = statistics.median(f["server_cpu_us"] for f in figures[(kind, args.small)])
+            srv_l = statistics.median(f["server_cpu_us"] for f in figures[(kind, args.large)])
             gc_s = statistics.median(f["gc us"] for f in figures[(kind, args.small)])
             gc_l = statistics.median(f["gc us"] for f in figures[(kind, args.large)])
             ratio = large / small
             print(f"  {kind:10s} {small:7.1f} msg/s at {args.small}, {large:7.1f} at {args.large}: "
                   f"{ratio:.2f} {'ok' if ratio >= 0.8 else 'BELOW'}  (client CPU {cpu_s:.0f} / {cpu_l:.0f} us/msg, "
-                  f"of it the garbage collector {gc_s:.0f} / {gc_l:.0f})")
+                  f"of it the garbage collector {gc_s:.0f} / {gc_l:.0f}; service CPU {srv_s:.0f} / {srv_l:.0f})")
     finally:
         if pg is not None:
             pg.close()

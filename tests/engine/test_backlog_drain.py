@@ -96,7 +96,7 @@ def _drain(tmp_path: Path, engines: Callable[..., ReliableEngine], queued: int,
 def test_draining_a_backlog_touches_as_many_rows_a_message_at_any_backlog(tmp_path, engines, policy) -> None:
     small = _drain(tmp_path, engines, SMALL, **policy)
     large = _drain(tmp_path, engines, LARGE, **policy)
-    for what, at_small, at_large in zip(("virtual machine steps", "statements"), small, large):
+    for what, at_small, at_large in zip(("virtual machine steps", "statements"), small, large, strict=True):
         # 20 times the backlog: a cost that grew with it would be several times as high
         assert at_large <= 1.5 * at_small + 20, (
             f"draining a backlog: {at_small:.0f} {what} a message at {SMALL} queued, {at_large:.0f} at {LARGE}")
