@@ -10,6 +10,7 @@ sender sends.  Each test waits for what it asserts; about 5 s for the file on a 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import wait
 
 import pytest
@@ -191,7 +192,7 @@ def test_a_sqlite_service_delivering_apart_answers_each_request_at_its_first_del
         svc.stop(timeout=5)
 
 
-# -- one-way calls (policy one_way_caller_sends, off by default) -------------------------------------
+# -- one-way calls (policy one_way_caller_sends: by default while several sequences are busy) ----------
 
 
 @pytest.mark.parametrize("store", ["memory", "sqlite"])
@@ -218,7 +219,7 @@ def test_a_one_way_caller_posts_its_own_message_once_its_sequence_runs(svc, stor
         rc.stop(timeout=5)
 
 
-def test_one_way_messages_go_with_the_sender_by_default(svc):
+def test_a_single_callers_one_way_messages_go_with_the_sender_by_default(svc):
     rc = _client(svc.url, "memory:")
     try:
         posting = _posting_threads(rc, b"record")
@@ -278,3 +279,143 @@ def test_one_way_callers_of_many_sequences_each_message_delivered_once_in_order(
         assert first.engine.retransmission.sent_by_callers > 0
     finally:
         first.stop(timeout=5)
+
+
+# -- the automatic setting (None, the default), and a peer that is slow or down -------------------------
+
+_KEYS = ["", *(f"k{n}" for n in range(1, 6))]  # six sequences: more than engine.busy.BUSY_AT
+
+
+def _clients_of_six_sequences(url, **policy):
+    first = reliable_client(zeep.Client(url + "?wsdl"), "memory:", fast_policy(**policy), active_keys=_KEYS)
+    return [first, *(first.with_key(key) for key in _KEYS[1:])]
+
+
+def _in_threads(clients, label: str, count: int) -> list[float]:
+    """Each client calls ``record`` ``count`` times from a thread of its own; the longest call (s)."""
+    longest: list[float] = []
+    errors: list[BaseException] = []
+
+    def caller(n: int) -> None:
+        try:
+            for i in range(count):
+                started = time.monotonic()
+                clients[n].service.record(f"{label}{n}-{i}")
+                longest.append(time.monotonic() - started)
+        except BaseException as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in range(len(clients))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    return sorted(longest)[-1:] or [0.0]
+
+
+def _each_once_in_order(labels: list[tuple[str, int]], sequences: int = 6) -> None:
+    expected = [f"{label}{n}-{i}" for label, count in labels for n in range(sequences) for i in range(count)]
+    assert wait_for(lambda: len(service.RECEIVED) >= len(expected), timeout=60)
+    assert sorted(service.RECEIVED) == sorted(expected)  # each once
+    for n in range(sequences):  # each sequence in its order
+        mine = [text for text in service.RECEIVED if text.split("-")[0][-1:] == str(n)]
+        assert mine == [f"{label}{n}-{i}" for label, count in labels for i in range(count)]
+
+
+def test_one_way_callers_of_several_busy_sequences_send_their_own_messages_by_default(svc):
+    # the automatic setting: one caller keeps the sender (above); six sequences busy at once are
+    # paced, their callers sending their own messages once their sequences run
+    clients = _clients_of_six_sequences(svc.url)
+    sender = clients[0].engine.retransmission
+    try:
+        for n, client in enumerate(clients):  # opens each sequence (the sender's, with its CreateSequence)
+            client.service.record(f"a{n}-0")
+        _in_threads(clients, "b", 10)
+        assert sender.sent_by_callers > 0
+        _each_once_in_order([("a", 1), ("b", 10)])
+    finally:
+        clients[0].stop(timeout=5)
+
+
+@pytest.mark.parametrize("down", ["refused", "silent"])
+def test_the_automatic_setting_leaves_one_way_messages_to_the_sender_while_the_peer_fails(svc, down):
+    # a peer that refuses connections, or takes them and never answers: a caller whose own send
+    # meets it returns once its send failed (at most http_timeout, 2 s here); the calls after it
+    # are left to the sender (returning once stored, none paced), and nothing is lost or repeated
+    # (the peer never judged unreachable: its messages stay due, each on its timer, and a caller
+    # may still send its own; the automatic setting sees the failure in its last exchange)
+    proxy = LossyProxy(svc.url, drop_mode="timeout", drop_timeout=60.0).start()
+    clients = _clients_of_six_sequences(proxy.url, http_timeout=2.0, base_retransmission_interval=0.5,
+                                        peer_unreachable_after=None)
+    sender = clients[0].engine.retransmission
+    try:
+        for n, client in enumerate(clients):
+            client.service.record(f"a{n}-0")
+        _in_threads(clients, "b", 5)
+        assert sender.sent_by_callers > 0
+        if down == "refused":
+            port = proxy.port
+            proxy.stop()
+        else:
+            proxy.drop = 1.0
+        failures = sender.send_failures
+        longest = _in_threads(clients, "c", 1)  # some may meet the failure themselves
+        assert longest[0] < 2.0 + 3.0  # http_timeout, and a margin for a loaded machine: no hang
+        assert wait_for(lambda: sender.send_failures > failures, timeout=30)
+        by_callers, paced = sender.sent_by_callers, sender.callers_paced
+        _in_threads(clients, "d", 5)
+        assert (sender.sent_by_callers, sender.callers_paced) == (by_callers, paced)  # left to the sender
+        if down == "refused":
+            proxy = LossyProxy(svc.url, listen=("127.0.0.1", port)).start()
+        else:
+            proxy.drop = 0.0
+        _each_once_in_order([("a", 1), ("b", 5), ("c", 1), ("d", 5)])
+    finally:
+        clients[0].stop(timeout=5)
+        proxy.stop()
+
+
+def test_a_one_way_caller_whose_own_send_meets_a_silent_peer_returns_after_the_http_timeout(svc):
+    # one_way_caller_sends=True: the caller's own send is the one that waits for the peer
+    proxy = LossyProxy(svc.url, drop_mode="timeout", drop_timeout=60.0).start()
+    rc = _client(proxy.url, "memory:", one_way_caller_sends=True, http_timeout=2.0)
+    sender = rc.engine.retransmission
+    try:
+        rc.service.record("first")  # opens the sequence
+        rc.service.record("second")
+        assert sender.sent_by_callers == 1
+        proxy.drop = 1.0
+        started = time.monotonic()
+        rc.service.record("lost")  # the caller's own send: never answered
+        assert time.monotonic() - started < 2.0 + 3.0  # http_timeout, and a margin: no hang
+        assert sender.sent_by_callers == 2 and sender.send_failures >= 1
+        proxy.drop = 0.0
+        assert wait_for(lambda: len(service.RECEIVED) == 3, timeout=60)  # its timer sends it again
+        assert service.RECEIVED == ["first", "second", "lost"]
+    finally:
+        rc.stop(timeout=5)
+        proxy.stop()
+
+
+def test_paced_one_way_callers_do_not_wait_for_a_sequence_their_peer_never_opened(svc):
+    # one_way_caller_sends=True and the peer down before the first call: the callers waited for a
+    # round to send their messages, which none could before a CreateSequence was answered, so
+    # each call took the whole http_timeout (30 s here).  Now the failed CreateSequence lets the
+    # first go on, and the later ones do not wait while the peer fails.
+    proxy = LossyProxy(svc.url).start()
+    rc = _client(proxy.url, "memory:", one_way_caller_sends=True, http_timeout=30.0)
+    port = proxy.port
+    proxy.stop()
+    try:
+        for i in range(3):
+            started = time.monotonic()
+            rc.service.record(f"early{i}")
+            assert time.monotonic() - started < 10.0  # not the 30 s http_timeout
+        assert rc.engine.retransmission.sent_by_callers == 0
+        proxy = LossyProxy(svc.url, listen=("127.0.0.1", port)).start()
+        assert wait_for(lambda: len(service.RECEIVED) == 3, timeout=60)
+        assert service.RECEIVED == ["early0", "early1", "early2"]
+    finally:
+        rc.stop(timeout=5)
+        proxy.stop()

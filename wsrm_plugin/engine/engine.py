@@ -31,6 +31,7 @@ from .. import poison
 from ..store import PoisonMessage, StorageManager, open_store
 from .acknowledgement import AcknowledgementWorker
 from .backchannel import BackChannel
+from .busy import BUSY_AT, BusySequences
 from .destination import Destination
 from .inbound import Inbound
 from .invoker import Application, FailedDelivery, InvokerWorker
@@ -204,6 +205,8 @@ class ReliableEngine:
                                                    self.inbound, self.transport, on_reachable=self._peer_is_back,
                                                    name=name, reporter=reporter)
         self.source.early_claim = self.retransmission.early_claim
+        #: The sequences that had a one-way call lately (the automatic ``one_way_caller_sends``).
+        self._busy = BusySequences()
         self.source.records_done = self.destination.wait_records
         self.acknowledgement = AcknowledgementWorker(self.store, policy, self.destination, self.inbound,
                                                      self.transport, source=self.source,
@@ -269,11 +272,12 @@ class ReliableEngine:
         """Enqueue ``envelope`` for reliable delivery to ``target`` (see :meth:`Source.send`).
 
         ``caller_sends``: a one-way message whose caller sends it from its own thread once it is
-        stored (policy ``one_way_caller_sends``), outside a delivery's and a global transaction
-        only (the message is not stored before they commit), when the sequence's lane is idle
-        (:meth:`send_for_caller`); otherwise the sender sends it."""
+        stored (policy ``one_way_caller_sends``: always, or by default only while several
+        sequences are busy, :meth:`_one_way_caller_sends`), outside a delivery's and a global
+        transaction only (the message is not stored before they commit), when the sequence's
+        lane is idle (:meth:`send_for_caller`); otherwise the sender sends it."""
         policy = self.policy
-        now = caller_sends and policy.one_way_caller_sends and policy.caller_send_grace is not None \
+        now = caller_sends and policy.caller_send_grace is not None and self._one_way_caller_sends(target, key) \
             and self.source.alone_in_store()
         receipt = self.source.send(target, envelope, action=action, key=key, expect_reply=expect_reply,
                                    message_id=message_id, reply_callback=reply_callback,
@@ -286,6 +290,23 @@ class ReliableEngine:
                             receipt.sequence_key, exc_info=True)
                 self.leave_to_sender(receipt.sequence_key, receipt.number)
         return receipt
+
+    def _one_way_caller_sends(self, target: str, key: str) -> bool:
+        """Does a one-way caller to ``target`` under ``key`` send its own message (policy
+        ``one_way_caller_sends``)?  By default (None) only while at least
+        :data:`~.busy.BUSY_AT` of this engine's sequences are busy (:mod:`.busy`: one caller keeps
+        the sender's pipelining, many are paced by the service), and only when nothing says the
+        caller would wait on trouble: its sequence is open, its peer is sent to and answered
+        its last exchange, and nothing sent on the sequence is still unacknowledged as far as
+        the answers say (:meth:`RetransmissionWorker.sends_unhindered`).  Otherwise the sender
+        sends it and the call returns once it is stored."""
+        mode = self.policy.one_way_caller_sends
+        if mode is not None:
+            return mode
+        current = self.source.current_sequence(target, key)
+        if current is None:  # its CreateSequence goes first: the sender's
+            return False
+        return self._busy.note(current) >= BUSY_AT and self.retransmission.sends_unhindered(target, current)
 
     def send_for_caller(self, sequence_key: str, number: int, *, paced: float | None = None) -> bool:
         """Send an enqueued request from the calling thread, which then waits for its reply (see

@@ -496,31 +496,38 @@ class RMPolicy:
     #: A reliable client's one-way call, made outside any transaction, is sent from its caller's
     #: thread once stored, when its sequence's lane is idle and its peer is sent to (as a waiting
     #: caller sends its in-out request, ``caller_send_grace``); a caller that cannot send it waits
-    #: for a round to send it.  The call returns once the peer answered that send: callers are
-    #: paced by the service, and never run ahead of their sequence (a client's memory stays flat:
-    #: bench_compare --clients 16, kept 0.45 against 3.25 kB a message, peak 1.7 against 10.3 MB).
-    #: The message is stored before it is sent, so a send that fails or never ends is sent again by
-    #: the retransmission timer, as the sender's would be.  It was built so that the client and
-    #: the service work at once: left to the sender, 16 callers on memory stores store a round's
-    #: messages in a third of its time while the service, fed a sixth of them, idles.  On a quiet
-    #: machine it does what it is for (bench_compare --clients 16 --calls 3200 --rounds 3, memory
-    #: with it against without in the same rounds, two runs: 1.26 of plain calls from 16 threads
-    #: against 0.89-0.92; client CPU 1.04-1.42 against 1.16-1.52 ms a message, service 1.44-1.99
-    #: against 1.80-2.27; the callers at work the whole round, against a third of it); on a
-    #: loaded one (load 12-20) each message cost more CPU on both sides (client 1.84 against
-    #: 1.43 ms, service 2.66 against 2.30: one exchange, one acknowledgement and one settling a
-    #: message instead of a lane's batch).  Still off by default, because it changes what a call
-    #: means (it returns once the peer answered, not once the message is stored) and one caller
-    #: loses the sender's pipelining: bench_compare --calls 1000 --rounds 3 on the same quiet
-    #: machine, 1.19 of plain calls against 1.34 without.  A caller's wait with a slow or lost
-    #: peer is not yet measured.
-    one_way_caller_sends: bool = knob(
-        False, Flag(),
+    #: for a round to send it (at most ``http_timeout``; not while its peer is failing, and no
+    #: longer than its sequence's CreateSequence takes to fail).  The call returns once the peer
+    #: answered that send: callers are paced by the service, and never run ahead of their
+    #: sequence (a client's memory stays flat: bench_compare --clients 16, kept 0.45 against
+    #: 3.25 kB a message, peak 1.7 against 10.3 MB).  The message is stored before it is sent, so
+    #: a send that fails or never ends is sent again by the retransmission timer, as the
+    #: sender's would be.  It was built so that the client and the service work at once: left to
+    #: the sender, 16 callers on memory stores store a round's messages in a third of its time
+    #: while the service, fed a sixth of them, idles.  On a quiet machine it does what it is for
+    #: (bench_compare --clients 16 --calls 3200 --rounds 3, memory with it against without in the
+    #: same rounds, two runs: 1.26 of plain calls from 16 threads against 0.89-0.92; client CPU
+    #: 1.04-1.42 against 1.16-1.52 ms a message, service 1.44-1.99 against 1.80-2.27); but one
+    #: caller loses the sender's pipelining of its sequence over several connections
+    #: (bench_compare --calls 1000 --rounds 3 on the same machine: 1.19 of plain calls against
+    #: 1.34 without).  Hence None (automatic, the default): a caller sends its own message only
+    #: while several of the engine's sequences are busy (:mod:`wsrm_plugin.engine.busy`: at
+    #: least 4 had a one-way call within a second), its sequence is open, its peer answered its
+    #: last exchange and nothing sent on the sequence is still unacknowledged as far as the
+    #: answers say; otherwise the sender sends it and the call returns once it is stored.  So a
+    #: peer that stops answering lets the callers return at once (with True, a caller meets the
+    #: peer's failure itself: its call returns after its own send failed, at most
+    #: ``http_timeout``).  True: every such call once its sequence runs (the first, which opens
+    #: it, waits for the sender's round); False: never.
+    one_way_caller_sends: bool | None = knob(
+        None, Flag(none="automatic: while at least 4 sequences of the engine had a one-way call within a second, "
+                        "to a peer that answers"),
         "a reliable client's one-way call made outside a transaction is sent from its caller's thread once "
         "stored, when no other send is under way on its sequence and its peer is sent to, else the caller waits "
         "for the sender to send it: the call returns once the peer answered (callers paced by the service, the "
-        "client's backlog bounded; with 16 sequences on memory stores, the two sides then work at once); False: "
-        "the sender sends every one-way message and the call returns once it is stored")
+        "client's backlog bounded; with 16 sequences on memory stores, the two sides then work at once; one "
+        "caller loses the sender's pipelining); False: the sender sends every one-way message and the call "
+        "returns once it is stored; `None`: only while several sequences are busy and the peer answers")
     #: Threads delivering buffered messages, at most: the first looks at the store on the poll
     #: interval; a message recorded for delivery wakes a thread that is not busy already, so
     #: messages of several sequences get a thread each, and idle ones cost nothing.  One

@@ -174,16 +174,27 @@ class _EarlyClaim:
         """The enqueue is in a global transaction (its claim is the caller's once that commits)."""
         return self._global
 
-    def first_send(self, target: str) -> tuple[float, str | None] | None:
+    def first_send(self, target: str) -> tuple[float, str | None, list[tuple[int, int]] | None] | None:
         """What the enqueue needs to claim its message in its own statement
-        (``enqueue_claiming``): the next send time should it be claimed, and the sequence of
-        the replies whose acknowledgement the request carries, read beside.  None when the
-        claim must follow the enqueue (:meth:`claim`): earlier callers' acknowledgements to
-        apply first, or a peer not sent to now."""
+        (``enqueue_claiming``): the next send time should it be claimed, the sequence of the
+        replies whose acknowledgement the request carries, read beside, and what the answers
+        to earlier callers' sends on this sequence acknowledged and no store transaction
+        applied yet (ranges, or None): the message before counts as acknowledged when it is
+        among them.  That acknowledgement is applied later, with the others, by the sender's
+        next round (:meth:`RetransmissionWorker._apply_callers_acks`), not by each message: a
+        one-way caller sending each of its messages found the one before's acknowledgement
+        pending every time, and applied it in its enqueue's transaction (120 of the 1,190
+        Python calls of a call).  None when the claim must follow the enqueue (:meth:`claim`):
+        in a global transaction with this sequence's acknowledgement pending (the enqueue rides
+        on the commit, where it cannot be judged), or a peer not sent to now.  Other
+        sequences' pending acknowledgements do not matter to this claim."""
         worker = self._worker
-        if worker._callers_acks.identifiers() or not worker._sends_now(target):
+        if not worker._sends_now(target):
             return None
-        return worker._first_retry_at(target, time.time()), self._offered_id
+        acked = worker._callers_ack_of(self._key)
+        if acked is not None and self._global:
+            return None
+        return worker._first_retry_at(target, time.time()), self._offered_id, acked
 
     def claimed(self, msg: RmsMessage | None, seq: RmsSequence, rmd: RmdSequence | None) -> None:
         """The enqueue claimed its message (``msg``, as enqueued) in its own statement, or found
@@ -385,6 +396,9 @@ class RetransmissionWorker:
         #: Requests claimed for their callers by their enqueue's transaction (:meth:`early_claim`),
         #: not sent yet: (sequence key, number) -> (the claim, when it goes to a round instead).
         self._early: dict[tuple[str, int], tuple[_Planned, float]] = {}
+        #: The peer's identifier of each sequence a caller sent on (the name of its acknowledgement
+        #: in ``_callers_acks``): sequence key -> identifier.
+        self._caller_sids: dict[str, str | None] = {}
         #: One-way callers waiting for a round to send their message (:meth:`send_for_caller`'s
         #: ``paced``): (sequence key, number) -> set once a round sent it, held it or stopped.
         self._paced_callers: dict[tuple[str, int], threading.Event] = {}
@@ -784,12 +798,14 @@ class RetransmissionWorker:
         response = self._post(seq, rm.create_sequence_action, CreateSequence(acks_to, offer=offer),
                               message_id=self.source.create_message_id(seq), probe=probe)
         if response is None:
+            self._release_paced(seq.key)  # paced callers do not wait for the next try
             return  # a transport error: tried again
         content = self._read(seq, response, "CreateSequence", store_key=seq.key, apply_faults=False)
         if content is not None and isinstance(content.body, CreateSequenceResponse):
             self.source.on_create_sequence_response(seq.key, content.body, rm,
                                                     create_offered=self.destination.create_offered)
             return
+        self._release_paced(seq.key)
         refusal = create_refusal(response, content)
         if refusal is not None:
             self.source.fault_sequence(seq.key, f"{CREATE_REFUSED} by {seq.target}: {refusal}")
@@ -1164,6 +1180,9 @@ class RetransmissionWorker:
         if deadline is None:
             self.leave_to_round(key, number)
             return
+        if self._peer_failing(key):  # a round would not send it soon: the caller returns now
+            self.leave_to_round(key, number)
+            return
         sent = threading.Event()
         where = (key, number)
         self._paced_callers[where] = sent  # before it is due: a round that sends it at once sets it
@@ -1173,6 +1192,16 @@ class RetransmissionWorker:
                 sent.wait(max(deadline - time.monotonic(), 0.0))
         finally:
             self._paced_callers.pop(where, None)
+
+    def _failing(self, target: str) -> bool:
+        """Did the last exchange with ``target`` fail (a message's, or with the peer's breaker on,
+        any request's), with no answer since?"""
+        return self._peer(target).failures_in_row > 0 or self.reachability.failing(target)
+
+    def _peer_failing(self, key: str) -> bool:
+        """Did the last exchange with sequence ``key``'s peer fail (or is it held back)?"""
+        parsed = SequenceKey.decode(key)
+        return parsed is not None and (self._failing(parsed.target) or not self.reachability.sending(parsed.target))
 
     def _round_sent(self, key: str, number: int) -> None:
         """A round sent (or held) message ``number`` of ``key``: a paced caller waiting for it goes on."""
@@ -1338,9 +1367,15 @@ class RetransmissionWorker:
         acknowledgements wait for the next claim on the sequence (or the sender's next round): a
         store transaction less before the caller has its reply."""
         self._bump(sent_by_callers=1)
+        seq = item.sequence
+        if self._caller_sids.get(seq.key) != seq.sequence_id:
+            self._caller_sids[seq.key] = seq.sequence_id  # (its pending acknowledgement's name)
         with self.source.coalesced_acks(self._callers_acks):
             exchange = self._send_message(item)
-        self._settle([(item, exchange)])
+        with self._settle_lock:
+            if self._flow(seq.key).taken_alone(exchange):
+                return  # nothing else to learn: no round's settling for it
+            self._settle_now([(item, exchange)])
 
     def _claim_for_caller(self, key: str, number: int) -> _Planned | None:
         """Claim message ``number`` for its caller's thread: only its first transmission, of a
@@ -1399,6 +1434,35 @@ class RetransmissionWorker:
             msg, rmd = tx.rms_messages.claim_first_send_reading(seq.key, number, offered_id,
                                                                 next_send_at=next_at, now=now)
         return None if msg is None else (msg, seq, rmd)
+
+    def _callers_ack_of(self, key: str) -> list[tuple[int, int]] | None:
+        """The ranges callers' answers acknowledged on sequence ``key`` that no store transaction
+        applied yet, or None."""
+        if not self._callers_acks:
+            return None
+        sid = self._caller_sids.get(key)
+        return None if sid is None else self._callers_acks.ranges_of(sid)
+
+    def sends_unhindered(self, target: str, key: str) -> bool:
+        """Would a one-way caller's own send of a message of sequence ``key`` to ``target`` meet
+        no trouble that makes it wait where the sender would not: the peer is sent to (not a
+        back-channel, not held back as unreachable), its last exchange was answered, and every
+        message of the sequence sent so far is acknowledged, as far as the answers say (none
+        lost or still out, so none to send again first).  The automatic
+        ``one_way_caller_sends`` asks this (:meth:`ReliableEngine._one_way_caller_sends`): a
+        peer that stopped answering lets callers return once their message is stored."""
+        if not self._sends_now(target) or self._failing(target):
+            return False
+        with self._pacing_lock:
+            flow = self._flows.get(key)
+        return flow is None or not flow.outstanding
+
+    def _release_paced(self, key: str) -> None:
+        """Every caller paced on sequence ``key`` goes on: its messages cannot go out now (its
+        CreateSequence failed), and the sender sends them when they can."""
+        if self._paced_callers:
+            for where in [where for where in list(self._paced_callers) if where[0] == key]:
+                self._round_sent(*where)
 
     def _apply_callers_ack(self, tx: Any, seq: RmsSequence, now: float) -> bool:
         """In ``tx``: apply the acknowledgement of ``seq`` that earlier callers' answers brought;

@@ -339,6 +339,14 @@ class PendingAcks:
         with self._lock:
             return list(self._acks)
 
+    def ranges_of(self, identifier: str) -> list[tuple[int, int]] | None:
+        """The merged ranges pending for sequence ``identifier`` (left pending), or None."""
+        held = self._acks.get(identifier)  # (one read of a dict the lock only writes)
+        return None if held is None else held[0].ranges
+
+    def __bool__(self) -> bool:
+        return bool(self._acks)
+
 
 class Source:
     """The sending half of an engine (CXF's ``Source``)."""
@@ -535,6 +543,12 @@ class Source:
             self._wake_after_commit(kept, receipt)
         return receipt
 
+    def current_sequence(self, target: str, key: str = "") -> str | None:
+        """The store key of the sequence a one-way message to ``target`` under ``key`` goes on
+        now (the last one this engine used for them), or None before one is opened."""
+        with self._lock:
+            return self._current.get((target, key, False))
+
     def alone_in_store(self) -> bool:
         """Would this caller's enqueue run in a local store transaction of its own (no delivery's
         transaction to join, no global transaction to bind to)?"""
@@ -594,7 +608,7 @@ class Source:
         spec = early.first_send(ident[0])
         if spec is None:
             return None
-        next_send_at, offered_id = spec
+        next_send_at, offered_id, acked = spec
         self._ambient.wake_sender = True  # inside a delivery: the invoker wakes the sender after its commit
         if early.in_global:
             receipt = self._enqueue_at_commit(tx, ident, early.key, outgoing, reply_callback, reply_context, kept,
@@ -607,7 +621,7 @@ class Source:
                 message_id=outgoing.message_id, target=ident[0], next_send_at=next_send_at,
                 rmd_sequence_id=offered_id, reply_callback=reply_callback, reply_context=reply_context,
                 send_at=None if kept is None else time.time() + kept,
-                awaits_reply=ident[2] and self._replies_on_back_channel())
+                awaits_reply=ident[2] and self._replies_on_back_channel(), acked=acked)
         except (SequenceNotOpenError, UnknownSequenceError):
             return None  # nothing taken: enqueued as before, on a new sequence
         if done is None:

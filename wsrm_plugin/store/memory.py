@@ -29,7 +29,7 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 import dataclasses
 from typing import Any
 
@@ -574,11 +574,13 @@ class _RmsMessages(api.RmsMessageManager):
     def enqueue_claiming(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
                          message_id: str, target: str, next_send_at: float, rmd_sequence_id: str | None = None,
                          reply_callback: str | None = None, reply_context: bytes | None = None,
-                         send_at: float | None = None, awaits_reply: bool = False, now: float | None = None
+                         send_at: float | None = None, awaits_reply: bool = False, now: float | None = None,
+                         acked: Sequence[tuple[int, int]] | None = None
                          ) -> tuple[RmsMessage, bool, RmsSequence, RmdSequence | None] | None:
         """:meth:`enqueue`, and the message claimed as :meth:`claim_first_send` claims it when it
         is its caller's to send (its sequence transmitting to ``target``, the message before it
-        acknowledged or purged), in one step; destination sequence ``rmd_sequence_id`` read
+        acknowledged or purged, or among ``acked``: what the peer acknowledged and no
+        transaction applied yet), in one step; destination sequence ``rmd_sequence_id`` read
         beside without its lock, as PostgreSQL's statement reads it (a lock taken after the
         source sequence's would go against the order of locks).
 
@@ -594,7 +596,8 @@ class _RmsMessages(api.RmsMessageManager):
         seq = tx._read(_RMS, sequence_key)
         before = tx._read(_MSG, (sequence_key, msg.number - 1)) if msg.number > 1 else None
         mine = seq.target == target and seq.sequence_id is not None and rms_life(seq).transmitting \
-            and (before is None or before.acked)
+            and (before is None or before.acked
+                 or (acked is not None and any(lo <= before.number <= hi for lo, hi in acked)))
         if mine:
             tx._write(_MSG, key, replace(msg, send_count=1, last_sent_at=t, next_send_at=next_send_at))
         rmd = tx._read(_RMD, rmd_sequence_id) if rmd_sequence_id is not None else None

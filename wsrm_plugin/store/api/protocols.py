@@ -281,13 +281,17 @@ class RmsMessageManager(_Manager, ABC):
     def enqueue_claiming(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
                          message_id: str, target: str, next_send_at: float, rmd_sequence_id: str | None = None,
                          reply_callback: str | None = None, reply_context: bytes | None = None,
-                         send_at: float | None = None, awaits_reply: bool = False, now: float | None = None
+                         send_at: float | None = None, awaits_reply: bool = False, now: float | None = None,
+                         acked: Sequence[tuple[int, int]] | None = None
                          ) -> tuple[RmsMessage, bool, RmsSequence, RmdSequence | None] | None:
         """:meth:`enqueue`, then :meth:`claim_first_send_reading` of the message enqueued, when
         its sequence is transmitting to ``target``: the message (as enqueued), whether it was
         claimed, the sequence as the enqueue left it and destination sequence
         ``rmd_sequence_id`` read beside (None where not read).  None, nothing done, where the
         store does not do both in one statement (here): the caller enqueues, then claims.
+        ``acked``: ranges the peer acknowledged that no transaction applied yet (the answers to
+        earlier callers' sends); the message before counts as acknowledged when among them.  A
+        store that cannot judge by them returns None (the caller applies them, then claims).
 
         A caller waiting for its reply claims its request in the transaction that enqueues it:
         the PostgreSQL store inserts the message as sent, when it is the caller's to send, in

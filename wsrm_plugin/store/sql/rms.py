@@ -417,12 +417,14 @@ class _RmsMessages(api.RmsMessageManager):
     def enqueue_claiming(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
                          message_id: str, target: str, next_send_at: float, rmd_sequence_id: str | None = None,
                          reply_callback: str | None = None, reply_context: bytes | None = None,
-                         send_at: float | None = None, awaits_reply: bool = False, now: float | None = None
+                         send_at: float | None = None, awaits_reply: bool = False, now: float | None = None,
+                         acked: Sequence[tuple[int, int]] | None = None
                          ) -> tuple[RmsMessage, bool, RmsSequence, RmdSequence | None] | None:
         """On PostgreSQL, one statement: :meth:`_take_number`'s with the message inserted, as
         sent once (its attempt recorded as :meth:`claim_first_send` records it) when the
         sequence is started and live, goes to ``target`` and the message before it is
         acknowledged (or purged), and the RMD row read beside it (a plain SELECT: no lock).
+        Not with ``acked`` (None: the caller applies them, then claims).
 
         The statement reads the messages as committed when it began: a message before it
         acknowledged while the statement waited for the sequence's row is seen unacknowledged,
@@ -430,7 +432,8 @@ class _RmsMessages(api.RmsMessageManager):
         commit, as without this statement), never claimed ahead of one still out."""
         tx = self._tx
         if not tx.d.writable_cte or tx.undo is not None or not isinstance(payload, (bytes, bytearray)) \
-                or len(payload) >= COPY_PAYLOAD_AT or sequence_key in tx._numbered or sequence_key in tx.took_number:
+                or len(payload) >= COPY_PAYLOAD_AT or sequence_key in tx._numbered or sequence_key in tx.took_number \
+                or acked:
             return None
         t = _now(now)
         due = t if send_at is None else float(send_at)
