@@ -126,6 +126,18 @@ AUTOMATIC_HTTP_THREADS = 4
 #: ms against 1.72-1.74).  Delivering inside, the count moves nothing that bounds the rate (the
 #: file is held 0.89-0.93 of the time with 4, 8 or 16 threads, 4.3-4.9 ms a message, 82-86% of it
 #: the application), so it stays :data:`AUTOMATIC_HTTP_THREADS` there.
+#: What the 16 threads cost in thread switches (``BENCH_THREAD_SWITCHES=1``, ``BENCH_WAITS=1``,
+#: ``BENCH_PERF_STAT=1``; --clients 16, load 19-32, 2026-12-01): the service switched 25-30 times a
+#: message delivering apart against 16-18 inside, nearly all of it in the HTTP threads' waits
+#: (16.6-19.6 against 8.7-9.1) and in futex calls (34 against 13.5 a message), while its sockets'
+#: calls stayed the same.  The waits that have a name in the code add up to 1.3 of the
+#: difference (an idle HTTP thread waiting for its next request 1.0 against 0.1, a receipt's own
+#: wait for the fsync 0.9 against 0.1-0.2, and 0.5 fewer waits in the receipts' batches); the
+#: rest is the interpreter handed from thread to thread among the 2.9 applications and the other
+#: threads running at once.
+#: The count of threads is what moves it: 8 threads 22.7 switches a message, 4 threads 19.3 (with
+#: the same CPU a message: 2.16-2.21 ms); the rate at that load did not decide (16 threads 0.62
+#: of plain 16 threads, 8 threads 0.57, the rounds split).
 APART_HTTP_THREADS = 16
 #: Threads of a built-in HTTP server under a transaction manager whose deliveries on receipt commit
 #: in two phases (the application's database, registered with the manager, is not the store's):
