@@ -17,6 +17,7 @@ from wsrm_plugin.store import open_store
 from wsrm_plugin.store.sql import LATEST_VERSION
 
 from .conftest import KINDS
+from .old_schema import old_messages, old_sequence, old_store
 from .test_backlog import _queue, _rows_touched
 
 pytestmark = pytest.mark.parametrize("store_url", [KINDS[2]], indirect=True)
@@ -36,15 +37,10 @@ def test_the_message_table_has_no_due_index(open_kind) -> None:
 
 
 def test_a_version_7_store_loses_the_index_when_upgraded(store_url, monkeypatch) -> None:
-    from wsrm_plugin.store.sql import schema
-
-    with monkeypatch.context() as old_code:
-        old_code.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:7])
-        old_code.setattr(schema, "LATEST_VERSION", 7)
-        old = open_store(store_url())
+    with old_store(store_url(), 7, monkeypatch) as old:
         assert "rms_message_due" in _indexes(old)
-        _queue(old, {"a": 3})
-        old.close()
+        old_sequence(old, "a", "sid-a")
+        old_messages(old, "a", 3)
     upgraded = open_store(store_url())
     try:
         assert upgraded.schema_version_found == 7
@@ -62,7 +58,8 @@ def test_due_messages_oldest_first_across_sequences(open_kind) -> None:
     now = time.time()
     with store.begin() as tx:  # a's due first, then c's, then b's; a sent once waits for its retry
         for key, at in (("a", now - 30), ("b", now - 10), ("c", now - 20)):
-            tx.write("UPDATE rms_message SET next_send_at = ? + number WHERE seq_key = ?", (at, key))
+            tx.write("UPDATE rms_message SET next_send_at = ? + number "
+                     "WHERE seq = (SELECT id FROM rms_sequence WHERE seq_key = ?)", (at, key))
         tx.rms_messages.record_send_attempts("a", [1], next_send_at=now + 60, now=now)
     with store.begin() as tx:
         due = [(m.sequence_key, m.number) for m in tx.rms_messages.due_messages(now, limit=5)]

@@ -71,7 +71,8 @@ def counts(monkeypatch):
 def messages(store: PostgresStore) -> tuple[list[int], int]:
     """The messages of "k1" committed, and its next number, read without waiting for a lock."""
     with store.begin() as tx:
-        rows = tx.all("SELECT number FROM rms_message WHERE seq_key = 'k1' ORDER BY number")
+        rows = tx.all("SELECT number FROM rms_message "
+                      "WHERE seq = (SELECT id FROM rms_sequence WHERE seq_key = 'k1') ORDER BY number")
         return [r[0] for r in rows], tx.rms.peek("k1").next_number
 
 

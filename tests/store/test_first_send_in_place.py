@@ -20,6 +20,7 @@ from wsrm_plugin.store.sql import LATEST_VERSION
 from wsrm_plugin.store.sql.schema import RMS_MESSAGE_FILLFACTOR
 
 from .conftest import KINDS
+from .old_schema import old_messages, old_sequence, old_store
 from .test_managers import enqueue, new_rms
 
 SQL_KINDS = [KINDS[1], KINDS[2]]
@@ -140,18 +141,13 @@ def test_a_message_sent_once_is_due_at_its_retry_time_and_a_later_send_moves_it(
 @pytest.mark.parametrize("store_url", SQL_KINDS, indirect=True)
 def test_a_version_6_store_keeps_its_schedule_when_upgraded(store_url, monkeypatch) -> None:
     """Messages the old code sent once (their ``next_send_at`` moved) stay not due until then."""
-    from wsrm_plugin.store.sql import schema
-
-    with monkeypatch.context() as old_code:
-        old_code.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:6])
-        old_code.setattr(schema, "LATEST_VERSION", 6)
-        old = open_store(store_url())
-        _started(old, 2)
+    with old_store(store_url(), 6, monkeypatch) as old:
+        old_sequence(old)
+        old_messages(old, n=2)
         now = time.time() + 1
         with old.begin() as tx:  # what the old code's first send wrote
             tx.write("UPDATE rms_message SET send_count = 1, last_sent_at = ?, next_send_at = ? "
                      "WHERE seq_key = 'k1' AND number = 1", (now, now + 10))
-        old.close()
     upgraded = open_store(store_url())
     try:
         assert upgraded.schema_version_found == 6

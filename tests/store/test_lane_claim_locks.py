@@ -89,7 +89,8 @@ def test_a_claim_that_writes_nothing_holds_nothing(store) -> None:
         other = psycopg2.connect(_dsn(store))
         try:
             with other, other.cursor() as cur:  # the messages are free while the lane's transaction goes on
-                cur.execute("SELECT number FROM rms_message WHERE seq_key = 'k1' ORDER BY number FOR UPDATE NOWAIT")
+                cur.execute("SELECT number FROM rms_message WHERE seq = "
+                            "(SELECT id FROM rms_sequence WHERE seq_key = 'k1') ORDER BY number FOR UPDATE NOWAIT")
                 assert [r[0] for r in cur.fetchall()] == [1, 2, 3]
         finally:
             other.close()

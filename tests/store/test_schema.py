@@ -10,6 +10,7 @@ from wsrm_plugin.store import SchemaVersionError, open_store
 from wsrm_plugin.store.sql import LATEST_VERSION
 
 from .conftest import KINDS
+from .old_schema import old_messages, old_sequence, old_store
 from .test_managers import enqueue, new_rms
 
 SQL_KINDS = [KINDS[1], KINDS[2]]
@@ -80,24 +81,12 @@ def test_concurrent_first_opens_migrate_once(store_url) -> None:
 @pytest.mark.parametrize("store_url", SQL_KINDS, indirect=True)
 def test_a_version_1_store_is_upgraded_in_place_when_opened(store_url, monkeypatch) -> None:
     """Version 2 only adds the sender's indexes: the messages a version 1 store holds stay, and are
-    claimable; version 5 (SQLite) reads the payloads they hold inline."""
-    import dataclasses
-
-    from wsrm_plugin.store import sqlite as sqlite_store
-    from wsrm_plugin.store.sql import schema
-
-    with monkeypatch.context() as old_code:
-        old_code.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:1])
-        old_code.setattr(schema, "LATEST_VERSION", 1)
-        # the old code kept every payload in its rms_message row
-        old_code.setattr(sqlite_store, "SQLITE", dataclasses.replace(sqlite_store.SQLITE, payload_apart=False))
-        old = open_store(store_url())
-        with old.begin() as tx:
-            new_rms(tx)
-            tx.rms.update("k1", sequence_id="seq-1", started=True, next_control_at=None)
-            enqueue(tx, n=3)
+    claimable; version 5 (SQLite) reads the payloads they hold inline; version 10 keys them by
+    their sequence's number."""
+    with old_store(store_url(), 1, monkeypatch) as old:
+        old_sequence(old)
+        old_messages(old, n=3)  # the old code kept every payload in its rms_message row
         assert version_rows(old) == [1]
-        old.close()
     upgraded = open_store(store_url())
     try:
         assert upgraded.schema_version_found == 1
@@ -114,6 +103,129 @@ def test_a_version_1_store_is_upgraded_in_place_when_opened(store_url, monkeypat
             enqueue(tx, n=1)  # a new message beside the old ones (SQLite: its payload apart)
             assert [m.payload for m in tx.rms_messages.list_for("k1")] == [
                 b"<env>0</env>", b"<env>1</env>", b"<env>2</env>", b"<env>0</env>"]
+    finally:
+        upgraded.close()
+
+
+def _message_key(tx) -> list[str]:
+    """The columns of ``rms_message``'s primary key."""
+    if tx.d.name == "sqlite":
+        return [r[1] for r in sorted(tx.all("SELECT pk, name FROM pragma_table_info('rms_message') WHERE pk > 0"))]
+    return [r[0] for r in tx.all(
+        "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+        "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = 'rms_message'::regclass AND i.indisprimary "
+        "ORDER BY array_position(i.indkey, a.attnum)")]
+
+
+@pytest.mark.parametrize("store_url", SQL_KINDS, indirect=True)
+def test_an_empty_version_9_store_is_keyed_by_sequence_numbers_when_opened(store_url, monkeypatch) -> None:
+    with old_store(store_url(), 9, monkeypatch) as old:
+        with old.begin() as tx:
+            assert _message_key(tx) == ["seq_key", "number"]
+    upgraded = open_store(store_url())
+    try:
+        assert upgraded.schema_version_found == 9
+        with upgraded.begin() as tx:
+            assert _message_key(tx) == ["seq", "number"]
+            new_rms(tx)
+            enqueue(tx, n=2)
+        with upgraded.begin() as tx:
+            assert [m.number for m in tx.rms_messages.list_for("k1")] == [1, 2]
+            assert tx.rms.get("k1").store_id is not None
+    finally:
+        upgraded.close()
+
+
+@pytest.mark.parametrize("store_url", SQL_KINDS, indirect=True)
+def test_queued_messages_of_a_version_9_store_are_kept_when_it_is_opened(store_url, monkeypatch) -> None:
+    """Each message takes its sequence's number: nothing is lost, sent again or left unsendable,
+    the sequences' indexes hold them (claims, acknowledgements, purges by sequence), and the
+    sequences made after are numbered after those found."""
+    big = b"<env>" + b"x" * 5000 + b"</env>"  # SQLite keeps it apart in rms_payload (version 5)
+    with old_store(store_url(), 9, monkeypatch) as old:
+        for key, sid in (("k1", "seq-1"), ("k2", "seq-2"), ("k3", None)):
+            old_sequence(old, key, sid)
+        old_messages(old, "k1", 2, send_count=1)  # sent once, waiting for an acknowledgement
+        old_messages(old, "k1", 2, first=3)
+        old_messages(old, "k2", 1, acked=True, reply_pending=True)  # acknowledged, its reply to come
+        old_messages(old, "k2", 1, first=2)
+        old_messages(old, "k3", 1)
+        if store_url().startswith("sqlite"):
+            with old.begin() as tx:
+                tx.write("INSERT INTO rms_payload (seq_key, number, payload) VALUES ('k2', 2, ?)", (big,))
+                tx.write("UPDATE rms_message SET payload = ? WHERE seq_key = 'k2' AND number = 2", (b"",))
+    upgraded = open_store(store_url())
+    try:
+        with upgraded.begin() as tx:
+            listed = {key: [(m.number, m.send_count, m.acked, m.reply_pending, m.payload)
+                            for m in tx.rms_messages.list_for(key)] for key in ("k1", "k2", "k3")}
+            ids = {key: tx.rms.get(key).store_id for key in ("k1", "k2", "k3")}
+        assert listed == {
+            "k1": [(1, 1, False, False, b"<env>0</env>"), (2, 1, False, False, b"<env>1</env>"),
+                   (3, 0, False, False, b"<env>0</env>"), (4, 0, False, False, b"<env>1</env>")],
+            "k2": [(1, 0, True, True, b"<env>0</env>"),
+                   (2, 0, False, False, big if store_url().startswith("sqlite") else b"<env>0</env>")],
+            "k3": [(1, 0, False, False, b"<env>0</env>")]}
+        assert len(set(ids.values())) == 3
+        with upgraded.begin() as tx:
+            assert tx.rms_messages.count_unacked() == 6
+            due = tx.rms_messages.due_messages(limit=10, per_sequence=10)
+            assert sorted((m.sequence_key, m.number) for m in due) == [("k1", 3), ("k1", 4), ("k2", 2)]
+            assert [m.number for m in tx.rms_messages.claim_first_sends("k1", 5, next_send_at=1e12)] == [3, 4]
+        with upgraded.begin() as tx:
+            assert tx.rms_messages.acknowledge("k1", [(1, 4)]) == ([1, 2, 3, 4], False)
+            tx.rms_messages.reply_received("k2", 1)
+            tx.rms_messages.purge_acked("k2")
+        with upgraded.begin() as tx:
+            assert tx.rms_messages.list_for("k1") == []
+            assert [m.number for m in tx.rms_messages.list_for("k2")] == [2]
+            new_rms(tx, key="k4")
+            enqueue(tx, key="k4", n=1)
+            assert tx.rms.get("k4").store_id not in ids.values()
+            assert [m.number for m in tx.rms_messages.list_for("k4")] == [1]
+    finally:
+        upgraded.close()
+
+
+@pytest.mark.parametrize("store_url", SQL_KINDS, indirect=True)
+def test_a_version_9_store_with_a_prepared_branch_is_refused_until_it_is_ended(store_url, monkeypatch) -> None:
+    """Its rows are locked (PostgreSQL: the change of key would wait for ever) or its undo images
+    name the old key (SQLite): the open says what to do, and changes nothing."""
+    postgres = store_url().startswith("postgresql")
+
+    def session(sql: str, params=()) -> None:  # (PostgreSQL) a statement on a connection of its own
+        import psycopg2
+
+        dsn = store_url()
+        conn = psycopg2.connect(dsn if dsn.startswith("postgresql://") else dsn.removeprefix("postgresql:"))
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, params)
+        finally:
+            conn.close()
+
+    with old_store(store_url(), 9, monkeypatch) as old:
+        old_sequence(old)
+        old_messages(old, n=1)
+        if postgres:
+            session("BEGIN; UPDATE rms_message SET send_count = 1; PREPARE TRANSACTION 'wsrm_test_migration_10'")
+        else:
+            with old.begin() as tx:
+                tx.write("INSERT INTO xa_prepared (xid, undo, prepared_at) VALUES ('x1', ?, 0)", (b"[]",))
+    with pytest.raises(SchemaVersionError, match=r"1 prepared transaction\(s\) hold rows .* recovery"):
+        open_store(store_url())
+    with old_store(store_url(), 9, monkeypatch) as old:  # still as it was
+        assert version_rows(old) == list(range(1, 10))
+        if postgres:
+            session("ROLLBACK PREPARED 'wsrm_test_migration_10'")
+        else:
+            with old.begin() as tx:
+                tx.write("DELETE FROM xa_prepared")
+    upgraded = open_store(store_url())
+    try:
+        with upgraded.begin() as tx:
+            assert [(m.number, m.send_count) for m in tx.rms_messages.list_for("k1")] == [(1, 0)]
     finally:
         upgraded.close()
 

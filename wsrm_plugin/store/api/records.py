@@ -8,7 +8,7 @@ behind a transaction's back; a record checks the changes it is given once, here.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from ...statemachine.ackranges import AckRanges
@@ -94,6 +94,11 @@ class RmsSequence(_Record):
     last_activity: float = 0.0
     #: Retransmissions of messages already purged (the status counter keeps them).
     purged_retransmissions: int = 0
+    #: The SQL stores' number for the sequence (``rms_sequence.id``), by which its messages'
+    #: rows name it (``rms_message.seq``): their key and indexes hold 8 bytes, not the text of
+    #: ``key``.  None in the memory store.  Not compared: the same sequence read from two
+    #: stores is equal.
+    store_id: int | None = field(default=None, compare=False)
 
     @property
     def highest_number(self) -> int:

@@ -51,6 +51,9 @@ class Dialect:
     #: message there at 16 sequences).  PostgreSQL releases them: each open one is a
     #: subtransaction, and past 64 a backend's snapshots grow costly.
     savepoints_left_open: bool = False
+    #: the value of a new ``rms_sequence.id`` where the column has no default of its own
+    #: (SQLite, whose ALTER TABLE cannot add one); empty where it has (PostgreSQL's identity)
+    new_rms_id: str = ""
 
     def sql(self, text: str) -> str:
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
@@ -70,7 +73,7 @@ class Dialect:
 
 SQLITE = Dialect(name="sqlite", placeholder="?", blob="BLOB", bigint="INTEGER", double="REAL",
                  boolean="INTEGER", for_update="", skip_locked="", xa_table=True, payload_apart=True,
-                 savepoints_left_open=True)
+                 savepoints_left_open=True, new_rms_id="(SELECT COALESCE(MAX(id), 0) + 1 FROM rms_sequence)")
 POSTGRES = Dialect(name="postgresql", placeholder="%s", blob="BYTEA", bigint="BIGINT",
                    double="DOUBLE PRECISION", boolean="BOOLEAN", for_update=" FOR UPDATE",
                    skip_locked=" FOR UPDATE OF {alias} SKIP LOCKED", xa_table=False, lateral=True,

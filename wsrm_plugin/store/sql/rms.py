@@ -23,21 +23,23 @@ from ..api import (
 from ..api.states import rms_life
 from .rmd import _SELECT_RMD
 from .statements import ACTIVITY_GRAIN, ahead_key
-from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMD_COLS, _RMS_COLS, _cols, _msg, _rmd, _rms, msg_cols
+from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMD_COLS, _RMS_COLS, _cols, _msg, _rmd, _rms, msg_cols, with_key
 from .large_payloads import COPY_PAYLOAD_AT, cols_leaving_large_payloads, with_large_payloads
 from .transaction import SqlTransaction, _in_list
 
 _SELECT_RMS = f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?"
 #: the binary form of each of the enqueue's columns (:data:`_ENQUEUE_COLS`), for COPY
-_ENQUEUE_TYPES = ("text", "int8", "text", "text", "text", "bytea", "bool", "text", "bytea", "bool", "float8",
+_ENQUEUE_TYPES = ("int8", "int8", "text", "text", "text", "bytea", "bool", "text", "bytea", "bool", "float8",
                   "float8", "int4", "float8")
 
 
-def _read_cols(tx: SqlTransaction, alias: str = "") -> str:
-    """The columns of ``rms_message`` rows to read (:func:`.rows.msg_cols`), a payload of
-    :data:`.large_payloads.COPY_PAYLOAD_AT` bytes or more left out (NULL) where the dialect reads
-    those with COPY (:meth:`_RmsMessages._with_payloads`)."""
-    return cols_leaving_large_payloads(_MSG_COLS, alias) if tx.d.copy_binary else msg_cols(tx.d, alias)
+def _read_cols(tx: SqlTransaction, alias: str = "", key: str = "") -> str:
+    """The columns of ``rms_message`` rows to read (:func:`.rows.msg_cols`, ``key`` read in place
+    of ``seq`` when given), a payload of :data:`.large_payloads.COPY_PAYLOAD_AT` bytes or more
+    left out (NULL) where the dialect reads those with COPY (:meth:`_RmsMessages._with_payloads`)."""
+    if tx.d.copy_binary:
+        return with_key(cols_leaving_large_payloads(_MSG_COLS, alias), key)
+    return msg_cols(tx.d, alias, key)
 
 
 #: SQLite (``Dialect.payload_apart``): a payload of this many bytes or more is kept in
@@ -112,10 +114,10 @@ _ENQUEUE_CLAIMING = (
     f"WITH s AS (UPDATE rms_sequence SET highest_number = highest_number + 1 WHERE seq_key = ? "
     f"AND NOT ({_CLOSED_TO_ENQUEUES}) AND highest_number < ? RETURNING {_cols(_RMS_COLS)}), "
     "c AS (SELECT s.target = ? AND s.started AND s.sequence_id IS NOT NULL AND NOT s.terminate_sent "
-    "AND NOT s.faulted AND NOT EXISTS (SELECT 1 FROM rms_message b WHERE b.seq_key = s.seq_key "
+    "AND NOT s.faulted AND NOT EXISTS (SELECT 1 FROM rms_message b WHERE b.seq = s.id "
     "AND b.number = s.highest_number - 1 AND NOT b.acked) AS mine FROM s), "
     f"m AS (INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}, retry_at) "
-    "SELECT s.seq_key, s.highest_number, ?, ?, ?, ?, FALSE, ?, ?, ?, "
+    "SELECT s.id, s.highest_number, ?, ?, ?, ?, FALSE, ?, ?, ?, "
     "CASE WHEN c.mine THEN LEAST(CAST(? AS DOUBLE PRECISION), CAST(? AS DOUBLE PRECISION)) "
     "ELSE CAST(? AS DOUBLE PRECISION) END, ?, CASE WHEN c.mine THEN 1 ELSE 0 END, "
     "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END, "
@@ -156,10 +158,11 @@ def _closed_to_enqueues(seq: RmsSequence) -> bool:
     return seq.last_message or seq.closed or seq.close_sent or seq.terminate_sent or seq.faulted
 
 
-def _acknowledging(merged: api.AckRanges, t: float, *, key: str | None, kept: bool) -> tuple[str, list[Any]]:
+def _acknowledging(merged: api.AckRanges, t: float, *, seq: int | None, kept: bool) -> tuple[str, list[Any]]:
     """:meth:`_RmsMessages.acknowledge`'s statement and its parameters, up to its select list's
-    last column (the sequence's row as written): of sequence ``key``, or, with ``key`` None, of
-    the one a CTE ``g`` names (``g.seq_key``, ``g.kp`` for ``kept``), none when ``g`` is empty.
+    last column (the sequence's row as written): of the sequence whose id is ``seq``, or, with
+    ``seq`` None, of the one a CTE ``g`` names (``g.id``, ``g.kp`` for ``kept``), none when
+    ``g`` is empty.
 
     The check that every number named was sent (``bad``), the acknowledged messages deleted
     (those that wait for no reply: what ``purge_acked`` would delete next) or marked (those
@@ -169,10 +172,10 @@ def _acknowledging(merged: api.AckRanges, t: float, *, key: str | None, kept: bo
     check fails."""
     within = "(" + " OR ".join("number BETWEEN ? AND ?" for _ in merged.ranges) + ")"
     bounds = [v for pair in merged.ranges for v in pair]
-    k = "?" if key is not None else "(SELECT seq_key FROM g)"
-    keys = [key] if key is not None else []
+    k = "?" if seq is not None else "(SELECT id FROM g)"
+    keys = [seq] if seq is not None else []
     # kept waiting for their replies: not acknowledged, and still unacknowledged after it
-    held = ("reply_pending" if kept else "FALSE") if key is not None else "(reply_pending AND (SELECT kp FROM g))"
+    held = ("reply_pending" if kept else "FALSE") if seq is not None else "(reply_pending AND (SELECT kp FROM g))"
     ok = "NOT EXISTS (SELECT 1 FROM bad)"
     # The sequence's row is written (its last_activity, its purged retransmissions) only when
     # there is something to write, and only when no one else holds it, as a caller's
@@ -181,25 +184,32 @@ def _acknowledging(merged: api.AckRanges, t: float, *, key: str | None, kept: bo
     # only marked acknowledged, their count kept in their rows: the next acknowledgement
     # that holds the row purges them (``acked OR ...``) and counts them then.
     return (
-        f"WITH bad AS (SELECT number FROM rms_message WHERE seq_key = {k} AND {within} AND send_count = 0 "
+        f"WITH bad AS (SELECT number FROM rms_message WHERE seq = {k} AND {within} AND send_count = 0 "
         f"AND NOT {held} ORDER BY number LIMIT 20), "
-        f"lk AS (SELECT seq_key FROM rms_sequence WHERE seq_key = {k} AND (last_activity < ? OR EXISTS "
-        f"(SELECT 1 FROM rms_message WHERE seq_key = {k} AND NOT reply_pending AND send_count > 1 "
+        f"lk AS (SELECT id FROM rms_sequence WHERE id = {k} AND (last_activity < ? OR EXISTS "
+        f"(SELECT 1 FROM rms_message WHERE seq = {k} AND NOT reply_pending AND send_count > 1 "
         f"AND (acked OR {within}))) FOR NO KEY UPDATE SKIP LOCKED), "
-        f"d AS (DELETE FROM rms_message WHERE seq_key = {k} AND NOT reply_pending AND (acked OR {within}) "
+        f"d AS (DELETE FROM rms_message WHERE seq = {k} AND NOT reply_pending AND (acked OR {within}) "
         f"AND {ok} AND (send_count <= 1 OR EXISTS (SELECT 1 FROM lk)) RETURNING number, acked, send_count), "
-        f"u AS (UPDATE rms_message SET acked = TRUE WHERE seq_key = {k} AND NOT acked AND {within} AND {ok} "
+        f"u AS (UPDATE rms_message SET acked = TRUE WHERE seq = {k} AND NOT acked AND {within} AND {ok} "
         f"AND ((reply_pending AND NOT {held}) OR (NOT reply_pending AND send_count > 1 "
         "AND NOT EXISTS (SELECT 1 FROM lk))) RETURNING number), "
         "s AS (UPDATE rms_sequence SET last_activity = ?, purged_retransmissions = purged_retransmissions "
         "+ (SELECT COALESCE(SUM(send_count - 1), 0) FROM d WHERE send_count > 1) "
-        f"WHERE seq_key = {k} AND {ok} AND EXISTS (SELECT 1 FROM lk) RETURNING {_cols(_RMS_COLS)}) "
+        f"WHERE id = {k} AND {ok} AND EXISTS (SELECT 1 FROM lk) RETURNING {_cols(_RMS_COLS)}) "
         "SELECT ARRAY(SELECT number FROM bad), "
         "ARRAY(SELECT number FROM d WHERE NOT acked UNION ALL SELECT number FROM u ORDER BY 1), "
-        f"EXISTS (SELECT 1 FROM rms_message WHERE seq_key = {k} AND NOT acked AND (NOT {within} OR {held})), "
+        f"EXISTS (SELECT 1 FROM rms_message WHERE seq = {k} AND NOT acked AND (NOT {within} OR {held})), "
         f"{_cols(_RMS_COLS, 's')}",
         [*keys, *bounds, *keys, t - ACTIVITY_GRAIN, *keys, *bounds, *keys, *bounds, *keys, *bounds, t, *keys,
          *keys, *bounds])
+
+
+def _id(seq: RmsSequence) -> int:
+    """The number by which ``seq``'s messages name it (``rms_message.seq``)."""
+    if seq.store_id is None:
+        raise api.StoreError(f"RMS sequence {seq.key!r} was not read from this store (no store_id)")
+    return seq.store_id
 
 
 class _Rms(api.RmsSequenceManager):
@@ -213,10 +223,11 @@ class _Rms(api.RmsSequenceManager):
         tx.lock(RANK_RMS, key)
         t = _now(now)
         tx.capture_key("rms_sequence", key)
+        new_id = tx.d.new_rms_id  # (PostgreSQL: the column's identity)
         n = tx.write(
             "INSERT INTO rms_sequence (seq_key, target, acks_to, rm_version, wsa_version, "
-            "offered_id, next_control_at, expires, created_at, last_activity) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (seq_key) DO NOTHING",
+            f"offered_id, next_control_at, expires, created_at, last_activity{', id' if new_id else ''}) "
+            f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?{', ' + new_id if new_id else ''}) ON CONFLICT (seq_key) DO NOTHING",
             (key, target, acks_to, rm_version, wsa_version, offered_id,
              t if next_control_at is None else next_control_at, expires, t, t))
         if n == 0:
@@ -317,13 +328,13 @@ class _Rms(api.RmsSequenceManager):
         return seq
 
     def delete(self, key: str) -> None:
-        self.require(key)
+        seq = _id(self.require(key))
         tx = self._tx
-        tx.capture("rms_message", "seq_key = ?", (key,))
-        tx.write("DELETE FROM rms_message WHERE seq_key = ?", (key,))
+        tx.capture("rms_message", "seq = ?", (seq,))
+        tx.write("DELETE FROM rms_message WHERE seq = ?", (seq,))
         if tx.d.payload_apart:
-            tx.capture("rms_payload", "seq_key = ?", (key,))
-            tx.write("DELETE FROM rms_payload WHERE seq_key = ?", (key,))
+            tx.capture("rms_payload", "seq = ?", (seq,))
+            tx.write("DELETE FROM rms_payload WHERE seq = ?", (seq,))
         tx.capture_key("rms_sequence", key)
         tx.write("DELETE FROM rms_sequence WHERE seq_key = ?", (key,))
 
@@ -349,6 +360,18 @@ class _RmsMessages(api.RmsMessageManager):
         if seq is None:
             raise UnknownSequenceError("RMS", key)
         return seq
+
+    def _seq_id(self, key: str) -> int:
+        """The id of sequence ``key`` (``rms_message.seq``), from its row, read and locked if not held."""
+        return _id(self._seq(key))
+
+    def _seq_is(self, key: str) -> tuple[str, tuple[Any, ...]]:
+        """A condition on ``rms_message`` rows of sequence ``key`` and its parameter, for a read that
+        locks nothing: by the id of the row held, else by the key (a subquery)."""
+        held = self._tx.held_rms.get(key)
+        if held is not None and held.store_id is not None:
+            return "seq = ?", (held.store_id,)
+        return "seq = (SELECT id FROM rms_sequence WHERE seq_key = ?)", (key,)
 
     def enqueue(self, sequence_key: str, payload: bytes, *, action: str, soap_version: str,
                 message_id: str, last: bool = False, reply_callback: str | None = None,
@@ -381,23 +404,25 @@ class _RmsMessages(api.RmsMessageManager):
             if values and not rides else None
         if taken is not None:
             number = taken.next_number - 1
+            seq_id = _id(taken)
         else:
             seq = self._seq(sequence_key)
             number = api.check_enqueue(seq, payload)
+            seq_id = _id(seq)
         if taken is None or not together:
-            tx.capture_key("rms_message", sequence_key, number)
+            tx.capture_key("rms_message", seq_id, number)
             if tx.d.payload_apart and len(values[3]) >= PAYLOAD_APART_AT:
                 # the row only names it: its updates then leave the payload be
-                tx.capture_key("rms_payload", sequence_key, number)
-                tx.write("INSERT INTO rms_payload (seq_key, number, payload) VALUES (?, ?, ?)",
-                         (sequence_key, number, values[3]))
+                tx.capture_key("rms_payload", seq_id, number)
+                tx.write("INSERT INTO rms_payload (seq, number, payload) VALUES (?, ?, ?)",
+                         (seq_id, number, values[3]))
                 values = (*values[:3], b"", *values[4:])
             if copied:
-                tx.copy_in("rms_message", _ENQUEUE_COLS, _ENQUEUE_TYPES, (sequence_key, number, *values))
+                tx.copy_in("rms_message", _ENQUEUE_COLS, _ENQUEUE_TYPES, (seq_id, number, *values))
             else:
                 (tx.write_later if rides else tx.write)(
                     f"INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}) VALUES ({', '.join('?' * len(_ENQUEUE_COLS))})",
-                    (sequence_key, number, *values))
+                    (seq_id, number, *values))
         if taken is not None:  # the row is written already
             tx.held_rms[sequence_key] = taken
         else:
@@ -551,27 +576,24 @@ class _RmsMessages(api.RmsMessageManager):
             rest = _ENQUEUE_COLS[2:]
             rows = tx.write_all(
                 f"WITH s AS ({update}), m AS (INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}) "
-                f"SELECT s.seq_key, s.highest_number, {', '.join('?' * len(rest))} FROM s RETURNING number) "
+                f"SELECT s.id, s.highest_number, {', '.join('?' * len(rest))} FROM s RETURNING number) "
                 f"SELECT {_cols(_RMS_COLS, 's')} FROM s", (sequence_key, api.MAX_MESSAGE_NUMBER, *message))
         if not rows:
             return None
         tx.took_number.add(sequence_key)
         return _rms(rows[0])
 
-    def _row(self, sequence_key: str, number: int, lock: bool = False) -> RmsMessage | None:
-        tx = self._tx
-        row = tx.one(f"SELECT {_read_cols(tx)} FROM rms_message WHERE seq_key = ? AND number = ?"
-                     + (tx.d.for_update if lock else ""), (sequence_key, number))
-        return self._with_payloads([_msg(row)])[0] if row else None
-
     def _with_payloads(self, msgs: list[RmsMessage]) -> list[RmsMessage]:
         """``msgs`` with the large payloads :func:`_read_cols` left out read, by one COPY."""
-        return with_large_payloads(self._tx, msgs, "rms_message", "seq_key, number",
-                                   lambda m: (m.sequence_key, m.number))
+        return with_large_payloads(self._tx, msgs, "rms_message m JOIN rms_sequence s ON s.id = m.seq",
+                                   "s.seq_key, m.number", lambda m: (m.sequence_key, m.number))
 
     def get(self, sequence_key: str, number: int) -> RmsMessage | None:
-        self._seq(sequence_key)  # sequence row first, then its messages: one order for all
-        return self._row(sequence_key, number, lock=True)
+        seq = self._seq_id(sequence_key)  # sequence row first, then its messages: one order for all
+        tx = self._tx
+        row = tx.one(f"SELECT {_read_cols(tx)} FROM rms_message WHERE seq = ? AND number = ?" + tx.d.for_update,
+                     (seq, number))
+        return self._with_payloads([_msg(row, sequence_key)])[0] if row else None
 
     def _require(self, sequence_key: str, number: int) -> RmsMessage:
         msg = self.get(sequence_key, number)
@@ -581,8 +603,9 @@ class _RmsMessages(api.RmsMessageManager):
         return msg
 
     def find_by_message_id(self, message_id: str) -> RmsMessage | None:
-        row = self._tx.one(f"SELECT {msg_cols(self._tx.d)} FROM rms_message WHERE message_id = ? "
-                           "ORDER BY created_at LIMIT 1", (message_id,))
+        row = self._tx.one(f"SELECT {msg_cols(self._tx.d, 'm', 's.seq_key')} FROM rms_message m "
+                           "JOIN rms_sequence s ON s.id = m.seq WHERE m.message_id = ? "
+                           "ORDER BY m.created_at LIMIT 1", (message_id,))
         return _msg(row) if row else None
 
     def mark_acked(self, sequence_key: str, ranges: Iterable[tuple[int, int]],
@@ -593,14 +616,14 @@ class _RmsMessages(api.RmsMessageManager):
 
         def unsent(lo: int, hi: int) -> list[int]:
             return [r[0] for r in tx.all(
-                "SELECT number FROM rms_message WHERE seq_key = ? AND number BETWEEN ? AND ? "
-                "AND send_count = 0 ORDER BY number LIMIT 20", (sequence_key, lo, hi))]
+                "SELECT number FROM rms_message WHERE seq = ? AND number BETWEEN ? AND ? "
+                "AND send_count = 0 ORDER BY number LIMIT 20", (_id(seq), lo, hi))]
 
         api.check_ack(seq, merged, unsent)
         newly: list[int] = []
         for lo, hi in merged.ranges:
-            where = "seq_key = ? AND number BETWEEN ? AND ? AND NOT acked"
-            params = (sequence_key, lo, hi)
+            where = "seq = ? AND number BETWEEN ? AND ? AND NOT acked"
+            params = (_id(seq), lo, hi)
             tx.capture("rms_message", where, params)
             # the numbers it changed come back with the update: no SELECT before it
             newly.extend(sorted(r[0] for r in tx.write_all(
@@ -632,7 +655,7 @@ class _RmsMessages(api.RmsMessageManager):
             return self._acknowledge_in_four(sequence_key, merged, now, keep_awaiting=keep_awaiting)
         seq = self._seq(sequence_key)
         api.check_ack(seq, merged, lambda lo, hi: ())  # a number never handed out: refused before any statement
-        sql, params = _acknowledging(merged, _now(now), key=sequence_key, kept=keep_awaiting)
+        sql, params = _acknowledging(merged, _now(now), seq=_id(seq), kept=keep_awaiting)
         tx.capture_key("rms_sequence", sequence_key)
         rows = tx.write_all(sql + " FROM (SELECT 1) AS one LEFT JOIN s ON TRUE", params)
         bad, newly, pending = rows[0][:3]
@@ -700,14 +723,14 @@ class _RmsMessages(api.RmsMessageManager):
         """:meth:`acknowledge_sequence`'s two statements: the sequence's row locked (``hold``),
         then :meth:`acknowledge`'s statement, which also reads the row.  ``gate`` and ``more``
         as :meth:`answering_statements`' (with ``gate`` false, nothing is locked nor written)."""
-        sql, params = _acknowledging(merged, _now(now), key=None, kept=keep_offered_awaiting)
+        sql, params = _acknowledging(merged, _now(now), seq=None, kept=keep_offered_awaiting)
         columns, join, values = more
         # ``g``: the sequence when the acknowledgement applies to it (see rms_life: started and
         # live), and whether it keeps the requests waiting for their replies (it has an Offer)
         return [
             (f"SELECT 1 FROM rms_sequence WHERE sequence_id = ?{gate}{hold}", (sequence_id,)),
             (f"WITH q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE sequence_id = ?), "
-             "g AS (SELECT seq_key, offered_id IS NOT NULL AND ? AS kp FROM q WHERE started "
+             "g AS (SELECT id, offered_id IS NOT NULL AND ? AS kp FROM q WHERE started "
              f"AND NOT terminate_sent AND NOT faulted AND highest_number >= ?{gate}), "
              + sql.removeprefix("WITH ") + f", {_cols(_RMS_COLS, 'q')}{columns} "
              f"FROM (SELECT 1) AS one LEFT JOIN s ON TRUE LEFT JOIN q ON TRUE{join}",
@@ -749,12 +772,13 @@ class _RmsMessages(api.RmsMessageManager):
         within = "(" + " OR ".join("number BETWEEN ? AND ?" for _ in merged.ranges) + ")"
         bounds = [v for pair in merged.ranges for v in pair]
         kept = "reply_pending" if keep_awaiting else "0"  # kept waiting for their replies
+        n = _id(seq)
         bad, pending, to_mark = tx.one(
-            "SELECT (SELECT group_concat(number) FROM (SELECT number FROM rms_message WHERE seq_key = ? "
+            "SELECT (SELECT group_concat(number) FROM (SELECT number FROM rms_message WHERE seq = ? "
             f"AND {within} AND send_count = 0 AND NOT {kept} ORDER BY number LIMIT 20)), "
-            f"EXISTS (SELECT 1 FROM rms_message WHERE seq_key = ? AND NOT acked AND (NOT {within} OR {kept})), "
-            f"EXISTS (SELECT 1 FROM rms_message WHERE seq_key = ? AND reply_pending AND NOT acked AND NOT {kept} "
-            f"AND {within})", (sequence_key, *bounds, sequence_key, *bounds, sequence_key, *bounds))
+            f"EXISTS (SELECT 1 FROM rms_message WHERE seq = ? AND NOT acked AND (NOT {within} OR {kept})), "
+            f"EXISTS (SELECT 1 FROM rms_message WHERE seq = ? AND reply_pending AND NOT acked AND NOT {kept} "
+            f"AND {within})", (n, *bounds, n, *bounds, n, *bounds))
         if bad:
             raise api.InvalidAcknowledgementError(sequence_key, sorted(int(n) for n in str(bad).split(",")),
                                                   seq.highest_number)
@@ -762,18 +786,18 @@ class _RmsMessages(api.RmsMessageManager):
         # condition read every row of the sequence, and a backlog made each acknowledgement dearer
         # (apart: whether its payload is in rms_payload, which leaves the row's own empty)
         deleted = tx.write_all(
-            "DELETE FROM rms_message WHERE rowid IN (SELECT rowid FROM rms_message WHERE seq_key = ? "
-            f"AND {within} UNION ALL SELECT rowid FROM rms_message WHERE seq_key = ? AND acked) "
+            "DELETE FROM rms_message WHERE rowid IN (SELECT rowid FROM rms_message WHERE seq = ? "
+            f"AND {within} UNION ALL SELECT rowid FROM rms_message WHERE seq = ? AND acked) "
             "AND NOT reply_pending RETURNING number, acked, send_count, length(payload) = 0",
-            (sequence_key, *bounds, sequence_key))
+            (n, *bounds, n))
         newly = [number for number, acked, _, _ in deleted if not acked]
         if to_mark:  # requests whose replies are still to come: acknowledged, kept until they come
             newly.extend(r[0] for r in tx.write_all(
-                "UPDATE rms_message SET acked = TRUE WHERE seq_key = ? AND reply_pending AND NOT acked "
-                f"AND {within} RETURNING number", (sequence_key, *bounds)))
+                "UPDATE rms_message SET acked = TRUE WHERE seq = ? AND reply_pending AND NOT acked "
+                f"AND {within} RETURNING number", (n, *bounds)))
         apart = [number for number, _, _, empty in deleted if empty]
         if apart and tx.d.payload_apart:
-            self._delete_payloads(sequence_key, apart)
+            self._delete_payloads(n, apart)
         extra = sum(sent - 1 for _, _, sent, _ in deleted if sent > 1)
         t = _now(now)
         # the sequence's row only when there is something to write, as on PostgreSQL
@@ -799,31 +823,32 @@ class _RmsMessages(api.RmsMessageManager):
         snapshot), those the update wrote only.  A read locked FOR UPDATE wrote a row lock into
         the WAL for each message before its update (54 B a message, 16 sequences under XA)."""
         tx = self._tx
-        self._seq(sequence_key)  # sequence row first, then its messages: one order for all
+        seq = self._seq_id(sequence_key)  # sequence row first, then its messages: one order for all
         if tx.d.writable_cte and tx.undo is None:
             rows = tx.write_all(
                 _generic_plan(tx) + f"WITH {self._first_sends_claim(tx)} "
                 "SELECT * FROM m WHERE number IN (SELECT number FROM u) ORDER BY number",
-                self._first_sends_params(sequence_key, limit, next_send_at, now))
-            msgs = [_msg(r) for r in rows]
+                self._first_sends_params(seq, limit, next_send_at, now))
+            msgs = [_msg(r, sequence_key) for r in rows]
             if not msgs:  # a message sent already: nothing written
                 return []
             return self._with_payloads(msgs)
-        rows = tx.all(f"SELECT {_read_cols(tx)} FROM rms_message WHERE seq_key = ? AND NOT acked "
+        rows = tx.all(f"SELECT {_read_cols(tx)} FROM rms_message WHERE seq = ? AND NOT acked "
                       f"AND {_DUE} ORDER BY number LIMIT ?" + tx.d.for_update,
-                      (sequence_key, _now(now), _now(now), max(0, limit)))
-        msgs = [_msg(r) for r in rows]
+                      (seq, _now(now), _now(now), max(0, limit)))
+        msgs = [_msg(r, sequence_key) for r in rows]
         if not msgs or any(m.send_count for m in msgs):
             return []
         self.record_send_attempts(sequence_key, [m.number for m in msgs], next_send_at=next_send_at, now=now)
         return self._with_payloads(msgs)
 
     @staticmethod
-    def _first_sends_claim(tx: SqlTransaction, gate: str = "") -> str:
+    def _first_sends_claim(tx: SqlTransaction, gate: str = "", seq: str = "?") -> str:
         """The WITH items of :meth:`claim_first_sends`: ``m``, the sequence's first due
         unacknowledged messages (only when ``gate``, a condition, holds), and ``u``, their
         attempts recorded, none when one of them was sent; parameters from
-        :meth:`_first_sends_params`.  Both go by the primary key whatever the statistics say,
+        :meth:`_first_sends_params`.  ``seq``: the sequence's id (a parameter, or an expression,
+        which then takes none).  Both go by the primary key whatever the statistics say,
         so that PostgreSQL may keep one generic plan of the statement (:data:`_GENERIC_PLAN`).
 
         ``acked IS FALSE`` (the column is NOT NULL: the same rows as ``NOT acked``) keeps the
@@ -835,17 +860,19 @@ class _RmsMessages(api.RmsMessageManager):
         sequence.  ``u`` names its rows by ``number = ANY(ARRAY(...))``, an index condition of
         the primary key: as ``IN (SELECT number FROM m)``, the generic plan made on fresh
         statistics read the whole table and hashed it (5.7 ms against 0.46 at 20,000)."""
-        return (f"m AS (SELECT {_read_cols(tx)} FROM rms_message WHERE seq_key = ? AND acked IS FALSE "
+        return (f"m AS (SELECT {_read_cols(tx)} FROM rms_message WHERE seq = {seq} AND acked IS FALSE "
                 f"AND {_DUE}{gate} ORDER BY number LIMIT ?), "
                 f"u AS (UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, {_FIRST_SEND} "
-                "WHERE seq_key = ? AND number = ANY(ARRAY(SELECT number FROM m)) AND send_count = 0 "
+                f"WHERE seq = {seq} AND number = ANY(ARRAY(SELECT number FROM m)) AND send_count = 0 "
                 "AND acked IS FALSE AND NOT EXISTS (SELECT 1 FROM m WHERE send_count > 0) RETURNING number)")
 
     @staticmethod
-    def _first_sends_params(sequence_key: str, limit: int, next_send_at: float,
+    def _first_sends_params(seq: int | None, limit: int, next_send_at: float,
                             now: float | None) -> tuple[Any, ...]:
+        """The parameters of :meth:`_first_sends_claim`; ``seq`` None where its ``seq`` is an expression."""
         t = _now(now)
-        return (sequence_key, t, t, max(0, limit), t, next_send_at, next_send_at, next_send_at, sequence_key)
+        s = () if seq is None else (seq,)
+        return (*s, t, t, max(0, limit), t, next_send_at, next_send_at, next_send_at, *s)
 
     def claim_first_sends_of(self, sequence_key: str, limit: int, *, next_send_at: float,
                              now: float | None = None) -> tuple[RmsSequence | None, list[RmsMessage]]:
@@ -870,17 +897,17 @@ class _RmsMessages(api.RmsMessageManager):
             + f"WITH q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ? "
             f"AND NOT ({_CLOSED_TO_ENQUEUES}){tx.d.key_share}), "
             + self._first_sends_claim(tx, " AND EXISTS (SELECT 1 FROM q WHERE started AND sequence_id IS NOT NULL "
-                                          "AND NOT terminate_sent AND NOT faulted)")
+                                          "AND NOT terminate_sent AND NOT faulted)", "(SELECT id FROM q)")
             + " SELECT q.*, c.* FROM q LEFT JOIN (SELECT * FROM m WHERE number IN (SELECT number FROM u)) c "
             "ON TRUE ORDER BY c.number",
-            (sequence_key, *self._first_sends_params(sequence_key, limit, next_send_at, now)))
+            (sequence_key, *self._first_sends_params(None, limit, next_send_at, now)))
         if not rows:  # no such sequence, or closed to enqueues: nothing locked, nothing written
             tx.rms.get(sequence_key)  # locked against every writer, as get(beside_enqueues=True) then locks it
             return super().claim_first_sends_of(sequence_key, limit, next_send_at=next_send_at, now=now)
         width = len(_RMS_COLS)
         seq = tx.held_rms[sequence_key] = _rms(rows[0][:width])
         tx.shared_rms.add(sequence_key)
-        msgs = [_msg(r[width:]) for r in rows if r[width] is not None]
+        msgs = [_msg(r[width:], sequence_key) for r in rows if r[width] is not None]
         return seq, self._with_payloads(msgs) if msgs else []
 
     def _claim_first_sends_of_here(self, sequence_key: str, limit: int, next_send_at: float,
@@ -893,8 +920,8 @@ class _RmsMessages(api.RmsMessageManager):
         t = _now(now)
         rows = tx.all(
             f"SELECT {_cols(_RMS_COLS, 'q')}, m.* FROM rms_sequence q LEFT JOIN (SELECT {_read_cols(tx)} "
-            f"FROM rms_message WHERE seq_key = ? AND NOT acked AND {_DUE} ORDER BY number LIMIT ?) m ON TRUE "
-            "WHERE q.seq_key = ? ORDER BY m.number",
+            "FROM rms_message WHERE seq = (SELECT id FROM rms_sequence WHERE seq_key = ?) AND NOT acked "
+            f"AND {_DUE} ORDER BY number LIMIT ?) m ON TRUE WHERE q.seq_key = ? ORDER BY m.number",
             (sequence_key, t, t, max(0, limit), sequence_key))
         if not rows:
             return None, []
@@ -902,7 +929,7 @@ class _RmsMessages(api.RmsMessageManager):
         seq = tx.held_rms[sequence_key] = _rms(rows[0][:width])
         if seq.sequence_id is None or not rms_life(seq).transmitting:
             return seq, []
-        msgs = [_msg(r[width:]) for r in rows if r[width] is not None]
+        msgs = [_msg(r[width:], sequence_key) for r in rows if r[width] is not None]
         if not msgs or any(m.send_count for m in msgs):  # a retransmission due: left to the round
             return seq, []
         self.record_send_attempts(sequence_key, [m.number for m in msgs], next_send_at=next_send_at, now=now)
@@ -917,10 +944,10 @@ class _RmsMessages(api.RmsMessageManager):
             return super().claim_first_send(sequence_key, number, next_send_at=next_send_at, now=now)
         if not tx.d.writable_cte:
             return self._claim_first_send_in_two(sequence_key, number, next_send_at, now)
-        self._seq(sequence_key)
+        seq = self._seq_id(sequence_key)
         rows = tx.write_all(self._first_send_claim(tx) + " SELECT * FROM m",
-                            self._first_send_params(sequence_key, number, next_send_at, now))
-        return self._with_payloads([_msg(rows[0])])[0] if rows else None
+                            self._first_send_params(seq, number, next_send_at, now))
+        return self._with_payloads([_msg(rows[0], sequence_key)])[0] if rows else None
 
     def _claim_first_send_in_two(self, sequence_key: str, number: int, next_send_at: float,
                                  now: float | None) -> RmsMessage | None:
@@ -931,33 +958,32 @@ class _RmsMessages(api.RmsMessageManager):
         reading the one before it and recording the attempt (which read the row back) made three
         of each."""
         tx = self._tx
-        self._seq(sequence_key)  # sequence row first, then its messages: one order for all
-        row = tx.one(f"SELECT {_read_cols(tx)} FROM rms_message WHERE seq_key = ? AND number = ? AND NOT acked "
-                     "AND send_count = 0 AND NOT EXISTS (SELECT 1 FROM rms_message b WHERE b.seq_key = ? "
-                     "AND b.number = ? AND NOT b.acked)", (sequence_key, number, sequence_key, number - 1))
+        seq = self._seq_id(sequence_key)  # sequence row first, then its messages: one order for all
+        row = tx.one(f"SELECT {_read_cols(tx)} FROM rms_message WHERE seq = ? AND number = ? AND NOT acked "
+                     "AND send_count = 0 AND NOT EXISTS (SELECT 1 FROM rms_message b WHERE b.seq = ? "
+                     "AND b.number = ? AND NOT b.acked)", (seq, number, seq, number - 1))
         if row is None:
             return None
-        tx.capture_key("rms_message", sequence_key, number)
+        tx.capture_key("rms_message", seq, number)
         tx.write(f"UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, {_FIRST_SEND} "
-                 "WHERE seq_key = ? AND number = ?",
-                 (_now(now), next_send_at, next_send_at, next_send_at, sequence_key, number))
-        return self._with_payloads([_msg(row)])[0]
+                 "WHERE seq = ? AND number = ?",
+                 (_now(now), next_send_at, next_send_at, next_send_at, seq, number))
+        return self._with_payloads([_msg(row, sequence_key)])[0]
 
     @staticmethod
     def _first_send_claim(tx: SqlTransaction) -> str:
         """The WITH of :meth:`claim_first_send`: ``m``, the message if it is the caller's to send
         (unsent, unacknowledged, the one before it acknowledged), and its attempt recorded."""
-        return (f"WITH m AS (SELECT {_read_cols(tx)} FROM rms_message WHERE seq_key = ? AND number = ? "
+        return (f"WITH m AS (SELECT {_read_cols(tx)} FROM rms_message WHERE seq = ? AND number = ? "
                 "AND NOT acked AND send_count = 0 AND NOT EXISTS (SELECT 1 FROM rms_message b "
-                "WHERE b.seq_key = ? AND b.number = ? AND NOT b.acked)), "
+                "WHERE b.seq = ? AND b.number = ? AND NOT b.acked)), "
                 f"u AS (UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, {_FIRST_SEND} "
-                "WHERE seq_key = ? AND number = ? AND EXISTS (SELECT 1 FROM m))")
+                "WHERE seq = ? AND number = ? AND EXISTS (SELECT 1 FROM m))")
 
     @staticmethod
-    def _first_send_params(sequence_key: str, number: int, next_send_at: float,
+    def _first_send_params(seq: int, number: int, next_send_at: float,
                            now: float | None) -> tuple[Any, ...]:
-        return (sequence_key, number, sequence_key, number - 1, _now(now), next_send_at, next_send_at,
-                next_send_at, sequence_key, number)
+        return (seq, number, seq, number - 1, _now(now), next_send_at, next_send_at, next_send_at, seq, number)
 
     def claim_first_send_reading(self, sequence_key: str, number: int, rmd_sequence_id: str, *,
                                  next_send_at: float, now: float | None = None
@@ -968,14 +994,14 @@ class _RmsMessages(api.RmsMessageManager):
         if not tx.d.writable_cte or tx.undo is not None:
             return super().claim_first_send_reading(sequence_key, number, rmd_sequence_id,
                                                      next_send_at=next_send_at, now=now)
-        self._seq(sequence_key)
+        seq = self._seq_id(sequence_key)
         rows = tx.write_all(
             self._first_send_claim(tx) + f", r AS ({_SELECT_RMD}) "
             "SELECT m.*, r.* FROM (SELECT 1) AS one LEFT JOIN m ON TRUE LEFT JOIN r ON TRUE",
-            (*self._first_send_params(sequence_key, number, next_send_at, now), rmd_sequence_id))
+            (*self._first_send_params(seq, number, next_send_at, now), rmd_sequence_id))
         width = len(_MSG_COLS)
         row = rows[0]
-        msg = self._with_payloads([_msg(row[:width])])[0] if row[0] is not None else None
+        msg = self._with_payloads([_msg(row[:width], sequence_key)])[0] if row[0] is not None else None
         return msg, _rmd(row[width:]) if row[width] is not None else None
 
     def due_messages(self, now: float | None = None, limit: int = 100, *,
@@ -1011,16 +1037,16 @@ class _RmsMessages(api.RmsMessageManager):
                         _ordered_scan(tx)
                         + "WITH r AS MATERIALIZED (SELECT s.seq_key, x.number, x.rn, x.tid FROM rms_sequence s "
                         "CROSS JOIN LATERAL (SELECT number, ctid AS tid, ROW_NUMBER() OVER (ORDER BY next_send_at, "
-                        f"number) AS rn FROM rms_message WHERE seq_key = s.seq_key AND NOT acked AND {_DUE} "
+                        f"number) AS rn FROM rms_message WHERE seq = s.id AND NOT acked AND {_DUE} "
                         "ORDER BY next_send_at, number LIMIT ?) x "
                         "WHERE s.sequence_id IS NOT NULL AND NOT s.faulted "
                         "ORDER BY x.rn, s.seq_key LIMIT ?) "
-                        f"SELECT {_read_cols(tx, 'm')}, {_cols(_RMS_COLS, 's')}, r.rn "
+                        f"SELECT {_read_cols(tx, 'm', 's.seq_key')}, {_cols(_RMS_COLS, 's')}, r.rn "
                         "FROM r JOIN rms_message m ON m.ctid = r.tid "
                         "JOIN rms_sequence s ON s.seq_key = r.seq_key "
                         "WHERE m.ctid = ANY(ARRAY(SELECT tid FROM r)) "
                         f"AND NOT m.acked AND {_DUE_M} AND s.sequence_id IS NOT NULL AND NOT s.faulted "
-                        "ORDER BY r.rn, m.next_send_at, m.seq_key, m.number LIMIT ?"
+                        "ORDER BY r.rn, m.next_send_at, s.seq_key, m.number LIMIT ?"
                         + tx.d.claim_lock("s", "m"), (_now(now), _now(now), take, 4 * limit, _now(now), _now(now),
                                                       limit))
                     if len(rows) >= limit or take >= full or all(row[-1] < take for row in rows):
@@ -1042,9 +1068,9 @@ class _RmsMessages(api.RmsMessageManager):
             take = min(full, max(4, 2 * -(-limit // sending)))
             while True:
                 candidates = tx.all(
-                    "SELECT x.rowid, x.seq_key, x.number, x.next_send_at FROM rms_sequence s "
+                    "SELECT x.rowid, s.seq_key, x.number, x.next_send_at FROM rms_sequence s "
                     "JOIN rms_message x ON x.rowid IN "
-                    "(SELECT y.rowid FROM rms_message y WHERE y.seq_key = s.seq_key AND NOT y.acked "
+                    "(SELECT y.rowid FROM rms_message y WHERE y.seq = s.id AND NOT y.acked "
                     "AND y.next_send_at <= ? AND (y.retry_at IS NULL OR y.retry_at <= ?) "
                     "ORDER BY y.next_send_at, y.number LIMIT ?) "
                     "WHERE s.sequence_id IS NOT NULL AND NOT s.faulted",
@@ -1065,8 +1091,8 @@ class _RmsMessages(api.RmsMessageManager):
             for start in range(0, len(rowids), 500):  # below any build's limit of bound values
                 part = rowids[start:start + 500]
                 rows = tx.all(
-                    f"SELECT {msg_cols(tx.d, 'm')}, {_cols(_RMS_COLS, 's')} FROM rms_message m "
-                    "JOIN rms_sequence s ON s.seq_key = m.seq_key "
+                    f"SELECT {msg_cols(tx.d, 'm', 's.seq_key')}, {_cols(_RMS_COLS, 's')} FROM rms_message m "
+                    "JOIN rms_sequence s ON s.id = m.seq "
                     f"WHERE m.rowid IN ({', '.join('?' * len(part))})" + tx.d.lock_of("s, m"), tuple(part))
                 found.update(((m.sequence_key, m.number), m) for m in self._with_sequences(rows))
             return [found[(key, number)] for _, _, key, number, _ in chosen if (key, number) in found]
@@ -1079,21 +1105,21 @@ class _RmsMessages(api.RmsMessageManager):
             rows = tx.all(
                 _ordered_scan(tx)
                 + "WITH r AS MATERIALIZED (SELECT x.tid FROM rms_sequence s CROSS JOIN LATERAL "
-                f"(SELECT ctid AS tid, next_send_at, number FROM rms_message WHERE seq_key = s.seq_key "
+                f"(SELECT ctid AS tid, next_send_at, number FROM rms_message WHERE seq = s.id "
                 f"AND NOT acked AND {_DUE} ORDER BY next_send_at, number LIMIT ?) x "
                 "WHERE s.sequence_id IS NOT NULL AND NOT s.faulted "
                 "ORDER BY x.next_send_at, s.seq_key, x.number LIMIT ?) "
-                f"SELECT {_read_cols(tx, 'm')} FROM rms_message m JOIN rms_sequence s ON s.seq_key = m.seq_key "
+                f"SELECT {_read_cols(tx, 'm', 's.seq_key')} FROM rms_message m JOIN rms_sequence s ON s.id = m.seq "
                 f"WHERE m.ctid = ANY(ARRAY(SELECT tid FROM r)) AND NOT m.acked AND {_DUE_M} "
-                "AND s.sequence_id IS NOT NULL AND NOT s.faulted ORDER BY m.next_send_at, m.seq_key, m.number "
+                "AND s.sequence_id IS NOT NULL AND NOT s.faulted ORDER BY m.next_send_at, s.seq_key, m.number "
                 "LIMIT ?" + tx.d.lock_of("s, m"),
                 (_now(now), _now(now), limit, 4 * limit, _now(now), _now(now), limit))
             return self._with_payloads([_msg(r) for r in rows]) if payloads else [_msg(r) for r in rows]
         rows = tx.all(
-            _ordered_scan(tx) + f"SELECT {_read_cols(tx, 'm')} FROM rms_message m "
-            "JOIN rms_sequence s ON s.seq_key = m.seq_key "
+            _ordered_scan(tx) + f"SELECT {_read_cols(tx, 'm', 's.seq_key')} FROM rms_message m "
+            "JOIN rms_sequence s ON s.id = m.seq "
             f"WHERE NOT m.acked AND {_DUE_M} AND s.sequence_id IS NOT NULL "
-            "AND NOT s.faulted ORDER BY m.next_send_at, m.seq_key, m.number LIMIT ?"
+            "AND NOT s.faulted ORDER BY m.next_send_at, s.seq_key, m.number LIMIT ?"
             + tx.d.lock_of("s, m"), (_now(now), _now(now), limit))
         return self._with_payloads([_msg(r) for r in rows]) if payloads else [_msg(r) for r in rows]
 
@@ -1116,36 +1142,35 @@ class _RmsMessages(api.RmsMessageManager):
 
     def record_send_attempt(self, sequence_key: str, number: int, *, next_send_at: float,
                             now: float | None = None) -> RmsMessage:
-        self._seq(sequence_key)
+        seq = self._seq_id(sequence_key)
         tx = self._tx
-        tx.capture_key("rms_message", sequence_key, number)
+        tx.capture_key("rms_message", seq, number)
         rows = tx.write_all(
             "UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, "
-            f"next_send_at = ?, retry_at = NULL WHERE seq_key = ? AND number = ? RETURNING {msg_cols(tx.d)}",
-            (_now(now), next_send_at, sequence_key, number))
+            f"next_send_at = ?, retry_at = NULL WHERE seq = ? AND number = ? RETURNING {msg_cols(tx.d)}",
+            (_now(now), next_send_at, seq, number))
         if not rows:
             raise UnknownMessageError(
                 f"no message {number} of RMS sequence {sequence_key!r} in the store")
-        return _msg(rows[0])
+        return _msg(rows[0], sequence_key)
 
     def record_send_attempts(self, sequence_key: str, numbers: Iterable[int], *, next_send_at: float,
                              now: float | None = None) -> int:
-        self._seq(sequence_key)
-        return self._update_each(sequence_key, numbers, f"send_count = send_count + 1, last_sent_at = ?, {_SEND}",
+        return self._update_each(self._seq_id(sequence_key), numbers,
+                                 f"send_count = send_count + 1, last_sent_at = ?, {_SEND}",
                                  (_now(now), next_send_at, next_send_at, next_send_at))
 
     def record_send_attempts_across(self, numbers: Mapping[str, Iterable[int]], *, next_send_at: float,
                                     now: float | None = None) -> int:
         tx = self._tx
-        wanted = {key: sorted(set(n)) for key, n in sorted(numbers.items())}
-        for key in wanted:
-            self._seq(key)  # locked by the round's claim already: no round trip
+        # the sequences' ids: locked by the round's claim already, no round trip
+        wanted = {self._seq_id(key): sorted(set(n)) for key, n in sorted(numbers.items())}
         changed = 0
-        chunk: list[tuple[str, list[int]]] = []
+        chunk: list[tuple[int, list[int]]] = []
         size = 0
-        for key, found in [*wanted.items(), ("", [])]:  # a last empty one sends what is gathered
+        for key, found in [*wanted.items(), (0, [])]:  # a last empty one sends what is gathered
             if chunk and (not found or size + len(found) > 500):
-                where = " OR ".join(f"(seq_key = ? AND number IN ({_in_list(n)}))" for _, n in chunk)
+                where = " OR ".join(f"(seq = ? AND number IN ({_in_list(n)}))" for _, n in chunk)
                 params = [v for k, n in chunk for v in (k, *n)]
                 tx.capture("rms_message", where, params)
                 changed += tx.write("UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, "
@@ -1158,20 +1183,20 @@ class _RmsMessages(api.RmsMessageManager):
         return changed
 
     def make_due(self, sequence_key: str, numbers: Iterable[int], at: float | None = None) -> int:
-        self._seq(sequence_key)
-        return self._update_each(sequence_key, numbers, "next_send_at = ?, retry_at = NULL", (_now(at),),
-                                 " AND NOT acked")
+        return self._update_each(self._seq_id(sequence_key), numbers, "next_send_at = ?, retry_at = NULL",
+                                 (_now(at),), " AND NOT acked")
 
-    def _update_each(self, sequence_key: str, numbers: Iterable[int], assignments: str,
+    def _update_each(self, seq: int, numbers: Iterable[int], assignments: str,
                      values: tuple[Any, ...], condition: str = "") -> int:
-        """UPDATE the named messages of a sequence, 500 numbers a statement; how many changed."""
+        """UPDATE the named messages of the sequence whose id is ``seq``, 500 numbers a statement;
+        how many changed."""
         tx = self._tx
         wanted = sorted(set(numbers))
         changed = 0
         for i in range(0, len(wanted), 500):
             chunk = wanted[i:i + 500]
-            where = f"seq_key = ? AND number IN ({_in_list(chunk)}){condition}"
-            params = (sequence_key, *chunk)
+            where = f"seq = ? AND number IN ({_in_list(chunk)}){condition}"
+            params = (seq, *chunk)
             tx.capture("rms_message", where, params)
             changed += tx.write(f"UPDATE rms_message SET {assignments} WHERE {where}", (*values, *params))
         return changed
@@ -1184,14 +1209,14 @@ class _RmsMessages(api.RmsMessageManager):
         tx = self._tx
         if not tx.d.for_update or not tx.d.writable_cte or tx.undo is not None:
             return super().mark_answered(message_id)
-        request = "(SELECT seq_key, number FROM rms_message WHERE message_id = ? ORDER BY created_at LIMIT 1)"
+        request = "(SELECT seq, number FROM rms_message WHERE message_id = ? ORDER BY created_at LIMIT 1)"
         cur = tx.execute(
-            f"SELECT 1 FROM rms_sequence WHERE seq_key = (SELECT seq_key FROM {request} r) FOR UPDATE",
+            f"SELECT 1 FROM rms_sequence WHERE id = (SELECT seq FROM {request} r) FOR UPDATE",
             (message_id,),
-            then=(f"WITH m AS (UPDATE rms_message SET reply_pending = FALSE WHERE (seq_key, number) = {request} "
-                  "AND reply_pending RETURNING seq_key, number, acked) "
+            then=(f"WITH m AS (UPDATE rms_message SET reply_pending = FALSE WHERE (seq, number) = {request} "
+                  "AND reply_pending RETURNING seq, number, acked) "
                   f"SELECT m.number, m.acked, {_cols(_RMS_COLS, 's')} FROM m "
-                  "JOIN rms_sequence s ON s.seq_key = m.seq_key",
+                  "JOIN rms_sequence s ON s.id = m.seq",
                   (message_id,)))
         row = cur.fetchone()
         cur.close()
@@ -1240,22 +1265,22 @@ class _RmsMessages(api.RmsMessageManager):
         (the third then writes nothing either); ``more``: columns added to the last one's select
         list, a join after its own and their parameters (a receipt running them in its round
         trip reads its own outcome there: see ``SqlTransaction.receive_in_order``)."""
-        request = "(SELECT seq_key, number FROM rms_message WHERE message_id = ? ORDER BY created_at LIMIT 1)"
-        sql, params = _acknowledging(merged, _now(now), key=None, kept=keep_offered_awaiting)
+        request = "(SELECT seq, number FROM rms_message WHERE message_id = ? ORDER BY created_at LIMIT 1)"
+        sql, params = _acknowledging(merged, _now(now), seq=None, kept=keep_offered_awaiting)
         named = " OR ".join("r.number BETWEEN ? AND ?" for _ in merged.ranges)
         columns, join, values = more
         return [
-            (f"SELECT 1 FROM rms_sequence WHERE seq_key = (SELECT seq_key FROM {request} r){gate} FOR UPDATE",
+            (f"SELECT 1 FROM rms_sequence WHERE id = (SELECT seq FROM {request} r){gate} FOR UPDATE",
              (message_id,)),
-            (f"WITH m AS (UPDATE rms_message SET reply_pending = FALSE WHERE (seq_key, number) = {request} "
+            (f"WITH m AS (UPDATE rms_message SET reply_pending = FALSE WHERE (seq, number) = {request} "
              f"AND reply_pending{gate} RETURNING number) "
              "SELECT set_config('wsrm.answered', (SELECT count(*) FROM m)::text, TRUE)", (message_id,)),
-            ("WITH r AS (SELECT seq_key, number, acked FROM rms_message WHERE message_id = ? "
+            ("WITH r AS (SELECT seq, number, acked FROM rms_message WHERE message_id = ? "
              "ORDER BY created_at LIMIT 1), "
-             f"q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = (SELECT seq_key FROM r)), "
+             f"q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE id = (SELECT seq FROM r)), "
              # the acknowledgement applies: to the request just answered, not acknowledged
              # yet, of its sequence, which is transmitting (see rms_life: started and live)
-             "g AS (SELECT q.seq_key, q.offered_id IS NOT NULL AND ? AS kp FROM q, r "
+             "g AS (SELECT q.id, q.offered_id IS NOT NULL AND ? AS kp FROM q, r "
              "WHERE current_setting('wsrm.answered') = '1' AND NOT r.acked AND q.sequence_id = ? "
              "AND q.started AND NOT q.terminate_sent AND NOT q.faulted AND q.highest_number >= ? "
              f"AND ({named})), "
@@ -1286,21 +1311,21 @@ class _RmsMessages(api.RmsMessageManager):
         return (seq.key, int(number), bool(acked)), (seq, list(newly), bool(pending))
 
     def reply_received(self, sequence_key: str, number: int) -> RmsMessage:
-        self._seq(sequence_key)  # sequence row first, then its messages: one order for all
+        seq = self._seq_id(sequence_key)  # sequence row first, then its messages: one order for all
         tx = self._tx
-        tx.capture_key("rms_message", sequence_key, number)
-        rows = tx.write_all(f"UPDATE rms_message SET reply_pending = FALSE WHERE seq_key = ? AND number = ? "
-                            f"RETURNING {msg_cols(tx.d)}", (sequence_key, number))
+        tx.capture_key("rms_message", seq, number)
+        rows = tx.write_all(f"UPDATE rms_message SET reply_pending = FALSE WHERE seq = ? AND number = ? "
+                            f"RETURNING {msg_cols(tx.d)}", (seq, number))
         if not rows:
             raise UnknownMessageError(f"no message {number} of RMS sequence {sequence_key!r} in the store")
-        return _msg(rows[0])
+        return _msg(rows[0], sequence_key)
 
     def count_unacked(self, sequence_key: str | None = None) -> int:
         if sequence_key is None:
             row = self._tx.one("SELECT COUNT(*) FROM rms_message WHERE NOT acked")
         else:
-            row = self._tx.one("SELECT COUNT(*) FROM rms_message WHERE seq_key = ? AND NOT acked",
-                               (sequence_key,))
+            seq, key = self._seq_is(sequence_key)
+            row = self._tx.one(f"SELECT COUNT(*) FROM rms_message WHERE {seq} AND NOT acked", key)
         return int(row[0])
 
     def count_in_flight(self, sequence_key: str, window: int, now: float | None = None) -> int:
@@ -1314,52 +1339,55 @@ class _RmsMessages(api.RmsMessageManager):
         # (tests/engine/test_backlog_drain.py).  PostgreSQL, with a busy queue's stale
         # statistics, read the sequence in a bitmap scan and sorted it, unless told to read the
         # key in its order (_ordered_scan: 8,000 tuples read at 4,000 queued, 32 with it).
+        seq, key = self._seq_is(sequence_key)
         row = self._tx.one(
             _ordered_scan(self._tx)
             + "SELECT count(*) FROM (SELECT number FROM (SELECT number, send_count FROM rms_message "
-            "WHERE seq_key = ? AND acked IS FALSE ORDER BY number LIMIT ?) f WHERE send_count > 0 "
-            "UNION SELECT number FROM rms_message WHERE seq_key = ? AND NOT acked AND next_send_at > ? "
-            "AND send_count > 0) u", (sequence_key, max(window, 0), sequence_key, _now(now)))
+            f"WHERE {seq} AND acked IS FALSE ORDER BY number LIMIT ?) f WHERE send_count > 0 "
+            f"UNION SELECT number FROM rms_message WHERE {seq} AND NOT acked AND next_send_at > ? "
+            "AND send_count > 0) u", (*key, max(window, 0), *key, _now(now)))
         return int(row[0])
 
     def oldest_unacked(self, sequence_key: str) -> float | None:
-        row = self._tx.one("SELECT MIN(created_at) FROM rms_message WHERE seq_key = ? AND NOT acked",
-                           (sequence_key,))
+        seq, key = self._seq_is(sequence_key)
+        row = self._tx.one(f"SELECT MIN(created_at) FROM rms_message WHERE {seq} AND NOT acked", key)
         return None if row is None or row[0] is None else float(row[0])
 
     def has_unacked(self, sequence_key: str) -> bool:
-        return self._tx.one("SELECT 1 FROM rms_message WHERE seq_key = ? AND NOT acked LIMIT 1",
-                            (sequence_key,)) is not None
+        seq, key = self._seq_is(sequence_key)
+        return self._tx.one(f"SELECT 1 FROM rms_message WHERE {seq} AND NOT acked LIMIT 1", key) is not None
 
     def purge_acked(self, sequence_key: str | None = None) -> int:
         tx = self._tx
         purgeable = "acked AND NOT reply_pending"
         if sequence_key is None:
             keys = [r[0] for r in tx.all(
-                f"SELECT DISTINCT seq_key FROM rms_message WHERE {purgeable} ORDER BY seq_key")]
+                "SELECT DISTINCT s.seq_key FROM rms_message m JOIN rms_sequence s ON s.id = m.seq "
+                f"WHERE {purgeable} ORDER BY s.seq_key")]
         else:
             keys = [sequence_key]
         purged = 0
         for key in keys:
             tx.lock(RANK_RMS, key)
             if sequence_key is None and tx.d.skip_locked:
-                row = tx.one("SELECT seq_key FROM rms_sequence WHERE seq_key = ?"
+                row = tx.one("SELECT id FROM rms_sequence WHERE seq_key = ?"
                              + tx.d.lock_of("rms_sequence"), (key,))
                 if row is None:
                     continue  # another transaction holds it: purge it next time
+                seq = int(row[0])
             else:
-                self._seq(key)
-            where = f"seq_key = ? AND {purgeable}"
-            tx.capture("rms_message", where, (key,))
+                seq = self._seq_id(key)
+            where = f"seq = ? AND {purgeable}"
+            tx.capture("rms_message", where, (seq,))
             # (apart: whether its payload is in rms_payload, which leaves the row's own empty)
             apart = ", length(payload) = 0" if tx.d.payload_apart else ""
             counts = tx.write_all(f"DELETE FROM rms_message WHERE {where} RETURNING send_count, number{apart}",
-                                  (key,))
+                                  (seq,))
             count = len(counts)
             if not count:
                 continue
             if tx.d.payload_apart:
-                self._delete_payloads(key, [row[1] for row in counts if row[2]])
+                self._delete_payloads(seq, [row[1] for row in counts if row[2]])
             extra = sum(row[0] - 1 for row in counts if row[0] > 1)
             if extra:
                 tx.capture_key("rms_sequence", key)
@@ -1368,26 +1396,27 @@ class _RmsMessages(api.RmsMessageManager):
             purged += int(count)
         return purged
 
-    def _delete_payloads(self, key: str, numbers: list[int]) -> None:
-        """The payloads of the messages of ``key`` just deleted (``Dialect.payload_apart``)."""
+    def _delete_payloads(self, seq: int, numbers: list[int]) -> None:
+        """The payloads of the messages of sequence ``seq`` (its id) just deleted (``Dialect.payload_apart``)."""
         tx = self._tx
         if not numbers:
             return
         numbers = sorted(numbers)
         for i in range(0, len(numbers), 500):
-            where = f"seq_key = ? AND number IN ({_in_list(numbers[i:i + 500])})"
-            params = (key, *numbers[i:i + 500])
+            where = f"seq = ? AND number IN ({_in_list(numbers[i:i + 500])})"
+            params = (seq, *numbers[i:i + 500])
             tx.capture("rms_payload", where, params)
             tx.write(f"DELETE FROM rms_payload WHERE {where}", params)
 
     def tally(self, sequence_key: str) -> tuple[int, int, int]:
+        seq, key = self._seq_is(sequence_key)
         row = self._tx.one(
             "SELECT COUNT(*), COALESCE(SUM(CASE WHEN acked THEN 0 ELSE 1 END), 0), "
             "COALESCE(SUM(CASE WHEN send_count > 1 THEN send_count - 1 ELSE 0 END), 0) "
-            "FROM rms_message WHERE seq_key = ?", (sequence_key,))
+            f"FROM rms_message WHERE {seq}", key)
         return int(row[0]), int(row[1]), int(row[2])
 
     def list_for(self, sequence_key: str) -> list[RmsMessage]:
-        rows = self._tx.all(f"SELECT {msg_cols(self._tx.d)} FROM rms_message WHERE seq_key = ? "
-                            "ORDER BY number", (sequence_key,))
-        return [_msg(r) for r in rows]
+        seq, key = self._seq_is(sequence_key)
+        rows = self._tx.all(f"SELECT {msg_cols(self._tx.d)} FROM rms_message WHERE {seq} ORDER BY number", key)
+        return [_msg(r, sequence_key) for r in rows]

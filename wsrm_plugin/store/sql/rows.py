@@ -24,15 +24,18 @@ _RMS_COLS = ("seq_key", "target", "acks_to", "rm_version", "wsa_version", "offer
              "sequence_id", "started", "last_message", "last_number", "close_sent", "closed",
              "terminate_sent", "faulted", "fault_reason", "highest_number", "control_attempts",
              "next_control_at", "expires", "created_at", "last_activity",
-             "purged_retransmissions")
-_MSG_COLS = ("seq_key", "number", "message_id", "action", "soap_version", "payload", "last",
+             "purged_retransmissions", "id")
+#: ``seq`` is the sequence's ``rms_sequence.id`` (schema version 10): a statement that reads
+#: messages of one sequence gives :func:`_msg` the sequence's key; one that reads several
+#: sequences' reads their key in its place (``key`` of :func:`msg_cols`)
+_MSG_COLS = ("seq", "number", "message_id", "action", "soap_version", "payload", "last",
              "reply_callback", "reply_context", "reply_pending", "send_count", "next_send_at",
              "last_sent_at", "acked", "created_at", "retry_at")
 _RMD_COLS = ("sequence_id", "acks_to", "rm_version", "wsa_version", "principal", "offered_id",
              "received", "last_number", "closed", "terminated", "ack_due_at", "expires",
              "created_at", "last_activity")
-#: the columns an enqueue writes (the key first)
-_ENQUEUE_COLS = ("seq_key", "number", "message_id", "action", "soap_version", "payload", "last",
+#: the columns an enqueue writes (the sequence's id first)
+_ENQUEUE_COLS = ("seq", "number", "message_id", "action", "soap_version", "payload", "last",
                  "reply_callback", "reply_context", "reply_pending", "next_send_at", "created_at",
                  "send_count", "last_sent_at")
 _BUF_COLS = ("sequence_id", "number", "message_id", "action", "soap_version", "payload",
@@ -44,8 +47,8 @@ _POISON_COLS = ("sequence_id", "number", "message_id", "action", "soap_version",
 #: Primary keys, for undo capture.
 PRIMARY_KEYS = {
     "rms_sequence": ("seq_key",),
-    "rms_message": ("seq_key", "number"),
-    "rms_payload": ("seq_key", "number"),
+    "rms_message": ("seq", "number"),
+    "rms_payload": ("seq", "number"),
     "rmd_sequence": ("sequence_id",),
     "invoker_sequence": ("sequence_id",),
     "invoker_message": ("sequence_id", "number"),
@@ -65,17 +68,26 @@ def _cols(cols: tuple[str, ...], alias: str = "") -> str:
 
 
 @functools.cache
-def msg_cols(d: Dialect, alias: str = "") -> str:
+def msg_cols(d: Dialect, alias: str = "", key: str = "") -> str:
     """The columns of ``rms_message`` rows (:data:`_MSG_COLS`), the payload read from
     ``rms_payload`` where the dialect keeps it apart (``alias`` names the message table, or
     nothing in a statement on ``rms_message`` alone).  Rows written before that table was
-    made have theirs inline, and no row in it."""
+    made have theirs inline, and no row in it.  ``key``: what is read in place of ``seq``
+    (the sequence's key, from a join: ``s.seq_key``)."""
     if not d.payload_apart:
-        return _cols(_MSG_COLS, alias)
+        return with_key(_cols(_MSG_COLS, alias), key)
     m = alias or "rms_message"
-    payload = (f"COALESCE((SELECT p.payload FROM rms_payload p WHERE p.seq_key = {m}.seq_key "
+    payload = (f"COALESCE((SELECT p.payload FROM rms_payload p WHERE p.seq = {m}.seq "
                f"AND p.number = {m}.number), {m}.payload)")
-    return ", ".join(payload if c == "payload" else f"{m}.{c}" for c in _MSG_COLS)
+    return with_key(", ".join(payload if c == "payload" else f"{m}.{c}" for c in _MSG_COLS), key)
+
+
+def with_key(cols: str, key: str) -> str:
+    """``cols`` (a list of :data:`_MSG_COLS`, ``seq`` first) with ``key`` read in place of ``seq``."""
+    if not key:
+        return cols
+    _, rest = cols.split(", ", 1)
+    return f"{key}, {rest}"
 
 
 def _blob(value: Any) -> bytes | None:
@@ -87,13 +99,21 @@ def _rms(row: Sequence[Any]) -> RmsSequence:
     for b in _RMS_BOOLS:
         v[b] = bool(v[b])
     v["key"] = v.pop("seq_key")
+    v["store_id"] = v.pop("id")
     v["next_number"] = v.pop("highest_number") + 1
     return RmsSequence(**v)
 
 
-def _msg(row: Sequence[Any]) -> RmsMessage:
+def _msg(row: Sequence[Any], key: str | None = None) -> RmsMessage:
+    """The message of ``row``, of sequence ``key``; without ``key``, the row read its sequence's key in
+    place of ``seq`` (see :data:`_MSG_COLS`)."""
     v = dict(zip(_MSG_COLS, row, strict=True))
-    v["sequence_key"] = v.pop("seq_key")
+    seq = v.pop("seq")
+    if key is None:
+        if not isinstance(seq, str):
+            raise TypeError(f"an rms_message row read without its sequence's key: {seq!r}")
+        key = seq
+    v["sequence_key"] = key
     retry_at = v.pop("retry_at")
     if retry_at is not None:  # sent once: due again then (next_send_at is left as it was)
         v["next_send_at"] = retry_at
