@@ -41,6 +41,26 @@ def _backlog(store: StorageManager, queued: int) -> None:
         tx.rms_messages.record_send_attempts("a", range(1, BATCH + 1), next_send_at=time.time() + 3600)
 
 
+def _started_backlog(store: StorageManager, analyzed: bool) -> None:
+    """:func:`_backlog` of :data:`LARGE`, "a" started; PostgreSQL's statistics of the messages
+    fresh (``analyzed``), or stale as a busy queue's are (nearly empty)."""
+    _backlog(store, LARGE)
+    with store.begin() as tx:
+        tx.rms.update("a", started=True)
+    if analyzed:
+        with store.begin() as tx:
+            tx.execute("ANALYZE rms_message").close()
+
+
+def _plans(store: StorageManager, like: str) -> list[tuple[int, int]]:
+    """(generic plans, custom plans) of each statement prepared on a session of ``store``'s (the
+    pool gives the last one back) whose text is ``LIKE`` ``like`` (PostgreSQL)."""
+    with store.begin() as tx, tx.conn.cursor() as cur:
+        cur.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+                    (like,))
+        return cur.fetchall()
+
+
 def _rows_touched(store: StorageManager, work: Callable[[Any], Any]) -> int:
     """Rows (or their proxy) the store touched doing ``work(tx)`` in one transaction."""
     kind = store.url.split(":", 1)[0]

@@ -191,3 +191,38 @@ def test_at_most_so_many_writes_ride_at_once(store, tm, counts):
         assert counts["sent"] == sent + 1 and tx.conn.riding == 2
     assert counts["riding"] == [3]
     assert messages(store) == (list(range(1, RIDING_AT_MOST + 4)), RIDING_AT_MOST + 4)
+
+
+def test_an_enqueue_riding_to_the_commit_is_planned_once_a_session(fresh_db, tm):
+    """``enqueue_claiming_at_commit`` (a one-way call under XA across two databases) goes after
+    ``SET LOCAL plan_cache_mode TO force_generic_plan`` (``rms._PLANNED_ONCE``): left to choose,
+    PostgreSQL made custom plans of it at 0.10-0.13 of the calls (its first five on each
+    session, then whenever the generic plan's estimate looked dearer).  Every part of it goes
+    by a key.  The setting ends with the transaction: the statement after it is planned as
+    before."""
+    import time
+
+    store = PostgresStore(fresh_db, lock_timeout=10.0, pool_size=1)
+    try:
+        with store.begin() as tx:
+            new_rms(tx)
+            tx.rms.update("k1", sequence_id="seq-1", started=True, next_control_at=None)
+        numbers: list[int] = []
+        for i in range(8):
+            with tm.transaction():
+                tx = store.begin(xa=tm)
+                assert tx.rms_messages.enqueue_claiming_at_commit(
+                    "k1", b"<env/>", action="urn:op", soap_version="1.2", message_id=f"urn:m{i}", target=None,
+                    next_send_at=time.time(), enqueued=lambda msg, *_: numbers.append(msg.number),
+                    otherwise=lambda: None)
+        assert numbers == list(range(1, 9))
+        from .test_backlog import _plans
+
+        plans = _plans(store, "%set_config('wsrm.enqueued'%")
+        with store.begin() as tx:
+            after = tx.one("SHOW plan_cache_mode")[0]
+        assert plans and sum(g for g, _ in plans) >= 6 and sum(c for _, c in plans) == 0, plans
+        assert after == "auto"
+        assert messages(store) == (list(range(1, 9)), 9)
+    finally:
+        store.close()

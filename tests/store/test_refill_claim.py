@@ -171,14 +171,9 @@ def test_a_refill_is_planned_once_a_session_and_reads_about_its_rows_at_a_backlo
     as with fresh ones: both its read and its update go by the primary key.  Before, the
     generic plan read every due message of the sequence (stale) or the whole table (fresh)
     for a claim of 16: about the backlog's 4,000 rows."""
-    from .test_backlog import BATCH, LARGE, _backlog, _rows_touched
+    from .test_backlog import BATCH, LARGE, _plans, _rows_touched, _started_backlog
 
-    _backlog(store, LARGE)
-    with store.begin() as tx:
-        tx.rms.update("a", started=True)
-    if analyzed:
-        with store.begin() as tx:
-            tx.execute("ANALYZE rms_message").close()
+    _started_backlog(store, analyzed)
     claimed: list[int] = []
     for _ in range(8):  # as a lane's refill claims (retransmission._refill)
         with store.begin(durable=False) as tx:
@@ -189,10 +184,7 @@ def test_a_refill_is_planned_once_a_session_and_reads_about_its_rows_at_a_backlo
         m.number for m in tx.rms_messages.claim_first_sends_of("a", 16, next_send_at=1e12)[1]))
         for _ in range(4)]
     assert claimed == list(range(BATCH + 1, BATCH + 1 + 12 * 16))  # the first never sent, in order
-    with store.begin() as tx, tx.conn.cursor() as cur:
-        cur.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-                    "WHERE statement LIKE '%u AS (UPDATE rms_message SET send_count%'")
-        plans = cur.fetchall()
+    plans = _plans(store, "%u AS (UPDATE rms_message SET send_count%")
     assert plans and sum(g for g, _ in plans) >= 10 and sum(c for _, c in plans) == 0, plans
     # the rows passed over (those in flight: 178 to 226) and the claim's own, an index entry
     # and a row each (420-516): not the backlog's (8,037 before, either statistics)

@@ -82,6 +82,20 @@ _SEND = ("retry_at = CASE WHEN send_count = 0 THEN CAST(? AS DOUBLE PRECISION) E
 _GENERIC_PLAN = "SET LOCAL plan_cache_mode TO force_generic_plan; SET LOCAL enable_bitmapscan TO off; "
 
 
+#: PostgreSQL: in front of statements whose transaction ends right after them, so that each
+#: session plans them once: the sender's acknowledgement when it is its transaction alone
+#: (:meth:`_RmsMessages.acknowledge_sequence` with ``alone``: its query string is the
+#: transaction), and an enqueue riding to its branch's COMMIT
+#: (:meth:`_RmsMessages.enqueue_claiming_at_commit`).  Left to choose, PostgreSQL made custom
+#: plans of them at 0.20-0.33 and 0.10-0.13 of the calls (16 sequences under XA across two
+#: databases, ``BENCH_PG_STATEMENTS``).  Their generic plans go by keys whatever the statistics
+#: say: the enqueue by the sequence's key and the previous message's, the acknowledgement by
+#: the sequence's id in the primary key and ``rms_message_acked`` (its rows touched at a
+#: backlog: ``test_acks_beside_enqueues``).  Bitmap scans stay allowed: the acknowledgement's
+#: purge of ``acked OR`` its range is one (a BitmapOr of the two indexes).
+_PLANNED_ONCE = "SET LOCAL plan_cache_mode TO force_generic_plan; "
+
+
 def _generic_plan(tx: SqlTransaction) -> str:
     """:data:`_GENERIC_PLAN` where the store prepares its statements (PostgreSQL), else nothing."""
     return _GENERIC_PLAN if tx.d.name == "postgresql" else ""
@@ -541,8 +555,11 @@ class _RmsMessages(api.RmsMessageManager):
                 reply_pending=reply_callback is not None or awaits_reply, next_send_at=due, created_at=t),
                 claimed == "1", rows)
 
-        if not tx.write_at_commit(_ENQUEUE_CLAIMING_AT_COMMIT, (*claiming, rmd_sequence_id), _ENQUEUED_AT_COMMIT,
-                                  (), answer, otherwise):
+        # planned once a session (_PLANNED_ONCE): every part of it goes by a key; the setting
+        # ends with the transaction, whose COMMIT follows it (a decline's rollback to its
+        # savepoint undoes it too)
+        if not tx.write_at_commit(_PLANNED_ONCE + _ENQUEUE_CLAIMING_AT_COMMIT, (*claiming, rmd_sequence_id),
+                                  _ENQUEUED_AT_COMMIT, (), answer, otherwise):
             return False
         # the row's number is the database's to know until the commit: nothing here holds it
         tx.held_rms.pop(sequence_key, None)
@@ -700,6 +717,8 @@ class _RmsMessages(api.RmsMessageManager):
             hold=tx.d.key_share if beside else " FOR UPDATE")
         if alone:
             tx.next_write_commits()
+            if tx.commits_alone and tx.d.name == "postgresql":  # its query string is the transaction
+                lock = _PLANNED_ONCE + lock
         cur = tx.execute(lock, lock_params, then=then)
         row = cur.fetchone()
         cur.close()
