@@ -1175,7 +1175,10 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
             # every statement each database ran (the utility ones too: BEGIN, SET, COMMIT), however
             # many were sent in one query string
             cur.execute("SELECT split_part(d.datname, '_', 1) || '_' || split_part(d.datname, '_', 2), "
-                        "sum(calls), sum(calls) FILTER (WHERE toplevel) FROM pg_stat_statements s "
+                        "sum(calls), sum(calls) FILTER (WHERE toplevel), "
+                        "sum(total_exec_time + total_plan_time) FILTER (WHERE toplevel), "
+                        "sum(total_plan_time) FILTER (WHERE toplevel), sum(plans) FILTER (WHERE toplevel), "
+                        "sum(wal_bytes) FILTER (WHERE toplevel) FROM pg_stat_statements s "
                         "JOIN pg_database d ON d.oid = s.dbid GROUP BY 1 ORDER BY 1")
             totals = cur.fetchall()
             # each database apart (a scenario's client and service sides), named by its prefix; a
@@ -1191,7 +1194,13 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
     finally:
         conn.close()
     print("statements per message of the run, by database: " + ", ".join(
-        f"{name}: {int(calls) / messages:.2f}" for name, calls, _ in totals))
+        f"{name}: {int(calls) / messages:.2f}" for name, calls, *_ in totals))
+    # each database's statements together (those sent at top level: a statement run inside
+    # another, as a DO block's, is in its caller's time): time, planning, plans, WAL
+    print("statement time per message of the run, by database (planning; plans; WAL): " + ", ".join(
+        f"{name}: {1000 * (ms or 0) / messages:.0f} us ({1000 * (planning or 0) / messages:.0f} us; "
+        f"{(plans or 0) / messages:.2f}; {int(wal or 0) / messages:.0f} B)"
+        for name, _, _, ms, planning, plans, wal in totals))
     print(f"statements by {'calls' if by_calls else 'WAL' if order == 'wal' else 'PostgreSQL time'}, planning included (per message of the run, {messages} messages; "
           f"these {len(rows)}: {sum(r[1] for r in rows) / messages:.2f} calls, "
           f"{1000 * sum(r[2] for r in rows) / messages:.0f} us):")
