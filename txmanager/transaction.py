@@ -1431,7 +1431,8 @@ class _OnePhase(Transaction):
                 self._commit()
         finally:
             # a manager's transaction never named was never in its running set: nothing to end
-            if self._xid is not None or self._cfg.registry is None:
+            # (a lean one is always a manager's: begun by _begin_one_phase or its block)
+            if self._xid is not None:
                 self._leave_completion()
 
 

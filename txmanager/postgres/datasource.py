@@ -16,14 +16,14 @@ import psycopg2
 import psycopg2.extensions as ext
 
 from .. import marks as _marks
-from ..lazy_begin import LazyBeginConnection
+from ..lazy_begin import _PENDING, LazyBeginConnection
 from ..manager import TransactionManager, _TransactionScope
 from ..transaction import _ACTIVE, AfterCompletion, Transaction, _OnePhase, _monotonic
 from ..xa import (
     XAException,
     XAResource,
 )
-from .resource import PostgresXAResource, offer_session, session_for_database
+from .resource import _B_ACTIVE, PostgresXAResource, offer_session, session_for_database
 from .server import (
     Connection,
     _describe,
@@ -169,10 +169,24 @@ class _ConnectionScope:
                 # _OnePhase._enlist_first, inline (its frame and its checks were a twentieth of
                 # a one-phase transaction's own client instructions); anything it would refuse
                 # goes to it, which says what is wrong
-                try:
-                    resource.start_unnamed(tx)  # it names the branch by tx._name_sole
-                except XAException as e:
-                    tx._start_refused(resource, e)
+                conn = resource._session
+                b = resource._spare
+                if (b is not None and type(conn) is LazyBeginConnection and conn._lagging
+                        and not conn._tpc_only and resource._branch is None and not conn.closed):
+                    # start_unnamed's usual case, inline (its call was 600 client instructions
+                    # of a one-phase transaction): a session idle since its last branch's
+                    # one-phase COMMIT starts the next with that branch's object
+                    resource._spare = None
+                    b.state = _B_ACTIVE
+                    conn._lagging = False
+                    conn._mode = _PENDING
+                    resource._namer = tx  # it names the branch by tx._name_sole
+                    resource._branch = b
+                else:
+                    try:
+                        resource.start_unnamed(tx)  # which says what is wrong, or starts
+                    except XAException as e:
+                        tx._start_refused(resource, e)
                 tx._sole = resource
                 if type(tx) is _OnePhase:
                     tx._syncs = sync  # the one, as itself (see _OnePhase._become_full)
