@@ -590,6 +590,8 @@ class RetransmissionWorker:
             with self._pacing_lock:
                 for key in set(self._flows) - live:
                     self._flows.pop(key, None)
+            for key in set(self._caller_sids) - live:  # (callers only ever add)
+                self._caller_sids.pop(key, None)
             for seq in sequences:
                 if not rms_life(seq).transmitting or seq.sequence_id is None or is_back_channel(seq.target):
                     continue
