@@ -25,7 +25,7 @@ from tests.spyne_server.conftest import Envelopes, action, fast_policy
 from .support import Deployment, create_orders, free_port, marks, pid_alive, prepared, rows, wait_for
 from .test_gunicorn import _answers
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow(minutes=0.75), pytest.mark.postgres, pytest.mark.timeout(1800)]
 
 CLIENTS = 4
 PER_CLIENT = 500

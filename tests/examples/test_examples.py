@@ -75,7 +75,7 @@ def test_an_example_fails_when_its_promise_cannot_be_kept():
     assert counts == (0, 3, 3, 0)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=0.75)
 def test_persistent_in_only_survives_client_and_server_crashes(tmp_path):
     done, counts = run_example("persistent_in_only.py", "--messages", "20", "--kills", "4",
                                "--workdir", str(tmp_path / "run"))
@@ -84,7 +84,7 @@ def test_persistent_in_only_survives_client_and_server_crashes(tmp_path):
     assert kills == ["client", "server", "client", "server"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=1)
 @pytest.mark.postgres
 def test_xa_client_server_loses_and_duplicates_nothing_through_six_crashes(pg_dsn_factory):
     done, counts = run_example("xa_client_server.py", "--messages", "30", "--kills", "6",

@@ -137,7 +137,7 @@ def marks_left(dsn: str) -> int:
         conn.close()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=1.25)
 @pytest.mark.parametrize("marks", [False, True], ids=["log", "marks"])
 def test_application_killed_at_fifty_random_instants(banks, tmp_path, marks):
     dsn_a, dsn_b = banks

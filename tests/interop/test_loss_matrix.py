@@ -159,7 +159,7 @@ def check_requests(proxy: LossyProxy, count: int) -> None:
     assert stats.received <= request_bound(count, losses), stats
 
 
-@pytest.mark.slow(minutes=0.05)
+@pytest.mark.slow(minutes=0.1)
 @pytest.mark.parametrize("profile", list(PROFILES))
 @pytest.mark.parametrize("version", ["1.1", "1.0"], ids=lambda v: f"wsrm{v}")
 def test_notes_reach_gsoap_once_in_order_through_loss(version: str, profile: str, clients, tmp_path: Path):
@@ -174,7 +174,7 @@ def test_notes_reach_gsoap_once_in_order_through_loss(version: str, profile: str
     assert [d.number for d in deliveries] == list(range(1, N + 1))
 
 
-@pytest.mark.slow(minutes=0.05)
+@pytest.mark.slow(minutes=0.1)
 @pytest.mark.parametrize("profile", list(PROFILES))
 @pytest.mark.parametrize("out_of_order", ["discard", "buffer"])
 def test_notes_reach_our_destination_once_in_order_through_loss(out_of_order: str, profile: str, clients,
@@ -191,7 +191,7 @@ def test_notes_reach_our_destination_once_in_order_through_loss(out_of_order: st
     assert [run.number for run in runs] == list(range(1, N + 1))
 
 
-@pytest.mark.slow(minutes=0.05)
+@pytest.mark.slow(minutes=0.1)
 @pytest.mark.parametrize("peer", ["gsoap-1.1", "gsoap-1.0", "ours-discard", "ours-buffer"])
 def test_echo_with_offer_through_loss_gets_every_reply_once(peer: str, clients, spyne_destination,
                                                             tmp_path: Path):
@@ -228,7 +228,7 @@ def test_echo_with_offer_through_loss_gets_every_reply_once(peer: str, clients, 
             server_cm.__exit__(None, None, None)
 
 
-@pytest.mark.slow(minutes=0.05)
+@pytest.mark.slow(minutes=0.1)
 def test_a_wsrm10_sequence_to_gsoap_ends_without_resending_its_last_window(clients, tmp_path: Path):
     # gSOAP answers a 1.0 LastMessage with a bare 202 and acknowledges it only in its answers to
     # other messages. The in-order sender read that bare answer as a discard and went back to the

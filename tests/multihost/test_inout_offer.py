@@ -25,7 +25,7 @@ from interceptors.zeep_client.client import reliable_client
 from .clients import client_policy
 from .cluster import Cluster, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow(minutes=0.75), pytest.mark.postgres, pytest.mark.timeout(600)]
 
 CALLS = 60
 

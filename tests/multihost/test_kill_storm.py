@@ -22,7 +22,7 @@ import pytest
 from .clients import Clients, check_exactly_once_in_order, wait_delivered
 from .cluster import Cluster, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow(minutes=1.5), pytest.mark.postgres, pytest.mark.timeout(1200)]
 
 KILLS = 20
 PER_CLIENT = 500

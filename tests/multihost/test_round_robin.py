@@ -24,7 +24,7 @@ import pytest
 from .clients import Clients, check_exactly_once_in_order, wait_delivered
 from .cluster import Cluster, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow(minutes=2), pytest.mark.postgres, pytest.mark.timeout(900)]
 
 BOUND = 10.0
 

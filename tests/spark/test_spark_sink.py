@@ -81,7 +81,7 @@ def _wait_for(predicate, timeout: float) -> bool:
     return False
 
 
-@pytest.mark.slow(minutes=1.5)
+@pytest.mark.slow(minutes=2)
 def test_driver_killed_after_prepares_then_recovered_and_rerun(spark, world):
     expected = items(90)
     options = world.options(fault="hang-commit", jobName="killed")

@@ -33,7 +33,7 @@ from .cluster import StandaloneCluster
 from .conftest import ROOT, items
 from .test_spark_sink import _deliver
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow(minutes=2.5), pytest.mark.timeout(600)]
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 STRAGGLER = 1

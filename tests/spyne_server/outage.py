@@ -96,14 +96,23 @@ def _prepared(dsn: str) -> int:
     return _query(dsn, "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()")[0][0]
 
 
-def policy() -> Any:
+def policy(retry_cycle_delay: float | None = None) -> Any:
     """The retry policy left at WCF's defaults (3 attempts, 3 cycles 60 s apart: a 5-minute outage
-    would poison every busy sequence's first message), the pause at its defaults."""
-    return fast_policy(invoker_threads=2)
+    would poison every busy sequence's first message), the pause at its defaults; or with the
+    cycles ``retry_cycle_delay`` apart, which a shorter outage outlasts the same way."""
+    cycles = {} if retry_cycle_delay is None else {"retry_cycle_delay": retry_cycle_delay}
+    return fast_policy(invoker_threads=2, **cycles)
+
+
+def poisoned_after(policy: Any) -> float:
+    """Seconds from a message's first failed delivery to the poison store, had the pause not held
+    it: every attempt of every retry cycle, and the delays between them (about 122 s by default)."""
+    cycle = sum(policy.delivery_retry_delay_after(attempts) for attempts in range(1, policy.max_delivery_attempts))
+    return (policy.max_retry_cycles + 1) * cycle + policy.max_retry_cycles * policy.retry_cycle_delay
 
 
 def run(servers, clients, app_pg, pg_dsn_factory, tmp_path, *, kind: str, seconds: float,
-        cli: bool) -> Outcome:
+        cli: bool, retry_cycle_delay: float | None = None) -> Outcome:
     app_dsn = app_pg.create_database("orders")
     # the database stamps each row itself: the recovery time is measured by its clock, not ours
     _query(app_dsn, service.SCHEMA + "; ALTER TABLE orders ADD COLUMN at timestamptz "
@@ -119,7 +128,7 @@ def run(servers, clients, app_pg, pg_dsn_factory, tmp_path, *, kind: str, second
     invoker_log.addHandler(resumed)
     invoker_log.setLevel(logging.INFO)
     try:
-        server = servers(store_url, policy(), tm=tm)
+        server = servers(store_url, policy(retry_cycle_delay), tm=tm)
         answers: list[bytes] = []
         client = clients("memory:", application=lambda envelope, context: answers.append(envelope))
         build = Envelopes(server.url)

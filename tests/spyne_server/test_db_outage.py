@@ -1,7 +1,8 @@
 """The application's database goes away for 3 s: delivery pauses, nothing is counted or poisoned,
 and everything is delivered, once and in order, within seconds of its return (issue 30).
 
-The scenario is in :mod:`.outage`; the 60 s and 5-minute outages have files of their own (slow).
+The scenario is in :mod:`.outage`; the 60 s outage and those past the retry cycles have files of
+their own (slow).
 Each case takes about 20 s.
 """
 

@@ -42,7 +42,7 @@ def _items(dsn: str) -> list[str]:
     return [row[0] for row in _query(dsn, "SELECT item FROM orders ORDER BY id")]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=0.75)
 def test_database_killed_inside_an_xa_delivery_and_service_killed_during_the_pause(
         clients, app_pg, tmp_path):
     dsn = app_pg.create_database("orders")

@@ -37,7 +37,7 @@ LAST = 10
 KILLS = 5
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=0.75)
 def test_an_xa_one_way_service_killed_at_random_keeps_each_item_once_in_order(
         processes, orders_db, tmp_path):  # noqa: F811
     seed = random.SystemRandom().randrange(2**32)
