@@ -169,6 +169,22 @@ def finish(run: KillRun, delivered: Callable[[], list[str]], count: int) -> list
     return delivered()
 
 
+def kill_run(server_args: list[str], client_args: list[str], *, count: int, kills: int,
+             delivered: Callable[[], list[str]]) -> tuple[list[str], str]:
+    """Both peers started, ``kills`` random kills, the client finished: (what ``delivered()``
+    reads then, the run's seed and kills to name in a failure)."""
+    seed = random.SystemRandom().randrange(2**32)
+    run = start_run(server_args, client_args, seed)
+    try:
+        run.run(kills)
+        items = finish(run, delivered, count)
+    finally:
+        run.stop()
+    context = f"seed {seed}, {run.describe()}"
+    assert sum(run.kills.values()) >= kills, context
+    return items, context
+
+
 def assert_exactly_once_in_order(items: list[str], count: int, context: str) -> None:
     expected = [f"m{i}" for i in range(count)]
     duplicates = sorted({i for i in items if items.count(i) > 1})
@@ -192,13 +208,6 @@ def xa_kill_run(tmp_path: Path, server_app: str, client_app: str, server_store: 
                  *, count: int, kills: int, keys: int = 1, server: tuple[str, ...] = ()) -> None:
     import psycopg2
 
-    seed = random.SystemRandom().randrange(2**32)
-    common = ["--safety-interval", "0", "--die-at-checkpoint", "0.004", "--base-interval", "0.1"]
-    run = start_run(["--store", server_store, "--record-dsn", server_app, "--tm-log", tmp_path / "srv.tmlog",
-                     "--node", "xa-server", *server, *common],
-                    ["--store", client_store, "--record-dsn", client_app, "--tm-log", tmp_path / "cli.tmlog",
-                     "--node", "xa-client", "--count", count, "--keys", keys, *common], seed)
-
     def rows(dsn: str, table: str) -> list[str]:
         try:
             with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
@@ -207,13 +216,13 @@ def xa_kill_run(tmp_path: Path, server_app: str, client_app: str, server_store: 
         except psycopg2.Error:
             return []
 
-    try:
-        run.run(kills)
-        delivered = finish(run, lambda: rows(server_app, "delivered"), count)
-    finally:
-        run.stop()
-    context = f"seed {seed}, {run.describe()}"
-    assert sum(run.kills.values()) >= kills, context
+    common = ["--safety-interval", "0", "--die-at-checkpoint", "0.004", "--base-interval", "0.1"]
+    delivered, context = kill_run(
+        ["--store", server_store, "--record-dsn", server_app, "--tm-log", tmp_path / "srv.tmlog",
+         "--node", "xa-server", *server, *common],
+        ["--store", client_store, "--record-dsn", client_app, "--tm-log", tmp_path / "cli.tmlog",
+         "--node", "xa-client", "--count", count, "--keys", keys, *common],
+        count=count, kills=kills, delivered=lambda: rows(server_app, "delivered"))
     # the client: each sent row committed with its enqueue (a row without its message would be
     # missing below, a message without its row would be enqueued again on resume: a duplicate)
     if keys > 1:

@@ -3,13 +3,12 @@ on its store; and the client's resume rule those runs lean on (the runs: :mod:`.
 
 from __future__ import annotations
 
-import random
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from .kills import assert_exactly_once_in_order, finish, start_run, store_items, store_url
+from .kills import assert_exactly_once_in_order, kill_run, store_items, store_url
 from .peer import PeerProcess
 from .support import wait_for
 
@@ -39,18 +38,11 @@ def test_a_resumed_client_enqueues_only_what_was_not_handed_over(tmp_path):
 @pytest.mark.slow(minutes=1.25)
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def test_random_sigkills_of_either_peer_lose_and_repeat_nothing(kind, tmp_path, request):
-    count, kills = 400, 20
-    seed = random.SystemRandom().randrange(2**32)
+    count = 400
     server_store = store_url(kind, "killsrv", tmp_path, request)
     client_store = store_url(kind, "killcli", tmp_path, request)
-    run = start_run(["--store", server_store, "--record-in-store", "--base-interval", "0.1"],
-                    ["--store", client_store, "--count", count, "--progress", tmp_path / "progress",
-                     "--base-interval", "0.1"], seed)
-    try:
-        run.run(kills)
-        items = finish(run, lambda: store_items(server_store), count)
-    finally:
-        run.stop()
-    context = f"seed {seed}, {run.describe()}"
-    assert sum(run.kills.values()) >= kills
+    items, context = kill_run(["--store", server_store, "--record-in-store", "--base-interval", "0.1"],
+                              ["--store", client_store, "--count", count, "--progress", tmp_path / "progress",
+                               "--base-interval", "0.1"],
+                              count=count, kills=20, delivered=lambda: store_items(server_store))
     assert_exactly_once_in_order(items, count, context)
