@@ -251,34 +251,17 @@ def test_a_one_way_callers_send_that_is_lost_is_sent_again_by_the_retransmission
 
 
 def test_one_way_callers_of_many_sequences_each_message_delivered_once_in_order(svc):
-    keys = ["", *(f"k{n}" for n in range(1, 6))]
-    first = reliable_client(zeep.Client(svc.url + "?wsdl"), "memory:", fast_policy(one_way_caller_sends=True),
-                            active_keys=keys)
-    clients = [first, *(first.with_key(key) for key in keys[1:])]
-    errors: list[BaseException] = []
-
-    def caller(n: int) -> None:
-        try:
-            for i in range(15):
-                clients[n].service.record(f"m{n}-{i}")
-        except BaseException as exc:  # noqa: BLE001 -- reported below
-            errors.append(exc)
-
+    clients = _clients_of_six_sequences(svc.url, one_way_caller_sends=True)
     try:
-        threads = [threading.Thread(target=caller, args=(n,)) for n in range(len(clients))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
-        assert errors == []
+        _in_threads(clients, "m", 15)
         assert wait_for(lambda: len(service.RECEIVED) == 90, timeout=60)
         assert sorted(service.RECEIVED) == sorted(f"m{n}-{i}" for n in range(6) for i in range(15))
         for n in range(6):  # each sequence in its order
             mine = [text for text in service.RECEIVED if text.startswith(f"m{n}-")]
             assert mine == [f"m{n}-{i}" for i in range(15)]
-        assert first.engine.retransmission.sent_by_callers > 0
+        assert clients[0].engine.retransmission.sent_by_callers > 0
     finally:
-        first.stop(timeout=5)
+        clients[0].stop(timeout=5)
 
 
 # -- the automatic setting (None, the default), and a peer that is slow or down -------------------------
