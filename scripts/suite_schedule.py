@@ -1,6 +1,6 @@
 """How long the README's test command takes on N workers, from measured test durations.
 
-The suite's duration is a schedule: whole files go to 3 workers (``--dist loadfile``), the
+The suite's duration is a schedule: whole files go to 4 workers (``--dist loadfile``), the
 longest first by their ``@pytest.mark.slow(minutes=...)`` marks (``tests/conftest.py``).  This
 replays xdist's scheduling with each test's measured duration and lists the longest files with
 their place in the order, so the marks can be checked and the effect of a change (a file split,
@@ -85,7 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("junit", nargs="+", help="junit xml files (pytest --junitxml) with measured durations")
     parser.add_argument("--order", required=True, help="`pytest --collect-only -q` output: the tests in their order")
-    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--default", type=float, default=0.3, help="seconds of a test not measured")
     args = parser.parse_args()
     measured = durations(args.junit)
