@@ -269,8 +269,8 @@ def test_one_way_callers_of_many_sequences_each_message_delivered_once_in_order(
 _KEYS = ["", *(f"k{n}" for n in range(1, 6))]  # six sequences: more than engine.busy.BUSY_AT
 
 
-def _clients_of_six_sequences(url, **policy):
-    first = reliable_client(zeep.Client(url + "?wsdl"), "memory:", fast_policy(**policy), active_keys=_KEYS)
+def _clients_of_six_sequences(url, store="memory:", **policy):
+    first = reliable_client(zeep.Client(url + "?wsdl"), store, fast_policy(**policy), active_keys=_KEYS)
     return [first, *(first.with_key(key) for key in _KEYS[1:])]
 
 
@@ -316,6 +316,22 @@ def test_one_way_callers_of_several_busy_sequences_send_their_own_messages_by_de
             client.service.record(f"a{n}-0")
         _in_threads(clients, "b", 10)
         assert sender.sent_by_callers > 0
+        _each_once_in_order([("a", 1), ("b", 10)])
+    finally:
+        clients[0].stop(timeout=5)
+
+
+def test_one_way_callers_of_several_busy_sequences_on_a_sqlite_store_leave_their_messages_to_the_sender(
+        svc, tmp_path):
+    # the automatic setting on a SQLite client store: the callers' own sends would each cost a
+    # commit and a flush there that the sender's rounds share (RMPolicy.one_way_caller_sends)
+    clients = _clients_of_six_sequences(svc.url, f"sqlite:///{tmp_path}/client.db")
+    sender = clients[0].engine.retransmission
+    try:
+        for n, client in enumerate(clients):
+            client.service.record(f"a{n}-0")
+        _in_threads(clients, "b", 10)
+        assert sender.sent_by_callers == 0
         _each_once_in_order([("a", 1), ("b", 10)])
     finally:
         clients[0].stop(timeout=5)

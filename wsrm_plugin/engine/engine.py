@@ -298,11 +298,15 @@ class ReliableEngine:
         the sender's pipelining, many are paced by the service), and only when nothing says the
         caller would wait on trouble: its sequence is open, its peer is sent to and answered
         its last exchange, and nothing sent on the sequence is still unacknowledged as far as
-        the answers say (:meth:`RetransmissionWorker.sends_unhindered`).  Otherwise the sender
-        sends it and the call returns once it is stored."""
+        the answers say (:meth:`RetransmissionWorker.sends_unhindered`).  Never on a store whose
+        transactions take turns on its file (SQLite): each caller's send there costs a commit
+        and a flush that the sender's rounds share (see ``RMPolicy.one_way_caller_sends``).
+        Otherwise the sender sends it and the call returns once it is stored."""
         mode = self.policy.one_way_caller_sends
         if mode is not None:
             return mode
+        if self.store.defers_transactions:
+            return False
         current = self.source.current_sequence(target, key)
         if current is None:  # its CreateSequence goes first: the sender's
             return False

@@ -529,17 +529,24 @@ class RMPolicy:
     #: answers say; otherwise the sender sends it and the call returns once it is stored.  So a
     #: peer that stops answering lets the callers return at once (with True, a caller meets the
     #: peer's failure itself: its call returns after its own send failed, at most
-    #: ``http_timeout``).  True: every such call once its sequence runs (the first, which opens
-    #: it, waits for the sender's round); False: never.
+    #: ``http_timeout``).  Never automatically on a SQLite store: there the callers' sends cost
+    #: the client a commit and most of a flush each, where the sender's rounds share them, for no
+    #: gain in rate.  bench_compare --calls 1600
+    #: --rounds 3, SQLite, True against False interleaved in one run (load 18-24, so counts):
+    #: client CPU 1.72/1.66/1.88 against 1.37/1.60/1.29 ms a message at 2/4/8 sequences (1.96
+    #: against 1.49 at 16, 3,200 calls), client fsyncs 1.00/0.88/0.80 against 0.77/0.51/0.27
+    #: (0.76-0.79 against 0.14-0.15 at 16), the rates' rounds split both ways.  True: every such call once
+    #: its sequence runs (the first, which opens it, waits for the sender's round); False: never.
     one_way_caller_sends: bool | None = knob(
         None, Flag(none="automatic: while at least 4 sequences of the engine had a one-way call within a second, "
-                        "to a peer that answers"),
+                        "to a peer that answers, and never on a SQLite store"),
         "a reliable client's one-way call made outside a transaction is sent from its caller's thread once "
         "stored, when no other send is under way on its sequence and its peer is sent to, else the caller waits "
         "for the sender to send it: the call returns once the peer answered (callers paced by the service, the "
         "client's backlog bounded; with 16 sequences on memory stores, the two sides then work at once; one "
         "caller loses the sender's pipelining); False: the sender sends every one-way message and the call "
-        "returns once it is stored; `None`: only while several sequences are busy and the peer answers")
+        "returns once it is stored; `None`: only while several sequences are busy and the peer answers, and not on "
+        "a SQLite store (each caller's send there costs a commit and a flush the sender's rounds share)")
     #: Threads delivering buffered messages, at most: the first looks at the store on the poll
     #: interval; a message recorded for delivery wakes a thread that is not busy already, so
     #: messages of several sequences get a thread each, and idle ones cost nothing.  One
