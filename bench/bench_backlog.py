@@ -28,7 +28,9 @@ its garbage collector took, and its sender's counts a message (sends, retransmis
 ``--count`` also counts, in the client, what each message cost it, which a loaded machine does
 not blur: a SQLite store's statements a message by kind (the first word and the table) and
 SQLite's virtual machine steps a message by kind (its progress handler, every 100 steps: a proxy
-for the rows a statement touched); ``--python-calls N`` the client's Python calls a message
+for the rows a statement touched), the memory store's rows visited in its index and copied from its
+tables, a PostgreSQL store's tuples of the message table read and blocks touched a message, in all
+and by statement (``pg_stat_statements``, loaded then); ``--python-calls N`` the client's Python calls a message
 (built-ins included, ``sys.setprofile``: it slows the client down, so rates are then not
 comparable) and its N most called functions.  A cost that grows with the backlog shows as a
 larger figure at the large backlog than at the small one.
@@ -40,6 +42,7 @@ import argparse
 import itertools
 import logging
 import os
+import re
 import resource
 import socket
 import statistics
@@ -161,7 +164,9 @@ def _sys_cpu() -> float:
 
 
 class _Counts:
-    """``--count``: a SQLite store's statements and virtual machine steps by kind, and
+    """``--count``: a SQLite store's statements and virtual machine steps by kind, the memory
+    store's rows visited in its index and copied from its tables, a PostgreSQL store's tuples
+    read of the message table and blocks touched by statement (:class:`_PgCounts`), and
     (``--python-calls``) the Python calls of the client's threads (a measuring tool only: the
     store's connections are traced from outside)."""
 
@@ -175,6 +180,10 @@ class _Counts:
         self.calls: list[collections.Counter[Any]] = []
         self.python_calls = python_calls
         self._current = threading.local()
+        self._memory: Any = None  # the memory store counted: its index, and the rows copied
+        self.copied = 0
+        self._visited = 0
+        self._pg: _PgCounts | None = None
 
     @staticmethod
     def kind(sql: str) -> str:
@@ -200,8 +209,24 @@ class _Counts:
         conn.set_trace_callback(traced)
         conn.set_progress_handler(step, self.STEPS)
 
-    def install(self, store: Any) -> None:
-        """Trace a SQLite store's pooled connections and those it opens from now on."""
+    def install(self, store: Any, url: str) -> None:
+        """Trace a SQLite store's pooled connections and those it opens from now on; count a
+        memory store's rows visited and copied (as ``tests/store/test_backlog.py`` does), or a
+        PostgreSQL store's tuples and blocks."""
+        if url.startswith("postgresql:"):
+            self._pg = _PgCounts(url.partition(":")[2])
+            return
+        if hasattr(getattr(store, "_messages", None), "rows_visited"):
+            self._memory = store
+
+            def counted(fn: Any) -> Any:
+                def wrapper(*args: Any) -> Any:
+                    rows = fn(*args)
+                    self.copied += len(rows)
+                    return rows
+                return wrapper
+            store._snapshot, store._snapshot_group = counted(store._snapshot), counted(store._snapshot_group)
+            return
         connect = getattr(store, "_connect", None)
         if connect is None:
             return
@@ -220,6 +245,11 @@ class _Counts:
 
         self.statements.clear()
         self.steps.clear()
+        self.copied = 0
+        if self._memory is not None:
+            self._visited = self._memory._messages.rows_visited
+        if self._pg is not None:
+            self._pg.start()
         if self.python_calls is None:
             return
 
@@ -240,6 +270,8 @@ class _Counts:
 
     def stop(self) -> None:
         threading.setprofile(None)  # type: ignore[arg-type]
+        if self._pg is not None:
+            self._pg.stop()
 
     def report(self, queued: int) -> dict[str, float]:
         """Per message: the statements, steps and Python calls, in all and by kind."""
@@ -249,6 +281,11 @@ class _Counts:
                "steps": self.STEPS * sum(self.steps.values()) / queued}
         out.update({f"stmt {k}": v / queued for k, v in self.statements.items()})
         out.update({f"steps {k}": self.STEPS * v / queued for k, v in self.steps.items()})
+        if self._memory is not None:
+            out["memory index rows visited"] = (self._memory._messages.rows_visited - self._visited) / queued
+            out["memory rows copied"] = self.copied / queued
+        if self._pg is not None:
+            out.update(self._pg.report(queued))
         if self.python_calls is not None:
             total: collections.Counter[str] = collections.Counter()
             for counter in list(self.calls):
@@ -256,6 +293,68 @@ class _Counts:
                     total[_function_name(what)] += n
             out["python calls"] = sum(total.values()) / queued
             out.update({f"call {name}": n / queued for name, n in total.most_common(self.python_calls)})
+        return out
+
+
+class _PgCounts:
+    """A PostgreSQL client store's cost a message, from the server's own counters: the tuples of
+    the message table and its indexes read (``pg_stat_get_tuples_*``, as the store's backlog
+    test counts them), and each statement's calls and blocks touched (``pg_stat_statements``,
+    loaded by ``--count``; the blocks of shared buffers hit or read: what a statement walked).
+    The tuple counters reach the server when a session is idle, within a second: :meth:`stop`
+    waits that long."""
+
+    TOP = 10  # the statements listed, those that touched most blocks
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._tuples = 0
+
+    def _query(self, sql: str) -> list[tuple[Any, ...]]:
+        import psycopg2
+
+        conn = psycopg2.connect(self.dsn)
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute(sql)
+                return cur.fetchall() if cur.description else []
+        finally:
+            conn.close()
+
+    def _tuples_read(self) -> int:
+        return int(self._query(
+            "SELECT pg_stat_clear_snapshot(), sum(pg_stat_get_tuples_returned(c.oid) + "
+            "pg_stat_get_tuples_fetched(c.oid)) FROM pg_class c WHERE c.oid = 'rms_message'::regclass "
+            "OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'rms_message'::regclass)")[0][1] or 0)
+
+    def start(self) -> None:
+        self._query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        time.sleep(1.2)  # the fill's counters reported
+        self._query("SELECT pg_stat_statements_reset()")
+        self._tuples = self._tuples_read()
+
+    def stop(self) -> None:
+        time.sleep(1.2)
+        self._tuples = self._tuples_read() - self._tuples
+
+    def report(self, queued: int) -> dict[str, float]:
+        rows = self._query(
+            "SELECT query, calls, rows, shared_blks_hit + shared_blks_read FROM pg_stat_statements "
+            "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND toplevel "
+            "AND query NOT LIKE '%pg_stat%'")
+        out = {"pg message tuples read": self._tuples / queued,
+               "pg statements": sum(r[1] for r in rows) / queued, "pg blocks": sum(r[3] for r in rows) / queued}
+        by: dict[str, list[float]] = {}
+        for query, calls, got, blocks in rows:  # a statement prepared on several sessions: one
+            name = " ".join(re.sub(r"^PREPARE \w+ AS |; RELEASE SAVEPOINT wsrm_prepare", "", query).split())[:70]
+            total = by.setdefault(name, [0.0, 0.0, 0.0])
+            total[0] += calls
+            total[1] += got
+            total[2] += blocks
+        for name, (calls, got, blocks) in sorted(by.items(), key=lambda kv: -kv[1][2])[:self.TOP]:
+            out[f"pg blocks {name}"] = blocks / queued
+            out[f"pg calls {name}"] = calls / queued
         return out
 
 
@@ -287,7 +386,7 @@ def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str,
     client = ReliableEngine(client_url, _policy(), name="backlog-client")
     policy = client.policy
     if counts is not None:
-        counts.install(client.store)
+        counts.install(client.store, client_url)
     for start in range(0, queued, FILL):  # outside the measurement: the application's backlog
         with client.store.begin() as tx:
             for i in range(start, min(queued, start + FILL)):
@@ -389,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-trees", action="store_true",
                    help="send the backlog from the parsed trees its fill left (a small backlog fits them all)")
     p.add_argument("--count", action="store_true",
-                   help="count the client's SQLite statements and VM steps a message, by kind")
+                   help="count the client store's work a message: SQLite's statements and VM steps by kind, "
+                        "memory's rows visited and copied, PostgreSQL's tuples read and blocks by statement")
     p.add_argument("--python-calls", type=int, default=None, metavar="N",
                    help="count the client's Python calls a message, and list its N most called (slows it)")
     p.add_argument("--store-url", default="")
@@ -402,7 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     from wsrm_plugin.tools.pgserver import ThrowawayPostgres
 
-    pg = ThrowawayPostgres(max_connections=100).start() if "postgresql" in stores else None
+    settings = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"}
+    pg = (ThrowawayPostgres(max_connections=100, settings=settings if args.count else None).start()
+          if "postgresql" in stores else None)
     tmp = Path(tempfile.mkdtemp(prefix="bench-backlog-"))
     print(f"backlog drain: {args.small} and {args.large} queued one-way messages, {args.rounds} interleaved "
           f"round(s); rate = messages / (client start .. last delivery)", flush=True)

@@ -111,17 +111,30 @@ def _tuples_read(tx: Any) -> int:
         "OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'rms_message'::regclass)")[0])
 
 
-def _costs(open_kind: Callable[..., StorageManager], queued: int) -> tuple[int, int, int, int]:
+def _costs(open_kind: Callable[..., StorageManager], queued: int) -> tuple[int, ...]:
     store = open_kind()
     _backlog(store, queued)
     batch = _rows_touched(store, lambda tx: tx.rms_messages.due_messages(limit=BATCH, per_sequence=BATCH))
+    # the batch's sends recorded, one sequence's (the sender's round) and across sequences
+    sent = _rows_touched(store, lambda tx: tx.rms_messages.record_send_attempts(
+        "a", range(BATCH + 1, 2 * BATCH + 1), next_send_at=time.time() + 3600))
+    sent_across = _rows_touched(store, lambda tx: tx.rms_messages.record_send_attempts_across(
+        {"a": range(2 * BATCH + 1, 3 * BATCH + 1), "b": range(1, 6)}, next_send_at=time.time() + 3600))
     # a round's count of the messages in flight, against a window (max_unacknowledged)
     window = _rows_touched(store, lambda tx: tx.rms_messages.count_in_flight("a", 16))
     # a peer's cumulative acknowledgement of what was sent, as every acknowledgement repeats:
     # marked only (the first half), then applied and purged as the sender does (all of it)
     marked = _rows_touched(store, lambda tx: tx.rms_messages.mark_acked("a", [(1, BATCH // 2)]))
     applied = _rows_touched(store, lambda tx: tx.rms_messages.acknowledge("a", [(1, BATCH)]))
-    return batch, window, marked, applied
+    # what a round does with its evidence: a fast retransmission of the batch, the peer's
+    # acknowledgement naming the sequence by its identifier (the sender's), and the check
+    # whether anything is left to acknowledge
+    resent = _rows_touched(store, lambda tx: tx.rms_messages.make_due("a", range(BATCH + 1, 2 * BATCH + 1)))
+    with store.begin() as tx:  # acknowledged only while transmitting
+        tx.rms.update("a", started=True)
+    by_id = _rows_touched(store, lambda tx: tx.rms_messages.acknowledge_sequence("sid-a", [(1, 2 * BATCH)]))
+    left = _rows_touched(store, lambda tx: tx.rms_messages.has_unacked("a"))
+    return batch, sent, sent_across, window, marked, applied, resent, by_id, left
 
 
 def _wipe(open_kind: Callable[..., StorageManager]) -> None:
@@ -137,9 +150,11 @@ def test_a_send_batch_and_an_acknowledgement_touch_as_many_rows_at_any_backlog(
     small = _costs(open_kind, SMALL)
     _wipe(open_kind)
     large = _costs(open_kind, LARGE)
-    for what, at_small, at_large in zip(("send batch", "window count", "acknowledgement marked",
-                                         "acknowledgement applied"),
-                                        small, large):
+    for what, at_small, at_large in zip(("send batch", "send attempts recorded",
+                                         "send attempts recorded across sequences", "window count",
+                                         "acknowledgement marked", "acknowledgement applied", "fast retransmission",
+                                         "acknowledgement by the sequence's identifier", "unacknowledged check"),
+                                        small, large, strict=True):
         # 20 times the backlog: a cost that grew with it would be about 20 times as high
         assert at_large <= 2 * at_small + 30, (
             f"a {what} touched {at_small} rows at {SMALL} queued and {at_large} at {LARGE}")
