@@ -1039,7 +1039,7 @@ class Destination:
                         self._two_phase = invoker.in_two_phases()
                     held = self._foreseeable(tx, item)
                 if self._at_commit_possible:
-                    self._foresee_after(item, recorded, held)
+                    self._foresee_after(item, recorded, held, invoker)
                 if item.taken:
                     self._pass_turn(item, taken=True)  # (done already when not foreseen)
                 return recorded
@@ -1544,21 +1544,41 @@ class Destination:
         return tx.held_rows(item.header.identifier, item.reply[0].key)[1]
 
     def _foresee_after(self, item: _Receipt, recorded: tuple[RmdSequence, Reception],
-                       reply_seq: RmsSequence | None) -> None:
+                       reply_seq: RmsSequence | None, invoker: InvokerWorker) -> None:
         """After the commit of a receive that delivered on receipt the general way: what its
         sequence's next receipt may guess from (:meth:`_receipt_at_commit`), or nothing.  A
         one-way message's sequence (nothing rode on it, nothing answers it) is remembered
-        without a reply sequence once its message was taken.  Nor one that filled a gap: the
-        row says the messages behind it received, but they are still in the buffer, and the
-        guess of the next number expects them delivered (its COMMIT's take then failed)."""
+        without a reply sequence once its message was taken.  One that filled a gap left a row
+        saying the messages behind it received, but they are in the buffer, and the guess of
+        the next number expects them delivered (its COMMIT's take failed): a one-way message's
+        receive delivers them first (:meth:`_caught_up`), else its row is not remembered."""
         identifier = item.header.identifier
         seq, reception = recorded
         one_way = not item.acks and not item.expects_reply and item.taken
         if (reply_seq is None and not one_way) or reception.duplicate \
-                or reception.received.highest > item.header.message_number:
+                or (reception.received.highest > item.header.message_number
+                    and not (one_way and self._caught_up(item, reception, invoker))):
             self._forget_foreseen(identifier)
             return
         self._foresee(identifier, replace(seq, received=reception.received), reply_seq)
+
+    def _caught_up(self, item: _Receipt, reception: Reception, invoker: InvokerWorker) -> bool:
+        """``item`` filled a gap, its receipt committed: deliver the messages buffered behind it
+        from its receive's thread, now (``InvokerWorker.deliver_through``: a transaction each,
+        as an invoker thread's), before it answers and passes its turn; True once every number
+        its row says received is delivered (by this thread or another).  Then the next number's
+        receipt may ride on its COMMIT, guessed from that row, where it went the general way (a
+        message that overtook the one before it by more than ``REORDER_WAIT``: the one it
+        overtook, itself and the next one went the general way, one busy sequence under load).
+        The buffered messages' receipts are durable already; their deliveries are the invoker
+        threads' own transactions, made by another thread: the crash table does not change."""
+        received = reception.received
+        if not received.is_complete_up_to(received.highest):
+            return False  # another gap behind it: the buffer waits for it
+        if not invoker.deliver_through(item.header.identifier, received.highest, settled=True):
+            return False
+        item.filled_gap = False  # nothing behind it left for the invoker threads
+        return True
 
     def _forget_foreseen(self, identifier: str) -> None:
         with self._turns_changed:

@@ -462,7 +462,8 @@ class InvokerWorker:
         handed to its call there, so counted as delivered."""
         self.delivered += 1
 
-    def deliver_through(self, sequence_id: str, number: int, limit: int = CATCH_UP_STEPS) -> None:
+    def deliver_through(self, sequence_id: str, number: int, limit: int = CATCH_UP_STEPS, *,
+                        settled: bool = False) -> bool:
         """Deliver the sequence's buffered messages in order, up to ``number``, from the calling
         (receiving) thread: one transaction each, exactly as the invoker threads would.
 
@@ -478,18 +479,35 @@ class InvokerWorker:
         invoker threads settle), stops at a gap, after ``limit`` deliveries,
         and does nothing while delivery is paused.  A failure here is judged
         like any failed delivery; a store error is left to the invoker threads
-        (the receive itself succeeded)."""
+        (the receive itself succeeded).
+
+        True when it delivered ``number``, or, with ``settled``, found nothing left in line up to
+        it (a statement more, once, when another thread delivered the last of them): for a
+        caller that knows every number up to ``number`` received, each is then delivered (a
+        message that filled a gap, see ``Destination._caught_up``).  False otherwise."""
         if self.application is None or self.pause.paused:
-            return
+            return False
+        done: list[bool] = []  # (set by the pick that found nothing left in line up to ``number``)
 
         def next_in_line(tx: StoreTransaction) -> BufferedMessage | None:
             msg = tx.invoker.next_deliverable(sequence_id, in_order=True, now=time.time())
-            return None if msg is None or msg.number > number else msg
+            if msg is None and settled:  # nothing due next: nothing in line either (none waits for a retry)?
+                msg = tx.invoker.next_deliverable(sequence_id, in_order=True)
+                if msg is None or msg.number > number:
+                    done.append(True)
+                return None
+            if msg is not None and msg.number > number:
+                done.append(True)  # (the next in line is past it: every number up to it delivered)
+                return None
+            return msg
 
         for _ in range(limit):
             msg = self._take_along(next_in_line, f"the buffer of {sequence_id}")
-            if msg is None or msg.number >= number:
-                return
+            if msg is None:
+                return bool(done)
+            if msg.number >= number:
+                return True
+        return False
 
     def steps_after_response(self) -> None:
         """What a woken invoker thread would do, from a receiving thread once its response is
