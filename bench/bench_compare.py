@@ -106,6 +106,10 @@ backends of each database (the client's side and the service's, their stores apa
 the background processes, and the postmaster with the backends that ended meanwhile (counted
 through its reaped children, as the round's total is: the outbox's callers close their sessions
 before the service has counted every row).
+``BENCH_PG_SESSIONS=1`` turns on ``log_connections`` and ``log_disconnections`` and lists, after each
+round, the sessions each side's databases opened and ended from the round's start, a message, and
+the ended ones' median life (a session opened for a message's work costs PostgreSQL a backend's
+start, about 6 ms of CPU with the store's statements prepared again).
 ``BENCH_PG_PROFILE=1`` records the backends of each side's databases with ``perf`` once a tenth
 of the round's messages is in (``pg_profile.py``) and lists their CPU a message by what the server was doing;
 ``BENCH_PG_PROFILE_DUMP=DIR`` also keeps each recording's stacks (``perf script``) in ``DIR``.
@@ -160,6 +164,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -1161,6 +1166,44 @@ def _print_pg_cpu(start: dict[int, int], end: dict[int, int], roles: dict[str, s
         f"{kind}: {ticks * 1000 / tick / messages:.3f}" for kind, ticks in groups.most_common() if ticks), flush=True)
 
 
+def _log_size(pg: Any) -> int:
+    try:
+        return os.path.getsize(pg.log_path)
+    except OSError:
+        return 0
+
+
+def _print_sessions(pg: Any, start: int, roles: dict[str, str], messages: int) -> None:
+    """``BENCH_PG_SESSIONS=1``: the sessions each side's databases opened and closed from the round's
+    start (``log_connections``, ``log_disconnections``): a session opened for a message's work
+    costs PostgreSQL a backend's start (catalog caches) and end."""
+    from psycopg2.extensions import parse_dsn
+
+    names = {parse_dsn(dsn)["dbname"]: role for dsn, role in roles.items() if dsn}
+    opened: Counter[str] = Counter()
+    ended: Counter[str] = Counter()
+    lived: dict[str, list[float]] = {}
+    with open(pg.log_path, "rb") as f:
+        f.seek(start)
+        text = f.read().decode(errors="replace")
+    for line in text.splitlines():
+        found = re.search(r"database=(\S+)", line)
+        if found is None:
+            continue
+        role = names.get(found.group(1), found.group(1))
+        if "connection authorized" in line:
+            opened[role] += 1
+        elif "disconnection: session time:" in line:
+            ended[role] += 1
+            h, m, sec = re.search(r"session time: (\d+):(\d+):([\d.]+)", line).groups()
+            lived.setdefault(role, []).append(int(h) * 3600 + int(m) * 60 + float(sec))
+    print("PostgreSQL sessions from the round's start (opened, ended a message; ended sessions' "
+          "median life): " + ", ".join(
+              f"{role}: {opened[role] / messages:.4f}, {ended[role] / messages:.4f}"
+              f" ({statistics.median(lived[role]) if role in lived else 0:.3f} s, {opened[role]} opened)"
+              for role in sorted(set(opened) | set(ended))), flush=True)
+
+
 def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
     """``BENCH_PG_STATEMENTS=1``: the statements that took PostgreSQL longest, over the whole run
     (all scenarios: run one scenario to read them per message)."""
@@ -1574,6 +1617,7 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
                                {client_app: "client", server_app: "server", client_store: "client store",
                                 server_store: "server store"}) if os.environ.get("BENCH_PERF_STAT") else {}
         pg_cpu_at_start = _pg_cpu(pg, reaped=True)
+        log_at_start = _log_size(pg)
         machine_at_start = _machine()
         deadline = time.monotonic() + args.timeout
         sent_errors = None
@@ -1606,6 +1650,10 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
         result.busy = _busy(machine_at_start, _machine())
         pg_cpu_at_end = _pg_cpu(pg, reaped=True)
         result.cpu_ms["postgres"] = _pg_cpu_ms(pg_cpu_at_start, pg_cpu_at_end)
+        if os.environ.get("BENCH_PG_SESSIONS"):
+            _print_sessions(pg, log_at_start, {client_app: "client", server_app: "server",
+                                               client_store: "client store", server_store: "server store"},
+                            distinct)
         if os.environ.get("BENCH_PG_CPU"):
             _print_pg_cpu(pg_cpu_at_start, pg_cpu_at_end, {client_app: "client", server_app: "server",
                                                           client_store: "client store",
@@ -1785,10 +1833,12 @@ def main(argv: list[str] | None = None) -> int:
     from wsrm_plugin.tools.pgserver import ThrowawayPostgres
 
     statements = bool(os.environ.get("BENCH_PG_STATEMENTS"))
-    pg = ThrowawayPostgres(max_connections=200, settings={"shared_preload_libraries": "pg_stat_statements",
-                                                          "pg_stat_statements.track": "all",
-                                                          "pg_stat_statements.track_planning": "on"}
-                           if statements else None).start()
+    settings: dict[str, str] = {"shared_preload_libraries": "pg_stat_statements",
+                                "pg_stat_statements.track": "all",
+                                "pg_stat_statements.track_planning": "on"} if statements else {}
+    if os.environ.get("BENCH_PG_SESSIONS"):
+        settings.update(log_connections="on", log_disconnections="on")
+    pg = ThrowawayPostgres(max_connections=200, settings=settings or None).start()
     if statements:
         _execute(pg.dsn("postgres"), "CREATE EXTENSION pg_stat_statements")
     sampler: _WaitSampler | None = None

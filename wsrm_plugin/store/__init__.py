@@ -13,7 +13,8 @@
     through PostgreSQL prepared transactions (:mod:`.postgres`).
 
 Options go in the query string: ``?lock_timeout=5`` (seconds a transaction
-waits for a lock), ``pool_size=8``; PostgreSQL also ``prepare_statements=0``
+waits for a lock), ``pool_size=8`` (sessions kept idle; PostgreSQL keeps more while its load
+needs more at once, up to the most it had out lately); PostgreSQL also ``prepare_statements=0``
 (every statement sent as text: behind a pooler in transaction mode, see
 :mod:`.prepared`) and ``commit_marks=0`` (by default a transaction with a branch
 in another database commits the store's branch last, in one phase, with its
