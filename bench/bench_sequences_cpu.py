@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         service, first = _Plain(bc._application(), args.server_threads), None
         clients = [zeep.Client(service.url + "?wsdl") for _ in range(args.sequences)]
         stores: dict[str, Any] = {}
+        held = None
     else:
         service = reliable_service(bc._application(), urls["service"], bc._policy(1.0, scenario), name="service")
         service.serve(threads=args.server_threads)

@@ -227,12 +227,56 @@ def test_https_is_verified_with_the_default_trust_store(transport, certificate, 
     assert [r.split(b"\r\n\r\n")[1] for r in peer.requests] == [b"1", b"2"]
 
 
-def test_a_connection_of_a_thread_that_ended_is_closed_when_another_thread_connects(transport):
+def test_a_thread_per_call_reuses_the_connection_of_the_thread_before_it(transport):
     # callers' threads send their own requests: a thread per call must not keep a socket per thread
-    with ScriptedPeer([OK, OK]) as peer:
-        thread = threading.Thread(target=lambda: transport.send(peer.url, b"<e/>", {}))
-        thread.start()
-        thread.join(30)
-        assert len(transport._all) == 1
-        assert transport.send(peer.url, b"<e/>", {}).status == 200  # the peer serves one connection at a time
-        assert len(transport._all) == 1 and peer.connections == 2
+    with ScriptedPeer([OK, OK, OK]) as peer:
+        for _ in range(2):
+            thread = threading.Thread(target=lambda: transport.send(peer.url, b"<e/>", {}))
+            thread.start()
+            thread.join(30)
+        assert transport.send(peer.url, b"<e/>", {}).status == 200
+        assert len(transport._all) == 1 and peer.connections == 1
+
+
+def test_requests_in_flight_at_once_get_a_connection_each_and_leave_them_idle_for_the_next(transport):
+    """Two requests under way at once: two connections; then either thread's next request reuses
+    one of them (a thread owns no connection), and none is opened for the third."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/svc"
+    both_in = threading.Barrier(3, timeout=30)
+    accepted: list[socket.socket] = []
+    answers = b"HTTP/1.1 200 OK\r\nContent-Type: text/xml\r\nContent-Length: 5\r\n\r\n<a/>\n"
+
+    def serve(conn: socket.socket, first_waits: bool) -> None:
+        with conn:
+            n = 0
+            while conn.recv(65536):
+                if n == 0 and first_waits:
+                    both_in.wait()  # answered only once both requests are in
+                conn.sendall(answers)
+                n += 1
+
+    def accept() -> None:
+        for _ in range(2):
+            conn, _ = listener.accept()
+            accepted.append(conn)
+            threading.Thread(target=serve, args=(conn, True), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        results: list[int] = []
+        senders = [threading.Thread(target=lambda: results.append(transport.send(url, b"<e/>", {}).status))
+                   for _ in range(2)]
+        for t in senders:
+            t.start()
+        both_in.wait()
+        for t in senders:
+            t.join(30)
+        assert results == [200, 200] and len(transport._all) == 2
+        for _ in range(3):
+            assert transport.send(url, b"<e/>", {}).status == 200
+        assert len(accepted) == 2 and len(transport._all) == 2
+    finally:
+        listener.close()

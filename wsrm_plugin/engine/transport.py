@@ -3,7 +3,7 @@
 The engine only ever needs "POST these bytes to that address and give me
 what came back", so :class:`Transport` is that one method; tests and
 adapters plug in their own.  :class:`HttpTransport` is the default: HTTP/1.1
-with one keep-alive connection per thread and peer (a
+on keep-alive connections that the threads sending to a peer take in turn (a
 worker sends many small messages to the same peer; a fresh TCP connection
 for each would dominate the cost).
 
@@ -112,7 +112,7 @@ class Transport(Protocol):
 
 
 class HttpTransport:
-    """POST over HTTP/1.1: one keep-alive connection per thread and peer.
+    """POST over HTTP/1.1 on keep-alive connections that any thread takes in turn.
 
     ``timeout`` bounds connecting and each read; a response body beyond
     ``max_response_size`` is a :class:`TransportError` (a peer cannot make us
@@ -123,6 +123,15 @@ class HttpTransport:
     one; retrying a POST is safe here because WS-RM discards duplicates.
     The connections are :class:`~.http_client.HttpConnection`: ``http.client``'s
     connect, TLS and errors, without its per-request parsing machinery.
+
+    A request takes the connection to its peer that went idle last (or opens one) and gives it
+    back once answered, so a process holds as many connections to a peer as it had requests in
+    flight to it at once, whichever threads sent them.  With one connection per thread and peer,
+    as before, the sender's lanes held theirs idle beside the callers' own (a one-way caller
+    sends its own message, ``one_way_caller_sends``): 16 sequences' client kept about 28
+    connections open to the service, whose waitress loop asks every connection whether it is
+    readable and writable and registers it with ``poll`` at each turn.  A program that makes a
+    thread per call reuses the connections of the threads before it.
     """
 
     def __init__(self, *, timeout: float = 10.0, auth: tuple[str, str] | None = None,
@@ -136,19 +145,11 @@ class HttpTransport:
             user, password = auth
             token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
             self._extra["Authorization"] = f"Basic {token}"
-        self._local = threading.local()
-        self._all: list[HttpConnection] = []
-        #: The thread each connection belongs to: a caller's thread sends its own requests
-        #: (``RetransmissionWorker.send_for_caller``), and a program that makes a thread per
-        #: call must not keep a socket per thread that ever called.
-        self._owners: dict[HttpConnection, threading.Thread] = {}
+        #: Every connection open, idle or in use (:meth:`close` closes them all).
+        self._all: set[HttpConnection] = set()
+        #: Each peer's idle connections, the one given back last at the end.
+        self._idle: dict[tuple[str, str, int], list[HttpConnection]] = {}
         self._all_lock = threading.Lock()
-
-    def _connections(self) -> dict[tuple[str, str, int], HttpConnection]:
-        conns = getattr(self._local, "conns", None)
-        if conns is None:
-            conns = self._local.conns = {}
-        return conns
 
     @staticmethod
     @functools.lru_cache(maxsize=256)
@@ -168,31 +169,28 @@ class HttpTransport:
         return (parts.scheme, parts.hostname, port), path
 
     def _connection(self, peer: tuple[str, str, int]) -> tuple[HttpConnection, bool]:
-        conns = self._connections()
-        conn = conns.get(peer)
-        if conn is not None:
-            return conn, True
-        conn = HttpConnection(*peer, timeout=self.timeout)
-        conns[peer] = conn
+        """A connection to ``peer`` for this thread alone until :meth:`_give_back` or :meth:`_drop`
+        (the one that went idle last), and whether it served before (False: opened for this)."""
         with self._all_lock:
-            orphans = [c for c, owner in self._owners.items() if not owner.is_alive()]
-            for orphan in orphans:
-                del self._owners[orphan]
-                self._all.remove(orphan)
-            self._all.append(conn)
-            self._owners[conn] = threading.current_thread()
-        for orphan in orphans:  # their threads ended: nobody will send on them again
-            orphan.close()
+            idle = self._idle.get(peer)
+            if idle:
+                return idle.pop(), True
+            conn = HttpConnection(*peer, timeout=self.timeout)
+            self._all.add(conn)
         return conn, False
 
-    def _drop(self, peer: tuple[str, str, int]) -> None:
-        conn = self._connections().pop(peer, None)
-        if conn is not None:
-            conn.close()
-            with self._all_lock:
-                if conn in self._all:
-                    self._all.remove(conn)
-                self._owners.pop(conn, None)
+    def _give_back(self, peer: tuple[str, str, int], conn: HttpConnection) -> None:
+        """``conn`` answered and stays open: idle, for the next request to ``peer``."""
+        with self._all_lock:
+            if conn in self._all:  # else close() closed it meanwhile
+                self._idle.setdefault(peer, []).append(conn)
+                return
+        conn.close()
+
+    def _drop(self, conn: HttpConnection) -> None:
+        with self._all_lock:
+            self._all.discard(conn)
+        conn.close()
 
     def send(self, address: str, envelope: bytes, headers: Mapping[str, str]) -> Response:
         peer, path = self._split(address)
@@ -202,18 +200,10 @@ class HttpTransport:
             conn, reused = self._connection(peer)
             try:
                 status, got, body, closing = conn.post(path, all_headers, envelope, limit)
-                if len(body) > limit:
-                    self._drop(peer)
-                    error = TransportError(f"the response from {address} exceeds {limit} bytes")
-                    error.attempts = attempt
-                    raise error
-                if closing:
-                    self._drop(peer)
-                return Response(status, body, dict(got), address, attempt)
-            except TransportError:
-                raise
-            except (http.client.HTTPException, OSError) as exc:
-                self._drop(peer)
+            except BaseException as exc:
+                self._drop(conn)
+                if not isinstance(exc, (http.client.HTTPException, OSError)):
+                    raise
                 stale = reused and isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError,
                                                     BrokenPipeError))
                 if attempt == 1 and stale:
@@ -222,13 +212,23 @@ class HttpTransport:
                 error = TransportError(f"POST {address} failed: {exc!r}")
                 error.attempts = attempt
                 raise error from exc
+            if len(body) > limit:
+                self._drop(conn)
+                error = TransportError(f"the response from {address} exceeds {limit} bytes")
+                error.attempts = attempt
+                raise error
+            if closing:
+                self._drop(conn)
+            else:
+                self._give_back(peer, conn)
+            return Response(status, body, dict(got), address, attempt)
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        """Close every connection this transport opened, in every thread."""
+        """Close every connection this transport opened, idle or in use."""
         with self._all_lock:
-            conns, self._all = self._all, []
-            self._owners.clear()
+            conns, self._all = self._all, set()
+            self._idle.clear()
         for conn in conns:
             try:
                 conn.close()
