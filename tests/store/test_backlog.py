@@ -194,6 +194,21 @@ def test_the_messages_in_flight_are_those_sent_and_not_acknowledged(store: Stora
         assert tx.rms_messages.count_in_flight("a", 4, now) >= 4
 
 
+def test_messages_sent_once_out_of_number_order_count_against_the_window(store: StorageManager) -> None:
+    """Messages 1-5 held for an unreachable peer (unsent, due in an hour), then 6 and 7 sent
+    once: a restart forgot the hold and the peer answers, or a probe took them.  Both are in
+    flight, and a window of 2 is full.  The SQL stores counted none of them (a first send keeps
+    its due time; the first two by number are unsent), so every round let two more out."""
+    _queue(store, {"a": 10})
+    now = time.time()
+    with store.begin() as tx:
+        tx.rms_messages.make_due("a", range(1, 6), at=now + 3600)
+        tx.rms_messages.record_send_attempts("a", [6, 7], next_send_at=now + 60, now=now)
+    with store.begin() as tx:
+        assert tx.rms_messages.count_in_flight("a", 2, now) == 2
+        assert tx.rms_messages.count_in_flight("a", 16, now) == 2
+
+
 def test_the_batch_is_each_sequences_first_due_messages_in_round_robin(store: StorageManager) -> None:
     """What the indexed (memory) and correlated (SQLite) batches return is the round robin the
     sender asks for: every sequence's first due message, then the seconds..."""

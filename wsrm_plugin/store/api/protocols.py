@@ -511,12 +511,13 @@ class RmsMessageManager(_Manager, ABC):
 
         Asked once per round and sequence while a backlog drains, so it must not walk the
         unsent rest: a SQL store counts them among the sequence's first ``window``
-        unacknowledged messages by number (first sends go in number order, so the sent ones are
-        the lowest, and keep their place in the unacknowledged index) and among those sent
-        again, whose next time is after ``now``; a count of ``window`` or more means the window
-        is full, and it stops counting the first ones there.  A message sent out of number
-        order, beyond the first ``window``, and due again now may be left out.  This default
-        reads every message."""
+        unacknowledged messages by number, among the first ``window`` by due time (first sends
+        go in that order, so one sent out of number order, lower numbers held for later, is
+        there) and among those sent again, whose next time is after ``now``; a count of
+        ``window`` or more means the window is full, and it stops counting the first ones there.
+        A message sent again, due again now, and beyond the first ``window`` both by number and
+        by due time may be left out (the window then lets one more out for it, until it is sent
+        again).  This default reads every message."""
         return sum(1 for m in self.list_for(sequence_key) if m.send_count and not m.acked)
 
     def has_unacked(self, sequence_key: str) -> bool:
