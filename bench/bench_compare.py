@@ -539,6 +539,7 @@ def server_role(args: argparse.Namespace) -> int:
     if scenario not in (*PLAIN, "outbox"):  # messages delivered in their receive's transaction
         points.seen["on_receipt"] = service.engine.destination.delivered_on_receipt
         points.seen["count:before receipt(server)"] = getattr(service.engine.destination, "delivered_before_receipt", 0)
+        points.seen["count:guessed in memory(server)"] = getattr(service.engine.destination, "foreseen_in_memory", 0)
         points.seen["count:at commit(server)"] = getattr(service.engine.destination, "receipts_at_commit", 0)
         points.seen.update(_sqlite_counts(service.engine.store, "server"))
     if ROWS is not None:

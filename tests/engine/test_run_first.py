@@ -249,3 +249,57 @@ def test_a_message_whose_application_runs_before_its_receipt_is_running_first_me
     assert server.destination.delivered_before_receipt == 1
     assert server.invoker.message_state(msg) == MessageState(Stage.WAITING)  # nothing kept
     assert _received_and_buffered(server, identifier) == ([(1, 2)], 0)
+
+
+# -- the guess from this process's last receipt (Destination._foresee_apart) -------------------
+
+def _counting_reads(server) -> list[int]:
+    """The store reads the guesses of receipts run first made (``foresee_in_order``), by number."""
+    reads: list[int] = []
+    read = server.store.foresee_in_order
+
+    def counted(sequence_id: str, number: int) -> Any:
+        reads.append(number)
+        return read(sequence_id, number)
+
+    server.store.foresee_in_order = counted
+    return reads
+
+
+def test_a_steady_sequence_guesses_from_its_last_receipt_without_reading_the_store(engines, store_for) -> None:
+    """Messages 2..6 run first; only 2's guess reads the store, 3..6 guess from the receipt
+    before them in this process.  Each is delivered once, in order, nothing left buffered."""
+    received = Recorder()
+    server, url = _served(engines, store_for, received)
+    reads = _counting_reads(server)
+    identifier = open_sequence(url, RM11)
+    for n in range(1, 7):
+        assert send_ok(url, RM11, identifier, n, f"a{n}") == [(1, n)]
+    assert received.snapshot() == [f"a{n}" for n in range(1, 7)]
+    assert server.destination.delivered_before_receipt == 5
+    assert reads == [2]
+    assert server.destination.foreseen_in_memory == 4
+    assert _received_and_buffered(server, identifier) == ([(1, 6)], 0)
+
+
+def test_a_receipt_by_another_store_on_the_file_makes_the_next_guess_read_it(engines, store_for) -> None:
+    """Message 4 is received by another service on the same file (another process's, as far as
+    this one knows); its copy sent to the first service then finds a duplicate: its guess read
+    the store, so its application did not run a second time (guessed from the first service's
+    receipt of 3, it ran and its receipt refused it after), and 5 runs first once."""
+    received = Recorder()
+    server, url = _served(engines, store_for, received)
+    reads = _counting_reads(server)
+    identifier = open_sequence(url, RM11)
+    for n in range(1, 4):
+        assert send_ok(url, RM11, identifier, n, f"a{n}") == [(1, n)]
+    assert server.destination.foreseen_in_memory == 1 and reads == [2]
+    other, other_url = _served(engines, store_for, received)  # (its workers hold the file now and then too)
+    assert send_ok(other_url, RM11, identifier, 4, "a4") == [(1, 4)]
+    assert received.snapshot() == ["a1", "a2", "a3", "a4"]
+    assert send_ok(url, RM11, identifier, 4, "a4") == [(1, 4)]  # a copy: a duplicate
+    assert received.snapshot() == ["a1", "a2", "a3", "a4"]
+    assert send_ok(url, RM11, identifier, 5, "a5") == [(1, 5)]
+    assert received.snapshot() == ["a1", "a2", "a3", "a4", "a5"]
+    assert server.destination.foreseen_in_memory == 1 and reads == [2, 4, 5]
+    assert _received_and_buffered(server, identifier) == ([(1, 5)], 0)

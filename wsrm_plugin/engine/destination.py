@@ -287,8 +287,10 @@ class Destination:
         #: Messages handed to the application in the transaction that received them
         #: (``deliver_on_receive``); the others went through the buffer.
         self.delivered_on_receipt = 0
-        #: Of those, handed over before their receipt (delivering apart: :meth:`_run_first`).
+        #: Of those, handed over before their receipt (delivering apart: :meth:`_run_first`), and of
+        #: these, guessed from this process's last receipt of the sequence (no read of the store).
         self.delivered_before_receipt = 0
+        self.foreseen_in_memory = 0
         #: Receives that waited for the receipt of a copy of their message whose application ran
         #: before it (then found a duplicate: see :meth:`receive`).
         self.copies_waited = 0
@@ -354,6 +356,14 @@ class Destination:
         self._under_way: Counter[tuple[str, int]] = Counter()
         self._first: dict[str, int] = {}
         self._ending: Counter[str] = Counter()
+        #: Each sequence's RMD row as this process's last receipt run first committed it, and the
+        #: number it took: what the next one guesses from instead of reading the store
+        #: (:meth:`_foresee_apart`), with the store's ``written_elsewhere`` count then; forgotten
+        #: when a receive of the sequence that did not run first ends, or an ending of it begins
+        #: (a bounded memory).  The sequences whose receipt run first is under way with nothing
+        #: else of theirs ended since it began, and that count as it began.
+        self._ran_first: OrderedDict[str, tuple[RmdSequence, int, int]] = OrderedDict()
+        self._first_clean: dict[str, int | None] = {}
         #: Under a transaction manager on a store whose receipts can ride on the commit: each
         #: sequence's RMD row and its replies' RMS row as this process's last delivery on receipt
         #: committed them, what the next receipt guesses from (:meth:`_receipt_at_commit`; a
@@ -858,6 +868,9 @@ class Destination:
                     self._under_way[key] = left
                 else:
                     del self._under_way[key]
+                known = self._ran_first.get(key[0])
+                if known is None or known[1] != key[1]:  # not the receipt run first remembered
+                    self._forget_ran_first(key[0])
 
     def _receive_in_turn(self, item: _Receipt) -> Accepted:
         header = item.header
@@ -1292,8 +1305,12 @@ class Destination:
                     or self._under_way[(identifier, number)] > 1:
                 return None
             self._first[identifier] = number
+            self._first_clean[identifier] = elsewhere = self.store.written_elsewhere()
+            seq = self._foresee_apart(identifier, number, elsewhere)
+        ran = False
         try:
-            seq = self.store.foresee_in_order(identifier, number)
+            if seq is None:
+                seq = self.store.foresee_in_order(identifier, number)
             if seq is None:
                 return None
             try:
@@ -1317,13 +1334,61 @@ class Destination:
             except Exception as exc:  # noqa: BLE001 -- judged as a failed delivery on receipt
                 return exc  # (SETTLING now: see deliver_first)
             self.delivered_before_receipt += 1  # (counted by deliver_first as delivered)
-            self._pass_turn(item, taken=True)  # on disk: the next of its sequence finds itself next
             assert item.recorded is not None
+            ran = True
+            with self._turns_changed:  # before its turn passes: the next of its sequence guesses from it
+                self._remember_ran_first(item, item.recorded[1])
+            self._pass_turn(item, taken=True)  # on disk: the next of its sequence finds itself next
             return item.recorded
         finally:
             with self._turns_changed:
                 del self._first[identifier]
+                self._first_clean.pop(identifier, None)
+                if not ran:
+                    self._ran_first.pop(identifier, None)
                 self._turns_changed.notify_all()
+
+    def _foresee_apart(self, identifier: str, number: int, elsewhere: int | None) -> RmdSequence | None:
+        """:meth:`_run_first`'s guess without reading the store (under ``_turns_changed``): the row
+        this process's receipt run first of ``number - 1`` committed, while no receive of a higher
+        number of the sequence is under way (it may be buffered), no other receive of it ended since
+        that receipt began (:meth:`receive` forgets the row then: a lower number under way is a
+        copy, which changes nothing), no ending of it began (:meth:`_sequence_ending`), and no
+        other store held the file since that receipt began (``elsewhere``: the store's
+        ``written_elsewhere`` now, the same).  That receipt took its message with 1..number-1
+        received, nothing buffered and the sequence open: the store's read
+        (:meth:`StorageManager.foresee_in_order`) would find the same.  None: read it."""
+        known = self._ran_first.get(identifier)
+        if known is None or known[1] != number - 1 or elsewhere is None or known[2] != elsewhere \
+                or any(k[0] == identifier and k[1] > number for k in self._under_way):
+            return None
+        self.foreseen_in_memory += 1
+        return known[0]
+
+    def _remember_ran_first(self, item: _Receipt, reception: Reception) -> None:
+        """A receipt run first committed (under ``_turns_changed``): remember its sequence's row for the
+        next number's guess (:meth:`_foresee_apart`) when nothing else of the sequence ended since it
+        began, no other store held the file since, its message was taken with exactly 1..n
+        received, and its sequence stays open."""
+        identifier, number = item.header.identifier, item.header.message_number
+        received = reception.received
+        seq = item.recorded[0] if item.recorded is not None else None
+        elsewhere = self._first_clean.get(identifier)
+        if seq is None or elsewhere is None or elsewhere != self.store.written_elsewhere() or not item.taken \
+                or reception.duplicate or received.highest != number or not received.is_complete_up_to(number) \
+                or rmd_changes(reception.transition):
+            self._ran_first.pop(identifier, None)
+            return
+        self._ran_first[identifier] = (replace(seq, received=received), number, elsewhere)
+        self._ran_first.move_to_end(identifier)
+        if len(self._ran_first) > _REMEMBERED_OWNERS:
+            self._ran_first.popitem(last=False)
+
+    def _forget_ran_first(self, identifier: str) -> None:
+        """Something of ``identifier`` other than a receipt run first ended or begins to end
+        (under ``_turns_changed``): its next receipt run first reads the store."""
+        self._ran_first.pop(identifier, None)
+        self._first_clean.pop(identifier, None)
 
     def _receipt_at_commit(self, item: _Receipt, invoker: InvokerWorker
                            ) -> tuple[RmdSequence, Reception] | Exception | None:
@@ -1607,6 +1672,7 @@ class Destination:
             return
         with self._turns_changed:
             self._ending[identifier] += 1
+            self._forget_ran_first(identifier)
             while identifier in self._first:
                 self._turns_changed.wait()
         try:

@@ -169,12 +169,28 @@ class _FileGate:
             raise
 
     def _map_mark(self) -> None:
-        """Map the lock file's first byte (the file held: a lock file from before the mark is
-        empty, and grows to one zero byte, which means "look")."""
+        """Map the lock file's first bytes (the file held: a lock file from before the mark is
+        shorter, and grows with zero bytes: the first, zero, means "look"; a holder's token of
+        zeros is no store's)."""
         assert self._fd is not None
-        if os.fstat(self._fd).st_size < 1:
-            os.ftruncate(self._fd, 1)
-        self._mark = mmap.mmap(self._fd, 1)
+        if os.fstat(self._fd).st_size < _MARK_SIZE:
+            os.ftruncate(self._fd, _MARK_SIZE)
+        self._mark = mmap.mmap(self._fd, _MARK_SIZE)
+
+    def hold_as(self, token: bytes) -> bool:
+        """The file held by a store whose token is ``token`` (see :meth:`SqliteStore.written_elsewhere`):
+        marked so in the lock file; whether another store (of any process) held it last."""
+        assert self._mark is not None
+        if self._mark[_HOLDER] == token:
+            return False
+        self._mark[_HOLDER] = token
+        return True
+
+    def last_holder(self) -> bytes | None:
+        """The token of the store that held the file last, read without holding it (None before
+        this process first held it)."""
+        mark = self._mark
+        return None if mark is None else mark[_HOLDER]
 
     def prepared_may_exist(self) -> bool:
         """May the file hold a prepared branch (no transaction looked since the last prepare)?
@@ -239,6 +255,9 @@ _flock = _flock_keeping_the_interpreter()
 
 #: The lock file's mark when a transaction holding the file looked and found no prepared branch.
 _NONE_PREPARED = ord("n")
+#: The lock file's bytes mapped: the mark above, then the token of the store that last held the file.
+_HOLDER = slice(8, 16)
+_MARK_SIZE = 16
 
 _gates: dict[tuple[int, str], _FileGate] = {}
 class _GroupSync:
@@ -356,6 +375,10 @@ class SqliteStore(api.StorageManager):
         self._idle: list[sqlite3.Connection] = []
         #: Connections that only read, outside any transaction (:meth:`foresee_in_order`).
         self._readers: list[sqlite3.Connection] = []
+        #: This store's token in the lock file while it holds the file, and how often it found
+        #: another's there (:meth:`written_elsewhere`).
+        self._token = os.urandom(8)
+        self._held_elsewhere = 0
         self._pool_lock = threading.Lock()
         self._closed = False
         self._create = create
@@ -395,6 +418,8 @@ class SqliteStore(api.StorageManager):
         if found == LATEST_VERSION:
             return found
         self._gate.acquire(time.monotonic() + self.lock_timeout, f"opening {self.path}")
+        self._gate.hold_as(self._token)
+        self._held_elsewhere += 1
         conn = self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -460,6 +485,8 @@ class SqliteStore(api.StorageManager):
         delay = 0.002
         while True:
             self._gate.acquire(deadline, f"store {self.path}")
+            if self._gate.hold_as(self._token):
+                self._held_elsewhere += 1
             conn: sqlite3.Connection | None = None
             try:
                 conn = self._take()
@@ -576,6 +603,14 @@ class SqliteStore(api.StorageManager):
                     conn.close()
                 else:
                     self._readers.append(conn)
+
+    def written_elsewhere(self) -> int:
+        """How often another store (another process's, or another object on the file here) may have
+        held the file since this one first did: the times this store took it from another's hold,
+        and one more while another's hold is the last.  Each hold marks the lock file with its
+        store's token (a mapped write, no system call), read here without holding the file.
+        A store of a version before the token holds the file unmarked, unseen."""
+        return self._held_elsewhere + (self._gate.last_holder() != self._token)
 
     def status(self) -> api.StoreStatus:
         """Counters read from the committed file, without waiting for any transaction."""

@@ -1184,6 +1184,13 @@ class StorageManager(ABC):
         (then nothing runs before its receipt)."""
         return None
 
+    def written_elsewhere(self) -> int | None:
+        """A count that changes whenever another process (or another store object on the same
+        data) may have written the store since this one's count was taken; None where the store
+        cannot tell.  Read without a transaction.  For a guess made from what this process last
+        committed, instead of a read (``Destination._run_first``): valid while the count stays."""
+        return None
+
     def begin_deferred(self) -> StoreTransaction:
         """A local transaction that takes the store only at its first statement.
 
