@@ -52,8 +52,22 @@ so that machine noise hits both sides alike:
 
 Every figure is the median over the interleaved rounds (``--blocks``, at least 3).
 
+``--instructions`` counts, after the rounds and on the same server, the client instructions per
+one-database transaction with callgrind (``bench/count_txmanager.py``'s ``plain``, ``tm`` and
+``tmds``; a few minutes): the repeatable unit, which no load changes.  Divided into the CPU
+difference of the rounds it gives what an instruction above plain cost in this run, and so
+the issue's 10 us in instructions at that cost.
+
+``--begin-modes`` runs, instead of all that, the two ways a one-phase session could talk to
+psycopg2, against plain and alternated every ``--chunk`` transactions: psycopg2's own
+transaction mode (its BEGIN before the first statement, its ``commit()`` in C, the status read
+that a manager needs first), and :class:`~txmanager.lazy_begin.LazyBeginConnection` (the BEGIN in
+front of the first statement, a round trip fewer, the COMMIT by a cursor); each alone, and
+through the manager (a data source whose sessions use ``tpc_begin``, as with
+``TXMANAGER_LAZY_BEGIN=0``, beside one of the default kind).
+
 Run: .venv/bin/python bench/bench_txmanager.py [--blocks 10 --per-block 100] [--threads 8]
-     [--chunk 10]
+     [--chunk 10] [--instructions | --begin-modes]
 """
 
 from __future__ import annotations
@@ -414,6 +428,107 @@ def report(times: dict[str, list[float]], per_block: int, threads: int = 8, busy
     ])
 
 
+class _TpcBeginDataSource(XADataSource):
+    """A data source whose sessions begin every branch with psycopg2's ``tpc_begin`` (its BEGIN
+    round trip, its commit in C): what ``TXMANAGER_LAZY_BEGIN=0`` does process-wide, for one
+    data source, so that both ways alternate in one run (``--begin-modes``)."""
+
+    def _connect(self):
+        conn = super()._connect()
+        conn._tpc_only = True
+        return conn
+
+
+def begin_modes(dsn: str, blocks: int, per_block: int, chunk: int) -> str:
+    """Client CPU and wall per transaction of psycopg2's own transaction mode and of the lazy
+    BEGIN, each above plain, alternated every ``chunk`` transactions (see the module): alone, and
+    through the manager (``TXMANAGER_LAZY_BEGIN=0``'s way for one data source)."""
+    from txmanager.lazy_begin import LazyBeginConnection
+    from txmanager.xid import Xid
+
+    plain, own = psycopg2.connect(dsn), psycopg2.connect(dsn)
+    lazy = psycopg2.connect(dsn, connection_factory=LazyBeginConnection)
+    xid = Xid.new_global("modes").branch(b"0")
+    inerror = psycopg2.extensions.TRANSACTION_STATUS_INERROR
+    tmp = tempfile.TemporaryDirectory()
+    tm = TransactionManager(node="modes", log=f"{tmp.name}/tx.log")
+    ds_lazy = XADataSource(dsn, tm, register_for_recovery=False)
+    ds_tpc = _TpcBeginDataSource(dsn, tm, register_for_recovery=False)
+
+    def own_mode(k: int) -> None:
+        for i in range(k):
+            with own.cursor() as c:
+                c.execute(UPDATE, (1, i % 10))
+            if own.get_transaction_status() >= inerror:  # a COMMIT would answer ROLLBACK
+                raise RuntimeError("a statement failed")
+            own.commit()
+
+    def lazy_mode(k: int) -> None:
+        for i in range(k):
+            lazy.begin_branch(xid)
+            with lazy.cursor() as c:
+                c.execute(UPDATE, (1, i % 10))
+            lazy.commit_branch()
+
+    sides = {"plain": lambda k: raw_one_db(plain, k), "psycopg2's own": own_mode, "lazy BEGIN": lazy_mode,
+             "txmanager, psycopg2's BEGIN": lambda k: tm_one_db(tm, ds_tpc, k),
+             "txmanager, lazy BEGIN": lambda k: tm_one_db(tm, ds_lazy, k)}
+    for side in sides.values():
+        side(50)
+    cpu: dict[str, list[float]] = {name: [] for name in sides}
+    wall: dict[str, list[float]] = {name: [] for name in sides}
+    try:
+        for _ in range(blocks):
+            spent = {name: [0.0, 0.0] for name in sides}
+            for _ in range(max(1, per_block // chunk)):
+                for name, side in sides.items():
+                    c0, w0 = time.thread_time(), time.perf_counter()
+                    side(chunk)
+                    spent[name][0] += time.thread_time() - c0
+                    spent[name][1] += time.perf_counter() - w0
+            for name in sides:
+                cpu[name].append(spent[name][0])
+                wall[name].append(spent[name][1])
+    finally:
+        for conn in (plain, own, lazy):
+            conn.close()
+        ds_lazy.close(), ds_tpc.close(), tm.close()
+        tmp.cleanup()
+    n = max(1, per_block // chunk) * chunk
+    lines = [f"{blocks} rounds of {n} transactions a side (medians): plain client CPU "
+             f"{statistics.median(cpu['plain']) / n * 1e6:.0f} us a transaction"]
+    for name in list(sides)[1:]:
+        above = statistics.median((a - b) / n * 1e6 for a, b in zip(cpu[name], cpu["plain"], strict=True))
+        ratio = statistics.median(a / b for a, b in zip(wall[name], wall["plain"], strict=True))
+        lines.append(f"  {name}: client CPU {above:+.1f} us above plain, wall {ratio:.2f} of plain")
+    return "\n".join(lines)
+
+
+def instruction_counts(dsn: str, paths: tuple[str, ...] = ("plain", "tm", "tmds")) -> dict[str, float]:
+    """Client instructions per one-database transaction of each path (callgrind, by
+    ``bench/count_txmanager.py``: 3,000 transactions less 1,000, over 2,000)."""
+    from count_txmanager import instructions  # this directory's: the script's own
+
+    return {path: (instructions(path, 3000, dsn) - instructions(path, 1000, dsn)) / 2000 for path in paths}
+
+
+def report_instructions(counts: dict[str, float], times: dict[str, list[float]], per_block: int) -> str:
+    """The counts, what is above plain, and the 10 us aim in instructions at this run's cost of one."""
+    plain = counts["plain"]
+    above = counts["tm"] - plain
+    cpu_above_us = (statistics.median(times["cpu_tm1"]) - statistics.median(times["cpu_raw1"])) / per_block * 1e6
+    lines = [f"client instructions per transaction (callgrind): plain {plain:,.0f}; txmanager "
+             f"{counts['tm']:,.0f} ({above:+,.0f}); one block {counts['tmds']:,.0f} "
+             f"({counts['tmds'] - plain:+,.0f})"]
+    if above > 0 and cpu_above_us > 0:
+        per_ns = above / (cpu_above_us * 1000)
+        budget = per_ns * 10_000
+        lines.append(f"  in this run {per_ns:.2f} instructions a ns above plain ({cpu_above_us:.0f} us for "
+                     f"{above:,.0f}): the aim of 10 us is {budget:,.0f} instructions above plain, "
+                     f"{'met' if above <= budget else 'not met'}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -422,6 +537,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=8)
     p.add_argument("--chunk", type=int, default=10,
                    help="one-database comparison: alternate the sides every CHUNK transactions")
+    p.add_argument("--instructions", action="store_true",
+                   help="also count client instructions per transaction with callgrind (a few minutes)")
+    p.add_argument("--begin-modes", action="store_true",
+                   help="instead, psycopg2's own transaction mode against the lazy BEGIN (no manager)")
     args = p.parse_args()
     if args.blocks < 3:
         p.error("--blocks must be at least 3 (the figures are medians of rounds)")
@@ -431,10 +550,16 @@ def main() -> None:
         for name in ("bench_a", "bench_b"):
             pg.create_database(name)
             create_bank(pg.dsn(name), 10, 1_000_000)
+        if args.begin_modes:
+            print(begin_modes(pg.dsn("bench_a"), args.blocks, args.per_block, args.chunk))
+            return
         tm_us, raw_us = python_floor()
         times = measure(pg.dsn("bench_a"), pg.dsn("bench_b"), args.blocks, args.per_block,
                         args.threads, args.chunk, busy_us=tm_us - raw_us)
+        counts = instruction_counts(pg.dsn("bench_a")) if args.instructions else None
     print(report(times, args.per_block, args.threads, busy_us=tm_us - raw_us))
+    if counts is not None:
+        print(report_instructions(counts, times, args.per_block))
     print(f"one-database, no server: {tm_us - raw_us:.1f} us of Python per transaction (the manager, the "
           f"data source and the XA resource, warm, through a stand-in that skips psycopg2 and "
           f"lazy_begin); the same instructions cost 3-4 times as much between round trips, and the "

@@ -25,7 +25,12 @@ transaction, without start-up.  Paths:
 The parts such a transaction is made of, each alone (subtract ``empty``, the loop's own call):
 ``clock`` (one ``time.monotonic()``: a timeout costs three, see ``tm0``), ``local`` (one read of a
 ``threading.local`` attribute: the thread's binding), ``ident`` (one ``threading.get_ident()``),
-``obj`` (a four-slot object made and freed: a ``with`` block's scope).
+``obj`` (a four-slot object made and freed: a ``with`` block's scope); ``with1`` and ``with2``, the
+floor of the API's blocks: one ``with`` block, and two nested (``with tm.transaction(): with
+ds.connection() as a:``), of a scope made by a method call whose ``__enter__`` and ``__exit__`` are
+Python doing one store each and nothing else: what the blocks cost before any work (CPython 3.11:
+3,300 and 6,600, so two blocks alone are already about 11 us at this machine's 0.6 instructions a
+nanosecond between round trips under load).
 
 ``--calls`` counts instead the Python and C calls per transaction (sys.setprofile); ``--opcodes``
 the bytecodes each Python function runs per transaction (sys.settrace, one opcode event each: where
@@ -37,7 +42,7 @@ both databases: one server), and the server's CPU per transaction, user and syst
 machine).
 
 Run: .venv/bin/python bench/count_txmanager.py [--paths plain,sql,lazy,tm,tm0,tmds,tm2] [--calls | --opcodes | --wal]
-(or --paths empty,clock,local,ident,obj)
+(or --paths empty,clock,local,ident,obj,with1,with2)
 """
 
 from __future__ import annotations
@@ -63,6 +68,30 @@ class _FourSlots:
     """The ``obj`` path's object: the size of ``_TransactionScope``."""
 
     __slots__ = ("a", "b", "c", "d")
+
+
+class _Block:
+    """The ``with1``/``with2`` paths' scope: a method makes it, as ``tm.transaction()`` and
+    ``ds.connection()`` make theirs; its ``__enter__`` and ``__exit__`` do one store each."""
+
+    __slots__ = ("_owner", "_timeout", "_tx")
+    _owner: Any
+    _timeout: Any
+
+    def __enter__(self) -> "_Block":
+        self._tx = self
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._tx = None
+
+
+class _Blocks:
+    def block(self, timeout: Any = None) -> _Block:
+        scope = _Block()
+        scope._owner = self
+        scope._timeout = timeout
+        return scope
 
 
 def _tally(install: Any, hook: Any, counter: "collections.Counter[str]", n: int, one: Any, title: str) -> None:
@@ -159,7 +188,19 @@ def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None, opcodes: bool
         def one_obj(i: int) -> None:
             _FourSlots()
 
+        blocks = _Blocks()
+
+        def one_with1(i: int) -> None:
+            with blocks.block():
+                pass
+
+        def one_with2(i: int) -> None:
+            with blocks.block():
+                with blocks.block() as a:  # noqa: F841 -- as the API's second block binds it
+                    pass
+
         one = {"empty": one_empty, "clock": one_clock, "local": one_local, "ident": one_ident, "obj": one_obj,
+               "with1": one_with1, "with2": one_with2,
                "plain": one_plain, "sql": one_sql, "lazy": one_lazy, "tm": one_tm, "tm0": one_tm, "tmds": one_tmds,
                "tm2": one_tm2}[path]
         for i in range(200):
