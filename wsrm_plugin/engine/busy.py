@@ -26,8 +26,16 @@ __all__ = ["BUSY_AT", "WINDOW", "BusySequences"]
 #: that calls once a second or less has nothing to be paced for.
 WINDOW = 1.0
 #: Busy sequences from which the automatic setting lets one-way callers send their own messages.
-#: One caller keeps the sender's pipelining; at 16 the callers are paced.  Between them, what
-#: the counts showed: see ``RMPolicy.one_way_caller_sends``.
+#: One caller keeps the sender's pipelining; at 16 the callers are paced.  Between them, measured
+#: (2026-12-01, memory stores, ``bench_compare.py --clients N --calls 1600 --rounds 3 --no-strace
+#: --scenarios plainN,memory~one_way_caller_sends=true,memory~one_way_caller_sends=false``, the
+#: two interleaved in each round, load 13-32): at 2 sequences the callers' own sends won 1 round
+#: of 3 (rates 1.68 against 1.97 of plain 2 threads) and cost the client more CPU in all three
+#: (1.05-1.17 against 0.87-1.14 ms a message); at 4 they won all 3 (0.87 against 0.44 of plain 4
+#: threads); at 8, 2 of 3 (1.35 against 0.89), at less CPU (CPU ratio 1.29 against 1.19).  A run at
+#: load 25-36 split the other way at 4 and 8 (the machine oversubscribed three times over, the
+#: callers' pacing by the service's answers lost); the quiet figure at 16 is 0.99 against 0.80.
+#: So 4 stays.
 BUSY_AT = 4
 
 
