@@ -18,10 +18,11 @@ figures are medians of the rounds.
 Run::
 
     .venv/bin/python bench/bench_backlog.py [--small 1000] [--large 100000] [--rounds 3]
-        [--stores memory,sqlite,postgresql]
+        [--stores memory,sqlite,postgresql] [--bracket] [--count]
 
 The client's CPU per message is printed beside each rate (this process's, the
-client engine's only), and the service's (its process's, from /proc), with the client's by
+client engine's only), and the service's (its process's, from /proc), PostgreSQL's (its server's
+processes, both stores' databases: the server is the benchmark's own), with the client's by
 tenth of the drain (flat when a message costs the same whatever is still queued), the time
 its garbage collector took, and its sender's counts a message (sends, retransmissions).
 
@@ -155,6 +156,30 @@ def _process_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         fields = f.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cluster_cpu(pg: Any) -> float:
+    """A PostgreSQL server's CPU so far (seconds): its postmaster's and every process it forked,
+    running (their own) or ended (the postmaster's counts of the children it reaped).  The
+    benchmark's server serves this benchmark only: both stores' databases, its background work."""
+    if pg is None:
+        return 0.0
+    with open(pg.data_dir / "postmaster.pid", encoding="ascii") as f:
+        postmaster = int(f.readline())
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:  # ended meanwhile: counted by the postmaster once reaped
+            continue
+        if int(entry) == postmaster:
+            total += sum(int(v) for v in fields[11:15])  # its own, and its reaped children's
+        elif int(fields[1]) == postmaster:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _sys_cpu() -> float:
@@ -419,6 +444,7 @@ def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str,
         live = len(gc.get_objects())
         collections = _Collections().__enter__()
         cpu0, sys0, server0, t0 = _cpu(), _sys_cpu(), _process_cpu(server.pid), time.time()
+        pg0 = _cluster_cpu(pg) if kind == "postgresql" else 0.0
         client.start()
         first = last = 0.0
         tenths: list[tuple[int, float]] = [(0, cpu0)]  # (delivered, client CPU then)
@@ -432,6 +458,7 @@ def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str,
                 last = float(value)
                 break
         cpu, sys_cpu, server_cpu = _cpu() - cpu0, _sys_cpu() - sys0, _process_cpu(server.pid) - server0
+        pg_cpu = _cluster_cpu(pg) - pg0 if kind == "postgresql" else 0.0
         tenths.append((queued, cpu0 + cpu))
         if len(tenths) > 2:  # the client's CPU a message through the drain: does it fall as the backlog does?
             print(f"    {queued} queued: the client's CPU us a message, by tenth of the drain: " + " ".join(
@@ -444,7 +471,7 @@ def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str,
             raise RuntimeError("the service ended before the last delivery")
         return {"rate": queued / (last - t0), "first_after": first - t0, "seconds": last - t0,
                 "client_cpu_us": 1e6 * cpu / queued, "client system CPU us": 1e6 * sys_cpu / queued,
-                "server_cpu_us": 1e6 * server_cpu / queued, "gc us": 1e6 * collections.seconds / queued,
+                "server_cpu_us": 1e6 * server_cpu / queued, "postgresql_cpu_us": 1e6 * pg_cpu / queued, "gc us": 1e6 * collections.seconds / queued,
                 "gc oldest passes per 1000": 1000 * collections.passes[2] / queued, "live_objects": live,
                 "trees taken": (TREES.hits - hits) / queued,
                 **_sender_counts(client, queued), **(counts.report(queued) if counts is not None else {})}
@@ -456,7 +483,7 @@ def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str,
 
 
 #: What every drain reports (the rest are ``--count``'s counts a message).
-_FIGURES = ("rate", "first_after", "seconds", "client_cpu_us", "server_cpu_us", "client system CPU us", "gc us",
+_FIGURES = ("rate", "first_after", "seconds", "client_cpu_us", "server_cpu_us", "postgresql_cpu_us", "client system CPU us", "gc us",
             "gc oldest passes per 1000", "live_objects", "sender messages sent", "sender retransmissions",
             "sender fast retransmits", "sender loss probes", "sender refill claims", "flow outstanding at end",
             "flow pipelined at end", "trees taken")
@@ -487,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stores", default="memory,sqlite,postgresql")
     p.add_argument("--keep-trees", action="store_true",
                    help="send the backlog from the parsed trees its fill left (a small backlog fits them all)")
+    p.add_argument("--bracket", action="store_true",
+                   help="drain the small backlog after the large one too, in each round: on a loaded machine "
+                        "the small one's rate is then taken before and after the large one's (a median of both)")
     p.add_argument("--count", action="store_true",
                    help="count the client store's work a message: SQLite's statements and VM steps by kind, "
                         "memory's rows visited and copied, PostgreSQL's tuples read and blocks by statement")
@@ -519,15 +549,18 @@ def main(argv: list[str] | None = None) -> int:
         for round_no in range(1, args.rounds + 1):
             print(f"round {round_no}", flush=True)
             for kind in stores:
-                for queued in (args.small, args.large):
+                for turn, queued in enumerate((args.small, args.large) + ((args.small,) if args.bracket else ())):
                     counts = _Counts(args.python_calls) if args.count or args.python_calls is not None else None
-                    got = drain(kind, queued, tmp, pg, f"{kind[:3]}{queued}r{round_no}", counts, args.keep_trees)
+                    got = drain(kind, queued, tmp, pg, f"{kind[:3]}{queued}r{round_no}t{turn}", counts,
+                                args.keep_trees)
                     figures.setdefault((kind, queued), []).append(got)
                     print(f"  {kind:10s} {queued:>7} queued: {got['rate']:7.1f} msg/s ({got['seconds']:.1f} s, "
                           f"first after {1000 * got['first_after']:.0f} ms), client CPU "
                           f"{got['client_cpu_us']:.0f} us/msg (garbage collector {got['gc us']:.0f}, "
                           f"{got['live_objects']:.0f} objects live at the start), service CPU "
-                          f"{got['server_cpu_us']:.0f} us/msg; sent {got['sender messages sent']:.3f} a message, "
+                          f"{got['server_cpu_us']:.0f} us/msg"
+                          + (f", PostgreSQL CPU {got['postgresql_cpu_us']:.0f} us/msg" if kind == "postgresql" else "")
+                          + f"; sent {got['sender messages sent']:.3f} a message, "
                           f"retransmitted {got['sender retransmissions']:.3f}, outstanding at the end "
                           f"{got['flow outstanding at end']:.0f}, sent pipelined at the end "
                           f"{got['flow pipelined at end']:.0f}; parsed trees taken {got['trees taken']:.2f} a message",
@@ -544,10 +577,13 @@ def main(argv: list[str] | None = None) -> int:
             srv_l = statistics.median(f["server_cpu_us"] for f in figures[(kind, args.large)])
             gc_s = statistics.median(f["gc us"] for f in figures[(kind, args.small)])
             gc_l = statistics.median(f["gc us"] for f in figures[(kind, args.large)])
+            pg_s = statistics.median(f["postgresql_cpu_us"] for f in figures[(kind, args.small)])
+            pg_l = statistics.median(f["postgresql_cpu_us"] for f in figures[(kind, args.large)])
             ratio = large / small
             print(f"  {kind:10s} {small:7.1f} msg/s at {args.small}, {large:7.1f} at {args.large}: "
                   f"{ratio:.2f} {'ok' if ratio >= 0.8 else 'BELOW'}  (client CPU {cpu_s:.0f} / {cpu_l:.0f} us/msg, "
-                  f"of it the garbage collector {gc_s:.0f} / {gc_l:.0f}; service CPU {srv_s:.0f} / {srv_l:.0f})")
+                  f"of it the garbage collector {gc_s:.0f} / {gc_l:.0f}; service CPU {srv_s:.0f} / {srv_l:.0f}"
+                  + (f"; PostgreSQL CPU {pg_s:.0f} / {pg_l:.0f}" if kind == "postgresql" else "") + ")")
     finally:
         if pg is not None:
             pg.close()
