@@ -73,7 +73,13 @@ HELD_BYTES_REFRESH = 1.0
 #: store asked again once its response is written (``after_response``), off every receipt's
 #: path: a busy destination's bound then never grows stale, and no receive asks inside its own
 #: transaction, which a receipt riding on its COMMIT cannot (it went the general way for it:
-#: about 1.5% of the messages at 16 sequences, ``Destination._receipt_at_commit``).
+#: about 1.5% of the messages at 16 sequences, ``Destination._receipt_at_commit``).  Its cost,
+#: counted at 16 sequences (16 clients, 2,400 one-way messages, against 1.0, which turns it off):
+#: about one store transaction a second (1.0-1.3), 8-12 a thousand messages, each 0.2-0.26 ms of the
+#: receiving thread's CPU and 8-12 ms of its time after its response (a load of 13-19), in place
+#: of 7.5 (SQLite) to 15 (PostgreSQL) questions a thousand messages asked inside a receipt: the
+#: store is asked about as often as before (SQLite 21-25 times a run against 18, PostgreSQL 32-34
+#: against 35-36), but in a transaction of its own (SQLite: a turn on the file).
 HELD_BYTES_EARLY = 0.75
 #: Receives of one sequence recorded in one transaction at most, unless the policy says.
 DEFAULT_RECEIVE_BATCH = 16
