@@ -308,3 +308,60 @@ def test_the_next_batch_runs_while_one_commits(served) -> None:
         t.join(60)
     assert sorted(item for item, _ in _committed(s, 2)) == ["first", "m0"]
     assert answered == {identifiers[0]: [(1, 1)]}
+
+
+def _second_messages_behind_the_first(s: Served, count: int, wrong: int | None = None) -> list[str]:
+    """``count`` sequences, each with message 1 delivered first (the service remembers each row as
+    its delivery committed it); then, while "first"'s application waits, each one's message 2
+    (``n<i>``): they queue and form one batch.  ``wrong``: that sequence's row changed behind the
+    service's back first (a last number, as another process would record), so a receipt guessed
+    from what the service remembers is found wrong at the batch's commit."""
+    s.release.set()
+    identifiers = sorted(open_sequence(s.url, RM11) for _ in range(count))
+    for n, identifier in enumerate(identifiers):
+        send_ok(s.url, RM11, identifier, 1, f"o{n}")
+    s.release.clear()
+    if wrong is not None:
+        with s.server.store.begin() as tx:
+            tx.write("UPDATE rmd_sequence SET last_number = 1000 WHERE sequence_id = ?", (identifiers[wrong],))
+    sends = [threading.Thread(target=send_ok, args=(s.url, RM11, identifier, 2, f"n{n}"))
+             for n, identifier in enumerate(identifiers)]
+    _behind_the_first(s, sends)
+    return identifiers
+
+
+def test_the_receipts_of_a_batch_in_two_phases_ride_on_its_marked_commit(served) -> None:
+    """The batch's receives of message 2 (their sequences' rows remembered from message 1's
+    commits): the first records its receipt the general way (it begins the store's branch),
+    the others run their applications and send their receipts with the store's commit, the one
+    that carries the decision.  Each message committed once, the batch in one global transaction."""
+    s = served()
+    dest = s.server.destination
+    before = dest.receipts_at_commit
+    _second_messages_behind_the_first(s, BEHIND)
+    committed = dict(_committed(s, 2 * BEHIND + 1))
+    assert sorted(committed) == sorted(["first", *(f"o{n}" for n in range(BEHIND)), *(f"n{n}" for n in range(BEHIND))])
+    assert len({committed[f"n{n}"] for n in range(BEHIND)}) == 1  # one global transaction
+    assert dest.receipts_at_commit - before == BEHIND - 1
+    assert dest.receipts_declined_at_commit == 0
+    assert all(calls == 1 for calls in s.ledger.calls.values())
+    with s.server.store.begin() as tx:
+        assert tx.invoker.count() == 0
+
+
+def test_a_receipt_found_wrong_at_a_batchs_marked_commit_rolls_both_branches_back_and_each_goes_alone(served) -> None:
+    """The last sequence's row changed behind the service's back: its receipt, riding on the
+    batch's marked commit, fails there on purpose; the store's branch rolls back, and the
+    application's prepared branch with it (no mark: nothing decided).  Each receive of the batch
+    then goes again alone, the general way: every message committed once, the batch's
+    applications run twice, nothing left prepared."""
+    s = served()
+    dest = s.server.destination
+    _second_messages_behind_the_first(s, BEHIND, wrong=BEHIND - 1)
+    expected = sorted(["first", *(f"o{n}" for n in range(BEHIND)), *(f"n{n}" for n in range(BEHIND))])
+    assert wait_for(lambda: sorted(item for item, _ in rows(s.app_db)) == expected, timeout=30), rows(s.app_db)
+    assert Counter(item for item, _ in rows(s.app_db)) == Counter(expected)  # each exactly once
+    assert dest.receipts_declined_at_commit == 1
+    assert [s.ledger.calls[f"n{n}"] for n in range(BEHIND)] == [2] * BEHIND
+    with s.server.store.begin() as tx:
+        assert tx.invoker.count() == 0
