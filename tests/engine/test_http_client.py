@@ -238,45 +238,91 @@ def test_a_thread_per_call_reuses_the_connection_of_the_thread_before_it(transpo
         assert len(transport._all) == 1 and peer.connections == 1
 
 
+class HeldPeer:
+    """Answers every request with OK on a thread per connection; the first request of each of the
+    first ``held`` connections is answered only once ``held`` requests are in (so that many are
+    under way at once).  :meth:`drop_all` closes every connection without a word, as a peer's
+    restart or keep-alive timeout does."""
+
+    def __init__(self, held: int) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/svc"
+        self.all_in = threading.Barrier(held + 1, timeout=30)
+        self.accepted: list[socket.socket] = []
+        self._held = held
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)
+            threading.Thread(target=self._serve, args=(conn, len(self.accepted) <= self._held),
+                             daemon=True).start()
+
+    def _serve(self, conn: socket.socket, first_waits: bool) -> None:
+        n = 0
+        try:
+            while conn.recv(65536):
+                if n == 0 and first_waits:
+                    self.all_in.wait()
+                conn.sendall(OK)
+                n += 1
+        except OSError:
+            pass  # dropped by drop_all
+        finally:
+            conn.close()
+
+    def drop_all(self) -> None:
+        for conn in self.accepted:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already
+
+    def close(self) -> None:
+        self._listener.close()
+        self.drop_all()
+
+
+def _send_at_once(transport: HttpTransport, peer: HeldPeer, count: int) -> list[int]:
+    results: list[int] = []
+    senders = [threading.Thread(target=lambda: results.append(transport.send(peer.url, b"<e/>", {}).status))
+               for _ in range(count)]
+    for t in senders:
+        t.start()
+    peer.all_in.wait()
+    for t in senders:
+        t.join(30)
+    return results
+
+
 def test_requests_in_flight_at_once_get_a_connection_each_and_leave_them_idle_for_the_next(transport):
     """Two requests under way at once: two connections; then either thread's next request reuses
     one of them (a thread owns no connection), and none is opened for the third."""
-    import socket
-
-    listener = socket.create_server(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}/svc"
-    both_in = threading.Barrier(3, timeout=30)
-    accepted: list[socket.socket] = []
-    answers = b"HTTP/1.1 200 OK\r\nContent-Type: text/xml\r\nContent-Length: 5\r\n\r\n<a/>\n"
-
-    def serve(conn: socket.socket, first_waits: bool) -> None:
-        with conn:
-            n = 0
-            while conn.recv(65536):
-                if n == 0 and first_waits:
-                    both_in.wait()  # answered only once both requests are in
-                conn.sendall(answers)
-                n += 1
-
-    def accept() -> None:
-        for _ in range(2):
-            conn, _ = listener.accept()
-            accepted.append(conn)
-            threading.Thread(target=serve, args=(conn, True), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
+    peer = HeldPeer(2)
     try:
-        results: list[int] = []
-        senders = [threading.Thread(target=lambda: results.append(transport.send(url, b"<e/>", {}).status))
-                   for _ in range(2)]
-        for t in senders:
-            t.start()
-        both_in.wait()
-        for t in senders:
-            t.join(30)
-        assert results == [200, 200] and len(transport._all) == 2
+        assert _send_at_once(transport, peer, 2) == [200, 200] and len(transport._all) == 2
         for _ in range(3):
-            assert transport.send(url, b"<e/>", {}).status == 200
-        assert len(accepted) == 2 and len(transport._all) == 2
+            assert transport.send(peer.url, b"<e/>", {}).status == 200
+        assert len(peer.accepted) == 2 and len(transport._all) == 2
     finally:
-        listener.close()
+        peer.close()
+
+
+def test_when_the_peer_dropped_its_idle_connections_the_retry_opens_a_new_one(transport):
+    """Several idle connections, all closed by the peer (it restarted, or its keep-alive timeout
+    passed): the request fails once on the one that went idle last and goes again on a new
+    connection, not on another of the dead ones, which are closed."""
+    peer = HeldPeer(3)
+    try:
+        assert _send_at_once(transport, peer, 3) == [200, 200, 200] and len(transport._all) == 3
+        peer.drop_all()
+        response = transport.send(peer.url, b"<e/>", {})
+        assert (response.status, response.attempts) == (200, 2)
+        assert len(peer.accepted) == 4 and len(transport._all) == 1
+        assert transport.send(peer.url, b"<e/>", {}).attempts == 1
+    finally:
+        peer.close()

@@ -168,15 +168,26 @@ class HttpTransport:
             path += "?" + parts.query
         return (parts.scheme, parts.hostname, port), path
 
-    def _connection(self, peer: tuple[str, str, int]) -> tuple[HttpConnection, bool]:
+    def _connection(self, peer: tuple[str, str, int], fresh: bool = False) -> tuple[HttpConnection, bool]:
         """A connection to ``peer`` for this thread alone until :meth:`_give_back` or :meth:`_drop`
-        (the one that went idle last), and whether it served before (False: opened for this)."""
+        (the one that went idle last), and whether it served before (False: opened for this).
+
+        ``fresh``: the one that went idle last was stale, so the peer closed its idle connections
+        (a restart, or its keep-alive timeout): every other idle one went idle before it and is
+        closed too, and a new one is opened, so a retry does not meet the same end.
+        """
+        stale: list[HttpConnection] = []
         with self._all_lock:
             idle = self._idle.get(peer)
-            if idle:
+            if idle and not fresh:
                 return idle.pop(), True
+            if fresh and idle:
+                stale, self._idle[peer] = idle, []
+                self._all.difference_update(stale)
             conn = HttpConnection(*peer, timeout=self.timeout)
             self._all.add(conn)
+        for old in stale:
+            old.close()
         return conn, False
 
     def _give_back(self, peer: tuple[str, str, int], conn: HttpConnection) -> None:
@@ -197,7 +208,7 @@ class HttpTransport:
         all_headers = {**self._extra, **headers, "Content-Length": str(len(envelope))}
         limit = self.max_response_size
         for attempt in (1, 2):
-            conn, reused = self._connection(peer)
+            conn, reused = self._connection(peer, fresh=attempt == 2)
             try:
                 status, got, body, closing = conn.post(path, all_headers, envelope, limit)
             except BaseException as exc:
