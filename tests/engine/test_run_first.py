@@ -266,15 +266,22 @@ def _counting_reads(server) -> list[int]:
     return reads
 
 
-def test_a_steady_sequence_guesses_from_its_last_receipt_without_reading_the_store(engines, store_for) -> None:
-    """Messages 2..6 run first; only 2's guess reads the store, 3..6 guess from the receipt
-    before them in this process.  Each is delivered once, in order, nothing left buffered."""
+def _steady_sequence(engines, store_for, count: int) -> tuple[Recorder, Any, str, list[int], str]:
+    """A served service whose store reads are counted, and a sequence of ``count`` messages sent
+    to it one by one, each acknowledged with all before it."""
     received = Recorder()
     server, url = _served(engines, store_for, received)
     reads = _counting_reads(server)
     identifier = open_sequence(url, RM11)
-    for n in range(1, 7):
+    for n in range(1, count + 1):
         assert send_ok(url, RM11, identifier, n, f"a{n}") == [(1, n)]
+    return received, server, url, reads, identifier
+
+
+def test_a_steady_sequence_guesses_from_its_last_receipt_without_reading_the_store(engines, store_for) -> None:
+    """Messages 2..6 run first; only 2's guess reads the store, 3..6 guess from the receipt
+    before them in this process.  Each is delivered once, in order, nothing left buffered."""
+    received, server, url, reads, identifier = _steady_sequence(engines, store_for, 6)
     assert received.snapshot() == [f"a{n}" for n in range(1, 7)]
     assert server.destination.delivered_before_receipt == 5
     assert reads == [2]
@@ -287,12 +294,7 @@ def test_a_receipt_by_another_store_on_the_file_makes_the_next_guess_read_it(eng
     this one knows); its copy sent to the first service then finds a duplicate: its guess read
     the store, so its application did not run a second time (guessed from the first service's
     receipt of 3, it ran and its receipt refused it after), and 5 runs first once."""
-    received = Recorder()
-    server, url = _served(engines, store_for, received)
-    reads = _counting_reads(server)
-    identifier = open_sequence(url, RM11)
-    for n in range(1, 4):
-        assert send_ok(url, RM11, identifier, n, f"a{n}") == [(1, n)]
+    received, server, url, reads, identifier = _steady_sequence(engines, store_for, 3)
     assert server.destination.foreseen_in_memory == 1 and reads == [2]
     other, other_url = _served(engines, store_for, received)  # (its workers hold the file now and then too)
     assert send_ok(other_url, RM11, identifier, 4, "a4") == [(1, 4)]
