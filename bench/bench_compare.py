@@ -101,6 +101,10 @@ without its numbers) and by why: a wait (``KIND waits``: voluntary) or preempted
 while another thread held it (``wait file gate``): the thread switches a design can remove.
 ``BENCH_SQLITE_STATEMENTS=1`` counts a SQLite store's statements a message (``sqlite statements``),
 those run holding the file (``in hold``) and each kind apart (``stmt KIND``: the first word, and the table), for each role.
+``BENCH_SQLITE_COMMITS=1`` counts a SQLite store's commits a message by the kind of thread that
+committed (``commits KIND``), the WAL frames (pages) each kind's commits wrote (``frames KIND``), the
+rows they changed and the statements they ran, how long their commits took (the fsync's wait included) and
+the checkpoints.
 ``BENCH_PG_CPU=1`` lists, after each round, PostgreSQL's CPU per message by process: the
 backends of each database (the client's side and the service's, their stores apart under xa2),
 the background processes, and the postmaster with the backends that ended meanwhile (counted
@@ -520,6 +524,7 @@ def server_role(args: argparse.Namespace) -> int:
         service.serve(threads=None if threads is None else int(threads))
         _count_holders(service.engine.store, "server", points)
         _count_statements(service.engine.store, "server", points)
+        _count_commits(service.engine.store, "server", points)
         _count_waits(service.engine.store, "server", points)
         service.start()
         closers.insert(0, lambda: service.stop(timeout=5))
@@ -623,6 +628,7 @@ def client_role(args: argparse.Namespace) -> int:
         rcs = [first, *(first.with_key(key) for key in keys[1:])]
         _count_holders(first.engine.store, "client", points)
         _count_statements(first.engine.store, "client", points)
+        _count_commits(first.engine.store, "client", points)
         _count_waits(first.engine.store, "client", points)
         stoppers.append(lambda: first.stop(timeout=5))  # and the clients made from it
         if ds is not None:
@@ -762,6 +768,91 @@ def _count_statements(store: Any, role: str, points: _Points) -> None:
         conn.set_trace_callback(traced)
         return conn
     store._connect = counted_connect
+
+
+def _count_commits(store: Any, role: str, points: _Points) -> None:
+    """``BENCH_SQLITE_COMMITS=1``: a SQLite store's commits by the kind of thread that committed
+    (its name without its numbers), each kind's WAL frames (pages written: SQLite writes a page
+    into the WAL once for every commit that changed it), rows changed and statements, and the
+    WAL's restarts after a checkpoint, per message (``commits KIND``, ``frames KIND``, ``rows
+    KIND``, ``stmts KIND``, ``wal restarts``), the milliseconds each kind's commits took, their
+    wait for the fsync included (``commit ms KIND``), and the commits that ran a checkpoint and
+    their milliseconds (``checkpoints``, ``checkpoint commit ms``).  The frames are read from the
+    WAL index's header (``mxFrame``, in the mapped ``-shm`` file; ``nBackfill`` after it for the
+    checkpoints) before each transaction and after its commit, under the file.
+    Monkeypatched: a measuring tool only."""
+    gate = getattr(store, "_gate", None)
+    if gate is None or not os.environ.get("BENCH_SQLITE_COMMITS"):
+        return
+    import mmap
+    import struct
+
+    shm: list[Any] = []
+
+    def frames() -> int:
+        if not shm:
+            try:
+                with open(store.path + "-shm", "rb") as f:
+                    shm.append(mmap.mmap(f.fileno(), 100, access=mmap.ACCESS_READ))
+            except (OSError, ValueError):
+                return 0
+        return struct.unpack_from("=I", shm[0], 16)[0]
+
+    def backfilled() -> int:
+        """The WAL's frames copied into the database so far (``nBackfill``, after the header's two copies)."""
+        return struct.unpack_from("=I", shm[0], 96)[0] if shm else 0
+
+    take, finish = store._take, store._finish
+    stmts = threading.local()
+
+    def traced(sql: str) -> None:
+        stmts.n = getattr(stmts, "n", 0) + 1
+
+    def counted_take() -> Any:
+        conn = take()
+        conn.set_trace_callback(traced)
+        stmts.n = 0
+        stmts.before = frames()
+        stmts.changes = conn.total_changes
+        return conn
+
+    def counted_finish(tx: Any, commit: bool) -> None:
+        conn = tx.conn
+        if conn is None or not commit:
+            return finish(tx, commit)
+        changes = conn.total_changes - getattr(stmts, "changes", conn.total_changes)
+        n = getattr(stmts, "n", 0)
+        before = getattr(stmts, "before", 0)
+        # the frames after the COMMIT, read while this thread still holds the file
+        gate_release = gate.release
+        after: list[int] = []
+
+        def release() -> None:
+            after.append(frames())
+            after.append(backfilled())
+            gate_release()
+        gate.release = release
+        started, filled = time.perf_counter(), backfilled()
+        try:
+            finish(tx, commit)
+        finally:
+            gate.release = gate_release
+        took = time.perf_counter() - started
+        who = "".join(c for c in threading.current_thread().name if not c.isdigit()).strip("-_ ").replace(" ", "")
+        written = (after[0] - before) if after and after[0] >= before else (after[0] if after else 0)
+        with points._lock:
+            points.seen[f"count:commits {who}({role})"] += 1
+            points.seen[f"count:frames {who}({role})"] += written
+            points.seen[f"count:rows {who}({role})"] += changes
+            points.seen[f"count:stmts {who}({role})"] += n + 1
+            points.seen[f"count:commit ms {who}({role})"] += 1000 * took
+            if after and after[0] < before:
+                points.seen[f"count:wal restarts({role})"] += 1
+            if len(after) > 1 and after[1] != filled:
+                points.seen[f"count:checkpoints({role})"] += 1
+                points.seen[f"count:checkpoint commit ms({role})"] += 1000 * took
+    store._take = counted_take
+    store._finish = counted_finish
 
 
 def _sqlite_counts(store: Any, role: str) -> dict[str, float]:

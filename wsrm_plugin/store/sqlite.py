@@ -393,6 +393,13 @@ class SqliteStore(api.StorageManager):
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")  # the WAL's fsync is ours: see _GroupSync
         conn.execute(f"PRAGMA secure_delete={'ON' if self.secure_delete else 'FAST'}")
+        # A statement's journal (the pages it changes, as they were, to undo it alone when it
+        # fails inside a transaction) in memory, not in a file of its own once past 64 KiB: the
+        # client's acknowledgements and purges touch more pages than that, and each page then
+        # cost two more writes to a file deleted at the transaction's end (16 sequences: 4.4 of
+        # the client's 15.8 writes a message).  Nothing reads it after a crash: durability is
+        # the WAL's alone.
+        conn.execute("PRAGMA temp_store=MEMORY")
         return conn
 
     def _take(self) -> sqlite3.Connection:
