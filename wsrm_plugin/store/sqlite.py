@@ -74,6 +74,7 @@ import logging
 import mmap
 import os
 import sqlite3
+import struct
 import threading
 import time
 from typing import Any
@@ -333,6 +334,30 @@ def _sync_data(fd: int) -> None:
 
 _gates_lock = threading.Lock()
 
+#: Seconds a migration waits for another process that only peeks at the file to close it
+#: (:meth:`SqliteStore._refuse_open_elsewhere`).
+_PEEK_GRACE = 0.5
+#: The byte of a WAL database's ``-shm`` file that every connection of the unix VFS keeps
+#: read-locked (POSIX ``fcntl`` lock) while it has the database open: its "dead man switch",
+#: ``UNIX_SHM_DMS`` in SQLite's os_unix.c (120 + 8 lock bytes).
+_SHM_DMS = 128
+
+
+def _open_in_other_process(path: str) -> int | None:
+    """The id of a process other than this one that has the WAL database ``path`` open (its
+    read lock on the ``-shm`` file's dead-man-switch byte), or None.  ``F_GETLK`` names a lock
+    that would conflict: POSIX locks are the process's, so this process's own never do."""
+    try:
+        fd = os.open(path + "-shm", os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None  # no connection has the database open in WAL mode
+    try:
+        probe = struct.pack("@hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, _SHM_DMS, 1, 0)
+        kind, _, _, _, pid = struct.unpack("@hhqqi4x", fcntl.fcntl(fd, fcntl.F_GETLK, probe))
+    finally:
+        os.close(fd)
+    return None if kind == fcntl.F_UNLCK else pid
+
 
 def _gate_for(path: str) -> _FileGate:
     # keyed by pid too: a forked child must not share its parent's flock
@@ -431,6 +456,7 @@ class SqliteStore(api.StorageManager):
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
+                self._refuse_open_elsewhere(conn)
                 found = migrate(conn, SQLITE, self.path, create=self._create)
                 conn.execute("COMMIT")
                 seq = self._sync.note_commit()
@@ -442,6 +468,33 @@ class SqliteStore(api.StorageManager):
             self._gate.release()
         self._sync.wait_durable(seq)
         return found
+
+    def _refuse_open_elsewhere(self, conn: sqlite3.Connection) -> None:
+        """Before a store of an earlier schema version is migrated (holding the file): refuse
+        while another process has the file open.  That process opened it before, so it runs a
+        version of this code that knows the schema as it was, and would go on using it after
+        the migration: since version 11 a version that does not mark the lock file with its
+        holds, so that this version's guesses and prepared-branch mark would not see them
+        (:meth:`written_elsewhere`).  Once migrated, an earlier version refuses to open the
+        store (its schema is newer than that code's).  Only a process that has the file open
+        now is seen (a process of an earlier version that opens it later is refused by the
+        version); one that only peeks at it (another opener reading the version, ``status``)
+        is waited for a moment."""
+        try:
+            found = int(conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] or 0)
+        except sqlite3.OperationalError:  # a new file: nobody uses it yet
+            return
+        if not 0 < found < LATEST_VERSION:
+            return
+        deadline = time.monotonic() + _PEEK_GRACE
+        while (pid := _open_in_other_process(self.path)) is not None:
+            if time.monotonic() >= deadline:
+                raise api.SchemaVersionError(
+                    f"store {self.path} has schema version {found} and process {pid} has it open: a "
+                    f"version of wsrm-plugin before this one's {LATEST_VERSION}, which would go on with the old "
+                    "schema (and, before 11, hold the file unmarked, unseen by this version). Stop every "
+                    "process that uses the store, then open it with this version first")
+            time.sleep(0.01)
 
     # -- transactions --------------------------------------------------------------------
 

@@ -372,10 +372,21 @@ def _before_10(cur: Any, d: Dialect, where: str) -> None:
             "transaction manager's recovery with the version that prepared them), then open the store again")
 
 
+def _migration_11(d: Dialect) -> list[str]:
+    """SQLite: every holder of the store's file marks the lock file with its store's token (see
+    ``SqliteStore.written_elsewhere``); a version before this one holds it unmarked, so that
+    this version's receipts would guess past its holds and its prepares would leave the
+    prepared-branch mark set.  No table changes: the version itself keeps an earlier version
+    out (it refuses a schema newer than its own), and the migration is refused while another
+    process has the file open (``SqliteStore._refuse_open_elsewhere``).  PostgreSQL: nothing
+    changes; its number follows SQLite's (one sequence of versions)."""
+    return []
+
+
 #: (version, statements for a dialect).  Append new versions; never edit old ones.
 MIGRATIONS = [(1, _migration_1), (2, _migration_2), (3, _migration_3), (4, _migration_4), (5, _migration_5),
               (6, _migration_6), (7, _migration_7), (8, _migration_8),
-              (9, _migration_9), (10, _migration_10)]
+              (9, _migration_9), (10, _migration_10), (11, _migration_11)]
 #: a check before a version's statements, which raises where the store cannot take them yet
 _BEFORE = {10: _before_10}
 LATEST_VERSION = MIGRATIONS[-1][0]
