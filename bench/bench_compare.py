@@ -802,7 +802,7 @@ def _count_commits(store: Any, role: str, points: _Points) -> None:
         """The WAL's frames copied into the database so far (``nBackfill``, after the header's two copies)."""
         return struct.unpack_from("=I", shm[0], 96)[0] if shm else 0
 
-    take, finish = store._take, store._finish
+    take, finish, release = store._take, store._finish, gate.release
     stmts = threading.local()
 
     def traced(sql: str) -> None:
@@ -816,6 +816,13 @@ def _count_commits(store: Any, role: str, points: _Points) -> None:
         stmts.changes = conn.total_changes
         return conn
 
+    def counted_release() -> None:
+        """The frames after the COMMIT (and whether it checkpointed), read by the holder before
+        it lets the file go (set once: a holder's release must not be patched per commit, or
+        one thread's restore undoes another's)."""
+        stmts.after = (frames(), backfilled())
+        release()
+
     def counted_finish(tx: Any, commit: bool) -> None:
         conn = tx.conn
         if conn is None or not commit:
@@ -823,36 +830,27 @@ def _count_commits(store: Any, role: str, points: _Points) -> None:
         changes = conn.total_changes - getattr(stmts, "changes", conn.total_changes)
         n = getattr(stmts, "n", 0)
         before = getattr(stmts, "before", 0)
-        # the frames after the COMMIT, read while this thread still holds the file
-        gate_release = gate.release
-        after: list[int] = []
-
-        def release() -> None:
-            after.append(frames())
-            after.append(backfilled())
-            gate_release()
-        gate.release = release
+        stmts.after = None
         started, filled = time.perf_counter(), backfilled()
-        try:
-            finish(tx, commit)
-        finally:
-            gate.release = gate_release
+        finish(tx, commit)
         took = time.perf_counter() - started
+        after = stmts.after
         who = "".join(c for c in threading.current_thread().name if not c.isdigit()).strip("-_ ").replace(" ", "")
-        written = (after[0] - before) if after and after[0] >= before else (after[0] if after else 0)
+        written = 0 if after is None else after[0] - before if after[0] >= before else after[0]
         with points._lock:
             points.seen[f"count:commits {who}({role})"] += 1
             points.seen[f"count:frames {who}({role})"] += written
             points.seen[f"count:rows {who}({role})"] += changes
             points.seen[f"count:stmts {who}({role})"] += n + 1
             points.seen[f"count:commit ms {who}({role})"] += 1000 * took
-            if after and after[0] < before:
+            if after is not None and after[0] < before:
                 points.seen[f"count:wal restarts({role})"] += 1
-            if len(after) > 1 and after[1] != filled:
+            if after is not None and after[1] != filled:
                 points.seen[f"count:checkpoints({role})"] += 1
                 points.seen[f"count:checkpoint commit ms({role})"] += 1000 * took
     store._take = counted_take
     store._finish = counted_finish
+    gate.release = counted_release
 
 
 def _sqlite_counts(store: Any, role: str) -> dict[str, float]:
