@@ -23,7 +23,8 @@ round, so one run's dump (``callgrind.out.<pid>.1``) holds the measured messages
 ``--store plain`` runs the baseline instead: plain zeep clients, one a calling thread, calling the
 plain spyne service (bench_compare's ``plainN``), the same counts without the layer.
 ``--store sqlite`` puts both sides on SQLite stores (bench_compare's ``sqlite`` scenario) and
-adds each side's store transactions, commits and WAL syncs per message; ``--statements N`` every
+adds each side's store transactions, commits and WAL syncs per message (``--store memory``: its
+transactions, by the function that began them); ``--statements N`` every
 statement SQLite ran per message, by side, and the N run most often (not under callgrind: the
 trace callback runs for each); ``--held`` the service's CPU while it holds its store's file (its
 threads' own CPU clocks, which a loaded machine moves far less than the file's wall time), and
@@ -31,7 +32,8 @@ what of it, and of the CPU outside the file, went to the receipt, the delivery a
 
 ``--python-calls N`` counts the Python calls (built-ins included) each side makes per message
 (a profile function in every thread: slow, so a few hundred calls are enough) and lists each
-side's N most called functions.  Every run reports (under ``--python-calls`` the profile
+side's N most called functions, then the N modules and the N functions that made the most calls
+(a built-in's call counts for the function that called it).  Every run reports (under ``--python-calls`` the profile
 function makes frame objects the collector tracks: its collections count more) the objects the garbage collector found
 unreachable per message, its collections and the CPU time they took (``gc.callbacks``; the
 collecting thread's CPU clock).
@@ -175,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     urls = {side: "memory:" if args.store == "memory" else f"sqlite:///{tmp.name}/{side}.db"
             for side in ("service", "client")}
     statements = _SqliteStatements(args.statements) if args.store == "sqlite" else None
+    begun = _MemoryTransactions() if args.store == "memory" else None
     scenario = f"{args.store}~{args.policy}"
     if args.store == "plain":
         service, first = _Plain(bc._application(), args.server_threads), None
@@ -219,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                 counted.reset()
             if statements is not None:
                 statements.reset()
+            if begun is not None:
+                begun.reset()
             run(args.calls, f"r{r}")
             seconds = time.perf_counter() - t0
             cpu1, usage1, switches1 = _thread_cpu(), resource.getrusage(resource.RUSAGE_SELF), _thread_switches()
@@ -242,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             _report_switches(switches0, switches1, (usage1.ru_nvcsw - usage0.ru_nvcsw,
                                                     usage1.ru_nivcsw - usage0.ru_nivcsw), n)
             garbage.report(garbage0, n)
+            if begun is not None:
+                begun.report(n)
             if held is not None:
                 held.report(n)
             if counted is not None:
@@ -331,26 +338,42 @@ class _PythonCalls:
 
         self.top = top
         self.counters: list[tuple[str, collections.Counter[Any]]] = []
+        #: the same calls by the function that made them (its code object), and so by its module
+        self.callers: list[tuple[str, collections.Counter[Any]]] = []
 
         def first(frame: Any, event: str, arg: Any) -> None:
             counter: collections.Counter[Any] = collections.Counter()
-            self.counters.append((_side(threading.current_thread().name), counter))
+            callers: collections.Counter[Any] = collections.Counter()
+            side = _side(threading.current_thread().name)
+            self.counters.append((side, counter))
+            self.callers.append((side, callers))
 
             def count(frame: Any, event: str, arg: Any) -> None:
                 if event == "call":
                     counter[frame.f_code] += 1
+                    back = frame.f_back
+                    callers[back.f_code if back is not None else None] += 1
                 elif event == "c_call":
                     counter[arg] += 1
+                    callers[frame.f_code] += 1
             sys.setprofile(count)
             count(frame, event, arg)
         threading.setprofile(first)
         sys.setprofile(first)
 
     def reset(self) -> None:
-        for _, counter in list(self.counters):
+        for _, counter in [*self.counters, *self.callers]:
             counter.clear()
 
     def report(self, messages: int) -> None:
+        profile = sys.getprofile()
+        sys.setprofile(None)  # the report's own calls are not the reporting thread's (the client's)
+        try:
+            self._report(messages)
+        finally:
+            sys.setprofile(profile)
+
+    def _report(self, messages: int) -> None:
         import collections
 
         by_side: dict[str, collections.Counter[str]] = {}
@@ -358,14 +381,41 @@ class _PythonCalls:
             total = by_side.setdefault(side, collections.Counter())
             for what, count in dict(counter).items():  # a copy in one step: the threads go on counting
                 total[_function_name(what)] += count
+        by_caller: dict[str, collections.Counter[str]] = {}
+        by_module: dict[str, collections.Counter[str]] = {}
+        for side, counter in list(self.callers):
+            callers, modules = by_caller.setdefault(side, collections.Counter()), by_module.setdefault(
+                side, collections.Counter())
+            for code, count in dict(counter).items():
+                callers[_function_name(code) if code is not None else "(no caller)"] += count
+                modules[_module_name(code)] += count
         for side, total in sorted(by_side.items()):
             print(f"  {side} Python calls per msg: {sum(total.values()) / messages:.0f}", flush=True)
             for name, count in total.most_common(self.top):
+                print(f"    {count / messages:7.2f}  {name}", flush=True)
+            print(f"  {side} Python calls per msg, by the module that made them:", flush=True)
+            for name, count in by_module[side].most_common(self.top):
+                print(f"    {count / messages:7.2f}  {name}", flush=True)
+            print(f"  {side} Python calls per msg, by the function that made them:", flush=True)
+            for name, count in by_caller[side].most_common(self.top):
                 print(f"    {count / messages:7.2f}  {name}", flush=True)
 
     def stop(self) -> None:
         threading.setprofile(None)  # type: ignore[arg-type]
         sys.setprofile(None)
+
+
+def _module_name(code: Any) -> str:
+    """The file of a code object, from its package on (``wsrm_plugin/engine/inbound.py``,
+    ``spyne/context.py``; ``(no caller)`` for a thread's first frame)."""
+    if code is None:
+        return "(no caller)"
+    path = code.co_filename
+    for root in ("/site-packages/", "/python3.11/", "/wt/"):
+        if root in path:
+            path = path.rsplit(root, 1)[1]
+            return path.split("/", 1)[1] if root == "/wt/" else path
+    return path
 
 
 def _function_name(what: Any) -> str:
@@ -413,6 +463,35 @@ class _Garbage:
         import gc
 
         gc.callbacks.remove(self._seen)
+
+
+class _MemoryTransactions:
+    """A memory store's transactions (``MemoryStore.begin``) by side and by the function that
+    began them: what a SQLite store counts as turns on its file."""
+
+    def __init__(self) -> None:
+        import collections
+
+        from wsrm_plugin.store.memory import MemoryStore
+
+        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        begin = MemoryStore.begin
+
+        def counted(store: Any, *a: Any, **k: Any) -> Any:  # a measuring tool's patch
+            caller = sys._getframe(1).f_code
+            self.counts[(_side(threading.current_thread().name), caller.co_qualname)] += 1
+            return begin(store, *a, **k)
+        MemoryStore.begin = counted  # type: ignore[method-assign]
+
+    def reset(self) -> None:
+        self.counts.clear()
+
+    def report(self, messages: int) -> None:
+        for side in ("service", "client"):
+            mine = sorted(((count, caller) for (s, caller), count in dict(self.counts).items() if s == side),
+                          reverse=True)
+            print(f"  {side} store transactions per msg: {sum(c for c, _ in mine) / messages:.2f}  " + "  ".join(
+                f"{caller}={count / messages:.2f}" for count, caller in mine[:8]), flush=True)
 
 
 def _file_counts(store: Any) -> dict[str, int]:

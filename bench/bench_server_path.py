@@ -39,18 +39,22 @@ Run::
     PYTHONPATH=. .venv/bin/python bench/bench_server_path.py [--calls 2000] [--rounds 3]
         [--store memory|xa1] [--on-receipt] [--profile out.pstats]   # yappi CPU profile of the measured server calls
 
-It prints the median microseconds per message of each stage.
+It prints the median microseconds per message of each stage; ``--python-calls N`` also counts
+each stage's Python calls a message (all rounds together; its times are then no use) and lists
+its N most called functions.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import logging
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +86,51 @@ def _application() -> Any:
                        in_protocol=Soap11(validator="lxml"), out_protocol=Soap11())
 
 
+class _Calls:
+    """Python calls (built-ins included) of each stage, counted with ``cProfile`` around each
+    measured call in the thread that makes it (a profile of its own per thread, merged at the
+    end): a count, which the machine's load does not move.  ``--python-calls N``."""
+
+    def __init__(self) -> None:
+        import pstats
+
+        self.stats: dict[str, pstats.Stats | None] = {}
+        self.calls: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def counting(self, stage: str) -> Iterator[None]:
+        import cProfile
+        import pstats
+
+        profile = cProfile.Profile(time.thread_time)  # (its times: the thread's CPU, not the GIL's waits)
+        profile.enable()
+        try:
+            yield
+        finally:
+            profile.disable()
+            with self._lock:
+                self.calls[stage] = self.calls.get(stage, 0) + 1
+                was = self.stats.get(stage)
+                if was is None:
+                    self.stats[stage] = pstats.Stats(profile)
+                else:
+                    was.add(profile)
+
+    def report(self, top: int) -> None:
+        for stage, stats in self.stats.items():
+            assert stats is not None
+            n = self.calls[stage]
+            table = stats.stats  # type: ignore[attr-defined]
+            print(f"  {stage}: {sum(entry[1] for entry in table.values()) / n:.0f} Python calls a message", flush=True)
+            for (path, line, name), entry in sorted(table.items(), key=lambda kv: -kv[1][1])[:top]:
+                where = f"{'/'.join(path.rsplit('/', 2)[-2:])}:{line}" if path != "~" else "built-in"
+                print(f"    {entry[1] / n:7.2f}  {name} ({where})", flush=True)
+
+
+COUNTED: _Calls | None = None
+
+
 class _Timed:
     """WSGI middleware: CPU time of this thread inside the wrapped app, per POSTed application message."""
 
@@ -97,14 +146,17 @@ class _Timed:
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length)
         environ["wsgi.input"] = io.BytesIO(body)
+        counting = COUNTED.counting("receive") if COUNTED is not None and b"Sequence" in body and b"record" in body \
+            else contextlib.nullcontext()
         started = time.thread_time()
-        answer = self.app(environ, start_response)
-        try:
-            result = list(answer)
-        finally:
-            close = getattr(answer, "close", None)
-            if close is not None:  # (PEP 3333: what the service does once its response is written runs here)
-                close()
+        with counting:
+            answer = self.app(environ, start_response)
+            try:
+                result = list(answer)
+            finally:
+                close = getattr(answer, "close", None)
+                if close is not None:  # (PEP 3333: what the service does once its response is written runs here)
+                    close()
         spent = time.thread_time() - started
         if b"Sequence" in body and b"record" in body:  # an application message, not CreateSequence
             with self._lock:
@@ -221,7 +273,9 @@ def one_round(calls: int, profile: Any, pg: _Postgres | None = None, on_receipt:
         invoker = service.engine.invoker
         while len(deliver) < calls and not on_receipt:
             started = time.thread_time()
-            if not invoker.step():
+            with COUNTED.counting("deliver") if COUNTED is not None else contextlib.nullcontext():
+                stepped = invoker.step()
+            if not stepped:
                 raise RuntimeError(f"the invoker stopped after {len(deliver)} of {calls} deliveries")
             deliver.append(time.thread_time() - started)
         if statements is not None:
@@ -238,7 +292,8 @@ def one_round(calls: int, profile: Any, pg: _Postgres | None = None, on_receipt:
         for _ in range(calls):
             env = dict(environ, **{"wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr})
             started = time.thread_time()
-            list(plain_app(env, lambda *a, **k: None))
+            with COUNTED.counting("plain") if COUNTED is not None else contextlib.nullcontext():
+                list(plain_app(env, lambda *a, **k: None))
             plain.append(time.thread_time() - started)
     finally:
         if profile is not None:
@@ -286,8 +341,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--on-receipt", action="store_true",
                         help="run the engine: each message delivered in its receive (under XA, its receipt at "
                              "the delivery's commit), the whole server path in the receive's figure")
+    parser.add_argument("--python-calls", type=int, default=None, metavar="N",
+                        help="count each stage's Python calls a message (cProfile around each measured call; "
+                        "its times are then no use) and list its N most called functions")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
+    global COUNTED
+    if args.python_calls is not None:
+        COUNTED = _Calls()
     profile = None
     if args.profile:
         import yappi
@@ -314,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
           + f"  (receive+deliver)/plain {(med['receive'] + med['deliver']) / med['plain']:.2f}")
     if profile is not None:
         profile.get_func_stats().save(args.profile, type="pstat")
+    if COUNTED is not None:
+        COUNTED.report(args.python_calls)
     return 0
 
 

@@ -752,7 +752,7 @@ class Destination:
                                   version=version)
         return seq
 
-    def _check_budgets(self, tx: StoreTransaction, seq: RmdSequence, size: int, slog: logging.LoggerAdapter) -> None:
+    def _check_budgets(self, tx: StoreTransaction, seq: RmdSequence, size: int, number: int) -> None:
         """Refuse (unacknowledged, 503) a message that would hold more bytes than the policy allows.
 
         Summing the held payloads in the store costs a scan of the buffer, so it is done only
@@ -787,7 +787,7 @@ class Destination:
                 self._held_bound, self._held_asked_at = total + size, asked_at
             return
         self.refused_for_budget += 1
-        slog.warning("refused a %d-byte message: %s", size, what)
+        for_sequence(log, identifier, number).warning("refused a %d-byte message: %s", size, what)
         raise busy_fault(f"{what}; retransmit later", policy.retry_after)
 
     def _room_held(self, size: int) -> bool:
@@ -1992,7 +1992,6 @@ class Destination:
         commit; else the caller passes it after the commit."""
         header, version, envelope, addressing = item.header, item.version, item.envelope, item.addressing
         identifier, number = header.identifier, header.message_number
-        slog = for_sequence(log, identifier, number)
         now = time.time()
         # a record tried again (alone, after its batch rolled back) starts afresh
         item.consumed = item.wake_sender = item.acks_applied = False
@@ -2043,7 +2042,7 @@ class Destination:
             reception = rmd_receive(rmd_state(seq), number, last=header.last_message,
                                     received=received_ranges(seq), last_number=seq.last_number)
         except InvalidTransition as exc:
-            slog.info("refused: %s", exc)
+            for_sequence(log, identifier, number).info("refused: %s", exc)
             raise fault_for_transition(exc, version, identifier) from None
         # the message that fills the gap is never refused: refusing it would hold the rest for ever
         so_far = received_ranges(seq)
@@ -2052,7 +2051,8 @@ class Destination:
         reply_to = addressing.reply_to.address if addressing.reply_to is not None else None
         if item.expects_reply and not reception.duplicate and seq.offered_id is None:
             if self._anonymous(reply_to):
-                slog.warning("refused: its operation answers, and no reply could reach the peer")
+                for_sequence(log, identifier, number).warning(
+                    "refused: its operation answers, and no reply could reach the peer")
                 raise SoapFault(
                     f"message {number} of sequence {identifier} calls an operation that answers, but "
                     "the sequence came without an Offer and its ReplyTo is anonymous: no reply could "
@@ -2060,7 +2060,7 @@ class Destination:
                     "ReplyTo (the reply then goes on a sequence to it)", code="Sender")
         fills_gap = self.policy.in_order and number == so_far.next_expected < so_far.highest
         if not reception.duplicate and not fills_gap and commits is None:  # (else its room is held)
-            self._check_budgets(tx, seq, len(envelope), slog)
+            self._check_budgets(tx, seq, len(envelope), number)
         item.wrote = True
         changes = rmd_changes(reception.transition)
         if guessed is not None:  # written and taken already
@@ -2101,7 +2101,7 @@ class Destination:
             # of its own; a refusal rolls the put back with the rest
             held = tx.invoker.held(identifier, so_far)
             if held >= self.policy.max_unacknowledged_held:
-                slog.warning("refused: %d messages already held for delivery", held)
+                for_sequence(log, identifier, number).warning("refused: %d messages already held for delivery", held)
                 raise busy_fault(f"sequence {identifier} holds {held} undelivered messages "
                                  f"(limit {self.policy.max_unacknowledged_held}); retransmit later",
                                  self.policy.retry_after)
@@ -2140,21 +2140,25 @@ class Destination:
                 log.exception("a reply consumer failed")
         return False
 
-    def _tell_recorded(self, item: _Receipt, slog: logging.LoggerAdapter) -> None:
+    def _tell_recorded(self, item: _Receipt) -> None:
         for listener in self.recorded_listeners:
             try:
                 listener(item.envelope, item.addressing, consumed=item.consumed)
             except Exception:  # noqa: BLE001 -- an observer must not fail the receive
-                slog.exception("a recorded-message listener failed")
+                for_sequence(log, item.header.identifier, item.header.message_number).exception(
+                    "a recorded-message listener failed")
 
     def _accepted(self, item: _Receipt, seq: RmdSequence, reception: Reception) -> Accepted:
         """After the commit: wake the invoker, and the acknowledgement for the back-channel."""
         identifier, number = item.header.identifier, item.header.message_number
-        slog = for_sequence(log, identifier, number)
+        # every receive comes here: its adapter only when the lines below are written
+        slog = for_sequence(log, identifier, number) if log.isEnabledFor(logging.DEBUG) else None
         if reception.duplicate:
-            slog.debug("duplicate: acknowledged again, not delivered")
+            if slog is not None:
+                slog.debug("duplicate: acknowledged again, not delivered")
         elif item.consumed:
-            slog.debug("accepted and consumed (its call is answered)")
+            if slog is not None:
+                slog.debug("accepted and consumed (its call is answered)")
             self.delivered_on_receipt += 1
             self.count_delivered()
             observer = observe.active
@@ -2162,13 +2166,14 @@ class Destination:
                 observer.delivering(item.envelope, sequence_id=identifier, number=number,
                                     action=item.addressing.action or "", message_id=item.addressing.message_id,
                                     transaction=None).end()
-            self._tell_recorded(item, slog)
+            self._tell_recorded(item)
             if item.wake_sender:
                 self.wake_sender()
             if item.filled_gap:
                 self._wake_invoker()  # the messages buffered behind it are deliverable now
         elif item.taken and self._direct is not None:
-            slog.debug("accepted and delivered")
+            if slog is not None:
+                slog.debug("accepted and delivered")
             if item.handed_over:  # not a protocol marker (1.0's LastMessage)
                 self.delivered_on_receipt += 1
             if item.way is _INSIDE:  # (delivering apart or first, the invoker counted it)
@@ -2176,8 +2181,9 @@ class Destination:
             if item.filled_gap:
                 self._wake_invoker()  # the messages buffered behind it are deliverable now
         else:
-            slog.debug("accepted")
-            self._tell_recorded(item, slog)
+            if slog is not None:
+                slog.debug("accepted")
+            self._tell_recorded(item)
             # its receive meant to deliver it on receipt: its receipt did not take it (NOT_TAKEN:
             # MISSED, whose way is the buffer's), or its delivery apart was judged a failure (still
             # APART here)

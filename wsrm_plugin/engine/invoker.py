@@ -810,11 +810,10 @@ class InvokerWorker:
         recorded as delivered in ``tx``), with no buffer row to remove.
         ``next_in_order``: it was the next in order when it was buffered
         (``mark_next_delivered``)."""
-        slog = for_sequence(log, msg.sequence_id, msg.number)
         if msg.action == _LAST_MESSAGE_ACTION:
             if buffered:
                 self.mark_delivered_in(tx, msg, next_in_order)
-            slog.debug("LastMessage marker consumed")
+            for_sequence(log, msg.sequence_id, msg.number).debug("LastMessage marker consumed")
             return False
         self._ambient.wake_sender = True
         relates_to = None
@@ -838,7 +837,8 @@ class InvokerWorker:
             self.mark_delivered_in(tx, msg, next_in_order)
         if replies is not None:
             replies.extend(context.replies)
-        slog.debug("delivered")
+        if log.isEnabledFor(logging.DEBUG):  # (every delivery: its adapter only when written)
+            for_sequence(log, msg.sequence_id, msg.number).debug("delivered")
         return True
 
     @staticmethod

@@ -53,7 +53,7 @@ class _Manager:
 _M = TypeVar("_M", bound=_Manager)
 #: The names a store transaction's managers go under (see ManagerOnFirstUse and
 #: StoreTransaction._drop_managers).
-_MANAGER_NAMES = ("rms", "rms_messages", "rmd", "invoker", "conditions")
+_MANAGER_NAMES = frozenset(("rms", "rms_messages", "rmd", "invoker", "conditions"))
 
 
 class ManagerOnFirstUse(Generic[_M]):
@@ -900,8 +900,8 @@ class StoreTransaction(ABC):
         read after the end is made again, and refuses as the old one did (the transaction
         is closed)."""
         found = self.__dict__
-        for name in _MANAGER_NAMES:
-            found.pop(name, None)
+        for name in _MANAGER_NAMES.intersection(found):  # (those made: one or two, a pop each)
+            del found[name]
 
     def _check_open(self) -> None:
         if self._closed:
