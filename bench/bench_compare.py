@@ -83,7 +83,7 @@ knob an environment variable of the scenario's processes (``xa1~env.TXMANAGER_LA
 otherwise: a thread back from I/O, such as the one holding a SQLite store's file after its
 application's database commit, may wait that long for the interpreter while others compute).
 ``~server_threads=8`` serves the reliable service with 8 HTTP threads instead of the product's automatic
-count (``ReliableEngine.http_threads``: 4); the XA service's data source
+count (``ReliableEngine.http_threads``: 4, 16 under XA and SQLite delivering apart); the XA service's data source
 keeps as many idle sessions.
 Several knobs in one variant are joined with ``+`` (``sqlite~send_concurrency=2+receive_batch=4``).
 
@@ -125,6 +125,14 @@ thread switches, system calls (a backend's ``sendto`` calls are its round trips)
 ``BENCH_PG_WAITS=1`` samples ``pg_stat_activity`` every 2 ms through the rounds and lists, at the
 end, what the active sessions were doing or waiting for (wait event, the statement's start), with
 the lock holders' statements for lock waits: who waits on what (run one scenario to read them).
+``BENCH_PG_COMMITS=1`` lists, after each round, its commits a message on each side: the transactions
+each side's databases ended (``pg_stat_database``: read-only ones and statements run alone count),
+those that wrote a commit record (``pg_waldump``: the ones a WAL flush may wait for, unless
+committed with ``synchronous_commit`` off) and their WAL bytes each; the WAL's writes and syncs a
+message (``pg_stat_wal``), the commit records one sync grouped and a sync's time
+(``track_wal_io_timing``); ``BENCH_PG_COMMITS=tables`` also the commit records by the tables
+whose rows their transactions wrote, and how (insert, hot_update, delete, lock...); and what each side's active sessions did, sampled every 2 ms (``IO:WALSync``:
+flushing the WAL, ``LWLock:WALWrite``: waiting for another's flush, ``CPU``: running).
 ``BENCH_PG_WALDUMP=1`` reads each round's WAL with ``pg_waldump --stats=record`` and lists, per
 message, the record types that wrote most (record bytes and full-page images apart);
 ``BENCH_PG_WALDUMP=rel`` also lists the heap and index records by relation (which table's rows
@@ -1347,10 +1355,13 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
 
 
 class _WaitSampler:
-    """``BENCH_PG_WAITS=1``: samples of what PostgreSQL's active sessions wait for (or run)."""
+    """``BENCH_PG_WAITS=1``: samples of what PostgreSQL's active sessions wait for (or run); with
+    ``sides`` (database name -> the side's name: ``BENCH_PG_COMMITS=1``, one round's), each sample
+    is named by its side, and ``report`` lists every side's waits apart."""
 
-    def __init__(self, pg: Any) -> None:
+    def __init__(self, pg: Any, sides: dict[str, str] | None = None) -> None:
         self.dsn = pg.dsn("postgres")
+        self.sides = sides
         self.samples = 0
         self.seen: Counter[tuple[str, str]] = Counter()
         self.blockers: Counter[tuple[str, str]] = Counter()
@@ -1369,11 +1380,13 @@ class _WaitSampler:
                     cur.execute(
                         "SELECT a.wait_event_type || ':' || a.wait_event, left(a.query, 70), "
                         "(SELECT left(string_agg(b.state || ' ' || left(b.query, 50), ' | '), 160) "
-                        "FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(a.pid))) "
+                        "FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(a.pid))), a.datname "
                         "FROM pg_stat_activity a WHERE a.state = 'active' AND a.pid <> pg_backend_pid() "
                         "AND a.backend_type = 'client backend'")
                     self.samples += 1
-                    for event, query, blocker in cur.fetchall():
+                    for event, query, blocker, datname in cur.fetchall():
+                        if self.sides is not None:  # by side and wait alone: the statements are the sides'
+                            query = self.sides.get(datname, datname or "?")
                         what = (event or "CPU", " ".join((query or "").split()))
                         self.seen[what] += 1
                         if blocker:
@@ -1385,6 +1398,13 @@ class _WaitSampler:
         self._stop.set()
         self._thread.join()
         n = max(1, self.samples)
+        if self.sides is not None:
+            print(f"PostgreSQL's active sessions by side, {self.samples} samples every 2 ms (average sessions "
+                  "per sample): " + "; ".join(
+                      f"{side}: " + ", ".join(f"{event} {count / n:.3f}" for (event, s), count in
+                                              self.seen.most_common() if s == side)
+                      for side in sorted({s for _, s in self.seen})), flush=True)
+            return
         print(f"PostgreSQL's active sessions, {self.samples} samples (average sessions per sample):")
         for (event, query), count in self.seen.most_common(top):
             print(f"  {count / n:6.3f}  {event:28s} {query}")
@@ -1394,7 +1414,7 @@ class _WaitSampler:
                 print(f"  {count / n:6.3f}  {query} <- {blocker}")
 
 
-def _pg_counters(pg: Any) -> dict[str, int]:
+def _pg_counters(pg: Any) -> dict[str, Any]:
     import psycopg2
 
     conn = psycopg2.connect(pg.dsn("postgres"))
@@ -1403,16 +1423,116 @@ def _pg_counters(pg: Any) -> dict[str, int]:
         with conn.cursor() as cur:
             cur.execute("SELECT pg_stat_force_next_flush()")
             cur.execute("SELECT pg_stat_clear_snapshot()")
+            cur.execute("SELECT datname, xact_commit, xact_rollback, sessions FROM pg_stat_database "
+                        "WHERE datname IS NOT NULL")
+            databases = {name: (int(c), int(r), int(s)) for name, c, r, s in cur.fetchall()}
             cur.execute("SELECT sum(xact_commit)::bigint, sum(sessions)::bigint FROM pg_stat_database")
             commits, sessions = (int(v) for v in cur.fetchone())
-            cur.execute("SELECT wal_sync, wal_bytes::bigint FROM pg_stat_wal")
-            wal_sync, wal_bytes = (int(v) for v in cur.fetchone())
+            cur.execute("SELECT wal_sync, wal_bytes::bigint, wal_write, wal_records, wal_sync_time, wal_write_time "
+                        "FROM pg_stat_wal")
+            wal_sync, wal_bytes, wal_write, wal_records, sync_ms, write_ms = cur.fetchone()
             cur.execute("SELECT pg_current_wal_insert_lsn()::text")
             lsn = cur.fetchone()[0]
-        return {"xact_commit": commits, "wal_sync": wal_sync, "wal_bytes": wal_bytes, "sessions": sessions,
-                "lsn": lsn}
+        return {"xact_commit": commits, "wal_sync": int(wal_sync), "wal_bytes": wal_bytes, "sessions": sessions,
+                "lsn": lsn, "databases": databases, "wal_write": int(wal_write), "wal_records": int(wal_records),
+                "wal_sync_ms": float(sync_ms), "wal_write_ms": float(write_ms)}
     finally:
         conn.close()
+
+
+def _commit_records(pg: Any, start: str, end: str) -> tuple[Counter[str], Counter[str], Counter[str]]:
+    """The commit records a stretch of WAL holds by the database whose rows the transaction wrote
+    (its first heap or index record's), the WAL bytes of those transactions by database, and the
+    commit records by the tables whose rows their transactions wrote (heap records: inserted,
+    updated, locked or deleted rows), from ``pg_waldump``'s records (a commit that wrote no row is
+    counted under ``?``; a prepared transaction's at its COMMIT PREPARED)."""
+    import psycopg2
+
+    conn = psycopg2.connect(pg.dsn("postgres"))
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT oid::text, datname FROM pg_database")
+            databases = dict(cur.fetchall())
+    finally:
+        conn.close()
+    relations = _relation_names(pg) if os.environ.get("BENCH_PG_COMMITS") == "tables" else {}
+    out = subprocess.run([str(pg.bindir / "pg_waldump"), "-p", str(pg.data_dir / "pg_wal"), "-s", start, "-e", end],
+                         capture_output=True, text=True, check=False)
+    database_of: dict[str, str] = {}
+    tables_of: dict[str, set[str]] = {}
+    size_of: Counter[str] = Counter()
+    commits: Counter[str] = Counter()
+    sizes: Counter[str] = Counter()
+    shapes: Counter[str] = Counter()
+    for line in out.stdout.splitlines():
+        found = re.search(r"rmgr: (\S+)\s+len \(rec/tot\):\s*\d+/\s*(\d+), tx:\s*(\d+),.*desc: (\S+)", line)
+        if found is None:
+            continue
+        rmgr, size, xid, desc = found.group(1), int(found.group(2)), found.group(3), found.group(4)
+        if desc in ("COMMIT", "COMMIT_PREPARED"):
+            if desc == "COMMIT_PREPARED":  # "COMMIT_PREPARED <xid>: ...": the prepared one's
+                xid = line.split("desc: COMMIT_PREPARED ", 1)[1].split(":")[0]
+            # its subtransactions' records (a SAVEPOINT's) carry their own xids, listed here
+            subs = line.split("; subxacts: ", 1)[1].split(";")[0].split() if "; subxacts: " in line else []
+            database = database_of.pop(xid, "?")
+            tables = tables_of.pop(xid, set())
+            for sub in subs:
+                found_db = database_of.pop(sub, "?")
+                database = found_db if database == "?" else database
+                size += size_of.pop(sub, 0)
+                tables |= tables_of.pop(sub, set())
+            commits[database] += 1
+            sizes[database] += size_of.pop(xid, 0) + size
+            if relations:
+                shapes[" ".join(sorted(tables)) or "(no row)"] += 1
+            continue
+        size_of[xid] += size
+        rel = re.search(r" rel \d+/(\d+)/(\d+)", line)
+        if rel is not None:
+            db, node = rel.groups()
+            database_of.setdefault(xid, databases.get(db, "?"))
+            if relations and rmgr == "Heap":  # (an insert that starts a page is an insert)
+                how = desc.lower().removesuffix("+init")
+                tables_of.setdefault(xid, set()).add(relations.get((db, node), node) + f"[{how}]")
+    return commits, sizes, shapes
+
+
+def _print_commits(pg: Any, scenario: str, before: dict[str, Any], after: dict[str, Any], sides: dict[str, str],
+                   messages: int) -> None:
+    """``BENCH_PG_COMMITS=1``: what one scenario's round cost PostgreSQL in commits a message, each
+    side apart: the transactions each side's databases ended (``pg_stat_database``: a read-only
+    one and a statement run alone count), those that wrote a commit record (the ones a WAL flush
+    may wait for, unless committed with ``synchronous_commit`` off), and the WAL's writes and
+    syncs (``pg_stat_wal``: how many commits one flush grouped, and how long a flush took)."""
+    n = max(1, messages)
+    records, sizes, shapes = _commit_records(pg, before["lsn"], after["lsn"])
+    by_side: dict[str, list[int]] = {}
+    for name, (commits, rollbacks, _sessions) in after["databases"].items():
+        side = sides.get(name)
+        if side is None:
+            continue
+        was = before["databases"].get(name, (0, 0, 0))
+        entry = by_side.setdefault(side, [0, 0, 0, 0])
+        entry[0] += commits - was[0]
+        entry[1] += rollbacks - was[1]
+        entry[2] += records.pop(name, 0)
+        entry[3] += sizes.pop(name, 0)
+    syncs = after["wal_sync"] - before["wal_sync"]
+    recorded = sum(e[2] for e in by_side.values()) + sum(records.values())
+    print(f"commits of {scenario} a message: " + "; ".join(
+        f"{side}: {e[0] / n:.2f} ended ({e[1] / n:.2f} rolled back), {e[2] / n:.2f} with a commit record "
+        f"({e[3] / max(1, e[2]):.0f} B of WAL each)" for side, e in sorted(by_side.items()))
+        + (f"; elsewhere {sum(records.values()) / n:.2f} with a commit record" if records else "")
+        + f"; WAL {(after['wal_records'] - before['wal_records']) / n:.1f} records, "
+        f"{(after['wal_write'] - before['wal_write']) / n:.2f} writes, {syncs / n:.2f} syncs "
+        f"({recorded / max(1, syncs):.2f} commit records a sync, "
+        f"{(after['wal_sync_ms'] - before['wal_sync_ms']) / max(1, syncs):.2f} ms a sync, "
+        f"{(after['wal_write_ms'] - before['wal_write_ms']) / max(1, after['wal_write'] - before['wal_write']):.2f}"
+        " ms a write)", flush=True)
+    if shapes:
+        print(f"commit records of {scenario} a message, by the rows their transactions wrote (table[how]):")
+        for shape, count in shapes.most_common(15):
+            print(f"  {count / n:6.3f}  {shape}")
 
 
 def _print_waldump(pg: Any, scenario: str, start: str, end: str, messages: int, top: int = 12) -> None:
@@ -1435,9 +1555,9 @@ def _print_waldump(pg: Any, scenario: str, start: str, end: str, messages: int, 
         _print_waldump_by_relation(pg, scenario, start, end, n, top=3 * top)
 
 
-def _print_waldump_by_relation(pg: Any, scenario: str, start: str, end: str, n: int, top: int) -> None:
-    """``BENCH_PG_WALDUMP=rel``: the heap and index records of the round by type and relation
-    (database.table), per message: which table's rows an UPDATE rewrote, locked or inserted."""
+def _relation_names(pg: Any) -> dict[tuple[str, str], str]:
+    """Every relation of the server's databases, ``(database oid, filenode) -> side.table`` (the side:
+    the database name's first word), as ``pg_waldump`` names a block's relation."""
     import psycopg2
 
     names: dict[tuple[str, str], str] = {}
@@ -1457,6 +1577,13 @@ def _print_waldump_by_relation(pg: Any, scenario: str, start: str, end: str, n: 
                 names.update({(oid, node): f"{datname.split('_')[0]}.{rel}" for node, rel in cur.fetchall()})
         finally:
             conn.close()
+    return names
+
+
+def _print_waldump_by_relation(pg: Any, scenario: str, start: str, end: str, n: int, top: int) -> None:
+    """``BENCH_PG_WALDUMP=rel``: the heap and index records of the round by type and relation
+    (database.table), per message: which table's rows an UPDATE rewrote, locked or inserted."""
+    names = _relation_names(pg)
     out = subprocess.run([str(pg.bindir / "pg_waldump"), "-p", str(pg.data_dir / "pg_wal"), "-s", start, "-e", end],
                          capture_output=True, text=True, check=False)
     seen: Counter[tuple[str, str]] = Counter()
@@ -1689,6 +1816,12 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
     before = _pg_counters(pg)
     counter = _Counter(server_app)
     locks = _LockSampler(pg.dsn("postgres")) if os.environ.get("BENCH_PG_LOCKS") else None
+    sides = {psycopg2.extensions.parse_dsn(dsn)["dbname"]: side for dsn, side in (
+        (client_app, "client"), (server_app, "server"), (client_store, "client store"),
+        (server_store, "server store")) if dsn}
+    if scenario == "xa1":  # each side's store in its application's database
+        sides = {name: side.removesuffix(" store") for name, side in sides.items()}
+    waits = _WaitSampler(pg, sides) if os.environ.get("BENCH_PG_COMMITS") else None
     try:
         server = _Child(["--role", "server", *common, "--app-dsn", server_app, "--store-dsn", server_store],
                         str(workdir / f"{scenario}-{tag}-server.strace") if strace else None,
@@ -1784,12 +1917,16 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
         counter.close()
         if locks is not None:
             locks.report(variant)
+        if waits is not None:
+            waits.report()
     after = _pg_counters(pg)
     if os.environ.get("BENCH_PG_WALDUMP"):
         _print_waldump(pg, scenario, before["lsn"], after["lsn"], result.once)
-    result.pg = {k: after[k] - before[k] for k in after if k != "lsn"}
+    if os.environ.get("BENCH_PG_COMMITS"):
+        _print_commits(pg, variant, before, after, sides, result.once)
+    result.pg = {k: after[k] - before[k] for k in ("xact_commit", "wal_sync", "wal_bytes", "sessions")}
     # the coordinator's own read-only transactions, and the first _pg_counters' own
-    result.pg["xact_commit"] -= counter.queries + 1
+    result.pg["xact_commit"] -= counter.queries + 1 + (waits.samples + 1 if waits is not None else 0)
     if scenario in ("xa1", "xa2"):
         for dsn in {server_app, client_app, server_store, client_store}:
             conn = psycopg2.connect(dsn)
@@ -1928,6 +2065,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "pg_stat_statements.track_planning": "on"} if statements else {}
     if os.environ.get("BENCH_PG_SESSIONS"):
         settings.update(log_connections="on", log_disconnections="on")
+    if os.environ.get("BENCH_PG_COMMITS"):
+        settings.update(track_wal_io_timing="on")
     pg = ThrowawayPostgres(max_connections=200, settings=settings or None).start()
     if statements:
         _execute(pg.dsn("postgres"), "CREATE EXTENSION pg_stat_statements")
