@@ -29,7 +29,7 @@ import pytest
 from txmanager import TransactionManager
 from txmanager.postgres import XADataSource
 from wsrm_plugin.engine import ReliableEngine
-from wsrm_plugin.engine.policy import AUTOMATIC_HTTP_THREADS, AUTOMATIC_HTTP_THREADS_TWO_PHASE
+from wsrm_plugin.engine.policy import AUTOMATIC_HTTP_THREADS_TWO_PHASE, AUTOMATIC_HTTP_THREADS_XA
 from wsrm_plugin.wire import UnknownSequence
 
 from .conftest import fast_policy
@@ -174,7 +174,9 @@ def test_automatic_delivers_each_alone_when_deliveries_commit_in_one_phase(pg_ds
     server = ReliableEngine("postgresql:" + db, fast_policy(deliver_on_receive=True), application=ledger,
                             tm=tm, name="server")
     try:
-        assert server.http_threads == AUTOMATIC_HTTP_THREADS  # the data source is in the store's database
+        # the data source is in the store's database: one phase, each receive's commit in its HTTP
+        # thread, as many at once as threads to share a WAL flush
+        assert server.http_threads == AUTOMATIC_HTTP_THREADS_XA
         server.serve()
         server.start()
         url = server.endpoint_address

@@ -35,7 +35,8 @@ from .busy import BUSY_AT, BusySequences
 from .destination import Destination
 from .inbound import Inbound
 from .invoker import Application, FailedDelivery, InvokerWorker
-from .policy import APART_HTTP_THREADS, AUTOMATIC_HTTP_THREADS, AUTOMATIC_HTTP_THREADS_TWO_PHASE, RMPolicy
+from .policy import (APART_HTTP_THREADS, AUTOMATIC_HTTP_THREADS, AUTOMATIC_HTTP_THREADS_TWO_PHASE,
+                     AUTOMATIC_HTTP_THREADS_XA, RMPolicy)
 from .reachability import UnreachablePeer
 from .reporter import NodeReports, reporter_name
 from .resend import ResendResult, resend_faulted
@@ -427,13 +428,18 @@ class ReliableEngine:
         (:data:`~.policy.AUTOMATIC_HTTP_THREADS_TWO_PHASE`), where the receives waiting at the
         same time are delivered together: a resource registered with the manager (an
         ``XADataSource``, registered as it is made) names a database that is not the store's.
-        One made after :meth:`serve` is not seen here."""
+        One made after :meth:`serve` is not seen here.  Under a transaction manager on a
+        PostgreSQL store otherwise (XA in one database: :data:`~.policy.AUTOMATIC_HTTP_THREADS_XA`),
+        each receive commits its application and its receipt in its HTTP thread, and the threads
+        bound how many such commits one WAL flush covers."""
         if self.policy.deliver_apart is not False and self.tm is None and self.store.defers_transactions:
             return APART_HTTP_THREADS
         if self.destination.delivers_together_if_two_phase and any(
                 getattr(resource, "database", None) not in (None, getattr(self.store, "database", None))
                 for resource in self.tm.resources):
             return AUTOMATIC_HTTP_THREADS_TWO_PHASE
+        if self.tm is not None and self.store.commits_are_costly and not self.store.defers_transactions:
+            return AUTOMATIC_HTTP_THREADS_XA
         return AUTOMATIC_HTTP_THREADS
 
     @property

@@ -105,7 +105,8 @@ _SIZE = Count()                           # bytes, >= 1
 #: from 16 threads, 4 threads 0.92, medians of 3 rounds on a loaded 2-core machine).
 AUTOMATIC_INVOKER_THREADS = 4
 
-#: Threads of a built-in HTTP server (``serve(threads=None)``), whatever the store.  On
+#: Threads of a built-in HTTP server (``serve(threads=None)``), whatever the store, unless one of
+#: the counts below applies (SQLite delivering apart, PostgreSQL under a transaction manager).  On
 #: PostgreSQL a receive waits in its HTTP thread for its durable commit, so more threads let
 #: more receives share one WAL flush; 16 won on a loaded machine, but on a quiet 2-core one the
 #: thread switches cost more than the flushes saved (16 sequences under XA in one database, one
@@ -149,6 +150,22 @@ APART_HTTP_THREADS = 16
 #: 233/193, 153/127 msg/s; CPU a message 3.89 against 4.52 ms (client, service, PostgreSQL),
 #: prepared branches 1.20-1.27 against 2.00 a message.
 AUTOMATIC_HTTP_THREADS_TWO_PHASE = 16
+#: Threads of a built-in HTTP server under a transaction manager on a PostgreSQL store otherwise
+#: (XA in one database: the application's data source in the store's database, one phase): each
+#: receive commits its application and its receipt in its HTTP thread and waits there for the WAL
+#: flush, so the threads bound how many of the service's commits one flush covers.  With 4, the
+#: service's side ran fewer commits at once than the outbox's 8 threads, and a flush covered 2.2-2.3
+#: commit records against the outbox's 2.5-2.7, with the same commit records a message on each side
+#: (the client 1 durable and about 0.2 not waiting for the disk, the service 1.02) and 0.93-1.12 WAL
+#: syncs a message.  bench_compare --clients 16 --calls 3200 --scenarios outbox,xa1,
+#: xa1~server_threads=8,xa1~server_threads=16 (two runs of 2 rounds, interleaved, load 17-23, so
+#: the counts more than the rates): WAL syncs a message 0.95-1.12 with 4, 0.70-0.98 with 8, 0.59-0.77
+#: with 16; commit records a sync 2.2-2.3, 2.9-3.1, 3.4-3.5; the rates 70-118 msg/s with 4, 97-200
+#: with 8, 136-276 with 16 (the outbox 94-247 in the same rounds); client and service CPU a message
+#: 3.65-4.47 ms with 4, 2.9-3.2 with 16; the service's thread switches 11.5-15.6 a message with 4,
+#: 19-23 with 16.  The quiet run that chose 4 for every store (above) predates the receipt riding on
+#: its application's commit: its flushes did not group by threads (1.69-1.72 a message each).
+AUTOMATIC_HTTP_THREADS_XA = 16
 
 
 #: Requests in flight at once where ``RMPolicy.send_concurrency`` is None: one per sequence with
