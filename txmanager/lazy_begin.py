@@ -346,7 +346,7 @@ class LazyBeginConnection(ext.connection):
         """True while the branch ran no statement (its BEGIN is still to be sent)."""
         return self._mode is _PENDING
 
-    def ride(self, statement: str, params: Any = None, *, at: int | None = None) -> bool:
+    def ride(self, statement: str, params: Any = None, *, at: int | None = None, begin: bool = False) -> bool:
         """Send ``statement`` (with ``params``, as ``cursor.execute`` takes them) with the
         branch's next round trip instead of one of its own: in front of the next statement run
         on this connection, in the same query string, or, when none comes, in front of the
@@ -367,16 +367,24 @@ class LazyBeginConnection(ext.connection):
 
         ``at``: its place among the statements riding already (given before it, not sent yet;
         0: in front of them all), for a write that must run before them (a receipt that
-        checks what they guessed)."""
-        if self._mode is not _SQL:
+        checks what they guessed).
+
+        ``begin``: on a branch that sent nothing yet, its ``BEGIN`` rides too, in front (a
+        branch whose writes all ride to its commit sends them with it, in one round trip)."""
+        mode = self._mode
+        if mode is not _SQL and (mode is not _PENDING or not begin):
             return False
         if self._rider is not None:  # it rides last, to the commit: sent first, in order
             self._send_rider()
         sent = self._plain_cursor().mogrify(statement, params)
-        if at is not None:  # (no BEGIN rides here: it rides only with a rider, sent above)
-            self._riding.insert(at, sent)
+        riding = self._riding
+        if mode is _PENDING:  # (nothing rides yet: ride_to_commit would have left _PENDING)
+            self._mode = _SQL
+            riding.append(_BEGIN)
+        if at is not None:
+            riding.insert(at + 1 if riding and riding[0] is _BEGIN else at, sent)
         else:
-            self._riding.append(sent)
+            riding.append(sent)
         return True
 
     def ride_to_commit(self, statement: str, params: Any, *, read: str, read_params: Any,
@@ -476,7 +484,8 @@ class LazyBeginConnection(ext.connection):
         the string ran (the server refused it whole: a syntax error), and then the ``BEGIN`` is
         sent now, on its own, and the rest rides again, to fail inside the branch as it would
         after psycopg2's ``BEGIN`` (:meth:`_execute_after_begin`): no later statement of the
-        branch runs outside it.  (The ``BEGIN`` rides only with such a write, which goes first.)"""
+        branch runs outside it.  (The ``BEGIN`` rides only with such a write, which goes first,
+        or with writes given to :meth:`ride` with ``begin``.)"""
         if not riding or riding[0] is not _BEGIN or self.closed \
                 or self.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
             return False
@@ -554,6 +563,8 @@ class LazyBeginConnection(ext.connection):
         except BaseException as exc:
             if not self.closed and self.info.transaction_status == ext.TRANSACTION_STATUS_INTRANS:
                 self._riding[:0] = riding  # nothing ran (psycopg2 refused the parameters): they still ride
+            elif self._begin_again(riding):  # nothing ran, the BEGIN riding first neither: again, begun
+                return self._execute_riding(cur, query, vars)
             elif isinstance(exc, psycopg2.Error):
                 exc.add_note(f"{len(riding)} statement(s) ridden ahead of it (LazyBeginConnection.ride) ran "
                              "in this query string first: the error may be theirs")

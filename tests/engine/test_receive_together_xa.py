@@ -36,6 +36,8 @@ from .conftest import fast_policy
 from .support import RM11, application_message, item_text, post, wait_for
 from .test_bad_input import first_message_senders, open_sequence, send_ok
 from .test_delivery_xa_batch import RECEIVED, Ledger, rows, xa_application
+from tests.zeep_client.test_xa2_one_way import _marking_sessions
+from tests.zeep_client.test_xa_call_path import _LOG_STATEMENTS, _sent
 
 pytestmark = pytest.mark.postgres
 
@@ -70,11 +72,12 @@ class _Gated(Ledger):
 
 
 def xa_server(pg_dsn_factory: Callable[..., str], tm: TransactionManager, application: Callable[..., None],
-              closers: list[Callable[[], None]], **policy: Any) -> ReliableEngine:
-    """A server on a new PostgreSQL store, under ``tm``, delivering on receipt to ``application``
-    unless ``policy`` says otherwise: serving and started; its stop goes on ``closers``."""
+              closers: list[Callable[[], None]], *, store_sql: tuple[str, ...] = (), **policy: Any) -> ReliableEngine:
+    """A server on a new PostgreSQL store (``store_sql`` run in its database first), under ``tm``,
+    delivering on receipt to ``application`` unless ``policy`` says otherwise: serving and
+    started; its stop goes on ``closers``."""
     policy.setdefault("deliver_on_receive", True)
-    server = ReliableEngine("postgresql:" + pg_dsn_factory("xastore"), fast_policy(**policy),
+    server = ReliableEngine("postgresql:" + pg_dsn_factory("xastore", *store_sql), fast_policy(**policy),
                             application=application, tm=tm, name="server")
     closers.append(lambda: server.stop(timeout=5))
     server.serve()
@@ -86,13 +89,14 @@ def xa_server(pg_dsn_factory: Callable[..., str], tm: TransactionManager, applic
 def served(pg_dsn_factory, tmp_path) -> Iterator[Callable[..., Served]]:
     closers: list[Callable[[], None]] = []
 
-    def make(fail: Callable[[str, int], bool] = lambda item, attempt: False, **policy) -> Served:
+    def make(fail: Callable[[str, int], bool] = lambda item, attempt: False, store_sql: tuple[str, ...] = (),
+             **policy) -> Served:
         app_db, tm, ds = xa_application(pg_dsn_factory, tmp_path / f"tm{len(closers)}.log", closers,
                                         node="xa-together")
         ledger = _Gated(tm, ds, fail)
         ledger.started, ledger.release = threading.Event(), threading.Event()
         policy.setdefault("receive_together", 16)
-        server = xa_server(pg_dsn_factory, tm, ledger, closers, **policy)
+        server = xa_server(pg_dsn_factory, tm, ledger, closers, store_sql=store_sql, **policy)
         return Served(server, server.endpoint_address, app_db, ledger, ledger.started, ledger.release)
 
     yield make
@@ -322,6 +326,9 @@ def _second_messages_behind_the_first(s: Served, count: int, wrong: int | None =
     identifiers = sorted(open_sequence(s.url, RM11) for _ in range(count))
     for n, identifier in enumerate(identifiers):
         send_ok(s.url, RM11, identifier, 1, f"o{n}")
+    # each remembered once its commit returned, which may be after its answer (at the decision)
+    foreseen = s.server.destination._foreseen
+    assert wait_for(lambda: all(identifier in foreseen for identifier in identifiers), timeout=30)
     s.release.clear()
     if wrong is not None:
         with s.server.store.begin() as tx:
@@ -332,19 +339,29 @@ def _second_messages_behind_the_first(s: Served, count: int, wrong: int | None =
     return identifiers
 
 
-def test_the_receipts_of_a_batch_in_two_phases_ride_on_its_marked_commit(served) -> None:
+def test_the_receipts_of_a_batch_in_two_phases_ride_on_its_marked_commit(served, pg_server, monkeypatch) -> None:
     """The batch's receives of message 2 (their sequences' rows remembered from message 1's
-    commits): the first records its receipt the general way (it begins the store's branch),
-    the others run their applications and send their receipts with the store's commit, the one
-    that carries the decision.  Each message committed once, the batch in one global transaction."""
-    s = served()
+    commits): each runs its application and sends its receipt with the store's commit, the one
+    that carries the decision; the store's branch sends nothing before it, its BEGIN riding
+    there too: the branch is one query string (the first receipt took one of its own before,
+    with the BEGIN).  Each message committed once, the batch in one global transaction."""
+    s = served(store_sql=(_LOG_STATEMENTS,))
     dest = s.server.destination
     before = dest.receipts_at_commit
+    offset = pg_server.log_path.stat().st_size
+    marked = _marking_sessions(monkeypatch)
     _second_messages_behind_the_first(s, BEHIND)
     committed = dict(_committed(s, 2 * BEHIND + 1))
     assert sorted(committed) == sorted(["first", *(f"o{n}" for n in range(BEHIND)), *(f"n{n}" for n in range(BEHIND))])
     assert len({committed[f"n{n}"] for n in range(BEHIND)}) == 1  # one global transaction
-    assert dest.receipts_at_commit - before == BEHIND - 1
+    assert dest.receipts_at_commit - before == BEHIND
+    # the batch's store branch: the commit whose mark names its gtrid (the part after the node)
+    mark = bytes.fromhex(committed["n0"]).split(b"|", 1)[1].decode()
+    (pid,) = {pid for pid in marked if any(f"'{mark}'" in text for text in _sent(pg_server.log_path, offset, pid))}
+    sent = _sent(pg_server.log_path, offset, pid)
+    (last,) = (i for i, text in enumerate(sent) if f"'{mark}'" in text)
+    assert sent[last].startswith("BEGIN;"), sent[last - 2:last + 1]
+    assert sent[last].count("UPDATE rmd_sequence") == BEHIND, sent[last]  # each receipt: one statement
     assert dest.receipts_declined_at_commit == 0
     assert all(calls == 1 for calls in s.ledger.calls.values())
     with s.server.store.begin() as tx:
@@ -367,3 +384,27 @@ def test_a_receipt_found_wrong_at_a_batchs_marked_commit_rolls_both_branches_bac
     assert [s.ledger.calls[f"n{n}"] for n in range(BEHIND)] == [2] * BEHIND
     with s.server.store.begin() as tx:
         assert tx.invoker.count() == 0
+
+
+def test_a_buffered_receipt_does_not_turn_the_batches_receipts_at_the_commit_off(served) -> None:
+    """Receive together left automatic (on while deliveries commit in two phases): a receipt that
+    delivered nothing (message 3 before 2: buffered) no longer says the deliveries commit in one
+    phase, so the next message of another sequence goes through the batches, not the receipt at
+    the commit of one delivering alone (which in two phases refused and turned every receipt at
+    the commit off for the process's life: the batches' too).  Each committed once."""
+    s = served(receive_together=None)
+    dest = s.server.destination
+    assert dest._together is not None and dest._together_if_two_phase
+    s.release.set()
+    a, b = open_sequence(s.url, RM11), open_sequence(s.url, RM11)
+    send_ok(s.url, RM11, a, 1, "a1")
+    assert wait_for(lambda: a in dest._foreseen, timeout=30)
+    assert send_ok(s.url, RM11, b, 2, "b2") == [(2, 2)]  # buffered: its message 1 has not come
+    for number in (2, 3):
+        before = dest.receipts_at_commit
+        send_ok(s.url, RM11, a, number, f"a{number}")
+        assert wait_for(lambda before=before: dest.receipts_at_commit > before, timeout=30)
+    send_ok(s.url, RM11, b, 1, "b1")
+    expected = ["a1", "a2", "a3", "b1", "b2"]
+    assert wait_for(lambda: sorted(item for item, _ in rows(s.app_db)) == expected, timeout=30), rows(s.app_db)
+    assert Counter(item for item, _ in rows(s.app_db)) == Counter(expected)  # each exactly once

@@ -1060,8 +1060,8 @@ class Destination:
                     recorded = self._record(tx, item, turn_at_take=not foresees)
                     if item.taken:
                         self._deliver_taken(tx, item, invoker)
-                    if self._together_if_two_phase:
-                        self._two_phase = invoker.in_two_phases()
+                        if self._together_if_two_phase:  # (a receipt that delivered nothing tells nothing)
+                            self._two_phase = invoker.in_two_phases()
                     held = self._foreseeable(tx, item)
                 if self._at_commit_possible:
                     self._foresee_after(item, recorded, held, invoker)
@@ -1220,13 +1220,13 @@ class Destination:
         A one-way message whose sequence this process delivered last (:meth:`_batch_guess`)
         runs its application before its receipt, which rides on the store's commit
         (:meth:`_deliver_riding`): under two-phase commit the store's branch commits last, in one
-        phase, with the commit mark, so the receipt is decided with everything else, and the
-        batch's first receipt has begun the branch, so those of the others cost no round trip
-        of their own (xa2 at 16 sequences: the service's store 1.2-1.6 round trips a message ->
-        0.6-0.7).  Their rows are locked at that commit, in the order of their sequences too,
-        after the general way's.  A guess found wrong there fails the commit on purpose: nothing
-        is decided, the application's prepared branch rolls back, and each receive of the batch
-        goes again alone (:data:`ALONE`), the general way; their applications ran twice, as a
+        phase, with the commit mark, so the receipt is decided with everything else, and costs
+        no round trip of its own (xa2 at 16 sequences: the service's store 1.2-1.6 round trips
+        a message -> 0.6-0.7); where every receipt of the batch rides, the store's branch sends
+        its BEGIN with them too, and the whole branch is one round trip, its commit.  Their rows
+        are locked at that commit, after the general way's.  A guess found wrong there fails the
+        commit on purpose: nothing is decided, the application's prepared branch rolls back, and
+        each receive of the batch goes again alone (:data:`ALONE`), the general way; their applications ran twice, as a
         wrong guess alone does (:meth:`_receipt_at_commit`)."""
         invoker = self._direct
         assert invoker is not None
@@ -1262,7 +1262,7 @@ class Destination:
                         failing = item
                         raise
                     outcomes[id(item)] = (*recorded, tx)
-                if self._together_if_two_phase:
+                if self._together_if_two_phase and any(item.taken for item in items):
                     self._two_phase = invoker.in_two_phases()
                 if self._together is not None:  # only the commit is left: the next batch starts now
                     self._together.hand_on()
@@ -1297,16 +1297,16 @@ class Destination:
     def _batch_guess(self, tx: StoreTransaction, item: _Receipt) -> tuple[RmdSequence, Reception] | None:
         """In a batch (:meth:`_deliver_in_one_global`): the guess of a one-way message whose
         receipt may ride on the batch's commit (:meth:`_guess_reception`, from what this
-        process's last delivery of its sequence committed), or None: the general way.  Only once
-        the store's branch has begun (by the batch's receipts before it): its statements then
-        ride on the branch's next round trip, the store's commit, which under two-phase commit
-        is the one that carries the decision (its commit mark) after the application's branch
-        is prepared; the batch's first receipt begins the branch anyway, in a round trip of its
-        own, and goes the general way, before its application.  Not while another receive of
+        process's last delivery of its sequence committed), or None: the general way.  Its
+        statements ride on the store branch's next round trip, the store's commit, which under
+        two-phase commit is the one that carries the decision (its commit mark) after the
+        application's branch is prepared; on a branch that sent nothing yet (the batch's first
+        receipt, or every one before it riding too) the branch's BEGIN rides in front of them
+        (``StoreTransaction.rides_first_writes``).  Not while another receive of
         its sequence runs first or ends it, or a higher number of it is under way (see
         :meth:`_guessed_at_commit`)."""
         if not self._at_commit_possible or item.acks or item.expects_reply or not tx.receives_at_commit \
-                or not getattr(tx, "rides_writes", False):  # (a SQL store's: it receives at its commit)
+                or not getattr(tx, "rides_first_writes", False):  # (a SQL store's: it receives at its commit)
             return None
         known = self._foreseen_guess(item)
         guessed = None if known is None else self._guess_reception(item, known[0])
@@ -1654,8 +1654,16 @@ class Destination:
         except _TwoPhases:
             # a PREPARE before the store's commit: a guess found wrong there would fail a global
             # transaction of several branches; such deliveries take the general way from now on
-            # (rolled back: the application runs again there)
-            self._at_commit_possible = False
+            # (rolled back: the application runs again there), or, where the receives that commit
+            # in two phases are delivered together, their batches (whose receipts ride on the
+            # store's marked commit: _batch_guess).  Turned off for good there, a receipt that
+            # delivered nothing (buffered: the last delivery then seemed to commit in one phase)
+            # turned every batch's receipts off too, for the process's life (bench_compare xa2 at
+            # load 26-38: 0.00 receipts at the commit a message in one of four runs)
+            if self._together_if_two_phase:
+                self._two_phase = True
+            else:
+                self._at_commit_possible = False
             self._forget_foreseen(identifier)
             item.taken = item.acks_applied = False
             return None

@@ -210,6 +210,14 @@ class SqlTransaction(api.StoreTransaction):
         (:meth:`txmanager.lazy_begin.LazyBeginConnection.ride`)."""
         return self._global is not None and getattr(self.conn, "can_ride", False)
 
+    @property
+    def rides_first_writes(self) -> bool:
+        """Can :meth:`write_first`'s writes ride on the transaction's next round trip?  Where
+        :attr:`rides_writes`, and on such a branch that sent nothing yet too: its BEGIN rides
+        in front of them (a batch whose receipts all ride to the store's commit sends the
+        branch whole with it: ``LazyBeginConnection.ride(begin=True)``)."""
+        return self._global is not None and getattr(self.conn, "can_ride_to_commit", False)
+
     def write_later(self, sql: str, params: Sequence[Any] = ()) -> None:
         """A write whose outcome (its count) nobody reads: where :attr:`rides_writes`, it rides on
         the transaction's next round trip (the next statement's query string, or the branch's
@@ -239,8 +247,10 @@ class SqlTransaction(api.StoreTransaction):
         (:meth:`write_later`) and what the commit flushes: where :attr:`rides_writes`, in front
         of them on the transaction's next round trip, in the order given; else now, in one
         round trip.  For a receipt that checks, before the commit, what the writes after it
-        guessed (it fails on purpose, and the transaction with it, where they guessed wrong)."""
-        if not self.rides_writes or self.conn.riding + len(statements) > RIDING_AT_MOST:
+        guessed (it fails on purpose, and the transaction with it, where they guessed wrong).
+        On a branch that sent nothing yet, its BEGIN rides in front of them
+        (:attr:`rides_first_writes`)."""
+        if not self.rides_first_writes or self.conn.riding + len(statements) > RIDING_AT_MOST:
             (sql, params), *rest = statements
             self._wrote = True
             self.execute(sql, params, then=list(rest) or None).close()
@@ -248,7 +258,7 @@ class SqlTransaction(api.StoreTransaction):
         self._check_open()
         try:
             for at, (sql, params) in enumerate(statements):
-                if not self.conn.ride(*self._sent(sql, params), at=at):
+                if not self.conn.ride(*self._sent(sql, params), at=at, begin=True):
                     raise AssertionError("a session that rides writes refused one")  # (checked above)
         except Exception as exc:
             if self._statements is not None:
