@@ -94,7 +94,7 @@ def test_idle_invoker_threads_do_not_poll(engines, threads) -> None:
                      application=lambda envelope, context: None)
     steps: dict[str, int] = {}
     invokers = [w for w in server.workers if "invoker" in w.name]
-    assert len(invokers) == 4
+    assert len(invokers) == (8 if threads is None else 4)  # (automatic on memory: AUTOMATIC_THREADS_BUFFERED)
     for worker in invokers:
         counted = worker._step  # noqa: SLF001 -- counting the steps of a running worker
 

@@ -2,9 +2,10 @@
 
 Each receive on PostgreSQL waits in its HTTP thread for its durable commit, a WAL flush that
 the commits of other sessions at the same moment share: the thread count bounds how many
-receives one flush covers.  ``serve()`` gives every service 4 threads
+receives one flush covers.  ``serve()`` gives a service 4 threads
 (``ReliableEngine.http_threads``: 16 cost more in thread switches than they saved in flushes on
-a quiet 2-core machine), and ``threads=`` decides when given.
+a quiet 2-core machine), 8 where one-way messages are buffered and the HTTP threads deliver them
+after their responses (memory), and ``threads=`` decides when given.
 
 The end-to-end case: a PostgreSQL service served with 16 threads; 12 sequences send their
 first message at once; the method (run in the receiving thread: ``deliver_on_receive``; one
@@ -88,20 +89,27 @@ def test_a_sqlite_service_delivering_apart_runs_its_applications_side_by_side(tm
     _meet_side_by_side(svc, server)
 
 
-def test_memory_and_sqlite_keep_four_threads_and_threads_given_win(tmp_path):
+def test_memory_buffering_gets_eight_threads_sqlite_four_and_threads_given_win(tmp_path):
     memory = ReliableEngine("memory:")
     sqlite = ReliableEngine(f"sqlite:///{tmp_path}/s.db")
     apart = ReliableEngine(f"sqlite:///{tmp_path}/a.db", RMPolicy(deliver_apart=True))
     automatic = ReliableEngine(f"sqlite:///{tmp_path}/b.db", RMPolicy(deliver_apart=None))
     on_memory = ReliableEngine("memory:", RMPolicy(deliver_apart=True))  # never apart there
+    on_receipt = ReliableEngine("memory:", RMPolicy(deliver_on_receive=True))
     try:
-        assert memory.http_threads == 4
+        # one-way messages buffered, each HTTP thread delivering after its response: 8 of each
+        assert memory.http_threads == 8
+        assert len([w for w in memory._workers if "invoker" in w.name]) == 8
+        assert memory.invoker._step_slots._initial_value == 8  # type: ignore[attr-defined]
         assert sqlite.http_threads == 4  # delivering inside (the default): the file bounds the rate
         assert apart.http_threads == 16  # the applications run outside the file, one a thread
         assert automatic.http_threads == 16
-        assert on_memory.http_threads == 4
+        assert on_memory.http_threads == 8
+        # delivered in the receive: the HTTP threads run the applications, 4 and 4 as on PostgreSQL
+        assert on_receipt.http_threads == 4
+        assert on_receipt.invoker._step_slots._initial_value == 4  # type: ignore[attr-defined]
         server = memory.serve(threads=2)
         assert server.threads == 2
     finally:
-        for engine in (memory, sqlite, apart, automatic, on_memory):
+        for engine in (memory, sqlite, apart, automatic, on_memory, on_receipt):
             engine.stop(timeout=5)

@@ -35,8 +35,14 @@ from .busy import BUSY_AT, BusySequences
 from .destination import Destination
 from .inbound import Inbound
 from .invoker import Application, FailedDelivery, InvokerWorker
-from .policy import (APART_HTTP_THREADS, AUTOMATIC_HTTP_THREADS, AUTOMATIC_HTTP_THREADS_TWO_PHASE,
-                     AUTOMATIC_HTTP_THREADS_XA, RMPolicy)
+from .policy import (
+    APART_HTTP_THREADS,
+    AUTOMATIC_HTTP_THREADS,
+    AUTOMATIC_HTTP_THREADS_TWO_PHASE,
+    AUTOMATIC_HTTP_THREADS_XA,
+    AUTOMATIC_THREADS_BUFFERED,
+    RMPolicy,
+)
 from .reachability import UnreachablePeer
 from .reporter import NodeReports, reporter_name
 from .resend import ResendResult, resend_faulted
@@ -232,7 +238,9 @@ class ReliableEngine:
             Worker(f"{name}-rms", self.retransmission.step, policy.poll_interval),
             Worker(f"{name}-rmd", self.acknowledgement.step, policy.poll_interval),
             *(Worker(f"{name}-invoker-{i}", self.invoker.step, policy.poll_interval if i == 0 else None)
-              for i in range(policy.invoker_thread_count(self.store.concurrent_sequences))),
+              for i in range(policy.invoker_thread_count(
+                  self.store.concurrent_sequences,
+                  policy.buffers_one_way(tm is not None, self.store.commits_are_costly)))),
         ]
         self.endpoint = RMEndpoint(self, policy.max_message_size)
 
@@ -431,7 +439,10 @@ class ReliableEngine:
         One made after :meth:`serve` is not seen here.  Under a transaction manager on a
         PostgreSQL store otherwise (XA in one database: :data:`~.policy.AUTOMATIC_HTTP_THREADS_XA`),
         each receive commits its application and its receipt in its HTTP thread, and the threads
-        bound how many such commits one WAL flush covers."""
+        bound how many such commits one WAL flush covers.  Where one-way messages are buffered
+        and the HTTP threads deliver them after their responses (the memory store without a
+        transaction manager), :data:`~.policy.AUTOMATIC_THREADS_BUFFERED`, as many as the
+        invoker's places."""
         if self.policy.deliver_apart is not False and self.tm is None and self.store.defers_transactions:
             return APART_HTTP_THREADS
         if self.destination.delivers_together_if_two_phase and any(
@@ -440,6 +451,9 @@ class ReliableEngine:
             return AUTOMATIC_HTTP_THREADS_TWO_PHASE
         if self.tm is not None and self.store.commits_are_costly and not self.store.defers_transactions:
             return AUTOMATIC_HTTP_THREADS_XA
+        if self.store.concurrent_sequences and self.policy.buffers_one_way(self.tm is not None,
+                                                                           self.store.commits_are_costly):
+            return AUTOMATIC_THREADS_BUFFERED
         return AUTOMATIC_HTTP_THREADS
 
     @property
