@@ -1101,14 +1101,7 @@ class _RmsMessages(api.RmsMessageManager):
             full = min(per_sequence, limit)
             take = min(full, max(4, 2 * -(-limit // sending)))
             while True:
-                candidates = tx.all(
-                    "SELECT x.rowid, s.seq_key, x.number, x.next_send_at FROM rms_sequence s "
-                    "JOIN rms_message x ON x.rowid IN "
-                    "(SELECT y.rowid FROM rms_message y WHERE y.seq = s.id AND NOT y.acked "
-                    "AND y.next_send_at <= ? AND (y.retry_at IS NULL OR y.retry_at <= ?) "
-                    "ORDER BY y.next_send_at, y.number LIMIT ?) "
-                    "WHERE s.sequence_id IS NOT NULL AND NOT s.faulted",
-                    (_now(now), _now(now), take))
+                candidates = self._sqlite_due_candidates(now, take)
                 ranked: dict[str, list[tuple[float, int, int]]] = {}
                 for rowid, key, number, next_send_at in candidates:
                     ranked.setdefault(key, []).append((next_send_at, number, rowid))
@@ -1118,18 +1111,7 @@ class _RmsMessages(api.RmsMessageManager):
             chosen = sorted((rank, at, key, number, rowid)
                             for key, keys in ranked.items()
                             for rank, (at, number, rowid) in enumerate(sorted(keys), 1))[:limit]
-            if not chosen:
-                return []
-            found: dict[tuple[str, int], RmsMessage] = {}
-            rowids = [c[4] for c in chosen]
-            for start in range(0, len(rowids), 500):  # below any build's limit of bound values
-                part = rowids[start:start + 500]
-                rows = tx.all(
-                    f"SELECT {msg_cols(tx.d, 'm', 's.seq_key')}, {_cols(_RMS_COLS, 's')} FROM rms_message m "
-                    "JOIN rms_sequence s ON s.id = m.seq "
-                    f"WHERE m.rowid IN ({', '.join('?' * len(part))})" + tx.d.lock_of("s, m"), tuple(part))
-                found.update(((m.sequence_key, m.number), m) for m in self._with_sequences(rows))
-            return [found[(key, number)] for _, _, key, number, _ in chosen if (key, number) in found]
+            return self._sqlite_rows_of([(key, number, rowid) for _, _, key, number, rowid in chosen])
         if tx.d.lateral:
             # PostgreSQL has no index of all due messages (schema version 8): each sequence's
             # first ``limit`` due ones by its own index, the oldest of those fetched by their
@@ -1149,13 +1131,39 @@ class _RmsMessages(api.RmsMessageManager):
                 "LIMIT ?" + tx.d.lock_of("s, m"),
                 (_now(now), _now(now), limit, 4 * limit, _now(now), _now(now), limit))
             return self._with_payloads([_msg(r) for r in rows]) if payloads else [_msg(r) for r in rows]
-        rows = tx.all(
-            _ordered_scan(tx) + f"SELECT {_read_cols(tx, 'm', 's.seq_key')} FROM rms_message m "
-            "JOIN rms_sequence s ON s.id = m.seq "
-            f"WHERE NOT m.acked AND {_DUE_M} AND s.sequence_id IS NOT NULL "
-            "AND NOT s.faulted ORDER BY m.next_send_at, s.seq_key, m.number LIMIT ?"
-            + tx.d.lock_of("s, m"), (_now(now), _now(now), limit))
-        return self._with_payloads([_msg(r) for r in rows]) if payloads else [_msg(r) for r in rows]
+        # SQLite has no index of all due messages either (schema version 12): each sequence's
+        # first ``limit`` due ones by its own index, the oldest ``limit`` of those read.
+        oldest = sorted((at, key, number, rowid)
+                        for rowid, key, number, at in self._sqlite_due_candidates(now, limit))[:limit]
+        return self._sqlite_rows_of([(key, number, rowid) for _, key, number, rowid in oldest])
+
+    def _sqlite_due_candidates(self, now: float | None, take: int) -> list[Any]:
+        """SQLite: the keys (rowid, sequence key, number, next_send_at) of each sending sequence's
+        first ``take`` due messages, by a correlated subquery on the sequence's unacked index:
+        one index range per sequence, however long the backlog."""
+        return self._tx.all(
+            "SELECT x.rowid, s.seq_key, x.number, x.next_send_at FROM rms_sequence s "
+            "JOIN rms_message x ON x.rowid IN "
+            "(SELECT y.rowid FROM rms_message y WHERE y.seq = s.id AND NOT y.acked "
+            "AND y.next_send_at <= ? AND (y.retry_at IS NULL OR y.retry_at <= ?) "
+            "ORDER BY y.next_send_at, y.number LIMIT ?) "
+            "WHERE s.sequence_id IS NOT NULL AND NOT s.faulted",
+            (_now(now), _now(now), take))
+
+    def _sqlite_rows_of(self, chosen: list[tuple[str, int, int]]) -> list[RmsMessage]:
+        """SQLite: the messages ``chosen`` (sequence key, number, rowid), in that order, with their
+        sequences' rows kept as held (:meth:`_with_sequences`)."""
+        tx = self._tx
+        found: dict[tuple[str, int], RmsMessage] = {}
+        rowids = [c[2] for c in chosen]
+        for start in range(0, len(rowids), 500):  # below any build's limit of bound values
+            part = rowids[start:start + 500]
+            rows = tx.all(
+                f"SELECT {msg_cols(tx.d, 'm', 's.seq_key')}, {_cols(_RMS_COLS, 's')} FROM rms_message m "
+                "JOIN rms_sequence s ON s.id = m.seq "
+                f"WHERE m.rowid IN ({', '.join('?' * len(part))})" + tx.d.lock_of("s, m"), tuple(part))
+            found.update(((m.sequence_key, m.number), m) for m in self._with_sequences(rows))
+        return [found[(key, number)] for key, number, _ in chosen if (key, number) in found]
 
     def with_payloads(self, msgs: Sequence[RmsMessage]) -> list[RmsMessage]:
         return self._with_payloads(list(msgs))
