@@ -132,7 +132,8 @@ committed with ``synchronous_commit`` off) and their WAL bytes each; the WAL's w
 message (``pg_stat_wal``), the commit records one sync grouped and a sync's time
 (``track_wal_io_timing``); ``BENCH_PG_COMMITS=tables`` also the commit records by the tables
 whose rows their transactions wrote, and how (insert, hot_update, delete, lock...); and what each side's active sessions did, sampled every 2 ms (``IO:WALSync``:
-flushing the WAL, ``LWLock:WALWrite``: waiting for another's flush, ``CPU``: running).
+flushing the WAL, ``LWLock:WALWrite``: waiting for another's flush, ``CPU``: running; the sampling
+costs PostgreSQL some CPU of its own: leave it out where rates matter).
 ``BENCH_PG_WALDUMP=1`` reads each round's WAL with ``pg_waldump --stats=record`` and lists, per
 message, the record types that wrote most (record bytes and full-page images apart);
 ``BENCH_PG_WALDUMP=rel`` also lists the heap and index records by relation (which table's rows
@@ -1376,17 +1377,22 @@ class _WaitSampler:
         conn.autocommit = True
         try:
             with conn.cursor() as cur:
+                # prepared: planned once (planned at every sample, it cost PostgreSQL about 0.45 ms of
+                # planning a message of a 16-sequence round, beside the scenario's own work)
+                cur.execute(
+                    "PREPARE pg_wait_sample AS SELECT a.wait_event_type || ':' || a.wait_event, left(a.query, 70), "
+                    "(SELECT left(string_agg(b.state || ' ' || left(b.query, 50), ' | '), 160) "
+                    "FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(a.pid))), a.datname "
+                    "FROM pg_stat_activity a WHERE a.state = 'active' AND a.pid <> pg_backend_pid() "
+                    "AND a.backend_type = 'client backend'")
                 while not self._stop.wait(0.002):
-                    cur.execute(
-                        "SELECT a.wait_event_type || ':' || a.wait_event, left(a.query, 70), "
-                        "(SELECT left(string_agg(b.state || ' ' || left(b.query, 50), ' | '), 160) "
-                        "FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(a.pid))), a.datname "
-                        "FROM pg_stat_activity a WHERE a.state = 'active' AND a.pid <> pg_backend_pid() "
-                        "AND a.backend_type = 'client backend'")
+                    cur.execute("EXECUTE pg_wait_sample")
                     self.samples += 1
                     for event, query, blocker, datname in cur.fetchall():
                         if self.sides is not None:  # by side and wait alone: the statements are the sides'
-                            query = self.sides.get(datname, datname or "?")
+                            if datname not in self.sides:
+                                continue  # another sampler, the coordinator's counting
+                            query = self.sides[datname]
                         what = (event or "CPU", " ".join((query or "").split()))
                         self.seen[what] += 1
                         if blocker:
