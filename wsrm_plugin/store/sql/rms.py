@@ -81,6 +81,22 @@ _SEND = ("retry_at = CASE WHEN send_count = 0 THEN CAST(? AS DOUBLE PRECISION) E
 #: as before.
 _GENERIC_PLAN = "SET LOCAL plan_cache_mode TO force_generic_plan; SET LOCAL enable_bitmapscan TO off; "
 
+#: PostgreSQL: the class of the transaction-scoped advisory lock of one sequence's writers
+#: beside enqueues (:data:`_WRITERS_BESIDE`), "WRMS" as an int32 (the two-key form: its own
+#: space, apart from the single-key locks of migrations and the transaction manager's nodes)
+_BESIDE_LOCK_CLASS = 0x57524D53
+#: PostgreSQL: what a transaction that writes a sequence's messages while it holds the row only
+#: ``FOR KEY SHARE`` (beside callers' enqueues) takes first, in the select list of the row's
+#: read (evaluated for the row that passes the read's condition, before its lock).  ``FOR KEY
+#: SHARE`` does not keep two such writers apart, and their writes are not all in one order: an
+#: acknowledgement deletes its messages and then, in a second pass, marks those it may not purge
+#: (``lk`` went to the other one), a settle makes due in number order.  Two of them on one
+#: sequence crossed and deadlocked (engines sharing a store acknowledge and settle each other's
+#: sequences: 16 client engines, up to 5 deadlocks a run).  The lock keeps them one at a time per
+#: sequence, and waits for neither a caller's enqueue nor a claim, which do not take it (two
+#: sequences whose ids are equal modulo 2**31 - 1 share a lock: they only wait for each other).
+_WRITERS_BESIDE = f"pg_advisory_xact_lock({_BESIDE_LOCK_CLASS}, CAST(mod(id, 2147483647) AS integer))"
+
 
 #: PostgreSQL: in front of statements whose transaction ends right after them, so that each
 #: session plans them once: the sender's acknowledgement when it is its transaction alone
@@ -298,11 +314,11 @@ class _Rms(api.RmsSequenceManager):
         then the row is not locked (the condition is checked before the lock): the caller
         locks it FOR UPDATE, as before."""
         tx = self._tx
-        row = tx.one(f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE {column} = ? "
+        row = tx.one(f"SELECT {_cols(_RMS_COLS)}, {_WRITERS_BESIDE} FROM rms_sequence WHERE {column} = ? "
                      f"AND NOT ({_CLOSED_TO_ENQUEUES}){tx.d.key_share}", (value,))
         if row is None:
             return None
-        seq = _rms(row)
+        seq = _rms(row[:-1])
         tx.lock(RANK_RMS, seq.key)
         tx.held_rms[seq.key] = seq
         tx.shared_rms.add(seq.key)
@@ -762,7 +778,8 @@ class _RmsMessages(api.RmsMessageManager):
         # ``g``: the sequence when the acknowledgement applies to it (see rms_life: started and
         # live), and whether it keeps the requests waiting for their replies (it has an Offer)
         return [
-            (f"SELECT 1 FROM rms_sequence WHERE sequence_id = ?{gate}{hold}", (sequence_id,)),
+            (f"SELECT {_WRITERS_BESIDE if hold and hold == self._tx.d.key_share else 1} FROM rms_sequence "
+             f"WHERE sequence_id = ?{gate}{hold}", (sequence_id,)),
             (f"WITH q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE sequence_id = ?), "
              "g AS (SELECT id, offered_id IS NOT NULL AND ? AS kp FROM q WHERE started "
              f"AND NOT terminate_sent AND NOT faulted AND highest_number >= ?{gate}), "
