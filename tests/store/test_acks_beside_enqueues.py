@@ -344,3 +344,36 @@ def test_an_acknowledgement_alone_is_planned_once_a_session_and_reads_about_its_
     # the 16 purged and the 16 in flight after them, each an index entry and a row, read by the
     # statement's parts: 194 either way (custom plans too), not the backlog's 4,000
     assert touched < LARGE // 10, touched
+
+
+def test_an_acknowledgement_of_a_sequence_behind_a_backlog_reads_about_its_own_rows(store) -> None:
+    """Whether a message stays unacknowledged after the acknowledgement was an EXISTS that
+    PostgreSQL planned, with the fresh statistics of a backlog, as a sequential scan stopping at
+    the first row of the sequence outside the ranges: through every row that lies before the
+    sequence's in the table (one such scan a batch while 100,000 queued messages drained, about
+    50 rows each: the acknowledged ones; here another sequence's backlog), planned as the
+    acknowledgement alone is (generic).  It now asks for the least such number, from the primary
+    key."""
+    from .test_backlog import LARGE, SMALL, _queue, _rows_touched
+
+    def generic_ack(key: str):
+        def ack(tx) -> None:
+            tx.execute("SET LOCAL plan_cache_mode TO force_generic_plan").close()
+            seq, done = tx.rms_messages.acknowledge_sequence(f"sid-{key}", [(1, 2)], beside_enqueues=True)
+            assert done == ([1, 2], True)
+        return ack
+
+    costs = []
+    for queued in (SMALL, LARGE):
+        big, small = f"big{queued}", f"a{queued}"
+        _queue(store, {big: queued, small: 5})  # the backlog's rows first in the table
+        with store.begin() as tx:
+            tx.rms.update(small, started=True)
+            tx.rms_messages.record_send_attempts(small, range(1, 6), next_send_at=1e12)
+        with store.begin() as tx:
+            tx.execute("ANALYZE rms_message").close()
+        costs.append(_rows_touched(store, generic_ack(small)))
+        with store.begin() as tx:
+            tx.rms.delete(big)
+            tx.rms.delete(small)
+    assert costs[1] <= 2 * costs[0] + 30, f"{costs[0]} rows behind {SMALL} queued, {costs[1]} behind {LARGE}"

@@ -222,6 +222,7 @@ def _acknowledging(merged: api.AckRanges, t: float, *, seq: int | None, kept: bo
     # kept waiting for their replies: not acknowledged, and still unacknowledged after it
     held = ("reply_pending" if kept else "FALSE") if seq is not None else "(reply_pending AND (SELECT kp FROM g))"
     ok = "NOT EXISTS (SELECT 1 FROM bad)"
+    after = max(bounds) + 1 if max(bounds) < api.MAX_MESSAGE_NUMBER else 0  # (0: no message's number)
     # The sequence's row is written (its last_activity, its purged retransmissions) only when
     # there is something to write, and only when no one else holds it, as a caller's
     # enqueue does until its transaction ends (``lk``, SKIP LOCKED: an acknowledgement never
@@ -244,10 +245,15 @@ def _acknowledging(merged: api.AckRanges, t: float, *, seq: int | None, kept: bo
         f"WHERE id = {k} AND {ok} AND EXISTS (SELECT 1 FROM lk) RETURNING {_cols(_RMS_COLS)}) "
         "SELECT ARRAY(SELECT number FROM bad), "
         "ARRAY(SELECT number FROM d WHERE NOT acked UNION ALL SELECT number FROM u ORDER BY 1), "
-        f"EXISTS (SELECT 1 FROM rms_message WHERE seq = {k} AND NOT acked AND (NOT {within} OR {held})), "
+        # whether one stays unacknowledged: the next after the ranges, by the primary key (the
+        # next queued, at a backlog), else any outside them or waiting (an EXISTS that
+        # PostgreSQL, with the statistics of a backlog, planned as a sequential scan from the
+        # table's first page: through every row before the sequence's first outside the ranges)
+        f"EXISTS (SELECT 1 FROM rms_message WHERE seq = {k} AND number = ? AND NOT acked) "
+        f"OR EXISTS (SELECT 1 FROM rms_message WHERE seq = {k} AND NOT acked AND (NOT {within} OR {held})), "
         f"{_cols(_RMS_COLS, 's')}",
         [*keys, *bounds, *keys, t - ACTIVITY_GRAIN, *keys, *bounds, *keys, *bounds, *keys, *bounds, t, *keys,
-         *keys, *bounds])
+         *keys, after, *keys, *bounds])
 
 
 def _id(seq: RmsSequence) -> int:
@@ -1425,7 +1431,10 @@ class _RmsMessages(api.RmsMessageManager):
 
     def has_unacked(self, sequence_key: str) -> bool:
         seq, key = self._seq_is(sequence_key)
-        return self._tx.one(f"SELECT 1 FROM rms_message WHERE {seq} AND NOT acked LIMIT 1", key) is not None
+        # from the highest number down: the messages acknowledged (and purged) last are the
+        # lowest, whose rows and index entries stay, dead, until a vacuum; the newest are live
+        return self._tx.one(f"SELECT 1 FROM rms_message WHERE {seq} AND NOT acked ORDER BY number DESC LIMIT 1",
+                            key) is not None
 
     def purge_acked(self, sequence_key: str | None = None) -> int:
         tx = self._tx
