@@ -10,7 +10,7 @@ import pytest
 from txmanager import RollbackError, TransactionManager
 from txmanager.postgres import PostgresXAResource, XADataSource
 
-from tests.postgres.support import insert, prepared_gids, run, values
+from tests.postgres.support import insert, prepared_gids, profiled, run, values
 
 pytestmark = pytest.mark.postgres
 
@@ -253,7 +253,6 @@ def test_the_recovery_resource_works_with_fresh_connections(dbs, tm, sources):
 def _transaction_module_calls(work) -> dict[str, int]:
     """Python calls into txmanager/transaction.py while ``work()`` runs, by qualified name."""
     import collections
-    import sys
 
     seen: collections.Counter[str] = collections.Counter()
 
@@ -270,11 +269,7 @@ def _transaction_module_calls(work) -> dict[str, int]:
         if event == "call":
             seen[f"called {frame.f_code.co_name}"] += 1
 
-    sys.setprofile(profile)
-    try:
-        work()
-    finally:
-        sys.setprofile(None)
+    profiled(work, profile)
     return seen
 
 

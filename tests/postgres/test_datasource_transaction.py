@@ -12,9 +12,22 @@ from txmanager import NotSupportedError, Status, TransactionManager
 from txmanager.postgres import XADataSource
 from txmanager.transaction import _OnePhase
 
-from tests.postgres.support import insert, prepared_gids, values
+from tests.postgres.support import insert, prepared_gids, profiled, values
 
 pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture(params=["cold", "warm"])
+def sources(sources, request):
+    """The data sources with no session yet ("cold": the block takes the two scopes' way), or
+    each with one idle since a one-phase COMMIT ("warm": the block's own way, see
+    _TransactionConnectionScope.__enter__): every test here holds for both."""
+    if request.param == "warm":
+        for ds in sources:
+            with ds.transaction() as conn, conn.cursor() as cur:
+                cur.execute("SELECT 1")
+            assert len(ds._idle) == 1 and ds._idle[0]._session._lagging
+    return sources
 
 
 def test_the_block_is_the_threads_transaction_and_commits_in_one_phase(dbs, tm, sources):
@@ -143,3 +156,37 @@ def test_a_manager_of_another_class_gets_the_two_blocks_nested(dbs, tmp_path):
     finally:
         ds.close()
         other.close()
+
+
+def _enters(work) -> list[str]:
+    """The ``__enter__`` methods of txmanager that run while ``work()`` runs, by qualified name."""
+    seen: list[str] = []
+
+    def profile(frame, event, arg):  # noqa: ANN001 -- sys.setprofile's signature
+        if event == "call" and frame.f_code.co_name == "__enter__" and "/txmanager/" in frame.f_code.co_filename:
+            seen.append(frame.f_code.co_qualname)
+
+    profiled(work, profile)
+    return seen
+
+
+def test_a_session_idle_since_its_one_phase_commit_starts_in_the_blocks_own_enter(dbs, tm, sources):
+    """Counted, not timed: the usual block (a pooled session idle since its last one-phase
+    COMMIT) begins and starts in one ``__enter__``, not the two scopes' three; a pooled
+    session that cannot (closed meanwhile) sends the block the two scopes' way, on a new one."""
+    a, _ = sources
+
+    def one(value: str) -> None:
+        with a.transaction() as conn:
+            assert type(tm.get_transaction()) is _OnePhase
+            insert(conn, value)
+
+    one("first")  # the pool's first session (or the warm one): idle after its one-phase COMMIT
+    session = a._idle[-1]._session
+    assert _enters(lambda: one("second")) == ["_TransactionConnectionScope.__enter__"]
+    assert a._idle[-1]._session is session, "the same session, back in the pool"
+    session.close()  # an idle session closed (a restart of the server would do as much)
+    assert _enters(lambda: one("third")) == ["_TransactionConnectionScope.__enter__",
+                                             "_TransactionScope.__enter__", "_ConnectionScope.__enter__"]
+    assert len(a._idle) == 1 and a._idle[0]._session is not session, "the closed one was dropped"
+    assert values(dbs[0]) == ["first", "second", "third"]
