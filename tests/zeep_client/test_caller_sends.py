@@ -198,9 +198,13 @@ def test_a_sqlite_service_delivering_apart_answers_each_request_at_its_first_del
 @pytest.mark.parametrize("store", ["memory", "sqlite"])
 def test_a_one_way_caller_posts_its_own_message_once_its_sequence_runs(svc, store, tmp_path):
     # the first call opens the sequence: the sender's round sends it with the CreateSequence, and
-    # the caller waits for that send (paced); every later call is sent from the caller's thread
+    # the caller waits for that send (paced); every later call is sent from the caller's thread.
+    # The grace keeps each message for its caller while it waits for a round to leave the lane:
+    # the second call comes while the first's round still applies its acknowledgement, and with
+    # the default 10 ms the sender's next round, starting before the waiting caller woke, took
+    # that message (seen once under load on SQLite; every time with that round's commit delayed)
     rc = _client(svc.url, "memory:" if store == "memory" else f"sqlite:///{tmp_path}/client.db",
-                 base_retransmission_interval=30.0, one_way_caller_sends=True)
+                 base_retransmission_interval=30.0, one_way_caller_sends=True, caller_send_grace=30.0)
     try:
         posting = _posting_threads(rc, b"record")
         rc.service.record("o0")
