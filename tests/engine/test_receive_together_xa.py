@@ -344,12 +344,15 @@ def test_the_receipts_of_a_batch_in_two_phases_ride_on_its_marked_commit(served,
     commits): each runs its application and sends its receipt with the store's commit, the one
     that carries the decision; the store's branch sends nothing before it, its BEGIN riding
     there too: the branch is one query string (the first receipt took one of its own before,
-    with the BEGIN).  Each message committed once, the batch in one global transaction."""
+    with the BEGIN).  Each message committed once, the batch in one global transaction, whose
+    phase 2 its leader runs (no worker thread woken for it)."""
     s = served(store_sql=(_LOG_STATEMENTS,))
     dest = s.server.destination
     before = dest.receipts_at_commit
     offset = pg_server.log_path.stat().st_size
     marked = _marking_sessions(monkeypatch)
+    workers = dest._direct.at_decision.workers
+    handed = workers._submitted
     _second_messages_behind_the_first(s, BEHIND)
     committed = dict(_committed(s, 2 * BEHIND + 1))
     assert sorted(committed) == sorted(["first", *(f"o{n}" for n in range(BEHIND)), *(f"n{n}" for n in range(BEHIND))])
@@ -362,6 +365,8 @@ def test_the_receipts_of_a_batch_in_two_phases_ride_on_its_marked_commit(served,
     (last,) = (i for i, text in enumerate(sent) if f"'{mark}'" in text)
     assert sent[last].startswith("BEGIN;"), sent[last - 2:last + 1]
     assert sent[last].count("UPDATE rmd_sequence") == BEHIND, sent[last]  # each receipt: one statement
+    # each batch's phase 2 (the application's COMMIT PREPARED) run by its leader, none handed to a worker
+    assert workers._submitted == handed
     assert dest.receipts_declined_at_commit == 0
     assert all(calls == 1 for calls in s.ledger.calls.values())
     with s.server.store.begin() as tx:

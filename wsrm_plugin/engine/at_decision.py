@@ -7,7 +7,10 @@ phase with the commit mark (the decision, :mod:`txmanager.marks`), then the appl
 ``COMMIT PREPARED``.  Once the mark has committed the message is received, taken and
 delivered for good (recovery commits the prepared branch should the process die), so the
 receive answers then and a worker thread (:mod:`txmanager.phase_two`) sends the
-``COMMIT PREPARED``: a round trip and a WAL flush off every message's path.
+``COMMIT PREPARED``: a round trip and a WAL flush off every message's path.  The leader of a
+batch of receives that deliver together (``RMPolicy.receive_together``) runs its batch's phase 2
+itself instead, once the batch's other receives were answered, then answers its own
+(:meth:`AtDecision.collect_here`): no worker thread to wake.
 
 Until it has run, the application's rows are not visible to other sessions.  The next
 message of the same sequence may read what the last one wrote (in order means that too),
@@ -50,6 +53,28 @@ class AtDecision:
         self._lock = threading.Lock()
         #: deliveries waiting now for the phase 2 of their sequence's last one
         self.waiting = 0
+        #: ``jobs``: the phases 2 this thread runs itself (:meth:`run_here`), or None: the workers'
+        self._here = threading.local()
+        self._in_this_thread = _InThisThread(self._here)
+
+    def collect_here(self) -> None:
+        """The phases 2 of the deliveries this thread commits from now on are run by this thread,
+        at :meth:`run_here`, instead of by the workers.  For the leader of a batch of receives
+        that deliver together: it runs its batch's phase 2 once the batch's other receives were
+        answered (woken at the decision), then answers its own.  Handed to a worker, each phase
+        2 woke a thread, whose round trip and wait for the interpreter were a few more thread
+        switches a batch (xa2 at 16 sequences: the workers' threads 1.25-1.53 a message)."""
+        self._here.jobs = []
+
+    def run_here(self) -> None:
+        """Run the phases 2 collected since :meth:`collect_here` (a failure logged, as a
+        worker's), and hand the next ones to the workers again."""
+        jobs, self._here.jobs = getattr(self._here, "jobs", None), None
+        for job in jobs or ():
+            try:
+                job()
+            except Exception:  # noqa: BLE001 -- as PhaseTwoWorkers: logged, the caller goes on
+                log.exception(self.workers.failure)
 
     def wait_turn(self, sequence_id: str) -> None:
         """Before a delivery of ``sequence_id`` runs its application: wait until the rows of
@@ -82,7 +107,8 @@ class AtDecision:
         gtx = self._tm.get_transaction()
         if gtx is None or gtx.branch_count < 2:
             return  # one branch (the application's database is the store's): one phase, nothing after
-        pending = gtx.commit_at_decision(self.workers)
+        here = self._here.__dict__.get("jobs")
+        pending = gtx.commit_at_decision(self.workers if here is None else self._in_this_thread)
         with self._lock:
             self._pending[sequence_id] = (pending, gtx)
             if len(self._pending) > _SWEEP_AT:
@@ -92,3 +118,16 @@ class AtDecision:
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every phase 2 handed over has run (an engine stopping); True if so."""
         return self.workers.drain(timeout)
+
+
+class _InThisThread:
+    """The workers of a thread that runs its phases 2 itself (:meth:`AtDecision.collect_here`):
+    a job is kept for :meth:`AtDecision.run_here`."""
+
+    __slots__ = ("_here",)
+
+    def __init__(self, here: threading.local) -> None:
+        self._here = here
+
+    def submit(self, job: Any) -> None:
+        self._here.jobs.append(job)

@@ -1045,7 +1045,15 @@ class Destination:
         together = self._together
         if together is not None and self._together_if_two_phase and not self._two_phase:
             together = None  # one-phase deliveries: each alone (see _together_combiner)
-        outcome = ALONE if together is None else together.submit(None, item)
+        # a batch's leader runs the batch's phase 2 itself, after the others were answered
+        here = invoker.at_decision if together is not None else None
+        if here is not None:
+            here.collect_here()
+        try:
+            outcome = ALONE if together is None else together.submit(None, item)
+        finally:
+            if here is not None:
+                here.run_here()
         if outcome is ALONE:  # alone, or its batch rolled back: as if it had come alone
             item.wrote = item.taken = item.handed_over = False
             item.state = _TAKEN
