@@ -424,7 +424,9 @@ class RmsMessageManager(_Manager, ABC):
                              now: float | None = None) -> tuple[RmsSequence | None, list[RmsMessage]]:
         """A sending lane's refill: the sequence, read as ``rms.get(beside_enqueues=True)`` reads
         it (held), and, when it is transmitting (started and live), :meth:`claim_first_sends`;
-        (None, []) for no such sequence, (the sequence, []) for one not transmitting.
+        (None, []) for no such sequence, (the sequence, []) for one not transmitting.  PostgreSQL
+        returns a sequence with no message due as read, not held (a lock that protects no
+        claim would be a transaction of its own, with a commit record).
 
         PostgreSQL reads the row in the claim's own statement (one round trip where the read
         took one of its own): the refill claims a few messages at a time, so that read was a
