@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from wsrm_plugin.store.sqlite import SqliteStore
 
@@ -226,3 +227,54 @@ def test_a_commit_that_waits_for_the_disk_later_returns_first_and_its_readers_wa
         assert sync._synced == sync._committed
     finally:
         store.close()
+
+
+def test_an_fsync_wakes_the_commits_it_covers_and_one_of_the_later_ones(tmp_path, monkeypatch):
+    """Commits numbered after a running fsync began wait for the next one: when the running one
+    ends, one of them runs it and the others sleep on until it ends (each woken then found its
+    commit too late and slept again: a thread switch, and a wait for the interpreter, each)."""
+    from wsrm_plugin.store.sqlite import _GroupSync
+
+    sync = _GroupSync(str(tmp_path / "none-wal"))
+    in_fsync, release = threading.Event(), threading.Event()
+    fsyncs: list[int] = []
+
+    def fsync() -> None:
+        fsyncs.append(sync._target)  # the last commit it covers
+        if len(fsyncs) == 1:
+            in_fsync.set()
+            assert release.wait(30)
+        else:
+            time.sleep(0.2)  # long enough for any other thread woken meanwhile to sleep again
+
+    monkeypatch.setattr(sync, "_fsync", fsync)
+    waits = {"n": 0}
+    real_wait = threading.Condition.wait
+
+    def counted_wait(self: threading.Condition, timeout: float | None = None) -> bool:
+        if self._lock is sync._cond._lock:  # type: ignore[attr-defined]  # the group sync's sleeps only
+            waits["n"] += 1  # under that lock: counted in turn
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(threading.Condition, "wait", counted_wait)
+    first = sync.note_commit()
+    leader = threading.Thread(target=sync.wait_durable, args=(first,))
+    leader.start()
+    assert in_fsync.wait(30)  # its fsync covers the first commit only
+    covered = threading.Thread(target=sync.wait_durable, args=(first,))
+    later = [threading.Thread(target=sync.wait_durable, args=(sync.note_commit(),)) for _ in range(3)]
+    for t in [covered, *later]:
+        t.start()
+    for _ in range(3000):
+        with sync._cond:
+            if waits["n"] == 4:
+                break
+        time.sleep(0.01)
+    assert waits["n"] == 4
+    release.set()
+    for t in [leader, covered, *later]:
+        t.join(30)
+        assert not t.is_alive()
+    assert fsyncs == [1, 4]  # the second, run by one of the later commits, covered all three
+    assert sync._synced == 4
+    assert waits["n"] == 4, f"{waits['n'] - 4} threads woken for nothing"

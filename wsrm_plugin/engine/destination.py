@@ -264,6 +264,45 @@ class Accepted:
     acks_applied: bool = False
 
 
+class _TurnSignals:
+    """The lock of the receives' turns (``with``), and their wake-ups by sequence.
+
+    Every wait on it is for a change of one sequence (its turns, its message run before its
+    receipt, its end), so a change wakes that sequence's waiters only.  One condition for all
+    woke every waiting receive of the 16 sequences at each turn taken or passed, each to find
+    its own unchanged and sleep again: a thread switch, and a wait for the interpreter, each."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        #: sequence -> its condition (on the one lock) and how many wait on it, while any does
+        self._waiting: dict[str, tuple[threading.Condition, list[int]]] = {}
+
+    def __enter__(self) -> bool:
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def wait(self, identifier: str, timeout: float | None = None) -> bool:
+        """Wait (holding the lock) until :meth:`notify` of ``identifier``, or ``timeout``."""
+        entry = self._waiting.get(identifier)
+        if entry is None:
+            entry = self._waiting[identifier] = (threading.Condition(self._lock), [0])
+        entry[1][0] += 1
+        try:
+            return entry[0].wait(timeout)
+        finally:
+            entry[1][0] -= 1
+            if not entry[1][0]:
+                del self._waiting[identifier]
+
+    def notify(self, identifier: str) -> None:
+        """Wake the waiters of ``identifier`` (caller holds the lock)."""
+        entry = self._waiting.get(identifier)
+        if entry is not None:
+            entry[0].notify_all()
+
+
 class Destination:
     """The receiving half of an engine (CXF's ``Destination``)."""
 
@@ -353,7 +392,7 @@ class Destination:
         self._receiving: Counter[str] = Counter()
         self._receiving_total = 0
         self._receiving_lock = threading.Lock()
-        self._turns_changed = threading.Condition()
+        self._turns_changed = _TurnSignals()
         #: Delivering apart on a store that can foresee a receipt (``_run_first``): every receive
         #: under way by (sequence, number), the sequence whose message runs its application
         #: before its receipt and that number, and the sequences a Close, Terminate or expiry is
@@ -863,7 +902,7 @@ class Destination:
             if self._first.get(key[0]) == key[1]:  # its copy runs before its receipt: a duplicate then
                 self.copies_waited += 1
                 while self._first.get(key[0]) == key[1]:
-                    self._turns_changed.wait()
+                    self._turns_changed.wait(key[0])
             self._under_way[key] += 1
         try:
             return self._receive_in_turn(item)
@@ -962,9 +1001,9 @@ class Destination:
                 remaining = until - time.monotonic()
                 if remaining <= 0:
                     break
-                self._turns_changed.wait(remaining)
+                self._turns_changed.wait(identifier, remaining)
             self._turns.setdefault(identifier, Counter())[number] += 1
-            self._turns_changed.notify_all()  # a receive of a higher number may wait for this one
+            self._turns_changed.notify(identifier)  # a receive of a higher number may wait for this one
         item.turn = True
 
     def _not_arrived(self, identifier: str, number: int, under_way: Any) -> bool:
@@ -985,14 +1024,15 @@ class Destination:
                 self._taken_upto[identifier] = number
                 self._taken_upto.move_to_end(identifier)
                 if len(self._taken_upto) > _REMEMBERED_OWNERS:
-                    self._taken_upto.popitem(last=False)
+                    forgotten, _ = self._taken_upto.popitem(last=False)
+                    self._turns_changed.notify(forgotten)  # its receives no longer wait for a gap
             under_way = self._turns[identifier]
             under_way[number] -= 1
             if under_way[number] <= 0:
                 del under_way[number]
             if not under_way:
                 del self._turns[identifier]
-            self._turns_changed.notify_all()
+            self._turns_changed.notify(identifier)
 
     def _discarded(self, seq: RmdSequence, number: int, expected: int) -> Accepted:
         """``out_of_order="discard"``: a message that is not the next in order was dropped unrecorded.
@@ -1454,7 +1494,7 @@ class Destination:
                 self._first_clean.pop(identifier, None)
                 if not ran:
                     self._ran_first.pop(identifier, None)
-                self._turns_changed.notify_all()
+                self._turns_changed.notify(identifier)
 
     def _foresee_apart(self, identifier: str, number: int, elsewhere: int | None) -> RmdSequence | None:
         """:meth:`_run_first`'s guess without reading the store (under ``_turns_changed``): the row
@@ -1618,7 +1658,7 @@ class Destination:
         finally:
             with self._turns_changed:
                 del self._first[identifier]
-                self._turns_changed.notify_all()
+                self._turns_changed.notify(identifier)
 
     def _deliver_before_receipt(self, item: _Receipt, invoker: InvokerWorker, seq: RmdSequence,
                                 reply_seq: RmsSequence | None, reception: Reception,
@@ -1790,7 +1830,7 @@ class Destination:
             self._ending[identifier] += 1
             self._forget_ran_first(identifier)
             while identifier in self._first:
-                self._turns_changed.wait()
+                self._turns_changed.wait(identifier)
         try:
             yield
         finally:

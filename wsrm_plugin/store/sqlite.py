@@ -271,11 +271,19 @@ class _GroupSync:
 
     def __init__(self, wal_path: str) -> None:
         self.wal_path = wal_path
-        self._cond = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  #: its lock guards the counts below
+        #: The waiters a running fsync covers (committed before it began), and the later ones:
+        #: an fsync's end wakes the first all and one of the second, to run the next fsync that
+        #: covers them all (each woken before found its commit too late and slept again: a
+        #: thread switch, and a wait for the interpreter, each).
+        self._covered = threading.Condition(lock)
+        self._later = threading.Condition(lock)
         self._committed = 0
         self._needed = 0
         self._synced = 0
         self._syncing = False
+        self._target = 0  #: the last commit the running fsync covers
         self.syncs = 0      #: fsyncs run
         self.commits = 0    #: commits that needed one
 
@@ -298,18 +306,28 @@ class _GroupSync:
         with self._cond:
             while self._synced < seq:
                 if self._syncing:
-                    self._cond.wait()
+                    (self._covered if seq <= self._target else self._later).wait()
                     continue
                 self._syncing = True
-                target = self._committed
+                target = self._target = self._committed
                 self._cond.release()
+                done = False
                 try:
                     self._fsync()
+                    done = True
                 finally:
                     self._cond.acquire()
                     self._syncing = False
-                    self._cond.notify_all()
-                self._synced = max(self._synced, target)
+                    if done:
+                        self._synced = max(self._synced, target)
+                        self._covered.notify_all()
+                        # every later one committed before it waited: the next fsync, run by one
+                        # of them, covers them all
+                        self._covered, self._later = self._later, self._covered
+                        self._covered.notify()
+                    else:  # each tries again (and fails alone, or one runs it)
+                        self._covered.notify_all()
+                        self._later.notify_all()
 
     def _fsync(self) -> None:
         try:
