@@ -238,9 +238,7 @@ class ReliableEngine:
             Worker(f"{name}-rms", self.retransmission.step, policy.poll_interval),
             Worker(f"{name}-rmd", self.acknowledgement.step, policy.poll_interval),
             *(Worker(f"{name}-invoker-{i}", self.invoker.step, policy.poll_interval if i == 0 else None)
-              for i in range(policy.invoker_thread_count(
-                  self.store.concurrent_sequences,
-                  policy.buffers_one_way(tm is not None, self.store.commits_are_costly)))),
+              for i in range(self.invoker.thread_count)),
         ]
         self.endpoint = RMEndpoint(self, policy.max_message_size)
 

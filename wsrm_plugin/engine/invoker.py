@@ -222,8 +222,11 @@ class InvokerWorker:
         self.delivered = 0
         #: Steps under way at once, at most ``invoker_threads``: a receiving thread that steps
         #: after its response (:meth:`steps_after_response`) takes an invoker thread's place.
-        self._step_slots = threading.BoundedSemaphore(policy.invoker_thread_count(
-            store.concurrent_sequences, policy.buffers_one_way(tm is not None, store.commits_are_costly)))
+        #: Invoker threads, ``invoker_threads`` resolved for this store and manager (the engine
+        #: starts as many).
+        self.thread_count = policy.invoker_thread_count(
+            store.concurrent_sequences, policy.buffers_one_way(tm is not None, store.commits_are_costly))
+        self._step_slots = threading.BoundedSemaphore(self.thread_count)
 
     def _transaction(self) -> "_DeliveryTransaction":
         return _DeliveryTransaction(self.store, self.tm)
