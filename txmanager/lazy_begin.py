@@ -199,8 +199,8 @@ class LazyBeginConnection(ext.connection):
     # Slots for this class's own state, read on every branch's start, statement and commit: in
     # an instance dict each read was a dict look-up (a tenth of a one-phase transaction's cost
     # above plain psycopg2, callgrind); ``__dict__`` stays for attributes others attach.
-    __slots__ = ("_mode", "_xid", "_classic", "_tpc_only", "_own_cursor", "_lagging", "_riding", "_rider",
-                 "__dict__")
+    __slots__ = ("_mode", "_xid", "_classic", "_tpc_only", "_own_cursor", "_lagging", "_riding", "_firsts",
+                 "_rider", "__dict__")
 
     def __init__(self, dsn: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(dsn, *args, **kwargs)
@@ -221,6 +221,8 @@ class LazyBeginConnection(ext.connection):
         self._lagging = False
         #: :meth:`ride`: statements (as sent, parameters in) for the branch's next round trip
         self._riding: list[bytes] = []
+        #: :meth:`ride` with ``first``: how many of :attr:`_riding` (after a BEGIN riding) were given so
+        self._firsts = 0
         #: :meth:`ride_to_commit`: the write riding last in :attr:`_riding`, in its savepoint
         self._rider: CommitRider | None = None
 
@@ -346,7 +348,7 @@ class LazyBeginConnection(ext.connection):
         """True while the branch ran no statement (its BEGIN is still to be sent)."""
         return self._mode is _PENDING
 
-    def ride(self, statement: str, params: Any = None, *, at: int | None = None, begin: bool = False) -> bool:
+    def ride(self, statement: str, params: Any = None, *, first: bool = False, begin: bool = False) -> bool:
         """Send ``statement`` (with ``params``, as ``cursor.execute`` takes them) with the
         branch's next round trip instead of one of its own: in front of the next statement run
         on this connection, in the same query string, or, when none comes, in front of the
@@ -365,9 +367,12 @@ class LazyBeginConnection(ext.connection):
         ``tpc_begin``, a named cursor's transaction, prepared already) or its BEGIN is still to
         be sent (nothing ran in it yet): then run the statement yourself.
 
-        ``at``: its place among the statements riding already (given before it, not sent yet;
-        0: in front of them all), for a write that must run before them (a receipt that
-        checks what they guessed).
+        ``first``: in front of the statements riding already (given before it, not sent yet),
+        but after those given ``first`` before it, in the order given: for a write that must run
+        before them (a receipt that checks what they guessed).  Several such writes (the
+        receipts of a batch's parts, each of one sequence) then lock their rows in the order
+        given, as the general way's statements, sent at once, do: in the other order two
+        batches could each hold a row the other waits for.
 
         ``begin``: on a branch that sent nothing yet, its ``BEGIN`` rides too, in front (a
         branch whose writes all ride to its commit sends them with it, in one round trip)."""
@@ -381,8 +386,9 @@ class LazyBeginConnection(ext.connection):
         if mode is _PENDING:  # (nothing rides yet: ride_to_commit would have left _PENDING)
             self._mode = _SQL
             riding.append(_BEGIN)
-        if at is not None:
-            riding.insert(at + 1 if riding and riding[0] is _BEGIN else at, sent)
+        if first:
+            riding.insert(self._firsts + 1 if riding and riding[0] is _BEGIN else self._firsts, sent)
+            self._firsts += 1
         else:
             riding.append(sent)
         return True
@@ -502,6 +508,7 @@ class LazyBeginConnection(ext.connection):
                 or self.info.transaction_status != ext.TRANSACTION_STATUS_INERROR:
             return False
         self._riding = [rider.undo]
+        self._firsts = 0
         log.debug("%r: a write riding to the commit declined (%s): done another way", self, exc.pgcode)
         try:
             rider.repair()
@@ -542,6 +549,7 @@ class LazyBeginConnection(ext.connection):
     def _take_riding(self, then: bytes, *, formatted: bool = False) -> bytes:
         """``then`` with the statements riding in front of it (taken off: sent now)."""
         riding, self._riding = self._riding, []
+        self._firsts = 0
         ahead = b";".join(riding) + b";"
         if formatted:  # psycopg2 formats the whole query string: a ``%`` in them must stay one
             ahead = ahead.replace(b"%", b"%%")
@@ -553,7 +561,7 @@ class LazyBeginConnection(ext.connection):
             self._send_rider()
             if not self._riding:
                 return _execute(cur, query, vars)
-        riding = self._riding
+        riding, firsts = self._riding, self._firsts
         if isinstance(query, _sql.Composable):
             query = query.as_string(cur)
         if isinstance(query, str):
@@ -563,7 +571,9 @@ class LazyBeginConnection(ext.connection):
         except BaseException as exc:
             if not self.closed and self.info.transaction_status == ext.TRANSACTION_STATUS_INTRANS:
                 self._riding[:0] = riding  # nothing ran (psycopg2 refused the parameters): they still ride
+                self._firsts = firsts
             elif self._begin_again(riding):  # nothing ran, the BEGIN riding first neither: again, begun
+                self._firsts = firsts
                 return self._execute_riding(cur, query, vars)
             elif isinstance(exc, psycopg2.Error):
                 exc.add_note(f"{len(riding)} statement(s) ridden ahead of it (LazyBeginConnection.ride) ran "
@@ -673,6 +683,7 @@ class LazyBeginConnection(ext.connection):
         mode, self._mode, self._xid = self._mode, None, None
         if self._riding:  # the branch ended without them (it failed): they go with it
             self._riding = []
+            self._firsts = 0
             self._rider = None
         if (mode is _PLAIN or mode is _PLAIN_PREPARED) and not self.closed \
                 and self.status != ext.STATUS_READY:
@@ -687,6 +698,7 @@ class LazyBeginConnection(ext.connection):
         verb = "COMMIT" if commit else "ROLLBACK"
         if not commit and self._riding:
             self._riding = []  # never sent: nothing to undo
+            self._firsts = 0
             self._rider = None
         mode = self._mode
         if mode is _TPC:

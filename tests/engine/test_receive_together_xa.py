@@ -353,7 +353,7 @@ def test_the_receipts_of_a_batch_in_two_phases_ride_on_its_marked_commit(served,
     marked = _marking_sessions(monkeypatch)
     workers = dest._direct.at_decision.workers
     handed = workers._submitted
-    _second_messages_behind_the_first(s, BEHIND)
+    identifiers = _second_messages_behind_the_first(s, BEHIND)
     committed = dict(_committed(s, 2 * BEHIND + 1))
     assert sorted(committed) == sorted(["first", *(f"o{n}" for n in range(BEHIND)), *(f"n{n}" for n in range(BEHIND))])
     assert len({committed[f"n{n}"] for n in range(BEHIND)}) == 1  # one global transaction
@@ -365,6 +365,10 @@ def test_the_receipts_of_a_batch_in_two_phases_ride_on_its_marked_commit(served,
     (last,) = (i for i, text in enumerate(sent) if f"'{mark}'" in text)
     assert sent[last].startswith("BEGIN;"), sent[last - 2:last + 1]
     assert sent[last].count("UPDATE rmd_sequence") == BEHIND, sent[last]  # each receipt: one statement
+    # in the order of the batch's parts (by identifier), as the general way locks its rows: given in
+    # front of each other, they locked their sequences in the other order, against another batch's
+    places = [sent[last].index(f"'{identifier}'") for identifier in identifiers]
+    assert places == sorted(places), (identifiers, sent[last])
     # each batch's phase 2 (the application's COMMIT PREPARED) run by its leader, none handed to a worker
     assert workers._submitted == handed
     assert dest.receipts_declined_at_commit == 0

@@ -282,6 +282,36 @@ def test_a_write_riding_to_the_fused_commit_is_sent_with_it(db, tmp_path):
         tm.close()
 
 
+@pytest.mark.parametrize("begun", [True, False], ids=["begun", "unbegun"])
+def test_writes_ridden_first_run_in_front_of_the_others_in_the_order_given(resource, db, begun):
+    """``first``: each in front of what rides already, after the ``first`` ones before it (a
+    batch's receipts, each of one sequence, lock their rows in the order of the batch's parts,
+    ascending, as the general way's statements do).  Given in front of each other instead
+    (``at=0`` before), they ran last given first: two batches could lock two rows in opposite
+    orders.  After a round trip sent them, the next ``first`` write goes in front again."""
+    if begun:
+        conn, xid = branch(resource)
+    else:
+        xid = new_xid()
+        resource.start(xid)
+        conn = resource.connection
+    assert conn.ride(RIDE, ("later",), begin=True) is True  # (unbegun: the BEGIN rides, in front)
+    for v in ("r1", "r2", "r3"):
+        assert conn.ride(RIDE, (v,), first=True, begin=True) is True
+    own = counted(conn)
+    commit_one_phase(resource, xid)
+    assert len(own.sent) == 1, own.sent
+    assert u_values(db) == ["r1", "r2", "r3", "later"]
+    conn, xid = branch(resource, "c")
+    conn.ride(RIDE, ("s1",), first=True)
+    with conn.cursor() as cur:
+        cur.execute("SELECT 1")  # sends s1
+    conn.ride(RIDE, ("later2",))
+    conn.ride(RIDE, ("s2",), first=True)
+    commit_one_phase(resource, xid)
+    assert u_values(db)[-3:] == ["s1", "s2", "later2"]
+
+
 def test_a_write_riding_to_the_commit_that_declines_is_repaired_before_the_commit(resource, db):
     conn, xid = branch(resource)
     conn.ride(RIDE, ("before",))  # ridden before it: kept, and sent once

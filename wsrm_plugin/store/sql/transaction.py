@@ -245,9 +245,12 @@ class SqlTransaction(api.StoreTransaction):
     def write_first(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
         """Writes whose outcome nobody reads, to run before the writes riding already
         (:meth:`write_later`) and what the commit flushes: where :attr:`rides_writes`, in front
-        of them on the transaction's next round trip, in the order given; else now, in one
-        round trip.  For a receipt that checks, before the commit, what the writes after it
-        guessed (it fails on purpose, and the transaction with it, where they guessed wrong).
+        of them on the transaction's next round trip, in the order given and after those given
+        here before them (a batch's receipts, one per part: they lock their sequences in the
+        order of the parts, ascending as the general way's do, not the other way round, which
+        could deadlock against another batch); else now, in one round trip.  For a receipt that
+        checks, before the commit, what the writes after it guessed (it fails on purpose, and
+        the transaction with it, where they guessed wrong).
         On a branch that sent nothing yet, its BEGIN rides in front of them
         (:attr:`rides_first_writes`)."""
         if not self.rides_first_writes or self.conn.riding + len(statements) > RIDING_AT_MOST:
@@ -257,8 +260,8 @@ class SqlTransaction(api.StoreTransaction):
             return
         self._check_open()
         try:
-            for at, (sql, params) in enumerate(statements):
-                if not self.conn.ride(*self._sent(sql, params), at=at, begin=True):
+            for sql, params in statements:
+                if not self.conn.ride(*self._sent(sql, params), first=True, begin=True):
                     raise AssertionError("a session that rides writes refused one")  # (checked above)
         except Exception as exc:
             if self._statements is not None:
