@@ -178,6 +178,22 @@ def test_an_xa_services_one_way_receipt_rides_on_its_commit(served: Served, pg_s
     assert _orders(served.dsn) == sorted(f"r{i}" for i in range(CALLS + WARM))
 
 
+def _change_after_three(served: Served, sql: str) -> None:
+    """Three one-way messages of one sequence delivered, then its rows changed behind the
+    service's back by ``sql`` (one row; its one parameter the sequence), as another process
+    sharing the store would."""
+    for i in range(3):
+        _record(served, f"r{i}")
+    ((identifier, _),) = served.svc.engine.destination._foreseen.items()
+    conn = psycopg2.connect(served.dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(sql, (identifier,))
+            assert cur.rowcount == 1
+    finally:
+        conn.close()
+
+
 def test_a_one_way_receipt_at_commit_that_guessed_wrong_rolls_back_and_goes_the_general_way(
         served: Served) -> None:
     """The sequence's row is changed behind the service's back (as another process sharing the
@@ -187,15 +203,7 @@ def test_a_one_way_receipt_at_commit_that_guessed_wrong_rolls_back_and_goes_the_
     way: the application ran twice, its row is there once, every message delivered once, in
     order; the sequence's next messages go the general way (the row says a last number)."""
     dest = served.svc.engine.destination
-    for i in range(3):
-        _record(served, f"r{i}")
-    ((identifier, _),) = dest._foreseen.items()
-    conn = psycopg2.connect(served.dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            cur.execute("UPDATE rmd_sequence SET last_number = 1000 WHERE sequence_id = %s", (identifier,))
-    finally:
-        conn.close()
+    _change_after_three(served, "UPDATE rmd_sequence SET last_number = 1000 WHERE sequence_id = %s")
     _record(served, "r3")
     assert dest.receipts_declined_at_commit == 1
     assert service.RECEIVED == ["r0", "r1", "r2", "r3", "r3"]  # its first run rolled back
@@ -204,6 +212,22 @@ def test_a_one_way_receipt_at_commit_that_guessed_wrong_rolls_back_and_goes_the_
         _record(served, f"r{i}")
     assert dest.receipts_at_commit == before
     assert _orders(served.dsn) == [f"r{i}" for i in range(7)]
+
+
+def test_a_one_way_receipt_at_commit_takes_only_from_exactly_the_prefix_delivered(served: Served) -> None:
+    """The take riding on the COMMIT is a plain UPDATE of the invoker's row from exactly
+    1..number-1 delivered (``statements._RECEIVE_IN_ORDER_CHECKED``): a row that says the
+    prefix delivered and a later number too (changed behind the service's back) is not taken
+    from; the receipt fails on purpose, the application's row rolls back with it, and the message
+    is received the general way (buffered, then delivered by the invoker): once, in order."""
+    dest = served.svc.engine.destination
+    _change_after_three(served, "UPDATE invoker_sequence SET delivered = '1-3,1000' WHERE sequence_id = %s "
+                        "AND delivered = '1-3' AND delivered_upto = 3")
+    declined = dest.receipts_declined_at_commit
+    _record(served, "r3")
+    assert dest.receipts_declined_at_commit == declined + 1
+    assert wait_for(lambda: _orders(served.dsn) == [f"r{i}" for i in range(4)], timeout=30), _orders(served.dsn)
+    assert service.RECEIVED.count("r3") == 2  # its first run rolled back
 
 
 def test_a_sequence_whose_guesses_fail_now_and_then_keeps_receiving_at_the_commit(

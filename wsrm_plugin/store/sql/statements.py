@@ -109,18 +109,37 @@ def _committed_if_expected(commits: tuple[str, str | None, tuple[str, ...]]) -> 
 RECEIPT_DECLINED = "wsrm: the receipt riding on the commit guessed wrong"
 
 #: The receipt of a one-way message riding on its transaction's COMMIT
-#: (``SqlTransaction.receive_at_commit`` without ``acknowledging``): the writes of
-#: :data:`_RECEIVE_IN_ORDER`, whose one row casts :data:`RECEIPT_DECLINED` to an integer (it
-#: fails on purpose, and the query string's transaction with it, the application's work too)
-#: unless the message was received and taken: no statement of its own reads the outcome, and
-#: nothing of it is read back (the caller guessed the row).  Parameters as
-#: :data:`_RECEIVE_IN_ORDER`'s.
+#: (``SqlTransaction.receive_at_commit`` without ``acknowledging``): the receipt of
+#: :data:`_RECEIVE_IN_ORDER`, then the take as a plain UPDATE of the invoker's row from exactly
+#: 1..number-1 delivered, whose one row casts :data:`RECEIPT_DECLINED` to an integer (it fails
+#: on purpose, and the query string's transaction with it, the application's work too) unless
+#: the message was received and taken: no statement of its own reads the outcome, and nothing of
+#: it is read back (the caller guessed the row).  Parameters from :func:`_receipt_at_commit_params`.
+#:
+#: Not :data:`_TAKE`: a take that may decline needs neither its waiting (its ``delivered_upto <``
+#: and the CASEs that write the row as it was) nor its look into the buffer.  The guess is that
+#: this process committed the delivery of ``number - 1`` (``Destination._foreseen``), so the row
+#: is there to take in the statement's snapshot; where it is not, the COMMIT fails and the
+#: message goes the general way, as for any wrong guess.  And a receipt that found exactly
+#: 1..number-1 received means ``number`` was never received, so never buffered (a message is
+#: buffered only in its receipt's transaction).  Alternated with the old statement on one
+#: PostgreSQL server (16 sequences, BEGIN, the application's INSERT, the receipt, COMMIT; load
+#: 10-13, 20 blocks of 1,000 each): the backend's CPU 210 -> 160 us a message (median; an
+#: outbox's INSERTs 110), 16 parameters -> 10.
 _RECEIVE_IN_ORDER_CHECKED = (
     f"WITH r AS (UPDATE rmd_sequence SET {_RECEIPT_SET} WHERE sequence_id = ? AND received = ? "
     "AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING 1), "
-    f"t AS ({_TAKE.format(also=' AND EXISTS (SELECT 1 FROM r)')}) "
-    "SELECT CAST(CASE WHEN (SELECT count(*) FROM t WHERE taken) = 1 THEN '1' "
-    f"ELSE '{RECEIPT_DECLINED}' END AS integer)")
+    "t AS (UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? WHERE sequence_id = ? "
+    "AND delivered_upto = ? AND delivered = ? AND EXISTS (SELECT 1 FROM r) RETURNING 1) "
+    f"SELECT CAST(CASE WHEN EXISTS (SELECT 1 FROM t) THEN '1' ELSE '{RECEIPT_DECLINED}' END AS integer)")
+
+
+def _receipt_at_commit_params(sequence_id: str, number: int, now: float, before: str) -> tuple[Any, ...]:
+    """The parameters of :data:`_RECEIVE_IN_ORDER_CHECKED`: the receipt's (:func:`_receipt_params`:
+    ``before`` the received ranges it guesses, 1..number-1), then the take's (the new delivered
+    ranges and prefix, the sequence, the prefix and ranges delivered before: ``before`` too)."""
+    after = _prefix(number)
+    return (after, now - ACTIVITY_GRAIN, now, sequence_id, before, after, number, sequence_id, number - 1, before)
 
 
 

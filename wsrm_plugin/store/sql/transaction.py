@@ -38,6 +38,7 @@ from .statements import (
     _RECEIVED_AND_TAKEN,
     _TAKE,
     _committed_if_expected,
+    _receipt_at_commit_params,
     _receipt_checked,
     _receipt_params,
     _prefix,
@@ -554,8 +555,8 @@ class SqlTransaction(api.StoreTransaction):
             if not self.receives_at_commit or number < 2 or sequence_id in self.held_rmd:
                 return False
             before = self._hold_for_receipt(sequence_id, number)
-            self.write_first([(_RECEIVE_IN_ORDER_CHECKED, (*_receipt_params(sequence_id, number, _now(now), before),
-                                                           *_take_params(sequence_id, number)))])
+            self.write_first([(_RECEIVE_IN_ORDER_CHECKED,
+                               _receipt_at_commit_params(sequence_id, number, _now(now), before))])
             return True
         assert reply is not None
         acked, ranges, keep = acknowledging
