@@ -151,7 +151,10 @@ included, with ``BENCH_PROFILE_CLOCK=wall``).
 message (``switches``: voluntary and involuntary, all its threads, from ``getrusage``).  A reliable
 client reports its sender's counts per message: its sending lanes' claims (``refill claims``) and the
 messages they took (``refilled``; the rest came in its rounds' claims), the messages it sent, those
-its callers sent themselves, and its retransmissions.  A SQLite
+its callers sent themselves, and its retransmissions.  A service that delivers receives together
+(``receive_together``) reports its batches a message (``batches(server)``: one over the mean batch;
+under XA across two databases each batch is one PREPARE, one commit mark and one COMMIT PREPARED,
+three WAL flushes, for all its messages).  A SQLite
 store reports, per message, its commits and fsyncs (``sqlite commits``/``sqlite fsyncs``, its group
 sync's own counts), its transactions' turns on the file (``file turns``) and the milliseconds its
 writers waited for the file and held it (``file wait ms``, ``file held ms``), for each role.
@@ -555,6 +558,9 @@ def server_role(args: argparse.Namespace) -> int:
         points.seen["count:before receipt(server)"] = getattr(service.engine.destination, "delivered_before_receipt", 0)
         points.seen["count:guessed in memory(server)"] = getattr(service.engine.destination, "foreseen_in_memory", 0)
         points.seen["count:at commit(server)"] = getattr(service.engine.destination, "receipts_at_commit", 0)
+        together = getattr(service.engine.destination, "_together", None)
+        if together is not None:  # receives delivered together: batches a message (1 / the mean batch)
+            points.seen["count:batches(server)"] = together.batches
         points.seen.update(_sqlite_counts(service.engine.store, "server"))
     if ROWS is not None:
         points.seen["count:app ms(server)"] = 1000 * ROWS.seconds
