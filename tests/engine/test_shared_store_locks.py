@@ -95,3 +95,57 @@ def test_a_settle_goes_on_beside_another_engines_claim_of_its_sequences(pg_dsn_f
     finally:
         other.close()
         engine.stop(timeout=5)
+
+
+def _lock_waits(url: str) -> int:
+    """Sessions of the store's database waiting for a lock now."""
+    import psycopg2
+
+    conn = psycopg2.connect(url.partition(":")[2])
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock'")
+            return int(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_a_settle_keeps_no_sequence_held_while_it_waits_for_the_next(pg_dsn_factory) -> None:
+    """A settle of "k-a" and "k-b" made a's messages due, then waited for b (another writer holds
+    it): in one transaction it kept a's writer lock meanwhile, and an acknowledgement of a, which
+    takes that lock, queued behind the settle's wait for b (waits over 200 ms, 16 client engines
+    on one store).  Each sequence is now settled and committed by itself."""
+    url = "postgresql:" + pg_dsn_factory("settle")
+    engine = ReliableEngine(url, fast_policy(), name="settle")  # not started: only its worker's settle runs
+    other = open_store(url)
+    acker = open_store(url, lock_timeout=5.0)  # the acknowledgement fails if a's lock stays held
+    try:
+        seq_a, seq_b = _sequences(engine, messages=2, sent=2)
+        settled = threading.Event()
+
+        def settle() -> None:  # 1 proved lost in both
+            engine.retransmission._make_due([(seq_a, {1}, set()), (seq_b, {1}, set())])
+            settled.set()
+
+        held = other.begin()
+        held.rms.get("k-b")  # another writer holds b against everyone (a close, a terminate)
+        thread = threading.Thread(target=settle)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 15
+            while _lock_waits(url) < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert not settled.is_set()  # the settle waits for b
+            with acker.begin() as tx:  # the peer acknowledges a meanwhile, beside enqueues
+                outcome = tx.rms_messages.acknowledge_sequence("urn:uuid:k-a", [(1, 2)], beside_enqueues=True)
+            assert outcome is not None and outcome[1] == ([1, 2], False)
+        finally:
+            held.commit()
+            thread.join(15)
+        assert settled.is_set()
+        assert engine.retransmission.fast_retransmits == 2  # a's 1 (acknowledged after), and b's
+    finally:
+        acker.close()
+        other.close()
+        engine.stop(timeout=5)

@@ -1557,33 +1557,44 @@ class RetransmissionWorker:
             self._make_due(plans)
 
     def _make_due(self, plans: list[tuple[RmsSequence, set[int], set[int]]]) -> None:
-        """Resend at once / probe soon, in one transaction, taking the sequences' rows in key order.
+        """Resend at once / probe soon: each sequence in a transaction of its own, in key order.
 
         Engines sharing a store (worker processes, or several clients in one
         process) claim each other's sequences, so two rounds may settle the
-        same ones; each taking the rows in the order its round met them
-        deadlocked (four client engines on one PostgreSQL store: the victim was
-        a caller's enqueue).  One order for all leaves nothing to wait for in a
-        cycle.  Each is held as a claim holds it (``beside_enqueues``, against close and
-        terminate only): locked against every writer, a settle waited for another engine's
-        claim of the sequence, while that claim, following the row's update chain to lock it,
-        waited for the settle's lock of another one (PostgreSQL waits there even under SKIP
-        LOCKED; 16 client engines on one store, up to 5 deadlocks a run)."""
+        same ones; each taking the rows in the order its round met them, in one
+        transaction, deadlocked (four client engines on one PostgreSQL store: the
+        victim was a caller's enqueue).  Each is held as a claim holds it
+        (``beside_enqueues``, against close and terminate only): locked against every
+        writer, a settle waited for another engine's claim of the sequence, while that
+        claim, following the row's update chain to lock it, waited for the settle's lock
+        of another one (PostgreSQL waits there even under SKIP LOCKED; 16 client engines
+        on one store, up to 5 deadlocks a run).
+
+        One transaction a sequence: a settle holds one sequence at a time, so it waits in
+        no cycle whatever the order, and it does not keep a sequence it has made due locked
+        while it waits for the next one.  In one transaction for all, each sequence's writer
+        lock (the acknowledgements' ``_WRITERS_BESIDE`` on PostgreSQL) was held until the
+        last was written: acknowledgements of the first queued behind the settle's wait for
+        the last (waits over 200 ms, 16 client engines on one store).  Not durable: a
+        resend or a probe a crash forgot is sent at its retransmission time instead."""
         now = time.time()
         ordered = sorted(plans, key=lambda plan: plan[0].key)
-        with self.store.begin() as tx:
-            for seq, resend, probe in ordered:
+        for seq, resend, probe in ordered:
+            made = probed = 0
+            with self.store.begin(durable=False) as tx:
                 if tx.rms.get(seq.key, beside_enqueues=True) is None:
                     continue  # deleted meanwhile: nothing to send again
                 if resend:
-                    self.fast_retransmits += tx.rms_messages.make_due(seq.key, resend, at=AT_ONCE)
+                    made = tx.rms_messages.make_due(seq.key, resend, at=AT_ONCE)
                     for number in resend:
                         self._note_again(seq.key, number, "the round's acknowledgements proved it lost")
                 if probe:
                     for number in probe:
                         self._note_again(seq.key, number, "loss probe: no answer said it arrived")
                     delay = self._peer(seq.target).probe_delay()
-                    self.loss_probes += tx.rms_messages.make_due(seq.key, probe, at=now + delay)
+                    probed = tx.rms_messages.make_due(seq.key, probe, at=now + delay)
+            self.fast_retransmits += made
+            self.loss_probes += probed
         for seq, resend, probe in ordered:
             for_sequence(log, seq.sequence_id, key=seq.key).debug(
                 "sending again at once %s, probing %s", sorted(resend), sorted(probe))
