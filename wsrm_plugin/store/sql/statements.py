@@ -35,6 +35,16 @@ _TAKE = ("UPDATE invoker_sequence SET "
          "(SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?){also} "
          "RETURNING delivered_upto = ? AS taken")
 
+#: :data:`_TAKE` right after a receipt in order of ``number`` in the same statement (CTE ``r``:
+#: the received ranges were exactly 1..number-1), and only if that receipt wrote: without the look
+#: into the buffer, as a receipt that found exactly 1..number-1 received means ``number`` was
+#: never received, so never buffered (a message is buffered only in its receipt's transaction).
+#: Its waiting for a delivery of the message before it stays.  Parameters from
+#: :func:`_take_after_receipt_params`.
+_TAKE_AFTER_RECEIPT = _TAKE.replace(
+    " AND NOT EXISTS (SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?)", "").format(
+    also=" AND EXISTS (SELECT 1 FROM r)")
+
 #: The SET list of a receipt in order (its parameters from :func:`_receipt_params`): the new
 #: received ranges, and ``last_activity`` only when older than :data:`ACTIVITY_GRAIN`
 _RECEIPT_SET = "received = ?, last_activity = CASE WHEN last_activity < ? THEN ? ELSE last_activity END"
@@ -56,7 +66,7 @@ def _receipt_params(sequence_id: str, number: int, now: float, before: str) -> t
 _RECEIVE_IN_ORDER = (
     f"WITH r AS (UPDATE rmd_sequence SET {_RECEIPT_SET} WHERE sequence_id = ? AND received = ? "
     f"AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING {_cols(_RMD_COLS)}), "
-    f"t AS ({_TAKE.format(also=' AND EXISTS (SELECT 1 FROM r)')}) "
+    f"t AS ({_TAKE_AFTER_RECEIPT}) "
     f"SELECT {_cols(_RMD_COLS, 'r')}, (SELECT count(*) FROM t WHERE taken) FROM r")
 
 
@@ -68,7 +78,7 @@ _RECEIVE_IN_ORDER = (
 _RECEIVE_IN_ORDER_NOTED = (
     f"WITH r AS (UPDATE rmd_sequence SET {_RECEIPT_SET} WHERE sequence_id = ? AND received = ? "
     "AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING 1), "
-    f"t AS ({_TAKE.format(also=' AND EXISTS (SELECT 1 FROM r)')}) "
+    f"t AS ({_TAKE_AFTER_RECEIPT}) "
     "SELECT set_config('wsrm.received', CASE WHEN EXISTS (SELECT 1 FROM r) "
     "THEN (SELECT count(*) FROM t WHERE taken)::text ELSE '-1' END, TRUE)")
 
@@ -171,6 +181,12 @@ def _take_params(sequence_id: str, number: int) -> tuple[Any, ...]:
     before, after = _prefix(number - 1), _prefix(number)
     return (number - 1, before, after, number - 1, before, number, sequence_id, number, sequence_id, number,
             number)
+
+
+def _take_after_receipt_params(sequence_id: str, number: int) -> tuple[Any, ...]:
+    """The parameters of :data:`_TAKE_AFTER_RECEIPT`."""
+    before, after = _prefix(number - 1), _prefix(number)
+    return (number - 1, before, after, number - 1, before, number, sequence_id, number, number)
 
 
 def _prefix(upto: int) -> str:

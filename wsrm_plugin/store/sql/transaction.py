@@ -43,6 +43,7 @@ from .statements import (
     _receipt_params,
     _prefix,
     _rmd_assignments,
+    _take_after_receipt_params,
     _take_params,
     ahead_key,
 )
@@ -508,7 +509,8 @@ class SqlTransaction(api.StoreTransaction):
                     _RECEIVED, lambda t, gate, more: self.rms_messages.acknowledging_statements(  # type: ignore[attr-defined]
                         acked, merged, t, keep, gate=gate, more=more))
         before = self._hold_for_receipt(sequence_id, number)
-        params = (*_receipt_params(sequence_id, number, _now(now), before), *_take_params(sequence_id, number))
+        params = (*_receipt_params(sequence_id, number, _now(now), before),
+                  *_take_after_receipt_params(sequence_id, number))
         row = self.one(_RECEIVE_IN_ORDER, params)
         if row is None:  # guessed wrong against the row as the statement's snapshot saw it: the
             held = self.rmd.get(sequence_id)  # row as it is now, locked and held for the caller's read
@@ -571,7 +573,7 @@ class SqlTransaction(api.StoreTransaction):
         checked, values = _receipt_checked(reply, self.foreseen.get(reply) if numbered else None)
         statements = [("SELECT 1 FROM rmd_sequence WHERE sequence_id = ? FOR UPDATE", (sequence_id,)),
                       (_RECEIVE_IN_ORDER_NOTED, (*_receipt_params(sequence_id, number, t, before),
-                                                 *_take_params(sequence_id, number))),
+                                                 *_take_after_receipt_params(sequence_id, number))),
                       *self.rms_messages.acknowledging_statements(  # type: ignore[attr-defined]
                           acked, merged, t, keep, gate=_RECEIVED_AND_TAKEN, more=(checked, "", values))]
         self.write_first(statements)
@@ -628,7 +630,7 @@ class SqlTransaction(api.StoreTransaction):
         after = statements(t, gate, (f", {_cols(_RMD_COLS, 'rd')}, {received}",
                                      " LEFT JOIN rmd_sequence rd ON rd.sequence_id = ?", (*checks, sequence_id)))
         then = [(_RECEIVE_IN_ORDER_NOTED, (*_receipt_params(sequence_id, number, t, before),
-                                           *_take_params(sequence_id, number))), *after]
+                                           *_take_after_receipt_params(sequence_id, number))), *after]
         lock = "SELECT 1 FROM rmd_sequence WHERE sequence_id = ? FOR UPDATE"
         if alone:
             assert late is not None
