@@ -1335,7 +1335,8 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
             cur.execute("SELECT split_part(d.datname, '_', 1) || '_' || split_part(d.datname, '_', 2) || ': ' "
                         "|| regexp_replace(query, '''[^'']*''', '''...''', 'g'), sum(calls), "
                         "sum(total_exec_time + total_plan_time), "
-                        "sum(total_plan_time), sum(wal_bytes), sum(wal_fpi), sum(plans) FROM pg_stat_statements s "
+                        "sum(total_plan_time), sum(wal_bytes), sum(wal_fpi), sum(plans), sum(rows), "
+                        "sum(shared_blks_hit), sum(wal_records) FROM pg_stat_statements s "
                         "JOIN pg_database d ON d.oid = s.dbid GROUP BY 1 "
                         f"ORDER BY {2 if by_calls else 5 if order == 'wal' else 3} DESC LIMIT %s", (top,))
             rows = cur.fetchall()
@@ -1352,12 +1353,13 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
     print(f"statements by {'calls' if by_calls else 'WAL' if order == 'wal' else 'PostgreSQL time'}, planning included (per message of the run, {messages} messages; "
           f"these {len(rows)}: {sum(r[1] for r in rows) / messages:.2f} calls, "
           f"{1000 * sum(r[2] for r in rows) / messages:.0f} us):")
-    for query, calls, ms, planning, wal, fpi, plans in rows:
+    for query, calls, ms, planning, wal, fpi, plans, nrows, hits, records in rows:
         # plans a call: near 1, PostgreSQL plans the statement at every call (text, or a prepared
         # statement whose custom plans win, or whose generic plan is invalidated again and again)
         print(f"  {calls / messages:6.2f} calls {1000 * ms / messages:7.0f} us "
               f"({1000 * planning / messages:5.0f} planning, {plans / calls if calls else 0:4.2f} plans a call) "
-              f"{int(wal) / messages:6.0f} B WAL ({fpi / messages:4.2f} FPI)  "
+              f"{int(wal) / messages:6.0f} B WAL ({fpi / messages:4.2f} FPI, {int(records) / messages:5.2f} rec) "
+              f"{int(nrows) / messages:5.2f} rows {int(hits) / messages:6.1f} hits  "
               f"{' '.join(query.split())[:int(os.environ.get('BENCH_PG_STATEMENTS_WIDTH', '100'))]}")
 
 
