@@ -138,7 +138,7 @@ def _kind(message: str, context: str, statement: str) -> str:
     as such: its text is in the session that prepared it)."""
     lock = re.search(r"(?:for|acquired) (\w+ on (?:transaction|advisory lock|relation|tuple|\w+))", message)
     where = re.sub(r" \(\d+,\d+\)", "", context.split(" of ")[0])
-    text = re.sub(r"^(BEGIN; )?(SET LOCAL [^;]*; )*", "", statement.strip())
+    text = re.sub(r"^(BEGIN; ?)?(SET LOCAL [^;]*; )*", "", statement.strip())
     first = "EXECUTE (prepared)" if text.startswith("EXECUTE ") else " ".join(text.split()[:6])[:60]
     return " | ".join(x for x in (lock.group(1) if lock else "?", where, first) if x)
 
