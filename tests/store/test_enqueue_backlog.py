@@ -1,5 +1,6 @@
-"""An enqueue riding on its branch's COMMIT (PostgreSQL, XA: ``enqueue_claiming_at_commit``) reads
-as much behind a backlog as behind a few messages (issue 33).  Counted in buffers, from the plan
+"""An enqueue riding on its branch's COMMIT (PostgreSQL, XA: ``enqueue_claiming_at_commit``), or a
+caller's enqueue and claim in the engine's own transaction (``enqueue_claiming``), reads as much
+behind a backlog as behind a few messages (issue 33).  Counted in buffers, from the plan
 of the statement as the store sends it (``EXPLAIN (ANALYZE, BUFFERS)``, rolled back), with the
 statistics a busy queue has: taken when the table held a few rows.
 
@@ -69,8 +70,31 @@ def _buffers(dsn: str, sql: str, params: Any) -> tuple[int, str]:
     return int(re.search(r"shared hit=(\d+)", plan).group(1)), plan
 
 
-@pytest.mark.parametrize("target", [None, TARGET], ids=["one-way", "caller-claims"])
-def test_an_enqueue_riding_on_the_commit_reads_as_much_at_any_backlog(fresh_db, monkeypatch, target) -> None:
+class _Caught(Exception):
+    pass
+
+
+def _claiming_statement(store: PostgresStore, monkeypatch: pytest.MonkeyPatch, target: str | None) -> tuple[str, Any]:
+    """A caller's enqueue and claim in the engine's own transaction (``enqueue_claiming``): its
+    statement and parameters, not sent."""
+    seen: list[tuple[str, Any]] = []
+
+    def caught(tx: Any, sql: str, params: Any = ()) -> Any:
+        seen.append((sql, params))
+        raise _Caught
+    monkeypatch.setattr(SqlTransaction, "write_all", caught)
+    with pytest.raises(_Caught), store.begin() as tx:
+        tx.rms_messages.enqueue_claiming("k1", ENVELOPE, action="urn:op", soap_version="1.1", message_id="urn:m",
+                                         target=TARGET, next_send_at=50.0, now=10.0)
+    monkeypatch.undo()
+    [found] = seen
+    return found
+
+
+@pytest.mark.parametrize("target,statement", [(None, _statement), (TARGET, _statement), (TARGET, _claiming_statement)],
+                         ids=["one-way", "caller-claims", "caller-claims-outside-xa"])
+def test_an_enqueue_riding_on_the_commit_reads_as_much_at_any_backlog(fresh_db, monkeypatch, target,
+                                                                      statement) -> None:
     store = PostgresStore(fresh_db, lock_timeout=10.0)
     try:
         started(store, messages=0)
@@ -83,7 +107,7 @@ def test_an_enqueue_riding_on_the_commit_reads_as_much_at_any_backlog(fresh_db, 
         costs = []
         for more in (0, 3000):
             _queue(store, more)
-            cost, plan = _buffers(fresh_db, *_statement(store, monkeypatch, target))
+            cost, plan = _buffers(fresh_db, *statement(store, monkeypatch, target))
             costs.append(cost)
             assert "rms_message_unacked" not in plan and not re.search(r"Seq Scan on rms_message\b", plan), plan
         assert costs[1] <= costs[0] + 6, f"the enqueue read {costs[0]} buffers behind 20 queued, {costs[1]} behind 3020"

@@ -564,8 +564,13 @@ class _RmsMessages(api.RmsMessageManager):
         tx.lock(RANK_RMS, sequence_key)
         tx.capture_key("rms_sequence", sequence_key)
         read = f", r AS ({_SELECT_RMD}) " if rmd_sequence_id is not None else " "
+        # in the engine's own transaction (no global one), no sequential scan, as where it rides on
+        # the COMMIT (_ENQUEUES_AT_COMMIT): its claim's look at the message before, planned with a
+        # busy queue's stale statistics, read the whole table.  The setting lasts to the end of the
+        # transaction, whose other statements go by key too; not in a global transaction, whose
+        # session may be the application's (its own statements keep its plans).
         rows = tx.write_all(
-            _ENQUEUE_CLAIMING
+            ("SET LOCAL enable_seqscan TO off; " if tx._global is None else "") + _ENQUEUE_CLAIMING
             + read + f"SELECT {_cols(_RMS_COLS, 's')}, c.mine" + (", r.*" if rmd_sequence_id is not None else "")
             + " FROM s JOIN c ON TRUE" + (" LEFT JOIN r ON TRUE" if rmd_sequence_id is not None else ""),
             (*_claiming_params(sequence_key, payload, action, soap_version, message_id, target, next_send_at,
