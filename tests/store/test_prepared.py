@@ -3,6 +3,9 @@ transaction to a statement that cannot be prepared or to a session that lost its
 
 from __future__ import annotations
 
+import math
+from decimal import Decimal
+
 import psycopg2.extensions as ext
 import pytest
 
@@ -167,3 +170,33 @@ def test_the_senders_claim_is_prepared_with_its_setting_in_front_and_reads_few_r
         plans = [row[0] for row in cur.fetchall()]
     assert plans and sum(plans) >= 8, plans  # every claim but the first ran the prepared statement
     assert max(touched) < LARGE // 4, touched  # about the batch's rows (200-250), not the backlog's
+
+
+def test_an_executes_double_precision_and_bigint_arguments_go_as_text_and_read_back_exactly(
+        store: StorageManager) -> None:
+    """Written as psycopg2 writes them, a ``float`` is a ``numeric`` constant in an ``EXECUTE``'s
+    text and an ``int`` an ``integer``: PostgreSQL casts and folds each into a constant of the
+    parameter's type at every ``EXECUTE`` (about 8 k instructions an argument).  For a
+    ``double precision`` or a ``bigint`` parameter they go as quoted text, read by the type's
+    own input; the others as before."""
+    sql = ("SELECT CAST(? AS double precision), CAST(? AS bigint), CAST(? AS integer), CAST(? AS numeric), "
+           "CAST(? AS bigint), CAST(? AS double precision)")
+    specials = [0.1 + 0.2, 1e300, 5e-324, -0.0, -1.5, math.inf, -math.inf, math.nan, 1764620000.123456, 3]
+    for value in specials:
+        params = (value, 2 ** 40, 7, 2.5, 1, -2 ** 62)
+        rows = []
+        for _ in range(3):  # prepared the second time
+            with store.begin() as tx:
+                rows.append(tx.one(sql, params))
+                sent, arguments = tx._text(sql, params)
+        assert sent.startswith("EXECUTE wsrm_"), sent
+        written = repr(value) if isinstance(value, float) and math.isfinite(value) else str(value)
+        if isinstance(value, float) and not math.isfinite(value):
+            written = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[repr(value)]
+        assert list(arguments) == [written, str(2 ** 40), 7, 2.5, "1", str(-2 ** 62)], arguments
+        for row in rows:
+            assert row[1:] == (2 ** 40, 7, Decimal("2.5"), 1, -2 ** 62)
+            if value != value:
+                assert math.isnan(row[0])
+            else:
+                assert row[0] == value and math.copysign(1, row[0]) == math.copysign(1, value)

@@ -19,6 +19,16 @@ Safety, because a failed statement aborts the transaction it runs in:
   transaction (:class:`~.api.StoreUnavailableError`: retry it) and the store
   forgets that session's statements, so the retry prepares them again.
 
+An ``EXECUTE``'s arguments are literals in its text, each coerced to its parameter's type
+as the ``EXECUTE`` is analysed.  A ``float`` written as psycopg2 writes it (``1764620000.25``)
+is a ``numeric`` constant there, and an ``int`` an ``integer``: for a ``double precision`` or a
+``bigint`` parameter, PostgreSQL then makes a cast of it and folds that cast into a constant
+at every ``EXECUTE``, with an executor state of its own (about 8 k instructions an argument,
+under callgrind).  Such arguments go as quoted text instead (``'1764620000.25'``), which the
+type's input function reads while the ``EXECUTE`` is analysed, to the same value (``repr``
+of a ``float`` reads back exactly).  Each statement's parameter types are read once, from
+``pg_prepared_statements``, in its ``PREPARE``'s round trip.
+
 Turn it off (``?prepare=0`` in the store URL, or ``prepare_statements=False``)
 behind a pooler in transaction mode (PgBouncer before 1.21), where a session's
 statements do not follow the client.
@@ -57,13 +67,27 @@ def _refused(exc: psycopg2.Error) -> bool:
     return code[:2] in ("42", "0A")
 
 
+#: The parameter types whose ``EXECUTE`` argument goes as quoted text (see the module), and
+#: whether a ``float`` does too, beside an ``int`` (a ``bigint`` reads no fraction; a ``bool``
+#: is no ``int`` here)
+_AS_TEXT = {"double precision": True, "bigint": False}
+
+
+def _float_text(value: float) -> str:
+    """A ``float`` that is no finite number as float8's input spells it."""
+    return "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
+
+
 class _Session:
-    __slots__ = ("names", "executes", "seen", "counter")
+    __slots__ = ("names", "executes", "types", "seen", "counter")
 
     def __init__(self) -> None:
         self.names: dict[str, str] = {}  # statement text (? placeholders) -> prepared name
-        #: statement text -> (its parameters' count, the ``EXECUTE`` that runs it): written once
-        self.executes: dict[str, tuple[int, str]] = {}
+        #: statement text -> (its parameters' count, the ``EXECUTE`` that runs it, and the
+        #: arguments that go as text (position, and whether a ``float`` does)): written once
+        self.executes: dict[str, tuple[int, str, tuple[tuple[int, bool], ...]]] = {}
+        #: prepared name -> its parameters' types, as ``pg_prepared_statements`` names them
+        self.types: dict[str, list[str]] = {}
         self.seen: set[str] = set()  # sent once on this session
         self.counter = 0
 
@@ -79,15 +103,36 @@ class PreparedStatements:
         self._lock = threading.Lock()
         self.prepared = 0
 
-    def text(self, conn: Any, sql: str, params: Sequence[Any]) -> str | None:
-        """``EXECUTE ...`` for ``sql`` (``?`` placeholders) on ``conn``, preparing it if due; None: send ``sql``."""
+    def sent(self, conn: Any, sql: str, params: Sequence[Any]) -> tuple[str, Sequence[Any]] | None:
+        """``EXECUTE ...`` for ``sql`` (``?`` placeholders) on ``conn``, preparing it if due, and
+        its arguments (``params``, those of a ``double precision`` or ``bigint`` parameter as
+        text: see the module); None: send ``sql`` with ``params``."""
         session = self._sessions.get(conn)
         if session is None:
             with self._lock:
                 session = self._sessions.setdefault(conn, _Session())
         known = session.executes.get(sql)
-        if known is not None and known[0] == len(params):
-            return known[1]
+        if known is None or known[0] != len(params):
+            known = self._execute(conn, session, sql, params)
+            if known is None:
+                return None
+        as_text = known[2]
+        if not as_text:
+            return known[1], params
+        values = list(params)
+        for position, floats in as_text:
+            value = values[position]
+            kind = type(value)
+            if kind is int:
+                values[position] = str(value)
+            elif kind is float and floats:
+                values[position] = repr(value) if value - value == 0 else _float_text(value)
+        return known[1], values
+
+    def _execute(self, conn: Any, session: _Session, sql: str, params: Sequence[Any]
+                 ) -> tuple[int, str, tuple[tuple[int, bool], ...]] | None:
+        """:meth:`sent`'s ``EXECUTE`` for ``sql`` not yet known on ``session``, preparing ``sql``
+        if due; None: send ``sql``."""
         settings = _SETTINGS.match(sql)
         prefix = settings.group(0) if settings else ""
         name = session.names.get(sql)
@@ -104,8 +149,10 @@ class PreparedStatements:
             if name is None:
                 return None
         execute = f"{prefix}EXECUTE {name} ({', '.join('%s' for _ in params)})" if params else f"{prefix}EXECUTE {name}"
-        session.executes[sql] = (len(params), execute)
-        return execute
+        types = session.types.get(name, ())
+        as_text = tuple((position, _AS_TEXT[kind]) for position, kind in enumerate(types) if kind in _AS_TEXT)
+        known = session.executes[sql] = (len(params), execute, as_text)
+        return known
 
     def _prepare(self, conn: Any, session: _Session, sql: str, body: str) -> str | None:
         """``PREPARE`` ``body`` (``sql`` without the settings in front of it) on ``conn``, known
@@ -125,15 +172,18 @@ class PreparedStatements:
         name = f"wsrm_{session.counter}"
         numbered = iter(range(1, body.count("?") + 1))
         statement = f"PREPARE {name} AS {_PLACEHOLDER.sub(lambda _: f'${next(numbered)}', body)}"
+        # its parameters' types, read in the same round trip (see the module)
+        types = f"SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = '{name}'"
         cur = ext.cursor(conn) if begin_waits or in_transaction else conn.cursor()
         try:
             if in_transaction:  # a failure must not abort the caller's transaction
                 # the savepoint first, on its own: in one query string with the PREPARE, a
                 # syntax error in the PREPARE would keep it from ever being set
                 cur.execute("SAVEPOINT wsrm_prepare")
-                cur.execute(f"{statement}; RELEASE SAVEPOINT wsrm_prepare")
+                cur.execute(f"{statement}; RELEASE SAVEPOINT wsrm_prepare; {types}")
             else:
-                cur.execute(statement)
+                cur.execute(f"{statement}; {types}")
+            row = cur.fetchone()
         except psycopg2.Error as exc:
             if not _refused(exc):
                 raise  # the session failed, not the statement: the caller's error to report
@@ -149,6 +199,7 @@ class PreparedStatements:
         finally:
             cur.close()
         session.names[sql] = name
+        session.types[name] = list(row[0]) if row and row[0] is not None else []
         self.prepared += 1
         return name
 

@@ -185,9 +185,11 @@ class SqlTransaction(api.StoreTransaction):
         statements = self._statements
         cur = None
         try:  # a session lost while preparing fails here too, and is translated like any other
-            text = begin + self._text(sql, params)
+            text, params = self._text(sql, params)
+            text = begin + text
             for statement, values in after:
-                text += "; " + self._text(statement, values)
+                more, values = self._text(statement, values)
+                text += "; " + more
                 params = (*params, *values)
             sent = tuple(params)
             if self._inlines:
@@ -371,16 +373,17 @@ class SqlTransaction(api.StoreTransaction):
     def _sent(self, sql: str, params: Sequence[Any]) -> tuple[str, tuple[Any, ...] | None]:
         """What is given to psycopg2 for ``sql`` (a ride's): its text (:meth:`_text`, with the plain
         parameters written in) and the parameters left, None when none is."""
-        text = self._text(sql, params)
+        text, params = self._text(sql, params)
         if self._inlines:
             return inline(self.conn, text, params)
         return text, tuple(params) or None
 
-    def _text(self, sql: str, params: Sequence[Any]) -> str:
-        """What is sent for ``sql``: ``EXECUTE`` of its prepared statement, or the statement."""
+    def _text(self, sql: str, params: Sequence[Any]) -> tuple[str, Sequence[Any]]:
+        """What is sent for ``sql`` with ``params``: ``EXECUTE`` of its prepared statement and its
+        arguments (:meth:`~..prepared.PreparedStatements.sent`), or the statement and ``params``."""
         statements = self._statements
-        text = None if statements is None else statements.text(self.conn, sql, params)
-        return self.d.sql(sql) if text is None else text
+        sent = None if statements is None else statements.sent(self.conn, sql, params)
+        return (self.d.sql(sql), params) if sent is None else sent
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
         cur = self.execute(sql, params)
