@@ -90,13 +90,78 @@ def server_role(args: argparse.Namespace) -> int:
             elif seen["count"] % max(1000, args.expect // 10) == 0:
                 print(f"AT {seen['count']}", flush=True)
 
+    calls = _ServerCalls() if args.server_python_calls else None  # before the threads start
     engine = ReliableEngine(args.store_url, _policy(), application=application, name="backlog-server")
     engine.serve("127.0.0.1", args.port)
     engine.start()
+    if calls is not None:
+        calls.clear()  # the start's calls not counted
+    collections = _Collections().__enter__()
     print("READY", flush=True)
     sys.stdin.readline()
+    collections.__exit__()
+    import gc
+
+    # the service's garbage collector over the drain, a message (to stderr: the coordinator reads
+    # stdout only up to the last delivery)
+    n = max(args.expect, 1)
+    print(f"SERVER garbage collector {1e6 * collections.seconds / n:.1f} us a message, passes by generation "
+          f"{collections.passes}, {len(gc.get_objects())} objects tracked at the end", file=sys.stderr, flush=True)
+    if calls is not None:
+        calls.report(args.expect, args.server_python_calls)
     engine.stop(timeout=5)
     return 0
+
+
+class _ServerCalls:
+    """``--server-python-calls N``: the service's Python calls (every thread, from its start to
+    the last delivery), by function and by caller and function, a message, printed to stderr at the
+    end (built-ins included; ``sys.setprofile`` slows the service, so its rates are then not
+    comparable)."""
+
+    def __init__(self) -> None:
+        import collections
+
+        self.counters: list[collections.Counter[Any]] = []
+
+        def first(frame: Any, event: str, arg: Any) -> None:
+            counter: collections.Counter[Any] = collections.Counter()
+            self.counters.append(counter)
+
+            def count(frame: Any, event: str, arg: Any) -> None:
+                if event == "call":
+                    counter[(frame.f_back.f_code if frame.f_back is not None else None, frame.f_code)] += 1
+                elif event == "c_call":
+                    owner = getattr(arg, "__self__", None)
+                    counter[(frame.f_code, (type(owner).__name__ + "." if owner is not None
+                                            and not isinstance(owner, type(sys)) else "")
+                             + getattr(arg, "__qualname__", "?"))] += 1
+            sys.setprofile(count)
+            count(frame, event, arg)
+        threading.setprofile(first)
+        sys.setprofile(first)
+
+    def clear(self) -> None:
+        for counter in list(self.counters):
+            counter.clear()
+
+    def report(self, messages: int, top: int) -> None:
+        import collections
+
+        threading.setprofile(None)  # type: ignore[arg-type]
+        by_callee: collections.Counter[str] = collections.Counter()
+        by_pair: collections.Counter[str] = collections.Counter()
+        for counter in list(self.counters):
+            for (caller, callee), n in dict(counter).items():
+                by_callee[_function_name(callee)] += n
+                by_pair[f"{_function_name(callee)} <- {_function_name(caller)}"] += n
+        n = max(messages, 1)
+        print(f"SERVER python calls a message: {sum(by_callee.values()) / n:.1f}", file=sys.stderr)
+        for name, count in by_callee.most_common(top):
+            print(f"SERVER call {count / n:9.2f}  {name}", file=sys.stderr)
+        for name, count in by_pair.most_common(top):
+            print(f"SERVER pair {count / n:9.2f}  {name}", file=sys.stderr)
+        sys.stderr.flush()
 
 
 def _free_port() -> int:
@@ -399,7 +464,7 @@ def _store_urls(kind: str, tmp: Path, pg: Any, tag: str) -> tuple[str, str]:
 
 
 def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str,
-          counts: _Counts | None = None, keep_trees: bool = False) -> dict[str, float]:
+          counts: _Counts | None = None, keep_trees: bool = False, server_calls: int = 0) -> dict[str, float]:
     """Fill a client store with ``queued`` messages for a service that is down, start the service
     and the client; the drain's figures."""
     from wsrm_plugin.engine import ReliableEngine
@@ -431,7 +496,8 @@ def drain(kind: str, queued: int, tmp: Path, pg: Any, tag: str,
     hits = TREES.hits
     server = subprocess.Popen(
         [sys.executable, __file__, "--role", "server", "--store-url", server_url, "--port", str(port),
-         "--expect", str(queued)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+         "--expect", str(queued)] + (["--server-python-calls", str(server_calls)] if server_calls else []),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert server.stdout is not None and server.stdin is not None
     try:
@@ -522,6 +588,9 @@ def main(argv: list[str] | None = None) -> int:
                         "memory's rows visited and copied, PostgreSQL's tuples read and blocks by statement")
     p.add_argument("--python-calls", type=int, default=None, metavar="N",
                    help="count the client's Python calls a message, and list its N most called (slows it)")
+    p.add_argument("--server-python-calls", type=int, default=0, metavar="N",
+                   help="count the service's Python calls a message (by function, and by caller and function), "
+                        "print its N most called to stderr (slows the service)")
     p.add_argument("--store-url", default="")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--expect", type=int, default=0)
@@ -552,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
                 for turn, queued in enumerate((args.small, args.large) + ((args.small,) if args.bracket else ())):
                     counts = _Counts(args.python_calls) if args.count or args.python_calls is not None else None
                     got = drain(kind, queued, tmp, pg, f"{kind[:3]}{queued}r{round_no}t{turn}", counts,
-                                args.keep_trees)
+                                args.keep_trees, args.server_python_calls)
                     figures.setdefault((kind, queued), []).append(got)
                     print(f"  {kind:10s} {queued:>7} queued: {got['rate']:7.1f} msg/s ({got['seconds']:.1f} s, "
                           f"first after {1000 * got['first_after']:.0f} ms), client CPU "

@@ -95,7 +95,8 @@ transaction's gid is folded (``PREPARE TRANSACTION '...'``), so each kind is one
 ``BENCH_FILE_HOLDERS=1`` splits a SQLite store's ``file held ms`` and ``file turns`` by the kind of thread that held
 the file (its name without its number: the HTTP threads, the sender, the calling threads...).
 ``BENCH_THREAD_SWITCHES=1`` splits each process's ``switches`` by the kind of thread (its name
-without its numbers) and by why: a wait (``KIND waits``: voluntary) or preempted (``KIND preempted``).
+without its numbers) and by why: a wait (``KIND waits``: voluntary) or preempted (``KIND preempted``),
+and its CPU (``KIND cpu ms``, in the kernel's ticks: a rough split).
 ``BENCH_WAITS=1`` counts each process's waits a message by where they wait: every
 ``threading.Condition.wait`` (``Event.wait`` too) by its caller, and a SQLite store's file taken
 while another thread held it (``wait file gate``): the thread switches a design can remove.
@@ -409,6 +410,12 @@ def _switches_by_kind() -> Counter[str]:
         kind = _thread_kind(thread.name)
         out[f"{kind} waits"] += int(fields["voluntary_ctxt_switches"])
         out[f"{kind} preempted"] += int(fields["nonvoluntary_ctxt_switches"])
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/stat", encoding="ascii") as f:
+                ticks = f.read().rsplit(")", 1)[1].split()[11:13]  # utime, stime
+        except OSError:
+            continue
+        out[f"{kind} cpu ms"] += (int(ticks[0]) + int(ticks[1])) * 1000 // os.sysconf("SC_CLK_TCK")
     return out
 
 
@@ -538,6 +545,7 @@ def server_role(args: argparse.Namespace) -> int:
         _count_statements(service.engine.store, "server", points)
         _count_commits(service.engine.store, "server", points)
         _count_waits(service.engine.store, "server", points)
+        _count_hold_phases(service.engine.store, "server", points)
         service.start()
         closers.insert(0, lambda: service.stop(timeout=5))
         if tm is not None:
@@ -707,6 +715,82 @@ def _count_holders(store: Any, role: str, points: _Points) -> None:
             points.seen[f"count:held ms {who}({role})"] += 1000 * held
             points.seen[f"count:turns {who}({role})"] += 1
     gate.release = counted_release
+
+
+def _count_hold_phases(store: Any, role: str, points: _Points) -> None:
+    """``BENCH_HOLD_PHASES=1``: what a SQLite store's file holds are made of, per message (all
+    its holders'): their wall time and the holding thread's CPU time in them (``hold ms``,
+    ``hold cpu ms``: the rest it waited, for I/O or for the interpreter), the holding thread's
+    switches in them (``hold waits``: each a wait, for I/O or the interpreter; ``hold
+    preempted``), the file's idle time between two holds (``hold gap ms``: under 50 ms each) and
+    how much of it passed before the next holder asked for it (``hold gap unasked ms``), and the deliveries' hand-overs (spyne, the method and its rows: ``hand-over
+    ms``, ``hand-over cpu ms``; delivering inside, all of them within the holds).
+    ``BENCH_HOLD_PHASES=calls`` also counts the Python calls made holding the file (``hold
+    calls``) and, delivering inside, those of the hand-overs among them (``hand-over calls``):
+    ``sys.setprofile`` in the holding thread, so the times are no use then.  Monkeypatched: a
+    measuring tool only."""
+    gate = getattr(store, "_gate", None)
+    mode = os.environ.get("BENCH_HOLD_PHASES")
+    if gate is None or not mode:
+        return
+    from wsrm_plugin.engine import invoker as invoker_module
+
+    acquire, release = gate.acquire, gate.release
+    local = threading.local()
+    calls = [0]
+
+    def count_call(frame: Any, event: str, arg: Any) -> None:
+        if event in ("call", "c_call"):
+            calls[0] += 1
+
+    def thread_switches() -> tuple[int, int]:
+        with open("/proc/thread-self/status", encoding="ascii") as f:
+            fields = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
+        return int(fields["voluntary_ctxt_switches"]), int(fields["nonvoluntary_ctxt_switches"])
+
+    released = [0.0]  # when the file was last given back
+
+    def counted_acquire(deadline: float, what: str) -> None:
+        asked = time.monotonic()
+        acquire(deadline, what)
+        gap = gate._since - released[0]
+        if released[0] and gap < 0.05:  # the file idle between two holds (not a pause of the run)
+            with points._lock:
+                points.seen[f"count:hold gap ms({role})"] += 1000 * gap
+                points.seen[f"count:hold gap unasked ms({role})"] += 1000 * max(0.0, min(gap, asked - released[0]))
+        local.switches = thread_switches()
+        local.cpu = time.thread_time()
+        if mode == "calls":
+            sys.setprofile(count_call)
+
+    def counted_release() -> None:
+        if mode == "calls":
+            sys.setprofile(None)
+        cpu = time.thread_time() - getattr(local, "cpu", time.thread_time())
+        held = time.monotonic() - gate._since
+        waits, preempted = thread_switches()
+        release()
+        released[0] = time.monotonic()
+        with points._lock:
+            points.seen[f"count:hold waits({role})"] += waits - local.switches[0]
+            points.seen[f"count:hold preempted({role})"] += preempted - local.switches[1]
+            points.seen[f"count:hold ms({role})"] += 1000 * held
+            points.seen[f"count:hold cpu ms({role})"] += 1000 * cpu
+            points.seen[f"count:hold calls({role})"] = calls[0]
+    gate.acquire, gate.release = counted_acquire, counted_release
+
+    hand_over = invoker_module.InvokerWorker._hand_over
+
+    def counted_hand_over(self: Any, tx: Any, msg: Any, context: Any) -> None:
+        wall, cpu, before = time.monotonic(), time.thread_time(), calls[0]
+        try:
+            hand_over(self, tx, msg, context)
+        finally:
+            with points._lock:
+                points.seen[f"count:hand-over calls({role})"] += calls[0] - before
+                points.seen[f"count:hand-over ms({role})"] += 1000 * (time.monotonic() - wall)
+                points.seen[f"count:hand-over cpu ms({role})"] += 1000 * (time.thread_time() - cpu)
+    invoker_module.InvokerWorker._hand_over = counted_hand_over  # type: ignore[method-assign]
 
 
 def _count_waits(store: Any, role: str, points: _Points) -> None:
@@ -1335,7 +1419,8 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
             cur.execute("SELECT split_part(d.datname, '_', 1) || '_' || split_part(d.datname, '_', 2) || ': ' "
                         "|| regexp_replace(query, '''[^'']*''', '''...''', 'g'), sum(calls), "
                         "sum(total_exec_time + total_plan_time), "
-                        "sum(total_plan_time), sum(wal_bytes), sum(wal_fpi), sum(plans) FROM pg_stat_statements s "
+                        "sum(total_plan_time), sum(wal_bytes), sum(wal_fpi), sum(plans), sum(rows), "
+                        "sum(shared_blks_hit), sum(wal_records) FROM pg_stat_statements s "
                         "JOIN pg_database d ON d.oid = s.dbid GROUP BY 1 "
                         f"ORDER BY {2 if by_calls else 5 if order == 'wal' else 3} DESC LIMIT %s", (top,))
             rows = cur.fetchall()
@@ -1352,12 +1437,13 @@ def _print_statements(pg: Any, messages: int, top: int = 15) -> None:
     print(f"statements by {'calls' if by_calls else 'WAL' if order == 'wal' else 'PostgreSQL time'}, planning included (per message of the run, {messages} messages; "
           f"these {len(rows)}: {sum(r[1] for r in rows) / messages:.2f} calls, "
           f"{1000 * sum(r[2] for r in rows) / messages:.0f} us):")
-    for query, calls, ms, planning, wal, fpi, plans in rows:
+    for query, calls, ms, planning, wal, fpi, plans, nrows, hits, records in rows:
         # plans a call: near 1, PostgreSQL plans the statement at every call (text, or a prepared
         # statement whose custom plans win, or whose generic plan is invalidated again and again)
         print(f"  {calls / messages:6.2f} calls {1000 * ms / messages:7.0f} us "
               f"({1000 * planning / messages:5.0f} planning, {plans / calls if calls else 0:4.2f} plans a call) "
-              f"{int(wal) / messages:6.0f} B WAL ({fpi / messages:4.2f} FPI)  "
+              f"{int(wal) / messages:6.0f} B WAL ({fpi / messages:4.2f} FPI, {int(records) / messages:5.2f} rec) "
+              f"{int(nrows) / messages:5.2f} rows {int(hits) / messages:6.1f} hits  "
               f"{' '.join(query.split())[:int(os.environ.get('BENCH_PG_STATEMENTS_WIDTH', '100'))]}")
 
 

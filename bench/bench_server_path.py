@@ -19,6 +19,8 @@ the default under a transaction manager, which does both stages in one
 transaction): the two stages are measured apart, as the buffered path runs.  The method does
 nothing (a list append), so the figures are the framework's alone.
 
+With ``--store sqlite`` the service's store is a SQLite file (no transaction manager; its
+method does nothing, so ``--on-receipt`` holds the file only for the store's own work and spyne).
 With ``--store xa1`` both stores are PostgreSQL (a throwaway server) and the
 service runs under a transaction manager, its method inserting a row through
 an ``XADataSource`` on the store's own database (one branch, one phase: the
@@ -37,7 +39,7 @@ declines were forgiven: 0.03-0.89 of 1,000 at the commit).
 Run::
 
     PYTHONPATH=. .venv/bin/python bench/bench_server_path.py [--calls 2000] [--rounds 3]
-        [--store memory|xa1] [--on-receipt] [--profile out.pstats]   # yappi CPU profile of the measured server calls
+        [--store memory|sqlite|xa1] [--on-receipt] [--profile out.pstats]   # yappi CPU profile of the measured server calls
 
 It prints the median microseconds per message of each stage; ``--python-calls N`` also counts
 each stage's Python calls a message (all rounds together; its times are then no use) and lists
@@ -50,6 +52,7 @@ import argparse
 import contextlib
 import io
 import logging
+import os
 import statistics
 import sys
 import threading
@@ -120,6 +123,8 @@ class _Calls:
     def report(self, top: int) -> None:
         for stage, stats in self.stats.items():
             assert stats is not None
+            if os.environ.get("BENCH_CALLS_DUMP"):  # the stage's profile, to read with pstats
+                stats.dump_stats(f"{os.environ['BENCH_CALLS_DUMP']}-{stage}.pstats")
             n = self.calls[stage]
             table = stats.stats  # type: ignore[attr-defined]
             print(f"  {stage}: {sum(entry[1] for entry in table.values()) / n:.0f} Python calls a message", flush=True)
@@ -217,7 +222,8 @@ class _Postgres:
         return dsn
 
 
-def one_round(calls: int, profile: Any, pg: _Postgres | None = None, on_receipt: bool = False) -> dict[str, Any]:
+def one_round(calls: int, profile: Any, pg: _Postgres | None = None, on_receipt: bool = False,
+              sqlite: bool = False) -> dict[str, Any]:
     import zeep
     from spyne.server.wsgi import WsgiApplication
 
@@ -245,6 +251,13 @@ def one_round(calls: int, profile: Any, pg: _Postgres | None = None, on_receipt:
         store, client_store = f"postgresql:{dsn}", f"postgresql:{client_dsn}"
         open_store(store).close()  # the schema, outside the measurement
         statements = _Statements(dsn)
+    elif sqlite:  # the service's store a SQLite file (the client's stays in memory: not measured)
+        import tempfile
+
+        from wsrm_plugin.store import open_store
+
+        store = f"sqlite:///{tempfile.mkdtemp()}/server.db"
+        open_store(store).close()  # the schema, outside the measurement
     service = reliable_service(_application(), store, policy, tm=tm)
     timed = _Timed(service.wsgi_app)
     server = HttpServer(timed, threads=4).start()
@@ -337,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", default="", help="write a yappi CPU profile (pstats) here")
-    parser.add_argument("--store", choices=("memory", "xa1"), default="memory")
+    parser.add_argument("--store", choices=("memory", "sqlite", "xa1"), default="memory")
     parser.add_argument("--on-receipt", action="store_true",
                         help="run the engine: each message delivered in its receive (under XA, its receipt at "
                              "the delivery's commit), the whole server path in the receive's figure")
@@ -359,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     pg = _Postgres() if args.store == "xa1" else None
     try:
         for n in range(args.rounds):
-            result = one_round(args.calls, profile, pg, args.on_receipt)
+            result = one_round(args.calls, profile, pg, args.on_receipt, args.store == "sqlite")
             spent = result.pop("statements", None)
             rounds.append(result)
             print(f"round {n + 1}: " + _figures(result)

@@ -65,3 +65,4 @@ def test_a_request_to_another_target_or_on_a_sequence_not_started_is_enqueued_un
         assert (msg.number, claimed) == (1, False)
         with store.begin() as tx:
             assert tx.rms_messages.get(key, 1).send_count == 0
+

@@ -152,35 +152,73 @@ def _numbers_in(numbers: Sequence[int]) -> str:
 #: known, closing or closed, or faulted.  An acknowledgement of any other owes no Close or
 #: Terminate: it changes nothing of the sequence but its messages.
 _CLOSED_TO_ENQUEUES = "last_message OR closed OR close_sent OR terminate_sent OR faulted"
-#: :meth:`_RmsMessages.enqueue_claiming`'s number taken (``s``), claim decided (``c``: the caller's
-#: to send, see rms_life: started and live; claim_first_send) and message inserted (``m``), as a
-#: statement's WITH clauses (parameters: :func:`_claiming_params`)
-_ENQUEUE_CLAIMING = (
-    f"WITH s AS (UPDATE rms_sequence SET highest_number = highest_number + 1 WHERE seq_key = ? "
-    f"AND NOT ({_CLOSED_TO_ENQUEUES}) AND highest_number < ? RETURNING {_cols(_RMS_COLS)}), "
-    "c AS (SELECT s.target = ? AND s.started AND s.sequence_id IS NOT NULL AND NOT s.terminate_sent "
-    "AND NOT s.faulted AND NOT EXISTS (SELECT 1 FROM rms_message b WHERE b.seq = s.id "
-    "AND b.number = s.highest_number - 1 AND NOT b.acked) AS mine FROM s), "
-    f"m AS (INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}, retry_at) "
-    "SELECT s.id, s.highest_number, ?, ?, ?, ?, FALSE, ?, ?, ?, "
-    "CASE WHEN c.mine THEN LEAST(CAST(? AS DOUBLE PRECISION), CAST(? AS DOUBLE PRECISION)) "
-    "ELSE CAST(? AS DOUBLE PRECISION) END, ?, CASE WHEN c.mine THEN 1 ELSE 0 END, "
-    "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END, "
-    "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END FROM s, c RETURNING number)")
+#: Whether the caller may claim the message it enqueues (``c.mine``; one parameter: the
+#: caller's target): the sequence is the caller's to send (see rms_life: started and live;
+#: claim_first_send) and the message before it is acknowledged or purged.  That message is read
+#: by the primary key, its ``acked`` (none: purged): a ``NOT EXISTS (... AND NOT b.acked)``
+#: matched the predicate of ``rms_message_unacked`` (seq, next_send_at, number), and its generic
+#: plan scanned that index over every unacknowledged message of the sequence (the number its
+#: third column, a filter): an enqueue cost as much more as the sequence had queued (17 of an
+#: enqueue's 30 buffers at 50 queued; tests/store/test_backlog.py).
+_MINE = ("s.target = ? AND s.started AND s.sequence_id IS NOT NULL AND NOT s.terminate_sent AND NOT s.faulted "
+         "AND COALESCE((SELECT b.acked FROM rms_message b WHERE b.seq = s.id "
+         "AND b.number = s.highest_number - 1), TRUE)")
+
+
+def _enqueue_claiming(claims: bool) -> str:
+    """:meth:`_RmsMessages.enqueue_claiming`'s number taken (``s``), claim decided (``c``) and
+    message inserted (``m``), as a statement's WITH clauses (parameters: :func:`_claiming_params`).
+    Without ``claims`` (no target: a message no caller sends itself) the claim is no question:
+    no ``c``, the message inserted unclaimed, and the statement reads no other message (every
+    node of a plan is set up again at each execution of it: ``c`` and its joins were about a
+    fifth of this statement's)."""
+    taken = (f"WITH s AS (UPDATE rms_sequence SET highest_number = highest_number + 1 WHERE seq_key = ? "
+             f"AND NOT ({_CLOSED_TO_ENQUEUES}) AND highest_number < ? RETURNING {_cols(_RMS_COLS)}), ")
+    inserted = (f"m AS (INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}, retry_at) "
+                "SELECT s.id, s.highest_number, ?, ?, ?, ?, FALSE, ?, ?, ?, ")
+    if not claims:
+        return taken + inserted + "CAST(? AS DOUBLE PRECISION), ?, 0, NULL, NULL FROM s RETURNING number)"
+    return (
+        taken + f"c AS (SELECT {_MINE} AS mine FROM s), " + inserted +
+        "CASE WHEN c.mine THEN LEAST(CAST(? AS DOUBLE PRECISION), CAST(? AS DOUBLE PRECISION)) "
+        "ELSE CAST(? AS DOUBLE PRECISION) END, ?, CASE WHEN c.mine THEN 1 ELSE 0 END, "
+        "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END, "
+        "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END FROM s, c RETURNING number)")
+
+
+_ENQUEUE_CLAIMING = _enqueue_claiming(True)
 #: the session setting in which an enqueue riding to its transaction's commit leaves its outcome
 #: (:meth:`_RmsMessages.enqueue_claiming_at_commit`): "<number> <1 if claimed, else 0> <a JSON
 #: array: the sequence's row as the enqueue wrote it, the RMD row read beside or null>" (the rows
 #: last: a caller that wants only the number does not parse them)
 _RODE = "wsrm.enqueued"
-#: that enqueue: :data:`_ENQUEUE_CLAIMING` and the RMD row whose acknowledgement the request
-#: carries read beside (as ``enqueue_claiming`` reads it: before the commit, which flushes the
-#: WAL past what it saw), its outcome kept, or a division by zero (``statements._DECLINED``)
-#: when the sequence took no message (nothing inserted)
-_ENQUEUE_CLAIMING_AT_COMMIT = (
-    _ENQUEUE_CLAIMING + f", r AS ({_SELECT_RMD}) SELECT 1 / CAST(count(set_config('{_RODE}', "
-    "CAST(m.number AS text) || CASE WHEN c.mine THEN ' 1 ' ELSE ' 0 ' END || "
-    "CAST(json_build_array(row_to_json(s), (SELECT row_to_json(r) FROM r)) AS text), "
-    "FALSE)) AS integer) FROM m JOIN c ON TRUE CROSS JOIN s")
+
+
+def _enqueue_claiming_at_commit(claims: bool, reads_rmd: bool) -> str:
+    """That enqueue: :func:`_enqueue_claiming` and, with ``reads_rmd``, the RMD row whose
+    acknowledgement the request carries read beside (as ``enqueue_claiming`` reads it: before
+    the commit, which flushes the WAL past what it saw; one parameter more, last), its outcome
+    kept, or a division by zero (``statements._DECLINED``) when the sequence took no message
+    (nothing inserted)."""
+    read = f", r AS ({_SELECT_RMD})" if reads_rmd else ""
+    return (
+        _enqueue_claiming(claims) + f"{read} SELECT 1 / CAST(count(set_config('{_RODE}', "
+        f"CAST(m.number AS text) || {'CASE WHEN c.mine THEN ' + repr(' 1 ') + ' ELSE ' if claims else ''}' 0 '"
+        f"{' END' if claims else ''} || "
+        f"CAST(json_build_array(row_to_json(s), {'(SELECT row_to_json(r) FROM r)' if reads_rmd else 'NULL'}) "
+        f"AS text), FALSE)) AS integer) FROM m{' JOIN c ON TRUE' if claims else ''} CROSS JOIN s")
+
+
+#: :func:`_enqueue_claiming_at_commit` by (claims, reads_rmd), with the setting that plans it once
+#: a session in front (:data:`_PLANNED_ONCE`), and, where it claims, no sequential scan: every
+#: part of it goes by a key, and a session plans it once, with the statistics of then.  Those of
+#: a busy queue are always stale (taken when it held a few rows), and with them PostgreSQL
+#: planned the claim's look at the message before as a scan of the whole table
+#: (tests/store/test_enqueue_backlog.py).  (Not where it does not claim: it reads no message, and
+#: the setting is a statement more.)  The settings end with the transaction, whose COMMIT follows.
+_ENQUEUES_AT_COMMIT = {(claims, reads): _PLANNED_ONCE + ("SET LOCAL enable_seqscan TO off; " if claims else "")
+                       + _enqueue_claiming_at_commit(claims, reads)
+                       for claims in (True, False) for reads in (True, False)}
 #: its outcome, read after the commit: the setting alone.  It runs in a transaction of its own
 #: (after the COMMIT, in the same query string: libpq gives only the last statement's result),
 #: which a ``SHOW`` keeps to the least: no table, no snapshot, no plan, no xid, so no commit
@@ -192,10 +230,11 @@ _ENQUEUED_AT_COMMIT = f"SHOW {_RODE}"
 def _claiming_params(sequence_key: str, payload: bytes, action: str, soap_version: str, message_id: str,
                      target: str | None, next_send_at: float, reply_callback: str | None, reply_context: bytes | None,
                      awaits_reply: bool, due: float, t: float) -> tuple[Any, ...]:
-    """The parameters of :data:`_ENQUEUE_CLAIMING`."""
-    return (sequence_key, api.MAX_MESSAGE_NUMBER, target, message_id, action, soap_version, bytes(payload),
-            reply_callback, None if reply_context is None else bytes(reply_context),
-            reply_callback is not None or awaits_reply, due, next_send_at, due, t, t, next_send_at)
+    """The parameters of :func:`_enqueue_claiming` (claiming when ``target`` is given)."""
+    head = (sequence_key, api.MAX_MESSAGE_NUMBER, *(() if target is None else (target,)), message_id, action,
+            soap_version, bytes(payload), reply_callback, None if reply_context is None else bytes(reply_context),
+            reply_callback is not None or awaits_reply)
+    return (*head, due, t) if target is None else (*head, due, next_send_at, due, t, t, next_send_at)
 
 
 def _closed_to_enqueues(seq: RmsSequence) -> bool:
@@ -525,8 +564,13 @@ class _RmsMessages(api.RmsMessageManager):
         tx.lock(RANK_RMS, sequence_key)
         tx.capture_key("rms_sequence", sequence_key)
         read = f", r AS ({_SELECT_RMD}) " if rmd_sequence_id is not None else " "
+        # in the engine's own transaction (no global one), no sequential scan, as where it rides on
+        # the COMMIT (_ENQUEUES_AT_COMMIT): its claim's look at the message before, planned with a
+        # busy queue's stale statistics, read the whole table.  The setting lasts to the end of the
+        # transaction, whose other statements go by key too; not in a global transaction, whose
+        # session may be the application's (its own statements keep its plans).
         rows = tx.write_all(
-            _ENQUEUE_CLAIMING
+            ("SET LOCAL enable_seqscan TO off; " if tx._global is None else "") + _ENQUEUE_CLAIMING
             + read + f"SELECT {_cols(_RMS_COLS, 's')}, c.mine" + (", r.*" if rmd_sequence_id is not None else "")
             + " FROM s JOIN c ON TRUE" + (" LEFT JOIN r ON TRUE" if rmd_sequence_id is not None else ""),
             (*_claiming_params(sequence_key, payload, action, soap_version, message_id, target, next_send_at,
@@ -604,7 +648,9 @@ class _RmsMessages(api.RmsMessageManager):
         # planned once a session (_PLANNED_ONCE): every part of it goes by a key; the setting
         # ends with the transaction, whose COMMIT follows it (a decline's rollback to its
         # savepoint undoes it too)
-        if not tx.write_at_commit(_PLANNED_ONCE + _ENQUEUE_CLAIMING_AT_COMMIT, (*claiming, rmd_sequence_id),
+        reads = rmd_sequence_id is not None
+        if not tx.write_at_commit(_ENQUEUES_AT_COMMIT[(target is not None, reads)],
+                                  (*claiming, *((rmd_sequence_id,) if reads else ())),
                                   _ENQUEUED_AT_COMMIT, (), answer, otherwise):
             return False
         # the row's number is the database's to know until the commit: nothing here holds it
