@@ -324,6 +324,23 @@ def test_ranges_from_numbers_and_acknowledges():
     assert ack.acknowledges(2) and ack.acknowledges(10) and not ack.acknowledges(4)
 
 
+@pytest.mark.parametrize("lower, upper, message", [
+    (0, 3, "Lower must be an int from 1"),
+    (True, 3, "Lower must be an int from 1"),
+    (1.0, 3, "Lower must be an int from 1"),
+    ("1", 3, "Lower must be an int from 1"),
+    (1, MAX_MESSAGE_NUMBER + 1, "Upper must be an int from 1"),
+    (1, False, "Upper must be an int from 1"),
+    (4, 3, "Lower 4 > Upper 3"),
+], ids=["zero", "bool", "float", "str", "past-max", "bool-upper", "reversed"])
+def test_an_acknowledgement_refuses_to_write_a_range_that_is_not_two_numbers_in_order(lower, upper, message):
+    # the writer checks the common range (two ints in order) inline and anything else as before
+    with pytest.raises(ValueError, match=message):
+        SequenceAcknowledgement("s", [(1, 1), (lower, upper)]).to_xml(RM11)
+    element = SequenceAcknowledgement("s", [(1, 2), (4, MAX_MESSAGE_NUMBER)]).to_xml(RM11)
+    assert [(r.get("Lower"), r.get("Upper")) for r in element[1:]] == [("1", "2"), ("4", str(MAX_MESSAGE_NUMBER))]
+
+
 # -- durations --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, value", [

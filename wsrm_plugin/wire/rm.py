@@ -467,10 +467,13 @@ class SequenceAcknowledgement:
         element[0].text = self.identifier
         range_tag = f"{{{version.ns}}}AcknowledgementRange"  # the tag as text: no QName per range
         for lower, upper in self.ranges:
-            _check_number(lower, "AcknowledgementRange Lower")
-            _check_number(upper, "AcknowledgementRange Upper")
-            if lower > upper:
-                raise ValueError(f"AcknowledgementRange Lower {lower} > Upper {upper}")
+            # plain ints in order (every range a store or AckRanges made) checked inline: this
+            # runs for each range of every acknowledgement sent; anything else gets the precise error
+            if not (type(lower) is int and type(upper) is int and 1 <= lower <= upper <= MAX_MESSAGE_NUMBER):
+                _check_number(lower, "AcknowledgementRange Lower")
+                _check_number(upper, "AcknowledgementRange Upper")
+                if lower > upper:
+                    raise ValueError(f"AcknowledgementRange Lower {lower} > Upper {upper}")
             ack_range = etree.SubElement(element, range_tag)
             ack_range.set("Upper", str(upper))
             ack_range.set("Lower", str(lower))
