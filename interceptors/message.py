@@ -81,22 +81,29 @@ class HttpHeaders(MutableMapping[str, str]):
         self._items: dict[str, tuple[str, str]] = {}
         if headers is None:
             return
-        if type(headers) is HttpHeaders:  # a copy: its names and values were checked when set
-            self._items = dict(headers._items)
+        kind = type(headers)
+        if kind is HttpHeaders:  # a copy: its names and values were checked when set
+            self._items = dict(headers._items)  # type: ignore[union-attr]
             return
         pairs: Iterable[tuple[str, str]]
-        if isinstance(headers, Mapping):  # what MutableMapping.update does, without its dispatch
+        if kind is dict or kind is list:
+            # a front end's headers and a response's (every message received makes two): one
+            # loop, no ABC check, no comprehension; a value __setitem__ would refuse falls to it
+            items: dict[str, tuple[str, str]] = {}
+            pairs = headers.items() if kind is dict else headers  # type: ignore[union-attr,assignment]
+            for name, value in pairs:
+                if type(value) is not str:
+                    break
+                items[name.lower()] = (name, value)  # a later name wins, as with __setitem__
+            else:
+                self._items = items
+                return
+        elif isinstance(headers, Mapping):  # what MutableMapping.update does, without its dispatch
             pairs = headers.items()
         elif hasattr(headers, "keys"):
             pairs = ((name, headers[name]) for name in headers.keys())  # type: ignore[index]
         else:
             pairs = headers
-        if type(pairs) is list or type(headers) is dict:
-            # a front end's headers (several messages a call each make some): one comprehension,
-            # once every value is known to be what __setitem__ takes (a later name wins, as there)
-            if all(type(value) is str for _, value in pairs):
-                self._items = {name.lower(): (name, value) for name, value in pairs}
-                return
         for name, value in pairs:
             self[name] = value
 
@@ -132,6 +139,10 @@ class HttpHeaders(MutableMapping[str, str]):
     def __repr__(self) -> str:
         return f"HttpHeaders({dict(self.items())!r})"
 
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (name as set, value) pairs, in order: what WSGI's start_response takes."""
+        return list(self._items.values())
+
 
 class _Items(ItemsView[str, str]):
     """:meth:`HttpHeaders.items`: the (name as set, value) pairs as the headers keep them."""
@@ -140,6 +151,10 @@ class _Items(ItemsView[str, str]):
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         return iter(self._mapping._items.values())
+
+
+#: "202 Accepted" and the like, by status code (see :attr:`Response.status_line`)
+_STATUS_LINES: dict[int, str] = {}
 
 
 def _soap_version_of(envelope: etree._Element | None) -> SoapVersion | None:
@@ -194,10 +209,14 @@ class Response:
     def __post_init__(self) -> None:
         if self.status is not None and not 100 <= self.status <= 599:
             raise ValueError(f"HTTP status {self.status} is not a status code (100..599)")
-        if self.envelope is not None and _soap_version_of(self.envelope) is None:
+        version = _soap_version_of(self.envelope)
+        if self.envelope is not None and version is None:
             raise ValueError(
                 f"a Response envelope must be a SOAP 1.1 or 1.2 Envelope, not {self.envelope.tag!r}")
         self._raw_for = self.envelope if self.raw is not None else None
+        #: (the envelope, its SOAP version) as read here: :meth:`headers` reads it again only
+        #: for another envelope put in its place
+        self._version_for = (self.envelope, version)
 
     @property
     def status_code(self) -> int:
@@ -208,11 +227,15 @@ class Response:
     @property
     def status_line(self) -> str:
         """``"202 Accepted"``: the form WSGI's start_response wants."""
-        try:
-            phrase = HTTPStatus(self.status_code).phrase
-        except ValueError:
-            phrase = "Unknown"
-        return f"{self.status_code} {phrase}"
+        code = self.status_code
+        line = _STATUS_LINES.get(code)
+        if line is None:  # the phrase looked up once a code (every answer sent asks)
+            try:
+                phrase = HTTPStatus(code).phrase
+            except ValueError:
+                phrase = "Unknown"
+            line = _STATUS_LINES[code] = f"{code} {phrase}"
+        return line
 
     def body(self) -> bytes:
         if self.envelope is None:
@@ -227,10 +250,13 @@ class Response:
         Pass the :meth:`body` already rendered to save serializing it twice.
         """
         headers = HttpHeaders(self.http_headers)
-        version = _soap_version_of(self.envelope)
-        if version is not None and "Content-Type" not in headers:
-            headers["Content-Type"] = f"{version.content_type}; charset=utf-8"
-        headers["Content-Length"] = str(len(self.body() if body is None else body))
+        envelope, version = self._version_for
+        if envelope is not self.envelope:
+            version = _soap_version_of(self.envelope)
+        items = headers._items  # the names this class sets, written in its table directly
+        if version is not None and "content-type" not in items:
+            items["content-type"] = ("Content-Type", f"{version.content_type}; charset=utf-8")
+        items["content-length"] = ("Content-Length", str(len(self.body() if body is None else body)))
         return headers
 
 

@@ -276,7 +276,7 @@ class ChainMiddleware:
 
     def _send(self, response: Response, start_response: StartResponse) -> list[bytes]:
         body = response.body()
-        start_response(response.status_line, list(response.headers(body).items()))
+        start_response(response.status_line, response.headers(body).pairs())
         return [body]
 
     # -- the flow ----------------------------------------------------------------

@@ -393,3 +393,42 @@ def test_a_bad_entry_point_is_refused_with_the_reason(tmp_path, monkeypatch, ent
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ChainConfigurationError, match=reason):
         InterceptorChain(load_entry_points=True, entry_point_group=group)
+
+
+@pytest.mark.parametrize("kind", [dict, list, lambda pairs: tuple(pairs), lambda pairs: (p for p in pairs)],
+                         ids=["dict", "list", "tuple", "generator"])
+def test_http_headers_take_names_in_any_case_a_later_one_winning_and_refuse_a_value_not_text(kind):
+    # a dict and a list are read in one loop (every message received makes two such tables):
+    # what the table holds and what it refuses stay those of setting each header in turn
+    from interceptors.message import HttpHeaders
+
+    pairs = [("Content-Type", "text/xml"), ("SOAPAction", '"a"'), ("content-type", "application/soap+xml")]
+    source = dict(pairs) if kind is dict else kind(pairs)
+    headers = HttpHeaders(source)
+    # the later spelling wins the name and the value, in the first one's place
+    assert list(headers.items()) == [("content-type", "application/soap+xml"), ("SOAPAction", '"a"')]
+    assert headers["CONTENT-TYPE"] == "application/soap+xml" and len(headers) == 2
+    bad = [("Content-Type", "text/xml"), ("Content-Length", 12)]
+    with pytest.raises(TypeError, match="'Content-Length' needs a str value, not int"):
+        HttpHeaders(dict(bad) if kind is dict else kind(bad))
+
+
+def test_a_response_says_its_status_line_and_headers_for_the_envelope_it_holds_when_asked():
+    # the status line is looked up once a code and the envelope's version read once: a line or a
+    # Content-Type stays that of the status and the envelope the response holds when asked
+    from wsrm_plugin.wire.namespaces import SOAP12
+
+    assert Response(202).status_line == "202 Accepted"
+    assert Response(299).status_line == Response(299).status_line == "299 Unknown"
+    answer = Response(envelope=build_envelope(SOAP11, body=[etree.Element("{urn:x}a")]))
+    assert answer.status_line == "200 OK"
+    assert answer.headers(b"12345").pairs() == [("Content-Type", "text/xml; charset=utf-8"), ("Content-Length", "5")]
+    answer.envelope = build_envelope(SOAP12, body=[etree.Element("{urn:x}a")])
+    assert answer.headers(b"123")["content-type"].startswith("application/soap+xml")
+    answer.status = 500
+    assert answer.status_line == "500 Internal Server Error"
+    answer.envelope = None
+    assert answer.headers(b"").pairs() == [("Content-Length", "0")] and answer.status_line == "500 Internal Server Error"
+    kept = Response(envelope=build_envelope(SOAP11, body=[]),
+                    http_headers={"content-type": "text/xml", "Content-Length": "1", "X-A": "b"})
+    assert kept.headers(b"ab").pairs() == [("content-type", "text/xml"), ("Content-Length", "2"), ("X-A", "b")]
