@@ -76,20 +76,21 @@ _ERROR_KEY = "wsrm.method_error"
 #: Exchange property: that exception itself, so the invoker can tell a database down (an outage,
 #: which pauses delivery) from a bad message (counted): spyne's fault says only "Internal Error".
 _RAISED_KEY = "wsrm.method_exception"
-_RM_NAMESPACES = frozenset(v.ns for v in RM_VERSIONS)
+#: "{namespace}" of each WS-RM version: a tag in one starts with it (a comment's tag is no str)
+_RM_TAG_PREFIXES = tuple(f"{{{v.ns}}}" for v in RM_VERSIONS)
 _local = threading.local()
-
-
-def _namespace(element: etree._Element) -> str | None:
-    return etree.QName(element).namespace if isinstance(element.tag, str) else None
 
 
 def carries_rm(message: Message) -> bool:
     """Does ``message`` say anything in WS-RM (a header block or a body of either WS-RM version)?"""
-    if any(_namespace(h) in _RM_NAMESPACES for h in message.header_elements()):
-        return True
-    body = message.body_element
-    return body is not None and _namespace(body) in _RM_NAMESPACES
+    # the tags' text, no etree.QName a block: every message a service receives is asked
+    for header in message.header_elements():
+        tag = header.tag
+        if type(tag) is str and tag.startswith(_RM_TAG_PREFIXES):
+            return True
+    body = message.body_element  # (looked at only when no header is WS-RM's: a CreateSequence)
+    body_tag = body.tag if body is not None else None
+    return type(body_tag) is str and body_tag.startswith(_RM_TAG_PREFIXES)
 
 
 def response_of(reply: Reply, max_size: int) -> Response:

@@ -432,3 +432,22 @@ def test_a_response_says_its_status_line_and_headers_for_the_envelope_it_holds_w
     kept = Response(envelope=build_envelope(SOAP11, body=[]),
                     http_headers={"content-type": "text/xml", "Content-Length": "1", "X-A": "b"})
     assert kept.headers(b"ab").pairs() == [("content-type", "text/xml"), ("Content-Length", "2"), ("X-A", "b")]
+
+
+def test_a_message_carries_ws_rm_when_a_header_block_or_its_body_is_in_either_version():
+    # read from the tags' text: a namespace that merely begins like WS-RM's, a comment, an element
+    # in no namespace or a WS-A header do not count
+    from interceptors.spyne_server.reliable import carries_rm
+    from wsrm_plugin.wire.namespaces import RM10, RM11, SOAP12, WSA_2005_08
+
+    def carries(headers=(), body=()):
+        return carries_rm(Message(build_envelope(SOAP12, headers, body), Direction.IN, Role.SERVER))
+
+    for rm in (RM10, RM11):
+        assert carries([etree.Element(WSA_2005_08.qname("To")), etree.Comment("x"),
+                        etree.Element(rm.qname("AckRequested"))])
+        assert carries(body=[etree.Element(rm.qname("CreateSequence"))])
+        assert not carries([etree.Element(f"{{{rm.ns}x}}Sequence"), etree.Element("Sequence")],
+                           [etree.Element(f"{{{rm.ns}/}}CreateSequence")])
+    assert not carries([etree.Comment("x")], [etree.Comment("y")])
+    assert not carries([etree.Element(WSA_2005_08.qname("Action"))], [etree.Element("{urn:app}record")])
