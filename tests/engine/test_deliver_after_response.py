@@ -12,6 +12,8 @@ import logging
 import threading
 from typing import Any
 
+import pytest
+
 from wsrm_plugin.engine import after_response
 
 from .conftest import fast_policy
@@ -168,3 +170,32 @@ def test_a_body_closed_after_the_engine_stopped_delivers_nothing(engines, caplog
     kept.close_all()
     assert app.items() == []
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "after a response" in r.getMessage()]
+
+
+def test_answering_defers_to_the_body_close_runs_at_once_on_a_failure_and_restores_the_scope() -> None:
+    # answering() sets the scope up itself (no context manager: every request answered comes
+    # here): what it defers, runs and leaves behind stays collecting()'s
+    ran: list[str] = []
+
+    def respond(name: str) -> list[bytes]:
+        assert after_response.defer(lambda: ran.append(name))
+        return [name.encode()]
+
+    with after_response.collecting({}) as outer:
+        body = after_response.answering({}, lambda: respond("inner"))
+        assert after_response.defer(lambda: ran.append("outer"))  # the outer scope is back
+    assert list(body) == [b"inner"] and ran == [] and len(outer) == 1
+    body.close()  # type: ignore[attr-defined]
+    assert ran == ["inner"]
+
+    def fail() -> list[bytes]:
+        respond("failed")
+        raise RuntimeError("no answer")
+
+    with pytest.raises(RuntimeError, match="no answer"):
+        after_response.answering({}, fail)
+    assert ran == ["inner", "failed"]  # at once, as the answer failed
+    assert after_response.defer(lambda: None) is False  # and no scope left behind
+    plain = after_response.answering({after_response.CLOSES_BEFORE_SENDING: True},
+                                     lambda: [b"x"] if not after_response.defer(lambda: None) else [b"deferred"])
+    assert plain == [b"x"]

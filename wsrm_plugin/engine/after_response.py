@@ -99,10 +99,15 @@ def then(chunks: list[bytes], work: list[Work]) -> Iterable[bytes]:
 def answering(environ: Mapping[str, Any], respond: Callable[[], list[bytes]]) -> Iterable[bytes]:
     """``respond()``'s body, answering the request of ``environ``, that runs what the answer
     deferred once written; should ``respond`` raise, the deferred work runs at once."""
-    with collecting(environ) as later:
-        try:
-            body = respond()
-        except BaseException:
-            run(later)
-            raise
+    # collecting()'s work without its context manager (every request a service answers comes here)
+    previous = getattr(_local, "work", None)
+    later: list[Work] = []
+    _local.work = None if environ.get(CLOSES_BEFORE_SENDING) else later
+    try:
+        body = respond()
+    except BaseException:
+        _local.work = previous
+        run(later)
+        raise
+    _local.work = previous
     return then(body, later)
