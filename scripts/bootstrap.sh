@@ -43,7 +43,9 @@ fi
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-stamp=".venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)-${WSRM_EXTRAS:-test}"
+# the C one-phase path (setup.py, txmanager/_onephase.c) is built by the install: a change to it
+# installs again, so that no extension older than its Python twin is left in the tree
+stamp=".venv/.installed-$(cat pyproject.toml setup.py txmanager/_onephase.c | sha1sum | cut -c1-12)-${WSRM_EXTRAS:-test}"
 if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null
     .venv/bin/python -m pip install -q -e ".[${WSRM_EXTRAS:-test}]"

@@ -159,9 +159,7 @@ class LazyBeginCursor(ext.cursor):
             try:
                 return _execute(self, "BEGIN;" + query, vars)
             except psycopg2.Error:
-                if conn.closed or conn.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
-                    raise
-            return conn._execute_after_begin(self, query, vars)
+                return conn._begin_refused(self, query, vars)
         return conn._execute_first(self, query, vars)
 
     # The rest run their statements from C, past execute(): BEGIN goes first, on its own.
@@ -746,6 +744,14 @@ class LazyBeginConnection(ext.connection):
         except psycopg2.Error:
             if self.closed or self.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
                 raise
+        return self._execute_after_begin(cur, query, vars)
+
+    def _begin_refused(self, cur: LazyBeginCursor, query: Any, vars: Any) -> None:  # noqa: A002
+        """In an ``except`` of the psycopg2 error that the first statement's ``BEGIN;`` query
+        string met (the C one-phase path calls it so too): raise that error again unless none of
+        the string ran, else begin and run the statement again (:meth:`_execute_after_begin`)."""
+        if self.closed or self.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
+            raise  # noqa: PLE0704 -- the error being handled by the caller
         return self._execute_after_begin(cur, query, vars)
 
     def _execute_after_begin(self, cur: LazyBeginCursor, query: Any, vars: Any) -> None:  # noqa: A002

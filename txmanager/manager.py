@@ -68,6 +68,11 @@ class TransactionManager:
     resource before leaving the branch to recovery.
     """
 
+    # Slots for the thread's binding, the settings and the timeout a begin reads on every
+    # transaction (the C one-phase path, see txmanager.postgres.accelerated, reads them at their
+    # slot); the rest in the instance dict.
+    __slots__ = ("_local", "_closed", "_settings", "default_timeout", "__dict__", "__weakref__")
+
     def __init__(self, node: str | None = None,
                  log: RecoveryLog | TransactionLog | str | os.PathLike[str] | None = None,
                  default_timeout: float = 60.0, checkpoint: Checkpoint | None = None, *,

@@ -1324,6 +1324,14 @@ class _OnePhase(Transaction):
     # with no arguments costs less than object.__new__ (which packs an argument tuple)
     __init__ = object.__init__
 
+    def _fused_failed(self, e: Exception) -> None:
+        """After the sole resource's fused end-and-commit raised ``e`` (in an ``except`` of it;
+        the C one-phase path calls it too): sorted out as the general path does; returns after a
+        heuristic commit (done), anything else raised."""
+        self._become_full()
+        self._one_phase_failed(self._promote("ended"), e)  # type: ignore[arg-type]
+        self._finish(_COMMITTED)
+
     def _become_full(self) -> None:
         """The fields this class leaves unset, as the general path has them at this point,
         and the class set to :class:`Transaction` (once; idempotent)."""
@@ -1410,9 +1418,7 @@ class _OnePhase(Transaction):
                 sync = self._syncs
                 done = sole.end_and_commit_one_phase(self._sole_xid, sync)  # type: ignore[attr-defined]
             except Exception as e:  # noqa: BLE001 -- sorted out as the general path does
-                self._become_full()
-                self._one_phase_failed(self._promote("ended"), e)  # type: ignore[arg-type]
-                self._finish(_COMMITTED)  # a heuristic commit: done (anything else raised)
+                self._fused_failed(e)
                 return
             if done:  # what _finish(_COMMITTED) does
                 self._phase = _COMMITTED

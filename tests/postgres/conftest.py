@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from txmanager import TransactionManager
-from txmanager.postgres import XADataSource
+from txmanager.postgres import XADataSource, accelerated
 
 #: the tests' table (see :func:`tests.postgres.support.values`)
 TABLE_T = "CREATE TABLE t (id serial PRIMARY KEY, v text NOT NULL)"
@@ -35,3 +35,15 @@ def sources(dbs: list[str], tm: TransactionManager) -> Iterator[list[XADataSourc
     yield made
     for ds in made:
         ds.close()
+
+
+@pytest.fixture(params=["python", "c"])
+def one_phase_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The one-phase path in Python, then in C (:mod:`txmanager.postgres.accelerated`; skipped
+    where the extension was not built): a test file that uses this holds for both."""
+    was = accelerated.enabled()
+    if not accelerated.use(request.param == "c") and request.param == "c":
+        accelerated.use(was)
+        pytest.skip("the C one-phase path was not built")
+    yield request.param
+    accelerated.use(was)

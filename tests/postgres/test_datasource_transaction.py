@@ -8,13 +8,14 @@ from __future__ import annotations
 import psycopg2
 import pytest
 
-from txmanager import NotSupportedError, Status, TransactionManager
-from txmanager.postgres import XADataSource
+from txmanager import HeuristicHazardError, NotSupportedError, RollbackError, Status, TransactionManager
+from txmanager.postgres import XADataSource, accelerated
 from txmanager.transaction import _OnePhase
+from txmanager.xa import XA_RBINTEGRITY
 
-from tests.postgres.support import insert, prepared_gids, profiled, values
+from tests.postgres.support import insert, prepared_gids, profiled, run, values
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("one_phase_path")]
 
 
 @pytest.fixture(params=["cold", "warm"])
@@ -181,12 +182,68 @@ def test_a_session_idle_since_its_one_phase_commit_starts_in_the_blocks_own_ente
             assert type(tm.get_transaction()) is _OnePhase
             insert(conn, value)
 
+    # in C (txmanager.postgres.accelerated) the block's own __enter__ runs no Python
+    own = [] if accelerated.enabled() else ["_TransactionConnectionScope.__enter__"]
     one("first")  # the pool's first session (or the warm one): idle after its one-phase COMMIT
     session = a._idle[-1]._session
-    assert _enters(lambda: one("second")) == ["_TransactionConnectionScope.__enter__"]
+    assert _enters(lambda: one("second")) == own
     assert a._idle[-1]._session is session, "the same session, back in the pool"
     session.close()  # an idle session closed (a restart of the server would do as much)
+    # (off its usual case the C block runs the whole Python method)
     assert _enters(lambda: one("third")) == ["_TransactionConnectionScope.__enter__",
                                              "_TransactionScope.__enter__", "_ConnectionScope.__enter__"]
     assert len(a._idle) == 1 and a._idle[0]._session is not session, "the closed one was dropped"
     assert values(dbs[0]) == ["first", "second", "third"]
+
+
+def test_a_commit_that_fails_in_the_block_rolls_back_with_its_reason_and_the_session_returns(dbs, tm, sources):
+    """A deferred constraint fails at the block's one-phase COMMIT itself (no synchronization
+    registered: the fused commit's own failure path, in C as in Python): a rollback with the
+    integrity code, nothing logged, the session back in its pool and reusable."""
+    a, _ = sources
+    run(dbs[0], "CREATE TABLE parent (id int PRIMARY KEY)")
+    run(dbs[0], "CREATE TABLE child (parent int REFERENCES parent DEFERRABLE INITIALLY DEFERRED)")
+    fsyncs = tm.log.fsyncs
+    with pytest.raises(RollbackError) as e:
+        with a.transaction() as conn:
+            tx = tm.get_transaction()
+            insert(conn, "doomed")
+            with conn.cursor() as cur:
+                cur.execute("INSERT INTO child VALUES (42)")  # checked at COMMIT
+    assert getattr(e.value.cause, "code", None) == XA_RBINTEGRITY, e.value.cause
+    assert tx.status == Status.ROLLEDBACK and tm.log.fsyncs == fsyncs and tm.get_transaction() is None
+    assert values(dbs[0]) == [] and len(a._idle) == 1
+    with a.transaction() as conn:
+        insert(conn, "next")
+    assert values(dbs[0]) == ["next"] and len(a._idle) == 1
+
+
+def test_a_session_lost_before_the_blocks_commit_is_a_hazard_and_not_pooled(dbs, tm, sources):
+    """The server ends the session after the statement, before the block's COMMIT: the outcome
+    is not known to the client, the session is closed rather than pooled, the next block gets
+    a fresh one and the work was rolled back."""
+    a, _ = sources
+    with pytest.raises(HeuristicHazardError):
+        with a.transaction() as conn:
+            insert(conn, "unknown")
+            pid = conn.get_backend_pid()
+            run(dbs[0], "SELECT pg_terminate_backend(%s)", (pid,))
+    assert conn.closed and a._idle == [] and tm.get_transaction() is None
+    with a.transaction() as conn:
+        assert conn.get_backend_pid() != pid
+        insert(conn, "next")
+    assert values(dbs[0]) == ["next"], "the terminated session's work was rolled back"
+
+
+def test_a_first_statement_that_does_not_parse_fails_inside_the_branch(dbs, tm, sources):
+    """The first statement's query string (``BEGIN;`` in front) is refused whole: the BEGIN is
+    sent alone and the statement fails inside the branch, which rolls back; the next block runs."""
+    a, _ = sources
+    with pytest.raises(RollbackError):
+        with a.transaction() as conn:
+            with pytest.raises(psycopg2.errors.SyntaxError), conn.cursor() as cur:
+                cur.execute("INSERT INTO t (v) VALUES ('x') garbage")
+            assert conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_INERROR
+    with a.transaction() as conn:
+        insert(conn, "next")
+    assert values(dbs[0]) == ["next"] and len(a._idle) == 1

@@ -20,7 +20,7 @@ from txmanager.lazy_begin import LazyBeginConnection
 from txmanager.postgres import PostgresXAResource
 from txmanager.xa import TMSUCCESS, XA_OK, XA_RBROLLBACK, XA_RDONLY, XAException
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("one_phase_path")]
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from txmanager.transaction import AfterCompletion, Transaction, _OnePhase
 
 from tests.postgres.support import insert, prepared_gids, run, values
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("one_phase_path")]
 
 
 @pytest.fixture

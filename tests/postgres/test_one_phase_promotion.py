@@ -22,7 +22,7 @@ from txmanager.xa import XA_RBINTEGRITY
 
 from tests.postgres.support import insert, run, values
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("one_phase_path")]
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from txmanager.xid import FORMAT_ID, Xid
 
 from tests.postgres.support import prepared_gids, run, values
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("one_phase_path")]
 
 
 @pytest.fixture

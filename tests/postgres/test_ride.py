@@ -19,7 +19,7 @@ from txmanager.postgres import PostgresXAResource
 from txmanager.xa import TMSUCCESS, XA_OK, XA_RBROLLBACK, XAException
 from txmanager.xid import Xid
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("one_phase_path")]
 
 RIDE = "INSERT INTO u (v) VALUES (%s)"
 

@@ -40,5 +40,11 @@ from .datasource import XADataSource
 from .resource import PostgresXAResource, offer_session, session_for_database
 from .server import check_prepared_transactions, create_mark_table, database_identity, default_resource_name
 
+# the one-phase path's usual case in C when the extension was built (else, or with
+# TXMANAGER_PURE_PYTHON=1, the Python path: the same)
+from . import accelerated as _accelerated  # noqa: E402
+
+_accelerated.install()
+
 __all__ = ["LazyBeginConnection", "PostgresXAResource", "XADataSource", "check_prepared_transactions",
            "create_mark_table", "database_identity", "default_resource_name", "offer_session", "session_for_database"]

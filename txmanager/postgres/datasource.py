@@ -296,6 +296,11 @@ class _TransactionConnectionScope:
     __exit__ = _TransactionScope.__exit__
 
 
+#: what ``XADataSource.transaction()`` makes: the class above, or its C twin when the one-phase
+#: path runs in C (see :mod:`.accelerated`)
+_scope_class: Any = _TransactionConnectionScope
+
+
 class XADataSource:
     """Connections to one database, enlisted in the caller's current transaction.
 
@@ -333,6 +338,10 @@ class XADataSource:
     one phase with a row that says so, after the others are prepared and
     instead of a log write.  The table is created on the first connection.
     """
+
+    # Slots for the pool and the settings the one-phase path reads on every transaction (the C
+    # one-phase path, see .accelerated, reads them at their slot); the rest in the instance dict.
+    __slots__ = ("_idle", "_closed", "identity", "share_sessions", "pool_size", "tm", "__dict__", "__weakref__")
 
     def __init__(
         self,
@@ -395,7 +404,7 @@ class XADataSource:
         tm = self.tm
         if type(tm) is not TransactionManager:  # another manager: its own blocks, nested
             return _nested(tm.transaction(timeout), self.connection())  # type: ignore[attr-defined]
-        scope = _TransactionConnectionScope()
+        scope = _scope_class()
         scope._tm = tm
         scope._timeout = timeout
         scope._ds = self

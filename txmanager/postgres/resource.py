@@ -109,6 +109,11 @@ class PostgresXAResource:
     branch are released at prepare.
     """
 
+    # Slots for the session and branch fields the one-phase path reads on every
+    # transaction (the C one-phase path, see txmanager.postgres.accelerated, reads them at their
+    # slot); the rest in the instance dict.
+    __slots__ = ("_session", "_spare", "_branch", "_namer", "_pool_return", "_shared_as", "__dict__", "__weakref__")
+
     def __init__(
         self,
         source: str | ConnectionFactory,
@@ -644,12 +649,17 @@ class PostgresXAResource:
             else:
                 _commit_branch(conn)
         except psycopg2.Error as exc:
-            with self._lock:
-                self._commit_failed(b, conn, exc)
+            self._one_phase_commit_failed(b, conn, exc)
         self._branch = self._namer = None
         if xid is None:  # nobody was given it: the next unnamed branch reuses it
             self._spare = b
         return True
+
+    def _one_phase_commit_failed(self, b: _Branch, conn: Connection, exc: psycopg2.Error) -> None:
+        """Raise what the failed one-phase COMMIT of :meth:`end_and_commit_one_phase` means (in
+        an ``except`` of it; the C one-phase path calls it too, see :mod:`txmanager.postgres.accelerated`)."""
+        with self._lock:
+            self._commit_failed(b, conn, exc)
 
     def _commit_one_phase(self, b: _Branch) -> None:
         if b.state is _State.ROLLBACK_ONLY:
