@@ -446,6 +446,10 @@ class LazyBeginConnection(ext.connection):
         statement (as sent, with its ``;``) that runs right before the ``COMMIT``, after the
         write riding to it and after what a declined one did instead (a commit mark)."""
         rider, self._rider = self._rider, None
+        if rider is not None and self._riding and self._riding[-1] is _RIDER_RELEASE:
+            # the write riding last: the COMMIT ends its savepoint with the transaction (a
+            # RELEASE in front of it would be a statement more for the server, for nothing)
+            self._riding.pop()
         if rider is None:
             cur.execute(self._take_riding(last + b"COMMIT"))
             if cur.statusmessage != "COMMIT":

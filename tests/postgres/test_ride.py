@@ -261,6 +261,31 @@ def test_a_write_riding_to_the_commit_is_sent_with_it_and_read_after_it_in_one_r
     assert conn.riding == 0 and conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
 
 
+def test_a_write_riding_to_the_commit_ends_its_savepoint_with_the_commit(resource, db):
+    """The statements a begun branch sends for a write riding to its one-phase COMMIT: the
+    savepoint (a decline rolls back only the write), the write, the COMMIT, the read.  No
+    ``RELEASE SAVEPOINT`` before the COMMIT (sent before: a statement more for the server a
+    message, for nothing; the COMMIT ends the savepoint with the transaction), nor before a
+    statement that rides after it to the COMMIT (a commit mark, ``commit_branch_after``)."""
+    conn, xid = branch(resource)
+    answers: list = []
+    assert ride_to_commit(conn, "b", answers, []) is True
+    own = counted(conn)
+    commit_one_phase(resource, xid)
+    (sent,) = own.sent
+    write = conn.cursor().mogrify(TO_COMMIT, ("b", "b"))
+    assert sent == b"SAVEPOINT txmanager_rider;" + write + b";COMMIT;" + READ.encode(), sent
+    assert len(answers) == 1 and u_values(db) == ["b"]
+    conn, xid = branch(resource, "c")
+    ride_to_commit(conn, "c", answers, [])
+    own = counted(conn)
+    resource.end(xid, TMSUCCESS)
+    assert conn.commit_branch_after("INSERT INTO t (v) VALUES (%s)", ("mark",)) is True
+    (sent,) = own.sent
+    assert b"RELEASE" not in sent and sent.endswith(b"INSERT INTO t (v) VALUES ('mark');COMMIT;" + READ.encode()), sent
+    assert len(answers) == 2 and u_values(db) == ["b", "c"] and "mark" in values(db)
+
+
 def test_a_write_riding_to_the_fused_commit_is_sent_with_it(db, tmp_path):
     """Through an XA data source and its manager: the sole branch's fused one-phase commit."""
     from txmanager import TransactionManager
