@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from lxml import etree
 
-from wsrm_plugin.wire.namespaces import SOAP11, SoapVersion
+from wsrm_plugin.wire.namespaces import SOAP11, SOAP_VERSIONS, SoapVersion
 from wsrm_plugin.wire.soap import to_bytes
 from wsrm_plugin.wire.xmlsafe import DEFAULT_MAX_SIZE, children, parse_xml
 
@@ -157,12 +157,19 @@ class _Items(ItemsView[str, str]):
 _STATUS_LINES: dict[int, str] = {}
 
 
+#: "{namespace}Envelope" -> its SOAP version (see :func:`_soap_version_of`)
+_SOAP_BY_ENVELOPE_TAG: dict[object, SoapVersion] = {f"{{{v.ns}}}Envelope": v for v in SOAP_VERSIONS}
+
+
 def _soap_version_of(envelope: etree._Element | None) -> SoapVersion | None:
     # read from the tag's text rather than through an etree.QName: every look at a message's
     # headers, body or fault asks for its version, a dozen times per message
     if envelope is None:
         return None
     tag = envelope.tag
+    version = _SOAP_BY_ENVELOPE_TAG.get(tag)  # an Envelope (every message): one look-up
+    if version is not None:
+        return version
     if not isinstance(tag, str) or not tag.startswith("{"):
         return None
     return SoapVersion.for_namespace(tag[1:tag.find("}")])

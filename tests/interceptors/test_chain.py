@@ -451,3 +451,18 @@ def test_a_message_carries_ws_rm_when_a_header_block_or_its_body_is_in_either_ve
                            [etree.Element(f"{{{rm.ns}/}}CreateSequence")])
     assert not carries([etree.Comment("x")], [etree.Comment("y")])
     assert not carries([etree.Element(WSA_2005_08.qname("Action"))], [etree.Element("{urn:app}record")])
+
+
+def test_a_messages_soap_version_is_its_envelopes_namespace_and_nothing_else_has_one():
+    # an Envelope's tag is looked up whole first; any other element is read as before
+    from interceptors.message import _soap_version_of
+    from wsrm_plugin.wire.namespaces import SOAP12
+
+    assert _soap_version_of(build_envelope(SOAP11)) is SOAP11
+    assert _soap_version_of(build_envelope(SOAP12)) is SOAP12
+    assert _soap_version_of(etree.Element(SOAP12.qname("Body"))) is SOAP12
+    for other in (etree.Element("Envelope"), etree.Element("{urn:x}Envelope"), etree.Comment("x"), None):
+        assert _soap_version_of(other) is None
+    assert Message(build_envelope(SOAP12), Direction.IN, Role.SERVER).soap_version is SOAP12
+    with pytest.raises(ValueError, match="must be a SOAP 1.1 or 1.2 Envelope"):
+        Message(etree.Element("{urn:x}Envelope"), Direction.IN, Role.SERVER)
