@@ -421,10 +421,19 @@ scope_enter(Scope *self, PyObject *unused)
     resource = usual_top(idle);
     if (resource == NULL) { if (PyErr_Occurred()) goto out; goto python; }
     Py_INCREF(resource);
-    /* the usual block: begun here, the session started as _ConnectionScope.__enter__ starts it */
-    if ((tx = begin_for(tm)) == NULL) goto out;
+    /* idle.pop() first, before anything allocates: an allocation may run the garbage collector,
+     * and a finalizer's Python code may let another thread in to pop the same session */
     Py_ssize_t n = PyList_GET_SIZE(idle);
-    if (PyList_SetSlice(idle, n - 1, n, NULL) < 0) goto out;  /* idle.pop(): the resource above */
+    if (PyList_SetSlice(idle, n - 1, n, NULL) < 0) goto out;  /* the resource above */
+    /* the usual block: begun here, the session started as _ConnectionScope.__enter__ starts it */
+    if ((tx = begin_for(tm)) == NULL) {
+        /* nothing was started on it: back where it was (the error stays the one raised) */
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        if (PyList_Append(idle, resource) < 0) PyErr_Clear();
+        PyErr_Restore(et, ev, etb);
+        goto out;
+    }
     Py_XSETREF(self->tx, Py_NewRef(tx));
     if (PyDict_SetItem(bound, s_tx, tx) < 0) goto out;
     result = start_usual(tx, resource, ds);
