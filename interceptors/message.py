@@ -221,9 +221,6 @@ class Response:
             raise ValueError(
                 f"a Response envelope must be a SOAP 1.1 or 1.2 Envelope, not {self.envelope.tag!r}")
         self._raw_for = self.envelope if self.raw is not None else None
-        #: (the envelope, its SOAP version) as read here: :meth:`headers` reads it again only
-        #: for another envelope put in its place
-        self._version_for = (self.envelope, version)
 
     @property
     def status_code(self) -> int:
@@ -257,9 +254,7 @@ class Response:
         Pass the :meth:`body` already rendered to save serializing it twice.
         """
         headers = HttpHeaders(self.http_headers)
-        envelope, version = self._version_for
-        if envelope is not self.envelope:
-            version = _soap_version_of(self.envelope)
+        version = _soap_version_of(self.envelope)  # an Envelope's: one dict look-up
         items = headers._items  # the names this class sets, written in its table directly
         if version is not None and "content-type" not in items:
             items["content-type"] = ("Content-Type", f"{version.content_type}; charset=utf-8")
