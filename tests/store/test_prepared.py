@@ -200,3 +200,27 @@ def test_an_executes_double_precision_and_bigint_arguments_go_as_text_and_read_b
                 assert math.isnan(row[0])
             else:
                 assert row[0] == value and math.copysign(1, row[0]) == math.copysign(1, value)
+
+
+def test_a_parameter_named_again_goes_once_as_text_prepared_and_unprepared(store: StorageManager, store_url) -> None:
+    """``?N`` names parameter N again (SQLite's numbering: a bare ``?`` is the one after the
+    highest so far): prepared, the ``EXECUTE`` carries each value once; sent as text (its
+    first time on a session, or with prepared statements off), psycopg2 gets it repeated."""
+    sql = "SELECT ? || '/' || ?, ?1, CAST(? AS bigint) - ?3, ?2"
+    params = ("a'b", "%s", 40)
+    expected = ("a'b/%s", "a'b", 0, "%s")
+    sent = []
+    for _ in range(3):  # text, then prepared, then executed
+        with store.begin() as tx:
+            assert tx.one(sql, params) == expected
+            sent.append(tx._text(sql, params))
+    text, arguments = sent[-1]
+    assert text.startswith("EXECUTE wsrm_") and len(arguments) == 3, sent[-1]
+    url = _as_url(store_url())
+    plain = open_store(url + ("&" if "?" in url else "?") + "prepare_statements=0")
+    try:
+        with plain.begin() as tx:
+            assert tx.one(sql, params) == expected
+            assert _prepared_on(tx) == []
+    finally:
+        plain.close()

@@ -46,11 +46,12 @@ from typing import Any
 import psycopg2
 from psycopg2 import extensions as ext
 
+from .sql import placeholders
+
 __all__ = ["PreparedStatements", "UNDEFINED_PREPARED"]
 
 log = logging.getLogger(__name__)
 
-_PLACEHOLDER = re.compile(r"\?")
 #: What PREPARE takes (a SAVEPOINT, BEGIN or SET is sent as text: PostgreSQL refuses to prepare it)
 _PREPARABLE = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH|VALUES)\b", re.IGNORECASE)
 #: Settings a statement is sent after, in its query string (``SET LOCAL name TO value; ``): the
@@ -143,7 +144,7 @@ class PreparedStatements:
                 return None
             body = sql[len(prefix):]
             if (sql in self._unpreparable or len(session.names) >= self._per_session
-                    or ";" in body or sql.count("?") != len(params) or not _PREPARABLE.match(body)):
+                    or ";" in body or placeholders.count(sql) != len(params) or not _PREPARABLE.match(body)):
                 return None
             name = self._prepare(conn, session, sql, body)
             if name is None:
@@ -170,8 +171,7 @@ class PreparedStatements:
             return None  # in an aborted transaction, or where psycopg2 would open one for us
         session.counter += 1
         name = f"wsrm_{session.counter}"
-        numbered = iter(range(1, body.count("?") + 1))
-        statement = f"PREPARE {name} AS {_PLACEHOLDER.sub(lambda _: f'${next(numbered)}', body)}"
+        statement = f"PREPARE {name} AS {placeholders.dollars(body)}"
         # its parameters' types, read in the same round trip (see the module)
         types = f"SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = '{name}'"
         cur = ext.cursor(conn) if begin_waits or in_transaction else conn.cursor()

@@ -25,6 +25,7 @@ from ..api import (
     UnknownSequenceError,
     _now,
 )
+from . import placeholders
 from .dialect import Dialect
 from .literals import inline
 from .rows import _RMD_COLS, PRIMARY_KEYS, _cols, _rmd
@@ -383,7 +384,9 @@ class SqlTransaction(api.StoreTransaction):
         arguments (:meth:`~..prepared.PreparedStatements.sent`), or the statement and ``params``."""
         statements = self._statements
         sent = None if statements is None else statements.sent(self.conn, sql, params)
-        return (self.d.sql(sql), params) if sent is None else sent
+        if sent is not None:
+            return sent
+        return placeholders.expand(sql, params) if self._inlines else (self.d.sql(sql), params)
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
         cur = self.execute(sql, params)
