@@ -16,6 +16,7 @@ import pytest
 
 from wsrm_plugin.statemachine.ackranges import AckRanges
 from wsrm_plugin.store import StorageManager
+from wsrm_plugin.store.sql import placeholders
 
 from .conftest import KINDS
 
@@ -412,7 +413,7 @@ def test_receive_in_order_plans_one_read_of_the_sequence(open_kind) -> None:
     conn = psycopg2.connect(store.dsn)
     try:
         with conn, conn.cursor() as cur:
-            cur.execute("EXPLAIN (FORMAT JSON) " + sql.replace("?", "%s"), params)
+            cur.execute("EXPLAIN (FORMAT JSON) " + placeholders.expand(sql, params)[0], placeholders.expand(sql, params)[1])
             plan = cur.fetchone()[0]
     finally:
         conn.close()
@@ -422,6 +423,41 @@ def test_receive_in_order_plans_one_read_of_the_sequence(open_kind) -> None:
             name for child in node.get("Plans", []) for name in scanned(child)]
 
     assert scanned(plan[0]["Plan"]).count("rmd_sequence") == 1, scanned(plan[0]["Plan"])
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_receive_in_order_sends_each_value_once_and_takes_numbers_past_32_bits(open_kind) -> None:
+    """The receipt and take name the sequence, the ranges and the number again (``?N``) instead
+    of sending them again: once prepared (a session's second receipt), its ``EXECUTE`` carries
+    5 arguments (14 before), typed as the columns are: the number a ``bigint`` (written as
+    ``?5 - 1`` PostgreSQL would type it ``integer``, and a number past 2**31 would fail)."""
+    store = open_kind(lock_timeout=10.0)
+    _rmd(store, "s")
+    assert _receive(store, 1)
+    high = 2 ** 31 + 5
+    with store.begin() as tx:
+        tx.rmd.get("s")
+        tx.write("UPDATE rmd_sequence SET received = ? WHERE sequence_id = ?", (f"1-{high - 3}", "s"))
+        tx.write("UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? WHERE sequence_id = ?",
+                 (f"1-{high - 3}", high - 3, "s"))
+    for number in (high - 2, high - 1, high):  # text, then prepared, then executed
+        with store.begin() as tx:
+            guessed = tx.receive_in_order("s", number, now=1e9 + number)
+            assert guessed is not None and guessed[1], number
+            sql, params = tx._text(*_last_receipt(tx, number))
+    assert sql.startswith("EXECUTE wsrm_") and len(params) == 5, (sql, params)
+    with store.begin() as tx:
+        types = tx.one("SELECT parameter_types::text FROM pg_prepared_statements WHERE statement LIKE ?",
+                       ("%UPDATE invoker_sequence SET delivered = CASE%",))
+    assert types == ('{text,"double precision",text,text,bigint}',), types
+    assert _received(store, "s").received == AckRanges.from_ranges([(1, high)])
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, high)])
+
+
+def _last_receipt(tx, number: int):
+    from wsrm_plugin.store.sql.statements import _RECEIVE_IN_ORDER, _prefix, _receipt_and_take_params
+
+    return _RECEIVE_IN_ORDER, _receipt_and_take_params("s", number + 1, 1e9, _prefix(number))
 
 
 @pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)

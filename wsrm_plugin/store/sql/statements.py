@@ -35,25 +35,42 @@ _TAKE = ("UPDATE invoker_sequence SET "
          "(SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?){also} "
          "RETURNING delivered_upto = ? AS taken")
 
-#: :data:`_TAKE` right after a receipt in order of ``number`` in the same statement (CTE ``r``:
-#: the received ranges were exactly 1..number-1), and only if that receipt wrote: without the look
-#: into the buffer, as a receipt that found exactly 1..number-1 received means ``number`` was
-#: never received, so never buffered (a message is buffered only in its receipt's transaction).
-#: Its waiting for a delivery of the message before it stays.  Parameters from
-#: :func:`_take_after_receipt_params`.
-_TAKE_AFTER_RECEIPT = _TAKE.replace(
-    " AND NOT EXISTS (SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?)", "").format(
-    also=" AND EXISTS (SELECT 1 FROM r)")
-
 #: The SET list of a receipt in order (its parameters from :func:`_receipt_params`): the new
-#: received ranges, and ``last_activity`` only when older than :data:`ACTIVITY_GRAIN`
-_RECEIPT_SET = "received = ?, last_activity = CASE WHEN last_activity < ? THEN ? ELSE last_activity END"
+#: received ranges, and ``last_activity`` only when older than :data:`ACTIVITY_GRAIN` (``now``,
+#: named twice as ``?2``: see :mod:`.placeholders`)
+_RECEIPT_SET = (f"received = ?, last_activity = CASE WHEN last_activity + {ACTIVITY_GRAIN!r} < ? THEN ?2 "
+                "ELSE last_activity END")
 
 
 def _receipt_params(sequence_id: str, number: int, now: float, before: str) -> tuple[Any, ...]:
     """The parameters of a receipt in order of ``number`` at ``now`` (:data:`_RECEIPT_SET`, then
     the sequence and the received ranges it guesses, ``before``: 1..number-1)."""
-    return (_prefix(number), now - ACTIVITY_GRAIN, now, sequence_id, before)
+    return (_prefix(number), now, sequence_id, before)
+
+
+#: :data:`_TAKE` right after a receipt in order of ``number`` in the same statement (CTE ``r``:
+#: the received ranges were exactly 1..number-1), and only if that receipt wrote: without the look
+#: into the buffer, as a receipt that found exactly 1..number-1 received means ``number`` was
+#: never received, so never buffered (a message is buffered only in its receipt's transaction).
+#: Its waiting for a delivery of the message before it stays.  Its values are the receipt's
+#: (:data:`_RECEIPT_SET`'s, then ``sequence_id = ?3 AND received = ?4``: ``?1`` the new ranges
+#: 1..number, ``?4`` 1..number-1, delivered as received) and ``number`` (``?5``), named again
+#: rather than sent again (9 arguments -> 1, see :mod:`.placeholders`); ``delivered_upto + 1 =
+#: ?5`` types ``number`` as a ``bigint`` where ``?5 - 1`` would make it an ``integer``.
+#: Parameters from :func:`_receipt_and_take_params`.
+_TAKE_AFTER_RECEIPT = (
+    "UPDATE invoker_sequence SET "
+    "delivered = CASE WHEN delivered_upto + 1 = ?5 AND delivered = ?4 THEN ?1 ELSE delivered END, "
+    "delivered_upto = CASE WHEN delivered_upto + 1 = ?5 AND delivered = ?4 THEN ?5 ELSE delivered_upto END "
+    "WHERE sequence_id = ?3 AND delivered_upto < ?5 AND EXISTS (SELECT 1 FROM r) "
+    "RETURNING delivered_upto = ?5 AS taken")
+
+
+def _receipt_and_take_params(sequence_id: str, number: int, now: float, before: str) -> tuple[Any, ...]:
+    """The parameters of a receipt and take in one statement (:data:`_RECEIVE_IN_ORDER`,
+    :data:`_RECEIVE_IN_ORDER_NOTED`, :data:`_RECEIVE_IN_ORDER_CHECKED`): the receipt's
+    (:func:`_receipt_params`), then ``number``."""
+    return (_prefix(number), now, sequence_id, before, number)
 
 
 #: :meth:`SqlTransaction.receive_in_order` (PostgreSQL): the receipt, if the sequence has
@@ -124,7 +141,7 @@ RECEIPT_DECLINED = "wsrm: the receipt riding on the commit guessed wrong"
 #: 1..number-1 delivered, whose one row casts :data:`RECEIPT_DECLINED` to an integer (it fails
 #: on purpose, and the query string's transaction with it, the application's work too) unless
 #: the message was received and taken: no statement of its own reads the outcome, and nothing of
-#: it is read back (the caller guessed the row).  Parameters from :func:`_receipt_at_commit_params`.
+#: it is read back (the caller guessed the row).  Parameters from :func:`_receipt_and_take_params`.
 #:
 #: Not :data:`_TAKE`: a take that may decline needs neither its waiting (its ``delivered_upto <``
 #: and the CASEs that write the row as it was) nor its look into the buffer.  The guess is that
@@ -144,19 +161,11 @@ RECEIPT_DECLINED = "wsrm: the receipt riding on the commit guessed wrong"
 #: single-user, BEGIN, an INSERT, this statement, COMMIT, 16 sequences) 310.2 k -> 292.5 k
 #: instructions a message with 7 arguments.
 _RECEIVE_IN_ORDER_CHECKED = (
-    "WITH r AS (UPDATE rmd_sequence SET received = ?, "
-    f"last_activity = CASE WHEN last_activity + {ACTIVITY_GRAIN!r} < ? THEN ?2 ELSE last_activity END "
-    "WHERE sequence_id = ? AND received = ? AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING 1), "
-    "t AS (UPDATE invoker_sequence SET delivered = ?1, delivered_upto = ? WHERE sequence_id = ?3 "
-    "AND delivered_upto = CAST(?5 AS bigint) - 1 AND delivered = ?4 AND EXISTS (SELECT 1 FROM r) RETURNING 1) "
+    f"WITH r AS (UPDATE rmd_sequence SET {_RECEIPT_SET} WHERE sequence_id = ? AND received = ? "
+    "AND NOT closed AND NOT terminated AND last_number IS NULL RETURNING 1), "
+    "t AS (UPDATE invoker_sequence SET delivered = ?1, delivered_upto = ?5 WHERE sequence_id = ?3 "
+    "AND delivered_upto + 1 = ?5 AND delivered = ?4 AND EXISTS (SELECT 1 FROM r) RETURNING 1) "
     f"SELECT CAST(CASE WHEN EXISTS (SELECT 1 FROM t) THEN '1' ELSE '{RECEIPT_DECLINED}' END AS integer)")
-
-
-def _receipt_at_commit_params(sequence_id: str, number: int, now: float, before: str) -> tuple[Any, ...]:
-    """The parameters of :data:`_RECEIVE_IN_ORDER_CHECKED`: the new received (and delivered)
-    ranges, ``now``, the sequence, ``before`` (the ranges received and delivered it guesses:
-    1..number-1), ``number``."""
-    return (_prefix(number), now, sequence_id, before, number)
 
 
 def _receipt_checked(key: str, reply_number: int | None) -> tuple[str, tuple[Any, ...]]:
@@ -187,12 +196,6 @@ def _take_params(sequence_id: str, number: int) -> tuple[Any, ...]:
     before, after = _prefix(number - 1), _prefix(number)
     return (number - 1, before, after, number - 1, before, number, sequence_id, number, sequence_id, number,
             number)
-
-
-def _take_after_receipt_params(sequence_id: str, number: int) -> tuple[Any, ...]:
-    """The parameters of :data:`_TAKE_AFTER_RECEIPT`."""
-    before, after = _prefix(number - 1), _prefix(number)
-    return (number - 1, before, after, number - 1, before, number, sequence_id, number, number)
 
 
 def _prefix(upto: int) -> str:

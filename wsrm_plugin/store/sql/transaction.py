@@ -39,12 +39,11 @@ from .statements import (
     _RECEIVED_AND_TAKEN,
     _TAKE,
     _committed_if_expected,
-    _receipt_at_commit_params,
+    _receipt_and_take_params,
     _receipt_checked,
     _receipt_params,
     _prefix,
     _rmd_assignments,
-    _take_after_receipt_params,
     _take_params,
     ahead_key,
 )
@@ -515,8 +514,7 @@ class SqlTransaction(api.StoreTransaction):
                     _RECEIVED, lambda t, gate, more: self.rms_messages.acknowledging_statements(  # type: ignore[attr-defined]
                         acked, merged, t, keep, gate=gate, more=more))
         before = self._hold_for_receipt(sequence_id, number)
-        params = (*_receipt_params(sequence_id, number, _now(now), before),
-                  *_take_after_receipt_params(sequence_id, number))
+        params = _receipt_and_take_params(sequence_id, number, _now(now), before)
         row = self.one(_RECEIVE_IN_ORDER, params)
         if row is None:  # guessed wrong against the row as the statement's snapshot saw it: the
             held = self.rmd.get(sequence_id)  # row as it is now, locked and held for the caller's read
@@ -564,7 +562,7 @@ class SqlTransaction(api.StoreTransaction):
                 return False
             before = self._hold_for_receipt(sequence_id, number)
             self.write_first([(_RECEIVE_IN_ORDER_CHECKED,
-                               _receipt_at_commit_params(sequence_id, number, _now(now), before))])
+                               _receipt_and_take_params(sequence_id, number, _now(now), before))])
             return True
         assert reply is not None
         acked, ranges, keep = acknowledging
@@ -578,8 +576,7 @@ class SqlTransaction(api.StoreTransaction):
         numbered = reply in self._numbered and reply not in self.took_number
         checked, values = _receipt_checked(reply, self.foreseen.get(reply) if numbered else None)
         statements = [("SELECT 1 FROM rmd_sequence WHERE sequence_id = ? FOR UPDATE", (sequence_id,)),
-                      (_RECEIVE_IN_ORDER_NOTED, (*_receipt_params(sequence_id, number, t, before),
-                                                 *_take_after_receipt_params(sequence_id, number))),
+                      (_RECEIVE_IN_ORDER_NOTED, _receipt_and_take_params(sequence_id, number, t, before)),
                       *self.rms_messages.acknowledging_statements(  # type: ignore[attr-defined]
                           acked, merged, t, keep, gate=_RECEIVED_AND_TAKEN, more=(checked, "", values))]
         self.write_first(statements)
@@ -635,8 +632,7 @@ class SqlTransaction(api.StoreTransaction):
             received, checks = _committed_if_expected(commits)
         after = statements(t, gate, (f", {_cols(_RMD_COLS, 'rd')}, {received}",
                                      " LEFT JOIN rmd_sequence rd ON rd.sequence_id = ?", (*checks, sequence_id)))
-        then = [(_RECEIVE_IN_ORDER_NOTED, (*_receipt_params(sequence_id, number, t, before),
-                                           *_take_after_receipt_params(sequence_id, number))), *after]
+        then = [(_RECEIVE_IN_ORDER_NOTED, _receipt_and_take_params(sequence_id, number, t, before)), *after]
         lock = "SELECT 1 FROM rmd_sequence WHERE sequence_id = ? FOR UPDATE"
         if alone:
             assert late is not None
