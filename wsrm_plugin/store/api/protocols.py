@@ -210,7 +210,10 @@ class RmsMessageManager(_Manager, ABC):
 
     @abstractmethod
     def find_by_message_id(self, message_id: str) -> RmsMessage | None:
-        """The message with that wsa:MessageID (no lock): correlates a response."""
+        """The request with that wsa:MessageID (no lock): correlates a response.  A request is a
+        message enqueued awaiting a reply (``awaits_reply`` or a ``reply_callback``), found before
+        its reply and after.  Whether another message is found is the store's choice: the SQL
+        stores index only requests by their message id (schema version 13), memory finds any."""
 
     @abstractmethod
     def mark_acked(self, sequence_key: str, ranges: Iterable[tuple[int, int]],

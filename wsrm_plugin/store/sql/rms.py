@@ -29,8 +29,8 @@ from .transaction import SqlTransaction, _in_list
 
 _SELECT_RMS = f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?"
 #: the binary form of each of the enqueue's columns (:data:`_ENQUEUE_COLS`), for COPY
-_ENQUEUE_TYPES = ("int8", "int8", "text", "text", "text", "bytea", "bool", "text", "bytea", "bool", "float8",
-                  "float8", "int4", "float8")
+_ENQUEUE_TYPES = ("int8", "int8", "text", "text", "text", "bytea", "bool", "text", "bytea", "bool", "bool",
+                  "float8", "float8", "int4", "float8")
 
 
 def _read_cols(tx: SqlTransaction, alias: str = "", key: str = "") -> str:
@@ -175,7 +175,7 @@ def _enqueue_claiming(claims: bool) -> str:
     taken = (f"WITH s AS (UPDATE rms_sequence SET highest_number = highest_number + 1 WHERE seq_key = ? "
              f"AND NOT ({_CLOSED_TO_ENQUEUES}) AND highest_number < ? RETURNING {_cols(_RMS_COLS)}), ")
     inserted = (f"m AS (INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}, retry_at) "
-                "SELECT s.id, s.highest_number, ?, ?, ?, ?, FALSE, ?, ?, ?, ")
+                "SELECT s.id, s.highest_number, ?, ?, ?, ?, FALSE, ?, ?, ?, ?, ")
     if not claims:
         return taken + inserted + "CAST(? AS DOUBLE PRECISION), ?, 0, NULL, NULL FROM s RETURNING number)"
     return (
@@ -236,10 +236,16 @@ def _claiming_params(sequence_key: str, payload: bytes, action: str, soap_versio
                      target: str | None, next_send_at: float, reply_callback: str | None, reply_context: bytes | None,
                      awaits_reply: bool, due: float, t: float) -> tuple[Any, ...]:
     """The parameters of :func:`_enqueue_claiming` (claiming when ``target`` is given)."""
+    waits = reply_callback is not None or awaits_reply  # (reply_pending, then awaits_reply)
     head = (sequence_key, api.MAX_MESSAGE_NUMBER, *(() if target is None else (target,)), message_id, action,
             soap_version, bytes(payload), reply_callback, None if reply_context is None else bytes(reply_context),
-            reply_callback is not None or awaits_reply)
+            waits, waits)
     return (*head, due, t) if target is None else (*head, due, next_send_at, due, t, t, next_send_at)
+
+
+#: A request by its message id (one parameter): only a message enqueued awaiting a reply is one,
+#: and only those are in the message id's index (schema version 13), whose condition this names
+_REQUEST = "message_id = ? AND awaits_reply"
 
 
 def _closed_to_enqueues(seq: RmsSequence) -> bool:
@@ -487,9 +493,10 @@ class _RmsMessages(api.RmsMessageManager):
         t = _now(now)
         values: tuple[Any, ...] = ()
         if isinstance(payload, (bytes, bytearray, memoryview)):
+            waits = reply_callback is not None or awaits_reply  # (reply_pending, then awaits_reply)
             values = (message_id, action, soap_version, bytes(payload), last, reply_callback,
                       None if reply_context is None else bytes(reply_context),
-                      reply_callback is not None or awaits_reply, t if send_at is None else send_at, t,
+                      waits, waits, t if send_at is None else send_at, t,
                       1 if handed_out else 0, t if handed_out else None)
         # PostgreSQL: the number taken and the message inserted in one statement (a round trip
         # less on the application's own transaction); where the store keeps an undo image
@@ -718,7 +725,7 @@ class _RmsMessages(api.RmsMessageManager):
 
     def find_by_message_id(self, message_id: str) -> RmsMessage | None:
         row = self._tx.one(f"SELECT {msg_cols(self._tx.d, 'm', 's.seq_key')} FROM rms_message m "
-                           "JOIN rms_sequence s ON s.id = m.seq WHERE m.message_id = ? "
+                           "JOIN rms_sequence s ON s.id = m.seq WHERE m.message_id = ? AND m.awaits_reply "
                            "ORDER BY m.created_at LIMIT 1", (message_id,))
         return _msg(row) if row else None
 
@@ -1347,7 +1354,7 @@ class _RmsMessages(api.RmsMessageManager):
         tx = self._tx
         if not tx.d.for_update or not tx.d.writable_cte or tx.undo is not None:
             return super().mark_answered(message_id)
-        request = "(SELECT seq, number FROM rms_message WHERE message_id = ? ORDER BY created_at LIMIT 1)"
+        request = f"(SELECT seq, number FROM rms_message WHERE {_REQUEST} ORDER BY created_at LIMIT 1)"
         cur = tx.execute(
             f"SELECT 1 FROM rms_sequence WHERE id = (SELECT seq FROM {request} r) FOR UPDATE",
             (message_id,),
@@ -1403,7 +1410,7 @@ class _RmsMessages(api.RmsMessageManager):
         (the third then writes nothing either); ``more``: columns added to the last one's select
         list, a join after its own and their parameters (a receipt running them in its round
         trip reads its own outcome there: see ``SqlTransaction.receive_in_order``)."""
-        request = "(SELECT seq, number FROM rms_message WHERE message_id = ? ORDER BY created_at LIMIT 1)"
+        request = f"(SELECT seq, number FROM rms_message WHERE {_REQUEST} ORDER BY created_at LIMIT 1)"
         sql, params = _acknowledging(merged, _now(now), seq=None, kept=keep_offered_awaiting)
         named = " OR ".join("r.number BETWEEN ? AND ?" for _ in merged.ranges)
         columns, join, values = more
@@ -1413,7 +1420,7 @@ class _RmsMessages(api.RmsMessageManager):
             (f"WITH m AS (UPDATE rms_message SET reply_pending = FALSE WHERE (seq, number) = {request} "
              f"AND reply_pending{gate} RETURNING number) "
              "SELECT set_config('wsrm.answered', (SELECT count(*) FROM m)::text, TRUE)", (message_id,)),
-            ("WITH r AS (SELECT seq, number, acked FROM rms_message WHERE message_id = ? "
+            (f"WITH r AS (SELECT seq, number, acked FROM rms_message WHERE {_REQUEST} "
              "ORDER BY created_at LIMIT 1), "
              f"q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE id = (SELECT seq FROM r)), "
              # the acknowledgement applies: to the request just answered, not acknowledged

@@ -34,10 +34,11 @@ _MSG_COLS = ("seq", "number", "message_id", "action", "soap_version", "payload",
 _RMD_COLS = ("sequence_id", "acks_to", "rm_version", "wsa_version", "principal", "offered_id",
              "received", "last_number", "closed", "terminated", "ack_due_at", "expires",
              "created_at", "last_activity")
-#: the columns an enqueue writes (the sequence's id first)
+#: the columns an enqueue writes (the sequence's id first); ``awaits_reply`` is ``reply_pending``
+#: as enqueued, never changed after (schema version 13: the message id's index holds only those)
 _ENQUEUE_COLS = ("seq", "number", "message_id", "action", "soap_version", "payload", "last",
-                 "reply_callback", "reply_context", "reply_pending", "next_send_at", "created_at",
-                 "send_count", "last_sent_at")
+                 "reply_callback", "reply_context", "reply_pending", "awaits_reply", "next_send_at",
+                 "created_at", "send_count", "last_sent_at")
 _BUF_COLS = ("sequence_id", "number", "message_id", "action", "soap_version", "payload",
              "reply_to", "received_at", "attempts", "retry_cycle", "next_attempt_at", "last_error")
 _POISON_COLS = ("sequence_id", "number", "message_id", "action", "soap_version", "payload",
