@@ -1010,11 +1010,14 @@ class _RmsMessages(api.RmsMessageManager):
         unacknowledged (as :meth:`claim_first_sends`'s).  A sequence closed to enqueues (its
         last message known, closing, ...) is read and claimed the general way.
 
-        ``p``: the row read unlocked, and whether any message of it is due (read as ``m`` reads
-        them, on the statement's snapshot).  With none due ``q`` takes no lock and the sequence
-        is returned as read, not held: nothing is claimed, and the lock alone took a
-        transaction id and wrote a commit record, the lanes' refills with nothing left to send
-        (0.03-0.05 a message, XA in one database at 16 callers, ``BENCH_PG_COMMITS=tables``)."""
+        ``p``: the row read unlocked, and whether its first due message is one never sent (read
+        as ``m`` reads them, on the statement's snapshot).  Otherwise ``q`` takes no lock and the
+        sequence is returned as read, not held: nothing would be claimed (none due, or a
+        retransmission due first, which the claim leaves to the round), and the lock alone took
+        a transaction id and wrote a commit record, the lanes' refills with nothing to claim
+        (0.03-0.05 a message with none due; then 0.05-0.08 with a retransmission due first,
+        their acknowledgements still to come, XA in one database at 16 callers under load,
+        ``BENCH_PG_COMMITS=tables``)."""
         tx = self._tx
         if not tx.d.for_update and tx.undo is None and not tx._numbered and sequence_key not in tx.held_rms:
             return self._claim_first_sends_of_here(sequence_key, limit, next_send_at, now)
@@ -1025,8 +1028,9 @@ class _RmsMessages(api.RmsMessageManager):
         t = _now(now)
         rows = tx.write_all(
             _generic_plan(tx)
-            + f"WITH p AS (SELECT {_cols(_RMS_COLS)}, EXISTS (SELECT 1 FROM rms_message WHERE seq = rms_sequence.id "
-            f"AND acked IS FALSE AND {_DUE}) AS due FROM rms_sequence WHERE seq_key = ?), "
+            + f"WITH p AS (SELECT {_cols(_RMS_COLS)}, COALESCE((SELECT send_count = 0 FROM rms_message "
+            f"WHERE seq = rms_sequence.id AND acked IS FALSE AND {_DUE} ORDER BY number LIMIT 1), FALSE) AS due "
+            "FROM rms_sequence WHERE seq_key = ?), "
             f"q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ? "
             f"AND NOT ({_CLOSED_TO_ENQUEUES}) AND EXISTS (SELECT 1 FROM p WHERE due){tx.d.key_share}), "
             + self._first_sends_claim(tx, " AND EXISTS (SELECT 1 FROM q WHERE started AND sequence_id IS NOT NULL "
@@ -1038,7 +1042,7 @@ class _RmsMessages(api.RmsMessageManager):
         if rows and rows[0][width + 1] is None:  # q empty: nothing locked, nothing written
             read = _rms(rows[0][:width])
             if not rows[0][width] and not _closed_to_enqueues(read):
-                return read, []  # open, nothing due: read, not held (its lock alone was a commit record)
+                return read, []  # open, nothing to claim: read, not held (its lock alone was a commit record)
         if not rows or rows[0][width + 1] is None:  # no such sequence, or closed to enqueues
             tx.rms.get(sequence_key)  # locked against every writer, as get(beside_enqueues=True) then locks it
             return super().claim_first_sends_of(sequence_key, limit, next_send_at=next_send_at, now=now)
