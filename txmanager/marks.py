@@ -174,7 +174,10 @@ class MarkQueue:
         return len(self._gids)
 
     def add(self, gxid: Xid) -> None:
-        gid = key(gxid)
+        self.add_key(key(gxid))
+
+    def add_key(self, gid: str) -> None:
+        """:meth:`add` of the mark whose row has the key ``gid`` (:func:`key`)."""
         with self._lock:
             self._gids.append(gid)
 

@@ -1114,12 +1114,13 @@ class Transaction:
         except Exception as e:  # noqa: BLE001 -- a mark recovery would not read decides nothing
             self._abort(f"the recovery log could not note {holder.name} as a keeper of commit marks", e)
         self._phase = _COMMITTING
+        gxid = self._xid or self.xid  # named by now (its branches are): the property's call spared
         try:
             marked = [(b.xid, b.name) for b in prepared]
             if fence is None:
-                resource.commit_marked(holder.xid, self.xid, self.xid.node or "", marked)  # type: ignore[attr-defined]
+                resource.commit_marked(holder.xid, gxid, gxid.node or "", marked)  # type: ignore[attr-defined]
             else:
-                resource.commit_marked(holder.xid, self.xid, self.xid.node or "", marked,  # type: ignore[attr-defined]
+                resource.commit_marked(holder.xid, gxid, gxid.node or "", marked,  # type: ignore[attr-defined]
                                        fence=fence)
             return
         except XAException as e:

@@ -151,6 +151,9 @@ class PostgresXAResource:
         self.prepare_marks = prepare_marks
         #: the session they are prepared on (None: none, they go as text)
         self._marks_prepared_on: Connection | None = None
+        #: the global xid of the last mark this resource committed and the key that mark's row
+        #: has (see forget_mark)
+        self._last_mark: tuple[Xid, str] | None = None
         self._session: Connection | None = None
         self._control: Connection | None = None
         self._branch: _Branch | None = None
@@ -758,6 +761,7 @@ class PostgresXAResource:
                 log.info("%s: the answer to COMMIT of %s was lost; its mark is there: committed",
                          self.resource_name, xid)
             self._branch = None
+            self._last_mark = (gxid, mark_key)
 
     def _insert_mark(self, b: _Branch, conn: Connection, statement: str, params: tuple[Any, ...],
                      forgotten: list[str]) -> None:
@@ -799,9 +803,19 @@ class PostgresXAResource:
         return bool(rows)
 
     def forget_mark(self, gxid: Xid) -> None:
-        """Every branch the mark of ``gxid`` named is committed: delete it with the next one."""
+        """Every branch the mark of ``gxid`` named is committed: delete it with the next one.
+
+        The mark this resource committed last goes by the key its row was written with (the
+        transaction's next call after its commit_marked): the key is not made again (its
+        node read from the gtrid, then its unique part: 10 Python calls of the client's
+        two-phase transaction), and it is the row's own key whatever node named it."""
         if self._marks is not None:
-            self._marks.add(gxid)
+            last = self._last_mark
+            if last is not None and last[0] is gxid:
+                self._last_mark = None
+                self._marks.add_key(last[1])
+            else:
+                self._marks.add(gxid)
 
     def commit_marks(self, node: str) -> dict[Xid, LogEntry]:
         """The commit marks of ``node`` in this database, as log entries (none without the table).
