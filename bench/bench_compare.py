@@ -92,6 +92,9 @@ the statements PostgreSQL spent longest on (run one scenario to read them); a nu
 lists that many; ``BENCH_PG_STATEMENTS=calls`` lists the 15 run most often instead, ``=wal`` the 15 that wrote most WAL
 (``=calls:40``: 40 of them); it first gives every database's statements per message (all kinds); a
 transaction's gid is folded (``PREPARE TRANSACTION '...'``), so each kind is one line.
+``BENCH_LAPS=1`` gives each row of the tables an instant and prints, after each scenario, the lap
+of one sequence's turn (between its consecutive rows in the service's table), the calling thread's
+own lap, and each item's time from its business row to its service row (p50/p90).
 ``BENCH_FILE_HOLDERS=1`` splits a SQLite store's ``file held ms`` and ``file turns`` by the kind of thread that held
 the file (its name without its number: the HTTP threads, the sender, the calling threads...).
 ``BENCH_THREAD_SWITCHES=1`` splits each process's ``switches`` by the kind of thread (its name
@@ -1890,11 +1893,13 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
         client_store = pg.create_database(f"cli_store_{tag}")
     elif scenario == "xa1":
         server_store, client_store = server_app, client_app
-    _execute(server_app, "CREATE TABLE received (item text NOT NULL, note text)",
+    # BENCH_LAPS=1: each row's instant, for the laps of a sequence (see _print_laps)
+    at = ", at timestamptz NOT NULL DEFAULT clock_timestamp()" if os.environ.get("BENCH_LAPS") else ""
+    _execute(server_app, f"CREATE TABLE received (item text NOT NULL, note text{at})",
              "CREATE TABLE processed (id text PRIMARY KEY)")
-    _execute(client_app, "CREATE TABLE business (id bigserial PRIMARY KEY, item text NOT NULL)",
+    _execute(client_app, f"CREATE TABLE business (id bigserial PRIMARY KEY, item text NOT NULL{at})",
              "CREATE TABLE outbox (id bigserial PRIMARY KEY, item text NOT NULL, note text, "
-             "lane integer NOT NULL DEFAULT 0)")
+             f"lane integer NOT NULL DEFAULT 0{at})")
     if scenario in ("xa1", "xa2"):  # the stores' schemas, outside the measurement
         from wsrm_plugin.store import open_store
 
@@ -2025,6 +2030,8 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
     result.pg = {k: after[k] - before[k] for k in ("xact_commit", "wal_sync", "wal_bytes", "sessions")}
     # the coordinator's own read-only transactions, and the first _pg_counters' own
     result.pg["xact_commit"] -= counter.queries + 1 + (waits.samples + 1 if waits is not None else 0)
+    if at:
+        _print_laps(variant, server_app, client_app, int(_variant(variant)[1].get("clients", args.clients)))
     if scenario in ("xa1", "xa2"):
         for dsn in {server_app, client_app, server_store, client_store}:
             conn = psycopg2.connect(dsn)
@@ -2037,6 +2044,48 @@ def run_scenario(scenario: str, args: argparse.Namespace, pg: Any, workdir: Path
             if left:
                 result.failed += f" {left} prepared transaction(s) left"
     return result
+
+
+def _print_laps(variant: str, server_app: str, client_app: str, clients: int) -> None:
+    """``BENCH_LAPS=1``: the lap of one sequence's turn, from the rows' instants (``clock_timestamp()``
+    at each INSERT): calling thread ``n`` makes items ``n``, ``n + clients``, ... (one sequence each
+    in the reliable scenarios, one relay's lane in the outbox's).  ``lap``: between one sequence's
+    consecutive rows in the service's table; ``caller lap``: between its consecutive business rows
+    (the calling thread's own turn: its transaction and call); ``end to end``: an item's service row
+    after its business row (the reliable scenarios and the outbox write one); ``ahead``: how many
+    of the sequence's own items were made but not yet in the service's table at each arrival
+    (end to end over the caller's lap: 1 or more, the sequence was pipelined; below 1, each message
+    waited for the one before it)."""
+    import psycopg2
+
+    def instants(dsn: str, table: str) -> dict[int, float]:
+        conn = psycopg2.connect(dsn)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(f"SELECT item, extract(epoch FROM at)::float8 FROM {table}")
+                return {int(item.rsplit("-", 1)[1]): t for item, t in cur.fetchall()}
+        finally:
+            conn.close()
+
+    def gaps(by_item: dict[int, float]) -> list[float]:
+        out: list[float] = []
+        for n in range(clients):
+            times = sorted(t for i, t in by_item.items() if i % clients == n)
+            out.extend(1000 * (b - a) for a, b in zip(times, times[1:]))
+        return sorted(out)
+
+    def q(values: list[float], at: float) -> float:
+        return values[min(len(values) - 1, int(at * len(values)))] if values else float("nan")
+
+    served = instants(server_app, "received")
+    made = instants(client_app, "business")
+    laps, caller_laps = gaps(served), gaps(made)
+    e2e = sorted(1000 * (served[i] - made[i]) for i in served if i in made)
+    caller = q(caller_laps, 0.5)
+    ahead = f"{q(e2e, 0.5) / caller:.2f}" if e2e and caller > 0 else "-"
+    print(f"  laps of {variant} ({clients} sequences), ms p50/p90: lap {q(laps, 0.5):.1f}/{q(laps, 0.9):.1f}, "
+          f"caller lap {q(caller_laps, 0.5):.1f}/{q(caller_laps, 0.9):.1f}, end to end "
+          f"{q(e2e, 0.5):.1f}/{q(e2e, 0.9):.1f}, ahead (p50) {ahead}", flush=True)
 
 
 def _line(result: Result) -> str:

@@ -20,7 +20,11 @@ transaction, without start-up.  Paths:
 * ``tm2``: the same UPDATE in two databases, each through its own XADataSource, the second
   keeping commit marks (as the PostgreSQL WS-RM store does): a two-phase commit, the first
   branch prepared, the second committed in one phase with the decision (``bench_compare``'s
-  ``xa2``, without the store).
+  ``xa2``, without the store);
+* ``sql2``: ``tm2``'s statements by psycopg2 alone, its floor: ``BEGIN;`` with the UPDATE in each
+  database, ``PREPARE TRANSACTION`` in the first, the commit mark's prepared ``EXECUTE`` (deleting
+  the previous transaction's mark) with the ``COMMIT`` in the second, ``COMMIT PREPARED`` in the
+  first.
 
 The parts such a transaction is made of, each alone (subtract ``empty``, the loop's own call):
 ``clock`` (one ``time.monotonic()``: a timeout costs three, see ``tm0``), ``local`` (one read of a
@@ -41,7 +45,7 @@ both databases: one server), and the server's CPU per transaction, user and syst
 ``/proc``: a WAL flush is mostly the system's, ``fdatasync``; a time, so only a guide on a loaded
 machine).
 
-Run: .venv/bin/python bench/count_txmanager.py [--paths plain,sql,lazy,tm,tm0,tmds,tm2] [--calls | --opcodes | --wal]
+Run: .venv/bin/python bench/count_txmanager.py [--paths plain,sql,lazy,tm,tm0,tmds,tm2,sql2] [--calls | --opcodes | --wal]
 (or --paths empty,clock,local,ident,obj,with1,with2)
 """
 
@@ -129,7 +133,7 @@ def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None, opcodes: bool
         tm = TransactionManager(node="count", log=f"{tmp}/tx.log", default_timeout=0 if path == "tm0" else 60.0)
         ds = XADataSource(dsn, tm, register_for_recovery=False)
         ds2 = XADataSource(_second(dsn), tm, register_for_recovery=False, commit_marks=True) \
-            if path == "tm2" else None
+            if path in ("tm2", "sql2") else None
         plain = psycopg2.connect(dsn)
         auto = psycopg2.connect(dsn)
         auto.autocommit = True
@@ -170,6 +174,34 @@ def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None, opcodes: bool
                 with ds2.connection() as b, b.cursor() as c:  # type: ignore[union-attr]
                     c.execute(UPDATE, (1, i % 10))
 
+        if path == "sql2":  # the second database's session, its mark statements prepared
+            from txmanager import marks
+
+            auto2 = psycopg2.connect(_second(dsn))
+            auto2.autocommit = True
+            with auto2.cursor() as c:
+                c.execute(marks.CREATE_TABLE)
+                c.execute(marks.PREPARE)
+            swap = f"EXECUTE {marks.PREPARED_SWAP} ({', '.join(['%s'] * (marks.SWAP_KEYS + 3))}); COMMIT"
+            last = ["none"]
+
+        def one_sql2(i: int) -> None:
+            gxid = Xid.new_global("count")
+            gid = gxid.branch(b"0").to_pg_gid()
+            with auto.cursor() as c:
+                c.execute("BEGIN;" + UPDATE, (1, i % 10))
+            with auto2.cursor() as c:
+                c.execute("BEGIN;" + UPDATE, (1, i % 10))
+            with auto.cursor() as c:
+                c.execute("PREPARE TRANSACTION %s", (gid,))
+            key = marks.key(gxid)
+            with auto2.cursor() as c:
+                c.execute(swap, (*[last[0]] * marks.SWAP_KEYS, key, "count", f'{{"b": ["{gid}"]}}'))
+                assert c.statusmessage == "COMMIT"
+            last[0] = key
+            with auto.cursor() as c:
+                c.execute("COMMIT PREPARED %s", (gid,))
+
         binding = threading.local()
         binding.tx = None
 
@@ -202,7 +234,7 @@ def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None, opcodes: bool
         one = {"empty": one_empty, "clock": one_clock, "local": one_local, "ident": one_ident, "obj": one_obj,
                "with1": one_with1, "with2": one_with2,
                "plain": one_plain, "sql": one_sql, "lazy": one_lazy, "tm": one_tm, "tm0": one_tm, "tmds": one_tmds,
-               "tm2": one_tm2}[path]
+               "tm2": one_tm2, "sql2": one_sql2}[path]
         for i in range(200):
             one(i)
         if wal is not None:
@@ -247,6 +279,8 @@ def run(path: str, n: int, dsn: str, calls: bool, wal: Any = None, opcodes: bool
         if ds2 is not None:
             ds2.close()
         tm.close()
+        if path == "sql2":
+            auto2.close()
         for conn in (plain, auto, lazy):
             conn.close()
 
