@@ -211,6 +211,8 @@ class Response:
     #: The bytes ``envelope`` serializes to, when whoever built it has them already (the engine
     #: serialized its answer): :meth:`body` sends them instead of serializing the tree again, as
     #: long as ``envelope`` is still the tree they were given with.  Nobody may change that tree.
+    #: Given without an ``envelope``: the answer's bytes as they are sent, no tree made for them
+    #: (the engine's answer that only acknowledges; ``status`` and Content-Type given with them).
     raw: bytes | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -226,7 +228,7 @@ class Response:
     def status_code(self) -> int:
         if self.status is not None:
             return self.status
-        return 200 if self.envelope is not None else 202
+        return 200 if self.envelope is not None or (self.raw is not None and self._raw_for is None) else 202
 
     @property
     def status_line(self) -> str:
@@ -242,10 +244,10 @@ class Response:
         return line
 
     def body(self) -> bytes:
+        if self.raw is not None and self.envelope is self._raw_for:
+            return self.raw  # (an envelope set since the bytes came alone is written instead)
         if self.envelope is None:
             return b""
-        if self.raw is not None and self.envelope is self._raw_for:
-            return self.raw
         return serialize(self.envelope)
 
     def headers(self, body: bytes | None = None) -> HttpHeaders:

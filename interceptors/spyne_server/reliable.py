@@ -94,12 +94,15 @@ def carries_rm(message: Message) -> bool:
 
 
 def response_of(reply: Reply, max_size: int) -> Response:
-    """The chain :class:`Response` for an engine :class:`Reply` (its tree, else its body parsed safely)."""
+    """The chain :class:`Response` for an engine :class:`Reply`: its tree, or its bytes alone when
+    the engine wrote them without one (an answer that only acknowledges: nothing after the WS-RM
+    interceptor reads a suspended request's answer, it goes out as it is), else its body parsed
+    safely."""
     envelope = reply.tree
-    raw = reply.body if envelope is not None else None  # what the engine's tree serializes to
-    if envelope is None and reply.body:
+    raw = reply.body if envelope is not None or (reply.body and reply.status == 200) else None
+    if envelope is None and reply.body and raw is None:
         envelope = parse_xml(reply.body, max_size=max(max_size, len(reply.body)))
-    headers = {"Content-Type": reply.content_type} if reply.content_type and envelope is not None else {}
+    headers = {"Content-Type": reply.content_type} if reply.content_type and (envelope is not None or raw) else {}
     if reply.retry_after is not None:
         headers["Retry-After"] = str(reply.retry_after)
     return Response(reply.status, envelope, headers, raw=raw)

@@ -35,6 +35,7 @@ from ..wire import tracecontext
 from ..wire.headers import PROTOCOL_HEADERS
 from ..wire.soap import build_envelope
 from . import observe
+from .ackanswer import acknowledgement_bytes
 from .backchannel import BackChannel, Outcome
 from .destination import Accepted, Destination
 from .parsed import TREES
@@ -162,6 +163,9 @@ class _Answer:
 
     soap: SoapVersion
     headers: list[etree._Element] = field(default_factory=list)
+    #: The acknowledgements it carries after ``headers``, written as elements only when the
+    #: answer says more than them (else as bytes: :mod:`.ackanswer`).
+    acks: list[tuple[SequenceAcknowledgement, RMVersion]] = field(default_factory=list)
     #: (body element, wsa:Action) of a protocol response (CreateSequenceResponse...).
     body: tuple[etree._Element, str] | None = None
     #: Sequences this answer acknowledges already (an AckRequested for one needs nothing more).
@@ -173,8 +177,12 @@ class _Answer:
     def acknowledge(self, ack: SequenceAcknowledgement | None, version: RMVersion) -> None:
         if ack is not None:
             if self.wanted:
-                self.headers.append(ack.to_xml(version, self.soap))
+                self.acks.append((ack, version))
             self.acked.add(ack.identifier)
+
+    def header_blocks(self) -> list[etree._Element]:
+        """Its header blocks as elements: ``headers``, then its acknowledgements'."""
+        return [*self.headers, *(ack.to_xml(version, self.soap) for ack, version in self.acks)]
 
 
 #: (SOAP, WS-A namespaces, wsa:Action) -> the envelope of an answer that only acknowledges, its
@@ -527,7 +535,7 @@ class Inbound:
         return None
 
     def _answer(self, message: Message, answer: _Answer) -> Reply:
-        if answer.body is None and not answer.headers:
+        if answer.body is None and not answer.headers and not answer.acks:
             return Reply.accepted()
         soap = message.soap
         version = message.rm_version or self.policy.rm_version
@@ -536,15 +544,20 @@ class Inbound:
             element, action = answer.body
             addressing = message.addressing.reply_headers(action)
         else:
-            # the answer to most messages: acknowledgements alone, in a copy of a made envelope
+            # the answer to most messages: acknowledgements alone, as bytes made once (no tree)
             action = version.sequence_acknowledgement_action
+            if not answer.headers:
+                written = acknowledgement_bytes(soap, wsa, action, new_message_id(), answer.acks)
+                if written is not None:
+                    return Reply.envelope(written, soap, action)
+            # else in a copy of a made envelope
             envelope = _acknowledgement_envelope(soap, wsa, action)
             header = envelope[0]
             header[2].text = new_message_id()
-            for block in answer.headers:  # made for this answer (build_envelope copies one in a tree)
+            for block in answer.header_blocks():  # made for this answer (build_envelope copies one in a tree)
                 header.append(block if block.getparent() is None else copy.deepcopy(block))
             return Reply.envelope(to_bytes(envelope), soap, action, tree=envelope)
-        envelope = build_envelope(soap, [*addressing.to_elements(wsa, soap=soap), *answer.headers], element)
+        envelope = build_envelope(soap, [*addressing.to_elements(wsa, soap=soap), *answer.header_blocks()], element)
         return Reply.envelope(to_bytes(envelope), soap, action, tree=envelope)
 
     def _receive_observed(self, observer: observe.Observer, message: Message, principal: str | None,
