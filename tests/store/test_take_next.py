@@ -425,21 +425,27 @@ def test_receive_in_order_plans_one_read_of_the_sequence(open_kind) -> None:
     assert scanned(plan[0]["Plan"]).count("rmd_sequence") == 1, scanned(plan[0]["Plan"])
 
 
+def _received_and_delivered(open_kind, upto: int) -> StorageManager:
+    """A store whose sequence "s" received and delivered exactly 1..upto."""
+    store = open_kind(lock_timeout=10.0)
+    _rmd(store, "s")
+    assert _receive(store, 1)
+    with store.begin() as tx:
+        tx.rmd.get("s")
+        tx.write("UPDATE rmd_sequence SET received = ? WHERE sequence_id = ?", (f"1-{upto}", "s"))
+        tx.write("UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? WHERE sequence_id = ?",
+                 (f"1-{upto}", upto, "s"))
+    return store
+
+
 @pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
 def test_receive_in_order_sends_each_value_once_and_takes_numbers_past_32_bits(open_kind) -> None:
     """The receipt and take name the sequence, the ranges and the number again (``?N``) instead
     of sending them again: once prepared (a session's second receipt), its ``EXECUTE`` carries
     5 arguments (14 before), typed as the columns are: the number a ``bigint`` (written as
     ``?5 - 1`` PostgreSQL would type it ``integer``, and a number past 2**31 would fail)."""
-    store = open_kind(lock_timeout=10.0)
-    _rmd(store, "s")
-    assert _receive(store, 1)
     high = 2 ** 31 + 5
-    with store.begin() as tx:
-        tx.rmd.get("s")
-        tx.write("UPDATE rmd_sequence SET received = ? WHERE sequence_id = ?", (f"1-{high - 3}", "s"))
-        tx.write("UPDATE invoker_sequence SET delivered = ?, delivered_upto = ? WHERE sequence_id = ?",
-                 (f"1-{high - 3}", high - 3, "s"))
+    store = _received_and_delivered(open_kind, high - 3)
     for number in (high - 2, high - 1, high):  # text, then prepared, then executed
         with store.begin() as tx:
             guessed = tx.receive_in_order("s", number, now=1e9 + number)
@@ -450,6 +456,27 @@ def test_receive_in_order_sends_each_value_once_and_takes_numbers_past_32_bits(o
         types = tx.one("SELECT parameter_types::text FROM pg_prepared_statements WHERE statement LIKE ?",
                        ("%UPDATE invoker_sequence SET delivered = CASE%",))
     assert types == ('{text,"double precision",text,text,bigint}',), types
+    assert _received(store, "s").received == AckRanges.from_ranges([(1, high)])
+    assert _delivered(store, "s") == AckRanges.from_ranges([(1, high)])
+
+
+@pytest.mark.parametrize("store_url", PG_ONLY, indirect=True)
+def test_take_next_and_receive_and_take_send_each_value_once_past_32_bits(open_kind) -> None:
+    """The take names its number, ranges and sequence again (``?N``): 4 arguments once prepared
+    (11 before), after a receipt's own in ``receive_and_take``; numbers past 2**31 taken."""
+    from wsrm_plugin.store.sql.statements import _take, _take_params
+
+    high = 2 ** 31 + 6
+    store = _received_and_delivered(open_kind, high - 6)
+    for number in (high - 5, high - 4, high - 3):  # text, then prepared, then executed
+        with store.begin() as tx:
+            tx.rmd.get("s")
+            assert tx.rmd.record_received("s", number)
+            assert tx.invoker.take_next("s", number)
+            sql, params = tx._text(_take(), _take_params("s", number + 1))
+    assert sql.startswith("EXECUTE wsrm_") and len(params) == 4, (sql, params)
+    for number in (high - 2, high - 1, high):
+        assert _receive(store, number)
     assert _received(store, "s").received == AckRanges.from_ranges([(1, high)])
     assert _delivered(store, "s") == AckRanges.from_ranges([(1, high)])
 

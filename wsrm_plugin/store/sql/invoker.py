@@ -19,7 +19,7 @@ from ..api import (
     _now,
 )
 from .rows import _BUF_COLS, _POISON_COLS, _buf, _cols, _poison, _waiting
-from .statements import _TAKE, _prefix, _take_params
+from .statements import _prefix, _take, _take_params
 from .large_payloads import COPY_PAYLOAD_AT, cols_leaving_large_payloads, with_large_payloads
 from .transaction import SqlTransaction, _in_list
 
@@ -285,7 +285,7 @@ class _Invoker(api.InvokerBufferManager):
         1..number-1 and ``number`` is not buffered.  A delivery of the sequence in progress
         elsewhere holds the row: the statement waits for it, then looks again (READ COMMITTED
         rechecks an updated row), so the delivery of the message before this one is seen.  On
-        PostgreSQL the row stays held either way (see :data:`.statements._TAKE`)."""
+        PostgreSQL the row stays held either way (see :func:`.statements._take`)."""
         api.check_number(number)
         tx = self._tx
         tx.lock(RANK_INVOKER, sequence_id)
@@ -298,8 +298,8 @@ class _Invoker(api.InvokerBufferManager):
                 "ON CONFLICT (sequence_id) DO UPDATE SET delivered = excluded.delivered, delivered_upto = 1 "
                 "WHERE invoker_sequence.delivered_upto = 0 AND invoker_sequence.delivered = ''",
                 (sequence_id, after, sequence_id))
-        elif tx.d.for_update:  # waits for a delivery of the message before this one (see _TAKE)
-            rows = tx.write_all(_TAKE.format(also=""), _take_params(sequence_id, number))
+        elif tx.d.for_update:  # waits for a delivery of the message before this one (see _take)
+            rows = tx.write_all(_take(), _take_params(sequence_id, number))
             taken = bool(rows and rows[0][0])
         else:  # one writer at a time (SQLite): nothing to wait for
             taken = tx.write(

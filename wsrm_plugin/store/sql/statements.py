@@ -5,6 +5,7 @@ hand-over to the invoker in one round trip.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from .. import api
@@ -25,15 +26,25 @@ def _rmd_assignments(changes: dict[str, Any]) -> tuple[str, list[Any]]:
 #: UPDATE waits for a delivery of the sequence holding the row, or committed after the snapshot,
 #: and then looks at the row as it is now (READ COMMITTED rechecks an updated row); it writes
 #: the new ranges only where the row now has exactly 1..number-1 delivered (else the row as it
-#: was) and returns whether it did (``taken``).  ``{also}``: more conditions (no parameters).
+#: was) and returns whether it did (``taken``).
 #: A ``SELECT ... FOR UPDATE`` ahead of the UPDATE did the waiting before: a row lock written to
-#: the WAL (a Heap/LOCK record) on every take.  Parameters from :func:`_take_params`.
-_TAKE = ("UPDATE invoker_sequence SET "
-         "delivered = CASE WHEN delivered_upto = ? AND delivered = ? THEN ? ELSE delivered END, "
-         "delivered_upto = CASE WHEN delivered_upto = ? AND delivered = ? THEN ? ELSE delivered_upto END "
-         "WHERE sequence_id = ? AND delivered_upto < ? AND NOT EXISTS "
-         "(SELECT 1 FROM invoker_message WHERE sequence_id = ? AND number = ?){also} "
-         "RETURNING delivered_upto = ? AS taken")
+#: the WAL (a Heap/LOCK record) on every take.  Its values (``number``, the ranges delivered
+#: before and after it, the sequence: :func:`_take_params`) are named again rather than sent
+#: again (11 arguments -> 4, see :mod:`.placeholders`), from parameter ``first`` on (a statement
+#: that has ``first - 1`` parameters in front of it); ``number`` is typed ``bigint`` (PostgreSQL
+#: infers ``integer`` for a parameter in ``? - 1``: it is compared as ``delivered_upto + 1``).
+@functools.lru_cache(maxsize=8)
+def _take(first: int = 1) -> str:
+    number, before, after, sequence = (f"?{first + i}" for i in range(4))
+    return ("UPDATE invoker_sequence SET "
+            f"delivered = CASE WHEN delivered_upto + 1 = {number} AND delivered = {before} THEN {after} "
+            "ELSE delivered END, "
+            f"delivered_upto = CASE WHEN delivered_upto + 1 = {number} AND delivered = {before} THEN {number} "
+            "ELSE delivered_upto END "
+            f"WHERE sequence_id = {sequence} AND delivered_upto < {number} AND NOT EXISTS "
+            f"(SELECT 1 FROM invoker_message WHERE sequence_id = {sequence} AND number = {number}) "
+            f"RETURNING delivered_upto = {number} AS taken")
+
 
 #: The SET list of a receipt in order (its parameters from :func:`_receipt_params`): the new
 #: received ranges, and ``last_activity`` only when older than :data:`ACTIVITY_GRAIN` (``now``,
@@ -48,7 +59,7 @@ def _receipt_params(sequence_id: str, number: int, now: float, before: str) -> t
     return (_prefix(number), now, sequence_id, before)
 
 
-#: :data:`_TAKE` right after a receipt in order of ``number`` in the same statement (CTE ``r``:
+#: :func:`_take` right after a receipt in order of ``number`` in the same statement (CTE ``r``:
 #: the received ranges were exactly 1..number-1), and only if that receipt wrote: without the look
 #: into the buffer, as a receipt that found exactly 1..number-1 received means ``number`` was
 #: never received, so never buffered (a message is buffered only in its receipt's transaction).
@@ -143,7 +154,7 @@ RECEIPT_DECLINED = "wsrm: the receipt riding on the commit guessed wrong"
 #: the message was received and taken: no statement of its own reads the outcome, and nothing of
 #: it is read back (the caller guessed the row).  Parameters from :func:`_receipt_and_take_params`.
 #:
-#: Not :data:`_TAKE`: a take that may decline needs neither its waiting (its ``delivered_upto <``
+#: Not :func:`_take`: a take that may decline needs neither its waiting (its ``delivered_upto <``
 #: and the CASEs that write the row as it was) nor its look into the buffer.  The guess is that
 #: this process committed the delivery of ``number - 1`` (``Destination._foreseen``), so the row
 #: is there to take in the statement's snapshot; where it is not, the COMMIT fails and the
@@ -192,10 +203,8 @@ def ahead_key(kind: str, *arguments: Any) -> tuple[Any, ...]:
 
 
 def _take_params(sequence_id: str, number: int) -> tuple[Any, ...]:
-    """The parameters of :data:`_TAKE`."""
-    before, after = _prefix(number - 1), _prefix(number)
-    return (number - 1, before, after, number - 1, before, number, sequence_id, number, sequence_id, number,
-            number)
+    """The parameters of :func:`_take`."""
+    return (number, _prefix(number - 1), _prefix(number), sequence_id)
 
 
 def _prefix(upto: int) -> str:

@@ -37,7 +37,7 @@ from .statements import (
     _RECEIVED,
     _RECEIPT_SET,
     _RECEIVED_AND_TAKEN,
-    _TAKE,
+    _take,
     _committed_if_expected,
     _receipt_and_take_params,
     _receipt_checked,
@@ -445,7 +445,7 @@ class SqlTransaction(api.StoreTransaction):
         self._wrote = True
         row = self.one(
             f"WITH r AS (UPDATE rmd_sequence SET {sets} WHERE sequence_id = ? RETURNING 1), "
-            f"t AS ({_TAKE.format(also='')}) "
+            f"t AS ({_take(len(values) + 2)}) "
             "SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM t WHERE taken)",
             (*values, sequence_id, *_take_params(sequence_id, number)))
         if not row[0]:
