@@ -64,6 +64,19 @@ class Recorder:
             return list(self.items)
 
 
+def holding_at(text: str) -> tuple[Recorder, threading.Event, Callable[[bytes, object], None]]:
+    """An application that records what it is given and, given ``text``, holds it until the event
+    returned is set: (what it received, that event, the application)."""
+    received = Recorder()
+    release = threading.Event()
+
+    def application(envelope: bytes, context: object) -> None:
+        received(envelope, context)
+        if received.snapshot()[-1] == text:
+            assert release.wait(30)
+    return received, release, application
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.02) -> bool:
     """Poll until ``predicate()``; a generous timeout only guards against hangs."""
     deadline = time.monotonic() + timeout

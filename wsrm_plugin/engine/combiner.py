@@ -75,6 +75,10 @@ class Combiner(Generic[T]):
         with self._lock:
             return len(self._waiting.get(key, ()))
 
+    def busy(self, key: Hashable) -> bool:
+        """Does a batch of ``key`` run now?  Read without the lock: a hint, true or false a moment later."""
+        return key in self._waiting
+
     def submit(self, key: Hashable, item: T) -> Any:
         """The outcome of ``item`` (raised if it is an exception); :data:`ALONE` if the batch left it."""
         slot = _Slot(item)

@@ -1,0 +1,75 @@
+"""SQLite, delivering inside: a receive that finds a batch holding the file runs its application first.
+
+Delivering inside (``deliver_apart`` off, the default), a batch of receives holds the SQLite
+file through its applications, one after the other, each waiting for its own database.  A
+receive of another sequence that begins meanwhile used to wait for the file, then hold it
+through its own application.  When its receipt will surely take its message (the same test as
+delivering apart: its sequence open with 1..n-1 received and delivered, nothing buffered), it
+now runs its application at once, while that batch holds the file, and only its receipt waits
+for the file.  Real HTTP on 127.0.0.1, a real SQLite file; each test waits for what it asserts.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .conftest import fast_policy
+from .support import RM11, Recorder, holding_at, wait_for
+from .test_bad_input import open_sequence, send_ok
+
+
+def _server_holding_a2(engines, store_for) -> tuple[Any, str, Recorder, threading.Event]:
+    """A SQLite service delivering inside whose application holds message "a2" until the event
+    returned is set."""
+    received, release, application = holding_at("a2")
+    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True),
+                     serve=True, application=application, name="server")
+    assert server.policy.deliver_apart is False and not server.invoker.delivers_apart
+    return server, server.endpoint_address, received, release
+
+
+def test_a_receive_runs_its_application_while_a_batch_holds_the_file(engines, store_for) -> None:
+    """Message 2 of sequence b arrives while a's message 2 holds the file in its application:
+    b2's application runs meanwhile (before, it waited for a2's commit), its receipt after a2's
+    commit; each is delivered once and acknowledged, and nothing is left in the buffer."""
+    server, url, received, release = _server_holding_a2(engines, store_for)
+    a, b = open_sequence(url, RM11), open_sequence(url, RM11)
+    assert send_ok(url, RM11, a, 1, "a1") == [(1, 1)]
+    assert send_ok(url, RM11, b, 1, "b1") == [(1, 1)]
+    answers: dict[str, object] = {}
+    second = None
+    first = threading.Thread(target=lambda: answers.__setitem__("a2", send_ok(url, RM11, a, 2, "a2")))
+    first.start()
+    try:
+        assert wait_for(lambda: received.snapshot()[-1:] == ["a2"], timeout=20)  # a2's batch holds the file
+        assert server.destination._together.busy(None)
+        second = threading.Thread(target=lambda: answers.__setitem__("b2", send_ok(url, RM11, b, 2, "b2")))
+        second.start()
+        # b2's application runs while a2's still holds the file (waiting for it, it would not)
+        assert wait_for(lambda: "b2" in received.snapshot(), timeout=20), received.snapshot()
+        assert first.is_alive() and "b2" not in answers  # b2's receipt waits for the file
+    finally:
+        release.set()
+    first.join(30)
+    assert second is not None
+    second.join(30)
+    assert answers == {"a2": [(1, 2)], "b2": [(1, 2)]}
+    assert sorted(received.snapshot()) == ["a1", "a2", "b1", "b2"]
+    assert server.destination.delivered_before_receipt == 1
+    assert wait_for(lambda: server.status().delivered == 4, timeout=10), server.status()
+    with server.store.begin() as tx:
+        assert tx.invoker.count() == 0
+        assert [list(tx.rmd.get(s).received.ranges) for s in (a, b)] == [[(1, 2)], [(1, 2)]]
+
+
+def test_a_receive_that_finds_no_batch_stays_inside(engines, store_for) -> None:
+    """One sequence's messages in turn find no batch running: each is received and delivered in
+    its receive's transaction, as before (one commit a message), none before its receipt."""
+    server, url, received, release = _server_holding_a2(engines, store_for)
+    release.set()
+    a = open_sequence(url, RM11)
+    for n in range(1, 5):
+        assert send_ok(url, RM11, a, n, f"a{n}") == [(1, n)]
+    assert received.snapshot() == ["a1", "a2", "a3", "a4"]
+    assert server.destination.delivered_before_receipt == 0
