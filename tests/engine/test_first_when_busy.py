@@ -19,11 +19,11 @@ from .support import RM11, Recorder, holding_at, wait_for
 from .test_bad_input import open_sequence, send_ok
 
 
-def _server_holding_a2(engines, store_for) -> tuple[Any, str, Recorder, threading.Event]:
+def _server_holding_a2(engines, store_for, **policy: Any) -> tuple[Any, str, Recorder, threading.Event]:
     """A SQLite service delivering inside whose application holds message "a2" until the event
     returned is set."""
     received, release, application = holding_at("a2")
-    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True),
+    server = engines(store_for("sqlite", "server"), fast_policy(deliver_on_receive=True, **policy),
                      serve=True, application=application, name="server")
     assert server.policy.deliver_apart is False and not server.invoker.delivers_apart
     return server, server.endpoint_address, received, release
@@ -72,4 +72,28 @@ def test_a_receive_that_finds_no_batch_stays_inside(engines, store_for) -> None:
     for n in range(1, 5):
         assert send_ok(url, RM11, a, n, f"a{n}") == [(1, n)]
     assert received.snapshot() == ["a1", "a2", "a3", "a4"]
+    assert server.destination.delivered_before_receipt == 0
+
+
+def test_turned_off_a_receive_waits_for_the_batch_holding_the_file(engines, store_for) -> None:
+    """``first_when_busy=False``: b2, arriving while a2's batch holds the file, waits for it and
+    runs its application after a2's, inside its own receipt's transaction."""
+    server, url, received, release = _server_holding_a2(engines, store_for, first_when_busy=False)
+    a, b = open_sequence(url, RM11), open_sequence(url, RM11)
+    assert send_ok(url, RM11, a, 1, "a1") == [(1, 1)]
+    assert send_ok(url, RM11, b, 1, "b1") == [(1, 1)]
+    answers: dict[str, object] = {}
+    threads = [threading.Thread(target=lambda: answers.__setitem__("a2", send_ok(url, RM11, a, 2, "a2"))),
+               threading.Thread(target=lambda: answers.__setitem__("b2", send_ok(url, RM11, b, 2, "b2")))]
+    threads[0].start()
+    try:
+        assert wait_for(lambda: received.snapshot()[-1:] == ["a2"], timeout=20)
+        threads[1].start()
+        assert wait_for(lambda: server.destination._together.queued(None) == 1, timeout=20)  # b2 waits
+    finally:
+        release.set()
+    for t in threads:
+        t.join(30)
+    assert answers == {"a2": [(1, 2)], "b2": [(1, 2)]}
+    assert received.snapshot() == ["a1", "b1", "a2", "b2"]
     assert server.destination.delivered_before_receipt == 0

@@ -1152,9 +1152,11 @@ class Destination:
         14-26): file held 0.88 -> 0.71 of the time, 0.63-0.65 of the messages ran first,
         service CPU 2.20-2.49 -> 1.58-2.00 ms a message, thread switches 16.1-16.4 -> 17.6-19.2,
         SQLite commits 0.52-0.54 -> 0.90-0.92, PostgreSQL flushes 1.00 -> 0.74-0.79 a message; rate
-        against plain 16 threads 0.68, 0.55, 0.67 -> 0.91, 1.09, 0.78 in the same rounds."""
+        against plain 16 threads 0.68, 0.55, 0.67 -> 0.91, 1.09, 0.78 in the same rounds.
+        ``RMPolicy.first_when_busy`` (on by default) turns it off."""
         together = self._together
-        return (together is not None and invoker.tm is None and self.policy.deliver_apart is False
+        return (together is not None and invoker.tm is None and self.policy.first_when_busy
+                and self.policy.deliver_apart is False
                 and self.store.defers_transactions and together.busy(None)
                 and not self._answered_on_back_channel(item))
 
