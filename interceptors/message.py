@@ -459,6 +459,9 @@ class Message:
 
     def header_elements(self) -> list[etree._Element]:
         """The SOAP header blocks, in document order (a new list; the elements are live)."""
+        read = self._read
+        if read is not None and read[0] is self._raw:  # the adapter's reading, which still stands
+            return list(read[1].headers)
         header = self._part("Header")
         return list(children(header)) if header is not None else []
 

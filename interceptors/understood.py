@@ -68,14 +68,15 @@ class UnderstoodHeaders:
         self.chain = chain
         self.application = application
         self.extra = frozenset(extra)
-        self._key: tuple[int, ...] | None = None
+        self._plan: object = None
         self._names: frozenset[str] = frozenset()
 
     def names(self) -> frozenset[str]:
-        key = tuple(id(i) for i in self.chain.in_order())
-        if key != self._key:
+        # the chain's in order, a tuple it replaces whenever it changes: every request asks
+        plan = self.chain._in  # (the chain is of this package)
+        if plan is not self._plan:
             self._names = understood_by(self.chain, self.application, self.extra)
-            self._key = key
+            self._plan = plan
         return self._names
 
     def check(self, envelope: Envelope) -> None:
