@@ -330,7 +330,7 @@ class ChainMiddleware:
             headers = [(k, v) for k, v in headers if k.lower() != "content-type"]
             if self.chain.quiet_without_envelope():
                 # nothing in the out chain would touch it: the answer _response_of would give
-                return Response(202 if status == 200 else status, None, dict(HttpHeaders(headers)))
+                return Response(202 if status == 200 else status, None, dict(HttpHeaders(headers).pairs()))
         reply = Message(envelope, Direction.OUT, Role.SERVER, http_headers=headers,
                         http_status=status, exchange=request.exchange, address=request.address,
                         operation=request.operation)
@@ -552,7 +552,12 @@ def _event_managers(application: Any, wsgi_application: Any) -> list[Any]:
 def _listens(events: Any, names: Iterable[str]) -> bool:
     """Has spyne event manager ``events`` a listener for any of ``names``?"""
     handlers = getattr(events, "handlers", None)
-    return handlers is None or any(handlers.get(name) for name in names)
+    if handlers is None:
+        return True
+    for name in names:  # (every delivery asks: a loop, not a generator)
+        if handlers.get(name):
+            return True
+    return False
 
 
 def _give_out_trees(protocol: Any) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from wsrm_plugin.engine import after_response
+from wsrm_plugin.engine import ReliableEngine, after_response
 
 from .conftest import fast_policy
 from .support import item_text, payload, wait_for
@@ -199,3 +199,69 @@ def test_answering_defers_to_the_body_close_runs_at_once_on_a_failure_and_restor
     plain = after_response.answering({after_response.CLOSES_BEFORE_SENDING: True},
                                      lambda: [b"x"] if not after_response.defer(lambda: None) else [b"deferred"])
     assert plain == [b"x"]
+
+
+def test_a_receive_that_finds_every_place_taken_leaves_its_message_to_the_thread_holding_one(
+        engines, monkeypatch) -> None:
+    """Fails without: the receive that found the only place taken woke an invoker thread (which
+    would wait for the place), and the thread holding it, whose last look had found nothing,
+    left without delivering the message.
+
+    The holder is caught between its look that found nothing and leaving its place; the second
+    sequence's message is received and answered then."""
+    app = _Recording()
+    kept = _KeptBodies()
+    server = engines("memory:", fast_policy(poll_interval=300.0, invoker_threads=1), serve=True,
+                     application=app, name="after", middleware=kept)
+    client = engines("memory:", fast_policy(), name="client")
+    invoker = server.invoker
+    wakes: list[str] = []
+    monkeypatch.setattr(invoker, "_wake_invoker", lambda: wakes.append(threading.current_thread().name))
+    looked, go_on = threading.Event(), threading.Event()
+    real_step = invoker._step_in_slot
+
+    def step_in_slot() -> bool:
+        busy = real_step()
+        if not busy and threading.current_thread().name == "holder" and not looked.is_set():
+            looked.set()  # its look found nothing; it still holds the only place
+            assert go_on.wait(30)
+        return busy
+
+    monkeypatch.setattr(invoker, "_step_in_slot", step_in_slot)
+    first = client.send(server.endpoint_address, payload("a0"), action=ACTION, key="a")
+    assert wait_for(lambda: _acked(client, first))
+    holder = threading.Thread(target=kept.close_all, name="holder")  # its body's close() delivers
+    holder.start()
+    try:
+        assert looked.wait(30) and app.delivered == [("a0", "holder")]
+        second = client.send(server.endpoint_address, payload("b0"), action=ACTION, key="b")
+        assert wait_for(lambda: _acked(client, second))
+        kept.close_all()  # the second receive's steps: the only place is taken
+        assert app.items() == ["a0"] and wakes == []
+    finally:
+        go_on.set()
+        holder.join(30)
+    assert wait_for(lambda: app.items() == ["a0", "b0"]), app.items()
+    assert app.delivered == [("a0", "holder"), ("b0", "holder")] and wakes == []
+
+
+def test_a_step_that_raises_hands_a_wanted_step_to_another_thread_and_gives_its_place_back(
+        monkeypatch) -> None:
+    """The thread whose step raises waits out its interval: a step a receive left to it (every
+    place was taken) goes to another invoker thread.  Fails without the wake.  (An engine not
+    started: no worker thread steps meanwhile.)"""
+    server = ReliableEngine("memory:", fast_policy(), application=_Recording(), name="after")
+    invoker = server.invoker
+    wakes: list[str] = []
+    monkeypatch.setattr(invoker, "_wake_invoker", lambda: wakes.append("woken"))
+
+    def failing_step() -> bool:
+        invoker._step_wanted = True  # a receive found every place taken meanwhile
+        raise RuntimeError("the store is down")
+
+    monkeypatch.setattr(invoker, "_step_in_slot", failing_step)
+    with pytest.raises(RuntimeError):
+        invoker.step()
+    assert wakes == ["woken"]
+    assert invoker._step_slots.qsize() == invoker.thread_count  # every place back
+    server.stop(timeout=5)

@@ -100,14 +100,14 @@ def test_memory_buffering_gets_eight_threads_sqlite_four_and_threads_given_win(t
         # one-way messages buffered, each HTTP thread delivering after its response: 8 of each
         assert memory.http_threads == 8
         assert len([w for w in memory._workers if "invoker" in w.name]) == 8
-        assert memory.invoker._step_slots._initial_value == 8  # type: ignore[attr-defined]
+        assert memory.invoker._step_slots.qsize() == memory.invoker.thread_count == 8
         assert sqlite.http_threads == 4  # delivering inside (the default): the file bounds the rate
         assert apart.http_threads == 16  # the applications run outside the file, one a thread
         assert automatic.http_threads == 16
         assert on_memory.http_threads == 8
         # delivered in the receive: the HTTP threads run the applications, 4 and 4 as on PostgreSQL
         assert on_receipt.http_threads == 4
-        assert on_receipt.invoker._step_slots._initial_value == 4  # type: ignore[attr-defined]
+        assert on_receipt.invoker._step_slots.qsize() == on_receipt.invoker.thread_count == 4
         server = memory.serve(threads=2)
         assert server.threads == 2
     finally:

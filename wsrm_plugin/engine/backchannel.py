@@ -74,12 +74,16 @@ class BackChannel:
         self.policy = policy
         self.destination = destination
         self._changed = threading.Condition()
+        #: HTTP threads inside :meth:`reply_for`'s look and wait (counted under the condition's lock,
+        #: from before their look): a delivery wakes them only when there is one
+        self._waiting = 0
         self.handed_out = 0
 
     def delivered(self) -> None:
         """The invoker committed a delivery: wake the HTTP threads that wait for one."""
-        with self._changed:
-            self._changed.notify_all()
+        if self._waiting:  # (every delivery comes here: a notify_all alone is 9 Python calls)
+            with self._changed:
+                self._changed.notify_all()
 
     def reply_for(self, identifier: str, number: int, soap: SoapVersion) -> BackChannelReply:
         """The answer to request ``number`` of destination sequence ``identifier``, waiting for it.
@@ -91,11 +95,17 @@ class BackChannel:
         deadline = time.monotonic() + self.policy.back_channel_reply_wait
         while True:
             with self._changed:
-                outcome, taken = self._take(identifier, number)
-                remaining = deadline - time.monotonic()
-                if outcome is not Outcome.TIMED_OUT or remaining <= 0:
-                    break
-                self._changed.wait(min(remaining, self.policy.poll_interval))
+                # counted before the look: a delivery that commits after it sees this thread
+                # waiting, one that committed before it is seen by the look
+                self._waiting += 1
+                try:
+                    outcome, taken = self._take(identifier, number)
+                    remaining = deadline - time.monotonic()
+                    if outcome is not Outcome.TIMED_OUT or remaining <= 0:
+                        break
+                    self._changed.wait(min(remaining, self.policy.poll_interval))
+                finally:
+                    self._waiting -= 1
         if taken is not None:
             return self._hand_out(identifier, number, soap, *taken)
         return BackChannelReply(outcome)
