@@ -109,14 +109,16 @@ _RIDER_RESTART = b"ROLLBACK;BEGIN"
 
 class CommitRider:
     """A write riding to a branch's one-phase COMMIT (:meth:`LazyBeginConnection.ride_to_commit`):
-    its read (as sent), who takes the row read, the SQLSTATE by which it declines, what does its
-    work when it does, and what undoes it then (sent in front of that work)."""
+    its read (as sent), its read where it goes before the commit (``early``), who takes the row
+    read, the SQLSTATE by which it declines, what does its work when it does, and what undoes it
+    then (sent in front of that work)."""
 
-    __slots__ = ("read", "answer", "declined", "repair", "undo")
+    __slots__ = ("read", "early", "answer", "declined", "repair", "undo")
 
     def __init__(self, read: bytes, answer: Callable[[Any], None], declined: str,
-                 repair: Callable[[], None], undo: bytes = _RIDER_ROLLBACK) -> None:
+                 repair: Callable[[], None], undo: bytes = _RIDER_ROLLBACK, early: bytes | None = None) -> None:
         self.read = read
+        self.early = read if early is None else early
         self.answer = answer
         self.declined = declined
         self.repair = repair
@@ -392,7 +394,8 @@ class LazyBeginConnection(ext.connection):
         return True
 
     def ride_to_commit(self, statement: str, params: Any, *, read: str, read_params: Any,
-                       answer: Callable[[Any], None], declined: str, repair: Callable[[], None]) -> bool:
+                       answer: Callable[[Any], None], declined: str, repair: Callable[[], None],
+                       early_read: tuple[str, Any] | None = None) -> bool:
         """Send ``statement`` with the branch's one-phase ``COMMIT``, in its query string, and
         read its outcome there too, after the ``COMMIT``: ``read`` (with ``read_params``), run
         once the branch committed, gives its first row to ``answer`` (before the commit
@@ -421,6 +424,10 @@ class LazyBeginConnection(ext.connection):
         else of the branch is sent, so a decline rolls the whole transaction back and begins
         it again, in front of what ``repair()`` sends.
 
+        ``early_read``: (statement, parameters) read in place of ``read`` where the write goes
+        before the commit, inside the branch (its answer may then read what the write left,
+        which after the ``COMMIT`` would cost a snapshot and the table's lock).
+
         False, having done nothing, where :meth:`ride` would be (but for a branch that sent
         nothing yet), or a write rides to the commit already."""
         mode = self._mode
@@ -429,13 +436,14 @@ class LazyBeginConnection(ext.connection):
         cur = self._plain_cursor()
         ahead = cur.mogrify(statement, params)
         after = cur.mogrify(read, read_params)
+        early = None if early_read is None else cur.mogrify(*early_read)
         if mode is _PENDING:  # nothing rides yet (ride() takes nothing then): the BEGIN goes first
             self._mode = _SQL
             self._riding.extend((_BEGIN, ahead))
-            self._rider = CommitRider(after, answer, declined, repair, _RIDER_RESTART)
+            self._rider = CommitRider(after, answer, declined, repair, _RIDER_RESTART, early)
             return True
         self._riding.extend((_RIDER_SAVEPOINT, ahead, _RIDER_RELEASE))
-        self._rider = CommitRider(after, answer, declined, repair)
+        self._rider = CommitRider(after, answer, declined, repair, early=early)
         return True
 
     def _commit_riding(self, cur: Any, last: bytes = b"") -> None:
@@ -476,7 +484,7 @@ class LazyBeginConnection(ext.connection):
         cur = self._plain_cursor()
         riding = self._riding
         try:
-            cur.execute(self._take_riding(rider.read))
+            cur.execute(self._take_riding(rider.early))
         except psycopg2.Error as exc:
             if self._begin_again(riding):  # nothing ran: again, in the transaction, to fail there
                 self._rider = rider

@@ -363,6 +363,26 @@ def test_a_write_riding_to_the_commit_goes_first_and_is_read_when_a_statement_co
     assert u_values(db) == ["b"]
 
 
+def test_a_write_riding_to_the_commit_is_read_by_its_early_read_when_it_goes_before(resource, db):
+    """``early_read``: read in place of the read after the COMMIT where the write goes first,
+    inside the branch (here with a statement that comes); with the COMMIT, the read after it."""
+    conn, xid = branch(resource)
+    answers: list = []
+    early = ("SELECT 'early', (SELECT v FROM u WHERE v = %s)", ("b",))
+    assert conn.ride_to_commit(TO_COMMIT, ("b", "b"), read=READ, read_params=None, answer=answers.append,
+                               declined="22012", repair=lambda: None, early_read=early) is True
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM u")
+    assert answers == [("early", "b")]
+    commit_one_phase(resource, xid)
+    conn, xid = branch(resource, "c")
+    assert conn.ride_to_commit(TO_COMMIT, ("c", "c"), read=READ, read_params=None, answer=answers.append,
+                               declined="22012", repair=lambda: None, early_read=early) is True
+    commit_one_phase(resource, xid)
+    assert len(answers) == 2 and answers[1][0] != "early"  # sent with the COMMIT: read after it
+    assert u_values(db) == ["b", "c"]
+
+
 def test_a_write_riding_to_the_commit_that_declines_before_a_statement_is_repaired_first(resource, db):
     conn, xid = branch(resource)
     repairs: list = []

@@ -193,6 +193,16 @@ def test_at_most_so_many_writes_ride_at_once(store, tm, counts):
     assert messages(store) == (list(range(1, RIDING_AT_MOST + 4)), RIDING_AT_MOST + 4)
 
 
+def _rides_one_way(tx, message_id: str, numbers: list[int]) -> bool:
+    """A one-way message's enqueue riding to the commit (no caller claims it) on "k1", its number
+    put in ``numbers`` once committed."""
+    import time
+
+    return tx.rms_messages.enqueue_claiming_at_commit(
+        "k1", b"<env/>", action="urn:op", soap_version="1.2", message_id=message_id, target=None,
+        next_send_at=time.time(), enqueued=lambda msg, *_: numbers.append(msg.number), otherwise=lambda: None)
+
+
 def test_a_one_way_enqueue_riding_to_the_commit_keeps_its_generic_plan_with_no_setting(fresh_db, tm):
     """``enqueue_claiming_at_commit`` of a message no caller claims (a one-way call under XA)
     goes with no ``SET LOCAL`` in front: ``SET LOCAL plan_cache_mode TO force_generic_plan``
@@ -200,7 +210,6 @@ def test_a_one_way_enqueue_riding_to_the_commit_keeps_its_generic_plan_with_no_s
     PostgreSQL's own choice keeps its generic plan after the five custom plans of a session's
     first executions: none after them (the generic estimate is never dearer).  The statement
     after it is planned as before."""
-    import time
 
     from wsrm_plugin.store.sql import rms
 
@@ -215,10 +224,7 @@ def test_a_one_way_enqueue_riding_to_the_commit_keeps_its_generic_plan_with_no_s
         for i in range(16):
             with tm.transaction():
                 tx = store.begin(xa=tm)
-                assert tx.rms_messages.enqueue_claiming_at_commit(
-                    "k1", b"<env/>", action="urn:op", soap_version="1.2", message_id=f"urn:m{i}", target=None,
-                    next_send_at=time.time(), enqueued=lambda msg, *_: numbers.append(msg.number),
-                    otherwise=lambda: None)
+                assert _rides_one_way(tx, f"urn:m{i}", numbers)
         assert numbers == list(range(1, 17))
         from .test_backlog import _plans
 
@@ -229,5 +235,36 @@ def test_a_one_way_enqueue_riding_to_the_commit_keeps_its_generic_plan_with_no_s
         assert plans and sum(c for _, c in plans) == 5 and sum(g for g, _ in plans) >= 10, plans
         assert after == "auto"
         assert messages(store) == (list(range(1, 17)), 17)
+    finally:
+        store.close()
+
+
+def test_a_one_way_enqueue_riding_to_the_commit_reads_no_row_back(fresh_db, tm):
+    """A message no caller claims, with no RMD row read beside: the statement keeps its number
+    only, no JSON of the sequence's row (``row_to_json``: about 42k instructions a message for
+    PostgreSQL, and no one read it).  Where the row is wanted before the commit (another enqueue
+    on the sequence in the same transaction), the ride goes then and the row is read, locked by
+    this transaction already: numbered on from it."""
+
+    from wsrm_plugin.store.sql import rms
+
+    assert "row_to_json" not in rms._ENQUEUES_AT_COMMIT[(False, False)]
+    assert all("row_to_json(s)" in rms._ENQUEUES_AT_COMMIT[k] for k in ((True, False), (True, True), (False, True)))
+    store = PostgresStore(fresh_db, lock_timeout=10.0)
+    try:
+        with store.begin() as tx:
+            new_rms(tx)
+            tx.rms.update("k1", sequence_id="seq-1", started=True, next_control_at=None)
+        numbers: list[int] = []
+        for first in (1, 3):
+            with tm.transaction():
+                tx = store.begin(xa=tm)
+                assert _rides_one_way(tx, f"urn:m{first}", numbers)
+                assert tx.rms.get("k1").next_number == first + 1  # the ride sent, the row read
+                second = tx.rms_messages.enqueue("k1", b"<env/>", action="urn:op", soap_version="1.2",
+                                                 message_id=f"urn:m{first + 1}")
+                assert second.number == first + 1
+        assert numbers == [1, 3]
+        assert messages(store) == ([1, 2, 3, 4], 5)
     finally:
         store.close()

@@ -274,14 +274,17 @@ class SqlTransaction(api.StoreTransaction):
         self._wrote = True
 
     def write_at_commit(self, sql: str, params: Sequence[Any], read: str, read_params: Sequence[Any],
-                        answer: Callable[[Any], None], otherwise: Callable[[], None]) -> bool:
+                        answer: Callable[[Any], None], otherwise: Callable[[], None],
+                        early_read: tuple[str, Sequence[Any]] | None = None) -> bool:
         """A write whose outcome is wanted only once the transaction committed, sent with the
         branch's one-phase COMMIT (:meth:`txmanager.lazy_begin.LazyBeginConnection.ride_to_commit`):
         ``read`` (with ``read_params``), run after the COMMIT in the same query string, gives
         ``answer`` its row.  The write may decline with :data:`_DECLINED` (nothing of it stays):
-        then ``otherwise()`` runs, in this transaction, before it commits.  False, nothing done,
-        where the write cannot ride (a branch of a global transaction whose session sends it by
-        SQL, begun or not: its BEGIN rides too), or one rides so already."""
+        then ``otherwise()`` runs, in this transaction, before it commits.  ``early_read``: the
+        read, inside the branch, where the write goes before the commit (something else is sent
+        first; seldom: never prepared).  False, nothing done, where the write cannot ride (a
+        branch of a global transaction whose session sends it by SQL, begun or not: its BEGIN
+        rides too), or one rides so already."""
         if self._global is None or not getattr(self.conn, "can_ride_to_commit", False):
             return False
         self._check_open()
@@ -290,8 +293,10 @@ class SqlTransaction(api.StoreTransaction):
         try:
             statement, values = self._sent(sql, params)
             read_text, read_values = self._sent(read, read_params)
+            early = None if early_read is None else self._sent(*early_read, prepare=False)
             rode = self.conn.ride_to_commit(statement, values, read=read_text, read_params=read_values,
-                                            answer=answer, declined=_DECLINED, repair=otherwise)
+                                            answer=answer, declined=_DECLINED, repair=otherwise,
+                                            early_read=early)
         except Exception as exc:
             if self._statements is not None:
                 self._statements.failed(self.conn, exc)
@@ -370,18 +375,19 @@ class SqlTransaction(api.StoreTransaction):
         return {(first.decode(codec), struct.unpack(">q", second)[0]): payload
                 for first, second, payload in _copy_rows(chunks.received)}
 
-    def _sent(self, sql: str, params: Sequence[Any]) -> tuple[str, tuple[Any, ...] | None]:
+    def _sent(self, sql: str, params: Sequence[Any], *, prepare: bool = True) -> tuple[str, tuple[Any, ...] | None]:
         """What is given to psycopg2 for ``sql`` (a ride's): its text (:meth:`_text`, with the plain
         parameters written in) and the parameters left, None when none is."""
-        text, params = self._text(sql, params)
+        text, params = self._text(sql, params, prepare=prepare)
         if self._inlines:
             return inline(self.conn, text, params)
         return text, tuple(params) or None
 
-    def _text(self, sql: str, params: Sequence[Any]) -> tuple[str, Sequence[Any]]:
+    def _text(self, sql: str, params: Sequence[Any], *, prepare: bool = True) -> tuple[str, Sequence[Any]]:
         """What is sent for ``sql`` with ``params``: ``EXECUTE`` of its prepared statement and its
-        arguments (:meth:`~..prepared.PreparedStatements.sent`), or the statement and ``params``."""
-        statements = self._statements
+        arguments (:meth:`~..prepared.PreparedStatements.sent`), or (also without ``prepare``) the
+        statement and ``params``."""
+        statements = self._statements if prepare else None
         sent = None if statements is None else statements.sent(self.conn, sql, params)
         if sent is not None:
             return sent
