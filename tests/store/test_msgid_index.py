@@ -74,19 +74,24 @@ def test_the_index_holds_only_requests_and_the_look_ups_go_by_it(open_kind) -> N
                 if m is not None] == [f"urn:m{i}" for i in range(0, 50, 10)]
 
 
+def _insert_as_version_12(tx, seq, number: int, message_id: str, callback: str | None, pending: bool) -> None:
+    """An enqueue's row as version 12 wrote it: without ``awaits_reply``."""
+    t = time.time()
+    tx.write("INSERT INTO rms_message (seq, number, message_id, action, soap_version, payload, reply_callback, "
+             "reply_pending, next_send_at, created_at) VALUES (?, ?, ?, 'urn:op', '1.2', ?, ?, ?, ?, ?)",
+             (seq, number, message_id, b"<env/>", callback, pending, t, t))
+
+
 def _version_12_rows(store) -> None:
     """As version 12 wrote them: a one-way message, a request waiting for its reply, a request
     answered with a callback (its delivery still to look it up), one answered without."""
-    t = time.time()
     with store.begin() as tx:
         new_rms(tx)
         seq = tx.one("SELECT id FROM rms_sequence WHERE seq_key = 'k1'")[0]
         for number, message_id, callback, pending in ((1, "urn:one-way", None, False), (2, "urn:pending", None, True),
                                                       (3, "urn:called", "pkg.mod:on_reply", False),
                                                       (4, "urn:answered", None, False)):
-            tx.write("INSERT INTO rms_message (seq, number, message_id, action, soap_version, payload, reply_callback, "
-                     "reply_pending, next_send_at, created_at) VALUES (?, ?, ?, 'urn:op', '1.2', ?, ?, ?, ?, ?)",
-                     (seq, number, message_id, b"<env/>", callback, pending, t, t))
+            _insert_as_version_12(tx, seq, number, message_id, callback, pending)
         tx.write("UPDATE rms_sequence SET highest_number = 4 WHERE id = ?", (seq,))
 
 
@@ -103,6 +108,27 @@ def test_a_version_12_store_keeps_finding_its_requests_when_upgraded(store_url, 
             assert found == {"urn:one-way": None, "urn:pending": 2, "urn:called": 3, "urn:answered": None}
             assert tx.rms_messages.mark_answered("urn:pending") == ("k1", 2, False)
             assert [m.number for m in tx.rms_messages.list_for("k1")] == [1, 2, 3, 4]
+    finally:
+        upgraded.close()
+
+
+@SQL_KINDS
+def test_a_version_12_process_still_running_on_the_upgraded_store_has_its_requests_found(store_url, monkeypatch) -> None:
+    """A rolling upgrade: a process of version 12 keeps enqueuing after another one upgraded the
+    store; its rows lack ``awaits_reply``, and its request must be found when the reply comes."""
+    with old_store(store_url(), 12, monkeypatch) as old:
+        _version_12_rows(old)
+    upgraded = open_store(store_url())
+    try:
+        with upgraded.begin() as tx:  # the version 12 process, still running
+            seq = tx.one("SELECT id FROM rms_sequence WHERE seq_key = 'k1'")[0]
+            _insert_as_version_12(tx, seq, 5, "urn:late-request", None, True)
+            tx.write("UPDATE rms_sequence SET highest_number = 5 WHERE id = ?", (seq,))
+        with upgraded.begin() as tx:
+            assert getattr(tx.rms_messages.find_by_message_id("urn:late-request"), "number", None) == 5
+            assert tx.rms_messages.mark_answered("urn:late-request") == ("k1", 5, False)
+            assert tx.rms_messages.find_by_message_id("urn:one-way") is None  # upgraded as before
+            assert tx.rms_messages.find_by_message_id("urn:pending").number == 2
     finally:
         upgraded.close()
 

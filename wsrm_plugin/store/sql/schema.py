@@ -414,10 +414,23 @@ def _migration_13(d: Dialect) -> list[str]:
     a column of an index's condition that changes keeps PostgreSQL from updating the row in
     place.  Rows written before take it from what they say: waiting for a reply, or holding a
     callback (one answered and without a callback has nothing left to correlate).  A
-    prepared branch holding the table's rows is refused first, as for version 10."""
+    prepared branch holding the table's rows is refused first, as for version 10.
+
+    The column's default is TRUE, though every enqueue of this version names it: a process of
+    version 12 still running on the upgraded store (a rolling upgrade) enqueues without it, and
+    its requests must stay found when their replies come (its one-way messages are indexed for
+    nothing meanwhile).  PostgreSQL takes the default after filling the column (so the rows
+    already there are not rewritten to FALSE); SQLite cannot change a column's default, so its
+    rows are added TRUE and the ones with nothing to correlate rewritten."""
+    if d.name == "postgresql":
+        column = [f"ALTER TABLE rms_message ADD COLUMN awaits_reply {d.boolean} NOT NULL DEFAULT FALSE",
+                  "UPDATE rms_message SET awaits_reply = TRUE WHERE reply_pending OR reply_callback IS NOT NULL",
+                  "ALTER TABLE rms_message ALTER COLUMN awaits_reply SET DEFAULT TRUE"]
+    else:
+        column = [f"ALTER TABLE rms_message ADD COLUMN awaits_reply {d.boolean} NOT NULL DEFAULT TRUE",
+                  "UPDATE rms_message SET awaits_reply = FALSE WHERE NOT reply_pending AND reply_callback IS NULL"]
     return [
-        f"ALTER TABLE rms_message ADD COLUMN awaits_reply {d.boolean} NOT NULL DEFAULT FALSE",
-        "UPDATE rms_message SET awaits_reply = TRUE WHERE reply_pending OR reply_callback IS NOT NULL",
+        *column,
         "DROP INDEX rms_message_msgid",
         "CREATE INDEX rms_message_msgid ON rms_message (message_id) WHERE awaits_reply",
     ]
