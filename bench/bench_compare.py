@@ -970,7 +970,7 @@ def _sender_counts(sender: Any) -> dict[str, float]:
     """The client's sender, per message: its sending lanes' refill claims and the messages they
     claimed, the messages it sent and those its callers sent themselves, and retransmissions."""
     return {f"count:{name.replace('_', ' ')}(client)": getattr(sender, name, 0)
-            for name in ("refill_claims", "refilled", "messages_sent", "sent_by_callers", "callers_paced",
+            for name in ("refill_claims", "refilled", "refill_acks", "messages_sent", "sent_by_callers", "callers_paced",
                          "retransmissions")}
 
 

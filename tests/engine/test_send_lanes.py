@@ -465,19 +465,13 @@ class HoldUntil(InFlight):
         return super().__call__(holding)
 
 
-def test_a_lanes_refills_take_many_messages_each(engines):
-    """A round's claim gives each of many sequences its share of ``send_batch`` (here 16 over 9
-    sequences: a gets one or two); a lane that sent its share of a long backlog while another lane
-    still sends claims 16 at a time (as many as its flow allows), not as few as it sent: each
-    claim is a store transaction.  Without it, a's lane took 4 refills of 2 and left the rest to
-    the next round, after b0."""
-    watch = HoldUntil(delay=0.01, held="b0", until="a33", limit=20.0)
+def _send_backlog(engines, watch: InFlight, policy: Any) -> tuple[ReliableEngine, Recorder, dict[str, int]]:
+    """a's 34 messages and b..i's 2 each through ``watch``, a's flow pipelined already (a flow starts
+    in order, 2 at a time: its claims' limit is then send_batch); returns once all arrived."""
     received = Recorder()
     server = engines("memory:", fast_policy(), serve=True, middleware=watch, application=received)
-    policy = fast_policy(send_concurrency=16, send_batch=16, base_retransmission_interval=30.0, http_timeout=30.0)
     backlog = {"a": 34, **{key: 2 for key in "bcdefghi"}}
     client = ReliableEngine("memory:", policy, name="client")
-    # a's peer measured already (a flow starts in order, 2 at a time): its claims' limit is send_batch
     flow = client.retransmission.flow_of(SequenceKey(server.endpoint_address, "a", 1, False).encode(), create=True)
     assert flow is not None
     flow.pipeline()
@@ -490,7 +484,35 @@ def test_a_lanes_refills_take_many_messages_each(engines):
             client.status()
     finally:
         client.stop(timeout=5)
+    return client, received, backlog
+
+
+def test_a_lanes_refills_take_many_messages_each(engines):
+    """A round's claim gives each of many sequences its share of ``send_batch`` (here 16 over 9
+    sequences: a gets one or two); a lane that sent its share of a long backlog while another lane
+    still sends claims 16 at a time (as many as its flow allows), not as few as it sent: each
+    claim is a store transaction.  Without it, a's lane took 4 refills of 2 and left the rest to
+    the next round, after b0."""
+    watch = HoldUntil(delay=0.01, held="b0", until="a33", limit=20.0)
+    policy = fast_policy(send_concurrency=16, send_batch=16, base_retransmission_interval=30.0, http_timeout=30.0)
+    client, received, backlog = _send_backlog(engines, watch, policy)
     arrived = [text for _, text in watch.arrivals]
     assert arrived.index("a33") < arrived.index("b1"), arrived  # all of a while b0 was held
     assert client.retransmission.retransmissions == 0
+    assert _by_key(received.snapshot()) == {key: [f"{key}{i}" for i in range(n)] for key, n in backlog.items()}
+
+
+def test_a_lane_sending_past_its_first_messages_retransmission_time_goes_on_refilling(engines):
+    """A round applies its lanes' acknowledgements at its end.  A lane that sends longer than the
+    retransmission interval finds, at a refill, its first messages due again in the store
+    (acknowledged only in memory): the claim leaves a sequence whose first due message is a
+    retransmission to the round, so the lane ended and its backlog waited for the round's end
+    (here b0 is held until a's last message arrives).  The lane now applies its sequence's
+    acknowledgements first (counted in ``refill_acks``) and claims again."""
+    watch = HoldUntil(delay=0.03, held="b0", until="a33", limit=10.0)
+    policy = fast_policy(send_concurrency=16, send_batch=16, base_retransmission_interval=0.3, http_timeout=30.0)
+    client, received, backlog = _send_backlog(engines, watch, policy)
+    arrived = [text for _, text in watch.arrivals]
+    assert arrived.index("a33") < arrived.index("b1"), arrived  # all of a in the round that held b0
+    assert client.retransmission.refill_acks >= 1
     assert _by_key(received.snapshot()) == {key: [f"{key}{i}" for i in range(n)] for key, n in backlog.items()}

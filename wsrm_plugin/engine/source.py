@@ -1116,6 +1116,24 @@ class Source:
         if owes_control:
             self._wake()
 
+    def apply_pending_ack(self, pending: "PendingAcks", identifier: str) -> bool:
+        """Apply now, in a store transaction of its own, what ``pending`` holds for sequence
+        ``identifier`` (the rest stays for the block's end).  Was there any?
+
+        For a sending lane that has sent past the retransmission time of its first messages:
+        acknowledged in the answers but not yet in the store, they are due again there, and a
+        claim of the sequence's next messages leaves a sequence whose first due message is a
+        retransmission to the round (``RetransmissionWorker._refill``)."""
+        if pending.ranges_of(identifier) is None:
+            return False
+        inside = getattr(self._coalescing, "pending", None)
+        self._coalescing.pending = None  # applied now, not merged back into this thread's block
+        try:
+            self._flush_ack(pending, identifier)
+        finally:
+            self._coalescing.pending = inside
+        return True
+
     def _flush_ack(self, pending: "PendingAcks", identifier: str) -> None:
         held = pending.pop(identifier)
         if held is None:
