@@ -5,8 +5,8 @@ file through its applications, one after the other, each waiting for its own dat
 receive of another sequence that begins meanwhile used to wait for the file, then hold it
 through its own application.  When its receipt will surely take its message (the same test as
 delivering apart: its sequence open with 1..n-1 received and delivered, nothing buffered), it
-now runs its application at once, while that batch holds the file, and only its receipt waits
-for the file.  Real HTTP on 127.0.0.1, a real SQLite file; each test waits for what it asserts.
+runs its application at once with ``RMPolicy.first_when_busy`` set (off by default), while that
+batch holds the file, and only its receipt waits for the file.  Real HTTP on 127.0.0.1, a real SQLite file; each test waits for what it asserts.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_a_receive_runs_its_application_while_a_batch_holds_the_file(engines, st
     """Message 2 of sequence b arrives while a's message 2 holds the file in its application:
     b2's application runs meanwhile (before, it waited for a2's commit), its receipt after a2's
     commit; each is delivered once and acknowledged, and nothing is left in the buffer."""
-    server, url, received, release = _server_holding_a2(engines, store_for)
+    server, url, received, release = _server_holding_a2(engines, store_for, first_when_busy=True)
     a, b = open_sequence(url, RM11), open_sequence(url, RM11)
     assert send_ok(url, RM11, a, 1, "a1") == [(1, 1)]
     assert send_ok(url, RM11, b, 1, "b1") == [(1, 1)]
@@ -66,7 +66,7 @@ def test_a_receive_runs_its_application_while_a_batch_holds_the_file(engines, st
 def test_a_receive_that_finds_no_batch_stays_inside(engines, store_for) -> None:
     """One sequence's messages in turn find no batch running: each is received and delivered in
     its receive's transaction, as before (one commit a message), none before its receipt."""
-    server, url, received, release = _server_holding_a2(engines, store_for)
+    server, url, received, release = _server_holding_a2(engines, store_for, first_when_busy=True)
     release.set()
     a = open_sequence(url, RM11)
     for n in range(1, 5):

@@ -1153,7 +1153,7 @@ class Destination:
         service CPU 2.20-2.49 -> 1.58-2.00 ms a message, thread switches 16.1-16.4 -> 17.6-19.2,
         SQLite commits 0.52-0.54 -> 0.90-0.92, PostgreSQL flushes 1.00 -> 0.74-0.79 a message; rate
         against plain 16 threads 0.68, 0.55, 0.67 -> 0.91, 1.09, 0.78 in the same rounds.
-        ``RMPolicy.first_when_busy`` (on by default) turns it off."""
+        ``RMPolicy.first_when_busy`` (off by default) turns it on."""
         together = self._together
         return (together is not None and invoker.tm is None and self.policy.first_when_busy
                 and self.policy.deliver_apart is False

@@ -713,9 +713,11 @@ class RMPolicy:
     #: application first, as delivering apart does, when its receipt will surely take its
     #: message; its receipt alone then waits for the file (``Destination._first_when_busy``): the
     #: applications of several sequences run at once instead of one after the other in the
-    #: file's hold.  Measured there (interleaved, loaded: see the changelog); False: as before.
+    #: file's hold.  Off by default: it won interleaved rounds on a loaded machine, but cost
+    #: about 7% more CPU a message (its receipts mostly commit alone), and on a quiet one it lost
+    #: to the batch holding the file (see the changelog).
     first_when_busy: bool = knob(
-        True, Flag(),
+        False, Flag(),
         "SQLite store, no transaction manager, delivering inside (`deliver_apart` off): a receive that begins "
         "while a batch of other receives holds the store's file through their applications runs its own "
         "application at once, when its receipt will surely take its message (as delivering apart does), and "
