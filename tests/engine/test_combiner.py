@@ -130,3 +130,41 @@ def test_a_batch_that_hands_on_lets_the_next_one_run_before_it_ends():
     first.join(10)
     assert out["first"] == "FIRST" and combiner._waiting == {}
     assert (combiner.batches, combiner.items, combiner.handed_on) == (2, 3, 1)
+
+
+def test_a_batch_takes_late_the_waiting_calls_it_accepts_up_to_its_limit():
+    """Callers that came while a batch ran and whose items it accepts (``join_late``) get its
+    outcomes and form no batch of their own; the others, and those past the limit, form the next.
+    Should the batch fail, the late ones are answered too (ALONE)."""
+    for fail in (None, RuntimeError("the commit")):
+        release = threading.Event()
+        seen: list[list[str]] = []
+
+        def batch(items: list[str], fail: BaseException | None = fail) -> list[object]:
+            seen.append(list(items))
+            if items == ["first"]:
+                assert release.wait(10)
+                late = combiner.join_late(lambda item: item.startswith("late"))
+                if fail is not None:
+                    raise fail
+                return [i.upper() for i in items + late]
+            return [i.upper() for i in items]
+
+        combiner = Combiner(batch, limit=3)
+        out: dict = {}
+        threads = [_submit(combiner, "k", "first", out)]
+        assert wait_for(lambda: seen == [["first"]])
+        for item in ("late1", "other", "late2", "late3"):
+            threads.append(_submit(combiner, "k", item, out))
+            assert wait_for(lambda: _queued(combiner, "k") == len(threads) - 1)
+        release.set()
+        for t in threads:
+            t.join(10)
+        if fail is None:
+            assert out == {"first": "FIRST", "late1": "LATE1", "late2": "LATE2",
+                           "other": "OTHER", "late3": "LATE3"}
+        else:  # the leader's error; the late ones ALONE; the next batch untouched
+            assert out["first"] is fail and out["late1"] is ALONE and out["late2"] is ALONE
+            assert out["other"] == "OTHER" and out["late3"] == "LATE3"
+        assert seen == [["first"], ["other", "late3"]]  # limit 3: late3 stays for the next batch
+        assert combiner._waiting == {}

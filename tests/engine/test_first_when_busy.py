@@ -97,3 +97,41 @@ def test_turned_off_a_receive_waits_for_the_batch_holding_the_file(engines, stor
     assert answers == {"a2": [(1, 2)], "b2": [(1, 2)]}
     assert received.snapshot() == ["a1", "b1", "a2", "b2"]
     assert server.destination.delivered_before_receipt == 0
+
+
+def test_receipts_of_messages_run_first_join_the_batch_holding_the_file(engines, store_for) -> None:
+    """b2 and c2 run their applications while a2's batch holds the file; their receipts then wait
+    for the file among the receives that deliver inside, and a2's batch, its application done,
+    takes them before its commit: one transaction and one commit for the three, where they
+    were a batch of receipts of their own (two commits, or three)."""
+    server, url, received, release = _server_holding_a2(engines, store_for, first_when_busy=True)
+    a, b, c = (open_sequence(url, RM11) for _ in range(3))
+    for s, name in ((a, "a"), (b, "b"), (c, "c")):
+        assert send_ok(url, RM11, s, 1, f"{name}1") == [(1, 1)]
+    together, apart = server.destination._together, server.destination._apart_receipts
+    batches, apart_batches, commits = together.batches, apart.batches, server.store._sync.commits
+    answers: dict[str, object] = {}
+
+    def send(s: str, name: str) -> threading.Thread:
+        thread = threading.Thread(target=lambda: answers.__setitem__(name, send_ok(url, RM11, s, 2, name)))
+        thread.start()
+        return thread
+
+    threads = [send(a, "a2")]
+    try:
+        assert wait_for(lambda: received.snapshot()[-1:] == ["a2"], timeout=20)  # a2's batch holds the file
+        threads += [send(b, "b2"), send(c, "c2")]
+        # both ran first; their receipts wait for the file, in the batch of receives that deliver inside
+        assert wait_for(lambda: together.queued(None) == 2, timeout=20), received.snapshot()
+        assert sorted(received.snapshot()[-3:]) == ["a2", "b2", "c2"]
+    finally:
+        release.set()
+    for t in threads:
+        t.join(30)
+    assert answers == {"a2": [(1, 2)], "b2": [(1, 2)], "c2": [(1, 2)]}
+    assert server.destination.delivered_before_receipt == 2
+    assert (together.batches - batches, apart.batches - apart_batches) == (1, 0)  # a2's, with b2's and c2's
+    assert server.store._sync.commits - commits == 1
+    with server.store.begin() as tx:
+        assert tx.invoker.count() == 0
+        assert [list(tx.rmd.get(s).received.ranges) for s in (a, b, c)] == [[(1, 2)]] * 3

@@ -20,6 +20,10 @@ A batch may let the next one start before it ends (:meth:`Combiner.hand_on`, fro
 batch function): once its work is done and only its commit is left, the callers waiting
 meanwhile form the next batch, which does its work while this one commits.  Batches of one
 key then overlap by their commits, never by their work.
+
+A batch may also take, before it ends, callers that came while it ran and whose items it can
+still settle (:meth:`Combiner.join_late`): they then need not wait for it to end and form a
+batch of their own.
 """
 
 from __future__ import annotations
@@ -111,6 +115,30 @@ class Combiner(Generic[T]):
             self.handed_on += 1
         return True
 
+    def join_late(self, accept: Callable[[T], bool]) -> list[T]:
+        """From inside the batch function, before :meth:`hand_on`: the items of callers of its key
+        waiting now (they came while it ran) that ``accept`` takes, up to the batch's limit, taken
+        out of the next batch into this one, in their order.  The batch function then returns an
+        outcome for each of them too, after those of its own items, in that order."""
+        key = getattr(self._leading, "key", _NONE)
+        late: list[_Slot[T]] = self._leading.late if key is not _NONE else []
+        room = self._limit - self._leading.size - len(late) if key is not _NONE else 0
+        if room <= 0:
+            return []
+        taken: list[_Slot[T]] = []
+        with self._lock:
+            queue = self._waiting[key]
+            kept: deque[_Slot[T]] = deque()
+            while queue:
+                slot = queue.popleft()
+                if len(taken) < room and accept(slot.item):
+                    taken.append(slot)
+                else:
+                    kept.append(slot)
+            self._waiting[key] = kept
+        late.extend(taken)
+        return [s.item for s in taken]
+
     def _pass_lead(self, key: Hashable) -> None:
         """The next batch of ``key`` may start: its first waiting caller leads (caller holds the lock)."""
         queue = self._waiting[key]
@@ -128,12 +156,15 @@ class Combiner(Generic[T]):
             while queue and len(batch) < self._limit:
                 batch.append(queue.popleft())
         self._leading.key = key
+        self._leading.size = len(batch)
+        late: list[_Slot[T]] = []
+        self._leading.late = late  # (join_late)
         try:
             outcomes = self._batch([s.item for s in batch])
-            if len(outcomes) != len(batch):
-                raise AssertionError(f"batch gave {len(outcomes)} outcomes for {len(batch)} items")
+            if len(outcomes) != len(batch) + len(late):
+                raise AssertionError(f"batch gave {len(outcomes)} outcomes for {len(batch) + len(late)} items")
             settled = 0
-            for s, outcome in zip(batch, outcomes, strict=True):
+            for s, outcome in zip(batch + late, outcomes, strict=True):
                 s.outcome = outcome
                 settled += outcome is not ALONE
             with self._lock:  # batches handed on may end at the same time
@@ -145,4 +176,6 @@ class Combiner(Generic[T]):
                 with self._lock:
                     self._pass_lead(key)
             for s in batch[1:]:
+                s.ready.set()
+            for s in late:
                 s.ready.set()
