@@ -29,7 +29,7 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..statemachine import (
@@ -1407,12 +1407,12 @@ class Destination:
                     for item in items]
         for item, seq, reception in riding:
             self.receipts_at_commit += 1
-            self._foresee(item.header.identifier, replace(seq, received=reception.received), None)
+            self._foresee(item.header.identifier, seq.with_received(reception.received), None)
             self._pass_turn(item, taken=True)  # committed: the next of its sequence finds itself next
         for item, (seq, reception) in general:  # what the next receipt of each one-way sequence guesses from
             if item.taken and not item.acks and not item.expects_reply and not reception.duplicate \
                     and reception.received.highest == item.header.message_number:
-                self._foresee(item.header.identifier, replace(seq, received=reception.received), None)
+                self._foresee(item.header.identifier, seq.with_received(reception.received), None)
         return [outcomes[id(item)] for item in items]
 
     def _batch_guess(self, tx: StoreTransaction, item: _Receipt) -> tuple[RmdSequence, Reception] | None:
@@ -1604,7 +1604,7 @@ class Destination:
                 or rmd_changes(reception.transition):
             self._ran_first.pop(identifier, None)
             return
-        self._ran_first[identifier] = (replace(seq, received=received), number, elsewhere)
+        self._ran_first[identifier] = (seq.with_received(received), number, elsewhere)
         self._ran_first.move_to_end(identifier)
         if len(self._ran_first) > _REMEMBERED_OWNERS:
             self._ran_first.popitem(last=False)
@@ -1813,7 +1813,7 @@ class Destination:
             self._forgive_decline(identifier)
         reply_after = after[1]
         if reply_after is not None or reply_seq is None:  # (a one-way message's sequence: its row alone)
-            self._foresee(identifier, replace(seq, received=reception.received), reply_after)
+            self._foresee(identifier, seq.with_received(reception.received), reply_after)
         self._pass_turn(item, taken=True)  # committed: the next of its sequence finds itself next
         return seq, reception
 
@@ -1858,7 +1858,7 @@ class Destination:
                     and not (one_way and self._caught_up(item, reception, invoker))):
             self._forget_foreseen(identifier)
             return
-        self._foresee(identifier, replace(seq, received=reception.received), reply_seq)
+        self._foresee(identifier, seq.with_received(reception.received), reply_seq)
 
     def _caught_up(self, item: _Receipt, reception: Reception, invoker: InvokerWorker) -> bool:
         """``item`` filled a gap, its receipt committed: deliver the messages buffered behind it

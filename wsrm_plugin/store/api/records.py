@@ -167,6 +167,13 @@ class RmdSequence(_Record):
     created_at: float = 0.0
     last_activity: float = 0.0
 
+    def with_received(self, received: AckRanges) -> RmdSequence:
+        """This row with ``received`` (``dataclasses.replace(self, received=received)`` without
+        its walk of the fields: a receive delivered on its commit remembers one)."""
+        return RmdSequence(self.sequence_id, self.acks_to, self.rm_version, self.wsa_version, self.principal,
+                           self.offered_id, received, self.last_number, self.closed, self.terminated,
+                           self.ack_due_at, self.expires, self.created_at, self.last_activity)
+
     @property
     def first_received(self) -> bool:
         return bool(self.received)
