@@ -256,6 +256,9 @@ class InterceptorChain:
         self._counter = 0
         self._in: _Plan = _order([])
         self._out: _Plan = _mirror(self._in)
+        #: What is left of a plan after an interceptor (:meth:`_rest_after`), by the plan's
+        #: identity and the name: a delivery resumes after the same one every time.
+        self._rest: dict[tuple[int, str], tuple[_Plan, _Plan]] = {}
         self._quiet_without_envelope = True
         self._loaded_entry_points: set[tuple[str, str]] = set()
         self.plugins = pluggy.PluginManager(hookspecs.PROJECT_NAME)
@@ -298,6 +301,7 @@ class InterceptorChain:
         plan = _order(entries)
         self._entries = entries
         self._in, self._out = plan, _mirror(plan)
+        self._rest = {}
         self._quiet_without_envelope = all(getattr(e.interceptor, "quiet_without_envelope", False)
                                            for e in entries)
 
@@ -429,20 +433,32 @@ class InterceptorChain:
             return self.handle_in(message, after=after)
         return self.handle_out(message, after=after)
 
+    def _rest_after(self, plan: _Plan, after: str) -> _Plan:
+        """``plan`` from just after the interceptor ``after``: the phases wholly before its one
+        left out, and of its phase the interceptors up to it (the phase's hook still runs).
+
+        Worked out once per plan and name (a resumed delivery asked it each time: a look
+        through every phase and the chain's names, a dozen Python calls a delivery)."""
+        key = (id(plan), after)
+        known = self._rest.get(key)
+        if known is not None and known[0] is plan:
+            return known[1]
+        for at, (phase, group) in enumerate(plan):
+            for index, entry in enumerate(group):
+                if entry.name == after:
+                    rest: _Plan = ((phase, group[index + 1:]), *plan[at + 1:])
+                    self._rest[key] = (plan, rest)
+                    return rest
+        raise ChainError(f"cannot resume after {after!r}: no interceptor of that name in the chain")
+
     def _run(self, message: Message, plan: _Plan, hook: pluggy.HookCaller, handler: str,
              after: str | None) -> Message:
-        skipping = after is not None
-        if skipping and after not in self:
-            raise ChainError(f"cannot resume after {after!r}: no interceptor of that name in the chain")
+        if after is not None:
+            plan = self._rest_after(plan, after)
         done: list[_Entry] = []
         try:
             for phase, group in plan:
-                if skipping and not any(e.name == after for e in group):
-                    continue  # a phase wholly before the resume point
                 for entry in group:
-                    if skipping:
-                        skipping = entry.name != after
-                        continue
                     run = getattr(entry.interceptor, handler, None)
                     if run is None:
                         continue

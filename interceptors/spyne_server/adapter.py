@@ -52,7 +52,7 @@ from wsrm_plugin.wire.xmlsafe import DEFAULT_MAX_SIZE, parse_xml
 from interceptors.chain import (
     Direction, HttpHeaders, InterceptorChain, Message, Phase, Response, Role, action_from_http,
 )
-from interceptors.spyne_server import direct
+from interceptors.spyne_server import contexts, direct
 from interceptors.understood import UnderstoodHeaders
 from interceptors.wsdl import RMPolicyAssertion, attach_policy, drop_undefined_header_messages
 
@@ -208,8 +208,13 @@ class ChainMiddleware:
         self.max_message_size = max_message_size
         #: the server whose request handling is run without its WSGI call (:mod:`.direct`), if it may be
         self._direct = application if direct.follows(application) else None
+        #: what runs a request there: spyne's ``handle_rpc``, making its contexts without a call per
+        #: field where it may (:mod:`.contexts`)
+        self._handle_rpc: Callable[[dict[str, Any], StartResponse], Iterable[bytes]] | None = None
         if self._direct is not None:
             direct.watch(application)
+            self._handle_rpc = (functools.partial(contexts.handle_rpc, application)
+                                if contexts.handles_quickly(application) else application.handle_rpc)
         #: What the chain and the service process of SOAP headers (SOAP's mustUnderstand rule).
         self.understood = UnderstoodHeaders(chain, getattr(application, "app", None), understands)
 
@@ -370,9 +375,10 @@ class ChainMiddleware:
             env[_OUT_TREE_KEY] = None  # spyne may leave its answer's tree here, unwritten
         server = self._direct
         if server is not None and self.application is server:  # spyne's handle_rpc without its WSGI call
+            assert self._handle_rpc is not None
             direct.watching(env)
             try:
-                status_line, headers, body = self._call_wsgi(env, server.handle_rpc)
+                status_line, headers, body = self._call_wsgi(env, self._handle_rpc)
             finally:
                 direct.let_go(env)
         else:

@@ -179,6 +179,39 @@ def test_suspend_then_resume_runs_each_remaining_interceptor_once():
         chain.resume(incoming(), after="nope")
 
 
+def test_resuming_runs_the_hooks_from_the_resume_points_phase_and_follows_a_changed_chain():
+    """A resumed message skips the phases before its interceptor's, hooks included, but its
+    phase's hook runs; a chain changed after a resume resumes by its new order (the rest of a
+    plan is worked out once: a stale one would skip ``added`` or run ``removed``)."""
+    calls: list = []
+
+    class Watcher:
+        @hookimpl
+        def wsrm_in_message(self, phase):
+            calls.append(phase)
+
+    log: list = []
+    chain = InterceptorChain([
+        Recorder("wsa", Phase.ADDRESSING, log),
+        Recorder("store", Phase.RELIABLE_MESSAGING, log),
+        Recorder("removed", Phase.RELIABLE_MESSAGING, log, after=["store"]),
+        Recorder("dispatch", Phase.DISPATCH, log),
+    ], plugins=[Watcher()])
+    for _ in range(2):  # (the second from what was worked out the first time)
+        log.clear(), calls.clear()
+        chain.resume(incoming(), after="store")
+        assert log == [("removed", "in"), ("dispatch", "in")]
+        assert calls == [p for p in Phase if p >= Phase.RELIABLE_MESSAGING]
+    chain.remove("removed")
+    chain.add(Recorder("added", Phase.RELIABLE_MESSAGING, log, after=["store"]))
+    log.clear()
+    chain.resume(incoming(), after="store")
+    assert log == [("added", "in"), ("dispatch", "in")]
+    log.clear()
+    chain.resume(outgoing(), after="dispatch")  # the out order: the mirror of the in order
+    assert log == [("added", "out"), ("store", "out"), ("wsa", "out")]
+
+
 def test_a_failure_unwinds_the_interceptors_that_ran_most_recent_first():
     log: list = []
     seen: list = []
