@@ -1052,15 +1052,26 @@ class _Invoker(api.InvokerBufferManager):
         tx = self._tx
         now = _now(now)
         if in_order:  # the sequences with buffered messages, each its next number looked up: no scan
-            staged = {key[0] for (table, key), value in tx._changes.items()
-                      if table == _BUF and value is not _DELETED}
-            owners = tx._store._owners
-            for sequence_id in sorted(staged.union(tx._store._groups_of(_BUF))):
+            store = tx._store
+            changes = tx._changes
+            candidates: Any = store._groups_of(_BUF)
+            if changes:  # (an invoker's claim opens its transaction: nothing staged yet)
+                candidates = {key[0] for (table, key), value in changes.items()
+                              if table == _BUF and value is not _DELETED}.union(candidates)
+            owners = store._owners
+            committed_inv, committed_buf = store._tables[_INV], store._tables[_BUF]
+            for sequence_id in sorted(candidates):
                 owner = owners.get((RANK_INVOKER, sequence_id))  # a peek: the lock below decides
                 if owner is not None and owner is not tx:
                     continue  # SKIP LOCKED, before its rows are read: another invoker delivers it
-                if self._due_in_order(sequence_id, now) is None:
-                    continue
+                if changes:
+                    if self._due_in_order(sequence_id, now) is None:
+                        continue
+                else:  # a peek at the committed rows without the mutex (as the owner's): read again below
+                    inv = committed_inv.get(sequence_id)
+                    peeked = committed_buf.get((sequence_id, inv.delivered.next_expected if inv is not None else 1))
+                    if peeked is None or (peeked.next_attempt_at is not None and peeked.next_attempt_at > now):
+                        continue
                 if not tx._lock(RANK_INVOKER, sequence_id, wait=False):
                     continue  # SKIP LOCKED: another invoker delivers this sequence
                 found = self._due_in_order(sequence_id, now)
