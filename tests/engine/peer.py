@@ -69,8 +69,8 @@ def _policy(args: argparse.Namespace) -> RMPolicy:
         limits["deliver_apart"] = True
     if getattr(args, "deliver_auto", False):
         limits["deliver_apart"] = None
-    if getattr(args, "first_when_busy", False):
-        limits["first_when_busy"] = True
+    if getattr(args, "no_first_when_busy", False):
+        limits["first_when_busy"] = False
     if getattr(args, "receive_together", None):
         limits["receive_together"] = args.receive_together
     return RMPolicy(rm_version=args.rm, base_retransmission_interval=args.base_interval,
@@ -407,9 +407,9 @@ def parser() -> argparse.ArgumentParser:
                         help="RMPolicy.deliver_apart: on SQLite, run the application outside the store's transactions")
     server.add_argument("--deliver-auto", action="store_true",
                         help="RMPolicy.deliver_apart=None: on SQLite, apart while another sequence's receive is under way")
-    server.add_argument("--first-when-busy", action="store_true",
-                        help="RMPolicy.first_when_busy: on SQLite delivering inside, a receive that finds a "
-                        "batch holding the file runs its application first")
+    server.add_argument("--no-first-when-busy", action="store_true",
+                        help="RMPolicy.first_when_busy off: on SQLite delivering inside, a receive that finds a "
+                        "batch holding the file waits for it (instead of running its application first)")
     server.add_argument("--receive-together", type=int, metavar="N",
                         help="RMPolicy.receive_together: receives under way at once delivered in one transaction")
     server.add_argument("--record-in-store", action="store_true",

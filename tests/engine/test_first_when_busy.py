@@ -5,7 +5,7 @@ file through its applications, one after the other, each waiting for its own dat
 receive of another sequence that begins meanwhile used to wait for the file, then hold it
 through its own application.  When its receipt will surely take its message (the same test as
 delivering apart: its sequence open with 1..n-1 received and delivered, nothing buffered), it
-runs its application at once with ``RMPolicy.first_when_busy`` set (off by default), while that
+runs its application at once (``RMPolicy.first_when_busy``, on by default), while that
 batch holds the file, and only its receipt waits for the file.  Real HTTP on 127.0.0.1, a real SQLite file; each test waits for what it asserts.
 """
 
