@@ -20,6 +20,7 @@ import pytest
 
 from wsrm_plugin.store.postgres import PostgresStore
 from wsrm_plugin.store.sql import SqlTransaction
+from wsrm_plugin.store.sql import placeholders
 
 from .test_managers import started
 
@@ -61,8 +62,8 @@ def _buffers(dsn: str, sql: str, params: Any) -> tuple[int, str]:
         with conn.cursor() as cur:
             if settings:
                 cur.execute(settings)
-            cur.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) "
-                        + sql[len(settings):].replace("?", "%s"), params)
+            text, values = placeholders.expand(sql[len(settings):], params)  # (``?N``: a value named again)
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) " + text, values)
             plan = "\n".join(r[0] for r in cur.fetchall())
     finally:
         conn.rollback()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
+
 from wsrm_plugin.store.sql import placeholders
 
 SQL = "SELECT ? || ?, ?1, ? + ?3, ?2"
@@ -29,3 +31,16 @@ def test_as_text_the_values_are_repeated_where_named_again_and_left_alone_otherw
 def test_sqlite_reads_the_numbering_as_it_is() -> None:
     with sqlite3.connect(":memory:") as db:
         assert db.execute(SQL, ("a", "b", 2)).fetchone() == ("ab", "a", 4, "b")
+
+
+def test_a_named_placeholder_is_numbered_at_its_first_place_and_named_again_after() -> None:
+    sql, names = placeholders.named("SELECT ?t, ?, ?key || ?t, ?key, ?")
+    assert sql == "SELECT ?, ?, ? || ?1, ?3, ?" and names == ("t", "", "key", "")
+    assert placeholders.count(sql) == 4
+    with sqlite3.connect(":memory:") as db:
+        assert db.execute(sql, (1, 2, "k", 4)).fetchone() == (1, 2, "k1", "k", 4)
+
+
+def test_a_statement_written_with_names_numbers_none_itself() -> None:
+    with pytest.raises(ValueError):
+        placeholders.named("SELECT ?x, ?1")

@@ -21,9 +21,31 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["count", "dollars", "expand"]
+__all__ = ["count", "dollars", "expand", "named"]
 
 _PLACEHOLDER = re.compile(r"\?(\d*)")
+_NAMED = re.compile(r"\?([a-z_][a-z0-9_]*)?")
+
+
+@functools.lru_cache(maxsize=256)
+def named(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` written with named placeholders (``?due``, lower case) numbered: a name's first
+    occurrence becomes ``?`` (the parameter after the highest so far), each later one ``?N``
+    again; with each parameter's name in order (``""`` for a bare ``?``, a parameter of its
+    own each).  For a statement whose values repeat (a time, a key, a range's bounds), written
+    once, so that each reaches PostgreSQL once (see the module)."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1) or ""
+        if name and name in names:
+            return f"?{names.index(name) + 1}"
+        names.append(name)
+        return "?"
+
+    if re.search(r"\?\d", sql) is not None:
+        raise ValueError(f"a statement written with names numbers none itself: {sql!r}")
+    return _NAMED.sub(number, sql), tuple(names)
 
 
 @functools.lru_cache(maxsize=256)

@@ -25,6 +25,7 @@ from .rmd import _SELECT_RMD
 from .statements import ACTIVITY_GRAIN, ahead_key
 from .rows import _ENQUEUE_COLS, _MSG_COLS, _RMD_COLS, _RMS_COLS, _cols, _msg, _rmd, _rms, msg_cols, with_key
 from .large_payloads import COPY_PAYLOAD_AT, cols_leaving_large_payloads, with_large_payloads
+from . import placeholders
 from .transaction import SqlTransaction, _in_list
 
 _SELECT_RMS = f"SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?"
@@ -61,8 +62,13 @@ PAYLOAD_APART_AT = 2048
 #: acknowledgement is passed over in the index by the due scans, as many as are in flight.
 _DUE = "next_send_at <= ? AND (retry_at IS NULL OR retry_at <= ?)"
 _DUE_M = "m.next_send_at <= ? AND (m.retry_at IS NULL OR m.retry_at <= ?)"
+#: :data:`_DUE` with its parameter named once (:func:`.placeholders.named`)
+_DUE_NOW = "next_send_at <= ?now AND (retry_at IS NULL OR retry_at <= ?now)"
 #: The assignments of a first send (three parameters: the due time, three times).
 _FIRST_SEND = "retry_at = ?, next_send_at = CASE WHEN next_send_at > ? THEN ? ELSE next_send_at END"
+#: :data:`_FIRST_SEND` with its parameter named once
+_FIRST_SEND_AT = ("retry_at = ?next_send_at, "
+                  "next_send_at = CASE WHEN next_send_at > ?next_send_at THEN ?next_send_at ELSE next_send_at END")
 #: The assignments of any send: a first one as :data:`_FIRST_SEND`, a later one moves
 #: ``next_send_at`` (three parameters: the due time, three times).  The CAST lets PostgreSQL
 #: prepare it: a parameter that is a CASE's only value is otherwise taken for text.
@@ -160,33 +166,41 @@ _CLOSED_TO_ENQUEUES = "last_message OR closed OR close_sent OR terminate_sent OR
 #: plan scanned that index over every unacknowledged message of the sequence (the number its
 #: third column, a filter): an enqueue cost as much more as the sequence had queued (17 of an
 #: enqueue's 30 buffers at 50 queued; tests/store/test_backlog.py).
-_MINE = ("s.target = ? AND s.started AND s.sequence_id IS NOT NULL AND NOT s.terminate_sent AND NOT s.faulted "
+_MINE = ("s.target = ?target AND s.started AND s.sequence_id IS NOT NULL AND NOT s.terminate_sent AND NOT s.faulted "
          "AND COALESCE((SELECT b.acked FROM rms_message b WHERE b.seq = s.id "
          "AND b.number = s.highest_number - 1), TRUE)")
 
 
-def _enqueue_claiming(claims: bool) -> str:
+def _enqueue_claiming(claims: bool, replies: bool = True, whole: bool = True) -> str:
     """:meth:`_RmsMessages.enqueue_claiming`'s number taken (``s``), claim decided (``c``) and
-    message inserted (``m``), as a statement's WITH clauses (parameters: :func:`_claiming_params`).
-    Without ``claims`` (no target: a message no caller sends itself) the claim is no question:
-    no ``c``, the message inserted unclaimed, and the statement reads no other message (every
-    node of a plan is set up again at each execution of it: ``c`` and its joins were about a
-    fifth of this statement's)."""
-    taken = (f"WITH s AS (UPDATE rms_sequence SET highest_number = highest_number + 1 WHERE seq_key = ? "
-             f"AND NOT ({_CLOSED_TO_ENQUEUES}) AND highest_number < ? RETURNING {_cols(_RMS_COLS)}), ")
+    message inserted (``m``), as a statement's WITH clauses, its parameters named
+    (:func:`.placeholders.named`; their values: :func:`_claiming_params`).  Without ``claims``
+    (no target: a message no caller sends itself) the claim is no question: no ``c``, the
+    message inserted unclaimed, and the statement reads no other message (every node of a plan
+    is set up again at each execution of it: ``c`` and its joins were about a fifth of this
+    statement's).  Without ``replies`` (no reply callback nor context, awaiting no reply: a
+    one-way message) those columns are written as constants, and the highest number a sequence
+    takes is one always: each value a prepared statement receives costs PostgreSQL about 4-5 k
+    instructions to read (:mod:`.placeholders`), and a value named twice is sent once.  Without
+    ``whole`` (no claim, no one reads the row back) ``s`` returns only what the insert takes."""
+    taken = (f"WITH s AS (UPDATE rms_sequence SET highest_number = highest_number + 1 WHERE seq_key = ?key "
+             f"AND NOT ({_CLOSED_TO_ENQUEUES}) AND highest_number < {api.MAX_MESSAGE_NUMBER} "
+             f"RETURNING {_cols(_RMS_COLS) if whole or claims else 'id, highest_number'}), ")
     inserted = (f"m AS (INSERT INTO rms_message ({_cols(_ENQUEUE_COLS)}, retry_at) "
-                "SELECT s.id, s.highest_number, ?, ?, ?, ?, FALSE, ?, ?, ?, ?, ")
+                "SELECT s.id, s.highest_number, ?message_id, ?action, ?soap_version, ?payload, FALSE, "
+                + ("?reply_callback, ?reply_context, ?waits, ?waits, " if replies else "NULL, NULL, FALSE, FALSE, "))
     if not claims:
-        return taken + inserted + "CAST(? AS DOUBLE PRECISION), ?, 0, NULL, NULL FROM s RETURNING number)"
+        return (taken + inserted + "CAST(?due AS DOUBLE PRECISION), CAST(?t AS DOUBLE PRECISION), 0, NULL, NULL "
+                "FROM s RETURNING number)")
     return (
         taken + f"c AS (SELECT {_MINE} AS mine FROM s), " + inserted +
-        "CASE WHEN c.mine THEN LEAST(CAST(? AS DOUBLE PRECISION), CAST(? AS DOUBLE PRECISION)) "
-        "ELSE CAST(? AS DOUBLE PRECISION) END, ?, CASE WHEN c.mine THEN 1 ELSE 0 END, "
-        "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END, "
-        "CASE WHEN c.mine THEN CAST(? AS DOUBLE PRECISION) END FROM s, c RETURNING number)")
+        "CASE WHEN c.mine THEN LEAST(CAST(?due AS DOUBLE PRECISION), CAST(?next_send_at AS DOUBLE PRECISION)) "
+        "ELSE CAST(?due AS DOUBLE PRECISION) END, CAST(?t AS DOUBLE PRECISION), CASE WHEN c.mine THEN 1 ELSE 0 END, "
+        "CASE WHEN c.mine THEN CAST(?t AS DOUBLE PRECISION) END, "
+        "CASE WHEN c.mine THEN CAST(?next_send_at AS DOUBLE PRECISION) END FROM s, c RETURNING number)")
 
 
-_ENQUEUE_CLAIMING = _enqueue_claiming(True)
+_ENQUEUE_CLAIMING, _ENQUEUE_CLAIMING_NAMES = placeholders.named(_enqueue_claiming(True))
 #: the session setting in which an enqueue riding to its transaction's commit leaves its outcome
 #: (:meth:`_RmsMessages.enqueue_claiming_at_commit`): "<number> <1 if claimed, else 0> <a JSON
 #: array: the sequence's row as the enqueue wrote it, the RMD row read beside or null>" (the rows
@@ -195,7 +209,7 @@ _ENQUEUE_CLAIMING = _enqueue_claiming(True)
 _RODE = "wsrm.enqueued"
 
 
-def _enqueue_claiming_at_commit(claims: bool, reads_rmd: bool) -> str:
+def _enqueue_claiming_at_commit(claims: bool, reads_rmd: bool, replies: bool = True) -> str:
     """That enqueue: :func:`_enqueue_claiming` and, with ``reads_rmd``, the RMD row whose
     acknowledgement the request carries read beside (as ``enqueue_claiming`` reads it: before
     the commit, which flushes the WAL past what it saw; one parameter more, last), its outcome
@@ -214,7 +228,7 @@ def _enqueue_claiming_at_commit(claims: bool, reads_rmd: bool) -> str:
         f" || CAST(json_build_array(row_to_json(s), {'(SELECT row_to_json(r) FROM r)' if reads_rmd else 'NULL'}) "
         "AS text)")
     return (
-        _enqueue_claiming(claims) + f"{read} SELECT 1 / CAST(count(set_config('{_RODE}', "
+        _enqueue_claiming(claims, replies, bool(rows)) + f"{read} SELECT 1 / CAST(count(set_config('{_RODE}', "
         f"CAST(m.number AS text) || {'CASE WHEN c.mine THEN ' + repr(' 1 ') + ' ELSE ' if claims else ''}' 0 '"
         f"{' END' if claims else ''}{rows}, FALSE)) AS integer) FROM m{' JOIN c ON TRUE' if claims else ''}"
         f"{' CROSS JOIN s' if rows else ''}")
@@ -232,9 +246,15 @@ def _enqueue_claiming_at_commit(claims: bool, reads_rmd: bool) -> str:
 #: statement more a message (xa1: client statements 9.1 -> 7.1 a message with the RELEASE gone,
 #: planning 0.05 plans a call over 2,000 messages, the sessions' first five).  The settings end
 #: with the transaction, whose COMMIT follows.
-_ENQUEUES_AT_COMMIT = {(claims, reads): (_PLANNED_ONCE + "SET LOCAL enable_seqscan TO off; " if claims else "")
-                       + _enqueue_claiming_at_commit(claims, reads)
-                       for claims in (True, False) for reads in (True, False)}
+#: Each with its parameters' names (:func:`.placeholders.named`), by (claims, reads_rmd,
+#: replies, due_now): without ``replies`` a message with no reply callback nor context, awaiting
+#: no reply; with ``due_now`` one due as it is enqueued (no ``send_at``: its due time is its
+#: creation's, one value).
+_ENQUEUES_AT_COMMIT = {
+    (claims, reads, replies, now): placeholders.named(
+        ((_PLANNED_ONCE + "SET LOCAL enable_seqscan TO off; " if claims else "")
+         + _enqueue_claiming_at_commit(claims, reads, replies)).replace("?due", "?t" if now else "?due"))
+    for claims in (True, False) for reads in (True, False) for replies in (True, False) for now in (True, False)}
 #: its outcome, read after the commit: the setting alone.  It runs in a transaction of its own
 #: (after the COMMIT, in the same query string: libpq gives only the last statement's result),
 #: which a ``SHOW`` keeps to the least: no table, no snapshot, no plan, no xid, so no commit
@@ -252,13 +272,18 @@ _ENQUEUED_BEFORE_COMMIT = (f"SELECT current_setting('{_RODE}') || CAST(json_buil
 
 def _claiming_params(sequence_key: str, payload: bytes, action: str, soap_version: str, message_id: str,
                      target: str | None, next_send_at: float, reply_callback: str | None, reply_context: bytes | None,
-                     awaits_reply: bool, due: float, t: float) -> tuple[Any, ...]:
-    """The parameters of :func:`_enqueue_claiming` (claiming when ``target`` is given)."""
-    waits = reply_callback is not None or awaits_reply  # (reply_pending, then awaits_reply)
-    head = (sequence_key, api.MAX_MESSAGE_NUMBER, *(() if target is None else (target,)), message_id, action,
-            soap_version, bytes(payload), reply_callback, None if reply_context is None else bytes(reply_context),
-            waits, waits)
-    return (*head, due, t) if target is None else (*head, due, next_send_at, due, t, t, next_send_at)
+                     awaits_reply: bool, due: float, t: float) -> dict[str, Any]:
+    """The values of :func:`_enqueue_claiming`'s named parameters."""
+    return {"key": sequence_key, "target": target, "message_id": message_id, "action": action,
+            "soap_version": soap_version, "payload": bytes(payload), "reply_callback": reply_callback,
+            "reply_context": None if reply_context is None else bytes(reply_context),
+            "waits": reply_callback is not None or awaits_reply, "due": due, "next_send_at": next_send_at, "t": t}
+
+
+def _in_order(names: Sequence[str], values: Mapping[str, Any], *rest: Any) -> tuple[Any, ...]:
+    """The parameters of a statement numbered by :func:`.placeholders.named`: each name's
+    value, then ``rest`` for its bare placeholders (which follow every name)."""
+    return (*(values[name] for name in names if name), *rest)
 
 
 #: A request by its message id (one parameter): only a message enqueued awaiting a reply is one,
@@ -603,9 +628,10 @@ class _RmsMessages(api.RmsMessageManager):
             ("SET LOCAL enable_seqscan TO off; " if tx._global is None else "") + _ENQUEUE_CLAIMING
             + read + f"SELECT {_cols(_RMS_COLS, 's')}, c.mine" + (", r.*" if rmd_sequence_id is not None else "")
             + " FROM s JOIN c ON TRUE" + (" LEFT JOIN r ON TRUE" if rmd_sequence_id is not None else ""),
-            (*_claiming_params(sequence_key, payload, action, soap_version, message_id, target, next_send_at,
-                               reply_callback, reply_context, awaits_reply, due, t),
-             *((rmd_sequence_id,) if rmd_sequence_id is not None else ())))
+            _in_order(_ENQUEUE_CLAIMING_NAMES,
+                      _claiming_params(sequence_key, payload, action, soap_version, message_id, target, next_send_at,
+                                       reply_callback, reply_context, awaits_reply, due, t),
+                      *((rmd_sequence_id,) if rmd_sequence_id is not None else ())))
         if not rows:  # it takes no more messages: enqueue says precisely why
             msg = self.enqueue(sequence_key, payload, action=action, soap_version=soap_version,
                                message_id=message_id, reply_callback=reply_callback, reply_context=reply_context,
@@ -682,8 +708,9 @@ class _RmsMessages(api.RmsMessageManager):
         # ends with the transaction, whose COMMIT follows it (a decline's rollback to its
         # savepoint undoes it too)
         reads = rmd_sequence_id is not None
-        if not tx.write_at_commit(_ENQUEUES_AT_COMMIT[(target is not None, reads)],
-                                  (*claiming, *((rmd_sequence_id,) if reads else ())),
+        replies = reply_callback is not None or reply_context is not None or awaits_reply
+        sql, names = _ENQUEUES_AT_COMMIT[(target is not None, reads, replies, send_at is None)]
+        if not tx.write_at_commit(sql, _in_order(names, claiming, *((rmd_sequence_id,) if reads else ())),
                                   _ENQUEUED_AT_COMMIT, (), answer, otherwise,
                                   None if target is not None or reads else (_ENQUEUED_BEFORE_COMMIT, (sequence_key,))):
             return False
@@ -971,10 +998,10 @@ class _RmsMessages(api.RmsMessageManager):
         tx = self._tx
         seq = self._seq_id(sequence_key)  # sequence row first, then its messages: one order for all
         if tx.d.writable_cte and tx.undo is None:
-            rows = tx.write_all(
+            sql, names = placeholders.named(
                 _generic_plan(tx) + f"WITH {self._first_sends_claim(tx)} "
-                "SELECT * FROM m WHERE number IN (SELECT number FROM u) ORDER BY number",
-                self._first_sends_params(seq, limit, next_send_at, now))
+                "SELECT * FROM m WHERE number IN (SELECT number FROM u) ORDER BY number")
+            rows = tx.write_all(sql, _in_order(names, self._first_sends_params(seq, limit, next_send_at, now)))
             msgs = [_msg(r, sequence_key) for r in rows]
             if not msgs:  # a message sent already: nothing written
                 return []
@@ -989,13 +1016,14 @@ class _RmsMessages(api.RmsMessageManager):
         return self._with_payloads(msgs)
 
     @staticmethod
-    def _first_sends_claim(tx: SqlTransaction, gate: str = "", seq: str = "?") -> str:
+    def _first_sends_claim(tx: SqlTransaction, gate: str = "", seq: str = "?seq") -> str:
         """The WITH items of :meth:`claim_first_sends`: ``m``, the sequence's first due
         unacknowledged messages (only when ``gate``, a condition, holds), and ``u``, their
         attempts recorded, none when one of them was sent; parameters from
-        :meth:`_first_sends_params`.  ``seq``: the sequence's id (a parameter, or an expression,
-        which then takes none).  Both go by the primary key whatever the statistics say,
-        so that PostgreSQL may keep one generic plan of the statement (:data:`_GENERIC_PLAN`).
+        :meth:`_first_sends_params`, named (:func:`.placeholders.named`: each value sent once).
+        ``seq``: the sequence's id (a parameter, or an expression, which then takes none).
+        Both go by the primary key whatever the statistics say, so that PostgreSQL may keep one
+        generic plan of the statement (:data:`_GENERIC_PLAN`).
 
         ``acked IS FALSE`` (the column is NOT NULL: the same rows as ``NOT acked``) keeps the
         partial indexes out of the planner's choice, as ``NOT acked`` would not: PostgreSQL
@@ -1007,18 +1035,17 @@ class _RmsMessages(api.RmsMessageManager):
         the primary key: as ``IN (SELECT number FROM m)``, the generic plan made on fresh
         statistics read the whole table and hashed it (5.7 ms against 0.46 at 20,000)."""
         return (f"m AS (SELECT {_read_cols(tx)} FROM rms_message WHERE seq = {seq} AND acked IS FALSE "
-                f"AND {_DUE}{gate} ORDER BY number LIMIT ?), "
-                f"u AS (UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?, {_FIRST_SEND} "
+                f"AND {_DUE_NOW}{gate} ORDER BY number LIMIT ?limit), "
+                f"u AS (UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?now, {_FIRST_SEND_AT} "
                 f"WHERE seq = {seq} AND number = ANY(ARRAY(SELECT number FROM m)) AND send_count = 0 "
                 "AND acked IS FALSE AND NOT EXISTS (SELECT 1 FROM m WHERE send_count > 0) RETURNING number)")
 
     @staticmethod
     def _first_sends_params(seq: int | None, limit: int, next_send_at: float,
-                            now: float | None) -> tuple[Any, ...]:
-        """The parameters of :meth:`_first_sends_claim`; ``seq`` None where its ``seq`` is an expression."""
-        t = _now(now)
-        s = () if seq is None else (seq,)
-        return (*s, t, t, max(0, limit), t, next_send_at, next_send_at, next_send_at, *s)
+                            now: float | None) -> dict[str, Any]:
+        """The values of :meth:`_first_sends_claim`'s named parameters (``seq`` None where its
+        ``seq`` is an expression)."""
+        return {"seq": seq, "now": _now(now), "limit": max(0, limit), "next_send_at": next_send_at}
 
     def claim_first_sends_of(self, sequence_key: str, limit: int, *, next_send_at: float,
                              now: float | None = None) -> tuple[RmsSequence | None, list[RmsMessage]]:
@@ -1048,18 +1075,19 @@ class _RmsMessages(api.RmsMessageManager):
             return super().claim_first_sends_of(sequence_key, limit, next_send_at=next_send_at, now=now)
         tx.lock(RANK_RMS, sequence_key)
         t = _now(now)
-        rows = tx.write_all(
+        sql, names = placeholders.named(
             _generic_plan(tx)
             + f"WITH p AS (SELECT {_cols(_RMS_COLS)}, COALESCE((SELECT send_count = 0 FROM rms_message "
-            f"WHERE seq = rms_sequence.id AND acked IS FALSE AND {_DUE} ORDER BY number LIMIT 1), FALSE) AS due "
-            "FROM rms_sequence WHERE seq_key = ?), "
-            f"q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ? "
+            f"WHERE seq = rms_sequence.id AND acked IS FALSE AND {_DUE_NOW} ORDER BY number LIMIT 1), FALSE) AS due "
+            "FROM rms_sequence WHERE seq_key = ?key), "
+            f"q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?key "
             f"AND NOT ({_CLOSED_TO_ENQUEUES}) AND EXISTS (SELECT 1 FROM p WHERE due){tx.d.key_share}), "
             + self._first_sends_claim(tx, " AND EXISTS (SELECT 1 FROM q WHERE started AND sequence_id IS NOT NULL "
                                           "AND NOT terminate_sent AND NOT faulted)", "(SELECT id FROM q)")
             + " SELECT p.*, q.*, c.* FROM p LEFT JOIN q ON TRUE "
-            "LEFT JOIN (SELECT * FROM m WHERE number IN (SELECT number FROM u)) c ON TRUE ORDER BY c.number",
-            (t, t, sequence_key, sequence_key, *self._first_sends_params(None, limit, next_send_at, now)))
+            "LEFT JOIN (SELECT * FROM m WHERE number IN (SELECT number FROM u)) c ON TRUE ORDER BY c.number")
+        rows = tx.write_all(sql, _in_order(names, {**self._first_sends_params(None, limit, next_send_at, t),
+                                                   "key": sequence_key}))
         width = len(_RMS_COLS)
         if rows and rows[0][width + 1] is None:  # q empty: nothing locked, nothing written
             read = _rms(rows[0][:width])
