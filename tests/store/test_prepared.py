@@ -224,3 +224,27 @@ def test_a_parameter_named_again_goes_once_as_text_prepared_and_unprepared(store
             assert _prepared_on(tx) == []
     finally:
         plain.close()
+
+
+def test_an_executes_ascii_bytea_argument_goes_as_its_text_and_reads_back_the_same_bytes(
+        store: StorageManager) -> None:
+    """A ``bytea`` argument with ASCII bytes only (and no NUL) goes as its text, each backslash
+    doubled, which ``bytea``'s input reads in its escape format: half the characters of
+    psycopg2's hex for PostgreSQL's lexer, and no hex decoding.  Any other bytes go as before;
+    every value reads back byte for byte."""
+    sql = "SELECT CAST(? AS bytea), octet_length(CAST(?1 AS bytea))"
+    values = [b"", b"<a/>", b"\\x41", b"\\\\", b"a\\101b", b"it's 100%s", b"\\", b"x\\",
+              b"\x01\x1f\x7f", b"\x00a", "caf\u00e9".encode(), b"\xff\xfe", bytearray(b"\\x00 <b/>")]
+    for value in values:
+        rows = []
+        for _ in range(3):  # prepared the second time
+            with store.begin() as tx:
+                rows.append(tx.one(sql, (value,)))
+                sent, arguments = tx._text(sql, (value,))
+        assert sent.startswith("EXECUTE wsrm_"), sent
+        ascii_text = bytes(value).isascii() and b"\0" not in value
+        assert isinstance(arguments[0], str) == ascii_text, (value, arguments)
+        if ascii_text:
+            assert arguments[0] == bytes(value).decode().replace("\\", "\\\\")
+        for row in rows:
+            assert (bytes(row[0]), row[1]) == (bytes(value), len(value)), (value, row)
