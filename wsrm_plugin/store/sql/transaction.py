@@ -692,7 +692,8 @@ class SqlTransaction(api.StoreTransaction):
             return None
         self._wrote = True
         seq = self.held_rmd[sequence_id] = _rmd(rows[0])
-        return replace(seq, received=api.parse_ranges(before)), take and self.invoker.take_next(sequence_id, number)
+        # (with_received: dataclasses.replace walked the row's 14 fields, 15 Python calls a message)
+        return seq.with_received(api.parse_ranges(before)), take and self.invoker.take_next(sequence_id, number)
 
     def note_take(self, sequence_id: str, number: int, taken: bool) -> bool:
         """After a take: the invoker row as this transaction now holds it (or forgets it)."""
