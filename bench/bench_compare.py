@@ -970,8 +970,9 @@ def _sender_counts(sender: Any) -> dict[str, float]:
     """The client's sender, per message: its sending lanes' refill claims and the messages they
     claimed, the messages it sent and those its callers sent themselves, and retransmissions."""
     return {f"count:{name.replace('_', ' ')}(client)": getattr(sender, name, 0)
-            for name in ("refill_claims", "refilled", "refill_acks", "messages_sent", "sent_by_callers", "callers_paced",
-                         "retransmissions")}
+            for name in ("refill_claims", "refilled", "messages_sent", "sent_by_callers", "callers_paced",
+                         "retransmissions", "lane_rounds", "lanes", "lane_busy_ms", "lane_slot_ms",
+                         "lane_ends_untaken", "lane_ends_alone", "lane_ends_closed", "lane_ends_empty")}
 
 
 def _count_reads(points: _Points) -> None:
@@ -1191,6 +1192,13 @@ class Result:
         for role in ("client", "server"):  # one interpreter each: its threads take turns on one lock
             if role in self.cpu_ms:
                 shares[f"cores used({role})"] = self.cpu_ms[role] / 1000 / self.seconds
+        lanes = self.tm.get("count:lanes(client)")
+        if lanes:  # the client's sending lanes: their slots idle at their rounds' ends, their messages
+            shares["lane idle share(client)"] = 1 - self.tm["count:lane busy ms(client)"] / max(
+                self.tm["count:lane slot ms(client)"], 1)
+            shares["msgs a lane(client)"] = self.tm["count:messages sent(client)"] / lanes
+            for why in ("untaken", "alone", "closed", "empty"):
+                shares[f"lanes ending {why}(client)"] = self.tm.get(f"count:lane ends {why}(client)", 0) / lanes
         for role in ("client", "server"):
             held = self.tm.get(f"count:file held ms({role})")
             if held is not None:

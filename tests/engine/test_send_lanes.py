@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from wsrm_plugin.engine import ReliableEngine
+from wsrm_plugin.engine import ReliableEngine, retransmission
 from wsrm_plugin.engine.source import SequenceKey
 
 from .conftest import fast_policy
@@ -465,12 +465,14 @@ class HoldUntil(InFlight):
         return super().__call__(holding)
 
 
-def _send_backlog(engines, watch: InFlight, policy: Any) -> tuple[ReliableEngine, Recorder, dict[str, int]]:
-    """a's 34 messages and b..i's 2 each through ``watch``, a's flow pipelined already (a flow starts
-    in order, 2 at a time: its claims' limit is then send_batch); returns once all arrived."""
+def _send_backlog(engines, watch: InFlight, policy: Any, backlog: dict[str, int] | None = None
+                  ) -> tuple[ReliableEngine, Recorder, dict[str, int]]:
+    """``backlog`` (a's 34 messages and b..i's 2 each unless given) through ``watch``, a's flow
+    pipelined already (a flow starts in order, 2 at a time: its claims' limit is then
+    send_batch); returns once all arrived."""
     received = Recorder()
     server = engines("memory:", fast_policy(), serve=True, middleware=watch, application=received)
-    backlog = {"a": 34, **{key: 2 for key in "bcdefghi"}}
+    backlog = backlog or {"a": 34, **{key: 2 for key in "bcdefghi"}}
     client = ReliableEngine("memory:", policy, name="client")
     flow = client.retransmission.flow_of(SequenceKey(server.endpoint_address, "a", 1, False).encode(), create=True)
     assert flow is not None
@@ -480,19 +482,21 @@ def _send_backlog(engines, watch: InFlight, policy: Any) -> tuple[ReliableEngine
             client.send(server.endpoint_address, payload(f"{key}{i}"), action=ACTION, key=key)
     client.start()
     try:
-        assert wait_for(lambda: client.status().unacked == 0 and len(received.snapshot()) == 50, timeout=60), \
-            client.status()
+        assert wait_for(lambda: client.status().unacked == 0 and len(received.snapshot()) == sum(backlog.values()),
+                        timeout=60), client.status()
     finally:
         client.stop(timeout=5)
     return client, received, backlog
 
 
-def test_a_lanes_refills_take_many_messages_each(engines):
+def test_a_lanes_refills_take_many_messages_each(engines, monkeypatch):
     """A round's claim gives each of many sequences its share of ``send_batch`` (here 16 over 9
     sequences: a gets one or two); a lane that sent its share of a long backlog while another lane
     still sends claims 16 at a time (as many as its flow allows), not as few as it sent: each
     claim is a store transaction.  Without it, a's lane took 4 refills of 2 and left the rest to
-    the next round, after b0."""
+    the next round, after b0.  (The round stays open as long as it takes, whatever the machine's
+    speed.)"""
+    monkeypatch.setattr(retransmission, "_ROUND_OPEN", 60.0)
     watch = HoldUntil(delay=0.01, held="b0", until="a33", limit=20.0)
     policy = fast_policy(send_concurrency=16, send_batch=16, base_retransmission_interval=30.0, http_timeout=30.0)
     client, received, backlog = _send_backlog(engines, watch, policy)
@@ -502,17 +506,52 @@ def test_a_lanes_refills_take_many_messages_each(engines):
     assert _by_key(received.snapshot()) == {key: [f"{key}{i}" for i in range(n)] for key, n in backlog.items()}
 
 
-def test_a_lane_sending_past_its_first_messages_retransmission_time_goes_on_refilling(engines):
+def test_a_lane_sending_past_its_first_messages_retransmission_time_goes_on_refilling(engines, monkeypatch):
     """A round applies its lanes' acknowledgements at its end.  A lane that sends longer than the
-    retransmission interval finds, at a refill, its first messages due again in the store
-    (acknowledged only in memory): the claim leaves a sequence whose first due message is a
-    retransmission to the round, so the lane ended and its backlog waited for the round's end
-    (here b0 is held until a's last message arrives).  The lane now applies its sequence's
-    acknowledgements first (counted in ``refill_acks``) and claims again."""
+    retransmission interval has its first messages due again in the store (acknowledged only in
+    memory): a claim of first sends found a retransmission due first and took nothing, so the
+    lane ended and its backlog waited for the round's end (here b0 is held until a's last
+    message arrives).  The lane's claim now passes over the messages its round's answers
+    acknowledged, and writes nothing more for it."""
+    monkeypatch.setattr(retransmission, "_ROUND_OPEN", 60.0)
     watch = HoldUntil(delay=0.03, held="b0", until="a33", limit=10.0)
     policy = fast_policy(send_concurrency=16, send_batch=16, base_retransmission_interval=0.3, http_timeout=30.0)
     client, received, backlog = _send_backlog(engines, watch, policy)
     arrived = [text for _, text in watch.arrivals]
     assert arrived.index("a33") < arrived.index("b1"), arrived  # all of a in the round that held b0
-    assert client.retransmission.refill_acks >= 1
+    assert client.retransmission.refilled >= 32  # a's messages after its round's first ones: its lane's
     assert _by_key(received.snapshot()) == {key: [f"{key}{i}" for i in range(n)] for key, n in backlog.items()}
+
+
+def test_a_lane_goes_on_with_its_sequence_while_another_lane_sends_however_many_it_took(engines, monkeypatch):
+    """No count of refills ends a lane: while another lane of its round still sends (and the round
+    is open) it takes its sequence's next messages, here all of a's 100 while b0 is held.  With at
+    most four refills, a's lane ended after 66 and its slot idled until b's lane ended the round
+    (lanes idle at their rounds' ends 12-30% of the time at 16 sequences)."""
+    monkeypatch.setattr(retransmission, "_ROUND_OPEN", 60.0)
+    watch = HoldUntil(delay=0.005, held="b0", until="a99", limit=20.0)
+    policy = fast_policy(send_concurrency=16, send_batch=16, base_retransmission_interval=30.0, http_timeout=30.0)
+    client, received, _ = _send_backlog(engines, watch, policy, {"a": 100, "b": 2})
+    arrived = [text for _, text in watch.arrivals]
+    assert arrived.index("a99") < arrived.index("b1"), arrived
+    assert client.retransmission.lane_ends_closed == 0
+    assert _by_key(received.snapshot()) == {"a": [f"a{i}" for i in range(100)], "b": ["b0", "b1"]}
+
+
+def test_a_lane_takes_no_more_of_its_sequence_while_another_sequence_waits_for_a_lane(engines):
+    """Two lanes (``send_concurrency``) for a round of four sequences: a lane that has sent its
+    share does not go on with its sequence while the round's other sequences wait for a thread;
+    it makes room for them.  Going on until the round closed kept c and d out of it."""
+    watch = InFlight(delay=0.1)  # each lane's first message goes well before another's third
+    received = Recorder()
+    server = engines("memory:", fast_policy(), serve=True, middleware=watch, application=received)
+    policy = fast_policy(send_concurrency=2, send_batch=8, base_retransmission_interval=30.0, http_timeout=30.0)
+    client = _client_with_backlog(server, policy, {key: 20 for key in "abcd"})
+    try:
+        assert wait_for(lambda: client.status().unacked == 0 and len(received.snapshot()) == 80, timeout=60), \
+            client.status()
+    finally:
+        client.stop(timeout=5)
+    arrived = [text for _, text in watch.arrivals]
+    assert arrived.index("c0") < arrived.index("a2") and arrived.index("d0") < arrived.index("b2"), arrived
+    assert _by_key(received.snapshot()) == {key: [f"{key}{i}" for i in range(20)] for key in "abcd"}

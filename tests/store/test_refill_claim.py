@@ -70,6 +70,23 @@ def test_a_retransmission_due_leaves_the_claim_to_the_round(store: StorageManage
     assert _sent(store) == [(1, 0), (2, 1), (3, 0)]
 
 
+def test_the_claim_passes_over_the_messages_its_lane_knows_acknowledged(store: StorageManager) -> None:
+    """A lane's answers acknowledged messages 1 and 2 (the store hears it at its round's end):
+    due again in the store, they are passed over (``after``), not taken for a retransmission
+    that leaves the claim to the round; a due one past them still is."""
+    started(store, messages=6, sent=False)
+    with store.begin() as tx:
+        tx.rms_messages.record_send_attempts("k1", [1, 2], next_send_at=0.0)  # sent, and due again at once
+    with store.begin(durable=False) as tx:
+        assert tx.rms_messages.claim_first_sends_of("k1", 3, next_send_at=1e12, after=1)[1] == []
+    with store.begin(durable=False) as tx:
+        seq, msgs = tx.rms_messages.claim_first_sends_of("k1", 3, next_send_at=1e12, after=2)
+        assert seq.key == "k1" and [(m.number, m.send_count) for m in msgs] == [(3, 0), (4, 0), (5, 0)]
+    assert _sent(store) == [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 0)]
+    with store.begin(durable=False) as tx:
+        assert [m.number for m in tx.rms_messages.claim_first_sends("k1", 3, next_send_at=1e12, after=5)] == [6]
+
+
 class _RoundTrips:
     """A transaction's connection that notes every query string sent through it."""
 

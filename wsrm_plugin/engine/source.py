@@ -339,6 +339,15 @@ class PendingAcks:
         with self._lock:
             return list(self._acks)
 
+    def acked_through(self, identifier: str) -> int:
+        """The highest number N such that the answers pending here acknowledged messages 1 to N of
+        sequence ``identifier`` (0 for none): a lane's refill passes over them
+        (``RetransmissionWorker._refill``)."""
+        held = self._acks.get(identifier)  # (one read of a dict the lock only writes)
+        if held is None or not held[0].ranges or held[0].ranges[0][0] > 1:
+            return 0
+        return held[0].ranges[0][1]
+
     def ranges_of(self, identifier: str) -> list[tuple[int, int]] | None:
         """The merged ranges pending for sequence ``identifier`` (left pending), or None."""
         held = self._acks.get(identifier)  # (one read of a dict the lock only writes)
@@ -1115,24 +1124,6 @@ class Source:
             owes_control = owes_control or owes
         if owes_control:
             self._wake()
-
-    def apply_pending_ack(self, pending: "PendingAcks", identifier: str) -> bool:
-        """Apply now, in a store transaction of its own, what ``pending`` holds for sequence
-        ``identifier`` (the rest stays for the block's end).  Was there any?
-
-        For a sending lane that has sent past the retransmission time of its first messages:
-        acknowledged in the answers but not yet in the store, they are due again there, and a
-        claim of the sequence's next messages leaves a sequence whose first due message is a
-        retransmission to the round (``RetransmissionWorker._refill``)."""
-        if pending.ranges_of(identifier) is None:
-            return False
-        inside = getattr(self._coalescing, "pending", None)
-        self._coalescing.pending = None  # applied now, not merged back into this thread's block
-        try:
-            self._flush_ack(pending, identifier)
-        finally:
-            self._coalescing.pending = inside
-        return True
 
     def _flush_ack(self, pending: "PendingAcks", identifier: str) -> None:
         held = pending.pop(identifier)

@@ -812,7 +812,7 @@ class _RmsMessages(api.RmsMessageManager):
         return out, short
 
     def claim_first_sends(self, sequence_key: str, limit: int, *, next_send_at: float,
-                          now: float | None = None) -> list[RmsMessage]:
+                          now: float | None = None, after: int = 0) -> list[RmsMessage]:
         """From the index's first due messages of the sequence (and this transaction's own), not
         from all of them: what it reads does not grow with the backlog."""
         t = _now(now)
@@ -823,7 +823,8 @@ class _RmsMessages(api.RmsMessageManager):
         found.update((m.number, m) for m in own)
         current = (tx._current(m) for m in found.values())
         msgs = heapq.nsmallest(max(0, limit), (m for m in current if m is not None and not m.acked
-                                               and m.next_send_at <= t), key=lambda m: m.number)
+                                               and m.next_send_at <= t and m.number > after),
+                               key=lambda m: m.number)
         if not msgs or any(m.send_count for m in msgs):
             return []
         for msg in msgs:

@@ -406,7 +406,7 @@ class RmsMessageManager(_Manager, ABC):
         return found
 
     def claim_first_sends(self, sequence_key: str, limit: int, *, next_send_at: float,
-                          now: float | None = None) -> list[RmsMessage]:
+                          now: float | None = None, after: int = 0) -> list[RmsMessage]:
         """The lowest-numbered ``limit`` due messages of ``sequence_key``, their first transmission
         recorded (as :meth:`record_send_attempts`), each as it was before; nothing when one of
         them was sent before (a retransmission is due: the sender's rounds take that).
@@ -414,19 +414,26 @@ class RmsMessageManager(_Manager, ABC):
         A sender's lane that has sent its round's messages of a sequence while the
         round's other lanes still send takes the sequence's next ones so, in a
         transaction on that sequence alone, instead of idling until the round ends.
-        The stores read only about that many rows."""
+        The stores read only about that many rows.
+
+        ``after``: only messages numbered above it.  The lane knows those up to it acknowledged
+        (the answers said so; the store hears it at the round's end): past their retransmission
+        time they are due in the store, and the first due one, a retransmission, would have the
+        claim take nothing."""
         t = time.time() if now is None else now
         self._tx.rms.get(sequence_key)  # the sequence's lock first, as everywhere
-        msgs = [m for m in self.list_for(sequence_key) if not m.acked and m.next_send_at <= t][:max(0, limit)]
+        msgs = [m for m in self.list_for(sequence_key)
+                if not m.acked and m.next_send_at <= t and m.number > after][:max(0, limit)]
         if not msgs or any(m.send_count for m in msgs):
             return []
         self.record_send_attempts(sequence_key, [m.number for m in msgs], next_send_at=next_send_at, now=now)
         return msgs
 
     def claim_first_sends_of(self, sequence_key: str, limit: int, *, next_send_at: float,
-                             now: float | None = None) -> tuple[RmsSequence | None, list[RmsMessage]]:
+                             now: float | None = None, after: int = 0) -> tuple[RmsSequence | None, list[RmsMessage]]:
         """A sending lane's refill: the sequence, read as ``rms.get(beside_enqueues=True)`` reads
-        it (held), and, when it is transmitting (started and live), :meth:`claim_first_sends`;
+        it (held), and, when it is transmitting (started and live), :meth:`claim_first_sends`
+        (of the messages numbered above ``after``);
         (None, []) for no such sequence, (the sequence, []) for one not transmitting.  PostgreSQL
         returns a sequence with no message due as read, not held (a lock that protects no
         claim would be a transaction of its own, with a commit record).
@@ -437,7 +444,7 @@ class RmsMessageManager(_Manager, ABC):
         seq = self._tx.rms.get(sequence_key, beside_enqueues=True)
         if seq is None or seq.sequence_id is None or not rms_life(seq).transmitting:
             return seq, []
-        return seq, self.claim_first_sends(sequence_key, limit, next_send_at=next_send_at, now=now)
+        return seq, self.claim_first_sends(sequence_key, limit, next_send_at=next_send_at, now=now, after=after)
 
     def record_send_attempts_across(self, numbers: Mapping[str, Iterable[int]], *, next_send_at: float,
                                     now: float | None = None) -> int:

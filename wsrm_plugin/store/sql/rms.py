@@ -984,7 +984,7 @@ class _RmsMessages(api.RmsMessageManager):
         return sorted(newly), bool(pending)
 
     def claim_first_sends(self, sequence_key: str, limit: int, *, next_send_at: float,
-                          now: float | None = None) -> list[RmsMessage]:
+                          now: float | None = None, after: int = 0) -> list[RmsMessage]:
         """The messages read (by the sequence's unacknowledged ones, in number order, only as
         many as asked for) and their attempts recorded: on PostgreSQL one statement, else two.
 
@@ -1001,14 +1001,14 @@ class _RmsMessages(api.RmsMessageManager):
             sql, names = placeholders.named(
                 _generic_plan(tx) + f"WITH {self._first_sends_claim(tx)} "
                 "SELECT * FROM m WHERE number IN (SELECT number FROM u) ORDER BY number")
-            rows = tx.write_all(sql, _in_order(names, self._first_sends_params(seq, limit, next_send_at, now)))
+            rows = tx.write_all(sql, _in_order(names, self._first_sends_params(seq, limit, next_send_at, now, after)))
             msgs = [_msg(r, sequence_key) for r in rows]
             if not msgs:  # a message sent already: nothing written
                 return []
             return self._with_payloads(msgs)
         rows = tx.all(f"SELECT {_read_cols(tx)} FROM rms_message WHERE seq = ? AND NOT acked "
-                      f"AND {_DUE} ORDER BY number LIMIT ?" + tx.d.for_update,
-                      (seq, _now(now), _now(now), max(0, limit)))
+                      f"AND {_DUE} AND number > ? ORDER BY number LIMIT ?" + tx.d.for_update,
+                      (seq, _now(now), _now(now), after, max(0, limit)))
         msgs = [_msg(r, sequence_key) for r in rows]
         if not msgs or any(m.send_count for m in msgs):
             return []
@@ -1035,20 +1035,20 @@ class _RmsMessages(api.RmsMessageManager):
         the primary key: as ``IN (SELECT number FROM m)``, the generic plan made on fresh
         statistics read the whole table and hashed it (5.7 ms against 0.46 at 20,000)."""
         return (f"m AS (SELECT {_read_cols(tx)} FROM rms_message WHERE seq = {seq} AND acked IS FALSE "
-                f"AND {_DUE_NOW}{gate} ORDER BY number LIMIT ?limit), "
+                f"AND {_DUE_NOW} AND number > ?after{gate} ORDER BY number LIMIT ?limit), "
                 f"u AS (UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?now, {_FIRST_SEND_AT} "
                 f"WHERE seq = {seq} AND number = ANY(ARRAY(SELECT number FROM m)) AND send_count = 0 "
                 "AND acked IS FALSE AND NOT EXISTS (SELECT 1 FROM m WHERE send_count > 0) RETURNING number)")
 
     @staticmethod
     def _first_sends_params(seq: int | None, limit: int, next_send_at: float,
-                            now: float | None) -> dict[str, Any]:
+                            now: float | None, after: int = 0) -> dict[str, Any]:
         """The values of :meth:`_first_sends_claim`'s named parameters (``seq`` None where its
         ``seq`` is an expression)."""
-        return {"seq": seq, "now": _now(now), "limit": max(0, limit), "next_send_at": next_send_at}
+        return {"seq": seq, "now": _now(now), "after": after, "limit": max(0, limit), "next_send_at": next_send_at}
 
     def claim_first_sends_of(self, sequence_key: str, limit: int, *, next_send_at: float,
-                             now: float | None = None) -> tuple[RmsSequence | None, list[RmsMessage]]:
+                             now: float | None = None, after: int = 0) -> tuple[RmsSequence | None, list[RmsMessage]]:
         """On PostgreSQL, one statement: the sequence's row read and held ``FOR KEY SHARE`` if it is
         open to enqueues (``q``, as :meth:`_Rms.get` with ``beside_enqueues`` reads it), and
         :meth:`claim_first_sends`'s claim when it is transmitting.  The row is locked before the
@@ -1069,16 +1069,17 @@ class _RmsMessages(api.RmsMessageManager):
         ``BENCH_PG_COMMITS=tables``)."""
         tx = self._tx
         if not tx.d.for_update and tx.undo is None and not tx._numbered and sequence_key not in tx.held_rms:
-            return self._claim_first_sends_of_here(sequence_key, limit, next_send_at, now)
+            return self._claim_first_sends_of_here(sequence_key, limit, next_send_at, now, after)
         if not tx.d.key_share or not tx.d.writable_cte or tx.undo is not None or tx._numbered \
                 or sequence_key in tx.held_rms:
-            return super().claim_first_sends_of(sequence_key, limit, next_send_at=next_send_at, now=now)
+            return super().claim_first_sends_of(sequence_key, limit, next_send_at=next_send_at, now=now, after=after)
         tx.lock(RANK_RMS, sequence_key)
         t = _now(now)
         sql, names = placeholders.named(
             _generic_plan(tx)
             + f"WITH p AS (SELECT {_cols(_RMS_COLS)}, COALESCE((SELECT send_count = 0 FROM rms_message "
-            f"WHERE seq = rms_sequence.id AND acked IS FALSE AND {_DUE_NOW} ORDER BY number LIMIT 1), FALSE) AS due "
+            f"WHERE seq = rms_sequence.id AND acked IS FALSE AND {_DUE_NOW} AND number > ?after ORDER BY number "
+            "LIMIT 1), FALSE) AS due "
             "FROM rms_sequence WHERE seq_key = ?key), "
             f"q AS (SELECT {_cols(_RMS_COLS)} FROM rms_sequence WHERE seq_key = ?key "
             f"AND NOT ({_CLOSED_TO_ENQUEUES}) AND EXISTS (SELECT 1 FROM p WHERE due){tx.d.key_share}), "
@@ -1086,7 +1087,7 @@ class _RmsMessages(api.RmsMessageManager):
                                           "AND NOT terminate_sent AND NOT faulted)", "(SELECT id FROM q)")
             + " SELECT p.*, q.*, c.* FROM p LEFT JOIN q ON TRUE "
             "LEFT JOIN (SELECT * FROM m WHERE number IN (SELECT number FROM u)) c ON TRUE ORDER BY c.number")
-        rows = tx.write_all(sql, _in_order(names, {**self._first_sends_params(None, limit, next_send_at, t),
+        rows = tx.write_all(sql, _in_order(names, {**self._first_sends_params(None, limit, next_send_at, t, after),
                                                    "key": sequence_key}))
         width = len(_RMS_COLS)
         if rows and rows[0][width + 1] is None:  # q empty: nothing locked, nothing written
@@ -1095,14 +1096,14 @@ class _RmsMessages(api.RmsMessageManager):
                 return read, []  # open, nothing to claim: read, not held (its lock alone was a commit record)
         if not rows or rows[0][width + 1] is None:  # no such sequence, or closed to enqueues
             tx.rms.get(sequence_key)  # locked against every writer, as get(beside_enqueues=True) then locks it
-            return super().claim_first_sends_of(sequence_key, limit, next_send_at=next_send_at, now=now)
+            return super().claim_first_sends_of(sequence_key, limit, next_send_at=next_send_at, now=now, after=after)
         seq = tx.held_rms[sequence_key] = _rms(rows[0][width + 1:2 * width + 1])
         tx.shared_rms.add(sequence_key)
         msgs = [_msg(r[2 * width + 1:], sequence_key) for r in rows if r[2 * width + 1] is not None]
         return seq, self._with_payloads(msgs) if msgs else []
 
     def _claim_first_sends_of_here(self, sequence_key: str, limit: int, next_send_at: float,
-                                   now: float | None) -> tuple[RmsSequence | None, list[RmsMessage]]:
+                                   now: float | None, after: int = 0) -> tuple[RmsSequence | None, list[RmsMessage]]:
         """:meth:`claim_first_sends_of` where the transaction holds the whole file (SQLite): the
         sequence's row and its first due messages in one read (the messages joined to the row),
         then their attempts recorded: two statements where reading the row first made three."""
@@ -1112,8 +1113,8 @@ class _RmsMessages(api.RmsMessageManager):
         rows = tx.all(
             f"SELECT {_cols(_RMS_COLS, 'q')}, m.* FROM rms_sequence q LEFT JOIN (SELECT {_read_cols(tx)} "
             "FROM rms_message WHERE seq = (SELECT id FROM rms_sequence WHERE seq_key = ?) AND NOT acked "
-            f"AND {_DUE} ORDER BY number LIMIT ?) m ON TRUE WHERE q.seq_key = ? ORDER BY m.number",
-            (sequence_key, t, t, max(0, limit), sequence_key))
+            f"AND {_DUE} AND number > ? ORDER BY number LIMIT ?) m ON TRUE WHERE q.seq_key = ? ORDER BY m.number",
+            (sequence_key, t, t, after, max(0, limit), sequence_key))
         if not rows:
             return None, []
         width = len(_RMS_COLS)
