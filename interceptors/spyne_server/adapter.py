@@ -213,8 +213,11 @@ class ChainMiddleware:
         self._handle_rpc: Callable[[dict[str, Any], StartResponse], Iterable[bytes]] | None = None
         if self._direct is not None:
             direct.watch(application)
-            self._handle_rpc = (functools.partial(contexts.handle_rpc, application)
-                                if contexts.handles_quickly(application) else application.handle_rpc)
+            self._handle_rpc = application.handle_rpc
+            if contexts.handles_quickly(application):
+                self._handle_rpc = functools.partial(contexts.handle_rpc, application)
+                contexts.read_quickly(application)
+                contexts.copy_quickly(application.app.in_protocol)
         #: What the chain and the service process of SOAP headers (SOAP's mustUnderstand rule).
         self.understood = UnderstoodHeaders(chain, getattr(application, "app", None), understands)
 

@@ -90,3 +90,39 @@ def test_a_delivery_runs_in_a_context_made_quickly_unless_the_server_handles_req
             assert middleware._handle_rpc.func is contexts.handle_rpc
         else:
             assert middleware._handle_rpc == server.handle_rpc
+
+
+@pytest.mark.parametrize("content_type", ["text/xml; charset=utf-8", 'application/soap+xml; charset="UTF-8"; action="a"',
+                                          "text/xml", None])
+def test_a_request_s_charset_and_body_are_read_as_spyne_reads_them(content_type: str | None) -> None:
+    """The server's own reading of a request (``read_quickly``) gives spyne's charset and body
+    (fails on a charset read another way: quoted, upper case, absent)."""
+    server = WsgiApplication(service.application())
+    contexts.read_quickly(server)
+    assert "_WsgiApplication__reconstruct_wsgi_request" in vars(server)
+    read = []
+    for reconstruct in (server._WsgiApplication__reconstruct_wsgi_request,
+                        WsgiApplication._WsgiApplication__reconstruct_wsgi_request.__get__(server)):
+        environ = {"CONTENT_LENGTH": "5", "wsgi.input": io.BytesIO(b"<a/>x")}
+        if content_type is not None:
+            environ["CONTENT_TYPE"] = content_type
+        chunks, charset = reconstruct(environ)
+        read.append((list(chunks), charset))
+    assert read[0] == read[1]
+
+
+def test_a_request_s_method_contexts_are_copies_as_spyne_makes_them() -> None:
+    """``copy_quickly``'s copy of a context is ``ctx.copy()``'s: the same class and fields, its
+    parts pointing to the copy (fails on a part left pointing to the first context)."""
+    server = WsgiApplication(service.application())
+    environ = _environ()
+    made = [WsgiMethodContext(server, environ, "text/xml; charset=utf-8") for _ in range(2)]
+    assert contexts._plainly_copied(WsgiMethodContext)
+    copies = [made[0].copy(), contexts._copy(made[1])]
+    assert [type(c) for c in copies] == [WsgiMethodContext] * 2
+    assert _fields(copies[0], copies[0]) == _fields(copies[1], copies[1])
+    assert all(getattr(copies[1], part).parent is copies[1] for part in ("transport", "inprot_ctx", "outprot_ctx",
+                                                                          "event"))
+    protocol = server.app.in_protocol
+    contexts.copy_quickly(protocol)
+    assert "generate_method_contexts" in vars(protocol)
