@@ -25,10 +25,10 @@ from typing import NamedTuple
 from ..wire import SequenceAcknowledgement
 from ..wire.addressing import AddressingHeaders, AddressingVersion
 from ..wire.namespaces import RMVersion
-from ..wire.rm import MAX_MESSAGE_NUMBER
+from ..wire.rm import MAX_IDENTIFIER_LENGTH, MAX_MESSAGE_NUMBER
 from ..wire.soap import SoapVersion, build_envelope, to_bytes
 
-__all__ = ["acknowledgement_bytes"]
+__all__ = ["acknowledgement_bytes", "read_acknowledgement_bytes"]
 
 #: Identifiers written as they are: no character XML escapes in text (``& < >``, ``\r`` as
 #: ``&#13;``) or refuses (other C0 controls, surrogates, U+FFFE/U+FFFF), none that is blank.
@@ -106,3 +106,62 @@ def acknowledgement_bytes(soap: SoapVersion, wsa: AddressingVersion, action: str
     if pieces is None:
         return None
     return f"{pieces.head}{message_id}{pieces.headers}{''.join(parts)}{pieces.tail}".encode()
+
+
+# -- reading such an answer (the sender's side) -------------------------------------------------
+
+#: (head, pattern of the rest, the WS-RM version), for every SOAP, WS-A and WS-RM version, the
+#: action the one a service answers with (:func:`read_acknowledgement_bytes`); made at first use
+_READERS: list[tuple[bytes, re.Pattern[str], re.Pattern[str], re.Pattern[str], RMVersion]] = []
+_NUMBER = "[1-9][0-9]{0,18}"
+
+
+def _readers() -> list[tuple[bytes, re.Pattern[str], re.Pattern[str], re.Pattern[str], RMVersion]]:
+    if not _READERS:
+        from ..wire.namespaces import ADDRESSING_VERSIONS, RM_VERSIONS, SOAP_VERSIONS
+        made = []
+        for soap in SOAP_VERSIONS:
+            for wsa in ADDRESSING_VERSIONS:
+                for version in RM_VERSIONS:
+                    p = _pieces(soap, wsa, version.sequence_acknowledgement_action, version)
+                    ack_range = f"({_NUMBER}){re.escape(p.lower)}({_NUMBER})"
+                    ranges = f"{re.escape(p.ranges)}{ack_range}(?:{re.escape(p.between)}{ack_range})*{re.escape(p.end)}"
+                    block = f"{re.escape(p.block)}([^<&]+?)({ranges})"
+                    whole = re.compile(f"([^<&]+){re.escape(p.headers)}((?:{block})+){re.escape(p.tail)}",
+                                       re.ASCII | re.DOTALL)
+                    made.append((p.head.encode(), whole, re.compile(block, re.ASCII | re.DOTALL),
+                                 re.compile(ack_range, re.ASCII), version))
+        _READERS[:] = made
+    return _READERS
+
+
+def read_acknowledgement_bytes(data: bytes) -> list[tuple[SequenceAcknowledgement, RMVersion]] | None:
+    """The acknowledgements of an answer written as :func:`acknowledgement_bytes` writes it
+    (a service of this package answering a message with them alone), without an XML parse;
+    None for anything else, which the caller reads whole: another shape or peer, a fault, a
+    reply, an identifier or number the full reading would refuse or read otherwise."""
+    reader = next((r for r in _readers() if data.startswith(r[0])), None)
+    if reader is None:
+        return None  # (a reply, a fault: not decoded here, however large)
+    head, whole, block, ack_range, version = reader
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    match = whole.fullmatch(text, len(head))
+    if match is None:
+        return None
+    acks: list[tuple[SequenceAcknowledgement, RMVersion]] = []
+    for one in block.finditer(match.group(2)):
+        identifier = one.group(1)
+        if identifier != identifier.strip() or len(identifier) > MAX_IDENTIFIER_LENGTH \
+                or _PLAIN_IDENTIFIER.fullmatch(identifier) is None:
+            return None
+        ranges = []
+        for upper_text, lower_text in ack_range.findall(one.group(2)):
+            lower, upper = int(lower_text), int(upper_text)
+            if not lower <= upper <= MAX_MESSAGE_NUMBER:
+                return None  # the full reading says what is wrong with it
+            ranges.append((lower, upper))
+        acks.append((SequenceAcknowledgement(identifier, ranges), version))
+    return acks

@@ -35,7 +35,7 @@ from ..wire import tracecontext
 from ..wire.headers import PROTOCOL_HEADERS
 from ..wire.soap import build_envelope
 from . import observe
-from .ackanswer import acknowledgement_bytes
+from .ackanswer import acknowledgement_bytes, read_acknowledgement_bytes
 from .backchannel import BackChannel, Outcome
 from .destination import Accepted, Destination
 from .parsed import TREES
@@ -707,6 +707,12 @@ class Inbound:
         ``origin`` says what answered what (``HTTP 200 OK from URL to message 4``)
         for the log line of a response that cannot be read; a callable is asked only then.
         """
+        if len(data) <= self.policy.max_message_size:
+            # most answers are a service's acknowledgement alone, written from pieces
+            # (:mod:`.ackanswer`): read so without a parse, as the full reading would
+            plain = read_acknowledgement_bytes(data)
+            if plain is not None:
+                return ResponseContent(acks=self._apply_response_acks(plain))
         try:
             message = read_message(data, self.policy.max_message_size)
         except SoapFault as fault:
@@ -717,12 +723,7 @@ class Inbound:
         if message.sequence is not None:  # a reply on the back-channel: the caller handles it (acks too),
             # and learns from the acknowledgements it carries what the peer took (pacing)
             return ResponseContent(reliable=True, acks=tuple(ack for ack, _ in message.acks), message=message)
-        acks = tuple(ack for ack, _ in message.acks)
-        for ack, version in message.acks:
-            try:
-                self.source.on_ack(ack, version)
-            except SoapFault as fault:
-                log.warning("acknowledgement in a response refused: %s", fault)
+        acks = self._apply_response_acks(message.acks)
         if message.fault is not None:
             if not apply_faults:
                 pass
@@ -732,3 +733,13 @@ class Inbound:
                 log.warning("peer answered with a fault: %s", message.fault)
             return ResponseContent(fault=message.fault, acks=acks)
         return ResponseContent(body=message.body[0] if message.body is not None else None, acks=acks)
+
+    def _apply_response_acks(self, acks: list[tuple[SequenceAcknowledgement, RMVersion]]
+                             ) -> tuple[SequenceAcknowledgement, ...]:
+        """Apply the acknowledgements a response carried; they are returned for the sender."""
+        for ack, version in acks:
+            try:
+                self.source.on_ack(ack, version)
+            except SoapFault as fault:
+                log.warning("acknowledgement in a response refused: %s", fault)
+        return tuple(ack for ack, _ in acks)
