@@ -50,7 +50,7 @@ from ..wire import (
 from ..wire.namespaces import AddressingVersion
 from . import observe
 from .destination import Destination
-from .envelopes import protocol_message, stamp
+from .envelopes import protocol_message, stamp_sequence
 from .inbound import Inbound, ResponseContent
 from .logs import for_sequence
 from .reporter import reporter_name
@@ -1821,7 +1821,7 @@ class RetransmissionWorker:
         msg, seq = item.message, item.sequence
         rm = rm_version_of(seq)
         soap = soap_of(msg, self.policy)
-        headers = [SequenceHeader(_sid(seq), msg.number, last_message=msg.last and rm is RM10).to_xml(rm, soap)]
+        headers = []  # after the Sequence header, written from pieces (stamp_sequence)
         if item.request_ack:
             headers.append(AckRequested(_sid(seq)).to_xml(rm, soap))
         for rmd in item.piggyback:
@@ -1831,7 +1831,8 @@ class RetransmissionWorker:
         reply_ack = item.reply_ack if item.reply_ack_taken else self._owed_reply_ack(seq)
         if reply_ack is not None:
             headers.append(reply_ack.to_xml(rm, soap))
-        exchange = self._transmit_observed(item, stamp(msg.payload, headers), soap)
+        sequence = SequenceHeader(_sid(seq), msg.number, last_message=msg.last and rm is RM10)
+        exchange = self._transmit_observed(item, stamp_sequence(msg.payload, rm, soap, sequence, headers), soap)
         if reply_ack is not None and not exchange.answered:
             self._reply_ack_not_carried(seq)  # the next message carries it, or it goes on its own
         return exchange

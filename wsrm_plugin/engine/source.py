@@ -520,7 +520,7 @@ class Source:
         outgoing = prepare_outgoing(envelope if isinstance(envelope, etree._Element) else bytes(envelope),
                                     to=target, action=action, message_id=message_id,
                                     reply_to=reply_to, relates_to=None, wsa=self.policy.addressing,
-                                    max_size=self.policy.max_message_size)
+                                    max_size=self.policy.max_message_size, remember=False)
         ident = (target, key, expect_reply)
         if kept is None and self._enqueues is not None and self.alone_in_store():
             done = self._enqueues.submit(None, (ident, outgoing, reply_callback, reply_context))
