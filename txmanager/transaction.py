@@ -173,7 +173,33 @@ class AfterCompletion:
 
     __slots__ = ()
 
+    #: no ``before_completion`` to run (see :class:`SoleSynchronization`)
+    runs_before = False
+
     def before_completion(self) -> None:
+        pass
+
+
+class SoleSynchronization:
+    """A :class:`Synchronization` with work before completion, handed to the one-phase path's
+    enlistment (``_enlist_first``) with its transaction's first resource: the WS-RM store's
+    branch, whose buffered statements go out (and the rule for commits that returned before
+    their flush is kept) before its COMMIT.  The one-phase commit runs its ``before_completion``
+    itself, then the fused COMMIT, with no promotion to the general path (which a
+    synchronization registered on its own causes: about 100 Python calls a transaction more).
+    Should the transaction be promoted after all (a second resource, a synchronization of
+    another kind), the general path runs it as any other synchronization; a promotion from
+    inside its ``before_completion`` runs it again there, so it must bear a second call (one
+    that finds nothing left to do)."""
+
+    __slots__ = ()
+
+    runs_before = True
+
+    def before_completion(self) -> None:
+        pass
+
+    def after_completion(self, status: "Status") -> None:
         pass
 
 
@@ -455,7 +481,8 @@ class Transaction:
     def _enlist_first(self, resource: XAResource, sync: Synchronization) -> bool:
         """:meth:`enlist_with_synchronization` for a pool's session that starts unnamed and
         takes no transaction timeout (a :class:`~txmanager.postgres.PostgresXAResource`), and
-        its synchronization with nothing to do before completion, made by a pool that saw
+        its synchronization (an :class:`AfterCompletion`, or a :class:`SoleSynchronization`
+        whose ``before_completion`` the one-phase commit runs), made by a pool that saw
         nothing enlisted yet: the one-phase path's enlistment (:meth:`_enlist_sole`) without
         the general one's look for the resource among others.  False, having done nothing,
         when something is enlisted after all (another thread came first): the pool then takes
@@ -476,7 +503,9 @@ class Transaction:
             self._sole = resource
             self._fused = True  # it has end_and_commit_one_phase too
             if self._syncs is _NONE:
-                self._syncs = (sync,)  # an AfterCompletion, as the caller says
+                self._syncs = (sync,)  # an AfterCompletion or a SoleSynchronization, as the caller says
+                if sync.runs_before:  # type: ignore[attr-defined]
+                    self._before = True
             else:
                 self._add_sync(sync)
             return True
@@ -1348,8 +1377,9 @@ class _OnePhase(Transaction):
             self._completing = self._phase is not _ACTIVE  # a commit began (see commit)
             self._branches = self._enlisted = _NONE  # type: ignore[assignment]
             # the lean object keeps its one synchronization (with its sole resource) as itself
-            self._syncs = _NONE if self._sole is None else (self._syncs,)  # type: ignore[assignment]
-            self._before = False
+            sync = None if self._sole is None else self._syncs
+            self._syncs = _NONE if sync is None else (sync,)  # type: ignore[assignment]
+            self._before = sync is not None and sync.runs_before  # type: ignore[union-attr]
             self._fused = True  # a sole resource came by _enlist_first: it has the fused call
             self.__class__ = Transaction  # type: ignore[assignment]
 
@@ -1360,6 +1390,12 @@ class _OnePhase(Transaction):
     @property
     def rollback_cause(self) -> BaseException | None:
         return None  # a cause is only ever noted by the general path
+
+    @property
+    def branch_count(self) -> int:
+        """:attr:`Transaction.branch_count` without a promotion: a delivery asks it (is the
+        decision carried by a commit mark?) of the transaction its store's branch joined."""
+        return 0 if self._sole is None else 1
 
     def _enlist_first(self, resource: XAResource, sync: Synchronization) -> bool:
         """:meth:`Transaction._enlist_first` without the lock, nor the fields the general path
@@ -1396,6 +1432,8 @@ class _OnePhase(Transaction):
         self._fused = True
         if self._syncs is _NONE:
             self._syncs = (sync,)
+            if sync.runs_before:  # type: ignore[attr-defined]
+                self._before = True
         else:
             self._add_sync(sync)
 
@@ -1410,13 +1448,27 @@ class _OnePhase(Transaction):
                 or (deadline is not None and _monotonic() > deadline)):
             self._become_full()
             return Transaction.commit(self)  # which says what is wrong, or commits
+        # the one synchronization, as itself (see _enlist_first)
+        sync = self._syncs
+        if sync.runs_before:  # type: ignore[union-attr]  # a SoleSynchronization: its work first
+            try:
+                sync.before_completion()  # type: ignore[union-attr]
+            except Exception as e:  # noqa: BLE001 -- as the general path's before-completion pass
+                self._become_full()
+                log.warning("before_completion of %r failed; rolling back %s: %s", sync, self.xid, e)
+                self._mark_rollback(e)
+                self._before = False  # ran (and failed): the general path rolls back, says why
+                return Transaction.commit(self)
+            if (type(self) is not _OnePhase or self._rollback_only
+                    or (self.deadline is not None and _monotonic() > self.deadline)):
+                self._become_full()  # promoted, doomed or expired meanwhile: the general path
+                return Transaction.commit(self)
         self._phase = _COMMITTING
         try:
             try:
                 # None, unless the session named its branch (psycopg2's tpc_begin takes the xid);
-                # the one synchronization, as itself (see _enlist_first): the resource runs it
-                # when it is the session's own return to its pool (SYNC_RAN), a frame fewer
-                sync = self._syncs
+                # the resource runs the synchronization when it is the session's own return to
+                # its pool (SYNC_RAN), a frame fewer
                 done = sole.end_and_commit_one_phase(self._sole_xid, sync)  # type: ignore[attr-defined]
             except Exception as e:  # noqa: BLE001 -- sorted out as the general path does
                 self._fused_failed(e)

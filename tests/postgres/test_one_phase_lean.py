@@ -13,6 +13,7 @@ Real PostgreSQL throughout.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -245,3 +246,37 @@ def test_a_session_on_psycopg2s_tpc_begin_names_its_branch_and_stays_one_phase(d
         assert tm.log.fsyncs == fsyncs, "one phase: nothing logged"
     finally:
         ds.close()
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_sole_synchronization_runs_before_the_one_phase_commit_without_promoting(db, tm, ds, fails):
+    """A pool's first session with a SoleSynchronization (the WS-RM store's branch): the lean
+    commit runs its before_completion (which may still write in the branch), then the fused
+    COMMIT, then its after_completion, the object never promoted; one that raises rolls the
+    transaction back as the general path's before-completion pass does."""
+    from txmanager.transaction import SoleSynchronization
+
+    events: list[object] = []
+    resource = ds._acquire()
+
+    class Flush(SoleSynchronization):
+        def before_completion(self) -> None:
+            events.append(type(tx).__name__)
+            if fails:
+                raise RuntimeError("the store could not flush")
+            insert(resource._session, "flushed")
+
+        def after_completion(self, status: Status) -> None:
+            events.append(status)
+            ds._release(resource)
+
+    with pytest.raises(RollbackError) if fails else contextlib.nullcontext():
+        with tm.transaction() as tx:
+            assert tx._enlist_first(resource, Flush())
+            insert(resource._session, "work")
+    if fails:
+        assert type(tx) is Transaction and events == ["_OnePhase", Status.ROLLEDBACK]
+        assert values(db) == ["warm"]
+    else:
+        assert type(tx) is _OnePhase and events == ["_OnePhase", Status.COMMITTED]
+        assert sorted(values(db)) == ["flushed", "warm", "work"]

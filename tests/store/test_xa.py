@@ -412,3 +412,72 @@ def test_a_store_role_without_create_privilege_opens_an_existing_store(fresh_db,
         assert visible(store) == {"k1"}
     finally:
         store.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("promote", [False, True])
+def test_the_store_branch_first_in_one_database_stays_on_the_one_phase_path(fresh_db, tm, promote) -> None:
+    """A delivery's transaction under XA in one database: the store's branch first (its
+    ``begin(xa=tm)``), the application's INSERT through an XADataSource on the same database in
+    that branch.  The transaction stays the lean one-phase object to its commit: the store's
+    synchronization goes with its session (``_enlist_first``, a SoleSynchronization) and the data
+    source joins the shared session without one of its own; the store's work before completion
+    (its buffered statements) still runs before the COMMIT.  Promoted (a synchronization of
+    another kind), the general path runs that work as well."""
+    from txmanager.postgres import XADataSource
+    from txmanager.transaction import AfterCompletion, Transaction, _OnePhase
+
+    url = fresh_db if fresh_db.startswith("postgresql") else "postgresql:" + fresh_db
+    dsn = url.split(":", 1)[1]
+    conn = psycopg2.connect(dsn)
+    with conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE app_row (v text NOT NULL)")
+    conn.close()
+    store = open_store(url)
+    ds = XADataSource(dsn, tm)
+    seen: list[object] = []
+
+    class Note(AfterCompletion):
+        def after_completion(self, status: object) -> None:
+            seen.append(status)
+
+    try:
+        with tm.transaction() as gtx:
+            with store.begin(xa=tm) as tx:
+                new_rms(tx)
+                enqueue(tx, n=2)
+                with ds.connection() as c, c.cursor() as cur:
+                    cur.execute("INSERT INTO app_row VALUES ('placed')")
+                assert type(gtx) is _OnePhase, "the store's branch and the shared session leave it lean"
+                assert gtx.branch_count == 1 and type(gtx) is _OnePhase
+            if promote:
+                gtx.register_synchronization(Note())
+                assert type(gtx) is Transaction
+            assert visible(store) == set()
+        assert type(gtx) is (Transaction if promote else _OnePhase)
+        assert seen == ([gtx.status] if promote else [])
+        assert visible(store) == {"k1"}
+        with store.begin() as tx:
+            assert [m.number for m in tx.rms_messages.list_for("k1")] == [1, 2]
+        conn = psycopg2.connect(dsn)
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT v FROM app_row")
+            assert cur.fetchall() == [("placed",)]
+        conn.close()
+        assert not store._enlisted and not ds._enlisted, "both gave their session back"
+        with pytest.raises(RollbackError):  # a failure in the block still rolls both back
+            with tm.transaction() as gtx:
+                with store.begin(xa=tm) as tx:
+                    tx.rms.get("k1")
+                    with ds.connection() as c, c.cursor() as cur:
+                        cur.execute("INSERT INTO app_row VALUES ('doomed')")
+                    gtx.set_rollback_only()
+        assert not store._enlisted
+        conn = psycopg2.connect(dsn)
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM app_row")
+            assert cur.fetchone() == (1,)
+        conn.close()
+    finally:
+        ds.close()
+        store.close()

@@ -372,8 +372,6 @@ class XADataSource:
         self.read_only_check = read_only_check
         self._idle: list[PostgresXAResource] = []
         self._enlisted: dict[tuple[int, int], tuple[Any, PostgresXAResource]] = {}
-        #: keys of transactions whose connection is another user's shared session
-        self._borrowed: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._closed = False
         self._recovery_resource: PostgresXAResource | None = None
@@ -440,15 +438,21 @@ class XADataSource:
             resource = first
         else:
             shared = session_for_database(tx, self.identity) if self.share_sessions else None
-            if shared is not None:
-                return self._join(tx, key, shared)
+            if shared is not None:  # another user's branch in this database: work in it
+                # Nothing to note: its session is not ours to pool, and the next ``with`` finds
+                # it the same way.  No synchronization either: one registered would move a
+                # transaction on its one-phase path (the WS-RM store's branch, taken first by a
+                # delivery) to the general one, about 100 Python calls a message more.
+                conn = shared._session
+                assert conn is not None  # (session_for_database answers only an open one)
+                return conn
             resource = self._acquire()
             if self.share_sessions and self.identity is None and not self._identity_given:
                 resource.connection  # noqa: B018 -- the first session tells the identity
                 shared = session_for_database(tx, self.identity)
                 if shared is not None:
                     self._release(resource)
-                    return self._join(tx, key, shared)
+                    return shared._session  # (open: see above)
             self._enlisted[key] = (tx, resource)
             try:
                 if isinstance(tx, Transaction):  # both under one acquisition of its lock
@@ -482,19 +486,6 @@ class XADataSource:
                 and resource._branch is not None):  # type: ignore[union-attr]
             return resource
         return None
-
-    def _join(self, tx: _Transaction, key: tuple[int, int], shared: PostgresXAResource) -> Connection:
-        """Work in the branch another user of this database runs: its session, not ours to pool."""
-        self._enlisted[key] = (tx, shared)
-        self._borrowed.add(key)
-        try:
-            tx.register_synchronization(_ReturnToPool(self, key))
-        except BaseException:
-            self._transaction_over(key)
-            raise
-        conn = shared._session
-        assert conn is not None
-        return conn
 
     @contextlib.contextmanager
     def _local_connection(self) -> Iterator[Connection]:
@@ -588,8 +579,5 @@ class XADataSource:
 
     def _transaction_over(self, key: tuple[int, int]) -> None:
         entry = self._enlisted.pop(key, None)
-        if key in self._borrowed:
-            self._borrowed.discard(key)
-            return  # the session belongs to whoever lent it
         if entry is not None:
             self._release(entry[1])
