@@ -1454,14 +1454,14 @@ class _OnePhase(Transaction):
             try:
                 sync.before_completion()  # type: ignore[union-attr]
             except Exception as e:  # noqa: BLE001 -- as the general path's before-completion pass
-                self._become_full()
+                _become_full(self)  # (not self._become_full: it may have promoted this object)
                 log.warning("before_completion of %r failed; rolling back %s: %s", sync, self.xid, e)
                 self._mark_rollback(e)
                 self._before = False  # ran (and failed): the general path rolls back, says why
                 return Transaction.commit(self)
             if (type(self) is not _OnePhase or self._rollback_only
                     or (self.deadline is not None and _monotonic() > self.deadline)):
-                self._become_full()  # promoted, doomed or expired meanwhile: the general path
+                _become_full(self)  # promoted, doomed or expired meanwhile: the general path
                 return Transaction.commit(self)
         self._phase = _COMMITTING
         try:

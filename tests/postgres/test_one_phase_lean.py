@@ -261,7 +261,7 @@ def test_a_sole_synchronization_runs_before_the_one_phase_commit_without_promoti
 
     class Flush(SoleSynchronization):
         def before_completion(self) -> None:
-            events.append(type(tx).__name__)
+            events.append(type(tm.get_transaction()).__name__)
             if fails:
                 raise RuntimeError("the store could not flush")
             insert(resource._session, "flushed")
@@ -270,13 +270,57 @@ def test_a_sole_synchronization_runs_before_the_one_phase_commit_without_promoti
             events.append(status)
             ds._release(resource)
 
-    with pytest.raises(RollbackError) if fails else contextlib.nullcontext():
-        with tm.transaction() as tx:
-            assert tx._enlist_first(resource, Flush())
-            insert(resource._session, "work")
+    tx = _commit_first(tm, resource, Flush(), fails)
     if fails:
         assert type(tx) is Transaction and events == ["_OnePhase", Status.ROLLEDBACK]
         assert values(db) == ["warm"]
     else:
         assert type(tx) is _OnePhase and events == ["_OnePhase", Status.COMMITTED]
         assert sorted(values(db)) == ["flushed", "warm", "work"]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_sole_synchronization_that_promotes_its_transaction_before_completion_still_ends_it(db, tm, ds, fails):
+    """A SoleSynchronization whose before_completion promotes its transaction (here: registers
+    another synchronization) leaves the lean commit on a :class:`Transaction`, where it goes on
+    as the general path: committed (its before_completion run again there), or rolled back when
+    it raised; never an AttributeError of the lean class's own method on the promoted object."""
+    from txmanager.transaction import SoleSynchronization
+
+    events: list[object] = []
+    resource = ds._acquire()
+
+    class Late:
+        def before_completion(self) -> None:
+            pass
+
+        def after_completion(self, status: Status) -> None:
+            events.append(("late", status))
+
+    class Flush(SoleSynchronization):
+        def before_completion(self) -> None:
+            gtx = tm.get_transaction()
+            if type(gtx) is _OnePhase:
+                gtx.register_synchronization(Late())  # promotes
+                if fails:
+                    raise RuntimeError("the store could not flush")
+
+        def after_completion(self, status: Status) -> None:
+            events.append(status)
+            ds._release(resource)
+
+    tx = _commit_first(tm, resource, Flush(), fails)
+    assert type(tx) is Transaction
+    status = Status.ROLLEDBACK if fails else Status.COMMITTED
+    assert sorted(map(str, events)) == sorted(map(str, [status, ("late", status)]))
+    assert sorted(values(db)) == (["warm"] if fails else ["warm", "work"])
+
+
+def _commit_first(tm, resource, sync, fails: bool):
+    """A transaction whose first resource (``resource``, with ``sync``) writes "work", committed
+    (raising RollbackError when ``fails``): the transaction."""
+    with pytest.raises(RollbackError) if fails else contextlib.nullcontext():
+        with tm.transaction() as tx:
+            assert tx._enlist_first(resource, sync)
+            insert(resource._session, "work")
+    return tx
