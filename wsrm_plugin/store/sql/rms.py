@@ -1075,12 +1075,11 @@ class _RmsMessages(api.RmsMessageManager):
         return self._with_payloads(msgs)
 
     @staticmethod
-    def _first_sends_claim(tx: SqlTransaction, gate: str = "", seq: str = "?seq") -> str:
+    def _first_sends_claim(tx: SqlTransaction) -> str:
         """The WITH items of :meth:`claim_first_sends`: ``m``, the sequence's first due
-        unacknowledged messages (only when ``gate``, a condition, holds), and ``u``, their
+        unacknowledged messages, and ``u``, their
         attempts recorded, none when one of them was sent; parameters from
         :meth:`_first_sends_params`, named (:func:`.placeholders.named`: each value sent once).
-        ``seq``: the sequence's id (a parameter, or an expression, which then takes none).
         Both go by the primary key whatever the statistics say, so that PostgreSQL may keep one
         generic plan of the statement (:data:`_GENERIC_PLAN`).
 
@@ -1093,10 +1092,10 @@ class _RmsMessages(api.RmsMessageManager):
         sequence.  ``u`` names its rows by ``number = ANY(ARRAY(...))``, an index condition of
         the primary key: as ``IN (SELECT number FROM m)``, the generic plan made on fresh
         statistics read the whole table and hashed it (5.7 ms against 0.46 at 20,000)."""
-        return (f"m AS (SELECT {_read_cols(tx)} FROM rms_message WHERE seq = {seq} AND acked IS FALSE "
-                f"AND {_DUE_NOW} AND number > ?after{gate} ORDER BY number LIMIT ?limit), "
+        return (f"m AS (SELECT {_read_cols(tx)} FROM rms_message WHERE seq = ?seq AND acked IS FALSE "
+                f"AND {_DUE_NOW} AND number > ?after ORDER BY number LIMIT ?limit), "
                 f"u AS (UPDATE rms_message SET send_count = send_count + 1, last_sent_at = ?now, {_FIRST_SEND_AT} "
-                f"WHERE seq = {seq} AND number = ANY(ARRAY(SELECT number FROM m)) AND send_count = 0 "
+                "WHERE seq = ?seq AND number = ANY(ARRAY(SELECT number FROM m)) AND send_count = 0 "
                 "AND acked IS FALSE AND NOT EXISTS (SELECT 1 FROM m WHERE send_count > 0) RETURNING number)")
 
     @staticmethod
